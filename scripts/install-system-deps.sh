@@ -1,0 +1,21 @@
+#!/bin/sh
+# Debian/Ubuntu packages the project needs on the host (run as root). Idempotent and quiet when
+# everything is already installed.
+set -eu
+PKGS="python3 python3-venv python3-dev gcc make git iproute2 nftables e2fsprogs \
+  qemu-system-x86 qemu-utils busybox-static debootstrap cpio zstd patchelf nodejs npm util-linux"
+missing=""
+for p in $PKGS; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
+done
+# nodejs/npm may come from elsewhere (nodesource, nvm): a working `npm` is enough.
+if command -v npm >/dev/null 2>&1; then
+  missing=$(echo "$missing" | tr ' ' '\n' | grep -v -x -e nodejs -e npm | tr '\n' ' ')
+fi
+missing=$(echo "$missing" | xargs)
+[ -z "$missing" ] && exit 0
+echo "installing system packages: $missing"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -q
+# shellcheck disable=SC2086
+apt-get install -y -q --no-install-recommends $missing
