@@ -1,0 +1,286 @@
+"""The one async interface every VMM driver implements (qemu, firecracker, later others).
+
+Owns the vocabulary shared by drivers and their callers: what a VM is made of (`VMSpec`), what a
+snapshot is (`Snapshot`), how a restore is placed (`RestoreSpec`), what can go wrong
+(`DriverError` and subclasses), and the two protocols `Driver` and `VM`.
+
+Contract, for implementers:
+
+- A driver owns `workdir` of every VM it starts for the VM's lifetime: sockets, logs, the guest
+  memory file and the private writable disk layers of restored VMs live there. `VM.stop()` kills
+  the VMM process, releases its cgroup and deletes what the driver created in `workdir`.
+- Every operation either completes or raises a `DriverError` after undoing what it started: no
+  VMM process, cgroup or half-written file is left behind by a failed `boot`/`restore`.
+- `boot` and `restore` return once the guest is *running*. Readiness of anything inside the guest
+  (envd) is the caller's business, as is calling envd `/init` after every restore: clones of one
+  snapshot share RNG state and boot_id until then.
+- Disks: `Disk.read_only` drives (template base image, envd bundle) are shared and never copied.
+  Writable drives are frozen by `VM.snapshot` into sealed, read-only images listed in
+  `Snapshot.disks`; `restore` gives each restored VM a private writable layer on top of them.
+- Nothing above `runtime/` may assume the sandbox is a VM: callers use only this module.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+SNAPSHOT_MANIFEST = "snapshot.json"
+
+
+class DriverError(RuntimeError):
+    """A VMM operation failed; resources it started were released before raising."""
+
+
+class BootError(DriverError):
+    """The VMM could not start the guest (missing kernel, bad disk, VMM crashed)."""
+
+
+class SnapshotError(DriverError):
+    """Saving memory, device state or disks failed; the source VM is left as it was."""
+
+
+class RestoreError(DriverError):
+    """Loading a snapshot failed (missing or corrupt files, VMM rejected the state)."""
+
+
+class IncompatibleSnapshotError(RestoreError):
+    """The snapshot was taken by another driver, VMM version, accelerator or CPU model."""
+
+
+class VMState(enum.StrEnum):
+    RUNNING = "running"
+    PAUSED = "paused"
+    STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class Disk:
+    """A block device. `drive_id` is stable across snapshot and restore (it names the device)."""
+
+    drive_id: str
+    path: Path
+    read_only: bool = False
+
+
+@dataclass(frozen=True)
+class NetAttachment:
+    """Where the guest NIC plugs in: a tap device that already exists inside network namespace
+    `netns` (created by `aenv.network`). The guest's IP is fixed and the same in every sandbox, so
+    a restored VM only needs a tap of the same name in its own namespace."""
+
+    netns: str
+    tap: str
+    mac: str
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-VMM-process cgroup limits. `None` means the driver's default: memory = guest memory
+    plus VMM overhead, pids = a small fixed cap, cpu = `vcpus` cores."""
+
+    memory_max_mib: int | None = None
+    pids_max: int | None = None
+    cpu_cores: float | None = None
+
+
+@dataclass(frozen=True)
+class VMSpec:
+    """Everything needed to cold-boot a VM. `workdir` must exist and be private to this VM;
+    `memory_dir` (default: `workdir`) holds the guest memory file and should be on tmpfs."""
+
+    vcpus: int
+    memory_mib: int
+    kernel: Path
+    cmdline: str
+    workdir: Path
+    initrd: Path | None = None
+    disks: tuple[Disk, ...] = ()
+    net: NetAttachment | None = None
+    memory_dir: Path | None = None
+    limits: Limits = field(default_factory=Limits)
+
+
+@dataclass(frozen=True)
+class SnapshotTarget:
+    """Where `VM.snapshot` writes: device state and sealed disks into `directory`, guest memory
+    into `memory_dir` (tmpfs: restores map this file, so it must stay fast and unmodified)."""
+
+    directory: Path
+    memory_dir: Path
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """A complete, immutable saved VM. `memory_file` is None when the guest memory travels inside
+    `state_file` (a driver's choice, e.g. when the source's memory was itself a private mapping).
+    `compat` names what a restoring VMM must match (driver, VMM version, accelerator, CPU model)."""
+
+    driver: str
+    compat: str
+    spec: VMSpec
+    state_file: Path
+    memory_file: Path | None
+    disks: Mapping[str, Path]
+
+    def save_manifest(self) -> Path:
+        """Write `snapshot.json` next to the state file, so the snapshot can be reloaded later."""
+        path = self.state_file.parent / SNAPSHOT_MANIFEST
+        path.write_text(json.dumps(_snapshot_to_dict(self), indent=2))
+        return path
+
+    @classmethod
+    def load_manifest(cls, directory: Path) -> Snapshot:
+        try:
+            raw = json.loads((directory / SNAPSHOT_MANIFEST).read_text())
+            return _snapshot_from_dict(raw)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise RestoreError(f"unreadable snapshot manifest in {directory}: {exc}") from exc
+
+
+@dataclass(frozen=True)
+class RestoreSpec:
+    """Placement of one restored VM: its own private `workdir` (and tmpfs `memory_dir`), its own
+    network attachment (same tap name and MAC as the source, in another namespace), and limits."""
+
+    workdir: Path
+    net: NetAttachment | None = None
+    memory_dir: Path | None = None
+    limits: Limits = field(default_factory=Limits)
+
+
+@dataclass(frozen=True)
+class VMStats:
+    """Resource use of one VMM process. `pss_bytes` counts shared pages (the snapshot memory file
+    mapped by many clones) proportionally; `disk_bytes` is what this VM's private writable layers
+    occupy on the host."""
+
+    cpu_seconds: float
+    rss_bytes: int
+    pss_bytes: int
+    disk_bytes: int
+
+
+@runtime_checkable
+class VM(Protocol):
+    """A running or paused VM owned by a driver."""
+
+    @property
+    def id(self) -> str: ...
+
+    @property
+    def state(self) -> VMState: ...
+
+    @property
+    def console_log(self) -> Path:
+        """The guest's serial console output (for diagnostics)."""
+        ...
+
+    async def pause(self) -> None:
+        """Stop the vCPUs; memory and devices stay as they are."""
+        ...
+
+    async def resume(self) -> None: ...
+
+    async def snapshot(self, target: SnapshotTarget, *, keep_running: bool) -> Snapshot:
+        """Save memory, device state and writable disks at one instant. With `keep_running` the VM
+        continues afterwards (in its previous run state) on fresh writable layers; otherwise it is
+        stopped, which lets a driver hand its memory file over instead of copying it."""
+        ...
+
+    async def stop(self) -> None:
+        """Kill the VMM and release everything it held. Idempotent."""
+        ...
+
+    async def stats(self) -> VMStats: ...
+
+
+@runtime_checkable
+class Driver(Protocol):
+    """Starts VMs. One instance per host process; safe to use from many tasks at once."""
+
+    @property
+    def name(self) -> str: ...
+
+    async def boot(self, spec: VMSpec) -> VM:
+        """Cold-boot a VM (template builds only: sandboxes are restored snapshots)."""
+        ...
+
+    async def restore(self, snapshot: Snapshot, target: RestoreSpec) -> VM:
+        """Start one VM from `snapshot`, with private copy-on-write memory and disk layers."""
+        ...
+
+    async def restore_many(self, snapshot: Snapshot, targets: Sequence[RestoreSpec]) -> list[VM]:
+        """Start one clone per target concurrently. All or nothing: if any clone fails, the others
+        are stopped and the first error is raised."""
+        ...
+
+
+def _spec_to_dict(spec: VMSpec) -> dict[str, Any]:
+    return {
+        "vcpus": spec.vcpus,
+        "memory_mib": spec.memory_mib,
+        "kernel": str(spec.kernel),
+        "cmdline": spec.cmdline,
+        "workdir": str(spec.workdir),
+        "initrd": str(spec.initrd) if spec.initrd else None,
+        "disks": [
+            {"drive_id": d.drive_id, "path": str(d.path), "read_only": d.read_only}
+            for d in spec.disks
+        ],
+        "net": (
+            {"netns": spec.net.netns, "tap": spec.net.tap, "mac": spec.net.mac}
+            if spec.net
+            else None
+        ),
+        "memory_dir": str(spec.memory_dir) if spec.memory_dir else None,
+        "limits": {
+            "memory_max_mib": spec.limits.memory_max_mib,
+            "pids_max": spec.limits.pids_max,
+            "cpu_cores": spec.limits.cpu_cores,
+        },
+    }
+
+
+def _spec_from_dict(raw: Mapping[str, Any]) -> VMSpec:
+    net = raw["net"]
+    return VMSpec(
+        vcpus=int(raw["vcpus"]),
+        memory_mib=int(raw["memory_mib"]),
+        kernel=Path(raw["kernel"]),
+        cmdline=str(raw["cmdline"]),
+        workdir=Path(raw["workdir"]),
+        initrd=Path(raw["initrd"]) if raw["initrd"] else None,
+        disks=tuple(
+            Disk(str(d["drive_id"]), Path(d["path"]), bool(d["read_only"])) for d in raw["disks"]
+        ),
+        net=NetAttachment(str(net["netns"]), str(net["tap"]), str(net["mac"])) if net else None,
+        memory_dir=Path(raw["memory_dir"]) if raw["memory_dir"] else None,
+        limits=Limits(**raw["limits"]),
+    )
+
+
+def _snapshot_to_dict(snap: Snapshot) -> dict[str, Any]:
+    return {
+        "driver": snap.driver,
+        "compat": snap.compat,
+        "spec": _spec_to_dict(snap.spec),
+        "state_file": str(snap.state_file),
+        "memory_file": str(snap.memory_file) if snap.memory_file else None,
+        "disks": {k: str(v) for k, v in snap.disks.items()},
+    }
+
+
+def _snapshot_from_dict(raw: Mapping[str, Any]) -> Snapshot:
+    return Snapshot(
+        driver=str(raw["driver"]),
+        compat=str(raw["compat"]),
+        spec=_spec_from_dict(raw["spec"]),
+        state_file=Path(raw["state_file"]),
+        memory_file=Path(raw["memory_file"]) if raw["memory_file"] else None,
+        disks={str(k): Path(v) for k, v in raw["disks"].items()},
+    )
