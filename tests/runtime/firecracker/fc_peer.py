@@ -1,0 +1,281 @@
+"""A Firecracker API peer for tests: an HTTP server on a unix socket that answers like Firecracker.
+
+It routes and validates every request with the swagger (`fc_swagger`), so a body Firecracker
+would refuse is refused here with Firecracker's error shape (`400 {"fault_message": ...}`), and it
+keeps Firecracker's small state machine (pre-boot only resources, pause/resume, snapshot create
+only while paused, snapshot load only on a fresh process). Snapshot create writes a state file
+(JSON of the configuration) and a memory file; snapshot load reads them back, opening every drive
+at its recorded path the way Firecracker does. Paths resolve against `root` (the process's working
+directory when run as a program).
+
+It does not run a guest. Run as a program it stands in for the `firecracker` binary:
+`python fc_peer.py --api-sock PATH [--id ID] [...]` (other firecracker flags are accepted and
+ignored), which lets the driver's process handling be tested without KVM.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import fc_swagger
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+PRE_BOOT_ONLY = {
+    ("PUT", "/machine-config"),
+    ("PATCH", "/machine-config"),
+    ("PUT", "/boot-source"),
+    ("PUT", "/drives/{drive_id}"),
+    ("PUT", "/network-interfaces/{iface_id}"),
+    ("PUT", "/vsock"),
+    ("PUT", "/balloon"),
+    ("PUT", "/entropy"),
+    ("PUT", "/mmds/config"),
+    ("PUT", "/serial"),
+}
+STATE_MAGIC = "aenv-test-firecracker-state"
+
+
+@dataclass
+class Recorded:
+    method: str
+    path: str
+    body: Any
+
+
+@dataclass
+class PeerState:
+    root: Path
+    vm_id: str = "anonymous-instance"
+    version: str = "1.17.0"
+    state: str = "Not started"
+    config: dict[str, Any] = field(default_factory=dict)
+    mmds: dict[str, Any] | None = None
+    requests: list[Recorded] = field(default_factory=list)
+    # (METHOD, path) -> (status, fault message) to answer instead of handling the request.
+    fail: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
+    loaded_from_snapshot: bool = False
+
+    def host(self, path: str) -> Path:
+        return self.root / path
+
+    def bodies(self, method: str, path: str) -> list[Any]:
+        return [r.body for r in self.requests if r.method == method and r.path == path]
+
+
+def fault(message: str, status: int = 400) -> JSONResponse:
+    return JSONResponse({"fault_message": message}, status_code=status)
+
+
+class Peer:
+    def __init__(self, state: PeerState) -> None:
+        self.state = state
+        self.swagger = fc_swagger.load()
+        self.app = Starlette(routes=[Route("/{path:path}", self.handle, methods=_METHODS)])
+
+    async def handle(self, request: Request) -> Response:
+        method, path = request.method, request.url.path
+        raw = await request.body()
+        body: Any = None
+        if raw:
+            try:
+                body = json.loads(raw)
+            except ValueError as exc:
+                return fault(f"An error occurred when deserializing the json body: {exc}")
+        self.state.requests.append(Recorded(method, path, body))
+        if (method, path) in self.state.fail:
+            status, message = self.state.fail[(method, path)]
+            return fault(message, status)
+        found = self.swagger.operation(method, path)
+        if found is None:
+            return fault(f"Invalid request method and/or path: {method} {path}.")
+        op, params = found
+        if method == "GET" and raw:
+            return fault("GET request cannot have a body.")
+        if op.body_definition is not None:
+            if body is None and op.body_required:
+                return fault(f"Empty {method} request.")
+            if body is not None:
+                errors = self.swagger.errors(op.body_definition, body)
+                if errors:
+                    return fault(f"{op.body_definition}: {'; '.join(errors)}")
+        for key, value in params.items():
+            if isinstance(body, dict) and body.get(key, value) != value:
+                return fault(f"The id from the path [{value}] does not match the id from the body!")
+        if self.state.state != "Not started" and (method, op.template) in PRE_BOOT_ONLY:
+            return fault("The requested operation is not supported after starting the microVM.")
+        return self.dispatch(method, op.template, params, body)
+
+    def dispatch(self, method: str, template: str, params: dict[str, str], body: Any) -> Response:
+        st = self.state
+        cfg = st.config
+        if method == "GET":
+            return self.get(template)
+        if template == "/actions":
+            if body["action_type"] == "InstanceStart":
+                if st.state != "Not started":
+                    return fault("The microVM is already running.")
+                if "boot-source" not in cfg:
+                    return fault("Cannot start microvm without kernel configuration.")
+                st.state = "Running"
+            return Response(status_code=204)
+        if template == "/vm":
+            if st.state == "Not started":
+                return fault("The requested operation is not supported before starting the VM.")
+            st.state = "Running" if body["state"] == "Resumed" else "Paused"
+            return Response(status_code=204)
+        if template == "/snapshot/create":
+            return self.create_snapshot(body)
+        if template == "/snapshot/load":
+            return self.load_snapshot(body)
+        if template == "/drives/{drive_id}":
+            drives = cfg.setdefault("drives", {})
+            if method == "PUT":
+                if not st.host(body["path_on_host"]).exists():
+                    return fault(f"Unable to open drive file {body['path_on_host']}")
+                drives[params["drive_id"]] = body
+            elif params["drive_id"] not in drives:
+                return fault(f"Invalid block device ID: {params['drive_id']}")
+            else:
+                drives[params["drive_id"]] = {**drives[params["drive_id"]], **body}
+            return Response(status_code=204)
+        if template == "/network-interfaces/{iface_id}":
+            ifaces = cfg.setdefault("network-interfaces", {})
+            if method == "PATCH" and params["iface_id"] not in ifaces:
+                return fault(f"Invalid interface ID: {params['iface_id']}")
+            ifaces[params["iface_id"]] = {**ifaces.get(params["iface_id"], {}), **body}
+            return Response(status_code=204)
+        if template == "/mmds":
+            if method == "PUT" or st.mmds is None:
+                st.mmds = dict(body or {})
+            else:
+                st.mmds.update(body or {})
+            return Response(status_code=204)
+        name = template.strip("/").replace("/", "-")
+        cfg[name] = {**cfg.get(name, {}), **(body or {})} if method == "PATCH" else body
+        return Response(status_code=204)
+
+    def get(self, template: str) -> Response:
+        st = self.state
+        if template == "/":
+            return JSONResponse(
+                {
+                    "app_name": "Firecracker",
+                    "id": st.vm_id,
+                    "state": st.state,
+                    "vmm_version": st.version,
+                }
+            )
+        if template == "/version":
+            return JSONResponse({"firecracker_version": st.version})
+        if template == "/mmds":
+            if st.mmds is None:
+                return fault("The MMDS data store is not initialized.", 404)
+            return JSONResponse(st.mmds)
+        if template == "/balloon":
+            if "balloon" not in st.config:
+                return fault("Balloon device not configured.")
+            return JSONResponse(st.config["balloon"])
+        if template == "/balloon/statistics":
+            interval = st.config.get("balloon", {}).get("stats_polling_interval_s", 0)
+            if not interval:
+                return fault("Statistics are not enabled.")
+            mib = st.config["balloon"]["amount_mib"]
+            return JSONResponse(
+                {
+                    "target_pages": mib * 256,
+                    "actual_pages": mib * 256,
+                    "target_mib": mib,
+                    "actual_mib": mib,
+                    "free_memory": 100 << 20,
+                    "total_memory": st.config["machine-config"]["mem_size_mib"] << 20,
+                }
+            )
+        if template == "/balloon/hinting/status":
+            return JSONResponse({"host_cmd": 0})
+        if template == "/machine-config":
+            return JSONResponse(st.config.get("machine-config", {}))
+        return fault(f"GET {template} is not served by this test peer.")
+
+    def create_snapshot(self, body: dict[str, Any]) -> Response:
+        st = self.state
+        if st.state != "Paused":
+            return fault("Cannot create snapshot: the microVM is not paused.")
+        mem_mib = st.config["machine-config"]["mem_size_mib"]
+        kind = body.get("snapshot_type", "Full")
+        if kind == "Diff" and not st.config["machine-config"].get("track_dirty_pages"):
+            return fault("Diff snapshots require dirty page tracking in this test peer.")
+        state_doc = {"magic": STATE_MAGIC, "version": st.version, "config": st.config}
+        st.host(body["snapshot_path"]).write_text(json.dumps(state_doc))
+        with st.host(body["mem_file_path"]).open("wb") as mem:
+            mem.truncate(mem_mib << 20)
+            # Full: every page written; Diff: only the "dirtied" first page, the rest are holes.
+            mem.write(b"D" * 4096 if kind == "Diff" else b"F" * (mem_mib << 20))
+        return Response(status_code=204)
+
+    def load_snapshot(self, body: dict[str, Any]) -> Response:
+        st = self.state
+        if st.state != "Not started" or st.loaded_from_snapshot or _configured(st.config):
+            return fault("Loading a microVM snapshot not allowed after configuring boot-specific.")
+        try:
+            doc = json.loads(st.host(body["snapshot_path"]).read_text())
+        except (OSError, ValueError) as exc:
+            return fault(f"Load snapshot error: cannot read microVM state: {exc}")
+        if doc.get("magic") != STATE_MAGIC:
+            return fault("Load snapshot error: invalid snapshot state file (CRC mismatch).")
+        backend = body["mem_backend"]
+        mem = st.host(backend["backend_path"])
+        expected = doc["config"]["machine-config"]["mem_size_mib"] << 20
+        if backend["backend_type"] != "File" or not mem.is_file() or mem.stat().st_size < expected:
+            return fault(f"Load snapshot error: cannot map guest memory {mem}")
+        for drive in doc["config"].get("drives", {}).values():
+            if not st.host(drive["path_on_host"]).exists():
+                return fault(f"Load snapshot error: cannot open drive {drive['path_on_host']}")
+        config = doc["config"]
+        for override in body.get("network_overrides", []):
+            iface = config.get("network-interfaces", {}).get(override["iface_id"])
+            if iface is None:
+                return fault(f"Load snapshot error: no interface {override['iface_id']}")
+            iface["host_dev_name"] = override["host_dev_name"]
+        config["machine-config"]["track_dirty_pages"] = bool(body.get("track_dirty_pages"))
+        st.config = config
+        st.loaded_from_snapshot = True
+        st.state = "Running" if body.get("resume_vm") else "Paused"
+        return Response(status_code=204)
+
+
+def _configured(config: dict[str, Any]) -> bool:
+    return any(key not in {"logger", "metrics"} for key in config)
+
+
+_METHODS = ["GET", "PUT", "PATCH", "POST", "DELETE"]
+
+
+def make_server(state: PeerState, socket_path: Path) -> uvicorn.Server:
+    return uvicorn.Server(
+        uvicorn.Config(Peer(state).app, uds=str(socket_path), log_level="warning", lifespan="off")
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--api-sock", required=True)
+    parser.add_argument("--id", default="anonymous-instance")
+    args, _ignored = parser.parse_known_args()
+    # Like Firecracker: the guest console is our stdout; pid file lets tests find us.
+    print(f"test firecracker {os.getpid()} id={args.id}", flush=True)
+    state = PeerState(root=Path.cwd(), vm_id=args.id)
+    asyncio.run(make_server(state, Path(args.api_sock)).serve())
+
+
+if __name__ == "__main__":
+    main()
