@@ -1,0 +1,5 @@
+"""`python -m aenv.envd`."""
+
+from aenv.envd.main import main
+
+main()

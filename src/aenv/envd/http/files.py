@@ -1,0 +1,341 @@
+"""`GET /files` (download) and `POST /files` (upload), as the E2B SDKs use them.
+
+Uploads stream straight into their destination (multipart parts or a raw octet-stream body,
+optionally gzip-encoded) without buffering whole files. As in infra's envd, a file is written
+in place (create/truncate, then chown, then write) so directory watchers see CREATE, CHMOD and
+WRITE on the file's own name, which the SDKs' tests rely on.
+"""
+
+from __future__ import annotations
+
+import errno
+import mimetypes
+import os
+import stat
+import zlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+from python_multipart.multipart import MultipartParser, parse_options_header
+from starlette.requests import Request
+from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+
+from aenv.envd.auth import TOKEN_HEADER, SignatureError, check_file_access
+from aenv.envd.filesystem.entry import read_metadata, write_metadata
+from aenv.envd.filesystem.paths import ensure_dirs
+from aenv.envd.settings import Settings
+from aenv.envd.users import UnknownUserError, User, resolve_path
+
+CHUNK = 256 * 1024
+METADATA_HEADER_PREFIX = "x-metadata-"
+
+
+class HTTPFailure(Exception):
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
+def json_error(status: int, message: str) -> JSONResponse:
+    return JSONResponse({"code": status, "message": message}, status_code=status)
+
+
+def _user(request: Request, settings: Settings) -> User:
+    name = request.query_params.get("username") or settings.default_user
+    try:
+        return User.lookup(name)
+    except UnknownUserError as e:
+        raise HTTPFailure(401, f"error looking up user '{name}': {e}") from e
+
+
+def _authorize(request: Request, settings: Settings, operation: str) -> None:
+    q = request.query_params
+    try:
+        check_file_access(
+            settings.access_token,
+            request.headers.get(TOKEN_HEADER),
+            path=q.get("path", ""),
+            operation=operation,
+            username=q.get("username"),
+            signature=q.get("signature"),
+            expiration=q.get("signature_expiration"),
+        )
+    except SignatureError as e:
+        raise HTTPFailure(401, str(e)) from e
+
+
+def _resolve(raw: str, user: User, settings: Settings) -> str:
+    try:
+        return resolve_path(raw, user, settings.default_workdir)
+    except ValueError as e:
+        raise HTTPFailure(400, f"error expanding and resolving path '{raw}': {e}") from e
+
+
+def _prefers_gzip(accept: str) -> bool:
+    """Whether gzip is the client's most preferred acceptable coding (infra's negotiation)."""
+    best, best_q = "identity", 0.0
+    for item in accept.split(","):
+        coding, _, params = item.strip().partition(";")
+        q = 1.0
+        for param in params.split(";"):
+            name, _, value = param.strip().partition("=")
+            if name.lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 1.0
+        coding = coding.strip().lower()
+        if coding in ("gzip", "identity") and q > best_q:
+            best, best_q = coding, q
+    return best == "gzip"
+
+
+async def _gzip_stream(path: str) -> AsyncIterator[bytes]:
+    compressor = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
+    with open(path, "rb") as f:
+        while chunk := f.read(CHUNK):
+            if out := compressor.compress(chunk):
+                yield out
+    yield compressor.flush()
+
+
+async def download(request: Request, settings: Settings) -> Response:
+    try:
+        _authorize(request, settings, "read")
+        user = _user(request, settings)
+        path = _resolve(request.query_params.get("path", ""), user, settings)
+        try:
+            st = os.stat(path)
+        except FileNotFoundError:
+            raise HTTPFailure(404, f"path '{path}' does not exist") from None
+        except OSError as e:
+            raise HTTPFailure(500, f"error checking if path exists '{path}': {e}") from e
+        if stat.S_ISDIR(st.st_mode):
+            raise HTTPFailure(400, f"path '{path}' is a directory")
+    except HTTPFailure as f:
+        return json_error(f.status, f.message)
+    name = os.path.basename(path)
+    headers = {"Vary": "Accept-Encoding"}
+    conditional = "range" in request.headers or "if-range" in request.headers
+    if not conditional and _prefers_gzip(request.headers.get("accept-encoding", "")):
+        guessed = mimetypes.guess_type(name)[0] or "application/octet-stream"
+        headers["Content-Disposition"] = f'inline; filename="{name}"'
+        headers["Content-Encoding"] = "gzip"
+        return StreamingResponse(_gzip_stream(path), media_type=guessed, headers=headers)
+    return FileResponse(
+        path, stat_result=st, filename=name, content_disposition_type="inline", headers=headers
+    )
+
+
+@dataclass
+class _Upload:
+    """Destination files of one upload request, written as the body streams in."""
+
+    user: User
+    metadata: dict[str, str]
+    max_bytes: int | None
+    written: list[dict[str, object]] = field(default_factory=list)
+    _fd: int | None = None
+    _path: str | None = None
+    _size: int = 0
+
+    def open(self, path: str) -> None:
+        if any(entry["path"] == path for entry in self.written):
+            raise HTTPFailure(
+                400,
+                f"you cannot upload multiple files to the same path '{path}' in one upload request",
+            )
+        try:
+            ensure_dirs(os.path.dirname(path), self.user)
+            if os.path.isdir(path):
+                raise HTTPFailure(400, f"path is a directory: {path}")
+            self._fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o666)
+            os.fchown(self._fd, self.user.uid, self.user.gid)
+        except OSError as e:
+            raise _os_failure(e, f"error opening file '{path}'") from e
+        self._path, self._size = path, 0
+
+    def write(self, data: bytes) -> None:
+        assert self._fd is not None
+        self._size += len(data)
+        if self.max_bytes is not None and self._size > self.max_bytes:
+            raise HTTPFailure(413, f"file is larger than the {self.max_bytes} bytes allowed")
+        view = memoryview(data)
+        try:
+            while view:
+                view = view[os.write(self._fd, view) :]
+        except OSError as e:
+            raise _os_failure(e, f"error writing file '{self._path}'") from e
+
+    def close(self) -> None:
+        fd, path = self._fd, self._path
+        if fd is None or path is None:
+            return
+        self._fd = None
+        try:
+            write_metadata(path, self.metadata)
+        except OSError as e:
+            if e.errno != errno.ENOTSUP:
+                raise _os_failure(e, "error writing file metadata") from e
+        finally:
+            os.close(fd)
+        entry: dict[str, object] = {"name": os.path.basename(path), "type": "file", "path": path}
+        if self.metadata:
+            entry["metadata"] = read_metadata(path)
+        self.written.append(entry)
+
+    def abort(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+
+
+def _os_failure(e: OSError, what: str) -> HTTPFailure:
+    if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return HTTPFailure(507, f"not enough disk space available: {what}: {e.strerror}")
+    if e.errno == errno.ENOTDIR:
+        return HTTPFailure(400, f"{what}: a parent path is a file")
+    if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
+        return HTTPFailure(403, f"{what}: {e.strerror}")
+    return HTTPFailure(500, f"{what}: {e.strerror or e}")
+
+
+async def _body(request: Request) -> AsyncIterator[bytes]:
+    encoding = request.headers.get("content-encoding", "identity").strip().lower()
+    if encoding in ("", "identity"):
+        async for chunk in request.stream():
+            yield chunk
+        return
+    if encoding != "gzip":
+        raise HTTPFailure(400, f"unsupported Content-Encoding: {encoding}, supported: [gzip]")
+    decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
+    try:
+        async for chunk in request.stream():
+            if out := decompressor.decompress(chunk):
+                yield out
+        if tail := decompressor.flush():
+            yield tail
+    except zlib.error as e:
+        raise HTTPFailure(400, f"error decompressing request body: {e}") from e
+
+
+def _metadata(request: Request) -> dict[str, str]:
+    metadata = {}
+    for name, value in request.headers.items():
+        if name.startswith(METADATA_HEADER_PREFIX):
+            key = name[len(METADATA_HEADER_PREFIX) :].lower()
+            if not key or not (
+                key.isascii() and key.isprintable() and value.isascii() and value.isprintable()
+            ):
+                raise HTTPFailure(
+                    400, f"invalid metadata: key and value must be printable ASCII ({name})"
+                )
+            metadata[key] = value
+    return metadata
+
+
+async def upload(request: Request, settings: Settings) -> Response:
+    try:
+        _authorize(request, settings, "write")
+        user = _user(request, settings)
+        upload = _Upload(user, _metadata(request), settings.max_upload_bytes)
+        content_type, options = parse_options_header(request.headers.get("content-type", ""))
+        query_path = request.query_params.get("path")
+        try:
+            if content_type == b"application/octet-stream":
+                if not query_path:
+                    raise HTTPFailure(400, "missing 'path' query parameter for octet-stream upload")
+                length = request.headers.get("content-length")
+                if (
+                    upload.max_bytes is not None
+                    and length
+                    and length.isdigit()
+                    and int(length) > upload.max_bytes
+                ):
+                    raise HTTPFailure(
+                        413, f"file is larger than the {upload.max_bytes} bytes allowed"
+                    )
+                upload.open(_resolve(query_path, user, settings))
+                async for chunk in _body(request):
+                    upload.write(chunk)
+                upload.close()
+            elif content_type == b"multipart/form-data" and b"boundary" in options:
+                await _multipart(request, options[b"boundary"], query_path, upload, settings)
+            else:
+                raise HTTPFailure(
+                    400,
+                    f"unsupported content type: {content_type.decode(errors='replace')}, "
+                    "expected multipart/form-data or application/octet-stream",
+                )
+        finally:
+            upload.abort()
+    except HTTPFailure as f:
+        return json_error(f.status, f.message)
+    if not upload.written:
+        return json_error(400, "no file in the upload request")
+    return JSONResponse(upload.written)
+
+
+async def _multipart(
+    request: Request, boundary: bytes, query_path: str | None, upload: _Upload, settings: Settings
+) -> None:
+    """Parse parts as they arrive; each `file` part streams into its destination."""
+    headers: dict[bytes, bytes] = {}
+    name: list[bytes] = []
+    value: list[bytes] = []
+    active = False
+
+    def on_header_field(data: bytes, start: int, end: int) -> None:
+        name.append(data[start:end])
+
+    def on_header_value(data: bytes, start: int, end: int) -> None:
+        value.append(data[start:end])
+
+    def on_header_end() -> None:
+        headers[b"".join(name).lower()] = b"".join(value)
+        name.clear()
+        value.clear()
+
+    def on_headers_finished() -> None:
+        nonlocal active
+        _, disposition = parse_options_header(headers.get(b"content-disposition", b""))
+        headers.clear()
+        active = disposition.get(b"name") == b"file"
+        if not active:
+            return
+        # The SDK puts the full destination path in `filename`; `?path=` wins for one file.
+        raw = query_path or disposition.get(b"filename", b"").decode()
+        if not raw:
+            raise HTTPFailure(400, "missing file path: no 'path' query parameter and no filename")
+        upload.open(_resolve(raw, upload.user, settings))
+
+    def on_part_data(data: bytes, start: int, end: int) -> None:
+        if active:
+            upload.write(data[start:end])
+
+    def on_part_end() -> None:
+        nonlocal active
+        if active:
+            upload.close()
+        active = False
+
+    parser = MultipartParser(
+        boundary,
+        {
+            "on_header_field": on_header_field,
+            "on_header_value": on_header_value,
+            "on_header_end": on_header_end,
+            "on_headers_finished": on_headers_finished,
+            "on_part_data": on_part_data,
+            "on_part_end": on_part_end,
+        },
+    )
+    try:
+        async for chunk in _body(request):
+            parser.write(chunk)
+        parser.finalize()
+    except HTTPFailure:
+        raise
+    except Exception as e:  # the parser's own errors: a malformed body
+        raise HTTPFailure(400, f"error parsing multipart form: {e}") from e

@@ -1,0 +1,59 @@
+"""`aenv-envd`: run envd (as root inside the guest) on port 49983."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+
+import uvicorn
+
+from aenv.envd import ENVD_PORT
+from aenv.envd.app import create_app
+from aenv.envd.settings import Settings
+
+
+def _protect_from_oom() -> None:
+    # The OOM killer should pick the user's processes, not the daemon that serves the sandbox.
+    with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
+        f.write("-1000")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="aenv-envd", description=__doc__)
+    p.add_argument("--host", default="0.0.0.0", help="address to listen on")  # noqa: S104
+    p.add_argument("--port", type=int, default=ENVD_PORT)
+    p.add_argument("--access-token", default=os.environ.get("AENV_ENVD_ACCESS_TOKEN"))
+    p.add_argument("--default-user", default=None, help="user for requests that name none")
+    p.add_argument("--default-workdir", default=None)
+    p.add_argument("--max-upload-bytes", type=int, default=None)
+    return p.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = parse_args(argv)
+    settings = Settings(
+        access_token=args.access_token or None,
+        default_workdir=args.default_workdir,
+        max_upload_bytes=args.max_upload_bytes,
+    )
+    if args.default_user:
+        settings.default_user = args.default_user
+    if os.geteuid() == 0:
+        _protect_from_oom()
+    uvicorn.run(
+        create_app(settings),
+        host=args.host,
+        port=args.port,
+        loop="uvloop",
+        http="httptools",
+        lifespan="on",
+        access_log=False,
+        log_level="warning",
+        # The SDKs keep idle connections for up to 300 s; never close one they may reuse.
+        timeout_keep_alive=650,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,41 @@
+"""Fixtures: one envd per session in a throwaway root, driven by the official e2b SDK in debug
+mode (which talks to envd on localhost:49983 with no control plane)."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import AsyncIterator, Iterator
+
+import pytest
+from e2b import AsyncSandbox, Sandbox
+
+from tests.support.envd_process import envd_in_throwaway_root
+
+ENVD_PORT = 49983
+
+
+@pytest.fixture(scope="session")
+def envd_url() -> Iterator[str]:
+    os.environ["E2B_DEBUG"] = "true"
+    with envd_in_throwaway_root(ENVD_PORT) as url:
+        yield url
+
+
+@pytest.fixture
+def sandbox(envd_url: str) -> Sandbox:
+    return Sandbox.create()
+
+
+@pytest.fixture
+async def async_sandbox(envd_url: str) -> AsyncIterator[AsyncSandbox]:
+    yield await AsyncSandbox.create()
+
+
+@pytest.fixture
+def workdir(sandbox: Sandbox) -> Iterator[str]:
+    """A fresh directory under the user's home, removed afterwards."""
+    path = f"/home/user/t-{uuid.uuid4().hex[:8]}"
+    sandbox.files.make_dir(path)
+    yield path
+    sandbox.files.remove(path)
