@@ -1,0 +1,47 @@
+"""Settings of the network slot layer, with defaults that work on one machine."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from ipaddress import IPv4Network
+
+from aenv.network.addressing import SLOT_PREFIXLEN
+from aenv.network.slot import GuestNetwork
+
+_IFNAMSIZ = 15
+
+
+@dataclass(frozen=True)
+class NetworkConfig:
+    """`prefix` names everything this layer owns: slot namespaces and host interfaces are
+    `<prefix>-<index>`, the host nftables table is `inet <prefix>`. Two processes with different
+    prefixes (a server and a test run, say) never touch each other's slots.
+
+    `host_netns` is the namespace that plays the host: None is the namespace this process runs in
+    (the root namespace in production); tests pass a namespace of their own so they never change
+    the real host's interfaces, sysctls or rules."""
+
+    prefix: str = "aenv"
+    slot_network: IPv4Network = field(default_factory=lambda: IPv4Network("10.200.0.0/16"))
+    host_netns: str | None = None
+    guest: GuestNetwork = field(default_factory=GuestNetwork)
+    # The egress verdict a new slot starts with (DESIGN: on by default).
+    egress: bool = True
+    # The warm pool refills in the background to `pool_high` when it drops below `pool_low`.
+    pool_low: int = 4
+    pool_high: int = 16
+
+    def __post_init__(self) -> None:
+        if not re.fullmatch(r"[a-z][a-z0-9]*", self.prefix):
+            raise ValueError(f"prefix {self.prefix!r}: lowercase letters and digits only")
+        if self.slot_network.prefixlen > SLOT_PREFIXLEN:
+            raise ValueError(f"slot_network {self.slot_network} holds no /{SLOT_PREFIXLEN}")
+        capacity = 1 << (SLOT_PREFIXLEN - self.slot_network.prefixlen)
+        longest = f"{self.prefix}-{capacity - 1}"
+        if len(longest) > _IFNAMSIZ:
+            raise ValueError(f"interface name {longest!r} would exceed {_IFNAMSIZ} characters")
+        if not 0 <= self.pool_low <= self.pool_high:
+            raise ValueError("need 0 <= pool_low <= pool_high")
+        if self.slot_network.overlaps(self.guest.ip.network):
+            raise ValueError(f"slot_network {self.slot_network} overlaps the guest network")

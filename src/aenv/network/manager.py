@@ -1,0 +1,200 @@
+"""Creating and destroying network slots, switching their egress, and reclaiming the slots a
+crashed process left behind.
+
+All netlink and nft work for one operation runs on one fresh thread (`netns.run_in`) that starts
+in the host namespace and then moves into the slot's; nothing blocks the event loop. Creating a
+slot costs one nft process (the slot's ruleset). Destroying one only drops the namespace's name:
+the kernel then removes the namespace with its tap, veth pair (both ends), rules and egress verdict
+in the background, batching many namespaces per pass. Deleting the veth ourselves would hold the
+RTNL lock for ~20 ms per slot here, stalling every other netlink user. The host table holds
+nothing per slot, so it is never touched.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import re
+from pathlib import Path
+
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl.ndmsg import NUD_PERMANENT
+
+from aenv.network import netns, nft, rules
+from aenv.network.addressing import SLOT_PREFIXLEN, AddressPlan
+from aenv.network.config import NetworkConfig
+from aenv.network.slot import Slot
+
+log = logging.getLogger(__name__)
+
+_ENODEV = 19
+
+_SLOT_SYSCTLS = {
+    "net/ipv4/ip_forward": "1",
+    # The guest network is IPv4 only; without IPv6 the slot has no link-local surface and sends
+    # the guest no router solicitations or DAD probes. Set before any interface exists.
+    "net/ipv6/conf/all/disable_ipv6": "1",
+    "net/ipv6/conf/default/disable_ipv6": "1",
+}
+
+
+def _sysctl(key: str, value: str) -> None:
+    # /proc/sys/net shows the namespace of the thread that opens it.
+    Path("/proc/sys", key).write_text(value)
+
+
+def _delete_link(ipr: IPRoute, ifname: str) -> None:
+    try:
+        ipr.link("del", ifname=ifname)
+    except NetlinkError as error:
+        if error.code != _ENODEV:
+            raise
+
+
+class SlotManager:
+    def __init__(self, config: NetworkConfig) -> None:
+        self.config = config
+        self._plan = AddressPlan(config.slot_network)
+        self._slots: dict[int, Slot] = {}
+        self._orphans: set[asyncio.Future[None]] = set()
+        self._name_re = re.compile(rf"{re.escape(config.prefix)}-(0|[1-9][0-9]*)")
+
+    @property
+    def live(self) -> int:
+        return len(self._slots)
+
+    def _name(self, index: int) -> str:
+        return f"{self.config.prefix}-{index}"
+
+    async def start(self) -> None:
+        """Reclaim every slot a previous process with this prefix left behind, then (re)create
+        the host table and enable forwarding in the host namespace."""
+        swept = await netns.run_in(self.config.host_netns, self._sweep_and_prepare)
+        if swept:
+            log.warning("reclaimed %d leftover network slots: %s", len(swept), ", ".join(swept))
+
+    def _sweep_and_prepare(self) -> list[str]:
+        swept = {name for name in netns.names() if self._name_re.fullmatch(name)}
+        with IPRoute() as host:
+            for link in host.get_links():
+                ifname = link.get_attr("IFLA_IFNAME")
+                if self._name_re.fullmatch(ifname):
+                    _delete_link(host, ifname)
+                    swept.add(ifname)
+        for name in swept:
+            netns.remove(name)
+        _sysctl("net/ipv4/ip_forward", "1")
+        nft.apply(
+            rules.host_table(self.config.prefix, f"{self.config.prefix}-", self.config.slot_network)
+        )
+        return sorted(swept)
+
+    async def create(self, *, egress: bool | None = None) -> Slot:
+        index = self._plan.allocate()
+        slot = Slot(
+            index=index,
+            netns=self._name(index),
+            host_ifname=self._name(index),
+            host_ip=self._plan.host_ip(index),
+            address=self._plan.slot_ip(index),
+            guest=self.config.guest,
+        )
+        verdict = self.config.egress if egress is None else egress
+        work = asyncio.ensure_future(
+            netns.run_in(self.config.host_netns, lambda: self._build(slot, verdict))
+        )
+        try:
+            await asyncio.shield(work)
+        except asyncio.CancelledError:
+            # The thread cannot be stopped: reclaim what it builds once it is done.
+            orphan = asyncio.ensure_future(self._reclaim(slot, work))
+            self._orphans.add(orphan)
+            orphan.add_done_callback(self._orphans.discard)
+            raise
+        except BaseException:
+            self._plan.free(slot.index)
+            raise
+        self._slots[index] = slot
+        return slot
+
+    async def _reclaim(self, slot: Slot, work: asyncio.Future[None]) -> None:
+        with contextlib.suppress(Exception):
+            await work
+        await asyncio.to_thread(netns.remove, slot.netns)
+        self._plan.free(slot.index)
+
+    def _build(self, slot: Slot, egress: bool) -> None:
+        guest = slot.guest
+        with IPRoute() as host:
+            netns.create_and_enter(slot.netns)
+            try:
+                for key, value in _SLOT_SYSCTLS.items():
+                    _sysctl(key, value)
+                with IPRoute() as ns:
+                    ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
+                    ns.link("add", ifname=guest.tap, kind="tuntap", mode="tap", ifr={"no_pi": True})
+                    tap = ns.link_lookup(ifname=guest.tap)[0]
+                    ns.link("set", index=tap, address=guest.gateway_mac, state="up")
+                    ns.addr(
+                        "add",
+                        index=tap,
+                        address=str(guest.gateway),
+                        prefixlen=guest.ip.network.prefixlen,
+                    )
+                    # A permanent neighbour entry: the first host connection after a restore does
+                    # not wait for the (possibly slow, TCG) guest to answer ARP.
+                    ns.neigh(
+                        "add",
+                        dst=str(guest.ip.ip),
+                        lladdr=guest.mac,
+                        ifindex=tap,
+                        state=NUD_PERMANENT,
+                    )
+                    # A slot that had this index may still be draining: its host end is gone only
+                    # once the kernel has finished with its namespace.
+                    _delete_link(host, slot.host_ifname)
+                    host.link(
+                        "add",
+                        ifname=slot.host_ifname,
+                        kind="veth",
+                        peer={"ifname": rules.SLOT_UPLINK, "net_ns_fd": slot.netns},
+                    )
+                    outer = host.link_lookup(ifname=slot.host_ifname)[0]
+                    host.addr(
+                        "add", index=outer, address=str(slot.host_ip), prefixlen=SLOT_PREFIXLEN
+                    )
+                    host.link("set", index=outer, state="up")
+                    inner = ns.link_lookup(ifname=rules.SLOT_UPLINK)[0]
+                    ns.addr("add", index=inner, address=str(slot.address), prefixlen=SLOT_PREFIXLEN)
+                    ns.link("set", index=inner, state="up")
+                    ns.route("add", dst="0.0.0.0/0", gateway=str(slot.host_ip))
+                nft.apply(rules.slot_table(guest, egress))
+            except BaseException:
+                netns.remove(slot.netns)
+                raise
+
+    async def destroy(self, slot: Slot) -> None:
+        """Remove the slot. The VMM that ran in it must have exited: a process still inside keeps
+        the namespace (unnamed, and cut off once its index is reused) alive until it exits."""
+        if self._slots.get(slot.index) != slot:
+            raise ValueError(f"slot {slot.netns} is not live")
+        # Dropping a name enters no namespace, so a pooled thread is fine here.
+        await asyncio.to_thread(netns.remove, slot.netns)
+        del self._slots[slot.index]
+        self._plan.free(slot.index)
+
+    async def set_egress(self, slot: Slot, enabled: bool) -> None:
+        if self._slots.get(slot.index) != slot:
+            raise ValueError(f"slot {slot.netns} is not live")
+        await netns.run_in(slot.netns, lambda: nft.apply(rules.set_egress(enabled)))
+
+    async def close(self) -> None:
+        """Destroy every live slot and remove the host table."""
+        await asyncio.gather(*self._orphans)
+        for slot in list(self._slots.values()):
+            await self.destroy(slot)
+        await netns.run_in(
+            self.config.host_netns, lambda: nft.apply(rules.delete_table(self.config.prefix))
+        )
