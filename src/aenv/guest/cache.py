@@ -1,0 +1,66 @@
+"""A build cache for guest artifacts: one directory per (name, inputs) key, built at most once.
+
+Builds run in a temporary sibling directory and are renamed into place, so a crash never leaves
+a half-built entry that looks complete; a file lock keeps concurrent builders of one key apart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import fcntl
+import hashlib
+import json
+import os
+import shutil
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+DEFAULT_HOME = Path("/var/lib/aenv")
+
+
+def cache_root() -> Path:
+    """`AENV_GUEST_CACHE`, else `$AENV_HOME/cache/guest`, else `/var/lib/aenv/cache/guest`."""
+    explicit = os.environ.get("AENV_GUEST_CACHE")
+    if explicit:
+        return Path(explicit)
+    return Path(os.environ.get("AENV_HOME", str(DEFAULT_HOME))) / "cache" / "guest"
+
+
+def cache_key(inputs: object) -> str:
+    blob = json.dumps(inputs, sort_keys=True, default=str).encode()
+    return hashlib.sha256(blob).hexdigest()[:16]
+
+
+async def cached_dir(
+    name: str, inputs: object, build: Callable[[Path], Awaitable[None]], root: Path | None = None
+) -> Path:
+    """Return the cache entry for `inputs`, calling `build(tmpdir)` to create it if missing."""
+    base = root or cache_root()
+    base.mkdir(parents=True, exist_ok=True)
+    final = base / f"{name}-{cache_key(inputs)}"
+    if final.is_dir():
+        return final
+    lock_path = base / f".{final.name}.lock"
+    fd = await asyncio.to_thread(_lock, lock_path)
+    try:
+        if final.is_dir():
+            return final
+        tmp = base / f".{final.name}.tmp-{os.getpid()}"
+        await asyncio.to_thread(shutil.rmtree, tmp, True)
+        tmp.mkdir()
+        try:
+            await build(tmp)
+            (tmp / "inputs.json").write_text(json.dumps(inputs, sort_keys=True, default=str))
+            tmp.rename(final)
+        except BaseException:
+            await asyncio.to_thread(shutil.rmtree, tmp, True)
+            raise
+        return final
+    finally:
+        os.close(fd)
+
+
+def _lock(path: Path) -> int:
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX)
+    return fd

@@ -1,0 +1,127 @@
+"""The initramfs: busybox-static, the kernel modules our init needs (dependencies first), the init.
+
+Module dependencies come from each module's `.modinfo` section (the Debian package ships no
+modules.dep, and the host may have no kmod), so the load order is computed, not hand-listed:
+e.g. `virtio_ring` must precede `virtio` or insmod fails with unknown symbols.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import hashlib
+import shlex
+import shutil
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+
+from elftools.elf.elffile import ELFFile
+
+from aenv.guest.cache import cached_dir
+from aenv.guest.init_script import STAGE1, STAGE2
+from aenv.guest.kernel import Kernel
+from aenv.guest.proc import BuildError, run
+
+BUSYBOX = Path("/bin/busybox")
+# What our init mounts and talks through. crc32c_generic is a soft dependency of ext4 (checksums are
+# looked up through the crypto API at mount time, which cannot modprobe without modules.dep).
+MODULES = ("virtio_mmio", "virtio_blk", "virtio_net", "crc32c_generic", "ext4", "overlay")
+
+
+async def build_initramfs(
+    kernel: Kernel, busybox: Path = BUSYBOX, modules: Iterable[str] = MODULES
+) -> Path:
+    """Return a cached `initrd.cpio.gz` for `kernel` (rebuilt when any input changes)."""
+    wanted = tuple(modules)
+    bb_hash = await asyncio.to_thread(_sha256, busybox)
+    inputs = {
+        "kernel": kernel.version,
+        "modules": wanted,
+        "busybox": bb_hash,
+        "init": hashlib.sha256((STAGE1 + STAGE2).encode()).hexdigest(),
+    }
+
+    async def build(tmp: Path) -> None:
+        stage = tmp / "stage"
+        order = await asyncio.to_thread(_stage_tree, stage, kernel, busybox, wanted)
+        raw = tmp / "initrd.cpio"
+        # Sorted names make the archive reproducible; -R 0:0 makes everything root's.
+        out = shlex.quote(str(raw))
+        script = f"find . | LC_ALL=C sort | cpio -o -H newc -R 0:0 --quiet > {out}"
+        await run("sh", "-c", script, cwd=stage)
+        await asyncio.to_thread(_gzip, raw, tmp / "initrd.cpio.gz")
+        raw.unlink()
+        await asyncio.to_thread(shutil.rmtree, stage)
+        (tmp / "modules.order").write_text("\n".join(order) + "\n")
+
+    entry = await cached_dir("initramfs", inputs, build)
+    return entry / "initrd.cpio.gz"
+
+
+def module_order(deps: Mapping[str, tuple[str, ...]], wanted: Iterable[str]) -> list[str]:
+    """Depth-first topological order: every module after all modules it depends on."""
+    order: list[str] = []
+    visiting: set[str] = set()
+
+    def visit(name: str) -> None:
+        if name in order:
+            return
+        if name in visiting:
+            raise BuildError(f"module dependency cycle through {name}")
+        visiting.add(name)
+        for dep in deps[name]:
+            visit(dep)
+        visiting.discard(name)
+        order.append(name)
+
+    for name in wanted:
+        visit(name)
+    return order
+
+
+def _stage_tree(stage: Path, kernel: Kernel, busybox: Path, wanted: tuple[str, ...]) -> list[str]:
+    index = {p.name.removesuffix(".ko"): p for p in kernel.modules.rglob("*.ko")}
+    deps: dict[str, tuple[str, ...]] = {}
+    pending = list(wanted)
+    while pending:
+        name = pending.pop()
+        if name in deps:
+            continue
+        path = index.get(name) or index.get(name.replace("_", "-"))
+        if path is None:
+            raise BuildError(f"kernel {kernel.version} has no module {name}")
+        deps[name] = _depends(path)
+        pending.extend(deps[name])
+    order = module_order(deps, wanted)
+    for sub in ("bin", "dev", "proc", "sys", "modules"):
+        (stage / sub).mkdir(parents=True)
+    shutil.copy2(busybox, stage / "bin" / "busybox")
+    for name in order:
+        src = index.get(name) or index[name.replace("_", "-")]
+        shutil.copy2(src, stage / "modules" / src.name)
+    files = [(index.get(n) or index[n.replace("_", "-")]).name for n in order]
+    (stage / "modules.order").write_text("\n".join(files) + "\n")
+    (stage / "init").write_text(STAGE1)
+    (stage / "init").chmod(0o755)
+    (stage / "stage2").write_text(STAGE2)
+    return files
+
+
+def _depends(module: Path) -> tuple[str, ...]:
+    with module.open("rb") as fh:
+        section = ELFFile(fh).get_section_by_name(".modinfo")
+        data = section.data() if section is not None else b""
+    for entry in data.split(b"\0"):
+        key, _, value = entry.partition(b"=")
+        if key == b"depends":
+            return tuple(v for v in value.decode().split(",") if v)
+    return ()
+
+
+def _sha256(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def _gzip(src: Path, dst: Path) -> None:
+    with src.open("rb") as fin, gzip.open(dst, "wb", compresslevel=6) as fout:
+        shutil.copyfileobj(fin, fout)

@@ -1,0 +1,190 @@
+"""One cgroup per VMM process, behind a small interface with cgroup v1 and v2 implementations.
+
+Groups are created under a parent named by the caller (e.g. `aenv`) and, for the memory controller,
+nested under this process's own memory cgroup: a supervisor may already confine us there, and a
+child outside it would escape that limit. v1 hosts (like the dev machine) get separate memory, pids
+and cpu hierarchies; v2 hosts get one directory. On v2 the parent must be delegated to us (systemd
+`Delegate=yes`) so controllers can be enabled for our children.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+CPU_PERIOD_US = 100_000
+
+
+class CgroupError(RuntimeError):
+    """A cgroup could not be created, filled or removed."""
+
+
+@dataclass(frozen=True)
+class CgroupLimits:
+    memory_bytes: int | None
+    pids: int | None
+    cpu_cores: float | None
+
+
+class Cgroup(Protocol):
+    @property
+    def name(self) -> str: ...
+
+    def add(self, pid: int) -> None: ...
+
+    def remove(self) -> None:
+        """Delete the group; its processes must have exited. Idempotent."""
+        ...
+
+
+class CgroupManager(Protocol):
+    def create(self, name: str, limits: CgroupLimits) -> Cgroup: ...
+
+    def remove_parent(self) -> None:
+        """Remove the parent directories if they are empty (teardown)."""
+        ...
+
+
+def _own_path(controller: str, proc_cgroup: str) -> str:
+    """This process's cgroup path in the hierarchy holding `controller` ('' for v2)."""
+    for line in proc_cgroup.splitlines():
+        _id, controllers, path = line.split(":", 2)
+        if controller in controllers.split(","):
+            return path
+    return "/"
+
+
+def _write(path: Path, value: str) -> None:
+    try:
+        path.write_text(value)
+    except OSError as exc:
+        raise CgroupError(f"cannot write {value!r} to {path}: {exc}") from exc
+
+
+def _rmdir(path: Path) -> None:
+    # The kernel may take a moment to notice a just-reaped process has left the group.
+    for _ in range(50):
+        try:
+            path.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.01)
+    raise CgroupError(f"cannot remove cgroup {path}: still busy")
+
+
+@dataclass(frozen=True)
+class _V1Group:
+    name: str
+    dirs: tuple[Path, ...]
+
+    def add(self, pid: int) -> None:
+        for d in self.dirs:
+            _write(d / "cgroup.procs", str(pid))
+
+    def remove(self) -> None:
+        for d in self.dirs:
+            _rmdir(d)
+
+
+class CgroupV1:
+    """memory, pids and cpu hierarchies mounted separately under `root`."""
+
+    def __init__(self, parent: str, root: Path = CGROUP_ROOT, proc_cgroup: str | None = None):
+        own = proc_cgroup if proc_cgroup is not None else Path("/proc/self/cgroup").read_text()
+        self._bases = {
+            c: root / c / _own_path(c, own).lstrip("/") / parent for c in ("memory", "pids", "cpu")
+        }
+
+    def create(self, name: str, limits: CgroupLimits) -> Cgroup:
+        made: list[Path] = []
+        try:
+            for controller, base in self._bases.items():
+                d = base / name
+                d.mkdir(parents=True)
+                made.append(d)
+                if controller == "memory" and limits.memory_bytes is not None:
+                    _write(d / "memory.limit_in_bytes", str(limits.memory_bytes))
+                if controller == "pids" and limits.pids is not None:
+                    _write(d / "pids.max", str(limits.pids))
+                if controller == "cpu" and limits.cpu_cores is not None:
+                    _write(d / "cpu.cfs_period_us", str(CPU_PERIOD_US))
+                    _write(d / "cpu.cfs_quota_us", str(int(limits.cpu_cores * CPU_PERIOD_US)))
+        except BaseException:
+            for d in reversed(made):
+                with contextlib.suppress(OSError):
+                    d.rmdir()
+            raise
+        return _V1Group(name, tuple(made))
+
+    def remove_parent(self) -> None:
+        for base in self._bases.values():
+            with contextlib.suppress(OSError):
+                base.rmdir()
+
+
+class CgroupV2:
+    """The unified hierarchy: one directory per VMM under `<own cgroup>/<parent>`."""
+
+    def __init__(self, parent: str, root: Path = CGROUP_ROOT, proc_cgroup: str | None = None):
+        own = proc_cgroup if proc_cgroup is not None else Path("/proc/self/cgroup").read_text()
+        self._own = root / _own_path("", own).lstrip("/")
+        self._base = self._own / parent
+
+    def _enable(self, directory: Path) -> None:
+        available = (directory / "cgroup.controllers").read_text().split()
+        wanted = [c for c in ("memory", "pids", "cpu") if c in available]
+        if wanted:
+            _write(directory / "cgroup.subtree_control", " ".join(f"+{c}" for c in wanted))
+
+    def create(self, name: str, limits: CgroupLimits) -> Cgroup:
+        if not self._base.is_dir():
+            self._base.mkdir(parents=True, exist_ok=True)
+            self._enable(self._own)
+            self._enable(self._base)
+        d = self._base / name
+        d.mkdir()
+        try:
+            if limits.memory_bytes is not None:
+                _write(d / "memory.max", str(limits.memory_bytes))
+            if limits.pids is not None:
+                _write(d / "pids.max", str(limits.pids))
+            if limits.cpu_cores is not None:
+                quota = int(limits.cpu_cores * CPU_PERIOD_US)
+                _write(d / "cpu.max", f"{quota} {CPU_PERIOD_US}")
+        except BaseException:
+            with contextlib.suppress(OSError):
+                d.rmdir()
+            raise
+        return _V2Group(name, d)
+
+    def remove_parent(self) -> None:
+        with contextlib.suppress(OSError):
+            self._base.rmdir()
+
+
+@dataclass(frozen=True)
+class _V2Group:
+    name: str
+    directory: Path
+
+    def add(self, pid: int) -> None:
+        _write(self.directory / "cgroup.procs", str(pid))
+
+    def remove(self) -> None:
+        _rmdir(self.directory)
+
+
+def detect(parent: str, root: Path = CGROUP_ROOT) -> CgroupManager:
+    """v1 when a v1 memory hierarchy is mounted (hybrid hosts keep their controllers there),
+    else v2."""
+    if (root / "memory" / "memory.limit_in_bytes").exists():
+        return CgroupV1(parent, root)
+    if (root / "cgroup.controllers").exists():
+        return CgroupV2(parent, root)
+    raise CgroupError(f"no usable cgroup hierarchy under {root}")

@@ -1,0 +1,565 @@
+"""The QEMU driver: `-M microvm`, KVM when it works and TCG otherwise, driven over QMP.
+
+What `research/feasibility.md` measured, applied:
+- Guest memory is a file (`memory-backend-file`, always `id=mem` so RAM block names match across
+  processes). A booted VM maps its own file `share=on`, so a snapshot with `x-ignore-shared` only
+  has to write device state (~60 KiB); restored VMs map the snapshot's file `share=off`, so clean
+  pages are shared by every clone through the page cache and writes stay private.
+- A VM whose memory is such a private mapping cannot be saved that way (its RAM is not "shared" to
+  QEMU), so its snapshots carry the RAM inside the state stream (`Snapshot.memory_file is None`);
+  restores of those load it into a fresh file of their own.
+- Snapshot = stop, freeze writable disks (`blockdev-snapshot-sync`: the current top becomes a
+  sealed layer), migrate to `exec:cat > state` with the bandwidth cap lifted (7.2 defaults to
+  32 MiB/s), then either continue or quit.
+- Restore = spawn with `-incoming defer -S`, set the same capabilities, `migrate-incoming`, `cont`.
+- Under TCG the guest kernel cannot calibrate its TSC and may hang at boot: we pass the host's TSC
+  frequency as `tsc_early_khz`.
+- The netdev type is part of the migration stream, so every VM uses a tap (never user-mode net).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import os
+import re
+import secrets
+import shlex
+import signal
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import psutil
+
+from aenv.runtime.cgroups import Cgroup, CgroupLimits, CgroupManager
+from aenv.runtime.driver import (
+    VM,
+    BootError,
+    Disk,
+    DriverError,
+    IncompatibleSnapshotError,
+    RestoreError,
+    RestoreSpec,
+    Snapshot,
+    SnapshotError,
+    SnapshotTarget,
+    VMSpec,
+    VMState,
+    VMStats,
+)
+from aenv.runtime.qmp import Monitor, MonitorError
+from aenv.storage import layers
+
+Accel = Literal["kvm", "tcg"]
+MIGRATE_BANDWIDTH = 100 << 30  # bytes/s: effectively unlimited
+VMM_OVERHEAD_MIB = 192  # QEMU heap + TCG translation cache (bounded by tb-size below)
+TCG_TB_MIB = 64
+DEFAULT_PIDS = 64
+
+
+@dataclass(frozen=True)
+class QemuConfig:
+    accel: Accel = "tcg"
+    binary: str = "qemu-system-x86_64"
+    start_timeout_s: float = 30.0
+    migrate_timeout_s: float = 120.0
+
+
+def host_tsc_khz(cpuinfo: str | None = None) -> int:
+    """The host TSC frequency in kHz, from the first `cpu MHz` line of /proc/cpuinfo."""
+    text = cpuinfo if cpuinfo is not None else Path("/proc/cpuinfo").read_text()
+    match = re.search(r"^cpu MHz\s*:\s*([0-9.]+)", text, re.MULTILINE)
+    if not match:
+        raise DriverError("cannot read the host TSC frequency from /proc/cpuinfo")
+    return int(float(match.group(1)) * 1000)
+
+
+def _opt(value: object) -> str:
+    """Escape a value for QEMU's comma-separated option syntax."""
+    return str(value).replace(",", ",,")
+
+
+def _tail(path: Path, limit: int = 1500) -> str:
+    try:
+        return path.read_text(errors="replace")[-limit:].strip()
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class _Memory:
+    path: Path
+    shared: bool  # share=on: we own the file; share=off: private mapping of a snapshot's file
+    owned: bool  # delete on stop
+
+
+class QemuDriver:
+    """Implements `aenv.runtime.driver.Driver` with QEMU."""
+
+    def __init__(self, config: QemuConfig | None = None, cgroups: CgroupManager | None = None):
+        self.config = config or QemuConfig()
+        self._cgroups = cgroups
+        self._compat: str | None = None
+
+    @property
+    def name(self) -> str:
+        return "qemu"
+
+    async def compat(self) -> str:
+        """What a snapshot must have been taken with to be restorable here."""
+        if self._compat is None:
+            proc = await asyncio.create_subprocess_exec(
+                self.config.binary, "--version", stdout=asyncio.subprocess.PIPE
+            )
+            out, _ = await proc.communicate()
+            version = out.decode().split("\n", 1)[0].rsplit(" ", 1)[-1]
+            cpu = "max" if self.config.accel == "tcg" else f"host:{_host_cpu_model()}"
+            self._compat = f"qemu-{version}/{self.config.accel}/{cpu}"
+        return self._compat
+
+    async def boot(self, spec: VMSpec) -> VM:
+        missing = [p for p in (spec.kernel, spec.initrd, *(d.path for d in spec.disks)) if p]
+        missing = [p for p in missing if not await asyncio.to_thread(p.is_file)]
+        if missing:
+            raise BootError(f"missing file(s): {', '.join(map(str, missing))}")
+        cmdline = spec.cmdline
+        if self.config.accel == "tcg" and "tsc_early_khz=" not in cmdline:
+            cmdline += f" tsc_early_khz={await asyncio.to_thread(host_tsc_khz)}"
+        spec = dataclasses.replace(spec, cmdline=cmdline)
+        vm_id = secrets.token_hex(8)
+        memory = _Memory(_memory_dir(spec) / f"{vm_id}.mem", shared=True, owned=True)
+        vm = await self._launch(vm_id, spec, memory, BootError, incoming=False)
+        try:
+            await vm.monitor.execute("cont")
+        except MonitorError as exc:
+            await vm.stop()
+            raise BootError(f"boot failed: {exc}; {_tail(vm.stderr_log)}") from exc
+        vm.run_state = VMState.RUNNING
+        return vm
+
+    async def restore(self, snapshot: Snapshot, target: RestoreSpec) -> VM:
+        await self._check(snapshot)
+        vm_id = secrets.token_hex(8)
+        disks: list[Disk] = []
+        created: list[Path] = []
+        try:
+            for disk in snapshot.spec.disks:
+                if disk.read_only:
+                    disks.append(disk)
+                    continue
+                top = target.workdir / f"{disk.drive_id}.{vm_id}.qcow2"
+                await layers.qcow2_overlay(snapshot.disks[disk.drive_id], top)
+                created.append(top)
+                disks.append(Disk(disk.drive_id, top, read_only=False))
+        except (layers.LayerError, KeyError) as exc:
+            _unlink(created)
+            raise RestoreError(f"cannot create writable layers: {exc}") from exc
+        net = snapshot.spec.net
+        if (net is None) != (target.net is None):
+            _unlink(created)
+            raise IncompatibleSnapshotError("the restore must have a network iff the source had")
+        if target.net is not None and net is not None:
+            # The guest driver's state holds the MAC: keep the source's, take the new location.
+            net = dataclasses.replace(target.net, mac=net.mac)
+        spec = dataclasses.replace(
+            snapshot.spec,
+            workdir=target.workdir,
+            memory_dir=target.memory_dir,
+            net=net,
+            limits=target.limits,
+            disks=tuple(disks),
+        )
+        if snapshot.memory_file is not None:
+            memory = _Memory(snapshot.memory_file, shared=False, owned=False)
+        else:
+            memory = _Memory(_memory_dir(spec) / f"{vm_id}.mem", shared=True, owned=True)
+        try:
+            vm = await self._launch(vm_id, spec, memory, RestoreError, incoming=True)
+        except BaseException:
+            _unlink(created)
+            raise
+        vm.owned_files += created
+        try:
+            if not memory.shared:
+                await vm.monitor.execute(
+                    "migrate-set-capabilities",
+                    capabilities=[{"capability": "x-ignore-shared", "state": True}],
+                )
+            uri = f"exec:cat {shlex.quote(str(snapshot.state_file))}"
+            await vm.monitor.execute("migrate-incoming", uri=uri)
+            await vm.monitor.wait_incoming(vm.proc, self.config.migrate_timeout_s)
+            await vm.monitor.execute("cont")
+        except (MonitorError, OSError) as exc:
+            await vm.stop()
+            raise RestoreError(f"restore failed: {exc}; {_tail(vm.stderr_log)}") from exc
+        vm.run_state = VMState.RUNNING
+        return vm
+
+    async def restore_many(self, snapshot: Snapshot, targets: Sequence[RestoreSpec]) -> list[VM]:
+        results = await asyncio.gather(
+            *(self.restore(snapshot, t) for t in targets), return_exceptions=True
+        )
+        vms = [r for r in results if not isinstance(r, BaseException)]
+        errors = [r for r in results if isinstance(r, BaseException)]
+        if errors:
+            await asyncio.gather(*(vm.stop() for vm in vms), return_exceptions=True)
+            raise errors[0]
+        return vms
+
+    async def _check(self, snapshot: Snapshot) -> None:
+        if snapshot.driver != self.name or snapshot.compat != await self.compat():
+            raise IncompatibleSnapshotError(
+                f"snapshot from {snapshot.driver} ({snapshot.compat}) cannot be restored by "
+                f"{self.name} ({await self.compat()})"
+            )
+        files = [snapshot.state_file, snapshot.spec.kernel, *snapshot.disks.values()]
+        files += [p for p in (snapshot.memory_file, snapshot.spec.initrd) if p]
+        files += [d.path for d in snapshot.spec.disks if d.read_only]
+        missing = [p for p in files if not await asyncio.to_thread(p.is_file)]
+        if missing:
+            raise RestoreError(f"snapshot is missing file(s): {', '.join(map(str, missing))}")
+
+    def _argv(self, spec: VMSpec, memory: _Memory, qmp: Path, console: Path) -> list[str]:
+        accel = "kvm" if self.config.accel == "kvm" else f"tcg,tb-size={TCG_TB_MIB}"
+        share = "on" if memory.shared else "off"
+        argv = [
+            self.config.binary,
+            "-name", "aenv",
+            "-accel", accel,
+            "-M", "microvm,x-option-roms=off,rtc=on,memory-backend=mem",
+            "-cpu", "max" if self.config.accel == "tcg" else "host",
+            "-smp", str(spec.vcpus),
+            "-m", f"{spec.memory_mib}M",
+            "-object",
+            f"memory-backend-file,id=mem,size={spec.memory_mib}M,"
+            f"mem-path={_opt(memory.path)},share={share}",
+            "-display", "none",
+            "-monitor", "none",
+            "-no-reboot",
+            "-no-user-config",
+            "-chardev", f"file,id=con,path={_opt(console)}",
+            "-serial", "chardev:con",
+            "-qmp", f"unix:{_opt(qmp)}",
+            "-kernel", str(spec.kernel),
+            "-append", spec.cmdline,
+            "-S",
+        ]  # fmt: skip
+        if spec.initrd:
+            argv += ["-initrd", str(spec.initrd)]
+        for disk in spec.disks:
+            fmt = "qcow2" if layers.is_qcow2(disk.path) else "raw"
+            ro = "on" if disk.read_only else "off"
+            argv += [
+                "-drive",
+                f"id={disk.drive_id},file={_opt(disk.path)},format={fmt},if=none,readonly={ro},"
+                "discard=unmap",
+                "-device", f"virtio-blk-device,drive={disk.drive_id}",
+            ]  # fmt: skip
+        if spec.net:
+            argv += [
+                "-netdev", f"tap,id=net0,ifname={spec.net.tap},script=no,downscript=no",
+                "-device", f"virtio-net-device,netdev=net0,mac={spec.net.mac}",
+            ]  # fmt: skip
+            argv = ["ip", "netns", "exec", spec.net.netns, *argv]
+        return argv
+
+    def _limits(self, spec: VMSpec) -> CgroupLimits:
+        lim = spec.limits
+        memory_mib = lim.memory_max_mib or spec.memory_mib + VMM_OVERHEAD_MIB
+        return CgroupLimits(
+            memory_bytes=memory_mib << 20,
+            pids=lim.pids_max or DEFAULT_PIDS,
+            cpu_cores=lim.cpu_cores or float(spec.vcpus),
+        )
+
+    async def _launch(
+        self,
+        vm_id: str,
+        spec: VMSpec,
+        memory: _Memory,
+        error: type[DriverError],
+        *,
+        incoming: bool,
+    ) -> QemuVM:
+        if not await asyncio.to_thread(spec.workdir.is_dir):
+            raise error(f"workdir {spec.workdir} does not exist")
+        qmp_path = spec.workdir / f"qmp.{vm_id}.sock"
+        console = spec.workdir / f"console.{vm_id}.log"
+        stderr_log = spec.workdir / f"qemu.{vm_id}.log"
+        argv = await asyncio.to_thread(self._argv, spec, memory, qmp_path, console)
+        if incoming:
+            argv += ["-incoming", "defer"]
+        monitor = Monitor(qmp_path, f"aenv-{vm_id}")
+        cgroup: Cgroup | None = None
+        proc: asyncio.subprocess.Process | None = None
+        try:
+            await monitor.listen()
+            with stderr_log.open("wb") as err:
+                proc = await asyncio.create_subprocess_exec(
+                    *argv,
+                    stdin=asyncio.subprocess.DEVNULL,
+                    stdout=asyncio.subprocess.DEVNULL,
+                    stderr=err,
+                    start_new_session=True,  # one process group: kill takes `exec:cat` helpers too
+                )
+            if self._cgroups is not None:
+                # Placed before the guest runs (-S): vCPU threads and helpers inherit the group.
+                cgroup = await asyncio.to_thread(
+                    self._cgroups.create, f"qemu-{vm_id}", self._limits(spec)
+                )
+                await asyncio.to_thread(cgroup.add, proc.pid)
+            await monitor.accept(proc, self.config.start_timeout_s)
+        except BaseException as exc:
+            if proc is not None and proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(proc.pid, signal.SIGKILL)
+                await proc.wait()
+            await monitor.close()
+            if cgroup is not None:
+                await asyncio.to_thread(cgroup.remove)
+            if memory.owned:
+                _unlink([memory.path])
+            if isinstance(exc, Exception):
+                raise error(f"cannot start QEMU: {exc}; {_tail(stderr_log)}") from exc
+            raise
+        return QemuVM(
+            vm_id=vm_id,
+            driver=self,
+            spec=spec,
+            proc=proc,
+            monitor=monitor,
+            memory=memory,
+            cgroup=cgroup,
+            console_log=console,
+            stderr_log=stderr_log,
+        )
+
+
+class QemuVM:
+    """One QEMU process. Operations on one VM are serialised by a lock."""
+
+    def __init__(
+        self,
+        *,
+        vm_id: str,
+        driver: QemuDriver,
+        spec: VMSpec,
+        proc: asyncio.subprocess.Process,
+        monitor: Monitor,
+        memory: _Memory,
+        cgroup: Cgroup | None,
+        console_log: Path,
+        stderr_log: Path,
+    ) -> None:
+        self._id = vm_id
+        self._driver = driver
+        self.spec = spec
+        self.proc = proc
+        self.monitor = monitor
+        self.memory = memory
+        self.cgroup = cgroup
+        self._console = console_log
+        self.stderr_log = stderr_log
+        self.run_state = VMState.PAUSED
+        self.owned_files: list[Path] = []  # private writable layers created for this VM
+        self._lock = asyncio.Lock()
+        self._generation = 0
+
+    @property
+    def id(self) -> str:
+        return self._id
+
+    @property
+    def state(self) -> VMState:
+        if self.proc.returncode is not None:
+            return VMState.STOPPED
+        return self.run_state
+
+    @property
+    def console_log(self) -> Path:
+        return self._console
+
+    def _require(self, *states: VMState) -> None:
+        if self.state not in states:
+            raise DriverError(f"VM {self._id} is {self.state.value}")
+
+    async def pause(self) -> None:
+        async with self._lock:
+            self._require(VMState.RUNNING, VMState.PAUSED)
+            await self.monitor.execute("stop")
+            self.run_state = VMState.PAUSED
+
+    async def resume(self) -> None:
+        async with self._lock:
+            self._require(VMState.RUNNING, VMState.PAUSED)
+            await self.monitor.execute("cont")
+            self.run_state = VMState.RUNNING
+
+    async def snapshot(self, target: SnapshotTarget, *, keep_running: bool) -> Snapshot:
+        async with self._lock:
+            self._require(VMState.RUNNING, VMState.PAUSED)
+            was_running = self.run_state is VMState.RUNNING
+            made: list[Path] = []
+            try:
+                snap = await self._snapshot(target, keep_running, made)
+            except (MonitorError, layers.LayerError, OSError) as exc:
+                _unlink(made)
+                if self.state is not VMState.STOPPED and was_running:
+                    with contextlib.suppress(MonitorError):
+                        await self.monitor.execute("cont")
+                raise SnapshotError(f"snapshot failed: {exc}; {_tail(self.stderr_log)}") from exc
+        if not keep_running:
+            await self.stop()
+        elif was_running:
+            await self.monitor.execute("cont")
+        return snap
+
+    async def _snapshot(
+        self, target: SnapshotTarget, keep_running: bool, made: list[Path]
+    ) -> Snapshot:
+        mon = self.monitor
+        if self.run_state is VMState.RUNNING:
+            await mon.execute("stop")
+            self.run_state = VMState.PAUSED
+        sealed: dict[str, Path] = {}
+        disks: list[Disk] = []
+        self._generation += 1
+        for disk in self.spec.disks:
+            if disk.read_only:
+                disks.append(disk)
+                continue
+            frozen = disk.path
+            if keep_running:
+                # The current top becomes read-only; the guest continues on a new empty top.
+                new_top = self.spec.workdir / f"{disk.drive_id}.{self._id}.{self._generation}.qcow2"
+                await mon.execute(
+                    "blockdev-snapshot-sync",
+                    device=disk.drive_id,
+                    **{"snapshot-file": str(new_top), "format": "qcow2"},
+                )
+                self.owned_files.append(new_top)
+                disks.append(Disk(disk.drive_id, new_top, read_only=False))
+            ext = "qcow2" if await asyncio.to_thread(layers.is_qcow2, frozen) else "img"
+            dest = target.directory / f"{disk.drive_id}.{ext}"
+            made.append(dest)
+            sealed[disk.drive_id] = dest
+        # Without keep_running the VM is quit right after migrating, so its disks stop changing
+        # and can be sealed as they are, with no new top.
+        ignore_shared = self.memory.shared
+        await mon.execute(
+            "migrate-set-capabilities",
+            capabilities=[{"capability": "x-ignore-shared", "state": ignore_shared}],
+        )
+        await mon.execute("migrate-set-parameters", **{"max-bandwidth": MIGRATE_BANDWIDTH})
+        state_file = target.directory / "state"
+        made.append(state_file)
+        await mon.execute("migrate", uri=f"exec:cat > {shlex.quote(str(state_file))}")
+        await mon.wait_migration(self.proc, self._driver.config.migrate_timeout_s)
+        memory_file: Path | None = None
+        if ignore_shared:
+            memory_file = target.memory_dir / "memory"
+            made.append(memory_file)
+            if keep_running:
+                await _copy_sparse(self.memory.path, memory_file)
+            else:
+                await self._quit()
+                await _move(self.memory.path, memory_file)
+        elif not keep_running:
+            await self._quit()
+        for drive_id, dest in sealed.items():
+            frozen = next(d.path for d in self.spec.disks if d.drive_id == drive_id)
+            await layers.seal(frozen, dest)
+            await layers.flatten_if_deep(dest)
+        spec = self.spec
+        if keep_running:
+            self.spec = dataclasses.replace(self.spec, disks=tuple(disks))
+        snap = Snapshot(
+            driver=self._driver.name,
+            compat=await self._driver.compat(),
+            spec=spec,
+            state_file=state_file,
+            memory_file=memory_file,
+            disks=sealed,
+        )
+        await asyncio.to_thread(snap.save_manifest)
+        return snap
+
+    async def _quit(self) -> None:
+        with contextlib.suppress(MonitorError):
+            await self.monitor.execute("quit")
+        await self.proc.wait()
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            await self.proc.wait()
+        else:
+            # QEMU quit on its own; reap helpers it may have left in its process group.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        await self.monitor.close()
+        if self.cgroup is not None:
+            await asyncio.to_thread(self.cgroup.remove)
+            self.cgroup = None
+        files = list(self.owned_files)
+        if self.memory.owned:
+            files.append(self.memory.path)
+        await asyncio.to_thread(_unlink, files)
+        self.owned_files = []
+
+    async def stats(self) -> VMStats:
+        self._require(VMState.RUNNING, VMState.PAUSED)
+        return await asyncio.to_thread(self._stats)
+
+    def _stats(self) -> VMStats:
+        proc = psutil.Process(self.proc.pid)
+        with proc.oneshot():
+            cpu = proc.cpu_times()
+            mem = proc.memory_full_info()
+        disk = sum(
+            layers.allocated_bytes(d.path)
+            for d in self.spec.disks
+            if not d.read_only and d.path.exists()
+        )
+        return VMStats(
+            cpu_seconds=cpu.user + cpu.system,
+            rss_bytes=mem.rss,
+            pss_bytes=getattr(mem, "pss", mem.rss),
+            disk_bytes=disk,
+        )
+
+
+def _memory_dir(spec: VMSpec) -> Path:
+    return spec.memory_dir or spec.workdir
+
+
+def _host_cpu_model() -> str:
+    match = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
+    return match.group(1).strip() if match else "unknown"
+
+
+def _unlink(paths: Sequence[Path]) -> None:
+    for p in paths:
+        with contextlib.suppress(FileNotFoundError):
+            p.unlink()
+
+
+async def _copy_sparse(src: Path, dest: Path) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        "cp", "--sparse=always", str(src), str(dest), stderr=asyncio.subprocess.PIPE
+    )
+    _, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise OSError(f"cp {src} {dest}: {err.decode().strip()}")
+
+
+async def _move(src: Path, dest: Path) -> None:
+    try:
+        await asyncio.to_thread(os.replace, src, dest)
+    except OSError:
+        await _copy_sparse(src, dest)
+        await asyncio.to_thread(src.unlink)

@@ -1,0 +1,1 @@
+"""Images and layers: template base images, per-sandbox writable layers, memory files."""

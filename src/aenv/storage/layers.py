@@ -1,0 +1,112 @@
+"""Disk layers: the template's read-only base, a private writable layer per sandbox, sealing.
+
+The guest always sees two filesystems, merged by our init with overlayfs: the template base
+(`aenv-root`, raw ext4, shared read-only by every sandbox of the template) and the sandbox's
+writable layer (`aenv-upper`, ext4 holding only what the sandbox changed). That split is what makes
+layering work on VMMs without a copy-on-write disk format (Firecracker): the writable layer is
+small, so copying it is cheap. On the host the writable layer is itself a chain:
+
+- QEMU: a qcow2 overlay on top of sealed (read-only) layers. Sealing is `blockdev-snapshot-sync`
+  in the running VMM: the current top becomes read-only and the VM continues on a new, empty top,
+  so a snapshot costs nothing proportional to disk size. Restores get a new qcow2 on the sealed top.
+- raw (Firecracker): sealing is a sparse (or reflink) copy of the writable file; a restore gets its
+  own sparse/reflink copy of the sealed file.
+
+qcow2 chains grow by one per snapshot-of-a-restore; `flatten_if_deep` rewrites a sealed layer whose
+chain is deeper than a limit into one standalone file, which keeps reads fast and lets old layers
+be garbage-collected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import os
+from pathlib import Path
+
+from aenv.guest.cmdline import UPPER_LABEL
+from aenv.guest.rootfs import make_ext4
+
+QCOW2_MAGIC = b"QFI\xfb"
+DEFAULT_UPPER_MIB = 2048
+DEFAULT_MAX_DEPTH = 8
+
+
+class LayerError(RuntimeError):
+    """A disk layer could not be created, sealed or flattened."""
+
+
+async def _run(*argv: str | Path) -> str:
+    proc = await asyncio.create_subprocess_exec(
+        *[str(a) for a in argv],
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await proc.communicate()
+    if proc.returncode != 0:
+        raise LayerError(f"{argv[0]} failed ({proc.returncode}): {err.decode().strip()[-1000:]}")
+    return out.decode()
+
+
+def is_qcow2(path: Path) -> bool:
+    with path.open("rb") as fh:
+        return fh.read(4) == QCOW2_MAGIC
+
+
+async def new_upper(dest: Path, size_mib: int = DEFAULT_UPPER_MIB) -> Path:
+    """An empty writable layer: a sparse ext4 image that costs a few MiB until written."""
+    return await make_ext4(None, dest, label=UPPER_LABEL, size_mib=size_mib)
+
+
+async def qcow2_overlay(backing: Path, dest: Path) -> Path:
+    """A new empty qcow2 top over `backing` (absolute path, recorded in the header)."""
+    fmt = "qcow2" if await asyncio.to_thread(is_qcow2, backing) else "raw"
+    absolute = await asyncio.to_thread(backing.resolve)
+    await _run("qemu-img", "create", "-q", "-f", "qcow2", "-b", absolute, "-F", fmt, dest)
+    return dest
+
+
+async def sparse_copy(src: Path, dest: Path) -> Path:
+    """Copy a raw layer, sharing extents where the filesystem can (reflink) and skipping holes."""
+    await _run("cp", "--reflink=auto", "--sparse=always", src, dest)
+    return dest
+
+
+async def seal(src: Path, dest: Path) -> Path:
+    """Give an immutable layer its permanent name: a hard link when on the same filesystem (no
+    data moves, the VMM's open file is untouched), else a sparse copy. Made read-only."""
+    try:
+        await asyncio.to_thread(os.link, src, dest)
+    except OSError:
+        await sparse_copy(src, dest)
+    await asyncio.to_thread(dest.chmod, 0o444)
+    return dest
+
+
+async def chain(path: Path) -> list[Path]:
+    """The backing chain of `path`, top first (a raw file is a chain of one)."""
+    out = await _run("qemu-img", "info", "--backing-chain", "--output=json", "-U", path)
+    return [Path(entry["filename"]) for entry in json.loads(out)]
+
+
+async def flatten_if_deep(path: Path, max_depth: int = DEFAULT_MAX_DEPTH) -> Path:
+    """If `path`'s chain is deeper than `max_depth`, replace `path` with a standalone copy of the
+    whole chain (same name, so references stay valid). Only for sealed, unused-by-writers layers."""
+    if len(await chain(path)) <= max_depth:
+        return path
+    tmp = path.with_name(path.name + ".flat")
+    try:
+        await _run("qemu-img", "convert", "-q", "-O", "qcow2", path, tmp)
+        await asyncio.to_thread(tmp.chmod, 0o444)
+        await asyncio.to_thread(os.replace, tmp, path)
+    finally:
+        with contextlib.suppress(FileNotFoundError):
+            tmp.unlink()
+    return path
+
+
+def allocated_bytes(path: Path) -> int:
+    """Bytes a (sparse) layer file actually occupies on the host."""
+    return path.stat().st_blocks * 512
