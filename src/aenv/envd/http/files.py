@@ -72,23 +72,38 @@ def _resolve(raw: str, user: User, settings: Settings) -> str:
         raise HTTPFailure(400, f"error expanding and resolving path '{raw}': {e}") from e
 
 
-def _prefers_gzip(accept: str) -> bool:
-    """Whether gzip is the client's most preferred acceptable coding (infra's negotiation)."""
-    best, best_q = "identity", 0.0
+def _wants_gzip(accept: str) -> bool:
+    """Compress only when the client asks for gzip specifically.
+
+    Infra's envd gzips whenever gzip is the most preferred coding, but HTTP libraries send
+    `gzip, deflate` by default as a statement of what they can decode; compressing then costs
+    CPU on both sides (and on incompressible data buys nothing), cutting read throughput by
+    about 5x. The SDK's `read(gzip=True)` sends `gzip` alone, and a client that refuses
+    identity (`identity;q=0`) gets gzip too.
+    """
+    accepted: dict[str, float] = {}
     for item in accept.split(","):
         coding, _, params = item.strip().partition(";")
         q = 1.0
         for param in params.split(";"):
             name, _, value = param.strip().partition("=")
-            if name.lower() == "q":
+            if name.strip().lower() == "q":
                 try:
                     q = float(value)
                 except ValueError:
                     q = 1.0
-        coding = coding.strip().lower()
-        if coding in ("gzip", "identity") and q > best_q:
-            best, best_q = coding, q
-    return best == "gzip"
+        if coding.strip():
+            accepted[coding.strip().lower()] = q
+    if accepted.get("gzip", 0) <= 0:
+        return False
+    identity_refused = accepted.get("identity", accepted.get("*", 1.0)) <= 0
+    others = [c for c, q in accepted.items() if q > 0 and c not in ("gzip", "identity")]
+    return identity_refused or not others
+
+
+class _FileResponse(FileResponse):
+    # Bigger reads than Starlette's 64 KiB mean far fewer thread hops per file.
+    chunk_size = 1024 * 1024
 
 
 async def _gzip_stream(path: str) -> AsyncIterator[bytes]:
@@ -118,12 +133,12 @@ async def download(request: Request, settings: Settings) -> Response:
     name = os.path.basename(path)
     headers = {"Vary": "Accept-Encoding"}
     conditional = "range" in request.headers or "if-range" in request.headers
-    if not conditional and _prefers_gzip(request.headers.get("accept-encoding", "")):
+    if not conditional and _wants_gzip(request.headers.get("accept-encoding", "")):
         guessed = mimetypes.guess_type(name)[0] or "application/octet-stream"
         headers["Content-Disposition"] = f'inline; filename="{name}"'
         headers["Content-Encoding"] = "gzip"
         return StreamingResponse(_gzip_stream(path), media_type=guessed, headers=headers)
-    return FileResponse(
+    return _FileResponse(
         path, stat_result=st, filename=name, content_disposition_type="inline", headers=headers
     )
 
