@@ -3,14 +3,16 @@ access-token gate, on one port."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 from collections.abc import AsyncIterator
 from functools import partial
 
+from connectrpc.errors import ConnectError
 from starlette.applications import Starlette
 from starlette.routing import Route
-from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aenv.envd.auth import TOKEN_HEADER, UNAUTHORIZED_MESSAGE, route_needs_token, tokens_equal
 from aenv.envd.filesystem.service import FilesystemService
@@ -42,6 +44,41 @@ def _header(scope: Scope, name: bytes) -> str | None:
         if key == name:
             return bytes(value).decode("latin-1")
     return None
+
+
+# Server-streaming methods: a client may leave while the handler waits for the next event.
+_STREAMS = frozenset(
+    {"/process.Process/Start", "/process.Process/Connect", "/filesystem.Filesystem/WatchDir"}
+)
+
+
+async def _serve_stream(rpc: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+    """Run a streaming RPC and cancel it as soon as its client disconnects.
+
+    connectrpc notices a disconnect only when the handler yields its next message, which for an
+    idle watch is up to a keepalive interval later; cancelling at once releases the watch (or
+    the process subscription) now. The process itself is never touched by this.
+    """
+    task = asyncio.current_task()
+    assert task is not None
+    gone = False
+
+    async def watched_receive() -> Message:
+        nonlocal gone
+        message = await receive()
+        if message["type"] == "http.disconnect" and not gone:
+            gone = True
+            task.cancel()
+        return message
+
+    try:
+        await rpc(scope, watched_receive, send)
+    except (asyncio.CancelledError, ConnectError):
+        if not gone:
+            raise
+    finally:
+        if gone:
+            task.uncancel()
 
 
 def create_app(settings: Settings) -> ASGIApp:
@@ -87,7 +124,10 @@ def create_app(settings: Settings) -> ASGIApp:
             return
         for prefix, rpc in rpc_apps.items():
             if path.startswith(prefix):
-                await rpc(scope, receive, send)
+                if path in _STREAMS:
+                    await _serve_stream(rpc, scope, receive, send)
+                else:
+                    await rpc(scope, receive, send)
                 return
         await http(scope, receive, send)
 
