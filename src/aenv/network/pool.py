@@ -56,13 +56,17 @@ class SlotPool:
         """Reclaim leftovers of a previous process, prepare the host, start filling the pool."""
         await self.manager.start()
         self._refill = asyncio.create_task(self._refill_loop(), name="network-slot-refill")
-        self._wake.set()
+        self._kick()
 
     async def wait_idle(self) -> None:
         """Return once the background refill has nothing left to do (the pool is at its high
         watermark, or no more slots can be made)."""
-        await asyncio.sleep(0)  # let a refill woken just now start before we look
         await self._idle.wait()
+
+    def _kick(self) -> None:
+        # Cleared here, not in the refill task, so `wait_idle` right after a kick waits.
+        self._idle.clear()
+        self._wake.set()
 
     async def acquire(self, *, egress: bool | None = None) -> Slot:
         verdict = self.config.egress if egress is None else egress
@@ -73,7 +77,7 @@ class SlotPool:
             if verdict != self.config.egress:
                 await self.manager.set_egress(slot, verdict)
         if len(self._ready) < self.config.pool_low:
-            self._wake.set()
+            self._kick()
         return slot
 
     async def release(self, slot: Slot) -> None:
@@ -94,10 +98,8 @@ class SlotPool:
     async def _refill_loop(self) -> None:
         failures = 0
         while True:
-            self._idle.set()
             await self._wake.wait()
             self._wake.clear()
-            self._idle.clear()
             while len(self._ready) < self.config.pool_high:
                 try:
                     slot = await self.manager.create()
@@ -111,3 +113,5 @@ class SlotPool:
                     continue
                 failures = 0
                 self._ready.append(slot)
+            if not self._wake.is_set():
+                self._idle.set()

@@ -1,0 +1,136 @@
+"""Slot lifecycle around failures: the warm pool's watermarks, exhaustion, a failed or cancelled
+create, and the startup sweep after a crash."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+from collections.abc import Awaitable, Callable
+from ipaddress import IPv4Network
+
+import pytest
+
+from aenv.network import NftError, SlotManager, SlotPool, SlotsExhausted, netns, rules
+from tests.network.conftest import World
+
+MakePool = Callable[..., Awaitable[SlotPool]]
+
+
+def _host_links(world: World) -> list[str]:
+    out = subprocess.run(
+        ["ip", "-n", world.host, "-o", "link"], check=True, capture_output=True, text=True
+    ).stdout
+    return [line.split(": ")[1].split("@")[0] for line in out.splitlines()]
+
+
+async def test_pool_refills_below_low_up_to_high(make_pool: MakePool) -> None:
+    pool = await make_pool(pool_low=2, pool_high=4)
+    await pool.wait_idle()
+    assert (pool.ready, pool.in_use) == (4, 0)
+    taken = [await pool.acquire(), await pool.acquire()]
+    await pool.wait_idle()
+    assert (pool.ready, pool.in_use) == (2, 2)  # at the low watermark: no refill yet
+    taken.append(await pool.acquire())
+    await pool.wait_idle()
+    assert (pool.ready, pool.in_use) == (4, 3)
+    assert len({s.index for s in taken}) == 3
+    for slot in taken:
+        await pool.release(slot)
+    assert (pool.ready, pool.in_use) == (4, 0)
+
+
+async def test_empty_pool_creates_on_demand(make_pool: MakePool) -> None:
+    pool = await make_pool(pool_low=0, pool_high=0)
+    slot = await pool.acquire()
+    assert (pool.ready, pool.in_use) == (0, 1)
+    await pool.release(slot)
+
+
+async def test_exhaustion_is_an_error_until_a_slot_is_released(make_pool: MakePool) -> None:
+    pool = await make_pool(slot_network=IPv4Network("10.200.0.0/29"), pool_low=1, pool_high=4)
+    await pool.wait_idle()
+    assert pool.ready == 2  # the refill stops quietly at capacity
+    a, b = await pool.acquire(), await pool.acquire()
+    with pytest.raises(SlotsExhausted):
+        await pool.acquire()
+    await pool.release(a)
+    c = await pool.acquire()
+    assert c.index == a.index
+    for slot in (b, c):
+        await pool.release(slot)
+
+
+async def test_failed_create_leaves_nothing(
+    world: World, make_pool: MakePool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    pool = await make_pool(slot_network=IPv4Network("10.200.0.0/30"))
+    good = rules.slot_table
+    # The last step of a create fails: the nft batch jumps to a chain that does not exist.
+    broken = [
+        *good(pool.config.guest, True),
+        rules._rule("aenv", "forward", {"jump": {"target": "nope"}}),
+    ]
+    monkeypatch.setattr(rules, "slot_table", lambda guest, egress: broken)
+    with pytest.raises(NftError):
+        await pool.acquire()
+    assert world.leftovers() == []
+    monkeypatch.setattr(rules, "slot_table", good)
+    slot = await pool.acquire()  # the index was given back
+    await pool.release(slot)
+
+
+async def test_cancelled_create_is_reclaimed(world: World, make_pool: MakePool) -> None:
+    pool = await make_pool()
+    task = asyncio.create_task(pool.acquire())
+    await asyncio.sleep(0)  # the create's thread is under way
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await pool.close()  # waits for the orphaned create and removes what it built
+    assert world.leftovers() == []
+
+
+async def test_startup_sweep_reclaims_a_crashed_process_slots(
+    world: World, make_pool: MakePool
+) -> None:
+    crashed = SlotManager(world.config())
+    await crashed.start()
+    old = [await crashed.create() for _ in range(3)]
+    # Things that only look alike stay: another prefix's namespace, a non-slot name.
+    bystanders = [f"{world.prefix}-guest", f"{world.prefix}x-1"]
+    for name in bystanders:
+        subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        subprocess.run(
+            [
+                "ip",
+                "netns",
+                "exec",
+                world.host,
+                "nft",
+                "add",
+                "rule",
+                "inet",
+                world.prefix,
+                "input",
+                "counter",
+            ],
+            check=True,
+        )
+        # The crashed process is gone without cleaning up; a new one starts with the same prefix.
+        pool = await make_pool()
+        assert world.leftovers() == bystanders[:1] and bystanders[1] in netns.names()
+        assert not {s.host_ifname for s in old} & set(_host_links(world))
+        ruleset = subprocess.run(
+            ["ip", "netns", "exec", world.host, "nft", "list", "table", "inet", world.prefix],
+            check=True,
+            capture_output=True,
+            text=True,
+        ).stdout
+        assert "counter" not in ruleset and "masquerade" in ruleset
+        slot = await pool.acquire()
+        assert slot.index == 0  # names are free again
+        await pool.release(slot)
+    finally:
+        for name in bystanders:
+            netns.remove(name)
