@@ -139,15 +139,17 @@ class ProcessService:
         self, request: pb.StartRequest, ctx: RequestContext[Any, Any], /
     ) -> AsyncIterator[pb.StartResponse]:
         handle = self._spawn(request, ctx)
-        _kill_at_deadline(handle, ctx.timeout_ms)
-        async for event in _stream(handle, handle.subscribe(), keepalive_seconds(ctx)):
+        deadline = _deadline(ctx)
+        _kill_at_deadline(handle, deadline)
+        async for event in _stream(handle, handle.subscribe(), keepalive_seconds(ctx), deadline):
             yield pb.StartResponse(event=event)
 
     async def connect(
         self, request: pb.ConnectRequest, ctx: RequestContext[Any, Any], /
     ) -> AsyncIterator[pb.ConnectResponse]:
         handle = self._selected(request.process)
-        async for event in _stream(handle, handle.subscribe(), keepalive_seconds(ctx)):
+        sub = handle.subscribe()
+        async for event in _stream(handle, sub, keepalive_seconds(ctx), _deadline(ctx)):
             yield pb.ConnectResponse(event=event)
 
     async def update(
@@ -222,27 +224,51 @@ def _config(spec: SpawnSpec) -> pb.ProcessConfig:
     return config
 
 
-def _kill_at_deadline(handle: ProcessHandle, timeout_ms: float | None) -> None:
+def _deadline(ctx: RequestContext[Any, Any]) -> float | None:
+    """The loop time at which the request's `Connect-Timeout-Ms` expires (None: no timeout)."""
+    remaining = ctx.timeout_ms
+    if remaining is None:
+        return None
+    return asyncio.get_running_loop().time() + max(remaining, 0) / 1000
+
+
+def _kill_at_deadline(handle: ProcessHandle, deadline: float | None) -> None:
     """`Connect-Timeout-Ms` on Start bounds the process's life (even after the client leaves), as
     in infra's envd; `timeout=0` in the SDK sends no header and means unbounded."""
-    if timeout_ms is not None:
-        loop = asyncio.get_running_loop()
-        loop.call_later(max(timeout_ms, 0) / 1000, handle.signal, signal.SIGKILL)
+    if deadline is not None:
+        asyncio.get_running_loop().call_at(deadline, handle.signal, signal.SIGKILL)
+
+
+def _deadline_exceeded() -> ConnectError:
+    # What connect-go sends when the handler's context expires; the SDKs raise TimeoutException.
+    return ConnectError(Code.DEADLINE_EXCEEDED, "context deadline exceeded")
 
 
 async def _stream(
-    handle: ProcessHandle, sub: Subscription, keepalive: float
+    handle: ProcessHandle, sub: Subscription, keepalive: float, deadline: float | None
 ) -> AsyncIterator[pb.ProcessEvent]:
-    """start, then data and keepalives, then end; leaving early never touches the process."""
+    """start, then data and keepalives, then end; leaving early never touches the process.
+    Past the request's deadline the stream ends with DEADLINE_EXCEEDED instead of an end event
+    (the process may already have been killed for it; that exit is not reported here)."""
+    loop = asyncio.get_running_loop()
     try:
         yield _event(pb.ProcessEvent.StartEvent(pid=handle.pid))
         while True:
+            wait = keepalive
+            if deadline is not None:
+                wait = min(wait, deadline - loop.time())
+                if wait <= 0:
+                    raise _deadline_exceeded()
             try:
-                async with asyncio.timeout(keepalive):
+                async with asyncio.timeout(wait):
                     event = await sub.next()
             except TimeoutError:
+                if deadline is not None and loop.time() >= deadline:
+                    raise _deadline_exceeded() from None
                 yield _event(pb.ProcessEvent.KeepAlive())
                 continue
+            if isinstance(event, Exit) and deadline is not None and loop.time() >= deadline:
+                raise _deadline_exceeded()
             yield _to_proto(event)
             if isinstance(event, Exit):
                 return
