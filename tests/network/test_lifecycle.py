@@ -66,11 +66,14 @@ async def test_failed_create_leaves_nothing(
     pool = await make_pool(slot_network=IPv4Network("10.200.0.0/30"))
     good = rules.slot_table
     # The last step of a create fails: the nft batch jumps to a chain that does not exist.
-    broken = [
-        *good(pool.config.guest, True),
-        rules._rule("aenv", "forward", {"jump": {"target": "nope"}}),
-    ]
-    monkeypatch.setattr(rules, "slot_table", lambda guest, egress: broken)
+    bad_rule = {
+        "family": "inet",
+        "table": "aenv",
+        "chain": "forward",
+        "expr": [{"jump": {"target": "nope"}}],
+    }
+    broken = [*good(pool.config.guest), {"add": {"rule": bad_rule}}]
+    monkeypatch.setattr(rules, "slot_table", lambda guest: broken)
     with pytest.raises(NftError):
         await pool.acquire()
     assert world.leftovers() == []

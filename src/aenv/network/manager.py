@@ -8,6 +8,13 @@ the kernel then removes the namespace with its tap, veth pair (both ends), rules
 in the background, batching many namespaces per pass. Deleting the veth ourselves would hold the
 RTNL lock for ~20 ms per slot here, stalling every other netlink user. The host table holds
 nothing per slot, so it is never touched.
+
+Egress is the slot's default route: via the host when on, `prohibit` when off (the guest gets an
+immediate "administratively prohibited" rather than a hang, and packets of connections already
+open are refused too). Host-initiated flows never use the default route (replies go to the host's
+end of the veth, on the connected /30), so the envd/proxy path works either way. A route is used
+rather than an nft verdict because an nft batch that replaces rules waits for an RCU grace period
+(~15 ms here, when nft closes its socket); replacing a route is one netlink message.
 """
 
 from __future__ import annotations
@@ -51,6 +58,13 @@ def _delete_link(ipr: IPRoute, ifname: str) -> None:
     except NetlinkError as error:
         if error.code != _ENODEV:
             raise
+
+
+def _set_default_route(ns: IPRoute, slot: Slot, egress: bool) -> None:
+    if egress:
+        ns.route("replace", dst="0.0.0.0/0", gateway=str(slot.host_ip))
+    else:
+        ns.route("replace", dst="0.0.0.0/0", type="prohibit")
 
 
 class SlotManager:
@@ -169,8 +183,8 @@ class SlotManager:
                     inner = ns.link_lookup(ifname=rules.SLOT_UPLINK)[0]
                     ns.addr("add", index=inner, address=str(slot.address), prefixlen=SLOT_PREFIXLEN)
                     ns.link("set", index=inner, state="up")
-                    ns.route("add", dst="0.0.0.0/0", gateway=str(slot.host_ip))
-                nft.apply(rules.slot_table(guest, egress))
+                    _set_default_route(ns, slot, egress)
+                nft.apply(rules.slot_table(guest))
             except BaseException:
                 netns.remove(slot.netns)
                 raise
@@ -188,7 +202,12 @@ class SlotManager:
     async def set_egress(self, slot: Slot, enabled: bool) -> None:
         if self._slots.get(slot.index) != slot:
             raise ValueError(f"slot {slot.netns} is not live")
-        await netns.run_in(slot.netns, lambda: nft.apply(rules.set_egress(enabled)))
+
+        def switch() -> None:
+            with IPRoute() as ns:
+                _set_default_route(ns, slot, enabled)
+
+        await netns.run_in(slot.netns, switch)
 
     async def close(self) -> None:
         """Destroy every live slot and remove the host table."""

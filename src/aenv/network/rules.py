@@ -6,11 +6,12 @@ Two tables, both static, so no slot ever needs a rule handle or a per-slot host 
   (`<prefix>-*`) and enforces what must hold for every slot: slots cannot reach each other or the
   host's own services, nobody but the host itself opens connections into a slot, and forwarded
   slot traffic leaving the host is masqueraded.
-- The slot table (`inet aenv` in each slot namespace) DNATs everything the host sends to the slot
-  address onto the guest, masquerades the guest's egress to the slot address (every guest has the
-  same IP, so the host could not route replies otherwise), and holds the slot's egress verdict in
-  its own chain. The guest cannot touch this namespace, and the verdict dies with it, so
-  switching egress is one small batch and teardown needs no nft call at all.
+- The slot table (`inet aenv` in each slot namespace, the same in every slot) DNATs everything
+  the host sends to the slot address onto the guest, masquerades the guest's egress to the slot
+  address (every guest has the same IP, so the host could not route replies otherwise), and
+  forwards only the guest's own address. It dies with the namespace, so teardown needs no nft call.
+
+Whether a slot has egress is decided by its routing, not here (see `manager`).
 """
 
 from __future__ import annotations
@@ -117,10 +118,8 @@ def delete_table(table: str) -> list[Command]:
     return [{"add": {"table": _table(table)}}, {"delete": {"table": _table(table)}}]
 
 
-def slot_table(guest: GuestNetwork, egress: bool) -> list[Command]:
+def slot_table(guest: GuestNetwork) -> list[Command]:
     t, tap, up = SLOT_TABLE, guest.tap, SLOT_UPLINK
-    to_guest = (_is("iifname", up), _is("oifname", tap))
-    from_guest = (_is("iifname", tap), _is("oifname", up))
     return [
         {"add": {"table": _table(t)}},
         _chain(t, "prerouting"),
@@ -137,23 +136,10 @@ def slot_table(guest: GuestNetwork, egress: bool) -> list[Command]:
         _chain(t, "input", policy="drop"),
         _rule(t, "input", _is("iifname", "lo"), _ACCEPT),
         _rule(t, "input", _ESTABLISHED, _ACCEPT),
-        _chain(t, "egress"),  # before the forward rule that jumps to it
-        _egress_verdict(egress),
         _chain(t, "forward", policy="drop"),
-        # Host-initiated flows (DNATed above) pass both ways whatever the egress verdict.
-        _rule(t, "forward", *to_guest, _ct("status", "dnat"), _ACCEPT),
-        _rule(t, "forward", *from_guest, _ct("status", "dnat"), _ACCEPT),
-        # Every guest packet of its own flows is judged, not just the first, so switching egress
-        # off also cuts connections that are already open.
-        _rule(t, "forward", *from_guest, _saddr(guest.ip.ip), {"jump": {"target": "egress"}}),
-        _rule(t, "forward", *to_guest, _ESTABLISHED, _ACCEPT),
+        _rule(
+            t, "forward", _is("iifname", up), _is("oifname", tap), _ct("status", "dnat"), _ACCEPT
+        ),
+        _rule(t, "forward", _is("iifname", up), _is("oifname", tap), _ESTABLISHED, _ACCEPT),
+        _rule(t, "forward", _is("iifname", tap), _is("oifname", up), _saddr(guest.ip.ip), _ACCEPT),
     ]
-
-
-def set_egress(egress: bool) -> list[Command]:
-    chain = {"family": "inet", "table": SLOT_TABLE, "name": "egress"}
-    return [{"flush": {"chain": chain}}, _egress_verdict(egress)]
-
-
-def _egress_verdict(egress: bool) -> Command:
-    return _rule(SLOT_TABLE, "egress", _ACCEPT if egress else _DROP)
