@@ -4,6 +4,7 @@ cwd, users, exit codes, large output."""
 from __future__ import annotations
 
 import hashlib
+
 import pytest
 from e2b import (
     CommandExitException,
