@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 import subprocess
 from collections.abc import Awaitable, Callable
 from ipaddress import IPv4Network
@@ -197,3 +198,28 @@ async def test_an_index_is_reused_while_its_old_slot_still_drains(
     guest = await boot(again)
     await serve(guest.netns, str(again.guest.ip.ip), ENVD_PORT, "again")
     assert await probes.probe(world.host, str(again.address), ENVD_PORT) is not None
+
+
+@pytest.mark.skipif(shutil.which("qemu-system-x86_64") is None, reason="needs qemu-system-x86_64")
+async def test_a_vmm_attaches_to_the_tap_from_inside_the_slot(pool: SlotPool) -> None:
+    """The contract with the runtime: the VMM runs in the slot's namespace and opens its tap by
+    name. QEMU is started paused (no guest needed); once it holds the tap, the tap has carrier."""
+    slot = await pool.acquire()
+    netdev = f"tap,id=n0,ifname={slot.guest.tap},script=no,downscript=no"
+    device = f"virtio-net-device,netdev=n0,mac={slot.guest.mac}"
+    qemu = (
+        "qemu-system-x86_64 -M microvm -S -nodefaults -no-user-config -display none -monitor none"
+    )
+    argv = ["ip", "netns", "exec", slot.netns, *qemu.split(), "-netdev", netdev, "-device", device]
+    vmm = subprocess.Popen(argv, stderr=subprocess.PIPE)
+    try:
+        for _ in range(1000):
+            if "LOWER_UP" in _links(slot.netns)[slot.guest.tap]["flags"] or vmm.poll() is not None:
+                break
+            await asyncio.sleep(0.01)
+        assert vmm.poll() is None, vmm.communicate()[1]
+        assert "LOWER_UP" in _links(slot.netns)[slot.guest.tap]["flags"]
+    finally:
+        vmm.kill()
+        vmm.communicate()
+    await pool.release(slot)
