@@ -44,6 +44,10 @@ class Cgroup(Protocol):
 class CgroupManager(Protocol):
     def create(self, name: str, limits: CgroupLimits) -> Cgroup: ...
 
+    def names(self) -> list[str]:
+        """Groups that exist under the parent (e.g. leftovers a startup sweep should remove)."""
+        ...
+
     def remove_parent(self) -> None:
         """Remove the parent directories if they are empty (teardown)."""
         ...
@@ -122,6 +126,13 @@ class CgroupV1:
             raise
         return _V1Group(name, tuple(made))
 
+    def names(self) -> list[str]:
+        found: set[str] = set()
+        for base in self._bases.values():
+            if base.is_dir():
+                found.update(p.name for p in base.iterdir() if p.is_dir())
+        return sorted(found)
+
     def remove_parent(self) -> None:
         for base in self._bases.values():
             with contextlib.suppress(OSError):
@@ -162,6 +173,11 @@ class CgroupV2:
                 d.rmdir()
             raise
         return _V2Group(name, d)
+
+    def names(self) -> list[str]:
+        if not self._base.is_dir():
+            return []
+        return sorted(p.name for p in self._base.iterdir() if p.is_dir())
 
     def remove_parent(self) -> None:
         with contextlib.suppress(OSError):

@@ -115,7 +115,8 @@ class QemuDriver:
                 self.config.binary, "--version", stdout=asyncio.subprocess.PIPE
             )
             out, _ = await proc.communicate()
-            version = out.decode().split("\n", 1)[0].rsplit(" ", 1)[-1]
+            match = re.search(r"version (\S+)", out.decode())
+            version = match.group(1) if match else "unknown"
             cpu = "max" if self.config.accel == "tcg" else f"host:{_host_cpu_model()}"
             self._compat = f"qemu-{version}/{self.config.accel}/{cpu}"
         return self._compat
@@ -411,10 +412,11 @@ class QemuVM:
                     with contextlib.suppress(MonitorError):
                         await self.monitor.execute("cont")
                 raise SnapshotError(f"snapshot failed: {exc}; {_tail(self.stderr_log)}") from exc
+            if keep_running and was_running:
+                await self.monitor.execute("cont")
+                self.run_state = VMState.RUNNING
         if not keep_running:
             await self.stop()
-        elif was_running:
-            await self.monitor.execute("cont")
         return snap
 
     async def _snapshot(

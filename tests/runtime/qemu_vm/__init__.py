@@ -1,0 +1,1 @@
+"""Integration tests of the QEMU driver with real VMs (TCG here)."""

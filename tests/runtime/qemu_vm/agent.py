@@ -1,0 +1,69 @@
+"""A stand-in for envd inside test guests, shipped on the envd bundle drive.
+
+The guest's init starts `/opt/aenv/aenv-envd --port 49983` exactly as it will start the real envd;
+this one answers `GET /` with what the tests compare across snapshots (a value held only in the
+process's memory, a file on the root filesystem, random bytes) and `POST /?memory=..&note=..`.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+from aenv.guest.cmdline import ENVD_LABEL
+from aenv.guest.rootfs import make_ext4
+
+AGENT = r"""
+import http.server, json, os, sys, urllib.parse
+PORT = int(sys.argv[sys.argv.index("--port") + 1])
+NOTE = "/home/user/note"
+state = {"memory": None, "hits": 0}
+
+class Handler(http.server.BaseHTTPRequestHandler):
+    def _send(self, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def do_GET(self):
+        state["hits"] += 1
+        try:
+            with open(NOTE) as f:
+                note = f.read()
+        except FileNotFoundError:
+            note = None
+        self._send({"memory": state["memory"], "note": note, "hits": state["hits"],
+                    "random": os.urandom(8).hex(), "pid": os.getpid()})
+
+    def do_POST(self):
+        q = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
+        state["memory"] = q["memory"][0]
+        with open(NOTE, "w") as f:
+            f.write(q["note"][0])
+            f.flush()
+            os.fsync(f.fileno())
+        self._send({"ok": True})
+
+    def log_message(self, *args):
+        pass
+
+http.server.ThreadingHTTPServer(("0.0.0.0", PORT), Handler).serve_forever()
+"""
+
+LAUNCHER = '#!/bin/sh\nexec python3 /opt/aenv/agent.py "$@"\n'
+
+
+async def build_agent_bundle(workdir: Path) -> Path:
+    """An ext4 drive labelled like the envd bundle, holding the stand-in agent."""
+    tree = workdir / "bundle"
+    tree.mkdir()
+    (tree / "agent.py").write_text(AGENT)
+    launcher = tree / "aenv-envd"
+    launcher.write_text(LAUNCHER)
+    launcher.chmod(0o755)
+    image = await make_ext4(tree, workdir / "bundle.ext4", label=ENVD_LABEL, read_only=True)
+    shutil.rmtree(tree)
+    return image

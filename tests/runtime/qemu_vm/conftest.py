@@ -1,0 +1,204 @@
+"""Session fixtures: build guest images once, boot one template VM once, snapshot it; every test
+restores from that snapshot. Every VM, namespace, cgroup and temp file is released on teardown,
+also when a test fails; `no_leaks` then checks that nothing is left behind."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import tempfile
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from aenv.guest.cmdline import kernel_cmdline
+from aenv.guest.initramfs import build_initramfs
+from aenv.guest.kernel import Kernel, fetch_kernel
+from aenv.guest.rootfs import BaseRootfs, build_base_rootfs
+from aenv.runtime.cgroups import CgroupManager, detect
+from aenv.runtime.driver import VM, Disk, RestoreSpec, Snapshot, SnapshotTarget, VMSpec
+from aenv.runtime.qemu import QemuConfig, QemuDriver
+from aenv.storage import layers
+from tests.runtime.qemu_vm.agent import build_agent_bundle
+from tests.runtime.qemu_vm.netns import GUEST_NET, NetnsPool, agent, wait_ready
+
+REPO = Path(__file__).resolve().parents[3]
+TEMPLATE_MEMORY = "remembered-in-ram"
+TEMPLATE_NOTE = "written-to-disk"
+
+
+@dataclass(frozen=True)
+class Images:
+    kernel: Kernel
+    initrd: Path
+    rootfs: BaseRootfs
+    bundle: Path
+
+
+@dataclass
+class Places:
+    """Fresh directories for VMs (`work`) and for memory files (`shm`, on tmpfs)."""
+
+    work: Path
+    shm: Path
+    count: int = 0
+
+    def vm_dir(self) -> Path:
+        self.count += 1
+        path = self.work / f"vm{self.count}"
+        path.mkdir()
+        return path
+
+    def snapshot_target(self) -> SnapshotTarget:
+        self.count += 1
+        directory = self.work / f"snap{self.count}"
+        memory = self.shm / f"snap{self.count}"
+        directory.mkdir()
+        memory.mkdir()
+        return SnapshotTarget(directory=directory, memory_dir=memory)
+
+
+@pytest.fixture(scope="session")
+def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Places]:
+    shm = Path(tempfile.mkdtemp(prefix="aenv-test-", dir="/dev/shm"))
+    try:
+        yield Places(work=tmp_path_factory.mktemp("qemu"), shm=shm)
+    finally:
+        shutil.rmtree(shm, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+async def images(tmp_path_factory: pytest.TempPathFactory) -> Images:
+    # Guest artifacts are cached in the repository's build/ (gitignored), built once per checkout.
+    os.environ.setdefault("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache"))
+    kernel = await fetch_kernel()
+    initrd = await build_initramfs(kernel)
+    rootfs = await build_base_rootfs()
+    bundle = await build_agent_bundle(tmp_path_factory.mktemp("bundle"))
+    return Images(kernel=kernel, initrd=initrd, rootfs=rootfs, bundle=bundle)
+
+
+@pytest.fixture(scope="session")
+def nets() -> Iterator[NetnsPool]:
+    pool = NetnsPool()
+    try:
+        yield pool
+    finally:
+        pool.delete_all()
+
+
+@pytest.fixture(scope="session")
+def cgroups() -> Iterator[CgroupManager]:
+    manager = detect(f"aenv-test-{secrets.token_hex(3)}")
+    try:
+        yield manager
+    finally:
+        manager.remove_parent()
+
+
+@pytest.fixture(scope="session")
+def driver(cgroups: CgroupManager) -> QemuDriver:
+    accel = "kvm" if os.environ.get("AENV_TEST_ACCEL") == "kvm" else "tcg"
+    return QemuDriver(QemuConfig(accel=accel), cgroups=cgroups)
+
+
+async def boot_template(
+    driver: QemuDriver, images: Images, places: Places, nets: NetnsPool, upper_mib: int = 1024
+) -> tuple[VM, str]:
+    workdir = places.vm_dir()
+    upper = await layers.new_upper(workdir / "upper.img", upper_mib)
+    net = nets.create()
+    spec = VMSpec(
+        vcpus=1,
+        memory_mib=256,
+        kernel=images.kernel.bzimage,
+        initrd=images.initrd,
+        cmdline=kernel_cmdline(GUEST_NET, hostname="sandbox"),
+        workdir=workdir,
+        disks=(
+            Disk("root", images.rootfs.image, read_only=True),
+            Disk("upper", upper),
+            Disk("envd", images.bundle, read_only=True),
+        ),
+        net=net,
+        memory_dir=places.shm,
+    )
+    return await driver.boot(spec), net.netns
+
+
+@dataclass(frozen=True)
+class Template:
+    snapshot: Snapshot
+    boot_to_ready_s: float
+
+
+@pytest.fixture(scope="session")
+async def template(
+    driver: QemuDriver, images: Images, places: Places, nets: NetnsPool
+) -> AsyncIterator[Template]:
+    vm, netns = await boot_template(driver, images, places, nets)
+    try:
+        ready = await wait_ready(netns)
+        await agent(netns, "POST", f"/?memory={TEMPLATE_MEMORY}&note={TEMPLATE_NOTE}")
+        snap = await vm.snapshot(places.snapshot_target(), keep_running=False)
+    finally:
+        await vm.stop()
+    yield Template(snapshot=snap, boot_to_ready_s=ready)
+
+
+class Fleet:
+    """Restores VMs for one test and stops them all afterwards."""
+
+    def __init__(self, driver: QemuDriver, places: Places, nets: NetnsPool) -> None:
+        self.driver = driver
+        self.places = places
+        self.nets = nets
+        self.vms: list[VM] = []
+
+    def target(self) -> RestoreSpec:
+        return RestoreSpec(
+            workdir=self.places.vm_dir(), net=self.nets.create(), memory_dir=self.places.shm
+        )
+
+    async def restore(self, snapshot: Snapshot) -> tuple[VM, str]:
+        target = self.target()
+        vm = await self.driver.restore(snapshot, target)
+        self.vms.append(vm)
+        assert target.net is not None
+        return vm, target.net.netns
+
+    async def restore_many(self, snapshot: Snapshot, count: int) -> list[tuple[VM, str]]:
+        targets = [self.target() for _ in range(count)]
+        vms = await self.driver.restore_many(snapshot, targets)
+        self.vms += vms
+        return [(vm, t.net.netns) for vm, t in zip(vms, targets, strict=True) if t.net]
+
+    async def stop_all(self) -> None:
+        for vm in self.vms:
+            await vm.stop()
+
+
+def qemu_children() -> list[psutil.Process]:
+    return [p for p in psutil.Process().children(recursive=True) if "qemu" in " ".join(p.cmdline())]
+
+
+@pytest.fixture
+def no_leaks(cgroups: CgroupManager) -> Iterator[None]:
+    yield
+    assert qemu_children() == [], "a QEMU process outlived its test"
+    assert cgroups.names() == [], "a VMM cgroup outlived its test"
+
+
+@pytest.fixture
+async def fleet(
+    driver: QemuDriver, places: Places, nets: NetnsPool, template: Template, no_leaks: None
+) -> AsyncIterator[Fleet]:
+    f = Fleet(driver, places, nets)
+    try:
+        yield f
+    finally:
+        await f.stop_all()

@@ -1,0 +1,111 @@
+"""Test-local network plumbing: a namespace with a tap per VM (production uses aenv.network), and
+an HTTP client that reaches the guest's fixed IP from inside such a namespace.
+
+Sockets are created inside the namespace by a thread that enters it with setns(2) and leaves at
+once; the socket stays bound to that namespace, so the rest of the test runs in the host's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import http.client
+import json
+import os
+import secrets
+import socket
+import subprocess
+import time
+from typing import Any
+
+from aenv.guest.cmdline import ENVD_PORT, GuestNet
+from aenv.runtime.driver import NetAttachment
+
+GUEST_NET = GuestNet(address="10.0.2.15/24", gateway="10.0.2.2")
+GUEST_IP = "10.0.2.15"
+GUEST_MAC = "52:54:00:12:34:56"
+GATEWAY_MAC = "52:55:0a:00:02:02"
+TAP = "tap0"
+_CLONE_NEWNET = 0x40000000
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+class NetnsPool:
+    """Namespaces `aenvt-<run>-<n>`, each with `tap0` as the guest's gateway; deletes them all."""
+
+    def __init__(self) -> None:
+        self.prefix = f"aenvt-{secrets.token_hex(3)}"
+        self.names: list[str] = []
+
+    def create(self) -> NetAttachment:
+        name = f"{self.prefix}-{len(self.names)}"
+        subprocess.run(["ip", "netns", "add", name], check=True)
+        self.names.append(name)
+        batch = (
+            "link set lo up\n"
+            f"tuntap add dev {TAP} mode tap\n"
+            f"link set {TAP} address {GATEWAY_MAC}\n"
+            f"addr add {GUEST_NET.gateway}/24 dev {TAP}\n"
+            f"link set {TAP} up\n"
+        )
+        subprocess.run(["ip", "-n", name, "-batch", "-"], input=batch.encode(), check=True)
+        return NetAttachment(netns=name, tap=TAP, mac=GUEST_MAC)
+
+    def delete_all(self) -> None:
+        for name in self.names:
+            subprocess.run(["ip", "netns", "del", name], check=False, capture_output=True)
+        self.names.clear()
+
+
+def _setns(fd: int) -> None:
+    if _libc.setns(fd, _CLONE_NEWNET) != 0:
+        err = ctypes.get_errno()
+        raise OSError(err, os.strerror(err))
+
+
+def socket_in(netns: str) -> socket.socket:
+    own = os.open("/proc/thread-self/ns/net", os.O_RDONLY)
+    target = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+    try:
+        _setns(target)
+        try:
+            return socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        finally:
+            _setns(own)
+    finally:
+        os.close(own)
+        os.close(target)
+
+
+def request(netns: str, method: str = "GET", path: str = "/", limit_s: float = 5.0) -> Any:
+    sock = socket_in(netns)
+    sock.settimeout(limit_s)
+    try:
+        sock.connect((GUEST_IP, ENVD_PORT))
+        conn = http.client.HTTPConnection(GUEST_IP, ENVD_PORT, timeout=limit_s)
+        conn.sock = sock
+        conn.request(method, path)
+        resp = conn.getresponse()
+        body = resp.read()
+        if resp.status != 200:
+            raise RuntimeError(f"{method} {path}: HTTP {resp.status}")
+        return json.loads(body)
+    finally:
+        sock.close()
+
+
+async def agent(netns: str, method: str = "GET", path: str = "/", limit_s: float = 5.0) -> Any:
+    return await asyncio.to_thread(request, netns, method, path, limit_s)
+
+
+async def wait_ready(netns: str, limit_s: float = 120.0) -> float:
+    """Seconds until the guest agent answers (connection attempts every 10 ms)."""
+    start = time.monotonic()
+    while True:
+        with contextlib.suppress(OSError, RuntimeError, http.client.HTTPException):
+            await agent(netns, limit_s=1.0)
+            return time.monotonic() - start
+        if time.monotonic() - start > limit_s:
+            raise TimeoutError(f"guest agent in {netns} not ready after {limit_s:.0f}s")
+        await asyncio.sleep(0.01)

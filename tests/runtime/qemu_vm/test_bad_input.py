@@ -1,0 +1,108 @@
+"""Bad input gives a clear DriverError and leaks nothing (checked by the `no_leaks` fixture)."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from aenv.runtime.driver import (
+    BootError,
+    IncompatibleSnapshotError,
+    RestoreError,
+    RestoreSpec,
+    Snapshot,
+    VMSpec,
+)
+from aenv.runtime.qemu import QemuDriver
+from tests.runtime.qemu_vm.conftest import Places, Template
+from tests.runtime.qemu_vm.netns import NetnsPool
+
+pytestmark = pytest.mark.slow
+
+
+def copy_snapshot(snap: Snapshot, places: Places) -> Snapshot:
+    """A private copy of the snapshot's state file, so a test can damage it."""
+    target = places.snapshot_target()
+    state = target.directory / "state"
+    state.write_bytes(snap.state_file.read_bytes())
+    return dataclasses.replace(snap, state_file=state)
+
+
+def leftover_files(workdir: Path) -> list[Path]:
+    return [p for p in workdir.iterdir() if not p.name.endswith(".log")]
+
+
+async def test_missing_kernel(driver: QemuDriver, places: Places, no_leaks: None) -> None:
+    workdir = places.vm_dir()
+    spec = VMSpec(vcpus=1, memory_mib=64, kernel=workdir / "nope", cmdline="", workdir=workdir)
+    with pytest.raises(BootError, match="missing file"):
+        await driver.boot(spec)
+    assert leftover_files(workdir) == []
+
+
+async def test_kernel_that_is_not_a_kernel(
+    driver: QemuDriver, places: Places, no_leaks: None
+) -> None:
+    workdir = places.vm_dir()
+    bogus = workdir / "bogus-kernel"
+    bogus.write_bytes(b"not a kernel" * 100)
+    spec = VMSpec(
+        vcpus=1, memory_mib=64, kernel=bogus, cmdline="", workdir=workdir, memory_dir=places.shm
+    )
+    with pytest.raises(BootError, match="QEMU"):
+        await driver.boot(spec)
+    assert leftover_files(workdir) == [bogus]
+    assert not list(places.shm.glob("*.mem"))
+
+
+async def test_corrupt_snapshot(
+    driver: QemuDriver, template: Template, places: Places, nets: NetnsPool, no_leaks: None
+) -> None:
+    snap = copy_snapshot(template.snapshot, places)
+    data = bytearray(snap.state_file.read_bytes())
+    data[len(data) // 2 :] = b"\xff" * (len(data) - len(data) // 2)
+    snap.state_file.write_bytes(bytes(data))
+    workdir = places.vm_dir()
+    with pytest.raises(RestoreError, match="restore failed"):
+        await driver.restore(snap, RestoreSpec(workdir=workdir, net=nets.create()))
+    assert leftover_files(workdir) == []
+
+
+async def test_truncated_snapshot(
+    driver: QemuDriver, template: Template, places: Places, nets: NetnsPool, no_leaks: None
+) -> None:
+    snap = copy_snapshot(template.snapshot, places)
+    snap.state_file.write_bytes(snap.state_file.read_bytes()[:100])
+    workdir = places.vm_dir()
+    with pytest.raises(RestoreError):
+        await driver.restore(snap, RestoreSpec(workdir=workdir, net=nets.create()))
+    assert leftover_files(workdir) == []
+
+
+async def test_missing_memory_file(
+    driver: QemuDriver, template: Template, places: Places, nets: NetnsPool, no_leaks: None
+) -> None:
+    snap = dataclasses.replace(template.snapshot, memory_file=places.shm / "gone")
+    workdir = places.vm_dir()
+    with pytest.raises(RestoreError, match="missing"):
+        await driver.restore(snap, RestoreSpec(workdir=workdir, net=nets.create()))
+    assert leftover_files(workdir) == []
+
+
+async def test_snapshot_from_another_driver(
+    driver: QemuDriver, template: Template, places: Places, nets: NetnsPool, no_leaks: None
+) -> None:
+    for snap in (
+        dataclasses.replace(template.snapshot, driver="firecracker"),
+        dataclasses.replace(template.snapshot, compat="qemu-7.2.0/kvm/host:Other CPU"),
+    ):
+        with pytest.raises(IncompatibleSnapshotError):
+            await driver.restore(snap, RestoreSpec(workdir=places.vm_dir(), net=nets.create()))
+
+
+async def test_snapshot_manifest_round_trip(template: Template, tmp_path: Path) -> None:
+    assert Snapshot.load_manifest(template.snapshot.state_file.parent) == template.snapshot
+    with pytest.raises(RestoreError, match="manifest"):
+        Snapshot.load_manifest(tmp_path)

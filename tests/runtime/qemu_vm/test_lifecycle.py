@@ -1,0 +1,86 @@
+"""Boot, snapshot, restore, clone, pause/resume, stop with real QEMU VMs."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+
+import pytest
+
+from aenv.runtime.driver import VMState
+from tests.runtime.qemu_vm.conftest import TEMPLATE_MEMORY, TEMPLATE_NOTE, Fleet, Places, Template
+from tests.runtime.qemu_vm.netns import agent, wait_ready
+
+pytestmark = pytest.mark.slow
+CLONES = int(os.environ.get("AENV_TEST_CLONES", "16"))
+
+
+async def test_template_snapshot_is_small_and_complete(template: Template) -> None:
+    snap = template.snapshot
+    assert snap.memory_file is not None and snap.memory_file.stat().st_size == 256 << 20
+    # x-ignore-shared: guest RAM stays in the memory file, the state file holds devices only.
+    assert snap.state_file.stat().st_size < 1 << 20
+    assert set(snap.disks) == {"upper"}
+    assert (snap.state_file.parent / "snapshot.json").is_file()
+
+
+async def test_restore_keeps_memory_and_disk(fleet: Fleet, template: Template) -> None:
+    vm, netns = await fleet.restore(template.snapshot)
+    assert vm.state is VMState.RUNNING
+    state = await agent(netns)
+    assert state["memory"] == TEMPLATE_MEMORY
+    assert state["note"] == TEMPLATE_NOTE
+    assert state["hits"] == 2  # the template answered one GET (readiness) before its snapshot
+    stats = await vm.stats()
+    assert stats.cpu_seconds > 0 and 0 < stats.pss_bytes <= stats.rss_bytes
+    await vm.stop()
+    await vm.stop()  # idempotent
+    assert vm.state is VMState.STOPPED
+
+
+async def test_clones_share_the_past_and_diverge(fleet: Fleet, template: Template) -> None:
+    clones = await fleet.restore_many(template.snapshot, CLONES)
+    await asyncio.gather(*(wait_ready(netns) for _, netns in clones))
+    before = await asyncio.gather(*(agent(netns) for _, netns in clones))
+    assert all(s["memory"] == TEMPLATE_MEMORY and s["note"] == TEMPLATE_NOTE for s in before)
+    await asyncio.gather(
+        *(agent(netns, "POST", f"/?memory=m{i}&note=n{i}") for i, (_, netns) in enumerate(clones))
+    )
+    after = await asyncio.gather(*(agent(netns) for _, netns in clones))
+    assert [(s["memory"], s["note"]) for s in after] == [(f"m{i}", f"n{i}") for i in range(CLONES)]
+
+
+async def test_pause_and_resume(fleet: Fleet, template: Template) -> None:
+    vm, netns = await fleet.restore(template.snapshot)
+    await agent(netns)
+    await vm.pause()
+    assert vm.state is VMState.PAUSED
+    with pytest.raises(OSError):
+        await agent(netns, limit_s=1.0)
+    await vm.resume()
+    assert vm.state is VMState.RUNNING
+    assert (await agent(netns))["memory"] == TEMPLATE_MEMORY
+
+
+async def test_snapshot_of_a_clone_keeps_running_and_restores(
+    fleet: Fleet, template: Template, places: Places
+) -> None:
+    vm, netns = await fleet.restore(template.snapshot)
+    await agent(netns, "POST", "/?memory=second&note=second-note")
+    snap = await vm.snapshot(places.snapshot_target(), keep_running=True)
+    # A clone maps the template's memory privately, so its RAM travels in the state file.
+    assert snap.memory_file is None
+    assert vm.state is VMState.RUNNING
+    await agent(netns, "POST", "/?memory=after&note=after-note")
+    assert (await agent(netns))["note"] == "after-note"
+
+    child, child_netns = await fleet.restore(snap)
+    state = await agent(child_netns)
+    assert (state["memory"], state["note"]) == ("second", "second-note")
+    # The child's own snapshot uses its own shared memory file: device state only again.
+    grandchild_snap = await child.snapshot(places.snapshot_target(), keep_running=False)
+    assert grandchild_snap.memory_file is not None
+    assert child.state is VMState.STOPPED
+    grandchild, gc_netns = await fleet.restore(grandchild_snap)
+    assert (await agent(gc_netns))["note"] == "second-note"
+    assert grandchild.state is VMState.RUNNING
