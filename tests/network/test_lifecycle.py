@@ -137,3 +137,15 @@ async def test_startup_sweep_reclaims_a_crashed_process_slots(
     finally:
         for name in bystanders:
             netns.remove(name)
+
+
+async def test_a_taken_name_is_left_alone(world: World, make_pool: MakePool) -> None:
+    pool = await make_pool(slot_network=IPv4Network("10.200.0.0/30"))
+    taken = f"{world.prefix}-0"  # appears after the startup sweep, e.g. made by someone else
+    subprocess.run(["ip", "netns", "add", taken], check=True)
+    try:
+        with pytest.raises(FileExistsError):
+            await pool.acquire()
+        assert taken in netns.names()
+    finally:
+        netns.remove(taken)

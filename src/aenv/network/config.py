@@ -6,7 +6,7 @@ import re
 from dataclasses import dataclass, field
 from ipaddress import IPv4Network
 
-from aenv.network.addressing import SLOT_PREFIXLEN
+from aenv.network.addressing import AddressPlan
 from aenv.network.slot import GuestNetwork
 
 _IFNAMSIZ = 15
@@ -35,9 +35,7 @@ class NetworkConfig:
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z][a-z0-9]*", self.prefix):
             raise ValueError(f"prefix {self.prefix!r}: lowercase letters and digits only")
-        if self.slot_network.prefixlen > SLOT_PREFIXLEN:
-            raise ValueError(f"slot_network {self.slot_network} holds no /{SLOT_PREFIXLEN}")
-        capacity = 1 << (SLOT_PREFIXLEN - self.slot_network.prefixlen)
+        capacity = AddressPlan(self.slot_network).capacity
         longest = f"{self.prefix}-{capacity - 1}"
         if len(longest) > _IFNAMSIZ:
             raise ValueError(f"interface name {longest!r} would exceed {_IFNAMSIZ} characters")

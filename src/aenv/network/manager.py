@@ -4,10 +4,10 @@ crashed process left behind.
 All netlink and nft work for one operation runs on one fresh thread (`netns.run_in`) that starts
 in the host namespace and then moves into the slot's; nothing blocks the event loop. Creating a
 slot costs one nft process (the slot's ruleset). Destroying one only drops the namespace's name:
-the kernel then removes the namespace with its tap, veth pair (both ends), rules and egress verdict
-in the background, batching many namespaces per pass. Deleting the veth ourselves would hold the
-RTNL lock for ~20 ms per slot here, stalling every other netlink user. The host table holds
-nothing per slot, so it is never touched.
+the kernel then removes the namespace with its tap, veth pair (both ends), routes and rules in
+the background, batching many namespaces per pass. Deleting the veth ourselves takes ~20 ms per
+slot here (RCU grace periods, waited for under the RTNL lock that every netlink user needs). The
+host table holds nothing per slot, so it is never touched.
 
 Egress is the slot's default route: via the host when on, `prohibit` when off (the guest gets an
 immediate "administratively prohibited" rather than a hang, and packets of connections already
@@ -142,6 +142,7 @@ class SlotManager:
     def _build(self, slot: Slot, egress: bool) -> None:
         guest = slot.guest
         with IPRoute() as host:
+            # Outside the try: if the name is taken, it is not ours to remove.
             netns.create_and_enter(slot.netns)
             try:
                 for key, value in _SLOT_SYSCTLS.items():
