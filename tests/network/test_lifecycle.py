@@ -149,3 +149,13 @@ async def test_a_taken_name_is_left_alone(world: World, make_pool: MakePool) -> 
         assert taken in netns.names()
     finally:
         netns.remove(taken)
+
+
+async def test_concurrent_acquires_and_releases(world: World, make_pool: MakePool) -> None:
+    pool = await make_pool(pool_low=4, pool_high=4)  # a refill races with the cold creates
+    slots = await asyncio.gather(*(pool.acquire() for _ in range(16)))
+    assert len({s.index for s in slots}) == len({s.address for s in slots}) == 16
+    assert {s.netns for s in slots} <= set(world.leftovers())
+    await asyncio.gather(*(pool.release(s) for s in slots))
+    await pool.wait_idle()
+    assert (pool.ready, pool.in_use) == (4, 0)
