@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import subprocess
+import sys
 from collections.abc import Awaitable, Callable
 from ipaddress import IPv4Network
 
@@ -91,6 +92,40 @@ async def test_cancelled_create_is_reclaimed(world: World, make_pool: MakePool) 
         await task
     await pool.close()  # waits for the orphaned create and removes what it built
     assert world.leftovers() == []
+
+
+_CRASHER = """
+import asyncio, sys
+from aenv.network import NetworkConfig, SlotManager
+
+async def main():
+    manager = SlotManager(NetworkConfig(prefix=sys.argv[1], host_netns=sys.argv[2]))
+    await manager.start()
+    for _ in range(3):
+        await manager.create()
+    print("ready", flush=True)
+    await asyncio.sleep(3600)
+
+asyncio.run(main())
+"""
+
+
+async def test_startup_sweep_after_a_killed_server(world: World, make_pool: MakePool) -> None:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-c", _CRASHER, world.prefix, world.host, stdout=subprocess.PIPE
+    )
+    try:
+        assert proc.stdout is not None
+        assert await proc.stdout.readline() == b"ready\n"
+    finally:
+        proc.kill()
+        await proc.wait()
+    assert len(world.leftovers()) == 3
+    pool = await make_pool()
+    assert world.leftovers() == []
+    assert not [name for name in _host_links(world) if name.startswith(f"{world.prefix}-")]
+    slot = await pool.acquire()
+    await pool.release(slot)
 
 
 async def test_startup_sweep_reclaims_a_crashed_process_slots(
