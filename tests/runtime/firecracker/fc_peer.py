@@ -43,6 +43,8 @@ PRE_BOOT_ONLY = {
     ("PUT", "/serial"),
 }
 STATE_MAGIC = "aenv-test-firecracker-state"
+PAGE = 4096
+RECORD_PATH = "/_test/requests"
 
 
 @dataclass
@@ -64,6 +66,7 @@ class PeerState:
     # (METHOD, path) -> (status, fault message) to answer instead of handling the request.
     fail: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
     loaded_from_snapshot: bool = False
+    generation: int = 0
 
     def host(self, path: str) -> Path:
         return self.root / path
@@ -84,6 +87,8 @@ class Peer:
 
     async def handle(self, request: Request) -> Response:
         method, path = request.method, request.url.path
+        if path == RECORD_PATH:  # not Firecracker's: lets a test read what a process received
+            return JSONResponse([vars(r) for r in self.state.requests])
         raw = await request.body()
         body: Any = None
         if raw:
@@ -147,6 +152,12 @@ class Peer:
                 return fault(f"Invalid block device ID: {params['drive_id']}")
             else:
                 drives[params["drive_id"]] = {**drives[params["drive_id"]], **body}
+            return Response(status_code=204)
+        if template == "/boot-source":
+            for key in ("kernel_image_path", "initrd_path"):
+                if key in body and not st.host(body[key]).is_file():
+                    return fault(f"Cannot load kernel/initrd: {body[key]} not found")
+            cfg["boot-source"] = body
             return Response(status_code=204)
         if template == "/network-interfaces/{iface_id}":
             ifaces = cfg.setdefault("network-interfaces", {})
@@ -214,12 +225,22 @@ class Peer:
         kind = body.get("snapshot_type", "Full")
         if kind == "Diff" and not st.config["machine-config"].get("track_dirty_pages"):
             return fault("Diff snapshots require dirty page tracking in this test peer.")
-        state_doc = {"magic": STATE_MAGIC, "version": st.version, "config": st.config}
+        # Each snapshot of a VM lineage "dirties" one page: page N holds the digit N, so a diff
+        # merged over its base shows every generation's page.
+        st.generation += 1
+        state_doc = {
+            "magic": STATE_MAGIC,
+            "version": st.version,
+            "config": st.config,
+            "generation": st.generation,
+        }
         st.host(body["snapshot_path"]).write_text(json.dumps(state_doc))
         with st.host(body["mem_file_path"]).open("wb") as mem:
             mem.truncate(mem_mib << 20)
-            # Full: every page written; Diff: only the "dirtied" first page, the rest are holes.
-            mem.write(b"D" * 4096 if kind == "Diff" else b"F" * (mem_mib << 20))
+            if kind == "Full":
+                mem.write(b"F" * (mem_mib << 20))
+            mem.seek(PAGE * st.generation)
+            mem.write(str(st.generation).encode() * PAGE)
         return Response(status_code=204)
 
     def load_snapshot(self, body: dict[str, Any]) -> Response:
@@ -248,6 +269,7 @@ class Peer:
             iface["host_dev_name"] = override["host_dev_name"]
         config["machine-config"]["track_dirty_pages"] = bool(body.get("track_dirty_pages"))
         st.config = config
+        st.generation = doc["generation"]
         st.loaded_from_snapshot = True
         st.state = "Running" if body.get("resume_vm") else "Paused"
         return Response(status_code=204)

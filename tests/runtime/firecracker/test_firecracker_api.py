@@ -25,6 +25,7 @@ async def test_boot_sequence_reaches_firecracker_as_swagger_valid_requests(
     peer: PeerState, swagger: Swagger, tmp_path: Path
 ) -> None:
     (tmp_path / "rootfs.ext4").touch()
+    (tmp_path / "vmlinux").touch()
     async with FirecrackerApi(tmp_path / "api.sock") as api:
         assert (await api.describe_instance()).state == "Not started"
         assert (await api.version()).firecracker_version == "1.17.0"
@@ -100,6 +101,7 @@ async def test_boot_sequence_reaches_firecracker_as_swagger_valid_requests(
 
 
 async def test_snapshot_load_round_trip(peer: PeerState, tmp_path: Path) -> None:
+    (tmp_path / "vmlinux").touch()
     async with FirecrackerApi(tmp_path / "api.sock") as api:
         await api.put_machine_config(m.MachineConfiguration(vcpu_count=1, mem_size_mib=1))
         await api.put_boot_source(m.BootSource(kernel_image_path="vmlinux"))

@@ -1,0 +1,194 @@
+"""Running Firecracker under its jailer: the chroot layout, the files linked into it, the jailer's
+command line (uid/gid, cgroups, resource limits, network namespace) and the cleanup afterwards.
+
+The jailer builds `<chroot_base>/<exec file name>/<id>/root`, copies the firecracker binary in,
+creates the cgroup `<cgroup mount>/<parent cgroup>/<id>` with the values given by `--cgroup`,
+joins the network namespace, pivots into the chroot, drops to uid/gid and execs Firecracker.
+Everything Firecracker opens (kernel, drives, snapshot files, guest memory) must therefore be inside
+the chroot: we hard-link it in (a copy would be slow for memory files and wrong for writable
+disks, whose writes must land in the sandbox's own layer), so the chroot base must be on the same
+filesystem as those files. Only small read-only files may be copied when that is not possible.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+from typing import Literal
+
+from aenv.runtime.firecracker.process import netns_path
+
+DEFAULT_CHROOT_BASE = Path("/srv/jailer")
+# The in-jail path of the API socket; the host sees it at `<chroot>/api.sock`.
+JAIL_SOCKET = "/api.sock"
+CPU_PERIOD_US = 100_000
+
+
+class JailError(RuntimeError):
+    """The jail could not be prepared (e.g. a file on another filesystem than the chroot)."""
+
+
+@dataclass(frozen=True)
+class JailerConfig:
+    binary: Path
+    uid: int
+    gid: int
+    chroot_base_dir: Path = DEFAULT_CHROOT_BASE
+    cgroup_version: Literal[1, 2] = 2
+    # The jailer's default is the exec file's name ("firecracker").
+    parent_cgroup: str | None = None
+    # `--resource-limit` values, e.g. {"no-file": 2048, "fsize": 20 << 30}.
+    resource_limits: Mapping[str, int] = field(default_factory=dict)
+
+
+def cgroup_settings(
+    version: Literal[1, 2], *, memory_bytes: int | None, pids: int | None, cpu_cores: float | None
+) -> dict[str, str]:
+    """The `--cgroup file=value` pairs that enforce the limits in the given hierarchy version."""
+    out: dict[str, str] = {}
+    if memory_bytes is not None:
+        out["memory.limit_in_bytes" if version == 1 else "memory.max"] = str(memory_bytes)
+    if pids is not None:
+        out["pids.max"] = str(pids)
+    if cpu_cores is not None:
+        quota = str(int(cpu_cores * CPU_PERIOD_US))
+        if version == 1:
+            out["cpu.cfs_period_us"] = str(CPU_PERIOD_US)
+            out["cpu.cfs_quota_us"] = quota
+        else:
+            out["cpu.max"] = f"{quota} {CPU_PERIOD_US}"
+    return out
+
+
+class Jail:
+    """The chroot of one jailed Firecracker, named by the VM id."""
+
+    def __init__(self, config: JailerConfig, vm_id: str, firecracker: Path) -> None:
+        if not vm_id or len(vm_id) > 64 or not all(c.isalnum() or c == "-" for c in vm_id):
+            # The jailer's own rule for --id.
+            raise JailError(f"jailer id must be 1-64 alphanumerics or '-': {vm_id!r}")
+        self.config = config
+        self.vm_id = vm_id
+        self.firecracker = firecracker
+        self.instance_dir = config.chroot_base_dir / firecracker.name / vm_id
+        self.root = self.instance_dir / "root"
+
+    @property
+    def socket_path(self) -> Path:
+        return self.host_path(JAIL_SOCKET)
+
+    def host_path(self, inside: str) -> Path:
+        """Where the jailed process's `inside` path is on the host."""
+        relative = PurePosixPath(inside).relative_to("/") if inside.startswith("/") else inside
+        return self.root / relative
+
+    def create(self) -> None:
+        if self.instance_dir.exists():
+            raise JailError(f"jail {self.instance_dir} already exists (id reused?)")
+        self.root.mkdir(parents=True)
+
+    def link_in(self, source: Path, inside: str, *, copy_if_needed: bool = False) -> str:
+        """Hard-link `source` to `inside` in the jail (owned by the jailed uid so Firecracker can
+        open it read-write). Returns `inside` as Firecracker must be told."""
+        target = self.host_path(inside)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.link(source, target)
+        except OSError as exc:
+            if not copy_if_needed:
+                raise JailError(
+                    f"cannot hard-link {source} into jail {self.root} ({exc.strerror}): the chroot "
+                    "base must be on the same filesystem as guest memory and disk files"
+                ) from exc
+            shutil.copy2(source, target)
+        os.chown(target, self.config.uid, self.config.gid)
+        return inside
+
+    def take_out(self, inside: str, destination: Path) -> Path:
+        """Move a file Firecracker wrote in the jail (snapshot state, memory) to `destination`."""
+        shutil.move(self.host_path(inside), destination)
+        return destination
+
+    def argv(
+        self,
+        *,
+        netns: str | None,
+        cgroups: Mapping[str, str],
+        firecracker_args: Sequence[str] = (),
+    ) -> list[str]:
+        c = self.config
+        argv = [
+            str(c.binary),
+            "--id",
+            self.vm_id,
+            "--exec-file",
+            str(self.firecracker),
+            "--uid",
+            str(c.uid),
+            "--gid",
+            str(c.gid),
+            "--chroot-base-dir",
+            str(c.chroot_base_dir),
+            "--cgroup-version",
+            str(c.cgroup_version),
+        ]
+        if c.parent_cgroup is not None:
+            argv += ["--parent-cgroup", c.parent_cgroup]
+        for name, value in cgroups.items():
+            argv += ["--cgroup", f"{name}={value}"]
+        for name, limit in c.resource_limits.items():
+            argv += ["--resource-limit", f"{name}={limit}"]
+        if netns is not None:
+            argv += ["--netns", str(netns_path(netns))]
+        return [*argv, "--", "--api-sock", JAIL_SOCKET, *firecracker_args]
+
+    def cgroup_dirs(self, cgroups: Mapping[str, str], mounts: str) -> list[Path]:
+        """The cgroup directories the jailer creates for this VM, found as the jailer finds them:
+        from the cgroup mounts in `mounts` (the text of /proc/mounts)."""
+        if self.config.cgroup_version == 2 and not cgroups:
+            # Without --cgroup a v2 jailer makes no group of its own (it joins the parent).
+            return []
+        parent = self.config.parent_cgroup or self.firecracker.name
+        controllers = {name.split(".", 1)[0] for name in cgroups}
+        dirs: list[Path] = []
+        for line in mounts.splitlines():
+            fields = line.split()
+            if len(fields) < 4:
+                continue
+            mount_point, fstype, options = fields[1], fields[2], fields[3].split(",")
+            if self.config.cgroup_version == 2 and fstype == "cgroup2":
+                return [Path(mount_point) / parent / self.vm_id]
+            if (
+                self.config.cgroup_version == 1
+                and fstype == "cgroup"
+                and controllers & set(options)
+            ):
+                dirs.append(Path(mount_point) / parent / self.vm_id)
+        return dirs
+
+    def remove(self, cgroups: Mapping[str, str]) -> None:
+        """Delete the jail and the cgroups the jailer made; the process must have exited.
+        Blocking (tree removal, cgroup retries): run it in a thread."""
+        shutil.rmtree(self.instance_dir, ignore_errors=True)
+        try:
+            mounts = Path("/proc/mounts").read_text()
+        except OSError:
+            return
+        for directory in self.cgroup_dirs(cgroups, mounts):
+            _rmdir_cgroup(directory)
+
+
+def _rmdir_cgroup(directory: Path) -> None:
+    # The kernel may take a moment to notice that a just-reaped process has left the group.
+    for _ in range(50):
+        try:
+            directory.rmdir()
+            return
+        except FileNotFoundError:
+            return
+        except OSError:
+            time.sleep(0.01)
