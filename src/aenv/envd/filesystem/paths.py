@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 
+from aenv.envd.filesystem.watch import sync_watches
 from aenv.envd.users import User
 
 _NETWORK_FS = ("nfs", "nfs4", "cifs", "smb3", "smbfs", "9p", "ceph", "glusterfs")
@@ -29,6 +30,8 @@ def ensure_dirs(path: str, user: User) -> None:
         except FileExistsError:
             continue
         os.chown(directory, user.uid, user.gid)
+        # Let recursive watches add the new directory before anything is written into it.
+        sync_watches()
 
 
 def is_network_mount(path: str) -> bool:

@@ -6,7 +6,6 @@ Operations run as root (like infra's envd) and hand what they create to the call
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import shutil
 import uuid
@@ -20,7 +19,7 @@ from protobuf import Oneof
 
 from aenv.envd.filesystem.entry import entry_info
 from aenv.envd.filesystem.paths import ensure_dirs, is_network_mount
-from aenv.envd.filesystem.watch import DirWatch, PolledWatcher, WatchOptions
+from aenv.envd.filesystem.watch import DirWatch, WatchOptions, sync_watches
 from aenv.envd.proto.filesystem import filesystem_pb as pb
 from aenv.envd.rpc import caller, keepalive_seconds, os_error
 from aenv.envd.settings import Settings
@@ -28,7 +27,6 @@ from aenv.envd.users import User, resolve_path
 
 # A polled watcher nobody asked for events for this long is closed (its client is gone).
 WATCHER_IDLE_SECONDS = 600.0
-MAX_PENDING_EVENTS = 100_000
 
 
 def _list(root: str, display_root: str, depth: int) -> list[pb.EntryInfo]:
@@ -58,7 +56,7 @@ def _list(root: str, display_root: str, depth: int) -> list[pb.EntryInfo]:
 class FilesystemService:
     def __init__(self, settings: Settings) -> None:
         self._settings = settings
-        self._watchers: dict[str, tuple[PolledWatcher, asyncio.TimerHandle]] = {}
+        self._watchers: dict[str, tuple[DirWatch, asyncio.TimerHandle]] = {}
 
     def _resolve(self, path: str, user: User) -> str:
         try:
@@ -108,6 +106,7 @@ class FilesystemService:
         try:
             ensure_dirs(os.path.dirname(destination), user)
             await asyncio.to_thread(os.rename, source, destination)
+            sync_watches()  # a recursive watch picks up a moved-in directory before any write
             return pb.MoveResponse(entry=entry_info(destination))
         except OSError as e:
             os_error(e, "error renaming")
@@ -166,28 +165,38 @@ class FilesystemService:
     ) -> AsyncIterator[pb.WatchDirResponse]:
         watch = self._open_watch(request, ctx)
         keepalive = keepalive_seconds(ctx)
-        events = watch.events()
+        loop = asyncio.get_running_loop()
+        remaining = ctx.timeout_ms
+        deadline = None if remaining is None else loop.time() + max(remaining, 0) / 1000
         try:
             yield pb.WatchDirResponse(event=Oneof("start", pb.WatchDirResponse.StartEvent()))
             while True:
+                wait = keepalive if deadline is None else min(keepalive, deadline - loop.time())
                 try:
-                    async with asyncio.timeout(keepalive):
-                        event = await anext(events)
+                    if wait <= 0:
+                        raise TimeoutError
+                    async with asyncio.timeout(wait):
+                        event = await watch.next()
                 except TimeoutError:
+                    if deadline is not None and loop.time() >= deadline:
+                        # As connect-go ends a stream whose context expired.
+                        raise ConnectError(
+                            Code.DEADLINE_EXCEEDED, "context deadline exceeded"
+                        ) from None
                     yield pb.WatchDirResponse(
                         event=Oneof("keepalive", pb.WatchDirResponse.KeepAlive())
                     )
                     continue
+                if event is None:
+                    return
                 yield pb.WatchDirResponse(event=Oneof("filesystem", event))
         finally:
-            with contextlib.suppress(Exception):
-                await events.aclose()  # type: ignore[attr-defined]
             watch.close()
 
     async def create_watcher(
         self, request: pb.CreateWatcherRequest, ctx: RequestContext[Any, Any], /
     ) -> pb.CreateWatcherResponse:
-        watcher = PolledWatcher(self._open_watch(request, ctx), MAX_PENDING_EVENTS)
+        watcher = self._open_watch(request, ctx)
         watcher_id = uuid.uuid4().hex
         self._watchers[watcher_id] = (watcher, self._idle_timer(watcher_id))
         return pb.CreateWatcherResponse(watcher_id=watcher_id)
@@ -204,7 +213,7 @@ class FilesystemService:
             return False
         watcher, timer = entry
         timer.cancel()
-        await watcher.close()
+        watcher.close()
         return True
 
     async def get_watcher_events(

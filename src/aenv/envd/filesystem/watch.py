@@ -3,6 +3,12 @@
 Event types follow fsnotify's mapping used by infra's envd: create/moved-to -> CREATE,
 modify -> WRITE, delete -> REMOVE, moved-from -> RENAME, attrib -> CHMOD. With `recursive`,
 directories created later are watched as they appear.
+
+The kernel queues inotify events synchronously with the change that causes them, so a watch is
+read ("pumped") whenever its fd is readable and also on demand: before `GetWatcherEvents`
+answers, and right after envd itself creates directories (`sync_watches`). A client that writes
+a file and then asks for events therefore always sees them, and a recursive watch is already
+watching a directory envd just made before anything is written into it.
 """
 
 from __future__ import annotations
@@ -11,10 +17,9 @@ import asyncio
 import contextlib
 import os
 from collections import deque
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
-from asyncinotify import Inotify, Mask
+from asyncinotify import Event, Inotify, Mask
 
 from aenv.envd.filesystem.entry import entry_info
 from aenv.envd.proto.filesystem import filesystem_pb as pb
@@ -42,6 +47,18 @@ _TYPES = (
 # Events that describe an entry that still exists, so `include_entry` can stat it.
 _HAS_ENTRY = frozenset({pb.EventType.CREATE, pb.EventType.WRITE, pb.EventType.CHMOD})
 
+# Events a watch holds for its reader; past this the oldest are dropped, so an abandoned
+# polled watcher (or a stalled stream) cannot grow without bound.
+MAX_PENDING_EVENTS = 100_000
+
+_ACTIVE: set[DirWatch] = set()
+
+
+def sync_watches() -> None:
+    """Read every watch's queued inotify events now (call after envd itself changes the tree)."""
+    for watch in list(_ACTIVE):
+        watch.pump()
+
 
 @dataclass(frozen=True, slots=True)
 class WatchOptions:
@@ -53,14 +70,21 @@ class WatchOptions:
 class DirWatch:
     """One inotify instance watching a directory (and, if recursive, its subtree)."""
 
-    def __init__(self, options: WatchOptions) -> None:
+    def __init__(self, options: WatchOptions, max_pending: int = MAX_PENDING_EVENTS) -> None:
         self.options = options
-        self._inotify = Inotify()
+        # sync_timeout=0: `sync_get` polls the fd and returns None when nothing is queued.
+        self._inotify = Inotify(sync_timeout=0)
+        self._pending: deque[pb.FilesystemEvent] = deque(maxlen=max_pending)
+        self._ready = asyncio.Event()
+        self._closed = False
         try:
             self._add(options.path)
         except BaseException:
             self._inotify.close()
             raise
+        self._loop = asyncio.get_running_loop()
+        self._loop.add_reader(self._inotify.fd, self.pump)
+        _ACTIVE.add(self)
 
     def _add(self, directory: str) -> None:
         self._inotify.add_watch(directory, _WATCH_MASK)
@@ -71,28 +95,50 @@ class DirWatch:
                         self._inotify.add_watch(os.path.join(root, name), _WATCH_MASK)
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        _ACTIVE.discard(self)
+        self._loop.remove_reader(self._inotify.fd)
         self._inotify.close()
+        self._ready.set()
 
-    async def events(self) -> AsyncIterator[pb.FilesystemEvent]:
-        async for raw in self._inotify:
-            if raw.path is None or Mask.IGNORED in raw.mask:
-                continue
-            full = str(raw.path)
-            new_dir = Mask.ISDIR in raw.mask and raw.mask & (Mask.CREATE | Mask.MOVED_TO)
-            if new_dir and self.options.recursive:
-                with contextlib.suppress(OSError):
-                    self._add(full)
-            if (
-                raw.watch is not None
-                and str(raw.watch.path) == full
-                and raw.mask & (Mask.DELETE_SELF | Mask.MOVE_SELF)
-                and full != self.options.path
-            ):
-                continue  # a subdirectory's own removal is already reported by its parent
-            for mask, kind in _TYPES:
-                if raw.mask & mask:
-                    yield self._event(full, kind)
-                    break
+    def pump(self) -> None:
+        """Move every event the kernel has queued into this watch's pending events."""
+        if self._closed:
+            return
+        while True:
+            try:
+                raw = self._inotify.sync_get()
+            except (BlockingIOError, InterruptedError):
+                break
+            if raw is None:
+                break
+            event = self._convert(raw)
+            if event is not None:
+                self._pending.append(event)
+        if self._pending:
+            self._ready.set()
+
+    def _convert(self, raw: Event) -> pb.FilesystemEvent | None:
+        if raw.path is None or Mask.IGNORED in raw.mask:
+            return None
+        full = str(raw.path)
+        new_dir = Mask.ISDIR in raw.mask and raw.mask & (Mask.CREATE | Mask.MOVED_TO)
+        if new_dir and self.options.recursive:
+            with contextlib.suppress(OSError):
+                self._add(full)
+        if (
+            raw.watch is not None
+            and str(raw.watch.path) == full
+            and raw.mask & (Mask.DELETE_SELF | Mask.MOVE_SELF)
+            and full != self.options.path
+        ):
+            return None  # a subdirectory's own removal is already reported by its parent
+        for mask, kind in _TYPES:
+            if raw.mask & mask:
+                return self._event(full, kind)
+        return None
 
     def _event(self, full: str, kind: pb.EventType) -> pb.FilesystemEvent:
         name = os.path.relpath(full, self.options.path)
@@ -102,27 +148,21 @@ class DirWatch:
                 event.entry = entry_info(full)
         return event
 
-
-class PolledWatcher:
-    """A `CreateWatcher` watch: events accumulate until `GetWatcherEvents` drains them."""
-
-    def __init__(self, watch: DirWatch, max_pending: int) -> None:
-        self._watch = watch
-        # Oldest events are dropped past the cap so an abandoned watcher cannot grow unbounded.
-        self._pending: deque[pb.FilesystemEvent] = deque(maxlen=max_pending)
-        self._task = asyncio.get_running_loop().create_task(self._collect())
-
-    async def _collect(self) -> None:
-        async for event in self._watch.events():
-            self._pending.append(event)
-
     def drain(self) -> list[pb.FilesystemEvent]:
+        """Every event so far (for `GetWatcherEvents`), including those queued just now."""
+        self.pump()
         events = list(self._pending)
         self._pending.clear()
+        self._ready.clear()
         return events
 
-    async def close(self) -> None:
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        self._watch.close()
+    async def next(self) -> pb.FilesystemEvent | None:
+        """The next event as it happens, None once the watch is closed (for `WatchDir`).
+        Safe to cancel (e.g. by a keepalive timeout): no event is lost."""
+        while not self._closed:
+            self.pump()
+            if self._pending:
+                return self._pending.popleft()
+            self._ready.clear()
+            await self._ready.wait()
+        return None
