@@ -1,6 +1,18 @@
 """Per-sandbox network slots: a network namespace with the VM's tap and a veth to the host, the
 same guest address everywhere, a unique host-side address per slot, switchable NAT egress, and
-isolation between slots and from the host. `SlotPool` is the entry point."""
+isolation between slots and from the host's own services.
+
+Use from the orchestrator::
+
+    pool = SlotPool(NetworkConfig())          # once per server
+    await pool.start()                        # sweeps leftovers, prepares the host, warms up
+    slot = await pool.acquire(egress=True)    # microseconds when the pool is warm
+    # run the VMM inside slot.netns on tap slot.guest.tap with MAC slot.guest.mac;
+    # envd is at http://{slot.address}:49983, any guest port at slot.address:<port>
+    await pool.set_egress(slot, False)        # at any time
+    await pool.release(slot)                  # after the VMM has exited
+    await pool.close()                        # at shutdown
+"""
 
 from aenv.network.addressing import SlotsExhausted
 from aenv.network.config import NetworkConfig
