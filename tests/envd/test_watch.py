@@ -240,9 +240,9 @@ def test_watch_stream_start_keepalive_then_events(
         assert frames.next() == (0, {"keepalive": {}})
         # Still watching after idle keepalives.
         sandbox.files.write(f"{workdir}/k.txt", "k")
-        flags, message = frames.next()
+        _, message = frames.next()
         while "keepalive" in message:
-            flags, message = frames.next()
+            _, message = frames.next()
         assert message == {"filesystem": {"name": "k.txt", "type": "EVENT_TYPE_CREATE"}}
     finally:
         response.close()
