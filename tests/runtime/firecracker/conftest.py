@@ -1,15 +1,28 @@
-"""Fixtures for the Firecracker driver tests: the swagger validators and a Firecracker API peer
-serving on a unix socket in this event loop."""
+"""Fixtures for the Firecracker driver tests: the swagger validators, a Firecracker API peer
+serving on a unix socket in this event loop, the peer as a stand-in `firecracker` binary, a driver
+using it with real cgroups, a real network namespace, and a VM spec with small image files."""
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+import os
+import subprocess
+import sys
+import uuid
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import fc_peer
 import fc_swagger
 import pytest
+from fc_support import GUEST_MAC, MEM_MIB
+
+from aenv.runtime import driver as d
+from aenv.runtime.cgroups import CgroupError, CgroupManager, detect
+from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
+from aenv.runtime.firecracker import models as m
+
+PEER = Path(__file__).resolve().parent / "fc_peer.py"
 
 
 @pytest.fixture(scope="session")
@@ -34,3 +47,72 @@ async def peer(tmp_path: Path, swagger: fc_swagger.Swagger) -> AsyncIterator[fc_
     yield state
     server.should_exit = True
     await task
+
+
+@pytest.fixture(scope="module")
+def fake_firecracker(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    binary = tmp_path_factory.mktemp("bin") / "firecracker"
+    binary.write_text(f'#!/bin/sh\nexec {sys.executable} {PEER} "$@"\n')
+    binary.chmod(0o755)
+    return binary
+
+
+@pytest.fixture(scope="module")
+def cgroups() -> Iterator[CgroupManager]:
+    try:
+        manager = detect(f"aenv-fc-test-{os.getpid()}")
+    except CgroupError as exc:
+        pytest.skip(f"no usable cgroup hierarchy: {exc}")
+    yield manager
+    manager.remove_parent()
+
+
+@pytest.fixture
+def driver(fake_firecracker: Path, cgroups: CgroupManager) -> FirecrackerDriver:
+    rate = m.RateLimiter(ops=m.TokenBucket(size=1000, refill_time=1000))
+    config = FirecrackerConfig(
+        binary=fake_firecracker,
+        ready_timeout_s=30,
+        disk_rate_limiter=rate,
+        net_tx_rate_limiter=rate,
+        mmds_version="V2",
+        vsock_cid=3,
+    )
+    return FirecrackerDriver(config, cgroups)
+
+
+@pytest.fixture
+async def netns() -> AsyncIterator[str]:
+    name = f"aenvfc{uuid.uuid4().hex[:8]}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    yield name
+    subprocess.run(["ip", "netns", "delete", name], check=True)
+
+
+@pytest.fixture
+def spec(tmp_path: Path, netns: str) -> d.VMSpec:
+    images = tmp_path / "images"
+    images.mkdir()
+    (images / "vmlinux").write_bytes(b"\x7fELF kernel")
+    (images / "initrd").write_bytes(b"initrd")
+    (images / "base.ext4").write_bytes(b"base image")
+    upper = images / "upper.ext4"
+    with upper.open("wb") as f:
+        f.truncate(16 << 20)
+        f.seek(1 << 20)
+        f.write(b"written by the source guest")
+    workdir = tmp_path / "vm0"
+    workdir.mkdir()
+    return d.VMSpec(
+        vcpus=2,
+        memory_mib=MEM_MIB,
+        kernel=images / "vmlinux",
+        initrd=images / "initrd",
+        cmdline="console=ttyS0 quiet",
+        workdir=workdir,
+        disks=(
+            d.Disk("base", images / "base.ext4", read_only=True),
+            d.Disk("upper", upper),
+        ),
+        net=d.NetAttachment(netns=netns, tap="tap0", mac=GUEST_MAC),
+    )

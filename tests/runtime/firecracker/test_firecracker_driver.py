@@ -8,95 +8,27 @@ from __future__ import annotations
 
 import asyncio
 import os
-import subprocess
-import sys
-import uuid
-from collections.abc import AsyncIterator, Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 from fc_peer import PAGE, RECORD_PATH
+from fc_support import (
+    MEM_MIB,
+    alive,
+    children,
+    in_cgroup,
+    page,
+    pid_of,
+    restore_target,
+    snapshot_target,
+)
 from fc_swagger import Swagger
 
 from aenv.runtime import driver as d
-from aenv.runtime.cgroups import CgroupError, CgroupManager, detect
-from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver, create_driver
-from aenv.runtime.firecracker import models as m
+from aenv.runtime.firecracker import FirecrackerDriver, create_driver
 from aenv.runtime.firecracker.driver import FirecrackerVM
-
-PEER = Path(__file__).resolve().parent / "fc_peer.py"
-MEM_MIB = 4
-
-
-@pytest.fixture(scope="module")
-def fake_firecracker(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    binary = tmp_path_factory.mktemp("bin") / "firecracker"
-    binary.write_text(f'#!/bin/sh\nexec {sys.executable} {PEER} "$@"\n')
-    binary.chmod(0o755)
-    return binary
-
-
-@pytest.fixture(scope="module")
-def cgroups() -> Iterator[CgroupManager]:
-    try:
-        manager = detect(f"aenv-fc-test-{os.getpid()}")
-    except CgroupError as exc:
-        pytest.skip(f"no usable cgroup hierarchy: {exc}")
-    yield manager
-    manager.remove_parent()
-
-
-@pytest.fixture
-def driver(fake_firecracker: Path, cgroups: CgroupManager) -> FirecrackerDriver:
-    rate = m.RateLimiter(ops=m.TokenBucket(size=1000, refill_time=1000))
-    config = FirecrackerConfig(
-        binary=fake_firecracker,
-        ready_timeout_s=30,
-        disk_rate_limiter=rate,
-        net_tx_rate_limiter=rate,
-        mmds_version="V2",
-        vsock_cid=3,
-    )
-    return FirecrackerDriver(config, cgroups)
-
-
-@pytest.fixture
-async def netns() -> AsyncIterator[str]:
-    name = f"aenvfc{uuid.uuid4().hex[:8]}"
-    subprocess.run(["ip", "netns", "add", name], check=True)
-    yield name
-    subprocess.run(["ip", "netns", "delete", name], check=True)
-
-
-@pytest.fixture
-def spec(tmp_path: Path, netns: str) -> d.VMSpec:
-    images = tmp_path / "images"
-    images.mkdir()
-    (images / "vmlinux").write_bytes(b"\x7fELF kernel")
-    (images / "initrd").write_bytes(b"initrd")
-    (images / "base.ext4").write_bytes(b"base image")
-    upper = images / "upper.ext4"
-    with upper.open("wb") as f:
-        f.truncate(16 << 20)
-        f.seek(1 << 20)
-        f.write(b"written by the source guest")
-    workdir = tmp_path / "vm0"
-    workdir.mkdir()
-    return d.VMSpec(
-        vcpus=2,
-        memory_mib=MEM_MIB,
-        kernel=images / "vmlinux",
-        initrd=images / "initrd",
-        cmdline="console=ttyS0 quiet",
-        workdir=workdir,
-        disks=(
-            d.Disk("base", images / "base.ext4", read_only=True),
-            d.Disk("upper", upper),
-        ),
-        net=d.NetAttachment(netns=netns, tap="tap0", mac="02:fc:00:00:00:01"),
-    )
 
 
 async def received(vm: d.VM) -> list[dict[str, Any]]:
@@ -109,43 +41,6 @@ async def received(vm: d.VM) -> list[dict[str, Any]]:
 
 def bodies(requests: list[dict[str, Any]], method: str, path: str) -> list[Any]:
     return [r["body"] for r in requests if (r["method"], r["path"]) == (method, path)]
-
-
-def pids_in(vm: d.VM) -> int:
-    assert isinstance(vm, FirecrackerVM) and vm.process is not None
-    return vm.process.pid
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}").exists() and "Z" not in Path(f"/proc/{pid}/stat").read_text()[:64]
-
-
-def in_cgroup(pid: int, name: str) -> bool:
-    return any(
-        line.endswith(f"/{name}") for line in Path(f"/proc/{pid}/cgroup").read_text().split()
-    )
-
-
-def snapshot_target(tmp_path: Path, name: str) -> d.SnapshotTarget:
-    return d.SnapshotTarget(directory=tmp_path / name, memory_dir=tmp_path / "mem")
-
-
-def restore_target(tmp_path: Path, name: str, netns: str) -> d.RestoreSpec:
-    workdir = tmp_path / name
-    workdir.mkdir()
-    return d.RestoreSpec(
-        workdir=workdir, net=d.NetAttachment(netns=netns, tap="tap0", mac="02:fc:00:00:00:01")
-    )
-
-
-def page(path: Path, n: int) -> bytes:
-    with path.open("rb") as f:
-        f.seek(n * PAGE)
-        return f.read(PAGE)
 
 
 async def test_driver_satisfies_the_shared_interface(driver: FirecrackerDriver) -> None:
@@ -161,7 +56,7 @@ async def test_boot_configures_every_device_and_confines_the_process(
     try:
         assert isinstance(vm, d.VM)
         assert vm.state is d.VMState.RUNNING
-        pid = pids_in(vm)
+        pid = pid_of(vm)
         assert in_cgroup(pid, vm.id)
         net_ns = os.readlink(f"/proc/{pid}/ns/net")
         ns_inode = os.stat(f"/run/netns/{netns}").st_ino
@@ -290,7 +185,7 @@ async def test_restore_many_clones_and_cleans_up(
 
     targets = [restore_target(tmp_path, f"c{i}", netns) for i in range(3)]
     clones = await driver.restore_many(snap, targets)
-    pids = [pids_in(c) for c in clones]
+    pids = [pid_of(c) for c in clones]
     try:
         assert len(set(pids)) == 3 and all(alive(p) for p in pids)
         assert len({c.id for c in clones}) == 3
@@ -329,10 +224,10 @@ async def test_restore_many_is_all_or_nothing(
     snap = await source.snapshot(snapshot_target(tmp_path, "snap"), keep_running=False)
     good = restore_target(tmp_path, "good", netns)
     bad = d.RestoreSpec(workdir=tmp_path / "missing", net=good.net)
-    before = _children()
+    before = children()
     with pytest.raises(d.RestoreError):
         await driver.restore_many(snap, [good, bad])
-    assert _children() <= before
+    assert children() <= before
     assert list(good.workdir.iterdir()) == []
 
 
@@ -456,17 +351,3 @@ def test_every_recorded_body_is_swagger_valid(swagger: Swagger) -> None:
     for method, path in used:
         found = swagger.operation(method, path)
         assert found is not None and found[0].body_definition, (method, path)
-
-
-def _children() -> set[int]:
-    """Live child processes of this test process."""
-    out = set()
-    for entry in os.scandir("/proc"):
-        if entry.name.isdigit():
-            try:
-                status = Path(entry.path, "status").read_text()
-            except OSError:
-                continue
-            if f"PPid:\t{os.getpid()}\n" in status and "State:\tZ" not in status:
-                out.add(int(entry.name))
-    return out

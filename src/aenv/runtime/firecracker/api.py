@@ -8,6 +8,7 @@ Owns the wire protocol only: which method and path each operation uses, the type
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
@@ -25,6 +26,7 @@ _R = TypeVar("_R", bound=m.Response)
 # whole guest memory: those get a long timeout of their own.
 DEFAULT_TIMEOUT_S = 10.0
 SNAPSHOT_TIMEOUT_S = 300.0
+_SUN_PATH_MAX = 108  # sizeof(sockaddr_un.sun_path), including the terminating NUL
 
 
 class FirecrackerError(RuntimeError):
@@ -51,9 +53,16 @@ class FirecrackerApi:
 
     def __init__(self, socket_path: Path, *, timeout: float = DEFAULT_TIMEOUT_S) -> None:
         self.socket_path = socket_path
+        self._dir_fd: int | None = None
+        uds = str(socket_path)
+        if len(os.fsencode(uds)) >= _SUN_PATH_MAX:
+            # A unix socket address holds 107 bytes; workdirs can be deeper. Connecting through
+            # an open handle on the directory keeps the address short.
+            self._dir_fd = os.open(socket_path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+            uds = f"/proc/self/fd/{self._dir_fd}/{socket_path.name}"
         # The host part is ignored on a unix socket; Firecracker routes on the path only.
         self._http = httpx.AsyncClient(
-            transport=httpx.AsyncHTTPTransport(uds=str(socket_path)),
+            transport=httpx.AsyncHTTPTransport(uds=uds),
             base_url="http://localhost",
             timeout=timeout,
             headers={"Accept": "application/json"},
@@ -72,6 +81,9 @@ class FirecrackerApi:
 
     async def aclose(self) -> None:
         await self._http.aclose()
+        if self._dir_fd is not None:
+            os.close(self._dir_fd)
+            self._dir_fd = None
 
     # --- transport -------------------------------------------------------------------------------
 

@@ -1,0 +1,74 @@
+"""Stands in for Firecracker's `jailer` in tests (no jailer binary is installable here).
+
+It parses the jailer's command line, checks what the real jailer checks about it, and does the
+part of the jailer's work that decides which paths Firecracker sees: it copies the exec file to
+`<chroot_base>/<exec name>/<id>/root/<exec name>` and execs that copy from the chroot directory,
+so every relative path Firecracker is given resolves inside the jail. It does not chroot (the
+Python stand-in for Firecracker needs the host's interpreter), so the one absolute path, the API
+socket, is made relative to the chroot directory it runs in. The parsed arguments go to
+`<chroot_base>/<exec name>/<id>/jailer-args.json` for the test to inspect; uid/gid, cgroups,
+rlimits and the netns are recorded, not applied.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+from pathlib import Path
+
+
+def main() -> None:
+    head, sep, firecracker_args = _split(sys.argv[1:])
+    if not sep:
+        sys.exit("fake jailer: firecracker arguments must follow '--'")
+    parser = argparse.ArgumentParser(prog="jailer")
+    parser.add_argument("--id", required=True)
+    parser.add_argument("--exec-file", required=True)
+    parser.add_argument("--uid", type=int, required=True)
+    parser.add_argument("--gid", type=int, required=True)
+    parser.add_argument("--chroot-base-dir", default="/srv/jailer")
+    parser.add_argument("--cgroup-version", choices=["1", "2"], default="1")
+    parser.add_argument("--parent-cgroup")
+    parser.add_argument("--cgroup", action="append", default=[])
+    parser.add_argument("--resource-limit", action="append", default=[])
+    parser.add_argument("--netns")
+    parser.add_argument("--daemonize", action="store_true")
+    parser.add_argument("--new-pid-ns", action="store_true")
+    args = parser.parse_args(head)
+    if len(args.id) > 64 or not all(c.isalnum() or c == "-" for c in args.id):
+        sys.exit(f"jailer: invalid id {args.id!r}")
+    for item in args.cgroup + args.resource_limit:
+        if "=" not in item:
+            sys.exit(f"jailer: expected key=value, got {item!r}")
+    if args.netns and not Path(args.netns).exists():
+        sys.exit(f"jailer: netns {args.netns} does not exist")
+
+    exec_file = Path(args.exec_file)
+    instance = Path(args.chroot_base_dir) / exec_file.name / args.id
+    root = instance / "root"
+    root.mkdir(parents=True, exist_ok=True)
+    jailed = root / exec_file.name
+    shutil.copy2(exec_file, jailed)
+    (instance / "jailer-args.json").write_text(
+        json.dumps({**vars(args), "firecracker_args": firecracker_args})
+    )
+    rebased = []
+    for i, arg in enumerate(firecracker_args):
+        previous = firecracker_args[i - 1] if i else ""
+        rebased.append(arg.lstrip("/") if previous == "--api-sock" else arg)
+    os.chdir(root)
+    os.execv(jailed, [str(jailed), "--id", args.id, *rebased])
+
+
+def _split(argv: list[str]) -> tuple[list[str], bool, list[str]]:
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], True, argv[i + 1 :]
+    return argv, False, []
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,187 @@
+"""The jailer option: command line, chroot layout, hard links, cgroup bookkeeping, and the driver's
+whole lifecycle through `fake_jailer.py` (which lays out and enters the jail the way the jailer
+does, without chroot) in front of the `fc_peer.py` Firecracker stand-in."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from fc_support import page, restore_target, snapshot_target
+
+from aenv.runtime import driver as d
+from aenv.runtime.firecracker import FirecrackerDriver
+from aenv.runtime.firecracker.jailer import Jail, JailerConfig, JailError, cgroup_settings
+
+HERE = Path(__file__).resolve().parent
+UID, GID = 12345, 23456
+
+
+def config(tmp_path: Path, **kw: object) -> JailerConfig:
+    return JailerConfig(
+        binary=Path("/usr/bin/jailer"),
+        uid=UID,
+        gid=GID,
+        chroot_base_dir=tmp_path / "jails",
+        **kw,  # type: ignore[arg-type]
+    )
+
+
+def test_argv_carries_identity_cgroups_limits_netns_and_firecracker_args(tmp_path: Path) -> None:
+    jail = Jail(
+        config(tmp_path, cgroup_version=1, parent_cgroup="aenv", resource_limits={"no-file": 4096}),
+        "fc-0123",
+        Path("/opt/fc/firecracker"),
+    )
+    limits = cgroup_settings(1, memory_bytes=320 << 20, pids=18, cpu_cores=1.5)
+    argv = jail.argv(netns="sbx1", cgroups=limits, firecracker_args=["--level", "Warning"])
+    assert argv == [
+        "/usr/bin/jailer",
+        "--id", "fc-0123",
+        "--exec-file", "/opt/fc/firecracker",
+        "--uid", str(UID),
+        "--gid", str(GID),
+        "--chroot-base-dir", str(tmp_path / "jails"),
+        "--cgroup-version", "1",
+        "--parent-cgroup", "aenv",
+        "--cgroup", f"memory.limit_in_bytes={320 << 20}",
+        "--cgroup", "pids.max=18",
+        "--cgroup", "cpu.cfs_period_us=100000",
+        "--cgroup", "cpu.cfs_quota_us=150000",
+        "--resource-limit", "no-file=4096",
+        "--netns", "/run/netns/sbx1",
+        "--", "--api-sock", "/api.sock", "--level", "Warning",
+    ]  # fmt: skip
+    assert jail.root == tmp_path / "jails" / "firecracker" / "fc-0123" / "root"
+    assert jail.socket_path == jail.root / "api.sock"
+
+
+def test_cgroup_settings_per_hierarchy_version() -> None:
+    assert cgroup_settings(2, memory_bytes=1 << 30, pids=20, cpu_cores=2) == {
+        "memory.max": str(1 << 30),
+        "pids.max": "20",
+        "cpu.max": "200000 100000",
+    }
+    assert cgroup_settings(1, memory_bytes=None, pids=None, cpu_cores=None) == {}
+
+
+def test_jail_ids_follow_the_jailers_rule(tmp_path: Path) -> None:
+    for bad in ("", "a" * 65, "fc_1", "../x", "fc 1"):
+        with pytest.raises(JailError):
+            Jail(config(tmp_path), bad, Path("/x/firecracker"))
+
+
+def test_link_in_hard_links_and_hands_files_to_the_jail_user(tmp_path: Path) -> None:
+    jail = Jail(config(tmp_path), "fc-1", Path("/x/firecracker"))
+    jail.create()
+    with pytest.raises(JailError, match="already exists"):
+        jail.create()
+    disk = tmp_path / "upper.img"
+    disk.write_bytes(b"layer")
+    assert jail.link_in(disk, "drives/upper") == "drives/upper"
+    inside = jail.root / "drives" / "upper"
+    assert inside.stat().st_ino == disk.stat().st_ino  # same file: guest writes land in the layer
+    assert (inside.stat().st_uid, inside.stat().st_gid) == (UID, GID)
+
+    written = jail.host_path("/out/state")
+    written.parent.mkdir()
+    written.write_bytes(b"state")
+    assert jail.take_out("out/state", tmp_path / "state").read_bytes() == b"state"
+    assert not written.exists()
+
+
+def test_link_in_refuses_to_copy_big_files_across_filesystems(tmp_path: Path) -> None:
+    shm = Path("/dev/shm")
+    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+        pytest.skip("needs /dev/shm on another filesystem than the temp dir")
+    jail = Jail(config(tmp_path), "fc-2", Path("/x/firecracker"))
+    jail.create()
+    memory = shm / f"aenv-fc-test-{os.getpid()}.mem"
+    memory.write_bytes(b"m")
+    try:
+        with pytest.raises(JailError, match="same filesystem"):
+            jail.link_in(memory, "restore/memory.bin")
+        assert jail.link_in(memory, "boot/vmlinux", copy_if_needed=True) == "boot/vmlinux"
+        assert (jail.root / "boot" / "vmlinux").read_bytes() == b"m"
+    finally:
+        memory.unlink()
+
+
+MOUNTS = """\
+sysfs /sys sysfs rw 0 0
+cgroup /sys/fs/cgroup/cpu cgroup rw,relatime,cpu 0 0
+cgroup /sys/fs/cgroup/cpuacct cgroup rw,relatime,cpuacct 0 0
+cgroup /sys/fs/cgroup/memory cgroup rw,relatime,memory 0 0
+cgroup /sys/fs/cgroup/pids cgroup rw,relatime,pids 0 0
+cgroup2 /sys/fs/cgroup/unified cgroup2 rw,relatime 0 0
+"""
+
+
+def test_cgroup_dirs_are_found_like_the_jailer_finds_them(tmp_path: Path) -> None:
+    v1 = Jail(config(tmp_path, cgroup_version=1), "fc-3", Path("/x/firecracker"))
+    settings = cgroup_settings(1, memory_bytes=1, pids=1, cpu_cores=1)
+    assert v1.cgroup_dirs(settings, MOUNTS) == [
+        Path("/sys/fs/cgroup/cpu/firecracker/fc-3"),
+        Path("/sys/fs/cgroup/memory/firecracker/fc-3"),
+        Path("/sys/fs/cgroup/pids/firecracker/fc-3"),
+    ]
+    v2 = Jail(config(tmp_path, parent_cgroup="aenv"), "fc-3", Path("/x/firecracker"))
+    assert v2.cgroup_dirs({"memory.max": "1"}, MOUNTS) == [Path("/sys/fs/cgroup/unified/aenv/fc-3")]
+    assert v2.cgroup_dirs({}, MOUNTS) == []  # v2 without --cgroup: the jailer makes no group
+
+
+@pytest.fixture
+def jailed_driver(
+    driver: FirecrackerDriver, tmp_path: Path, tmp_path_factory: pytest.TempPathFactory
+) -> FirecrackerDriver:
+    jailer = tmp_path_factory.mktemp("jailer-bin") / "jailer"
+    jailer.write_text(f'#!/bin/sh\nexec {sys.executable} {HERE / "fake_jailer.py"} "$@"\n')
+    jailer.chmod(0o755)
+    jail_config = JailerConfig(
+        binary=jailer, uid=UID, gid=GID, chroot_base_dir=tmp_path / "jails", cgroup_version=1
+    )
+    return FirecrackerDriver(replace(driver.config, jailer=jail_config))
+
+
+async def test_driver_lifecycle_inside_the_jail(
+    jailed_driver: FirecrackerDriver, spec: d.VMSpec, tmp_path: Path, netns: str
+) -> None:
+    vm = await jailed_driver.boot(spec)
+    jails = tmp_path / "jails" / "firecracker"
+    try:
+        root = jails / vm.id / "root"
+        args = json.loads((jails / vm.id / "jailer-args.json").read_text())
+        assert (args["uid"], args["gid"], args["netns"]) == (UID, GID, f"/run/netns/{netns}")
+        assert f"memory.limit_in_bytes={(spec.memory_mib + 64) << 20}" in args["cgroup"]
+        assert args["firecracker_args"][:2] == ["--api-sock", "/api.sock"]
+        # Everything Firecracker opens was hard-linked into the jail.
+        assert (root / "drives" / "upper").stat().st_ino == spec.disks[1].path.stat().st_ino
+        assert (root / "boot" / "vmlinux").read_bytes() == spec.kernel.read_bytes()
+        assert (root / "firecracker.log").stat().st_ino == (
+            spec.workdir / "firecracker.log"
+        ).stat().st_ino
+        snap = await vm.snapshot(snapshot_target(tmp_path, "snap"), keep_running=True)
+        assert vm.state is d.VMState.RUNNING
+    finally:
+        await vm.stop()
+    assert not (jails / vm.id).exists()
+    assert snap.memory_file is not None and page(snap.memory_file, 1) == b"1" * 4096
+
+    clone = await jailed_driver.restore(snap, restore_target(tmp_path, "clone", netns))
+    try:
+        clone_root = jails / clone.id / "root"
+        assert (
+            clone_root / "restore" / "memory.bin"
+        ).stat().st_ino == snap.memory_file.stat().st_ino
+        layer = tmp_path / "clone" / "layers" / "upper.img"
+        assert (clone_root / "drives" / "upper").stat().st_ino == layer.stat().st_ino
+        snap2 = await clone.snapshot(snapshot_target(tmp_path, "snap2"), keep_running=False)
+    finally:
+        await clone.stop()
+    assert not (jails / clone.id).exists()
+    assert snap2.memory_file is not None and page(snap2.memory_file, 2) == b"2" * 4096
+    assert list((tmp_path / "clone").iterdir()) == []
