@@ -26,6 +26,8 @@ from tests.network.fakeguest import FakeGuest
 
 HOST_UPLINK_IP = "10.250.0.1"
 INET_IP = "10.250.0.2"
+# A second "internet" destination, for policies that tell destinations apart.
+INET_OTHER_IP = "10.251.0.1"
 
 
 def _ip(*args: str) -> None:
@@ -66,6 +68,7 @@ def world() -> Iterator[World]:
         _ip("-n", w.host, "link", "add", "uplink", "type", "veth", "peer", "eth0", "netns", w.inet)
         _ip("-n", w.host, "addr", "add", f"{HOST_UPLINK_IP}/30", "dev", "uplink")
         _ip("-n", w.inet, "addr", "add", f"{INET_IP}/30", "dev", "eth0")
+        _ip("-n", w.inet, "addr", "add", f"{INET_OTHER_IP}/32", "dev", "lo")
         _ip("-n", w.host, "link", "set", "uplink", "up")
         _ip("-n", w.inet, "link", "set", "eth0", "up")
         _ip("-n", w.host, "route", "add", "default", "via", INET_IP)

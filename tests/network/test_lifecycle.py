@@ -11,7 +11,7 @@ from ipaddress import IPv4Network
 
 import pytest
 
-from aenv.network import NftError, SlotManager, SlotPool, SlotsExhausted, netns, rules
+from aenv.network import EgressPolicy, NftError, SlotManager, SlotPool, SlotsExhausted, netns, rules
 from tests.network.conftest import World
 
 MakePool = Callable[..., Awaitable[SlotPool]]
@@ -73,8 +73,8 @@ async def test_failed_create_leaves_nothing(
         "chain": "forward",
         "expr": [{"jump": {"target": "nope"}}],
     }
-    broken = [*good(pool.config.guest), {"add": {"rule": bad_rule}}]
-    monkeypatch.setattr(rules, "slot_table", lambda guest: broken)
+    broken = [*good(pool.config.guest, EgressPolicy()), {"add": {"rule": bad_rule}}]
+    monkeypatch.setattr(rules, "slot_table", lambda guest, policy: broken)
     with pytest.raises(NftError):
         await pool.acquire()
     assert world.leftovers() == []

@@ -10,6 +10,7 @@ Use from the orchestrator::
     # run the VMM inside slot.netns on tap slot.guest.tap with MAC slot.guest.mac;
     # envd is at http://{slot.address}:49983, any guest port at slot.address:<port>
     await pool.set_egress(slot, False)        # at any time
+    await pool.set_policy(slot, EgressPolicy.parse(allow=["1.1.1.1"], deny=["0.0.0.0/0"]))
     await pool.release(slot)                  # after the VMM has exited
     await pool.close()                        # at shutdown
 """
@@ -18,10 +19,12 @@ from aenv.network.addressing import SlotsExhausted
 from aenv.network.config import NetworkConfig
 from aenv.network.manager import SlotManager
 from aenv.network.nft import NftError
+from aenv.network.policy import EgressPolicy
 from aenv.network.pool import SlotPool, SlotProvider
 from aenv.network.slot import GuestNetwork, Slot
 
 __all__ = [
+    "EgressPolicy",
     "GuestNetwork",
     "NetworkConfig",
     "NftError",

@@ -14,7 +14,9 @@ immediate "administratively prohibited" rather than a hang, and packets of conne
 open are refused too). Host-initiated flows never use the default route (replies go to the host's
 end of the veth, on the connected /30), so the envd/proxy path works either way. A route is used
 rather than an nft verdict because an nft batch that replaces rules waits for an RCU grace period
-(~15 ms here, when nft closes its socket); replacing a route is one netlink message.
+(~15 ms here, when nft closes its socket); replacing a route is one netlink message. The finer
+`EgressPolicy` (allow/deny by destination) lives in the slot's nft sets and applies while egress
+is on.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from pyroute2.netlink.rtnl.ndmsg import NUD_PERMANENT
 from aenv.network import netns, nft, rules
 from aenv.network.addressing import SLOT_PREFIXLEN, AddressPlan
 from aenv.network.config import NetworkConfig
+from aenv.network.policy import EgressPolicy
 from aenv.network.slot import Slot
 
 log = logging.getLogger(__name__)
@@ -72,6 +75,9 @@ class SlotManager:
         self.config = config
         self._plan = AddressPlan(config.slot_network)
         self._slots: dict[int, Slot] = {}
+        self._policies: dict[int, EgressPolicy] = {}
+        # Per slot: changes to one slot's egress apply in the order they were asked for.
+        self._locks: dict[int, asyncio.Lock] = {}
         self._orphans: set[asyncio.Future[None]] = set()
         self._name_re = re.compile(rf"{re.escape(config.prefix)}-(0|[1-9][0-9]*)")
 
@@ -105,7 +111,9 @@ class SlotManager:
         )
         return sorted(swept)
 
-    async def create(self, *, egress: bool | None = None) -> Slot:
+    async def create(
+        self, *, egress: bool | None = None, policy: EgressPolicy | None = None
+    ) -> Slot:
         index = self._plan.allocate()
         slot = Slot(
             index=index,
@@ -116,8 +124,9 @@ class SlotManager:
             guest=self.config.guest,
         )
         verdict = self.config.egress if egress is None else egress
+        initial = EgressPolicy() if policy is None else policy
         work = asyncio.ensure_future(
-            netns.run_in(self.config.host_netns, lambda: self._build(slot, verdict))
+            netns.run_in(self.config.host_netns, lambda: self._build(slot, verdict, initial))
         )
         try:
             await asyncio.shield(work)
@@ -131,6 +140,8 @@ class SlotManager:
             self._plan.free(slot.index)
             raise
         self._slots[index] = slot
+        self._policies[index] = initial
+        self._locks[index] = asyncio.Lock()
         return slot
 
     async def _reclaim(self, slot: Slot, work: asyncio.Future[None]) -> None:
@@ -139,7 +150,7 @@ class SlotManager:
         await asyncio.to_thread(netns.remove, slot.netns)
         self._plan.free(slot.index)
 
-    def _build(self, slot: Slot, egress: bool) -> None:
+    def _build(self, slot: Slot, egress: bool, policy: EgressPolicy) -> None:
         guest = slot.guest
         with IPRoute() as host:
             # Outside the try: if the name is taken, it is not ours to remove.
@@ -185,7 +196,7 @@ class SlotManager:
                     ns.addr("add", index=inner, address=str(slot.address), prefixlen=SLOT_PREFIXLEN)
                     ns.link("set", index=inner, state="up")
                     _set_default_route(ns, slot, egress)
-                nft.apply(rules.slot_table(guest))
+                nft.apply(rules.slot_table(guest, policy))
             except BaseException:
                 netns.remove(slot.netns)
                 raise
@@ -193,22 +204,35 @@ class SlotManager:
     async def destroy(self, slot: Slot) -> None:
         """Remove the slot. The VMM that ran in it must have exited: a process still inside keeps
         the namespace (unnamed, and cut off once its index is reused) alive until it exits."""
-        if self._slots.get(slot.index) != slot:
-            raise ValueError(f"slot {slot.netns} is not live")
+        self._check_live(slot)
         # Dropping a name enters no namespace, so a pooled thread is fine here.
         await asyncio.to_thread(netns.remove, slot.netns)
         del self._slots[slot.index]
+        del self._policies[slot.index]
+        del self._locks[slot.index]
         self._plan.free(slot.index)
 
-    async def set_egress(self, slot: Slot, enabled: bool) -> None:
+    def _check_live(self, slot: Slot) -> None:
         if self._slots.get(slot.index) != slot:
             raise ValueError(f"slot {slot.netns} is not live")
+
+    async def set_egress(self, slot: Slot, enabled: bool) -> None:
+        self._check_live(slot)
 
         def switch() -> None:
             with IPRoute() as ns:
                 _set_default_route(ns, slot, enabled)
 
-        await netns.run_in(slot.netns, switch)
+        async with self._locks[slot.index]:
+            await netns.run_in(slot.netns, switch)
+
+    async def set_policy(self, slot: Slot, policy: EgressPolicy) -> None:
+        self._check_live(slot)
+        async with self._locks[slot.index]:
+            old = self._policies[slot.index]
+            if policy != old:
+                await netns.run_in(slot.netns, lambda: nft.apply(rules.set_policy(old, policy)))
+                self._policies[slot.index] = policy
 
     async def close(self) -> None:
         """Destroy every live slot and remove the host table."""

@@ -18,6 +18,7 @@ from typing import Protocol
 from aenv.network.addressing import SlotsExhausted
 from aenv.network.config import NetworkConfig
 from aenv.network.manager import SlotManager
+from aenv.network.policy import EgressPolicy
 from aenv.network.slot import Slot
 
 log = logging.getLogger(__name__)
@@ -26,13 +27,17 @@ _MAX_BACKOFF_S = 30.0
 
 
 class SlotProvider(Protocol):
-    async def acquire(self, *, egress: bool | None = None) -> Slot:
-        """A ready slot; `egress` None means the configured default."""
+    async def acquire(
+        self, *, egress: bool | None = None, policy: EgressPolicy | None = None
+    ) -> Slot:
+        """A ready slot; `egress` None means the configured default, `policy` None no lists."""
         ...
 
     async def release(self, slot: Slot) -> None: ...
 
     async def set_egress(self, slot: Slot, enabled: bool) -> None: ...
+
+    async def set_policy(self, slot: Slot, policy: EgressPolicy) -> None: ...
 
 
 class SlotPool:
@@ -68,14 +73,19 @@ class SlotPool:
         self._idle.clear()
         self._wake.set()
 
-    async def acquire(self, *, egress: bool | None = None) -> Slot:
+    async def acquire(
+        self, *, egress: bool | None = None, policy: EgressPolicy | None = None
+    ) -> Slot:
         verdict = self.config.egress if egress is None else egress
         if not self._ready:
-            slot = await self.manager.create(egress=verdict)
+            slot = await self.manager.create(egress=verdict, policy=policy)
         else:
+            # Ready slots have the default egress and no lists; adjust only what differs.
             slot = self._ready.popleft()
             if verdict != self.config.egress:
                 await self.manager.set_egress(slot, verdict)
+            if policy is not None:
+                await self.manager.set_policy(slot, policy)
         if len(self._ready) < self.config.pool_low:
             self._kick()
         return slot
@@ -85,6 +95,9 @@ class SlotPool:
 
     async def set_egress(self, slot: Slot, enabled: bool) -> None:
         await self.manager.set_egress(slot, enabled)
+
+    async def set_policy(self, slot: Slot, policy: EgressPolicy) -> None:
+        await self.manager.set_policy(slot, policy)
 
     async def close(self) -> None:
         """Stop refilling and destroy every slot, ready or in use, and the host table."""

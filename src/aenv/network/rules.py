@@ -8,10 +8,11 @@ Two tables, both static, so no slot ever needs a rule handle or a per-slot host 
   slot traffic leaving the host is masqueraded.
 - The slot table (`inet aenv` in each slot namespace, the same in every slot) DNATs everything
   the host sends to the slot address onto the guest, masquerades the guest's egress to the slot
-  address (every guest has the same IP, so the host could not route replies otherwise), and
-  forwards only the guest's own address. It dies with the namespace, so teardown needs no nft call.
+  address (every guest has the same IP, so the host could not route replies otherwise), forwards
+  only the guest's own address, and applies the slot's `EgressPolicy` from two sets, `allow` and
+  `deny`. It dies with the namespace, so teardown needs no nft call.
 
-Whether a slot has egress is decided by its routing, not here (see `manager`).
+Whether a slot has egress at all is decided by its routing, not here (see `manager`).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
 from aenv.network.nft import Command
+from aenv.network.policy import EgressPolicy
 from aenv.network.slot import GuestNetwork
 
 SLOT_TABLE = "aenv"
@@ -37,23 +39,21 @@ def _ct(key: str, values: str | list[str]) -> Expr:
     return {"match": {"op": "in", "left": {"ct": {"key": key}}, "right": values}}
 
 
-def _saddr(value: IPv4Network | IPv4Address) -> Expr:
-    right: Any = (
-        {"prefix": {"addr": str(value.network_address), "len": value.prefixlen}}
-        if isinstance(value, IPv4Network)
-        else str(value)
-    )
-    return {
-        "match": {
-            "op": "==",
-            "left": {"payload": {"protocol": "ip", "field": "saddr"}},
-            "right": right,
-        }
-    }
+def _value(value: IPv4Network | IPv4Address | str) -> Any:
+    if isinstance(value, IPv4Network):
+        return {"prefix": {"addr": str(value.network_address), "len": value.prefixlen}}
+    return str(value)
+
+
+def _ip(field: str, value: IPv4Network | IPv4Address | str) -> Expr:
+    left = {"payload": {"protocol": "ip", "field": field}}
+    return {"match": {"op": "==", "left": left, "right": _value(value)}}
 
 
 _ACCEPT: Expr = {"accept": None}
 _DROP: Expr = {"drop": None}
+_REJECT: Expr = {"reject": {"type": "icmpx", "expr": "admin-prohibited"}}
+_POLICY_SETS = ("allow", "deny")
 _ESTABLISHED = _ct("state", ["established", "related"])
 
 
@@ -107,7 +107,7 @@ def host_table(table: str, ifname_prefix: str, slots: IPv4Network) -> list[Comma
         _rule(
             table,
             "postrouting",
-            _saddr(slots),
+            _ip("saddr", slots),
             _is("oifname", slot_if, op="!="),
             {"masquerade": None},
         ),
@@ -118,10 +118,15 @@ def delete_table(table: str) -> list[Command]:
     return [{"add": {"table": _table(table)}}, {"delete": {"table": _table(table)}}]
 
 
-def slot_table(guest: GuestNetwork) -> list[Command]:
+def slot_table(guest: GuestNetwork, policy: EgressPolicy) -> list[Command]:
     t, tap, up = SLOT_TABLE, guest.tap, SLOT_UPLINK
+    to_guest = (_is("iifname", up), _is("oifname", tap))
+    from_guest = (_is("iifname", tap), _is("oifname", up))
+    guests_own = (*from_guest, _ip("saddr", guest.ip.ip))
     return [
         {"add": {"table": _table(t)}},
+        *(_policy_set(name) for name in _POLICY_SETS),
+        *set_policy(EgressPolicy(), policy),
         _chain(t, "prerouting"),
         # Every new flow from the host side is for the guest, whatever its port or protocol.
         _rule(
@@ -137,9 +142,32 @@ def slot_table(guest: GuestNetwork) -> list[Command]:
         _rule(t, "input", _is("iifname", "lo"), _ACCEPT),
         _rule(t, "input", _ESTABLISHED, _ACCEPT),
         _chain(t, "forward", policy="drop"),
-        _rule(
-            t, "forward", _is("iifname", up), _is("oifname", tap), _ct("status", "dnat"), _ACCEPT
-        ),
-        _rule(t, "forward", _is("iifname", up), _is("oifname", tap), _ESTABLISHED, _ACCEPT),
-        _rule(t, "forward", _is("iifname", tap), _is("oifname", up), _saddr(guest.ip.ip), _ACCEPT),
+        # Host-initiated flows pass both ways whatever the policy.
+        _rule(t, "forward", *to_guest, _ct("status", "dnat"), _ACCEPT),
+        _rule(t, "forward", *from_guest, _ct("status", "dnat"), _ACCEPT),
+        _rule(t, "forward", *to_guest, _ESTABLISHED, _ACCEPT),
+        # The guest's own flows are judged packet by packet, not just when they start, so a new
+        # policy also applies to connections already open.
+        _rule(t, "forward", *guests_own, _ip("daddr", "@allow"), _ACCEPT),
+        # Rejected, not dropped: the guest fails at once instead of waiting for a timeout.
+        _rule(t, "forward", *guests_own, _ip("daddr", "@deny"), _REJECT),
+        _rule(t, "forward", *guests_own, _ACCEPT),
     ]
+
+
+def _policy_set(name: str) -> Command:
+    spec = {"family": "inet", "table": SLOT_TABLE, "name": name}
+    return {"add": {"set": {**spec, "type": "ipv4_addr", "flags": ["interval"]}}}
+
+
+def set_policy(old: EgressPolicy, new: EgressPolicy) -> list[Command]:
+    """Replace `old` by `new`. Sets that were empty are not flushed: a batch that deletes
+    anything waits for an RCU grace period (~15 ms here), one that only adds does not."""
+    commands: list[Command] = []
+    for name, before, after in (("allow", old.allow, new.allow), ("deny", old.deny, new.deny)):
+        spec = {"family": "inet", "table": SLOT_TABLE, "name": name}
+        if before:
+            commands.append({"flush": {"set": spec}})
+        if after:
+            commands.append({"add": {"element": {**spec, "elem": [_value(n) for n in after]}}})
+    return commands

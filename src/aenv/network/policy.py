@@ -1,0 +1,43 @@
+"""Per-slot egress policy by destination address: the CIDR part of E2B's `allow_out` /
+`deny_out`. Domain names are not addresses and are not handled here.
+
+Semantics follow E2B: with no lists everything is allowed; `deny` blocks its destinations unless
+`allow` also covers them (allow wins). The policy applies only while the slot's egress is on, and
+never opens the host: the host-side rules drop slot traffic to the host whatever the policy says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+from ipaddress import IPv4Network, collapse_addresses, ip_network
+
+
+def _normalise(networks: Iterable[IPv4Network]) -> tuple[IPv4Network, ...]:
+    # nft interval sets reject overlapping elements, so merge them here.
+    return tuple(collapse_addresses(networks))
+
+
+@dataclass(frozen=True)
+class EgressPolicy:
+    allow: tuple[IPv4Network, ...] = ()
+    deny: tuple[IPv4Network, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "allow", _normalise(self.allow))
+        object.__setattr__(self, "deny", _normalise(self.deny))
+
+    @classmethod
+    def parse(cls, allow: Iterable[str] = (), deny: Iterable[str] = ()) -> EgressPolicy:
+        """From strings such as `1.1.1.1` or `8.8.8.0/24`; anything else is a ValueError."""
+
+        def networks(values: Iterable[str]) -> list[IPv4Network]:
+            out = []
+            for value in values:
+                network = ip_network(value, strict=False)
+                if not isinstance(network, IPv4Network):
+                    raise ValueError(f"{value!r}: only IPv4 destinations are supported")
+                out.append(network)
+            return out
+
+        return cls(tuple(networks(allow)), tuple(networks(deny)))
