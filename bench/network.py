@@ -4,6 +4,8 @@
 - warm: `acquire()` from a filled pool (the baseline the cold figure is compared with);
 - warm with the non-default egress verdict (one nft batch inside the slot);
 - `set_egress` on a live slot;
+- `set_policy` on a live slot: the first policy (the slot's sets only grow) and a change (the
+  sets are flushed first);
 - release (what the caller waits for) and the time until the kernel has removed the released
   slots' host interfaces (it does that in the background, in batches);
 - refilling the pool in the background: total and per slot.
@@ -23,13 +25,14 @@ import subprocess
 import sys
 import time
 from collections.abc import Awaitable, Callable
+from functools import partial
 from ipaddress import IPv4Network
 from pathlib import Path
 from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from aenv.network import NetworkConfig, Slot, SlotPool, netns
+from aenv.network import EgressPolicy, NetworkConfig, Slot, SlotPool, netns
 
 T = TypeVar("T")
 
@@ -70,12 +73,21 @@ async def bench(host: str, prefix: str, runs: int) -> dict[str, object]:
         slots.append(slot)
     toggles: list[float] = []
     for i, slot in enumerate(slots):
-        _, took = await timed(lambda s=slot, on=bool(i % 2): cold_pool.set_egress(s, on))
+        _, took = await timed(partial(cold_pool.set_egress, slot, bool(i % 2)))
         toggles.append(took)
+    first_policy: list[float] = []
+    policy_change: list[float] = []
+    deny_all = EgressPolicy.parse(deny=["0.0.0.0/0"])
+    allow_one = EgressPolicy.parse(allow=["1.1.1.1"], deny=["0.0.0.0/0"])
+    for slot in slots:
+        _, took = await timed(partial(cold_pool.set_policy, slot, deny_all))
+        first_policy.append(took)
+        _, took = await timed(partial(cold_pool.set_policy, slot, allow_one))
+        policy_change.append(took)
     releases: list[float] = []
     start = time.perf_counter()
     for slot in slots:
-        _, took = await timed(lambda s=slot: cold_pool.release(s))
+        _, took = await timed(partial(cold_pool.release, slot))
         releases.append(took)
     while host_slot_links(host, prefix):
         await asyncio.sleep(0.002)
@@ -93,7 +105,7 @@ async def bench(host: str, prefix: str, runs: int) -> dict[str, object]:
     for _ in range(runs):
         _, took = await timed(warm_pool.acquire)
         warm.append(took)
-        _, took = await timed(lambda: warm_pool.acquire(egress=not base.egress))
+        _, took = await timed(partial(warm_pool.acquire, egress=not base.egress))
         warm_other_egress.append(took)
     await warm_pool.close()
 
@@ -104,6 +116,8 @@ async def bench(host: str, prefix: str, runs: int) -> dict[str, object]:
         "setup_warm_other_egress_ms": summary_ms(warm_other_egress),
         "cold_over_warm_median": round(statistics.median(cold) / statistics.median(warm), 1),
         "set_egress_ms": summary_ms(toggles),
+        "set_policy_first_ms": summary_ms(first_policy),
+        "set_policy_change_ms": summary_ms(policy_change),
         "release_ms": summary_ms(releases),
         "release_all_until_host_interfaces_gone_ms": round(drained * 1000, 3),
         "pool_fill_ms": {
