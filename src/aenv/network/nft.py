@@ -4,7 +4,7 @@ The process runs in the calling thread's network namespace (a child inherits the
 thread that forks it), so callers pick the namespace with `netns.run_in`. The JSON CLI is used
 rather than libnftables' Python binding because that binding is packaged for Debian's Python, not
 for the project's virtualenv. A batch costs one short process (a few ms), paid when a slot is
-created or its egress is switched, never on acquire or teardown.
+created or its egress policy changes, never on acquire, egress on/off or teardown.
 """
 
 from __future__ import annotations
