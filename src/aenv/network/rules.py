@@ -13,6 +13,10 @@ Two tables, both static, so no slot ever needs a rule handle or a per-slot host 
   `deny`. It dies with the namespace, so teardown needs no nft call.
 
 Whether a slot has egress at all is decided by its routing, not here (see `manager`).
+
+An accept here does not override a drop in another table: on a host whose own firewall drops
+forwarded packets (Docker sets the iptables FORWARD policy to DROP), slot egress needs an accept
+for `<prefix>-*` interfaces there too. We never edit tables we do not own.
 """
 
 from __future__ import annotations
