@@ -143,6 +143,8 @@ class QemuDriver:
 
     async def restore(self, snapshot: Snapshot, target: RestoreSpec) -> VM:
         await self._check(snapshot)
+        if not await asyncio.to_thread(target.workdir.is_dir):
+            raise RestoreError(f"workdir {target.workdir} does not exist")
         vm_id = secrets.token_hex(8)
         disks: list[Disk] = []
         created: list[Path] = []

@@ -19,6 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from aenv.runtime.cgroups import CgroupManager
 from aenv.runtime.qemu import Accel, QemuConfig, QemuDriver
 
 KVM_DEVICE = Path("/dev/kvm")
@@ -103,7 +104,7 @@ async def select_backend(
     return Selection(Backend.QEMU_TCG, why)
 
 
-def qemu_driver(selection: Selection, **kwargs: object) -> QemuDriver:
+def qemu_driver(selection: Selection, cgroups: CgroupManager | None = None) -> QemuDriver:
     """The QEMU driver for a qemu selection (the firecracker driver is built by its package)."""
     accel: Accel
     if selection.backend is Backend.QEMU_KVM:
@@ -112,4 +113,4 @@ def qemu_driver(selection: Selection, **kwargs: object) -> QemuDriver:
         accel = "tcg"
     else:
         raise ValueError(f"{selection.backend} is not a qemu backend")
-    return QemuDriver(QemuConfig(accel=accel), **kwargs)  # type: ignore[arg-type]
+    return QemuDriver(QemuConfig(accel=accel), cgroups=cgroups)

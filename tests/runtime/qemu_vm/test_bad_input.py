@@ -106,3 +106,14 @@ async def test_snapshot_manifest_round_trip(template: Template, tmp_path: Path) 
     assert Snapshot.load_manifest(template.snapshot.state_file.parent) == template.snapshot
     with pytest.raises(RestoreError, match="manifest"):
         Snapshot.load_manifest(tmp_path)
+
+
+async def test_restore_many_is_all_or_nothing(
+    driver: QemuDriver, template: Template, places: Places, nets: NetnsPool, no_leaks: None
+) -> None:
+    good = [RestoreSpec(workdir=places.vm_dir(), net=nets.create()) for _ in range(2)]
+    bad = RestoreSpec(workdir=places.work / "does-not-exist", net=nets.create())
+    with pytest.raises(RestoreError, match="does not exist"):
+        await driver.restore_many(template.snapshot, [*good, bad])
+    for spec in good:
+        assert leftover_files(spec.workdir) == []

@@ -1,0 +1,70 @@
+"""cgroup v1 and v2 managers against fake hierarchies, and v1 for real where the host has it."""
+
+from __future__ import annotations
+
+import secrets
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from aenv.runtime.cgroups import CgroupLimits, CgroupV1, CgroupV2, detect
+
+LIMITS = CgroupLimits(memory_bytes=512 << 20, pids=32, cpu_cores=1.5)
+
+
+def fake_v1(root: Path) -> str:
+    for controller in ("memory", "pids", "cpu"):
+        (root / controller).mkdir(parents=True)
+    return "4:memory:/outer/me\n8:pids:/\n1:cpu,cpuacct:/\n0::/\n"
+
+
+def test_v1_nests_memory_under_our_own_group(tmp_path: Path) -> None:
+    manager = CgroupV1("aenv", tmp_path, proc_cgroup=fake_v1(tmp_path))
+    group = manager.create("vm1", LIMITS)
+    mem = tmp_path / "memory" / "outer" / "me" / "aenv" / "vm1"
+    assert (mem / "memory.limit_in_bytes").read_text() == str(512 << 20)
+    assert (tmp_path / "pids" / "aenv" / "vm1" / "pids.max").read_text() == "32"
+    assert (tmp_path / "cpu" / "aenv" / "vm1" / "cpu.cfs_quota_us").read_text() == "150000"
+    group.add(1234)
+    assert (mem / "cgroup.procs").read_text() == "1234"
+    assert manager.names() == ["vm1"]
+
+
+def test_v2_single_directory(tmp_path: Path) -> None:
+    own = tmp_path / "system.slice" / "aenv.service"
+    own.mkdir(parents=True)
+    (own / "cgroup.controllers").write_text("cpu memory pids hugetlb\n")
+
+    # A real cgroupfs populates new directories; the fake needs the parent's controller list.
+    parent = own / "aenv"
+    parent.mkdir()
+    (parent / "cgroup.controllers").write_text("cpu memory pids\n")
+    manager = CgroupV2("aenv", tmp_path, proc_cgroup="0::/system.slice/aenv.service\n")
+    group = manager.create("vm1", LIMITS)
+    d = parent / "vm1"
+    assert (d / "memory.max").read_text() == str(512 << 20)
+    assert (d / "pids.max").read_text() == "32"
+    assert (d / "cpu.max").read_text() == "150000 100000"
+    group.add(99)
+    assert (d / "cgroup.procs").read_text() == "99"
+
+
+def test_real_hierarchy_limits_and_cleanup() -> None:
+    if not Path("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists():
+        pytest.skip("no cgroup v1 memory hierarchy on this host")
+    manager = detect(f"aenv-test-{secrets.token_hex(3)}")
+    group = manager.create("probe", CgroupLimits(64 << 20, 8, 0.5))
+    try:
+        proc = subprocess.Popen(["sleep", "30"])
+        try:
+            group.add(proc.pid)
+            cgroup = Path(f"/proc/{proc.pid}/cgroup").read_text()
+            assert f"/{group.name}" in cgroup
+        finally:
+            proc.kill()
+            proc.wait()
+    finally:
+        group.remove()
+        manager.remove_parent()
+    assert manager.names() == []

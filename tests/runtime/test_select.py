@@ -1,0 +1,40 @@
+"""Backend selection: forced choices, and the real KVM probe on this host."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+from aenv.guest.initramfs import build_initramfs
+from aenv.guest.kernel import fetch_kernel
+from aenv.runtime.select import Backend, Selection, kvm_boots_guests, qemu_driver, select_backend
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+async def test_forced_backend(tmp_path: Path) -> None:
+    chosen = await select_backend("qemu-tcg", kernel=tmp_path / "k", initrd=tmp_path / "i")
+    assert chosen == Selection(Backend.QEMU_TCG, "forced by configuration")
+    assert qemu_driver(chosen).config.accel == "tcg"
+    with pytest.raises(ValueError):
+        qemu_driver(Selection(Backend.FIRECRACKER, "x"))
+
+
+async def test_probe_without_device(tmp_path: Path) -> None:
+    ok, reason = await kvm_boots_guests(tmp_path / "k", tmp_path / "i", device=tmp_path / "kvm")
+    assert not ok and "cannot open" in reason
+
+
+@pytest.mark.slow
+async def test_probe_boots_the_real_kernel() -> None:
+    if not Path("/dev/kvm").exists():
+        pytest.skip("no /dev/kvm")
+    os.environ.setdefault("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache"))
+    kernel = await fetch_kernel()
+    ok, reason = await kvm_boots_guests(kernel.bzimage, await build_initramfs(kernel), limit_s=10)
+    if Path("/sys/module/kvm_pvm").exists() and not Path("/sys/module/kvm_intel").exists():
+        # PVM opens /dev/kvm and creates VMs, but an ordinary kernel never reaches init.
+        assert not ok, reason
+    assert reason
