@@ -170,6 +170,10 @@ async def test_snapshot_restore_clone_chain(
     assert page(snap2.memory_file, 1) == b"1" * PAGE
     assert page(snap2.memory_file, 2) == b"2" * PAGE
     assert not list((tmp_path / "mem").glob("*.diff"))
+    # The clone's snapshot describes the clone: its workdir, its own layer, the source's MAC.
+    assert snap2.spec.workdir == tmp_path / "clone"
+    assert snap2.spec.disks[1].path == layer and snap2.spec.disks[0] == spec.disks[0]
+    assert snap2.spec.net is not None and snap2.spec.net.mac == spec.net.mac  # type: ignore[union-attr]
     # keep_running=False hands the clone's own layer over instead of copying it.
     assert snap2.disks["upper"].read_bytes() == b"the clone diverges"
     assert not layer.exists()

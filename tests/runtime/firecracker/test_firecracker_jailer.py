@@ -82,7 +82,7 @@ def test_link_in_hard_links_and_hands_files_to_the_jail_user(tmp_path: Path) -> 
         jail.create()
     disk = tmp_path / "upper.img"
     disk.write_bytes(b"layer")
-    assert jail.link_in(disk, "drives/upper") == "drives/upper"
+    assert jail.link_in(disk, "drives/upper", writable=True) == "drives/upper"
     inside = jail.root / "drives" / "upper"
     assert inside.stat().st_ino == disk.stat().st_ino  # same file: guest writes land in the layer
     assert (inside.stat().st_uid, inside.stat().st_gid) == (UID, GID)
@@ -92,6 +92,19 @@ def test_link_in_hard_links_and_hands_files_to_the_jail_user(tmp_path: Path) -> 
     written.write_bytes(b"state")
     assert jail.take_out("out/state", tmp_path / "state").read_bytes() == b"state"
     assert not written.exists()
+
+
+def test_read_only_files_must_already_be_readable_by_the_jailed_uid(tmp_path: Path) -> None:
+    jail = Jail(config(tmp_path), "fc-4", Path("/x/firecracker"))
+    jail.create()
+    private = tmp_path / "base.ext4"
+    private.write_bytes(b"base")
+    private.chmod(0o600)
+    with pytest.raises(JailError, match="not readable by the jailed uid"):
+        jail.link_in(private, "drives/base")
+    private.chmod(0o644)
+    jail.link_in(private, "drives/base")
+    assert private.stat().st_uid == os.getuid()  # a shared file keeps its owner
 
 
 def test_link_in_refuses_to_copy_big_files_across_filesystems(tmp_path: Path) -> None:

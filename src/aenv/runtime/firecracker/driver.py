@@ -25,12 +25,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-import os
 import re
 import secrets
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
+
+import psutil
 
 from aenv.runtime import driver as d
 from aenv.runtime.cgroups import CgroupError, CgroupLimits, CgroupManager, detect
@@ -179,7 +181,9 @@ class FirecrackerDriver:
                 )
             )
             for index, disk in enumerate(spec.disks):
-                path = vm.placement.stage(disk.path, drive_name(disk.drive_id))
+                path = vm.placement.stage(
+                    disk.path, drive_name(disk.drive_id), writable=not disk.read_only
+                )
                 # Our initramfs assembles the root; without one the first disk is the root.
                 root = spec.initrd is None and index == 0
                 await api.put_drive(self._drive(disk, path, root=root))
@@ -222,14 +226,16 @@ class FirecrackerDriver:
             )
         if snapshot.memory_file is None:
             raise d.RestoreError("firecracker snapshots always have a memory file; this has none")
-        if snapshot.spec.net is not None and target.net is None:
-            raise d.RestoreError(
-                "the snapshot's VM has a NIC: the restore needs a network attachment"
+        if (snapshot.spec.net is None) != (target.net is None):
+            # The NIC is part of the device state: it cannot be added or dropped on restore.
+            raise d.IncompatibleSnapshotError(
+                "a restore needs a network attachment exactly when the snapshot's VM had one"
             )
-        for path in (snapshot.state_file, snapshot.memory_file, *snapshot.disks.values()):
+        shared = [disk.path for disk in snapshot.spec.disks if disk.read_only]
+        for path in (snapshot.state_file, snapshot.memory_file, *snapshot.disks.values(), *shared):
             if not path.is_file():
                 raise d.RestoreError(f"snapshot file missing: {path}")
-        spec = snapshot.spec
+        spec = _restored_spec(snapshot, target)
         vm_id = self._new_id()
         try:
             placement = self._placement(target.workdir, vm_id)
@@ -283,14 +289,12 @@ class FirecrackerDriver:
 
     async def _stage_restore_disks(self, vm: FirecrackerVM, snapshot: d.Snapshot) -> None:
         """Read-only drives: the shared image itself. Writable: a private copy of the sealed one."""
-        for disk in snapshot.spec.disks:
-            source = disk.path
-            if disk.drive_id in snapshot.disks:
-                (vm.workdir / "layers").mkdir(exist_ok=True)
-                source = vm.workdir / "layers" / f"{disk.drive_id}.img"
-                vm.owned_layers[disk.drive_id] = source
-                await layers.sparse_copy(snapshot.disks[disk.drive_id], source)
-            vm.placement.stage(source, drive_name(disk.drive_id))
+        for disk in vm.spec.disks:
+            if not disk.read_only:
+                disk.path.parent.mkdir(exist_ok=True)
+                vm.owned_layers.add(disk.path)
+                await layers.sparse_copy(snapshot.disks[disk.drive_id], disk.path)
+            vm.placement.stage(disk.path, drive_name(disk.drive_id), writable=not disk.read_only)
 
     async def _reapply_rate_limits(self, vm: FirecrackerVM) -> None:
         """Rate limiters come back from the snapshot; the host's current settings win."""
@@ -353,7 +357,7 @@ class FirecrackerVM:
         self.process: FirecrackerProcess | None = None
         self._released = False
         # Writable layers this driver created (restored VMs); the caller owns a booted VM's disks.
-        self.owned_layers: dict[str, Path] = {}
+        self.owned_layers: set[Path] = set()
         self._diff_base = diff_base if driver.config.track_dirty_pages else _DiffBase.NONE
         self._memory_base = memory_base
         self._lock = asyncio.Lock()
@@ -417,11 +421,7 @@ class FirecrackerVM:
         self._require_live()
         assert self.process is not None
         pid = self.process.pid
-        disks = [
-            self.owned_layers.get(disk.drive_id, disk.path)
-            for disk in self.spec.disks
-            if not disk.read_only
-        ]
+        disks = [disk.path for disk in self.spec.disks if not disk.read_only]
         return await asyncio.to_thread(_read_stats, pid, disks)
 
     # --- Firecracker extras ----------------------------------------------------------------------
@@ -522,11 +522,10 @@ class FirecrackerVM:
                 continue
             destination = directory / f"disk-{disk.drive_id}.img"
             created.append(destination)
-            owned = self.owned_layers.get(disk.drive_id)
-            if owned is not None and not keep_running:
-                await layers.seal(owned, destination)
+            if disk.path in self.owned_layers and not keep_running:
+                await layers.seal(disk.path, destination)
             else:
-                await layers.sparse_copy(owned or disk.path, destination)
+                await layers.sparse_copy(disk.path, destination)
                 destination.chmod(0o444)
             sealed[disk.drive_id] = destination
         return sealed
@@ -542,7 +541,7 @@ class FirecrackerVM:
             self._released = True
 
     def _remove_files(self) -> None:
-        for layer in self.owned_layers.values():
+        for layer in self.owned_layers:
             layer.unlink(missing_ok=True)
         self.owned_layers.clear()
         with contextlib.suppress(OSError):
@@ -578,20 +577,38 @@ def _touch(path: Path) -> Path:
     return path
 
 
+def _restored_spec(snapshot: d.Snapshot, target: d.RestoreSpec) -> d.VMSpec:
+    """The restored VM as it is placed: its workdir, limits and network location, and a private
+    writable layer (`layers/<drive_id>.img`) for each drive the snapshot sealed."""
+    disks = tuple(
+        disk
+        if disk.read_only
+        else d.Disk(disk.drive_id, target.workdir / "layers" / f"{disk.drive_id}.img")
+        for disk in snapshot.spec.disks
+    )
+    net = snapshot.spec.net
+    if net is not None and target.net is not None:
+        # The guest's NIC state holds the MAC: keep the source's, take the new location.
+        net = replace(target.net, mac=net.mac)
+    return replace(
+        snapshot.spec,
+        workdir=target.workdir,
+        memory_dir=target.memory_dir,
+        net=net,
+        limits=target.limits,
+        disks=disks,
+    )
+
+
 def _read_stats(pid: int, disks: Sequence[Path]) -> d.VMStats:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    # Fields after the parenthesised command name; utime and stime are the 12th and 13th.
-    fields = stat[stat.rindex(")") + 2 :].split()
-    cpu = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-    rss = pss = 0
-    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
-        key, _, value = line.partition(":")
-        if key == "Rss":
-            rss = int(value.split()[0]) * 1024
-        elif key == "Pss":
-            pss = int(value.split()[0]) * 1024
+    proc = psutil.Process(pid)
+    with proc.oneshot():
+        cpu = proc.cpu_times()
+        mem = proc.memory_full_info()
     disk = 0
     for path in disks:
         with contextlib.suppress(OSError):
-            disk += path.stat().st_blocks * 512
-    return d.VMStats(cpu_seconds=cpu, rss_bytes=rss, pss_bytes=pss, disk_bytes=disk)
+            disk += layers.allocated_bytes(path)
+    return d.VMStats(
+        cpu_seconds=cpu.user + cpu.system, rss_bytes=mem.rss, pss_bytes=mem.pss, disk_bytes=disk
+    )

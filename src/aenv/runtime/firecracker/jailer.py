@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -91,9 +92,18 @@ class Jail:
             raise JailError(f"jail {self.instance_dir} already exists (id reused?)")
         self.root.mkdir(parents=True)
 
-    def link_in(self, source: Path, inside: str, *, copy_if_needed: bool = False) -> str:
-        """Hard-link `source` to `inside` in the jail (owned by the jailed uid so Firecracker can
-        open it read-write). Returns `inside` as Firecracker must be told."""
+    def link_in(
+        self, source: Path, inside: str, *, writable: bool = False, copy_if_needed: bool = False
+    ) -> str:
+        """Hard-link `source` to `inside` in the jail; returns `inside` as Firecracker must be
+        told. A `writable` file is handed to the jailed uid (the link shares the inode, so this
+        owns the original: it must be this VM's own file); a read-only one must be readable by it
+        already, because shared files (base images, snapshot memory) are not ours to re-own."""
+        if not writable and not self._can_read(source):
+            raise JailError(
+                f"{source} is not readable by the jailed uid {self.config.uid}: make it "
+                "world-readable or owned by that uid/gid"
+            )
         target = self.host_path(inside)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
@@ -105,8 +115,17 @@ class Jail:
                     "base must be on the same filesystem as guest memory and disk files"
                 ) from exc
             shutil.copy2(source, target)
-        os.chown(target, self.config.uid, self.config.gid)
+        if writable:
+            os.chown(target, self.config.uid, self.config.gid)
         return inside
+
+    def _can_read(self, path: Path) -> bool:
+        st = path.stat()
+        if st.st_uid == self.config.uid:
+            return bool(st.st_mode & stat.S_IRUSR)
+        if st.st_gid == self.config.gid:
+            return bool(st.st_mode & stat.S_IRGRP)
+        return bool(st.st_mode & stat.S_IROTH)
 
     def take_out(self, inside: str, destination: Path) -> Path:
         """Move a file Firecracker wrote in the jail (snapshot state, memory) to `destination`."""

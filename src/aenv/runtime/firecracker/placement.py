@@ -34,9 +34,12 @@ class Placement(Protocol):
     @property
     def cwd(self) -> Path: ...
 
-    def stage(self, source: Path, name: str, *, may_copy: bool = False) -> str:
+    def stage(
+        self, source: Path, name: str, *, writable: bool = False, may_copy: bool = False
+    ) -> str:
         """Make `source` visible to Firecracker as `name`; returns the path to tell it.
-        `may_copy`: a small read-only file that may be copied if it cannot be linked."""
+        `writable`: Firecracker opens it read-write. `may_copy`: a small read-only file that may
+        be copied if it cannot be linked."""
         ...
 
     def output_path(self, name: str, destination: Path) -> str:
@@ -90,7 +93,9 @@ class DirectPlacement:
     def cwd(self) -> Path:
         return self.workdir
 
-    def stage(self, source: Path, name: str, *, may_copy: bool = False) -> str:
+    def stage(
+        self, source: Path, name: str, *, writable: bool = False, may_copy: bool = False
+    ) -> str:
         link = self.workdir / name
         link.parent.mkdir(parents=True, exist_ok=True)
         link.unlink(missing_ok=True)
@@ -149,8 +154,10 @@ class JailedPlacement:
     def cwd(self) -> Path:
         return self.jail.root
 
-    def stage(self, source: Path, name: str, *, may_copy: bool = False) -> str:
-        return self.jail.link_in(source, name, copy_if_needed=may_copy)
+    def stage(
+        self, source: Path, name: str, *, writable: bool = False, may_copy: bool = False
+    ) -> str:
+        return self.jail.link_in(source, name, writable=writable, copy_if_needed=may_copy)
 
     def output_path(self, name: str, destination: Path) -> str:
         self.jail.host_path(f"out/{name}").parent.mkdir(exist_ok=True)
@@ -158,7 +165,7 @@ class JailedPlacement:
         return f"out/{name}"
 
     def log_path(self, path: Path) -> str:
-        return self.jail.link_in(path, path.name)
+        return self.jail.link_in(path, path.name, writable=True)
 
     def collect(self, name: str, destination: Path) -> None:
         self.jail.take_out(f"out/{name}", destination)
