@@ -45,6 +45,7 @@ PRE_BOOT_ONLY = {
 STATE_MAGIC = "aenv-test-firecracker-state"
 PAGE = 4096
 RECORD_PATH = "/_test/requests"
+FAIL_PATH = "/_test/fail"
 
 
 @dataclass
@@ -65,6 +66,8 @@ class PeerState:
     requests: list[Recorded] = field(default_factory=list)
     # (METHOD, path) -> (status, fault message) to answer instead of handling the request.
     fail: dict[tuple[str, str], tuple[int, str]] = field(default_factory=dict)
+    # ... only when the request body equals this one.
+    fail_body: dict[tuple[str, str], Any] = field(default_factory=dict)
     loaded_from_snapshot: bool = False
     generation: int = 0
 
@@ -87,8 +90,16 @@ class Peer:
 
     async def handle(self, request: Request) -> Response:
         method, path = request.method, request.url.path
-        if path == RECORD_PATH:  # not Firecracker's: lets a test read what a process received
+        # Not Firecracker's: let a test read what a process received, or make a route fail.
+        if path == RECORD_PATH:
             return JSONResponse([vars(r) for r in self.state.requests])
+        if path == FAIL_PATH:
+            rule = json.loads(await request.body())
+            key = (rule["method"], rule["path"])
+            self.state.fail[key] = (rule["status"], rule["message"])
+            if "body" in rule:
+                self.state.fail_body[key] = rule["body"]
+            return Response(status_code=204)
         raw = await request.body()
         body: Any = None
         if raw:
@@ -97,8 +108,9 @@ class Peer:
             except ValueError as exc:
                 return fault(f"An error occurred when deserializing the json body: {exc}")
         self.state.requests.append(Recorded(method, path, body))
-        if (method, path) in self.state.fail:
-            status, message = self.state.fail[(method, path)]
+        key = (method, path)
+        if key in self.state.fail and self.state.fail_body.get(key, body) == body:
+            status, message = self.state.fail[key]
             return fault(message, status)
         found = self.swagger.operation(method, path)
         if found is None:

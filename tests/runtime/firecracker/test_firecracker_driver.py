@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fc_peer import PAGE, RECORD_PATH
+from fc_peer import FAIL_PATH, PAGE, RECORD_PATH
 from fc_support import (
     MEM_MIB,
     alive,
@@ -313,6 +313,23 @@ async def test_snapshot_failure_leaves_the_source_running(
         # That failure lost the diff base; the next snapshot is a Full one and still works.
         snap = await vm.snapshot(snapshot_target(tmp_path, "ok"), keep_running=True)
         assert snap.memory_file is not None and page(snap.memory_file, 0) == b"F" * PAGE
+    finally:
+        await vm.stop()
+
+
+async def test_snapshot_whose_vm_cannot_continue_is_discarded(
+    driver: FirecrackerDriver, spec: d.VMSpec, tmp_path: Path
+) -> None:
+    vm = await driver.boot(spec)
+    try:
+        resume = {"method": "PATCH", "path": "/vm", "body": {"state": "Resumed"}}
+        await vm.api._call("PUT", FAIL_PATH, {**resume, "status": 400, "message": "vCPU stuck"})
+        target = snapshot_target(tmp_path, "s")
+        with pytest.raises(d.SnapshotError, match="vCPU stuck"):
+            await vm.snapshot(target, keep_running=True)
+        assert list(target.directory.iterdir()) == []
+        assert list(target.memory_dir.iterdir()) == []
+        assert vm.state is d.VMState.PAUSED  # it could not be resumed either
     finally:
         await vm.stop()
 

@@ -397,19 +397,23 @@ class FirecrackerVM:
             if was_running:
                 await self._guard(self.api.pause(), "pause for snapshot", d.SnapshotError)
                 self.state = d.VMState.PAUSED
+            snap: d.Snapshot | None = None
             try:
                 snap = await self._take_snapshot(target, keep_running=keep_running)
+                if keep_running and was_running:
+                    await self._guard(self.api.resume(), "resume after snapshot", d.SnapshotError)
+                    self.state = d.VMState.RUNNING
             except BaseException:
+                if snap is not None:
+                    # Saved, but the VM did not continue: the operation as a whole failed.
+                    _discard([snap.state_file, *snap.disks.values(), _manifest(snap)])
+                    _discard(filter(None, [snap.memory_file]))
                 if was_running:
                     with contextlib.suppress(FirecrackerError):
                         await self.api.resume()
                         self.state = d.VMState.RUNNING
                 raise
-            if keep_running:
-                if was_running:
-                    await self._guard(self.api.resume(), "resume after snapshot", d.SnapshotError)
-                    self.state = d.VMState.RUNNING
-            else:
+            if not keep_running:
                 await self._stop_locked()
             return snap
 
@@ -468,7 +472,9 @@ class FirecrackerVM:
         if base is not None and not base.is_file():
             self._diff_base, base = _DiffBase.NONE, None
         kind: m.SnapshotType = "Full" if self._diff_base is _DiffBase.NONE else "Diff"
-        written = memory_file.with_name(memory_file.name + ".diff") if base else memory_file
+        written = (
+            memory_file.with_name(memory_file.name + ".diff") if base is not None else memory_file
+        )
         created: list[Path] = [state_file, written, memory_file]
         try:
             target.directory.mkdir(parents=True, exist_ok=True)
@@ -507,7 +513,7 @@ class FirecrackerVM:
             memory_file=memory_file,
             disks=sealed,
         )
-        snap.save_manifest()
+        await asyncio.to_thread(snap.save_manifest)
         return snap
 
     async def _seal_disks(
@@ -570,6 +576,10 @@ def _discard(paths: Iterable[Path]) -> None:
         with contextlib.suppress(OSError):
             if not path.is_dir():
                 path.unlink(missing_ok=True)
+
+
+def _manifest(snap: d.Snapshot) -> Path:
+    return snap.state_file.parent / d.SNAPSHOT_MANIFEST
 
 
 def _touch(path: Path) -> Path:
