@@ -6,11 +6,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
+import logging
+import struct
 from collections.abc import AsyncIterator
 from functools import partial
+from typing import Any
 
+from connectrpc.code import Code
+from connectrpc.codec import Codec, proto_binary_codec, proto_json_codec
 from connectrpc.errors import ConnectError
 from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -22,6 +29,9 @@ from aenv.envd.process.table import ProcessTable
 from aenv.envd.proto.filesystem.filesystem_connect import FilesystemASGIApplication
 from aenv.envd.proto.process.process_connect import ProcessASGIApplication
 from aenv.envd.settings import Settings
+from aenv.envd.users import UnknownUserError, User, username_from_basic_auth
+
+log = logging.getLogger(__name__)
 
 
 async def _unauthorized(send: Send) -> None:
@@ -37,6 +47,141 @@ async def _unauthorized(send: Send) -> None:
         }
     )
     await send({"type": "http.response.body", "body": body})
+
+
+class _StrictCodec:
+    """A codec whose decoding failures are INVALID_ARGUMENT errors (as in connect-go), not
+    arbitrary exceptions that connectrpc reports as UNKNOWN and then re-raises."""
+
+    def __init__(self, inner: Codec[Any, Any]) -> None:
+        self._inner = inner
+
+    def name(self) -> str:
+        return self._inner.name()
+
+    def encode(self, message: Any) -> bytes:
+        return self._inner.encode(message)
+
+    def decode(self, data: bytes | bytearray, message_class: type[Any]) -> Any:
+        try:
+            return self._inner.decode(data, message_class)
+        except ConnectError:
+            raise
+        except Exception as e:
+            raise ConnectError(
+                Code.INVALID_ARGUMENT, f"unmarshal into {message_class.__name__}: {e}"
+            ) from e
+
+
+_CODECS: list[Codec[Any, Any]] = [
+    _StrictCodec(proto_binary_codec()),
+    _StrictCodec(proto_json_codec()),
+]
+
+
+async def _connect_error(scope: Scope, send: Send, code: Code, status: int, message: str) -> None:
+    """A Connect error before the RPC runs: an end-of-stream frame for streaming requests, a
+    JSON error body with the code's HTTP status for unary ones."""
+    error = {"code": code.value, "message": message}
+    content_type = _header(scope, b"content-type") or ""
+    if content_type.startswith("application/connect+"):
+        payload = json.dumps({"error": error}).encode()
+        body = struct.pack(">BI", 2, len(payload)) + payload
+        status, content_type = 200, content_type
+    else:
+        body, content_type = json.dumps(error).encode(), "application/json"
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", content_type.encode()),
+                (b"content-length", str(len(body)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": body})
+
+
+# A server-streaming request is one small envelope; more than this is not a valid request.
+MAX_STREAM_REQUEST_BYTES = 4 * 1024 * 1024
+
+
+def _envelope_error(body: bytes) -> str | None:
+    """What is wrong with the framing of a streaming request body, or None if it is whole."""
+    offset = 0
+    while offset < len(body):
+        if len(body) - offset < 5:
+            return f"protocol error: incomplete envelope: {len(body) - offset} bytes, need 5"
+        (length,) = struct.unpack_from(">I", body, offset + 1)
+        got = len(body) - offset - 5
+        if got < length:
+            return f"protocol error: promised {length} bytes in enveloped message, got {got} bytes"
+        offset += 5 + length
+    return None
+
+
+async def _with_checked_envelopes(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+    """Read a server-streaming request's body whole and reject broken framing with
+    INVALID_ARGUMENT (connectrpc would silently drop a truncated envelope and answer "zero
+    messages"); then run `app` with the body replayed."""
+    chunks: list[bytes] = []
+    size = 0
+    while True:
+        message = await receive()
+        if message["type"] != "http.request":
+            return  # the client left before sending its request
+        chunk = message.get("body", b"")
+        size += len(chunk)
+        if size > MAX_STREAM_REQUEST_BYTES:
+            await _connect_error(
+                scope, send, Code.RESOURCE_EXHAUSTED, 429, "request message is too large"
+            )
+            return
+        chunks.append(chunk)
+        if not message.get("more_body", False):
+            break
+    body = b"".join(chunks)
+    if (problem := _envelope_error(body)) is not None:
+        await _connect_error(scope, send, Code.INVALID_ARGUMENT, 400, problem)
+        return
+    replayed = False
+
+    async def replay() -> Message:
+        nonlocal replayed
+        if not replayed:
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    await app(scope, replay, send)
+
+
+def _unknown_rpc_user(scope: Scope) -> str | None:
+    """The error for a Basic-auth user that does not exist (checked for every RPC, as infra's
+    authn middleware does), or None."""
+    name = username_from_basic_auth(_header(scope, b"authorization"))
+    if name is None:
+        return None
+    try:
+        User.lookup(name)
+    except UnknownUserError as e:
+        return str(e)
+    return None
+
+
+async def _guarded(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> None:
+    """Run `app`, keeping an unexpected exception from reaching the server: connectrpc and
+    Starlette have already answered with an error by then, and a re-raised exception would make
+    uvicorn drop the keep-alive connection under the client's next request."""
+    try:
+        await app(scope, receive, send)
+    except Exception:
+        log.exception("unhandled error serving %s %s", scope.get("method"), scope.get("path"))
+
+
+async def _internal_error(_: Request, exc: Exception) -> Response:
+    return JSONResponse({"code": 500, "message": f"internal error: {exc}"}, status_code=500)
 
 
 def _header(scope: Scope, name: bytes) -> str | None:
@@ -85,8 +230,10 @@ def create_app(settings: Settings) -> ASGIApp:
     table = ProcessTable(settings.process_retention)
     filesystem = FilesystemService(settings)
     rpc_apps: dict[str, ASGIApp] = {
-        "/process.Process/": ProcessASGIApplication(ProcessService(settings, table)),
-        "/filesystem.Filesystem/": FilesystemASGIApplication(filesystem),
+        "/process.Process/": ProcessASGIApplication(
+            ProcessService(settings, table), codecs=_CODECS
+        ),
+        "/filesystem.Filesystem/": FilesystemASGIApplication(filesystem, codecs=_CODECS),
     }
     sampler = system.CPUSampler()
 
@@ -106,6 +253,7 @@ def create_app(settings: Settings) -> ASGIApp:
             Route("/files", partial(files.upload, settings=settings), methods=["POST"]),
         ],
         lifespan=lifespan,
+        exception_handlers={Exception: _internal_error},
     )
     token_header = TOKEN_HEADER.encode()
 
@@ -124,11 +272,14 @@ def create_app(settings: Settings) -> ASGIApp:
             return
         for prefix, rpc in rpc_apps.items():
             if path.startswith(prefix):
-                if path in _STREAMS:
-                    await _serve_stream(rpc, scope, receive, send)
+                if (bad_user := _unknown_rpc_user(scope)) is not None:
+                    await _connect_error(scope, send, Code.UNAUTHENTICATED, 401, bad_user)
+                elif path in _STREAMS:
+                    stream = partial(_with_checked_envelopes, partial(_serve_stream, rpc))
+                    await _guarded(stream, scope, receive, send)
                 else:
-                    await rpc(scope, receive, send)
+                    await _guarded(rpc, scope, receive, send)
                 return
-        await http(scope, receive, send)
+        await _guarded(http, scope, receive, send)
 
     return app

@@ -61,6 +61,8 @@ def username_from_basic_auth(header: str | None) -> str | None:
 def resolve_path(path: str, user: User, default_workdir: str | None) -> str:
     """Resolve a request path the way envd does: empty -> default workdir, `~` -> home,
     relative -> under the user's home; always returns a clean absolute path."""
+    if "\x00" in path:
+        raise ValueError(f"path {path!r} contains a NUL byte")
     if not path and default_workdir:
         path = default_workdir
     if path.startswith("~"):

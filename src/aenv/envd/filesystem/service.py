@@ -171,14 +171,17 @@ class FilesystemService:
         try:
             yield pb.WatchDirResponse(event=Oneof("start", pb.WatchDirResponse.StartEvent()))
             while True:
-                wait = keepalive if deadline is None else min(keepalive, deadline - loop.time())
+                wait, until_deadline = keepalive, False
+                if deadline is not None and deadline - loop.time() <= keepalive:
+                    wait, until_deadline = deadline - loop.time(), True
                 try:
                     if wait <= 0:
                         raise TimeoutError
                     async with asyncio.timeout(wait):
                         event = await watch.next()
                 except TimeoutError:
-                    if deadline is not None and loop.time() >= deadline:
+                    # (Loop timers may fire a little early: which limit was waited for decides.)
+                    if until_deadline:
                         # As connect-go ends a stream whose context expired.
                         raise ConnectError(
                             Code.DEADLINE_EXCEEDED, "context deadline exceeded"

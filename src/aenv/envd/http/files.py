@@ -101,6 +101,31 @@ def _wants_gzip(accept: str) -> bool:
     return identity_refused or not others
 
 
+def _identity_refused(accept: str) -> bool:
+    """Whether the client refuses an unencoded body (`identity;q=0`, or `*;q=0` without
+    accepting identity explicitly), as infra's negotiation decides it."""
+    identity: float | None = None
+    wildcard: float | None = None
+    for item in accept.split(","):
+        coding, _, params = item.strip().partition(";")
+        q = 1.0
+        for param in params.split(";"):
+            name, _, value = param.strip().partition("=")
+            if name.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 1.0
+        coding = coding.strip().lower()
+        if coding == "identity":
+            identity = q
+        elif coding == "*":
+            wildcard = q
+    if identity is not None:
+        return identity <= 0
+    return wildcard is not None and wildcard <= 0
+
+
 class _FileResponse(FileResponse):
     # Bigger reads than Starlette's 64 KiB mean far fewer thread hops per file.
     chunk_size = 1024 * 1024
@@ -133,7 +158,12 @@ async def download(request: Request, settings: Settings) -> Response:
     name = os.path.basename(path)
     headers = {"Vary": "Accept-Encoding"}
     conditional = "range" in request.headers or "if-range" in request.headers
-    if not conditional and _wants_gzip(request.headers.get("accept-encoding", "")):
+    accept = request.headers.get("accept-encoding", "")
+    gzip_wanted = _wants_gzip(accept)
+    if _identity_refused(accept) and (conditional or not gzip_wanted):
+        what = "for Range or conditional request" if conditional else "found, supported: [gzip]"
+        return json_error(406, f"no acceptable encoding {what}")
+    if not conditional and gzip_wanted:
         guessed = mimetypes.guess_type(name)[0] or "application/octet-stream"
         headers["Content-Disposition"] = f'inline; filename="{name}"'
         headers["Content-Encoding"] = "gzip"

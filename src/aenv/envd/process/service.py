@@ -125,6 +125,10 @@ class ProcessService:
         )
         try:
             handle = ProcessHandle.spawn(spec)
+        except ValueError as e:  # e.g. a NUL byte in cmd, args or envs
+            raise ConnectError(
+                Code.INVALID_ARGUMENT, f"error starting process '{config.cmd}': {e}"
+            ) from e
         except OSError as e:
             raise ConnectError(
                 Code.INVALID_ARGUMENT
@@ -239,6 +243,10 @@ def _kill_at_deadline(handle: ProcessHandle, deadline: float | None) -> None:
         asyncio.get_running_loop().call_at(deadline, handle.signal, signal.SIGKILL)
 
 
+# Loop timers (the deadline kill) may fire this much before their time.
+DEADLINE_SLACK = 0.01
+
+
 def _deadline_exceeded() -> ConnectError:
     # What connect-go sends when the handler's context expires; the SDKs raise TimeoutException.
     return ConnectError(Code.DEADLINE_EXCEEDED, "context deadline exceeded")
@@ -254,21 +262,26 @@ async def _stream(
     try:
         yield _event(pb.ProcessEvent.StartEvent(pid=handle.pid))
         while True:
-            wait = keepalive
-            if deadline is not None:
-                wait = min(wait, deadline - loop.time())
+            wait, until_deadline = keepalive, False
+            if deadline is not None and deadline - loop.time() <= keepalive:
+                wait, until_deadline = deadline - loop.time(), True
                 if wait <= 0:
                     raise _deadline_exceeded()
             try:
                 async with asyncio.timeout(wait):
                     event = await sub.next()
             except TimeoutError:
-                if deadline is not None and loop.time() >= deadline:
+                # (Loop timers may fire a little early: which limit was waited for decides.)
+                if until_deadline:
                     raise _deadline_exceeded() from None
                 yield _event(pb.ProcessEvent.KeepAlive())
                 continue
-            if isinstance(event, Exit) and deadline is not None and loop.time() >= deadline:
-                raise _deadline_exceeded()
+            if (
+                isinstance(event, Exit)
+                and deadline is not None
+                and loop.time() >= deadline - DEADLINE_SLACK
+            ):
+                raise _deadline_exceeded()  # killed for the deadline (or ended right at it)
             yield _to_proto(event)
             if isinstance(event, Exit):
                 return
