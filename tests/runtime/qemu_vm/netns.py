@@ -77,14 +77,27 @@ def socket_in(netns: str) -> socket.socket:
         os.close(target)
 
 
-async def agent(netns: str, method: str = "GET", path: str = "/", limit_s: float = 5.0) -> Any:
-    """One HTTP/1.0 request to the guest agent, from inside `netns`, on the event loop."""
+async def agent(
+    netns: str,
+    method: str = "GET",
+    path: str = "/",
+    limit_s: float = 30.0,
+    connect_limit_s: float | None = None,
+) -> Any:
+    """One HTTP/1.0 request to the guest agent, from inside `netns`, on the event loop.
+
+    A connect that is not answered quickly is worth retrying (the guest may not run yet), but an
+    accepted request must be given time: a loaded TCG guest can take seconds for its first reply,
+    and abandoning it only piles more requests onto the guest."""
     sock = socket_in(netns)
     sock.setblocking(False)
     loop = asyncio.get_running_loop()
     try:
-        async with asyncio.timeout(limit_s):
+        async with asyncio.timeout(limit_s) as deadline:
+            if connect_limit_s is not None:
+                deadline.reschedule(loop.time() + connect_limit_s)
             await loop.sock_connect(sock, (GUEST_IP, ENVD_PORT))
+            deadline.reschedule(loop.time() + limit_s)
             reader, writer = await asyncio.open_connection(sock=sock)
             writer.write(f"{method} {path} HTTP/1.0\r\nHost: {GUEST_IP}\r\n\r\n".encode())
             raw = await reader.read()
@@ -105,7 +118,7 @@ async def wait_ready(netns: str, limit_s: float = 120.0) -> float:
     start = time.monotonic()
     while True:
         with contextlib.suppress(OSError, RuntimeError, ValueError):
-            await agent(netns, limit_s=0.5)
+            await agent(netns, connect_limit_s=0.5)
             return time.monotonic() - start
         if time.monotonic() - start > limit_s:
             raise TimeoutError(f"guest agent in {netns} not ready after {limit_s:.0f}s")
