@@ -99,6 +99,7 @@ async def test_boot_configures_every_device_and_confines_the_process(
             {"network_interfaces": ["eth0"], "version": "V2"}
         ]
         assert bodies(requests, "PUT", "/vsock") == [{"guest_cid": 3, "uds_path": "vsock.sock"}]
+        assert isinstance(vm, FirecrackerVM) and vm.vsock_path == spec.workdir / "vsock.sock"
         assert bodies(requests, "PUT", "/balloon")[0]["free_page_reporting"] is True
         assert bodies(requests, "PUT", "/entropy") == [{}]
         assert bodies(requests, "PUT", "/actions") == [{"action_type": "InstanceStart"}]

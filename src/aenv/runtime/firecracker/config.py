@@ -22,9 +22,11 @@ DEFAULT_PIDS_BASE = 16
 
 def default_balloon() -> m.Balloon:
     # No inflation target: the balloon exists for free page reporting (idle sandboxes give memory
-    # back) and for the guest memory statistics; deflate_on_oom keeps a target from killing work.
+    # back) and for the guest memory statistics, polled every few seconds (statistics cannot be
+    # switched on after boot, so they are on from the start); deflate_on_oom keeps a target from
+    # killing work.
     return m.Balloon(
-        amount_mib=0, deflate_on_oom=True, stats_polling_interval_s=1, free_page_reporting=True
+        amount_mib=0, deflate_on_oom=True, stats_polling_interval_s=5, free_page_reporting=True
     )
 
 

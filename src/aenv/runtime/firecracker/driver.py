@@ -54,6 +54,7 @@ from aenv.storage.layers import LayerError
 DRIVER_NAME = "firecracker"
 GUEST_IFACE = "eth0"
 STATE_FILE = "vmstate.bin"
+VSOCK_SOCKET = "vsock.sock"  # relative: every VM, and every clone, has its own in its own cwd
 _DRIVE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
 _CONSOLE_TAIL = 2048
 # What a failed VMM operation can raise below the driver; each becomes the operation's DriverError.
@@ -65,7 +66,7 @@ _FAILURES = (
     memfile.MemoryFileError,
     OSError,
 )
-_LOG_FILES = ("console.log", "firecracker.err", "firecracker.log", "metrics.ndjson", "vsock.sock")
+_LOG_FILES = ("console.log", "firecracker.err", "firecracker.log", "metrics.ndjson", VSOCK_SOCKET)
 
 
 class _DiffBase(enum.Enum):
@@ -202,7 +203,7 @@ class FirecrackerDriver:
                         m.MmdsConfig(network_interfaces=[GUEST_IFACE], version=cfg.mmds_version)
                     )
             if cfg.vsock_cid is not None:
-                await api.put_vsock(m.Vsock(guest_cid=cfg.vsock_cid, uds_path="vsock.sock"))
+                await api.put_vsock(m.Vsock(guest_cid=cfg.vsock_cid, uds_path=VSOCK_SOCKET))
             if cfg.balloon is not None:
                 await api.put_balloon(cfg.balloon)
             if cfg.entropy is not None:
@@ -371,6 +372,13 @@ class FirecrackerVM:
     @property
     def console_log(self) -> Path:
         return self.workdir / "console.log"
+
+    @property
+    def vsock_path(self) -> Path | None:
+        """Where the host connects to the guest's vsock (`CONNECT <port>`), if configured."""
+        if self._driver.config.vsock_cid is None:
+            return None
+        return self.placement.cwd / VSOCK_SOCKET
 
     @property
     def api(self) -> FirecrackerApi:

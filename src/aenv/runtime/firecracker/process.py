@@ -69,10 +69,6 @@ class FirecrackerProcess:
     def pid(self) -> int:
         return self._proc.pid
 
-    @property
-    def returncode(self) -> int | None:
-        return self._proc.returncode
-
     @classmethod
     async def spawn(
         cls,
@@ -130,9 +126,6 @@ class FirecrackerProcess:
                 return f.read().decode(errors="replace").strip()
         except OSError:
             return ""
-
-    async def wait(self) -> int:
-        return await self._proc.wait()
 
     async def stop(self, grace: float = STOP_GRACE_S) -> None:
         """SIGTERM, then SIGKILL after `grace` seconds; reaps the process and closes the client.
