@@ -125,6 +125,9 @@ async def _with_checked_envelopes(app: ASGIApp, scope: Scope, receive: Receive, 
     """Read a server-streaming request's body whole and reject broken framing with
     INVALID_ARGUMENT (connectrpc would silently drop a truncated envelope and answer "zero
     messages"); then run `app` with the body replayed."""
+    if not (_header(scope, b"content-type") or "").startswith("application/connect+"):
+        await app(scope, receive, send)  # not Connect streaming framing: connectrpc answers 415
+        return
     chunks: list[bytes] = []
     size = 0
     while True:

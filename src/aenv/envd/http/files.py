@@ -8,6 +8,7 @@ WRITE on the file's own name, which the SDKs' tests rely on.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mimetypes
 import os
@@ -147,10 +148,11 @@ async def download(request: Request, settings: Settings) -> Response:
         path = _resolve(request.query_params.get("path", ""), user, settings)
         try:
             st = os.stat(path)
-        except FileNotFoundError:
+        except (FileNotFoundError, NotADirectoryError):  # (a parent being a file: absent too)
             raise HTTPFailure(404, f"path '{path}' does not exist") from None
         except OSError as e:
-            raise HTTPFailure(500, f"error checking if path exists '{path}': {e}") from e
+            status = 400 if e.errno == errno.ENAMETOOLONG else 500
+            raise HTTPFailure(status, f"error checking if path exists '{path}': {e}") from e
         if stat.S_ISDIR(st.st_mode):
             raise HTTPFailure(400, f"path '{path}' is a directory")
     except HTTPFailure as f:
@@ -231,9 +233,14 @@ class _Upload:
         self.written.append(entry)
 
     def abort(self) -> None:
+        """End a failed upload: a file left half-written (e.g. over the size limit, or the
+        client went away) is removed rather than left truncated."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
+            if self._path is not None:
+                with contextlib.suppress(OSError):
+                    os.unlink(self._path)
 
 
 def _os_failure(e: OSError, what: str) -> HTTPFailure:
