@@ -12,17 +12,16 @@ import uuid
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
-import fc_peer
-import fc_swagger
 import pytest
-from fc_support import GUEST_MAC, MEM_MIB
 
 from aenv.runtime import driver as d
 from aenv.runtime.cgroups import CgroupError, CgroupManager, detect
 from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
 from aenv.runtime.firecracker import models as m
+from tests.runtime.firecracker import fc_peer, fc_swagger
+from tests.runtime.firecracker.fc_support import GUEST_MAC, MEM_MIB
 
-PEER = Path(__file__).resolve().parent / "fc_peer.py"
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="session")
@@ -52,7 +51,9 @@ async def peer(tmp_path: Path, swagger: fc_swagger.Swagger) -> AsyncIterator[fc_
 @pytest.fixture(scope="module")
 def fake_firecracker(tmp_path_factory: pytest.TempPathFactory) -> Path:
     binary = tmp_path_factory.mktemp("bin") / "firecracker"
-    binary.write_text(f'#!/bin/sh\nexec {sys.executable} {PEER} "$@"\n')
+    binary.write_text(
+        f'#!/bin/sh\nPYTHONPATH={REPO} exec {sys.executable} -m {fc_peer.__name__} "$@"\n'
+    )
     binary.chmod(0o755)
     return binary
 

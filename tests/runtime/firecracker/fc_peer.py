@@ -9,8 +9,8 @@ at its recorded path the way Firecracker does. Paths resolve against `root` (the
 directory when run as a program).
 
 It does not run a guest. Run as a program it stands in for the `firecracker` binary:
-`python fc_peer.py --api-sock PATH [--id ID] [...]` (other firecracker flags are accepted and
-ignored), which lets the driver's process handling be tested without KVM.
+`python -m tests.runtime.firecracker.fc_peer --api-sock PATH [--id ID] [...]` (other firecracker
+flags are accepted and ignored), which lets the driver's process handling be tested without KVM.
 """
 
 from __future__ import annotations
@@ -23,12 +23,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import fc_swagger
 import uvicorn
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+from tests.runtime.firecracker import fc_swagger
 
 PRE_BOOT_ONLY = {
     ("PUT", "/machine-config"),

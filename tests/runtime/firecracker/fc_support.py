@@ -6,10 +6,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from fc_peer import PAGE
-
 from aenv.runtime import driver as d
 from aenv.runtime.firecracker.driver import FirecrackerVM
+from tests.runtime.firecracker.fc_peer import PAGE
 
 GUEST_MAC = "02:fc:00:00:00:01"
 MEM_MIB = 4  # guest memory of the test VMs; the peer writes memory files of this size

@@ -7,8 +7,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fc_peer import PeerState
-from fc_swagger import Swagger
 
 from aenv.runtime.firecracker import models as m
 from aenv.runtime.firecracker.api import (
@@ -17,6 +15,8 @@ from aenv.runtime.firecracker.api import (
     FirecrackerConnectionError,
     FirecrackerError,
 )
+from tests.runtime.firecracker.fc_peer import PeerState
+from tests.runtime.firecracker.fc_swagger import Swagger
 
 LIMIT = m.RateLimiter(bandwidth=m.TokenBucket(size=1 << 20, refill_time=100))
 

@@ -13,8 +13,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fc_peer import FAIL_PATH, PAGE, RECORD_PATH
-from fc_support import (
+
+from aenv.runtime import driver as d
+from aenv.runtime.firecracker import FirecrackerDriver, create_driver
+from aenv.runtime.firecracker.driver import FirecrackerVM
+from tests.runtime.firecracker.fc_peer import FAIL_PATH, PAGE, RECORD_PATH
+from tests.runtime.firecracker.fc_support import (
     MEM_MIB,
     alive,
     children,
@@ -24,11 +28,7 @@ from fc_support import (
     restore_target,
     snapshot_target,
 )
-from fc_swagger import Swagger
-
-from aenv.runtime import driver as d
-from aenv.runtime.firecracker import FirecrackerDriver, create_driver
-from aenv.runtime.firecracker.driver import FirecrackerVM
+from tests.runtime.firecracker.fc_swagger import Swagger
 
 
 async def received(vm: d.VM) -> list[dict[str, Any]]:

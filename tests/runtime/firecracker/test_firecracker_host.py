@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from fc_support import children
 
 from aenv.runtime.firecracker import host
 from aenv.runtime.firecracker.api import FirecrackerApi, FirecrackerConnectionError
 from aenv.runtime.firecracker.process import FirecrackerExited, FirecrackerProcess, direct_argv
+from tests.runtime.firecracker.fc_support import children
 
 
 def test_accelerator_tells_pvm_from_hardware_kvm(tmp_path: Path) -> None:

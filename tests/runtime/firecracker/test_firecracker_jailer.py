@@ -11,11 +11,11 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from fc_support import page, restore_target, snapshot_target
 
 from aenv.runtime import driver as d
 from aenv.runtime.firecracker import FirecrackerDriver
 from aenv.runtime.firecracker.jailer import Jail, JailerConfig, JailError, cgroup_settings
+from tests.runtime.firecracker.fc_support import page, restore_target, snapshot_target
 
 HERE = Path(__file__).resolve().parent
 UID, GID = 12345, 23456

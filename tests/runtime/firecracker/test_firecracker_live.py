@@ -21,7 +21,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from fc_support import alive, pid_of
 
 from aenv.guest.cmdline import READY_MARKER, kernel_cmdline
 from aenv.guest.initramfs import MODULES, build_initramfs
@@ -31,6 +30,7 @@ from aenv.runtime import driver as d
 from aenv.runtime.cgroups import CgroupManager, detect
 from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver, host
 from aenv.storage import layers
+from tests.runtime.firecracker.fc_support import alive, pid_of
 
 BINARY = os.environ.get("AENV_FIRECRACKER", "firecracker")
 REPO = Path(__file__).resolve().parents[3]

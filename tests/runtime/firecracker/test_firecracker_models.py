@@ -9,9 +9,9 @@ from typing import Any
 import jsonschema
 import pydantic
 import pytest
-from fc_swagger import Swagger
 
 from aenv.runtime.firecracker import models as m
+from tests.runtime.firecracker.fc_swagger import Swagger
 
 LIMIT = m.RateLimiter(
     bandwidth=m.TokenBucket(size=50 << 20, refill_time=1000, one_time_burst=100 << 20),
