@@ -1,0 +1,109 @@
+"""Clients that leave mid-stream: processes are neither leaked nor killed by it, envd leaks no
+fds, a slow reader bounds envd's memory instead of growing it."""
+
+from __future__ import annotations
+
+import httpx
+from e2b import Sandbox
+
+from tests.envd.helpers import (
+    STREAM_HEADERS,
+    envelope,
+    pids_in_sandbox,
+    unique_sleep,
+    wait_until,
+)
+
+
+def _envd_status(sandbox: Sandbox, field: str) -> int:
+    # envd is PID 1 of the throwaway root's PID namespace.
+    out = sandbox.commands.run(f"grep '^{field}:' /proc/1/status", user="root").stdout
+    return int(out.split()[1])
+
+
+def _envd_fds(sandbox: Sandbox) -> int:
+    return int(sandbox.commands.run("ls /proc/1/fd | wc -l", user="root").stdout)
+
+
+def _zombies(sandbox: Sandbox) -> list[str]:
+    script = (
+        "for s in /proc/[0-9]*/stat; do read -r l < $s && case $l in *') Z '*) echo $l;; esac; done"
+    )
+    return sandbox.commands.run(script, user="root").stdout.splitlines()
+
+
+def _start_stream(url: str, command: str) -> tuple[httpx.Client, httpx.Response]:
+    client = httpx.Client(base_url=url, timeout=60)
+    request = client.build_request(
+        "POST",
+        "/process.Process/Start",
+        content=envelope(
+            {"process": {"cmd": "/bin/bash", "args": ["-l", "-c", command]}, "stdin": False}
+        ),
+        headers=STREAM_HEADERS,
+    )
+    return client, client.send(request, stream=True)
+
+
+def test_disconnect_from_run_keeps_the_process(sandbox: Sandbox, envd_url: str) -> None:
+    command = unique_sleep()
+    client, response = _start_stream(envd_url, command)
+    next(response.iter_raw())  # the start event: it is running
+    response.close()
+    client.close()
+    # Leaving the stream does not kill the command (reconnect with Connect to follow it).
+    pids = wait_until(lambda: pids_in_sandbox(sandbox, command))
+    listed = [p for p in sandbox.commands.list() if p.args[-1:] == [command]]
+    assert len(listed) == 1
+    assert sandbox.commands.kill(listed[0].pid)
+    wait_until(lambda: not any(p in pids_in_sandbox(sandbox, command) for p in pids))
+
+
+def test_background_handle_disconnect_then_kill(sandbox: Sandbox) -> None:
+    command = unique_sleep()
+    handle = sandbox.commands.run(command, background=True)
+    handle.disconnect()
+    assert handle.pid in {p.pid for p in sandbox.commands.list()}
+    assert sandbox.commands.kill(handle.pid)
+    wait_until(lambda: not pids_in_sandbox(sandbox, command))
+    wait_until(lambda: not _zombies(sandbox))
+
+
+def test_no_fd_leak_across_many_streams(sandbox: Sandbox, envd_url: str) -> None:
+    for _ in range(3):  # warm up lazily opened fds
+        sandbox.commands.run("true")
+    before = _envd_fds(sandbox)
+    for i in range(40):
+        if i % 2:
+            sandbox.commands.run(f"echo {i}")
+        else:
+            client, response = _start_stream(envd_url, f"echo {i}; sleep 0.05")
+            next(response.iter_raw())
+            response.close()
+            client.close()
+        handle = sandbox.files.watch_dir("/tmp")
+        handle.stop()
+    # Every process has exited and every stream is gone: envd holds what it held before.
+    wait_until(lambda: _envd_fds(sandbox) <= before + 2)
+    assert not _zombies(sandbox)
+
+
+def test_slow_reader_bounds_memory_and_process_finishes(sandbox: Sandbox, envd_url: str) -> None:
+    baseline = _envd_status(sandbox, "VmRSS")  # kB
+    size = 512 * 1024 * 1024
+    marker = unique_sleep().removeprefix("sleep ")
+    # A command producing far more output than envd may buffer, whose client stops reading.
+    command = f"head -c {size} /dev/zero; : {marker}"
+    client, response = _start_stream(envd_url, command)
+    chunks = response.iter_raw()
+    next(chunks)
+    wait_until(lambda: pids_in_sandbox(sandbox, marker))
+    # The command stays blocked on its full pipe while nobody reads; envd does not buffer it.
+    for _ in range(5):
+        assert pids_in_sandbox(sandbox, marker)
+        assert _envd_status(sandbox, "VmRSS") < baseline + 128 * 1024
+    # The client leaves: output is no longer held for it, so the command runs to completion.
+    response.close()
+    client.close()
+    wait_until(lambda: not pids_in_sandbox(sandbox, marker), timeout=120)
+    assert _envd_status(sandbox, "VmRSS") < baseline + 128 * 1024
