@@ -428,30 +428,17 @@ class QemuVM:
         if self.run_state is VMState.RUNNING:
             await mon.execute("stop")
             self.run_state = VMState.PAUSED
+        # vm_stop has drained and flushed every drive, so the files are consistent now.
+        spec = self.spec
         sealed: dict[str, Path] = {}
-        disks: list[Disk] = []
-        self._generation += 1
-        for disk in self.spec.disks:
-            if disk.read_only:
-                disks.append(disk)
-                continue
-            frozen = disk.path
-            if keep_running:
-                # The current top becomes read-only; the guest continues on a new empty top.
-                new_top = self.spec.workdir / f"{disk.drive_id}.{self._id}.{self._generation}.qcow2"
-                await mon.execute(
-                    "blockdev-snapshot-sync",
-                    device=disk.drive_id,
-                    **{"snapshot-file": str(new_top), "format": "qcow2"},
-                )
-                self.owned_files.append(new_top)
-                disks.append(Disk(disk.drive_id, new_top, read_only=False))
-            ext = "qcow2" if await asyncio.to_thread(layers.is_qcow2, frozen) else "img"
-            dest = target.directory / f"{disk.drive_id}.{ext}"
-            made.append(dest)
-            sealed[disk.drive_id] = dest
-        # Without keep_running the VM is quit right after migrating, so its disks stop changing
-        # and can be sealed as they are, with no new top.
+        for disk in spec.disks:
+            if not disk.read_only:
+                sealed[disk.drive_id] = await self._seal(disk, target.directory, made)
+        if keep_running:
+            await self._restack(sealed)
+            # From here on the running VM's disks are stacked on the sealed files: keep them
+            # even if the rest of the snapshot fails.
+            made[:] = [p for p in made if p not in sealed.values()]
         ignore_shared = self.memory.shared
         await mon.execute(
             "migrate-set-capabilities",
@@ -473,13 +460,8 @@ class QemuVM:
                 await _move(self.memory.path, memory_file)
         elif not keep_running:
             await self._quit()
-        for drive_id, dest in sealed.items():
-            frozen = next(d.path for d in self.spec.disks if d.drive_id == drive_id)
-            await layers.seal(frozen, dest)
+        for dest in sealed.values():
             await layers.flatten_if_deep(dest)
-        spec = self.spec
-        if keep_running:
-            self.spec = dataclasses.replace(self.spec, disks=tuple(disks))
         snap = Snapshot(
             driver=self._driver.name,
             compat=await self._driver.compat(),
@@ -490,6 +472,38 @@ class QemuVM:
         )
         await asyncio.to_thread(snap.save_manifest)
         return snap
+
+    async def _seal(self, disk: Disk, directory: Path, made: list[Path]) -> Path:
+        """Give the drive's current top its permanent name in the snapshot directory. Layers are
+        only ever referenced by such names, never by a VM's workdir, which goes away with it."""
+        ext = "qcow2" if await asyncio.to_thread(layers.is_qcow2, disk.path) else "img"
+        dest = directory / f"{disk.drive_id}.{ext}"
+        made.append(dest)
+        return await layers.seal(disk.path, dest)
+
+    async def _restack(self, sealed: dict[str, Path]) -> None:
+        """Continue each writable drive on a new empty top over its sealed layer. The top is made
+        by us (`mode=existing`) so that its header names the sealed layer, not the workdir file."""
+        self._generation += 1
+        disks: list[Disk] = []
+        for disk in self.spec.disks:
+            if disk.read_only:
+                disks.append(disk)
+                continue
+            top = self.spec.workdir / f"{disk.drive_id}.{self._id}.{self._generation}.qcow2"
+            await layers.qcow2_overlay(sealed[disk.drive_id], top)
+            self.owned_files.append(top)
+            await self.monitor.execute(
+                "blockdev-snapshot-sync",
+                device=disk.drive_id,
+                **{"snapshot-file": str(top), "format": "qcow2", "mode": "existing"},
+            )
+            disks.append(Disk(disk.drive_id, top, read_only=False))
+            # Record each switch at once: if a later drive fails, the spec still says where
+            # every drive is now.
+            self.spec = dataclasses.replace(
+                self.spec, disks=tuple(disks) + self.spec.disks[len(disks) :]
+            )
 
     async def _quit(self) -> None:
         with contextlib.suppress(MonitorError):

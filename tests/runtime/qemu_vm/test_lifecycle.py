@@ -73,6 +73,13 @@ async def test_snapshot_of_a_clone_keeps_running_and_restores(
     assert vm.state is VMState.RUNNING
     await agent(netns, "POST", "/?memory=after&note=after-note")
     assert (await agent(netns))["note"] == "after-note"
+    # A second snapshot of the same VM stacks on the first; the chain must outlive the VM.
+    second = await vm.snapshot(places.snapshot_target(), keep_running=True)
+    await agent(netns, "POST", "/?memory=third&note=third-note")
+    await vm.stop()
+    _late, late_netns = await fleet.restore(second)
+    state = await agent(late_netns)
+    assert (state["memory"], state["note"]) == ("after", "after-note")
 
     child, child_netns = await fleet.restore(snap)
     state = await agent(child_netns)
