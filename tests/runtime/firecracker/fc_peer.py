@@ -127,6 +127,10 @@ class Peer:
                 if errors:
                     return fault(f"{op.body_definition}: {'; '.join(errors)}")
         for key, value in params.items():
+            if not value or not all(c == "_" or c.isalnum() for c in value):
+                return fault(
+                    "API Resource IDs can only contain alphanumeric characters and underscores."
+                )
             if isinstance(body, dict) and body.get(key, value) != value:
                 return fault(f"The id from the path [{value}] does not match the id from the body!")
         if self.state.state != "Not started" and (method, op.template) in PRE_BOOT_ONLY:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pydantic
 import pytest
 
 from aenv.runtime.firecracker import models as m
@@ -145,17 +146,23 @@ async def test_fault_message_becomes_a_clear_exception(peer: PeerState, tmp_path
             )
 
 
-async def test_ids_with_reserved_characters_stay_one_path_segment(
-    peer: PeerState, tmp_path: Path
-) -> None:
+async def test_path_ids_follow_firecrackers_rules(peer: PeerState, tmp_path: Path) -> None:
     (tmp_path / "d").touch()
     async with FirecrackerApi(tmp_path / "api.sock") as api:
         with pytest.raises(FirecrackerApiError, match="does not match"):
             await api._call("PUT", "/drives/other", {"drive_id": "x", "is_root_device": False})
+        with pytest.raises(FirecrackerApiError, match="alphanumeric"):
+            await api._call("PUT", "/drives/a-b", {"drive_id": "a-b", "is_root_device": False})
         await api.put_drive(
-            m.Drive(drive_id="a b", is_root_device=False, path_on_host="d", is_read_only=True)
+            m.Drive(drive_id="a_B1", is_root_device=False, path_on_host="d", is_read_only=True)
         )
-    assert peer.requests[-1].path == "/drives/a b"
+    assert peer.requests[-1].path == "/drives/a_B1"
+    # The model refuses what Firecracker would, before anything is sent.
+    for bad in ("a-b", "a b", "", "x/y", "abc\n"):
+        with pytest.raises(pydantic.ValidationError):
+            m.Drive(drive_id=bad, is_root_device=False, path_on_host="d", is_read_only=True)
+        with pytest.raises(pydantic.ValidationError):
+            m.NetworkInterface(iface_id=bad, host_dev_name="tap0")
 
 
 async def test_unknown_route_is_refused_like_firecracker(peer: PeerState, tmp_path: Path) -> None:

@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
-from urllib.parse import quote
 
 import httpx
 from pydantic import ValidationError
@@ -142,10 +141,10 @@ class FirecrackerApi:
         await self._call("PUT", "/boot-source", boot)
 
     async def put_drive(self, drive: m.Drive) -> None:
-        await self._call("PUT", f"/drives/{_segment(drive.drive_id)}", drive)
+        await self._call("PUT", f"/drives/{drive.drive_id}", drive)
 
     async def put_network_interface(self, iface: m.NetworkInterface) -> None:
-        await self._call("PUT", f"/network-interfaces/{_segment(iface.iface_id)}", iface)
+        await self._call("PUT", f"/network-interfaces/{iface.iface_id}", iface)
 
     async def put_vsock(self, vsock: m.Vsock) -> None:
         await self._call("PUT", "/vsock", vsock)
@@ -188,10 +187,10 @@ class FirecrackerApi:
     # --- post-boot updates -----------------------------------------------------------------------
 
     async def patch_drive(self, drive: m.PartialDrive) -> None:
-        await self._call("PATCH", f"/drives/{_segment(drive.drive_id)}", drive)
+        await self._call("PATCH", f"/drives/{drive.drive_id}", drive)
 
     async def patch_network_interface(self, iface: m.PartialNetworkInterface) -> None:
-        await self._call("PATCH", f"/network-interfaces/{_segment(iface.iface_id)}", iface)
+        await self._call("PATCH", f"/network-interfaces/{iface.iface_id}", iface)
 
     # --- balloon ---------------------------------------------------------------------------------
 
@@ -230,11 +229,6 @@ class FirecrackerApi:
         if not isinstance(data, dict):
             raise FirecrackerError(f"MMDS store is not a JSON object: {data!r}")
         return data
-
-
-def _segment(value: str) -> str:
-    """A drive or interface id as one URL path segment."""
-    return quote(value, safe="")
 
 
 def _fault(response: httpx.Response) -> str:

@@ -55,7 +55,7 @@ DRIVER_NAME = "firecracker"
 GUEST_IFACE = "eth0"
 STATE_FILE = "vmstate.bin"
 VSOCK_SOCKET = "vsock.sock"  # relative: every VM, and every clone, has its own in its own cwd
-_DRIVE_ID = re.compile(r"[A-Za-z0-9_-]{1,64}")
+_DRIVE_ID = re.compile(m.DEVICE_ID_PATTERN)
 _CONSOLE_TAIL = 2048
 # What a failed VMM operation can raise below the driver; each becomes the operation's DriverError.
 _FAILURES = (
@@ -573,6 +573,7 @@ def _check_spec(spec: d.VMSpec) -> None:
         raise d.BootError(f"workdir does not exist: {spec.workdir}")
     for disk in spec.disks:
         if not _DRIVE_ID.fullmatch(disk.drive_id):
+            # Firecracker's own rule, and the id names a file under drives/.
             raise d.BootError(f"drive id must match {_DRIVE_ID.pattern}: {disk.drive_id!r}")
         if not disk.path.exists():
             raise d.BootError(f"disk {disk.drive_id} not found: {disk.path}")

@@ -31,6 +31,10 @@ class Response(BaseModel):
     model_config = ConfigDict(extra="ignore", frozen=True)
 
 
+# Firecracker accepts only these device ids (its `checked_id`); they also appear in URL paths.
+DEVICE_ID_PATTERN = r"^[A-Za-z0-9_]+$"
+
+
 # --- rate limiting -------------------------------------------------------------------------------
 
 
@@ -78,7 +82,7 @@ IoEngine = Literal["Sync", "Async"]
 class Drive(Request):
     """A virtio-block drive backed by a host file."""
 
-    drive_id: str = Field(min_length=1)
+    drive_id: str = Field(pattern=DEVICE_ID_PATTERN)
     is_root_device: bool
     path_on_host: str
     is_read_only: bool
@@ -91,13 +95,13 @@ class Drive(Request):
 class PartialDrive(Request):
     """Post-boot drive update: swap the backing file or change the rate limiter."""
 
-    drive_id: str = Field(min_length=1)
+    drive_id: str = Field(pattern=DEVICE_ID_PATTERN)
     path_on_host: str | None = None
     rate_limiter: RateLimiter | None = None
 
 
 class NetworkInterface(Request):
-    iface_id: str = Field(min_length=1)
+    iface_id: str = Field(pattern=DEVICE_ID_PATTERN)
     host_dev_name: str = Field(min_length=1)
     guest_mac: str | None = None
     mtu: int | None = Field(default=None, ge=68, le=65535)
@@ -106,7 +110,7 @@ class NetworkInterface(Request):
 
 
 class PartialNetworkInterface(Request):
-    iface_id: str = Field(min_length=1)
+    iface_id: str = Field(pattern=DEVICE_ID_PATTERN)
     rx_rate_limiter: RateLimiter | None = None
     tx_rate_limiter: RateLimiter | None = None
 
@@ -212,7 +216,7 @@ class MemoryBackend(Request):
 
 
 class NetworkOverride(Request):
-    iface_id: str
+    iface_id: str = Field(pattern=DEVICE_ID_PATTERN)
     host_dev_name: str
 
 
