@@ -8,7 +8,8 @@ Contract, for implementers:
 
 - A driver owns `workdir` of every VM it starts for the VM's lifetime: sockets, logs, the guest
   memory file and the private writable disk layers of restored VMs live there. `VM.stop()` kills
-  the VMM process, releases its cgroup and deletes what the driver created in `workdir`.
+  the VMM process, releases its cgroup and deletes the memory and disk files the driver created;
+  logs stay for diagnosis, and the caller removes `workdir` itself.
 - Every operation either completes or raises a `DriverError` after undoing what it started: no
   VMM process, cgroup or half-written file is left behind by a failed `boot`/`restore`.
 - `boot` and `restore` return once the guest is *running*. Readiness of anything inside the guest
@@ -108,7 +109,9 @@ class VMSpec:
 @dataclass(frozen=True)
 class SnapshotTarget:
     """Where `VM.snapshot` writes: device state and sealed disks into `directory`, guest memory
-    into `memory_dir` (tmpfs: restores map this file, so it must stay fast and unmodified)."""
+    into `memory_dir` (tmpfs: restores map this file, so it must stay fast and unmodified). Both
+    must exist and belong to this one snapshot (they may be the same directory). Sealed disk
+    layers may refer to layers of earlier snapshots by path: keep those while this one lives."""
 
     directory: Path
     memory_dir: Path
