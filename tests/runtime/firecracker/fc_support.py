@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 from aenv.runtime import driver as d
-from aenv.runtime.firecracker.driver import FirecrackerVM
+from aenv.runtime.firecracker.vm import FirecrackerVM
 from tests.runtime.firecracker.fc_peer import PAGE
 
 GUEST_MAC = "02:fc:00:00:00:01"

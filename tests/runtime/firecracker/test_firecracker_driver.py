@@ -16,7 +16,7 @@ import pytest
 
 from aenv.runtime import driver as d
 from aenv.runtime.firecracker import FirecrackerDriver, create_driver
-from aenv.runtime.firecracker.driver import FirecrackerVM
+from aenv.runtime.firecracker.vm import FirecrackerVM
 from tests.runtime.firecracker.fc_peer import FAIL_PATH, PAGE, RECORD_PATH
 from tests.runtime.firecracker.fc_support import (
     MEM_MIB,

@@ -1,6 +1,7 @@
 """The Firecracker VMM driver: typed REST API models (`models`), the unix-socket client (`api`),
 process and jailer handling (`process`, `jailer`, `placement`), memory-file merging (`memfile`),
-host checks (`host`), settings (`config`) and the `aenv.runtime.driver` implementation (`driver`).
+host facts (`host`), settings (`config`), and the `aenv.runtime.driver` implementation: the driver
+(`driver`: boot, restore, clones) and its VMs (`vm`: pause, resume, snapshot, stop, stats).
 """
 
 from __future__ import annotations

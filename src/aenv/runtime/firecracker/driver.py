@@ -1,46 +1,34 @@
-"""The Firecracker implementation of `aenv.runtime.driver`: cold boot, snapshot, restore, clones,
-pause, resume, stop and stats, over Firecracker's REST API.
+"""The Firecracker implementation of `aenv.runtime.driver.Driver`: cold boot and restore (one or
+many clones), over Firecracker's REST API; what a started VM can do is `vm.py`.
 
-Memory: a booted VM's memory is anonymous; a snapshot writes it to a file in the target's memory
-dir, and a restore maps that file MAP_PRIVATE (Firecracker's `File` memory backend), so clones of
-one snapshot share its clean pages through the host page cache. With dirty-page tracking on, a
-snapshot is a `Diff` (only the pages written since boot, restore or the previous snapshot), laid
-over the memory it was restored from (`memfile.merge_diff`); a booted VM's diff is complete.
+Memory: a booted VM's memory is anonymous; a restore maps the snapshot's memory file MAP_PRIVATE
+(Firecracker's `File` memory backend), so clones of one snapshot share its clean pages through the
+host page cache and their writes stay private.
 
 Disks: Firecracker has no copy-on-write block format, so the guest's init stacks the layers
-(overlay of the read-only base and a writable upper). A snapshot seals each writable drive as a
-sparse (reflinked where possible) copy taken while the VM is paused, or hands the file over when
-the VM stops; a restore gives each clone its own copy of the sealed image under the same
-`drives/<drive_id>` name the source used (see `placement.py`), which is how the drive paths
-recorded in the state file point each clone at its own layer. Network: each clone opens the tap
-named in its `RestoreSpec` (a network override) inside its own namespace.
-
-Host files of one VM, all inside its workdir (or its jail): `api.sock`, `console.log` (the serial
-console: Firecracker's stdout), `firecracker.err`, `firecracker.log`, `metrics.ndjson`, `drives/`,
-`layers/` (a restored VM's private writable disks) and `vsock.sock`.
+(overlay of the read-only base and a writable upper, found by label). A restore gives each clone
+its own copy of every sealed writable image under the same `drives/<drive_id>` name the source
+used (see `placement.py`), which is how the drive paths recorded in the state file point each
+clone at its own layer; read-only images are shared. Network: each clone opens the tap named in
+its `RestoreSpec` (a network override) inside its own namespace; the MAC stays the source's.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import enum
 import re
 import secrets
-from collections.abc import Awaitable, Iterable, Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import replace
 from pathlib import Path
-from typing import Any
-
-import psutil
 
 from aenv.runtime import driver as d
-from aenv.runtime.cgroups import CgroupError, CgroupLimits, CgroupManager, detect
-from aenv.runtime.firecracker import host, memfile
+from aenv.runtime.cgroups import CgroupLimits, CgroupManager, detect
+from aenv.runtime.firecracker import host
 from aenv.runtime.firecracker import models as m
-from aenv.runtime.firecracker.api import FirecrackerApi, FirecrackerError
+from aenv.runtime.firecracker.api import FirecrackerError
 from aenv.runtime.firecracker.config import FirecrackerConfig
-from aenv.runtime.firecracker.jailer import Jail, JailError
+from aenv.runtime.firecracker.jailer import Jail
 from aenv.runtime.firecracker.placement import (
     DirectPlacement,
     JailedPlacement,
@@ -48,33 +36,18 @@ from aenv.runtime.firecracker.placement import (
     drive_name,
 )
 from aenv.runtime.firecracker.process import FirecrackerProcess
-from aenv.storage import layers
-from aenv.storage.layers import LayerError
-
-DRIVER_NAME = "firecracker"
-GUEST_IFACE = "eth0"
-STATE_FILE = "vmstate.bin"
-VSOCK_SOCKET = "vsock.sock"  # relative: every VM, and every clone, has its own in its own cwd
-_DRIVE_ID = re.compile(m.DEVICE_ID_PATTERN)
-_CONSOLE_TAIL = 2048
-# What a failed VMM operation can raise below the driver; each becomes the operation's DriverError.
-_FAILURES = (
-    FirecrackerError,
-    JailError,
-    CgroupError,
-    LayerError,
-    memfile.MemoryFileError,
-    OSError,
+from aenv.runtime.firecracker.vm import (
+    DRIVER_NAME,
+    FAILURES,
+    STATE_FILE,
+    VSOCK_SOCKET,
+    DiffBase,
+    FirecrackerVM,
 )
-_LOG_FILES = ("console.log", "firecracker.err", "firecracker.log", "metrics.ndjson", VSOCK_SOCKET)
+from aenv.storage import layers
 
-
-class _DiffBase(enum.Enum):
-    """What a `Diff` snapshot of this VM would be relative to."""
-
-    BOOT = "boot"  # booted and never snapshotted: the diff is the whole memory
-    FILE = "file"  # restored or snapshotted: the diff goes over `_memory_base`
-    NONE = "none"  # no usable base (tracking off, or a base was lost): take a Full snapshot
+GUEST_IFACE = "eth0"
+_DRIVE_ID = re.compile(m.DEVICE_ID_PATTERN)
 
 
 class FirecrackerDriver:
@@ -153,9 +126,9 @@ class FirecrackerDriver:
         vm_id = self._new_id()
         try:
             placement = self._placement(spec.workdir, vm_id)
-        except _FAILURES as exc:
+        except FAILURES as exc:
             raise d.BootError(f"cannot place VM {vm_id}: {exc}") from exc
-        vm = FirecrackerVM(self, spec, spec.workdir, vm_id, placement, diff_base=_DiffBase.BOOT)
+        vm = FirecrackerVM(cfg, spec, spec.workdir, vm_id, placement, diff_base=DiffBase.BOOT)
         try:
             netns = spec.net.netns if spec.net else None
             await self._launch(vm, netns, self._limits(spec.limits, spec))
@@ -212,7 +185,7 @@ class FirecrackerDriver:
         except BaseException as exc:
             detail = vm.console_tail()
             await vm.stop()
-            if isinstance(exc, _FAILURES):
+            if isinstance(exc, FAILURES):
                 raise d.BootError(f"firecracker boot failed: {exc}{detail}") from exc
             raise
         vm.state = d.VMState.RUNNING
@@ -240,15 +213,15 @@ class FirecrackerDriver:
         vm_id = self._new_id()
         try:
             placement = self._placement(target.workdir, vm_id)
-        except _FAILURES as exc:
+        except FAILURES as exc:
             raise d.RestoreError(f"cannot place VM {vm_id}: {exc}") from exc
         vm = FirecrackerVM(
-            self,
+            self.config,
             spec,
             target.workdir,
             vm_id,
             placement,
-            diff_base=_DiffBase.FILE,
+            diff_base=DiffBase.FILE,
             memory_base=snapshot.memory_file,
         )
         try:
@@ -282,7 +255,7 @@ class FirecrackerDriver:
             await vm.stop()
             if isinstance(exc, d.DriverError):
                 raise
-            if isinstance(exc, _FAILURES):
+            if isinstance(exc, FAILURES):
                 raise d.RestoreError(f"firecracker restore failed: {exc}{detail}") from exc
             raise
         vm.state = d.VMState.RUNNING
@@ -334,236 +307,6 @@ class FirecrackerDriver:
         return f"fc-{secrets.token_hex(8)}"
 
 
-class FirecrackerVM:
-    """One Firecracker VM (booted or restored) and the files and process it owns."""
-
-    def __init__(
-        self,
-        driver: FirecrackerDriver,
-        spec: d.VMSpec,
-        workdir: Path,
-        vm_id: str,
-        placement: Placement,
-        *,
-        diff_base: _DiffBase,
-        memory_base: Path | None = None,
-    ) -> None:
-        self._driver = driver
-        self.spec = spec
-        self.workdir = workdir
-        self._id = vm_id
-        self.placement = placement
-        self.state = d.VMState.STOPPED
-        self.version = ""
-        self.process: FirecrackerProcess | None = None
-        self._released = False
-        # Writable layers this driver created (restored VMs); the caller owns a booted VM's disks.
-        self.owned_layers: set[Path] = set()
-        self._diff_base = diff_base if driver.config.track_dirty_pages else _DiffBase.NONE
-        self._memory_base = memory_base
-        self._lock = asyncio.Lock()
-
-    # --- VM protocol -----------------------------------------------------------------------------
-
-    @property
-    def id(self) -> str:
-        return self._id
-
-    @property
-    def console_log(self) -> Path:
-        return self.workdir / "console.log"
-
-    @property
-    def vsock_path(self) -> Path | None:
-        """Where the host connects to the guest's vsock (`CONNECT <port>`), if configured."""
-        if self._driver.config.vsock_cid is None:
-            return None
-        return self.placement.cwd / VSOCK_SOCKET
-
-    @property
-    def api(self) -> FirecrackerApi:
-        if self.process is None:
-            raise d.DriverError(f"VM {self.id} has no running firecracker")
-        return self.process.api
-
-    async def pause(self) -> None:
-        async with self._lock:
-            self._require_live()
-            await self._guard(self.api.pause(), "pause")
-            self.state = d.VMState.PAUSED
-
-    async def resume(self) -> None:
-        async with self._lock:
-            self._require_live()
-            await self._guard(self.api.resume(), "resume")
-            self.state = d.VMState.RUNNING
-
-    async def snapshot(self, target: d.SnapshotTarget, *, keep_running: bool) -> d.Snapshot:
-        async with self._lock:
-            self._require_live()
-            was_running = self.state is d.VMState.RUNNING
-            if was_running:
-                await self._guard(self.api.pause(), "pause for snapshot", d.SnapshotError)
-                self.state = d.VMState.PAUSED
-            snap: d.Snapshot | None = None
-            try:
-                snap = await self._take_snapshot(target, keep_running=keep_running)
-                if keep_running and was_running:
-                    await self._guard(self.api.resume(), "resume after snapshot", d.SnapshotError)
-                    self.state = d.VMState.RUNNING
-            except BaseException:
-                if snap is not None:
-                    # Saved, but the VM did not continue: the operation as a whole failed.
-                    _discard([snap.state_file, *snap.disks.values(), _manifest(snap)])
-                    _discard(filter(None, [snap.memory_file]))
-                if was_running:
-                    with contextlib.suppress(FirecrackerError):
-                        await self.api.resume()
-                        self.state = d.VMState.RUNNING
-                raise
-            if not keep_running:
-                await self._stop_locked()
-            return snap
-
-    async def stop(self) -> None:
-        async with self._lock:
-            await self._stop_locked()
-
-    async def stats(self) -> d.VMStats:
-        self._require_live()
-        assert self.process is not None
-        pid = self.process.pid
-        disks = [disk.path for disk in self.spec.disks if not disk.read_only]
-        return await asyncio.to_thread(_read_stats, pid, disks)
-
-    # --- Firecracker extras ----------------------------------------------------------------------
-
-    async def balloon_stats(self) -> m.BalloonStats:
-        return await self.api.balloon_stats()
-
-    async def set_balloon_target(self, amount_mib: int) -> None:
-        await self.api.patch_balloon(m.BalloonUpdate(amount_mib=amount_mib))
-
-    async def put_metadata(self, data: Mapping[str, Any]) -> None:
-        """Replace the MMDS data store (lost on snapshot: set it again after each restore)."""
-        await self.api.put_mmds(data)
-
-    def console_tail(self) -> str:
-        try:
-            text = self.console_log.read_bytes()[-_CONSOLE_TAIL:].decode(errors="replace")
-        except OSError:
-            return ""
-        return f"\n--- console tail ---\n{text}" if text.strip() else ""
-
-    # --- internals -------------------------------------------------------------------------------
-
-    def _require_live(self) -> None:
-        if self.state is d.VMState.STOPPED or self.process is None:
-            raise d.DriverError(f"VM {self.id} is stopped")
-
-    async def _guard(
-        self,
-        call: Awaitable[None],
-        what: str,
-        error: type[d.DriverError] = d.DriverError,
-    ) -> None:
-        try:
-            await call
-        except FirecrackerError as exc:
-            raise error(f"firecracker {what} failed for VM {self.id}: {exc}") from exc
-
-    async def _take_snapshot(self, target: d.SnapshotTarget, *, keep_running: bool) -> d.Snapshot:
-        placement = self.placement
-        state_file = target.directory / STATE_FILE
-        memory_file = target.memory_dir / f"memory-{secrets.token_hex(6)}.bin"
-        base = self._memory_base if self._diff_base is _DiffBase.FILE else None
-        if base is not None and not base.is_file():
-            self._diff_base, base = _DiffBase.NONE, None
-        kind: m.SnapshotType = "Full" if self._diff_base is _DiffBase.NONE else "Diff"
-        written = (
-            memory_file.with_name(memory_file.name + ".diff") if base is not None else memory_file
-        )
-        created: list[Path] = [state_file, written, memory_file]
-        try:
-            target.directory.mkdir(parents=True, exist_ok=True)
-            target.memory_dir.mkdir(parents=True, exist_ok=True)
-            await self._guard(
-                self.api.create_snapshot(
-                    m.SnapshotCreateParams(
-                        snapshot_path=placement.output_path(STATE_FILE, state_file),
-                        mem_file_path=placement.output_path("memory.bin", written),
-                        snapshot_type=kind,
-                    )
-                ),
-                "snapshot create",
-                d.SnapshotError,
-            )
-            # Firecracker has reset its dirty log: from here a failure leaves no diff base.
-            self._diff_base = _DiffBase.NONE
-            await asyncio.to_thread(placement.collect, STATE_FILE, state_file)
-            await asyncio.to_thread(placement.collect, "memory.bin", written)
-            if base is not None:
-                await memfile.merge_diff(written, base, memory_file)
-                written.unlink()
-            sealed = await self._seal_disks(target.directory, keep_running, created)
-        except BaseException as exc:
-            _discard(created)
-            if isinstance(exc, _FAILURES):
-                raise d.SnapshotError(f"snapshot of VM {self.id} failed: {exc}") from exc
-            raise
-        if self._driver.config.track_dirty_pages:
-            self._diff_base, self._memory_base = _DiffBase.FILE, memory_file
-        snap = d.Snapshot(
-            driver=DRIVER_NAME,
-            compat=host.compat_tag(self.version),
-            spec=self.spec,
-            state_file=state_file,
-            memory_file=memory_file,
-            disks=sealed,
-        )
-        await asyncio.to_thread(snap.save_manifest)
-        return snap
-
-    async def _seal_disks(
-        self, directory: Path, keep_running: bool, created: list[Path]
-    ) -> dict[str, Path]:
-        """Each writable drive as a read-only image in `directory`. A layer this driver owns is
-        sealed under a second name (hard link) when the VM stops anyway; anything else is copied
-        (sparse, reflinked where the filesystem allows), which the paused VM makes consistent."""
-        sealed: dict[str, Path] = {}
-        for disk in self.spec.disks:
-            if disk.read_only:
-                continue
-            destination = directory / f"disk-{disk.drive_id}.img"
-            created.append(destination)
-            if disk.path in self.owned_layers and not keep_running:
-                await layers.seal(disk.path, destination)
-            else:
-                await layers.sparse_copy(disk.path, destination)
-                destination.chmod(0o444)
-            sealed[disk.drive_id] = destination
-        return sealed
-
-    async def _stop_locked(self) -> None:
-        if self.process is not None:
-            await self.process.stop()
-            self.process = None
-        self.state = d.VMState.STOPPED
-        if not self._released:
-            await asyncio.to_thread(self.placement.release)
-            await asyncio.to_thread(self._remove_files)
-            self._released = True
-
-    def _remove_files(self) -> None:
-        for layer in self.owned_layers:
-            layer.unlink(missing_ok=True)
-        self.owned_layers.clear()
-        with contextlib.suppress(OSError):
-            (self.workdir / "layers").rmdir()
-        for name in _LOG_FILES:
-            (self.workdir / name).unlink(missing_ok=True)
-
-
 def _check_spec(spec: d.VMSpec) -> None:
     if not spec.kernel.is_file():
         raise d.BootError(f"kernel not found: {spec.kernel}")
@@ -577,18 +320,6 @@ def _check_spec(spec: d.VMSpec) -> None:
             raise d.BootError(f"drive id must match {_DRIVE_ID.pattern}: {disk.drive_id!r}")
         if not disk.path.exists():
             raise d.BootError(f"disk {disk.drive_id} not found: {disk.path}")
-
-
-def _discard(paths: Iterable[Path]) -> None:
-    """Best-effort removal of files a failed operation wrote (never directories)."""
-    for path in paths:
-        with contextlib.suppress(OSError):
-            if not path.is_dir():
-                path.unlink(missing_ok=True)
-
-
-def _manifest(snap: d.Snapshot) -> Path:
-    return snap.state_file.parent / d.SNAPSHOT_MANIFEST
 
 
 def _touch(path: Path) -> Path:
@@ -616,18 +347,4 @@ def _restored_spec(snapshot: d.Snapshot, target: d.RestoreSpec) -> d.VMSpec:
         net=net,
         limits=target.limits,
         disks=disks,
-    )
-
-
-def _read_stats(pid: int, disks: Sequence[Path]) -> d.VMStats:
-    proc = psutil.Process(pid)
-    with proc.oneshot():
-        cpu = proc.cpu_times()
-        mem = proc.memory_full_info()
-    disk = 0
-    for path in disks:
-        with contextlib.suppress(OSError):
-            disk += layers.allocated_bytes(path)
-    return d.VMStats(
-        cpu_seconds=cpu.user + cpu.system, rss_bytes=mem.rss, pss_bytes=mem.pss, disk_bytes=disk
     )
