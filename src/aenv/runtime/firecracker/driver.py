@@ -128,7 +128,7 @@ class FirecrackerDriver:
             placement = self._placement(spec.workdir, vm_id)
         except FAILURES as exc:
             raise d.BootError(f"cannot place VM {vm_id}: {exc}") from exc
-        vm = FirecrackerVM(cfg, spec, spec.workdir, vm_id, placement, diff_base=DiffBase.BOOT)
+        vm = FirecrackerVM(cfg, spec, vm_id, placement, diff_base=DiffBase.BOOT)
         try:
             netns = spec.net.netns if spec.net else None
             await self._launch(vm, netns, self._limits(spec.limits, spec))
@@ -218,7 +218,6 @@ class FirecrackerDriver:
         vm = FirecrackerVM(
             self.config,
             spec,
-            target.workdir,
             vm_id,
             placement,
             diff_base=DiffBase.FILE,

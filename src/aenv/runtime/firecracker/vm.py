@@ -70,7 +70,6 @@ class FirecrackerVM:
         self,
         config: FirecrackerConfig,
         spec: d.VMSpec,
-        workdir: Path,
         vm_id: str,
         placement: Placement,
         *,
@@ -78,8 +77,8 @@ class FirecrackerVM:
         memory_base: Path | None = None,
     ) -> None:
         self._config = config
-        self.spec = spec
-        self.workdir = workdir
+        self.spec = spec  # as placed: for a restored VM, its own workdir, layers and tap
+        self.workdir = spec.workdir
         self._id = vm_id
         self.placement = placement
         self.state = d.VMState.STOPPED
