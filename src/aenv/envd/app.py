@@ -24,6 +24,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from aenv.envd.auth import TOKEN_HEADER, UNAUTHORIZED_MESSAGE, route_needs_token, tokens_equal
 from aenv.envd.filesystem.service import FilesystemService
 from aenv.envd.http import files, system
+from aenv.envd.process import reaper
 from aenv.envd.process.service import ProcessService
 from aenv.envd.process.table import ProcessTable
 from aenv.envd.proto.filesystem.filesystem_connect import FilesystemASGIApplication
@@ -242,6 +243,7 @@ def create_app(settings: Settings) -> ASGIApp:
 
     @contextlib.asynccontextmanager
     async def lifespan(_: Starlette) -> AsyncIterator[None]:
+        reaper.install_if_init(asyncio.get_running_loop())
         yield
         await filesystem.close()
         table.kill_all()

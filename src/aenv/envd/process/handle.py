@@ -23,6 +23,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Literal
 
+from aenv.envd.process.reaper import OWN_CHILDREN
 from aenv.envd.users import User
 
 CHUNK = 64 * 1024
@@ -200,6 +201,7 @@ class ProcessHandle:
                 if fd is not None:
                     os.set_blocking(fd, False)
             handle = cls(spec, popen, in_w, {out_r: "stdout", err_r: "stderr"})
+        OWN_CHILDREN.add(handle.pid)
         _make_oom_preferred(handle.pid)
         handle._watch(loop)
         return handle
@@ -275,6 +277,7 @@ class ProcessHandle:
         os.close(self._pidfd)
         self._pidfd = None
         code = self.popen.wait()
+        OWN_CHILDREN.discard(self.pid)
         # What the process wrote before exiting is in the pipe buffers: deliver it, then cut off
         # anything a lingering background child might write later.
         for fd, kind in list(self.output_fds.items()):
