@@ -4,12 +4,15 @@ fds, a slow reader bounds envd's memory instead of growing it."""
 from __future__ import annotations
 
 import httpx
-from e2b import Sandbox
+import pytest
+from e2b import CommandExitException, NotFoundException, Sandbox
 
 from tests.envd.helpers import (
     STREAM_HEADERS,
     envelope,
+    extra_envd,
     pids_in_sandbox,
+    sandbox_for,
     unique_sleep,
     wait_until,
 )
@@ -107,3 +110,23 @@ def test_slow_reader_bounds_memory_and_process_finishes(sandbox: Sandbox, envd_u
     client.close()
     wait_until(lambda: not pids_in_sandbox(sandbox, marker), timeout=120)
     assert _envd_status(sandbox, "VmRSS") < baseline + 128 * 1024
+
+
+def test_exited_process_is_forgotten_after_retention() -> None:
+    with extra_envd("--process-retention", "0.5") as url:
+        sandbox = sandbox_for(url)
+        handle = sandbox.commands.run("exit 5", background=True)
+        with pytest.raises(CommandExitException):
+            handle.wait()
+
+        def forgotten() -> bool:
+            try:
+                sandbox.commands.connect(handle.pid).wait()
+            except NotFoundException:
+                return True
+            except CommandExitException as e:
+                assert e.exit_code == 5  # still retained: reports how it ended
+            return False
+
+        wait_until(forgotten)
+        assert sandbox.commands.kill(handle.pid) is False

@@ -27,6 +27,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--default-user", default=None, help="user for requests that name none")
     p.add_argument("--default-workdir", default=None)
     p.add_argument("--max-upload-bytes", type=int, default=None)
+    p.add_argument(
+        "--process-retention",
+        type=float,
+        default=30.0,
+        help="seconds an exited process stays connectable",
+    )
     return p.parse_args(argv)
 
 
@@ -36,6 +42,7 @@ def main(argv: list[str] | None = None) -> None:
         access_token=args.access_token or None,
         default_workdir=args.default_workdir,
         max_upload_bytes=args.max_upload_bytes,
+        process_retention=args.process_retention,
     )
     if args.default_user:
         settings.default_user = args.default_user
