@@ -150,3 +150,33 @@ async def test_large_output(async_sandbox: AsyncSandbox) -> None:
     result = await async_sandbox.commands.run(f"head -c {size} /dev/zero | tr '\\0' x")
     assert len(result.stdout) == size
     assert set(result.stdout) == {"x"}
+
+
+async def test_stream_input(async_sandbox: AsyncSandbox) -> None:
+    handle = await async_sandbox.commands.run("cat", background=True, stdin=True)
+    stream = async_sandbox.commands.stream_input(handle.pid)
+    for part in ("one\n", b"two\n", "three\n"):
+        await stream.send(part)
+    await stream.close()
+    await async_sandbox.commands.close_stdin(handle.pid)
+    assert (await handle.wait()).stdout == "one\ntwo\nthree\n"
+
+
+async def test_stream_input_to_unknown_pid(async_sandbox: AsyncSandbox) -> None:
+    stream = async_sandbox.commands.stream_input(999_999)
+    with pytest.raises(NotFoundException):
+        await stream.send("x")
+        await stream.close()
+
+
+async def test_pty_stream_input(async_sandbox: AsyncSandbox) -> None:
+    from e2b.sandbox.commands.command_handle import PtySize
+
+    out: list[bytes] = []
+    handle = await async_sandbox.pty.create(PtySize(rows=24, cols=80), on_data=out.append)
+    stream = async_sandbox.pty.stream_input(handle.pid)
+    await stream.send(b"echo streamed-$((20+22))\n")
+    await stream.send(b"exit\n")
+    await stream.close()
+    await handle.wait()
+    assert "streamed-42" in b"".join(out).decode(errors="replace")

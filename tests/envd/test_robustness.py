@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import httpx
 import pytest
-from e2b import CommandExitException, NotFoundException, Sandbox
+from e2b import AsyncSandbox, CommandExitException, NotFoundException, Sandbox
 
 from tests.envd.helpers import (
     STREAM_HEADERS,
@@ -130,3 +130,39 @@ def test_exited_process_is_forgotten_after_retention() -> None:
 
         wait_until(forgotten)
         assert sandbox.commands.kill(handle.pid) is False
+
+
+def test_upload_abandoned_mid_body_leaves_nothing(
+    sandbox: Sandbox, envd_url: str, workdir: str
+) -> None:
+    import socket
+    from urllib.parse import quote, urlsplit
+
+    target = f"{workdir}/abandoned.bin"
+    host, port = urlsplit(envd_url).hostname, urlsplit(envd_url).port
+    assert host is not None and port is not None
+    with socket.create_connection((host, port)) as s:
+        s.sendall(
+            (
+                f"POST /files?path={quote(target)} HTTP/1.1\r\nHost: {host}\r\n"
+                "Content-Type: application/octet-stream\r\n"
+                f"Content-Length: {10 * 1024 * 1024}\r\n\r\n"
+            ).encode()
+            + b"x" * (1024 * 1024)
+        )
+        wait_until(lambda: sandbox.files.exists(target))  # it started writing
+    # The client is gone mid-body: the half-written file is removed, envd keeps serving.
+    wait_until(lambda: not sandbox.files.exists(target))
+    assert sandbox.commands.run("echo fine").stdout == "fine\n"
+
+
+async def test_concurrent_uploads_and_downloads(async_sandbox: AsyncSandbox) -> None:
+    import asyncio
+    import os
+
+    base = "/home/user/concurrent"
+    blobs = {f"{base}/f{i}.bin": os.urandom(256 * 1024 + i) for i in range(16)}
+    await asyncio.gather(*(async_sandbox.files.write(p, d) for p, d in blobs.items()))
+    read = await asyncio.gather(*(async_sandbox.files.read(p, format="bytes") for p in blobs))
+    assert [bytes(r) for r in read] == list(blobs.values())
+    await async_sandbox.files.remove(base)
