@@ -303,3 +303,19 @@ def test_oversize_upload(small_upload_envd: str, mode: str) -> None:
     assert sandbox.files.get_info(path).size == 1024
     sandbox.files.remove(path)
     assert_envd_serves(sandbox, small_upload_envd)
+
+
+def test_unsupported_signal(sandbox: Sandbox, envd_url: str) -> None:
+    handle = sandbox.commands.run("sleep 1000", background=True)
+    try:
+        for signal in ("SIGNAL_UNSPECIFIED", 2):
+            response = httpx.post(
+                f"{envd_url}/process.Process/SendSignal",
+                json={"process": {"pid": handle.pid}, "signal": signal},
+                headers={"Connect-Protocol-Version": "1"},
+            )
+            assert response.status_code == 501
+            assert response.json()["code"] == "unimplemented"
+        assert handle.pid in {p.pid for p in sandbox.commands.list()}
+    finally:
+        handle.kill()

@@ -238,3 +238,13 @@ def test_utf8_output_split_across_chunks(sandbox: Sandbox) -> None:
     sandbox.commands.send_stdin(result.pid, text)
     sandbox.commands.close_stdin(result.pid)
     assert result.wait().stdout == text
+
+
+def test_exited_command_cannot_be_killed_or_fed(sandbox: Sandbox) -> None:
+    handle = sandbox.commands.run("true", background=True, stdin=True)
+    handle.wait()
+    # Still connectable for a while, but there is nothing left to signal or to write to.
+    assert sandbox.commands.kill(handle.pid) is False
+    with pytest.raises(NotFoundException):
+        sandbox.commands.send_stdin(handle.pid, "late")
+    assert sandbox.commands.connect(handle.pid).wait().exit_code == 0

@@ -63,7 +63,12 @@ class ProcessService:
         self._settings = settings
         self._table = table
 
-    def _selected(self, selector: pb.ProcessSelector | None) -> ProcessHandle:
+    def _selected(
+        self, selector: pb.ProcessSelector | None, *, exited: bool = False
+    ) -> ProcessHandle:
+        """The selected process. Only `Connect` (`exited=True`) also finds one that has exited
+        within the retention window; for input, signals and resizes it is gone (as in infra's
+        envd, so `commands.kill` of a finished command returns False)."""
         match selector.selector if selector is not None else None:
             case Oneof(field="pid", value=pid):
                 handle = self._table.by_pid(pid)
@@ -73,7 +78,7 @@ class ProcessService:
                 missing = f"process with tag {tag} not found"
             case _:
                 raise ConnectError(Code.INVALID_ARGUMENT, "process selector is required")
-        if handle is None:
+        if handle is None or (handle.exit is not None and not exited):
             raise ConnectError(Code.NOT_FOUND, missing)
         return handle
 
@@ -151,7 +156,7 @@ class ProcessService:
     async def connect(
         self, request: pb.ConnectRequest, ctx: RequestContext[Any, Any], /
     ) -> AsyncIterator[pb.ConnectResponse]:
-        handle = self._selected(request.process)
+        handle = self._selected(request.process, exited=True)
         sub = handle.subscribe()
         async for event in _stream(handle, sub, keepalive_seconds(ctx), _deadline(ctx)):
             yield pb.ConnectResponse(event=event)
@@ -207,7 +212,7 @@ class ProcessService:
         handle = self._selected(request.process)
         signum = _SIGNALS.get(request.signal)
         if signum is None:
-            raise ConnectError(Code.INVALID_ARGUMENT, f"unsupported signal: {request.signal}")
+            raise ConnectError(Code.UNIMPLEMENTED, f"invalid signal: {request.signal}")
         handle.signal(signum)
         return pb.SendSignalResponse()
 
