@@ -198,3 +198,17 @@ def test_init_with_token_changes_token(secured_url: str) -> None:
     denied = httpx.post(f"{secured_url}/init", json={"accessToken": "stolen"})
     assert denied.status_code == 401
     assert sandbox_for(secured_url, TOKEN).commands.run("echo same").stdout == "same\n"
+
+
+def test_signed_urls_with_unusual_paths(secured: Sandbox) -> None:
+    path = "/home/user/dir with space/ünï&code=1?.txt"
+    secured.files.write(path, "odd")
+    try:
+        response = httpx.get(secured.download_url(path, "user", use_signature_expiration=60))
+        assert response.status_code == 200, response.text
+        assert response.text == "odd"
+        relative = "dir with space/ünï&code=1?.txt"
+        response = httpx.get(secured.download_url(relative))
+        assert (response.status_code, response.text) == (200, "odd")
+    finally:
+        secured.files.remove("/home/user/dir with space")

@@ -343,6 +343,28 @@ def test_download_and_upload_urls_unsigned(sandbox: Sandbox, workdir: str) -> No
     upload = sandbox.upload_url(f"{workdir}/up.txt")
     r = httpx.post(upload, files={"file": ("up.txt", b"uploaded")})
     assert r.status_code == 200
-    assert r.json()[0]["path"] == f"{workdir}/up.txt"
+    assert r.json() == [{"path": f"{workdir}/up.txt", "name": "up.txt", "type": "file"}]
     assert sandbox.files.read(f"{workdir}/up.txt") == "uploaded"
     assert sandbox.files.get_info(f"{workdir}/up.txt").owner == "user"
+
+
+def test_write_files_relative_paths(sandbox: Sandbox, workdir: str) -> None:
+    relative = workdir.removeprefix("/home/user/")
+    infos = sandbox.files.write_files(
+        [
+            WriteEntry(path=f"{relative}/r1.txt", data="1"),
+            WriteEntry(path=f"~/{relative}/sub/r2.txt", data="2"),
+        ]
+    )
+    assert sorted(i.path for i in infos) == [f"{workdir}/r1.txt", f"{workdir}/sub/r2.txt"]
+    assert sandbox.files.read(f"{workdir}/sub/r2.txt") == "2"
+
+
+def test_unicode_and_special_names(sandbox: Sandbox, workdir: str) -> None:
+    path = f"{workdir}/spaß & co/名前 #1.txt"
+    info = sandbox.files.write(path, "ünïcödé")
+    assert info.path == path
+    assert sandbox.files.read(path) == "ünïcödé"
+    names = [e.name for e in sandbox.files.list(f"{workdir}/spaß & co")]
+    assert names == ["名前 #1.txt"]
+    assert sandbox.commands.run(f"cat '{path}'").stdout == "ünïcödé"
