@@ -290,3 +290,13 @@ def test_stopped_polled_watcher_is_released(sandbox: Sandbox, workdir: str) -> N
     assert _inotify_fds(sandbox) == before + 1
     handle.stop()
     assert _inotify_fds(sandbox) == before
+
+
+def test_recursive_watch_of_a_big_tree(sandbox: Sandbox, workdir: str) -> None:
+    sandbox.commands.run(f"cd {workdir} && mkdir -p t/{{1..40}}/{{1..50}}")
+    handle = sandbox.files.watch_dir(workdir, recursive=True)
+    try:
+        sandbox.files.write(f"{workdir}/t/40/50/deep.txt", "deep")
+        assert (WRITE, "t/40/50/deep.txt") in _kinds(handle.get_new_events())
+    finally:
+        handle.stop()

@@ -142,7 +142,7 @@ class FilesystemService:
             os_error(e, "error removing file or directory")
         return pb.RemoveResponse()
 
-    def _open_watch(
+    async def _open_watch(
         self, request: pb.WatchDirRequest | pb.CreateWatcherRequest, ctx: RequestContext[Any, Any]
     ) -> DirWatch:
         path, _ = self._target(request.path, ctx)
@@ -156,14 +156,14 @@ class FilesystemService:
             )
         options = WatchOptions(os.path.realpath(path), request.recursive, request.include_entry)
         try:
-            return DirWatch(options)
+            return await DirWatch.open(options)
         except OSError as e:
             os_error(e, "error creating watcher")
 
     async def watch_dir(
         self, request: pb.WatchDirRequest, ctx: RequestContext[Any, Any], /
     ) -> AsyncIterator[pb.WatchDirResponse]:
-        watch = self._open_watch(request, ctx)
+        watch = await self._open_watch(request, ctx)
         keepalive = keepalive_seconds(ctx)
         loop = asyncio.get_running_loop()
         remaining = ctx.timeout_ms
@@ -199,7 +199,7 @@ class FilesystemService:
     async def create_watcher(
         self, request: pb.CreateWatcherRequest, ctx: RequestContext[Any, Any], /
     ) -> pb.CreateWatcherResponse:
-        watcher = self._open_watch(request, ctx)
+        watcher = await self._open_watch(request, ctx)
         watcher_id = uuid.uuid4().hex
         self._watchers[watcher_id] = (watcher, self._idle_timer(watcher_id))
         return pb.CreateWatcherResponse(watcher_id=watcher_id)

@@ -71,6 +71,7 @@ class DirWatch:
     """One inotify instance watching a directory (and, if recursive, its subtree)."""
 
     def __init__(self, options: WatchOptions, max_pending: int = MAX_PENDING_EVENTS) -> None:
+        """A watch on `options.path` only; `open` also adds the subtree of a recursive one."""
         self.options = options
         # sync_timeout=0: `sync_get` polls the fd and returns None when nothing is queued.
         self._inotify = Inotify(sync_timeout=0)
@@ -78,7 +79,7 @@ class DirWatch:
         self._ready = asyncio.Event()
         self._closed = False
         try:
-            self._add(options.path)
+            self._inotify.add_watch(options.path, _WATCH_MASK)
         except BaseException:
             self._inotify.close()
             raise
@@ -86,13 +87,29 @@ class DirWatch:
         self._loop.add_reader(self._inotify.fd, self.pump)
         _ACTIVE.add(self)
 
+    @classmethod
+    async def open(cls, options: WatchOptions) -> DirWatch:
+        """Start watching. A recursive watch walks its tree in a thread (a big tree must not
+        stall envd); directories made meanwhile are caught by the events of their parents."""
+        watch = cls(options)
+        if options.recursive:
+            try:
+                await asyncio.to_thread(watch._add_subdirectories, options.path)
+            except BaseException:
+                watch.close()
+                raise
+        return watch
+
+    def _add_subdirectories(self, directory: str) -> None:
+        for root, dirs, _files in os.walk(directory):
+            for name in dirs:
+                with contextlib.suppress(OSError):
+                    self._inotify.add_watch(os.path.join(root, name), _WATCH_MASK)
+
     def _add(self, directory: str) -> None:
         self._inotify.add_watch(directory, _WATCH_MASK)
         if self.options.recursive:
-            for root, dirs, _files in os.walk(directory):
-                for name in dirs:
-                    with contextlib.suppress(OSError):
-                        self._inotify.add_watch(os.path.join(root, name), _WATCH_MASK)
+            self._add_subdirectories(directory)
 
     def close(self) -> None:
         if self._closed:
