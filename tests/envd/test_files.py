@@ -368,3 +368,32 @@ def test_unicode_and_special_names(sandbox: Sandbox, workdir: str) -> None:
     names = [e.name for e in sandbox.files.list(f"{workdir}/spaß & co")]
     assert names == ["名前 #1.txt"]
     assert sandbox.commands.run(f"cat '{path}'").stdout == "ünïcödé"
+
+
+def test_metadata_limits(sandbox: Sandbox, envd_url: str, workdir: str) -> None:
+    import httpx
+
+    path = f"{workdir}/limits.txt"
+    with pytest.raises(InvalidArgumentException):
+        sandbox.files.write(path, "x", metadata={"k" * 247: "v"})
+    with pytest.raises(InvalidArgumentException):
+        sandbox.files.write(path, "x", metadata={f"k{i}": "v" * 500 for i in range(9)})
+    with pytest.raises(InvalidArgumentException):
+        sandbox.files.write(path, "x", metadata={"k": "new\nline"})
+    assert not sandbox.files.exists(path)  # rejected before anything was written
+    sandbox.files.write(path, "x", metadata={"k" * 246: "v"})
+    assert sandbox.files.get_info(path).metadata == {"k" * 246: "v"}
+    # Raw headers: an empty key is ignored, the first of repeated headers wins.
+    response = httpx.post(
+        f"{envd_url}/files",
+        params={"path": path},
+        content=b"y",
+        headers=[
+            ("Content-Type", "application/octet-stream"),
+            ("X-Metadata-", "ignored"),
+            ("X-Metadata-Dup", "first"),
+            ("X-Metadata-Dup", "second"),
+        ],
+    )
+    assert response.status_code == 200
+    assert response.json()[0]["metadata"] == {"dup": "first"}

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
 from aenv.envd.auth import TOKEN_HEADER, SignatureError, check_file_access
-from aenv.envd.filesystem.entry import read_metadata, write_metadata
+from aenv.envd.filesystem.entry import METADATA_XATTR_PREFIX, read_metadata, write_metadata
 from aenv.envd.filesystem.paths import ensure_dirs
 from aenv.envd.settings import Settings
 from aenv.envd.users import UnknownUserError, User, resolve_path
@@ -272,18 +272,36 @@ async def _body(request: Request) -> AsyncIterator[bytes]:
         raise HTTPFailure(400, f"error decompressing request body: {e}") from e
 
 
+# infra's limits: a key fits the VFS xattr-name limit after the `user.e2b.` prefix, and all of a
+# file's metadata (keys with their prefix, plus values) fits one 4 KiB xattr block.
+MAX_METADATA_KEY_BYTES = 246
+MAX_METADATA_BYTES = 4096
+
+
 def _metadata(request: Request) -> dict[str, str]:
-    metadata = {}
+    """`X-Metadata-<key>: <value>` headers as {key (lower-cased): value}; the first of repeated
+    headers wins and an empty key is ignored, as in infra's envd."""
+    metadata: dict[str, str] = {}
     for name, value in request.headers.items():
-        if name.startswith(METADATA_HEADER_PREFIX):
-            key = name[len(METADATA_HEADER_PREFIX) :].lower()
-            if not key or not (
-                key.isascii() and key.isprintable() and value.isascii() and value.isprintable()
-            ):
-                raise HTTPFailure(
-                    400, f"invalid metadata: key and value must be printable ASCII ({name})"
-                )
-            metadata[key] = value
+        if not name.startswith(METADATA_HEADER_PREFIX):
+            continue
+        key = name[len(METADATA_HEADER_PREFIX) :].lower()
+        if not key or key in metadata:
+            continue
+        if not (key.isascii() and key.isprintable() and value.isascii() and value.isprintable()):
+            raise HTTPFailure(
+                400, f"invalid metadata: key and value must be printable ASCII ({name})"
+            )
+        if len(key) > MAX_METADATA_KEY_BYTES:
+            raise HTTPFailure(
+                400, f"invalid metadata: key longer than {MAX_METADATA_KEY_BYTES} bytes ({name})"
+            )
+        metadata[key] = value
+    total = sum(len(METADATA_XATTR_PREFIX) + len(k) + len(v) for k, v in metadata.items())
+    if total > MAX_METADATA_BYTES:
+        raise HTTPFailure(
+            400, f"invalid metadata: {total} bytes in total, at most {MAX_METADATA_BYTES} allowed"
+        )
     return metadata
 
 
