@@ -1,4 +1,5 @@
-"""The initramfs: busybox-static, the kernel modules our init needs (dependencies first), the init.
+"""The initramfs: busybox-static, tini, the kernel modules our init needs (dependencies first), and
+our init.
 
 Module dependencies come from each module's `.modinfo` section (the Debian package ships no
 modules.dep, and the host may have no kmod), so the load order is computed, not hand-listed:
@@ -23,27 +24,33 @@ from aenv.guest.kernel import Kernel
 from aenv.guest.proc import BuildError, run
 
 BUSYBOX = Path("/bin/busybox")
+TINI = Path("/usr/bin/tini-static")  # Debian's `tini`: a static init that reaps zombies
 # What our init mounts and talks through. crc32c_generic is a soft dependency of ext4 (checksums are
 # looked up through the crypto API at mount time, which cannot modprobe without modules.dep).
 MODULES = ("virtio_mmio", "virtio_blk", "virtio_net", "crc32c_generic", "ext4", "overlay")
 
 
 async def build_initramfs(
-    kernel: Kernel, busybox: Path = BUSYBOX, modules: Iterable[str] = MODULES
+    kernel: Kernel,
+    busybox: Path = BUSYBOX,
+    tini: Path = TINI,
+    modules: Iterable[str] = MODULES,
 ) -> Path:
     """Return a cached `initrd.cpio.gz` for `kernel` (rebuilt when any input changes)."""
     wanted = tuple(modules)
     bb_hash = await asyncio.to_thread(_sha256, busybox)
+    tini_hash = await asyncio.to_thread(_sha256, tini)
     inputs = {
         "kernel": kernel.version,
         "modules": wanted,
         "busybox": bb_hash,
+        "tini": tini_hash,
         "init": hashlib.sha256((STAGE1 + STAGE2).encode()).hexdigest(),
     }
 
     async def build(tmp: Path) -> None:
         stage = tmp / "stage"
-        order = await asyncio.to_thread(_stage_tree, stage, kernel, busybox, wanted)
+        order = await asyncio.to_thread(_stage_tree, stage, kernel, busybox, tini, wanted)
         raw = tmp / "initrd.cpio"
         # Sorted names make the archive reproducible; -R 0:0 makes everything root's.
         out = shlex.quote(str(raw))
@@ -79,7 +86,9 @@ def module_order(deps: Mapping[str, tuple[str, ...]], wanted: Iterable[str]) -> 
     return order
 
 
-def _stage_tree(stage: Path, kernel: Kernel, busybox: Path, wanted: tuple[str, ...]) -> list[str]:
+def _stage_tree(
+    stage: Path, kernel: Kernel, busybox: Path, tini: Path, wanted: tuple[str, ...]
+) -> list[str]:
     index = {p.name.removesuffix(".ko"): p for p in kernel.modules.rglob("*.ko")}
     deps: dict[str, tuple[str, ...]] = {}
     pending = list(wanted)
@@ -96,6 +105,7 @@ def _stage_tree(stage: Path, kernel: Kernel, busybox: Path, wanted: tuple[str, .
     for sub in ("bin", "dev", "proc", "sys", "modules"):
         (stage / sub).mkdir(parents=True)
     shutil.copy2(busybox, stage / "bin" / "busybox")
+    shutil.copy2(tini, stage / "bin" / "tini")
     for name in order:
         src = index.get(name) or index[name.replace("_", "-")]
         shutil.copy2(src, stage / "modules" / src.name)

@@ -2,7 +2,8 @@
 
 The guest's init starts `/opt/aenv/aenv-envd --port 49983` exactly as it will start the real envd;
 this one answers `GET /` with what the tests compare across snapshots (a value held only in the
-process's memory, a file on the root filesystem, random bytes) and `POST /?memory=..&note=..`.
+process's memory, a file on the root filesystem, random bytes, the number of zombie processes),
+`POST /?memory=..&note=..` and `POST /orphan` (leaves an orphan for PID 1 to reap).
 """
 
 from __future__ import annotations
@@ -14,10 +15,20 @@ from aenv.guest.cmdline import ENVD_LABEL
 from aenv.guest.rootfs import make_ext4
 
 AGENT = r"""
-import http.server, json, os, sys, urllib.parse
+import glob, http.server, json, os, subprocess, sys, urllib.parse
 PORT = int(sys.argv[sys.argv.index("--port") + 1])
 NOTE = "/home/user/note"
 state = {"memory": None, "hits": 0}
+
+def zombies():
+    count = 0
+    for stat in glob.glob("/proc/[0-9]*/stat"):
+        try:
+            with open(stat) as f:
+                count += f.read().rsplit(")", 1)[1].split()[0] == "Z"
+        except OSError:
+            pass
+    return count
 
 class Handler(http.server.BaseHTTPRequestHandler):
     def _send(self, obj):
@@ -36,9 +47,12 @@ class Handler(http.server.BaseHTTPRequestHandler):
         except FileNotFoundError:
             note = None
         self._send({"memory": state["memory"], "note": note, "hits": state["hits"],
-                    "random": os.urandom(8).hex(), "pid": os.getpid()})
+                    "random": os.urandom(8).hex(), "pid": os.getpid(), "zombies": zombies()})
 
     def do_POST(self):
+        if self.path == "/orphan":  # a child whose parent exits at once: PID 1 must reap it
+            subprocess.run(["sh", "-c", "sleep 0.2 &"], check=True)
+            return self._send({"ok": True})
         q = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
         state["memory"] = q["memory"][0]
         with open(NOTE, "w") as f:

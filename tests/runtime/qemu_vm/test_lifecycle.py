@@ -33,6 +33,10 @@ async def test_restore_keeps_memory_and_disk(fleet: Fleet, template: Template) -
     assert state["hits"] == 2  # the template answered one GET (readiness) before its snapshot
     stats = await vm.stats()
     assert stats.cpu_seconds > 0 and 0 < stats.pss_bytes <= stats.rss_bytes
+    # PID 1 (tini) reaps orphans re-parented to it.
+    await agent(netns, "POST", "/orphan")
+    await asyncio.sleep(2)
+    assert (await agent(netns))["zombies"] == 0
     await vm.stop()
     await vm.stop()  # idempotent
     assert vm.state is VMState.STOPPED
