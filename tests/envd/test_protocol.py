@@ -210,3 +210,26 @@ def test_unary_response_format(envd_url: str) -> None:
 def test_health_and_is_running(sandbox: Sandbox, envd_url: str) -> None:
     assert httpx.get(f"{envd_url}/health").status_code == 204
     assert sandbox.is_running() is True
+
+
+def test_rpc_request_compression(sandbox: Sandbox, envd_url: str) -> None:
+    import gzip
+
+    url = f"{envd_url}/filesystem.Filesystem/Stat"
+    body = b'{"path": "/home/user"}'
+    ok = httpx.post(
+        url, content=gzip.compress(body), headers={**UNARY_HEADERS, "Content-Encoding": "gzip"}
+    )
+    assert ok.status_code == 200
+    assert ok.json()["entry"]["name"] == "user"
+    broken = httpx.post(url, content=body, headers={**UNARY_HEADERS, "Content-Encoding": "gzip"})
+    assert (broken.status_code, broken.json()["code"]) == (400, "invalid_argument")
+    unknown = httpx.post(url, content=body, headers={**UNARY_HEADERS, "Content-Encoding": "br"})
+    assert (unknown.status_code, unknown.json()["code"]) == (501, "unimplemented")
+    stream = httpx.post(
+        f"{envd_url}/process.Process/Start",
+        content=envelope(gzip.compress(b'{"process": {"cmd": "/bin/true"}}'), flags=1),
+        headers={**STREAM_HEADERS, "Connect-Content-Encoding": "gzip"},
+    )
+    assert parse_envelopes(stream.content)[-1] == (2, {})
+    assert sandbox.commands.run("echo ok").stdout == "ok\n"

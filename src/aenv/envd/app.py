@@ -14,6 +14,8 @@ from typing import Any
 
 from connectrpc.code import Code
 from connectrpc.codec import Codec, proto_binary_codec, proto_json_codec
+from connectrpc.compression import Compression
+from connectrpc.compression.gzip import GzipCompression
 from connectrpc.errors import ConnectError
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -73,6 +75,31 @@ class _StrictCodec:
                 Code.INVALID_ARGUMENT, f"unmarshal into {message_class.__name__}: {e}"
             ) from e
 
+
+class _StrictGzip:
+    """gzip whose undecodable input is INVALID_ARGUMENT, not an arbitrary exception."""
+
+    def __init__(self) -> None:
+        self._inner = GzipCompression()
+
+    def name(self) -> str:
+        return self._inner.name()
+
+    def compress(self, data: bytes | bytearray | memoryview) -> bytes:
+        return self._inner.compress(data)
+
+    def decompress(
+        self, data: bytes | bytearray | memoryview, read_max_bytes: int | None = None
+    ) -> bytes:
+        try:
+            return self._inner.decompress(data, read_max_bytes)
+        except ConnectError:
+            raise
+        except Exception as e:
+            raise ConnectError(Code.INVALID_ARGUMENT, f"decompress: {e}") from e
+
+
+_COMPRESSIONS: list[Compression] = [_StrictGzip()]
 
 _CODECS: list[Codec[Any, Any]] = [
     _StrictCodec(proto_binary_codec()),
@@ -235,9 +262,11 @@ def create_app(settings: Settings) -> ASGIApp:
     filesystem = FilesystemService(settings)
     rpc_apps: dict[str, ASGIApp] = {
         "/process.Process/": ProcessASGIApplication(
-            ProcessService(settings, table), codecs=_CODECS
+            ProcessService(settings, table), codecs=_CODECS, compressions=_COMPRESSIONS
         ),
-        "/filesystem.Filesystem/": FilesystemASGIApplication(filesystem, codecs=_CODECS),
+        "/filesystem.Filesystem/": FilesystemASGIApplication(
+            filesystem, codecs=_CODECS, compressions=_COMPRESSIONS
+        ),
     }
     sampler = system.CPUSampler()
 
