@@ -3,7 +3,8 @@
 The guest's init starts `/opt/aenv/aenv-envd --port 49983` exactly as it will start the real envd;
 this one answers `GET /` with what the tests compare across snapshots (a value held only in the
 process's memory, a file on the root filesystem, random bytes, the number of zombie processes),
-`POST /?memory=..&note=..` and `POST /orphan` (leaves an orphan for PID 1 to reap).
+`POST /?memory=..&note=..`, `POST /orphan` (leaves an orphan for PID 1 to reap) and
+`POST /fill` (writes until the disk is full).
 """
 
 from __future__ import annotations
@@ -11,11 +12,10 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from aenv.guest.cmdline import ENVD_LABEL
-from aenv.guest.rootfs import make_ext4
+from aenv.guest.bundle import build_envd_drive
 
 AGENT = r"""
-import glob, http.server, json, os, subprocess, sys, urllib.parse
+import errno, glob, http.server, json, os, subprocess, sys, urllib.parse
 PORT = int(sys.argv[sys.argv.index("--port") + 1])
 NOTE = "/home/user/note"
 state = {"memory": None, "hits": 0}
@@ -53,6 +53,18 @@ class Handler(http.server.BaseHTTPRequestHandler):
         if self.path == "/orphan":  # a child whose parent exits at once: PID 1 must reap it
             subprocess.run(["sh", "-c", "sleep 0.2 &"], check=True)
             return self._send({"ok": True})
+        if self.path == "/fill":  # write until the disk is full
+            written, error = 0, None
+            fd = os.open("/home/user/fill", os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            block = b"\x5a" * (1 << 20)
+            try:
+                while True:
+                    written += os.write(fd, block)
+            except OSError as exc:
+                error = errno.errorcode.get(exc.errno, str(exc.errno))
+            finally:
+                os.close(fd)
+            return self._send({"written": written, "error": error})
         q = urllib.parse.parse_qs(urllib.parse.urlparse(self.path).query)
         state["memory"] = q["memory"][0]
         with open(NOTE, "w") as f:
@@ -78,6 +90,6 @@ async def build_agent_bundle(workdir: Path) -> Path:
     launcher = tree / "aenv-envd"
     launcher.write_text(LAUNCHER)
     launcher.chmod(0o755)
-    image = await make_ext4(tree, workdir / "bundle.ext4", label=ENVD_LABEL, read_only=True)
+    image = await build_envd_drive(tree, workdir / "bundle.ext4")
     shutil.rmtree(tree)
     return image

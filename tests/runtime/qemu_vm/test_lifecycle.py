@@ -95,3 +95,17 @@ async def test_snapshot_of_a_clone_keeps_running_and_restores(
     grandchild, gc_netns = await fleet.restore(grandchild_snap)
     assert (await agent(gc_netns))["note"] == "second-note"
     assert grandchild.state is VMState.RUNNING
+
+
+async def test_a_full_disk_stays_inside_its_sandbox(fleet: Fleet, template: Template) -> None:
+    (full, full_netns), (_other, other_netns) = await fleet.restore_many(template.snapshot, 2)
+    await asyncio.gather(wait_ready(full_netns), wait_ready(other_netns))
+    result = await agent(full_netns, "POST", "/fill", limit_s=240)
+    assert result["error"] == "ENOSPC"
+    upper_mib = 1024  # the template's writable layer
+    assert result["written"] < upper_mib << 20
+    stats = await full.stats()
+    assert stats.disk_bytes < (upper_mib + 64) << 20  # the host file is bounded by the layer size
+    await agent(other_netns, "POST", "/?memory=fine&note=still-writable")
+    assert (await agent(other_netns))["note"] == "still-writable"
+    assert (await agent(full_netns))["memory"] == TEMPLATE_MEMORY  # the full one still serves
