@@ -36,6 +36,11 @@ lint: install
 bench: install
 	$(PY) bench/envd.py
 
+# envd, an interpreter, its libraries and glibc for guests without Python (src/aenv/envd_bundle/);
+# rebuilt only when an input changed.
+envd-bundle: install
+	$(PY) -m aenv.envd_bundle
+
 proto: install
 	rm -rf $(PROTO_OUT) && mkdir -p $(PROTO_OUT)
 	$(PY) -m grpc_tools.protoc -Iproto \

@@ -1,26 +1,36 @@
 #!/bin/sh
 # Runs a command as PID 1 of fresh mount + PID namespaces, chrooted into a throwaway root:
-# an overlay whose lower layer is the host's / (read-only in effect: writes land on a tmpfs) with
-# its own /etc/passwd (root + `user`, uid 1000), an empty /home and /tmp. Everything it mounts
-# vanishes with the namespaces, so a crashed test cannot leak mounts or processes.
+# an overlay whose lower layer is the host's / by default (read-only in effect: writes land on a
+# tmpfs) with its own /etc/passwd (root + `user`, uid 1000), an empty /home and /tmp. Everything it
+# mounts vanishes with the namespaces, so a crashed test cannot leak mounts or processes.
 #
-#   throwaway_root.sh SCRATCH_DIR BIND_PATH... -- COMMAND [ARGS...]
+#   throwaway_root.sh [--lower DIR] [--ro-bind SRC DST]... SCRATCH_DIR BIND_PATH... -- COMMAND...
 #
 # BIND_PATHs (e.g. the project and its Python) are bind-mounted at the same place in the root,
-# in case they live on another filesystem than /.
+# in case they live on another filesystem than /. --lower replaces the host's / as the overlay's
+# lower layer (e.g. a debootstrapped tree, which stays unmodified); --ro-bind mounts SRC read-only
+# at DST in the root (e.g. the envd bundle at /opt/aenv, as a guest mounts it).
 set -eu
+lower=/ robinds=""
+while :; do
+  case "$1" in
+    --lower) lower=$2; shift 2 ;;
+    --ro-bind) robinds="$robinds $2:$3"; shift 3 ;;
+    *) break ;;
+  esac
+done
 scratch=$1; shift
 binds=""
 while [ "$1" != "--" ]; do binds="$binds $1"; shift; done
 shift
 
 exec unshare --mount --pid --fork --kill-child --propagation private -- /bin/sh -eu -c '
-scratch=$1; binds=$2; shift 2
+scratch=$1; binds=$2; lower=$3; robinds=$4; shift 4
 root=$scratch/root layer=$scratch/layer
 mkdir -p "$root" "$layer"
 mount -t tmpfs -o mode=0755 aenv-test-layer "$layer"
 mkdir "$layer/upper" "$layer/work"
-mount -t overlay aenv-test-root -o "lowerdir=/,upperdir=$layer/upper,workdir=$layer/work" "$root"
+mount -t overlay aenv-test-root -o "lowerdir=$lower,upperdir=$layer/upper,workdir=$layer/work" "$root"
 mount -t proc proc "$root/proc"
 mount --rbind /dev "$root/dev"
 mount --rbind -o ro /sys "$root/sys" 2>/dev/null || mount --rbind /sys "$root/sys"
@@ -28,12 +38,13 @@ mount -t tmpfs -o mode=1777 tmpfs "$root/tmp"
 mount -t tmpfs -o mode=0755 tmpfs "$root/home"
 mount -t tmpfs -o mode=0700 tmpfs "$root/root"
 for p in $binds; do mkdir -p "$root$p"; mount --rbind "$p" "$root$p"; done
-grep -v -e "^user:" -e "^[^:]*:[^:]*:1000:" /etc/passwd > "$root/etc/passwd.new"
+for b in $robinds; do mkdir -p "$root${b#*:}"; mount --bind -o ro "${b%%:*}" "$root${b#*:}"; done
+grep -v -e "^user:" -e "^[^:]*:[^:]*:1000:" "$root/etc/passwd" > "$root/etc/passwd.new"
 echo "user:x:1000:1000:Sandbox user:/home/user:/bin/bash" >> "$root/etc/passwd.new"
 mv "$root/etc/passwd.new" "$root/etc/passwd"
-grep -v -e "^user:" -e "^[^:]*:[^:]*:1000:" /etc/group > "$root/etc/group.new"
+grep -v -e "^user:" -e "^[^:]*:[^:]*:1000:" "$root/etc/group" > "$root/etc/group.new"
 echo "user:x:1000:" >> "$root/etc/group.new"
 mv "$root/etc/group.new" "$root/etc/group"
 mkdir -p "$root/home/user" && chown 1000:1000 "$root/home/user"
 exec chroot "$root" "$@"
-' throwaway-root "$scratch" "$binds" "$@"
+' throwaway-root "$scratch" "$binds" "$lower" "$robinds" "$@"
