@@ -11,7 +11,13 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
-from e2b import FileType, InvalidArgumentException, NotFoundException, Sandbox
+from e2b import (
+    CommandExitException,
+    FileType,
+    InvalidArgumentException,
+    NotFoundException,
+    Sandbox,
+)
 from e2b.sandbox.filesystem.filesystem import WriteEntry
 
 MIB = 1024 * 1024
@@ -397,3 +403,19 @@ def test_metadata_limits(sandbox: Sandbox, envd_url: str, workdir: str) -> None:
     )
     assert response.status_code == 200
     assert response.json()[0]["metadata"] == {"dup": "first"}
+
+
+def test_file_api_acts_as_root_then_hands_over(sandbox: Sandbox) -> None:
+    """As in infra's envd, /files and the filesystem RPCs run as root and give what they create
+    to the requesting user; only commands are confined to the user's permissions."""
+    path = "/root/handed-over/by-user.txt"
+    try:
+        info = sandbox.files.write(path, "mine")  # as the default user
+        assert info.path == path
+        entry = sandbox.files.get_info(path)
+        assert (entry.owner, entry.group) == ("user", "user")
+        assert sandbox.files.get_info("/root").permissions == "drwx------"
+        with pytest.raises(CommandExitException):
+            sandbox.commands.run(f"cat {path}")  # the user's own shell cannot get there
+    finally:
+        sandbox.files.remove("/root/handed-over")
