@@ -166,3 +166,25 @@ async def test_concurrent_uploads_and_downloads(async_sandbox: AsyncSandbox) -> 
     read = await asyncio.gather(*(async_sandbox.files.read(p, format="bytes") for p in blobs))
     assert [bytes(r) for r in read] == list(blobs.values())
     await async_sandbox.files.remove(base)
+
+
+def test_many_concurrent_commands_under_a_low_fd_limit() -> None:
+    """envd raises its soft fd limit (like Go's runtime does for infra's envd): started with a
+    soft limit of 256, it still runs far more concurrent commands than that would allow."""
+    import resource
+
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard < 4096:
+        pytest.skip("the hard fd limit is too low for this check")
+    resource.setrlimit(resource.RLIMIT_NOFILE, (256, hard))  # inherited by the envd we start
+    try:
+        with extra_envd() as url:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+            sandbox = sandbox_for(url)
+            handles = [sandbox.commands.run("sleep 1000", background=True) for _ in range(150)]
+            assert len({h.pid for h in handles}) == 150
+            assert sandbox.commands.run("echo ok").stdout == "ok\n"
+            for handle in handles:
+                handle.kill()
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import resource
 
 import uvicorn
 
@@ -17,6 +18,16 @@ def _protect_from_oom() -> None:
     # The OOM killer should pick the user's processes, not the daemon that serves the sandbox.
     with contextlib.suppress(OSError), open("/proc/self/oom_score_adj", "w") as f:
         f.write("-1000")
+
+
+def _raise_fd_limit() -> None:
+    # Every running command holds a few fds (pipes or a PTY, a pidfd, its stream's socket); a
+    # guest init's default soft limit of 1024 would cap concurrent commands at ~200. Go (infra's
+    # envd) raises its soft limit to the hard one at startup; do the same.
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if hard == resource.RLIM_INFINITY or soft < hard:
+        with contextlib.suppress(ValueError, OSError):
+            resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -46,6 +57,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     if args.default_user:
         settings.default_user = args.default_user
+    _raise_fd_limit()
     if os.geteuid() == 0:
         _protect_from_oom()
     uvicorn.run(
