@@ -248,3 +248,16 @@ def test_exited_command_cannot_be_killed_or_fed(sandbox: Sandbox) -> None:
     with pytest.raises(NotFoundException):
         sandbox.commands.send_stdin(handle.pid, "late")
     assert sandbox.commands.connect(handle.pid).wait().exit_code == 0
+
+
+def test_large_stdin_and_large_command(sandbox: Sandbox) -> None:
+    payload = "0123456789abcdef\n" * (8 * 1024 * 1024 // 17)  # ~8 MB in one SendInput
+    handle = sandbox.commands.run("sha256sum", background=True, stdin=True)
+    sandbox.commands.send_stdin(handle.pid, payload)
+    sandbox.commands.close_stdin(handle.pid)
+    assert handle.wait().stdout.split()[0] == hashlib.sha256(payload.encode()).hexdigest()
+    # A command line over the kernel's limit for one argument (128 KiB) cannot be executed.
+    with pytest.raises(InvalidArgumentException) as info:
+        sandbox.commands.run("echo " + "x" * (256 * 1024))
+    assert "Argument list too long" in str(info.value)
+    assert sandbox.commands.run("echo still").stdout == "still\n"

@@ -131,8 +131,9 @@ async def _connect_error(scope: Scope, send: Send, code: Code, status: int, mess
     await send({"type": "http.response.body", "body": body})
 
 
-# A server-streaming request is one small envelope; more than this is not a valid request.
-MAX_STREAM_REQUEST_BYTES = 4 * 1024 * 1024
+# Largest RPC request message. connect-go (infra) has no limit and connectrpc's default is 4 MiB,
+# which a `send_stdin` of a few MB or a command with a large inline script would exceed.
+MAX_REQUEST_BYTES = 256 * 1024 * 1024
 
 
 def _envelope_error(body: bytes) -> str | None:
@@ -164,7 +165,7 @@ async def _with_checked_envelopes(app: ASGIApp, scope: Scope, receive: Receive, 
             return  # the client left before sending its request
         chunk = message.get("body", b"")
         size += len(chunk)
-        if size > MAX_STREAM_REQUEST_BYTES:
+        if size > MAX_REQUEST_BYTES + 5:
             await _connect_error(
                 scope, send, Code.RESOURCE_EXHAUSTED, 429, "request message is too large"
             )
@@ -262,10 +263,16 @@ def create_app(settings: Settings) -> ASGIApp:
     filesystem = FilesystemService(settings)
     rpc_apps: dict[str, ASGIApp] = {
         "/process.Process/": ProcessASGIApplication(
-            ProcessService(settings, table), codecs=_CODECS, compressions=_COMPRESSIONS
+            ProcessService(settings, table),
+            codecs=_CODECS,
+            compressions=_COMPRESSIONS,
+            read_max_bytes=MAX_REQUEST_BYTES,
         ),
         "/filesystem.Filesystem/": FilesystemASGIApplication(
-            filesystem, codecs=_CODECS, compressions=_COMPRESSIONS
+            filesystem,
+            codecs=_CODECS,
+            compressions=_COMPRESSIONS,
+            read_max_bytes=MAX_REQUEST_BYTES,
         ),
     }
     sampler = system.CPUSampler()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 import signal
 from collections.abc import AsyncIterator
@@ -136,8 +137,10 @@ class ProcessService:
             ) from e
         except OSError as e:
             raise ConnectError(
+                # The request's fault (no such program, not executable, arguments too long), or
+                # envd's (out of fds or processes).
                 Code.INVALID_ARGUMENT
-                if isinstance(e, FileNotFoundError | PermissionError)
+                if isinstance(e, FileNotFoundError | PermissionError) or e.errno == errno.E2BIG
                 else Code.INTERNAL,
                 f"error starting process '{config.cmd}': {e.strerror or e}",
             ) from e
