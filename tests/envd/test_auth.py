@@ -212,3 +212,23 @@ def test_signed_urls_with_unusual_paths(secured: Sandbox) -> None:
         assert (response.status_code, response.text) == (200, "odd")
     finally:
         secured.files.remove("/home/user/dir with space")
+
+
+def test_cors_preflight_needs_no_token(secured_url: str) -> None:
+    preflight = httpx.options(
+        f"{secured_url}/filesystem.Filesystem/ListDir",
+        headers={
+            "Origin": "https://app.example",
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": "x-access-token",
+        },
+    )
+    assert preflight.status_code == 204
+    assert preflight.headers["access-control-allow-origin"] == "*"
+    denied = httpx.post(
+        f"{secured_url}/filesystem.Filesystem/ListDir",
+        content=b"{}",
+        headers={**UNARY_HEADERS, "Origin": "https://app.example"},
+    )
+    assert denied.status_code == 401
+    assert denied.headers["access-control-allow-origin"] == "*"  # the browser may read the error

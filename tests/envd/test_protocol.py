@@ -233,3 +233,32 @@ def test_rpc_request_compression(sandbox: Sandbox, envd_url: str) -> None:
     )
     assert parse_envelopes(stream.content)[-1] == (2, {})
     assert sandbox.commands.run("echo ok").stdout == "ok\n"
+
+
+def test_cors_for_browser_clients(envd_url: str) -> None:
+    origin = {"Origin": "https://app.example"}
+    asked = "content-type,connect-protocol-version,x-access-token"
+    preflight = httpx.options(
+        f"{envd_url}/process.Process/Start",
+        headers={
+            **origin,
+            "Access-Control-Request-Method": "POST",
+            "Access-Control-Request-Headers": asked,
+        },
+    )
+    assert preflight.status_code == 204
+    assert preflight.headers["access-control-allow-origin"] == "*"
+    assert preflight.headers["access-control-allow-methods"] == "POST"
+    assert preflight.headers["access-control-allow-headers"] == asked
+    actual = httpx.post(
+        f"{envd_url}/process.Process/List", content=b"{}", headers={**UNARY_HEADERS, **origin}
+    )
+    assert actual.status_code == 200
+    assert actual.headers["access-control-allow-origin"] == "*"
+    assert "Grpc-Status" in actual.headers["access-control-expose-headers"]
+    files = httpx.get(f"{envd_url}/files", params={"path": "/nope"}, headers=origin)
+    assert files.status_code == 404
+    assert files.headers["access-control-allow-origin"] == "*"
+    # Without an Origin nothing changes.
+    plain = httpx.post(f"{envd_url}/process.Process/List", content=b"{}", headers=UNARY_HEADERS)
+    assert "access-control-allow-origin" not in plain.headers

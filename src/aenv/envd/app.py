@@ -258,6 +258,55 @@ async def _serve_stream(rpc: ASGIApp, scope: Scope, receive: Receive, send: Send
             task.uncancel()
 
 
+# CORS as infra's envd configures it (rs/cors + connectrpc.com/cors), so the JS SDK works from
+# a browser: any origin, preflights answered before the access-token check.
+CORS_MAX_AGE_SECONDS = 2 * 60 * 60
+_CORS_METHODS = frozenset({"HEAD", "GET", "POST", "PUT", "PATCH", "DELETE"})
+_CORS_EXPOSED = (
+    b"Grpc-Status, Grpc-Message, Grpc-Status-Details-Bin, Location, Cache-Control, "
+    b"X-Content-Type-Options"
+)
+
+
+def with_cors(app: ASGIApp) -> ASGIApp:
+    async def cors(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or _header(scope, b"origin") is None:
+            await app(scope, receive, send)
+            return
+        requested = _header(scope, b"access-control-request-method")
+        if scope["method"] == "OPTIONS" and requested is not None:
+            headers = [
+                (b"vary", b"Origin, Access-Control-Request-Method, Access-Control-Request-Headers"),
+                (b"content-length", b"0"),
+            ]
+            if requested.upper() in _CORS_METHODS:
+                headers += [
+                    (b"access-control-allow-origin", b"*"),
+                    (b"access-control-allow-methods", requested.upper().encode()),
+                    (b"access-control-max-age", str(CORS_MAX_AGE_SECONDS).encode()),
+                ]
+                if asked := _header(scope, b"access-control-request-headers"):
+                    headers.append((b"access-control-allow-headers", asked.encode("latin-1")))
+            await send({"type": "http.response.start", "status": 204, "headers": headers})
+            await send({"type": "http.response.body", "body": b""})
+            return
+
+        async def send_with_cors(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [
+                    *message.get("headers", []),
+                    (b"vary", b"Origin"),
+                    (b"access-control-allow-origin", b"*"),
+                    (b"access-control-expose-headers", _CORS_EXPOSED),
+                ]
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await app(scope, receive, send_with_cors)
+
+    return cors
+
+
 def create_app(settings: Settings) -> ASGIApp:
     table = ProcessTable(settings.process_retention)
     filesystem = FilesystemService(settings)
@@ -323,4 +372,4 @@ def create_app(settings: Settings) -> ASGIApp:
                 return
         await _guarded(http, scope, receive, send)
 
-    return app
+    return with_cors(app)
