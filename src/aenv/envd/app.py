@@ -1,5 +1,10 @@
 """The envd ASGI application: Connect RPC services and plain HTTP routes behind one
-access-token gate, on one port."""
+access-token gate, on one port.
+
+Around the services, as connect-go and infra's envd behave: CORS for browser clients, Basic-auth
+users checked on every RPC, malformed JSON, gzip and envelopes answered as INVALID_ARGUMENT, and
+no unexpected exception ever reaching the server (which would drop the keep-alive connection).
+"""
 
 from __future__ import annotations
 
