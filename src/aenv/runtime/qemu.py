@@ -69,7 +69,9 @@ class QemuConfig:
 
 
 def host_tsc_khz(cpuinfo: str | None = None) -> int:
-    """The host TSC frequency in kHz, from the first `cpu MHz` line of /proc/cpuinfo."""
+    """The host TSC frequency in kHz, from the first `cpu MHz` line of /proc/cpuinfo. TCG guests
+    read the host's TSC directly, so this is the frequency their kernel must assume. (`cpu MHz` is
+    the TSC rate on constant-TSC hosts without frequency scaling, such as cloud VMs.)"""
     text = cpuinfo if cpuinfo is not None else Path("/proc/cpuinfo").read_text()
     match = re.search(r"^cpu MHz\s*:\s*([0-9.]+)", text, re.MULTILINE)
     if not match:
@@ -145,6 +147,12 @@ class QemuDriver:
         await self._check(snapshot)
         if not await asyncio.to_thread(target.workdir.is_dir):
             raise RestoreError(f"workdir {target.workdir} does not exist")
+        net = snapshot.spec.net
+        if (net is None) != (target.net is None):
+            raise IncompatibleSnapshotError("the restore must have a network iff the source had")
+        if target.net is not None and net is not None:
+            # The guest driver's state holds the MAC: keep the source's, take the new location.
+            net = dataclasses.replace(target.net, mac=net.mac)
         vm_id = secrets.token_hex(8)
         disks: list[Disk] = []
         created: list[Path] = []
@@ -160,13 +168,6 @@ class QemuDriver:
         except (layers.LayerError, KeyError) as exc:
             _unlink(created)
             raise RestoreError(f"cannot create writable layers: {exc}") from exc
-        net = snapshot.spec.net
-        if (net is None) != (target.net is None):
-            _unlink(created)
-            raise IncompatibleSnapshotError("the restore must have a network iff the source had")
-        if target.net is not None and net is not None:
-            # The guest driver's state holds the MAC: keep the source's, take the new location.
-            net = dataclasses.replace(target.net, mac=net.mac)
         spec = dataclasses.replace(
             snapshot.spec,
             workdir=target.workdir,
@@ -225,12 +226,14 @@ class QemuDriver:
         if missing:
             raise RestoreError(f"snapshot is missing file(s): {', '.join(map(str, missing))}")
 
-    def _argv(self, spec: VMSpec, memory: _Memory, qmp: Path, console: Path) -> list[str]:
+    def _argv(
+        self, vm_id: str, spec: VMSpec, memory: _Memory, qmp: Path, console: Path
+    ) -> list[str]:
         accel = "kvm" if self.config.accel == "kvm" else f"tcg,tb-size={TCG_TB_MIB}"
         share = "on" if memory.shared else "off"
         argv = [
             self.config.binary,
-            "-name", "aenv",
+            "-name", f"aenv-{vm_id}",  # lets a startup sweep recognise our VMMs
             "-accel", accel,
             "-M", "microvm,x-option-roms=off,rtc=on,memory-backend=mem",
             "-cpu", "max" if self.config.accel == "tcg" else "host",
@@ -292,7 +295,7 @@ class QemuDriver:
         qmp_path = spec.workdir / f"qmp.{vm_id}.sock"
         console = spec.workdir / f"console.{vm_id}.log"
         stderr_log = spec.workdir / f"qemu.{vm_id}.log"
-        argv = await asyncio.to_thread(self._argv, spec, memory, qmp_path, console)
+        argv = await asyncio.to_thread(self._argv, vm_id, spec, memory, qmp_path, console)
         if incoming:
             argv += ["-incoming", "defer"]
         monitor = Monitor(qmp_path, f"aenv-{vm_id}")

@@ -2,7 +2,7 @@
 
 The guest's init starts `/opt/aenv/aenv-envd --port 49983` exactly as it will start the real envd;
 this one answers `GET /` with what the tests compare across snapshots (a value held only in the
-process's memory, a file on the root filesystem, random bytes, the number of zombie processes),
+process's memory, a file on the root filesystem, random bytes), `GET /zombies`,
 `POST /?memory=..&note=..`, `POST /orphan` (leaves an orphan for PID 1 to reap) and
 `POST /fill` (writes until the disk is full).
 """
@@ -40,6 +40,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.wfile.write(body)
 
     def do_GET(self):
+        if self.path == "/zombies":
+            return self._send({"zombies": zombies()})
         state["hits"] += 1
         try:
             with open(NOTE) as f:
@@ -47,7 +49,7 @@ class Handler(http.server.BaseHTTPRequestHandler):
         except FileNotFoundError:
             note = None
         self._send({"memory": state["memory"], "note": note, "hits": state["hits"],
-                    "random": os.urandom(8).hex(), "pid": os.getpid(), "zombies": zombies()})
+                    "random": os.urandom(8).hex(), "pid": os.getpid()})
 
     def do_POST(self):
         if self.path == "/orphan":  # a child whose parent exits at once: PID 1 must reap it

@@ -36,7 +36,7 @@ async def test_restore_keeps_memory_and_disk(fleet: Fleet, template: Template) -
     # PID 1 (tini) reaps orphans re-parented to it.
     await agent(netns, "POST", "/orphan")
     await asyncio.sleep(2)
-    assert (await agent(netns))["zombies"] == 0
+    assert (await agent(netns, path="/zombies"))["zombies"] == 0
     await vm.stop()
     await vm.stop()  # idempotent
     assert vm.state is VMState.STOPPED
