@@ -1,0 +1,1 @@
+"""The HTTP control plane: E2B-compatible routes over the orchestrator."""

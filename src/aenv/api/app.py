@@ -1,0 +1,80 @@
+"""The control-plane ASGI app: routes, API-key check, JSON errors for everything."""
+
+from __future__ import annotations
+
+import logging
+
+from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from aenv.api.errors import APIError
+from aenv.api.keys import key_matches
+from aenv.api.sandboxes import SandboxRoutes
+from aenv.api.templates import TemplateRoutes
+from aenv.config import Config
+from aenv.orchestrator.lifecycle import Orchestrator
+
+log = logging.getLogger("aenv.api")
+_OPEN_PATHS = frozenset({"/health"})
+
+
+class APIKeyGate:
+    """Every control-plane request but `/health` carries `X-API-KEY` (or, from old SDKs,
+    `Authorization: Bearer <key>`)."""
+
+    def __init__(self, app: ASGIApp, api_key: str) -> None:
+        self.app = app
+        self.api_key = api_key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] not in _OPEN_PATHS:
+            headers = {k.lower(): v for k, v in scope["headers"]}
+            given = headers.get(b"x-api-key", b"").decode("latin-1") or None
+            bearer = headers.get(b"authorization", b"").decode("latin-1")
+            if given is None and bearer.lower().startswith("bearer "):
+                given = bearer[7:]
+            if not key_matches(self.api_key, given):
+                message = "Invalid API key" if given else "Missing API key: send X-API-KEY"
+                await APIError(401, message).response()(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+async def _health(_: Request) -> Response:
+    return JSONResponse({"status": "ok"})
+
+
+async def _api_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, APIError)
+    return exc.response()
+
+
+async def _http_error(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, HTTPException)
+    return APIError(exc.status_code, exc.detail or "error").response()
+
+
+async def _unexpected(_: Request, exc: Exception) -> Response:
+    log.exception("unhandled error", exc_info=exc)
+    return APIError(500, f"internal error: {type(exc).__name__}", should_retry=False).response()
+
+
+def create_api(orchestrator: Orchestrator, config: Config, api_key: str) -> ASGIApp:
+    routes = [
+        Route("/health", _health, methods=["GET"]),
+        *SandboxRoutes(orchestrator, config).routes(),
+        *TemplateRoutes(orchestrator.templates).routes(),
+    ]
+    app = Starlette(
+        routes=routes,
+        exception_handlers={
+            APIError: _api_error,
+            HTTPException: _http_error,
+            Exception: _unexpected,
+        },
+    )
+    return APIKeyGate(app, api_key)

@@ -1,0 +1,36 @@
+"""JSON errors in the shape every E2B SDK parses: `{"code": <int>, "message": <str>}`."""
+
+from __future__ import annotations
+
+from starlette.responses import JSONResponse
+
+
+class APIError(Exception):
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        error_code: str | None = None,
+        should_retry: bool | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.error_code = error_code
+        self.should_retry = should_retry
+
+    def response(self) -> JSONResponse:
+        body: dict[str, object] = {"code": self.status, "message": self.message}
+        if self.error_code:
+            body["error_code"] = self.error_code
+        headers = {}
+        if self.should_retry is not None:
+            # The Python SDK retries 5xx unless told not to; a create that may have partly
+            # happened must not be replayed blindly.
+            headers["Should-Retry"] = "true" if self.should_retry else "false"
+        return JSONResponse(body, status_code=self.status, headers=headers)
+
+
+def not_found(what: str) -> APIError:
+    return APIError(404, f"{what} not found")

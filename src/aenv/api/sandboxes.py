@@ -1,0 +1,277 @@
+"""Sandbox routes of the E2B control plane (v1 and v2), with the SDKs' exact status codes."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from typing import Any, TypeVar
+from urllib.parse import parse_qsl, unquote
+
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from aenv.api.errors import APIError, not_found
+from aenv.api.models import (
+    DEFAULT_TIMEOUT_V1,
+    DEFAULT_TIMEOUT_V2,
+    ConnectBody,
+    NewSandbox,
+    RefreshBody,
+    TimeoutBody,
+)
+from aenv.config import Config
+from aenv.envd import ENVD_VERSION
+from aenv.orchestrator.catalog import SandboxRecord
+from aenv.orchestrator.lifecycle import (
+    CreateFailed,
+    CreateRequest,
+    Orchestrator,
+    SandboxNotFound,
+)
+from aenv.orchestrator.templates import TemplateNotFound
+
+M = TypeVar("M", bound=BaseModel)
+CLIENT_ID = "6532622b"  # the legacy constant infra sends; SDKs require the key
+MAX_PAGE = 100
+
+
+def rfc3339(ts: float) -> str:
+    return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+async def parse_body(request: Request, model: type[M], *, optional: bool = False) -> M:
+    raw = await request.body()
+    if not raw.strip() and optional:
+        return model.model_validate({})
+    try:
+        return model.model_validate_json(raw)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in e.errors()
+        )
+        raise APIError(400, f"invalid request body: {problems}") from e
+
+
+class SandboxRoutes:
+    def __init__(self, orchestrator: Orchestrator, config: Config) -> None:
+        self.orc = orchestrator
+        self.config = config
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/sandboxes", self.create_v1, methods=["POST"]),
+            Route("/v2/sandboxes", self.create_v2, methods=["POST"]),
+            Route("/sandboxes", self.list_v1, methods=["GET"]),
+            Route("/v2/sandboxes", self.list_v2, methods=["GET"]),
+            Route("/sandboxes/{sandbox_id}", self.detail, methods=["GET"]),
+            Route("/sandboxes/{sandbox_id}", self.kill, methods=["DELETE"]),
+            Route("/sandboxes/{sandbox_id}/timeout", self.timeout, methods=["POST"]),
+            Route("/sandboxes/{sandbox_id}/refreshes", self.refresh, methods=["POST"]),
+            Route("/sandboxes/{sandbox_id}/connect", self.connect, methods=["POST"]),
+            Route("/v2/sandboxes/{sandbox_id}/connect", self.connect, methods=["POST"]),
+        ]
+
+    # -- shapes ---------------------------------------------------------------------------
+
+    def _sandbox(self, record: SandboxRecord) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "templateID": record.template_id,
+            "sandboxID": record.id,
+            "clientID": CLIENT_ID,
+            "envdVersion": ENVD_VERSION,
+            "envdAccessToken": record.envd_access_token,
+            "trafficAccessToken": record.traffic_access_token,
+            "domain": self.config.domain,
+        }
+        if record.alias:
+            body["alias"] = record.alias
+        return body
+
+    def _listed(self, record: SandboxRecord) -> dict[str, Any]:
+        body: dict[str, Any] = {
+            "templateID": record.template_id,
+            "sandboxID": record.id,
+            "clientID": CLIENT_ID,
+            "startedAt": rfc3339(record.started_at),
+            "endAt": rfc3339(record.end_at),
+            "cpuCount": record.cpu_count,
+            "memoryMB": record.memory_mb,
+            "diskSizeMB": record.disk_size_mb,
+            "state": record.state.public,
+            "envdVersion": ENVD_VERSION,
+            "metadata": dict(record.metadata),
+        }
+        if record.alias:
+            body["alias"] = record.alias
+        return body
+
+    def _detail(self, record: SandboxRecord) -> dict[str, Any]:
+        return {
+            **self._listed(record),
+            "envdAccessToken": record.envd_access_token,
+            "allowInternetAccess": record.allow_internet,
+            "domain": self.config.domain,
+            "lifecycle": {
+                "autoResume": False,
+                "onTimeout": "pause" if record.auto_pause else "kill",
+            },
+        }
+
+    # -- create ---------------------------------------------------------------------------
+
+    async def _create(self, request: Request, default_timeout: int) -> Response:
+        body = await parse_body(request, NewSandbox)
+        timeout = default_timeout if body.timeout is None else body.timeout
+        if timeout <= 0 or timeout > self.config.max_timeout:
+            raise APIError(400, f"timeout must be between 1 and {self.config.max_timeout} seconds")
+        allow_internet = body.allow_internet_access is not False
+        if (
+            body.network is not None
+            and body.network.deny_out
+            and "0.0.0.0/0" in body.network.deny_out
+        ):
+            allow_internet = False
+        try:
+            record, _ = await self.orc.create(
+                CreateRequest(
+                    template=unquote(body.template_id),
+                    timeout=timeout,
+                    metadata=body.metadata or {},
+                    env_vars=body.env_vars or {},
+                    auto_pause=body.auto_pause,
+                    allow_internet=allow_internet,
+                )
+            )
+        except TemplateNotFound as e:
+            raise APIError(404, f"template '{body.template_id}' not found") from e
+        except CreateFailed as e:
+            raise APIError(
+                500, str(e), error_code="sandbox_create_failed", should_retry=False
+            ) from e
+        return JSONResponse(self._sandbox(record), status_code=201)
+
+    async def create_v1(self, request: Request) -> Response:
+        return await self._create(request, DEFAULT_TIMEOUT_V1)
+
+    async def create_v2(self, request: Request) -> Response:
+        return await self._create(request, DEFAULT_TIMEOUT_V2)
+
+    # -- list -----------------------------------------------------------------------------
+
+    async def list_v1(self, request: Request) -> Response:
+        running = [r for r in self.orc.list() if r.state.public == "running"]
+        return JSONResponse([self._listed(r) for r in _filter_metadata(running, request)])
+
+    async def list_v2(self, request: Request) -> Response:
+        q = request.query_params
+        states = {s for s in q.get("state", "").split(",") if s} or {"running", "paused"}
+        unknown = states - {"running", "paused"}
+        if unknown:
+            raise APIError(400, f"unknown state filter: {', '.join(sorted(unknown))}")
+        records = [r for r in self.orc.list() if r.state.public in states]
+        records = list(_filter_metadata(records, request))
+        if template := q.get("template"):
+            records = [r for r in records if template in (r.template_id, r.alias)]
+        if started_after := q.get("startedAfter"):
+            after = _parse_time(started_after)
+            records = [r for r in records if r.started_at > after]
+        ascending = q.get("order", "desc").lower() == "asc"
+        records.sort(key=lambda r: (r.started_at, r.id), reverse=not ascending)
+        limit = _int_param(q.get("limit"), MAX_PAGE, "limit")
+        if not 1 <= limit <= MAX_PAGE:
+            raise APIError(400, f"limit must be between 1 and {MAX_PAGE}")
+        if token := q.get("nextToken"):
+            records = _after_cursor(records, token, ascending)
+        page, more = records[:limit], len(records) > limit
+        headers = {"X-Next-Token": _cursor(page[-1], ascending)} if more and page else {}
+        return JSONResponse([self._listed(r) for r in page], headers=headers)
+
+    # -- single sandbox ---------------------------------------------------------------------
+
+    def _record(self, request: Request) -> SandboxRecord:
+        sandbox_id = request.path_params["sandbox_id"]
+        try:
+            return self.orc.get(sandbox_id)
+        except SandboxNotFound as e:
+            raise not_found(f"sandbox '{sandbox_id}'") from e
+
+    async def detail(self, request: Request) -> Response:
+        return JSONResponse(self._detail(self._record(request)))
+
+    async def kill(self, request: Request) -> Response:
+        sandbox_id = request.path_params["sandbox_id"]
+        if not await self.orc.kill(sandbox_id):
+            raise not_found(f"sandbox '{sandbox_id}'")
+        return Response(status_code=204)
+
+    async def timeout(self, request: Request) -> Response:
+        body = await parse_body(request, TimeoutBody)
+        record = self._record(request)
+        if body.timeout > self.config.max_timeout:
+            raise APIError(400, f"timeout must be at most {self.config.max_timeout} seconds")
+        self.orc.set_timeout(record.id, body.timeout)
+        return Response(status_code=204)
+
+    async def refresh(self, request: Request) -> Response:
+        body = await parse_body(request, RefreshBody, optional=True)
+        record = self._record(request)
+        self.orc.extend_timeout(record.id, body.duration or DEFAULT_TIMEOUT_V1)
+        return Response(status_code=204)
+
+    async def connect(self, request: Request) -> Response:
+        body = await parse_body(request, ConnectBody, optional=True)
+        sandbox_id = request.path_params["sandbox_id"]
+        try:
+            record = self.orc.get(sandbox_id)
+        except SandboxNotFound as e:
+            raise APIError(404, f"sandbox '{sandbox_id}' not found") from e
+        if record.state.public != "running":
+            raise APIError(
+                409, f"sandbox '{sandbox_id}' is {record.state.public}; resume arrives later"
+            )
+        record = self.orc.extend_timeout(sandbox_id, body.timeout or DEFAULT_TIMEOUT_V2)
+        return JSONResponse(self._sandbox(record), status_code=200)
+
+
+def _filter_metadata(records: Iterable[SandboxRecord], request: Request) -> Iterable[SandboxRecord]:
+    """`metadata=k%3Dv%26k2%3Dv2`: decoded as infra does (query decode, unescape, split)."""
+    raw = request.query_params.get("metadata")
+    if not raw:
+        return records
+    wanted = dict(parse_qsl(unquote(raw), keep_blank_values=True))
+    return [r for r in records if all(r.metadata.get(k) == v for k, v in wanted.items())]
+
+
+def _parse_time(value: str) -> float:
+    try:
+        return datetime.fromisoformat(value.replace("Z", "+00:00")).timestamp()
+    except ValueError as e:
+        raise APIError(400, f"invalid time '{value}': use RFC 3339") from e
+
+
+def _int_param(value: str | None, default: int, name: str) -> int:
+    if value is None:
+        return default
+    try:
+        return int(value)
+    except ValueError as e:
+        raise APIError(400, f"{name} must be an integer") from e
+
+
+def _cursor(record: SandboxRecord, ascending: bool) -> str:
+    raw = f"{record.started_at!r}__{record.id}__{'asc' if ascending else 'desc'}"
+    return base64.urlsafe_b64encode(raw.encode()).decode()
+
+
+def _after_cursor(records: list[SandboxRecord], token: str, ascending: bool) -> list[SandboxRecord]:
+    try:
+        started, sandbox_id, _ = base64.urlsafe_b64decode(token.encode()).decode().split("__")
+        key = (float(started), sandbox_id)
+    except (ValueError, UnicodeDecodeError) as e:
+        raise APIError(400, "invalid nextToken") from e
+    if ascending:
+        return [r for r in records if (r.started_at, r.id) > key]
+    return [r for r in records if (r.started_at, r.id) < key]

@@ -1,0 +1,79 @@
+"""`aenv` commands. `server` runs a node; more commands talk to a running one over its API."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+from pathlib import Path
+from typing import Annotated
+
+import typer
+import uvicorn
+from rich.console import Console
+
+from aenv.config import Config, ConfigError, load
+
+app = typer.Typer(help="AENV-py: E2B-compatible microVM sandboxes.", no_args_is_help=True)
+console = Console(stderr=True)
+
+
+@app.command()
+def server(
+    port: Annotated[int | None, typer.Option(help="port for the API and the data plane")] = None,
+    host: Annotated[str | None, typer.Option(help="address to listen on")] = None,
+    home: Annotated[Path | None, typer.Option(help="data directory (AENV_HOME)")] = None,
+    driver: Annotated[str | None, typer.Option(help="auto|firecracker|qemu-kvm|qemu-tcg")] = None,
+) -> None:
+    """Run one node: control plane and data plane on one port."""
+    try:
+        config = load({"port": port, "host": host, "home": home, "driver": driver})
+    except ConfigError as e:
+        console.print(f"[red]configuration error:[/red] {e}")
+        raise typer.Exit(2) from e
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    asyncio.run(_serve(config))
+
+
+async def _serve(config: Config) -> None:
+    from aenv.server import start_node  # the server's imports are heavy; other commands skip them
+
+    node = await start_node(config, progress=lambda m: console.print(f"[cyan]aenv[/cyan] {m}"))
+    uv = uvicorn.Server(
+        uvicorn.Config(
+            node.app,
+            host=config.host,
+            port=config.port,
+            loop="asyncio",
+            http="httptools",
+            lifespan="off",
+            access_log=False,
+            log_level="warning",
+            timeout_keep_alive=650,
+        )
+    )
+    # Let uvicorn own SIGINT/SIGTERM, then shut the node down after it stops serving.
+    console.print(f"[green]serving[/green] http://{config.host}:{config.port}")
+    try:
+        await uv.serve()
+    finally:
+        await node.close()
+
+
+@app.command()
+def auth(home: Annotated[Path | None, typer.Option(help="data directory")] = None) -> None:
+    """Print where the node's API key is and the environment to point E2B SDKs here."""
+    config = load({"home": home})
+    key = config.api_key_path.read_text().strip() if config.api_key_path.exists() else None
+    if key is None:
+        console.print(f"no API key yet: start the server once ({config.api_key_path})")
+        raise typer.Exit(1)
+    base = f"http://localhost:{config.port}"
+    typer.echo(
+        f"export E2B_API_KEY={key}\nexport E2B_API_URL={base}\nexport E2B_SANDBOX_URL={base}"
+    )
+
+
+def main() -> None:
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)
+    app()

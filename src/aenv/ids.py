@@ -1,0 +1,28 @@
+"""Identifiers and secrets in the shapes E2B clients accept.
+
+Sandbox ids are `[a-z0-9]{20}`: host-based routing splits `{port}-{id}.{domain}` on `-`, so ids
+never contain one. API keys are `e2b_` + 40 hex digits: SDKs before 2.6x reject other shapes.
+"""
+
+from __future__ import annotations
+
+import secrets
+import string
+
+_ID_ALPHABET = string.ascii_lowercase + string.digits
+
+
+def new_sandbox_id() -> str:
+    return "".join(secrets.choice(_ID_ALPHABET) for _ in range(20))
+
+
+def new_api_key() -> str:
+    return "e2b_" + secrets.token_hex(20)
+
+
+def new_access_token() -> str:
+    return secrets.token_hex(24)
+
+
+def is_sandbox_id(value: str) -> bool:
+    return 1 <= len(value) <= 64 and all(c in _ID_ALPHABET for c in value)

@@ -1,0 +1,194 @@
+"""The node's durable sandbox catalog in SQLite (WAL).
+
+Every state change is one conditional UPDATE (`... WHERE state IN (...)`), so two concurrent
+operations on one sandbox cannot both win, and a crash never leaves a row half-written. Rows are
+small and statements take microseconds, so they run on the event loop's thread: a thread hop
+would cost more than the statement.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+from aenv.orchestrator.states import SandboxState
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS sandboxes (
+    id TEXT PRIMARY KEY,
+    template_id TEXT NOT NULL,
+    alias TEXT,
+    state TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    env_vars TEXT NOT NULL,
+    cpu_count INTEGER NOT NULL,
+    memory_mb INTEGER NOT NULL,
+    disk_size_mb INTEGER NOT NULL,
+    started_at REAL NOT NULL,
+    end_at REAL NOT NULL,
+    envd_access_token TEXT,
+    traffic_access_token TEXT,
+    auto_pause INTEGER NOT NULL DEFAULT 0,
+    allow_internet INTEGER NOT NULL DEFAULT 1,
+    placement TEXT NOT NULL DEFAULT '{}',
+    updated_at REAL NOT NULL
+);
+CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state);
+CREATE INDEX IF NOT EXISTS sandboxes_started ON sandboxes(started_at, id);
+"""
+
+
+@dataclass(frozen=True)
+class SandboxRecord:
+    id: str
+    template_id: str
+    state: SandboxState
+    cpu_count: int
+    memory_mb: int
+    disk_size_mb: int
+    started_at: float
+    end_at: float
+    alias: str | None = None
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    env_vars: Mapping[str, str] = field(default_factory=dict)
+    envd_access_token: str | None = None
+    traffic_access_token: str | None = None
+    auto_pause: bool = False
+    allow_internet: bool = True
+    # Where the sandbox runs on this node (VM work dir, network slot): the runtime's business,
+    # kept here so a restarted server can find and reclaim it.
+    placement: Mapping[str, Any] = field(default_factory=dict)
+    updated_at: float = 0.0
+
+
+_JSON = ("metadata", "env_vars", "placement")
+_BOOL = ("auto_pause", "allow_internet")
+_COLUMNS = tuple(f.name for f in fields(SandboxRecord))
+
+
+def _to_row(record: SandboxRecord) -> tuple[Any, ...]:
+    values = []
+    for name in _COLUMNS:
+        value = getattr(record, name)
+        if name in _JSON:
+            value = json.dumps(dict(value), sort_keys=True)
+        elif name in _BOOL:
+            value = int(value)
+        elif name == "state":
+            value = value.value
+        values.append(value)
+    return tuple(values)
+
+
+def _from_row(row: sqlite3.Row) -> SandboxRecord:
+    data: dict[str, Any] = {name: row[name] for name in _COLUMNS}
+    for name in _JSON:
+        data[name] = json.loads(data[name])
+    for name in _BOOL:
+        data[name] = bool(data[name])
+    data["state"] = SandboxState(data["state"])
+    return SandboxRecord(**data)
+
+
+class Catalog:
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+        self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA synchronous=NORMAL")
+        self._db.execute("PRAGMA busy_timeout=5000")
+        self._db.executescript(SCHEMA)
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def insert(self, record: SandboxRecord) -> SandboxRecord:
+        record = replace(record, updated_at=time.time())
+        marks = ", ".join("?" for _ in _COLUMNS)
+        self._db.execute(
+            f"INSERT INTO sandboxes ({', '.join(_COLUMNS)}) VALUES ({marks})",  # noqa: S608
+            _to_row(record),
+        )
+        return record
+
+    def get(self, sandbox_id: str) -> SandboxRecord | None:
+        row = self._db.execute("SELECT * FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone()
+        return _from_row(row) if row else None
+
+    def transition(
+        self,
+        sandbox_id: str,
+        allowed_from: Iterable[SandboxState],
+        to: SandboxState,
+        **changes: Any,
+    ) -> SandboxRecord | None:
+        """Move to `to` (and apply `changes`) only if the current state is in `allowed_from`.
+        Returns the updated record, or None when the sandbox is missing or in another state."""
+        allowed = [s.value for s in allowed_from]
+        assignments = {"state": to.value, "updated_at": time.time()}
+        for name, value in changes.items():
+            if name not in _COLUMNS or name in ("id", "state"):
+                raise ValueError(f"not a changeable column: {name}")
+            if name in _JSON:
+                value = json.dumps(dict(value), sort_keys=True)
+            elif name in _BOOL:
+                value = int(value)
+            assignments[name] = value
+        sets = ", ".join(f"{name} = ?" for name in assignments)
+        marks = ", ".join("?" for _ in allowed)
+        with self._transaction() as db:
+            cursor = db.execute(
+                f"UPDATE sandboxes SET {sets} WHERE id = ? AND state IN ({marks})",  # noqa: S608
+                (*assignments.values(), sandbox_id, *allowed),
+            )
+            if cursor.rowcount != 1:
+                return None
+            row = db.execute("SELECT * FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone()
+        return _from_row(row)
+
+    def update(self, sandbox_id: str, **changes: Any) -> SandboxRecord | None:
+        """Change fields without a state transition (e.g. end_at), whatever the state."""
+        current = self.get(sandbox_id)
+        if current is None:
+            return None
+        return self.transition(sandbox_id, [current.state], current.state, **changes)
+
+    def delete(self, sandbox_id: str) -> bool:
+        cursor = self._db.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
+        return cursor.rowcount == 1
+
+    def list(self, states: Iterable[SandboxState] | None = None) -> list[SandboxRecord]:
+        query = "SELECT * FROM sandboxes"
+        params: list[str] = []
+        if states is not None:
+            wanted = [s.value for s in states]
+            query += f" WHERE state IN ({', '.join('?' for _ in wanted)})"
+            params = wanted
+        query += " ORDER BY started_at DESC, id DESC"
+        return [_from_row(row) for row in self._db.execute(query, params)]
+
+    def count(self, states: Iterable[SandboxState]) -> int:
+        wanted = [s.value for s in states]
+        marks = ", ".join("?" for _ in wanted)
+        row = self._db.execute(
+            f"SELECT COUNT(*) FROM sandboxes WHERE state IN ({marks})",  # noqa: S608
+            wanted,
+        ).fetchone()
+        return int(row[0])

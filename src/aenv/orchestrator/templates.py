@@ -1,0 +1,211 @@
+"""Templates: a saved VM snapshot with envd ready inside, which sandboxes are restored from.
+
+A template lives in `$AENV_HOME/templates/<id>/` (`template.json` + the driver's snapshot files);
+its guest memory file lives on tmpfs (`/dev/shm/aenv-<home hash>/templates/<id>/`), because every
+restore maps it. The default template `base` is built here: boot the base image once, wait for
+envd, configure it, snapshot it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import json
+import secrets
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import httpx
+
+from aenv.guest.cmdline import GuestNet, kernel_cmdline
+from aenv.network import SlotProvider
+from aenv.orchestrator import envd_client
+from aenv.orchestrator.images import GuestImages
+from aenv.runtime.driver import (
+    Disk,
+    Driver,
+    NetAttachment,
+    RestoreError,
+    Snapshot,
+    SnapshotTarget,
+    VMSpec,
+)
+from aenv.storage import layers
+
+TEMPLATE_FILE = "template.json"
+BOOT_READY_TIMEOUT = 180.0
+
+
+class TemplateNotFound(LookupError):
+    pass
+
+
+@dataclass(frozen=True)
+class Template:
+    template_id: str
+    build_id: str
+    aliases: tuple[str, ...]
+    cpu_count: int
+    memory_mb: int
+    disk_size_mb: int
+    envd_version: str
+    envd_access_token: str
+    created_at: float
+    snapshot_dir: str
+
+    def snapshot(self) -> Snapshot:
+        return Snapshot.load_manifest(Path(self.snapshot_dir))
+
+
+def memory_root(home: Path) -> Path:
+    """Where templates keep guest memory: tmpfs, one tree per data dir."""
+    digest = hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:8]
+    return Path("/dev/shm") / f"aenv-{digest}"
+
+
+class TemplateStore:
+    def __init__(self, directory: Path, memory_dir: Path) -> None:
+        self.directory = directory
+        self.memory_dir = memory_dir
+        self._templates: dict[str, Template] = {}
+
+    def load(self) -> None:
+        """Read every template whose snapshot (including its memory file) is complete."""
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._templates.clear()
+        for meta in sorted(self.directory.glob(f"*/{TEMPLATE_FILE}")):
+            try:
+                raw = json.loads(meta.read_text())
+                template = Template(**{**raw, "aliases": tuple(raw["aliases"])})
+                snap = template.snapshot()
+            except (OSError, ValueError, TypeError, KeyError, RestoreError):
+                continue
+            if snap.memory_file is not None and not snap.memory_file.exists():
+                continue  # tmpfs was cleared (host reboot): the template must be rebuilt
+            self._templates[template.template_id] = template
+
+    def get(self, ref: str) -> Template:
+        name = ref.split(":", 1)[0]  # `name:tag`: tags are not tracked yet, every tag is latest
+        for template in self._templates.values():
+            if name == template.template_id or name in template.aliases:
+                return template
+        raise TemplateNotFound(ref)
+
+    def list(self) -> list[Template]:
+        return sorted(self._templates.values(), key=lambda t: t.created_at)
+
+    def save(self, template: Template) -> None:
+        path = self.directory / template.template_id / TEMPLATE_FILE
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(template), indent=2))
+        tmp.replace(path)
+        self._templates[template.template_id] = template
+
+    def delete(self, template_id: str) -> bool:
+        template = self._templates.pop(template_id, None)
+        if template is None:
+            return False
+        shutil.rmtree(self.directory / template_id, ignore_errors=True)
+        shutil.rmtree(self.memory_dir / template_id, ignore_errors=True)
+        return True
+
+
+@dataclass(frozen=True)
+class BuildRequest:
+    template_id: str
+    aliases: tuple[str, ...]
+    vcpus: int
+    memory_mb: int
+    disk_size_mb: int
+    envd_version: str
+
+
+async def build_template(
+    request: BuildRequest,
+    images: GuestImages,
+    driver: Driver,
+    slots: SlotProvider,
+    store: TemplateStore,
+    guest_net: GuestNet,
+) -> Template:
+    """Cold-boot the base image, wait for envd, give it the template's token, snapshot it.
+
+    The build writes straight into the template's final directories (qcow2 layers name their
+    backing files by absolute path, so a snapshot must not move afterwards); `template.json`,
+    written last, is what makes it visible. On failure the directories are removed again.
+    """
+    build_id = secrets.token_hex(8)
+    final_dir = store.directory / request.template_id
+    memory = store.memory_dir / request.template_id
+    store.delete(request.template_id)
+    for stale in (final_dir, memory):
+        await asyncio.to_thread(shutil.rmtree, stale, True)
+        stale.mkdir(parents=True)
+    slot = await slots.acquire(egress=True)
+    vm = None
+    done = False
+    try:
+        vm_dir = final_dir / "build"
+        vm_dir.mkdir()
+        upper = await layers.new_upper(vm_dir / "upper.img", request.disk_size_mb)
+        spec = VMSpec(
+            vcpus=request.vcpus,
+            memory_mib=request.memory_mb,
+            kernel=images.kernel,
+            initrd=images.initrd,
+            cmdline=kernel_cmdline(guest_net, hostname="sandbox"),
+            workdir=vm_dir,
+            disks=(
+                Disk("root", images.rootfs, read_only=True),
+                Disk("upper", upper),
+                Disk("envd", images.envd_drive, read_only=True),
+            ),
+            net=NetAttachment(slot.netns, slot.guest.tap, slot.guest.mac),
+            memory_dir=memory,
+        )
+        vm = await driver.boot(spec)
+        base_url = f"http://{slot.address}:{envd_client.ENVD_PORT}"
+        token = secrets.token_hex(24)
+        async with httpx.AsyncClient() as client:
+            await envd_client.wait_healthy(client, base_url, BOOT_READY_TIMEOUT)
+            await envd_client.init(
+                client,
+                base_url,
+                current_token=None,
+                new_token=token,
+                env_vars={},
+                hostname="sandbox",
+                timeout=30,
+            )
+        snap_dir = final_dir / "snapshot"
+        snap_dir.mkdir()
+        snapshot = await vm.snapshot(
+            SnapshotTarget(directory=snap_dir, memory_dir=memory), keep_running=False
+        )
+        snapshot.save_manifest()
+        vm = None
+        template = Template(
+            template_id=request.template_id,
+            build_id=build_id,
+            aliases=request.aliases,
+            cpu_count=request.vcpus,
+            memory_mb=request.memory_mb,
+            disk_size_mb=request.disk_size_mb,
+            envd_version=request.envd_version,
+            envd_access_token=token,
+            created_at=time.time(),
+            snapshot_dir=str(snap_dir),
+        )
+        store.save(template)
+        done = True
+        return template
+    finally:
+        if vm is not None:
+            await vm.stop()
+        await slots.release(slot)
+        await asyncio.to_thread(shutil.rmtree, final_dir / "build", True)
+        if not done:
+            for partial in (final_dir, memory):
+                await asyncio.to_thread(shutil.rmtree, partial, True)
