@@ -65,10 +65,14 @@ class Places:
 @pytest.fixture(scope="session")
 def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Places]:
     shm = Path(tempfile.mkdtemp(prefix="aenv-test-", dir="/dev/shm"))
+    work = tmp_path_factory.mktemp("qemu")
     try:
-        yield Places(work=tmp_path_factory.mktemp("qemu"), shm=shm)
+        yield Places(work=work, shm=shm)
     finally:
+        # Snapshots hold full-RAM state files and disk layers: do not leave them to pytest's
+        # retention of old temp dirs.
         shutil.rmtree(shm, ignore_errors=True)
+        shutil.rmtree(work, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")
