@@ -68,3 +68,17 @@ def test_real_hierarchy_limits_and_cleanup() -> None:
         group.remove()
         manager.remove_parent()
     assert manager.names() == []
+
+
+def test_sweep_removes_only_empty_stale_groups(tmp_path: Path) -> None:
+    own = tmp_path / "svc"
+    (own / "aenv-new").mkdir(parents=True)
+    (own / "aenv-old" / "qemu-a").mkdir(parents=True)
+    busy = own / "aenv-old" / "qemu-b"
+    busy.mkdir()
+    (busy / "cgroup.procs").write_text("42")  # a real busy group refuses rmdir like this
+    (own / "unrelated" / "x").mkdir(parents=True)
+    manager = CgroupV2("aenv-new", tmp_path, proc_cgroup="0::/svc\n")
+    removed = manager.sweep_stale("aenv-")
+    assert removed == [own / "aenv-old" / "qemu-a"]
+    assert busy.is_dir() and (own / "unrelated" / "x").is_dir() and (own / "aenv-new").is_dir()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
@@ -50,6 +51,11 @@ class CgroupManager(Protocol):
 
     def remove_parent(self) -> None:
         """Remove the parent directories if they are empty (teardown)."""
+        ...
+
+    def sweep_stale(self, prefix: str) -> list[Path]:
+        """Remove empty groups under sibling parents named `prefix*` (left by a killed process
+        that used another parent name), and those parents once empty. Busy groups stay."""
         ...
 
 
@@ -138,6 +144,9 @@ class CgroupV1:
             with contextlib.suppress(OSError):
                 base.rmdir()
 
+    def sweep_stale(self, prefix: str) -> list[Path]:
+        return _sweep(self._bases.values(), prefix)
+
 
 class CgroupV2:
     """The unified hierarchy: one directory per VMM under `<own cgroup>/<parent>`."""
@@ -183,6 +192,9 @@ class CgroupV2:
         with contextlib.suppress(OSError):
             self._base.rmdir()
 
+    def sweep_stale(self, prefix: str) -> list[Path]:
+        return _sweep([self._base], prefix)
+
 
 @dataclass(frozen=True)
 class _V2Group:
@@ -194,6 +206,24 @@ class _V2Group:
 
     def remove(self) -> None:
         _rmdir(self.directory)
+
+
+def _sweep(own_parents: Iterable[Path], prefix: str) -> list[Path]:
+    removed: list[Path] = []
+    for own in own_parents:
+        if not own.parent.is_dir():
+            continue
+        for parent in own.parent.iterdir():
+            if not parent.is_dir() or not parent.name.startswith(prefix) or parent == own:
+                continue
+            for group in [p for p in parent.iterdir() if p.is_dir()]:
+                with contextlib.suppress(OSError):
+                    group.rmdir()
+                    removed.append(group)
+            with contextlib.suppress(OSError):
+                parent.rmdir()
+                removed.append(parent)
+    return removed
 
 
 def detect(parent: str, root: Path = CGROUP_ROOT) -> CgroupManager:
