@@ -541,11 +541,9 @@ class QemuVM:
         with proc.oneshot():
             cpu = proc.cpu_times()
             mem = proc.memory_full_info()
-        disk = sum(
-            layers.allocated_bytes(d.path)
-            for d in self.spec.disks
-            if not d.read_only and d.path.exists()
-        )
+        # The writable tops plus every private layer below them that this VM created.
+        private = {d.path for d in self.spec.disks if not d.read_only} | set(self.owned_files)
+        disk = sum(layers.allocated_bytes(p) for p in private if p.exists())
         return VMStats(
             cpu_seconds=cpu.user + cpu.system,
             rss_bytes=mem.rss,
