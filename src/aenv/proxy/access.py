@@ -1,0 +1,58 @@
+"""Who may reach what through the proxy: the checks made before connecting to a sandbox.
+
+- envd's control routes (`POST /init`: token, clock, env vars) are for the orchestrator, which
+  calls them at the slot address directly. envd exempts `/init` from its own token check, so
+  through the proxy anyone could re-initialise a guest: refused here whatever the method, as in
+  infra (`packages/orchestrator/pkg/sandbox/envd/internal_routes.go`).
+- A sandbox created with a traffic access token (`allowPublicTraffic: false`) accepts traffic on
+  its user ports only with that token in `e2b-traffic-access-token`. envd's port is exempt: envd
+  checks its own access token (infra `packages/orchestrator/pkg/proxy/proxy.go`).
+"""
+
+from __future__ import annotations
+
+import hmac
+import posixpath
+
+from aenv.proxy.errors import (
+    TRAFFIC_TOKEN_HEADER,
+    internal_route,
+    traffic_token_invalid,
+    traffic_token_missing,
+)
+from aenv.proxy.resolver import Upstream
+from aenv.proxy.routing import Target
+
+ENVD_PORT = 49983
+# envd's routes that only the orchestrator may call (src/aenv/envd/app.py). Add any new
+# control route here.
+ENVD_CONTROL_PATHS = frozenset({"/init"})
+
+_TOKEN_HEADER = TRAFFIC_TOKEN_HEADER.encode()
+
+
+def check_route(target: Target) -> None:
+    """Raise the 404 `ProxyError` if `target` is an envd control route. Checked before the
+    sandbox is looked up, so the answer says nothing about which sandboxes exist."""
+    if target.port != ENVD_PORT:
+        return
+    # The decoded path, normalised, is a superset of what envd's router would match:
+    # `/%69nit`, `//init`, `/files/../init` are refused too.
+    clean = "/" + posixpath.normpath(target.path).lstrip("/")
+    if clean in ENVD_CONTROL_PATHS:
+        raise internal_route(target.path)
+
+
+def check_traffic_token(
+    target: Target, upstream: Upstream, headers: list[tuple[bytes, bytes]]
+) -> None:
+    """Raise the 403 `ProxyError` if the sandbox requires a traffic token on this port and the
+    request lacks it or carries another one."""
+    expected = upstream.traffic_access_token
+    if expected is None or target.port == ENVD_PORT:
+        return
+    given = next((value for name, value in headers if name == _TOKEN_HEADER), b"")
+    if not given:
+        raise traffic_token_missing(target.sandbox_id)
+    if not hmac.compare_digest(given, expected.encode()):
+        raise traffic_token_invalid(target.sandbox_id)

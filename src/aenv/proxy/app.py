@@ -1,0 +1,117 @@
+"""The data-plane ASGI app: routes each request (`routing`), asks the orchestrator where the
+sandbox is (`resolver`), applies the access checks (`access`) and forwards HTTP (`http`) or
+WebSocket (`websocket`) traffic; everything that is not data-plane traffic goes to the control
+plane app it wraps.
+
+Mount it as the outermost app of the one-port server:
+
+    app = SandboxProxy(resolver, domain=config.domain, control_plane=api_app)
+    uvicorn.run(app, ..., server_header=False)
+
+(`server_header=False` because upstream responses carry their own `Server`.)
+"""
+
+from __future__ import annotations
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from aenv.proxy.access import check_route, check_traffic_token
+from aenv.proxy.errors import (
+    ProxyError,
+    bad_route,
+    deny_websocket,
+    sandbox_not_found,
+    sandbox_paused,
+    send_http,
+)
+from aenv.proxy.http import HttpForwarder
+from aenv.proxy.resolver import Resolver, SandboxNotFound, SandboxPaused
+from aenv.proxy.routing import RoutingError, Target, route
+from aenv.proxy.websocket import forward_websocket
+
+
+class SandboxProxy:
+    """ASGI app: data-plane traffic to sandboxes, the rest to `control_plane` (a JSON 404 when
+    there is none). `domain` turns on host routing for `{port}-{id}.{domain}`.
+
+    It closes its upstream connections on lifespan shutdown; call `aclose()` instead when the
+    server runs without lifespan events."""
+
+    def __init__(
+        self,
+        resolver: Resolver,
+        *,
+        domain: str | None = None,
+        control_plane: ASGIApp | None = None,
+        connect_timeout: float = 10.0,
+        keepalive_expiry: float = 5.0,
+    ) -> None:
+        self._resolver = resolver
+        self._domain = domain
+        self._control_plane = control_plane
+        self._connect_timeout = connect_timeout
+        self._http = HttpForwarder(
+            connect_timeout=connect_timeout, keepalive_expiry=keepalive_expiry
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "lifespan":
+            await self._lifespan(scope, receive, send)
+            return
+        try:
+            target = route(scope, self._domain)
+        except RoutingError as exc:
+            await _answer(bad_route(exc.message), scope, send)
+            return
+        if target is not None:
+            await self.serve(target, scope, receive, send)
+        elif self._control_plane is not None:
+            await self._control_plane(scope, receive, send)
+        else:
+            await _answer(ProxyError(404, {"code": 404, "message": "Not found"}), scope, send)
+
+    async def serve(self, target: Target, scope: Scope, receive: Receive, send: Send) -> None:
+        """Forward a request already routed to `target` (for servers that route themselves)."""
+        try:
+            check_route(target)
+            try:
+                upstream = await self._resolver.resolve(target.sandbox_id, target.port)
+            except SandboxNotFound as exc:
+                raise sandbox_not_found(exc.sandbox_id) from exc
+            except SandboxPaused as exc:
+                raise sandbox_paused(exc.sandbox_id) from exc
+            check_traffic_token(target, upstream, scope["headers"])
+            if scope["type"] == "http":
+                await self._http.forward(scope, receive, send, target, upstream)
+            else:
+                await forward_websocket(
+                    scope, receive, send, target, upstream, connect_timeout=self._connect_timeout
+                )
+        except ProxyError as exc:
+            await _answer(exc, scope, send)
+
+    async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if self._control_plane is None:
+            while (await receive())["type"] != "lifespan.shutdown":
+                await send({"type": "lifespan.startup.complete"})
+            await self.aclose()
+            await send({"type": "lifespan.shutdown.complete"})
+            return
+
+        async def send_closing(message: Message) -> None:
+            # The control plane's shutdown is done: ours comes before reporting it.
+            if message["type"] == "lifespan.shutdown.complete":
+                await self.aclose()
+            await send(message)
+
+        await self._control_plane(scope, receive, send_closing)
+
+
+async def _answer(error: ProxyError, scope: Scope, send: Send) -> None:
+    if scope["type"] == "websocket":
+        await deny_websocket(error, scope, send)
+    else:
+        await send_http(error, send)

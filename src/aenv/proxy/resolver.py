@@ -1,0 +1,48 @@
+"""The proxy's one question to the orchestrator: where does traffic for (sandbox, port) go?
+
+The orchestrator implements `Resolver`; the proxy never reads the catalog or the network slots
+itself. A resolver may do work before answering (resume a paused sandbox on traffic, wait for a
+transition): the proxy awaits `resolve` per request and needs no change when that arrives. It
+raises `SandboxNotFound` or `SandboxPaused` instead of returning; a port with nothing listening
+is not its concern, the proxy finds out when it connects.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+
+@dataclass(frozen=True, slots=True)
+class Upstream:
+    """Where to connect: the sandbox's host-side network-slot address (`host`) and the guest
+    port (`port`). `traffic_access_token`, when set, is required from clients on every port but
+    envd's (which checks its own access token), in the `e2b-traffic-access-token` header."""
+
+    host: str
+    port: int
+    traffic_access_token: str | None = None
+
+
+class ResolveError(Exception):
+    """The sandbox cannot take traffic; subclasses say why."""
+
+    def __init__(self, sandbox_id: str) -> None:
+        super().__init__(sandbox_id)
+        self.sandbox_id = sandbox_id
+
+
+class SandboxNotFound(ResolveError):
+    """No such sandbox, or it is gone (killed, timed out)."""
+
+
+class SandboxPaused(ResolveError):
+    """The sandbox exists but is paused and the resolver did not resume it."""
+
+
+class Resolver(Protocol):
+    async def resolve(self, sandbox_id: str, port: int) -> Upstream:
+        """The upstream for `port` of `sandbox_id`; raises `SandboxNotFound` or `SandboxPaused`.
+        Called once per HTTP request and per WebSocket, so it should answer from memory when the
+        sandbox is running."""
+        ...

@@ -1,0 +1,214 @@
+"""Test support for the proxy: a real resolver backed by a dict, uvicorn servers in threads, and
+an upstream app with the behaviours the tests observe from the sandbox's side."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import ClientDisconnect, Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Route, WebSocketRoute
+from starlette.types import ASGIApp, Receive, Scope, Send
+from starlette.websockets import WebSocket, WebSocketDisconnect
+
+from aenv.proxy import SandboxNotFound, SandboxPaused, Upstream
+
+# Long enough for a loaded machine; it only keeps a broken proxy from hanging the suite.
+WAIT = 20.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+@dataclass
+class FakeSandbox:
+    """A "sandbox" on loopback: guest port -> local port (others are closed ports)."""
+
+    ports: dict[int, int]
+    traffic_access_token: str | None = None
+    paused: bool = False
+
+
+@dataclass
+class DictResolver:
+    """The `Resolver` protocol over a dict, as the orchestrator's will be over its catalog."""
+
+    sandboxes: dict[str, FakeSandbox] = field(default_factory=dict)
+    closed_port: int = field(default_factory=free_port)
+
+    async def resolve(self, sandbox_id: str, port: int) -> Upstream:
+        sandbox = self.sandboxes.get(sandbox_id)
+        if sandbox is None:
+            raise SandboxNotFound(sandbox_id)
+        if sandbox.paused:
+            raise SandboxPaused(sandbox_id)
+        local = sandbox.ports.get(port, self.closed_port)
+        return Upstream("127.0.0.1", local, sandbox.traffic_access_token)
+
+
+@contextmanager
+def serve(app: object, port: int) -> Iterator[str]:
+    """Serve the ASGI `app` with uvicorn (uvloop, httptools, as in production) on
+    127.0.0.1:`port` in a thread of its own; yields the base URL, stops the server after."""
+    config = uvicorn.Config(
+        app,  # type: ignore[arg-type]
+        host="127.0.0.1",
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        server_header=False,
+    )
+    server = uvicorn.Server(config)
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + WAIT
+        while not server.started:
+            if not thread.is_alive():
+                raise RuntimeError(f"server on port {port} did not start")
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"server on port {port} did not start")
+            time.sleep(0.01)
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        server.should_exit = True
+        thread.join(WAIT)
+
+
+@dataclass
+class Probe:
+    """What the upstream app saw, readable from the test's thread."""
+
+    sse_release: threading.Event = field(default_factory=threading.Event)
+    sse_finished: threading.Event = field(default_factory=threading.Event)
+    chunks: list[bytes] = field(default_factory=list)
+    chunk_arrived: threading.Condition = field(default_factory=threading.Condition)
+    endless_started: threading.Event = field(default_factory=threading.Event)
+    endless_disconnected: threading.Event = field(default_factory=threading.Event)
+    upload_disconnected: threading.Event = field(default_factory=threading.Event)
+
+    def wait_chunks(self, count: int) -> None:
+        with self.chunk_arrived:
+            if not self.chunk_arrived.wait_for(lambda: len(self.chunks) >= count, WAIT):
+                raise AssertionError(f"upstream got {len(self.chunks)} chunks, not {count}")
+
+
+class _Raw:
+    """A raw ASGI app as a route endpoint (Starlette wraps plain functions as request handlers)."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self._app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        await self._app(scope, receive, send)
+
+
+def upstream_app(probe: Probe) -> Starlette:
+    async def echo(request: Request) -> Response:
+        body = await request.body()
+        return JSONResponse(
+            {
+                "method": request.method,
+                "path": request.url.path,
+                "raw_path": request.scope["raw_path"].decode(),
+                "query": request.url.query,
+                "headers": [[k, v] for k, v in request.headers.items()],
+                "body": body.decode(errors="replace"),
+            },
+            headers={"x-upstream": "yes"},
+        )
+
+    async def sse(request: Request) -> StreamingResponse:
+        async def events() -> object:
+            yield b"data: first\n\n"
+            # The second event waits for the test to have seen the first one through the
+            # proxy: a buffering proxy would hold the first back and the test would time out.
+            await asyncio.to_thread(probe.sse_release.wait, WAIT)
+            yield b"data: second\n\n"
+            probe.sse_finished.set()
+
+        return StreamingResponse(events(), media_type="text/event-stream")  # type: ignore[arg-type]
+
+    async def upload(request: Request) -> Response:
+        try:
+            async for chunk in request.stream():
+                if chunk:
+                    with probe.chunk_arrived:
+                        probe.chunks.append(chunk)
+                        probe.chunk_arrived.notify_all()
+        except ClientDisconnect:
+            probe.upload_disconnected.set()
+            raise
+        return JSONResponse({"chunks": len(probe.chunks)})
+
+    async def endless(scope: Scope, receive: Receive, send: Send) -> None:
+        # Raw ASGI, so the disconnect it records is exactly what uvicorn reports.
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+
+        async def pump() -> None:
+            while True:
+                await send({"type": "http.response.body", "body": b"x" * 1024, "more_body": True})
+                probe.endless_started.set()
+                await asyncio.sleep(0.01)
+
+        task = asyncio.create_task(pump())
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        task.cancel()
+        probe.endless_disconnected.set()
+
+    async def ws_echo(websocket: WebSocket) -> None:
+        subprotocols = websocket.scope.get("subprotocols") or []
+        await websocket.accept(subprotocol=subprotocols[0] if subprotocols else None)
+        await websocket.send_text(json.dumps({"host": websocket.headers.get("host")}))
+        try:
+            while True:
+                message = await websocket.receive()
+                if message["type"] == "websocket.disconnect":
+                    return
+                if message.get("text") == "close-please":
+                    await websocket.close(4001, "asked to")
+                    return
+                if message.get("bytes") is not None:
+                    await websocket.send_bytes(message["bytes"])
+                else:
+                    await websocket.send_text(message["text"])
+        except WebSocketDisconnect:
+            return
+
+    async def ws_refuse(scope: Scope, receive: Receive, send: Send) -> None:
+        await receive()
+        body = b'{"refused": true}'
+        await send(
+            {
+                "type": "websocket.http.response.start",
+                "status": 418,
+                "headers": [(b"content-type", b"application/json"), (b"x-why", b"teapot")],
+            }
+        )
+        await send({"type": "websocket.http.response.body", "body": body})
+
+    return Starlette(
+        routes=[
+            Route("/sse", sse),
+            Route("/upload", upload, methods=["POST"]),
+            Route("/endless", _Raw(endless)),
+            WebSocketRoute("/ws", ws_echo),
+            WebSocketRoute("/ws-refuse", _Raw(ws_refuse)),
+            Route("/{rest:path}", echo, methods=["GET", "POST", "PUT", "DELETE", "HEAD"]),
+        ]
+    )
