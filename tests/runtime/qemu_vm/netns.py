@@ -80,18 +80,24 @@ def socket_in(netns: str) -> socket.socket:
         os.close(target)
 
 
-async def agent(
+async def http(
     netns: str,
     method: str = "GET",
     path: str = "/",
+    *,
+    body: bytes = b"",
+    headers: dict[str, str] | None = None,
     limit_s: float = 30.0,
     connect_limit_s: float | None = None,
-) -> Any:
-    """One HTTP/1.0 request to the guest agent, from inside `netns`, on the event loop.
+) -> tuple[int, bytes]:
+    """One HTTP/1.0 request to the guest's port 49983, from inside `netns`, on the event loop.
 
     A connect that is not answered quickly is worth retrying (the guest may not run yet), but an
     accepted request must be given time: a loaded TCG guest can take seconds for its first reply,
     and abandoning it only piles more requests onto the guest."""
+    lines = [f"{method} {path} HTTP/1.0", f"Host: {GUEST_IP}", f"Content-Length: {len(body)}"]
+    lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
+    request = ("\r\n".join(lines) + "\r\n\r\n").encode() + body
     sock = socket_in(netns)
     sock.setblocking(False)
     loop = asyncio.get_running_loop()
@@ -102,18 +108,40 @@ async def agent(
             await loop.sock_connect(sock, (GUEST_IP, ENVD_PORT))
             deadline.reschedule(loop.time() + limit_s)
             reader, writer = await asyncio.open_connection(sock=sock)
-            writer.write(f"{method} {path} HTTP/1.0\r\nHost: {GUEST_IP}\r\n\r\n".encode())
+            writer.write(request)
             raw = await reader.read()
             writer.close()
     except TimeoutError as exc:
         raise OSError(f"{method} {path} in {netns}: no answer in {limit_s}s") from exc
     finally:
         sock.close()
-    head, _, body = raw.partition(b"\r\n\r\n")
-    status = head.split(b" ", 2)[1] if head.count(b" ") >= 2 else b"?"
-    if status != b"200":
-        raise RuntimeError(f"{method} {path}: HTTP {status.decode()}")
-    return json.loads(body)
+    head, _, payload = raw.partition(b"\r\n\r\n")
+    parts = head.split(b" ", 2)
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise OSError(f"{method} {path} in {netns}: malformed response {head[:80]!r}")
+    if b"transfer-encoding: chunked" in head.lower():
+        payload = _dechunk(payload)
+    return int(parts[1]), payload
+
+
+def _dechunk(data: bytes) -> bytes:
+    out = bytearray()
+    while data:
+        size_line, _, rest = data.partition(b"\r\n")
+        size = int(size_line.split(b";")[0], 16)
+        if size == 0:
+            break
+        out += rest[:size]
+        data = rest[size + 2 :]
+    return bytes(out)
+
+
+async def agent(netns: str, method: str = "GET", path: str = "/", **kwargs: Any) -> Any:
+    """A request to the stand-in agent, which answers JSON with status 200."""
+    status, payload = await http(netns, method, path, **kwargs)
+    if status != 200:
+        raise RuntimeError(f"{method} {path}: HTTP {status}")
+    return json.loads(payload)
 
 
 async def wait_ready(netns: str, limit_s: float = 120.0) -> float:
