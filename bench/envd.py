@@ -21,7 +21,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from tests.support.envd_process import envd_in_throwaway_root  # noqa: E402
+from tests.support.envd_process import envd_in_throwaway_root
 
 # Not envd's usual 49983, so the benchmark can run beside the test suite; the SDK in debug mode
 # follows E2B_SANDBOX_URL.
@@ -138,7 +138,11 @@ async def bench_concurrent() -> dict[str, object]:
     start = time.perf_counter()
     latencies = await asyncio.gather(*(one() for _ in range(CONCURRENT)))
     total = time.perf_counter() - start
-    return {"count": CONCURRENT, "total_ms": round(total * 1000, 1), "latency_ms": summary_ms(list(latencies))}
+    return {
+        "count": CONCURRENT,
+        "total_ms": round(total * 1000, 1),
+        "latency_ms": summary_ms(list(latencies)),
+    }
 
 
 def main() -> None:

@@ -32,6 +32,7 @@ def server(
         console.print(f"[red]configuration error:[/red] {e}")
         raise typer.Exit(2) from e
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per envd call is noise
     asyncio.run(_serve(config))
 
 

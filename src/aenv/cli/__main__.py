@@ -1,0 +1,5 @@
+"""`python -m aenv.cli`."""
+
+from aenv.cli.main import main
+
+main()

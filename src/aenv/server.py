@@ -1,0 +1,140 @@
+"""`aenv server`: one node, one port. Wires config, catalog, VMM driver, network slots, templates,
+orchestrator, control plane and data plane together, and owns start-up and shutdown order.
+
+The data-plane proxy is the outermost app: requests carrying E2B's sandbox routing (headers,
+`{port}-{id}.{domain}` hosts, `/proxy/...`) go to sandboxes, everything else to the control plane.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from ipaddress import IPv4Network
+
+from aenv.api.app import create_api
+from aenv.api.keys import ensure_api_key
+from aenv.config import Config
+from aenv.envd import ENVD_VERSION
+from aenv.guest.cmdline import GuestNet
+from aenv.network import NetworkConfig, SlotPool
+from aenv.orchestrator.catalog import Catalog
+from aenv.orchestrator.images import GuestImages, prepare_images
+from aenv.orchestrator.lifecycle import Orchestrator, SandboxNotFound
+from aenv.orchestrator.templates import (
+    BuildRequest,
+    TemplateNotFound,
+    TemplateStore,
+    build_template,
+    memory_root,
+)
+from aenv.proxy.app import SandboxProxy
+from aenv.proxy.resolver import SandboxNotFound as ProxyNotFound
+from aenv.proxy.resolver import Upstream
+from aenv.runtime.cgroups import CgroupManager, detect
+from aenv.runtime.driver import Driver
+from aenv.runtime.firecracker import create_driver as firecracker_driver
+from aenv.runtime.select import Backend, qemu_driver, select_backend
+
+log = logging.getLogger("aenv.server")
+Progress = Callable[[str], None]
+
+
+@dataclass
+class Node:
+    """Everything a running server holds, in start-up order."""
+
+    config: Config
+    api_key: str
+    catalog: Catalog
+    slots: SlotPool
+    orchestrator: Orchestrator
+    cgroups: CgroupManager
+    app: SandboxProxy
+
+    async def close(self) -> None:
+        await self.app.aclose()
+        await self.orchestrator.close()
+        await self.slots.close()
+        self.cgroups.remove_parent()
+        self.catalog.close()
+
+
+def _guest_net(slots: NetworkConfig) -> GuestNet:
+    return GuestNet(address=str(slots.guest.ip), gateway=str(slots.guest.gateway), dns="1.1.1.1")
+
+
+async def _driver(
+    config: Config, images: GuestImages, cgroups: CgroupManager, progress: Progress
+) -> Driver:
+    selection = await select_backend(config.driver, kernel=images.kernel, initrd=images.initrd)
+    progress(f"VMM: {selection.backend} ({selection.reason})")
+    if selection.backend is Backend.FIRECRACKER:
+        return firecracker_driver()
+    return qemu_driver(selection, cgroups=cgroups)
+
+
+async def start_node(config: Config, progress: Progress = log.info) -> Node:
+    config.home.mkdir(parents=True, exist_ok=True)
+    api_key, created = ensure_api_key(config.api_key_path)
+    if created:
+        progress(f"generated an API key; it is in {config.api_key_path} (mode 0600)")
+    catalog = Catalog(config.catalog_path)
+    net_config = NetworkConfig(
+        prefix=config.network_prefix,
+        slot_network=IPv4Network(config.network_cidr),
+        pool_low=config.warm_slots_low,
+        pool_high=config.warm_slots_high,
+    )
+    slots = SlotPool(net_config)
+    await slots.start()
+    progress("preparing guest images (cached after the first start)...")
+    images = await prepare_images(config.home / "cache")
+    cgroups = detect(f"aenv-{os.getpid()}")
+    driver = await _driver(config, images, cgroups, progress)
+    if driver.name == "firecracker":
+        images = dataclasses.replace(images, kernel=images.vmlinux)
+    templates = TemplateStore(config.templates_dir, memory_root(config.home))
+    templates.load()
+    orchestrator = Orchestrator(config, catalog, driver, slots, templates)
+    await orchestrator.start()
+    try:
+        templates.get(config.default_template)
+    except TemplateNotFound:
+        progress(f"building the default template '{config.default_template}' (first start)...")
+        template = await build_template(
+            BuildRequest(
+                template_id=config.default_template,
+                aliases=(config.default_template,),
+                vcpus=config.sandbox_vcpus,
+                memory_mb=config.sandbox_memory_mb,
+                disk_size_mb=config.sandbox_disk_mb,
+                envd_version=ENVD_VERSION,
+            ),
+            images,
+            driver,
+            slots,
+            templates,
+            _guest_net(net_config),
+        )
+        progress(f"template '{template.template_id}' ready")
+    api = create_api(orchestrator, config, api_key)
+    proxy = SandboxProxy(_Resolver(orchestrator), domain=config.domain, control_plane=api)
+    return Node(config, api_key, catalog, slots, orchestrator, cgroups, proxy)
+
+
+class _Resolver:
+    """The data plane's view of the orchestrator: where a running sandbox's port is."""
+
+    def __init__(self, orchestrator: Orchestrator) -> None:
+        self._orchestrator = orchestrator
+
+    async def resolve(self, sandbox_id: str, port: int) -> Upstream:
+        try:
+            host, _ = self._orchestrator.envd_url(sandbox_id)
+            record = self._orchestrator.get(sandbox_id)
+        except SandboxNotFound as e:
+            raise ProxyNotFound(sandbox_id) from e
+        return Upstream(host, port, record.traffic_access_token)

@@ -1,0 +1,34 @@
+"""Runs inside the server's namespace: point the SDK at the server and wait until it is up
+(the first start builds the `base` template, which boots a VM)."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+
+BASE = "http://127.0.0.1:3000"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def server() -> Iterator[str]:
+    home = Path(os.environ["AENV_HOME"])
+    deadline = time.monotonic() + 1200
+    while True:
+        try:
+            if httpx.get(f"{BASE}/health", timeout=2).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            pytest.fail("server did not come up:\n" + (home / "server.log").read_text()[-5000:])
+        time.sleep(0.5)
+    os.environ["E2B_API_KEY"] = (home / "api-key").read_text().strip()
+    os.environ["E2B_API_URL"] = BASE
+    os.environ["E2B_SANDBOX_URL"] = BASE
+    os.environ.pop("E2B_DEBUG", None)
+    yield BASE

@@ -1,0 +1,50 @@
+from __future__ import annotations
+
+import httpx
+import pytest
+from e2b import Sandbox, SandboxException, SandboxQuery
+
+
+def test_create_info_list_kill() -> None:
+    sandbox = Sandbox.create(metadata={"suite": "e2e"}, envs={"A": "1"}, timeout=120)
+    try:
+        info = sandbox.get_info()
+        assert info.sandbox_id == sandbox.sandbox_id
+        assert info.template_id == "base"
+        assert info.metadata == {"suite": "e2e"}
+        listed = Sandbox.list(query=SandboxQuery(metadata={"suite": "e2e"})).next_items()
+        assert [s.sandbox_id for s in listed] == [sandbox.sandbox_id]
+    finally:
+        assert sandbox.kill()
+    assert not Sandbox.kill(sandbox.sandbox_id)
+
+
+def test_unknown_template_is_a_clean_error() -> None:
+    with pytest.raises(SandboxException) as err:
+        Sandbox.create("no-such-template")
+    assert "404" in str(err.value) or "not found" in str(err.value)
+
+
+def test_bad_api_key_is_401(server: str) -> None:
+    response = httpx.post(
+        f"{server}/v2/sandboxes",
+        json={"templateID": "base"},
+        headers={"X-API-KEY": "e2b_" + "0" * 40},
+    )
+    assert response.status_code == 401
+    assert set(response.json()) >= {"code", "message"}
+
+
+def test_set_timeout_then_expiry_kills() -> None:
+    import time
+
+    sandbox = Sandbox.create(timeout=120)
+    sandbox.set_timeout(2)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if sandbox.sandbox_id not in [s.sandbox_id for s in Sandbox.list().next_items()]:
+            break
+        time.sleep(0.5)
+    else:
+        sandbox.kill()
+        pytest.fail("sandbox outlived its timeout")

@@ -1,0 +1,113 @@
+"""A real `aenv server` for end-to-end tests, inside a network namespace of its own.
+
+The server changes its host's network (a forwarding sysctl, an nftables table, one veth per
+sandbox); run in a namespace the test creates, none of that touches the real host. Clients must
+run in that namespace too, so the SDK tests under `inner/` run as a child pytest inside it.
+Guest images are prepared beforehand from the root namespace, which has the package mirrors.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+PREFIX = "aenvt"
+
+
+def in_netns(netns: str, *argv: str) -> list[str]:
+    # nsenter, not `ip netns exec`: the latter remounts /sys, hiding the cgroup hierarchies.
+    return ["nsenter", f"--net=/run/netns/{netns}", "--", *argv]
+
+
+@dataclass(frozen=True)
+class ServerNs:
+    netns: str
+    home: Path
+    port: int
+    log: Path
+    env: dict[str, str]
+    proc: subprocess.Popen[bytes]
+
+    def run(self, *argv: str, timeout: float) -> tuple[int, str]:
+        """Run a client command in the namespace; stops early if the server dies."""
+        with tempfile.TemporaryFile() as out:
+            client = subprocess.Popen(
+                in_netns(self.netns, *argv), env=self.env, stdout=out, stderr=subprocess.STDOUT
+            )
+            deadline = time.monotonic() + timeout
+            while client.poll() is None:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    client.kill()
+                    client.wait()
+                    why = "server exited" if self.proc.poll() is not None else "timed out"
+                    out.seek(0)
+                    return -1, f"{why}\n{out.read().decode(errors='replace')}"
+                time.sleep(0.5)
+            out.seek(0)
+            return client.returncode, out.read().decode(errors="replace")
+
+
+def _namespaces(prefix: str) -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if line.startswith(prefix)]
+
+
+def _kill_namespace_processes(netns: str) -> None:
+    pids = subprocess.run(["ip", "netns", "pids", netns], capture_output=True, text=True).stdout
+    for pid in pids.split():
+        with suppress(ProcessLookupError):
+            os.kill(int(pid), signal.SIGKILL)
+
+
+def _cleanup(host_ns: str) -> None:
+    for ns in [*_namespaces(f"{PREFIX}-"), host_ns]:
+        _kill_namespace_processes(ns)
+    for ns in [*_namespaces(f"{PREFIX}-"), host_ns]:
+        subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+
+
+@contextmanager
+def server_in_namespace(home: Path, port: int = 3000) -> Iterator[ServerNs]:
+    host_ns = f"{PREFIX}host{secrets.token_hex(3)}"
+    subprocess.run(["ip", "netns", "add", host_ns], check=True)
+    subprocess.run(["ip", "-n", host_ns, "link", "set", "lo", "up"], check=True)
+    env = {
+        **os.environ,
+        "AENV_HOME": str(home),
+        "AENV_NETWORK_PREFIX": PREFIX,
+        "AENV_NETWORK_CIDR": "10.201.0.0/16",
+        "AENV_WARM_SLOTS_LOW": "2",
+        "AENV_WARM_SLOTS_HIGH": "4",
+        "AENV_GUEST_CACHE": os.environ.get("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache")),
+        "PYTHONUNBUFFERED": "1",
+    }
+    log = home / "server.log"
+    home.mkdir(parents=True, exist_ok=True)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            in_netns(host_ns, sys.executable, "-m", "aenv.cli", "server",
+                     "--port", str(port), "--host", "127.0.0.1"),
+            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        yield ServerNs(host_ns, home, port, log, env, proc)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait()
+        time.sleep(0.2)
+        _cleanup(host_ns)

@@ -1,0 +1,45 @@
+"""End-to-end: a real `aenv server` booting real VMs, driven by the unmodified e2b SDK.
+
+The SDK tests live in `inner/` and run as a child pytest inside the server's network namespace
+(see server_ns.py). This test prepares guest images, starts the server, runs them, and fails
+with their output if any fails.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from aenv.orchestrator.images import prepare_images
+from tests.e2e.server_ns import REPO, server_in_namespace
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+
+def test_e2b_sdk_against_server() -> None:
+    # A short path: VMM control sockets live under the data dir and AF_UNIX caps paths at 107.
+    scratch = Path(tempfile.mkdtemp(prefix="aenv-e2e-"))
+    try:
+        _run_inner_suite(scratch / "home")
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _run_inner_suite(home: Path) -> None:
+    os.environ.setdefault("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache"))
+    # The server's namespace has no route to package mirrors: build images (cached) from here.
+    asyncio.run(prepare_images(home / "cache"))
+    with server_in_namespace(home) as server:
+        code, output = server.run(
+            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+            "--rootdir", str(REPO), str(REPO / "tests" / "e2e" / "inner"),
+            timeout=1700,
+        )  # fmt: skip
+        log = server.log.read_text(errors="replace")
+    assert code == 0, f"inner suite failed:\n{output[-20000:]}\n--- server log ---\n{log[-10000:]}"
