@@ -21,9 +21,9 @@ $(STAMP): pyproject.toml scripts/install-system-deps.sh
 	$(PY) -m pip install -q -e '.[host,dev]'
 	touch $(STAMP)
 
-# Until the control-plane server lands, `make run` serves envd alone on :49983.
+# One node on :3000 (API + data plane); the first start builds the `base` template.
 run: install
-	$(VENV)/bin/aenv-envd --port 49983
+	$(VENV)/bin/aenv server
 
 test: install
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
@@ -34,7 +34,7 @@ lint: install
 	$(VENV)/bin/mypy
 
 bench: install
-	$(PY) bench/envd.py
+	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 # envd, an interpreter, its libraries and glibc for guests without Python (src/aenv/envd_bundle/);
 # rebuilt only when an input changed.
