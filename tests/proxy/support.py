@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import json
 import socket
+import socketserver
 import threading
 import time
 from collections.abc import Iterator
@@ -128,6 +129,7 @@ def upstream_app(probe: Probe) -> Starlette:
                 "query": request.url.query,
                 "headers": [[k, v] for k, v in request.headers.items()],
                 "body": body.decode(errors="replace"),
+                "peer": request.client.port if request.client else None,
             },
             headers={"x-upstream": "yes"},
         )
@@ -171,6 +173,9 @@ def upstream_app(probe: Probe) -> Starlette:
         task.cancel()
         probe.endless_disconnected.set()
 
+    async def no_content(request: Request) -> Response:
+        return Response(status_code=204)
+
     async def ws_echo(websocket: WebSocket) -> None:
         subprotocols = websocket.scope.get("subprotocols") or []
         await websocket.accept(subprotocol=subprotocols[0] if subprotocols else None)
@@ -206,9 +211,46 @@ def upstream_app(probe: Probe) -> Starlette:
         routes=[
             Route("/sse", sse),
             Route("/upload", upload, methods=["POST"]),
+            Route("/no-content", no_content),
             Route("/endless", _Raw(endless)),
             WebSocketRoute("/ws", ws_echo),
             WebSocketRoute("/ws-refuse", _Raw(ws_refuse)),
             Route("/{rest:path}", echo, methods=["GET", "POST", "PUT", "DELETE", "HEAD"]),
         ]
     )
+
+
+# Answers uvicorn would never give, written byte for byte, by request path.
+RAW_ANSWERS = {
+    b"/until-close": b"HTTP/1.1 200 OK\r\nContent-Type: text/plain\r\n\r\nbody until close",
+    b"/truncated": b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\nshort",
+    b"/garbage": b"NOT HTTP AT ALL\r\n\r\n",
+    b"/early-hints": (
+        b"HTTP/1.1 103 Early Hints\r\nLink: </a.css>; rel=preload\r\n\r\n"
+        b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
+    ),
+}
+
+
+class _RawHandler(socketserver.StreamRequestHandler):
+    def handle(self) -> None:
+        request_line = self.rfile.readline()
+        while self.rfile.readline() not in (b"\r\n", b""):
+            pass
+        path = request_line.split(b" ")[1] if b" " in request_line else b""
+        self.wfile.write(RAW_ANSWERS.get(path, b"HTTP/1.1 404 Not Found\r\n\r\n"))
+
+
+@contextmanager
+def raw_server() -> Iterator[int]:
+    """A TCP server answering each connection's first request from RAW_ANSWERS, then closing."""
+    server = socketserver.ThreadingTCPServer(("127.0.0.1", 0), _RawHandler)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield server.server_address[1]
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(WAIT)

@@ -4,14 +4,14 @@ both ways, disconnects, and the proxy's own answers."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import pytest
 
 from tests.proxy.conftest import DOMAIN, ENVD, ENVD_SANDBOX, USER_PORT
-from tests.proxy.support import WAIT, DictResolver, FakeSandbox, Probe
+from tests.proxy.support import WAIT, DictResolver, FakeSandbox, Probe, raw_server
 
 
 def routed(sandbox_id: str, port: int = USER_PORT) -> dict[str, str]:
@@ -248,3 +248,37 @@ async def test_client_disconnect_mid_body_cancels_the_upstream_request(
     async with httpx.AsyncClient(timeout=WAIT) as client:
         r = await client.get(f"{proxy_url}/x", headers=routed(sandbox_id))
     assert r.status_code == 200
+
+
+async def test_connections_to_the_sandbox_are_kept_alive(proxy_url: str, sandbox_id: str) -> None:
+    async with httpx.AsyncClient() as client:
+        first = await client.get(f"{proxy_url}/a", headers=routed(sandbox_id))
+        no_content = await client.get(f"{proxy_url}/no-content", headers=routed(sandbox_id))
+        head = await client.head(f"{proxy_url}/b", headers=routed(sandbox_id))
+        after = [await client.get(f"{proxy_url}/c", headers=routed(sandbox_id)) for _ in range(3)]
+    assert (no_content.status_code, head.status_code) == (204, 200)
+    # After a 204 and a HEAD (no body, whatever Content-Length says), the first request's
+    # connection to the sandbox still serves the next ones.
+    assert {r.json()["peer"] for r in after} == {first.json()["peer"]}
+
+
+@pytest.fixture
+def raw_sandbox(resolver: DictResolver) -> Iterator[str]:
+    with raw_server() as port:
+        resolver.sandboxes["rawsandbox0000000001"] = FakeSandbox({USER_PORT: port})
+        yield "rawsandbox0000000001"
+        del resolver.sandboxes["rawsandbox0000000001"]
+
+
+async def test_unusual_upstream_answers(proxy_url: str, raw_sandbox: str) -> None:
+    async with httpx.AsyncClient(timeout=WAIT) as client:
+        until_close = await client.get(f"{proxy_url}/until-close", headers=routed(raw_sandbox))
+        hints = await client.get(f"{proxy_url}/early-hints", headers=routed(raw_sandbox))
+        garbage = await client.get(f"{proxy_url}/garbage", headers=routed(raw_sandbox))
+        # A body cut short upstream is cut short for the client too, never silently complete.
+        with pytest.raises(httpx.RemoteProtocolError):
+            await client.get(f"{proxy_url}/truncated", headers=routed(raw_sandbox))
+    assert (until_close.status_code, until_close.text) == (200, "body until close")
+    assert (hints.status_code, hints.text) == (200, "ok")
+    assert garbage.status_code == 502
+    assert garbage.json()["message"] == "The sandbox is running but port is not open"

@@ -54,18 +54,20 @@ def end_to_end(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
     return [(n, v) for n, v in headers if n not in _HOP_BY_HOP and n not in listed]
 
 
-def request_headers(headers: list[tuple[bytes, bytes]]) -> tuple[list[tuple[bytes, bytes]], bool]:
-    """The headers to send upstream for an ASGI request's `headers`, and whether the request
-    has a body. A chunked request stays chunked; a `Content-Length` is kept as is."""
+def request_headers(
+    headers: list[tuple[bytes, bytes]],
+) -> tuple[list[tuple[bytes, bytes]], bool, bool]:
+    """The headers to send upstream for an ASGI request's `headers`, whether the request has a
+    body, and whether it is chunked. A chunked request stays chunked; a `Content-Length` is
+    kept as is."""
     forwarded = end_to_end(headers)
-    chunked = any(n == b"transfer-encoding" for n, _ in headers)
-    if chunked:
+    if any(n == b"transfer-encoding" for n, _ in headers):
         # Transfer-Encoding overrides Content-Length (RFC 9112 6.3); send only the one in force.
         forwarded = [(n, v) for n, v in forwarded if n != b"content-length"]
         forwarded.append((b"transfer-encoding", b"chunked"))
-        return forwarded, True
+        return forwarded, True, True
     length = next((v for n, v in forwarded if n == b"content-length"), b"0")
-    return forwarded, length.strip() not in (b"", b"0")
+    return forwarded, length.strip() not in (b"", b"0"), False
 
 
 def response_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:

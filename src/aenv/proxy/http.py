@@ -1,17 +1,13 @@
 """HTTP forwarding: one request from the ASGI server to a sandbox and its response back, streamed
 both ways with no buffering.
 
-The upstream client is httpcore, the connection pool under httpx, used directly: the proxy is on
-the path of every SDK call, and httpx's layer (request/response models, header normalisation, its
-default `Accept-Encoding`, which would make envd gzip downloads nobody asked for) costs time and
-changes requests. One pool keeps connections to every sandbox alive between requests.
-
-Streaming and backpressure: each request body message is sent upstream before the next is
-read, and each upstream chunk is handed to uvicorn's `send`, which waits while the client's
-socket is full; nothing accumulates in between. A client that goes away ends the upstream
-request: mid-body by `receive` returning `http.disconnect`, mid-response by a watcher task that
-cancels the forwarding (uvicorn's `send` silently drops data once the client is gone, so
-without it an endless stream would be read forever).
+Streaming and backpressure: each request body message is written upstream (waiting while the
+upstream socket is full) before the next is read, and each upstream read is handed to uvicorn's
+`send`, which waits while the client's socket is full; the upstream client stops reading past a
+small buffer (`client`). A client that goes away ends the upstream request: mid-body by
+`receive` returning `http.disconnect`, mid-response by a watcher task that cancels the
+forwarding (uvicorn's `send` silently drops data once the client is gone, so without it an
+endless stream would be read forever).
 """
 
 from __future__ import annotations
@@ -20,24 +16,15 @@ import asyncio
 import logging
 from collections.abc import AsyncIterator
 
-import httpcore
 from starlette.types import Receive, Scope, Send
 
+from aenv.proxy.client import Pool, Response, UpstreamError
 from aenv.proxy.errors import port_closed
 from aenv.proxy.headers import request_headers, response_headers
 from aenv.proxy.resolver import Upstream
 from aenv.proxy.routing import Target
 
 log = logging.getLogger(__name__)
-
-# Failures before any response byte: nothing is listening, or it dropped the connection. Infra
-# answers both as "port is not open".
-_NO_ANSWER = (
-    httpcore.ConnectError,
-    httpcore.ConnectTimeout,
-    httpcore.NetworkError,
-    httpcore.RemoteProtocolError,
-)
 
 
 class _ClientGone(Exception):
@@ -57,18 +44,17 @@ class HttpForwarder:
         *,
         connect_timeout: float = 10.0,
         keepalive_expiry: float = 5.0,
-        max_idle_connections: int = 1024,
+        max_idle_per_upstream: int = 64,
     ) -> None:
         # No limit on open connections: long streams (commands, watches) hold theirs for hours,
-        # and a cap would queue every other request behind them.
-        self._pool = httpcore.AsyncConnectionPool(
-            max_connections=None,
-            max_keepalive_connections=max_idle_connections,
+        # and a cap would queue every other request behind them. No read or write timeout
+        # either: a command stream may be silent for minutes; the client's own deadline
+        # (Connect-Timeout-Ms) and its disconnect end such requests.
+        self._pool = Pool(
+            connect_timeout=connect_timeout,
             keepalive_expiry=keepalive_expiry,
+            max_idle_per_upstream=max_idle_per_upstream,
         )
-        # No read or write timeout: a command stream may be silent for minutes. The client's
-        # own deadline (Connect-Timeout-Ms) and its disconnect end such requests.
-        self._timeouts = {"connect": connect_timeout, "read": None, "write": None, "pool": None}
 
     async def aclose(self) -> None:
         await self._pool.aclose()
@@ -78,33 +64,33 @@ class HttpForwarder:
     ) -> None:
         """Forward the request in `scope` to `upstream` and stream its response to `send`.
         Raises the 502 `ProxyError` when the sandbox's port does not answer."""
-        headers, has_body = request_headers(scope["headers"])
+        headers, has_body, chunked = request_headers(scope["headers"])
         if not any(name == b"host" for name, _ in headers):
             headers.append((b"host", f"{upstream.host}:{upstream.port}".encode()))
         path = target.raw_path
         if scope.get("query_string"):
             path += b"?" + scope["query_string"]
-        request = httpcore.Request(
-            scope["method"],
-            httpcore.URL(scheme=b"http", host=upstream.host, port=upstream.port, target=path),
-            headers=headers,
-            content=_body(receive) if has_body else None,
-            extensions={"timeout": self._timeouts},
-        )
         try:
-            response = await self._pool.handle_async_request(request)
+            response = await self._pool.request(
+                scope["method"].encode(),
+                (upstream.host, upstream.port),
+                path,
+                headers,
+                _body(receive) if has_body else None,
+                chunked=chunked,
+            )
         except _ClientGone:
             return
-        except _NO_ANSWER as exc:
-            log.info("sandbox %s port %d: %r", target.sandbox_id, target.port, exc)
+        except UpstreamError as exc:
+            log.info("sandbox %s port %d: %s", target.sandbox_id, target.port, exc)
             raise port_closed(target.sandbox_id, target.port) from exc
         try:
             await self._respond(response, receive, send, target)
         finally:
-            await response.aclose()
+            response.release()
 
     async def _respond(
-        self, response: httpcore.Response, receive: Receive, send: Send, target: Target
+        self, response: Response, receive: Receive, send: Send, target: Target
     ) -> None:
         task = asyncio.current_task()
         assert task is not None
@@ -129,18 +115,24 @@ class HttpForwarder:
                     "headers": response_headers(response.headers),
                 }
             )
+            last = False
             try:
-                async for chunk in response.aiter_stream():
-                    await send({"type": "http.response.body", "body": chunk, "more_body": True})
-            except (httpcore.NetworkError, httpcore.RemoteProtocolError) as exc:
+                async for chunk in response.stream():
+                    # Known complete: say so with the last chunk, saving the client a write.
+                    last = done = response.complete
+                    await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+                    if last:
+                        break
+            except UpstreamError as exc:
                 # Headers are out: the only way left to signal the failure is to end the
                 # response incomplete, which makes uvicorn drop the client connection.
                 log.warning(
-                    "sandbox %s port %d: response cut: %r", target.sandbox_id, target.port, exc
+                    "sandbox %s port %d: response cut: %s", target.sandbox_id, target.port, exc
                 )
                 return
             done = True
-            await send({"type": "http.response.body", "body": b"", "more_body": False})
+            if not last:
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
             if not gone:
                 raise
