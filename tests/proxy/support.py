@@ -101,6 +101,8 @@ class Probe:
     endless_started: threading.Event = field(default_factory=threading.Event)
     endless_disconnected: threading.Event = field(default_factory=threading.Event)
     upload_disconnected: threading.Event = field(default_factory=threading.Event)
+    silent_started: threading.Event = field(default_factory=threading.Event)
+    silent_disconnected: threading.Event = field(default_factory=threading.Event)
 
     def wait_chunks(self, count: int) -> None:
         with self.chunk_arrived:
@@ -173,6 +175,13 @@ def upstream_app(probe: Probe) -> Starlette:
         task.cancel()
         probe.endless_disconnected.set()
 
+    async def silent(scope: Scope, receive: Receive, send: Send) -> None:
+        # Never answers; records when its client (the proxy) goes away.
+        probe.silent_started.set()
+        while (await receive())["type"] != "http.disconnect":
+            pass
+        probe.silent_disconnected.set()
+
     async def no_content(request: Request) -> Response:
         return Response(status_code=204)
 
@@ -212,6 +221,7 @@ def upstream_app(probe: Probe) -> Starlette:
             Route("/sse", sse),
             Route("/upload", upload, methods=["POST"]),
             Route("/no-content", no_content),
+            Route("/silent", _Raw(silent)),
             Route("/endless", _Raw(endless)),
             WebSocketRoute("/ws", ws_echo),
             WebSocketRoute("/ws-refuse", _Raw(ws_refuse)),

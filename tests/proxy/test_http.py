@@ -223,6 +223,18 @@ async def test_client_disconnect_cancels_the_upstream_request(
     assert await asyncio.to_thread(probe.endless_disconnected.wait, WAIT)
 
 
+async def test_client_disconnect_before_the_answer_cancels_the_upstream_request(
+    proxy_url: str, sandbox_id: str, probe: Probe
+) -> None:
+    async with httpx.AsyncClient(timeout=WAIT) as client:
+        get = asyncio.create_task(client.get(f"{proxy_url}/silent", headers=routed(sandbox_id)))
+        await asyncio.to_thread(probe.silent_started.wait, WAIT)
+        get.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await get
+    assert await asyncio.to_thread(probe.silent_disconnected.wait, WAIT)
+
+
 async def test_client_disconnect_mid_body_cancels_the_upstream_request(
     proxy_url: str, sandbox_id: str, probe: Probe
 ) -> None:

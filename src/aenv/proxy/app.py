@@ -44,7 +44,7 @@ class SandboxProxy:
         domain: str | None = None,
         control_plane: ASGIApp | None = None,
         connect_timeout: float = 10.0,
-        keepalive_expiry: float = 5.0,
+        keepalive_expiry: float = 4.0,
     ) -> None:
         self._resolver = resolver
         self._domain = domain

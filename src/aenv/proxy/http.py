@@ -5,9 +5,10 @@ Streaming and backpressure: each request body message is written upstream (waiti
 upstream socket is full) before the next is read, and each upstream read is handed to uvicorn's
 `send`, which waits while the client's socket is full; the upstream client stops reading past a
 small buffer (`client`). A client that goes away ends the upstream request: mid-body by
-`receive` returning `http.disconnect`, mid-response by a watcher task that cancels the
-forwarding (uvicorn's `send` silently drops data once the client is gone, so without it an
-endless stream would be read forever).
+`receive` returning `http.disconnect`, afterwards (waiting for the answer, or mid-response) by a
+watcher task that cancels the forwarding (uvicorn's `send` silently drops data once the client is
+gone, so without it an endless stream would be read forever). Ending the upstream request means
+closing its connection, which the sandbox's server sees as its client leaving.
 """
 
 from __future__ import annotations
@@ -31,6 +32,40 @@ class _ClientGone(Exception):
     """The client disconnected while its request body was being forwarded."""
 
 
+class _DisconnectWatch:
+    """Cancels the forwarding task if the client disconnects once its request body is read
+    (until then, reading the body notices it)."""
+
+    def __init__(self, receive: Receive) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._task = task
+        self._receive = receive
+        self._watcher: asyncio.Task[None] | None = None
+        # From when the response's end is sent: uvicorn answers `http.disconnect` then too.
+        self.finished = False
+        self.gone = False
+
+    def start(self) -> None:
+        self._watcher = asyncio.create_task(self._watch())
+
+    def absorb(self) -> None:
+        """Undo the cancellation this watch caused, so the task goes on."""
+        self._task.uncancel()
+
+    def stop(self) -> None:
+        self.finished = True
+        if self._watcher is not None:
+            self._watcher.cancel()
+
+    async def _watch(self) -> None:
+        while (await self._receive())["type"] != "http.disconnect":
+            pass
+        if not self.finished:
+            self.gone = True
+            self._task.cancel()
+
+
 class HttpForwarder:
     """Forwards HTTP requests over a shared keep-alive pool.
 
@@ -43,7 +78,7 @@ class HttpForwarder:
         self,
         *,
         connect_timeout: float = 10.0,
-        keepalive_expiry: float = 5.0,
+        keepalive_expiry: float = 4.0,
         max_idle_per_upstream: int = 64,
     ) -> None:
         # No limit on open connections: long streams (commands, watches) hold theirs for hours,
@@ -70,80 +105,63 @@ class HttpForwarder:
         path = target.raw_path
         if scope.get("query_string"):
             path += b"?" + scope["query_string"]
+        watch = _DisconnectWatch(receive)
+        if not has_body:
+            watch.start()
         try:
             response = await self._pool.request(
                 scope["method"].encode(),
                 (upstream.host, upstream.port),
                 path,
                 headers,
-                _body(receive) if has_body else None,
+                _body(receive, watch) if has_body else None,
                 chunked=chunked,
             )
+            try:
+                await _respond(response, send, watch, target)
+            finally:
+                response.release()
         except _ClientGone:
             return
         except UpstreamError as exc:
             log.info("sandbox %s port %d: %s", target.sandbox_id, target.port, exc)
             raise port_closed(target.sandbox_id, target.port) from exc
-        try:
-            await self._respond(response, receive, send, target)
-        finally:
-            response.release()
-
-    async def _respond(
-        self, response: Response, receive: Receive, send: Send, target: Target
-    ) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        done = False
-        gone = False
-
-        async def watch() -> None:
-            nonlocal gone
-            while (await receive())["type"] != "http.disconnect":
-                pass
-            # uvicorn also answers `http.disconnect` once the response is complete.
-            if not done:
-                gone = True
-                task.cancel()
-
-        watcher = asyncio.create_task(watch())
-        try:
-            await send(
-                {
-                    "type": "http.response.start",
-                    "status": response.status,
-                    "headers": response_headers(response.headers),
-                }
-            )
-            last = False
-            try:
-                async for chunk in response.stream():
-                    # Known complete: say so with the last chunk, saving the client a write.
-                    last = done = response.complete
-                    await send({"type": "http.response.body", "body": chunk, "more_body": not last})
-                    if last:
-                        break
-            except UpstreamError as exc:
-                # Headers are out: the only way left to signal the failure is to end the
-                # response incomplete, which makes uvicorn drop the client connection.
-                log.warning(
-                    "sandbox %s port %d: response cut: %s", target.sandbox_id, target.port, exc
-                )
-                return
-            done = True
-            if not last:
-                await send({"type": "http.response.body", "body": b"", "more_body": False})
         except asyncio.CancelledError:
-            if not gone:
+            if not watch.gone:
                 raise
-            # Our own cancellation: the client left. Absorb it so the caller's cleanup runs.
-            task.uncancel()
+            # Our own cancellation: the client left. Absorb it; the upstream connection was
+            # closed by `release` on the way out.
+            watch.absorb()
         finally:
-            done = True
-            watcher.cancel()
+            watch.stop()
 
 
-async def _body(receive: Receive) -> AsyncIterator[bytes]:
+async def _respond(response: Response, send: Send, watch: _DisconnectWatch, target: Target) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": response.status,
+            "headers": response_headers(response.headers),
+        }
+    )
+    last = False
+    try:
+        async for chunk in response.stream():
+            # Known complete: say so with the last chunk, saving the client a write.
+            last = watch.finished = response.complete
+            await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+            if last:
+                return
+    except UpstreamError as exc:
+        # Headers are out: the only way left to signal the failure is to end the response
+        # incomplete, which makes uvicorn drop the client connection.
+        log.warning("sandbox %s port %d: response cut: %s", target.sandbox_id, target.port, exc)
+        return
+    watch.finished = True
+    await send({"type": "http.response.body", "body": b"", "more_body": False})
+
+
+async def _body(receive: Receive, watch: _DisconnectWatch) -> AsyncIterator[bytes]:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
@@ -151,4 +169,5 @@ async def _body(receive: Receive) -> AsyncIterator[bytes]:
         if body := message.get("body", b""):
             yield body
         if not message.get("more_body", False):
+            watch.start()
             return
