@@ -85,7 +85,9 @@ for w in $($BB cat /proc/cmdline); do
 done
 if [ -x /opt/aenv/aenv-envd ]; then
   (while :; do
-     /opt/aenv/aenv-envd --port {ENVD_PORT} >>/run/aenv/envd.log 2>&1
+     # envd logs warnings only: the serial console (a file on the host) is the place for them.
+     /opt/aenv/aenv-envd --port {ENVD_PORT} >/dev/console 2>&1
+     echo "aenv-init: envd exited with status $?" >/dev/console
      $BB sleep 1
    done) &
 fi

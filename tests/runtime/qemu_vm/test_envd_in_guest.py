@@ -58,7 +58,11 @@ async def envd_snapshot(
     real = Images(images.kernel, images.initrd, images.rootfs, drive)
     vm, netns = await boot_template(driver, real, places, nets)
     try:
-        await wait_healthy(netns)
+        try:
+            await wait_healthy(netns)
+        except TimeoutError as exc:
+            console = vm.console_log.read_text(errors="replace")[-3000:]
+            raise TimeoutError(f"{exc}; guest console:\n{console}") from exc
         snap = await vm.snapshot(places.snapshot_target(), keep_running=False)
     finally:
         await vm.stop()
