@@ -41,6 +41,7 @@ async def test_base_rootfs() -> None:
     os.environ.setdefault("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache"))
     base = await build_base_rootfs()
     passwd = (base.tree / "etc" / "passwd").read_text()
+    assert (base.tree / "etc" / "resolv.conf").read_text() == ""  # not the build host's
     assert "user:x:1000:1000::/home/user:/bin/bash" in passwd
     assert (base.tree / "etc" / "sudoers.d" / "user").read_text().strip().endswith("NOPASSWD:ALL")
     for tool in ("bash", "python3", "git", "sudo", "curl", "ip"):

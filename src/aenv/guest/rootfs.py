@@ -34,7 +34,7 @@ async def build_base_rootfs(
     """Debian `minbase` + `packages`, user `user` (uid 1000, passwordless sudo); built once per
     set of inputs and reused from the cache afterwards."""
     source = mirror or os.environ.get("AENV_DEBIAN_MIRROR", DEFAULT_MIRROR)
-    inputs = {"suite": suite, "packages": sorted(packages), "mirror": source, "recipe": 1}
+    inputs = {"suite": suite, "packages": sorted(packages), "mirror": source, "recipe": 2}
 
     async def build(tmp: Path) -> None:
         tree = tmp / "tree"
@@ -52,6 +52,8 @@ async def build_base_rootfs(
         sudoers.chmod(0o440)
         (tree / "etc" / "hostname").write_text("sandbox\n")
         (tree / "etc" / "hosts").write_text("127.0.0.1 localhost sandbox\n::1 localhost\n")
+        # debootstrap copies the build host's resolver; guests get theirs from `aenv.dns`.
+        (tree / "etc" / "resolv.conf").write_text("")
         await asyncio.to_thread(_drop_caches, tree)
         await make_ext4(tree, tmp / "rootfs.ext4", label=ROOT_LABEL, read_only=True)
 
