@@ -60,26 +60,29 @@ def sandbox_id(resolver: DictResolver, upstream_port: int) -> Iterator[str]:
     del resolver.sandboxes[sandbox_id]
 
 
-def sdk_config(proxy_url: str, sandbox_id: str) -> ConnectionConfig:
+def sdk_config(proxy_url: str, sandbox_id: str, envd_token: str | None = None) -> ConnectionConfig:
     """What `Sandbox.create()` builds after a create against our server: everything to the one
     URL, the sandbox named by the routing headers. Not debug mode, whatever the environment."""
+    headers = {"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": str(ENVD)}
+    if envd_token is not None:
+        headers["X-Access-Token"] = envd_token
     return ConnectionConfig(
         debug=False,
         api_url=proxy_url,
         sandbox_url=proxy_url,
         api_key="e2b_" + "0" * 40,
-        extra_sandbox_headers={"E2b-Sandbox-Id": sandbox_id, "E2b-Sandbox-Port": str(ENVD)},
+        extra_sandbox_headers=headers,
     )
 
 
-def sdk_sandbox(proxy_url: str, sandbox_id: str) -> Sandbox:
+def sdk_sandbox(proxy_url: str, sandbox_id: str, envd_token: str | None = None) -> Sandbox:
     return Sandbox(
         sandbox_id=sandbox_id,
         sandbox_domain=DOMAIN,
         envd_version=Version(ENVD_VERSION),
-        envd_access_token=None,
+        envd_access_token=envd_token,
         traffic_access_token=None,
-        connection_config=sdk_config(proxy_url, sandbox_id),
+        connection_config=sdk_config(proxy_url, sandbox_id, envd_token),
     )
 
 

@@ -59,6 +59,16 @@ def test_host_routing(host: str) -> None:
     assert route(scope("/a/b", {"Host": host}), "aenv.test") == Target(SID, 8080, "/a/b", b"/a/b")
 
 
+def test_host_routing_with_a_port_in_the_domain() -> None:
+    host = f"8080-{SID}.aenv.test:8443"
+    assert route(scope("/", {"Host": host}), "aenv.test:8443") == Target(SID, 8080, "/", b"/")
+
+
+def test_header_values_are_trimmed() -> None:
+    headers = {"E2b-Sandbox-Id": f" {SID} ", "E2b-Sandbox-Port": " 49983"}
+    assert route(scope("/", headers), None) == Target(SID, 49983, "/", b"/")
+
+
 @pytest.mark.parametrize(
     ("host", "domain"),
     [

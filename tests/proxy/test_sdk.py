@@ -9,8 +9,10 @@ import os
 import threading
 import uuid
 
+import httpx
 import pytest
 from e2b import (
+    AuthenticationException,
     CommandResult,
     FilesystemEvent,
     FilesystemEventType,
@@ -20,8 +22,15 @@ from e2b import (
 )
 from e2b.sandbox.commands.command_handle import PtySize
 
-from tests.proxy.conftest import ENVD, ENVD_SANDBOX, async_sdk_sandbox, sdk_sandbox
-from tests.proxy.support import WAIT, DictResolver, FakeSandbox
+from tests.proxy.conftest import (
+    DOMAIN,
+    ENVD,
+    ENVD_SANDBOX,
+    async_sdk_sandbox,
+    sdk_sandbox,
+)
+from tests.proxy.support import WAIT, DictResolver, FakeSandbox, free_port
+from tests.support.envd_process import envd_in_throwaway_root
 
 
 def test_commands_run(sandbox: Sandbox) -> None:
@@ -148,3 +157,33 @@ def test_traffic_token_does_not_apply_to_envd(
         assert secured.commands.run("echo ok").stdout == "ok\n"
     finally:
         del resolver.sandboxes["securedsandbox000001"]
+
+
+def test_envd_access_token_and_signed_urls_pass_through(
+    proxy_url: str, resolver: DictResolver
+) -> None:
+    # A second envd with an access token, as a secured sandbox's: the proxy passes
+    # X-Access-Token and signed /files query strings through untouched.
+    token = "envd-token-for-proxy-test"
+    port = free_port()
+    with envd_in_throwaway_root(port, "--access-token", token):
+        resolver.sandboxes["tokensandbox00000001"] = FakeSandbox({ENVD: port})
+        try:
+            secured = sdk_sandbox(proxy_url, "tokensandbox00000001", token)
+            assert secured.commands.run("echo secured").stdout == "secured\n"
+            secured.files.write("/tmp/signed.txt", "signed content")
+            # The signed URL names no sandbox (E2B_SANDBOX_URL is the proxy); host routing
+            # addresses it, as with a real domain.
+            url = secured.download_url("/tmp/signed.txt", use_signature_expiration=600)
+            host = {"Host": f"{ENVD}-tokensandbox00000001.{DOMAIN}"}
+            assert httpx.get(url, headers=host).text == "signed content"
+            assert (
+                httpx.get(url.replace("signature=v1_", "signature=v1_x"), headers=host).json()[
+                    "message"
+                ]
+                == "invalid signature"
+            )
+            with pytest.raises(AuthenticationException):
+                sdk_sandbox(proxy_url, "tokensandbox00000001").commands.run("true")
+        finally:
+            del resolver.sandboxes["tokensandbox00000001"]

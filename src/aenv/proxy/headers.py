@@ -3,7 +3,8 @@
 Everything end-to-end is forwarded unchanged, including `Host` (as infra does: a web server in the
 sandbox sees the name the client used) and the E2B routing and token headers: envd ignores
 `E2b-Sandbox-Id`/`-Port`, and a user service may want to know its sandbox. Framing is redone per
-hop: uvicorn hands us de-chunked bodies and our upstream client re-frames them.
+hop: uvicorn hands us de-chunked bodies and our upstream client re-frames them. Trailers are not
+forwarded (ASGI servers do not pass them; Connect over HTTP/1.1 ends its streams in the body).
 """
 
 from __future__ import annotations

@@ -74,7 +74,8 @@ def route(scope: Scope, domain: str | None) -> Target | None:
             raise RoutingError(f"Missing header: {SANDBOX_ID_HEADER}")
         if not port:
             raise RoutingError(f"Missing header: {SANDBOX_PORT_HEADER}")
-        return _target(sandbox_id.decode("latin-1"), port.decode("latin-1"), path, raw_path)
+        sandbox_id_text = sandbox_id.decode("latin-1").strip()
+        return _target(sandbox_id_text, port.decode("latin-1").strip(), path, raw_path)
     if domain is not None and host is not None:
         target = _from_host(host.decode("latin-1"), domain, path, raw_path)
         if target is not None:
@@ -87,7 +88,8 @@ def route(scope: Scope, domain: str | None) -> Target | None:
 def _from_host(host: str, domain: str, path: str, raw_path: bytes) -> Target | None:
     hostname = host.rsplit(":", 1)[0] if not host.endswith("]") else host
     hostname = hostname.lower().rstrip(".")
-    suffix = "." + domain.lower().rstrip(".")
+    # The domain may carry a port (E2B_DOMAIN=example.test:8443); the Host's port is dropped.
+    suffix = "." + domain.split(":", 1)[0].lower().rstrip(".")
     if not hostname.endswith(suffix):
         return None
     label = hostname[: -len(suffix)].split(".", 1)[0]
