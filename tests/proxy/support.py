@@ -41,6 +41,7 @@ class FakeSandbox:
     ports: dict[int, int]
     traffic_access_token: str | None = None
     paused: bool = False
+    incarnation: str = ""
 
 
 @dataclass
@@ -57,7 +58,7 @@ class DictResolver:
         if sandbox.paused:
             raise SandboxPaused(sandbox_id)
         local = sandbox.ports.get(port, self.closed_port)
-        return Upstream("127.0.0.1", local, sandbox.traffic_access_token)
+        return Upstream("127.0.0.1", local, sandbox.traffic_access_token, sandbox.incarnation)
 
 
 @contextmanager

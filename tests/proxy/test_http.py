@@ -274,6 +274,30 @@ async def test_connections_to_the_sandbox_are_kept_alive(proxy_url: str, sandbox
     assert {r.json()["peer"] for r in after} == {first.json()["peer"]}
 
 
+async def test_kept_alive_connections_belong_to_one_sandbox_run(
+    proxy_url: str, resolver: DictResolver, sandbox_id: str, upstream_port: int
+) -> None:
+    # Another sandbox now at the same address (a reused network slot), and this sandbox after a
+    # resume (new incarnation): neither gets a connection opened for someone else.
+    resolver.sandboxes["slotreuser0000000001"] = FakeSandbox({USER_PORT: upstream_port})
+    try:
+        async with httpx.AsyncClient() as client:
+
+            async def peer(sandbox: str) -> int:
+                r = await client.get(f"{proxy_url}/p", headers=routed(sandbox))
+                return int(r.json()["peer"])
+
+            first = await peer(sandbox_id)
+            other = await peer("slotreuser0000000001")
+            resolver.sandboxes[sandbox_id].incarnation = "resumed"
+            resumed = await peer(sandbox_id)
+            again = await peer(sandbox_id)
+    finally:
+        del resolver.sandboxes["slotreuser0000000001"]
+    assert len({first, other, resumed}) == 3
+    assert again == resumed
+
+
 @pytest.fixture
 def raw_sandbox(resolver: DictResolver) -> Iterator[str]:
     with raw_server() as port:

@@ -113,6 +113,13 @@ async def test_streamed_watch(proxy_url: str, envd_port: int) -> None:
     assert (FilesystemEventType.CREATE, "w.txt") in seen
 
 
+async def test_concurrent_commands(proxy_url: str, envd_port: int) -> None:
+    # Many streams at once over the proxy's pool: each gets its own output, none is lost.
+    sandbox = async_sdk_sandbox(proxy_url, ENVD_SANDBOX)
+    results = await asyncio.gather(*(sandbox.commands.run(f"echo run-{i}") for i in range(60)))
+    assert [r.stdout for r in results] == [f"run-{i}\n" for i in range(60)]
+
+
 def test_unknown_sandbox_is_not_running(proxy_url: str) -> None:
     gone = sdk_sandbox(proxy_url, "nosuchsandbox0000000")
     assert not gone.is_running()

@@ -37,10 +37,15 @@ class UpstreamError(Exception):
         self.answered = answered
 
 
+# (host, port, owner): where to connect, and whose connections these are. The owner keeps one
+# sandbox run's pooled connections from serving another that now has the same address.
+Origin = tuple[str, int, str]
+
+
 class _Connection(asyncio.Protocol):
     """One upstream connection, one request at a time."""
 
-    def __init__(self, origin: tuple[str, int]) -> None:
+    def __init__(self, origin: Origin) -> None:
         self.origin = origin
         self.transport: asyncio.Transport | None = None
         self.closed = False
@@ -249,7 +254,7 @@ class Response:
 
 
 class Pool:
-    """Keep-alive connections to upstreams, by (host, port), reused most-recent first.
+    """Keep-alive connections to upstreams, by `Origin`, reused most-recent first.
 
     An idle connection is reused for at most `keepalive_expiry` seconds; past that it is closed
     (checked on use, and for all upstreams every `keepalive_expiry` seconds)."""
@@ -260,13 +265,13 @@ class Pool:
         self._connect_timeout = connect_timeout
         self._expiry = keepalive_expiry
         self._max_idle = max_idle_per_upstream
-        self._idle: dict[tuple[str, int], list[_Connection]] = {}
+        self._idle: dict[Origin, list[_Connection]] = {}
         self._next_sweep = 0.0
 
     async def request(
         self,
         method: bytes,
-        origin: tuple[str, int],
+        origin: Origin,
         target: bytes,
         headers: list[tuple[bytes, bytes]],
         body: AsyncIterable[bytes] | None,
@@ -318,7 +323,7 @@ class Pool:
                 conn.close()
         self._idle.clear()
 
-    async def _checkout(self, origin: tuple[str, int]) -> tuple[_Connection, bool]:
+    async def _checkout(self, origin: Origin) -> tuple[_Connection, bool]:
         loop = asyncio.get_running_loop()
         idle = self._idle.get(origin)
         now = loop.time()
@@ -330,9 +335,9 @@ class Pool:
         conn = _Connection(origin)
         try:
             async with asyncio.timeout(self._connect_timeout):
-                await loop.create_connection(lambda: conn, *origin)
+                await loop.create_connection(lambda: conn, origin[0], origin[1])
         except (OSError, TimeoutError) as exc:
-            raise UpstreamError(f"cannot connect to {origin}: {exc!r}") from exc
+            raise UpstreamError(f"cannot connect to {origin[0]}:{origin[1]}: {exc!r}") from exc
         return conn, False
 
     def _sweep(self, now: float) -> None:

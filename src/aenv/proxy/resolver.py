@@ -17,11 +17,17 @@ from typing import Protocol
 class Upstream:
     """Where to connect: the sandbox's host-side network-slot address (`host`) and the guest
     port (`port`). `traffic_access_token`, when set, is required from clients on every port but
-    envd's (which checks its own access token), in the `e2b-traffic-access-token` header."""
+    envd's (which checks its own access token), in the `e2b-traffic-access-token` header.
+
+    `incarnation` names this run of the sandbox's VM (it must change when the VM is restored or
+    resumed): the proxy reuses kept-alive connections only within one sandbox id and
+    incarnation, so a connection opened before a pause, whose guest side may be gone, is
+    never sent a request after the resume."""
 
     host: str
     port: int
     traffic_access_token: str | None = None
+    incarnation: str = ""
 
 
 class ResolveError(Exception):
