@@ -143,7 +143,6 @@ async def _respond(response: Response, send: Send, watch: _DisconnectWatch, targ
             "headers": response_headers(response.headers),
         }
     )
-    last = False
     try:
         async for chunk in response.stream():
             # Known complete: say so with the last chunk, saving the client a write.

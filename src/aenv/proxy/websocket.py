@@ -67,7 +67,8 @@ async def forward_websocket(
             # compressed or not as the client and uvicorn agree.
             compression=None,
             open_timeout=connect_timeout,
-            # Keepalive is the client's business; the sandbox's replies to its pings suffice.
+            # No pings on the local hop to the slot: no middlebox there to keep awake, and the
+            # client's own pings are answered by the ASGI server.
             ping_interval=None,
             max_size=None,
         )
