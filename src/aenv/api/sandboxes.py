@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import time
 from collections.abc import Iterable
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -25,6 +26,7 @@ from aenv.api.models import (
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.orchestrator.catalog import SandboxRecord
+from aenv.orchestrator.envd_client import EnvdUnavailable
 from aenv.orchestrator.lifecycle import (
     CreateFailed,
     CreateRequest,
@@ -72,6 +74,7 @@ class SandboxRoutes:
             Route("/sandboxes/{sandbox_id}/refreshes", self.refresh, methods=["POST"]),
             Route("/sandboxes/{sandbox_id}/connect", self.connect, methods=["POST"]),
             Route("/v2/sandboxes/{sandbox_id}/connect", self.connect, methods=["POST"]),
+            Route("/sandboxes/{sandbox_id}/metrics", self.metrics, methods=["GET"]),
         ]
 
     # -- shapes ---------------------------------------------------------------------------
@@ -234,6 +237,33 @@ class SandboxRoutes:
             )
         record = self.orc.extend_timeout(sandbox_id, body.timeout or DEFAULT_TIMEOUT_V2)
         return JSONResponse(self._sandbox(record), status_code=200)
+
+    async def metrics(self, request: Request) -> Response:
+        """The current sample (this node keeps no history yet, so `start`/`end` select nothing
+        else); a paused sandbox has none."""
+        record = self._record(request)
+        if record.state.public != "running":
+            return JSONResponse([])
+        try:
+            sample = await self.orc.guest_metrics(record.id)
+        except (SandboxNotFound, EnvdUnavailable) as e:
+            raise APIError(502, f"metrics unavailable: {e}") from e
+        ts = int(sample.get("ts", time.time()))
+        return JSONResponse(
+            [
+                {
+                    "timestamp": rfc3339(ts),
+                    "timestampUnix": ts,
+                    "cpuCount": int(sample["cpu_count"]),
+                    "cpuUsedPct": float(sample["cpu_used_pct"]),
+                    "memUsed": int(sample["mem_used"]),
+                    "memTotal": int(sample["mem_total"]),
+                    "memCache": int(sample.get("mem_cache", 0)),
+                    "diskUsed": int(sample["disk_used"]),
+                    "diskTotal": int(sample["disk_total"]),
+                }
+            ]
+        )
 
 
 def _filter_metadata(records: Iterable[SandboxRecord], request: Request) -> Iterable[SandboxRecord]:

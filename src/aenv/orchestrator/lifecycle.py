@@ -119,6 +119,21 @@ class Orchestrator:
             raise SandboxNotFound(sandbox_id)
         return str(live.slot.address), port
 
+    async def guest_metrics(self, sandbox_id: str) -> dict[str, float]:
+        """envd's current resource sample from inside the guest (CPU, memory, disk)."""
+        host, port = self.envd_url(sandbox_id)
+        record = self.get(sandbox_id)
+        headers = {"X-Access-Token": record.envd_access_token or ""}
+        try:
+            response = await self._client.get(
+                f"http://{host}:{port}/metrics", headers=headers, timeout=5.0
+            )
+            response.raise_for_status()
+        except httpx.HTTPError as e:
+            raise envd_client.EnvdUnavailable(f"metrics of {sandbox_id}: {e}") from e
+        sample: dict[str, float] = response.json()
+        return sample
+
     # -- create ---------------------------------------------------------------------------
 
     async def create(self, request: CreateRequest) -> tuple[SandboxRecord, Template]:

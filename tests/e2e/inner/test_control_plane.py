@@ -48,3 +48,16 @@ def test_set_timeout_then_expiry_kills() -> None:
     else:
         sandbox.kill()
         pytest.fail("sandbox outlived its timeout")
+
+
+def test_metrics_come_from_inside_the_guest() -> None:
+    sandbox = Sandbox.create(timeout=120)
+    try:
+        metrics = sandbox.get_metrics()
+        assert len(metrics) == 1
+        sample = metrics[0]
+        assert sample.cpu_count >= 1
+        assert 0 < sample.mem_used < sample.mem_total
+        assert 0 < sample.disk_used <= sample.disk_total
+    finally:
+        sandbox.kill()

@@ -18,7 +18,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 from python_multipart.multipart import MultipartParser, parse_options_header
-from starlette.requests import Request
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
 
 from aenv.envd.auth import TOKEN_HEADER, SignatureError, check_file_access
@@ -28,6 +28,7 @@ from aenv.envd.settings import Settings
 from aenv.envd.users import UnknownUserError, User, resolve_path
 
 CHUNK = 256 * 1024
+DRAIN_LIMIT = 64 * 1024 * 1024
 METADATA_HEADER_PREFIX = "x-metadata-"
 
 
@@ -73,15 +74,8 @@ def _resolve(raw: str, user: User, settings: Settings) -> str:
         raise HTTPFailure(400, f"error expanding and resolving path '{raw}': {e}") from e
 
 
-def _wants_gzip(accept: str) -> bool:
-    """Compress only when the client asks for gzip specifically.
-
-    Infra's envd gzips whenever gzip is the most preferred coding, but HTTP libraries send
-    `gzip, deflate` by default as a statement of what they can decode; compressing then costs
-    CPU on both sides (and on incompressible data buys nothing), cutting read throughput by
-    about 5x. The SDK's `read(gzip=True)` sends `gzip` alone, and a client that refuses
-    identity (`identity;q=0`) gets gzip too.
-    """
+def _codings(accept: str) -> dict[str, float]:
+    """`Accept-Encoding` as {coding: q}, lower-cased; a malformed q counts as 1."""
     accepted: dict[str, float] = {}
     for item in accept.split(","):
         coding, _, params = item.strip().partition(";")
@@ -95,36 +89,30 @@ def _wants_gzip(accept: str) -> bool:
                     q = 1.0
         if coding.strip():
             accepted[coding.strip().lower()] = q
+    return accepted
+
+
+def _wants_gzip(accepted: dict[str, float]) -> bool:
+    """Compress only when the client asks for gzip specifically.
+
+    Infra's envd gzips whenever gzip is the most preferred coding, but HTTP libraries send
+    `gzip, deflate` by default as a statement of what they can decode; compressing then costs
+    CPU on both sides (and on incompressible data buys nothing), cutting read throughput by
+    about 5x. The SDK's `read(gzip=True)` sends `gzip` alone, and a client that refuses
+    identity (`identity;q=0`) gets gzip too.
+    """
     if accepted.get("gzip", 0) <= 0:
         return False
-    identity_refused = accepted.get("identity", accepted.get("*", 1.0)) <= 0
     others = [c for c, q in accepted.items() if q > 0 and c not in ("gzip", "identity")]
-    return identity_refused or not others
+    return _identity_refused(accepted) or not others
 
 
-def _identity_refused(accept: str) -> bool:
+def _identity_refused(accepted: dict[str, float]) -> bool:
     """Whether the client refuses an unencoded body (`identity;q=0`, or `*;q=0` without
     accepting identity explicitly), as infra's negotiation decides it."""
-    identity: float | None = None
-    wildcard: float | None = None
-    for item in accept.split(","):
-        coding, _, params = item.strip().partition(";")
-        q = 1.0
-        for param in params.split(";"):
-            name, _, value = param.strip().partition("=")
-            if name.strip().lower() == "q":
-                try:
-                    q = float(value)
-                except ValueError:
-                    q = 1.0
-        coding = coding.strip().lower()
-        if coding == "identity":
-            identity = q
-        elif coding == "*":
-            wildcard = q
-    if identity is not None:
-        return identity <= 0
-    return wildcard is not None and wildcard <= 0
+    if "identity" in accepted:
+        return accepted["identity"] <= 0
+    return accepted.get("*", 1.0) <= 0
 
 
 class _FileResponse(FileResponse):
@@ -161,8 +149,9 @@ async def download(request: Request, settings: Settings) -> Response:
     headers = {"Vary": "Accept-Encoding"}
     conditional = "range" in request.headers or "if-range" in request.headers
     accept = request.headers.get("accept-encoding", "")
-    gzip_wanted = _wants_gzip(accept)
-    if _identity_refused(accept) and (conditional or not gzip_wanted):
+    accepted = _codings(accept)
+    gzip_wanted = _wants_gzip(accepted)
+    if _identity_refused(accepted) and (conditional or not gzip_wanted):
         what = "for Range or conditional request" if conditional else "found, supported: [gzip]"
         return json_error(406, f"no acceptable encoding {what}")
     if not conditional and gzip_wanted:
@@ -253,17 +242,25 @@ def _os_failure(e: OSError, what: str) -> HTTPFailure:
     return HTTPFailure(500, f"{what}: {e.strerror or e}")
 
 
+async def _raw_body(request: Request) -> AsyncIterator[bytes]:
+    """The request body as it arrives; records in `request.state` that reading began, so a
+    rejected upload can be drained (see `_drain`)."""
+    request.state.body_started = True
+    async for chunk in request.stream():
+        yield chunk
+
+
 async def _body(request: Request) -> AsyncIterator[bytes]:
     encoding = request.headers.get("content-encoding", "identity").strip().lower()
     if encoding in ("", "identity"):
-        async for chunk in request.stream():
+        async for chunk in _raw_body(request):
             yield chunk
         return
     if encoding != "gzip":
         raise HTTPFailure(400, f"unsupported Content-Encoding: {encoding}, supported: [gzip]")
     decompressor = zlib.decompressobj(16 + zlib.MAX_WBITS)
     try:
-        async for chunk in request.stream():
+        async for chunk in _raw_body(request):
             if out := decompressor.decompress(chunk):
                 yield out
         if tail := decompressor.flush():
@@ -341,10 +338,40 @@ async def upload(request: Request, settings: Settings) -> Response:
         finally:
             upload.abort()
     except HTTPFailure as f:
+        await _drain(request)
         return json_error(f.status, f.message)
     if not upload.written:
         return json_error(400, "no file in the upload request")
     return JSONResponse(upload.written)
+
+
+async def _drain(request: Request) -> None:
+    """Read (and drop) what is left of a rejected upload, up to a bound, so the client gets to
+    read our error instead of a connection reset while it is still sending."""
+    # Starlette marks the stream consumed once the last body message has arrived (even if the
+    # reader stopped early); there is no public flag for it.
+    if getattr(request, "_stream_consumed", False):
+        return
+    if not getattr(request.state, "body_started", False):
+        chunks = _raw_body(request)
+    else:
+        chunks = _rest_of_body(request)  # Starlette's stream() cannot be resumed
+    drained = 0
+    with contextlib.suppress(ClientDisconnect):
+        async for chunk in chunks:
+            drained += len(chunk)
+            if drained > DRAIN_LIMIT:
+                return
+
+
+async def _rest_of_body(request: Request) -> AsyncIterator[bytes]:
+    while True:
+        message = await request.receive()
+        if message["type"] == "http.disconnect":
+            return
+        yield message.get("body", b"")
+        if not message.get("more_body", False):
+            return
 
 
 async def _multipart(
