@@ -133,8 +133,8 @@ class _Resolver:
 
     async def resolve(self, sandbox_id: str, port: int) -> Upstream:
         try:
-            host, _ = self._orchestrator.envd_url(sandbox_id)
+            host, incarnation = self._orchestrator.guest_address(sandbox_id)
             record = self._orchestrator.get(sandbox_id)
         except SandboxNotFound as e:
             raise ProxyNotFound(sandbox_id) from e
-        return Upstream(host, port, record.traffic_access_token)
+        return Upstream(host, port, record.traffic_access_token, incarnation)

@@ -45,11 +45,13 @@ async def _serve(config: Config) -> None:
             node.app,
             host=config.host,
             port=config.port,
-            loop="asyncio",
+            loop="uvloop",
             http="httptools",
             lifespan="off",
             access_log=False,
             log_level="warning",
+            # Proxied responses carry the sandbox's own Server header.
+            server_header=False,
             timeout_keep_alive=650,
         )
     )

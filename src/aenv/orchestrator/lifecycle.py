@@ -111,22 +111,23 @@ class Orchestrator:
     def list(self) -> list[SandboxRecord]:
         return [r for r in self.catalog.list() if r.state.public is not None]
 
-    def envd_url(self, sandbox_id: str, port: int = envd_client.ENVD_PORT) -> tuple[str, int]:
-        """Host-side address of a running sandbox's guest port (for the data-plane proxy)."""
+    def guest_address(self, sandbox_id: str) -> tuple[str, str]:
+        """Where a running sandbox's guest ports are reached from the host, and which run of its
+        VM that is (it changes on every restore, so connections never outlive a VM)."""
         live = self._live.get(sandbox_id)
         record = self.catalog.get(sandbox_id)
         if live is None or record is None or record.state not in LIVE:
             raise SandboxNotFound(sandbox_id)
-        return str(live.slot.address), port
+        return str(live.slot.address), live.vm.id
 
     async def guest_metrics(self, sandbox_id: str) -> dict[str, float]:
         """envd's current resource sample from inside the guest (CPU, memory, disk)."""
-        host, port = self.envd_url(sandbox_id)
+        host, _ = self.guest_address(sandbox_id)
         record = self.get(sandbox_id)
         headers = {"X-Access-Token": record.envd_access_token or ""}
         try:
             response = await self._client.get(
-                f"http://{host}:{port}/metrics", headers=headers, timeout=5.0
+                f"http://{host}:{envd_client.ENVD_PORT}/metrics", headers=headers, timeout=5.0
             )
             response.raise_for_status()
         except httpx.HTTPError as e:
