@@ -21,6 +21,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from summary import summary_ms
+
 from tests.support.envd_process import envd_in_throwaway_root
 
 # Not envd's usual 49983, so the benchmark can run beside the test suite; the SDK in debug mode
@@ -29,21 +31,6 @@ PORT = 49990
 RUNS = 200
 FILE_MIB = 256
 CONCURRENT = 100
-
-
-def pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
-
-
-def summary_ms(samples: list[float]) -> dict[str, float]:
-    ms = [s * 1000 for s in samples]
-    return {
-        "min": round(min(ms), 3),
-        "p50": round(statistics.median(ms), 3),
-        "p99": round(pct(ms, 99), 3),
-        "max": round(max(ms), 3),
-    }
 
 
 def timed(fn: object, runs: int) -> list[float]:

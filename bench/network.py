@@ -32,19 +32,11 @@ from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from summary import summary_ms
+
 from aenv.network import EgressPolicy, NetworkConfig, Slot, SlotPool, netns
 
 T = TypeVar("T")
-
-
-def summary_ms(samples: list[float]) -> dict[str, float]:
-    ms = [s * 1000 for s in samples]
-    return {
-        "n": len(ms),
-        "min": round(min(ms), 3),
-        "median": round(statistics.median(ms), 3),
-        "max": round(max(ms), 3),
-    }
 
 
 async def timed(fn: Callable[[], Awaitable[T]]) -> tuple[T, float]:

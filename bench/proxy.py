@@ -25,6 +25,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from summary import percentile, summary_ms
+
 from tests.support.envd_process import envd_in_throwaway_root
 
 RUNS = 300
@@ -41,20 +43,6 @@ def free_port() -> int:
         s.bind(("127.0.0.1", 0))
         port: int = s.getsockname()[1]
         return port
-
-
-def pct(samples: list[float], q: float) -> float:
-    ordered = sorted(samples)
-    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
-
-
-def summary_ms(samples: list[float]) -> dict[str, float]:
-    ms = [s * 1000 for s in samples]
-    return {
-        "p50": round(statistics.median(ms), 3),
-        "p99": round(pct(ms, 99), 3),
-        "max": round(max(ms), 3),
-    }
 
 
 def serve_proxy(port: int, envd_port: int, web_port: int) -> None:
@@ -150,7 +138,7 @@ def bench_run(direct: object, proxied: object) -> dict[str, object]:
             sandbox.commands.run("true")  # type: ignore[attr-defined]
             samples[name].append(time.perf_counter() - start)
     d50, p50 = statistics.median(samples["direct"]), statistics.median(samples["proxy"])
-    d99, p99 = pct(samples["direct"], 99), pct(samples["proxy"], 99)
+    d99, p99 = percentile(samples["direct"], 99), percentile(samples["proxy"], 99)
     return {
         "runs": RUNS,
         "direct_ms": summary_ms(samples["direct"]),

@@ -31,6 +31,8 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from summary import summary_ms  # noqa: E402
+
 from aenv.guest.cmdline import kernel_cmdline  # noqa: E402
 from aenv.guest.initramfs import build_initramfs  # noqa: E402
 from aenv.guest.kernel import fetch_kernel  # noqa: E402
@@ -49,15 +51,6 @@ MEMORY_MIB = 256
 
 def log(msg: str) -> None:
     print(msg, file=sys.stderr, flush=True)
-
-
-def summary(samples: list[float], scale: float = 1000.0) -> dict[str, float]:
-    return {
-        "min": round(min(samples) * scale, 2),
-        "median": round(statistics.median(samples) * scale, 2),
-        "max": round(max(samples) * scale, 2),
-        "n": len(samples),
-    }
 
 
 async def timed(op: Callable[[], Awaitable[Any]]) -> tuple[float, Any]:
@@ -198,15 +191,15 @@ async def main() -> dict[str, Any]:
         "runs": RUNS,
         "clones": CLONES,
         "ms": {
-            "cold_boot_to_ready": summary(boot["boot"]),
-            "restore_to_running": summary(rest["running"]),
-            "restore_to_ready": summary(rest["restore"]),
-            "pause": summary(rest["pause"]),
-            "resume": summary(rest["resume"]),
-            "snapshot_keep_running": summary(boot["snap_keep"]),
-            "snapshot_template_stop": summary(boot["snap_stop"]),
-            "clones_all_ready": summary(many["all_ready"]),
-            "clones_per_child": summary(many["per_child"]),
+            "cold_boot_to_ready": summary_ms(boot["boot"]),
+            "restore_to_running": summary_ms(rest["running"]),
+            "restore_to_ready": summary_ms(rest["restore"]),
+            "pause": summary_ms(rest["pause"]),
+            "resume": summary_ms(rest["resume"]),
+            "snapshot_keep_running": summary_ms(boot["snap_keep"]),
+            "snapshot_template_stop": summary_ms(boot["snap_stop"]),
+            "clones_all_ready": summary_ms(many["all_ready"]),
+            "clones_per_child": summary_ms(many["per_child"]),
         },
         "ratio_to_cold_boot": {
             "restore_to_ready": ratio(rest["restore"]),
@@ -218,8 +211,8 @@ async def main() -> dict[str, Any]:
             "clones_per_child": ratio(many["per_child"]),
         },
         "memory_mib": {
-            "pss_cold_booted_vm": summary(boot["pss"], mib),
-            "pss_idle_clone": summary(many["pss"], mib),
+            "pss_cold_booted_vm": summary_ms(boot["pss"], mib),
+            "pss_idle_clone": summary_ms(many["pss"], mib),
             "saved_vs_independent_boots": round((boot_pss - clone_pss) * CLONES * mib, 1),
         },
     }
