@@ -3,7 +3,8 @@
 # everything is already installed.
 set -eu
 PKGS="python3 python3-venv python3-dev gcc make git iproute2 nftables e2fsprogs \
-  qemu-system-x86 qemu-utils busybox-static debootstrap cpio zstd patchelf nodejs npm util-linux tini binutils"
+  qemu-system-x86 qemu-utils busybox-static debootstrap cpio zstd patchelf nodejs npm util-linux tini binutils \
+  debian-archive-keyring"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
