@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-PREFIX = "aenvt"
+# Slot namespaces are global names: a prefix of its own per run keeps concurrent runs apart.
+PREFIX = f"aenvt{secrets.token_hex(2)}"
 
 
 def in_netns(netns: str, *argv: str) -> list[str]:

@@ -13,18 +13,20 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from aenv.api.errors import APIError
 from aenv.api.keys import key_matches
+from aenv.api.metrics import NodeMetrics
 from aenv.api.sandboxes import SandboxRoutes
 from aenv.api.templates import TemplateRoutes
 from aenv.config import Config
 from aenv.orchestrator.lifecycle import Orchestrator
 
 log = logging.getLogger("aenv.api")
-_OPEN_PATHS = frozenset({"/health"})
+# Health checks and Prometheus scrapes carry no secrets and usually no API key.
+_OPEN_PATHS = frozenset({"/health", "/metrics"})
 
 
 class APIKeyGate:
-    """Every control-plane request but `/health` carries `X-API-KEY` (or, from old SDKs,
-    `Authorization: Bearer <key>`)."""
+    """Every control-plane request but `/health` and `/metrics` carries `X-API-KEY` (or, from
+    old SDKs, `Authorization: Bearer <key>`)."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
         self.app = app
@@ -64,9 +66,11 @@ async def _unexpected(_: Request, exc: Exception) -> Response:
 
 
 def create_api(orchestrator: Orchestrator, config: Config, api_key: str) -> ASGIApp:
+    metrics = NodeMetrics(orchestrator)
     routes = [
         Route("/health", _health, methods=["GET"]),
-        *SandboxRoutes(orchestrator, config).routes(),
+        Route("/metrics", metrics.endpoint, methods=["GET"]),
+        *SandboxRoutes(orchestrator, config, metrics).routes(),
         *TemplateRoutes(orchestrator.templates).routes(),
     ]
     app = Starlette(

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.errors import APIError, not_found
+from aenv.api.metrics import NodeMetrics
 from aenv.api.models import (
     DEFAULT_TIMEOUT_V1,
     DEFAULT_TIMEOUT_V2,
@@ -58,9 +59,10 @@ async def parse_body(request: Request, model: type[M], *, optional: bool = False
 
 
 class SandboxRoutes:
-    def __init__(self, orchestrator: Orchestrator, config: Config) -> None:
+    def __init__(self, orchestrator: Orchestrator, config: Config, metrics: NodeMetrics) -> None:
         self.orc = orchestrator
         self.config = config
+        self.node_metrics = metrics
 
     def routes(self) -> list[Route]:
         return [
@@ -138,16 +140,17 @@ class SandboxRoutes:
         ):
             allow_internet = False
         try:
-            record, _ = await self.orc.create(
-                CreateRequest(
-                    template=unquote(body.template_id),
-                    timeout=timeout,
-                    metadata=body.metadata or {},
-                    env_vars=body.env_vars or {},
-                    auto_pause=body.auto_pause,
-                    allow_internet=allow_internet,
+            with self.node_metrics.create_seconds.time():
+                record, _ = await self.orc.create(
+                    CreateRequest(
+                        template=unquote(body.template_id),
+                        timeout=timeout,
+                        metadata=body.metadata or {},
+                        env_vars=body.env_vars or {},
+                        auto_pause=body.auto_pause,
+                        allow_internet=allow_internet,
+                    )
                 )
-            )
         except TemplateNotFound as e:
             raise APIError(404, f"template '{body.template_id}' not found") from e
         except CreateFailed as e:

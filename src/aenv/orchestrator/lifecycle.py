@@ -45,6 +45,15 @@ class CreateFailed(RuntimeError):
 
 
 @dataclass
+class CreateStats:
+    """Counters for monitoring (the API exports them)."""
+
+    queued: int = 0  # waiting for admission
+    succeeded: int = 0
+    failed: int = 0
+
+
+@dataclass
 class _Live:
     vm: VM
     slot: Slot
@@ -79,7 +88,7 @@ class Orchestrator:
         self._live: dict[str, _Live] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._admission = asyncio.Semaphore(config.max_concurrent_creates)
-        self.create_queue = 0  # creates waiting for admission (exported as a metric)
+        self.stats = CreateStats()
         self._client = httpx.AsyncClient()
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -139,15 +148,20 @@ class Orchestrator:
 
     async def create(self, request: CreateRequest) -> tuple[SandboxRecord, Template]:
         template = self.templates.get(request.template)  # TemplateNotFound propagates
-        self.create_queue += 1
+        self.stats.queued += 1
         try:
             await self._admission.acquire()
         finally:
-            self.create_queue -= 1
+            self.stats.queued -= 1
         try:
-            return await self._create(request, template), template
+            record = await self._create(request, template)
+        except BaseException:
+            self.stats.failed += 1
+            raise
         finally:
             self._admission.release()
+        self.stats.succeeded += 1
+        return record, template
 
     async def _create(self, request: CreateRequest, template: Template) -> SandboxRecord:
         sandbox_id = new_sandbox_id()

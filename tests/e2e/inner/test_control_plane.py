@@ -61,3 +61,15 @@ def test_metrics_come_from_inside_the_guest() -> None:
         assert 0 < sample.disk_used <= sample.disk_total
     finally:
         sandbox.kill()
+
+
+def test_prometheus_metrics_count_creates(server: str) -> None:
+    sandbox = Sandbox.create(timeout=60)
+    try:
+        text = httpx.get(f"{server}/metrics").text
+        assert 'aenv_sandboxes{state="running"}' in text
+        assert 'aenv_creates_total{result="success"}' in text
+        assert "aenv_create_seconds_count" in text
+        assert "aenv_create_queue 0.0" in text
+    finally:
+        sandbox.kill()

@@ -21,9 +21,7 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[3]
 SPEC_PATH = Path(
-    os.environ.get(
-        "AENV_FIRECRACKER_SWAGGER", REPO.parent / "shared" / "specs/firecracker/firecracker.yaml"
-    )
+    os.environ.get("AENV_FIRECRACKER_SWAGGER", REPO / "specs" / "firecracker" / "firecracker.yaml")
 )
 
 

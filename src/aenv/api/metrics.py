@@ -1,0 +1,58 @@
+"""Prometheus `/metrics` for the node: sandboxes by state, create queue and outcomes, create
+latency as clients see it (queueing included), warm network slots."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+from starlette.requests import Request
+from starlette.responses import Response
+
+from aenv.orchestrator.lifecycle import Orchestrator
+from aenv.orchestrator.states import SandboxState
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+class _NodeCollector(Collector):
+    def __init__(self, orchestrator: Orchestrator) -> None:
+        self._orc = orchestrator
+
+    def collect(self) -> Iterator[Metric]:
+        by_state = GaugeMetricFamily("aenv_sandboxes", "Sandboxes by state", labels=["state"])
+        counts = {state: 0 for state in SandboxState}
+        for record in self._orc.catalog.list():
+            counts[record.state] += 1
+        for state, count in counts.items():
+            by_state.add_metric([state.value], count)
+        yield by_state
+        stats = self._orc.stats
+        yield GaugeMetricFamily(
+            "aenv_create_queue", "Creates waiting for admission", value=stats.queued
+        )
+        outcomes = CounterMetricFamily("aenv_creates", "Finished creates", labels=["result"])
+        outcomes.add_metric(["success"], stats.succeeded)
+        outcomes.add_metric(["failure"], stats.failed)
+        yield outcomes
+        slots = self._orc.slots
+        yield GaugeMetricFamily(
+            "aenv_warm_slots", "Network slots ready in the pool", value=getattr(slots, "ready", 0)
+        )
+
+
+class NodeMetrics:
+    def __init__(self, orchestrator: Orchestrator) -> None:
+        self.registry = CollectorRegistry()
+        self.registry.register(_NodeCollector(orchestrator))
+        self.create_seconds = Histogram(
+            "aenv_create_seconds",
+            "Sandbox create latency seen by clients, queueing included",
+            buckets=(0.05, 0.1, 0.2, 0.3, 0.5, 0.75, 1, 2, 5, 10, 30, 60),
+            registry=self.registry,
+        )
+
+    async def endpoint(self, _: Request) -> Response:
+        return Response(generate_latest(self.registry), media_type=CONTENT_TYPE)
