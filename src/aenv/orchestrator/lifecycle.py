@@ -14,9 +14,10 @@ import contextlib
 import logging
 import shutil
 import time
-from collections.abc import Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -231,7 +232,19 @@ class Orchestrator:
             await self._teardown(sandbox_id, live, slot)
             raise CreateFailed(f"sandbox {sandbox_id} was killed while starting")
         self._schedule_expiry(running)
+        self._spawn(self._watch_vmm(sandbox_id, live.vm))
         return running
+
+    async def _watch_vmm(self, sandbox_id: str, vm: VM) -> None:
+        """A VMM that exits on its own (crash, OOM kill, kill -9) takes its sandbox with it: the
+        sandbox is reported gone and its slot and files are released, other sandboxes untouched."""
+        await vm.wait_exit()
+        live = self._live.get(sandbox_id)
+        record = self.catalog.get(sandbox_id)
+        if live is None or live.vm is not vm or record is None or record.state not in LIVE:
+            return  # a planned stop (kill, timeout) is already handling it
+        log.warning("sandbox %s: its VMM exited unexpectedly; removing it", sandbox_id)
+        await self.kill(sandbox_id)
 
     # -- kill and timeouts ------------------------------------------------------------------
 
@@ -294,7 +307,10 @@ class Orchestrator:
         record = self.catalog.get(sandbox_id)
         if record is None or record.end_at > time.time() + 0.5:
             return  # moved meanwhile; its new timer is already set
-        task = asyncio.get_running_loop().create_task(self._expire_now(sandbox_id))
+        self._spawn(self._expire_now(sandbox_id))
+
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

@@ -199,6 +199,12 @@ class VM(Protocol):
         """Kill the VMM and release everything it held. Idempotent."""
         ...
 
+    async def wait_exit(self) -> None:
+        """Return once the VMM process has exited, for whatever reason (`stop`, a crash, a
+        kill -9 from outside). Callers watch for the unplanned cases with it; it releases
+        nothing (call `stop`)."""
+        ...
+
     async def stats(self) -> VMStats: ...
 
 

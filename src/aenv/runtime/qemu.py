@@ -532,6 +532,9 @@ class QemuVM:
         await asyncio.to_thread(_unlink, files)
         self.owned_files = []
 
+    async def wait_exit(self) -> None:
+        await self.proc.wait()
+
     async def stats(self) -> VMStats:
         self._require(VMState.RUNNING, VMState.PAUSED)
         return await asyncio.to_thread(self._stats)

@@ -127,6 +127,10 @@ class FirecrackerProcess:
         except OSError:
             return ""
 
+    async def wait(self) -> None:
+        """Until the process has exited (reaped)."""
+        await self._proc.wait()
+
     async def stop(self, grace: float = STOP_GRACE_S) -> None:
         """SIGTERM, then SIGKILL after `grace` seconds; reaps the process and closes the client.
         The guest gets no shutdown: a sandbox's state lives in snapshots, not in a clean halt."""

@@ -153,6 +153,10 @@ class FirecrackerVM:
                 await self._stop_locked()
             return snap
 
+    async def wait_exit(self) -> None:
+        if self.process is not None:
+            await self.process.wait()
+
     async def stop(self) -> None:
         async with self._lock:
             await self._stop_locked()
