@@ -35,8 +35,10 @@ from aenv.proxy.resolver import SandboxNotFound as ProxyNotFound
 from aenv.proxy.resolver import Upstream
 from aenv.runtime.cgroups import CgroupManager, detect
 from aenv.runtime.driver import Driver
+from aenv.runtime.firecracker import FirecrackerDriver
 from aenv.runtime.firecracker import create_driver as firecracker_driver
 from aenv.runtime.select import Backend, qemu_driver, select_backend
+from aenv.runtime.sweep import sweep
 
 log = logging.getLogger("aenv.server")
 Progress = Callable[[str], None]
@@ -93,7 +95,15 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
     progress("preparing guest images (cached after the first start)...")
     images = await prepare_images(config.home / "cache")
     cgroups = detect(f"aenv-{os.getpid()}")
+    # VMMs of a previous server that died live on as orphans: reclaim them before anything new.
+    await sweep(cgroups)
     driver = await _driver(config, images, cgroups, progress)
+    # VMMs (and their cgroups, jails and files) a killed server left: before any VM starts. The
+    # Firecracker part runs whichever driver is selected now, since the last run may have used it.
+    fc = driver if isinstance(driver, FirecrackerDriver) else FirecrackerDriver()
+    swept = await sweep(cgroups, reclaimers=[fc])
+    if swept.killed:
+        progress(f"killed {len(swept.killed)} VMMs a previous run left behind")
     if driver.name == "firecracker":
         images = dataclasses.replace(images, kernel=images.vmlinux)
     templates = TemplateStore(config.templates_dir, memory_root(config.home))

@@ -1,3 +1,4 @@
-"""The SDK suites under `inner/` run inside the server's namespace, launched by test_server.py."""
+"""The SDK suites under `inner/` and `restart/` run inside the server's namespace, launched by
+test_server.py."""
 
-collect_ignore = ["inner"]
+collect_ignore = ["inner", "restart"]

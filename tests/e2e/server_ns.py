@@ -30,17 +30,43 @@ def in_netns(netns: str, *argv: str) -> list[str]:
     return ["nsenter", f"--net=/run/netns/{netns}", "--", *argv]
 
 
-@dataclass(frozen=True)
+@dataclass
 class ServerNs:
     netns: str
     home: Path
     port: int
     log: Path
     env: dict[str, str]
-    proc: subprocess.Popen[bytes]
+    proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> None:
+        with self.log.open("ab") as out:
+            self.proc = subprocess.Popen(
+                in_netns(self.netns, sys.executable, "-m", "aenv.cli", "server",
+                         "--port", str(self.port), "--host", "127.0.0.1"),
+                env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+
+    def kill_9(self) -> None:
+        """SIGKILL the server process alone: its VMMs live on as orphans, as after a crash."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+    def stop(self) -> None:
+        proc = self.proc
+        if proc is None or proc.poll() is not None:
+            return
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
 
     def run(self, *argv: str, timeout: float) -> tuple[int, str]:
         """Run a client command in the namespace; stops early if the server dies."""
+        assert self.proc is not None
         with tempfile.TemporaryFile() as out:
             client = subprocess.Popen(
                 in_netns(self.netns, *argv), env=self.env, stdout=out, stderr=subprocess.STDOUT
@@ -92,23 +118,12 @@ def server_in_namespace(home: Path, port: int = 3000) -> Iterator[ServerNs]:
         "AENV_GUEST_CACHE": os.environ.get("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache")),
         "PYTHONUNBUFFERED": "1",
     }
-    log = home / "server.log"
     home.mkdir(parents=True, exist_ok=True)
-    with log.open("wb") as out:
-        proc = subprocess.Popen(
-            in_netns(host_ns, sys.executable, "-m", "aenv.cli", "server",
-                     "--port", str(port), "--host", "127.0.0.1"),
-            env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-        )  # fmt: skip
+    server = ServerNs(host_ns, home, port, home / "server.log", env)
     try:
-        yield ServerNs(host_ns, home, port, log, env, proc)
+        server.start()
+        yield server
     finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGTERM)
-            try:
-                proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                proc.wait()
+        server.stop()
         time.sleep(0.2)
         _cleanup(host_ns)

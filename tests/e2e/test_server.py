@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from aenv.orchestrator.images import prepare_images
-from tests.e2e.server_ns import REPO, server_in_namespace
+from tests.e2e.server_ns import REPO, ServerNs, server_in_namespace
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -36,10 +36,20 @@ def _run_inner_suite(home: Path) -> None:
     # The server's namespace has no route to package mirrors: build images (cached) from here.
     asyncio.run(prepare_images(home / "cache"))
     with server_in_namespace(home) as server:
-        code, output = server.run(
-            sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-            "--rootdir", str(REPO), str(REPO / "tests" / "e2e" / "inner"),
-            timeout=1700,
-        )  # fmt: skip
-        log = server.log.read_text(errors="replace")
-    assert code == 0, f"inner suite failed:\n{output[-20000:]}\n--- server log ---\n{log[-10000:]}"
+        suite(server, "inner")
+        # A crash: the server dies with sandboxes running; the next start must report none of
+        # them, reclaim their VMMs, slots and files, and serve new ones.
+        suite(server, "restart/test_before_crash.py")
+        server.kill_9()
+        server.start()
+        suite(server, "restart/test_after_restart.py")
+
+
+def suite(server: ServerNs, path: str) -> None:
+    code, output = server.run(
+        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+        "--rootdir", str(REPO), str(REPO / "tests" / "e2e" / path),
+        timeout=1700,
+    )  # fmt: skip
+    log = server.log.read_text(errors="replace")
+    assert code == 0, f"{path} failed:\n{output[-20000:]}\n--- server log ---\n{log[-10000:]}"

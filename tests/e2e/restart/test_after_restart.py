@@ -1,0 +1,30 @@
+import json
+import os
+from pathlib import Path
+
+import pytest
+from e2b import Sandbox, SandboxException
+
+
+def test_restart_reports_nothing_it_cannot_serve() -> None:
+    home = Path(os.environ["AENV_HOME"])
+    old = json.loads((home / "crash-ids.json").read_text())
+    listed = [s.sandbox_id for s in Sandbox.list().next_items()]
+    assert not set(old) & set(listed)
+    for sandbox_id in old:
+        with pytest.raises(SandboxException):
+            Sandbox.connect(sandbox_id)
+    assert not any((home / "sandboxes" / sandbox_id).exists() for sandbox_id in old)
+    markers = [f"/sandboxes/{sandbox_id}/".encode() for sandbox_id in old]
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            assert not any(m in cmdline for m in markers), f"orphaned VMM {entry.name} survived"
+    fresh = Sandbox.create(timeout=60)
+    try:
+        assert fresh.commands.run("echo ok").stdout == "ok\n"
+    finally:
+        fresh.kill()
