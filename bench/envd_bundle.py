@@ -10,7 +10,6 @@ overlay the envd tests use. Prints one JSON document.
 from __future__ import annotations
 
 import json
-import socket
 import statistics
 import sys
 import tempfile
@@ -26,17 +25,11 @@ from tests.support.envd_process import (
     envd_in_throwaway_root,
     serve_in_throwaway_root,
 )
+from tests.support.ports import free_port
 from tests.support.rootfs import busybox_root, debian_minbase
 
 RUNS = 5
 POLL = 0.002  # seconds between /health probes
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def startup(serve: Callable[[int], AbstractContextManager[str]]) -> dict[str, float]:

@@ -28,6 +28,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from summary import percentile, summary_ms
 
 from tests.support.envd_process import envd_in_throwaway_root
+from tests.support.ports import free_port
 
 RUNS = 300
 FILE_MIB = 256
@@ -36,13 +37,6 @@ HTTP_CONCURRENCY = 16
 SANDBOX_ID = "benchsandbox00000001"
 ENVD_PORT = 49983
 WEB_PORT = 8000
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def serve_proxy(port: int, envd_port: int, web_port: int) -> None:

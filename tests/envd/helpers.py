@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import socket
 import struct
 import time
 from collections.abc import Callable, Iterator
@@ -17,16 +16,10 @@ from e2b import AsyncSandbox, ConnectionConfig, Sandbox
 from packaging.version import Version
 
 from tests.support.envd_process import envd_in_throwaway_root
+from tests.support.ports import free_port
 
 ENVD_VERSION = Version("0.6.13")
 T = TypeVar("T")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @contextmanager

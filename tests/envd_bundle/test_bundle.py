@@ -4,7 +4,6 @@ and busybox alone (no libc), mounted read-only at /opt/aenv as in a guest, insid
 
 from __future__ import annotations
 
-import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -14,6 +13,7 @@ from e2b import Sandbox
 
 from aenv.envd_bundle import PREFIX, build_bundle
 from tests.support.envd_process import serve_in_throwaway_root
+from tests.support.ports import free_port
 from tests.support.rootfs import busybox_root, debian_minbase
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -31,17 +31,9 @@ def root(request: pytest.FixtureRequest, tmp_path: Path) -> Path:
     return debian_minbase()
 
 
-def _free_port() -> int:
-    # The session envd of tests/envd may hold 49983, and other suites may run at the same time.
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
-
-
 @pytest.fixture
 def url(bundle: Path, root: Path) -> Iterator[str]:
-    port = _free_port()
+    port = free_port()
     envd = [f"{PREFIX}/aenv-envd", "--host", "127.0.0.1", "--port", str(port)]
     options = ["--lower", str(root), "--ro-bind", str(bundle), PREFIX]
     with serve_in_throwaway_root(envd, port, harness_options=options) as url:

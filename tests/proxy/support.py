@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import socketserver
 import threading
 import time
@@ -22,16 +21,10 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from aenv.proxy import SandboxNotFound, SandboxPaused, Upstream
+from tests.support.ports import free_port
 
 # Long enough for a loaded machine; it only keeps a broken proxy from hanging the suite.
 WAIT = 20.0
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 @dataclass
