@@ -29,6 +29,7 @@ from aenv.envd import ENVD_VERSION
 from aenv.orchestrator.catalog import SandboxRecord
 from aenv.orchestrator.envd_client import EnvdUnavailable
 from aenv.orchestrator.lifecycle import (
+    CapacityReached,
     CreateFailed,
     CreateRequest,
     Orchestrator,
@@ -153,6 +154,8 @@ class SandboxRoutes:
                 )
         except TemplateNotFound as e:
             raise APIError(404, f"template '{body.template_id}' not found") from e
+        except CapacityReached as e:
+            raise APIError(429, str(e), error_code="sandbox_capacity_unavailable") from e
         except CreateFailed as e:
             raise APIError(
                 500, str(e), error_code="sandbox_create_failed", should_retry=False

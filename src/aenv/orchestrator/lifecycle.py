@@ -45,6 +45,10 @@ class CreateFailed(RuntimeError):
     """The sandbox could not be started; nothing of it is left."""
 
 
+class CapacityReached(RuntimeError):
+    """The node already holds `max_sandboxes` sandboxes."""
+
+
 @dataclass
 class CreateStats:
     """Counters for monitoring (the API exports them)."""
@@ -149,6 +153,11 @@ class Orchestrator:
 
     async def create(self, request: CreateRequest) -> tuple[SandboxRecord, Template]:
         template = self.templates.get(request.template)  # TemplateNotFound propagates
+        # Rows exist from the moment a create is admitted; the queue holds the rest. Checking and
+        # joining the queue happen without an await in between, so the cap is exact.
+        held = self.catalog.count(frozenset(SandboxState) - {SandboxState.DEAD}) + self.stats.queued
+        if held >= self.config.max_sandboxes:
+            raise CapacityReached(f"this node holds its maximum of {held} sandboxes")
         self.stats.queued += 1
         try:
             await self._admission.acquire()
