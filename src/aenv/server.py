@@ -35,12 +35,14 @@ from aenv.proxy.resolver import SandboxNotFound as ProxyNotFound
 from aenv.proxy.resolver import Upstream
 from aenv.runtime.cgroups import CgroupManager, detect
 from aenv.runtime.driver import Driver
-from aenv.runtime.firecracker import FirecrackerDriver
+from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
 from aenv.runtime.firecracker import create_driver as firecracker_driver
 from aenv.runtime.select import Backend, qemu_driver, select_backend
 from aenv.runtime.sweep import sweep
 
 log = logging.getLogger("aenv.server")
+# The Firecracker driver's settings: the driver and the startup sweep of its leftovers share them.
+FIRECRACKER = FirecrackerConfig()
 Progress = Callable[[str], None]
 
 
@@ -74,7 +76,7 @@ async def _driver(
     selection = await select_backend(config.driver, kernel=images.kernel, initrd=images.initrd)
     progress(f"VMM: {selection.backend} ({selection.reason})")
     if selection.backend is Backend.FIRECRACKER:
-        return firecracker_driver()
+        return firecracker_driver(FIRECRACKER)
     return qemu_driver(selection, cgroups=cgroups)
 
 
@@ -95,15 +97,12 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
     progress("preparing guest images (cached after the first start)...")
     images = await prepare_images(config.home / "cache")
     cgroups = detect(f"aenv-{os.getpid()}")
-    # VMMs of a previous server that died live on as orphans: reclaim them before anything new.
-    await sweep(cgroups)
-    driver = await _driver(config, images, cgroups, progress)
-    # VMMs (and their cgroups, jails and files) a killed server left: before any VM starts. The
-    # Firecracker part runs whichever driver is selected now, since the last run may have used it.
-    fc = driver if isinstance(driver, FirecrackerDriver) else FirecrackerDriver()
-    swept = await sweep(cgroups, reclaimers=[fc])
+    # VMMs of a previous server that died live on as orphans: reclaim them, and the cgroups, jails
+    # and files of its Firecracker VMs (whichever driver runs now), before anything new.
+    swept = await sweep(cgroups, reclaimers=[FirecrackerDriver(FIRECRACKER)])
     if swept.killed:
         progress(f"killed {len(swept.killed)} VMMs a previous run left behind")
+    driver = await _driver(config, images, cgroups, progress)
     if driver.name == "firecracker":
         images = dataclasses.replace(images, kernel=images.vmlinux)
     templates = TemplateStore(config.templates_dir, memory_root(config.home))

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from aenv.runtime.cgroups import CgroupLimits, CgroupV1, CgroupV2, detect
+from aenv.runtime.cgroups import CgroupError, CgroupLimits, CgroupV1, CgroupV2, detect
 
 LIMITS = CgroupLimits(memory_bytes=512 << 20, pids=32, cpu_cores=1.5)
 
@@ -82,3 +82,26 @@ def test_sweep_removes_only_empty_stale_groups(tmp_path: Path) -> None:
     removed = manager.sweep_stale("aenv-")
     assert removed == [own / "aenv-old" / "qemu-a"]
     assert busy.is_dir() and (own / "unrelated" / "x").is_dir() and (own / "aenv-new").is_dir()
+
+
+def test_remove_stale_by_name_in_every_hierarchy(tmp_path: Path) -> None:
+    v1 = CgroupV1("aenv", tmp_path / "v1", proc_cgroup=fake_v1(tmp_path / "v1"))
+    v1.create("vm1", LIMITS)
+    v1.create("vm2", LIMITS)
+    # The fake hierarchy is a plain directory tree: empty the groups as the kernel would.
+    for path in (tmp_path / "v1").rglob("vm1/*"):
+        path.unlink()
+    removed = v1.remove_stale("vm1")
+    assert sorted(p.parent.name for p in removed) == ["aenv", "aenv", "aenv"]
+    assert v1.names() == ["vm2"]
+    assert v1.remove_stale("vm1") == []  # gone already: nothing to do
+    with pytest.raises(CgroupError, match="still busy"):
+        v1.remove_stale("vm2")  # files stand in for member processes: refuses like a busy group
+    with pytest.raises(CgroupError, match="not a cgroup name"):
+        v1.remove_stale("../aenv")
+
+    own = tmp_path / "v2" / "svc"
+    (own / "aenv" / "vm3").mkdir(parents=True)
+    v2 = CgroupV2("aenv", tmp_path / "v2", proc_cgroup="0::/svc\n")
+    assert v2.remove_stale("vm3") == [own / "aenv" / "vm3"]
+    assert v2.names() == []

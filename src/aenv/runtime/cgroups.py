@@ -58,6 +58,12 @@ class CgroupManager(Protocol):
         that used another parent name), and those parents once empty. Busy groups stay."""
         ...
 
+    def remove_stale(self, name: str) -> list[Path]:
+        """Remove the group `name` under this parent (e.g. of a VMM a killed process left, under a
+        parent name that this process uses too); returns the directories removed, none if there
+        is no such group. Raises CgroupError if processes are still in it."""
+        ...
+
 
 def _own_path(controller: str, proc_cgroup: str) -> str:
     """This process's cgroup path in the hierarchy holding `controller` ('' for v2)."""
@@ -147,6 +153,9 @@ class CgroupV1:
     def sweep_stale(self, prefix: str) -> list[Path]:
         return _sweep(self._bases.values(), prefix)
 
+    def remove_stale(self, name: str) -> list[Path]:
+        return _remove_named(self._bases.values(), name)
+
 
 class CgroupV2:
     """The unified hierarchy: one directory per VMM under `<own cgroup>/<parent>`."""
@@ -195,6 +204,9 @@ class CgroupV2:
     def sweep_stale(self, prefix: str) -> list[Path]:
         return _sweep([self._base], prefix)
 
+    def remove_stale(self, name: str) -> list[Path]:
+        return _remove_named([self._base], name)
+
 
 @dataclass(frozen=True)
 class _V2Group:
@@ -223,6 +235,25 @@ def _sweep(own_parents: Iterable[Path], prefix: str) -> list[Path]:
             with contextlib.suppress(OSError):
                 parent.rmdir()
                 removed.append(parent)
+    return removed
+
+
+def _remove_named(bases: Iterable[Path], name: str) -> list[Path]:
+    if not name or "/" in name or name in (".", ".."):
+        raise CgroupError(f"not a cgroup name: {name!r}")
+    removed: list[Path] = []
+    busy: list[str] = []
+    for d in (base / name for base in bases):
+        if not d.is_dir():
+            continue
+        try:
+            _rmdir(d)
+        except CgroupError as exc:
+            busy.append(str(exc))
+            continue
+        removed.append(d)
+    if busy:
+        raise CgroupError("; ".join(busy))
     return removed
 
 

@@ -1,52 +1,155 @@
 """Startup sweep of the runtime layer: what a killed aenv process left behind.
 
-A QEMU started by `QemuDriver` carries `-name aenv-<vm id>`; when its owner dies it is re-parented
-to init and keeps running (and holding memory) forever. At startup, before starting any VM, a
-node kills such orphans and removes the VMM cgroups they leave empty. Network namespaces, disk
-layers and the catalog are swept by their own owners.
+A VMM started by one of our drivers keeps running (and holding memory) when its owner dies: it is
+re-parented to init. Our VMMs are recognised by their command line, whichever driver started them:
+QEMU by `-name aenv-<vm id>` (`QemuDriver`), Firecracker by `--id aenv-fc-<vm id>` next to
+`--api-sock` (`FirecrackerDriver`; the jailer carries the same `--id` and execs Firecracker, and so
+does `nsenter` when it puts Firecracker into a sandbox's network namespace). At startup, before
+starting any VM, a node kills the orphans among them, removes the VMM cgroups left under sibling
+parents named `aenv-*`, and lets each `Reclaimer` (the Firecracker driver) remove what else its VMs
+leave: jails, their cgroups, and the driver's files in a VM's working directory. Network
+namespaces, disk layers and the catalog are swept by their own owners.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
+import os
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal, Protocol
 
 import psutil
 
 from aenv.runtime.cgroups import CgroupManager
 
 VMM_NAME_PREFIX = "aenv-"
+VmmKind = Literal["qemu", "firecracker"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Vmm:
+    """One of our VMM processes, found by its command line."""
+
+    pid: int
+    kind: VmmKind
+    name: str  # QEMU's `-name`, Firecracker's `--id` (also its cgroup and jail name)
+    orphaned: bool  # its parent exited (it was re-parented to PID 1)
+    cwd: Path | None  # where it runs: an unjailed Firecracker's workdir, or a jail's root
+    stdout: Path | None  # the file its stdout goes to: a Firecracker's `<workdir>/console.log`
+
+
+class Reclaimer(Protocol):
+    def reclaim_leftovers(
+        self, prefix: str, killed: Sequence[Vmm], live: Collection[str]
+    ) -> list[Path]:
+        """Remove what VMMs named `prefix*` left (the `killed` ones and any that died before),
+        except for the VMs named in `live` (still running under a live owner); returns what was
+        removed. Blocking: called in a thread."""
+        ...
 
 
 @dataclass(frozen=True)
 class SweepReport:
     killed: tuple[int, ...]
     cgroups_removed: tuple[Path, ...]
+    leftovers_removed: tuple[Path, ...] = ()
+
+
+def vmm_identity(cmdline: Sequence[str], prefix: str) -> tuple[VmmKind, str] | None:
+    """Which of our VMMs a command line starts (kind and name), or None for any other."""
+    with contextlib.suppress(ValueError, IndexError):
+        name = cmdline[cmdline.index("-name") + 1]
+        if name.startswith(prefix):
+            return "qemu", name
+    if "--api-sock" in cmdline:
+        with contextlib.suppress(ValueError, IndexError):
+            name = cmdline[cmdline.index("--id") + 1]
+            if name.startswith(prefix):
+                return "firecracker", name
+    return None
+
+
+def our_vmms(prefix: str = VMM_NAME_PREFIX) -> list[Vmm]:
+    """Every running VMM of ours, orphaned or not."""
+    found = []
+    for proc in psutil.process_iter(["ppid", "cmdline", "cwd"]):
+        identity = vmm_identity(proc.info["cmdline"] or [], prefix)
+        if identity is None:
+            continue
+        cwd = proc.info["cwd"]
+        found.append(
+            Vmm(
+                pid=proc.pid,
+                kind=identity[0],
+                name=identity[1],
+                orphaned=proc.info["ppid"] == 1,
+                cwd=Path(cwd) if cwd else None,
+                stdout=_stdout(proc.pid),
+            )
+        )
+    return found
+
+
+def _stdout(pid: int) -> Path | None:
+    try:
+        target = os.readlink(f"/proc/{pid}/fd/1")
+    except OSError:
+        return None
+    return Path(target) if target.startswith("/") else None  # not e.g. "pipe:[1234]"
 
 
 def orphaned_vmms(prefix: str = VMM_NAME_PREFIX) -> list[psutil.Process]:
     """Our VMM processes whose parent has exited (they were re-parented to PID 1)."""
-    found = []
-    for proc in psutil.process_iter(["ppid", "cmdline"]):
-        cmdline = proc.info["cmdline"] or []
-        with contextlib.suppress(ValueError, IndexError):
-            name = cmdline[cmdline.index("-name") + 1]
-            if name.startswith(prefix) and proc.info["ppid"] == 1:
-                found.append(proc)
-    return found
+    procs = []
+    for vmm in our_vmms(prefix):
+        if vmm.orphaned:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                procs.append(psutil.Process(vmm.pid))
+    return procs
 
 
-def _sweep(cgroups: CgroupManager | None, prefix: str) -> SweepReport:
-    victims = orphaned_vmms(prefix)
-    for proc in victims:
+def _sweep(
+    cgroups: CgroupManager | None, prefix: str, reclaimers: Sequence[Reclaimer]
+) -> SweepReport:
+    found = our_vmms(prefix)
+    killed: list[Vmm] = []
+    procs: list[psutil.Process] = []
+    for vmm in found:
+        if not vmm.orphaned:
+            continue
         with contextlib.suppress(psutil.NoSuchProcess):
+            proc = psutil.Process(vmm.pid)
             proc.kill()
-    psutil.wait_procs(victims, timeout=10)
+            procs.append(proc)
+            killed.append(vmm)
+    _gone, alive = psutil.wait_procs(procs, timeout=10)
+    for proc in alive:
+        log.warning("orphaned VMM %d survived SIGKILL", proc.pid)
+    live = {vmm.name for vmm in found if not vmm.orphaned}
     removed = cgroups.sweep_stale(prefix) if cgroups is not None else []
-    return SweepReport(tuple(p.pid for p in victims), tuple(removed))
+    leftovers: list[Path] = []
+    for reclaimer in reclaimers:
+        leftovers += reclaimer.reclaim_leftovers(prefix, killed, live)
+    if killed or removed or leftovers:
+        log.warning(
+            "startup sweep: killed %d orphaned VMMs, removed %d cgroups and %d other leftovers",
+            len(killed),
+            len(removed),
+            len(leftovers),
+        )
+    return SweepReport(tuple(v.pid for v in killed), tuple(removed), tuple(leftovers))
 
 
-async def sweep(cgroups: CgroupManager | None, prefix: str = VMM_NAME_PREFIX) -> SweepReport:
-    return await asyncio.to_thread(_sweep, cgroups, prefix)
+async def sweep(
+    cgroups: CgroupManager | None,
+    prefix: str = VMM_NAME_PREFIX,
+    *,
+    reclaimers: Sequence[Reclaimer] = (),
+) -> SweepReport:
+    return await asyncio.to_thread(_sweep, cgroups, prefix, reclaimers)

@@ -7,7 +7,9 @@ so every relative path Firecracker is given resolves inside the jail. It does no
 Python stand-in for Firecracker needs the host's interpreter), so the one absolute path, the API
 socket, is made relative to the chroot directory it runs in. The parsed arguments go to
 `<chroot_base>/<exec name>/<id>/jailer-args.json` for the test to inspect; uid/gid, cgroups,
-rlimits and the netns are recorded, not applied.
+rlimits and the netns are recorded, not applied. Except: with `AENV_FAKE_JAILER_CGROUPS` set to a
+cgroup v1 root (e.g. `/sys/fs/cgroup`) and `--cgroup-version 1`, it creates the cgroups as the
+jailer does, `<root>/<controller>/<parent cgroup>/<id>` with the `--cgroup` values, and joins them.
 """
 
 from __future__ import annotations
@@ -59,8 +61,23 @@ def main() -> None:
     for i, arg in enumerate(firecracker_args):
         previous = firecracker_args[i - 1] if i else ""
         rebased.append(arg.lstrip("/") if previous == "--api-sock" else arg)
+    cgroup_root = os.environ.get("AENV_FAKE_JAILER_CGROUPS")
+    if cgroup_root and args.cgroup_version == "1":
+        _join_cgroups(Path(cgroup_root), args.parent_cgroup or exec_file.name, args.id, args.cgroup)
     os.chdir(root)
     os.execv(jailed, [str(jailed), "--id", args.id, *rebased])
+
+
+def _join_cgroups(root: Path, parent: str, vm_id: str, settings: list[str]) -> None:
+    groups: set[Path] = set()
+    for item in settings:
+        name, value = item.split("=", 1)
+        group = root / name.split(".", 1)[0] / parent / vm_id
+        group.mkdir(parents=True, exist_ok=True)
+        (group / name).write_text(value)
+        groups.add(group)
+    for group in groups:
+        (group / "cgroup.procs").write_text(str(os.getpid()))
 
 
 def _split(argv: list[str]) -> tuple[list[str], bool, list[str]]:

@@ -53,5 +53,9 @@ class FirecrackerConfig:
     pids_base: int = DEFAULT_PIDS_BASE
     # Unjailed VMMs get their cgroup from `aenv.runtime.cgroups` under this parent.
     cgroup_parent: str = "aenv-firecracker"
+    # VM ids are `<id_prefix><16 hex digits>`: Firecracker's `--id`, the jailer's `--id`, the
+    # cgroup and the jail directory. The startup sweep (`aenv.runtime.sweep`) recognises our VMMs
+    # and their leftovers by this prefix, so it must start with the sweep's prefix (`aenv-`).
+    id_prefix: str = "aenv-fc-"
     ready_timeout_s: float = 10.0
     extra_args: tuple[str, ...] = ()

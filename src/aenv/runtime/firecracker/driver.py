@@ -11,6 +11,24 @@ its own copy of every sealed writable image under the same `drives/<drive_id>` n
 used (see `placement.py`), which is how the drive paths recorded in the state file point each
 clone at its own layer; read-only images are shared. Network: each clone opens the tap named in
 its `RestoreSpec` (a network override) inside its own namespace; the MAC stays the source's.
+
+Device discovery in the guest: Firecracker's devices are virtio-mmio, with no PCI bus to find them
+on. On x86 Firecracker describes them two ways: `virtio_mmio.device=<size>@<addr>:<irq>` arguments
+it appends to the kernel command line itself, and (releases with ACPI support) DSDT entries with
+the virtio-mmio ACPI id `LNRO0005`. The Debian guest kernel (6.1, `config-6.1.0-*-amd64`) has
+`CONFIG_VIRTIO_MMIO=m` with `# CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES is not set`: it ignores the
+command-line form entirely. It has `CONFIG_ACPI=y`, and its `virtio_mmio.ko` carries the alias
+`acpi*:LNRO0005:*`, which our initramfs loads first (`aenv.guest.initramfs.MODULES`). So with the
+Debian kernel a guest sees its disks, NIC, vsock, balloon and entropy device only under a
+Firecracker that passes ACPI tables; an older (pre-ACPI) Firecracker boots it without any devices
+(the init waits for its root disk and fails), and needs a kernel built with
+`CONFIG_VIRTIO_MMIO_CMDLINE_DEVICES=y` instead. The driver therefore passes the caller's command
+line unchanged: it adds no `virtio_mmio.device=` of its own (useless with this kernel, and
+Firecracker adds them anyway) and never `acpi=off`, which would hide every device.
+
+Leftovers: a VM's id starts with `FirecrackerConfig.id_prefix`; after the server is killed, the
+startup sweep (`aenv.runtime.sweep`) kills the orphaned Firecrackers (and jailers) by that `--id`
+and calls `reclaim_leftovers` to remove their cgroups, jails and files in their workdirs.
 """
 
 from __future__ import annotations
@@ -18,13 +36,13 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 
 from aenv.runtime import driver as d
 from aenv.runtime.cgroups import CgroupLimits, CgroupManager, detect
-from aenv.runtime.firecracker import host
+from aenv.runtime.firecracker import host, leftovers
 from aenv.runtime.firecracker import models as m
 from aenv.runtime.firecracker.api import FirecrackerError
 from aenv.runtime.firecracker.config import FirecrackerConfig
@@ -44,6 +62,7 @@ from aenv.runtime.firecracker.vm import (
     DiffBase,
     FirecrackerVM,
 )
+from aenv.runtime.sweep import Vmm
 from aenv.storage import layers
 
 GUEST_IFACE = "eth0"
@@ -300,10 +319,18 @@ class FirecrackerDriver:
             raise errors[0]
         return vms
 
-    @staticmethod
-    def _new_id() -> str:
+    def _new_id(self) -> str:
         # Also the jailer --id and cgroup name: alphanumerics and '-' only.
-        return f"fc-{secrets.token_hex(8)}"
+        return f"{self.config.id_prefix}{secrets.token_hex(8)}"
+
+    # --- startup sweep ---------------------------------------------------------------------------
+
+    def reclaim_leftovers(
+        self, prefix: str, killed: Sequence[Vmm], live: Collection[str]
+    ) -> list[Path]:
+        """`aenv.runtime.sweep.Reclaimer`: after the sweep killed the orphaned VMMs, remove what
+        this driver's VMs named `prefix*` left (`leftovers.reclaim`). Blocking."""
+        return leftovers.reclaim(self.config, self._cgroup_manager, prefix, killed, live)
 
 
 def _check_spec(spec: d.VMSpec) -> None:

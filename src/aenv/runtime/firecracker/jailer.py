@@ -16,7 +16,7 @@ import os
 import shutil
 import stat
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Literal
@@ -199,6 +199,36 @@ class Jail:
             return
         for directory in self.cgroup_dirs(cgroups, mounts):
             _rmdir_cgroup(directory)
+
+
+def sweep_jails(
+    config: JailerConfig, exec_name: str, prefix: str, keep: Collection[str] = ()
+) -> list[Path]:
+    """Remove the jails (and the cgroups the jailer made for them) under
+    `<chroot_base>/<exec_name>/` whose id starts with `prefix`, except those in `keep`: what a
+    killed process left. Their Firecrackers must have exited. Returns what was removed."""
+    base = config.chroot_base_dir / exec_name
+    if not base.is_dir():
+        return []
+    try:
+        mounts = Path("/proc/mounts").read_text()
+    except OSError:
+        mounts = ""
+    # The driver always sets all three limits, so the jailer made a group in every hierarchy.
+    settings = cgroup_settings(config.cgroup_version, memory_bytes=1, pids=1, cpu_cores=1.0)
+    removed: list[Path] = []
+    for instance in sorted(base.iterdir()):
+        vm_id = instance.name
+        if not instance.is_dir() or not vm_id.startswith(prefix) or vm_id in keep:
+            continue
+        try:
+            jail = Jail(config, vm_id, Path(exec_name))
+        except JailError:
+            continue  # not a name the driver gives out
+        cgroups = [d for d in jail.cgroup_dirs(settings, mounts) if d.is_dir()]
+        jail.remove(settings)
+        removed += [p for p in (instance, *cgroups) if not p.exists()]
+    return removed
 
 
 def _rmdir_cgroup(directory: Path) -> None:
