@@ -9,6 +9,7 @@ creates is removed in finalizers, also when the test fails.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import secrets
 import shutil
@@ -54,10 +55,14 @@ class World:
         return [n for n in netns.names() if n.startswith(f"{self.prefix}-")]
 
 
-@pytest.fixture
-def world() -> Iterator[World]:
+def skip_unless_root_and_nft() -> None:
     if os.geteuid() != 0 or shutil.which("nft") is None:
         pytest.skip("network slot tests need root and nft")
+
+
+@contextlib.contextmanager
+def new_world() -> Iterator[World]:
+    """A fresh host and internet namespace pair, removed with every slot of its prefix on exit."""
     tag = secrets.token_hex(3)
     w = World(host=f"aenv-test-host-{tag}", inet=f"aenv-test-inet-{tag}", prefix=f"t{tag}")
     try:
@@ -79,6 +84,13 @@ def world() -> Iterator[World]:
         for name in (w.host, w.inet):
             if name in netns.names():
                 netns.remove(name)
+
+
+@pytest.fixture
+def world() -> Iterator[World]:
+    skip_unless_root_and_nft()
+    with new_world() as w:
+        yield w
 
 
 @pytest.fixture

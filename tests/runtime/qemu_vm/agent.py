@@ -4,7 +4,9 @@ The guest's init starts `/opt/aenv/aenv-envd --port 49983` exactly as it will st
 this one answers `GET /` with what the tests compare across snapshots (a value held only in the
 process's memory, a file on the root filesystem, random bytes), `GET /zombies`,
 `POST /?memory=..&note=..`, `POST /orphan` (leaves an orphan for PID 1 to reap) and
-`POST /fill` (writes until the disk is full).
+`POST /fill` (writes until the disk is full) and `POST /run` (runs a program in the guest, as
+envd's process API does: JSON `{"argv": [...], "timeout": s}` in, `{"rc", "stdout", "stderr"}` out,
+`rc` negative when a signal ended the program).
 """
 
 from __future__ import annotations
@@ -52,6 +54,15 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     "random": os.urandom(8).hex(), "pid": os.getpid()})
 
     def do_POST(self):
+        if self.path == "/run":
+            req = json.loads(self.rfile.read(int(self.headers.get("Content-Length", 0))))
+            try:
+                done = subprocess.run(req["argv"], capture_output=True, text=True,
+                                      timeout=req.get("timeout", 60))
+            except subprocess.TimeoutExpired:
+                return self._send({"rc": None, "stdout": "", "stderr": "timeout"})
+            return self._send({"rc": done.returncode, "stdout": done.stdout,
+                               "stderr": done.stderr})
         if self.path == "/orphan":  # a child whose parent exits at once: PID 1 must reap it
             subprocess.run(["sh", "-c", "sleep 0.2 &"], check=True)
             return self._send({"ok": True})

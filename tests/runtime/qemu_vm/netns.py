@@ -89,13 +89,16 @@ async def http(
     headers: dict[str, str] | None = None,
     limit_s: float = 30.0,
     connect_limit_s: float | None = None,
+    address: str = GUEST_IP,
+    port: int = ENVD_PORT,
 ) -> tuple[int, bytes]:
-    """One HTTP/1.0 request to the guest's port 49983, from inside `netns`, on the event loop.
+    """One HTTP/1.0 request to the guest's port 49983 (or to `address:port`), from inside `netns`,
+    on the event loop.
 
     A connect that is not answered quickly is worth retrying (the guest may not run yet), but an
     accepted request must be given time: a loaded TCG guest can take seconds for its first reply,
     and abandoning it only piles more requests onto the guest."""
-    lines = [f"{method} {path} HTTP/1.0", f"Host: {GUEST_IP}", f"Content-Length: {len(body)}"]
+    lines = [f"{method} {path} HTTP/1.0", f"Host: {address}", f"Content-Length: {len(body)}"]
     lines += [f"{k}: {v}" for k, v in (headers or {}).items()]
     request = ("\r\n".join(lines) + "\r\n\r\n").encode() + body
     sock = socket_in(netns)
@@ -105,7 +108,7 @@ async def http(
         async with asyncio.timeout(limit_s) as deadline:
             if connect_limit_s is not None:
                 deadline.reschedule(loop.time() + connect_limit_s)
-            await loop.sock_connect(sock, (GUEST_IP, ENVD_PORT))
+            await loop.sock_connect(sock, (address, port))
             deadline.reschedule(loop.time() + limit_s)
             reader, writer = await asyncio.open_connection(sock=sock)
             writer.write(request)
