@@ -49,3 +49,6 @@ async def test_initramfs_from_the_debian_kernel() -> None:
     assert order.index("virtio_ring.ko") < order.index("virtio.ko") < order.index("virtio_blk.ko")
     assert order.index("crc32c_generic.ko") < order.index("ext4.ko")
     assert "overlay.ko" in order
+    # Firecracker's balloon and entropy devices (virtio-rng.ko: Debian's file name has a dash).
+    assert order.index("virtio.ko") < order.index("virtio_balloon.ko")
+    assert order.index("virtio.ko") < order.index("virtio-rng.ko")

@@ -27,7 +27,20 @@ BUSYBOX = Path("/bin/busybox")
 TINI = Path("/usr/bin/tini-static")  # Debian's `tini`: a static init that reaps zombies
 # What our init mounts and talks through. crc32c_generic is a soft dependency of ext4 (checksums are
 # looked up through the crypto API at mount time, which cannot modprobe without modules.dep).
-MODULES = ("virtio_mmio", "virtio_blk", "virtio_net", "crc32c_generic", "ext4", "overlay")
+# virtio_balloon and virtio_rng (the Debian file is virtio-rng.ko) drive Firecracker's balloon
+# (free page reporting, memory statistics) and entropy devices; nothing else would load them, and
+# without a device (QEMU) they load and stay idle. virtio_mmio is a module in the Debian kernel and
+# finds Firecracker's devices only through ACPI (see aenv.runtime.firecracker.driver).
+MODULES = (
+    "virtio_mmio",
+    "virtio_blk",
+    "virtio_net",
+    "virtio_balloon",
+    "virtio_rng",
+    "crc32c_generic",
+    "ext4",
+    "overlay",
+)
 
 
 async def build_initramfs(
