@@ -18,6 +18,7 @@ import pytest
 
 from aenv.orchestrator.images import prepare_images
 from tests.e2e.server_ns import REPO, ServerNs, server_in_namespace
+from tests.support.js import ensure_npm_sdk
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -33,8 +34,10 @@ def test_e2b_sdk_against_server() -> None:
 
 def _run_inner_suite(home: Path) -> None:
     os.environ.setdefault("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache"))
-    # The server's namespace has no route to package mirrors: build images (cached) from here.
+    # The server's namespace has no route to package mirrors or the npm registry: build images
+    # (cached) and install the npm SDK from here.
     asyncio.run(prepare_images(home / "cache"))
+    ensure_npm_sdk()
     with server_in_namespace(home) as server:
         suite(server, "inner")
         # A crash: the server dies with sandboxes running; the next start must report none of

@@ -13,24 +13,15 @@ from pathlib import Path
 import pytest
 from e2b import Sandbox
 
-JS_DIR = Path(__file__).with_name("js")
+from tests.support.js import JS_DIR, ensure_npm_sdk
 
 
 @pytest.fixture(scope="module")
 def node_modules() -> Path:
-    node, npm = shutil.which("node"), shutil.which("npm")
-    if node is None or npm is None:
+    modules = ensure_npm_sdk()
+    if modules is None:
         pytest.skip("node and npm are needed for the npm e2b SDK smoke test")
-    # npm ci reproduces package-lock.json exactly; node_modules/ is gitignored.
-    installed = JS_DIR / "node_modules" / "e2b" / "package.json"
-    if not installed.exists() or json.loads(installed.read_text())["version"] != "2.51.0":
-        subprocess.run(
-            [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
-            cwd=JS_DIR,
-            check=True,
-            timeout=600,
-        )
-    return JS_DIR / "node_modules"
+    return modules
 
 
 def test_js_sdk_smoke(node_modules: Path, sandbox: Sandbox, envd_url: str) -> None:
@@ -45,7 +36,7 @@ def test_js_sdk_smoke(node_modules: Path, sandbox: Sandbox, envd_url: str) -> No
     }
     try:
         result = subprocess.run(
-            [shutil.which("node") or "node", "smoke.mjs"],
+            [shutil.which("node") or "node", "envd_smoke.mjs"],
             cwd=JS_DIR,
             env=env,
             capture_output=True,

@@ -15,21 +15,21 @@ from e2b import Sandbox
 
 from aenv.envd import ENVD_VERSION
 from tests.proxy.conftest import ENVD_SANDBOX
+from tests.support.js import ensure_npm_sdk
 
 SCRIPT = Path(__file__).with_name("js_smoke.mjs")
-# Installed (npm ci, pinned) by the envd tests' fixture; not installed again here.
-SDK_MODULE = Path(__file__).parents[1] / "envd/js/node_modules/e2b/dist/index.mjs"
 
 
 def test_js_sdk_through_the_proxy(proxy_url: str, sandbox: Sandbox) -> None:
-    node = shutil.which("node")
-    if node is None or not SDK_MODULE.exists():
-        pytest.skip("needs node and the npm e2b SDK (installed by tests/envd/test_js_sdk.py)")
+    node, modules = shutil.which("node"), ensure_npm_sdk()
+    if node is None or modules is None:
+        pytest.skip("node and npm are needed for the npm e2b SDK test")
+    sdk_module = modules / "e2b" / "dist" / "index.mjs"
     smoke_dir = f"/tmp/js-proxy-{uuid.uuid4().hex[:8]}"
     sandbox.files.make_dir(smoke_dir)
     env = {
         **{k: v for k, v in os.environ.items() if not k.startswith("E2B_")},
-        "E2B_MODULE": str(SDK_MODULE),
+        "E2B_MODULE": str(sdk_module),
         "PROXY_URL": proxy_url,
         "SANDBOX_ID": ENVD_SANDBOX,
         "ENVD_VERSION": ENVD_VERSION,
