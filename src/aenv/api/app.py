@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from aenv.api.errors import APIError
 from aenv.api.keys import key_matches
 from aenv.api.metrics import NodeMetrics
+from aenv.api.nodes import NodeRoutes
 from aenv.api.sandboxes import SandboxRoutes
 from aenv.api.templates import TemplateRoutes
 from aenv.config import Config
@@ -72,6 +73,7 @@ def create_api(orchestrator: Orchestrator, config: Config, api_key: str) -> ASGI
         Route("/metrics", metrics.endpoint, methods=["GET"]),
         *SandboxRoutes(orchestrator, config, metrics).routes(),
         *TemplateRoutes(orchestrator.templates).routes(),
+        *NodeRoutes(orchestrator).routes(),
     ]
     app = Starlette(
         routes=routes,

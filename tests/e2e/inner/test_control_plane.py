@@ -73,3 +73,22 @@ def test_prometheus_metrics_count_creates(server: str) -> None:
         assert "aenv_create_queue 0.0" in text
     finally:
         sandbox.kill()
+
+
+def test_nodes_match_the_openapi_schema(server: str) -> None:
+    import os
+    from pathlib import Path
+
+    import jsonschema
+    import yaml
+
+    spec = yaml.safe_load(
+        (Path(__file__).resolve().parents[3] / "specs" / "e2b" / "openapi.yml").read_text()
+    )
+    schemas = spec["components"]["schemas"]
+    node_schema = {"$ref": "#/components/schemas/Node", "components": {"schemas": schemas}}
+    key = os.environ["E2B_API_KEY"]
+    nodes = httpx.get(f"{server}/nodes", headers={"X-API-KEY": key}).json()
+    assert len(nodes) == 1
+    jsonschema.validate(nodes[0], node_schema)
+    assert nodes[0]["status"] == "ready"
