@@ -22,7 +22,3 @@ def new_api_key() -> str:
 
 def new_access_token() -> str:
     return secrets.token_hex(24)
-
-
-def is_sandbox_id(value: str) -> bool:
-    return 1 <= len(value) <= 64 and all(c in _ID_ALPHABET for c in value)

@@ -328,10 +328,6 @@ class Orchestrator:
         log.info("sandbox %s timed out", sandbox_id)
         await self.kill(sandbox_id)
 
-    @property
-    def running_count(self) -> int:
-        return len(self._live)
-
 
 def _sandbox_env(record: SandboxRecord) -> dict[str, str]:
     """What every process in the sandbox sees (and envd `/envs` reports), as infra sets it."""
