@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import os
 import shutil
+import subprocess
 import sys
 import tempfile
 from pathlib import Path
@@ -19,6 +20,8 @@ import pytest
 from aenv.orchestrator.images import prepare_images
 from tests.e2e.server_ns import REPO, ServerNs, server_in_namespace
 from tests.support.js import ensure_npm_sdk
+
+OLD_SDK = "2.45.1"
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -38,8 +41,10 @@ def _run_inner_suite(home: Path) -> None:
     # (cached) and install the npm SDK from here.
     asyncio.run(prepare_images(home / "cache"))
     ensure_npm_sdk()
+    old_sdk_python = _old_sdk_venv()
     with server_in_namespace(home) as server:
         suite(server, "inner")
+        suite(server, "old_sdk", python=old_sdk_python)
         # A crash: the server dies with sandboxes running; the next start must report none of
         # them, reclaim their VMMs, slots and files, and serve new ones.
         suite(server, "restart/test_before_crash.py")
@@ -48,9 +53,23 @@ def _run_inner_suite(home: Path) -> None:
         suite(server, "restart/test_after_restart.py")
 
 
-def suite(server: ServerNs, path: str) -> None:
+def _old_sdk_venv() -> str:
+    """A virtual environment with e2b 2.45 (v1 create/connect routes), built once under build/."""
+    venv = REPO / "build" / f"e2b-{OLD_SDK}"
+    python = venv / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run(
+            [str(python), "-m", "pip", "install", "-q", f"e2b=={OLD_SDK}", "pytest", "httpx"],
+            check=True,
+            timeout=600,
+        )
+    return str(python)
+
+
+def suite(server: ServerNs, path: str, python: str = sys.executable) -> None:
     code, output = server.run(
-        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+        python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
         "--rootdir", str(REPO), str(REPO / "tests" / "e2e" / path),
         timeout=1700,
     )  # fmt: skip
