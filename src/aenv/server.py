@@ -142,8 +142,9 @@ class _Resolver:
 
     async def resolve(self, sandbox_id: str, port: int) -> Upstream:
         try:
-            host, incarnation = self._orchestrator.guest_address(sandbox_id)
-            record = self._orchestrator.get(sandbox_id)
+            endpoint = self._orchestrator.guest_endpoint(sandbox_id)
         except SandboxNotFound as e:
             raise ProxyNotFound(sandbox_id) from e
-        return Upstream(host, port, record.traffic_access_token, incarnation)
+        return Upstream(
+            endpoint.host, port, endpoint.record.traffic_access_token, endpoint.incarnation
+        )

@@ -62,8 +62,17 @@ class CreateStats:
 class _Live:
     vm: VM
     slot: Slot
-    workdir: Path
-    memory_dir: Path
+
+
+@dataclass(frozen=True)
+class GuestEndpoint:
+    """Where a running sandbox's guest ports are reached from the host (`host`), which run of
+    its VM that is (`incarnation`: it changes on every restore, so connections never outlive a
+    VM), and its catalog record."""
+
+    host: str
+    incarnation: str
+    record: SandboxRecord
 
 
 @dataclass(frozen=True)
@@ -125,23 +134,23 @@ class Orchestrator:
     def list(self) -> list[SandboxRecord]:
         return [r for r in self.catalog.list() if r.state.public is not None]
 
-    def guest_address(self, sandbox_id: str) -> tuple[str, str]:
-        """Where a running sandbox's guest ports are reached from the host, and which run of its
-        VM that is (it changes on every restore, so connections never outlive a VM)."""
+    def guest_endpoint(self, sandbox_id: str) -> GuestEndpoint:
+        """A running sandbox's endpoint (one catalog read: the proxy asks on every request)."""
         live = self._live.get(sandbox_id)
         record = self.catalog.get(sandbox_id)
         if live is None or record is None or record.state not in LIVE:
             raise SandboxNotFound(sandbox_id)
-        return str(live.slot.address), live.vm.id
+        return GuestEndpoint(str(live.slot.address), live.vm.id, record)
 
     async def guest_metrics(self, sandbox_id: str) -> dict[str, float]:
         """envd's current resource sample from inside the guest (CPU, memory, disk)."""
-        host, _ = self.guest_address(sandbox_id)
-        record = self.get(sandbox_id)
-        headers = {"X-Access-Token": record.envd_access_token or ""}
+        endpoint = self.guest_endpoint(sandbox_id)
+        headers = {"X-Access-Token": endpoint.record.envd_access_token or ""}
         try:
             response = await self._client.get(
-                f"http://{host}:{envd_client.ENVD_PORT}/metrics", headers=headers, timeout=5.0
+                f"http://{endpoint.host}:{envd_client.ENVD_PORT}/metrics",
+                headers=headers,
+                timeout=5.0,
             )
             response.raise_for_status()
         except httpx.HTTPError as e:
@@ -194,8 +203,7 @@ class Orchestrator:
                 allow_internet=request.allow_internet,
             )
         )
-        workdir = self.config.sandboxes_dir / sandbox_id
-        memory_dir = self.templates.memory_dir / "sandboxes" / sandbox_id
+        workdir, memory_dir = self._dirs(sandbox_id)
         live: _Live | None = None
         slot: Slot | None = None
         try:
@@ -210,7 +218,7 @@ class Orchestrator:
                     memory_dir=memory_dir,
                 ),
             )
-            live = _Live(vm, slot, workdir, memory_dir)
+            live = _Live(vm, slot)
             self._live[sandbox_id] = live
             await envd_client.init(
                 self._client,
@@ -279,11 +287,15 @@ class Orchestrator:
             await self.slots.release(slot)
         await self._reclaim_files(sandbox_id)
 
-    async def _reclaim_files(self, sandbox_id: str) -> None:
-        for path in (
+    def _dirs(self, sandbox_id: str) -> tuple[Path, Path]:
+        """A sandbox's VM work directory and its memory directory (on tmpfs)."""
+        return (
             self.config.sandboxes_dir / sandbox_id,
             self.templates.memory_dir / "sandboxes" / sandbox_id,
-        ):
+        )
+
+    async def _reclaim_files(self, sandbox_id: str) -> None:
+        for path in self._dirs(sandbox_id):
             await asyncio.to_thread(shutil.rmtree, path, True)
 
     def set_timeout(self, sandbox_id: str, timeout: int) -> SandboxRecord:
