@@ -3,24 +3,11 @@ from __future__ import annotations
 import os
 import signal
 import time
-from pathlib import Path
 
 import pytest
 from e2b import Sandbox, SandboxException
 
-
-def vmm_pids(sandbox_id: str) -> list[int]:
-    """VMM processes whose command line names the sandbox's work directory."""
-    marker = f"/sandboxes/{sandbox_id}/".encode()
-    pids = []
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                if marker in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
-            except OSError:
-                continue
-    return pids
+from tests.e2e.vmm_procs import vmm_pids
 
 
 def test_kill_9_of_one_vmm_removes_only_that_sandbox() -> None:
