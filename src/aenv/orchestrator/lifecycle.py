@@ -142,6 +142,14 @@ class Orchestrator:
             raise SandboxNotFound(sandbox_id)
         return GuestEndpoint(str(live.slot.address), live.vm.id, record)
 
+    def console_logs(self, sandbox_id: str) -> list[Path]:
+        """The guest serial console output of every VM this sandbox has run in (one per
+        create, resume or restore), oldest first."""
+        self.get(sandbox_id)
+        workdir, _ = self._dirs(sandbox_id)
+        logs = [p for p in workdir.glob("**/console*.log") if p.is_file()]
+        return sorted(logs, key=lambda p: p.stat().st_mtime)
+
     async def guest_metrics(self, sandbox_id: str) -> dict[str, float]:
         """envd's current resource sample from inside the guest (CPU, memory, disk)."""
         endpoint = self.guest_endpoint(sandbox_id)
