@@ -13,6 +13,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from aenv.api.errors import APIError
 from aenv.api.keys import key_matches
+from aenv.api.logs import LogRoutes
 from aenv.api.metrics import NodeMetrics
 from aenv.api.nodes import NodeRoutes
 from aenv.api.sandboxes import SandboxRoutes
@@ -74,6 +75,7 @@ def create_api(orchestrator: Orchestrator, config: Config, api_key: str) -> ASGI
         *SandboxRoutes(orchestrator, config, metrics).routes(),
         *TemplateRoutes(orchestrator.templates).routes(),
         *NodeRoutes(orchestrator).routes(),
+        *LogRoutes(orchestrator).routes(),
     ]
     app = Starlette(
         routes=routes,
