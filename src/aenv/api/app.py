@@ -7,7 +7,7 @@ import logging
 from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -16,18 +16,21 @@ from aenv.api.keys import key_matches
 from aenv.api.logs import LogRoutes
 from aenv.api.metrics import NodeMetrics
 from aenv.api.nodes import NodeRoutes
+from aenv.api.openapi import PATH as OPENAPI_PATH
+from aenv.api.openapi import OpenAPIDocument
 from aenv.api.sandboxes import SandboxRoutes
 from aenv.api.templates import TemplateRoutes
 from aenv.config import Config
 from aenv.orchestrator.lifecycle import Orchestrator
 
 log = logging.getLogger("aenv.api")
-# Health checks and Prometheus scrapes carry no secrets and usually no API key.
-_OPEN_PATHS = frozenset({"/health", "/metrics"})
+# Health checks, Prometheus scrapes and the API description carry no secrets and usually no API
+# key (E2B's spec declares the key scheme; reading it must not need one).
+_OPEN_PATHS = frozenset({"/health", "/metrics", OPENAPI_PATH})
 
 
 class APIKeyGate:
-    """Every control-plane request but `/health` and `/metrics` carries `X-API-KEY` (or, from
+    """Every control-plane request but the `_OPEN_PATHS` carries `X-API-KEY` (or, from
     old SDKs, `Authorization: Bearer <key>`)."""
 
     def __init__(self, app: ASGIApp, api_key: str) -> None:
@@ -49,7 +52,7 @@ class APIKeyGate:
 
 
 async def _health(_: Request) -> Response:
-    return JSONResponse({"status": "ok"})
+    return Response(status_code=204)  # as E2B's spec has it
 
 
 async def _api_error(_: Request, exc: Exception) -> Response:
@@ -77,6 +80,8 @@ def create_api(orchestrator: Orchestrator, config: Config, api_key: str) -> ASGI
         *NodeRoutes(orchestrator).routes(),
         *LogRoutes(orchestrator).routes(),
     ]
+    # Last: it describes every route above.
+    routes.append(OpenAPIDocument(routes, _OPEN_PATHS).route)
     app = Starlette(
         routes=routes,
         exception_handlers={

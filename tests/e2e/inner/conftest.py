@@ -20,7 +20,7 @@ def server() -> Iterator[str]:
     deadline = time.monotonic() + 1200
     while True:
         try:
-            if httpx.get(f"{BASE}/health", timeout=2).status_code == 200:
+            if httpx.get(f"{BASE}/health", timeout=2).is_success:
                 break
         except httpx.TransportError:
             pass

@@ -1,0 +1,90 @@
+"""`GET /openapi.json` describes exactly the routes the control plane serves (no VMs needed:
+the routes are built around a stand-in orchestrator and never called)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+import pytest
+from openapi_spec_validator import validate
+from starlette.routing import Route
+
+from aenv.api.app import create_api
+from aenv.api.openapi import build_document, load_e2b_spec
+from aenv.config import Config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+@pytest.fixture(scope="module")
+async def document() -> dict[str, Any]:
+    orchestrator: Any = SimpleNamespace(templates=None)
+    app = create_api(orchestrator, Config(), api_key="secret")
+    transport = httpx.ASGITransport(app=app)
+    async with httpx.AsyncClient(transport=transport, base_url="http://node") as client:
+        response = await client.get("/openapi.json")  # no API key: the description is open
+    assert response.status_code == 200
+    doc: dict[str, Any] = response.json()
+    return doc
+
+
+def _refs(node: Any) -> list[str]:
+    if isinstance(node, dict):
+        return [v for k, v in node.items() if k == "$ref"] + [
+            r for v in node.values() for r in _refs(v)
+        ]
+    if isinstance(node, list):
+        return [r for v in node for r in _refs(v)]
+    return []
+
+
+def test_the_document_is_valid_openapi_and_self_contained(document: dict[str, Any]) -> None:
+    validate(document)
+    for ref in _refs(document):
+        _, _, kind, name = ref.split("/", 3)
+        assert name in document["components"][kind], ref
+    assert list(document["components"]["securitySchemes"]) == ["ApiKeyAuth"]
+
+
+def test_it_lists_our_routes_and_only_those(document: dict[str, Any]) -> None:
+    ops = {(path, method) for path, item in document["paths"].items() for method in item}
+    for pair in [
+        ("/sandboxes", "post"),
+        ("/v2/sandboxes", "post"),  # not in E2B's spec: derived from the v1 create
+        ("/v2/sandboxes/{sandboxID}/connect", "post"),
+        ("/sandboxes/{sandboxID}", "delete"),
+        ("/templates/aliases/{alias}", "get"),
+        ("/metrics", "get"),
+        ("/openapi.json", "get"),
+    ]:
+        assert pair in ops
+    assert ("/volumes", "get") not in ops  # in E2B's spec, not served here
+    assert "Volume" not in document["components"]["schemas"]
+
+
+def test_routes_the_spec_lacks_still_appear() -> None:
+    async def undocumented() -> None:
+        """Something only this node does."""
+
+    doc = build_document(load_e2b_spec(), [Route("/x/{thing_id}", undocumented)], open_paths=())
+    op = doc["paths"]["/x/{thing_id}"]["get"]
+    assert op["summary"] == "Something only this node does."
+    assert op["parameters"][0]["name"] == "thing_id"
+    assert op["security"] == [{"ApiKeyAuth": []}]
+
+
+def test_open_paths_need_no_key_and_others_declare_it(document: dict[str, Any]) -> None:
+    paths = document["paths"]
+    assert paths["/health"]["get"]["security"] == []
+    assert paths["/openapi.json"]["get"]["security"] == []
+    create = paths["/v2/sandboxes"]["post"]
+    assert create["security"] == [{"ApiKeyAuth": []}]
+    assert {"400", "401", "404", "429"} <= set(create["responses"])
+
+
+def test_the_packaged_spec_is_the_repository_copy() -> None:
+    packaged = REPO / "src" / "aenv" / "api" / "specs" / "e2b.yml"
+    assert packaged.read_bytes() == (REPO / "specs" / "e2b" / "openapi.yml").read_bytes()
