@@ -44,6 +44,9 @@ class Config:
     network_cidr: str = "10.200.0.0/16"
     warm_slots_low: int = 4
     warm_slots_high: int = 16
+    # Graceful shutdown pauses running sandboxes (they are resumable after the restart);
+    # off, it kills them.
+    pause_on_shutdown: bool = True
 
     @property
     def catalog_path(self) -> Path:

@@ -32,6 +32,7 @@ from aenv.orchestrator.templates import (
 )
 from aenv.proxy.app import SandboxProxy
 from aenv.proxy.resolver import SandboxNotFound as ProxyNotFound
+from aenv.proxy.resolver import SandboxPaused as ProxyPaused
 from aenv.proxy.resolver import Upstream
 from aenv.runtime.cgroups import CgroupManager, detect
 from aenv.runtime.driver import Driver
@@ -142,8 +143,10 @@ class _Resolver:
 
     async def resolve(self, sandbox_id: str, port: int) -> Upstream:
         try:
-            endpoint = self._orchestrator.guest_endpoint(sandbox_id)
+            endpoint = await self._orchestrator.endpoint_for_traffic(sandbox_id)
         except SandboxNotFound as e:
+            if self._orchestrator.is_paused(sandbox_id):
+                raise ProxyPaused(sandbox_id) from e
             raise ProxyNotFound(sandbox_id) from e
         return Upstream(
             endpoint.host, port, endpoint.record.traffic_access_token, endpoint.incarnation

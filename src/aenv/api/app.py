@@ -19,6 +19,7 @@ from aenv.api.nodes import NodeRoutes
 from aenv.api.openapi import PATH as OPENAPI_PATH
 from aenv.api.openapi import OpenAPIDocument
 from aenv.api.sandboxes import SandboxRoutes
+from aenv.api.snapshots import SnapshotRoutes
 from aenv.api.templates import TemplateRoutes
 from aenv.config import Config
 from aenv.orchestrator.lifecycle import Orchestrator
@@ -76,7 +77,8 @@ def create_api(orchestrator: Orchestrator, config: Config, api_key: str) -> ASGI
         Route("/health", _health, methods=["GET"]),
         Route("/metrics", metrics.endpoint, methods=["GET"]),
         *SandboxRoutes(orchestrator, config, metrics).routes(),
-        *TemplateRoutes(orchestrator.templates).routes(),
+        *TemplateRoutes(orchestrator).routes(),
+        *SnapshotRoutes(orchestrator, config).routes(),
         *NodeRoutes(orchestrator).routes(),
         *LogRoutes(orchestrator).routes(),
     ]

@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Awaitable
+from typing import TypeVar
+
 from starlette.responses import JSONResponse
+
+from aenv.orchestrator.lifecycle import InvalidState, OperationFailed, SandboxNotFound
+
+T = TypeVar("T")
 
 
 class APIError(Exception):
@@ -34,3 +41,17 @@ class APIError(Exception):
 
 def not_found(what: str) -> APIError:
     return APIError(404, f"{what} not found")
+
+
+async def call_lifecycle(operation: Awaitable[T], sandbox_id: str) -> T:
+    """Run a pause/resume/snapshot/fork operation, turning its failures into the statuses the
+    SDKs expect: 404 unknown, 409 wrong state (e.g. already paused), 500 failed (the sandbox is
+    as it was, so the client may try again)."""
+    try:
+        return await operation
+    except SandboxNotFound as e:
+        raise not_found(f"sandbox '{sandbox_id}'") from e
+    except InvalidState as e:
+        raise APIError(409, str(e)) from e
+    except OperationFailed as e:
+        raise APIError(500, str(e), should_retry=False) from e

@@ -10,6 +10,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 DEFAULT_TIMEOUT_V1 = 15
 DEFAULT_TIMEOUT_V2 = 300
+MAX_FORK = 100
 
 
 class _Body(BaseModel):
@@ -22,6 +23,10 @@ class NetworkConfig(_Body):
     deny_out: list[str] | None = Field(default=None, alias="denyOut")
 
 
+class AutoResume(_Body):
+    enabled: bool = False
+
+
 class NewSandbox(_Body):
     """`POST /sandboxes` (v1) and `POST /v2/sandboxes`; only the default timeout differs."""
 
@@ -30,6 +35,7 @@ class NewSandbox(_Body):
     metadata: dict[str, str] | None = None
     env_vars: dict[str, str] | None = Field(default=None, alias="envVars")
     auto_pause: bool = Field(default=False, alias="autoPause")
+    auto_resume: AutoResume | None = Field(default=None, alias="autoResume")
     secure: bool | None = None
     allow_internet_access: bool | None = None
     network: NetworkConfig | None = None
@@ -41,6 +47,32 @@ class TimeoutBody(_Body):
 
 class ConnectBody(_Body):
     timeout: int | None = Field(default=None, ge=0)
+    # False: cold-boot from the disks, ignoring the memory snapshot (`on_resume="reboot"`).
+    memory: bool = True
+
+
+class ResumeBody(_Body):
+    """`POST /sandboxes/{id}/resume` (SDKs 2.0-2.19)."""
+
+    timeout: int | None = Field(default=None, ge=0)
+    auto_pause: bool | None = Field(default=None, alias="autoPause")
+    memory: bool = True
+
+
+class PauseBody(_Body):
+    # False: save only the filesystem; the sandbox cold-boots from it on resume.
+    memory: bool = True
+    require_healthy_guest: bool = Field(default=False, alias="requireHealthyGuest")
+
+
+class SnapshotBody(_Body):
+    name: str | None = Field(default=None, min_length=1, max_length=128)
+    memory: bool = True
+
+
+class ForkBody(_Body):
+    timeout: int | None = Field(default=None, ge=1)
+    count: int = Field(default=1, ge=1, le=MAX_FORK)
 
 
 class RefreshBody(_Body):

@@ -14,7 +14,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from aenv.api.errors import APIError, not_found
+from aenv.api.errors import APIError, call_lifecycle, not_found
 from aenv.api.metrics import NodeMetrics
 from aenv.api.models import (
     DEFAULT_TIMEOUT_V1,
@@ -59,6 +59,22 @@ async def parse_body(request: Request, model: type[M], *, optional: bool = False
         raise APIError(400, f"invalid request body: {problems}") from e
 
 
+def sandbox_body(record: SandboxRecord, config: Config) -> dict[str, Any]:
+    """The `Sandbox` schema: what create, connect, resume and fork answer."""
+    body: dict[str, Any] = {
+        "templateID": record.template_id,
+        "sandboxID": record.id,
+        "clientID": CLIENT_ID,
+        "envdVersion": ENVD_VERSION,
+        "envdAccessToken": record.envd_access_token,
+        "trafficAccessToken": record.traffic_access_token,
+        "domain": config.domain,
+    }
+    if record.alias:
+        body["alias"] = record.alias
+    return body
+
+
 class SandboxRoutes:
     def __init__(self, orchestrator: Orchestrator, config: Config, metrics: NodeMetrics) -> None:
         self.orc = orchestrator
@@ -83,18 +99,7 @@ class SandboxRoutes:
     # -- shapes ---------------------------------------------------------------------------
 
     def _sandbox(self, record: SandboxRecord) -> dict[str, Any]:
-        body: dict[str, Any] = {
-            "templateID": record.template_id,
-            "sandboxID": record.id,
-            "clientID": CLIENT_ID,
-            "envdVersion": ENVD_VERSION,
-            "envdAccessToken": record.envd_access_token,
-            "trafficAccessToken": record.traffic_access_token,
-            "domain": self.config.domain,
-        }
-        if record.alias:
-            body["alias"] = record.alias
-        return body
+        return sandbox_body(record, self.config)
 
     def _listed(self, record: SandboxRecord) -> dict[str, Any]:
         body: dict[str, Any] = {
@@ -121,7 +126,7 @@ class SandboxRoutes:
             "allowInternetAccess": record.allow_internet,
             "domain": self.config.domain,
             "lifecycle": {
-                "autoResume": False,
+                "autoResume": record.auto_resume,
                 "onTimeout": "pause" if record.auto_pause else "kill",
             },
         }
@@ -149,6 +154,7 @@ class SandboxRoutes:
                         metadata=body.metadata or {},
                         env_vars=body.env_vars or {},
                         auto_pause=body.auto_pause,
+                        auto_resume=body.auto_resume is not None and body.auto_resume.enabled,
                         allow_internet=allow_internet,
                     )
                 )
@@ -231,18 +237,14 @@ class SandboxRoutes:
         return Response(status_code=204)
 
     async def connect(self, request: Request) -> Response:
+        """200 with the running sandbox (its timeout only grows), 201 when it was resumed."""
         body = await parse_body(request, ConnectBody, optional=True)
         sandbox_id = request.path_params["sandbox_id"]
-        try:
-            record = self.orc.get(sandbox_id)
-        except SandboxNotFound as e:
-            raise APIError(404, f"sandbox '{sandbox_id}' not found") from e
-        if record.state.public != "running":
-            raise APIError(
-                409, f"sandbox '{sandbox_id}' is {record.state.public}; resume arrives later"
-            )
-        record = self.orc.extend_timeout(sandbox_id, body.timeout or DEFAULT_TIMEOUT_V2)
-        return JSONResponse(self._sandbox(record), status_code=200)
+        timeout = body.timeout or DEFAULT_TIMEOUT_V2
+        record, resumed = await call_lifecycle(
+            self.orc.connect(sandbox_id, timeout, memory=body.memory), sandbox_id
+        )
+        return JSONResponse(self._sandbox(record), status_code=201 if resumed else 200)
 
     async def metrics(self, request: Request) -> Response:
         """The current sample (this node keeps no history yet, so `start`/`end` select nothing

@@ -11,7 +11,8 @@ from starlette.routing import Route
 
 from aenv.api.errors import not_found
 from aenv.api.sandboxes import rfc3339
-from aenv.orchestrator.templates import Template, TemplateNotFound, TemplateStore
+from aenv.orchestrator.lifecycle import Orchestrator
+from aenv.orchestrator.templates import Template, TemplateNotFound
 
 
 def _template(t: Template) -> dict[str, Any]:
@@ -36,8 +37,9 @@ def _template(t: Template) -> dict[str, Any]:
 
 
 class TemplateRoutes:
-    def __init__(self, store: TemplateStore) -> None:
-        self.store = store
+    def __init__(self, orchestrator: Orchestrator) -> None:
+        self.orc = orchestrator
+        self.store = orchestrator.templates
 
     def routes(self) -> list[Route]:
         return [
@@ -64,5 +66,5 @@ class TemplateRoutes:
             template = self.store.get(ref)
         except TemplateNotFound as e:
             raise not_found(f"template '{ref}'") from e
-        self.store.delete(template.template_id)
+        await self.orc.delete_template(template.template_id)
         return Response(status_code=204)

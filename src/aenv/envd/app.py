@@ -343,6 +343,7 @@ def create_app(settings: Settings) -> ASGIApp:
             Route("/health", system.health, methods=["GET"]),
             Route("/init", partial(system.init, settings=settings), methods=["POST"]),
             Route("/envs", partial(system.envs, settings=settings), methods=["GET"]),
+            Route("/sync", system.sync, methods=["POST"]),
             Route("/metrics", partial(system.metrics, sampler=sampler), methods=["GET"]),
             Route("/files", partial(files.download, settings=settings), methods=["GET"]),
             Route("/files", partial(files.upload, settings=settings), methods=["POST"]),

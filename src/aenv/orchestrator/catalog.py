@@ -35,6 +35,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     envd_access_token TEXT,
     traffic_access_token TEXT,
     auto_pause INTEGER NOT NULL DEFAULT 0,
+    auto_resume INTEGER NOT NULL DEFAULT 0,
     allow_internet INTEGER NOT NULL DEFAULT 1,
     placement TEXT NOT NULL DEFAULT '{}',
     updated_at REAL NOT NULL
@@ -60,6 +61,7 @@ class SandboxRecord:
     envd_access_token: str | None = None
     traffic_access_token: str | None = None
     auto_pause: bool = False
+    auto_resume: bool = False
     allow_internet: bool = True
     # Where the sandbox runs on this node (VM work dir, network slot): the runtime's business,
     # kept here so a restarted server can find and reclaim it.
@@ -67,8 +69,10 @@ class SandboxRecord:
     updated_at: float = 0.0
 
 
+# Columns added after the first release, with their DDL for `ALTER TABLE`.
+_ADDED_COLUMNS = {"auto_resume": "INTEGER NOT NULL DEFAULT 0"}
 _JSON = ("metadata", "env_vars", "placement")
-_BOOL = ("auto_pause", "allow_internet")
+_BOOL = ("auto_pause", "auto_resume", "allow_internet")
 _COLUMNS = tuple(f.name for f in fields(SandboxRecord))
 
 
@@ -105,9 +109,17 @@ class Catalog:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
+        self._add_missing_columns()
 
     def close(self) -> None:
         self._db.close()
+
+    def _add_missing_columns(self) -> None:
+        """Catalogs written by an older version lack newer columns; add them with defaults."""
+        have = {row["name"] for row in self._db.execute("PRAGMA table_info(sandboxes)")}
+        for name, ddl in _ADDED_COLUMNS.items():
+            if name not in have:
+                self._db.execute(f"ALTER TABLE sandboxes ADD COLUMN {name} {ddl}")
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:

@@ -76,3 +76,14 @@ async def init(
         if response.status_code != 204:
             raise EnvdUnavailable(f"envd /init answered {response.status_code}: {response.text}")
         return
+
+
+async def sync(client: httpx.AsyncClient, base_url: str, token: str | None) -> None:
+    """Have the guest write its dirty pages to disk (before a filesystem-only save)."""
+    headers = {"X-Access-Token": token} if token else {}
+    try:
+        response = await client.post(f"{base_url}/sync", headers=headers, timeout=60.0)
+    except httpx.TransportError as e:
+        raise EnvdUnavailable(f"envd at {base_url} unreachable: {e}") from e
+    if response.status_code != 204:
+        raise EnvdUnavailable(f"envd /sync answered {response.status_code}: {response.text}")

@@ -1,17 +1,28 @@
-"""The sandbox lifecycle on one node: create (restore a template), kill, timeouts, lookups.
+"""The sandbox lifecycle on one node: create, kill, timeouts, lookups; pause and resume;
+snapshots and forks.
 
-Every change of state goes through the catalog's conditional transition, so concurrent calls on
-one sandbox converge (one kill wins, the rest see it gone) and a crash leaves either the old or
-the new state. Creates pass an admission gate: a burst beyond `max_concurrent_creates` waits in
-a queue instead of failing. The process-local part of a sandbox (its VM and network slot) lives
-in `_live`; the catalog row is the durable part.
+Every change of state goes through the catalog's conditional transition, so a crash leaves
+either the old or the new state, and every operation on one sandbox runs under that sandbox's
+lock, so concurrent calls converge (pause racing resume racing kill: each runs whole, in some
+order, and later ones see the state the earlier ones left). Creates pass an admission gate: a
+burst beyond `max_concurrent_creates` waits in a queue instead of failing. The process-local part
+of a sandbox (its VM and network slot) lives in `_live`; the catalog row and the sandbox's
+directory (its pause checkpoints, see `checkpoints`) are the durable part.
+
+Snapshots and fork checkpoints are stored as templates (E2B does the same: a snapshot id is a
+template id, created from and deleted like one). Sandboxes record which saved directory they
+were restored from (`placement["base"]`); a fork checkpoint or a deleted snapshot is removed
+once no sandbox depends on it any more.
 """
 
 from __future__ import annotations
 
 import asyncio
+import builtins
 import contextlib
+import dataclasses
 import logging
+import secrets
 import shutil
 import time
 from collections.abc import Coroutine, Mapping
@@ -22,17 +33,31 @@ from typing import Any
 import httpx
 
 from aenv.config import Config
+from aenv.envd import ENVD_VERSION
 from aenv.ids import new_access_token, new_sandbox_id
 from aenv.network import Slot, SlotProvider
-from aenv.orchestrator import envd_client
+from aenv.orchestrator import checkpoints, envd_client
 from aenv.orchestrator.catalog import Catalog, SandboxRecord
 from aenv.orchestrator.states import KILLABLE, LIVE, SandboxState
-from aenv.orchestrator.templates import Template, TemplateStore
-from aenv.runtime.driver import VM, Driver, DriverError, NetAttachment, RestoreSpec
+from aenv.orchestrator.templates import BOOT_READY_TIMEOUT, Template, TemplateStore
+from aenv.runtime.driver import (
+    VM,
+    Disk,
+    Driver,
+    DriverError,
+    NetAttachment,
+    RestoreSpec,
+    Snapshot,
+    SnapshotTarget,
+)
+from aenv.storage import layers
 
 log = logging.getLogger("aenv.orchestrator")
 
 RESTORE_READY_TIMEOUT = 30.0
+# How long an automatically resumed sandbox (proxy traffic) runs before its timeout applies again.
+AUTO_RESUME_TIMEOUT = 300
+_FAILURES = (DriverError, envd_client.EnvdUnavailable, layers.LayerError, OSError)
 
 
 class SandboxNotFound(LookupError):
@@ -49,6 +74,18 @@ class CapacityReached(RuntimeError):
     """The node already holds `max_sandboxes` sandboxes."""
 
 
+class InvalidState(RuntimeError):
+    """The operation does not apply in the sandbox's current state (pause of a paused one)."""
+
+    def __init__(self, sandbox_id: str, state: SandboxState, operation: str) -> None:
+        super().__init__(f"cannot {operation} sandbox {sandbox_id}: it is {state.value}")
+        self.state = state
+
+
+class OperationFailed(RuntimeError):
+    """Pause, resume or snapshot failed; the sandbox is left as it was before."""
+
+
 @dataclass
 class CreateStats:
     """Counters for monitoring (the API exports them)."""
@@ -62,6 +99,8 @@ class CreateStats:
 class _Live:
     vm: VM
     slot: Slot
+    # Set before the VMM is stopped on purpose (pause, kill), so its exit is not a crash.
+    planned_exit: bool = False
 
 
 @dataclass(frozen=True)
@@ -82,6 +121,7 @@ class CreateRequest:
     metadata: Mapping[str, str]
     env_vars: Mapping[str, str]
     auto_pause: bool = False
+    auto_resume: bool = False
     allow_internet: bool = True
 
 
@@ -100,6 +140,7 @@ class Orchestrator:
         self.slots = slots
         self.templates = templates
         self._live: dict[str, _Live] = {}
+        self._locks: dict[str, asyncio.Lock] = {}
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._admission = asyncio.Semaphore(config.max_concurrent_creates)
         self.stats = CreateStats()
@@ -109,19 +150,46 @@ class Orchestrator:
     # -- start-up and shutdown ------------------------------------------------------------
 
     async def start(self) -> None:
-        """Reclaim what a previous process left: no VM survives a restart of this server yet,
-        so every row that claims a live sandbox is cleaned up and removed, never reported."""
+        """Take over what a previous process left. VMs never survive it (the start-up sweep
+        kills them), so sandboxes that were running are cleaned up and removed; paused ones stay
+        paused, and one caught mid-pause or mid-resume falls back to its newest complete
+        checkpoint (a crash never leaves a half-written one in use)."""
         for record in self.catalog.list():
+            sandbox_dir = self._dirs(record.id)[0]
+            if record.state in (SandboxState.PAUSED, SandboxState.PAUSING, SandboxState.RESUMING):
+                found = await asyncio.to_thread(checkpoints.latest_pause, sandbox_dir)
+                if found is not None:
+                    seq = found[0]
+                    await asyncio.to_thread(checkpoints.prune_pauses, sandbox_dir, seq)
+                    self.catalog.transition(
+                        record.id,
+                        [record.state],
+                        SandboxState.PAUSED,
+                        placement={**record.placement, "seq": seq},
+                    )
+                    continue
             log.warning("reclaiming sandbox %s left in state %s", record.id, record.state)
             await self._reclaim_files(record.id)
             self.catalog.delete(record.id)
+        await self._collect_bases()
 
     async def close(self) -> None:
+        """Graceful shutdown: running sandboxes are paused (resumable after the restart), or
+        killed when `pause_on_shutdown` is off or the pause fails."""
+        running = [r.id for r in self.catalog.list([SandboxState.RUNNING])]
+        await asyncio.gather(*(self._park(sandbox_id) for sandbox_id in running))
         for sandbox_id in list(self._live):
             await self.kill(sandbox_id)
         for task in list(self._tasks):
             task.cancel()
         await self._client.aclose()
+
+    async def _park(self, sandbox_id: str) -> None:
+        if self.config.pause_on_shutdown:
+            with contextlib.suppress(SandboxNotFound, InvalidState, OperationFailed):
+                await self.pause(sandbox_id)
+                return
+        await self.kill(sandbox_id)
 
     # -- queries --------------------------------------------------------------------------
 
@@ -142,7 +210,11 @@ class Orchestrator:
             raise SandboxNotFound(sandbox_id)
         return GuestEndpoint(str(live.slot.address), live.vm.id, record)
 
-    def console_logs(self, sandbox_id: str) -> list[Path]:
+    def is_paused(self, sandbox_id: str) -> bool:
+        record = self.catalog.get(sandbox_id)
+        return record is not None and record.state.public == "paused"
+
+    def console_logs(self, sandbox_id: str) -> builtins.list[Path]:
         """The guest serial console output of every VM this sandbox has run in (one per
         create, resume or restore), oldest first."""
         self.get(sandbox_id)
@@ -166,10 +238,19 @@ class Orchestrator:
         sample: dict[str, float] = response.json()
         return sample
 
+    def snapshots(self) -> builtins.list[Template]:
+        return self.templates.list(kind="snapshot")
+
     # -- create ---------------------------------------------------------------------------
 
     async def create(self, request: CreateRequest) -> tuple[SandboxRecord, Template]:
         template = self.templates.get(request.template)  # TemplateNotFound propagates
+        record = await self._admitted_create(request, template, None)
+        return record, template
+
+    async def _admitted_create(
+        self, request: CreateRequest, base: Template, parent: SandboxRecord | None
+    ) -> SandboxRecord:
         # Rows exist from the moment a create is admitted; the queue holds the rest. Checking and
         # joining the queue happen without an await in between, so the cap is exact.
         held = self.catalog.count(frozenset(SandboxState) - {SandboxState.DEAD}) + self.stats.queued
@@ -181,122 +262,171 @@ class Orchestrator:
         finally:
             self.stats.queued -= 1
         try:
-            record = await self._create(request, template)
+            record = await self._create(request, base, parent)
         except BaseException:
             self.stats.failed += 1
             raise
         finally:
             self._admission.release()
         self.stats.succeeded += 1
-        return record, template
+        return record
 
-    async def _create(self, request: CreateRequest, template: Template) -> SandboxRecord:
+    async def _create(
+        self, request: CreateRequest, base: Template, parent: SandboxRecord | None
+    ) -> SandboxRecord:
+        """A new sandbox restored from `base` (a template, a snapshot or, for fork children of
+        `parent`, a fork checkpoint)."""
         sandbox_id = new_sandbox_id()
         now = time.time()
-        record = self.catalog.insert(
-            SandboxRecord(
-                id=sandbox_id,
-                template_id=template.template_id,
-                alias=template.aliases[0] if template.aliases else None,
-                state=SandboxState.CREATING,
-                cpu_count=template.cpu_count,
-                memory_mb=template.memory_mb,
-                disk_size_mb=template.disk_size_mb,
-                started_at=now,
-                end_at=now + request.timeout,
-                metadata=dict(request.metadata),
-                env_vars=dict(request.env_vars),
-                envd_access_token=new_access_token(),
-                auto_pause=request.auto_pause,
-                allow_internet=request.allow_internet,
+        shown = parent or base
+        async with self._lock(sandbox_id):
+            record = self.catalog.insert(
+                SandboxRecord(
+                    id=sandbox_id,
+                    template_id=parent.template_id if parent else base.template_id,
+                    alias=parent.alias if parent else (base.aliases[0] if base.aliases else None),
+                    state=SandboxState.CREATING,
+                    cpu_count=shown.cpu_count,
+                    memory_mb=shown.memory_mb,
+                    disk_size_mb=shown.disk_size_mb,
+                    started_at=now,
+                    end_at=now + request.timeout,
+                    metadata=dict(request.metadata),
+                    env_vars=dict(request.env_vars),
+                    envd_access_token=new_access_token(),
+                    auto_pause=request.auto_pause,
+                    auto_resume=request.auto_resume,
+                    allow_internet=request.allow_internet,
+                    placement={"base": base.snapshot_dir, "timeout": request.timeout},
+                )
             )
-        )
-        workdir, memory_dir = self._dirs(sandbox_id)
-        live: _Live | None = None
-        slot: Slot | None = None
+            try:
+                live = await self._launch(
+                    record,
+                    base.snapshot(),
+                    current_token=base.envd_access_token,
+                    cold=not base.memory,
+                )
+            except _FAILURES as e:
+                await self._reclaim_files(sandbox_id)
+                self.catalog.delete(sandbox_id)
+                raise CreateFailed(
+                    f"could not start sandbox from template {base.template_id}: {e}"
+                ) from e
+            except BaseException:
+                await self._reclaim_files(sandbox_id)
+                self.catalog.delete(sandbox_id)
+                raise
+            running = self.catalog.transition(
+                sandbox_id, [SandboxState.CREATING], SandboxState.RUNNING
+            )
+            assert running is not None  # only this task changes a row it holds the lock of
+            self._started(running, live)
+            return running
+
+    async def _launch(
+        self, record: SandboxRecord, snapshot: Snapshot, *, current_token: str | None, cold: bool
+    ) -> _Live:
+        """Start a VM for `record` from `snapshot` (restored, or `cold`-booted from its disks
+        alone) on a new network slot, and hand envd the sandbox's token, env and fresh entropy.
+        On failure nothing of the VM or slot is left; the sandbox's files are the caller's."""
+        workdir, memory_dir = self._dirs(record.id)
+        await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
+        await asyncio.to_thread(memory_dir.mkdir, parents=True, exist_ok=True)
+        slot = await self.slots.acquire(egress=record.allow_internet)
+        vm: VM | None = None
         try:
-            workdir.mkdir(parents=True)
-            memory_dir.mkdir(parents=True)
-            slot = await self.slots.acquire(egress=request.allow_internet)
-            vm = await self.driver.restore(
-                template.snapshot(),
-                RestoreSpec(
-                    workdir=workdir,
-                    net=NetAttachment(slot.netns, slot.guest.tap, slot.guest.mac),
-                    memory_dir=memory_dir,
-                ),
-            )
-            live = _Live(vm, slot)
-            self._live[sandbox_id] = live
+            net = NetAttachment(slot.netns, slot.guest.tap, slot.guest.mac)
+            base_url = f"http://{slot.address}:{envd_client.ENVD_PORT}"
+            if cold:
+                vm = await self._cold_boot(snapshot, workdir, memory_dir, net)
+                await envd_client.wait_healthy(self._client, base_url, BOOT_READY_TIMEOUT)
+                current_token = None  # a fresh envd has no token yet
+            else:
+                vm = await self.driver.restore(
+                    snapshot, RestoreSpec(workdir=workdir, net=net, memory_dir=memory_dir)
+                )
             await envd_client.init(
                 self._client,
-                f"http://{slot.address}:{envd_client.ENVD_PORT}",
-                current_token=template.envd_access_token,
+                base_url,
+                current_token=current_token,
                 new_token=record.envd_access_token,
                 env_vars=_sandbox_env(record),
-                hostname=sandbox_id,
+                hostname=record.id,
                 timeout=RESTORE_READY_TIMEOUT,
             )
-        except (DriverError, envd_client.EnvdUnavailable, OSError) as e:
-            await self._teardown(sandbox_id, live, slot)
-            self.catalog.delete(sandbox_id)
-            raise CreateFailed(
-                f"could not start sandbox from template {template.template_id}: {e}"
-            ) from e
         except BaseException:
-            await self._teardown(sandbox_id, live, slot)
-            self.catalog.delete(sandbox_id)
+            if vm is not None:
+                with contextlib.suppress(DriverError):
+                    await vm.stop()
+            await self.slots.release(slot)
             raise
-        running = self.catalog.transition(
-            sandbox_id,
-            [SandboxState.CREATING],
-            SandboxState.RUNNING,
-            placement={"workdir": str(workdir), "slot": slot.index, "netns": slot.netns},
-        )
-        if running is None:  # killed while starting
-            await self._teardown(sandbox_id, live, slot)
-            raise CreateFailed(f"sandbox {sandbox_id} was killed while starting")
-        self._schedule_expiry(running)
-        self._spawn(self._watch_vmm(sandbox_id, live.vm))
-        return running
+        live = _Live(vm, slot)
+        self._live[record.id] = live
+        return live
 
-    async def _watch_vmm(self, sandbox_id: str, vm: VM) -> None:
+    async def _cold_boot(
+        self, snapshot: Snapshot, workdir: Path, memory_dir: Path, net: NetAttachment
+    ) -> VM:
+        """Boot the saved disks without the saved memory (filesystem-only snapshots)."""
+        run = secrets.token_hex(4)
+        disks: list[Disk] = []
+        for disk in snapshot.spec.disks:
+            if disk.read_only:
+                disks.append(disk)
+                continue
+            top = workdir / f"{disk.drive_id}.boot-{run}.qcow2"
+            await layers.qcow2_overlay(snapshot.disks[disk.drive_id], top)
+            disks.append(Disk(disk.drive_id, top))
+        if snapshot.spec.net is not None:
+            net = dataclasses.replace(net, mac=snapshot.spec.net.mac)
+        spec = dataclasses.replace(
+            snapshot.spec, workdir=workdir, memory_dir=memory_dir, net=net, disks=tuple(disks)
+        )
+        return await self.driver.boot(spec)
+
+    def _started(self, record: SandboxRecord, live: _Live) -> None:
+        self._schedule_expiry(record)
+        self._spawn(self._watch_vmm(record.id, live))
+
+    async def _watch_vmm(self, sandbox_id: str, live: _Live) -> None:
         """A VMM that exits on its own (crash, OOM kill, kill -9) takes its sandbox with it: the
         sandbox is reported gone and its slot and files are released, other sandboxes untouched."""
-        await vm.wait_exit()
-        live = self._live.get(sandbox_id)
-        record = self.catalog.get(sandbox_id)
-        if live is None or live.vm is not vm or record is None or record.state not in LIVE:
-            return  # a planned stop (kill, timeout) is already handling it
+        await live.vm.wait_exit()
+        if live.planned_exit or self._live.get(sandbox_id) is not live:
+            return
         log.warning("sandbox %s: its VMM exited unexpectedly; removing it", sandbox_id)
         await self.kill(sandbox_id)
 
-    # -- kill and timeouts ------------------------------------------------------------------
+    # -- kill -----------------------------------------------------------------------------
 
     async def kill(self, sandbox_id: str) -> bool:
         """Stop and forget a sandbox. False when it does not exist (or is already going)."""
-        record = self.catalog.transition(sandbox_id, KILLABLE, SandboxState.KILLING)
-        if record is None:
-            return False
-        timer = self._timers.pop(sandbox_id, None)
-        if timer is not None:
-            timer.cancel()
-        live = self._live.get(sandbox_id)
-        await self._teardown(sandbox_id, live, live.slot if live else None)
-        self.catalog.delete(sandbox_id)
+        async with self._lock(sandbox_id):
+            record = self.catalog.transition(sandbox_id, KILLABLE, SandboxState.KILLING)
+            if record is None:
+                return False
+            self._cancel_timer(sandbox_id)
+            live = self._live.pop(sandbox_id, None)
+            if live is not None:
+                await self._stop(live)
+            await self._reclaim_files(sandbox_id)
+            self.catalog.delete(sandbox_id)
+        self._locks.pop(sandbox_id, None)
+        await self._collect_bases()
         return True
 
-    async def _teardown(self, sandbox_id: str, live: _Live | None, slot: Slot | None) -> None:
-        self._live.pop(sandbox_id, None)
-        if live is not None:
-            with contextlib.suppress(DriverError):
-                await live.vm.stop()
-        if slot is not None:
-            await self.slots.release(slot)
-        await self._reclaim_files(sandbox_id)
+    async def _stop(self, live: _Live) -> None:
+        live.planned_exit = True
+        with contextlib.suppress(DriverError):
+            await live.vm.stop()
+        await self.slots.release(live.slot)
+
+    def _lock(self, sandbox_id: str) -> asyncio.Lock:
+        return self._locks.setdefault(sandbox_id, asyncio.Lock())
 
     def _dirs(self, sandbox_id: str) -> tuple[Path, Path]:
-        """A sandbox's VM work directory and its memory directory (on tmpfs)."""
+        """A sandbox's directory (VM work dir, checkpoints) and its memory directory (tmpfs)."""
         return (
             self.config.sandboxes_dir / sandbox_id,
             self.templates.memory_dir / "sandboxes" / sandbox_id,
@@ -305,6 +435,261 @@ class Orchestrator:
     async def _reclaim_files(self, sandbox_id: str) -> None:
         for path in self._dirs(sandbox_id):
             await asyncio.to_thread(shutil.rmtree, path, True)
+
+    # -- pause and resume -----------------------------------------------------------------
+
+    async def pause(self, sandbox_id: str, *, memory: bool = True) -> SandboxRecord:
+        """Save the sandbox to its directory (memory unless `memory` is False, and disks), stop
+        its VM and free its slot. The sandbox stays, paused, until resumed or killed."""
+        async with self._lock(sandbox_id):
+            record = self.get(sandbox_id)
+            if record.state is not SandboxState.RUNNING:
+                raise InvalidState(sandbox_id, record.state, "pause")
+            live = self._live[sandbox_id]
+            sandbox_dir = self._dirs(sandbox_id)[0]
+            seq = int(record.placement.get("seq", 0)) + 1
+            target = checkpoints.pause_dir(sandbox_dir, seq)
+            self.catalog.transition(sandbox_id, [SandboxState.RUNNING], SandboxState.PAUSING)
+            self._cancel_timer(sandbox_id)
+            live.planned_exit = True
+            try:
+                if not memory:
+                    await envd_client.sync(
+                        self._client, self._envd_url(live), record.envd_access_token
+                    )
+                await asyncio.to_thread(target.mkdir)
+                await live.vm.snapshot(SnapshotTarget(target, target), keep_running=False)
+            except _FAILURES as e:
+                await asyncio.to_thread(shutil.rmtree, target, True)
+                live.planned_exit = False
+                restored = self.catalog.transition(
+                    sandbox_id, [SandboxState.PAUSING], SandboxState.RUNNING
+                )
+                if restored is not None:
+                    self._schedule_expiry(restored)
+                raise OperationFailed(f"pause of sandbox {sandbox_id} failed: {e}") from e
+            self._live.pop(sandbox_id, None)
+            await self._stop(live)
+            paused = self.catalog.transition(
+                sandbox_id,
+                [SandboxState.PAUSING],
+                SandboxState.PAUSED,
+                placement={**record.placement, "seq": seq, "memory": memory},
+            )
+            assert paused is not None
+            await asyncio.to_thread(checkpoints.prune_pauses, sandbox_dir, seq)
+            return paused
+
+    async def resume(
+        self, sandbox_id: str, timeout: int, *, memory: bool = True
+    ) -> tuple[SandboxRecord, bool]:
+        """Start a paused sandbox again from its newest checkpoint (cold-booted from its disks
+        when `memory` is False or it was paused filesystem-only). Returns the record and
+        whether it was resumed (False: it was running already; nothing changed)."""
+        async with self._lock(sandbox_id):
+            record = self.get(sandbox_id)
+            if record.state.public == "running":
+                return record, False
+            if record.state is not SandboxState.PAUSED:
+                raise InvalidState(sandbox_id, record.state, "resume")
+            found = await asyncio.to_thread(checkpoints.latest_pause, self._dirs(sandbox_id)[0])
+            if found is None:
+                raise OperationFailed(f"sandbox {sandbox_id} has no complete checkpoint")
+            resuming = self.catalog.transition(
+                sandbox_id, [SandboxState.PAUSED], SandboxState.RESUMING
+            )
+            assert resuming is not None
+            cold = not memory or not record.placement.get("memory", True)
+            try:
+                live = await self._launch(
+                    resuming, found[1], current_token=record.envd_access_token, cold=cold
+                )
+            except _FAILURES as e:
+                self.catalog.transition(sandbox_id, [SandboxState.RESUMING], SandboxState.PAUSED)
+                raise OperationFailed(f"resume of sandbox {sandbox_id} failed: {e}") from e
+            running = self.catalog.transition(
+                sandbox_id,
+                [SandboxState.RESUMING],
+                SandboxState.RUNNING,
+                end_at=time.time() + timeout,
+            )
+            assert running is not None
+            self._started(running, live)
+            return running, True
+
+    async def connect(
+        self, sandbox_id: str, timeout: int, *, memory: bool = True
+    ) -> tuple[SandboxRecord, bool]:
+        """E2B `connect`: a running sandbox's timeout only grows; a paused one is resumed."""
+        record, resumed = await self.resume(sandbox_id, timeout, memory=memory)
+        if not resumed:
+            record = self.extend_timeout(sandbox_id, timeout)
+        return record, resumed
+
+    async def endpoint_for_traffic(self, sandbox_id: str) -> GuestEndpoint:
+        """The proxy's lookup: a paused sandbox that asked for `autoResume` is resumed first."""
+        record = self.catalog.get(sandbox_id)
+        if record is not None and record.auto_resume and record.state.public == "paused":
+            timeout = int(record.placement.get("timeout", AUTO_RESUME_TIMEOUT))
+            with contextlib.suppress(InvalidState):
+                await self.resume(sandbox_id, timeout)
+        return self.guest_endpoint(sandbox_id)
+
+    def _envd_url(self, live: _Live) -> str:
+        return f"http://{live.slot.address}:{envd_client.ENVD_PORT}"
+
+    # -- snapshots and forks ----------------------------------------------------------------
+
+    async def snapshot(
+        self, sandbox_id: str, *, name: str | None = None, memory: bool = True
+    ) -> Template:
+        """A persistent, named snapshot of the sandbox, which keeps running (or stays paused).
+        A name already used by a snapshot gets this new state under the same id."""
+        existing = self._snapshot_named(name)
+        template_id = existing.template_id if existing else new_sandbox_id()
+        aliases = (name,) if name else ()
+        template = await self._checkpoint(sandbox_id, template_id, "snapshot", aliases, memory)
+        if existing is not None:
+            await self._collect_bases()  # the previous state, unless sandboxes still use it
+        return template
+
+    def _snapshot_named(self, name: str | None) -> Template | None:
+        if name is None:
+            return None
+        for template in self.templates.list(kind="snapshot"):
+            if name in template.aliases:
+                return template
+        return None
+
+    async def fork(
+        self, source: str, count: int, timeout: int
+    ) -> builtins.list[SandboxRecord | BaseException]:
+        """`count` new sandboxes from the state of `source` (a sandbox, running or paused, or a
+        snapshot id or name): checkpointed once, children started concurrently, each with its
+        own id, token, slot and entropy. One entry per child, a record or its error."""
+        parent: SandboxRecord | None
+        try:
+            parent = self.get(source)
+        except SandboxNotFound:
+            parent = None
+        if parent is None:
+            try:
+                base = self.templates.get(source)
+            except LookupError as e:
+                raise SandboxNotFound(source) from e
+        else:
+            base = await self._checkpoint(source, new_sandbox_id(), "fork", (), True)
+        request = CreateRequest(
+            template=base.template_id,
+            timeout=timeout,
+            metadata=parent.metadata if parent else {},
+            env_vars=parent.env_vars if parent else {},
+            auto_pause=parent.auto_pause if parent else False,
+            auto_resume=parent.auto_resume if parent else False,
+            allow_internet=parent.allow_internet if parent else True,
+        )
+        children = await asyncio.gather(
+            *(self._admitted_create(request, base, parent) for _ in range(count)),
+            return_exceptions=True,
+        )
+        await self._collect_bases()  # a fork checkpoint no child started from
+        return list(children)
+
+    async def _checkpoint(
+        self,
+        sandbox_id: str,
+        template_id: str,
+        kind: str,
+        aliases: tuple[str, ...],
+        memory: bool,
+    ) -> Template:
+        """Save the sandbox's current state as template `template_id` (a new build of it)."""
+        build_id = secrets.token_hex(8)
+        dest = self.templates.directory / template_id / build_id
+        async with self._lock(sandbox_id):
+            record = self.get(sandbox_id)
+            await asyncio.to_thread(dest.mkdir, parents=True)
+            try:
+                if record.state is SandboxState.RUNNING:
+                    saved = await self._save_running(record, dest)
+                elif record.state is SandboxState.PAUSED:
+                    found = await asyncio.to_thread(
+                        checkpoints.latest_pause, self._dirs(sandbox_id)[0]
+                    )
+                    if found is None:
+                        raise OperationFailed(f"sandbox {sandbox_id} has no complete checkpoint")
+                    saved = await checkpoints.export(found[1], dest, move=False)
+                    memory = memory and bool(record.placement.get("memory", True))
+                else:
+                    raise InvalidState(sandbox_id, record.state, "snapshot")
+            except BaseException:
+                await asyncio.to_thread(shutil.rmtree, dest, True)
+                raise
+        template = Template(
+            template_id=template_id,
+            build_id=build_id,
+            aliases=aliases,
+            cpu_count=record.cpu_count,
+            memory_mb=record.memory_mb,
+            disk_size_mb=record.disk_size_mb,
+            envd_version=ENVD_VERSION,
+            envd_access_token=record.envd_access_token or "",
+            created_at=time.time(),
+            snapshot_dir=str(saved.state_file.parent),
+            kind=kind,
+            source_sandbox_id=sandbox_id,
+            memory=memory,
+        )
+        await asyncio.to_thread(self.templates.save, template)
+        return template
+
+    async def _save_running(self, record: SandboxRecord, dest: Path) -> Snapshot:
+        """Checkpoint a running sandbox without stopping it: its disks are sealed in its own
+        directory (the VM continues on top of them), state and memory go to `dest`, and the
+        sealed disks are flattened into `dest`."""
+        live = self._live[record.id]
+        seq = int(record.placement.get("seq", 0)) + 1
+        staging = checkpoints.staging_dir(self._dirs(record.id)[0], seq)
+        self.catalog.transition(record.id, [SandboxState.RUNNING], SandboxState.SNAPSHOTTING)
+        try:
+            await asyncio.to_thread(staging.mkdir)
+            snap = await live.vm.snapshot(SnapshotTarget(staging, staging), keep_running=True)
+        except _FAILURES as e:
+            await asyncio.to_thread(shutil.rmtree, staging, True)
+            raise OperationFailed(f"snapshot of sandbox {record.id} failed: {e}") from e
+        finally:
+            self.catalog.transition(
+                record.id,
+                [SandboxState.SNAPSHOTTING],
+                SandboxState.RUNNING,
+                placement={**record.placement, "seq": seq},
+            )
+        return await checkpoints.export(snap, dest, move=True)
+
+    async def delete_template(self, template_id: str) -> None:
+        """Delete a template or snapshot for users; its files go once no sandbox uses them."""
+        self.templates.hide(template_id)
+        await self._collect_bases()
+
+    async def _collect_bases(self) -> None:
+        """Remove saved states nothing needs any more: fork checkpoints and deleted templates
+        no sandbox was restored from, and builds of snapshots that a newer build replaced."""
+        used = {str(r.placement.get("base")) for r in self.catalog.list()}
+        for template in self.templates.list_all():
+            template_dir = self.templates.directory / template.template_id
+            dropped = template.deleted or template.kind == "fork"
+            in_use = {u for u in used if u.startswith(f"{template_dir}/")}
+            if dropped and not in_use:
+                await asyncio.to_thread(self.templates.delete, template.template_id)
+                continue
+            if template.kind != "snapshot":
+                continue
+            for build in template_dir.iterdir():
+                stale = build.is_dir() and str(build) != template.snapshot_dir
+                if stale and str(build) not in in_use:
+                    await asyncio.to_thread(shutil.rmtree, build, True)
+
+    # -- timeouts -------------------------------------------------------------------------
 
     def set_timeout(self, sandbox_id: str, timeout: int) -> SandboxRecord:
         """The sandbox now ends `timeout` seconds from now (shorter or longer than before)."""
@@ -324,29 +709,40 @@ class Orchestrator:
         return self.set_timeout(sandbox_id, timeout)
 
     def _schedule_expiry(self, record: SandboxRecord) -> None:
-        old = self._timers.pop(record.id, None)
-        if old is not None:
-            old.cancel()
+        self._cancel_timer(record.id)
         loop = asyncio.get_running_loop()
         delay = max(0.0, record.end_at - time.time())
         self._timers[record.id] = loop.call_later(delay, self._expire, record.id)
+
+    def _cancel_timer(self, sandbox_id: str) -> None:
+        timer = self._timers.pop(sandbox_id, None)
+        if timer is not None:
+            timer.cancel()
 
     def _expire(self, sandbox_id: str) -> None:
         self._timers.pop(sandbox_id, None)
         record = self.catalog.get(sandbox_id)
         if record is None or record.end_at > time.time() + 0.5:
             return  # moved meanwhile; its new timer is already set
-        self._spawn(self._expire_now(sandbox_id))
+        self._spawn(self._expire_now(record))
 
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _expire_now(self, sandbox_id: str) -> None:
-        # Auto-pause on timeout arrives with pause/resume; until then expiry kills.
-        log.info("sandbox %s timed out", sandbox_id)
-        await self.kill(sandbox_id)
+    async def _expire_now(self, record: SandboxRecord) -> None:
+        """Timeout: pause when the sandbox asked for it (`autoPause`), else kill."""
+        log.info("sandbox %s timed out", record.id)
+        if record.auto_pause:
+            try:
+                await self.pause(record.id)
+                return
+            except (SandboxNotFound, InvalidState):
+                return
+            except OperationFailed:
+                log.exception("auto-pause of %s failed; killing it", record.id)
+        await self.kill(record.id)
 
 
 def _sandbox_env(record: SandboxRecord) -> dict[str, str]:

@@ -9,6 +9,8 @@ envd, configure it, snapshot it.
 from __future__ import annotations
 
 import asyncio
+import builtins
+import dataclasses
 import hashlib
 import json
 import secrets
@@ -54,9 +56,23 @@ class Template:
     envd_access_token: str
     created_at: float
     snapshot_dir: str
+    # What this is: a built `template`, a user's named `snapshot` of a sandbox (E2B keeps
+    # snapshots as templates: same routes, same create), or the `fork` checkpoint children of
+    # one fork share (never listed; removed with its last child).
+    kind: str = "template"
+    source_sandbox_id: str | None = None
+    # False: only the filesystem counts; sandboxes cold-boot from the disks (E2B's
+    # filesystem-only snapshot).
+    memory: bool = True
+    # Deleted while sandboxes still run on it: hidden, and removed with the last of them.
+    deleted: bool = False
 
     def snapshot(self) -> Snapshot:
         return Snapshot.load_manifest(Path(self.snapshot_dir))
+
+    @property
+    def names(self) -> list[str]:
+        return list(self.aliases) or [self.template_id]
 
 
 def memory_root(home: Path) -> Path:
@@ -87,14 +103,22 @@ class TemplateStore:
             self._templates[template.template_id] = template
 
     def get(self, ref: str) -> Template:
+        """A template or snapshot a user may start sandboxes from, by id or name."""
         name = ref.split(":", 1)[0]  # `name:tag`: tags are not tracked yet, every tag is latest
         for template in self._templates.values():
+            if template.deleted or template.kind == "fork":
+                continue
             if name == template.template_id or name in template.aliases:
                 return template
         raise TemplateNotFound(ref)
 
-    def list(self) -> list[Template]:
-        return sorted(self._templates.values(), key=lambda t: t.created_at)
+    def by_id(self, template_id: str) -> Template | None:
+        """Any stored template, including hidden ones (sandboxes restore from those too)."""
+        return self._templates.get(template_id)
+
+    def list(self, kind: str = "template") -> list[Template]:
+        found = [t for t in self._templates.values() if t.kind == kind and not t.deleted]
+        return sorted(found, key=lambda t: t.created_at)
 
     def save(self, template: Template) -> None:
         path = self.directory / template.template_id / TEMPLATE_FILE
@@ -102,6 +126,16 @@ class TemplateStore:
         tmp.write_text(json.dumps(asdict(template), indent=2))
         tmp.replace(path)
         self._templates[template.template_id] = template
+
+    def list_all(self) -> builtins.list[Template]:
+        """Every stored template, snapshot and fork checkpoint, deleted ones included."""
+        return list(self._templates.values())
+
+    def hide(self, template_id: str) -> None:
+        """Deleted for users, kept on disk while sandboxes still depend on it."""
+        template = self._templates.get(template_id)
+        if template is not None:
+            self.save(dataclasses.replace(template, deleted=True))
 
     def delete(self, template_id: str) -> bool:
         template = self._templates.pop(template_id, None)

@@ -107,6 +107,14 @@ async def flatten_if_deep(path: Path, max_depth: int = DEFAULT_MAX_DEPTH) -> Pat
     return path
 
 
+async def flatten_to(src: Path, dest: Path) -> Path:
+    """A standalone, read-only copy of `src`'s whole chain at `dest` (nothing below it is needed
+    any more). `src` may be in use as a backing layer by a running VM: it is only read."""
+    await _run("qemu-img", "convert", "-q", "-U", "-O", "qcow2", src, dest)
+    await asyncio.to_thread(dest.chmod, 0o444)
+    return dest
+
+
 def allocated_bytes(path: Path) -> int:
     """Bytes a (sparse) layer file actually occupies on the host."""
     return path.stat().st_blocks * 512

@@ -1,0 +1,110 @@
+"""Routes that save or branch a sandbox's state: pause, resume, snapshots and fork.
+
+Snapshots are templates to the E2B API (an id from `POST /sandboxes/{id}/snapshots` is passed to
+create as a template and deleted with `DELETE /templates/{id}`), so only their creation and
+listing live here.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from aenv.api.errors import APIError, call_lifecycle
+from aenv.api.models import DEFAULT_TIMEOUT_V2, ForkBody, PauseBody, ResumeBody, SnapshotBody
+from aenv.api.sandboxes import MAX_PAGE, parse_body, sandbox_body
+from aenv.config import Config
+from aenv.orchestrator.lifecycle import CapacityReached, CreateFailed, Orchestrator
+from aenv.orchestrator.templates import Template
+
+
+def _snapshot_info(template: Template) -> dict[str, Any]:
+    return {"snapshotID": template.template_id, "names": template.names}
+
+
+class SnapshotRoutes:
+    def __init__(self, orchestrator: Orchestrator, config: Config) -> None:
+        self.orc = orchestrator
+        self.config = config
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/sandboxes/{sandbox_id}/pause", self.pause, methods=["POST"]),
+            Route("/sandboxes/{sandbox_id}/resume", self.resume, methods=["POST"]),
+            Route("/sandboxes/{sandbox_id}/snapshots", self.create_snapshot, methods=["POST"]),
+            Route("/snapshots", self.list_snapshots, methods=["GET"]),
+            Route("/sandboxes/{sandbox_id}/fork", self.fork, methods=["POST"]),
+        ]
+
+    async def pause(self, request: Request) -> Response:
+        """204 paused; 409 when it is not running (the SDK reads that as already paused)."""
+        body = await parse_body(request, PauseBody, optional=True)
+        sandbox_id = request.path_params["sandbox_id"]
+        await call_lifecycle(self.orc.pause(sandbox_id, memory=body.memory), sandbox_id)
+        return Response(status_code=204)
+
+    async def resume(self, request: Request) -> Response:
+        """The pre-`connect` route: 201 resumed; 409 when it is running already."""
+        body = await parse_body(request, ResumeBody, optional=True)
+        sandbox_id = request.path_params["sandbox_id"]
+        timeout = body.timeout or DEFAULT_TIMEOUT_V2
+        record, resumed = await call_lifecycle(
+            self.orc.resume(sandbox_id, timeout, memory=body.memory), sandbox_id
+        )
+        if not resumed:
+            raise APIError(409, f"sandbox '{sandbox_id}' is already running")
+        return JSONResponse(sandbox_body(record, self.config), status_code=201)
+
+    async def create_snapshot(self, request: Request) -> Response:
+        body = await parse_body(request, SnapshotBody, optional=True)
+        sandbox_id = request.path_params["sandbox_id"]
+        template = await call_lifecycle(
+            self.orc.snapshot(sandbox_id, name=body.name, memory=body.memory), sandbox_id
+        )
+        return JSONResponse(_snapshot_info(template), status_code=201)
+
+    async def list_snapshots(self, request: Request) -> Response:
+        """Newest first; `sandboxID` and `name` filter, `limit` + `nextToken` page."""
+        q = request.query_params
+        found = sorted(self.orc.snapshots(), key=lambda t: (t.created_at, t.template_id))
+        found.reverse()
+        if sandbox_id := q.get("sandboxID"):
+            found = [t for t in found if t.source_sandbox_id == sandbox_id]
+        if name := q.get("name"):
+            found = [t for t in found if name.split(":", 1)[0] in t.names]
+        try:
+            limit = int(q.get("limit", MAX_PAGE))
+        except ValueError as e:
+            raise APIError(400, "limit must be an integer") from e
+        if not 1 <= limit <= MAX_PAGE:
+            raise APIError(400, f"limit must be between 1 and {MAX_PAGE}")
+        if token := q.get("nextToken"):
+            ids = [t.template_id for t in found]
+            if token not in ids:
+                raise APIError(400, "invalid nextToken")
+            found = found[ids.index(token) + 1 :]
+        page = found[:limit]
+        headers = {"X-Next-Token": page[-1].template_id} if len(found) > limit else {}
+        return JSONResponse([_snapshot_info(t) for t in page], headers=headers)
+
+    async def fork(self, request: Request) -> Response:
+        """201 with one entry per child: `{"sandbox": ...}` or `{"error": {code, message}}`."""
+        body = await parse_body(request, ForkBody, optional=True)
+        sandbox_id = request.path_params["sandbox_id"]
+        timeout = body.timeout or DEFAULT_TIMEOUT_V2
+        if timeout > self.config.max_timeout:
+            raise APIError(400, f"timeout must be at most {self.config.max_timeout} seconds")
+        children = await call_lifecycle(self.orc.fork(sandbox_id, body.count, timeout), sandbox_id)
+        results: list[dict[str, Any]] = []
+        for child in children:
+            if isinstance(child, BaseException):
+                status = 429 if isinstance(child, CapacityReached) else 500
+                if not isinstance(child, CapacityReached | CreateFailed):
+                    raise child
+                results.append({"error": {"code": status, "message": str(child)}})
+            else:
+                results.append({"sandbox": sandbox_body(child, self.config)})
+        return JSONResponse(results, status_code=201)
