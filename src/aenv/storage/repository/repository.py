@@ -1,0 +1,301 @@
+"""`Repository`: stores directory trees as manifests of chunks, restores them, collects garbage.
+
+`put_tree` cuts every file into chunks (`chunks.py`), writes the chunks the store lacks, then
+the manifest (`manifest.py`); `get_tree` materialises a manifest into a new directory, sparse,
+verifying every chunk, and renames it into place only when complete, so a failed or interrupted
+restore leaves nothing that looks like a snapshot. Chunk reads go through the node's
+`ChunkCache` when there is one. Puts and `gc` follow the protocol in `garbage.py`. All blocking work
+runs in a bounded thread pool (`pool.py`); the methods are coroutines for the event loop.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import secrets
+import shutil
+import stat
+from collections.abc import Mapping
+from dataclasses import dataclass, replace
+from datetime import UTC, datetime
+from functools import partial
+from pathlib import Path
+from typing import Any
+
+from aenv.storage.repository import leases
+from aenv.storage.repository.cache import ChunkCache
+from aenv.storage.repository.chunks import (
+    CHUNK_SIZE,
+    DecodeError,
+    chunk_indices,
+    chunk_key,
+    decode,
+    encode,
+    hash_chunk,
+    is_zero,
+    write_sparse,
+)
+from aenv.storage.repository.errors import (
+    BlobNotFound,
+    CorruptChunk,
+    ManifestNotFound,
+    MissingChunk,
+    RepositoryError,
+)
+from aenv.storage.repository.garbage import DEFAULT_GRACE, GcReport, collect
+from aenv.storage.repository.leases import Lease
+from aenv.storage.repository.manifest import PREFIX as MANIFESTS
+from aenv.storage.repository.manifest import (
+    FileEntry,
+    Manifest,
+    build,
+    id_of,
+    is_manifest_id,
+    manifest_key,
+    read,
+    read_if_present,
+)
+from aenv.storage.repository.pool import DEFAULT_WORKERS, Pool
+from aenv.storage.repository.posix import fsync_dir
+from aenv.storage.repository.store import BlobStore
+
+# How often a put looks again whether a collection it waits for has finished.
+GC_POLL_SECONDS = 0.25
+
+
+@dataclass
+class RepositoryStats:
+    """Counters since the repository was opened (cache hits and misses: `ChunkCache.stats`)."""
+
+    chunks_uploaded: int = 0
+    bytes_uploaded: int = 0  # compressed, as written to the store
+    chunks_deduplicated: int = 0  # already in the store: not written again
+    chunks_fetched: int = 0  # read from the store, not the cache
+    bytes_fetched: int = 0  # compressed, as read from the store
+
+
+@dataclass(frozen=True)
+class _Source:
+    relpath: str
+    path: Path
+    size: int
+    mode: int
+
+
+class Repository:
+    def __init__(
+        self,
+        store: BlobStore,
+        cache: ChunkCache | None = None,
+        *,
+        workers: int = DEFAULT_WORKERS,
+        gc_grace: float = DEFAULT_GRACE,
+        lease_ttl: float = leases.DEFAULT_TTL,
+    ) -> None:
+        self.store = store
+        self.cache = cache
+        self.gc_grace = gc_grace
+        self.lease_ttl = lease_ttl
+        self._pool = Pool(workers)
+        self._stats = RepositoryStats()
+
+    @property
+    def stats(self) -> RepositoryStats:
+        return replace(self._stats)
+
+    def close(self) -> None:
+        self._pool.close()
+
+    async def put_tree(
+        self, directory: Path, *, name: str, metadata: Mapping[str, Any] | None = None
+    ) -> Manifest:
+        """Store the regular files below `directory` as a new manifest and return it."""
+        # Through JSON and back: fails now rather than after the upload, and the caller's
+        # dict can change afterwards without changing the manifest.
+        meta: dict[str, Any] = json.loads(json.dumps(dict(metadata or {})))
+        sources = await self._pool.run(_walk, directory)
+        async with Lease(self.store, "put", self.lease_ttl) as lease:
+            # Polling: the collection may run on another node, nothing here can signal its end.
+            while await leases.live(self.store, "gc"):  # noqa: ASYNC110
+                await asyncio.sleep(GC_POLL_SECONDS)
+            indices = await self._pool.map(partial(_data_chunks, s) for s in sources)
+            jobs = [(s, i) for s, found in zip(sources, indices, strict=True) for i in found]
+            stored = await self._pool.map(partial(self._put_chunk, s, i) for s, i in jobs)
+            chunks: dict[str, list[str | None]] = {
+                s.relpath: [None] * -(-s.size // CHUNK_SIZE) for s in sources
+            }
+            for (source, index), (digest, written) in zip(jobs, stored, strict=True):
+                chunks[source.relpath][index] = digest
+                if written:
+                    self._stats.chunks_uploaded += 1
+                    self._stats.bytes_uploaded += written
+                elif digest is not None:
+                    self._stats.chunks_deduplicated += 1
+            files = [
+                FileEntry(s.relpath, s.size, s.mode, tuple(chunks[s.relpath])) for s in sources
+            ]
+            manifest, data = build(name, datetime.now(UTC), CHUNK_SIZE, files, meta)
+            lease.check()
+            await self._pool.run(self.store.put, manifest_key(manifest.id), data)
+        return manifest
+
+    def _put_chunk(self, source: _Source, index: int) -> tuple[str | None, int]:
+        """(digest or None for zeros, compressed bytes written: 0 if the store had it)."""
+        offset = index * CHUNK_SIZE
+        length = min(CHUNK_SIZE, source.size - offset)
+        fd = os.open(source.path, os.O_RDONLY)
+        try:
+            data = os.pread(fd, length, offset)
+        finally:
+            os.close(fd)
+        if len(data) != length:
+            raise RepositoryError(f"{source.path} shrank while it was being stored")
+        if is_zero(data):
+            return None, 0
+        digest = hash_chunk(data)
+        key = chunk_key(digest)
+        if self.store.exists(key):
+            return digest, 0
+        blob = encode(data)
+        self.store.put(key, blob)
+        if self.cache is not None:
+            self.cache.put(digest, blob)
+        return digest, len(blob)
+
+    async def get_tree(self, manifest_id: str, dest: Path) -> Manifest:
+        """Materialise a manifest as the new directory `dest` (sparse files); return it."""
+        manifest = await self.manifest(manifest_id)
+        if dest.exists():
+            raise FileExistsError(f"{dest} exists")
+        staging = dest.parent / f".{dest.name}.partial-{secrets.token_hex(4)}"
+        try:
+            await self._pool.run(_create_files, staging, manifest)
+            jobs = [
+                partial(self._restore_chunk, manifest, entry, index, staging / entry.path)
+                for entry in manifest.files
+                for index, digest in enumerate(entry.chunks)
+                if digest is not None
+            ]
+            for fetched in await self._pool.map(jobs):
+                if fetched:
+                    self._stats.chunks_fetched += 1
+                    self._stats.bytes_fetched += fetched
+            await self._pool.map(
+                partial(_finish_file, staging / entry.path, entry.mode) for entry in manifest.files
+            )
+            await self._pool.run(_publish, staging, dest)
+        except BaseException:
+            # Synchronously: a cancelled restore must not leave its staging directory behind.
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        return manifest
+
+    def _restore_chunk(self, manifest: Manifest, entry: FileEntry, index: int, path: Path) -> int:
+        """Write one chunk into `path`; returns the bytes fetched from the store (0: cached)."""
+        digest = entry.chunks[index]
+        assert digest is not None
+        offset = index * manifest.chunk_size
+        length = min(manifest.chunk_size, entry.size - offset)
+        where = (digest, manifest.id, entry.path, offset)
+        data: bytes | None = None
+        fetched = 0
+        if self.cache is not None and (blob := self.cache.get(digest)) is not None:
+            try:
+                data = decode(blob, digest, length)
+            except DecodeError:
+                self.cache.discard(digest)
+        if data is None:
+            try:
+                blob = self.store.get(chunk_key(digest))
+            except BlobNotFound:
+                raise MissingChunk(*where, "is missing from the store") from None
+            try:
+                data = decode(blob, digest, length)
+            except DecodeError as e:
+                raise CorruptChunk(*where, f"is corrupt in the store: {e}") from None
+            fetched = len(blob)
+            if self.cache is not None:
+                self.cache.put(digest, blob)
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            write_sparse(fd, offset, data)
+        finally:
+            os.close(fd)
+        return fetched
+
+    async def manifest(self, manifest_id: str) -> Manifest:
+        """A stored manifest, verified; raises `ManifestNotFound` or `CorruptManifest`."""
+        return await self._pool.run(read, self.store, manifest_id)
+
+    async def list_manifests(self) -> list[Manifest]:
+        """Every stored manifest, oldest first."""
+        blobs = await self._pool.run(lambda: list(self.store.list(MANIFESTS)))
+        ids = [i for blob in blobs if (i := id_of(blob.key)) is not None]
+        found = await self._pool.map(partial(read_if_present, self.store, i) for i in ids)
+        return sorted((m for m in found if m is not None), key=lambda m: m.created)
+
+    async def delete_manifest(self, manifest_id: str) -> None:
+        """Forget a manifest (idempotent); `gc` later removes the chunks only it needed."""
+        if not is_manifest_id(manifest_id):
+            raise ManifestNotFound(manifest_id)
+        await self._pool.run(self.store.delete, manifest_key(manifest_id))
+
+    async def gc(self, *, grace: float | None = None) -> GcReport:
+        """Delete unreferenced chunks older than `grace` seconds (default: `gc_grace`)."""
+        return await collect(
+            self.store,
+            self._pool,
+            grace=self.gc_grace if grace is None else grace,
+            lease_ttl=self.lease_ttl,
+        )
+
+
+def _walk(directory: Path) -> list[_Source]:
+    sources: list[_Source] = []
+    for root, dirs, files in os.walk(directory):
+        dirs.sort()
+        for name in [*dirs, *sorted(files)]:
+            path = Path(root, name)
+            st = os.lstat(path)
+            if stat.S_ISDIR(st.st_mode):
+                continue
+            if not stat.S_ISREG(st.st_mode):
+                raise RepositoryError(f"{path}: only regular files and directories can be stored")
+            relpath = path.relative_to(directory).as_posix()
+            sources.append(_Source(relpath, path, st.st_size, stat.S_IMODE(st.st_mode)))
+    return sources
+
+
+def _data_chunks(source: _Source) -> list[int]:
+    fd = os.open(source.path, os.O_RDONLY)
+    try:
+        return chunk_indices(fd, source.size)
+    finally:
+        os.close(fd)
+
+
+def _create_files(staging: Path, manifest: Manifest) -> None:
+    staging.mkdir()
+    for entry in manifest.files:
+        path = staging / entry.path
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with path.open("xb") as fh:
+            fh.truncate(entry.size)  # all holes until chunks are written
+
+
+def _finish_file(path: Path, mode: int) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.fchmod(fd, mode)
+    finally:
+        os.close(fd)
+
+
+def _publish(staging: Path, dest: Path) -> None:
+    """Make the restored tree durable, then visible under its name in one rename."""
+    for root, _, _ in os.walk(staging):
+        fsync_dir(Path(root))
+    os.rename(staging, dest)
+    fsync_dir(dest.parent)
