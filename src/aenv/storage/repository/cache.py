@@ -3,8 +3,9 @@
 It holds chunks as stored (compressed), one file per chunk under its directory, so a restore
 reads from the store only what this node lacks, and chunks a node uploads are cached on the way
 (a sandbox paused here is most often resumed here). The byte bound counts the chunk files'
-sizes. Recency lives in memory and in each file's mtime, which every hit refreshes, so a
-restarted node starts with its cache and its order. Entries are not trusted: the repository
+sizes. Recency lives in memory and in each file's mtime, which every put and hit sets
+explicitly (the kernel's own timestamps are only as fine as its timer tick), so a restarted node
+starts with its cache and its order. Entries are not trusted: the repository
 verifies every chunk it reads from here and `discard`s a bad one (a torn write after a crash, a
 flipped bit), then fetches it from the store. One process owns a cache directory.
 """
@@ -14,6 +15,7 @@ from __future__ import annotations
 import os
 import secrets
 import threading
+import time
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -37,6 +39,7 @@ class ChunkCache:
         self._lock = threading.Lock()
         self._entries: OrderedDict[str, int] = OrderedDict()  # digest -> size, oldest first
         self._stats = CacheStats()
+        self._clock = 0
         self._temp = directory / TEMP_DIR
         self._temp.mkdir(parents=True, exist_ok=True)
         for entry in os.scandir(self._temp):  # writes a crash interrupted
@@ -47,7 +50,7 @@ class ChunkCache:
                 continue
             for entry in os.scandir(sub.path):
                 st = entry.stat()
-                found.append((st.st_mtime, entry.name, st.st_size))
+                found.append((st.st_mtime_ns, entry.name, st.st_size))
         for _, digest, size in sorted(found):
             self._entries[digest] = size
             self._stats.used_bytes += size
@@ -72,7 +75,7 @@ class ChunkCache:
             path = self._path(digest)
             try:
                 data = path.read_bytes()
-                os.utime(path)
+                self._touch(path)
             except FileNotFoundError:  # evicted since the lookup, or lost by a race with it
                 data = None
             if data is not None:
@@ -94,6 +97,7 @@ class ChunkCache:
         temp = self._temp / f"{digest}.{secrets.token_hex(4)}"
         # No fsync: a chunk torn by a crash fails verification and is fetched again.
         temp.write_bytes(data)
+        self._touch(temp)
         path.parent.mkdir(exist_ok=True)
         os.replace(temp, path)
         with self._lock:
@@ -104,6 +108,13 @@ class ChunkCache:
             victims = self._evict()
         for victim in victims:
             self._path(victim).unlink(missing_ok=True)
+
+    def _touch(self, path: Path) -> None:
+        """Mark `path` most recently used on disk: a strictly increasing mtime."""
+        with self._lock:
+            self._clock = max(time.time_ns(), self._clock + 1)
+            stamp = self._clock
+        os.utime(path, ns=(stamp, stamp))
 
     def discard(self, digest: str) -> None:
         """Drop an entry that failed verification."""
