@@ -251,6 +251,8 @@ async def test_refuses_what_it_cannot_restore(repo: Repository, tmp_path: Path) 
         await repo.put_tree(src, name="a")
     with pytest.raises(TypeError):
         await repo.put_tree(src, name="a", metadata={"when": object()})
+    with pytest.raises(FileNotFoundError):
+        await repo.put_tree(tmp_path / "missing", name="a")
     assert list(repo.store.list("")) == []
 
 
@@ -274,6 +276,19 @@ async def test_gc_collects_only_unreferenced_chunks(repo: Repository, tmp_path: 
     assert chunk_digests(repo.store) == b.digests()
     await repo.get_tree(b.id, tmp_path / "b-restored")
     assert_same_tree(tmp_path / "b", tmp_path / "b-restored")
+
+
+async def test_gc_deletes_nothing_if_a_manifest_is_unreadable(
+    repo: Repository, tmp_path: Path
+) -> None:
+    a = await repo.put_tree(snapshot_dir(tmp_path / "a", seed=1), name="a")
+    b = await repo.put_tree(snapshot_dir(tmp_path / "b", seed=2), name="b")
+    repo.store.put(manifest_key(b.id), b"{}")
+    await repo.delete_manifest(a.id)
+    with pytest.raises(CorruptManifest):
+        await repo.gc(grace=0)
+    assert chunk_digests(repo.store) == a.digests() | b.digests()
+    assert list(repo.store.list("leases/")) == []
 
 
 async def test_gc_after_a_crashed_put(repo: Repository, tmp_path: Path) -> None:

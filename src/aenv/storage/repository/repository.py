@@ -251,9 +251,14 @@ class Repository:
         )
 
 
+def _raise(error: OSError) -> None:
+    raise error
+
+
 def _walk(directory: Path) -> list[_Source]:
     sources: list[_Source] = []
-    for root, dirs, files in os.walk(directory):
+    # os.walk skips what it cannot read unless told otherwise: a partial snapshot is no snapshot.
+    for root, dirs, files in os.walk(directory, onerror=_raise):
         dirs.sort()
         for name in [*dirs, *sorted(files)]:
             path = Path(root, name)
