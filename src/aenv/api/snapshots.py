@@ -73,8 +73,9 @@ class SnapshotRoutes:
         found.reverse()
         if sandbox_id := q.get("sandboxID"):
             found = [t for t in found if t.source_sandbox_id == sandbox_id]
-        if name := q.get("name"):
-            found = [t for t in found if name.split(":", 1)[0] in t.names]
+        if name := q.get("name"):  # a name (optionally `name:tag`) or an id
+            wanted = name.split(":", 1)[0]
+            found = [t for t in found if wanted in (*t.names, t.template_id)]
         try:
             limit = int(q.get("limit", MAX_PAGE))
         except ValueError as e:

@@ -54,13 +54,13 @@ def latest_pause(sandbox_dir: Path) -> tuple[int, Snapshot] | None:
 
 
 def prune_pauses(sandbox_dir: Path, keep: int) -> None:
-    """Free the state and memory of every checkpoint but `keep` (their disk layers may still
-    be below the newest one's and stay), and remove incomplete ones entirely."""
+    """Free the state and memory of the checkpoints before `keep` (their disk layers may still
+    be below `keep`'s and stay), and remove those after it: a crash left them incomplete."""
     for entry in sandbox_dir.glob("pause-*"):
         match = _PAUSE.match(entry.name)
         if not match or int(match.group(1)) == keep:
             continue
-        if not (entry / SNAPSHOT_MANIFEST).is_file():
+        if int(match.group(1)) > keep:
             shutil.rmtree(entry, ignore_errors=True)
             continue
         for name in ("state", "memory", SNAPSHOT_MANIFEST):

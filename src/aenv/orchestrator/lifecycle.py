@@ -77,8 +77,11 @@ class CapacityReached(RuntimeError):
 class InvalidState(RuntimeError):
     """The operation does not apply in the sandbox's current state (pause of a paused one)."""
 
-    def __init__(self, sandbox_id: str, state: SandboxState, operation: str) -> None:
-        super().__init__(f"cannot {operation} sandbox {sandbox_id}: it is {state.value}")
+    def __init__(
+        self, sandbox_id: str, state: SandboxState, operation: str, hint: str = ""
+    ) -> None:
+        message = f"cannot {operation} sandbox {sandbox_id}: it is {state.value}"
+        super().__init__(f"{message} ({hint})" if hint else message)
         self.state = state
 
 
@@ -611,8 +614,21 @@ class Orchestrator:
             await asyncio.to_thread(dest.mkdir, parents=True)
             try:
                 if record.state is SandboxState.RUNNING:
+                    if not memory:
+                        live = self._live[sandbox_id]
+                        await envd_client.sync(
+                            self._client, self._envd_url(live), record.envd_access_token
+                        )
                     saved = await self._save_running(record, dest)
                 elif record.state is SandboxState.PAUSED:
+                    if not memory and record.placement.get("memory", True):
+                        # Its disks lack what the guest had not written back when it paused.
+                        raise InvalidState(
+                            sandbox_id,
+                            record.state,
+                            "take a filesystem-only snapshot of",
+                            "resume it first",
+                        )
                     found = await asyncio.to_thread(
                         checkpoints.latest_pause, self._dirs(sandbox_id)[0]
                     )

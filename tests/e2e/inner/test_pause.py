@@ -1,0 +1,135 @@
+"""Pause, resume, auto-pause and auto-resume with the unmodified SDK against real VMs."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+from e2b import Sandbox, SandboxQuery, SandboxState
+
+from tests.e2e.inner.conftest import BASE
+
+# A counter that lives only in a shell's memory; the file shows its latest value (replaced
+# atomically, so a read never sees it half-written).
+COUNTER = (
+    "i=0; while true; do i=$((i+1)); echo $i > /tmp/counter.new; "
+    "mv /tmp/counter.new /tmp/counter; sleep 0.1; done"
+)
+
+
+@pytest.fixture
+def sandbox() -> Iterator[Sandbox]:
+    sbx = Sandbox.create(timeout=300)
+    try:
+        yield sbx
+    finally:
+        sbx.kill()
+
+
+def _counter(sbx: Sandbox) -> int:
+    return int(sbx.files.read("/tmp/counter").strip() or 0)
+
+
+def _state(sandbox_id: str) -> str:
+    return Sandbox.get_info(sandbox_id).state.value
+
+
+def test_pause_and_connect_keep_files_and_processes(sandbox: Sandbox) -> None:
+    sandbox.files.write("/home/user/kept.txt", "before pause")
+    counter = sandbox.commands.run(COUNTER, background=True)
+    time.sleep(0.5)
+    before = _counter(sandbox)
+
+    assert sandbox.pause() is True
+    assert _state(sandbox.sandbox_id) == "paused"
+    paused = Sandbox.list(query=SandboxQuery(state=[SandboxState.PAUSED])).next_items()
+    assert sandbox.sandbox_id in {s.sandbox_id for s in paused}
+    assert sandbox.pause() is False  # already paused: the SDK's 409 case
+
+    resumed = Sandbox.connect(sandbox.sandbox_id, timeout=120)
+    assert _state(sandbox.sandbox_id) == "running"
+    assert resumed.files.read("/home/user/kept.txt") == "before pause"
+    time.sleep(0.5)
+    assert _counter(resumed) > before  # same process, counting on from its memory
+    pids = {p.pid for p in resumed.commands.list()}
+    assert counter.pid in pids
+
+
+def test_ten_pause_resume_cycles_lose_nothing(sandbox: Sandbox) -> None:
+    sandbox.commands.run(COUNTER, background=True)
+    last = 0
+    sbx = sandbox
+    for cycle in range(10):
+        sbx.files.write(f"/home/user/cycle-{cycle}.txt", f"written in cycle {cycle}")
+        time.sleep(0.3)
+        value = _counter(sbx)
+        assert value > last, f"cycle {cycle}: counter went from {last} to {value}"
+        last = value
+        assert sbx.pause() is True
+        sbx = Sandbox.connect(sandbox.sandbox_id, timeout=120)
+    for cycle in range(10):
+        assert sbx.files.read(f"/home/user/cycle-{cycle}.txt") == f"written in cycle {cycle}"
+    time.sleep(0.3)
+    assert _counter(sbx) > last
+
+
+def test_timeout_with_auto_pause_pauses_then_connect_resumes() -> None:
+    sbx = Sandbox.create(timeout=3, lifecycle={"on_timeout": "pause"})
+    try:
+        sbx.files.write("/tmp/state.txt", "survives the timeout")
+        deadline = time.monotonic() + 60
+        while _state(sbx.sandbox_id) != "paused":
+            assert time.monotonic() < deadline, "auto-pause did not happen"
+            time.sleep(0.5)
+        info = Sandbox.get_info(sbx.sandbox_id)
+        assert info.lifecycle is not None and info.lifecycle["on_timeout"] == "pause"
+        resumed = Sandbox.connect(sbx.sandbox_id, timeout=60)
+        assert resumed.files.read("/tmp/state.txt") == "survives the timeout"
+    finally:
+        sbx.kill()
+
+
+def test_traffic_to_auto_resume_sandbox_resumes_it() -> None:
+    sbx = Sandbox.create(timeout=120, lifecycle={"on_timeout": "pause", "auto_resume": True})
+    try:
+        sbx.files.write("/tmp/x", "auto")
+        assert sbx.pause() is True
+        # The old handle's envd traffic goes through the proxy, which resumes the sandbox.
+        assert sbx.commands.run("cat /tmp/x").stdout == "auto"
+        assert _state(sbx.sandbox_id) == "running"
+    finally:
+        sbx.kill()
+
+
+def test_traffic_to_paused_sandbox_without_auto_resume_is_refused(sandbox: Sandbox) -> None:
+    assert sandbox.pause() is True
+    response = httpx.get(
+        f"{BASE}/health",
+        headers={"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "49983"},
+    )
+    assert response.status_code == 502  # infra's status for a sandbox not running
+    assert "paused" in response.json()["message"]
+    assert _state(sandbox.sandbox_id) == "paused"
+
+
+def test_pause_resume_kill_race_converges(sandbox: Sandbox) -> None:
+    import concurrent.futures
+
+    sandbox_id = sandbox.sandbox_id
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        futures = [pool.submit(Sandbox.pause, sandbox_id) for _ in range(3)]
+        futures += [pool.submit(Sandbox.connect, sandbox_id, 60) for _ in range(3)]
+        for f in futures:
+            f.exception()  # any outcome is fine; the end state must be consistent
+    state = _state(sandbox_id)
+    assert state in ("running", "paused")
+    if state == "paused":
+        Sandbox.connect(sandbox_id, timeout=60)
+    assert Sandbox.connect(sandbox_id, timeout=60).commands.run("echo ok").stdout == "ok\n"
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda _: Sandbox.kill(sandbox_id), range(4)))
+    assert results.count(True) == 1
+    with pytest.raises(Exception, match="not found"):
+        Sandbox.get_info(sandbox_id)
