@@ -7,9 +7,9 @@ The protocol, between puts and collections on any number of nodes sharing a stor
    crash mid-put leaves only unreferenced chunks behind, never a manifest with holes in it.
 2. A put holds a `put` lease from before its first existence check until its manifest is
    written, and waits while any live `gc` lease exists. A collection holds a `gc` lease and
-   does nothing while any live `put` lease exists. Each writes its own lease before looking for
-   the other's (a put: write `put` lease, then look for `gc`; a collection: the reverse), so if
-   both start together at least one sees the other: a put never checks that a chunk exists
+   does nothing while any live `put` lease exists. Each writes its own lease before it looks
+   for the other kind, so if both start together at least one sees the other (whichever looked
+   second finds the first's lease already written): a put never checks that a chunk exists
    while a collection that could delete it runs, which is the race that would otherwise lose a
    chunk (a put finds chunk X present and skips it, a collection that listed manifests before
    the put's was written deletes X, the put then commits a manifest naming X).
