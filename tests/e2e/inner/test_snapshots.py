@@ -69,9 +69,10 @@ def test_snapshot_create_list_delete_and_create_from_it(source: Sandbox) -> None
         assert child.files.read("/home/user/base.txt") == "prepared once"
         assert not child.files.exists("/home/user/after.txt")
         # The shell started before the snapshot still runs in the restored memory.
-        assert child.commands.run("cat /tmp/secret").stdout == source.commands.run(
-            "cat /tmp/secret"
-        ).stdout
+        assert (
+            child.commands.run("cat /tmp/secret").stdout
+            == source.commands.run("cat /tmp/secret").stdout
+        )
     finally:
         child.kill()
     by_name = Sandbox.create("prepared", timeout=60)
