@@ -109,7 +109,7 @@ def _follow(client: httpx.Client, path: str, shown: list[dict[str, Any]], json_o
         if response.status_code == 404:
             console.print("the sandbox has ended")
             return
-        new = check(response).json()["logs"][repeated if last is not None else 0 :]
+        new = check(response).json()["logs"][repeated:]
         _print(new, json_out)
         if new:
             stamp = _ms(new[-1]["timestamp"])
