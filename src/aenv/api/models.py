@@ -6,11 +6,52 @@ options this node does not implement yet; rejecting them would break those clien
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from typing import Annotated
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 DEFAULT_TIMEOUT_V1 = 15
 DEFAULT_TIMEOUT_V2 = 300
 MAX_FORK = 100
+# E2B's spec types timeouts as int32; beyond that an end time leaves the range of dates the API
+# can print, and every later listing of the sandbox would fail.
+MAX_SECONDS = 2**31 - 1
+MAX_REFRESH = 3600  # E2B's limit on `POST /sandboxes/{id}/refreshes`
+# Metadata and env vars live in the catalog row, are listed with every sandbox and are handed to
+# envd at each start: bounded, so one client cannot bloat what every listing and start carries.
+MAX_METADATA_ENTRIES = 64
+MAX_METADATA_BYTES = 16 * 1024
+MAX_ENV_VARS = 1024
+MAX_ENV_BYTES = 256 * 1024
+
+
+def _size(entries: dict[str, str]) -> int:
+    return sum(len(k.encode()) + len(v.encode()) for k, v in entries.items())
+
+
+def _check_metadata(metadata: dict[str, str]) -> dict[str, str]:
+    if len(metadata) > MAX_METADATA_ENTRIES:
+        raise ValueError(f"at most {MAX_METADATA_ENTRIES} entries")
+    if _size(metadata) > MAX_METADATA_BYTES:
+        raise ValueError(f"at most {MAX_METADATA_BYTES} bytes of keys and values")
+    return metadata
+
+
+def _check_env_vars(env_vars: dict[str, str]) -> dict[str, str]:
+    if len(env_vars) > MAX_ENV_VARS:
+        raise ValueError(f"at most {MAX_ENV_VARS} variables")
+    if _size(env_vars) > MAX_ENV_BYTES:
+        raise ValueError(f"at most {MAX_ENV_BYTES} bytes of names and values")
+    for name, value in env_vars.items():
+        # What a process environment cannot hold (execve would fail, or split the entry).
+        if not name or "=" in name or "\0" in name or "\0" in value:
+            raise ValueError(f"invalid variable {name!r}: no empty name, '=' in it or NUL")
+    return env_vars
+
+
+Metadata = Annotated[dict[str, str], AfterValidator(_check_metadata)]
+EnvVars = Annotated[dict[str, str], AfterValidator(_check_env_vars)]
+Seconds = Annotated[int, Field(ge=0, le=MAX_SECONDS)]
 
 
 class _Body(BaseModel):
@@ -31,9 +72,9 @@ class NewSandbox(_Body):
     """`POST /sandboxes` (v1) and `POST /v2/sandboxes`; only the default timeout differs."""
 
     template_id: str = Field(alias="templateID", min_length=1)
-    timeout: int | None = Field(default=None, ge=0)
-    metadata: dict[str, str] | None = None
-    env_vars: dict[str, str] | None = Field(default=None, alias="envVars")
+    timeout: Seconds | None = None
+    metadata: Metadata | None = None
+    env_vars: EnvVars | None = Field(default=None, alias="envVars")
     auto_pause: bool = Field(default=False, alias="autoPause")
     auto_resume: AutoResume | None = Field(default=None, alias="autoResume")
     secure: bool | None = None
@@ -42,11 +83,11 @@ class NewSandbox(_Body):
 
 
 class TimeoutBody(_Body):
-    timeout: int = Field(ge=0)
+    timeout: Seconds
 
 
 class ConnectBody(_Body):
-    timeout: int | None = Field(default=None, ge=0)
+    timeout: Seconds | None = None
     # False: cold-boot from the disks, ignoring the memory snapshot (`on_resume="reboot"`).
     memory: bool = True
 
@@ -54,7 +95,7 @@ class ConnectBody(_Body):
 class ResumeBody(_Body):
     """`POST /sandboxes/{id}/resume` (SDKs 2.0-2.19)."""
 
-    timeout: int | None = Field(default=None, ge=0)
+    timeout: Seconds | None = None
     auto_pause: bool | None = Field(default=None, alias="autoPause")
     memory: bool = True
 
@@ -71,9 +112,9 @@ class SnapshotBody(_Body):
 
 
 class ForkBody(_Body):
-    timeout: int | None = Field(default=None, ge=1)
+    timeout: int | None = Field(default=None, ge=1, le=MAX_SECONDS)
     count: int = Field(default=1, ge=1, le=MAX_FORK)
 
 
 class RefreshBody(_Body):
-    duration: int | None = Field(default=None, ge=0)
+    duration: int | None = Field(default=None, ge=0, le=MAX_REFRESH)

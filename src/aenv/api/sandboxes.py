@@ -40,14 +40,31 @@ from aenv.orchestrator.templates import TemplateNotFound
 M = TypeVar("M", bound=BaseModel)
 CLIENT_ID = "6532622b"  # the legacy constant infra sends; SDKs require the key
 MAX_PAGE = 100
+# Far above any valid body (metadata and env vars are bounded in models.py).
+MAX_BODY = 1024 * 1024
 
 
 def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
 
 
+async def _read_body(request: Request) -> bytes:
+    """The body, refused with 413 past `MAX_BODY` before it is all in memory."""
+    too_large = APIError(413, f"request body larger than {MAX_BODY} bytes")
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > MAX_BODY:
+        raise too_large
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY:
+            raise too_large
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 async def parse_body(request: Request, model: type[M], *, optional: bool = False) -> M:
-    raw = await request.body()
+    raw = await _read_body(request)
     if not raw.strip() and optional:
         return model.model_validate({})
     try:
@@ -241,6 +258,8 @@ class SandboxRoutes:
         body = await parse_body(request, ConnectBody, optional=True)
         sandbox_id = request.path_params["sandbox_id"]
         timeout = body.timeout or DEFAULT_TIMEOUT_V2
+        if timeout > self.config.max_timeout:
+            raise APIError(400, f"timeout must be at most {self.config.max_timeout} seconds")
         record, resumed = await call_lifecycle(
             self.orc.connect(sandbox_id, timeout, memory=body.memory), sandbox_id
         )
