@@ -193,11 +193,14 @@ async def test_incremental_put_writes_only_the_change(repo: Repository, tmp_path
         assert fh.read(MiB) != (src / "memory").read_bytes()[30 * MiB + 100_000 :][:MiB]
 
 
-async def test_flipped_byte_in_a_stored_chunk_is_detected(repo: Repository, tmp_path: Path) -> None:
+@pytest.mark.parametrize("where", ["frame header", "data"])
+async def test_flipped_byte_in_a_stored_chunk_is_detected(
+    repo: Repository, tmp_path: Path, where: str
+) -> None:
     manifest = await repo.put_tree(snapshot_dir(tmp_path / "src"), name="a")
     digest = some_chunk(manifest)
     blob = bytearray(repo.store.get(chunk_key(digest)))
-    blob[len(blob) // 2] ^= 0x01
+    blob[7 if where == "frame header" else len(blob) // 2] ^= 0x01
     repo.store.put(chunk_key(digest), bytes(blob))
 
     with pytest.raises(CorruptChunk) as caught:

@@ -83,6 +83,10 @@ def encode(data: bytes) -> bytes:
 def decode(blob: bytes, digest: str, length: int) -> bytes:
     """The chunk's bytes, checked against its name and expected length; raises `DecodeError`."""
     try:
+        # Checked first: a damaged header could otherwise size the output buffer.
+        declared = zstandard.frame_content_size(blob)
+        if declared != length:
+            raise DecodeError(f"declares {declared} bytes, expected {length}")
         data = _decompressor().decompress(blob, max_output_size=length)
     except zstandard.ZstdError as e:
         raise DecodeError(f"does not decompress ({e})") from None
