@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from aenv.orchestrator.images import prepare_images
+from tests.e2e.restart.in_flight import crash_during
 from tests.e2e.server_ns import REPO, ServerNs, server_in_namespace
 from tests.support.js import ensure_npm_sdk
 
@@ -51,6 +52,20 @@ def _run_inner_suite(home: Path) -> None:
         server.kill_9()
         server.start()
         suite(server, "restart/test_after_restart.py")
+        # kill -9 while creates, then deletes, are in flight: after the restart the node reports
+        # only what runs, and nothing of the cut-short work is left (restart/in_flight.py).
+        for work in ("creates", "deletes"):
+            print(crash_during(server, work))
+            server.start()
+            suite(server, "restart/test_nothing_stale.py")
+        # A full node refuses creates with 429: restarted with a small cap, then without.
+        server.stop()
+        server.env["AENV_MAX_SANDBOXES"] = "2"
+        server.start()
+        suite(server, "restart/test_capacity.py")
+        server.stop()
+        del server.env["AENV_MAX_SANDBOXES"]
+        server.start()
 
 
 def _old_sdk_venv() -> str:

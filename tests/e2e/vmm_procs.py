@@ -3,6 +3,7 @@ the sandbox's work directory (`$AENV_HOME/sandboxes/<id>/...`)."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 
@@ -17,3 +18,17 @@ def vmm_pids(sandbox_id: str) -> list[int]:
             except OSError:
                 continue
     return pids
+
+
+def vmm_sandbox_ids(home: Path) -> set[str]:
+    """The sandboxes of the node at `home` that some process (a VMM) still runs for."""
+    marker = re.compile(re.escape(f"{home}/sandboxes/").encode() + rb"([^/\x00]+)/")
+    found = set()
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                cmdline = (entry / "cmdline").read_bytes()
+            except OSError:
+                continue
+            found.update(m.group(1).decode() for m in marker.finditer(cmdline))
+    return found

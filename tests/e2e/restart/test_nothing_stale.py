@@ -1,0 +1,61 @@
+"""After a kill -9 of the server and a restart (see in_flight.py): the node reports only what
+really runs (or is paused), and nothing of anything else is left: no VMM process, sandbox or
+memory directory, catalog row in a passing state, or network slot beyond the warm pool. New
+creates work."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import sqlite3
+import subprocess
+from contextlib import closing
+from pathlib import Path
+
+from e2b import Sandbox
+
+from aenv.orchestrator.templates import memory_root
+from tests.e2e.restart.in_flight import DELETES_FILE
+from tests.e2e.vmm_procs import vmm_pids, vmm_sandbox_ids
+
+HOME = Path(os.environ["AENV_HOME"])
+
+
+def _slot_namespaces() -> list[str]:
+    prefix = os.environ["AENV_NETWORK_PREFIX"]
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [n for n in (line.split()[0] for line in out.splitlines() if line) if
+            re.fullmatch(rf"{re.escape(prefix)}-\d+", n)]  # fmt: skip
+
+
+def _catalog_states() -> set[str]:
+    with closing(sqlite3.connect(f"file:{HOME / 'catalog.db'}?mode=ro", uri=True)) as db:
+        return {state for (state,) in db.execute("SELECT state FROM sandboxes")}
+
+
+def test_only_what_really_runs_is_reported_and_nothing_else_is_left() -> None:
+    listed = {s.sandbox_id: s.state.value for s in Sandbox.list().next_items()}
+    running = {i for i, state in listed.items() if state == "running"}
+    for sandbox_id in running:
+        assert vmm_pids(sandbox_id), f"{sandbox_id} is listed as running without a VMM"
+    assert vmm_sandbox_ids(HOME) <= running, "orphaned VMMs survived the restart"
+    assert _catalog_states() <= {"running", "paused"}, "rows of cut-short work remain"
+    for directory in (HOME / "sandboxes", memory_root(HOME) / "sandboxes"):
+        left = {p.name for p in directory.iterdir()} if directory.exists() else set()
+        assert left <= set(listed), f"leftovers in {directory}: {left - set(listed)}"
+    # Slots are held by running sandboxes and the warm pool, nothing else.
+    warm = int(os.environ["AENV_WARM_SLOTS_HIGH"])
+    assert len(_slot_namespaces()) <= len(running) + warm
+    deleted = HOME / DELETES_FILE
+    if deleted.exists():  # deletes in flight at the crash: none of them came back
+        assert not set(json.loads(deleted.read_text())) & set(listed)
+
+
+def test_new_creates_work() -> None:
+    fresh = Sandbox.create(timeout=60)
+    try:
+        assert fresh.commands.run("echo ok").stdout == "ok\n"
+    finally:
+        fresh.kill()
+    assert not vmm_pids(fresh.sandbox_id)
