@@ -67,18 +67,11 @@ _OWN: dict[tuple[str, str], Operation] = {
         },
     },
 }
-# Routes the SDKs call that the spec does not list yet, each the same as an E2B operation.
+# Routes the SDKs call that the spec does not list yet, each the same as an E2B operation
+# (path, method) but for what the note says.
 _SAME_AS: dict[tuple[str, str], tuple[str, str, str]] = {
-    ("/v2/sandboxes", "post"): (
-        "/sandboxes",
-        "post",
-        "Create a sandbox from the template (v2: the timeout defaults to 300 seconds)",
-    ),
-    ("/v2/sandboxes/{sandboxID}/connect", "post"): (
-        "/sandboxes/{sandboxID}/connect",
-        "post",
-        "Returns sandbox details, extending its time to live (v2)",
-    ),
+    ("/v2/sandboxes", "post"): ("/sandboxes", "post", "v2: the timeout defaults to 300 seconds"),
+    ("/v2/sandboxes/{sandboxID}/connect", "post"): ("/sandboxes/{sandboxID}/connect", "post", "v2"),
 }
 # Responses an operation gives beyond the generic ones, which the spec omits.
 _EXTRA_RESPONSES: dict[tuple[str, str], tuple[str, ...]] = {
@@ -166,9 +159,9 @@ def build_document(
             elif method in spec["paths"].get(path, {}):
                 op = copy.deepcopy(spec["paths"][path][method])
             elif (path, method) in _SAME_AS:
-                source, source_method, description = _SAME_AS[path, method]
+                source, source_method, note = _SAME_AS[path, method]
                 op = copy.deepcopy(spec["paths"][source][source_method])
-                op["description"] = description
+                op["description"] = f"{op.get('description', '')} ({note})".strip()
             else:
                 op = _stub(route, method)
             secured = route.path not in open_paths
