@@ -49,9 +49,16 @@ def _run_inner_suite(home: Path) -> None:
         # A crash: the server dies with sandboxes running; the next start must report none of
         # them, reclaim their VMMs, slots and files, and serve new ones.
         suite(server, "restart/test_before_crash.py")
+        suite(server, "restart/test_before_crash_ops.py")
         server.kill_9()
         server.start()
         suite(server, "restart/test_after_restart.py")
+        suite(server, "restart/test_after_crash_ops.py")
+        # A graceful stop pauses what runs; after the start it is all resumable.
+        suite(server, "restart/test_before_shutdown.py")
+        server.stop()
+        server.start()
+        suite(server, "restart/test_after_shutdown.py")
         # kill -9 while creates, then deletes, are in flight: after the restart the node reports
         # only what runs, and nothing of the cut-short work is left (restart/in_flight.py).
         for work in ("creates", "deletes"):

@@ -59,11 +59,17 @@ async def _serve(config: Config) -> None:
             timeout_keep_alive=650,
         )
     )
-    # Let uvicorn own SIGINT/SIGTERM, then shut the node down after it stops serving.
+    # uvicorn owns SIGINT/SIGTERM while it serves, and afterwards re-raises the signal it caught
+    # to whatever handler was there before: make that a no-op, or the default handler would end
+    # the process before the node's shutdown (which pauses the running sandboxes) has run.
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: None)
     console.print(f"[green]serving[/green] http://{config.host}:{config.port}")
     try:
         await uv.serve()
     finally:
+        action = "pausing" if config.pause_on_shutdown else "killing"
+        console.print(f"[cyan]aenv[/cyan] shutting down: {action} running sandboxes...")
         await node.close()
 
 

@@ -28,6 +28,12 @@ def sandbox() -> Iterator[Sandbox]:
         sbx.kill()
 
 
+def _start_counter(sbx: Sandbox) -> int:
+    pid = sbx.commands.run(COUNTER, background=True).pid
+    sbx.commands.run("while [ ! -s /tmp/counter ]; do sleep 0.05; done", timeout=30)
+    return pid
+
+
 def _counter(sbx: Sandbox) -> int:
     return int(sbx.files.read("/tmp/counter").strip() or 0)
 
@@ -38,8 +44,7 @@ def _state(sandbox_id: str) -> str:
 
 def test_pause_and_connect_keep_files_and_processes(sandbox: Sandbox) -> None:
     sandbox.files.write("/home/user/kept.txt", "before pause")
-    counter = sandbox.commands.run(COUNTER, background=True)
-    time.sleep(0.5)
+    counter = _start_counter(sandbox)
     before = _counter(sandbox)
 
     assert sandbox.pause() is True
@@ -54,11 +59,11 @@ def test_pause_and_connect_keep_files_and_processes(sandbox: Sandbox) -> None:
     time.sleep(0.5)
     assert _counter(resumed) > before  # same process, counting on from its memory
     pids = {p.pid for p in resumed.commands.list()}
-    assert counter.pid in pids
+    assert counter in pids
 
 
 def test_ten_pause_resume_cycles_lose_nothing(sandbox: Sandbox) -> None:
-    sandbox.commands.run(COUNTER, background=True)
+    _start_counter(sandbox)
     last = 0
     sbx = sandbox
     for cycle in range(10):
