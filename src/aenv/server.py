@@ -10,9 +10,11 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 from ipaddress import IPv4Network
+from pathlib import Path
 
 from aenv.api.app import create_api
 from aenv.api.keys import ensure_api_key
@@ -25,9 +27,11 @@ from aenv.orchestrator.images import GuestImages, prepare_images
 from aenv.orchestrator.lifecycle import Orchestrator, SandboxNotFound
 from aenv.orchestrator.templates import (
     BuildRequest,
+    Template,
     TemplateNotFound,
     TemplateStore,
     build_template,
+    is_stale,
     memory_root,
 )
 from aenv.proxy.app import SandboxProxy
@@ -110,13 +114,22 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
     templates.load()
     orchestrator = Orchestrator(config, catalog, driver, slots, templates)
     await orchestrator.start()
+    current: Template | None
     try:
-        templates.get(config.default_template)
+        current = templates.get(config.default_template)
     except TemplateNotFound:
-        progress(f"building the default template '{config.default_template}' (first start)...")
+        current = None
+    if current is None or is_stale(current, images):
+        why = "first start" if current is None else "its guest images changed"
+        progress(f"building the default template '{config.default_template}' ({why})...")
+        template_id = current.template_id if current else config.default_template
+        # Paused sandboxes' disk layers stack on their template's by path: while they exist,
+        # the old build stays (hidden) and the new one gets another id.
+        if _in_use(catalog, templates.directory / template_id):
+            template_id = f"{config.default_template}-{secrets.token_hex(4)}"
         template = await build_template(
             BuildRequest(
-                template_id=config.default_template,
+                template_id=template_id,
                 aliases=(config.default_template,),
                 vcpus=config.sandbox_vcpus,
                 memory_mb=config.sandbox_memory_mb,
@@ -129,10 +142,18 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
             templates,
             _guest_net(net_config),
         )
+        if current is not None and current.template_id != template.template_id:
+            templates.hide(current.template_id)  # removed with the last sandbox it has
         progress(f"template '{template.template_id}' ready")
     api = create_api(orchestrator, config, api_key)
     proxy = SandboxProxy(_Resolver(orchestrator), domain=config.domain, control_plane=api)
     return Node(config, api_key, catalog, slots, orchestrator, cgroups, proxy)
+
+
+def _in_use(catalog: Catalog, template_dir: Path) -> bool:
+    """Whether some sandbox was started from a saved state in `template_dir`."""
+    prefix = f"{template_dir}/"
+    return any(str(r.placement.get("base", "")).startswith(prefix) for r in catalog.list())
 
 
 class _Resolver:

@@ -56,6 +56,9 @@ class Template:
     envd_access_token: str
     created_at: float
     snapshot_dir: str
+    # `GuestImages.identity` of the images a built template booted from; None for snapshots and
+    # for templates built before it was recorded.
+    images: str | None = None
     # What this is: a built `template`, a user's named `snapshot` of a sandbox (E2B keeps
     # snapshots as templates: same routes, same create), or the `fork` checkpoint children of
     # one fork share (never listed; removed with its last child).
@@ -79,6 +82,13 @@ def memory_root(home: Path) -> Path:
     """Where templates keep guest memory: tmpfs, one tree per data dir."""
     digest = hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:8]
     return Path("/dev/shm") / f"aenv-{digest}"
+
+
+def is_stale(template: Template, images: GuestImages) -> bool:
+    """True when `template` was not built from `images` (or does not say what it was built
+    from): its saved memory runs another envd, with another drive's page cache, than the files
+    its sandboxes would now get."""
+    return template.images != images.identity
 
 
 class TemplateStore:
@@ -231,6 +241,7 @@ async def build_template(
             envd_access_token=token,
             created_at=time.time(),
             snapshot_dir=str(snap_dir),
+            images=images.identity,
         )
         store.save(template)
         done = True
