@@ -1,5 +1,5 @@
 """The `aenv` command: `server` runs a node, `auth` prints how to reach it; the other commands
-(sandboxes.py, templates.py, shell.py) talk to a running node."""
+(sandboxes.py, snapshots.py, templates.py, shell.py) talk to a running node."""
 
 from __future__ import annotations
 
@@ -12,12 +12,13 @@ from typing import Annotated
 import typer
 import uvicorn
 
-from aenv.cli import sandboxes, shell, templates
+from aenv.cli import sandboxes, shell, snapshots, templates
 from aenv.cli.node import console
 from aenv.config import Config, ConfigError, load
 
 app = typer.Typer(help="AENV-py: E2B-compatible microVM sandboxes.", no_args_is_help=True)
 app.add_typer(sandboxes.app)
+app.add_typer(snapshots.app)
 app.add_typer(shell.app)
 app.add_typer(templates.app, name="template")
 

@@ -1,4 +1,5 @@
-"""`aenv ls`, `info`, `timeout`, `rm` and `logs`: sandbox commands over the control-plane API."""
+"""`aenv ls`, `info`, `timeout`, `rm` and `logs`: sandbox commands over the control-plane API
+(`rm --snapshot` deletes snapshots)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from rich.console import Console
 from rich.table import Table
 
 from aenv.cli.node import HomeOption, JsonOption, call, check, console, node, send
+from aenv.cli.snapshots import delete_snapshot
 
 app = typer.Typer()
 FOLLOW_INTERVAL = 1.0  # seconds between polls of `logs --follow`
@@ -59,12 +61,21 @@ def timeout(sandbox_id: str, seconds: int, home: HomeOption = None) -> None:
 
 
 @app.command()
-def rm(sandbox_ids: list[str], home: HomeOption = None) -> None:
-    """Kill sandboxes."""
+def rm(
+    ids: list[str],
+    snapshot: Annotated[
+        bool, typer.Option("--snapshot", help="the IDs are snapshots (ID or name) to delete")
+    ] = False,
+    home: HomeOption = None,
+) -> None:
+    """Kill sandboxes, or delete snapshots."""
     with node(home).client() as client:
-        for sandbox_id in sandbox_ids:
-            call(client, "DELETE", f"/sandboxes/{quote(sandbox_id)}")
-            typer.echo(sandbox_id)
+        for ref in ids:
+            if snapshot:
+                delete_snapshot(client, ref)
+            else:
+                call(client, "DELETE", f"/sandboxes/{quote(ref)}")
+            typer.echo(ref)
 
 
 @app.command()
