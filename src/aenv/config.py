@@ -47,6 +47,13 @@ class Config:
     # Graceful shutdown pauses running sandboxes (they are resumable after the restart);
     # off, it kills them.
     pause_on_shutdown: bool = True
+    # The snapshot repository holding durable copies of pauses and snapshots: a directory
+    # (default: `$AENV_HOME/repository`), `s3://bucket[/prefix]` (credentials from the usual
+    # AWS environment), or `off`. `repository_endpoint` points S3 at another S3-speaking server.
+    repository: str = ""
+    repository_endpoint: str | None = None
+    # Node-local cache of repository chunks, in MiB (least recently used chunks are evicted).
+    repository_cache_mb: int = 8192
 
     @property
     def catalog_path(self) -> Path:

@@ -25,6 +25,7 @@ from aenv.network import NetworkConfig, SlotPool
 from aenv.orchestrator.catalog import Catalog
 from aenv.orchestrator.images import GuestImages, prepare_images
 from aenv.orchestrator.lifecycle import Orchestrator, SandboxNotFound
+from aenv.orchestrator.repository import open_archive
 from aenv.orchestrator.templates import (
     BuildRequest,
     Template,
@@ -112,7 +113,7 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
         images = dataclasses.replace(images, kernel=images.vmlinux)
     templates = TemplateStore(config.templates_dir, memory_root(config.home))
     templates.load()
-    orchestrator = Orchestrator(config, catalog, driver, slots, templates)
+    orchestrator = Orchestrator(config, catalog, driver, slots, templates, open_archive(config))
     await orchestrator.start()
     current: Template | None
     try:

@@ -37,6 +37,11 @@ def staging_dir(sandbox_dir: Path, seq: int) -> Path:
     return sandbox_dir / f"layers-{seq}"
 
 
+def archive_dir(sandbox_dir: Path, seq: int) -> Path:
+    """Where checkpoint `seq` is exported for upload to the repository, and pulled back to."""
+    return sandbox_dir / f"archive-{seq}"
+
+
 def latest_pause(sandbox_dir: Path) -> tuple[int, Snapshot] | None:
     """The newest complete pause checkpoint (a crash mid-pause leaves an incomplete newer one,
     which does not count)."""

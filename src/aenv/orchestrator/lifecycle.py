@@ -37,6 +37,7 @@ from aenv.envd import ENVD_VERSION
 from aenv.ids import new_access_token, new_sandbox_id
 from aenv.network import Slot, SlotProvider
 from aenv.orchestrator import checkpoints, envd_client
+from aenv.orchestrator.archive import Archive, complete
 from aenv.orchestrator.catalog import Catalog, SandboxRecord
 from aenv.orchestrator.states import KILLABLE, LIVE, SandboxState
 from aenv.orchestrator.templates import BOOT_READY_TIMEOUT, Template, TemplateStore
@@ -46,18 +47,26 @@ from aenv.runtime.driver import (
     Driver,
     DriverError,
     NetAttachment,
+    RestoreError,
     RestoreSpec,
     Snapshot,
     SnapshotTarget,
 )
 from aenv.storage import layers
+from aenv.storage.repository import RepositoryError
 
 log = logging.getLogger("aenv.orchestrator")
 
 RESTORE_READY_TIMEOUT = 30.0
 # How long an automatically resumed sandbox (proxy traffic) runs before its timeout applies again.
 AUTO_RESUME_TIMEOUT = 300
-_FAILURES = (DriverError, envd_client.EnvdUnavailable, layers.LayerError, OSError)
+_FAILURES = (
+    DriverError,
+    envd_client.EnvdUnavailable,
+    layers.LayerError,
+    OSError,
+    RepositoryError,
+)
 
 
 class SandboxNotFound(LookupError):
@@ -136,8 +145,10 @@ class Orchestrator:
         driver: Driver,
         slots: SlotProvider,
         templates: TemplateStore,
+        archive: Archive | None = None,
     ) -> None:
         self.config = config
+        self.archive = archive
         self.catalog = catalog
         self.driver = driver
         self.slots = slots
@@ -149,6 +160,7 @@ class Orchestrator:
         self.stats = CreateStats()
         self._client = httpx.AsyncClient()
         self._tasks: set[asyncio.Task[None]] = set()
+        self._pushes: dict[str, asyncio.Task[None]] = {}  # sandbox id -> its checkpoint upload
 
     # -- start-up and shutdown ------------------------------------------------------------
 
@@ -173,8 +185,11 @@ class Orchestrator:
                     continue
             log.warning("reclaiming sandbox %s left in state %s", record.id, record.state)
             await self._reclaim_files(record.id)
+            await self._drop_archived(record)
             self.catalog.delete(record.id)
         await self._collect_bases()
+        if self.archive is not None:
+            self._spawn(self.archive.collect())
 
     async def close(self) -> None:
         """Graceful shutdown: running sandboxes are paused (resumable after the restart), or
@@ -183,9 +198,13 @@ class Orchestrator:
         await asyncio.gather(*(self._park(sandbox_id) for sandbox_id in running))
         for sandbox_id in list(self._live):
             await self.kill(sandbox_id)
+        # Uploads of the checkpoints just taken finish first: they are the durable copies.
+        await asyncio.gather(*self._pushes.values(), return_exceptions=True)
         for task in list(self._tasks):
             task.cancel()
         await self._client.aclose()
+        if self.archive is not None:
+            self.archive.close()
 
     async def _park(self, sandbox_id: str) -> None:
         if self.config.pause_on_shutdown:
@@ -306,7 +325,7 @@ class Orchestrator:
             try:
                 live = await self._launch(
                     record,
-                    base.snapshot(),
+                    await self._base_snapshot(base),
                     current_token=base.envd_access_token,
                     cold=not base.memory,
                 )
@@ -410,10 +429,15 @@ class Orchestrator:
             if record is None:
                 return False
             self._cancel_timer(sandbox_id)
+            push = self._pushes.pop(sandbox_id, None)
+            if push is not None:
+                push.cancel()
+                await asyncio.gather(push, return_exceptions=True)
             live = self._live.pop(sandbox_id, None)
             if live is not None:
                 await self._stop(live)
             await self._reclaim_files(sandbox_id)
+            await self._drop_archived(self.catalog.get(sandbox_id) or record)
             self.catalog.delete(sandbox_id)
         self._locks.pop(sandbox_id, None)
         await self._collect_bases()
@@ -461,7 +485,7 @@ class Orchestrator:
                         self._client, self._envd_url(live), record.envd_access_token
                     )
                 await asyncio.to_thread(target.mkdir)
-                await live.vm.snapshot(SnapshotTarget(target, target), keep_running=False)
+                saved = await live.vm.snapshot(SnapshotTarget(target, target), keep_running=False)
             except _FAILURES as e:
                 await asyncio.to_thread(shutil.rmtree, target, True)
                 live.planned_exit = False
@@ -481,6 +505,7 @@ class Orchestrator:
             )
             assert paused is not None
             await asyncio.to_thread(checkpoints.prune_pauses, sandbox_dir, seq)
+            self._push_checkpoint(paused, seq, saved)
             return paused
 
     async def resume(
@@ -495,18 +520,13 @@ class Orchestrator:
                 return record, False
             if record.state is not SandboxState.PAUSED:
                 raise InvalidState(sandbox_id, record.state, "resume")
-            found = await asyncio.to_thread(checkpoints.latest_pause, self._dirs(sandbox_id)[0])
-            if found is None:
-                raise OperationFailed(f"sandbox {sandbox_id} has no complete checkpoint")
             resuming = self.catalog.transition(
                 sandbox_id, [SandboxState.PAUSED], SandboxState.RESUMING
             )
             assert resuming is not None
             cold = not memory or not record.placement.get("memory", True)
             try:
-                live = await self._launch(
-                    resuming, found[1], current_token=record.envd_access_token, cold=cold
-                )
+                live = await self._launch_checkpoint(resuming, cold)
             except _FAILURES as e:
                 self.catalog.transition(sandbox_id, [SandboxState.RESUMING], SandboxState.PAUSED)
                 raise OperationFailed(f"resume of sandbox {sandbox_id} failed: {e}") from e
@@ -629,12 +649,8 @@ class Orchestrator:
                             "take a filesystem-only snapshot of",
                             "resume it first",
                         )
-                    found = await asyncio.to_thread(
-                        checkpoints.latest_pause, self._dirs(sandbox_id)[0]
-                    )
-                    if found is None:
-                        raise OperationFailed(f"sandbox {sandbox_id} has no complete checkpoint")
-                    saved = await checkpoints.export(found[1], dest, move=False)
+                    paused = await self._paused_checkpoint(record)
+                    saved = await checkpoints.export(paused, dest, move=False)
                     memory = memory and bool(record.placement.get("memory", True))
                 else:
                     raise InvalidState(sandbox_id, record.state, "snapshot")
@@ -657,6 +673,8 @@ class Orchestrator:
             memory=memory,
         )
         await asyncio.to_thread(self.templates.save, template)
+        if kind == "snapshot":
+            self._spawn(self._push_template(template))
         return template
 
     async def _save_running(self, record: SandboxRecord, dest: Path) -> Snapshot:
@@ -697,6 +715,8 @@ class Orchestrator:
             in_use = {u for u in used if u.startswith(f"{template_dir}/")}
             if dropped and not in_use:
                 await asyncio.to_thread(self.templates.delete, template.template_id)
+                if template.manifest_id is not None and self.archive is not None:
+                    await self.archive.drop(template.manifest_id)
                 continue
             if template.kind != "snapshot":
                 continue
@@ -704,6 +724,114 @@ class Orchestrator:
                 stale = build.is_dir() and str(build) != template.snapshot_dir
                 if stale and str(build) not in in_use:
                     await asyncio.to_thread(shutil.rmtree, build, True)
+
+    # -- the repository copies -----------------------------------------------------------
+
+    def _push_checkpoint(self, record: SandboxRecord, seq: int, saved: Snapshot) -> None:
+        """Upload pause checkpoint `seq` in the background; the row then names its manifest
+        (and the manifest of the checkpoint before it is dropped)."""
+        if self.archive is None:
+            return
+        archive = self.archive
+        previous = self._pushes.pop(record.id, None)
+        if previous is not None:
+            previous.cancel()
+
+        async def push() -> None:
+            staging = checkpoints.archive_dir(self._dirs(record.id)[0], seq)
+            manifest_id = await archive.push_checkpoint(
+                saved, staging, name=f"sandbox-{record.id}-{seq}", metadata={"sandbox": record.id}
+            )
+            current = self.catalog.get(record.id)
+            if current is None or current.state is SandboxState.KILLING:
+                await archive.drop(manifest_id)
+                return
+            old = current.placement.get("archive")
+            self.catalog.update(
+                record.id,
+                placement={**current.placement, "archive": {"seq": seq, "manifest": manifest_id}},
+            )
+            if old:
+                await archive.drop(str(old["manifest"]))
+
+        task = asyncio.get_running_loop().create_task(push())
+        self._pushes[record.id] = task
+        task.add_done_callback(lambda t: self._pushed(record.id, t))
+
+    def _pushed(self, sandbox_id: str, task: asyncio.Task[None]) -> None:
+        if self._pushes.get(sandbox_id) is task:
+            del self._pushes[sandbox_id]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("upload of %s's checkpoint failed: %s", sandbox_id, task.exception())
+
+    async def _paused_checkpoint(self, record: SandboxRecord, *, pull: bool = False) -> Snapshot:
+        """A paused sandbox's newest checkpoint: the local one when complete (and `pull` is not
+        asked for), else the repository's copy of it, pulled back."""
+        sandbox_dir = self._dirs(record.id)[0]
+        found = await asyncio.to_thread(checkpoints.latest_pause, sandbox_dir)
+        archived = (self.catalog.get(record.id) or record).placement.get("archive")
+        if found is not None and not pull:
+            seq, snapshot = found
+            if await asyncio.to_thread(complete, checkpoints.pause_dir(sandbox_dir, seq)):
+                return snapshot
+        push = self._pushes.get(record.id)
+        if push is not None:  # its upload is under way: the copy is about to exist
+            await asyncio.gather(push, return_exceptions=True)
+            current = self.catalog.get(record.id)
+            archived = current.placement.get("archive") if current else None
+        if self.archive is None or not archived:
+            raise OperationFailed(f"sandbox {record.id} has no usable checkpoint")
+        log.warning("sandbox %s: pulling its checkpoint from the repository", record.id)
+        dest = checkpoints.archive_dir(sandbox_dir, int(archived["seq"]))
+        return await self.archive.pull(str(archived["manifest"]), dest)
+
+    async def _launch_checkpoint(self, record: SandboxRecord, cold: bool) -> _Live:
+        """Start a paused sandbox from its newest checkpoint; when the local one turns out
+        unusable (a layer below it lost), from the repository's copy."""
+        token = record.envd_access_token
+        snapshot = await self._paused_checkpoint(record)
+        try:
+            return await self._launch(record, snapshot, current_token=token, cold=cold)
+        except RestoreError:
+            if self.archive is None:
+                raise
+        snapshot = await self._paused_checkpoint(record, pull=True)
+        return await self._launch(record, snapshot, current_token=token, cold=cold)
+
+    async def _push_template(self, template: Template) -> None:
+        if self.archive is None:
+            return
+        manifest_id = await self.archive.push_directory(
+            Path(template.snapshot_dir),
+            name=f"{template.kind}-{template.template_id}",
+            metadata={"template": template.template_id, "build": template.build_id},
+        )
+        current = self.templates.by_id(template.template_id)
+        if current is None or current.build_id != template.build_id:
+            await self.archive.drop(manifest_id)  # replaced or deleted meanwhile
+            return
+        await asyncio.to_thread(
+            self.templates.save, dataclasses.replace(current, manifest_id=manifest_id)
+        )
+
+    async def _base_snapshot(self, template: Template) -> Snapshot:
+        """The snapshot a template restores from, pulled from the repository when its local
+        files are gone."""
+        directory = Path(template.snapshot_dir)
+        if await asyncio.to_thread(complete, directory):
+            return await asyncio.to_thread(template.snapshot)
+        if self.archive is None or template.manifest_id is None:
+            raise RestoreError(f"template {template.template_id} has lost its files")
+        async with self._lock(f"template:{template.template_id}"):
+            if await asyncio.to_thread(complete, directory):
+                return await asyncio.to_thread(template.snapshot)
+            log.warning("template %s: pulling its files from the repository", template.template_id)
+            return await self.archive.pull(template.manifest_id, directory)
+
+    async def _drop_archived(self, record: SandboxRecord) -> None:
+        archived = record.placement.get("archive")
+        if archived and self.archive is not None:
+            await self.archive.drop(str(archived["manifest"]))
 
     # -- timeouts -------------------------------------------------------------------------
 

@@ -69,6 +69,9 @@ class Template:
     memory: bool = True
     # Deleted while sandboxes still run on it: hidden, and removed with the last of them.
     deleted: bool = False
+    # Its copy in the snapshot repository, once stored (restores pull it when the local files
+    # are gone).
+    manifest_id: str | None = None
 
     def snapshot(self) -> Snapshot:
         return Snapshot.load_manifest(Path(self.snapshot_dir))
@@ -105,11 +108,11 @@ class TemplateStore:
             try:
                 raw = json.loads(meta.read_text())
                 template = Template(**{**raw, "aliases": tuple(raw["aliases"])})
-                snap = template.snapshot()
-            except (OSError, ValueError, TypeError, KeyError, RestoreError):
+            except (OSError, ValueError, TypeError, KeyError):
                 continue
-            if snap.memory_file is not None and not snap.memory_file.exists():
-                continue  # tmpfs was cleared (host reboot): the template must be rebuilt
+            # A template with a repository copy is pulled back when its files are gone.
+            if template.manifest_id is None and not _restorable(template):
+                continue
             self._templates[template.template_id] = template
 
     def get(self, ref: str) -> Template:
@@ -154,6 +157,15 @@ class TemplateStore:
         shutil.rmtree(self.directory / template_id, ignore_errors=True)
         shutil.rmtree(self.memory_dir / template_id, ignore_errors=True)
         return True
+
+
+def _restorable(template: Template) -> bool:
+    try:
+        snap = template.snapshot()
+    except RestoreError:
+        return False
+    # tmpfs is cleared by a host reboot: such a template must be rebuilt.
+    return snap.memory_file is None or snap.memory_file.exists()
 
 
 @dataclass(frozen=True)

@@ -11,6 +11,7 @@ runs in a bounded thread pool (`pool.py`); the methods are coroutines for the ev
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import secrets
@@ -213,7 +214,15 @@ class Repository:
             try:
                 data = decode(blob, digest, length)
             except DecodeError as e:
-                raise CorruptChunk(*where, f"is corrupt in the store: {e}") from None
+                # A bad chunk must not stay: puts skip chunks the store has, so every later
+                # snapshot holding the same data would share the damage. Gone, the next put
+                # that has the data stores a good copy; manifests needing it meanwhile report
+                # it missing.
+                with contextlib.suppress(RepositoryError, OSError):
+                    self.store.delete(chunk_key(digest))
+                raise CorruptChunk(
+                    *where, f"is corrupt in the store ({e}); removed from the store"
+                ) from None
             fetched = len(blob)
             if self.cache is not None:
                 self.cache.put(digest, blob)

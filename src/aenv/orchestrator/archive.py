@@ -1,0 +1,91 @@
+"""Durable copies of saved sandbox states in the snapshot repository (`storage.repository`).
+
+Pauses and snapshots are written to the node's disk first: that is fast, and it is what resumes
+and creates read. A copy then goes to the repository in the background, cut into
+content-addressed chunks of which only those the repository lacks are written, so a pause after
+a small change costs little. When the local copy is missing or damaged (a lost disk, a wiped
+cache), the copy is pulled back, every chunk verified, into the very directory it was exported
+from, so the absolute paths in its `snapshot.json` hold again.
+
+A pause checkpoint's disks are qcow2 layers stacked on earlier ones; the copy is exported
+self-contained first (`checkpoints.export`: disks flattened) into a staging directory that is
+removed once uploaded, and that a pull later recreates.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+
+from aenv.orchestrator import checkpoints
+from aenv.runtime.driver import RestoreError, Snapshot
+from aenv.storage.repository import Repository as ChunkRepository
+from aenv.storage.repository import RepositoryError
+
+log = logging.getLogger("aenv.archive")
+
+
+class Archive:
+    def __init__(self, repository: ChunkRepository) -> None:
+        self.repository = repository
+
+    async def push_checkpoint(
+        self, snapshot: Snapshot, staging: Path, *, name: str, metadata: Mapping[str, str]
+    ) -> str:
+        """Store a (layered) checkpoint; returns its manifest id. `staging` must not exist."""
+        await asyncio.to_thread(staging.mkdir, parents=True)
+        try:
+            await checkpoints.export(snapshot, staging, move=False)
+            return await self.push_directory(staging, name=name, metadata=metadata)
+        finally:
+            await asyncio.to_thread(shutil.rmtree, staging, True)
+
+    async def push_directory(
+        self, directory: Path, *, name: str, metadata: Mapping[str, str]
+    ) -> str:
+        """Store an already self-contained snapshot directory; returns its manifest id."""
+        manifest = await self.repository.put_tree(
+            directory, name=name, metadata={**metadata, "directory": str(directory)}
+        )
+        return manifest.id
+
+    async def pull(self, manifest_id: str, dest: Path) -> Snapshot:
+        """Materialise a stored snapshot at `dest` (where it was exported from), replacing any
+        damaged local copy. Raises `RepositoryError` (e.g. a corrupt or missing chunk) rather
+        than ever returning a snapshot that differs from what was stored."""
+        await asyncio.to_thread(shutil.rmtree, dest, True)
+        await self.repository.get_tree(manifest_id, dest)
+        return await asyncio.to_thread(Snapshot.load_manifest, dest)
+
+    async def drop(self, manifest_id: str) -> None:
+        """Forget a stored snapshot (its chunks go at the next garbage collection)."""
+        try:
+            await self.repository.delete_manifest(manifest_id)
+        except RepositoryError:
+            log.exception("could not delete manifest %s", manifest_id)
+
+    async def collect(self) -> None:
+        try:
+            report = await self.repository.gc()
+        except RepositoryError:
+            log.exception("repository garbage collection failed")
+            return
+        log.info("repository gc: %s", report)
+
+    def close(self) -> None:
+        self.repository.close()
+
+
+def complete(snapshot_dir: Path) -> bool:
+    """Whether a local snapshot directory has every file its manifest names."""
+    try:
+        snap = Snapshot.load_manifest(snapshot_dir)
+    except RestoreError:
+        return False
+    files = [snap.state_file, *snap.disks.values()]
+    if snap.memory_file is not None:
+        files.append(snap.memory_file)
+    return all(p.is_file() for p in files)

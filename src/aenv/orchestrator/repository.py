@@ -1,0 +1,30 @@
+"""Opening the snapshot repository a node is configured with (`Config.repository`)."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from aenv.config import Config, ConfigError
+from aenv.orchestrator.archive import Archive
+from aenv.storage.repository import BlobStore, ChunkCache, PosixStore, Repository, S3Store
+
+
+def open_archive(config: Config) -> Archive | None:
+    """The node's archive, or None when the repository is switched off."""
+    where = config.repository.strip()
+    if where == "off":
+        return None
+    store: BlobStore
+    if where.startswith("s3://"):
+        url = urlsplit(where)
+        if not url.netloc:
+            raise ConfigError(f"repository {where!r}: s3:// needs a bucket name")
+        store = S3Store(
+            url.netloc, endpoint_url=config.repository_endpoint, prefix=url.path.strip("/")
+        )
+    elif "://" in where:
+        raise ConfigError(f"repository {where!r}: use a directory, s3://bucket/prefix or off")
+    else:
+        store = PosixStore(config.home / "repository" if not where else config.home / where)
+    cache = ChunkCache(config.home / "cache" / "chunks", config.repository_cache_mb << 20)
+    return Archive(Repository(store, cache))
