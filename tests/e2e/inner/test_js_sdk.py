@@ -29,3 +29,28 @@ def test_npm_sdk_create_run_files_list_kill() -> None:
         "running": True,
         "killed": True,
     }
+
+
+def test_npm_sdk_pause_connect_snapshots_fork() -> None:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is needed for the npm e2b SDK")
+    result = subprocess.run(
+        [node, "server_snapshots.mjs"], cwd=JS_DIR, capture_output=True, text=True, timeout=600
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {
+        "paused": True,
+        "pausedAgain": False,
+        "stateWhilePaused": "paused",
+        "readAfterResume": "kept",
+        "snapshotNames": ["js-snapshot"],
+        "snapshotListed": True,
+        "readFromSnapshot": "kept",
+        "forked": 2,
+        "forkRead": ["kept", "kept"],
+        "snapshotDeleted": True,
+        "autoPaused": "paused",
+        "autoResumed": True,
+        "killed": True,
+    }
