@@ -76,6 +76,7 @@ class NewSandbox(_Body):
     metadata: Metadata | None = None
     env_vars: EnvVars | None = Field(default=None, alias="envVars")
     auto_pause: bool = Field(default=False, alias="autoPause")
+    auto_pause_memory: bool = Field(default=True, alias="autoPauseMemory")
     auto_resume: AutoResume | None = Field(default=None, alias="autoResume")
     secure: bool | None = None
     allow_internet_access: bool | None = None

@@ -146,6 +146,7 @@ class SandboxRoutes:
                 "autoResume": record.auto_resume,
                 "onTimeout": "pause" if record.auto_pause else "kill",
             },
+            "pauseMode": "full" if record.placement.get("pause_memory", True) else "filesystem",
         }
 
     # -- create ---------------------------------------------------------------------------
@@ -171,6 +172,7 @@ class SandboxRoutes:
                         metadata=body.metadata or {},
                         env_vars=body.env_vars or {},
                         auto_pause=body.auto_pause,
+                        auto_pause_memory=body.auto_pause_memory,
                         auto_resume=body.auto_resume is not None and body.auto_resume.enabled,
                         allow_internet=allow_internet,
                     )

@@ -17,7 +17,12 @@ from aenv.api.errors import APIError, call_lifecycle
 from aenv.api.models import DEFAULT_TIMEOUT_V2, ForkBody, PauseBody, ResumeBody, SnapshotBody
 from aenv.api.sandboxes import MAX_PAGE, parse_body, sandbox_body
 from aenv.config import Config
-from aenv.orchestrator.lifecycle import CapacityReached, CreateFailed, Orchestrator
+from aenv.orchestrator.lifecycle import (
+    CapacityReached,
+    CreateFailed,
+    GuestUnhealthy,
+    Orchestrator,
+)
 from aenv.orchestrator.templates import Template
 
 
@@ -40,10 +45,17 @@ class SnapshotRoutes:
         ]
 
     async def pause(self, request: Request) -> Response:
-        """204 paused; 409 when it is not running (the SDK reads that as already paused)."""
+        """204 paused; 409 when it is not running (the SDK reads that as already paused); 503
+        when `requireHealthyGuest` was asked and envd does not answer (it keeps running)."""
         body = await parse_body(request, PauseBody, optional=True)
         sandbox_id = request.path_params["sandbox_id"]
-        await call_lifecycle(self.orc.pause(sandbox_id, memory=body.memory), sandbox_id)
+        pausing = self.orc.pause(
+            sandbox_id, memory=body.memory, require_healthy=body.require_healthy_guest
+        )
+        try:
+            await call_lifecycle(pausing, sandbox_id)
+        except GuestUnhealthy as e:
+            raise APIError(503, str(e), should_retry=False) from e
         return Response(status_code=204)
 
     async def resume(self, request: Request) -> Response:

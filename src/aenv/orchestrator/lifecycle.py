@@ -135,6 +135,12 @@ class CreateRequest:
     auto_pause: bool = False
     auto_resume: bool = False
     allow_internet: bool = True
+    # False: an auto-pause saves only the filesystem (resume cold-boots).
+    auto_pause_memory: bool = True
+
+
+class GuestUnhealthy(RuntimeError):
+    """A pause that asked for a healthy guest found envd not answering; nothing was changed."""
 
 
 class Orchestrator:
@@ -319,7 +325,11 @@ class Orchestrator:
                     auto_pause=request.auto_pause,
                     auto_resume=request.auto_resume,
                     allow_internet=request.allow_internet,
-                    placement={"base": base.snapshot_dir, "timeout": request.timeout},
+                    placement={
+                        "base": base.snapshot_dir,
+                        "timeout": request.timeout,
+                        "pause_memory": request.auto_pause_memory,
+                    },
                 )
             )
             try:
@@ -465,13 +475,23 @@ class Orchestrator:
 
     # -- pause and resume -----------------------------------------------------------------
 
-    async def pause(self, sandbox_id: str, *, memory: bool = True) -> SandboxRecord:
+    async def pause(
+        self, sandbox_id: str, *, memory: bool = True, require_healthy: bool = False
+    ) -> SandboxRecord:
         """Save the sandbox to its directory (memory unless `memory` is False, and disks), stop
-        its VM and free its slot. The sandbox stays, paused, until resumed or killed."""
+        its VM and free its slot. The sandbox stays, paused, until resumed or killed. With
+        `require_healthy`, a guest whose envd does not answer is left running instead."""
         async with self._lock(sandbox_id):
             record = self.get(sandbox_id)
             if record.state is not SandboxState.RUNNING:
                 raise InvalidState(sandbox_id, record.state, "pause")
+            if require_healthy:
+                try:
+                    await envd_client.wait_healthy(
+                        self._client, self._envd_url(self._live[sandbox_id]), 5.0
+                    )
+                except envd_client.EnvdUnavailable as e:
+                    raise GuestUnhealthy(f"sandbox {sandbox_id}: envd is not answering") from e
             live = self._live[sandbox_id]
             sandbox_dir = self._dirs(sandbox_id)[0]
             seq = int(record.placement.get("seq", 0)) + 1
@@ -880,7 +900,7 @@ class Orchestrator:
         log.info("sandbox %s timed out", record.id)
         if record.auto_pause:
             try:
-                await self.pause(record.id)
+                await self.pause(record.id, memory=bool(record.placement.get("pause_memory", True)))
                 return
             except (SandboxNotFound, InvalidState):
                 return

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Iterator
 
@@ -138,3 +139,30 @@ def test_pause_resume_kill_race_converges(sandbox: Sandbox) -> None:
     assert results.count(True) == 1
     with pytest.raises(Exception, match="not found"):
         Sandbox.get_info(sandbox_id)
+
+
+def test_filesystem_auto_pause_and_strict_pause() -> None:
+    sbx = Sandbox.create(
+        timeout=120, lifecycle={"on_timeout": {"action": "pause", "mode": "filesystem"}}
+    )
+    try:
+        sbx.files.write("/home/user/disk.txt", "on disk")
+        _start_counter(sbx)
+        detail = httpx.get(
+            f"{BASE}/sandboxes/{sbx.sandbox_id}",
+            headers={"X-API-Key": os.environ["E2B_API_KEY"]},
+        ).json()
+        assert detail["pauseMode"] == "filesystem"
+        assert sbx.pause(strict=True) is True  # envd answers, so a strict pause goes ahead
+        sbx = Sandbox.connect(sbx.sandbox_id, timeout=120)
+        # The strict pause above kept memory; now let the timeout pause filesystem-only.
+        sbx.set_timeout(2)
+        deadline = time.monotonic() + 60
+        while _state(sbx.sandbox_id) != "paused":
+            assert time.monotonic() < deadline, "auto-pause did not happen"
+            time.sleep(0.5)
+        rebooted = Sandbox.connect(sbx.sandbox_id, timeout=120)  # cold boot from the disks
+        assert rebooted.files.read("/home/user/disk.txt") == "on disk"
+        assert "/tmp/counter" not in rebooted.commands.run("ps -eo args").stdout
+    finally:
+        sbx.kill()
