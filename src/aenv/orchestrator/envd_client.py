@@ -51,16 +51,22 @@ async def init(
     env_vars: Mapping[str, str],
     hostname: str,
     timeout: float,
+    default_user: str | None = None,
+    default_workdir: str | None = None,
 ) -> None:
     """Configure envd; retries transport errors until `timeout` (a restored guest's network may
     need a moment)."""
-    body = {
+    body: dict[str, object] = {
         "envVars": dict(env_vars),
         "accessToken": new_token,
         "hostname": hostname,
         "timestamp": datetime.now(UTC).isoformat(),
         "entropy": base64.b64encode(os.urandom(ENTROPY_BYTES)).decode(),
     }
+    if default_user is not None:
+        body["defaultUser"] = default_user
+    if default_workdir is not None:
+        body["defaultWorkdir"] = default_workdir
     headers = {"X-Access-Token": current_token} if current_token else {}
     deadline = time.monotonic() + timeout
     while True:

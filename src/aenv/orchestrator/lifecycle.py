@@ -378,14 +378,18 @@ class Orchestrator:
                 vm = await self.driver.restore(
                     snapshot, RestoreSpec(workdir=workdir, net=net, memory_dir=memory_dir)
                 )
+            # What a template build set (ENV, USER, WORKDIR), under the sandbox's own env.
+            built = self.templates.by_id(record.template_id)
             await envd_client.init(
                 self._client,
                 base_url,
                 current_token=current_token,
                 new_token=record.envd_access_token,
-                env_vars=_sandbox_env(record),
+                env_vars={**(built.env_vars if built else {}), **_sandbox_env(record)},
                 hostname=record.id,
                 timeout=RESTORE_READY_TIMEOUT,
+                default_user=built.default_user if built else None,
+                default_workdir=built.default_workdir if built else None,
             )
         except BaseException:
             if vm is not None:
@@ -596,6 +600,15 @@ class Orchestrator:
             await self._collect_bases()  # the previous state, unless sandboxes still use it
         return template
 
+    async def save_template(
+        self, sandbox_id: str, template_id: str, kind: str, aliases: tuple[str, ...]
+    ) -> Template:
+        """Save a running sandbox's state, memory included, as a new build of `template_id`
+        (template builds: the finished template and its cached intermediate steps)."""
+        template = await self._checkpoint(sandbox_id, template_id, kind, aliases, True)
+        await self._collect_bases()  # the build it replaced, unless sandboxes still use it
+        return template
+
     def _snapshot_named(self, name: str | None) -> Template | None:
         if name is None:
             return None
@@ -738,7 +751,7 @@ class Orchestrator:
                 if template.manifest_id is not None and self.archive is not None:
                     await self.archive.drop(template.manifest_id)
                 continue
-            if template.kind != "snapshot":
+            if template.kind not in ("snapshot", "template"):
                 continue
             for build in template_dir.iterdir():
                 stale = build.is_dir() and str(build) != template.snapshot_dir

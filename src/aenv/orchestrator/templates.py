@@ -72,6 +72,11 @@ class Template:
     # Its copy in the snapshot repository, once stored (restores pull it when the local files
     # are gone).
     manifest_id: str | None = None
+    # Set by template builds (ENV, USER, WORKDIR steps): handed to envd `/init` at every start,
+    # since `/init` replaces what the saved envd had.
+    env_vars: dict[str, str] = dataclasses.field(default_factory=dict)
+    default_user: str | None = None
+    default_workdir: str | None = None
 
     def snapshot(self) -> Snapshot:
         return Snapshot.load_manifest(Path(self.snapshot_dir))
