@@ -54,6 +54,8 @@ class Config:
     repository_endpoint: str | None = None
     # Node-local cache of repository chunks, in MiB (least recently used chunks are evicted).
     repository_cache_mb: int = 8192
+    # Template builds: how long a build's readyCmd may keep failing before the build fails.
+    build_ready_timeout: int = 300
 
     @property
     def catalog_path(self) -> Path:
