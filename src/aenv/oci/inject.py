@@ -80,7 +80,9 @@ def _add_line(root: Path, rel: str, name: str, line: str, mode: int) -> None:
 
 
 def _write_if_missing(root: Path, rel: str, text: str) -> None:
-    path = _inside(root, rel)
+    # A dangling symlink counts as present: it is the image's choice (stage 1 replaces one).
+    parent, name = rel.rsplit("/", 1)
+    path = _inside(root, parent) / name
     if not os.path.lexists(path):
         path.write_text(text)
         path.chmod(0o644)
