@@ -12,11 +12,12 @@ from typing import Annotated
 import typer
 import uvicorn
 
-from aenv.cli import sandboxes, shell, snapshots, templates
+from aenv.cli import images, sandboxes, shell, snapshots, templates
 from aenv.cli.node import console
 from aenv.config import Config, ConfigError, load
 
 app = typer.Typer(help="AENV-py: E2B-compatible microVM sandboxes.", no_args_is_help=True)
+app.add_typer(images.app)
 app.add_typer(sandboxes.app)
 app.add_typer(snapshots.app)
 app.add_typer(shell.app)

@@ -15,12 +15,14 @@ The stable entry point for template builds:
     ) -> ImageRootfs                            # .image .reference .digest .platform .config
 
 `ImageRootfs.config` is an `ImageConfig` (env, working_dir, user, entrypoint, cmd) for a build's
-ENV/WORKDIR/USER defaults. Errors: `ReferenceError` (bad ref), `NotFoundError`, `AuthError`,
-`PlatformNotFoundError` (all `RegistryError`), `DigestMismatchError`, `UnsafeLayerError`.
+ENV/WORKDIR/USER defaults. Every deliberate error is an `ImageError`: `ReferenceError` (bad
+ref), `NotFoundError`, `AuthError`, `PlatformNotFoundError` (all `RegistryError`),
+`DigestMismatchError`, `UnsafeLayerError`. Transport failures surface as `httpx.HTTPError`.
 `pull(ref, cache, ...)` alone fills the blob cache and returns a `PulledImage`.
 """
 
 from aenv.oci.blobs import DigestMismatchError
+from aenv.oci.errors import ImageError
 from aenv.oci.image_rootfs import ImageConfig, ImageRootfs, rootfs_from_image
 from aenv.oci.pull import (
     Layer,
@@ -40,6 +42,7 @@ __all__ = [
     "Credentials",
     "DigestMismatchError",
     "ImageConfig",
+    "ImageError",
     "ImageRootfs",
     "Layer",
     "NotFoundError",

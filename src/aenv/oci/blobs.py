@@ -18,10 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import BinaryIO
 
+from aenv.oci.errors import ImageError
+
 _DIGEST = re.compile(r"^sha256:([0-9a-f]{64})$")
 
 
-class DigestMismatchError(Exception):
+class DigestMismatchError(ImageError):
     """Bytes from the registry do not hash to the digest they were asked for."""
 
     def __init__(self, what: str, expected: str, actual: str) -> None:

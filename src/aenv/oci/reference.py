@@ -8,6 +8,8 @@ import re
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
+from aenv.oci.errors import ImageError
+
 DOCKER_HUB = "docker.io"
 # Docker Hub's API lives on another host than its name.
 _HUB_API = "registry-1.docker.io"
@@ -17,7 +19,7 @@ _TAG = re.compile(r"^[\w][\w.-]{0,127}$")
 _DIGEST = re.compile(r"^sha256:[0-9a-f]{64}$")
 
 
-class ReferenceError(ValueError):
+class ReferenceError(ImageError, ValueError):
     """The string is not an image reference."""
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import httpx
 
 from aenv.oci.blobs import BlobCache, DigestMismatchError, sha256_digest
+from aenv.oci.errors import ImageError
 from aenv.oci.reference import Reference
 
 MANIFEST_TYPES = (
@@ -31,7 +32,7 @@ _CHUNK = 1 << 20
 _PARAM = re.compile(r'(\w+)="([^"]*)"')
 
 
-class RegistryError(Exception):
+class RegistryError(ImageError):
     """The registry refused or failed a request."""
 
 

@@ -24,12 +24,14 @@ from typing import BinaryIO
 
 import zstandard
 
+from aenv.oci.errors import ImageError
+
 WHITEOUT = ".wh."
 OPAQUE = ".wh..wh..opq"
 _MAX_LINKS = 40  # symlinks followed while resolving one path, as Linux's ELOOP limit
 
 
-class UnsafeLayerError(Exception):
+class UnsafeLayerError(ImageError):
     """A layer entry tries to reach outside the root, or cannot be applied safely."""
 
 
