@@ -19,7 +19,7 @@ import pytest
 
 from aenv.orchestrator.images import prepare_images
 from aenv.orchestrator.templates import memory_root
-from tests.e2e.restart.in_flight import crash_during
+from tests.e2e.restart.in_flight import catalog_states, crash_during
 from tests.e2e.server_ns import REPO, ServerNs, server_in_namespace
 from tests.support.js import ensure_npm_sdk
 
@@ -68,9 +68,9 @@ def _run_inner_suite(home: Path) -> None:
             print(crash_during(server, work))
             server.start()
             suite(server, "restart/test_nothing_stale.py")
-        # A full node refuses creates with 429: restarted with a small cap, then without.
+        # A full node refuses creates with 429: restarted with room for two more, then without.
         server.stop()
-        server.env["AENV_MAX_SANDBOXES"] = "2"
+        server.env["AENV_MAX_SANDBOXES"] = str(len(catalog_states(home) or {}) + 2)
         server.start()
         suite(server, "restart/test_capacity.py")
         server.stop()

@@ -68,7 +68,7 @@ def _client(work: str) -> None:
 # -- the outer side -----------------------------------------------------------------------
 
 
-def _states(home: Path) -> dict[str, str] | None:
+def catalog_states(home: Path) -> dict[str, str] | None:
     """Sandbox states in the catalog; None when it cannot be read right now."""
     try:
         db = sqlite3.connect(f"file:{home / 'catalog.db'}?mode=ro", uri=True, timeout=1)
@@ -81,13 +81,13 @@ def _states(home: Path) -> dict[str, str] | None:
 
 
 def _creates_restoring(home: Path) -> bool:
-    states = _states(home) or {}
+    states = catalog_states(home) or {}
     return any(vmm_pids(i) for i, state in states.items() if state == "creating")
 
 
 def _deletes_started(home: Path) -> bool:
     path = home / DELETES_FILE
-    states = _states(home)
+    states = catalog_states(home)
     if not path.exists() or states is None:
         return False
     return any(states.get(i, "gone") in ("killing", "gone") for i in json.loads(path.read_text()))
@@ -111,7 +111,7 @@ def crash_during(server: ServerNs, work: str, timeout: float = 600) -> str:
                 raise AssertionError(f"{work} never got under way:\n{out[-5000:]}")
             time.sleep(0.005)
         server.kill_9()
-        at_crash = f"{work} in flight at the kill: {_states(home)}"
+        at_crash = f"{work} in flight at the kill: {catalog_states(home)}"
         client.wait(timeout=120)
     finally:
         if client.poll() is None:
