@@ -25,7 +25,7 @@ import logging
 import secrets
 import shutil
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Coroutine, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -167,6 +167,9 @@ class Orchestrator:
         self._client = httpx.AsyncClient()
         self._tasks: set[asyncio.Task[None]] = set()
         self._pushes: dict[str, asyncio.Task[None]] = {}  # sandbox id -> its checkpoint upload
+        # Saved-state directories an operation is writing or about to start sandboxes from:
+        # not garbage even while no sandbox row names them yet.
+        self._pinned: set[str] = set()
 
     # -- start-up and shutdown ------------------------------------------------------------
 
@@ -598,6 +601,8 @@ class Orchestrator:
         template = await self._checkpoint(sandbox_id, template_id, "snapshot", aliases, memory)
         if existing is not None:
             await self._collect_bases()  # the previous state, unless sandboxes still use it
+            if existing.manifest_id is not None and self.archive is not None:
+                await self.archive.drop(existing.manifest_id)
         return template
 
     async def save_template(
@@ -635,6 +640,14 @@ class Orchestrator:
                 raise SandboxNotFound(source) from e
         else:
             base = await self._checkpoint(source, new_sandbox_id(), "fork", (), True)
+        with self._pin(Path(base.snapshot_dir)):
+            children = await self._start_children(base, parent, count, timeout)
+        await self._collect_bases()  # a fork checkpoint no child started from
+        return children
+
+    async def _start_children(
+        self, base: Template, parent: SandboxRecord | None, count: int, timeout: int
+    ) -> builtins.list[SandboxRecord | BaseException]:
         request = CreateRequest(
             template=base.template_id,
             timeout=timeout,
@@ -648,7 +661,6 @@ class Orchestrator:
             *(self._admitted_create(request, base, parent) for _ in range(count)),
             return_exceptions=True,
         )
-        await self._collect_bases()  # a fork checkpoint no child started from
         return list(children)
 
     async def _checkpoint(
@@ -662,6 +674,18 @@ class Orchestrator:
         """Save the sandbox's current state as template `template_id` (a new build of it)."""
         build_id = secrets.token_hex(8)
         dest = self.templates.directory / template_id / build_id
+        with self._pin(dest):
+            return await self._checkpoint_into(dest, sandbox_id, template_id, kind, aliases, memory)
+
+    async def _checkpoint_into(
+        self,
+        dest: Path,
+        sandbox_id: str,
+        template_id: str,
+        kind: str,
+        aliases: tuple[str, ...],
+        memory: bool,
+    ) -> Template:
         async with self._lock(sandbox_id):
             record = self.get(sandbox_id)
             await asyncio.to_thread(dest.mkdir, parents=True)
@@ -692,7 +716,7 @@ class Orchestrator:
                 raise
         template = Template(
             template_id=template_id,
-            build_id=build_id,
+            build_id=dest.name,
             aliases=aliases,
             cpu_count=record.cpu_count,
             memory_mb=record.memory_mb,
@@ -741,7 +765,7 @@ class Orchestrator:
     async def _collect_bases(self) -> None:
         """Remove saved states nothing needs any more: fork checkpoints and deleted templates
         no sandbox was restored from, and builds of snapshots that a newer build replaced."""
-        used = {str(r.placement.get("base")) for r in self.catalog.list()}
+        used = {str(r.placement.get("base")) for r in self.catalog.list()} | self._pinned
         for template in self.templates.list_all():
             template_dir = self.templates.directory / template.template_id
             dropped = template.deleted or template.kind == "fork"
@@ -757,6 +781,14 @@ class Orchestrator:
                 stale = build.is_dir() and str(build) != template.snapshot_dir
                 if stale and str(build) not in in_use:
                     await asyncio.to_thread(shutil.rmtree, build, True)
+
+    @contextlib.contextmanager
+    def _pin(self, directory: Path) -> Iterator[None]:
+        self._pinned.add(str(directory))
+        try:
+            yield
+        finally:
+            self._pinned.discard(str(directory))
 
     # -- the repository copies -----------------------------------------------------------
 
