@@ -4,8 +4,8 @@ the routes are built around a stand-in orchestrator and never called)."""
 from __future__ import annotations
 
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
+from unittest.mock import MagicMock
 
 import httpx
 import pytest
@@ -20,9 +20,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
-async def document() -> dict[str, Any]:
-    orchestrator: Any = SimpleNamespace(templates=None)
-    app = create_api(orchestrator, Config(), api_key="secret")
+async def document(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    app = create_api(MagicMock(), Config(home=tmp_path_factory.mktemp("home")), api_key="secret")
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://node") as client:
         response = await client.get("/openapi.json")  # no API key: the description is open
@@ -69,11 +68,19 @@ def test_routes_the_spec_lacks_still_appear() -> None:
     async def undocumented() -> None:
         """Something only this node does."""
 
-    doc = build_document(load_e2b_spec(), [Route("/x/{thing_id}", undocumented)], open_paths=())
+    routes = [
+        Route("/x/{thing_id}", undocumented),
+        Route("/sandboxes/{sandbox_id}", undocumented, methods=["PATCH"]),
+    ]
+    doc = build_document(load_e2b_spec(), routes, open_paths=())
+    validate(doc)
     op = doc["paths"]["/x/{thing_id}"]["get"]
     assert op["summary"] == "Something only this node does."
     assert op["parameters"][0]["name"] == "thing_id"
     assert op["security"] == [{"ApiKeyAuth": []}]
+    # A method the spec lacks on a path it has: the spec's parameter names.
+    patch = doc["paths"]["/sandboxes/{sandboxID}"]["patch"]
+    assert patch["parameters"][0]["name"] == "sandboxID"
 
 
 def test_open_paths_need_no_key_and_others_declare_it(document: dict[str, Any]) -> None:

@@ -111,14 +111,15 @@ def _components(spec: dict[str, Any], roots: Any) -> dict[str, dict[str, Any]]:
     return {kind: dict(sorted(named.items())) for kind, named in sorted(kept.items())}
 
 
-def _stub(route: Route, method: str) -> Operation:
-    """A route neither the spec nor this module describes still appears, with its parameters."""
+def _stub(route: Route, path: str, method: str) -> Operation:
+    """A route neither the spec nor this module describes still appears, with the parameters of
+    `path` (the spec's spelling when the spec has other methods on it)."""
     doc = (route.endpoint.__doc__ or "").strip()
     return {
-        "summary": doc.splitlines()[0] if doc else f"{method.upper()} {route.path}",
+        "summary": doc.splitlines()[0] if doc else f"{method.upper()} {path}",
         "parameters": [
-            {"name": name, "in": "path", "required": True, "schema": {"type": "string"}}
-            for name in route.param_convertors
+            {"name": name[1:-1], "in": "path", "required": True, "schema": {"type": "string"}}
+            for name in _PARAM.findall(path)
         ],
         "responses": {"default": {"description": "Not described in the E2B API"}},
     }
@@ -163,7 +164,7 @@ def build_document(
                 op = copy.deepcopy(spec["paths"][source][source_method])
                 op["description"] = f"{op.get('description', '')} ({note})".strip()
             else:
-                op = _stub(route, method)
+                op = _stub(route, path, method)
             secured = route.path not in open_paths
             op["security"] = [{"ApiKeyAuth": []}] if secured else []
             _add_responses(op, path, method, secured)
