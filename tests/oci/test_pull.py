@@ -3,6 +3,7 @@ cache, resumed downloads, verification, and errors that say what went wrong."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from aenv.oci import (
 )
 from aenv.oci.unpack import apply_layer
 from tests.oci.conftest import simple_image
+from tests.oci.images import Image, entry
 from tests.oci.registry import Registry
 
 
@@ -31,6 +33,8 @@ async def test_pull_fills_the_blob_cache(publish, tmp_path: Path) -> None:
     path = tmp_path / "oci" / "blobs" / "sha256" / layer.digest.removeprefix("sha256:")
     assert image.layer_path(layer) == path and path.stat().st_size == layer.size
     assert seen[-1] == PullProgress(layer.digest, layer.size, layer.size)
+    again = await pull(ref, tmp_path / "oci")
+    assert again.digest == image.digest
     assert not list(path.parent.glob("*.partial"))
 
 
@@ -146,3 +150,14 @@ def test_bad_reference() -> None:
     assert parse("localhost:5000/a/b@sha256:" + "0" * 64).base_url == "http://localhost:5000"
     assert parse("ghcr.io/x/y:1").base_url == "https://ghcr.io"
     assert parse("docker.io/x/y").base_url == "https://registry-1.docker.io"
+
+
+async def test_concurrent_pulls_share_the_cache(publish, tmp_path: Path) -> None:
+    layers = [[entry(f"layer{i}", bytes([i]) * (256 << 10))] for i in range(5)]
+    ref = publish(Image(layers))
+    pulls = await asyncio.gather(*(pull(ref, tmp_path / "oci") for _ in range(3)))
+    assert len({p.digest for p in pulls}) == 1 and len(pulls[0].layers) == 5
+    blobs = tmp_path / "oci" / "blobs" / "sha256"
+    assert sorted(p.name for p in blobs.iterdir()) == sorted(
+        [layer.digest[7:] for layer in pulls[0].layers] + [pulls[0].config_digest[7:]]
+    )

@@ -95,6 +95,7 @@ def _as_json(image: PulledImage) -> dict[str, object]:
         "reference": str(image.reference),
         "digest": image.digest,
         "indexDigest": image.index_digest,
+        "configDigest": image.config_digest,
         "platform": str(image.platform),
         "layers": [
             {"digest": layer.digest, "size": layer.size, "mediaType": layer.media_type}

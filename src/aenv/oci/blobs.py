@@ -80,13 +80,15 @@ class BlobCache:
         """Locked partial file for `digest`, or None if the blob is (by now) complete. The caller
         writes, then `commit`s; the partial is kept on a network error so a later pull resumes,
         and dropped on a digest mismatch."""
+        if self.has(digest):
+            yield None
+            return
         self.root.mkdir(parents=True, exist_ok=True)
         path = self.root / f"{hex_of(digest)}.partial"
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        file = os.fdopen(fd, "r+b")
+        file = await _open_locked(path)
         try:
-            await _lock(file)
-            if self.has(digest):
+            if self.has(digest):  # another pull finished it while we waited for the lock
+                path.unlink(missing_ok=True)
                 yield None
                 return
             hasher = await asyncio.to_thread(_hash_file, file)
@@ -107,18 +109,29 @@ class BlobCache:
         os.replace(partial, final)
         return final
 
-    def discard(self, digest: str) -> None:
-        (self.root / f"{hex_of(digest)}.partial").unlink(missing_ok=True)
 
-
-async def _lock(file: BinaryIO) -> None:
-    # flock blocks the thread; poll without blocking so the event loop keeps running.
+async def _open_locked(path: Path) -> BinaryIO:
+    """`path` opened and exclusively locked. The holder before us may have renamed or removed
+    the file it locked: then ours is a stale inode and we open the path again."""
     while True:
+        file = os.fdopen(os.open(path, os.O_RDWR | os.O_CREAT, 0o644), "r+b")
         try:
-            fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-            return
-        except BlockingIOError:
-            await asyncio.sleep(0.1)
+            # flock blocks the thread; poll without blocking so the event loop keeps running.
+            while True:
+                try:
+                    fcntl.flock(file.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    await asyncio.sleep(0.1)
+            try:
+                if os.stat(path).st_ino == os.fstat(file.fileno()).st_ino:
+                    return file
+            except FileNotFoundError:
+                pass
+        except BaseException:
+            file.close()
+            raise
+        file.close()
 
 
 def _hash_file(file: BinaryIO) -> hashlib._Hash:

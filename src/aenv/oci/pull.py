@@ -54,6 +54,7 @@ class PulledImage:
     digest: str  # of the platform's image manifest
     index_digest: str | None  # of the manifest list it was selected from, if any
     platform: Platform
+    config_digest: str  # the image ID, as docker shows it
     config: dict[str, Any]  # the image configuration document
     layers: tuple[Layer, ...]  # bottom first
     cache: BlobCache
@@ -121,7 +122,9 @@ async def pull(
         # A layer listed twice is downloaded once.
         unique = {layer.digest: layer for layer in layers}.values()
         await asyncio.gather(*(fetch(layer) for layer in unique))
-    return PulledImage(reference, manifest.digest, index_digest, want, config, layers, blobs)
+    return PulledImage(
+        reference, manifest.digest, index_digest, want, config_digest, config, layers, blobs
+    )
 
 
 def _json(manifest: Manifest, what: str) -> dict[str, Any]:
