@@ -75,6 +75,7 @@ class Image:
     compression: str = "gzip"
     architecture: str = "amd64"
     config: dict[str, Any] = field(default_factory=dict)
+    wrong_diff_ids: bool = False  # a config whose diff_ids do not match the layers
 
 
 class Layout:
@@ -95,7 +96,8 @@ class Layout:
         descriptors, diff_ids = [], []
         for entries in image.layers:
             raw = tar_bytes(entries)
-            diff_ids.append(f"sha256:{hashlib.sha256(raw).hexdigest()}")
+            seen = raw + b"!" if image.wrong_diff_ids else raw
+            diff_ids.append(f"sha256:{hashlib.sha256(seen).hexdigest()}")
             packed = {
                 "gzip": lambda b: gzip.compress(b, mtime=0),
                 "zstd": lambda b: zstandard.ZstdCompressor().compress(b),

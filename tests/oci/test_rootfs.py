@@ -7,8 +7,10 @@ import re
 import subprocess
 from pathlib import Path
 
+import pytest
+
 from aenv.guest.cmdline import ROOT_LABEL
-from aenv.oci import ImageConfig, rootfs_from_image
+from aenv.oci import DigestMismatchError, ImageConfig, rootfs_from_image
 from tests.oci.images import Image, directory, entry, symlink
 
 
@@ -116,3 +118,19 @@ async def test_unpacked_metadata_reaches_the_ext4(publish, tmp_path: Path) -> No
     first, second = debugfs(dest, "stat /first"), debugfs(dest, "stat /second")
     assert "Links: 2" in first
     assert re.search(r"Inode: (\d+)", first)[1] == re.search(r"Inode: (\d+)", second)[1]  # type: ignore[index]
+
+
+async def test_many_small_files_fit(publish, tmp_path: Path) -> None:
+    """More entries than a byte-sized ext4 would have inodes for."""
+    layer = [directory("many"), *(entry(f"many/f{i}", b"") for i in range(12000))]
+    dest = tmp_path / "rootfs.ext4"
+    await rootfs_from_image(publish(Image([layer])), dest, cache=tmp_path / "oci")
+    assert "f11999" in debugfs(dest, "ls /many")
+
+
+async def test_layer_not_matching_its_diff_id(publish, tmp_path: Path) -> None:
+    ref = publish(Image([[entry("file", b"x")]], wrong_diff_ids=True))
+    dest = tmp_path / "out" / "rootfs.ext4"
+    with pytest.raises(DigestMismatchError, match="uncompressed"):
+        await rootfs_from_image(ref, dest, cache=tmp_path / "oci")
+    assert list(dest.parent.iterdir()) == []  # neither the image nor the work tree

@@ -4,6 +4,7 @@ and seal it as the read-only ext4 image (label aenv-root) a template boots from.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import tempfile
 from dataclasses import dataclass
@@ -70,7 +71,10 @@ async def rootfs_from_image(
         tree = work / "tree"
         tree.mkdir()
         await asyncio.to_thread(_unpack, pulled, tree)
-        partial = await make_ext4(tree, work / "rootfs.ext4", label=ROOT_LABEL, read_only=True)
+        size_mib = await asyncio.to_thread(_ext4_size_mib, tree)
+        partial = await make_ext4(
+            tree, work / "rootfs.ext4", label=ROOT_LABEL, size_mib=size_mib, read_only=True
+        )
         partial.replace(dest)
     finally:
         await asyncio.to_thread(shutil.rmtree, work, True)
@@ -84,6 +88,19 @@ async def rootfs_from_image(
 
 
 def _unpack(pulled: PulledImage, tree: Path) -> None:
-    for layer in pulled.layers:
-        apply_layer(tree, pulled.layer_path(layer))
+    for layer, diff_id in zip(pulled.layers, pulled.diff_ids, strict=True):
+        apply_layer(tree, pulled.layer_path(layer), diff_id)
     prepare_guest_tree(tree)
+
+
+def _ext4_size_mib(tree: Path) -> int:
+    """Room for the data and for an inode per entry. make_ext4's default size follows the bytes
+    alone, at one inode per 8 KiB (its `-i 8192`): images of many small files (node_modules,
+    site-packages) would run out of inodes."""
+    blocks = entries = 0
+    for dirpath, dirnames, filenames in os.walk(tree):
+        for name in (*dirnames, *filenames):
+            entries += 1
+            blocks += os.lstat(os.path.join(dirpath, name)).st_blocks
+    need = max(blocks * 512, entries * 8192) * 5 // 4
+    return (need >> 20) + 64

@@ -59,6 +59,12 @@ class PulledImage:
     layers: tuple[Layer, ...]  # bottom first
     cache: BlobCache
 
+    @property
+    def diff_ids(self) -> tuple[str, ...]:
+        """Digests of the layers uncompressed, from the config (pull checked there is one per
+        layer)."""
+        return tuple(self.config["rootfs"]["diff_ids"])
+
     def layer_path(self, layer: Layer) -> Path:
         return self.cache.path(layer.digest)
 
@@ -107,6 +113,11 @@ async def pull(
         )
         await client.blob(config_digest, blobs)
         config = json.loads(blobs.path(config_digest).read_bytes())
+        diff_ids = (
+            (config.get("rootfs") or {}).get("diff_ids") if isinstance(config, dict) else None
+        )
+        if not isinstance(diff_ids, list) or len(diff_ids) != len(layers):
+            raise RegistryError(f"{reference}: image config does not list one diff_id per layer")
 
         gate = asyncio.Semaphore(PARALLEL_LAYERS)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import errno
 import gzip
+import hashlib
 import io
 import os
 import shutil
@@ -24,6 +25,7 @@ from typing import BinaryIO
 
 import zstandard
 
+from aenv.oci.blobs import DigestMismatchError
 from aenv.oci.errors import ImageError
 
 WHITEOUT = ".wh."
@@ -35,15 +37,37 @@ class UnsafeLayerError(ImageError):
     """A layer entry tries to reach outside the root, or cannot be applied safely."""
 
 
-def apply_layer(root: Path, blob: Path) -> None:
+def apply_layer(root: Path, blob: Path, diff_id: str | None = None) -> None:
     """Apply one layer blob on top of `root`. Compression (none, gzip, zstd) is detected from
-    the bytes rather than the media type: Docker and OCI name the same formats differently."""
-    with (
-        open(blob, "rb") as raw,
-        _decompressed(raw) as stream,
-        tarfile.open(fileobj=stream, mode="r|") as tar,
-    ):
-        _apply(root, tar)
+    the bytes rather than the media type: Docker and OCI name the same formats differently.
+    `diff_id`, the image config's digest of the uncompressed tar, is checked when given (after
+    the fact: the blob's own digest was verified when it was downloaded)."""
+    with open(blob, "rb") as raw, _decompressed(raw) as stream:
+        hashed = _Hashing(stream)
+        with tarfile.open(fileobj=hashed, mode="r|") as tar:
+            _apply(root, tar)
+        while hashed.read(1 << 20):  # tar's end-of-archive padding counts too
+            pass
+    actual = f"sha256:{hashed.hasher.hexdigest()}"
+    if diff_id is not None and diff_id != actual:
+        raise DigestMismatchError(f"layer {blob.name} (uncompressed)", diff_id, actual)
+
+
+class _Hashing(io.BufferedIOBase):
+    """A reader that hashes what is read through it (tar's stream mode only calls read)."""
+
+    def __init__(self, inner: io.BufferedIOBase | BinaryIO) -> None:
+        super().__init__()
+        self.inner = inner
+        self.hasher = hashlib.sha256()
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int | None = -1) -> bytes:
+        data = self.inner.read(-1 if size is None else size)
+        self.hasher.update(data)
+        return data
 
 
 @contextmanager
