@@ -1,13 +1,17 @@
 """Schemathesis against the running server, from the server's own `GET /openapi.json`: no
 request it generates may get a 5xx, and every response must match the document (status code,
-content type, headers, body schema).
+content type, headers, body schema), valid input and invalid alike.
 
 Generated ids name nothing, so most sandbox operations would only ever see a 404. To reach the
-real code paths, some cases are pointed at real things: every third create asks for the `base`
-template with a short timeout (at most `REAL_CREATES` per run, each sandbox killed right after),
-and every other case of a read or time-to-live operation targets one real sandbox. Operations
-that would destroy shared state or start VMs in bulk (deleting templates; pause, resume, fork and
-snapshots of the real sandbox, whose own tests cover them) only ever see generated ids.
+real code paths, some cases are pointed at real things: every other valid create asks for the
+`base` template with a short timeout (at most `REAL_CREATES` per run, each sandbox killed right
+after), and every other case of a read or time-to-live operation targets one real sandbox. Pause,
+resume, fork and snapshots only ever see generated ids (their own tests cover them; aimed at the
+real sandbox they would start VMs in bulk), and operations that change templates (delete, builds,
+tags, uploads) are left out: generated names could hit `base`, and builds boot VMs.
+
+The strategy API rather than schemathesis' pytest plugin (`from_fixture` breaks on pytest 9) or
+its CLI (which learns ids from responses: fed `base` from `GET /templates`, it deletes it).
 """
 
 from __future__ import annotations
@@ -55,7 +59,10 @@ ON_REAL_SANDBOX = {
     ("POST", "/sandboxes/{sandboxID}/connect"),
     ("POST", "/v2/sandboxes/{sandboxID}/connect"),
 }
-NEVER = {("DELETE", "/templates/{templateID}")}  # generated ids could name `base`
+
+
+def _changes_templates(method: str, path: str) -> bool:
+    return method != "GET" and "templates" in path.split("/")[1:3]
 
 
 @pytest.fixture(scope="module")
@@ -144,7 +151,7 @@ def test_the_api_matches_its_document(
     failures: list[str] = []
     for result in schema.get_all_operations():
         operation = result.ok()
-        if (operation.method.upper(), operation.path) in NEVER:
+        if _changes_templates(operation.method.upper(), operation.path):
             continue
         for mode in GenerationMode:
             try:
