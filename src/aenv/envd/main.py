@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
 import os
 import resource
+from types import FrameType
 
 import uvicorn
 
@@ -28,6 +30,27 @@ def _raise_fd_limit() -> None:
     if hard == resource.RLIM_INFINITY or soft < hard:
         with contextlib.suppress(ValueError, OSError):
             resource.setrlimit(resource.RLIMIT_NOFILE, (hard, hard))
+
+
+class _QuietServer(uvicorn.Server):
+    """uvicorn's main loop wakes ten times a second (to refresh the Date header and look for a
+    shutdown request). In a guest that was most of an idle sandbox's CPU: under emulation every
+    wakeup runs Python on an emulated CPU, and a node holds hundreds of idle sandboxes. envd
+    sends no Date header and sleeps until a signal asks it to stop."""
+
+    _stop: asyncio.Event | None = None
+    _loop: asyncio.AbstractEventLoop | None = None
+
+    async def main_loop(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        if not await self.on_tick(0):  # the static default headers, once
+            await self._stop.wait()
+
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        super().handle_exit(sig, frame)
+        if self._loop is not None and self._stop is not None:
+            self._loop.call_soon_threadsafe(self._stop.set)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -60,7 +83,7 @@ def main(argv: list[str] | None = None) -> None:
     _raise_fd_limit()
     if os.geteuid() == 0:
         _protect_from_oom()
-    uvicorn.run(
+    config = uvicorn.Config(
         create_app(settings),
         host=args.host,
         port=args.port,
@@ -69,9 +92,11 @@ def main(argv: list[str] | None = None) -> None:
         lifespan="on",
         access_log=False,
         log_level="warning",
+        date_header=False,
         # The SDKs keep idle connections for up to 300 s; never close one they may reuse.
         timeout_keep_alive=650,
     )
+    _QuietServer(config).run()
 
 
 if __name__ == "__main__":

@@ -17,7 +17,18 @@ ENVD_PORT = 49983
 READY_MARKER = "aenv-init: ready"
 
 # panic=-1 reboots at once on panic, which a VMM run with no-reboot turns into an exit we see.
-_BASE = ("console=ttyS0", "panic=-1", "quiet", "i8042.noaux", "i8042.nomux", "i8042.nopnp")
+_BASE = (
+    "console=ttyS0",
+    "panic=-1",
+    "quiet",
+    "i8042.noaux",
+    "i8042.nomux",
+    "i8042.nopnp",
+    # Idle guests must cost (next to) nothing on the host: no clocksource watchdog (a timer
+    # every 0.5 s checking the TSC) and no soft-lockup watchdog (an hrtimer per CPU).
+    "tsc=reliable",
+    "nowatchdog",
+)
 
 
 @dataclass(frozen=True)
