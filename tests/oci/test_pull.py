@@ -83,7 +83,7 @@ async def test_cached_blobs_are_not_downloaded_again(
         await pull(ref, tmp_path / "other-cache")
 
 
-async def test_partial_download_is_resumed(publish, tmp_path: Path) -> None:
+async def test_partial_download_is_resumed(publish, registry: Registry, tmp_path: Path) -> None:
     payload = bytes(range(256)) * 4096  # 1 MiB, so the layer is worth resuming
     ref = publish(simple_image(payload, compression="none"))
     good = await pull(ref, tmp_path / "reference")
@@ -106,6 +106,11 @@ async def test_partial_download_is_resumed(publish, tmp_path: Path) -> None:
     with pytest.raises(DigestMismatchError, match=layer.digest):
         await pull(ref, tmp_path / "oci")
     assert not partial.exists() and not resumed.layer_path(layer).exists()
+    assert (await pull(ref, tmp_path / "oci")).layer_path(layer).read_bytes() == blob
+
+    # Whole but not yet committed (a crash between the last byte and the rename): no request.
+    resumed.layer_path(layer).rename(partial)
+    registry.blob_file(layer.digest).unlink()
     assert (await pull(ref, tmp_path / "oci")).layer_path(layer).read_bytes() == blob
 
 

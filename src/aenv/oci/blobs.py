@@ -36,7 +36,7 @@ def hex_of(digest: str) -> str:
     """The hex part of a sha256 digest; anything else is refused (it also names a file)."""
     m = _DIGEST.match(digest)
     if m is None:
-        raise ValueError(f"unsupported digest {digest!r} (sha256 only)")
+        raise ImageError(f"unsupported digest {digest!r} (sha256 only)")
     return m.group(1)
 
 

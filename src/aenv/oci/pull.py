@@ -107,11 +107,14 @@ async def pull(
             doc = _json(manifest, str(reference))
         if _media_type(manifest, doc) not in IMAGE_TYPES:
             raise RegistryError(f"{reference}: unsupported manifest type {manifest.media_type!r}")
-        config_digest = doc["config"]["digest"]
-        layers = tuple(
-            Layer(d["digest"], int(d["size"]), d.get("mediaType", "")) for d in doc["layers"]
-        )
-        await client.blob(config_digest, blobs)
+        try:
+            config_digest, config_size = doc["config"]["digest"], int(doc["config"]["size"])
+            layers = tuple(
+                Layer(d["digest"], int(d["size"]), d.get("mediaType", "")) for d in doc["layers"]
+            )
+        except (KeyError, TypeError, ValueError) as e:
+            raise RegistryError(f"{reference}: malformed image manifest ({e!r})") from e
+        await client.blob(config_digest, config_size, blobs)
         config = json.loads(blobs.path(config_digest).read_bytes())
         diff_ids = (
             (config.get("rootfs") or {}).get("diff_ids") if isinstance(config, dict) else None
@@ -127,7 +130,7 @@ async def pull(
                     progress(PullProgress(layer.digest, layer.size, done))
 
             async with gate:
-                await client.blob(layer.digest, blobs, report)
+                await client.blob(layer.digest, layer.size, blobs, report)
             report(layer.size)
 
         # A layer listed twice is downloaded once.

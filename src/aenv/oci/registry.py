@@ -17,7 +17,7 @@ from dataclasses import dataclass
 
 import httpx
 
-from aenv.oci.blobs import BlobCache, DigestMismatchError, sha256_digest
+from aenv.oci.blobs import BlobCache, DigestMismatchError, PartialBlob, sha256_digest
 from aenv.oci.errors import ImageError
 from aenv.oci.reference import Reference
 
@@ -100,24 +100,44 @@ class RegistryClient:
         return Manifest(actual, media_type, bytes(data))
 
     async def blob(
-        self, digest: str, cache: BlobCache, on_bytes: Callable[[int], None] | None = None
+        self,
+        digest: str,
+        size: int,
+        cache: BlobCache,
+        on_bytes: Callable[[int], None] | None = None,
     ) -> None:
-        """Download a blob into the cache, resuming a partial download, verifying its digest.
-        `on_bytes` is told the running byte count (including bytes already there)."""
+        """Download a blob of `size` bytes (as its descriptor says) into the cache, resuming a
+        partial download, verifying its digest. `on_bytes` is told the running byte count
+        (including bytes already there)."""
         async with cache.partial(digest) as partial:
             if partial is None:
                 return
-            headers = {"Range": f"bytes={partial.offset}-"} if partial.offset else {}
-            async with self._stream(f"/v2/{self.ref.repository}/blobs/{digest}", headers) as resp:
-                if resp.status_code != 206:
-                    partial.restart()
+            if partial.offset > size:
+                partial.restart()
+            if partial.offset < size:  # equal: complete, only the commit was interrupted
+                await self._download(digest, size, partial, on_bytes)
+            cache.commit(digest, partial)
+
+    async def _download(
+        self,
+        digest: str,
+        size: int,
+        partial: PartialBlob,
+        on_bytes: Callable[[int], None] | None,
+    ) -> None:
+        headers = {"Range": f"bytes={partial.offset}-"} if partial.offset else {}
+        async with self._stream(f"/v2/{self.ref.repository}/blobs/{digest}", headers) as resp:
+            if resp.status_code != 206:
+                partial.restart()  # the server sent the whole blob
+            if on_bytes:
+                on_bytes(partial.offset)
+            async for chunk in resp.aiter_raw(_CHUNK):
+                partial.write(chunk)
+                if partial.offset > size:
+                    # Not worth reading further: it cannot be the blob asked for.
+                    raise RegistryError(f"{self.ref}: blob {digest} is larger than {size} bytes")
                 if on_bytes:
                     on_bytes(partial.offset)
-                async for chunk in resp.aiter_raw(_CHUNK):
-                    partial.write(chunk)
-                    if on_bytes:
-                        on_bytes(partial.offset)
-            cache.commit(digest, partial)
 
     @asynccontextmanager
     async def _stream(self, path: str, headers: dict[str, str]) -> AsyncIterator[httpx.Response]:
