@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -19,6 +20,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
+
+from aenv.orchestrator.templates import memory_root
 
 REPO = Path(__file__).resolve().parents[2]
 # Slot namespaces are global names: a prefix of its own per run keeps concurrent runs apart.
@@ -130,3 +133,5 @@ def server_in_namespace(home: Path, port: int = 3000) -> Iterator[ServerNs]:
         server.stop()
         time.sleep(0.2)
         _cleanup(host_ns)
+        # Template and sandbox memory lives on tmpfs, outside the data dir the caller removes.
+        shutil.rmtree(memory_root(home), ignore_errors=True)
