@@ -11,6 +11,7 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from aenv.api.builds import BuildRoutes
 from aenv.api.errors import APIError
 from aenv.api.keys import key_matches
 from aenv.api.logs import LogRoutes
@@ -22,7 +23,9 @@ from aenv.api.sandboxes import SandboxRoutes
 from aenv.api.snapshots import SnapshotRoutes
 from aenv.api.templates import TemplateRoutes
 from aenv.config import Config
+from aenv.orchestrator.builds import Builder
 from aenv.orchestrator.lifecycle import Orchestrator
+from aenv.orchestrator.tags import TagStore
 
 log = logging.getLogger("aenv.api")
 # Health checks, Prometheus scrapes and the API description carry no secrets and usually no API
@@ -73,10 +76,18 @@ async def _unexpected(_: Request, exc: Exception) -> Response:
 
 def create_api(orchestrator: Orchestrator, config: Config, api_key: str) -> ASGIApp:
     metrics = NodeMetrics(orchestrator)
+    builder = Builder(
+        orchestrator,
+        TagStore(config.home / "template-tags.json"),
+        config.home / "build-files",
+        config.build_ready_timeout,
+    )
     routes = [
         Route("/health", _health, methods=["GET"]),
         Route("/metrics", metrics.endpoint, methods=["GET"]),
         *SandboxRoutes(orchestrator, config, metrics).routes(),
+        # Before the template routes: `/templates/tags` is not a template id.
+        *BuildRoutes(builder).routes(),
         *TemplateRoutes(orchestrator).routes(),
         *SnapshotRoutes(orchestrator, config).routes(),
         *NodeRoutes(orchestrator).routes(),

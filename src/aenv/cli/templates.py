@@ -1,15 +1,30 @@
-"""`aenv template ls` and `aenv template rm`: the node's sandbox templates."""
+"""`aenv template ls`, `rm`, `build` and `logs`: the node's sandbox templates.
+
+`build` reads a small E2B-style definition (YAML or JSON, see README "Template builds") and
+builds it with the `e2b` SDK's `Template`, as any client would; paths in COPY steps are relative
+to the definition's directory.
+"""
 
 from __future__ import annotations
 
 import json
+import time
+from pathlib import Path
+from typing import Annotated, Any
 from urllib.parse import quote
 
 import typer
+import yaml
+from e2b import Template
+from e2b.exceptions import BuildException, FileUploadException, TemplateException
+from e2b.template.logger import LogEntry
+from e2b.template.main import TemplateBuilder, TemplateFinal
 from rich.console import Console
 from rich.table import Table
 
-from aenv.cli.node import HomeOption, JsonOption, call, node
+from aenv.cli.node import HomeOption, JsonOption, call, console, fail, node
+
+LOG_POLL_SECONDS = 0.5
 
 app = typer.Typer(help="Sandbox templates.", no_args_is_help=True)
 
@@ -39,3 +54,124 @@ def rm(template_ids: list[str], home: HomeOption = None) -> None:
         for template_id in template_ids:
             call(client, "DELETE", f"/templates/{quote(template_id, safe='')}")
             typer.echo(template_id)
+
+
+def _definition(path: Path) -> dict[str, Any]:
+    try:
+        raw = yaml.safe_load(path.read_text())  # JSON is YAML too
+    except (OSError, yaml.YAMLError) as e:
+        fail(f"cannot read {path}: {e}")
+    if not isinstance(raw, dict):
+        fail(f"{path}: expected a mapping with fromTemplate or fromImage, steps, startCmd")
+    return raw
+
+
+def _template(definition: dict[str, Any], context: Path) -> TemplateBuilder | TemplateFinal:
+    """The SDK template a definition describes (see README for the format)."""
+    template = Template(file_context_path=str(context))
+    if "fromImage" in definition:
+        builder = template.from_image(str(definition["fromImage"]))
+    else:
+        builder = template.from_template(str(definition.get("fromTemplate", "base")))
+    for step in definition.get("steps") or []:
+        # `user` beside `run` is the user of that command; alone it is a USER step.
+        if (
+            not isinstance(step, dict)
+            or len(set(step) - ({"user"} if "run" in step else set())) != 1
+        ):
+            fail(f"bad step {step!r}: one of run, copy, env, workdir, user per step")
+        user = step.get("user") if "run" in step else None
+        if "run" in step:
+            builder = builder.run_cmd(str(step["run"]), user=user)
+        elif "copy" in step:
+            copy = step["copy"]
+            if not isinstance(copy, dict) or "src" not in copy or "dest" not in copy:
+                fail(f"bad copy step {copy!r}: needs src and dest")
+            mode = copy.get("mode")
+            builder = builder.copy(
+                str(copy["src"]),
+                str(copy["dest"]),
+                user=copy.get("user"),
+                mode=int(str(mode), 8) if mode is not None else None,
+            )
+        elif "env" in step and isinstance(step["env"], dict):
+            builder = builder.set_envs({str(k): str(v) for k, v in step["env"].items()})
+        elif "workdir" in step:
+            builder = builder.set_workdir(str(step["workdir"]))
+        elif "user" in step:
+            builder = builder.set_user(str(step["user"]))
+        else:
+            fail(f"bad step {step!r}: one of run, copy, env, workdir, user per step")
+    if definition.get("startCmd"):
+        ready = definition.get("readyCmd") or "true"
+        return builder.set_start_cmd(str(definition["startCmd"]), str(ready))
+    return builder
+
+
+def _print_entry(entry: LogEntry) -> None:
+    style = {"error": "red", "warn": "yellow"}.get(entry.level, "dim")
+    stamp = entry.timestamp.strftime("%H:%M:%S")
+    console.print(f"[{style}]{stamp}[/{style}] ", end="")
+    console.out(entry.message, highlight=False)
+
+
+@app.command()
+def build(
+    file: Path,
+    name: Annotated[str | None, typer.Option(help="template name (default: from FILE)")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache", help="re-run every step")] = False,
+    json_out: JsonOption = False,
+    home: HomeOption = None,
+) -> None:
+    """Build a template from a definition FILE, streaming its logs; prints the template ID."""
+    definition = _definition(file)
+    name = name or definition.get("name")
+    if not name:
+        fail("no template name: give --name or a `name` in the definition")
+    template = _template(definition, file.resolve().parent)
+    target = node(home)
+    try:
+        info = Template.build(
+            template,
+            str(name),
+            skip_cache=no_cache,
+            on_build_logs=_print_entry,
+            api_key=target.api_key,
+            api_url=target.api_url,
+        )
+    except (BuildException, FileUploadException, TemplateException) as e:
+        fail(str(e))
+    if json_out:
+        typer.echo(json.dumps({"templateID": info.template_id, "buildID": info.build_id}))
+    else:
+        typer.echo(info.template_id)
+
+
+@app.command()
+def logs(
+    template_id: str,
+    build_id: str,
+    follow: Annotated[bool, typer.Option("--follow", "-f", help="until the build ends")] = False,
+    json_out: JsonOption = False,
+    home: HomeOption = None,
+) -> None:
+    """A build's log (and, with --follow, what it logs until it ends)."""
+    path = f"/templates/{quote(template_id, safe='')}/builds/{quote(build_id, safe='')}/status"
+    offset = 0
+    with node(home).client() as client:
+        while True:
+            status = call(client, "GET", path, params={"logsOffset": offset}).json()
+            for entry in status["logEntries"]:
+                if json_out:
+                    typer.echo(json.dumps(entry))
+                else:
+                    typer.echo(f"{entry['timestamp']} {entry['level']:5} {entry['message']}")
+            offset += len(status["logEntries"])
+            if status["logEntries"]:
+                continue
+            if not follow or status["status"] in ("ready", "error"):
+                break
+            time.sleep(LOG_POLL_SECONDS)
+    if status["status"] == "error":
+        fail((status.get("reason") or {}).get("message", "build failed"))
+    console.print(f"build {build_id}: {status['status']}")

@@ -1,0 +1,290 @@
+"""Template build routes of the E2B control plane, as `Template.build` in the SDKs calls them:
+request a build, upload the files of its COPY steps, start it, poll its status and logs; tags.
+
+Uploads come back to this server (`PUT /templates/{id}/files/{hash}`, the URL the files route
+hands out) and are kept under `$AENV_HOME/build-files/<hash>`; the build checks them against
+the hash the SDK computed before it copies them into the VM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import secrets
+from typing import Any
+from urllib.parse import unquote
+
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from aenv.api.errors import APIError, not_found
+from aenv.api.sandboxes import parse_body, rfc3339
+from aenv.orchestrator.build_steps import STEP_TYPES
+from aenv.orchestrator.builds import (
+    FILES_HASH,
+    LEVELS,
+    Build,
+    Builder,
+    BuildSpec,
+    LogEntry,
+    Step,
+    split_name,
+)
+from aenv.orchestrator.templates import TemplateNotFound
+
+NAME = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,127}$")
+TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+MAX_UPLOAD = 4 << 30
+MAX_STEPS = 1000
+MAX_LOG_PAGE = 100
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+
+
+class BuildRequestBody(_Body):
+    name: str | None = Field(default=None, max_length=128)
+    alias: str | None = Field(default=None, max_length=128)  # deprecated spelling of `name`
+    tags: list[str] = Field(default_factory=list, max_length=64)
+
+
+class StepBody(_Body):
+    type: str
+    args: list[str] = Field(default_factory=list, max_length=1024)
+    files_hash: str | None = Field(default=None, alias="filesHash")
+    force: bool = False
+
+
+class BuildStartBody(_Body):
+    from_image: str | None = Field(default=None, alias="fromImage")
+    from_template: str | None = Field(default=None, alias="fromTemplate")
+    force: bool = False
+    steps: list[StepBody] = Field(default_factory=list, max_length=MAX_STEPS)
+    start_cmd: str | None = Field(default=None, alias="startCmd")
+    ready_cmd: str | None = Field(default=None, alias="readyCmd")
+
+
+class AssignTagsBody(_Body):
+    target: str
+    tags: list[str] = Field(max_length=64)
+
+
+class DeleteTagsBody(_Body):
+    name: str
+    tags: list[str] = Field(max_length=64)
+
+
+def _entry(entry: LogEntry) -> dict[str, Any]:
+    body = {"timestamp": rfc3339(entry.timestamp), "message": entry.message, "level": entry.level}
+    if entry.step is not None:
+        body["step"] = entry.step
+    return body
+
+
+def _check_tags(tags: list[str]) -> None:
+    bad = [t for t in tags if not TAG.match(t)]
+    if bad:
+        raise APIError(400, f"invalid tags {bad}: letters, digits, '.', '_', '-'")
+
+
+def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    try:
+        value = int(raw)
+    except ValueError as e:
+        raise APIError(400, f"{name} must be an integer") from e
+    if not low <= value <= high:
+        raise APIError(400, f"{name} must be between {low} and {high}")
+    return value
+
+
+class BuildRoutes:
+    def __init__(self, builder: Builder) -> None:
+        self.builder = builder
+        self.store = builder.orc.templates
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/v3/templates", self.request, methods=["POST"]),
+            Route("/templates/{template_id}/files/{hash}", self.files, methods=["GET"]),
+            Route("/templates/{template_id}/files/{hash}", self.upload, methods=["PUT"]),
+            Route("/v2/templates/{template_id}/builds/{build_id}", self.start, methods=["POST"]),
+            Route(
+                "/templates/{template_id}/builds/{build_id}/status", self.status, methods=["GET"]
+            ),
+            Route("/templates/tags", self.assign_tags, methods=["POST"]),
+            Route("/templates/tags", self.delete_tags, methods=["DELETE"]),
+            Route("/templates/{template_id}/tags", self.list_tags, methods=["GET"]),
+        ]
+
+    def _known(self, template_id: str) -> str:
+        """The id of a template or of one being built, by id or name; 404 otherwise."""
+        builds = self.builder.builds_of(template_id)
+        if builds:
+            return builds[-1].template_id
+        try:
+            return self.store.get(template_id).template_id
+        except TemplateNotFound as e:
+            raise not_found(f"template '{template_id}'") from e
+
+    def _build(self, request: Request) -> Build:
+        template_id = unquote(request.path_params["template_id"])
+        build_id = request.path_params["build_id"]
+        build = self.builder.get(template_id, build_id)
+        if build is None:
+            raise not_found(f"build '{build_id}' of template '{template_id}'")
+        return build
+
+    async def request(self, request: Request) -> Response:
+        body = await parse_body(request, BuildRequestBody)
+        name = body.name or body.alias
+        if not name:
+            raise APIError(400, "name is required")
+        alias, tag = split_name(name)
+        if not NAME.match(alias):
+            raise APIError(
+                400, f"invalid name '{alias}': lower-case letters, digits, '.', '_', '-'"
+            )
+        _check_tags([*body.tags, *([tag] if tag else [])])
+        build = self.builder.request(name, body.tags)
+        return JSONResponse(
+            {
+                "templateID": build.template_id,
+                "buildID": build.build_id,
+                "public": False,
+                "names": [build.name],
+                "tags": list(build.tags),
+                "aliases": [build.name],
+            },
+            status_code=202,
+        )
+
+    def _hash(self, request: Request) -> str:
+        files_hash: str = request.path_params["hash"]
+        if not FILES_HASH.match(files_hash):
+            raise APIError(400, "the files hash must be 64 lower-case hex digits (sha256)")
+        return files_hash
+
+    async def files(self, request: Request) -> Response:
+        self._known(unquote(request.path_params["template_id"]))
+        files_hash = self._hash(request)
+        if await asyncio.to_thread(self.builder.files_path(files_hash).is_file):
+            return JSONResponse({"present": True}, status_code=201)
+        # The upload goes to this server, which wants the API key: the client is told to send
+        # the one it authenticated this request with.
+        key = {k: v for k, v in request.headers.items() if k in ("x-api-key", "authorization")}
+        return JSONResponse(
+            {"present": False, "url": str(request.url.replace(query="")), "headers": key},
+            status_code=201,
+        )
+
+    async def upload(self, request: Request) -> Response:
+        """The gzip tar of a COPY step's files, stored under its hash (checked when a build uses
+        it: the hash covers the step's paths, which only the build knows)."""
+        self._known(unquote(request.path_params["template_id"]))
+        files_hash = self._hash(request)
+        dest = self.builder.files_path(files_hash)
+        await asyncio.to_thread(dest.parent.mkdir, parents=True, exist_ok=True)
+        partial = dest.with_name(f".{files_hash}.{secrets.token_hex(4)}")
+        size = 0
+        try:
+            with partial.open("wb") as out:
+                async for chunk in request.stream():
+                    size += len(chunk)
+                    if size > MAX_UPLOAD:
+                        raise APIError(413, f"upload larger than {MAX_UPLOAD} bytes")
+                    await asyncio.to_thread(out.write, chunk)
+            await asyncio.to_thread(os.replace, partial, dest)
+        finally:
+            await asyncio.to_thread(partial.unlink, True)
+        return Response(status_code=201)
+
+    async def start(self, request: Request) -> Response:
+        build = self._build(request)
+        body = await parse_body(request, BuildStartBody, optional=True)
+        if body.from_image and body.from_template:
+            raise APIError(400, "give fromImage or fromTemplate, not both")
+        for index, step in enumerate(body.steps, 1):
+            if step.type not in STEP_TYPES:
+                raise APIError(400, f"step {index}: unknown type '{step.type}'")
+            if step.type == "COPY" and not (step.files_hash and FILES_HASH.match(step.files_hash)):
+                raise APIError(400, f"step {index}: COPY needs a filesHash (sha256 hex)")
+        if build.status != "waiting":
+            raise APIError(409, f"build {build.build_id} was already started")
+        spec = BuildSpec(
+            from_template=body.from_template,
+            from_image=body.from_image,
+            steps=tuple(Step(s.type, tuple(s.args), s.force, s.files_hash) for s in body.steps),
+            start_cmd=body.start_cmd or None,
+            ready_cmd=body.ready_cmd or None,
+            force=body.force,
+        )
+        self.builder.start(build, spec)
+        return Response(status_code=202)
+
+    async def status(self, request: Request) -> Response:
+        build = self._build(request)
+        offset = _int_param(request, "logsOffset", 0, 0, 2**31 - 1)
+        limit = _int_param(request, "limit", MAX_LOG_PAGE, 0, MAX_LOG_PAGE)
+        level = request.query_params.get("level")
+        if level is not None and level not in LEVELS:
+            raise APIError(400, f"level must be one of {', '.join(LEVELS)}")
+        # The SDK counts the entries it got into its next offset, so filter before paging.
+        entries = build.logs
+        if level is not None:
+            entries = [e for e in entries if LEVELS.index(e.level) >= LEVELS.index(level)]
+        body: dict[str, Any] = {
+            "templateID": build.template_id,
+            "buildID": build.build_id,
+            "status": build.status,
+            "logs": [],
+            "logEntries": [_entry(e) for e in entries[offset : offset + limit]],
+        }
+        if build.reason is not None:
+            body["reason"] = {"message": str(build.reason)}
+            if build.reason.step is not None:
+                body["reason"]["step"] = build.reason.step
+        return JSONResponse(body)
+
+    async def assign_tags(self, request: Request) -> Response:
+        body = await parse_body(request, AssignTagsBody)
+        name, tag = split_name(body.target)
+        _check_tags(body.tags)
+        try:
+            template = self.store.get(name)
+        except TemplateNotFound as e:
+            raise not_found(f"template '{name}'") from e
+        known = {t.tag: t.build_id for t in self.builder.tags.of(template.template_id)}
+        build_id = known.get(tag or "latest", template.build_id)
+        self.builder.tags.assign(template.template_id, body.tags, build_id)
+        return JSONResponse({"tags": body.tags, "buildID": build_id}, status_code=201)
+
+    async def delete_tags(self, request: Request) -> Response:
+        body = await parse_body(request, DeleteTagsBody)
+        name, _ = split_name(body.name)
+        try:
+            template = self.store.get(name)
+        except TemplateNotFound as e:
+            raise not_found(f"template '{name}'") from e
+        self.builder.tags.remove(template.template_id, body.tags)
+        return Response(status_code=204)
+
+    async def list_tags(self, request: Request) -> Response:
+        template_id = unquote(request.path_params["template_id"])
+        try:
+            template = self.store.get(template_id)
+        except TemplateNotFound as e:
+            raise not_found(f"template '{template_id}'") from e
+        tags = self.builder.tags.of(template.template_id)
+        return JSONResponse(
+            [
+                {"tag": t.tag, "buildID": t.build_id, "createdAt": rfc3339(t.created_at)}
+                for t in tags
+            ]
+        )

@@ -1,0 +1,179 @@
+"""How template build steps act on a build VM: through its envd, as any client would.
+
+Commands (RUN, the start and ready commands) go over envd's process RPC (Connect, the generated
+stubs in `aenv.envd.proto`) as the step's user; COPY writes the uploaded archive through
+`/files` and unpacks it with a root shell. ENV, WORKDIR and USER only change `BuildState`, which
+every later command gets and the finished template records for its sandboxes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import hashlib
+import io
+import shlex
+import stat
+import tarfile
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+import httpx
+from protobuf import Oneof
+
+from aenv.envd.proto.process import process_pb as pb
+from aenv.envd.proto.process.process_connect import ProcessClient
+
+OutputSink = Callable[[str], None]
+STEP_TYPES = ("RUN", "COPY", "ENV", "WORKDIR", "USER")
+
+
+class StepFailed(RuntimeError):
+    """A step did not do what it says (non-zero exit, bad arguments, unverifiable files)."""
+
+
+@dataclass
+class BuildState:
+    """What ENV, WORKDIR and USER steps have set so far."""
+
+    user: str = "user"
+    workdir: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+
+
+class GuestShell:
+    """Runs commands and writes files in one build VM through its envd."""
+
+    def __init__(self, base_url: str, token: str) -> None:
+        self.base_url = base_url
+        self.token = token
+        self._rpc = ProcessClient(base_url)
+        self._http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, read=None))
+
+    async def close(self) -> None:
+        await self._rpc.close()
+        await self._http.aclose()
+
+    def _headers(self, user: str) -> dict[str, str]:
+        basic = base64.b64encode(f"{user}:".encode()).decode()
+        return {"X-Access-Token": self.token, "Authorization": f"Basic {basic}"}
+
+    def _start(self, command: str, user: str, state: BuildState) -> AsyncIterator[pb.StartResponse]:
+        config = pb.ProcessConfig(cmd="/bin/bash", args=["-l", "-c", command], envs=state.env)
+        if state.workdir:
+            config.cwd = state.workdir
+        request = pb.StartRequest(process=config, stdin=False)
+        stream: AsyncIterator[pb.StartResponse] = self._rpc.start(
+            request, headers=self._headers(user)
+        )
+        return stream
+
+    async def run(
+        self, command: str, user: str, state: BuildState, output: OutputSink | None = None
+    ) -> int:
+        """Run `command` with bash as `user` to its end; its output lines go to `output`."""
+        return await _follow(self._start(command, user, state), output)
+
+    def start(
+        self, command: str, user: str, state: BuildState, output: OutputSink
+    ) -> asyncio.Task[int]:
+        """Start a long-running `command`; the task follows its output until it ends or is
+        cancelled (the process keeps running when the stream is dropped)."""
+        return asyncio.create_task(_follow(self._start(command, user, state), output))
+
+    async def write(self, path: str, data: bytes) -> None:
+        response = await self._http.post(
+            f"{self.base_url}/files",
+            params={"path": path, "username": "root"},
+            files={"file": ("upload", data)},
+            headers={"X-Access-Token": self.token},
+        )
+        if not response.is_success:
+            raise StepFailed(f"writing {path} into the VM: {response.status_code} {response.text}")
+
+
+async def _follow(stream: AsyncIterator[pb.StartResponse], output: OutputSink | None) -> int:
+    pending = {"stdout": b"", "stderr": b""}
+
+    def emit(kind: str, data: bytes, final: bool = False) -> None:
+        pending[kind] += data
+        *lines, pending[kind] = pending[kind].split(b"\n")
+        if final and pending[kind]:
+            lines.append(pending[kind])
+        if output is not None:
+            for line in lines:
+                output(line.decode(errors="replace"))
+
+    exit_code = -1
+    async for response in stream:
+        event = response.event.event if response.event is not None else None
+        match event:
+            case Oneof(
+                field="data", value=pb.ProcessEvent.DataEvent(output=Oneof(field=kind, value=data))
+            ):
+                if kind in pending:
+                    emit(kind, data)
+            case Oneof(field="end", value=end):
+                exit_code = end.exit_code
+    for kind in pending:
+        emit(kind, b"", final=True)
+    return exit_code
+
+
+def tar_files_hash(archive: bytes, src: str, dest: str) -> str:
+    """The hash the E2B SDK computes for `COPY src dest` (`calculate_files_hash`: the step,
+    then each file's relative path, mode, size and content in archive order), rebuilt from the
+    archive the SDK uploaded, whose members are those files in that order."""
+    digest = hashlib.sha256(f"COPY {src} {dest}".encode())
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:*") as tar:
+        for member in tar:
+            digest.update(member.name.encode())
+            if member.issym():
+                digest.update(str(stat.S_IFLNK | member.mode).encode())
+                digest.update(str(len(member.linkname.encode())).encode())
+                digest.update(member.linkname.encode())
+                continue
+            if member.isdir():
+                digest.update(str(stat.S_IFDIR | member.mode).encode())
+                continue
+            digest.update(str(stat.S_IFREG | member.mode).encode())
+            digest.update(str(member.size).encode())
+            extracted = tar.extractfile(member)
+            if extracted is not None:
+                with contextlib.closing(extracted):
+                    while chunk := extracted.read(1 << 20):
+                        digest.update(chunk)
+    return digest.hexdigest()
+
+
+def copy_script(archive_path: str, src: str, dest: str, owner: str, mode: str) -> str:
+    """A root shell script that unpacks the archive and puts `src` at `dest` the way a
+    Dockerfile COPY does: a directory's contents into `dest`, a file to `dest` (or into it when
+    `dest` ends with `/` or is a directory), each glob match into `dest`."""
+    q = shlex.quote
+    # The source stays a glob (`*.py`, `**`); every other character is taken literally.
+    pattern = "".join(c if c.isalnum() or c in "*?[]/._-" else f"\\{c}" for c in src)
+    chmod = f'chmod {q(mode)} "$target"' if mode else ":"
+    return f"""set -e
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp" {q(archive_path)}' EXIT
+tar -xzf {q(archive_path)} -C "$tmp" --no-same-owner
+cd "$tmp"
+dest={q(dest)}
+shopt -s nullglob dotglob globstar
+matches=({pattern})
+[ ${{#matches[@]}} -gt 0 ] || {{ echo "COPY: nothing matches" {q(src)} >&2; exit 1; }}
+many=$([ ${{#matches[@]}} -gt 1 ] && echo 1 || true)
+for item in "${{matches[@]}}"; do
+  if [ -d "$item" ]; then
+    mkdir -p "$dest"; cp -a "$item"/. "$dest"/; target="$dest"
+  elif [ -n "$many" ] || [ "${{dest%/}}" != "$dest" ] || [ -d "$dest" ]; then
+    mkdir -p "$dest"; cp -a "$item" "$dest"/; target="${{dest%/}}/$(basename "$item")"
+  else
+    mkdir -p "$(dirname "$dest")"; cp -a "$item" "$dest"; target="$dest"
+  fi
+  chown -R {q(owner)}: "$target"
+  {chmod}
+done
+"""

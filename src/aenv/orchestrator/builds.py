@@ -1,0 +1,372 @@
+"""Template builds: a VM started from a base template, steps applied inside it through envd,
+the start command left running, the VM saved as the template's new build.
+
+The build VM is an ordinary sandbox (metadata `aenv.build`), so building reuses restore, save
+and cleanup. After each RUN or COPY step its state is saved as a hidden `layer` template keyed
+by (parent key, step, files hash): a later build whose first steps match starts from the
+newest such layer instead of re-running them. A build's log is kept in memory, in order, and
+read by offset while the build runs (the E2B status route, `aenv template logs`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hashlib
+import json
+import logging
+import re
+import shlex
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from connectrpc.errors import ConnectError
+
+from aenv.ids import new_sandbox_id
+from aenv.orchestrator import envd_client
+from aenv.orchestrator.build_steps import (
+    BuildState,
+    GuestShell,
+    StepFailed,
+    copy_script,
+    tar_files_hash,
+)
+from aenv.orchestrator.lifecycle import CreateRequest, Orchestrator
+from aenv.orchestrator.tags import TagStore
+from aenv.orchestrator.templates import Template, TemplateNotFound
+
+log = logging.getLogger("aenv.builds")
+
+# The build VM's sandbox timeout: a bound on the whole build.
+BUILD_VM_TIMEOUT = 3600
+READY_POLL_SECONDS = 0.5
+FILES_HASH = re.compile(r"^[0-9a-f]{64}$")
+LEVELS = ("debug", "info", "warn", "error")
+
+
+class BuildError(Exception):
+    """What ends a build in `error`; `step` is the step it happened in, if any."""
+
+    def __init__(self, message: str, step: str | None = None) -> None:
+        super().__init__(message)
+        self.step = step
+
+
+@dataclass(frozen=True)
+class Step:
+    type: str  # RUN | COPY | ENV | WORKDIR | USER
+    args: tuple[str, ...]
+    force: bool = False
+    files_hash: str | None = None
+
+
+@dataclass(frozen=True)
+class BuildSpec:
+    from_template: str | None
+    from_image: str | None
+    steps: tuple[Step, ...]
+    start_cmd: str | None = None
+    ready_cmd: str | None = None
+    force: bool = False
+
+
+@dataclass(frozen=True)
+class LogEntry:
+    timestamp: float
+    level: str
+    message: str
+    step: str | None = None
+
+
+@dataclass
+class Build:
+    template_id: str
+    build_id: str
+    name: str
+    tags: tuple[str, ...]
+    created_at: float
+    status: str = "waiting"  # waiting | building | ready | error
+    logs: list[LogEntry] = field(default_factory=list)
+    reason: BuildError | None = None
+
+    def log(self, message: str, level: str = "info", step: str | None = None) -> None:
+        self.logs.append(LogEntry(time.time(), level, message, step))
+
+    @property
+    def finished(self) -> bool:
+        return self.status in ("ready", "error")
+
+
+def split_name(name: str) -> tuple[str, str | None]:
+    """`name:tag` → (name, tag)."""
+    base, _, tag = name.partition(":")
+    return base, tag or None
+
+
+class Builder:
+    def __init__(
+        self, orchestrator: Orchestrator, tags: TagStore, files_dir: Path, ready_timeout: float
+    ) -> None:
+        self.orc = orchestrator
+        self.tags = tags
+        self.files_dir = files_dir
+        self.ready_timeout = ready_timeout
+        self._builds: dict[str, Build] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    def request(self, name: str, tags: list[str]) -> Build:
+        """A new build, waiting for its steps, of the template called `name` (`name:tag`; an
+        existing template gets a new build under its id), tagged `tags` once ready."""
+        alias, tag = split_name(name)
+        tags = [*tags, tag] if tag else tags
+        template_id = next(
+            (b.template_id for b in self._builds.values() if b.name == alias),
+            None,
+        )
+        with contextlib.suppress(TemplateNotFound):
+            template_id = self.orc.templates.get(alias).template_id
+        build = Build(
+            template_id=template_id or new_sandbox_id(),
+            build_id=str(uuid.uuid4()),
+            name=alias,
+            tags=tuple(dict.fromkeys(tags or ["latest"])),
+            created_at=time.time(),
+        )
+        self._builds[build.build_id] = build
+        return build
+
+    def get(self, template_id: str, build_id: str) -> Build | None:
+        build = self._builds.get(build_id)
+        if build is None or template_id not in (build.template_id, build.name):
+            return None
+        return build
+
+    def builds_of(self, template_id: str) -> list[Build]:
+        return [b for b in self._builds.values() if template_id in (b.template_id, b.name)]
+
+    def files_path(self, files_hash: str) -> Path:
+        return self.files_dir / files_hash
+
+    def start(self, build: Build, spec: BuildSpec) -> None:
+        build.status = "building"
+        task = asyncio.create_task(self._run(build, spec))
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def close(self) -> None:
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    async def _run(self, build: Build, spec: BuildSpec) -> None:
+        started = time.monotonic()
+        try:
+            template = await self._build(build, spec)
+        except BuildError as e:
+            reason = e
+        except Exception as e:  # whatever broke, the build ends in `error`
+            log.exception("build %s failed", build.build_id)
+            reason = BuildError(f"{type(e).__name__}: {e}")
+        else:
+            build.log(f"Template {template.template_id} ready ({time.monotonic() - started:.1f} s)")
+            self.tags.assign(template.template_id, list(build.tags), build.build_id)
+            build.status = "ready"
+            return
+        build.reason = reason
+        build.log(f"Build failed: {reason}", level="error", step=reason.step)
+        build.status = "error"
+
+    async def _build(self, build: Build, spec: BuildSpec) -> Template:
+        base = self._base(spec)
+        keys = _step_keys(base, spec)
+        first, source = self._cached_prefix(spec, keys)
+        total = len(spec.steps)
+        for index in range(first):
+            build.log(
+                f"[{index + 1}/{total}] CACHED {_describe(spec.steps[index])}", step=str(index + 1)
+            )
+        build.log(f"Starting the build VM from {source.template_id}")
+        record, _ = await self.orc.create(
+            CreateRequest(
+                template=source.template_id,
+                timeout=BUILD_VM_TIMEOUT,
+                metadata={"aenv.build": build.build_id},
+                env_vars={},
+            )
+        )
+        endpoint = self.orc.guest_endpoint(record.id)
+        shell = GuestShell(
+            f"http://{endpoint.host}:{envd_client.ENVD_PORT}", record.envd_access_token or ""
+        )
+        state = BuildState(
+            user=source.default_user or "user",
+            workdir=source.default_workdir,
+            env=dict(source.env_vars),
+        )
+        try:
+            for index in range(first, total):
+                step, label = spec.steps[index], str(index + 1)
+                build.log(f"[{label}/{total}] {_describe(step)}", step=label)
+                try:
+                    await self._apply(shell, state, step, build, label)
+                except StepFailed as e:
+                    raise BuildError(str(e), label) from e
+                if step.type in ("RUN", "COPY"):
+                    layer = await self.orc.save_template(
+                        record.id, _layer_id(keys[index]), "layer", ()
+                    )
+                    await asyncio.to_thread(self.orc.templates.save, _with_state(layer, state))
+            if spec.start_cmd:
+                await self._start_service(shell, state, spec, build)
+            saved = await self.orc.save_template(
+                record.id, build.template_id, "template", (build.name,)
+            )
+        finally:
+            await shell.close()
+            await self.orc.kill(record.id)
+        template = dataclasses.replace(_with_state(saved, state), build_id=build.build_id)
+        await asyncio.to_thread(self.orc.templates.save, template)
+        return template
+
+    def _base(self, spec: BuildSpec) -> Template:
+        if spec.from_image:
+            raise BuildError("building from an image (fromImage) is not supported yet")
+        name = spec.from_template or "base"
+        try:
+            return self.orc.templates.get(name)
+        except TemplateNotFound as e:
+            raise BuildError(f"base template '{name}' not found") from e
+
+    def _cached_prefix(self, spec: BuildSpec, keys: list[str]) -> tuple[int, Template]:
+        """How many leading steps a stored layer already has applied, and where to start."""
+        base = self._base(spec)
+        if spec.force:
+            return 0, base
+        limit = next((i for i, s in enumerate(spec.steps) if s.force), len(spec.steps))
+        for index in reversed(range(limit)):
+            layer = self.orc.templates.by_id(_layer_id(keys[index]))
+            if layer is not None and layer.kind == "layer" and not layer.deleted:
+                return index + 1, layer
+        return 0, base
+
+    async def _apply(
+        self, shell: GuestShell, state: BuildState, step: Step, build: Build, label: str
+    ) -> None:
+        args = step.args
+        match step.type, len(args):
+            case "RUN", 1 | 2:
+                user = args[1] if len(args) == 2 and args[1] else state.user
+                code = await shell.run(
+                    args[0], user, state, lambda line: build.log(line, step=label)
+                )
+                if code != 0:
+                    raise StepFailed(f"RUN {args[0]!r} exited with code {code}")
+            case "COPY", 2 | 3 | 4:
+                await self._copy(shell, state, step, build, label)
+            case "ENV", n if n % 2 == 0 and n > 0:
+                state.env.update(zip(args[::2], args[1::2], strict=True))
+            case "WORKDIR", 1:
+                path = args[0]
+                if not path.startswith("/"):
+                    path = f"{state.workdir or '/home/' + state.user}/{path}"
+                made = f"mkdir -p {shlex.quote(path)} && chown {shlex.quote(state.user)}:"
+                script = f"[ -d {shlex.quote(path)} ] || {{ {made} {shlex.quote(path)}; }}"
+                code = await shell.run(script, "root", state)
+                if code != 0:
+                    raise StepFailed(f"WORKDIR {path}: cannot create it")
+                state.workdir = path
+            case "USER", 1:
+                code = await shell.run(f"id -u {shlex.quote(args[0])}", "root", state)
+                if code != 0:
+                    raise StepFailed(f"USER {args[0]}: no such user")
+                state.user = args[0]
+            case _:
+                raise StepFailed(f"bad step {step.type} with arguments {list(args)}")
+
+    async def _copy(
+        self, shell: GuestShell, state: BuildState, step: Step, build: Build, label: str
+    ) -> None:
+        src, dest, *rest = step.args
+        owner = rest[0] if rest and rest[0] else state.user
+        mode = rest[1] if len(rest) > 1 else ""
+        if not step.files_hash or not FILES_HASH.match(step.files_hash):
+            raise StepFailed(f"COPY {src}: no valid filesHash")
+        path = self.files_path(step.files_hash)
+        try:
+            archive = await asyncio.to_thread(path.read_bytes)
+        except FileNotFoundError as e:
+            raise StepFailed(f"COPY {src}: files {step.files_hash} were not uploaded") from e
+        try:
+            computed = await asyncio.to_thread(tar_files_hash, archive, src, dest)
+        except (OSError, EOFError, ValueError) as e:  # tarfile's errors derive from these
+            raise StepFailed(f"COPY {src}: the upload is not a gzip tar archive: {e}") from e
+        if computed != step.files_hash:
+            raise StepFailed(f"COPY {src}: the uploaded files do not match filesHash")
+        if mode and not re.fullmatch(r"[0-7]{3,4}", mode):
+            raise StepFailed(f"COPY {src}: bad mode {mode!r}")
+        staged = f"/tmp/aenv-copy-{step.files_hash}.tar.gz"
+        await shell.write(staged, archive)
+        script = copy_script(staged, src, dest, owner, mode)
+        code = await shell.run(script, "root", state, lambda line: build.log(line, step=label))
+        if code != 0:
+            raise StepFailed(f"COPY {src} {dest} failed with code {code}")
+
+    async def _start_service(
+        self, shell: GuestShell, state: BuildState, spec: BuildSpec, build: Build
+    ) -> None:
+        """Start `startCmd` (it keeps running into the saved state) and poll `readyCmd`."""
+        assert spec.start_cmd is not None
+        build.log(f"Starting: {spec.start_cmd}", step="start")
+        service = shell.start(
+            spec.start_cmd, state.user, state, lambda line: build.log(line, step="start")
+        )
+        try:
+            if spec.ready_cmd:
+                build.log(f"Waiting for: {spec.ready_cmd}", step="ready")
+                deadline = time.monotonic() + self.ready_timeout
+                while await shell.run(spec.ready_cmd, state.user, state) != 0:
+                    if service.done():
+                        code = service.result()
+                        raise BuildError(f"start command exited with code {code}", "start")
+                    if time.monotonic() > deadline:
+                        raise BuildError(
+                            f"readyCmd did not succeed within {self.ready_timeout:.0f} s", "ready"
+                        )
+                    await asyncio.sleep(READY_POLL_SECONDS)
+                build.log("Ready", step="ready")
+        finally:
+            # Dropping the output stream leaves the process running in the VM.
+            service.cancel()
+            with contextlib.suppress(asyncio.CancelledError, ConnectError):
+                await service
+
+
+def _describe(step: Step) -> str:
+    return f"{step.type} {' '.join(step.args)}".strip()
+
+
+def _step_keys(base: Template, spec: BuildSpec) -> list[str]:
+    """Cache key after each step: the base build, then every step's content and files."""
+    key = hashlib.sha256(f"{base.template_id}/{base.build_id}".encode()).hexdigest()
+    keys = []
+    for step in spec.steps:
+        content = json.dumps([key, step.type, list(step.args), step.files_hash])
+        key = hashlib.sha256(content.encode()).hexdigest()
+        keys.append(key)
+    return keys
+
+
+def _layer_id(key: str) -> str:
+    return f"layer-{key[:32]}"
+
+
+def _with_state(template: Template, state: BuildState) -> Template:
+    return dataclasses.replace(
+        template,
+        env_vars=dict(state.env),
+        default_user=state.user,
+        default_workdir=state.workdir,
+    )

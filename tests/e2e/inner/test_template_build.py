@@ -1,0 +1,143 @@
+"""Template builds through the unmodified SDK against real VMs: RUN, COPY, ENV, WORKDIR and a
+start command whose service sandboxes resume into, the step cache on a rebuild, and builds that
+fail (a failing RUN, a readyCmd that never succeeds) leaving nothing listed."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+
+import httpx
+import pytest
+from e2b import Sandbox, Template, wait_for_port
+from e2b.exceptions import BuildException
+from e2b.template.logger import LogEntry
+from e2b.template.main import TemplateFinal
+
+BASE = "http://127.0.0.1:3000"
+
+
+def _name(prefix: str) -> str:
+    return f"{prefix}-{secrets.token_hex(3)}"
+
+
+def _context(tmp_path: Path) -> Path:
+    app = tmp_path / "app"
+    app.mkdir()
+    (app / "hello.txt").write_text("hello from the build context\n")
+    (app / "run.sh").write_text("#!/bin/sh\necho ran\n")
+    (app / "run.sh").chmod(0o755)
+    return tmp_path
+
+
+def _web(context: Path, marker: str, greeting: str = "hi there") -> TemplateFinal:
+    return (
+        Template(file_context_path=str(context))
+        .from_template("base")
+        .run_cmd(f"echo {marker} > /tmp/built.txt")
+        .copy("app", "/home/user/app")
+        .set_envs({"GREETING": greeting})
+        .set_workdir("/home/user/app")
+        .set_start_cmd("python3 -m http.server 8000", wait_for_port(8000))
+    )
+
+
+def _templates() -> list[dict[str, object]]:
+    headers = {"X-API-Key": os.environ["E2B_API_KEY"]}
+    response = httpx.get(f"{BASE}/v2/templates", headers=headers, timeout=30)
+    response.raise_for_status()
+    listed: list[dict[str, object]] = response.json()
+    return listed
+
+
+def _names() -> set[str]:
+    return {str(n) for t in _templates() for n in t["names"]}  # type: ignore[attr-defined]
+
+
+def _delete(name: str) -> None:
+    headers = {"X-API-Key": os.environ["E2B_API_KEY"]}
+    httpx.delete(f"{BASE}/templates/{name}", headers=headers, timeout=60)
+
+
+def test_build_copy_env_workdir_and_a_live_service(tmp_path: Path) -> None:
+    name = _name("web")
+    context = _context(tmp_path)
+    logs: list[LogEntry] = []
+    try:
+        info = Template.build(_web(context, "first"), alias=name, on_build_logs=logs.append)
+        assert info.template_id
+        assert name in _names()
+        messages = [e.message for e in logs]
+        assert not any("CACHED" in m for m in messages), messages
+
+        sandbox = Sandbox.create(name, timeout=120)
+        try:
+            result = sandbox.commands.run(
+                'echo "$GREETING|$PWD|$(id -un)"; cat hello.txt /tmp/built.txt; ./run.sh; '
+                "stat -c %U app 2>/dev/null; stat -c '%U %a' run.sh"
+            )
+            lines = result.stdout.splitlines()
+            assert lines[0] == "hi there|/home/user/app|user"
+            assert lines[1:4] == ["hello from the build context", "first", "ran"]
+            assert lines[-1] == "user 755"
+            # The start command kept running into the saved state: the service answers at once.
+            host = sandbox.get_host(8000)
+            assert host.startswith("8000-")
+            response = httpx.get(
+                f"{BASE}/hello.txt",
+                headers={"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "8000"},
+                timeout=30,
+            )
+            assert response.status_code == 200
+            assert response.text == "hello from the build context\n"
+        finally:
+            sandbox.kill()
+
+        # One changed step after the unchanged RUN and COPY: those two come from the cache.
+        logs.clear()
+        changed = _web(context, "first", greeting="changed")
+        Template.build(changed, alias=name, on_build_logs=logs.append)
+        cached = [e.message for e in logs if "CACHED" in e.message]
+        assert any("RUN echo first" in m for m in cached), cached
+        assert any("COPY app" in m for m in cached), cached
+        sandbox = Sandbox.create(name, timeout=120)
+        try:
+            assert sandbox.commands.run("echo $GREETING").stdout == "changed\n"
+        finally:
+            sandbox.kill()
+    finally:
+        _delete(name)
+
+
+def test_failing_run_step_is_a_build_error() -> None:
+    name = _name("bad-run")
+    logs: list[LogEntry] = []
+    template = Template().from_template("base").run_cmd("echo about to fail; exit 3")
+    with pytest.raises(BuildException, match="exited with code 3"):
+        Template.build(template, alias=name, on_build_logs=logs.append)
+    assert any("about to fail" in e.message for e in logs)
+    assert any(e.level == "error" for e in logs)
+    assert name not in _names()
+    assert not Template.exists(name)
+
+
+def test_ready_command_that_never_succeeds_is_a_build_error() -> None:
+    name = _name("never-ready")
+    template = (
+        Template().from_template("base").set_start_cmd("sleep 100000", "test -e /tmp/never-there")
+    )
+    with pytest.raises(BuildException, match="readyCmd did not succeed"):
+        Template.build(template, alias=name)
+    assert name not in _names()
+
+
+def test_unknown_base_and_bad_requests() -> None:
+    with pytest.raises(BuildException, match="not found"):
+        Template.build(Template().from_template("no-such-template"), alias=_name("orphan"))
+    headers = {"X-API-Key": os.environ["E2B_API_KEY"]}
+    bad = httpx.post(f"{BASE}/v3/templates", json={"name": "Not Valid!"}, headers=headers)
+    assert bad.status_code == 400
+    assert bad.json()["code"] == 400
+    missing = httpx.get(f"{BASE}/templates/nope/builds/nope/status", headers=headers)
+    assert missing.status_code == 404
