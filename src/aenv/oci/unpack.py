@@ -94,7 +94,7 @@ def _apply(root: Path, tar: tarfile.TarFile) -> None:
         parent = resolve_in_root(root, name.parent)
         base = name.name
         if base == OPAQUE:
-            _make_opaque(root, parent, name.parent, added)
+            _make_opaque(parent, name.parent, added)
             continue
         if base.startswith(WHITEOUT):
             hidden = base[len(WHITEOUT) :]
@@ -132,7 +132,8 @@ def _apply(root: Path, tar: tarfile.TarFile) -> None:
             continue  # GNU sparse or unknown types: nothing portable to create
         _set_metadata(target, member)
     for path, member in reversed(dirs):
-        _set_metadata(path, member)
+        if path.is_dir() and not path.is_symlink():  # not replaced later in the layer
+            _set_metadata(path, member)
 
 
 def _clean(name: str) -> PurePosixPath | None:
@@ -170,9 +171,7 @@ def resolve_in_root(root: Path, rel: PurePosixPath) -> Path:
     return root.joinpath(*current)
 
 
-def _make_opaque(
-    root: Path, directory: Path, name: PurePosixPath, added: set[PurePosixPath]
-) -> None:
+def _make_opaque(directory: Path, name: PurePosixPath, added: set[PurePosixPath]) -> None:
     if not directory.is_dir():
         return
     for child in directory.iterdir():
@@ -226,6 +225,3 @@ def _set_xattr(path: Path, key: str, value: str) -> None:
         # Symlinks cannot carry user.* xattrs, and non-root cannot set trusted.*/security.*.
         if e.errno not in (errno.EPERM, errno.ENOTSUP, errno.EACCES):
             raise
-
-
-__all__ = ["OPAQUE", "WHITEOUT", "UnsafeLayerError", "apply_layer", "resolve_in_root"]
