@@ -25,7 +25,7 @@ import logging
 import secrets
 import shutil
 import time
-from collections.abc import Coroutine, Iterator, Mapping
+from collections.abc import Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -37,8 +37,9 @@ from aenv.envd import ENVD_VERSION
 from aenv.ids import new_access_token, new_sandbox_id
 from aenv.network import Slot, SlotProvider
 from aenv.orchestrator import checkpoints, envd_client
-from aenv.orchestrator.archive import Archive, complete
+from aenv.orchestrator.archive import Archive
 from aenv.orchestrator.catalog import Catalog, SandboxRecord
+from aenv.orchestrator.saved import SavedStates
 from aenv.orchestrator.states import KILLABLE, LIVE, SandboxState
 from aenv.orchestrator.templates import BOOT_READY_TIMEOUT, Template, TemplateStore
 from aenv.runtime.driver import (
@@ -154,7 +155,6 @@ class Orchestrator:
         archive: Archive | None = None,
     ) -> None:
         self.config = config
-        self.archive = archive
         self.catalog = catalog
         self.driver = driver
         self.slots = slots
@@ -166,10 +166,7 @@ class Orchestrator:
         self.stats = CreateStats()
         self._client = httpx.AsyncClient()
         self._tasks: set[asyncio.Task[None]] = set()
-        self._pushes: dict[str, asyncio.Task[None]] = {}  # sandbox id -> its checkpoint upload
-        # Saved-state directories an operation is writing or about to start sandboxes from:
-        # not garbage even while no sandbox row names them yet.
-        self._pinned: set[str] = set()
+        self.saved = SavedStates(catalog, templates, config.sandboxes_dir, archive)
 
     # -- start-up and shutdown ------------------------------------------------------------
 
@@ -194,11 +191,10 @@ class Orchestrator:
                     continue
             log.warning("reclaiming sandbox %s left in state %s", record.id, record.state)
             await self._reclaim_files(record.id)
-            await self._drop_archived(record)
+            await self.saved.drop_archived(record)
             self.catalog.delete(record.id)
-        await self._collect_bases()
-        if self.archive is not None:
-            self._spawn(self.archive.collect())
+        await self.saved.collect()
+        self._spawn(self.saved.collect_repository())
 
     async def close(self) -> None:
         """Graceful shutdown: running sandboxes are paused (resumable after the restart), or
@@ -207,13 +203,10 @@ class Orchestrator:
         await asyncio.gather(*(self._park(sandbox_id) for sandbox_id in running))
         for sandbox_id in list(self._live):
             await self.kill(sandbox_id)
-        # Uploads of the checkpoints just taken finish first: they are the durable copies.
-        await asyncio.gather(*self._pushes.values(), return_exceptions=True)
+        await self.saved.close()
         for task in list(self._tasks):
             task.cancel()
         await self._client.aclose()
-        if self.archive is not None:
-            self.archive.close()
 
     async def _park(self, sandbox_id: str) -> None:
         if self.config.pause_on_shutdown:
@@ -338,7 +331,7 @@ class Orchestrator:
             try:
                 live = await self._launch(
                     record,
-                    await self._base_snapshot(base),
+                    await self.saved.base_snapshot(base),
                     current_token=base.envd_access_token,
                     cold=not base.memory,
                 )
@@ -446,18 +439,15 @@ class Orchestrator:
             if record is None:
                 return False
             self._cancel_timer(sandbox_id)
-            push = self._pushes.pop(sandbox_id, None)
-            if push is not None:
-                push.cancel()
-                await asyncio.gather(push, return_exceptions=True)
+            await self.saved.cancel_push(sandbox_id)
             live = self._live.pop(sandbox_id, None)
             if live is not None:
                 await self._stop(live)
             await self._reclaim_files(sandbox_id)
-            await self._drop_archived(self.catalog.get(sandbox_id) or record)
+            await self.saved.drop_archived(self.catalog.get(sandbox_id) or record)
             self.catalog.delete(sandbox_id)
         self._locks.pop(sandbox_id, None)
-        await self._collect_bases()
+        await self.saved.collect()
         return True
 
     async def _stop(self, live: _Live) -> None:
@@ -532,7 +522,7 @@ class Orchestrator:
             )
             assert paused is not None
             await asyncio.to_thread(checkpoints.prune_pauses, sandbox_dir, seq)
-            self._push_checkpoint(paused, seq, saved)
+            self.saved.push_checkpoint(paused, seq, saved)
             return paused
 
     async def resume(
@@ -600,9 +590,8 @@ class Orchestrator:
         aliases = (name,) if name else ()
         template = await self._checkpoint(sandbox_id, template_id, "snapshot", aliases, memory)
         if existing is not None:
-            await self._collect_bases()  # the previous state, unless sandboxes still use it
-            if existing.manifest_id is not None and self.archive is not None:
-                await self.archive.drop(existing.manifest_id)
+            await self.saved.collect()  # the previous state, unless sandboxes still use it
+            await self.saved.drop(existing.manifest_id)
         return template
 
     async def save_template(
@@ -611,7 +600,7 @@ class Orchestrator:
         """Save a running sandbox's state, memory included, as a new build of `template_id`
         (template builds: the finished template and its cached intermediate steps)."""
         template = await self._checkpoint(sandbox_id, template_id, kind, aliases, True)
-        await self._collect_bases()  # the build it replaced, unless sandboxes still use it
+        await self.saved.collect()  # the build it replaced, unless sandboxes still use it
         return template
 
     def _snapshot_named(self, name: str | None) -> Template | None:
@@ -640,9 +629,9 @@ class Orchestrator:
                 raise SandboxNotFound(source) from e
         else:
             base = await self._checkpoint(source, new_sandbox_id(), "fork", (), True)
-        with self._pin(Path(base.snapshot_dir)):
+        with self.saved.pin(Path(base.snapshot_dir)):
             children = await self._start_children(base, parent, count, timeout)
-        await self._collect_bases()  # a fork checkpoint no child started from
+        await self.saved.collect()  # a fork checkpoint no child started from
         return children
 
     async def _start_children(
@@ -674,7 +663,7 @@ class Orchestrator:
         """Save the sandbox's current state as template `template_id` (a new build of it)."""
         build_id = secrets.token_hex(8)
         dest = self.templates.directory / template_id / build_id
-        with self._pin(dest):
+        with self.saved.pin(dest):
             return await self._checkpoint_into(dest, sandbox_id, template_id, kind, aliases, memory)
 
     async def _checkpoint_into(
@@ -706,8 +695,11 @@ class Orchestrator:
                             "take a filesystem-only snapshot of",
                             "resume it first",
                         )
-                    paused = await self._paused_checkpoint(record)
-                    saved = await checkpoints.export(paused, dest, move=False)
+                    try:
+                        paused = await self.saved.paused_checkpoint(record)
+                        saved = await checkpoints.export(paused, dest, move=False)
+                    except _FAILURES as e:
+                        raise OperationFailed(f"snapshot of {sandbox_id} failed: {e}") from e
                     memory = memory and bool(record.placement.get("memory", True))
                 else:
                     raise InvalidState(sandbox_id, record.state, "snapshot")
@@ -731,7 +723,7 @@ class Orchestrator:
         )
         await asyncio.to_thread(self.templates.save, template)
         if kind == "snapshot":
-            self._spawn(self._push_template(template))
+            self._spawn(self.saved.push_template(template))
         return template
 
     async def _save_running(self, record: SandboxRecord, dest: Path) -> Snapshot:
@@ -760,143 +752,20 @@ class Orchestrator:
     async def delete_template(self, template_id: str) -> None:
         """Delete a template or snapshot for users; its files go once no sandbox uses them."""
         self.templates.hide(template_id)
-        await self._collect_bases()
-
-    async def _collect_bases(self) -> None:
-        """Remove saved states nothing needs any more: fork checkpoints and deleted templates
-        no sandbox was restored from, and builds of snapshots that a newer build replaced."""
-        used = {str(r.placement.get("base")) for r in self.catalog.list()} | self._pinned
-        for template in self.templates.list_all():
-            template_dir = self.templates.directory / template.template_id
-            dropped = template.deleted or template.kind == "fork"
-            in_use = {u for u in used if u.startswith(f"{template_dir}/")}
-            if dropped and not in_use:
-                await asyncio.to_thread(self.templates.delete, template.template_id)
-                if template.manifest_id is not None and self.archive is not None:
-                    await self.archive.drop(template.manifest_id)
-                continue
-            if template.kind not in ("snapshot", "template"):
-                continue
-            for build in template_dir.iterdir():
-                stale = build.is_dir() and str(build) != template.snapshot_dir
-                if stale and str(build) not in in_use:
-                    await asyncio.to_thread(shutil.rmtree, build, True)
-
-    @contextlib.contextmanager
-    def _pin(self, directory: Path) -> Iterator[None]:
-        self._pinned.add(str(directory))
-        try:
-            yield
-        finally:
-            self._pinned.discard(str(directory))
-
-    # -- the repository copies -----------------------------------------------------------
-
-    def _push_checkpoint(self, record: SandboxRecord, seq: int, saved: Snapshot) -> None:
-        """Upload pause checkpoint `seq` in the background; the row then names its manifest
-        (and the manifest of the checkpoint before it is dropped)."""
-        if self.archive is None:
-            return
-        archive = self.archive
-        previous = self._pushes.pop(record.id, None)
-        if previous is not None:
-            previous.cancel()
-
-        async def push() -> None:
-            staging = checkpoints.archive_dir(self._dirs(record.id)[0], seq)
-            manifest_id = await archive.push_checkpoint(
-                saved, staging, name=f"sandbox-{record.id}-{seq}", metadata={"sandbox": record.id}
-            )
-            current = self.catalog.get(record.id)
-            if current is None or current.state is SandboxState.KILLING:
-                await archive.drop(manifest_id)
-                return
-            old = current.placement.get("archive")
-            self.catalog.update(
-                record.id,
-                placement={**current.placement, "archive": {"seq": seq, "manifest": manifest_id}},
-            )
-            if old:
-                await archive.drop(str(old["manifest"]))
-
-        task = asyncio.get_running_loop().create_task(push())
-        self._pushes[record.id] = task
-        task.add_done_callback(lambda t: self._pushed(record.id, t))
-
-    def _pushed(self, sandbox_id: str, task: asyncio.Task[None]) -> None:
-        if self._pushes.get(sandbox_id) is task:
-            del self._pushes[sandbox_id]
-        if not task.cancelled() and task.exception() is not None:
-            log.error("upload of %s's checkpoint failed: %s", sandbox_id, task.exception())
-
-    async def _paused_checkpoint(self, record: SandboxRecord, *, pull: bool = False) -> Snapshot:
-        """A paused sandbox's newest checkpoint: the local one when complete (and `pull` is not
-        asked for), else the repository's copy of it, pulled back."""
-        sandbox_dir = self._dirs(record.id)[0]
-        found = await asyncio.to_thread(checkpoints.latest_pause, sandbox_dir)
-        archived = (self.catalog.get(record.id) or record).placement.get("archive")
-        if found is not None and not pull:
-            seq, snapshot = found
-            if await asyncio.to_thread(complete, checkpoints.pause_dir(sandbox_dir, seq)):
-                return snapshot
-        push = self._pushes.get(record.id)
-        if push is not None:  # its upload is under way: the copy is about to exist
-            await asyncio.gather(push, return_exceptions=True)
-            current = self.catalog.get(record.id)
-            archived = current.placement.get("archive") if current else None
-        if self.archive is None or not archived:
-            raise OperationFailed(f"sandbox {record.id} has no usable checkpoint")
-        log.warning("sandbox %s: pulling its checkpoint from the repository", record.id)
-        dest = checkpoints.archive_dir(sandbox_dir, int(archived["seq"]))
-        return await self.archive.pull(str(archived["manifest"]), dest)
+        await self.saved.collect()
 
     async def _launch_checkpoint(self, record: SandboxRecord, cold: bool) -> _Live:
         """Start a paused sandbox from its newest checkpoint; when the local one turns out
         unusable (a layer below it lost), from the repository's copy."""
         token = record.envd_access_token
-        snapshot = await self._paused_checkpoint(record)
+        snapshot = await self.saved.paused_checkpoint(record)
         try:
             return await self._launch(record, snapshot, current_token=token, cold=cold)
         except RestoreError:
-            if self.archive is None:
+            if self.saved.archive is None:
                 raise
-        snapshot = await self._paused_checkpoint(record, pull=True)
+        snapshot = await self.saved.paused_checkpoint(record, pull=True)
         return await self._launch(record, snapshot, current_token=token, cold=cold)
-
-    async def _push_template(self, template: Template) -> None:
-        if self.archive is None:
-            return
-        manifest_id = await self.archive.push_directory(
-            Path(template.snapshot_dir),
-            name=f"{template.kind}-{template.template_id}",
-            metadata={"template": template.template_id, "build": template.build_id},
-        )
-        current = self.templates.by_id(template.template_id)
-        if current is None or current.build_id != template.build_id:
-            await self.archive.drop(manifest_id)  # replaced or deleted meanwhile
-            return
-        await asyncio.to_thread(
-            self.templates.save, dataclasses.replace(current, manifest_id=manifest_id)
-        )
-
-    async def _base_snapshot(self, template: Template) -> Snapshot:
-        """The snapshot a template restores from, pulled from the repository when its local
-        files are gone."""
-        directory = Path(template.snapshot_dir)
-        if await asyncio.to_thread(complete, directory):
-            return await asyncio.to_thread(template.snapshot)
-        if self.archive is None or template.manifest_id is None:
-            raise RestoreError(f"template {template.template_id} has lost its files")
-        async with self._lock(f"template:{template.template_id}"):
-            if await asyncio.to_thread(complete, directory):
-                return await asyncio.to_thread(template.snapshot)
-            log.warning("template %s: pulling its files from the repository", template.template_id)
-            return await self.archive.pull(template.manifest_id, directory)
-
-    async def _drop_archived(self, record: SandboxRecord) -> None:
-        archived = record.placement.get("archive")
-        if archived and self.archive is not None:
-            await self.archive.drop(str(archived["manifest"]))
 
     # -- timeouts -------------------------------------------------------------------------
 

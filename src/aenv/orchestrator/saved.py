@@ -1,0 +1,189 @@
+"""Saved sandbox states and when they may go: restore bases (templates, snapshots, fork
+checkpoints), pause checkpoints, and their copies in the snapshot repository.
+
+Sandboxes record which saved directory they were restored from (`placement["base"]`); a fork
+checkpoint or a deleted snapshot is removed once no sandbox depends on it and no operation has
+it pinned. Pause checkpoints and snapshots are uploaded to the repository in the background
+(`archive.Archive`); restores use the local files when complete and pull the repository's copy
+when they are not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import logging
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+from aenv.orchestrator import checkpoints
+from aenv.orchestrator.archive import Archive, complete
+from aenv.orchestrator.catalog import Catalog, SandboxRecord
+from aenv.orchestrator.states import SandboxState
+from aenv.orchestrator.templates import Template, TemplateStore
+from aenv.runtime.driver import RestoreError, Snapshot
+
+log = logging.getLogger("aenv.orchestrator")
+
+
+class SavedStates:
+    def __init__(
+        self,
+        catalog: Catalog,
+        templates: TemplateStore,
+        sandboxes_dir: Path,
+        archive: Archive | None,
+    ) -> None:
+        self.catalog = catalog
+        self.templates = templates
+        self.sandboxes_dir = sandboxes_dir
+        self.archive = archive
+        self._pushes: dict[str, asyncio.Task[None]] = {}  # sandbox id -> its checkpoint upload
+        # Saved-state directories an operation is writing or about to start sandboxes from:
+        # not garbage even while no sandbox row names them yet.
+        self._pinned: set[str] = set()
+        self._pull_locks: dict[str, asyncio.Lock] = {}
+
+    async def cancel_push(self, sandbox_id: str) -> None:
+        push = self._pushes.pop(sandbox_id, None)
+        if push is not None:
+            push.cancel()
+            await asyncio.gather(push, return_exceptions=True)
+
+    async def drop(self, manifest_id: str | None) -> None:
+        if manifest_id is not None and self.archive is not None:
+            await self.archive.drop(manifest_id)
+
+    async def collect_repository(self) -> None:
+        if self.archive is not None:
+            await self.archive.collect()
+
+    async def close(self) -> None:
+        """Uploads of checkpoints already taken finish first: they are the durable copies."""
+        await asyncio.gather(*self._pushes.values(), return_exceptions=True)
+        if self.archive is not None:
+            self.archive.close()
+
+    async def collect(self) -> None:
+        """Remove saved states nothing needs any more: fork checkpoints and deleted templates
+        no sandbox was restored from, and builds of snapshots that a newer build replaced."""
+        used = {str(r.placement.get("base")) for r in self.catalog.list()} | self._pinned
+        for template in self.templates.list_all():
+            template_dir = self.templates.directory / template.template_id
+            dropped = template.deleted or template.kind == "fork"
+            in_use = {u for u in used if u.startswith(f"{template_dir}/")}
+            if dropped and not in_use:
+                await asyncio.to_thread(self.templates.delete, template.template_id)
+                await self.drop(template.manifest_id)
+                continue
+            if template.kind not in ("snapshot", "template"):
+                continue
+            for build in template_dir.iterdir():
+                stale = build.is_dir() and str(build) != template.snapshot_dir
+                if stale and str(build) not in in_use:
+                    await asyncio.to_thread(shutil.rmtree, build, True)
+
+    @contextlib.contextmanager
+    def pin(self, directory: Path) -> Iterator[None]:
+        """Keep `directory` while an operation writes it or starts sandboxes from it."""
+        self._pinned.add(str(directory))
+        try:
+            yield
+        finally:
+            self._pinned.discard(str(directory))
+
+    def push_checkpoint(self, record: SandboxRecord, seq: int, saved: Snapshot) -> None:
+        """Upload pause checkpoint `seq` in the background; the row then names its manifest
+        (and the manifest of the checkpoint before it is dropped)."""
+        if self.archive is None:
+            return
+        archive = self.archive
+        previous = self._pushes.pop(record.id, None)
+        if previous is not None:
+            previous.cancel()
+
+        async def push() -> None:
+            staging = checkpoints.archive_dir(self.sandboxes_dir / record.id, seq)
+            manifest_id = await archive.push_checkpoint(
+                saved, staging, name=f"sandbox-{record.id}-{seq}", metadata={"sandbox": record.id}
+            )
+            current = self.catalog.get(record.id)
+            if current is None or current.state is SandboxState.KILLING:
+                await archive.drop(manifest_id)
+                return
+            old = current.placement.get("archive")
+            self.catalog.update(
+                record.id,
+                placement={**current.placement, "archive": {"seq": seq, "manifest": manifest_id}},
+            )
+            if old:
+                await archive.drop(str(old["manifest"]))
+
+        task = asyncio.get_running_loop().create_task(push())
+        self._pushes[record.id] = task
+        task.add_done_callback(lambda t: self._pushed(record.id, t))
+
+    def _pushed(self, sandbox_id: str, task: asyncio.Task[None]) -> None:
+        if self._pushes.get(sandbox_id) is task:
+            del self._pushes[sandbox_id]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("upload of %s's checkpoint failed: %s", sandbox_id, task.exception())
+
+    async def paused_checkpoint(self, record: SandboxRecord, *, pull: bool = False) -> Snapshot:
+        """A paused sandbox's newest checkpoint: the local one when complete (and `pull` is not
+        asked for), else the repository's copy of it, pulled back."""
+        sandbox_dir = self.sandboxes_dir / record.id
+        found = await asyncio.to_thread(checkpoints.latest_pause, sandbox_dir)
+        archived = (self.catalog.get(record.id) or record).placement.get("archive")
+        if found is not None and not pull:
+            seq, snapshot = found
+            if await asyncio.to_thread(complete, checkpoints.pause_dir(sandbox_dir, seq)):
+                return snapshot
+        push = self._pushes.get(record.id)
+        if push is not None:  # its upload is under way: the copy is about to exist
+            await asyncio.gather(push, return_exceptions=True)
+            current = self.catalog.get(record.id)
+            archived = current.placement.get("archive") if current else None
+        if self.archive is None or not archived:
+            raise RestoreError(f"sandbox {record.id} has no usable checkpoint")
+        log.warning("sandbox %s: pulling its checkpoint from the repository", record.id)
+        dest = checkpoints.archive_dir(sandbox_dir, int(archived["seq"]))
+        return await self.archive.pull(str(archived["manifest"]), dest)
+
+    async def push_template(self, template: Template) -> None:
+        """Upload a snapshot's (self-contained) directory; the template then names the copy."""
+        if self.archive is None:
+            return
+        manifest_id = await self.archive.push_directory(
+            Path(template.snapshot_dir),
+            name=f"{template.kind}-{template.template_id}",
+            metadata={"template": template.template_id, "build": template.build_id},
+        )
+        current = self.templates.by_id(template.template_id)
+        if current is None or current.build_id != template.build_id:
+            await self.archive.drop(manifest_id)  # replaced or deleted meanwhile
+            return
+        await asyncio.to_thread(
+            self.templates.save, dataclasses.replace(current, manifest_id=manifest_id)
+        )
+
+    async def base_snapshot(self, template: Template) -> Snapshot:
+        """The snapshot a template restores from, pulled from the repository when its local
+        files are gone."""
+        directory = Path(template.snapshot_dir)
+        if await asyncio.to_thread(complete, directory):
+            return await asyncio.to_thread(template.snapshot)
+        if self.archive is None or template.manifest_id is None:
+            raise RestoreError(f"template {template.template_id} has lost its files")
+        async with self._pull_locks.setdefault(template.template_id, asyncio.Lock()):
+            if await asyncio.to_thread(complete, directory):
+                return await asyncio.to_thread(template.snapshot)
+            log.warning("template %s: pulling its files from the repository", template.template_id)
+            return await self.archive.pull(template.manifest_id, directory)
+
+    async def drop_archived(self, record: SandboxRecord) -> None:
+        archived = record.placement.get("archive")
+        if archived:
+            await self.drop(str(archived["manifest"]))
