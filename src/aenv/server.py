@@ -8,6 +8,7 @@ The data-plane proxy is the outermost app: requests carrying E2B's sandbox routi
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import logging
 import os
 import secrets
@@ -146,7 +147,34 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
         if current is not None and current.template_id != template.template_id:
             templates.hide(current.template_id)  # removed with the last sandbox it has
         progress(f"template '{template.template_id}' ready")
-    api = create_api(orchestrator, config, api_key)
+
+    async def boot_image(rootfs: Path, digest: str) -> Template:
+        """A hidden base template cold-booted from an image's root filesystem (template
+        builds `fromImage`), once per image digest and guest images."""
+        key = hashlib.sha256(f"{digest}/{images.identity}".encode()).hexdigest()[:20]
+        existing = templates.by_id(f"image-{key}")
+        if existing is not None and existing.kind == "layer":
+            return existing
+        built = await build_template(
+            BuildRequest(
+                template_id=f"image-{key}",
+                aliases=(),
+                vcpus=config.sandbox_vcpus,
+                memory_mb=config.sandbox_memory_mb,
+                disk_size_mb=config.sandbox_disk_mb,
+                envd_version=ENVD_VERSION,
+            ),
+            dataclasses.replace(images, rootfs=rootfs),
+            driver,
+            slots,
+            templates,
+            _guest_net(net_config),
+        )
+        hidden = dataclasses.replace(built, kind="layer")  # never listed or named
+        templates.save(hidden)
+        return hidden
+
+    api = create_api(orchestrator, config, api_key, boot_image)
     proxy = SandboxProxy(_Resolver(orchestrator), domain=config.domain, control_plane=api)
     return Node(config, api_key, catalog, slots, orchestrator, cgroups, proxy)
 

@@ -23,7 +23,7 @@ from aenv.api.sandboxes import SandboxRoutes
 from aenv.api.snapshots import SnapshotRoutes
 from aenv.api.templates import TemplateRoutes
 from aenv.config import Config
-from aenv.orchestrator.builds import Builder
+from aenv.orchestrator.builds import Builder, ImageBooter
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.tags import TagStore
 
@@ -74,13 +74,19 @@ async def _unexpected(_: Request, exc: Exception) -> Response:
     return APIError(500, f"internal error: {type(exc).__name__}", should_retry=False).response()
 
 
-def create_api(orchestrator: Orchestrator, config: Config, api_key: str) -> ASGIApp:
+def create_api(
+    orchestrator: Orchestrator,
+    config: Config,
+    api_key: str,
+    boot_image: ImageBooter | None = None,
+) -> ASGIApp:
     metrics = NodeMetrics(orchestrator)
     builder = Builder(
         orchestrator,
         TagStore(config.home / "template-tags.json"),
-        config.home / "build-files",
+        config.home,
         config.build_ready_timeout,
+        boot_image,
     )
     routes = [
         Route("/health", _health, methods=["GET"]),

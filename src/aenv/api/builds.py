@@ -22,6 +22,7 @@ from starlette.routing import Route
 
 from aenv.api.errors import APIError, not_found
 from aenv.api.sandboxes import parse_body, rfc3339
+from aenv.oci import Credentials
 from aenv.orchestrator.build_steps import STEP_TYPES
 from aenv.orchestrator.builds import (
     FILES_HASH,
@@ -59,9 +60,16 @@ class StepBody(_Body):
     force: bool = False
 
 
+class RegistryBody(_Body):
+    type: str
+    username: str | None = None
+    password: str | None = None
+
+
 class BuildStartBody(_Body):
     from_image: str | None = Field(default=None, alias="fromImage")
     from_template: str | None = Field(default=None, alias="fromTemplate")
+    from_image_registry: RegistryBody | None = Field(default=None, alias="fromImageRegistry")
     force: bool = False
     steps: list[StepBody] = Field(default_factory=list, max_length=MAX_STEPS)
     start_cmd: str | None = Field(default=None, alias="startCmd")
@@ -215,6 +223,12 @@ class BuildRoutes:
                 raise APIError(400, f"step {index}: unknown type '{step.type}'")
             if step.type == "COPY" and not (step.files_hash and FILES_HASH.match(step.files_hash)):
                 raise APIError(400, f"step {index}: COPY needs a filesHash (sha256 hex)")
+        credentials = None
+        if body.from_image_registry is not None:
+            registry = body.from_image_registry
+            if registry.type != "registry" or registry.username is None:
+                raise APIError(400, "fromImageRegistry: only type 'registry' with a username")
+            credentials = Credentials(registry.username, registry.password or "")
         if build.status != "waiting":
             raise APIError(409, f"build {build.build_id} was already started")
         spec = BuildSpec(
@@ -224,6 +238,7 @@ class BuildRoutes:
             start_cmd=body.start_cmd or None,
             ready_cmd=body.ready_cmd or None,
             force=body.force,
+            credentials=credentials,
         )
         self.builder.start(build, spec)
         return Response(status_code=202)

@@ -20,8 +20,12 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 
 import httpx
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
 from protobuf import Oneof
 
+from aenv.envd.proto.filesystem import filesystem_pb as fs
+from aenv.envd.proto.filesystem.filesystem_connect import FilesystemClient
 from aenv.envd.proto.process import process_pb as pb
 from aenv.envd.proto.process.process_connect import ProcessClient
 
@@ -49,10 +53,12 @@ class GuestShell:
         self.base_url = base_url
         self.token = token
         self._rpc = ProcessClient(base_url)
+        self._fs = FilesystemClient(base_url)
         self._http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, read=None))
 
     async def close(self) -> None:
         await self._rpc.close()
+        await self._fs.close()
         await self._http.aclose()
 
     def _headers(self, user: str) -> dict[str, str]:
@@ -60,7 +66,9 @@ class GuestShell:
         return {"X-Access-Token": self.token, "Authorization": f"Basic {basic}"}
 
     def _start(self, command: str, user: str, state: BuildState) -> AsyncIterator[pb.StartResponse]:
-        config = pb.ProcessConfig(cmd="/bin/bash", args=["-l", "-c", command], envs=state.env)
+        # bash as the SDKs run commands; images without it get their sh.
+        login = 'command -v bash >/dev/null 2>&1 && exec bash -l -c "$1"; exec sh -l -c "$1"'
+        config = pb.ProcessConfig(cmd="/bin/sh", args=["-c", login, "sh", command], envs=state.env)
         if state.workdir:
             config.cwd = state.workdir
         request = pb.StartRequest(process=config, stdin=False)
@@ -81,6 +89,14 @@ class GuestShell:
         """Start a long-running `command`; the task follows its output until it ends or is
         cancelled (the process keeps running when the stream is dropped)."""
         return asyncio.create_task(_follow(self._start(command, user, state), output))
+
+    async def make_dir(self, path: str, user: str) -> None:
+        """`mkdir -p` through envd itself (an image may have no mkdir)."""
+        try:
+            await self._fs.make_dir(fs.MakeDirRequest(path=path), headers=self._headers(user))
+        except ConnectError as e:
+            if e.code != Code.ALREADY_EXISTS:
+                raise StepFailed(f"cannot create {path}: {e}") from e
 
     async def write(self, path: str, data: bytes) -> None:
         response = await self._http.post(

@@ -16,16 +16,20 @@ import dataclasses
 import hashlib
 import json
 import logging
+import os
 import re
 import shlex
 import time
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import httpx
 from connectrpc.errors import ConnectError
 
 from aenv.ids import new_sandbox_id
+from aenv.oci import Credentials, ImageError, rootfs_from_image
 from aenv.orchestrator import envd_client
 from aenv.orchestrator.build_steps import (
     BuildState,
@@ -71,6 +75,8 @@ class BuildSpec:
     start_cmd: str | None = None
     ready_cmd: str | None = None
     force: bool = False
+    # `fromImageRegistry` of type `registry`: user and password for the image's registry.
+    credentials: Credentials | None = None
 
 
 @dataclass(frozen=True)
@@ -106,16 +112,30 @@ def split_name(name: str) -> tuple[str, str | None]:
     return base, tag or None
 
 
+# Cold-boots an image's root filesystem (an ext4 file) into a hidden base template, once per
+# (image digest, guest images); the server provides it, since it owns the guest images.
+ImageBooter = Callable[[Path, str], Awaitable[Template]]
+
+
 class Builder:
     def __init__(
-        self, orchestrator: Orchestrator, tags: TagStore, files_dir: Path, ready_timeout: float
+        self,
+        orchestrator: Orchestrator,
+        tags: TagStore,
+        home: Path,
+        ready_timeout: float,
+        boot_image: ImageBooter | None = None,
     ) -> None:
         self.orc = orchestrator
         self.tags = tags
-        self.files_dir = files_dir
+        self.files_dir = home / "build-files"
+        self.oci_cache = home / "cache" / "oci"
+        self.rootfs_dir = home / "cache" / "oci-rootfs"
         self.ready_timeout = ready_timeout
+        self.boot_image = boot_image
         self._builds: dict[str, Build] = {}
         self._tasks: set[asyncio.Task[None]] = set()
+        self._image_locks: dict[str, asyncio.Lock] = {}
 
     def request(self, name: str, tags: list[str]) -> Build:
         """A new build, waiting for its steps, of the template called `name` (`name:tag`; an
@@ -180,9 +200,9 @@ class Builder:
         build.status = "error"
 
     async def _build(self, build: Build, spec: BuildSpec) -> Template:
-        base = self._base(spec)
+        base = await self._image_base(spec, build) if spec.from_image else self._base(spec)
         keys = _step_keys(base, spec)
-        first, source = self._cached_prefix(spec, keys)
+        first, source = self._cached_prefix(spec, base, keys)
         total = len(spec.steps)
         for index in range(first):
             build.log(
@@ -207,6 +227,9 @@ class Builder:
             env=dict(source.env_vars),
         )
         try:
+            if state.workdir:
+                # An image's WorkingDir need not exist (Docker creates it at start too).
+                await shell.make_dir(state.workdir, "root")
             for index in range(first, total):
                 step, label = spec.steps[index], str(index + 1)
                 build.log(f"[{label}/{total}] {_describe(step)}", step=label)
@@ -231,18 +254,49 @@ class Builder:
         await asyncio.to_thread(self.orc.templates.save, template)
         return template
 
+    async def _image_base(self, spec: BuildSpec, build: Build) -> Template:
+        """The hidden template an image boots into: pulled, unpacked and cold-booted once per
+        image digest; the image's Env and WorkingDir start the build's state."""
+        assert spec.from_image is not None
+        if self.boot_image is None:
+            raise BuildError("this node cannot build from images")
+        build.log(f"Pulling {spec.from_image}", step="base")
+        await asyncio.to_thread(self.rootfs_dir.mkdir, parents=True, exist_ok=True)
+        partial = self.rootfs_dir / f".pull-{uuid.uuid4()}.ext4"
+        try:
+            rootfs = await rootfs_from_image(
+                spec.from_image, partial, cache=self.oci_cache, credentials=spec.credentials
+            )
+            image = self.rootfs_dir / f"{rootfs.digest.replace(':', '-')}.ext4"
+            lock = self._image_locks.setdefault(image.name, asyncio.Lock())
+            async with lock:
+                # Same digest, same bytes: a template already booted from `image` keeps its file.
+                if not await asyncio.to_thread(image.exists):
+                    await asyncio.to_thread(os.replace, partial, image)
+                build.log(f"Image {rootfs.reference}@{rootfs.digest}", step="base")
+                base = await self.boot_image(image, rootfs.digest)
+        except (ImageError, httpx.HTTPError) as e:
+            raise BuildError(f"image {spec.from_image}: {e}", "base") from e
+        finally:
+            await asyncio.to_thread(partial.unlink, True)
+        config = rootfs.config
+        state = BuildState(workdir=config.working_dir, env=config.env_dict())
+        if (base.env_vars, base.default_workdir) != (state.env, state.workdir):
+            base = _with_state(base, state)
+            await asyncio.to_thread(self.orc.templates.save, base)
+        return base
+
     def _base(self, spec: BuildSpec) -> Template:
-        if spec.from_image:
-            raise BuildError("building from an image (fromImage) is not supported yet")
         name = spec.from_template or "base"
         try:
             return self.orc.templates.get(name)
         except TemplateNotFound as e:
             raise BuildError(f"base template '{name}' not found") from e
 
-    def _cached_prefix(self, spec: BuildSpec, keys: list[str]) -> tuple[int, Template]:
+    def _cached_prefix(
+        self, spec: BuildSpec, base: Template, keys: list[str]
+    ) -> tuple[int, Template]:
         """How many leading steps a stored layer already has applied, and where to start."""
-        base = self._base(spec)
         if spec.force:
             return 0, base
         limit = next((i for i, s in enumerate(spec.steps) if s.force), len(spec.steps))

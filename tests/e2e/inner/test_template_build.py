@@ -4,8 +4,11 @@ fail (a failing RUN, a readyCmd that never succeeds) leaving nothing listed."""
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
+import subprocess
+import sys
 from pathlib import Path
 
 import httpx
@@ -14,6 +17,10 @@ from e2b import Sandbox, Template, wait_for_port
 from e2b.exceptions import BuildException
 from e2b.template.logger import LogEntry
 from e2b.template.main import TemplateFinal
+
+from tests.oci.images import Layout, push
+from tests.oci.registry import run_registry
+from tests.oci.test_rootfs import busybox_image
 
 BASE = "http://127.0.0.1:3000"
 
@@ -141,3 +148,80 @@ def test_unknown_base_and_bad_requests() -> None:
     assert bad.json()["code"] == 400
     missing = httpx.get(f"{BASE}/templates/nope/builds/nope/status", headers=headers)
     assert missing.status_code == 404
+
+
+def _aenv(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "aenv.cli", *args], capture_output=True, text=True, timeout=900
+    )
+
+
+def test_cli_build_and_logs(tmp_path: Path) -> None:
+    name = _name("cli")
+    context = _context(tmp_path)
+    definition = {
+        "name": name,
+        "fromTemplate": "base",
+        "steps": [
+            {"run": "id -un > /tmp/who.txt", "user": "root"},
+            {"copy": {"src": "app/hello.txt", "dest": "/opt/greeting.txt", "mode": "0640"}},
+            {"env": {"FROM_FILE": "yes"}},
+            {"workdir": "/opt"},
+        ],
+    }
+    (context / "aenv.yaml").write_text(json.dumps(definition))
+    try:
+        built = _aenv("template", "build", str(context / "aenv.yaml"), "--json")
+        assert built.returncode == 0, built.stderr
+        ids = json.loads(built.stdout)
+        assert "[1/4] RUN id -un" in built.stderr
+        sandbox = Sandbox.create(name, timeout=120)
+        try:
+            result = sandbox.commands.run(
+                "cat /tmp/who.txt greeting.txt; echo $FROM_FILE $PWD; stat -c '%U %a' greeting.txt"
+            )
+            assert result.stdout.splitlines() == [
+                "root",
+                "hello from the build context",
+                "yes /opt",
+                "user 640",
+            ]
+        finally:
+            sandbox.kill()
+        logs = _aenv("template", "logs", ids["templateID"], ids["buildID"])
+        assert logs.returncode == 0, logs.stderr
+        assert "COPY app/hello.txt /opt/greeting.txt" in logs.stdout
+        assert "ready" in logs.stderr
+        missing = _aenv("template", "logs", ids["templateID"], "no-such-build")
+        assert missing.returncode == 1 and "404" in missing.stderr
+    finally:
+        _delete(name)
+
+
+def test_build_from_an_image(tmp_path: Path) -> None:
+    """An image without bash, libc or Python from a registry on loopback (reachable from the
+    server, which shares this namespace): its Env reaches RUN steps and sandboxes."""
+    layout = Layout(tmp_path / "layout")
+    layout.add("v1", busybox_image())
+    name = _name("img")
+    with run_registry(tmp_path / "registry") as registry:
+        ref = f"{registry.host}/test/busybox:v1"
+        push(layout, "v1", ref)
+        template = (
+            Template()
+            .from_image(ref)
+            .run_cmd('echo "$GREETING from $(/bin/busybox id -un) in $PWD" > /tmp/built.txt')
+            .set_envs({"EXTRA": "set"})
+        )
+        try:
+            Template.build(template, alias=name)
+            sandbox = Sandbox.create(name, timeout=120)
+            try:
+                assert sandbox.files.read("/tmp/built.txt") == "a=b from user in /work\n"
+            finally:
+                sandbox.kill()
+        finally:
+            _delete(name)
+        with pytest.raises(BuildException, match="image"):
+            Template.build(Template().from_image(f"{registry.host}/test/nope:v1"), alias=name)
+    assert name not in _names()
