@@ -47,6 +47,7 @@ log = logging.getLogger("aenv.builds")
 # The build VM's sandbox timeout: a bound on the whole build.
 BUILD_VM_TIMEOUT = 3600
 READY_POLL_SECONDS = 0.5
+MAX_BUILDS = 1000  # builds (with their logs) remembered
 FILES_HASH = re.compile(r"^[0-9a-f]{64}$")
 LEVELS = ("debug", "info", "warn", "error")
 
@@ -101,10 +102,6 @@ class Build:
     def log(self, message: str, level: str = "info", step: str | None = None) -> None:
         self.logs.append(LogEntry(time.time(), level, message, step))
 
-    @property
-    def finished(self) -> bool:
-        return self.status in ("ready", "error")
-
 
 def split_name(name: str) -> tuple[str, str | None]:
     """`name:tag` → (name, tag)."""
@@ -133,8 +130,8 @@ class Builder:
         self.rootfs_dir = home / "cache" / "oci-rootfs"
         self.ready_timeout = ready_timeout
         self.boot_image = boot_image
-        self._builds: dict[str, Build] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._builds: dict[str, Build] = {}  # by build id, oldest first
+        self._tasks: set[asyncio.Task[None]] = set()  # held: running builds are not collected
         self._image_locks: dict[str, asyncio.Lock] = {}
 
     def request(self, name: str, tags: list[str]) -> Build:
@@ -156,6 +153,10 @@ class Builder:
             created_at=time.time(),
         )
         self._builds[build.build_id] = build
+        # Bounded: the oldest builds not running are forgotten (their logs with them).
+        idle = [b for b in self._builds.values() if b.status != "building"]
+        for old in idle[: max(0, len(self._builds) - MAX_BUILDS)]:
+            del self._builds[old.build_id]
         return build
 
     def get(self, template_id: str, build_id: str) -> Build | None:
@@ -175,11 +176,6 @@ class Builder:
         task = asyncio.create_task(self._run(build, spec))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
-
-    async def close(self) -> None:
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _run(self, build: Build, spec: BuildSpec) -> None:
         started = time.monotonic()
