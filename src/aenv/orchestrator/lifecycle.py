@@ -58,7 +58,10 @@ from aenv.storage.repository import RepositoryError
 
 log = logging.getLogger("aenv.orchestrator")
 
-RESTORE_READY_TIMEOUT = 30.0
+# A restored guest answers in milliseconds under KVM, but under emulation on a saturated host
+# (hundreds of creates queued on two cores) it can take tens of seconds: a create should then
+# be slow, not fail.
+RESTORE_READY_TIMEOUT = 120.0
 # How long an automatically resumed sandbox (proxy traffic) runs before its timeout applies again.
 AUTO_RESUME_TIMEOUT = 300
 _FAILURES = (
