@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 
 from aenv.orchestrator.images import prepare_images
-from aenv.orchestrator.templates import memory_root
 from tests.e2e.restart.in_flight import catalog_states, crash_during
 from tests.e2e.server_ns import REPO, ServerNs, server_in_namespace
 from tests.support.js import ensure_npm_sdk
@@ -35,8 +34,6 @@ def test_e2b_sdk_against_server() -> None:
         _run_inner_suite(scratch / "home")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-        # Template and sandbox memory live on tmpfs, outside the data dir: RAM until removed.
-        shutil.rmtree(memory_root(scratch / "home"), ignore_errors=True)
 
 
 def _run_inner_suite(home: Path) -> None:
