@@ -1,0 +1,186 @@
+"""Shared by the server benchmarks (not a benchmark itself): a real `aenv server` in a network
+namespace of its own, and a client script run inside that namespace which prints JSON.
+
+The server is the one `tests/e2e` starts (`tests.e2e.server_ns`): guest images are prepared
+from the root namespace first (it has the package mirrors; `AENV_GUEST_CACHE` defaults to
+build/guest-cache), the data dir is a short temporary path (VMM control sockets live under it
+and AF_UNIX caps paths at 107 bytes) and is removed afterwards with everything in it.
+
+Inside the namespace the client reaches the server at http://127.0.0.1:3000; `client_env()`
+waits until it answers and returns the E2B_* variables the unmodified SDK needs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+if str(REPO) not in sys.path:
+    sys.path.insert(0, str(REPO))
+
+BASE = "http://127.0.0.1:3000"
+
+
+def log(msg: str) -> None:
+    print(msg, file=sys.stderr, flush=True)
+
+
+@contextmanager
+def bench_server(env: Mapping[str, str] | None = None) -> Iterator[Any]:
+    """Prepare images, start a server in its own namespace (`env` added to its environment)
+    and yield its `tests.e2e.server_ns.ServerNs`; stop it and remove its data dir after."""
+    from aenv.orchestrator.images import prepare_images
+    from tests.e2e.server_ns import server_in_namespace
+
+    os.environ.setdefault("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache"))
+    scratch = Path(tempfile.mkdtemp(prefix="aenv-b-"))
+    home = scratch / "home"
+    saved = {k: os.environ.get(k) for k in env or {}}
+    try:
+        log("preparing guest images (cached)...")
+        asyncio.run(prepare_images(home / "cache"))
+        os.environ.update(env or {})  # server_in_namespace copies os.environ
+        with server_in_namespace(home) as server:
+            yield server
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        shutil.rmtree(scratch, ignore_errors=True)
+
+
+def run_client(server: Any, argv: list[str], timeout: float) -> dict[str, Any]:
+    """Run `argv` inside the server's namespace: its stderr (progress) passes through, its
+    stdout must be one JSON document, returned. Fails early, with the end of the server's log,
+    when the client fails, times out or the server exits."""
+    from tests.e2e.server_ns import in_netns
+
+    with tempfile.TemporaryFile() as out:
+        client = subprocess.Popen(in_netns(server.netns, *argv), env=server.env, stdout=out)
+        deadline = time.monotonic() + timeout
+        why = ""
+        while client.poll() is None:
+            if server.proc.poll() is not None:
+                why = "the server exited"
+            elif time.monotonic() > deadline:
+                why = f"the client timed out after {timeout:.0f} s"
+            if why:
+                client.kill()
+                client.wait()
+                break
+            time.sleep(0.5)
+        if not why and client.returncode != 0:
+            why = f"the client failed (exit code {client.returncode})"
+        if why:
+            tail = server.log.read_text(errors="replace")[-6000:]
+            raise RuntimeError(f"{why}\n--- server log (end) ---\n{tail}")
+        out.seek(0)
+        result: dict[str, Any] = json.loads(out.read())
+        return result
+
+
+def describe(server: Any) -> dict[str, Any]:
+    """What the figures ran on: the VMM the server chose, guest size, host cores."""
+    log = server.log.read_text(errors="replace").splitlines()
+    vmm = next((line.split("VMM:", 1)[1].strip() for line in log if "VMM:" in line), "")
+    return {
+        "vmm": vmm,
+        "guest_memory_mib": int(server.env["AENV_SANDBOX_MEMORY_MB"]),
+        "cores": os.cpu_count(),
+    }
+
+
+def client_env(wait_s: float = 1200) -> dict[str, str]:
+    """In the namespace: wait for the server (its first start builds the `base` template) and
+    set the SDK's variables in os.environ; returns them."""
+    import httpx
+
+    home = Path(os.environ["AENV_HOME"])
+    deadline = time.monotonic() + wait_s
+    while True:
+        try:
+            if httpx.get(f"{BASE}/health", timeout=2).is_success:
+                break
+        except httpx.TransportError:
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError("server did not come up:\n" + (home / "server.log").read_text())
+        time.sleep(0.5)
+    env = {
+        "E2B_API_KEY": (home / "api-key").read_text().strip(),
+        "E2B_API_URL": BASE,
+        "E2B_SANDBOX_URL": BASE,
+    }
+    os.environ.update(env)
+    os.environ.pop("E2B_DEBUG", None)
+    return env
+
+
+def dir_size(path: Path) -> dict[str, float]:
+    """Bytes a directory tree holds: allocated on disk (sparse files count what they use) and
+    apparent (file sizes), in MiB; a file hard-linked twice counts once."""
+    allocated = apparent = 0
+    seen: set[tuple[int, int]] = set()
+    for root, _, files in os.walk(path):
+        for name in files:
+            st = os.lstat(os.path.join(root, name))
+            if (st.st_dev, st.st_ino) in seen:
+                continue
+            seen.add((st.st_dev, st.st_ino))
+            allocated += st.st_blocks * 512
+            apparent += st.st_size
+    return {
+        "allocated_mib": round(allocated / 2**20, 2),
+        "apparent_mib": round(apparent / 2**20, 2),
+    }
+
+
+def files_mib(path: Path) -> dict[str, float]:
+    """Every file under `path` with the MiB it occupies on disk."""
+    return {
+        str(f.relative_to(path)): round(f.stat().st_blocks * 512 / 2**20, 2)
+        for f in sorted(path.rglob("*"))
+        if f.is_file()
+    }
+
+
+def wait_until(check: Callable[[], bool], timeout: float) -> float:
+    """Poll `check` every 20 ms until true; the seconds that took. Raises after `timeout`."""
+    start = time.perf_counter()
+    while not check():
+        if time.perf_counter() - start > timeout:
+            raise TimeoutError(f"still waiting after {timeout:.0f} s")
+        time.sleep(0.02)
+    return time.perf_counter() - start
+
+
+def unarchived_pauses(home: Path, sandbox_id: str | None = None) -> int:
+    """Paused sandboxes whose checkpoint has no durable repository copy yet (the server pushes
+    one in the background after every pause and records it in the catalog row)."""
+    db = sqlite3.connect(f"file:{home / 'catalog.db'}?mode=ro", uri=True, timeout=10)
+    try:
+        query = (
+            "SELECT COUNT(*) FROM sandboxes WHERE state = 'paused'"
+            " AND json_extract(placement, '$.archive') IS NULL"
+        )
+        params: tuple[str, ...] = ()
+        if sandbox_id is not None:
+            query += " AND id = ?"
+            params = (sandbox_id,)
+        return int(db.execute(query, params).fetchone()[0])
+    finally:
+        db.close()

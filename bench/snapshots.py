@@ -1,0 +1,181 @@
+"""Pause, resume, snapshot and fork benchmarks (issue 5): a real `aenv server` with real VMs,
+driven by the unmodified `e2b` Python SDK from inside the server's network namespace (see
+server_ns.py). The snapshot repository has its own benchmark (bench/repository.py).
+
+Each run, on sandboxes freshly created from the `base` template:
+- sandbox A: `pause()`; what the pause wrote (the sandbox's `pause-*` checkpoint dirs under
+  `$AENV_HOME/sandboxes/<id>/`: device state with RAM, sealed disk layers); resume, which is
+  `Sandbox.connect()` of the paused sandbox, and the first `commands.run("true")` after it;
+- sandbox B: `create_snapshot()` while it runs (and the snapshot's size on disk), then
+  `fork(count=16)`: all 16 children created (total, and per child = total / 16).
+
+After a pause or a snapshot the server copies it to the snapshot repository in the background;
+the bench waits for that copy (read from the catalog row / the snapshot's template.json) before
+the next timed operation, and reports how long after the call it was durable (`*_durable`).
+
+Baseline: the plain `Sandbox.create()` of A and B, measured in the same run; ratios are medians
+over that baseline's median. min / median / max (and p99) over AENV_BENCH_RUNS runs (5);
+AENV_BENCH_FORKS sets the fork count (16). Prints one JSON document on stdout; progress goes to
+stderr.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from server_ns import (
+    bench_server,
+    client_env,
+    describe,
+    dir_size,
+    files_mib,
+    log,
+    run_client,
+    unarchived_pauses,
+    wait_until,
+)
+from summary import summary_ms
+
+RUNS = int(os.environ.get("AENV_BENCH_RUNS", "5"))
+FORKS = int(os.environ.get("AENV_BENCH_FORKS", "16"))
+TARGETS_MS = {"pause": 200, "resume": 300, "snapshot": 300, "fork_total": 4000}
+
+
+def timed(op: Callable[[], Any]) -> tuple[float, Any]:
+    start = time.perf_counter()
+    result = op()
+    return time.perf_counter() - start, result
+
+
+def pause_files(sandbox_dir: Path) -> dict[str, Any]:
+    """What the pause left in the sandbox's directory: its `pause-*` checkpoint(s)."""
+    dirs = sorted(sandbox_dir.glob("pause-*"))
+    files = {f"{d.name}/{name}": mib for d in dirs for name, mib in files_mib(d).items()}
+    total = {"allocated_mib": 0.0, "apparent_mib": 0.0}
+    for d in dirs:
+        for key, value in dir_size(d).items():
+            total[key] = round(total[key] + value, 2)
+    return {**total, "files_mib": files}
+
+
+def one_run(home: Path, run: int) -> dict[str, Any]:
+    from e2b import Sandbox
+
+    samples: dict[str, Any] = {"create": []}
+    # A: pause and resume.
+    took, a = timed(lambda: Sandbox.create(timeout=600))
+    samples["create"].append(took)
+    a.commands.run("true")
+    samples["pause"], paused = timed(a.pause)
+    paused_at = time.perf_counter()
+    assert paused is True
+    samples["pause_written"] = pause_files(home / "sandboxes" / a.sandbox_id)
+    # The server then copies the checkpoint to the snapshot repository in the background; let
+    # it finish, so the resume below is measured alone.
+    wait_until(lambda: unarchived_pauses(home, a.sandbox_id) == 0, 600)
+    samples["pause_durable"] = time.perf_counter() - paused_at
+    samples["resume"], a = timed(lambda: Sandbox.connect(a.sandbox_id, timeout=600))
+    samples["first_command_after_resume"] = timed(lambda: a.commands.run("true"))[0]
+    a.kill()
+    # B: snapshot and fork.
+    took, b = timed(lambda: Sandbox.create(timeout=600))
+    samples["create"].append(took)
+    b.commands.run("true")
+    samples["snapshot"], info = timed(b.create_snapshot)
+    snapshot_at = time.perf_counter()
+    samples["snapshot_size"] = dir_size(home / "templates" / info.snapshot_id)
+    template_file = home / "templates" / info.snapshot_id / "template.json"
+    wait_until(lambda: json.loads(template_file.read_text()).get("manifest_id") is not None, 600)
+    samples["snapshot_durable"] = time.perf_counter() - snapshot_at
+    Sandbox.delete_snapshot(info.snapshot_id)
+    samples["fork_total"], children = timed(lambda: b.fork(count=FORKS, timeout=600))
+    errors = [c for c in children if not isinstance(c, Sandbox)]
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda c: c.kill(), [c for c in children if isinstance(c, Sandbox)]))
+    b.kill()
+    if errors:
+        raise RuntimeError(f"fork: {len(errors)} of {FORKS} children failed: {errors[:3]}")
+    log(
+        f"run {run}: create {samples['create'][0] * 1000:.0f}/{took * 1000:.0f} ms, "
+        f"pause {samples['pause'] * 1000:.0f} ms ({samples['pause_written']['allocated_mib']}"
+        f" MiB), resume {samples['resume'] * 1000:.0f} ms, snapshot "
+        f"{samples['snapshot'] * 1000:.0f} ms, fork x{FORKS} {samples['fork_total']:.2f} s"
+    )
+    return samples
+
+
+def client() -> None:
+    """Runs inside the server's namespace."""
+    from importlib.metadata import version
+
+    from e2b import Sandbox
+
+    client_env()
+    home = Path(os.environ["AENV_HOME"])
+    warm = Sandbox.create(timeout=120)  # the first create after start warms caches
+    warm.commands.run("true")
+    warm.kill()
+    log(f"server up; {RUNS} runs...")
+    runs = [one_run(home, i + 1) for i in range(RUNS)]
+    creates = [c for r in runs for c in r["create"]]
+    base = statistics.median(creates)
+    result: dict[str, Any] = {
+        "sdk": f"e2b {version('e2b')}",
+        "runs": RUNS,
+        "forks": FORKS,
+        "baseline_create_ms": summary_ms(creates),
+    }
+    names = (
+        "pause",
+        "pause_durable",
+        "resume",
+        "first_command_after_resume",
+        "snapshot",
+        "snapshot_durable",
+        "fork_total",
+    )
+    for name in names:
+        values = [r[name] for r in runs]
+        entry: dict[str, Any] = {
+            "ms": summary_ms(values),
+            "ratio_to_create": round(statistics.median(values) / base, 3),
+        }
+        if name in TARGETS_MS:
+            entry["target_ms"] = TARGETS_MS[name]
+            entry["median_meets_target"] = statistics.median(values) * 1000 <= TARGETS_MS[name]
+        result[name] = entry
+    result["fork_per_child_ms"] = summary_ms([r["fork_total"] / FORKS for r in runs])
+    result["pause_written"] = {
+        "allocated_mib": summary_ms([r["pause_written"]["allocated_mib"] for r in runs], 1),
+        "first_run_files_mib": runs[0]["pause_written"]["files_mib"],
+    }
+    result["snapshot_size_mib"] = summary_ms([r["snapshot_size"]["allocated_mib"] for r in runs], 1)
+    print(json.dumps(result))
+
+
+def main() -> None:
+    with bench_server() as server:
+        result = run_client(server, [sys.executable, __file__, "--client"], timeout=3600)
+        machine = describe(server)
+    doc = {
+        "benchmark": "snapshots",
+        "date": time.strftime("%Y-%m-%d"),
+        **machine,
+        **result,
+    }
+    print(json.dumps(doc, indent=2))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--client"]:
+        client()
+    else:
+        main()
