@@ -4,7 +4,8 @@ namespace of its own, and a client script run inside that namespace which prints
 The server is the one `tests/e2e` starts (`tests.e2e.server_ns`): guest images are prepared
 from the root namespace first (it has the package mirrors; `AENV_GUEST_CACHE` defaults to
 build/guest-cache), the data dir is a short temporary path (VMM control sockets live under it
-and AF_UNIX caps paths at 107 bytes) and is removed afterwards with everything in it.
+and AF_UNIX caps paths at 107 bytes) and is removed afterwards with everything in it, as is
+the server's memory tree on tmpfs.
 
 Inside the namespace the client reaches the server at http://127.0.0.1:3000; `client_env()`
 waits until it answers and returns the E2B_* variables the unmodified SDK needs.
@@ -42,6 +43,7 @@ def bench_server(env: Mapping[str, str] | None = None) -> Iterator[Any]:
     """Prepare images, start a server in its own namespace (`env` added to its environment)
     and yield its `tests.e2e.server_ns.ServerNs`; stop it and remove its data dir after."""
     from aenv.orchestrator.images import prepare_images
+    from aenv.orchestrator.templates import memory_root
     from tests.e2e.server_ns import server_in_namespace
 
     os.environ.setdefault("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache"))
@@ -60,6 +62,8 @@ def bench_server(env: Mapping[str, str] | None = None) -> Iterator[Any]:
                 os.environ.pop(key, None)
             else:
                 os.environ[key] = value
+        # Template and sandbox memory live on tmpfs, outside the data dir: RAM until removed.
+        shutil.rmtree(memory_root(home), ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)
 
 
