@@ -76,7 +76,7 @@ async def init(
             )
         except httpx.TransportError as e:
             if time.monotonic() > deadline:
-                raise EnvdUnavailable(f"envd at {base_url} unreachable: {e}") from e
+                raise EnvdUnavailable(f"envd at {base_url} unreachable: {e!r}") from e
             await asyncio.sleep(0.02)
             continue
         if response.status_code != 204:
@@ -90,6 +90,6 @@ async def sync(client: httpx.AsyncClient, base_url: str, token: str | None) -> N
     try:
         response = await client.post(f"{base_url}/sync", headers=headers, timeout=60.0)
     except httpx.TransportError as e:
-        raise EnvdUnavailable(f"envd at {base_url} unreachable: {e}") from e
+        raise EnvdUnavailable(f"envd at {base_url} unreachable: {e!r}") from e
     if response.status_code != 204:
         raise EnvdUnavailable(f"envd /sync answered {response.status_code}: {response.text}")
