@@ -1,0 +1,87 @@
+"""What an idle sandbox costs the host: CPU of its VMM while nothing runs in the guest.
+
+Density under emulation (TCG) is bound by this: every idle guest's timer interrupts and
+daemons run on an emulated CPU. The bench starts a real server (bench/server_ns.py), creates
+AENV_BENCH_IDLE_N sandboxes (default 8) from `base`, lets them settle, and samples their VMMs'
+CPU time over AENV_BENCH_IDLE_S seconds (default 10). Baseline in the same run: one sandbox
+spinning a shell loop (`while :; do :; done`), i.e. what one busy guest costs; the ratio says
+how many idle sandboxes cost as much as one busy one. Prints JSON.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from server_ns import bench_server, client_env, describe, log, run_client
+
+N = int(os.environ.get("AENV_BENCH_IDLE_N", "8"))
+WINDOW_S = float(os.environ.get("AENV_BENCH_IDLE_S", "10"))
+SETTLE_S = 5.0
+
+
+def _vmm_cpu_seconds(home: Path) -> dict[int, float]:
+    """CPU seconds (user + system) of every QEMU process of this node, by pid."""
+    import psutil
+
+    found: dict[int, float] = {}
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if "qemu" in (proc.info["name"] or "") and str(home) in cmdline:
+            try:
+                times = proc.cpu_times()
+            except psutil.Error:
+                continue
+            found[proc.pid] = times.user + times.system
+    return found
+
+
+def client() -> None:
+    from e2b import Sandbox
+
+    client_env()
+    home = Path(os.environ["AENV_HOME"])
+    before_busy = set(_vmm_cpu_seconds(home))
+    busy = Sandbox.create(timeout=600)
+    busy.commands.run("while :; do :; done", background=True)
+    busy_pids = set(_vmm_cpu_seconds(home)) - before_busy
+    idle = [Sandbox.create(timeout=600) for _ in range(N)]
+    log(f"{N} idle sandboxes and one busy one; settling {SETTLE_S:.0f} s")
+    time.sleep(SETTLE_S)
+    start = _vmm_cpu_seconds(home)
+    time.sleep(WINDOW_S)
+    end = _vmm_cpu_seconds(home)
+    for sbx in [busy, *idle]:
+        sbx.kill()
+    used = {pid: (end[pid] - start[pid]) / WINDOW_S for pid in start if pid in end}
+    idle_cores = [c for pid, c in used.items() if pid not in busy_pids]
+    busy_cores = [c for pid, c in used.items() if pid in busy_pids]
+    per_idle = sum(idle_cores) / len(idle_cores)
+    result: dict[str, Any] = {
+        "idle_sandboxes": len(idle_cores),
+        "window_s": WINDOW_S,
+        "idle_cores_per_sandbox": round(per_idle, 4),
+        "idle_cores_each": [round(c, 4) for c in sorted(idle_cores)],
+        "busy_cores": round(sum(busy_cores), 3),
+        "ratio_idle_to_busy": round(per_idle / max(sum(busy_cores), 1e-9), 4),
+        "idle_sandboxes_per_core": round(1 / per_idle) if per_idle else None,
+    }
+    print(json.dumps(result))
+
+
+def main() -> None:
+    with bench_server() as server:
+        result = run_client(server, [sys.executable, __file__, "--client"], timeout=1800)
+        machine = describe(server)
+    print(json.dumps({"benchmark": "idle", "date": time.strftime("%Y-%m-%d"), **machine, **result}))
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] == ["--client"]:
+        client()
+    else:
+        main()
