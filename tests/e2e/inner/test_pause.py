@@ -31,7 +31,7 @@ def sandbox() -> Iterator[Sandbox]:
 
 def _start_counter(sbx: Sandbox) -> int:
     pid = sbx.commands.run(COUNTER, background=True).pid
-    sbx.commands.run("while [ ! -s /tmp/counter ]; do sleep 0.05; done", timeout=30)
+    sbx.commands.run("while [ ! -s /tmp/counter ]; do sleep 0.05; done", timeout=120)
     return pid
 
 

@@ -21,7 +21,7 @@ def source() -> Iterator[Sandbox]:
         "bash -c 'secret=$RANDOM$RANDOM; echo $secret > /tmp/secret; sleep 100000'",
         background=True,
     )
-    sbx.commands.run("while [ ! -s /tmp/secret ]; do sleep 0.05; done", timeout=30)
+    sbx.commands.run("while [ ! -s /tmp/secret ]; do sleep 0.05; done", timeout=120)
     try:
         yield sbx
     finally:

@@ -19,6 +19,6 @@ def test_sandboxes_running_at_shutdown() -> None:
         sbx = Sandbox.create(timeout=600)
         sbx.files.write("/home/user/note.txt", f"note {n}")
         sbx.commands.run(COUNTER, background=True)
-        sbx.commands.run("while [ ! -s /tmp/counter ]; do sleep 0.05; done", timeout=30)
+        sbx.commands.run("while [ ! -s /tmp/counter ]; do sleep 0.05; done", timeout=120)
         state[sbx.sandbox_id] = int(sbx.files.read("/tmp/counter"))
     Path(os.environ["AENV_HOME"], "shutdown.json").write_text(json.dumps(state))
