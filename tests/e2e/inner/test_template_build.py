@@ -194,6 +194,13 @@ def test_cli_build_and_logs(tmp_path: Path) -> None:
         assert "ready" in logs.stderr
         missing = _aenv("template", "logs", ids["templateID"], "no-such-build")
         assert missing.returncode == 1 and "404" in missing.stderr
+
+        assigned = Template.assign_tags(f"{name}:latest", ["stable", "v1"])
+        assert assigned.build_id == ids["buildID"]
+        tags = {t.tag: t.build_id for t in Template.get_tags(ids["templateID"])}
+        assert tags == dict.fromkeys(["latest", "stable", "v1"], ids["buildID"])
+        Template.remove_tags(name, ["v1"])
+        assert {t.tag for t in Template.get_tags(ids["templateID"])} == {"latest", "stable"}
     finally:
         _delete(name)
 
