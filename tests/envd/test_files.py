@@ -419,3 +419,22 @@ def test_file_api_acts_as_root_then_hands_over(sandbox: Sandbox) -> None:
             sandbox.commands.run(f"cat {path}")  # the user's own shell cannot get there
     finally:
         sandbox.files.remove("/root/handed-over")
+
+
+def test_read_while_the_file_is_replaced(sandbox: Sandbox, workdir: str) -> None:
+    # A writer that atomically replaces the file with one of another length, over and over
+    # (as a counter that goes from 9 to 10 does): every read gets one whole version, never a
+    # response whose Content-Length belongs to the file it replaced.
+    short, long = "s" * 10, "L" * 70_000
+    loop = (
+        f"cd {workdir}; while true; do printf {short} > a.tmp; mv a.tmp f; "
+        f"head -c 70000 /dev/zero | tr '\\0' L > b.tmp; mv b.tmp f; done"
+    )
+    writer = sandbox.commands.run(loop, background=True)
+    try:
+        sandbox.commands.run(f"while [ ! -f {workdir}/f ]; do sleep 0.01; done")
+        seen = {sandbox.files.read(f"{workdir}/f") for _ in range(300)}
+    finally:
+        writer.kill()
+    assert seen <= {short, long}
+    assert seen == {short, long}  # both versions were read: the race was exercised

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import subprocess
 from pathlib import Path
 
@@ -45,14 +46,21 @@ async def test_chain_seal_and_flatten(tmp_path: Path) -> None:
         sealed.append(await layers.seal(nxt, tmp_path / f"sealed{depth}.qcow2"))
         top = nxt
     assert layers.is_qcow2(top)
-    assert len(await layers.chain(top)) == 5
+    assert len(layers.chain(top)) == 5
+    info = subprocess.run(
+        ["qemu-img", "info", "--backing-chain", "--output=json", "-U", str(top)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert layers.chain(top) == [Path(entry["filename"]) for entry in json.loads(info.stdout)]
     last = sealed[-1]
     assert (last.stat().st_mode & 0o222) == 0  # sealed layers are read-only
     assert last.stat().st_ino == top.stat().st_ino  # same filesystem: a hard link, no copy
     assert await layers.flatten_if_deep(last, max_depth=8) == last
-    assert len(await layers.chain(last)) == 5
+    assert len(layers.chain(last)) == 5
     await layers.flatten_if_deep(last, max_depth=2)
-    assert len(await layers.chain(last)) == 1
+    assert len(layers.chain(last)) == 1
     assert [read_byte(last, d << 20) for d in range(1, 5)] == [1, 2, 3, 4]
 
 

@@ -240,6 +240,7 @@ class Builder:
                     await asyncio.to_thread(self.orc.templates.save, _with_state(layer, state))
             if spec.start_cmd:
                 await self._start_service(shell, state, spec, build)
+            await shell.warm_up(state.user)
             saved = await self.orc.save_template(
                 record.id, build.template_id, "template", (build.name,)
             )

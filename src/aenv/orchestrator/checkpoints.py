@@ -2,7 +2,8 @@
 
 A sandbox's directory (`sandboxes/<id>/`) is the work dir of every VM it runs in. Each pause
 writes a checkpoint `pause-<n>/` there (device state with memory, sealed disk layers,
-`snapshot.json` last: a checkpoint without it never completed and is ignored). A checkpoint's
+`snapshot.json` last: a checkpoint without it never completed and is ignored); its memory may
+later be detached into a file (`detach.py`). A checkpoint's
 disk layers are qcow2 files stacked on the previous checkpoint's (or the template's) by absolute
 path, so they stay until the sandbox is killed; only the state and memory of checkpoints older
 than the newest are removed.
@@ -22,6 +23,7 @@ import re
 import shutil
 from pathlib import Path
 
+from aenv.orchestrator import detach
 from aenv.runtime.driver import SNAPSHOT_MANIFEST, RestoreError, Snapshot
 from aenv.storage import layers
 
@@ -63,12 +65,16 @@ def prune_pauses(sandbox_dir: Path, keep: int) -> None:
     be below `keep`'s and stay), and remove those after it: a crash left them incomplete."""
     for entry in sandbox_dir.glob("pause-*"):
         match = _PAUSE.match(entry.name)
-        if not match or int(match.group(1)) == keep:
+        if not match:
+            continue
+        if int(match.group(1)) == keep:
+            detach.tidy(entry)
             continue
         if int(match.group(1)) > keep:
             shutil.rmtree(entry, ignore_errors=True)
             continue
-        for name in ("state", "memory", SNAPSHOT_MANIFEST):
+        detach.discard(entry)
+        for name in ("state", SNAPSHOT_MANIFEST):
             with contextlib.suppress(FileNotFoundError):
                 (entry / name).unlink()
 

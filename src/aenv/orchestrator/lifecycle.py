@@ -36,7 +36,7 @@ from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.ids import new_access_token, new_sandbox_id
 from aenv.network import Slot, SlotProvider
-from aenv.orchestrator import checkpoints, envd_client
+from aenv.orchestrator import checkpoints, detach, envd_client
 from aenv.orchestrator.archive import Archive
 from aenv.orchestrator.catalog import Catalog, SandboxRecord
 from aenv.orchestrator.saved import SavedStates
@@ -170,6 +170,8 @@ class Orchestrator:
         self._client = httpx.AsyncClient()
         self._tasks: set[asyncio.Task[None]] = set()
         self.saved = SavedStates(catalog, templates, config.sandboxes_dir, archive)
+        self.detacher = detach.Detacher(driver, slots)
+        self._settling: dict[str, asyncio.Task[None]] = {}  # sandbox id -> its _settle_pause
 
     # -- start-up and shutdown ------------------------------------------------------------
 
@@ -206,6 +208,10 @@ class Orchestrator:
         await asyncio.gather(*(self._park(sandbox_id) for sandbox_id in running))
         for sandbox_id in list(self._live):
             await self.kill(sandbox_id)
+        # Checkpoints are uploaded as they are: detaching their memory is only worth it for a
+        # restore soon, and the restarted server can restore either form.
+        for sandbox_id in list(self._settling):
+            await self._stop_settling(sandbox_id)
         await self.saved.close()
         for task in list(self._tasks):
             task.cancel()
@@ -442,6 +448,7 @@ class Orchestrator:
             if record is None:
                 return False
             self._cancel_timer(sandbox_id)
+            await self._stop_settling(sandbox_id)
             await self.saved.cancel_push(sandbox_id)
             live = self._live.pop(sandbox_id, None)
             if live is not None:
@@ -524,9 +531,43 @@ class Orchestrator:
                 placement={**record.placement, "seq": seq, "memory": memory},
             )
             assert paused is not None
+            await self._stop_settling(sandbox_id)  # an earlier pause's: uploads stay in order
             await asyncio.to_thread(checkpoints.prune_pauses, sandbox_dir, seq)
-            self.saved.push_checkpoint(paused, seq, saved)
+            task = asyncio.get_running_loop().create_task(self._settle_pause(paused, seq, saved))
+            self._settling[sandbox_id] = task
+            task.add_done_callback(lambda t: self._settled(sandbox_id, t))
             return paused
+
+    async def _settle_pause(self, record: SandboxRecord, seq: int, saved: Snapshot) -> None:
+        """After a pause returns: detach the checkpoint's memory, so the resume maps it rather
+        than parses it (unless the sandbox was resumed first), then upload the checkpoint."""
+        directory = checkpoints.pause_dir(self._dirs(record.id)[0], seq)
+        try:
+            detached = await self.detacher.detach(saved, directory)
+            if detached is not None:
+                async with self._lock(record.id):
+                    current = self.catalog.get(record.id)
+                    still = current is not None and current.state is SandboxState.PAUSED
+                    if still and current is not None and current.placement.get("seq") == seq:
+                        await asyncio.to_thread(detach.adopt, directory, detached)
+                        saved = detached
+                    else:
+                        await asyncio.to_thread(detach.discard, directory)
+        finally:
+            # Also when cancelled: whoever cancels (kill, shutdown) decides about the upload.
+            self.saved.push_checkpoint(record, seq, saved)
+
+    def _settled(self, sandbox_id: str, task: asyncio.Task[None]) -> None:
+        if self._settling.get(sandbox_id) is task:
+            del self._settling[sandbox_id]
+        if not task.cancelled() and task.exception() is not None:
+            log.error("after pausing %s: %s", sandbox_id, task.exception())
+
+    async def _stop_settling(self, sandbox_id: str) -> None:
+        task = self._settling.pop(sandbox_id, None)
+        if task is not None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
 
     async def resume(
         self, sandbox_id: str, timeout: int, *, memory: bool = True
@@ -602,7 +643,10 @@ class Orchestrator:
     ) -> Template:
         """Save a running sandbox's state, memory included, as a new build of `template_id`
         (template builds: the finished template and its cached intermediate steps)."""
-        template = await self._checkpoint(sandbox_id, template_id, kind, aliases, True)
+        # Finished templates are restored by every sandbox; cached steps only by a rebuild.
+        template = await self._checkpoint(
+            sandbox_id, template_id, kind, aliases, True, detach_memory=kind == "template"
+        )
         await self.saved.collect()  # the build it replaced, unless sandboxes still use it
         return template
 
@@ -631,7 +675,10 @@ class Orchestrator:
             except LookupError as e:
                 raise SandboxNotFound(source) from e
         else:
-            base = await self._checkpoint(source, new_sandbox_id(), "fork", (), True)
+            # With more than one child, detaching the memory once beats each child parsing it.
+            base = await self._checkpoint(
+                source, new_sandbox_id(), "fork", (), True, detach_memory=count > 1
+            )
         with self.saved.pin(Path(base.snapshot_dir)):
             children = await self._start_children(base, parent, count, timeout)
         await self.saved.collect()  # a fork checkpoint no child started from
@@ -662,12 +709,17 @@ class Orchestrator:
         kind: str,
         aliases: tuple[str, ...],
         memory: bool,
+        *,
+        detach_memory: bool = False,
     ) -> Template:
-        """Save the sandbox's current state as template `template_id` (a new build of it)."""
+        """Save the sandbox's current state as template `template_id` (a new build of it), its
+        memory detached into a file first when `detach_memory` (see detach.py)."""
         build_id = secrets.token_hex(8)
         dest = self.templates.directory / template_id / build_id
         with self.saved.pin(dest):
-            return await self._checkpoint_into(dest, sandbox_id, template_id, kind, aliases, memory)
+            return await self._checkpoint_into(
+                dest, sandbox_id, template_id, kind, aliases, memory, detach_memory
+            )
 
     async def _checkpoint_into(
         self,
@@ -677,6 +729,7 @@ class Orchestrator:
         kind: str,
         aliases: tuple[str, ...],
         memory: bool,
+        detach_memory: bool,
     ) -> Template:
         async with self._lock(sandbox_id):
             record = self.get(sandbox_id)
@@ -706,6 +759,8 @@ class Orchestrator:
                     memory = memory and bool(record.placement.get("memory", True))
                 else:
                     raise InvalidState(sandbox_id, record.state, "snapshot")
+                if detach_memory and memory:
+                    saved = await self.detacher.detach_in_place(saved, dest)
             except BaseException:
                 await asyncio.to_thread(shutil.rmtree, dest, True)
                 raise
@@ -719,7 +774,7 @@ class Orchestrator:
             envd_version=ENVD_VERSION,
             envd_access_token=record.envd_access_token or "",
             created_at=time.time(),
-            snapshot_dir=str(saved.state_file.parent),
+            snapshot_dir=str(dest),
             kind=kind,
             source_sandbox_id=sandbox_id,
             memory=memory,

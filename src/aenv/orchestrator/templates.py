@@ -24,6 +24,7 @@ import httpx
 from aenv.guest.cmdline import GuestNet, kernel_cmdline
 from aenv.network import SlotProvider
 from aenv.orchestrator import envd_client
+from aenv.orchestrator.build_steps import GuestShell
 from aenv.orchestrator.images import GuestImages
 from aenv.runtime.driver import (
     Disk,
@@ -240,6 +241,11 @@ async def build_template(
                 hostname="sandbox",
                 timeout=30,
             )
+        shell = GuestShell(base_url, token)
+        try:
+            await shell.warm_up("user")
+        finally:
+            await shell.close()
         snap_dir = final_dir / "snapshot"
         snap_dir.mkdir()
         snapshot = await vm.snapshot(

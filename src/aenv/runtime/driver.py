@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import enum
 import json
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -130,10 +131,13 @@ class Snapshot:
     memory_file: Path | None
     disks: Mapping[str, Path]
 
-    def save_manifest(self) -> Path:
-        """Write `snapshot.json` next to the state file, so the snapshot can be reloaded later."""
-        path = self.state_file.parent / SNAPSHOT_MANIFEST
-        path.write_text(json.dumps(_snapshot_to_dict(self), indent=2))
+    def save_manifest(self, directory: Path | None = None) -> Path:
+        """Write `snapshot.json` into `directory` (default: next to the state file), so the
+        snapshot can be reloaded later. Atomic: a reader sees the old manifest or the new one."""
+        path = (directory or self.state_file.parent) / SNAPSHOT_MANIFEST
+        tmp = path.with_name(f".{SNAPSHOT_MANIFEST}.tmp")
+        tmp.write_text(json.dumps(_snapshot_to_dict(self), indent=2))
+        os.replace(tmp, path)
         return path
 
     @classmethod
@@ -226,6 +230,16 @@ class Driver(Protocol):
     async def restore_many(self, snapshot: Snapshot, targets: Sequence[RestoreSpec]) -> list[VM]:
         """Start one clone per target concurrently. All or nothing: if any clone fails, the others
         are stopped and the first error is raised."""
+        ...
+
+    async def detach_memory(
+        self, snapshot: Snapshot, target: SnapshotTarget, place: RestoreSpec
+    ) -> Snapshot:
+        """`snapshot` with its guest memory as a file in `target.memory_dir` (state into
+        `target.directory`) if it travels inside the state file; `snapshot` itself otherwise.
+        Restores map a memory file but must parse a stream, so this makes a saved state that will
+        be restored (perhaps many times) cheap to restore. The guest does not run meanwhile;
+        `place` hosts whatever the driver needs to load the state."""
         ...
 
 

@@ -7,11 +7,14 @@ What `research/feasibility.md` measured, applied:
   pages are shared by every clone through the page cache and writes stay private.
 - A VM whose memory is such a private mapping cannot be saved that way (its RAM is not "shared" to
   QEMU), so its snapshots carry the RAM inside the state stream (`Snapshot.memory_file is None`);
-  restores of those load it into a fresh file of their own.
+  restores of those load it into a fresh file of their own. `detach_memory` turns such a
+  snapshot into the mapped kind by loading it (without running the guest) and saving it again.
 - Snapshot = stop, freeze writable disks (`blockdev-snapshot-sync`: the current top becomes a
-  sealed layer), migrate to `exec:cat > state` with the bandwidth cap lifted (7.2 defaults to
+  sealed layer), migrate to the state file with the bandwidth cap lifted (7.2 defaults to
   32 MiB/s), then either continue or quit.
 - Restore = spawn with `-incoming defer -S`, set the same capabilities, `migrate-incoming`, `cont`.
+- State files are opened by us and passed to QEMU over QMP (`getfd`, `fd:` URIs): QEMU reads and
+  writes them directly, ≈ 25% faster than `exec:cat` through a pipe for a 100 MiB stream.
 - Under TCG the guest kernel cannot calibrate its TSC and may hang at boot: we pass the host's TSC
   frequency as `tsc_early_khz`.
 - The netdev type is part of the migration stream, so every VM uses a tap (never user-mode net).
@@ -25,7 +28,6 @@ import dataclasses
 import os
 import re
 import secrets
-import shlex
 import signal
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -144,6 +146,46 @@ class QemuDriver:
         return vm
 
     async def restore(self, snapshot: Snapshot, target: RestoreSpec) -> VM:
+        vm = await self._restore_vm(snapshot, target)
+        try:
+            await vm.monitor.execute("cont")
+        except MonitorError as exc:
+            await vm.stop()
+            raise RestoreError(f"restore failed: {exc}; {_tail(vm.stderr_log)}") from exc
+        vm.run_state = VMState.RUNNING
+        return vm
+
+    async def detach_memory(
+        self, snapshot: Snapshot, target: SnapshotTarget, place: RestoreSpec
+    ) -> Snapshot:
+        """The same saved VM with its RAM moved out of the state stream into a memory file
+        (`target.memory_dir/memory`, state in `target.directory/state`), so that restores map it
+        instead of parsing it: a clone's checkpoint restores as fast as a template then. The
+        guest never runs meanwhile; `place` is where the loading VMM lives (it needs a tap like
+        any restore). Disks are untouched and shared with `snapshot`."""
+        if snapshot.memory_file is not None:
+            return snapshot
+        place = dataclasses.replace(place, memory_dir=target.memory_dir)
+        vm = await self._restore_vm(snapshot, place)
+        made: list[Path] = []
+        try:
+            state_file = target.directory / "state"
+            made.append(state_file)
+            await vm.save_state(state_file, ignore_shared=True)
+            memory_file = target.memory_dir / "memory"
+            made.append(memory_file)
+            await vm.hand_over_memory(memory_file)
+        except (MonitorError, OSError) as exc:
+            _unlink(made)
+            raise SnapshotError(f"cannot detach memory: {exc}; {_tail(vm.stderr_log)}") from exc
+        finally:
+            await vm.stop()
+        detached = dataclasses.replace(snapshot, state_file=state_file, memory_file=memory_file)
+        await asyncio.to_thread(detached.save_manifest)
+        return detached
+
+    async def _restore_vm(self, snapshot: Snapshot, target: RestoreSpec) -> QemuVM:
+        """A VMM holding `snapshot`'s state, its vCPUs not started yet."""
         await self._check(snapshot)
         if not await asyncio.to_thread(target.workdir.is_dir):
             raise RestoreError(f"workdir {target.workdir} does not exist")
@@ -192,14 +234,12 @@ class QemuDriver:
                     "migrate-set-capabilities",
                     capabilities=[{"capability": "x-ignore-shared", "state": True}],
                 )
-            uri = f"exec:cat {shlex.quote(str(snapshot.state_file))}"
-            await vm.monitor.execute("migrate-incoming", uri=uri)
+            await vm.monitor.pass_file("state", snapshot.state_file, os.O_RDONLY)
+            await vm.monitor.execute("migrate-incoming", uri="fd:state")
             await vm.monitor.wait_incoming(vm.proc, self.config.migrate_timeout_s)
-            await vm.monitor.execute("cont")
         except (MonitorError, OSError) as exc:
             await vm.stop()
             raise RestoreError(f"restore failed: {exc}; {_tail(vm.stderr_log)}") from exc
-        vm.run_state = VMState.RUNNING
         return vm
 
     async def restore_many(self, snapshot: Snapshot, targets: Sequence[RestoreSpec]) -> list[VM]:
@@ -427,9 +467,8 @@ class QemuVM:
     async def _snapshot(
         self, target: SnapshotTarget, keep_running: bool, made: list[Path]
     ) -> Snapshot:
-        mon = self.monitor
         if self.run_state is VMState.RUNNING:
-            await mon.execute("stop")
+            await self.monitor.execute("stop")
             self.run_state = VMState.PAUSED
         # vm_stop has drained and flushed every drive, so the files are consistent now.
         spec = self.spec
@@ -443,15 +482,9 @@ class QemuVM:
             # even if the rest of the snapshot fails.
             made[:] = [p for p in made if p not in sealed.values()]
         ignore_shared = self.memory.shared
-        await mon.execute(
-            "migrate-set-capabilities",
-            capabilities=[{"capability": "x-ignore-shared", "state": ignore_shared}],
-        )
-        await mon.execute("migrate-set-parameters", **{"max-bandwidth": MIGRATE_BANDWIDTH})
         state_file = target.directory / "state"
         made.append(state_file)
-        await mon.execute("migrate", uri=f"exec:cat > {shlex.quote(str(state_file))}")
-        await mon.wait_migration(self.proc, self._driver.config.migrate_timeout_s)
+        await self.save_state(state_file, ignore_shared=ignore_shared)
         memory_file: Path | None = None
         if ignore_shared:
             memory_file = target.memory_dir / "memory"
@@ -459,8 +492,7 @@ class QemuVM:
             if keep_running:
                 await _copy_sparse(self.memory.path, memory_file)
             else:
-                await self._quit()
-                await _move(self.memory.path, memory_file)
+                await self.hand_over_memory(memory_file)
         elif not keep_running:
             await self._quit()
         for dest in sealed.values():
@@ -475,6 +507,25 @@ class QemuVM:
         )
         await asyncio.to_thread(snap.save_manifest)
         return snap
+
+    async def save_state(self, state_file: Path, *, ignore_shared: bool) -> None:
+        """Write the (stopped) VM's device state, and its RAM unless `ignore_shared`, as a
+        migration stream into `state_file`."""
+        mon = self.monitor
+        await mon.execute(
+            "migrate-set-capabilities",
+            capabilities=[{"capability": "x-ignore-shared", "state": ignore_shared}],
+        )
+        await mon.execute("migrate-set-parameters", **{"max-bandwidth": MIGRATE_BANDWIDTH})
+        await mon.pass_file("state", state_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+        await mon.execute("migrate", uri="fd:state")
+        await mon.wait_migration(self.proc, self._driver.config.migrate_timeout_s)
+
+    async def hand_over_memory(self, dest: Path) -> None:
+        """Quit QEMU and give its (shared, owned) memory file the name `dest`."""
+        await self._quit()
+        await _move(self.memory.path, dest)
+        self.memory = dataclasses.replace(self.memory, owned=False)
 
     async def _seal(self, disk: Disk, directory: Path, made: list[Path]) -> Path:
         """Give the drive's current top its permanent name in the snapshot directory. Layers are

@@ -10,6 +10,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from pathlib import Path
 from typing import Any
 
@@ -42,6 +43,16 @@ class Monitor:
             raise MonitorError(f"{command}: {exc.error.error.desc}") from exc
         except QMPError as exc:
             raise MonitorError(f"{command}: {exc}") from exc
+
+    async def pass_file(self, name: str, path: Path, flags: int) -> None:
+        """Open `path` and hand the open file to QEMU as fd `name` (for `fd:` migration URIs:
+        QEMU then reads or writes the file itself, with no helper process or pipe between)."""
+        fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
+        try:
+            self._client.send_fd_scm(fd)
+            await self.execute("getfd", fdname=name)
+        finally:
+            os.close(fd)
 
     async def wait_migration(self, proc: asyncio.subprocess.Process, limit_s: float) -> None:
         """Outgoing migration: until `query-migrate` reports completed."""

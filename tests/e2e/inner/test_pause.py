@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 import os
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -61,6 +63,43 @@ def test_pause_and_connect_keep_files_and_processes(sandbox: Sandbox) -> None:
     assert _counter(resumed) > before  # same process, counting on from its memory
     pids = {p.pid for p in resumed.commands.list()}
     assert counter in pids
+
+
+def _detached_checkpoint(sandbox_id: str) -> Path:
+    """Wait until the sandbox's newest checkpoint has its memory detached into a file (done in
+    the background after a pause returns) and return that checkpoint's directory."""
+    sandbox_dir = Path(os.environ["AENV_HOME"]) / "sandboxes" / sandbox_id
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        pauses = sorted(sandbox_dir.glob("pause-*"), key=lambda d: int(d.name.split("-")[1]))
+        if pauses and (pauses[-1] / "snapshot.json").is_file():
+            manifest = json.loads((pauses[-1] / "snapshot.json").read_text())
+            if manifest["memory_file"]:
+                return pauses[-1]
+        time.sleep(0.1)
+    pytest.fail(f"the checkpoint of {sandbox_id} never got a memory file")
+
+
+def test_resume_from_detached_memory_keeps_files_and_processes(sandbox: Sandbox) -> None:
+    sandbox.files.write("/home/user/kept.txt", "detached")
+    counter = _start_counter(sandbox)
+    time.sleep(0.3)
+    before = _counter(sandbox)
+    assert sandbox.pause() is True
+    checkpoint = _detached_checkpoint(sandbox.sandbox_id)
+    assert (checkpoint / "memory").is_file()
+    assert not (checkpoint / "state").exists()  # the stream it replaced is gone
+    resumed = Sandbox.connect(sandbox.sandbox_id, timeout=120)
+    assert resumed.files.read("/home/user/kept.txt") == "detached"
+    time.sleep(0.5)
+    assert _counter(resumed) > before
+    assert counter in {p.pid for p in resumed.commands.list()}
+    # And once more from the resumed VM, whose memory is a private mapping of that file.
+    assert resumed.pause() is True
+    _detached_checkpoint(sandbox.sandbox_id)
+    again = Sandbox.connect(sandbox.sandbox_id, timeout=120)
+    assert again.files.read("/home/user/kept.txt") == "detached"
+    assert counter in {p.pid for p in again.commands.list()}
 
 
 def test_ten_pause_resume_cycles_lose_nothing(sandbox: Sandbox) -> None:

@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from aenv.runtime.driver import VMState
+from aenv.runtime.driver import Snapshot, VMState
 from tests.runtime.qemu_vm.conftest import TEMPLATE_MEMORY, TEMPLATE_NOTE, Fleet, Places, Template
 from tests.runtime.qemu_vm.netns import agent, wait_ready
 
@@ -109,3 +109,32 @@ async def test_a_full_disk_stays_inside_its_sandbox(fleet: Fleet, template: Temp
     await agent(other_netns, "POST", "/?memory=fine&note=still-writable")
     assert (await agent(other_netns))["note"] == "still-writable"
     assert (await agent(full_netns))["memory"] == TEMPLATE_MEMORY  # the full one still serves
+
+
+async def test_detached_memory_restores_like_a_template(
+    fleet: Fleet, template: Template, places: Places
+) -> None:
+    vm, netns = await fleet.restore(template.snapshot)
+    await agent(netns, "POST", "/?memory=detach-me&note=detach-note")
+    stream = await vm.snapshot(places.snapshot_target(), keep_running=False)
+    assert stream.memory_file is None  # a clone's RAM travels in the state stream
+    target = places.snapshot_target()
+    detached = await fleet.driver.detach_memory(stream, target, fleet.target())
+    assert detached.memory_file == target.memory_dir / "memory"
+    assert detached.disks == stream.disks
+    # Device state only: the RAM left the stream for the memory file.
+    assert detached.state_file.stat().st_size < stream.state_file.stat().st_size // 50
+    assert Snapshot.load_manifest(target.directory) == detached
+    assert await fleet.driver.detach_memory(detached, places.snapshot_target(), fleet.target()) is (
+        detached
+    )
+    children = await fleet.restore_many(detached, 2)
+    for _child, child_netns in children:
+        state = await agent(child_netns)
+        assert (state["memory"], state["note"]) == ("detach-me", "detach-note")
+    await agent(children[0][1], "POST", "/?memory=only-first&note=only-first")
+    assert (await agent(children[1][1]))["memory"] == "detach-me"
+    # The memory file is mapped privately by restores: it never changes.
+    again, again_netns = await fleet.restore(detached)
+    assert (await agent(again_netns))["memory"] == "detach-me"
+    assert again.state is VMState.RUNNING

@@ -16,10 +16,12 @@ import stat
 import zlib
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import Any, BinaryIO
 
 from python_multipart.multipart import MultipartParser, parse_options_header
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import FileResponse, JSONResponse, Response, StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from aenv.envd.auth import TOKEN_HEADER, SignatureError, check_file_access
 from aenv.envd.filesystem.entry import METADATA_XATTR_PREFIX, read_metadata, write_metadata
@@ -115,14 +117,30 @@ def _identity_refused(accepted: dict[str, float]) -> bool:
     return accepted.get("*", 1.0) <= 0
 
 
-class _FileResponse(FileResponse):
+class _OpenFileResponse(FileResponse):
+    """Sends a file we already opened, through its `/proc/self/fd` name: the length announced
+    and the bytes sent then come from the same file even when its path is replaced meanwhile
+    (an atomic `mv` over it, as programs that update a file do). Starlette's `FileResponse`
+    stats the path and opens it again later, and a replaced file of another length cut the
+    response short."""
+
     # Bigger reads than Starlette's 64 KiB mean far fewer thread hops per file.
     chunk_size = 1024 * 1024
 
+    def __init__(self, fd: int, st: os.stat_result, **kwargs: Any) -> None:
+        self._fd = fd
+        super().__init__(f"/proc/self/fd/{fd}", stat_result=st, **kwargs)
 
-async def _gzip_stream(path: str) -> AsyncIterator[bytes]:
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            os.close(self._fd)
+
+
+async def _gzip_stream(file: BinaryIO) -> AsyncIterator[bytes]:
     compressor = zlib.compressobj(1, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
-    with open(path, "rb") as f:
+    with file as f:
         while chunk := f.read(CHUNK):
             if out := compressor.compress(chunk):
                 yield out
@@ -135,13 +153,16 @@ async def download(request: Request, settings: Settings) -> Response:
         user = _user(request, settings)
         path = _resolve(request.query_params.get("path", ""), user, settings)
         try:
-            st = os.stat(path)
+            # O_NONBLOCK: opening a FIFO must not wait for a writer.
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NONBLOCK)
         except (FileNotFoundError, NotADirectoryError):  # (a parent being a file: absent too)
             raise HTTPFailure(404, f"path '{path}' does not exist") from None
         except OSError as e:
             status = 400 if e.errno == errno.ENAMETOOLONG else 500
             raise HTTPFailure(status, f"error checking if path exists '{path}': {e}") from e
+        st = os.fstat(fd)
         if stat.S_ISDIR(st.st_mode):
+            os.close(fd)
             raise HTTPFailure(400, f"path '{path}' is a directory")
     except HTTPFailure as f:
         return json_error(f.status, f.message)
@@ -153,14 +174,15 @@ async def download(request: Request, settings: Settings) -> Response:
     gzip_wanted = _wants_gzip(accepted)
     if _identity_refused(accepted) and (conditional or not gzip_wanted):
         what = "for Range or conditional request" if conditional else "found, supported: [gzip]"
+        os.close(fd)
         return json_error(406, f"no acceptable encoding {what}")
     if not conditional and gzip_wanted:
         guessed = mimetypes.guess_type(name)[0] or "application/octet-stream"
         headers["Content-Disposition"] = f'inline; filename="{name}"'
         headers["Content-Encoding"] = "gzip"
-        return StreamingResponse(_gzip_stream(path), media_type=guessed, headers=headers)
-    return _FileResponse(
-        path, stat_result=st, filename=name, content_disposition_type="inline", headers=headers
+        return StreamingResponse(_gzip_stream(open(fd, "rb")), media_type=guessed, headers=headers)
+    return _OpenFileResponse(
+        fd, st, filename=name, content_disposition_type="inline", headers=headers
     )
 
 

@@ -1,0 +1,115 @@
+"""Saved states made cheap to restore: guest memory moved out of the state stream into a file.
+
+A sandbox restored from a template maps the template's memory file privately, so when *it* is
+saved (a pause, a fork checkpoint, a template build step) its RAM has to travel inside the state
+stream, and every restore of that state parses the whole stream into fresh memory (≈ 136 MiB for
+a 256 MiB guest, about twice a template restore under TCG). `Detacher` has the driver reload
+such a state without running the guest and save it again with the memory as a file
+(`<dir>/memory`, device state in `<dir>/detached/state`); restores then map that file like a
+template's. Pauses do it in the background after they return; fork checkpoints and template
+builds before their first restore.
+
+`adopt` switches a saved directory over to its detached form by atomically replacing its
+`snapshot.json`: a crash before that leaves the stream form in use (and `tidy` removes the
+unfinished files), a crash after it only leaves the old stream file for `tidy`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import shutil
+from pathlib import Path
+
+from aenv.network import SlotProvider
+from aenv.runtime.driver import (
+    Driver,
+    DriverError,
+    NetAttachment,
+    RestoreError,
+    RestoreSpec,
+    Snapshot,
+    SnapshotTarget,
+)
+
+log = logging.getLogger("aenv.orchestrator")
+
+DETACHED = "detached"
+_STREAM = "state"
+_MEMORY = "memory"
+_WORK = ".detach-work"
+
+
+class Detacher:
+    def __init__(self, driver: Driver, slots: SlotProvider) -> None:
+        self.driver = driver
+        self.slots = slots
+
+    async def detach(self, snapshot: Snapshot, directory: Path) -> Snapshot | None:
+        """The detached form of `snapshot` (saved in `directory`), written next to it but not
+        adopted; None when there is nothing to do or it failed (the stream form still works)."""
+        if snapshot.memory_file is not None:
+            return None
+        staging = directory / DETACHED
+        work = directory / _WORK
+        slot = await self.slots.acquire(egress=False) if snapshot.spec.net else None
+        try:
+            await asyncio.to_thread(_fresh_dirs, staging, work)
+            net = NetAttachment(slot.netns, slot.guest.tap, slot.guest.mac) if slot else None
+            return await self.driver.detach_memory(
+                snapshot, SnapshotTarget(staging, directory), RestoreSpec(workdir=work, net=net)
+            )
+        except (DriverError, OSError) as e:
+            log.warning("could not detach the memory of %s (restores parse it): %s", directory, e)
+            await asyncio.to_thread(discard, directory)
+            return None
+        except BaseException:
+            await asyncio.to_thread(discard, directory)
+            raise
+        finally:
+            await asyncio.to_thread(shutil.rmtree, work, True)
+            if slot is not None:
+                await self.slots.release(slot)
+
+    async def detach_in_place(self, snapshot: Snapshot, directory: Path) -> Snapshot:
+        """Detach and adopt at once, for a directory nothing restores from yet."""
+        detached = await self.detach(snapshot, directory)
+        if detached is None:
+            return snapshot
+        await asyncio.to_thread(adopt, directory, detached)
+        return detached
+
+
+def adopt(directory: Path, detached: Snapshot) -> None:
+    """Make `detached` the snapshot of `directory`, then free the stream it replaces."""
+    detached.save_manifest(directory)
+    with contextlib.suppress(FileNotFoundError):
+        (directory / _STREAM).unlink()
+
+
+def discard(directory: Path) -> None:
+    """Remove a detached form that will not be adopted."""
+    shutil.rmtree(directory / DETACHED, ignore_errors=True)
+    with contextlib.suppress(FileNotFoundError):
+        (directory / _MEMORY).unlink()
+
+
+def tidy(directory: Path) -> None:
+    """After a crash: keep whichever form `snapshot.json` names and remove the other."""
+    try:
+        current = Snapshot.load_manifest(directory)
+    except RestoreError:
+        return
+    shutil.rmtree(directory / _WORK, ignore_errors=True)
+    if current.state_file.parent == directory / DETACHED:
+        with contextlib.suppress(FileNotFoundError):
+            (directory / _STREAM).unlink()
+    elif current.memory_file is None:
+        discard(directory)
+
+
+def _fresh_dirs(*paths: Path) -> None:
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
+        path.mkdir()

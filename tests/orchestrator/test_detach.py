@@ -1,0 +1,95 @@
+"""Switching a saved directory to its detached form, and what a crash at each step leaves.
+(Detaching itself, with real VMs, is tested in tests/runtime/qemu_vm and tests/e2e.)"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from aenv.orchestrator import checkpoints, detach
+from aenv.runtime.driver import Snapshot, VMSpec
+
+
+def _stream_form(directory: Path) -> Snapshot:
+    (directory / "state").write_bytes(b"device state and RAM")
+    (directory / "upper.qcow2").write_bytes(b"layer")
+    spec = VMSpec(vcpus=1, memory_mib=256, kernel=Path("/k"), cmdline="", workdir=directory)
+    snap = Snapshot(
+        driver="qemu",
+        compat="x",
+        spec=spec,
+        state_file=directory / "state",
+        memory_file=None,
+        disks={"upper": directory / "upper.qcow2"},
+    )
+    snap.save_manifest()
+    return snap
+
+
+def _detached_form(directory: Path, stream: Snapshot) -> Snapshot:
+    """What `Driver.detach_memory` leaves: state in detached/, memory next to the stream."""
+    (directory / detach.DETACHED).mkdir()
+    (directory / detach.DETACHED / "state").write_bytes(b"device state")
+    (directory / "memory").write_bytes(b"RAM")
+    detached = dataclasses.replace(
+        stream, state_file=directory / detach.DETACHED / "state", memory_file=directory / "memory"
+    )
+    detached.save_manifest()
+    return detached
+
+
+@pytest.fixture
+def pause(tmp_path: Path) -> Path:
+    directory = checkpoints.pause_dir(tmp_path, 1)
+    directory.mkdir()
+    return directory
+
+
+def test_adopt_switches_the_manifest_and_frees_the_stream(pause: Path) -> None:
+    detached = _detached_form(pause, _stream_form(pause))
+    detach.adopt(pause, detached)
+    assert Snapshot.load_manifest(pause) == detached
+    assert not (pause / "state").exists()
+    assert (pause / "upper.qcow2").is_file()  # disks are shared by both forms
+    assert checkpoints.latest_pause(pause.parent) == (1, detached)
+
+
+def test_crash_before_adopt_keeps_the_stream_form(pause: Path) -> None:
+    stream = _stream_form(pause)
+    _detached_form(pause, stream)
+    (pause / ".detach-work").mkdir()
+    checkpoints.prune_pauses(pause.parent, 1)  # what a restart does
+    assert Snapshot.load_manifest(pause) == stream
+    assert sorted(p.name for p in pause.iterdir()) == ["snapshot.json", "state", "upper.qcow2"]
+
+
+def test_crash_after_adopt_removes_the_old_stream(pause: Path) -> None:
+    detached = _detached_form(pause, _stream_form(pause))
+    detached.save_manifest(pause)  # the manifest switched, the stream not yet unlinked
+    checkpoints.prune_pauses(pause.parent, 1)
+    assert Snapshot.load_manifest(pause) == detached
+    assert not (pause / "state").exists()
+    assert (pause / "memory").is_file() and detached.state_file.is_file()
+
+
+def test_older_checkpoints_lose_both_forms(tmp_path: Path) -> None:
+    old = checkpoints.pause_dir(tmp_path, 1)
+    old.mkdir()
+    detach.adopt(old, _detached_form(old, _stream_form(old)))
+    new = checkpoints.pause_dir(tmp_path, 2)
+    new.mkdir()
+    _stream_form(new)
+    checkpoints.prune_pauses(tmp_path, 2)
+    assert sorted(p.name for p in old.iterdir()) == ["upper.qcow2"]  # layers stay below newer
+    assert checkpoints.latest_pause(tmp_path) == (2, Snapshot.load_manifest(new))
+
+
+def test_discard_leaves_the_stream_form(pause: Path) -> None:
+    stream = _stream_form(pause)
+    _detached_form(pause, stream)
+    detach.discard(pause)
+    assert Snapshot.load_manifest(pause) == stream
+    assert not (pause / "memory").exists()
+    assert not (pause / detach.DETACHED).exists()
