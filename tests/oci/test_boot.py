@@ -1,5 +1,7 @@
 """An image without Python or libc boots as a guest: our init mounts its ext4 as the root, the
-envd bundle runs from /opt/aenv, and user `user` reads and writes its home through envd.
+envd bundle runs from /opt/aenv, and user `user` reads and writes its home through envd. The same
+holds for a musl (Alpine-like) image without glibc: envd brings its own glibc and loader, and the
+image's musl programs run through it.
 
 Slow (a QEMU boot); uses the envd bundle from `make envd-bundle` and is skipped without it."""
 
@@ -8,6 +10,9 @@ from __future__ import annotations
 import base64
 import json
 import os
+import re
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 import pytest
@@ -18,7 +23,9 @@ from aenv.guest.kernel import fetch_kernel
 from aenv.guest.rootfs import BaseRootfs
 from aenv.oci import rootfs_from_image
 from aenv.runtime.qemu import QemuDriver
-from tests.oci.test_rootfs import busybox_image
+from tests.envd.helpers import STREAM_HEADERS, envelope, parse_envelopes
+from tests.oci.images import Image
+from tests.oci.test_rootfs import busybox_image, musl_image
 from tests.runtime.qemu_vm.conftest import (  # noqa: F401 - session fixtures used by name
     REPO,
     Images,
@@ -35,6 +42,68 @@ from tests.runtime.qemu_vm.test_envd_in_guest import BUNDLE, wait_healthy
 pytestmark = pytest.mark.slow
 
 
+@asynccontextmanager
+async def booted(
+    image: Image,
+    driver: QemuDriver,  # noqa: F811
+    places: Places,  # noqa: F811
+    nets: NetnsPool,  # noqa: F811
+    publish: Callable[..., str],
+    tmp_path: Path,
+) -> AsyncIterator[str]:
+    """Publish `image`, make it a guest rootfs, boot it with the envd bundle and yield the netns
+    once envd is healthy; the VM is stopped however the body ends."""
+    if not BUNDLE.is_file():
+        pytest.skip(f"no envd bundle at {BUNDLE} (make envd-bundle)")
+    os.environ.setdefault("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache"))
+    kernel = await fetch_kernel()
+    initrd = await build_initramfs(kernel)
+    rootfs = await rootfs_from_image(
+        publish(image), tmp_path / "rootfs.ext4", cache=tmp_path / "oci"
+    )
+    drive = await build_envd_drive(BUNDLE.parent, tmp_path / "envd.ext4")
+    base = BaseRootfs(tree=tmp_path, image=rootfs.image)
+    vm, netns = await boot_template(driver, Images(kernel, initrd, base, drive), places, nets)
+    try:
+        try:
+            await wait_healthy(netns)
+        except TimeoutError as exc:
+            console = vm.console_log.read_text(errors="replace")[-3000:]
+            raise TimeoutError(f"{exc}; guest console:\n{console}") from exc
+        yield netns
+    finally:
+        await vm.stop()
+
+
+def basic_auth(user: str) -> str:
+    return "Basic " + base64.b64encode(f"{user}:".encode()).decode()
+
+
+async def run(netns: str, user: str, cmd: str, *args: str) -> tuple[int, bytes]:
+    """Run a process through envd's process.Process/Start; (exit code, stdout)."""
+    body = envelope({"process": {"cmd": cmd, "args": list(args)}, "stdin": False})
+    headers = {**STREAM_HEADERS, "Authorization": basic_auth(user)}
+    status, reply = await http(netns, "POST", "/process.Process/Start", body=body, headers=headers)
+    assert status == 200, reply
+    events = [message["event"] for flags, message in parse_envelopes(reply) if flags == 0]
+    stdout = b"".join(
+        base64.b64decode(e["data"]["stdout"]) for e in events if "stdout" in e.get("data", {})
+    )
+    assert "end" in events[-1], events
+    return events[-1]["end"].get("exitCode", 0), stdout
+
+
+async def glibc_files(netns: str, top: str) -> list[str]:
+    """glibc's libc and loader under `top`, on that filesystem only (/ stays off /opt/aenv, where
+    envd's bundle is mounted), searched by root so that no unreadable directory hides one."""
+    code, out = await run(
+        netns, "root", "/bin/busybox", "find", top, "-xdev",
+        "(", "-name", "libc.so.6", "-o", "-name", "ld-linux-x86-64.so.2", ")",
+    )  # fmt: skip
+    assert code == 0, out
+    return out.decode().split()
+
+
 async def test_busybox_image_boots_with_envd(
     driver: QemuDriver,  # noqa: F811
     places: Places,  # noqa: F811
@@ -42,23 +111,7 @@ async def test_busybox_image_boots_with_envd(
     publish,
     tmp_path: Path,
 ) -> None:
-    if not BUNDLE.is_file():
-        pytest.skip(f"no envd bundle at {BUNDLE} (make envd-bundle)")
-    os.environ.setdefault("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache"))
-    kernel = await fetch_kernel()
-    initrd = await build_initramfs(kernel)
-    rootfs = await rootfs_from_image(
-        publish(busybox_image()), tmp_path / "rootfs.ext4", cache=tmp_path / "oci"
-    )
-    drive = await build_envd_drive(BUNDLE.parent, tmp_path / "envd.ext4")
-    image = BaseRootfs(tree=tmp_path, image=rootfs.image)
-    vm, netns = await boot_template(driver, Images(kernel, initrd, image, drive), places, nets)
-    try:
-        try:
-            await wait_healthy(netns)
-        except TimeoutError as exc:
-            console = vm.console_log.read_text(errors="replace")[-3000:]
-            raise TimeoutError(f"{exc}; guest console:\n{console}") from exc
+    async with booted(busybox_image(), driver, places, nets, publish, tmp_path) as netns:
         status, body = await http(netns, "GET", "/files?path=/etc/passwd&username=user")
         assert status == 200 and b"user:x:1000:1000::/home/user:/bin/sh" in body
 
@@ -74,13 +127,31 @@ async def test_busybox_image_boots_with_envd(
         status, body = await http(
             netns, "POST", "/filesystem.Filesystem/Stat",
             body=json.dumps({"path": "/home/user/hello.txt"}).encode(),
-            headers={
-                "Content-Type": "application/json",
-                "Authorization": "Basic " + base64.b64encode(b"user:").decode(),
-            },
+            headers={"Content-Type": "application/json", "Authorization": basic_auth("user")},
         )  # fmt: skip
         assert status == 200, body
         entry = json.loads(body)["entry"]
         assert (entry["owner"], entry["size"]) == ("user", "17"), entry
-    finally:
-        await vm.stop()
+
+
+async def test_musl_image_boots_with_envd(
+    driver: QemuDriver,  # noqa: F811
+    places: Places,  # noqa: F811
+    nets: NetnsPool,  # noqa: F811
+    publish,
+    tmp_path: Path,
+) -> None:
+    """An Alpine-like image with musl and no glibc: envd (glibc from its bundle) serves it, and a
+    program of the image runs through envd on the image's musl."""
+    (tmp_path / "musl").mkdir()
+    image = musl_image(tmp_path / "musl")
+    async with booted(image, driver, places, nets, publish, tmp_path) as netns:
+        status, body = await http(netns, "GET", "/files?path=/etc/os-release&username=user")
+        assert status == 200 and b"ID_LIKE=alpine" in body, body
+
+        code, out = await run(netns, "user", "/usr/bin/musl-hello")
+        assert code == 0 and re.fullmatch(rb"musl-hello pid=\d+ glibc=no\n", out), (code, out)
+
+        # No glibc anywhere in the image's root; the same search finds the one in envd's bundle.
+        assert await glibc_files(netns, "/") == []
+        assert "/opt/aenv/_internal/libc.so.6" in await glibc_files(netns, "/opt/aenv")

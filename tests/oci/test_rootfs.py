@@ -41,6 +41,62 @@ def busybox_image() -> Image:
     )  # fmt: skip
 
 
+MUSL_LOADER = "/lib/ld-musl-x86_64.so.1"  # musl's libc.so is its own dynamic loader
+MUSL_HELLO = r"""
+#define _GNU_SOURCE
+#include <dlfcn.h>
+#include <stdio.h>
+#include <unistd.h>
+
+int main(void) {
+    /* glibc exports gnu_get_libc_version and musl does not: asking at run time shows which
+       libc the loader actually mapped, not which headers the program was compiled against. */
+    void *glibc = dlsym(RTLD_DEFAULT, "gnu_get_libc_version");
+    printf("musl-hello pid=%d glibc=%s\n", (int)getpid(), glibc ? "yes" : "no");
+    return 0;
+}
+"""
+
+
+def musl_image(work: Path) -> Image:
+    """An Alpine-like image: musl's loader in /lib, a static busybox as the shell, and
+    /usr/bin/musl-hello, a program compiled here with musl-gcc and linked dynamically against
+    musl. No glibc at all, so anything that runs in it brings its own libc or uses musl."""
+    (work / "hello.c").write_text(MUSL_HELLO)
+    program = work / "musl-hello"
+    subprocess.run(["musl-gcc", "-O2", "-o", program, work / "hello.c"], check=True)
+    headers = subprocess.run(
+        ["readelf", "-l", "-d", program], check=True, capture_output=True, text=True
+    ).stdout
+    # Dynamic (musl-gcc links static only on request), through musl's loader, needing only musl.
+    assert f"[Requesting program interpreter: {MUSL_LOADER}]" in headers, headers
+    assert re.findall(r"\(NEEDED\)\s+Shared library: \[(.+?)\]", headers) == ["libc.so"], headers
+    os_release = (
+        b'NAME="musl test image"\nID=musl-test\nID_LIKE=alpine\nPRETTY_NAME="musl libc, no glibc"\n'
+    )
+    return Image(
+        [
+            [
+                directory("bin"),
+                entry("bin/busybox", Path("/bin/busybox").read_bytes(), mode=0o755),
+                symlink("bin/sh", "busybox"),
+                directory("lib"),
+                # Debian's /lib/ld-musl-x86_64.so.1 is a symlink into the package's own directory;
+                # the image gets the real file under the name Alpine uses.
+                entry(MUSL_LOADER[1:], Path(MUSL_LOADER).resolve().read_bytes(), mode=0o755),
+                directory("etc"),
+                entry("etc/os-release", os_release),
+            ],
+            [
+                directory("usr"),
+                directory("usr/bin"),
+                entry("usr/bin/musl-hello", program.read_bytes(), mode=0o755),
+            ],
+        ],
+        config={"Env": ["PATH=/usr/sbin:/usr/bin:/sbin:/bin"], "Cmd": ["/bin/sh"]},
+    )
+
+
 async def test_busybox_only_image(publish, tmp_path: Path) -> None:
     ref = publish(busybox_image())
     dest = tmp_path / "out" / "rootfs.ext4"
