@@ -55,7 +55,11 @@ def bench_server(env: Mapping[str, str] | None = None) -> Iterator[Any]:
         asyncio.run(prepare_images(home / "cache"))
         os.environ.update(env or {})  # server_in_namespace copies os.environ
         with server_in_namespace(home) as server:
-            yield server
+            try:
+                yield server
+            finally:
+                if keep := os.environ.get("AENV_BENCH_SERVER_LOG"):
+                    shutil.copy(server.log, keep)  # for looking into a run afterwards
     finally:
         for key, value in saved.items():
             if value is None:

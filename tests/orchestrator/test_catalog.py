@@ -1,10 +1,12 @@
+import dataclasses
+import random
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from aenv.orchestrator.catalog import Catalog, SandboxRecord
+from aenv.orchestrator.catalog import Catalog, PageQuery, SandboxRecord
 from aenv.orchestrator.states import SandboxState
 
 
@@ -85,3 +87,52 @@ def test_survives_reopen_and_lists_by_state(tmp_path: Path) -> None:
     assert reopened.count([SandboxState.RUNNING, SandboxState.CREATING]) == 2
     assert reopened.delete("old") and not reopened.delete("old")
     reopened.close()
+
+
+def _paged(catalog: Catalog, query: PageQuery) -> list[str]:
+    """Every page of `query` in turn, as a client following nextToken does."""
+    ids: list[str] = []
+    while True:
+        page, more = catalog.page(query)
+        ids += [r.id for r in page]
+        if not more:
+            assert len(page) <= query.limit
+            return ids
+        assert len(page) == query.limit
+        query = dataclasses.replace(query, after=(page[-1].started_at, page[-1].id))
+
+
+def test_pages_match_filtering_everything_in_python(catalog: Catalog) -> None:
+    rng = random.Random(7)
+    states = [SandboxState.RUNNING, SandboxState.PAUSED, SandboxState.CREATING]
+    for n in range(300):
+        catalog.insert(
+            dataclasses.replace(
+                record(f"s{n:03d}", started=1000.0 + rng.randrange(60)),  # many equal times
+                state=rng.choice(states),
+                template_id=rng.choice(["t1", "t2"]),
+                alias=rng.choice([None, "web"]),
+                metadata={"team": rng.choice(["a", "b"]), "odd key=&": str(n % 3)},
+            )
+        )
+    everything = catalog.list()
+    running = frozenset({SandboxState.RUNNING})
+    cases = [
+        PageQuery(states=running | {SandboxState.PAUSED}, limit=7),
+        PageQuery(states=running, limit=10, ascending=True),
+        PageQuery(states=running, limit=3, metadata={"team": "a", "odd key=&": "1"}),
+        PageQuery(states=running | {SandboxState.PAUSED}, limit=50, template="web"),
+        PageQuery(states=running, limit=4, template="t2", started_after=1030.0),
+        PageQuery(states=running, limit=100, metadata={"team": "nobody"}),
+    ]
+    for query in cases:
+        wanted = [
+            r
+            for r in everything
+            if r.state in query.states
+            and all(r.metadata.get(k) == v for k, v in query.metadata.items())
+            and (query.template is None or query.template in (r.template_id, r.alias))
+            and (query.started_after is None or r.started_at > query.started_after)
+        ]
+        wanted.sort(key=lambda r: (r.started_at, r.id), reverse=not query.ascending)
+        assert _paged(catalog, query) == [r.id for r in wanted], query

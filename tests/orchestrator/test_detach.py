@@ -59,7 +59,6 @@ def test_adopt_switches_the_manifest_and_frees_the_stream(pause: Path) -> None:
 def test_crash_before_adopt_keeps_the_stream_form(pause: Path) -> None:
     stream = _stream_form(pause)
     _detached_form(pause, stream)
-    (pause / ".detach-work").mkdir()
     checkpoints.prune_pauses(pause.parent, 1)  # what a restart does
     assert Snapshot.load_manifest(pause) == stream
     assert sorted(p.name for p in pause.iterdir()) == ["snapshot.json", "state", "upper.qcow2"]

@@ -26,7 +26,7 @@ from aenv.api.models import (
 )
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
-from aenv.orchestrator.catalog import SandboxRecord
+from aenv.orchestrator.catalog import PageQuery, SandboxRecord
 from aenv.orchestrator.envd_client import EnvdUnavailable
 from aenv.orchestrator.lifecycle import (
     CapacityReached,
@@ -35,6 +35,7 @@ from aenv.orchestrator.lifecycle import (
     Orchestrator,
     SandboxNotFound,
 )
+from aenv.orchestrator.states import with_public
 from aenv.orchestrator.templates import TemplateNotFound
 
 M = TypeVar("M", bound=BaseModel)
@@ -205,21 +206,22 @@ class SandboxRoutes:
         unknown = states - {"running", "paused"}
         if unknown:
             raise APIError(400, f"unknown state filter: {', '.join(sorted(unknown))}")
-        records = [r for r in self.orc.list() if r.state.public in states]
-        records = list(_filter_metadata(records, request))
-        if template := q.get("template"):
-            records = [r for r in records if template in (r.template_id, r.alias)]
-        if started_after := q.get("startedAfter"):
-            after = _parse_time(started_after)
-            records = [r for r in records if r.started_at > after]
-        ascending = q.get("order", "desc").lower() == "asc"
-        records.sort(key=lambda r: (r.started_at, r.id), reverse=not ascending)
         limit = _int_param(q.get("limit"), MAX_PAGE, "limit")
         if not 1 <= limit <= MAX_PAGE:
             raise APIError(400, f"limit must be between 1 and {MAX_PAGE}")
-        if token := q.get("nextToken"):
-            records = _after_cursor(records, token, ascending)
-        page, more = records[:limit], len(records) > limit
+        ascending = q.get("order", "desc").lower() == "asc"
+        started_after = q.get("startedAfter")
+        token = q.get("nextToken")
+        query = PageQuery(
+            states=frozenset().union(*(with_public(s) for s in states)),
+            limit=limit,
+            metadata=_metadata_filter(request),
+            template=q.get("template") or None,
+            started_after=_parse_time(started_after) if started_after else None,
+            ascending=ascending,
+            after=_cursor_key(token) if token else None,
+        )
+        page, more = self.orc.catalog.page(query)
         headers = {"X-Next-Token": _cursor(page[-1], ascending)} if more and page else {}
         return JSONResponse([self._listed(r) for r in page], headers=headers)
 
@@ -295,12 +297,14 @@ class SandboxRoutes:
         )
 
 
-def _filter_metadata(records: Iterable[SandboxRecord], request: Request) -> Iterable[SandboxRecord]:
+def _metadata_filter(request: Request) -> dict[str, str]:
     """`metadata=k%3Dv%26k2%3Dv2`: decoded as infra does (query decode, unescape, split)."""
     raw = request.query_params.get("metadata")
-    if not raw:
-        return records
-    wanted = dict(parse_qsl(unquote(raw), keep_blank_values=True))
+    return dict(parse_qsl(unquote(raw), keep_blank_values=True)) if raw else {}
+
+
+def _filter_metadata(records: Iterable[SandboxRecord], request: Request) -> Iterable[SandboxRecord]:
+    wanted = _metadata_filter(request)
     return [r for r in records if all(r.metadata.get(k) == v for k, v in wanted.items())]
 
 
@@ -325,12 +329,9 @@ def _cursor(record: SandboxRecord, ascending: bool) -> str:
     return base64.urlsafe_b64encode(raw.encode()).decode()
 
 
-def _after_cursor(records: list[SandboxRecord], token: str, ascending: bool) -> list[SandboxRecord]:
+def _cursor_key(token: str) -> tuple[float, str]:
     try:
         started, sandbox_id, _ = base64.urlsafe_b64decode(token.encode()).decode().split("__")
-        key = (float(started), sandbox_id)
+        return float(started), sandbox_id
     except (ValueError, UnicodeDecodeError) as e:
         raise APIError(400, "invalid nextToken") from e
-    if ascending:
-        return [r for r in records if (r.started_at, r.id) > key]
-    return [r for r in records if (r.started_at, r.id) < key]

@@ -8,6 +8,7 @@ would cost more than the statement.
 
 from __future__ import annotations
 
+import builtins
 import json
 import sqlite3
 import time
@@ -67,6 +68,21 @@ class SandboxRecord:
     # kept here so a restarted server can find and reclaim it.
     placement: Mapping[str, Any] = field(default_factory=dict)
     updated_at: float = 0.0
+
+
+@dataclass(frozen=True)
+class PageQuery:
+    """One page of a filtered listing, ordered by (started_at, id); `after` is the key of the
+    previous page's last row. Every filter runs in SQL, so a page costs the same however many
+    sandboxes the node holds."""
+
+    states: frozenset[SandboxState]
+    limit: int
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    template: str | None = None  # a template id or alias
+    started_after: float | None = None
+    ascending: bool = False
+    after: tuple[float, str] | None = None
 
 
 # Columns added after the first release, with their DDL for `ALTER TABLE`.
@@ -195,6 +211,31 @@ class Catalog:
             params = wanted
         query += " ORDER BY started_at DESC, id DESC"
         return [_from_row(row) for row in self._db.execute(query, params)]
+
+    def page(self, query: PageQuery) -> tuple[builtins.list[SandboxRecord], bool]:
+        """The rows of one page, and whether more follow."""
+        states = [s.value for s in query.states]
+        where = [f"state IN ({', '.join('?' for _ in states)})"]
+        params: list[Any] = list(states)
+        for key, value in query.metadata.items():
+            where.append("EXISTS (SELECT 1 FROM json_each(metadata) WHERE key = ? AND value = ?)")
+            params += [key, value]
+        if query.template is not None:
+            where.append("(template_id = ? OR alias = ?)")
+            params += [query.template, query.template]
+        if query.started_after is not None:
+            where.append("started_at > ?")
+            params.append(query.started_after)
+        if query.after is not None:
+            where.append(f"(started_at, id) {'>' if query.ascending else '<'} (?, ?)")
+            params += list(query.after)
+        order = "ASC" if query.ascending else "DESC"
+        sql = (
+            f"SELECT * FROM sandboxes WHERE {' AND '.join(where)} "  # noqa: S608
+            f"ORDER BY started_at {order}, id {order} LIMIT ?"
+        )
+        rows = self._db.execute(sql, [*params, query.limit + 1]).fetchall()
+        return [_from_row(row) for row in rows[: query.limit]], len(rows) > query.limit
 
     def count(self, states: Iterable[SandboxState]) -> int:
         wanted = [s.value for s in states]

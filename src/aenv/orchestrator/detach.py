@@ -19,7 +19,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import secrets
 import shutil
+import time
 from pathlib import Path
 
 from aenv.network import SlotProvider
@@ -38,28 +40,44 @@ log = logging.getLogger("aenv.orchestrator")
 DETACHED = "detached"
 _STREAM = "state"
 _MEMORY = "memory"
-_WORK = ".detach-work"
 
 
 class Detacher:
-    def __init__(self, driver: Driver, slots: SlotProvider) -> None:
+    """`scratch` (a short path: VMM control sockets live there) and `memory_scratch` (tmpfs),
+    both ours alone, hold the loading VMM's files while it works."""
+
+    def __init__(
+        self, driver: Driver, slots: SlotProvider, scratch: Path, memory_scratch: Path
+    ) -> None:
         self.driver = driver
         self.slots = slots
+        self.scratch = scratch
+        self.memory_scratch = memory_scratch
+
+    def sweep(self) -> None:
+        """Remove what a crash left of earlier detaches."""
+        for parent in (self.scratch, self.memory_scratch):
+            shutil.rmtree(parent, ignore_errors=True)
 
     async def detach(self, snapshot: Snapshot, directory: Path) -> Snapshot | None:
         """The detached form of `snapshot` (saved in `directory`), written next to it but not
         adopted; None when there is nothing to do or it failed (the stream form still works)."""
         if snapshot.memory_file is not None:
             return None
+        start = time.perf_counter()
         staging = directory / DETACHED
-        work = directory / _WORK
+        run = secrets.token_hex(4)
+        work, memory = self.scratch / run, self.memory_scratch / run
         slot = await self.slots.acquire(egress=False) if snapshot.spec.net else None
         try:
-            await asyncio.to_thread(_fresh_dirs, staging, work)
+            await asyncio.to_thread(_fresh_dirs, staging, work, memory)
             net = NetAttachment(slot.netns, slot.guest.tap, slot.guest.mac) if slot else None
-            return await self.driver.detach_memory(
-                snapshot, SnapshotTarget(staging, directory), RestoreSpec(workdir=work, net=net)
+            place = RestoreSpec(workdir=work, net=net, memory_dir=memory)
+            detached = await self.driver.detach_memory(
+                snapshot, SnapshotTarget(staging, directory), place
             )
+            log.info("detached the memory of %s in %.0f ms", directory, _ms_since(start))
+            return detached
         except (DriverError, OSError) as e:
             log.warning("could not detach the memory of %s (restores parse it): %s", directory, e)
             await asyncio.to_thread(discard, directory)
@@ -68,7 +86,8 @@ class Detacher:
             await asyncio.to_thread(discard, directory)
             raise
         finally:
-            await asyncio.to_thread(shutil.rmtree, work, True)
+            for scratch in (work, memory):
+                await asyncio.to_thread(shutil.rmtree, scratch, True)
             if slot is not None:
                 await self.slots.release(slot)
 
@@ -101,7 +120,6 @@ def tidy(directory: Path) -> None:
         current = Snapshot.load_manifest(directory)
     except RestoreError:
         return
-    shutil.rmtree(directory / _WORK, ignore_errors=True)
     if current.state_file.parent == directory / DETACHED:
         with contextlib.suppress(FileNotFoundError):
             (directory / _STREAM).unlink()
@@ -112,4 +130,8 @@ def tidy(directory: Path) -> None:
 def _fresh_dirs(*paths: Path) -> None:
     for path in paths:
         shutil.rmtree(path, ignore_errors=True)
-        path.mkdir()
+        path.mkdir(parents=True)
+
+
+def _ms_since(start: float) -> float:
+    return (time.perf_counter() - start) * 1000

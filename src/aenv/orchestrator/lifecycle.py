@@ -170,7 +170,9 @@ class Orchestrator:
         self._client = httpx.AsyncClient()
         self._tasks: set[asyncio.Task[None]] = set()
         self.saved = SavedStates(catalog, templates, config.sandboxes_dir, archive)
-        self.detacher = detach.Detacher(driver, slots)
+        self.detacher = detach.Detacher(
+            driver, slots, config.home / "detach", templates.memory_dir / "detach"
+        )
         self._settling: dict[str, asyncio.Task[None]] = {}  # sandbox id -> its _settle_pause
 
     # -- start-up and shutdown ------------------------------------------------------------
@@ -198,6 +200,7 @@ class Orchestrator:
             await self._reclaim_files(record.id)
             await self.saved.drop_archived(record)
             self.catalog.delete(record.id)
+        await asyncio.to_thread(self.detacher.sweep)
         await self.saved.collect()
         self._spawn(self.saved.collect_repository())
 
@@ -669,6 +672,7 @@ class Orchestrator:
             parent = self.get(source)
         except SandboxNotFound:
             parent = None
+        start = time.perf_counter()
         if parent is None:
             try:
                 base = self.templates.get(source)
@@ -679,8 +683,16 @@ class Orchestrator:
             base = await self._checkpoint(
                 source, new_sandbox_id(), "fork", (), True, detach_memory=count > 1
             )
+        saved = time.perf_counter()
         with self.saved.pin(Path(base.snapshot_dir)):
             children = await self._start_children(base, parent, count, timeout)
+        log.info(
+            "fork of %s: checkpoint %.0f ms, %d children %.0f ms",
+            source,
+            (saved - start) * 1000,
+            count,
+            (time.perf_counter() - saved) * 1000,
+        )
         await self.saved.collect()  # a fork checkpoint no child started from
         return children
 

@@ -28,6 +28,12 @@ class SandboxState(enum.StrEnum):
 _PUBLIC_RUNNING = frozenset({SandboxState.RUNNING, SandboxState.SNAPSHOTTING, SandboxState.PAUSING})
 _PUBLIC_PAUSED = frozenset({SandboxState.PAUSED, SandboxState.RESUMING})
 
+
+def with_public(public: str) -> frozenset[SandboxState]:
+    """The states the E2B API shows as `public` ("running" or "paused")."""
+    return frozenset(s for s in SandboxState if s.public == public)
+
+
 # States a kill may start from: anything alive. A sandbox still being created is killed by its
 # creator once the VM exists, so CREATING is included and the creator checks before reporting.
 KILLABLE = frozenset(SandboxState) - {SandboxState.KILLING, SandboxState.DEAD}
