@@ -136,3 +136,15 @@ def test_pages_match_filtering_everything_in_python(catalog: Catalog) -> None:
         ]
         wanted.sort(key=lambda r: (r.started_at, r.id), reverse=not query.ascending)
         assert _paged(catalog, query) == [r.id for r in wanted], query
+
+
+def test_pages_leave_out_the_servers_own_sandboxes(catalog: Catalog) -> None:
+    running = dataclasses.replace(record("user-sbx"), state=SandboxState.RUNNING)
+    build_vm = dataclasses.replace(
+        record("build-vm"), state=SandboxState.RUNNING, placement={"internal": True}
+    )
+    catalog.insert(running)
+    catalog.insert(build_vm)
+    page, more = catalog.page(PageQuery(states=frozenset({SandboxState.RUNNING}), limit=10))
+    assert [r.id for r in page] == ["user-sbx"] and not more
+    assert catalog.get("build-vm") is not None  # still there, only not listed

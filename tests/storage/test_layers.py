@@ -69,3 +69,26 @@ async def test_raw_copy_for_vmms_without_cow(tmp_path: Path) -> None:
     copy = await layers.sparse_copy(upper, tmp_path / "copy.img")
     assert copy.read_bytes() == upper.read_bytes()
     assert layers.allocated_bytes(copy) <= layers.allocated_bytes(upper) + (1 << 20)
+
+
+async def test_overlays_over_one_layer_are_copies_of_the_first(tmp_path: Path) -> None:
+    base = await layers.new_upper(tmp_path / "base.img", 64)
+    first = await layers.qcow2_overlay(base, tmp_path / "a.qcow2")
+    second = await layers.qcow2_overlay(base, tmp_path / "b.qcow2")
+    assert first.read_bytes() == second.read_bytes()
+    for top in (first, second):
+        subprocess.run(["qemu-img", "check", "-q", str(top)], check=True)
+        assert layers.chain(top) == [top, base]
+    write_at(second, 5 << 20, b"\x07")  # the copies are independent files
+    assert read_byte(first, 5 << 20) == 0 and read_byte(second, 5 << 20) == 7
+    # A different layer at the same path (a bigger one here) gets its own overlay.
+    base.unlink()
+    await layers.new_upper(base, 128)
+    third = await layers.qcow2_overlay(base, tmp_path / "c.qcow2")
+    info = subprocess.run(
+        ["qemu-img", "info", "--output=json", str(third)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert json.loads(info.stdout)["virtual-size"] == 128 << 20

@@ -1,11 +1,12 @@
 """Template builds: a VM started from a base template, steps applied inside it through envd,
 the start command left running, the VM saved as the template's new build.
 
-The build VM is an ordinary sandbox (metadata `aenv.build`), so building reuses restore, save
-and cleanup. After each RUN or COPY step its state is saved as a hidden `layer` template keyed
-by (parent key, step, files hash): a later build whose first steps match starts from the
-newest such layer instead of re-running them. A build's log is kept in memory, in order, and
-read by offset while the build runs (the E2B status route, `aenv template logs`).
+The build VM is an ordinary but internal sandbox (metadata `aenv.build`; not listed to users,
+killed rather than paused at shutdown), so building reuses restore, save and cleanup. After each
+RUN or COPY step its state is saved as a hidden `layer` template keyed by (parent key, step,
+files hash): a later build whose first steps match starts from the newest such layer instead of
+re-running them. A build's log is kept in memory, in order, and read by offset while the build
+runs (the E2B status route, `aenv template logs`).
 """
 
 from __future__ import annotations
@@ -211,6 +212,7 @@ class Builder:
                 timeout=BUILD_VM_TIMEOUT,
                 metadata={"aenv.build": build.build_id},
                 env_vars={},
+                internal=True,
             )
         )
         endpoint = self.orc.guest_endpoint(record.id)

@@ -215,7 +215,10 @@ class Catalog:
     def page(self, query: PageQuery) -> tuple[builtins.list[SandboxRecord], bool]:
         """The rows of one page, and whether more follow."""
         states = [s.value for s in query.states]
-        where = [f"state IN ({', '.join('?' for _ in states)})"]
+        where = [
+            f"state IN ({', '.join('?' for _ in states)})",
+            "json_extract(placement, '$.internal') IS NULL",  # the server's own sandboxes
+        ]
         params: list[Any] = list(states)
         for key, value in query.metadata.items():
             where.append("EXISTS (SELECT 1 FROM json_each(metadata) WHERE key = ? AND value = ?)")

@@ -141,6 +141,8 @@ class CreateRequest:
     allow_internet: bool = True
     # False: an auto-pause saves only the filesystem (resume cold-boots).
     auto_pause_memory: bool = True
+    # The server's own sandboxes (template build VMs): not listed, and killed at shutdown.
+    internal: bool = False
 
 
 class GuestUnhealthy(RuntimeError):
@@ -221,7 +223,9 @@ class Orchestrator:
         await self._client.aclose()
 
     async def _park(self, sandbox_id: str) -> None:
-        if self.config.pause_on_shutdown:
+        record = self.catalog.get(sandbox_id)
+        internal = record is not None and record.placement.get("internal")
+        if self.config.pause_on_shutdown and not internal:
             with contextlib.suppress(SandboxNotFound, InvalidState, OperationFailed):
                 await self.pause(sandbox_id)
                 return
@@ -236,7 +240,12 @@ class Orchestrator:
         return record
 
     def list(self) -> list[SandboxRecord]:
-        return [r for r in self.catalog.list() if r.state.public is not None]
+        """What users see: sandboxes in a public state, the server's own left out."""
+        return [
+            r
+            for r in self.catalog.list()
+            if r.state.public is not None and not r.placement.get("internal")
+        ]
 
     def guest_endpoint(self, sandbox_id: str) -> GuestEndpoint:
         """A running sandbox's endpoint (one catalog read: the proxy asks on every request)."""
@@ -337,6 +346,7 @@ class Orchestrator:
                         "base": base.snapshot_dir,
                         "timeout": request.timeout,
                         "pause_memory": request.auto_pause_memory,
+                        **({"internal": True} if request.internal else {}),
                     },
                 )
             )

@@ -23,6 +23,8 @@ import asyncio
 import contextlib
 import os
 import struct
+import zlib
+from collections import OrderedDict
 from pathlib import Path
 
 from aenv.guest.cmdline import UPPER_LABEL
@@ -62,11 +64,33 @@ async def new_upper(dest: Path, size_mib: int = DEFAULT_UPPER_MIB) -> Path:
 
 
 async def qcow2_overlay(backing: Path, dest: Path) -> Path:
-    """A new empty qcow2 top over `backing` (absolute path, recorded in the header)."""
+    """A new empty qcow2 top over `backing` (absolute path, recorded in the header).
+
+    Every restore of a snapshot needs one over the same sealed layer, and `qemu-img create`
+    writes the same bytes each time (nothing in an empty qcow2 is random), so the first one over
+    a given layer is remembered and later ones are copies: ≈ 0.2 ms instead of ≈ 10 ms."""
+    key = await asyncio.to_thread(_blank_key, backing)
+    blank = _BLANKS.get(key)
+    if blank is not None:
+        _BLANKS.move_to_end(key)
+        await asyncio.to_thread(dest.write_bytes, zlib.decompress(blank))
+        return dest
     fmt = "qcow2" if await asyncio.to_thread(is_qcow2, backing) else "raw"
-    absolute = await asyncio.to_thread(backing.resolve)
-    await _run("qemu-img", "create", "-q", "-f", "qcow2", "-b", absolute, "-F", fmt, dest)
+    await _run("qemu-img", "create", "-q", "-f", "qcow2", "-b", key[0], "-F", fmt, dest)
+    _BLANKS[key] = zlib.compress(await asyncio.to_thread(dest.read_bytes))
+    while len(_BLANKS) > _BLANKS_KEPT:
+        _BLANKS.popitem(last=False)
     return dest
+
+
+_BLANKS: OrderedDict[tuple[str, int, int, int], bytes] = OrderedDict()  # zlib-compressed, LRU
+_BLANKS_KEPT = 256
+
+
+def _blank_key(backing: Path) -> tuple[str, int, int, int]:
+    absolute = backing.resolve()
+    st = absolute.stat()  # sealed layers never change; a replaced file is another key
+    return str(absolute), st.st_ino, st.st_size, st.st_mtime_ns
 
 
 async def sparse_copy(src: Path, dest: Path) -> Path:
