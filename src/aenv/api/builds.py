@@ -41,6 +41,10 @@ TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 MAX_UPLOAD = 4 << 30
 MAX_STEPS = 1000
 MAX_LOG_PAGE = 100
+# Sandbox sizes a build may ask for (E2B's own bounds are per plan).
+MAX_VCPUS = 16
+MIN_MEMORY_MB = 128
+MAX_MEMORY_MB = 65536
 
 
 class _Body(BaseModel):
@@ -51,6 +55,10 @@ class BuildRequestBody(_Body):
     name: str | None = Field(default=None, max_length=128)
     alias: str | None = Field(default=None, max_length=128)  # deprecated spelling of `name`
     tags: list[str] = Field(default_factory=list, max_length=64)
+    cpu_count: int | None = Field(default=None, alias="cpuCount", ge=1, le=MAX_VCPUS)
+    memory_mb: int | None = Field(
+        default=None, alias="memoryMB", ge=MIN_MEMORY_MB, le=MAX_MEMORY_MB
+    )
 
 
 class StepBody(_Body):
@@ -160,7 +168,9 @@ class BuildRoutes:
                 400, f"invalid name '{alias}': lower-case letters, digits, '.', '_', '-'"
             )
         _check_tags([*body.tags, *([tag] if tag else [])])
-        build = self.builder.request(name, body.tags)
+        if body.memory_mb is not None and body.memory_mb % 2:
+            raise APIError(400, "memoryMB must be an even number")
+        build = self.builder.request(name, body.tags, body.cpu_count, body.memory_mb)
         return JSONResponse(
             {
                 "templateID": build.template_id,

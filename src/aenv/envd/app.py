@@ -30,7 +30,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aenv.envd.auth import TOKEN_HEADER, UNAUTHORIZED_MESSAGE, route_needs_token, tokens_equal
 from aenv.envd.filesystem.service import FilesystemService
-from aenv.envd.http import files, system
+from aenv.envd.http import copy, files, system
 from aenv.envd.process import reaper
 from aenv.envd.process.service import ProcessService
 from aenv.envd.process.table import ProcessTable
@@ -347,6 +347,7 @@ def create_app(settings: Settings) -> ASGIApp:
             Route("/metrics", partial(system.metrics, sampler=sampler), methods=["GET"]),
             Route("/files", partial(files.download, settings=settings), methods=["GET"]),
             Route("/files", partial(files.upload, settings=settings), methods=["POST"]),
+            Route("/aenv/copy", copy.copy, methods=["POST"]),
         ],
         lifespan=lifespan,
         exception_handlers={Exception: _internal_error},

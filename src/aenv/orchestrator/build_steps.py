@@ -2,8 +2,9 @@
 
 Commands (RUN, the start and ready commands) go over envd's process RPC (Connect, the generated
 stubs in `aenv.envd.proto`) as the step's user; COPY writes the uploaded archive through
-`/files` and unpacks it with a root shell. ENV, WORKDIR and USER only change `BuildState`, which
-every later command gets and the finished template records for its sandboxes.
+`/files` and has envd place its files (`/aenv/copy`), which works in any image. ENV, WORKDIR
+and USER only change `BuildState`, which every later command gets and the finished template
+records for its sandboxes.
 """
 
 from __future__ import annotations
@@ -13,7 +14,6 @@ import base64
 import contextlib
 import hashlib
 import io
-import shlex
 import stat
 import tarfile
 from collections.abc import AsyncIterator, Callable
@@ -111,6 +111,25 @@ class GuestShell:
             if e.code != Code.ALREADY_EXISTS:
                 raise StepFailed(f"cannot create {path}: {e}") from e
 
+    async def copy(
+        self, archive: str, src: str, dest: str, owner: str, mode: str | None
+    ) -> list[str]:
+        """COPY: envd places `src` of the uploaded `archive` at `dest` (envd's `/aenv/copy`,
+        which needs nothing of the image: no shell, tar or coreutils). Returns what it placed."""
+        response = await self._http.post(
+            f"{self.base_url}/aenv/copy",
+            json={"archive": archive, "src": src, "dest": dest, "owner": owner, "mode": mode},
+            headers={"X-Access-Token": self.token},
+        )
+        if not response.is_success:
+            try:
+                reason = response.json()["message"]
+            except (ValueError, KeyError):
+                reason = response.text
+            raise StepFailed(f"COPY {src} {dest}: {reason}")
+        placed: list[str] = response.json()["placed"]
+        return placed
+
     async def write(self, path: str, data: bytes) -> None:
         response = await self._http.post(
             f"{self.base_url}/files",
@@ -174,35 +193,3 @@ def tar_files_hash(archive: bytes, src: str, dest: str) -> str:
                     while chunk := extracted.read(1 << 20):
                         digest.update(chunk)
     return digest.hexdigest()
-
-
-def copy_script(archive_path: str, src: str, dest: str, owner: str, mode: str) -> str:
-    """A root shell script that unpacks the archive and puts `src` at `dest` the way a
-    Dockerfile COPY does: a directory's contents into `dest`, a file to `dest` (or into it when
-    `dest` ends with `/` or is a directory), each glob match into `dest`."""
-    q = shlex.quote
-    # The source stays a glob (`*.py`, `**`); every other character is taken literally.
-    pattern = "".join(c if c.isalnum() or c in "*?[]/._-" else f"\\{c}" for c in src)
-    chmod = f'chmod {q(mode)} "$target"' if mode else ":"
-    return f"""set -e
-tmp=$(mktemp -d)
-trap 'rm -rf "$tmp" {q(archive_path)}' EXIT
-tar -xzf {q(archive_path)} -C "$tmp" --no-same-owner
-cd "$tmp"
-dest={q(dest)}
-shopt -s nullglob dotglob globstar
-matches=({pattern})
-[ ${{#matches[@]}} -gt 0 ] || {{ echo "COPY: nothing matches" {q(src)} >&2; exit 1; }}
-many=$([ ${{#matches[@]}} -gt 1 ] && echo 1 || true)
-for item in "${{matches[@]}}"; do
-  if [ -d "$item" ]; then
-    mkdir -p "$dest"; cp -a "$item"/. "$dest"/; target="$dest"
-  elif [ -n "$many" ] || [ "${{dest%/}}" != "$dest" ] || [ -d "$dest" ]; then
-    mkdir -p "$dest"; cp -a "$item" "$dest"/; target="${{dest%/}}/$(basename "$item")"
-  else
-    mkdir -p "$(dirname "$dest")"; cp -a "$item" "$dest"; target="$dest"
-  fi
-  chown -R {q(owner)}: "$target"
-  {chmod}
-done
-"""

@@ -36,7 +36,6 @@ from aenv.orchestrator.build_steps import (
     BuildState,
     GuestShell,
     StepFailed,
-    copy_script,
     tar_files_hash,
 )
 from aenv.orchestrator.lifecycle import CreateRequest, Orchestrator
@@ -97,6 +96,9 @@ class Build:
     tags: tuple[str, ...]
     created_at: float
     status: str = "waiting"  # waiting | building | ready | error
+    # The sandbox size asked for (`cpuCount`, `memoryMB`); None keeps the base's.
+    cpu_count: int | None = None
+    memory_mb: int | None = None
     logs: list[LogEntry] = field(default_factory=list)
     reason: BuildError | None = None
 
@@ -135,9 +137,16 @@ class Builder:
         self._tasks: set[asyncio.Task[None]] = set()  # held: running builds are not collected
         self._image_locks: dict[str, asyncio.Lock] = {}
 
-    def request(self, name: str, tags: list[str]) -> Build:
+    def request(
+        self,
+        name: str,
+        tags: list[str],
+        cpu_count: int | None = None,
+        memory_mb: int | None = None,
+    ) -> Build:
         """A new build, waiting for its steps, of the template called `name` (`name:tag`; an
-        existing template gets a new build under its id), tagged `tags` once ready."""
+        existing template gets a new build under its id), tagged `tags` once ready; its
+        sandboxes get `cpu_count` vCPUs and `memory_mb` of memory (default: the base's)."""
         alias, tag = split_name(name)
         tags = [*tags, tag] if tag else tags
         template_id = next(
@@ -152,6 +161,8 @@ class Builder:
             name=alias,
             tags=tuple(dict.fromkeys(tags or ["latest"])),
             created_at=time.time(),
+            cpu_count=cpu_count,
+            memory_mb=memory_mb,
         )
         self._builds[build.build_id] = build
         # Bounded: the oldest builds not running are forgotten (their logs with them).
@@ -198,14 +209,17 @@ class Builder:
 
     async def _build(self, build: Build, spec: BuildSpec) -> Template:
         base = await self._image_base(spec, build) if spec.from_image else self._base(spec)
-        keys = _step_keys(base, spec)
+        size = (build.cpu_count or base.cpu_count, build.memory_mb or base.memory_mb)
+        keys = _step_keys(base, spec, size)
         first, source = self._cached_prefix(spec, base, keys)
         total = len(spec.steps)
         for index in range(first):
             build.log(
                 f"[{index + 1}/{total}] CACHED {_describe(spec.steps[index])}", step=str(index + 1)
             )
-        build.log(f"Starting the build VM from {source.template_id}")
+        resized = size != (source.cpu_count, source.memory_mb)
+        how = f", booted with {size[0]} vCPU, {size[1]} MiB" if resized else ""
+        build.log(f"Starting the build VM from {source.template_id}{how}")
         record, _ = await self.orc.create(
             CreateRequest(
                 template=source.template_id,
@@ -213,6 +227,7 @@ class Builder:
                 metadata={"aenv.build": build.build_id},
                 env_vars={},
                 internal=True,
+                size=size if resized else None,
             )
         )
         endpoint = self.orc.guest_endpoint(record.id)
@@ -362,10 +377,10 @@ class Builder:
             raise StepFailed(f"COPY {src}: bad mode {mode!r}")
         staged = f"/tmp/aenv-copy-{step.files_hash}.tar.gz"
         await shell.write(staged, archive)
-        script = copy_script(staged, src, dest, owner, mode)
-        code = await shell.run(script, "root", state, lambda line: build.log(line, step=label))
-        if code != 0:
-            raise StepFailed(f"COPY {src} {dest} failed with code {code}")
+        if not dest.startswith("/"):  # relative to the workdir, as in a Dockerfile
+            dest = f"{state.workdir or '/home/' + state.user}/{dest}"
+        for placed in await shell.copy(staged, src, dest, owner, mode or None):
+            build.log(f"  {placed}", step=label)
 
     async def _start_service(
         self, shell: GuestShell, state: BuildState, spec: BuildSpec, build: Build
@@ -401,9 +416,13 @@ def _describe(step: Step) -> str:
     return f"{step.type} {' '.join(step.args)}".strip()
 
 
-def _step_keys(base: Template, spec: BuildSpec) -> list[str]:
-    """Cache key after each step: the base build, then every step's content and files."""
-    key = hashlib.sha256(f"{base.template_id}/{base.build_id}".encode()).hexdigest()
+def _step_keys(base: Template, spec: BuildSpec, size: tuple[int, int]) -> list[str]:
+    """Cache key after each step: the base build and the VM size (a saved layer's memory is of
+    one size), then every step's content and files."""
+    root = f"{base.template_id}/{base.build_id}"
+    if size != (base.cpu_count, base.memory_mb):
+        root += f"/{size[0]}x{size[1]}"
+    key = hashlib.sha256(root.encode()).hexdigest()
     keys = []
     for step in spec.steps:
         content = json.dumps([key, step.type, list(step.args), step.files_hash])

@@ -143,6 +143,9 @@ class CreateRequest:
     auto_pause_memory: bool = True
     # The server's own sandboxes (template build VMs): not listed, and killed at shutdown.
     internal: bool = False
+    # (vCPUs, MiB) other than the template's: the template's disks are booted afresh at that
+    # size (a saved memory image has one size), without its processes (template builds).
+    size: tuple[int, int] | None = None
 
 
 class GuestUnhealthy(RuntimeError):
@@ -331,8 +334,8 @@ class Orchestrator:
                     template_id=parent.template_id if parent else base.template_id,
                     alias=parent.alias if parent else (base.aliases[0] if base.aliases else None),
                     state=SandboxState.CREATING,
-                    cpu_count=shown.cpu_count,
-                    memory_mb=shown.memory_mb,
+                    cpu_count=request.size[0] if request.size else shown.cpu_count,
+                    memory_mb=request.size[1] if request.size else shown.memory_mb,
                     disk_size_mb=shown.disk_size_mb,
                     started_at=now,
                     end_at=now + request.timeout,
@@ -351,11 +354,16 @@ class Orchestrator:
                 )
             )
             try:
+                snapshot = await self.saved.base_snapshot(base)
+                if request.size is not None:
+                    vcpus, memory_mib = request.size
+                    spec = dataclasses.replace(snapshot.spec, vcpus=vcpus, memory_mib=memory_mib)
+                    snapshot = dataclasses.replace(snapshot, spec=spec)
                 live = await self._launch(
                     record,
-                    await self.saved.base_snapshot(base),
+                    snapshot,
                     current_token=base.envd_access_token,
-                    cold=not base.memory,
+                    cold=not base.memory or request.size is not None,
                 )
             except _FAILURES as e:
                 await self._reclaim_files(sandbox_id)

@@ -205,26 +205,74 @@ def test_cli_build_and_logs(tmp_path: Path) -> None:
         _delete(name)
 
 
+def test_build_with_its_own_cpu_and_memory() -> None:
+    """`cpu_count`/`memory_mb`: the build boots the base's disks at that size, and sandboxes of
+    the template have those vCPUs and that memory (inside the guest, not only in the API)."""
+    name = _name("sized")
+    template = Template().from_template("base").run_cmd("echo sized > /tmp/sized.txt")
+    try:
+        Template.build(template, alias=name, cpu_count=2, memory_mb=512)
+        sandbox = Sandbox.create(name, timeout=120)
+        try:
+            info = sandbox.get_info()
+            assert (info.cpu_count, info.memory_mb) == (2, 512)
+            assert sandbox.commands.run("nproc").stdout.strip() == "2"
+            meminfo = sandbox.commands.run("grep MemTotal /proc/meminfo").stdout
+            total_kib = int(meminfo.split()[1])
+            assert 400 * 1024 < total_kib <= 512 * 1024, total_kib
+            assert sandbox.files.read("/tmp/sized.txt") == "sized\n"
+        finally:
+            sandbox.kill()
+    finally:
+        _delete(name)
+    headers = {"X-API-Key": os.environ["E2B_API_KEY"]}
+    for bad in ({"cpuCount": 0}, {"memoryMB": 511}, {"memoryMB": 64}):
+        response = httpx.post(
+            f"{BASE}/v3/templates", json={"name": name, **bad}, headers=headers, timeout=30
+        )
+        assert response.status_code == 400, (bad, response.text)
+        assert response.json()["code"] == 400
+
+
 def test_build_from_an_image(tmp_path: Path) -> None:
     """An image without bash, libc or Python from a registry on loopback (reachable from the
-    server, which shares this namespace): its Env reaches RUN steps and sandboxes."""
+    server, which shares this namespace): its Env reaches RUN steps and sandboxes; COPY, ENV and
+    WORKDIR apply; its busybox httpd, started by the start command and polled by the ready
+    command, answers through the proxy as soon as a sandbox exists."""
     layout = Layout(tmp_path / "layout")
     layout.add("v1", busybox_image())
     name = _name("img")
+    context = _context(tmp_path)
     with run_registry(tmp_path / "registry") as registry:
         ref = f"{registry.host}/test/busybox:v1"
         push(layout, "v1", ref)
         template = (
-            Template()
+            Template(file_context_path=str(context))
             .from_image(ref)
             .run_cmd('echo "$GREETING from $(/bin/busybox id -un) in $PWD" > /tmp/built.txt')
+            .copy("app", "/srv/www")
             .set_envs({"EXTRA": "set"})
+            .set_workdir("/srv/www")
+            .set_start_cmd(
+                "busybox httpd -f -p 8000 -h /srv/www",
+                "busybox wget -q -O /dev/null http://127.0.0.1:8000/hello.txt",
+            )
         )
         try:
             Template.build(template, alias=name)
             sandbox = Sandbox.create(name, timeout=120)
             try:
                 assert sandbox.files.read("/tmp/built.txt") == "a=b from user in /work\n"
+                result = sandbox.commands.run('echo "$EXTRA $PWD"; cat hello.txt')
+                assert result.stdout == "set /srv/www\nhello from the build context\n"
+                assert sandbox.get_host(8000).startswith("8000-")
+                response = httpx.get(
+                    f"{BASE}/hello.txt",
+                    headers={"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "8000"},
+                    timeout=30,
+                )
+                assert response.status_code == 200
+                assert response.text == "hello from the build context\n"
             finally:
                 sandbox.kill()
         finally:
