@@ -243,3 +243,16 @@ def test_template_json_without_images_loads_as_stale(tmp_path: Path, store: Temp
     loaded = store.get("base")
     assert loaded.images is None
     assert is_stale(loaded, images_named(tmp_path, "v1"))
+
+
+def test_unfinished_saved_states_are_removed(tmp_path: Path, store: TemplateStore) -> None:
+    make_template(store, "done", "whatever")
+    half = store.directory / "half" / "build-1"
+    half.mkdir(parents=True)
+    (half / "state").write_bytes(b"cut short before template.json")
+    (store.memory_dir / "half").mkdir(parents=True)
+    assert store.remove_unfinished() == ["half"]
+    assert sorted(p.name for p in store.directory.iterdir()) == ["done"]
+    assert not (store.memory_dir / "half").exists()
+    store.load()
+    assert store.get("done").template_id == "done"

@@ -206,6 +206,8 @@ class Orchestrator:
             await self.saved.drop_archived(record)
             self.catalog.delete(record.id)
         await asyncio.to_thread(self.detacher.sweep)
+        for unfinished in await asyncio.to_thread(self.templates.remove_unfinished):
+            log.warning("removed saved state %s, cut short by the previous run", unfinished)
         await self.saved.collect()
         self._spawn(self.saved.collect_repository())
 

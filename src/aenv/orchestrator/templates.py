@@ -156,6 +156,18 @@ class TemplateStore:
         if template is not None:
             self.save(dataclasses.replace(template, deleted=True))
 
+    def remove_unfinished(self) -> builtins.list[str]:
+        """Remove what a crash left of templates, snapshots and fork checkpoints being saved:
+        directories that never got their `template.json` (written last). Nothing can depend on
+        them: sandboxes start from a saved state only after it is recorded. Returns their ids."""
+        removed = []
+        for entry in sorted(self.directory.iterdir()):
+            if entry.is_dir() and not (entry / TEMPLATE_FILE).exists():
+                shutil.rmtree(entry, ignore_errors=True)
+                shutil.rmtree(self.memory_dir / entry.name, ignore_errors=True)
+                removed.append(entry.name)
+        return removed
+
     def delete(self, template_id: str) -> bool:
         template = self._templates.pop(template_id, None)
         if template is None:
