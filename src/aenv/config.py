@@ -56,6 +56,8 @@ class Config:
     repository_cache_mb: int = 8192
     # Template builds: how long a build's readyCmd may keep failing before the build fails.
     build_ready_timeout: int = 300
+    # Template builds: cached step layers kept (newest first); each holds a VM's memory and disk.
+    build_cache_layers: int = 32
 
     @property
     def catalog_path(self) -> Path:

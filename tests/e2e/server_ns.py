@@ -119,6 +119,7 @@ def server_in_namespace(home: Path, port: int = 3000) -> Iterator[ServerNs]:
         "AENV_WARM_SLOTS_LOW": "2",
         "AENV_WARM_SLOTS_HIGH": "4",
         "AENV_BUILD_READY_TIMEOUT": "30",  # the failing-readyCmd build test waits this long
+        "AENV_BUILD_CACHE_LAYERS": "3",  # low enough that the build tests overflow it
         # Small guests: the load test holds 200 of them at once.
         "AENV_SANDBOX_MEMORY_MB": "256",
         "AENV_GUEST_CACHE": os.environ.get("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache")),

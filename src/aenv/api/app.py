@@ -87,6 +87,7 @@ def create_api(
         config.home,
         config.build_ready_timeout,
         boot_image,
+        cache_layers=config.build_cache_layers,
     )
     routes = [
         Route("/health", _health, methods=["GET"]),

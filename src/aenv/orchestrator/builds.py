@@ -125,6 +125,8 @@ class Builder:
         home: Path,
         ready_timeout: float,
         boot_image: ImageBooter | None = None,
+        *,
+        cache_layers: int = 32,
     ) -> None:
         self.orc = orchestrator
         self.tags = tags
@@ -133,6 +135,7 @@ class Builder:
         self.rootfs_dir = home / "cache" / "oci-rootfs"
         self.ready_timeout = ready_timeout
         self.boot_image = boot_image
+        self.cache_layers = cache_layers
         self._builds: dict[str, Build] = {}  # by build id, oldest first
         self._tasks: set[asyncio.Task[None]] = set()  # held: running builds are not collected
         self._image_locks: dict[str, asyncio.Lock] = {}
@@ -199,6 +202,7 @@ class Builder:
             log.exception("build %s failed", build.build_id)
             reason = BuildError(f"{type(e).__name__}: {e}")
         else:
+            await self._trim_cache()
             build.log(f"Template {template.template_id} ready ({time.monotonic() - started:.1f} s)")
             self.tags.assign(template.template_id, list(build.tags), build.build_id)
             build.status = "ready"
@@ -300,6 +304,20 @@ class Builder:
             await asyncio.to_thread(self.orc.templates.save, base)
         return base
 
+    async def _trim_cache(self) -> None:
+        """Drop cached step layers beyond the newest `cache_layers` (by when they were saved or
+        last reused); their files go once no sandbox depends on them."""
+        layers = [
+            t
+            for t in self.orc.templates.list_all()
+            if t.kind == "layer" and t.template_id.startswith("layer-") and not t.deleted
+        ]
+        layers.sort(key=lambda t: t.created_at, reverse=True)
+        for old in layers[self.cache_layers :]:
+            await asyncio.to_thread(self.orc.templates.hide, old.template_id)
+        if len(layers) > self.cache_layers:
+            await self.orc.saved.collect()
+
     def _base(self, spec: BuildSpec) -> Template:
         name = spec.from_template or "base"
         try:
@@ -317,6 +335,8 @@ class Builder:
         for index in reversed(range(limit)):
             layer = self.orc.templates.by_id(_layer_id(keys[index]))
             if layer is not None and layer.kind == "layer" and not layer.deleted:
+                # Reused: the cache keeps the most recently used layers.
+                self.orc.templates.save(dataclasses.replace(layer, created_at=time.time()))
                 return index + 1, layer
         return 0, base
 

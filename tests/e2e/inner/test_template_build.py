@@ -282,3 +282,17 @@ def test_build_from_an_image(tmp_path: Path) -> None:
         with pytest.raises(BuildException, match="image"):
             Template.build(Template().from_image(f"{registry.host}/test/nope:v1"), alias=name)
     assert name not in _names()
+
+
+def test_build_cache_keeps_only_the_newest_layers() -> None:
+    """The server runs with `build_cache_layers` = 3 here and the builds above saved more step
+    layers than that: the oldest are gone, files and all, and the newest still serve."""
+    home = Path(os.environ["AENV_HOME"])
+    kept = []
+    for meta in (home / "templates").glob("layer-*/template.json"):
+        template = json.loads(meta.read_text())
+        if not template["deleted"]:
+            kept.append(template["template_id"])
+    assert 1 <= len(kept) <= 3, kept
+    hidden = [p for p in (home / "templates").glob("layer-*") if p.name not in kept]
+    assert hidden == [], "trimmed layers left files behind"
