@@ -6,7 +6,8 @@ killed rather than paused at shutdown), so building reuses restore, save and cle
 RUN or COPY step its state is saved as a hidden `layer` template keyed by (parent key, step,
 files hash): a later build whose first steps match starts from the newest such layer instead of
 re-running them. A build's log is kept in memory, in order, and read by offset while the build
-runs (the E2B status route, `aenv template logs`).
+runs (the E2B status route, `aenv template logs`); each build's record (status, reason, log)
+is written to `$AENV_HOME/builds/` when it starts and ends, so it outlives a restart.
 """
 
 from __future__ import annotations
@@ -106,6 +107,35 @@ class Build:
         self.logs.append(LogEntry(time.time(), level, message, step))
 
 
+def _build_to_json(build: Build) -> str:
+    reason = build.reason
+    return json.dumps(
+        {
+            **{
+                f.name: getattr(build, f.name)
+                for f in dataclasses.fields(build)
+                if f.name not in ("logs", "reason")
+            },
+            "logs": [dataclasses.asdict(e) for e in build.logs],
+            "reason": None if reason is None else {"message": str(reason), "step": reason.step},
+        }
+    )
+
+
+def _build_from_json(text: str) -> Build:
+    raw = json.loads(text)
+    reason = raw.pop("reason")
+    build = Build(
+        **{**raw, "tags": tuple(raw["tags"]), "logs": [LogEntry(**e) for e in raw["logs"]]}
+    )
+    if reason is not None:
+        build.reason = BuildError(reason["message"], reason["step"])
+    if build.status in ("waiting", "building"):  # the server stopped while it ran
+        build.reason = BuildError("interrupted: the server restarted during the build")
+        build.status = "error"
+    return build
+
+
 def split_name(name: str) -> tuple[str, str | None]:
     """`name:tag` → (name, tag)."""
     base, _, tag = name.partition(":")
@@ -131,6 +161,7 @@ class Builder:
         self.orc = orchestrator
         self.tags = tags
         self.files_dir = home / "build-files"
+        self.records_dir = home / "builds"  # one JSON per build: status and logs survive restarts
         self.oci_cache = home / "cache" / "oci"
         self.rootfs_dir = home / "cache" / "oci-rootfs"
         self.ready_timeout = ready_timeout
@@ -139,6 +170,24 @@ class Builder:
         self._builds: dict[str, Build] = {}  # by build id, oldest first
         self._tasks: set[asyncio.Task[None]] = set()  # held: running builds are not collected
         self._image_locks: dict[str, asyncio.Lock] = {}
+        self._load_records()
+
+    def _load_records(self) -> None:
+        self.records_dir.mkdir(parents=True, exist_ok=True)
+        builds = []
+        for path in self.records_dir.glob("*.json"):
+            try:
+                builds.append(_build_from_json(path.read_text()))
+            except (OSError, ValueError, TypeError, KeyError):
+                log.warning("unreadable build record %s", path)
+        for build in sorted(builds, key=lambda b: b.created_at)[-MAX_BUILDS:]:
+            self._builds[build.build_id] = build
+
+    def _record(self, build: Build) -> None:
+        path = self.records_dir / f"{build.build_id}.json"
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(_build_to_json(build))
+        tmp.replace(path)
 
     def request(
         self,
@@ -172,6 +221,8 @@ class Builder:
         idle = [b for b in self._builds.values() if b.status != "building"]
         for old in idle[: max(0, len(self._builds) - MAX_BUILDS)]:
             del self._builds[old.build_id]
+            (self.records_dir / f"{old.build_id}.json").unlink(missing_ok=True)
+        self._record(build)
         return build
 
     def get(self, template_id: str, build_id: str) -> Build | None:
@@ -188,6 +239,7 @@ class Builder:
 
     def start(self, build: Build, spec: BuildSpec) -> None:
         build.status = "building"
+        self._record(build)
         task = asyncio.create_task(self._run(build, spec))
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
@@ -206,10 +258,12 @@ class Builder:
             build.log(f"Template {template.template_id} ready ({time.monotonic() - started:.1f} s)")
             self.tags.assign(template.template_id, list(build.tags), build.build_id)
             build.status = "ready"
+            await asyncio.to_thread(self._record, build)
             return
         build.reason = reason
         build.log(f"Build failed: {reason}", level="error", step=reason.step)
         build.status = "error"
+        await asyncio.to_thread(self._record, build)
 
     async def _build(self, build: Build, spec: BuildSpec) -> Template:
         base = await self._image_base(spec, build) if spec.from_image else self._base(spec)
