@@ -19,7 +19,7 @@ from e2b.template.logger import LogEntry
 from e2b.template.main import TemplateFinal
 
 from tests.oci.images import Layout, push
-from tests.oci.registry import run_registry
+from tests.oci.registry import htpasswd, run_registry
 from tests.oci.test_rootfs import busybox_image
 
 BASE = "http://127.0.0.1:3000"
@@ -296,3 +296,25 @@ def test_build_cache_keeps_only_the_newest_layers() -> None:
     assert 1 <= len(kept) <= 3, kept
     hidden = [p for p in (home / "templates").glob("layer-*") if p.name not in kept]
     assert hidden == [], "trimmed layers left files behind"
+
+
+def test_image_builds_that_cannot_pull_fail_with_the_reason(tmp_path: Path) -> None:
+    """A registry that refuses the credentials and a digest that is not there: each build
+    ends in `error` with the reason in its log, and nothing is listed."""
+    layout = Layout(tmp_path / "layout")
+    layout.add("v1", busybox_image())
+    name = _name("nopull")
+    auth = htpasswd(tmp_path / "htpasswd", "alice", "right")
+    with run_registry(tmp_path / "registry", auth) as registry:
+        ref = f"{registry.host}/test/busybox:v1"
+        push(layout, "v1", ref, creds="alice:right")
+        logs: list[LogEntry] = []
+        wrong = Template().from_image(ref, username="alice", password="wrong")
+        with pytest.raises(BuildException, match="authentication failed"):
+            Template.build(wrong, alias=name, on_build_logs=logs.append)
+        assert any("authentication failed" in e.message for e in logs), logs
+        missing = f"{registry.host}/test/busybox@sha256:{'0' * 64}"
+        absent = Template().from_image(missing, username="alice", password="right")
+        with pytest.raises(BuildException, match="image"):
+            Template.build(absent, alias=name)
+    assert name not in _names()
