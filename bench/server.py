@@ -7,7 +7,9 @@
   envd (runs interleaved), and small HTTP requests per second to a web server in the sandbox,
   through the proxy vs straight to the guest. "Straight to the guest" is the slot address the
   proxy itself forwards to (found by asking each slot's envd `/envs` for its sandbox id);
-- creates per second sustained for a while: a few workers each looping create + kill;
+- creates per second sustained for a while: a few workers each looping create + kill; then the
+  CPU one create + kill costs (whole machine, the server process, its children), which bounds
+  that rate;
 - `GET /v2/sandboxes` latency with many sandboxes: sandboxes are created and paused (a paused
   sandbox costs no CPU, a running one does under TCG) up to a target count, within a time
   budget and half the free disk (a paused sandbox holds its RAM on disk, plus its copy in the
@@ -19,7 +21,8 @@ Every figure is min / median / p99 / max; ratios are against the direct path mea
 same run. Settings (environment): AENV_BENCH_CREATE_RUNS (10), AENV_BENCH_BURST (50),
 AENV_BENCH_PROXY_RUNS (100), AENV_BENCH_HTTP_REQUESTS (2000), AENV_BENCH_SUSTAIN_S (60),
 AENV_BENCH_SUSTAIN_WORKERS (4), AENV_BENCH_LIST_N (1000), AENV_BENCH_LIST_BUDGET_S (420),
-AENV_BENCH_LIST_WORKERS (4). Prints one JSON document on stdout; progress goes to stderr.
+AENV_BENCH_LIST_WORKERS (4), AENV_BENCH_CPU_CYCLES (20). Prints one JSON document on stdout;
+progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ SUSTAIN_WORKERS = int(setting("SUSTAIN_WORKERS", 4))
 LIST_N = int(setting("LIST_N", 1000))
 LIST_BUDGET_S = setting("LIST_BUDGET_S", 420)
 LIST_WORKERS = int(setting("LIST_WORKERS", 4))
+CPU_CYCLES = int(setting("CPU_CYCLES", 20))
 LIST_REPS = 20
 ENVD_PORT = 49983
 WEB_PORT = 8000
@@ -407,6 +411,62 @@ def bench_sustained() -> dict[str, Any]:
     }
 
 
+# -- CPU per create ----------------------------------------------------------------------------
+
+
+def _server_process() -> Any:
+    import psutil
+
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if "aenv.cli" in cmdline and "server" in cmdline:
+            return proc
+    raise RuntimeError("the aenv server process was not found")
+
+
+def bench_cpu_per_create() -> dict[str, Any]:
+    """CPU one create + kill costs the whole machine, and how much of it is the server process
+    itself (API, catalog, proxy, orchestration) vs its children (the VMMs, the guests under
+    TCG, helpers), measured over sequential cycles: what bounds the sustained rate."""
+    import psutil
+    from e2b import Sandbox
+
+    log(f"CPU per create + kill: {CPU_CYCLES} sequential cycles...")
+    server = _server_process()
+
+    def sample() -> tuple[float, float, float, float]:
+        machine = psutil.cpu_times()
+        own = server.cpu_times()
+        return (
+            time.perf_counter(),
+            machine.user + machine.system + machine.nice + machine.irq + machine.softirq,
+            own.user + own.system,
+            own.children_user + own.children_system,
+        )
+
+    for _ in range(3):  # warm
+        Sandbox.create(timeout=120).kill()
+    before = sample()
+    for _ in range(CPU_CYCLES):
+        Sandbox.create(timeout=120).kill()
+    after = sample()
+    wall, machine, own, children = (
+        round((b - a) / CPU_CYCLES * 1000, 1) for a, b in zip(before, after, strict=True)
+    )
+    log(f"  {machine} ms of CPU per cycle: server {own} ms, its children {children} ms")
+    cores = os.cpu_count() or 1
+    return {
+        "cycles": CPU_CYCLES,
+        "wall_ms_per_cycle": wall,
+        "machine_cpu_ms_per_cycle": machine,
+        "server_process_cpu_ms": own,
+        "children_cpu_ms": children,
+        "cores": cores,
+        "max_creates_per_s_cpu_bound": round(cores / (machine / 1000), 1),
+        "max_creates_per_s_server_only": round(cores / (own / 1000), 1),
+    }
+
+
 # -- list with many sandboxes ------------------------------------------------------------------
 
 
@@ -581,6 +641,7 @@ def client() -> None:
         result["create_to_first_command"] = bench_create()
         result["proxy"] = bench_proxy()
         result["sustained_creates"] = bench_sustained()
+        result["cpu_per_create"] = bench_cpu_per_create()
         result["list"] = bench_list()
     finally:
         left = [s.sandbox_id for s in Sandbox.list(limit=100).next_items()]
