@@ -62,7 +62,7 @@ class Detacher:
     async def detach(self, snapshot: Snapshot, directory: Path) -> Snapshot | None:
         """The detached form of `snapshot` (saved in `directory`), written next to it but not
         adopted; None when there is nothing to do or it failed (the stream form still works)."""
-        if snapshot.memory_file is not None:
+        if snapshot.memory_file is not None or not snapshot.machine_state:
             return None
         start = time.perf_counter()
         staging = directory / DETACHED

@@ -535,7 +535,9 @@ class Orchestrator:
                         self._client, self._envd_url(live), record.envd_access_token
                     )
                 await asyncio.to_thread(target.mkdir)
-                saved = await live.vm.snapshot(SnapshotTarget(target, target), keep_running=False)
+                saved = await live.vm.snapshot(
+                    SnapshotTarget(target, target), keep_running=False, machine_state=memory
+                )
             except _FAILURES as e:
                 await asyncio.to_thread(shutil.rmtree, target, True)
                 live.planned_exit = False
@@ -773,7 +775,7 @@ class Orchestrator:
                         await envd_client.sync(
                             self._client, self._envd_url(live), record.envd_access_token
                         )
-                    saved = await self._save_running(record, dest)
+                    saved = await self._save_running(record, dest, memory)
                 elif record.state is SandboxState.PAUSED:
                     if not memory and record.placement.get("memory", True):
                         # Its disks lack what the guest had not written back when it paused.
@@ -816,17 +818,19 @@ class Orchestrator:
             self._spawn(self.saved.push_template(template))
         return template
 
-    async def _save_running(self, record: SandboxRecord, dest: Path) -> Snapshot:
+    async def _save_running(self, record: SandboxRecord, dest: Path, memory: bool) -> Snapshot:
         """Checkpoint a running sandbox without stopping it: its disks are sealed in its own
-        directory (the VM continues on top of them), state and memory go to `dest`, and the
-        sealed disks are flattened into `dest`."""
+        directory (the VM continues on top of them), state and memory (unless not `memory`)
+        go to `dest`, and the sealed disks are flattened into `dest`."""
         live = self._live[record.id]
         seq = int(record.placement.get("seq", 0)) + 1
         staging = checkpoints.staging_dir(self._dirs(record.id)[0], seq)
         self.catalog.transition(record.id, [SandboxState.RUNNING], SandboxState.SNAPSHOTTING)
         try:
             await asyncio.to_thread(staging.mkdir)
-            snap = await live.vm.snapshot(SnapshotTarget(staging, staging), keep_running=True)
+            snap = await live.vm.snapshot(
+                SnapshotTarget(staging, staging), keep_running=True, machine_state=memory
+            )
         except _FAILURES as e:
             await asyncio.to_thread(shutil.rmtree, staging, True)
             raise OperationFailed(f"snapshot of sandbox {record.id} failed: {e}") from e

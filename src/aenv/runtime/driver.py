@@ -122,7 +122,9 @@ class SnapshotTarget:
 class Snapshot:
     """A complete, immutable saved VM. `memory_file` is None when the guest memory travels inside
     `state_file` (a driver's choice, e.g. when the source's memory was itself a private mapping).
-    `compat` names what a restoring VMM must match (driver, VMM version, accelerator, CPU model)."""
+    `compat` names what a restoring VMM must match (driver, VMM version, accelerator, CPU model).
+    Without `machine_state` only the disks were saved (`state_file` is empty): such a snapshot
+    cannot be restored, only booted from its disks."""
 
     driver: str
     compat: str
@@ -130,6 +132,7 @@ class Snapshot:
     state_file: Path
     memory_file: Path | None
     disks: Mapping[str, Path]
+    machine_state: bool = True
 
     def save_manifest(self, directory: Path | None = None) -> Path:
         """Write `snapshot.json` into `directory` (default: next to the state file), so the
@@ -193,10 +196,13 @@ class VM(Protocol):
 
     async def resume(self) -> None: ...
 
-    async def snapshot(self, target: SnapshotTarget, *, keep_running: bool) -> Snapshot:
+    async def snapshot(
+        self, target: SnapshotTarget, *, keep_running: bool, machine_state: bool = True
+    ) -> Snapshot:
         """Save memory, device state and writable disks at one instant. With `keep_running` the VM
         continues afterwards (in its previous run state) on fresh writable layers; otherwise it is
-        stopped, which lets a driver hand its memory file over instead of copying it."""
+        stopped, which lets a driver hand its memory file over instead of copying it. Without
+        `machine_state` only the disks are saved (the caller has had the guest flush them)."""
         ...
 
     async def stop(self) -> None:
@@ -295,6 +301,7 @@ def _snapshot_to_dict(snap: Snapshot) -> dict[str, Any]:
         "state_file": str(snap.state_file),
         "memory_file": str(snap.memory_file) if snap.memory_file else None,
         "disks": {k: str(v) for k, v in snap.disks.items()},
+        "machine_state": snap.machine_state,
     }
 
 
@@ -306,4 +313,5 @@ def _snapshot_from_dict(raw: Mapping[str, Any]) -> Snapshot:
         state_file=Path(raw["state_file"]),
         memory_file=Path(raw["memory_file"]) if raw["memory_file"] else None,
         disks={str(k): Path(v) for k, v in raw["disks"].items()},
+        machine_state=bool(raw.get("machine_state", True)),
     )

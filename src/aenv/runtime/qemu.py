@@ -165,7 +165,7 @@ class QemuDriver:
         any restore, and loads the memory into `place.memory_dir`, which should be tmpfs: a
         shared mapping of a file on a disk filesystem fills 3x slower than one on tmpfs plus a
         copy). Disks are untouched and shared with `snapshot`."""
-        if snapshot.memory_file is not None:
+        if snapshot.memory_file is not None or not snapshot.machine_state:
             return snapshot
         vm = await self._restore_vm(snapshot, place)
         made: list[Path] = []
@@ -255,6 +255,8 @@ class QemuDriver:
         return vms
 
     async def _check(self, snapshot: Snapshot) -> None:
+        if not snapshot.machine_state:
+            raise RestoreError("a filesystem-only snapshot cannot be restored: boot its disks")
         if snapshot.driver != self.name or snapshot.compat != await self.compat():
             raise IncompatibleSnapshotError(
                 f"snapshot from {snapshot.driver} ({snapshot.compat}) cannot be restored by "
@@ -445,13 +447,15 @@ class QemuVM:
             await self.monitor.execute("cont")
             self.run_state = VMState.RUNNING
 
-    async def snapshot(self, target: SnapshotTarget, *, keep_running: bool) -> Snapshot:
+    async def snapshot(
+        self, target: SnapshotTarget, *, keep_running: bool, machine_state: bool = True
+    ) -> Snapshot:
         async with self._lock:
             self._require(VMState.RUNNING, VMState.PAUSED)
             was_running = self.run_state is VMState.RUNNING
             made: list[Path] = []
             try:
-                snap = await self._snapshot(target, keep_running, made)
+                snap = await self._snapshot(target, keep_running, made, machine_state)
             except (MonitorError, layers.LayerError, OSError) as exc:
                 _unlink(made)
                 if self.state is not VMState.STOPPED and was_running:
@@ -466,7 +470,7 @@ class QemuVM:
         return snap
 
     async def _snapshot(
-        self, target: SnapshotTarget, keep_running: bool, made: list[Path]
+        self, target: SnapshotTarget, keep_running: bool, made: list[Path], machine_state: bool
     ) -> Snapshot:
         if self.run_state is VMState.RUNNING:
             await self.monitor.execute("stop")
@@ -482,20 +486,25 @@ class QemuVM:
             # From here on the running VM's disks are stacked on the sealed files: keep them
             # even if the rest of the snapshot fails.
             made[:] = [p for p in made if p not in sealed.values()]
-        ignore_shared = self.memory.shared
         state_file = target.directory / "state"
         made.append(state_file)
-        await self.save_state(state_file, ignore_shared=ignore_shared)
         memory_file: Path | None = None
-        if ignore_shared:
+        if not machine_state:  # disks only: an empty state file marks it
+            await asyncio.to_thread(state_file.write_bytes, b"")
+            if not keep_running:
+                await self._quit()
+        elif self.memory.shared:
+            await self.save_state(state_file, ignore_shared=True)
             memory_file = target.memory_dir / "memory"
             made.append(memory_file)
             if keep_running:
                 await _copy_sparse(self.memory.path, memory_file)
             else:
                 await self.hand_over_memory(memory_file)
-        elif not keep_running:
-            await self._quit()
+        else:
+            await self.save_state(state_file, ignore_shared=False)
+            if not keep_running:
+                await self._quit()
         for dest in sealed.values():
             await layers.flatten_if_deep(dest)
         snap = Snapshot(
@@ -505,6 +514,7 @@ class QemuVM:
             state_file=state_file,
             memory_file=memory_file,
             disks=sealed,
+            machine_state=machine_state,
         )
         await asyncio.to_thread(snap.save_manifest)
         return snap

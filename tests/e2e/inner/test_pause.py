@@ -200,6 +200,12 @@ def test_filesystem_auto_pause_and_strict_pause() -> None:
         while _state(sbx.sandbox_id) != "paused":
             assert time.monotonic() < deadline, "auto-pause did not happen"
             time.sleep(0.5)
+        # Filesystem-only: the checkpoint holds the disk layer and no memory at all.
+        sandbox_dir = Path(os.environ["AENV_HOME"]) / "sandboxes" / sbx.sandbox_id
+        newest = max(sandbox_dir.glob("pause-*"), key=lambda d: int(d.name.split("-")[1]))
+        manifest = json.loads((newest / "snapshot.json").read_text())
+        assert manifest["machine_state"] is False and manifest["memory_file"] is None
+        assert (newest / "state").stat().st_size == 0
         rebooted = Sandbox.connect(sbx.sandbox_id, timeout=120)  # cold boot from the disks
         assert rebooted.files.read("/home/user/disk.txt") == "on disk"
         assert "/tmp/counter" not in rebooted.commands.run("ps -eo args").stdout

@@ -373,3 +373,26 @@ def test_every_recorded_body_is_swagger_valid(swagger: Swagger) -> None:
     for method, path in used:
         found = swagger.operation(method, path)
         assert found is not None and found[0].body_definition, (method, path)
+
+
+async def test_filesystem_only_snapshot_saves_the_disks_alone(
+    driver: FirecrackerDriver, spec: d.VMSpec, tmp_path: Path, netns: str
+) -> None:
+    vm = await driver.boot(spec)
+    try:
+        snap = await vm.snapshot(
+            snapshot_target(tmp_path, "fs"), keep_running=True, machine_state=False
+        )
+        assert vm.state is d.VMState.RUNNING
+        calls = [(r["method"], r["path"]) for r in await received(vm)]
+    finally:
+        await vm.stop()
+    assert ("PUT", "/snapshot/create") not in calls  # Firecracker's own snapshot was not taken
+    assert ("PATCH", "/vm") in calls  # paused around the disk copy, then resumed
+    assert not snap.machine_state and snap.memory_file is None
+    assert snap.state_file.stat().st_size == 0
+    assert snap.disks["upper"].read_bytes() == spec.disks[1].path.read_bytes()
+    assert list((tmp_path / "mem").glob("*")) == []
+    assert d.Snapshot.load_manifest(snap.state_file.parent) == snap
+    with pytest.raises(d.RestoreError, match="filesystem-only"):
+        await driver.restore(snap, restore_target(tmp_path, "r", netns))

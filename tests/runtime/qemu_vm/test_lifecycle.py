@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from aenv.runtime.driver import Snapshot, VMState
+from aenv.runtime.driver import RestoreError, Snapshot, VMState
 from tests.runtime.qemu_vm.conftest import TEMPLATE_MEMORY, TEMPLATE_NOTE, Fleet, Places, Template
 from tests.runtime.qemu_vm.netns import agent, wait_ready
 
@@ -138,3 +138,25 @@ async def test_detached_memory_restores_like_a_template(
     again, again_netns = await fleet.restore(detached)
     assert (await agent(again_netns))["memory"] == "detach-me"
     assert again.state is VMState.RUNNING
+
+
+async def test_filesystem_only_snapshots_hold_disks_alone(
+    fleet: Fleet, template: Template, places: Places
+) -> None:
+    vm, netns = await fleet.restore(template.snapshot)
+    await agent(netns, "POST", "/?memory=unsaved&note=fs-only")
+    running = await vm.snapshot(places.snapshot_target(), keep_running=True, machine_state=False)
+    assert vm.state is VMState.RUNNING
+    assert (await agent(netns))["note"] == "fs-only"  # it went on running
+    stopped = await vm.snapshot(places.snapshot_target(), keep_running=False, machine_state=False)
+    assert vm.state is VMState.STOPPED
+    for snap in (running, stopped):
+        assert not snap.machine_state and snap.memory_file is None
+        assert snap.state_file.stat().st_size == 0
+        assert set(snap.disks) == {"upper"} and snap.disks["upper"].is_file()
+        assert Snapshot.load_manifest(snap.state_file.parent) == snap
+        with pytest.raises(RestoreError, match="filesystem-only"):
+            await fleet.restore(snap)
+        assert await fleet.driver.detach_memory(snap, places.snapshot_target(), fleet.target()) is (
+            snap
+        )

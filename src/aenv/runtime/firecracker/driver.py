@@ -217,6 +217,8 @@ class FirecrackerDriver:
             raise d.IncompatibleSnapshotError(
                 f"snapshot was taken by the {snapshot.driver} driver, not {DRIVER_NAME}"
             )
+        if not snapshot.machine_state:
+            raise d.RestoreError("a filesystem-only snapshot cannot be restored: boot its disks")
         if snapshot.memory_file is None:
             raise d.RestoreError("firecracker snapshots always have a memory file; this has none")
         if (snapshot.spec.net is None) != (target.net is None):

@@ -126,7 +126,9 @@ class FirecrackerVM:
             await self._guard(self.api.resume(), "resume")
             self.state = d.VMState.RUNNING
 
-    async def snapshot(self, target: d.SnapshotTarget, *, keep_running: bool) -> d.Snapshot:
+    async def snapshot(
+        self, target: d.SnapshotTarget, *, keep_running: bool, machine_state: bool = True
+    ) -> d.Snapshot:
         async with self._lock:
             self._require_live()
             was_running = self.state is d.VMState.RUNNING
@@ -135,7 +137,10 @@ class FirecrackerVM:
                 self.state = d.VMState.PAUSED
             snap: d.Snapshot | None = None
             try:
-                snap = await self._take_snapshot(target, keep_running=keep_running)
+                if machine_state:
+                    snap = await self._take_snapshot(target, keep_running=keep_running)
+                else:
+                    snap = await self._save_disks(target, keep_running=keep_running)
                 if keep_running and was_running:
                     await self._guard(self.api.resume(), "resume after snapshot", d.SnapshotError)
                     self.state = d.VMState.RUNNING
@@ -252,6 +257,32 @@ class FirecrackerVM:
             state_file=state_file,
             memory_file=memory_file,
             disks=sealed,
+        )
+        await asyncio.to_thread(snap.save_manifest)
+        return snap
+
+    async def _save_disks(self, target: d.SnapshotTarget, *, keep_running: bool) -> d.Snapshot:
+        """A filesystem-only snapshot: the paused VM's writable disks, and an empty state file
+        (Firecracker's own snapshot, and its dirty-page log, are left alone)."""
+        state_file = target.directory / STATE_FILE
+        created: list[Path] = [state_file]
+        try:
+            target.directory.mkdir(parents=True, exist_ok=True)
+            state_file.write_bytes(b"")
+            sealed = await self._seal_disks(target.directory, keep_running, created)
+        except BaseException as exc:
+            _discard(created)
+            if isinstance(exc, FAILURES):
+                raise d.SnapshotError(f"snapshot of VM {self.id} failed: {exc}") from exc
+            raise
+        snap = d.Snapshot(
+            driver=DRIVER_NAME,
+            compat=host.compat_tag(self.version),
+            spec=self.spec,
+            state_file=state_file,
+            memory_file=None,
+            disks=sealed,
+            machine_state=False,
         )
         await asyncio.to_thread(snap.save_manifest)
         return snap
