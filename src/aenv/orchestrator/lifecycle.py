@@ -38,6 +38,7 @@ from aenv.ids import new_access_token, new_sandbox_id
 from aenv.network import Slot, SlotProvider
 from aenv.orchestrator import checkpoints, detach, envd_client
 from aenv.orchestrator.archive import Archive
+from aenv.orchestrator.background import PerSandbox
 from aenv.orchestrator.catalog import Catalog, SandboxRecord
 from aenv.orchestrator.saved import SavedStates
 from aenv.orchestrator.states import KILLABLE, LIVE, SandboxState
@@ -178,7 +179,7 @@ class Orchestrator:
         self.detacher = detach.Detacher(
             driver, slots, config.home / "detach", templates.memory_dir / "detach"
         )
-        self._settling: dict[str, asyncio.Task[None]] = {}  # sandbox id -> its _settle_pause
+        self._settling = PerSandbox("work after the pause")  # _settle_pause
 
     # -- start-up and shutdown ------------------------------------------------------------
 
@@ -220,8 +221,8 @@ class Orchestrator:
             await self.kill(sandbox_id)
         # Checkpoints are uploaded as they are: detaching their memory is only worth it for a
         # restore soon, and the restarted server can restore either form.
-        for sandbox_id in list(self._settling):
-            await self._stop_settling(sandbox_id)
+        for sandbox_id in self._settling.ids():
+            await self._settling.cancel(sandbox_id)
         await self.saved.close()
         for task in list(self._tasks):
             task.cancel()
@@ -471,7 +472,7 @@ class Orchestrator:
             if record is None:
                 return False
             self._cancel_timer(sandbox_id)
-            await self._stop_settling(sandbox_id)
+            await self._settling.cancel(sandbox_id)
             await self.saved.cancel_push(sandbox_id)
             live = self._live.pop(sandbox_id, None)
             if live is not None:
@@ -556,11 +557,9 @@ class Orchestrator:
                 placement={**record.placement, "seq": seq, "memory": memory},
             )
             assert paused is not None
-            await self._stop_settling(sandbox_id)  # an earlier pause's: uploads stay in order
+            await self._settling.cancel(sandbox_id)  # an earlier pause's: uploads stay in order
             await asyncio.to_thread(checkpoints.prune_pauses, sandbox_dir, seq)
-            task = asyncio.get_running_loop().create_task(self._settle_pause(paused, seq, saved))
-            self._settling[sandbox_id] = task
-            task.add_done_callback(lambda t: self._settled(sandbox_id, t))
+            self._settling.start(sandbox_id, self._settle_pause(paused, seq, saved))
             return paused
 
     async def _settle_pause(self, record: SandboxRecord, seq: int, saved: Snapshot) -> None:
@@ -572,8 +571,11 @@ class Orchestrator:
             if detached is not None:
                 async with self._lock(record.id):
                     current = self.catalog.get(record.id)
-                    still = current is not None and current.state is SandboxState.PAUSED
-                    if still and current is not None and current.placement.get("seq") == seq:
+                    if (
+                        current is not None
+                        and current.state is SandboxState.PAUSED
+                        and current.placement.get("seq") == seq
+                    ):
                         await asyncio.to_thread(detach.adopt, directory, detached)
                         saved = detached
                     else:
@@ -581,18 +583,6 @@ class Orchestrator:
         finally:
             # Also when cancelled: whoever cancels (kill, shutdown) decides about the upload.
             self.saved.push_checkpoint(record, seq, saved)
-
-    def _settled(self, sandbox_id: str, task: asyncio.Task[None]) -> None:
-        if self._settling.get(sandbox_id) is task:
-            del self._settling[sandbox_id]
-        if not task.cancelled() and task.exception() is not None:
-            log.error("after pausing %s: %s", sandbox_id, task.exception())
-
-    async def _stop_settling(self, sandbox_id: str) -> None:
-        task = self._settling.pop(sandbox_id, None)
-        if task is not None:
-            task.cancel()
-            await asyncio.gather(task, return_exceptions=True)
 
     async def resume(
         self, sandbox_id: str, timeout: int, *, memory: bool = True

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from aenv.orchestrator import checkpoints
 from aenv.orchestrator.archive import Archive, complete
+from aenv.orchestrator.background import PerSandbox
 from aenv.orchestrator.catalog import Catalog, SandboxRecord
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.templates import Template, TemplateStore
@@ -40,17 +41,14 @@ class SavedStates:
         self.templates = templates
         self.sandboxes_dir = sandboxes_dir
         self.archive = archive
-        self._pushes: dict[str, asyncio.Task[None]] = {}  # sandbox id -> its checkpoint upload
+        self._pushes = PerSandbox("checkpoint upload")
         # Saved-state directories an operation is writing or about to start sandboxes from:
         # not garbage even while no sandbox row names them yet.
         self._pinned: set[str] = set()
         self._pull_locks: dict[str, asyncio.Lock] = {}
 
     async def cancel_push(self, sandbox_id: str) -> None:
-        push = self._pushes.pop(sandbox_id, None)
-        if push is not None:
-            push.cancel()
-            await asyncio.gather(push, return_exceptions=True)
+        await self._pushes.cancel(sandbox_id)
 
     async def drop(self, manifest_id: str | None) -> None:
         if manifest_id is not None and self.archive is not None:
@@ -62,7 +60,7 @@ class SavedStates:
 
     async def close(self) -> None:
         """Uploads of checkpoints already taken finish first: they are the durable copies."""
-        await asyncio.gather(*self._pushes.values(), return_exceptions=True)
+        await self._pushes.wait_all()
         if self.archive is not None:
             self.archive.close()
 
@@ -100,9 +98,6 @@ class SavedStates:
         if self.archive is None:
             return
         archive = self.archive
-        previous = self._pushes.pop(record.id, None)
-        if previous is not None:
-            previous.cancel()
 
         async def push() -> None:
             staging = checkpoints.archive_dir(self.sandboxes_dir / record.id, seq)
@@ -121,15 +116,7 @@ class SavedStates:
             if old:
                 await archive.drop(str(old["manifest"]))
 
-        task = asyncio.get_running_loop().create_task(push())
-        self._pushes[record.id] = task
-        task.add_done_callback(lambda t: self._pushed(record.id, t))
-
-    def _pushed(self, sandbox_id: str, task: asyncio.Task[None]) -> None:
-        if self._pushes.get(sandbox_id) is task:
-            del self._pushes[sandbox_id]
-        if not task.cancelled() and task.exception() is not None:
-            log.error("upload of %s's checkpoint failed: %s", sandbox_id, task.exception())
+        self._pushes.start(record.id, push())
 
     async def paused_checkpoint(self, record: SandboxRecord, *, pull: bool = False) -> Snapshot:
         """A paused sandbox's newest checkpoint: the local one when complete (and `pull` is not
