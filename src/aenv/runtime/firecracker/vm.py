@@ -137,10 +137,9 @@ class FirecrackerVM:
                 self.state = d.VMState.PAUSED
             snap: d.Snapshot | None = None
             try:
-                if machine_state:
-                    snap = await self._take_snapshot(target, keep_running=keep_running)
-                else:
-                    snap = await self._save_disks(target, keep_running=keep_running)
+                snap = await self._take_snapshot(
+                    target, keep_running=keep_running, machine_state=machine_state
+                )
                 if keep_running and was_running:
                     await self._guard(self.api.resume(), "resume after snapshot", d.SnapshotError)
                     self.state = d.VMState.RUNNING
@@ -209,46 +208,27 @@ class FirecrackerVM:
         except FirecrackerError as exc:
             raise error(f"firecracker {what} failed for VM {self.id}: {exc}") from exc
 
-    async def _take_snapshot(self, target: d.SnapshotTarget, *, keep_running: bool) -> d.Snapshot:
-        placement = self.placement
+    async def _take_snapshot(
+        self, target: d.SnapshotTarget, *, keep_running: bool, machine_state: bool
+    ) -> d.Snapshot:
         state_file = target.directory / STATE_FILE
-        memory_file = target.memory_dir / f"memory-{secrets.token_hex(6)}.bin"
-        base = self._memory_base if self._diff_base is DiffBase.FILE else None
-        if base is not None and not base.is_file():
-            self._diff_base, base = DiffBase.NONE, None
-        kind: m.SnapshotType = "Full" if self._diff_base is DiffBase.NONE else "Diff"
-        written = (
-            memory_file.with_name(memory_file.name + ".diff") if base is not None else memory_file
-        )
-        created: list[Path] = [state_file, written, memory_file]
+        memory_file: Path | None = None
+        created: list[Path] = [state_file]
         try:
             target.directory.mkdir(parents=True, exist_ok=True)
-            target.memory_dir.mkdir(parents=True, exist_ok=True)
-            await self._guard(
-                self.api.create_snapshot(
-                    m.SnapshotCreateParams(
-                        snapshot_path=placement.output_path(STATE_FILE, state_file),
-                        mem_file_path=placement.output_path("memory.bin", written),
-                        snapshot_type=kind,
-                    )
-                ),
-                "snapshot create",
-                d.SnapshotError,
-            )
-            # Firecracker has reset its dirty log: from here a failure leaves no diff base.
-            self._diff_base = DiffBase.NONE
-            await asyncio.to_thread(placement.collect, STATE_FILE, state_file)
-            await asyncio.to_thread(placement.collect, "memory.bin", written)
-            if base is not None:
-                await memfile.merge_diff(written, base, memory_file)
-                written.unlink()
+            if machine_state:
+                memory_file = await self._save_machine(target, state_file, created)
+            else:
+                # Filesystem-only: an empty state file marks it; Firecracker's own snapshot,
+                # and its dirty-page log, are left alone.
+                state_file.write_bytes(b"")
             sealed = await self._seal_disks(target.directory, keep_running, created)
         except BaseException as exc:
             _discard(created)
             if isinstance(exc, FAILURES):
                 raise d.SnapshotError(f"snapshot of VM {self.id} failed: {exc}") from exc
             raise
-        if self._config.track_dirty_pages:
+        if memory_file is not None and self._config.track_dirty_pages:
             self._diff_base, self._memory_base = DiffBase.FILE, memory_file
         snap = d.Snapshot(
             driver=DRIVER_NAME,
@@ -257,35 +237,46 @@ class FirecrackerVM:
             state_file=state_file,
             memory_file=memory_file,
             disks=sealed,
+            machine_state=machine_state,
         )
         await asyncio.to_thread(snap.save_manifest)
         return snap
 
-    async def _save_disks(self, target: d.SnapshotTarget, *, keep_running: bool) -> d.Snapshot:
-        """A filesystem-only snapshot: the paused VM's writable disks, and an empty state file
-        (Firecracker's own snapshot, and its dirty-page log, are left alone)."""
-        state_file = target.directory / STATE_FILE
-        created: list[Path] = [state_file]
-        try:
-            target.directory.mkdir(parents=True, exist_ok=True)
-            state_file.write_bytes(b"")
-            sealed = await self._seal_disks(target.directory, keep_running, created)
-        except BaseException as exc:
-            _discard(created)
-            if isinstance(exc, FAILURES):
-                raise d.SnapshotError(f"snapshot of VM {self.id} failed: {exc}") from exc
-            raise
-        snap = d.Snapshot(
-            driver=DRIVER_NAME,
-            compat=host.compat_tag(self.version),
-            spec=self.spec,
-            state_file=state_file,
-            memory_file=None,
-            disks=sealed,
-            machine_state=False,
+    async def _save_machine(
+        self, target: d.SnapshotTarget, state_file: Path, created: list[Path]
+    ) -> Path:
+        """Firecracker's snapshot (Full, or Diff merged over the previous memory) into
+        `state_file` and a new memory file in `target.memory_dir`, which it returns."""
+        placement = self.placement
+        memory_file = target.memory_dir / f"memory-{secrets.token_hex(6)}.bin"
+        base = self._memory_base if self._diff_base is DiffBase.FILE else None
+        if base is not None and not base.is_file():
+            self._diff_base, base = DiffBase.NONE, None
+        kind: m.SnapshotType = "Full" if self._diff_base is DiffBase.NONE else "Diff"
+        written = (
+            memory_file.with_name(memory_file.name + ".diff") if base is not None else memory_file
         )
-        await asyncio.to_thread(snap.save_manifest)
-        return snap
+        created += [written, memory_file]
+        target.memory_dir.mkdir(parents=True, exist_ok=True)
+        await self._guard(
+            self.api.create_snapshot(
+                m.SnapshotCreateParams(
+                    snapshot_path=placement.output_path(STATE_FILE, state_file),
+                    mem_file_path=placement.output_path("memory.bin", written),
+                    snapshot_type=kind,
+                )
+            ),
+            "snapshot create",
+            d.SnapshotError,
+        )
+        # Firecracker has reset its dirty log: from here a failure leaves no diff base.
+        self._diff_base = DiffBase.NONE
+        await asyncio.to_thread(placement.collect, STATE_FILE, state_file)
+        await asyncio.to_thread(placement.collect, "memory.bin", written)
+        if base is not None:
+            await memfile.merge_diff(written, base, memory_file)
+            written.unlink()
+        return memory_file
 
     async def _seal_disks(
         self, directory: Path, keep_running: bool, created: list[Path]
