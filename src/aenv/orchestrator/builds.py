@@ -30,6 +30,7 @@ from pathlib import Path
 import httpx
 from connectrpc.errors import ConnectError
 
+from aenv import atomic
 from aenv.ids import new_sandbox_id
 from aenv.oci import Credentials, ImageError, rootfs_from_image
 from aenv.orchestrator import envd_client
@@ -184,10 +185,7 @@ class Builder:
             self._builds[build.build_id] = build
 
     def _record(self, build: Build) -> None:
-        path = self.records_dir / f"{build.build_id}.json"
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(_build_to_json(build))
-        tmp.replace(path)
+        atomic.write_text(self.records_dir / f"{build.build_id}.json", _build_to_json(build))
 
     def request(
         self,

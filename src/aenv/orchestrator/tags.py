@@ -11,6 +11,8 @@ import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
+from aenv import atomic
+
 
 @dataclass(frozen=True)
 class Tag:
@@ -48,6 +50,4 @@ class TagStore:
 
     def _save(self) -> None:
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_suffix(".tmp")
-        tmp.write_text(json.dumps([asdict(t) for t in self._tags.values()], indent=2))
-        tmp.replace(self.path)
+        atomic.write_text(self.path, json.dumps([asdict(t) for t in self._tags.values()], indent=2))

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import httpx
 
+from aenv import atomic
 from aenv.guest.cmdline import GuestNet, kernel_cmdline
 from aenv.network import SlotProvider
 from aenv.orchestrator import envd_client
@@ -141,9 +142,7 @@ class TemplateStore:
 
     def save(self, template: Template) -> None:
         path = self.directory / template.template_id / TEMPLATE_FILE
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(template), indent=2))
-        tmp.replace(path)
+        atomic.write_text(path, json.dumps(asdict(template), indent=2))
         self._templates[template.template_id] = template
 
     def list_all(self) -> builtins.list[Template]:

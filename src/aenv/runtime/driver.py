@@ -25,11 +25,12 @@ from __future__ import annotations
 
 import enum
 import json
-import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
+
+from aenv import atomic
 
 SNAPSHOT_MANIFEST = "snapshot.json"
 
@@ -138,9 +139,7 @@ class Snapshot:
         """Write `snapshot.json` into `directory` (default: next to the state file), so the
         snapshot can be reloaded later. Atomic: a reader sees the old manifest or the new one."""
         path = (directory or self.state_file.parent) / SNAPSHOT_MANIFEST
-        tmp = path.with_name(f".{SNAPSHOT_MANIFEST}.tmp")
-        tmp.write_text(json.dumps(_snapshot_to_dict(self), indent=2))
-        os.replace(tmp, path)
+        atomic.write_text(path, json.dumps(_snapshot_to_dict(self), indent=2))
         return path
 
     @classmethod
