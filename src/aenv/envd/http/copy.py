@@ -22,6 +22,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from aenv.envd.http.files import HTTPFailure, json_error
 from aenv.envd.users import UnknownUserError, User
 
 
@@ -35,36 +36,26 @@ class CopyRequest(BaseModel):
     mode: str | None = Field(default=None, pattern=r"^[0-7]{3,4}$")
 
 
-class CopyFailed(Exception):
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def _error(status: int, message: str) -> JSONResponse:
-    return JSONResponse({"code": status, "message": message}, status_code=status)
-
-
 async def copy(request: Request) -> Response:
     try:
         body = CopyRequest.model_validate_json(await request.body())
     except ValidationError as e:
-        return _error(400, f"invalid copy request: {e.errors(include_url=False)}")
+        return json_error(400, f"invalid copy request: {e.errors(include_url=False)}")
     if not os.path.isabs(body.dest):
-        return _error(400, f"dest must be an absolute path, not {body.dest!r}")
+        return json_error(400, f"dest must be an absolute path, not {body.dest!r}")
     try:
         owner = User.lookup(body.owner)
     except UnknownUserError as e:
-        return _error(400, str(e))
+        return json_error(400, str(e))
     try:
         # Blocking file work in a thread: the event loop keeps serving other requests.
         placed = await run_in_threadpool(_copy, body, owner)
-    except CopyFailed as e:
-        return _error(e.status, str(e))
+    except HTTPFailure as e:
+        return json_error(e.status, e.message)
     except tarfile.TarError as e:  # not a gzip'd tar, or a member that would land outside
-        return _error(400, f"COPY {body.src}: bad archive: {e}")
+        return json_error(400, f"COPY {body.src}: bad archive: {e}")
     except OSError as e:
-        return _error(500, f"COPY {body.src} {body.dest}: {e}")
+        return json_error(500, f"COPY {body.src} {body.dest}: {e}")
     return JSONResponse({"placed": placed})
 
 
@@ -74,7 +65,7 @@ def _copy(body: CopyRequest, owner: User) -> list[str]:
             with tarfile.open(body.archive, "r:gz") as tar:
                 tar.extractall(tmp, members=_checked(tar.getmembers()))  # noqa: S202
         except FileNotFoundError as e:
-            raise CopyFailed(400, f"archive {body.archive} does not exist") from e
+            raise HTTPFailure(400, f"archive {body.archive} does not exist") from e
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(body.archive)
@@ -82,7 +73,7 @@ def _copy(body: CopyRequest, owner: User) -> list[str]:
             glob.glob(body.src.lstrip("/"), root_dir=tmp, recursive=True, include_hidden=True)
         )
         if not matches:
-            raise CopyFailed(400, f"COPY: nothing matches {body.src}")
+            raise HTTPFailure(400, f"COPY: nothing matches {body.src}")
         many = len(matches) > 1
         placed = []
         for match in matches:
