@@ -50,6 +50,19 @@ def _web(context: Path, marker: str, greeting: str = "hi there") -> TemplateFina
     )
 
 
+def _serves_hello_on_8000(sandbox: Sandbox) -> None:
+    """The service the start command left running answers through the proxy, at the host the
+    SDK builds for port 8000."""
+    assert sandbox.get_host(8000).startswith("8000-")
+    response = httpx.get(
+        f"{BASE}/hello.txt",
+        headers={"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "8000"},
+        timeout=30,
+    )
+    assert response.status_code == 200
+    assert response.text == "hello from the build context\n"
+
+
 def _templates() -> list[dict[str, object]]:
     headers = {"X-API-Key": os.environ["E2B_API_KEY"]}
     response = httpx.get(f"{BASE}/v2/templates", headers=headers, timeout=30)
@@ -89,15 +102,7 @@ def test_build_copy_env_workdir_and_a_live_service(tmp_path: Path) -> None:
             assert lines[1:4] == ["hello from the build context", "first", "ran"]
             assert lines[-1] == "user 755"
             # The start command kept running into the saved state: the service answers at once.
-            host = sandbox.get_host(8000)
-            assert host.startswith("8000-")
-            response = httpx.get(
-                f"{BASE}/hello.txt",
-                headers={"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "8000"},
-                timeout=30,
-            )
-            assert response.status_code == 200
-            assert response.text == "hello from the build context\n"
+            _serves_hello_on_8000(sandbox)
         finally:
             sandbox.kill()
 
@@ -267,14 +272,7 @@ def test_build_from_an_image(tmp_path: Path) -> None:
                 assert sandbox.files.read("/tmp/built.txt") == "a=b from user in /work\n"
                 env = sandbox.files.read("/tmp/env.txt")
                 assert env == "set /srv/www hello from the build context\n"
-                assert sandbox.get_host(8000).startswith("8000-")
-                response = httpx.get(
-                    f"{BASE}/hello.txt",
-                    headers={"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": "8000"},
-                    timeout=30,
-                )
-                assert response.status_code == 200
-                assert response.text == "hello from the build context\n"
+                _serves_hello_on_8000(sandbox)
             finally:
                 sandbox.kill()
         finally:
