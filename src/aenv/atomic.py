@@ -3,12 +3,23 @@ never a half-written file."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import tempfile
 from pathlib import Path
 
 
 def write_text(path: Path, text: str) -> None:
-    """Write `text` to a temporary name beside `path`, then rename it over `path`."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    """Write `text` to a temporary file beside `path`, then rename it over `path`. Each write
+    has its own temporary name: two writers of one file (a thread and the event loop) must not
+    rename each other's."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        os.fchmod(fd, 0o644)  # what a plain create gives; mkstemp makes it private
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
