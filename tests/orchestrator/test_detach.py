@@ -29,12 +29,13 @@ def _stream_form(directory: Path) -> Snapshot:
 
 
 def _detached_form(directory: Path, stream: Snapshot) -> Snapshot:
-    """What `Driver.detach_memory` leaves: state in detached/, memory next to the stream."""
-    (directory / detach.DETACHED).mkdir()
-    (directory / detach.DETACHED / "state").write_bytes(b"device state")
-    (directory / "memory").write_bytes(b"RAM")
+    """What `Driver.detach_memory` leaves: state and memory in detached/."""
+    staging = directory / detach.DETACHED
+    staging.mkdir()
+    (staging / "state").write_bytes(b"device state")
+    (staging / "memory").write_bytes(b"RAM")
     detached = dataclasses.replace(
-        stream, state_file=directory / detach.DETACHED / "state", memory_file=directory / "memory"
+        stream, state_file=staging / "state", memory_file=staging / "memory"
     )
     detached.save_manifest()
     return detached
@@ -70,7 +71,8 @@ def test_crash_after_adopt_removes_the_old_stream(pause: Path) -> None:
     checkpoints.prune_pauses(pause.parent, 1)
     assert Snapshot.load_manifest(pause) == detached
     assert not (pause / "state").exists()
-    assert (pause / "memory").is_file() and detached.state_file.is_file()
+    assert detached.memory_file is not None and detached.memory_file.is_file()
+    assert detached.state_file.is_file()
 
 
 def test_older_checkpoints_lose_both_forms(tmp_path: Path) -> None:
@@ -90,5 +92,27 @@ def test_discard_leaves_the_stream_form(pause: Path) -> None:
     _detached_form(pause, stream)
     detach.discard(pause)
     assert Snapshot.load_manifest(pause) == stream
-    assert not (pause / "memory").exists()
     assert not (pause / detach.DETACHED).exists()
+
+
+def test_older_checkpoints_of_any_driver_lose_state_and_memory(tmp_path: Path) -> None:
+    """The files a checkpoint's manifest names are freed, whatever the driver called them
+    (Firecracker's pair is `vmstate.bin` and `memory-<n>.bin`)."""
+    old = checkpoints.pause_dir(tmp_path, 1)
+    old.mkdir()
+    for name in ("vmstate.bin", "memory-1.bin", "disk-upper.img"):
+        (old / name).write_bytes(name.encode())
+    spec = VMSpec(vcpus=1, memory_mib=256, kernel=Path("/k"), cmdline="", workdir=old)
+    Snapshot(
+        driver="firecracker",
+        compat="x",
+        spec=spec,
+        state_file=old / "vmstate.bin",
+        memory_file=old / "memory-1.bin",
+        disks={"upper": old / "disk-upper.img"},
+    ).save_manifest()
+    new = checkpoints.pause_dir(tmp_path, 2)
+    new.mkdir()
+    _stream_form(new)
+    checkpoints.prune_pauses(tmp_path, 2)
+    assert sorted(p.name for p in old.iterdir()) == ["disk-upper.img"]

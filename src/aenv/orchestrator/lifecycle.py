@@ -45,7 +45,6 @@ from aenv.orchestrator.states import KILLABLE, LIVE, SandboxState
 from aenv.orchestrator.templates import BOOT_READY_TIMEOUT, Template, TemplateStore
 from aenv.runtime.driver import (
     VM,
-    Disk,
     Driver,
     DriverError,
     NetAttachment,
@@ -54,7 +53,6 @@ from aenv.runtime.driver import (
     Snapshot,
     SnapshotTarget,
 )
-from aenv.storage import layers
 from aenv.storage.repository import RepositoryError
 
 log = logging.getLogger("aenv.orchestrator")
@@ -65,13 +63,7 @@ log = logging.getLogger("aenv.orchestrator")
 RESTORE_READY_TIMEOUT = 120.0
 # How long an automatically resumed sandbox (proxy traffic) runs before its timeout applies again.
 AUTO_RESUME_TIMEOUT = 300
-_FAILURES = (
-    DriverError,
-    envd_client.EnvdUnavailable,
-    layers.LayerError,
-    OSError,
-    RepositoryError,
-)
+_FAILURES = (DriverError, envd_client.EnvdUnavailable, OSError, RepositoryError)
 
 
 class SandboxNotFound(LookupError):
@@ -175,7 +167,7 @@ class Orchestrator:
         self.stats = CreateStats()
         self._client = httpx.AsyncClient()
         self._tasks: set[asyncio.Task[None]] = set()
-        self.saved = SavedStates(catalog, templates, config.sandboxes_dir, archive)
+        self.saved = SavedStates(catalog, templates, config.sandboxes_dir, archive, driver)
         self.detacher = detach.Detacher(
             driver, slots, config.home / "detach", templates.memory_dir / "detach"
         )
@@ -399,14 +391,13 @@ class Orchestrator:
         try:
             net = NetAttachment(slot.netns, slot.guest.tap, slot.guest.mac)
             base_url = f"http://{slot.address}:{envd_client.ENVD_PORT}"
+            place = RestoreSpec(workdir=workdir, net=net, memory_dir=memory_dir)
             if cold:
-                vm = await self._cold_boot(snapshot, workdir, memory_dir, net)
+                vm = await self.driver.boot_saved(snapshot, place)
                 await envd_client.wait_healthy(self._client, base_url, BOOT_READY_TIMEOUT)
                 current_token = None  # a fresh envd has no token yet
             else:
-                vm = await self.driver.restore(
-                    snapshot, RestoreSpec(workdir=workdir, net=net, memory_dir=memory_dir)
-                )
+                vm = await self.driver.restore(snapshot, place)
             # What a template build set (ENV, USER, WORKDIR), under the sandbox's own env.
             built = self.templates.by_id(record.template_id)
             await envd_client.init(
@@ -429,26 +420,6 @@ class Orchestrator:
         live = _Live(vm, slot)
         self._live[record.id] = live
         return live
-
-    async def _cold_boot(
-        self, snapshot: Snapshot, workdir: Path, memory_dir: Path, net: NetAttachment
-    ) -> VM:
-        """Boot the saved disks without the saved memory (filesystem-only snapshots)."""
-        run = secrets.token_hex(4)
-        disks: list[Disk] = []
-        for disk in snapshot.spec.disks:
-            if disk.read_only:
-                disks.append(disk)
-                continue
-            top = workdir / f"{disk.drive_id}.boot-{run}.qcow2"
-            await layers.qcow2_overlay(snapshot.disks[disk.drive_id], top)
-            disks.append(Disk(disk.drive_id, top))
-        if snapshot.spec.net is not None:
-            net = dataclasses.replace(net, mac=snapshot.spec.net.mac)
-        spec = dataclasses.replace(
-            snapshot.spec, workdir=workdir, memory_dir=memory_dir, net=net, disks=tuple(disks)
-        )
-        return await self.driver.boot(spec)
 
     def _started(self, record: SandboxRecord, live: _Live) -> None:
         self._schedule_expiry(record)
@@ -777,7 +748,7 @@ class Orchestrator:
                         )
                     try:
                         paused = await self.saved.paused_checkpoint(record)
-                        saved = await checkpoints.export(paused, dest, move=False)
+                        saved = await self.driver.export(paused, dest, move=False)
                     except _FAILURES as e:
                         raise OperationFailed(f"snapshot of {sandbox_id} failed: {e}") from e
                     memory = memory and bool(record.placement.get("memory", True))
@@ -831,7 +802,7 @@ class Orchestrator:
                 SandboxState.RUNNING,
                 placement={**record.placement, "seq": seq},
             )
-        return await checkpoints.export(snap, dest, move=True)
+        return await self.driver.export(snap, dest, move=True)
 
     async def delete_template(self, template_id: str) -> None:
         """Delete a template or snapshot for users; its files go once no sandbox uses them."""
