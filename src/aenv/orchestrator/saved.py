@@ -165,10 +165,11 @@ class SavedStates:
         """The snapshot a template restores from, pulled from the repository when its local
         files are gone."""
         directory = Path(template.snapshot_dir)
-        with contextlib.suppress(RestoreError):
+        try:
             return await self._local(directory)
-        if self.archive is None or template.manifest_id is None:
-            raise RestoreError(f"template {template.template_id} has lost its files")
+        except RestoreError as e:
+            if self.archive is None or template.manifest_id is None:
+                raise RestoreError(f"template {template.template_id} is unusable: {e}") from e
         async with self._pull_locks.setdefault(template.template_id, asyncio.Lock()):
             with contextlib.suppress(RestoreError):
                 return await self._local(directory)
