@@ -34,7 +34,6 @@ from aenv.orchestrator.templates import (
     TemplateStore,
     build_template,
     is_stale,
-    memory_root,
 )
 from aenv.proxy.app import SandboxProxy
 from aenv.proxy.resolver import SandboxNotFound as ProxyNotFound
@@ -89,10 +88,10 @@ async def _driver(
 
 async def start_node(config: Config, progress: Progress = log.info) -> Node:
     config.home.mkdir(parents=True, exist_ok=True)
-    api_key, created = ensure_api_key(config.api_key_path)
+    api_key, created = ensure_api_key(config.paths.api_key)
     if created:
-        progress(f"generated an API key; it is in {config.api_key_path} (mode 0600)")
-    catalog = Catalog(config.catalog_path)
+        progress(f"generated an API key; it is in {config.paths.api_key} (mode 0600)")
+    catalog = Catalog(config.paths.catalog)
     net_config = NetworkConfig(
         prefix=config.network_prefix,
         slot_network=IPv4Network(config.network_cidr),
@@ -102,7 +101,9 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
     slots = SlotPool(net_config)
     await slots.start()
     progress("preparing guest images (cached after the first start)...")
-    images = await prepare_images(config.home / "cache")
+    images = await prepare_images(
+        config.paths.cache, config.paths.guest_cache, config.debian_mirror
+    )
     cgroups = detect(f"aenv-{os.getpid()}")
     # VMMs of a previous server that died live on as orphans: reclaim them, and the cgroups, jails
     # and files of its Firecracker VMs (whichever driver runs now), before anything new.
@@ -112,7 +113,7 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
     driver = await _driver(config, images, cgroups, progress)
     if driver.name == "firecracker":
         images = dataclasses.replace(images, kernel=images.vmlinux)
-    templates = TemplateStore(config.templates_dir, memory_root(config.home))
+    templates = TemplateStore(config.paths.templates, config.paths.memory)
     templates.load()
     orchestrator = Orchestrator(config, catalog, driver, slots, templates, open_archive(config))
     await orchestrator.start()

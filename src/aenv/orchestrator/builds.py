@@ -31,6 +31,7 @@ import httpx
 from connectrpc.errors import ConnectError
 
 from aenv import atomic
+from aenv.config import Paths
 from aenv.ids import new_sandbox_id
 from aenv.oci import Credentials, ImageError, rootfs_from_image
 from aenv.orchestrator import envd_client
@@ -153,7 +154,7 @@ class Builder:
         self,
         orchestrator: Orchestrator,
         tags: TagStore,
-        home: Path,
+        paths: Paths,
         ready_timeout: float,
         boot_image: ImageBooter | None = None,
         *,
@@ -161,10 +162,10 @@ class Builder:
     ) -> None:
         self.orc = orchestrator
         self.tags = tags
-        self.files_dir = home / "build-files"
-        self.records_dir = home / "builds"  # one JSON per build: status and logs survive restarts
-        self.oci_cache = home / "cache" / "oci"
-        self.rootfs_dir = home / "cache" / "oci-rootfs"
+        self.files_dir = paths.build_files
+        self.records_dir = paths.builds  # one JSON per build: status and logs survive restarts
+        self.oci_cache = paths.oci_cache
+        self.rootfs_dir = paths.oci_rootfs
         self.ready_timeout = ready_timeout
         self.boot_image = boot_image
         self.cache_layers = cache_layers

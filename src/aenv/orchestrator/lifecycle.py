@@ -175,9 +175,9 @@ class Orchestrator:
         self.stats = CreateStats()
         self._client = httpx.AsyncClient()
         self._tasks: set[asyncio.Task[None]] = set()
-        self.saved = SavedStates(catalog, templates, config.sandboxes_dir, archive)
+        self.saved = SavedStates(catalog, templates, config.paths.sandboxes, archive)
         self.detacher = detach.Detacher(
-            driver, slots, config.home / "detach", templates.memory_dir / "detach"
+            driver, slots, config.paths.detach, templates.memory_dir / "detach"
         )
         self._settling = PerSandbox("work after the pause")  # _settle_pause
 
@@ -496,7 +496,7 @@ class Orchestrator:
     def _dirs(self, sandbox_id: str) -> tuple[Path, Path]:
         """A sandbox's directory (VM work dir, checkpoints) and its memory directory (tmpfs)."""
         return (
-            self.config.sandboxes_dir / sandbox_id,
+            self.config.paths.sandboxes / sandbox_id,
             self.templates.memory_dir / "sandboxes" / sandbox_id,
         )
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import builtins
 import dataclasses
-import hashlib
 import json
 import secrets
 import shutil
@@ -86,12 +85,6 @@ class Template:
     @property
     def names(self) -> list[str]:
         return list(self.aliases) or [self.template_id]
-
-
-def memory_root(home: Path) -> Path:
-    """Where templates keep guest memory: tmpfs, one tree per data dir."""
-    digest = hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:8]
-    return Path("/dev/shm") / f"aenv-{digest}"
 
 
 def is_stale(template: Template, images: GuestImages) -> bool:
