@@ -181,10 +181,7 @@ def unarchived_pauses(home: Path, sandbox_id: str | None = None) -> int:
     one in the background after every pause and records it in the catalog row)."""
     db = sqlite3.connect(f"file:{home / 'catalog.db'}?mode=ro", uri=True, timeout=10)
     try:
-        query = (
-            "SELECT COUNT(*) FROM sandboxes WHERE state = 'paused'"
-            " AND json_extract(placement, '$.archive') IS NULL"
-        )
+        query = "SELECT COUNT(*) FROM sandboxes WHERE state = 'paused' AND archive_manifest IS NULL"
         params: tuple[str, ...] = ()
         if sandbox_id is not None:
             query += " AND id = ?"

@@ -25,6 +25,7 @@ from aenv.guest.cmdline import GuestNet
 from aenv.network import NetworkConfig, SlotPool
 from aenv.orchestrator.catalog import Catalog
 from aenv.orchestrator.images import GuestImages, prepare_images
+from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.lifecycle import Orchestrator, SandboxNotFound
 from aenv.orchestrator.repository import open_archive
 from aenv.orchestrator.templates import (
@@ -154,7 +155,7 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
         builds `fromImage`), once per image digest and guest images."""
         key = hashlib.sha256(f"{digest}/{images.identity}".encode()).hexdigest()[:20]
         existing = templates.by_id(f"image-{key}")
-        if existing is not None and existing.kind == "layer":
+        if existing is not None and existing.kind is TemplateKind.IMAGE_BASE:
             return existing
         built = await build_template(
             BuildRequest(
@@ -171,7 +172,7 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
             templates,
             _guest_net(net_config),
         )
-        hidden = dataclasses.replace(built, kind="layer")  # never listed or named
+        hidden = dataclasses.replace(built, kind=TemplateKind.IMAGE_BASE)
         templates.save(hidden)
         return hidden
 
@@ -183,7 +184,7 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
 def _in_use(catalog: Catalog, template_dir: Path) -> bool:
     """Whether some sandbox was started from a saved state in `template_dir`."""
     prefix = f"{template_dir}/"
-    return any(str(r.placement.get("base", "")).startswith(prefix) for r in catalog.list())
+    return any(r.restored_from.startswith(prefix) for r in catalog.list())
 
 
 class _Resolver:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import contextlib
+import enum
 import hashlib
 import io
 import stat
@@ -30,7 +31,16 @@ from aenv.envd.proto.process import process_pb as pb
 from aenv.envd.proto.process.process_connect import ProcessClient
 
 OutputSink = Callable[[str], None]
-STEP_TYPES = ("RUN", "COPY", "ENV", "WORKDIR", "USER")
+
+
+class StepType(enum.StrEnum):
+    """The template build steps E2B's SDKs send (Dockerfile instructions)."""
+
+    RUN = "RUN"
+    COPY = "COPY"
+    ENV = "ENV"
+    WORKDIR = "WORKDIR"
+    USER = "USER"
 
 
 class StepFailed(RuntimeError):

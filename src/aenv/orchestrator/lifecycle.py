@@ -11,8 +11,8 @@ directory (its pause checkpoints, see `checkpoints`) are the durable part.
 
 Snapshots and fork checkpoints are stored as templates (E2B does the same: a snapshot id is a
 template id, created from and deleted like one). Sandboxes record which saved directory they
-were restored from (`placement["base"]`); a fork checkpoint or a deleted snapshot is removed
-once no sandbox depends on it any more.
+were restored from (`SandboxRecord.restored_from`); a fork checkpoint or a deleted snapshot is
+removed once no sandbox depends on it any more.
 """
 
 from __future__ import annotations
@@ -40,8 +40,9 @@ from aenv.orchestrator import checkpoints, detach, envd_client
 from aenv.orchestrator.archive import Archive
 from aenv.orchestrator.background import PerSandbox
 from aenv.orchestrator.catalog import Catalog, SandboxRecord
+from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.saved import SavedStates
-from aenv.orchestrator.states import KILLABLE, LIVE, SandboxState
+from aenv.orchestrator.states import KILLABLE, LIVE, SAVED, SandboxState
 from aenv.orchestrator.templates import BOOT_READY_TIMEOUT, Template, TemplateStore
 from aenv.runtime.driver import (
     VM,
@@ -63,8 +64,6 @@ log = logging.getLogger("aenv.orchestrator")
 # (hundreds of creates queued on two cores) it can take tens of seconds: a create should then
 # be slow, not fail.
 RESTORE_READY_TIMEOUT = 120.0
-# How long an automatically resumed sandbox (proxy traffic) runs before its timeout applies again.
-AUTO_RESUME_TIMEOUT = 300
 _FAILURES = (
     DriverError,
     envd_client.EnvdUnavailable,
@@ -140,8 +139,8 @@ class CreateRequest:
     auto_pause: bool = False
     auto_resume: bool = False
     allow_internet: bool = True
-    # False: an auto-pause saves only the filesystem (resume cold-boots).
-    auto_pause_memory: bool = True
+    # What a pause on timeout saves.
+    auto_pause_mode: SaveMode = SaveMode.FULL
     # The server's own sandboxes (template build VMs): not listed, and killed at shutdown.
     internal: bool = False
     # (vCPUs, MiB) other than the template's: the template's disks are booted afresh at that
@@ -190,7 +189,7 @@ class Orchestrator:
         checkpoint (a crash never leaves a half-written one in use)."""
         for record in self.catalog.list():
             sandbox_dir = self._dirs(record.id)[0]
-            if record.state in (SandboxState.PAUSED, SandboxState.PAUSING, SandboxState.RESUMING):
+            if record.state in SAVED:
                 found = await asyncio.to_thread(checkpoints.latest_pause, sandbox_dir)
                 if found is not None:
                     seq = found[0]
@@ -199,7 +198,7 @@ class Orchestrator:
                         record.id,
                         [record.state],
                         SandboxState.PAUSED,
-                        placement={**record.placement, "seq": seq},
+                        checkpoint_seq=seq,
                     )
                     continue
             log.warning("reclaiming sandbox %s left in state %s", record.id, record.state)
@@ -230,7 +229,7 @@ class Orchestrator:
 
     async def _park(self, sandbox_id: str) -> None:
         record = self.catalog.get(sandbox_id)
-        internal = record is not None and record.placement.get("internal")
+        internal = record is not None and record.internal
         if self.config.pause_on_shutdown and not internal:
             with contextlib.suppress(SandboxNotFound, InvalidState, OperationFailed):
                 await self.pause(sandbox_id)
@@ -247,11 +246,7 @@ class Orchestrator:
 
     def list(self) -> list[SandboxRecord]:
         """What users see: sandboxes in a public state, the server's own left out."""
-        return [
-            r
-            for r in self.catalog.list()
-            if r.state.public is not None and not r.placement.get("internal")
-        ]
+        return [r for r in self.catalog.list() if r.state.public is not None and not r.internal]
 
     def guest_endpoint(self, sandbox_id: str) -> GuestEndpoint:
         """A running sandbox's endpoint (one catalog read: the proxy asks on every request)."""
@@ -290,7 +285,7 @@ class Orchestrator:
         return sample
 
     def snapshots(self) -> builtins.list[Template]:
-        return self.templates.list(kind="snapshot")
+        return self.templates.list(kind=TemplateKind.SNAPSHOT)
 
     # -- create ---------------------------------------------------------------------------
 
@@ -304,7 +299,7 @@ class Orchestrator:
     ) -> SandboxRecord:
         # Rows exist from the moment a create is admitted; the queue holds the rest. Checking and
         # joining the queue happen without an await in between, so the cap is exact.
-        held = self.catalog.count(frozenset(SandboxState) - {SandboxState.DEAD}) + self.stats.queued
+        held = self.catalog.count(frozenset(SandboxState)) + self.stats.queued
         if held >= self.config.max_sandboxes:
             raise CapacityReached(f"this node holds its maximum of {held} sandboxes")
         self.stats.queued += 1
@@ -348,12 +343,10 @@ class Orchestrator:
                     auto_pause=request.auto_pause,
                     auto_resume=request.auto_resume,
                     allow_internet=request.allow_internet,
-                    placement={
-                        "base": base.snapshot_dir,
-                        "timeout": request.timeout,
-                        "pause_memory": request.auto_pause_memory,
-                        **({"internal": True} if request.internal else {}),
-                    },
+                    restored_from=base.snapshot_dir,
+                    timeout=request.timeout,
+                    auto_pause_mode=request.auto_pause_mode,
+                    internal=request.internal,
                 )
             )
             try:
@@ -366,7 +359,7 @@ class Orchestrator:
                     record,
                     snapshot,
                     current_token=base.envd_access_token,
-                    cold=not base.memory or request.size is not None,
+                    cold=base.save_mode is SaveMode.FILESYSTEM or request.size is not None,
                 )
             except _FAILURES as e:
                 await self._reclaim_files(sandbox_id)
@@ -507,9 +500,9 @@ class Orchestrator:
     # -- pause and resume -----------------------------------------------------------------
 
     async def pause(
-        self, sandbox_id: str, *, memory: bool = True, require_healthy: bool = False
+        self, sandbox_id: str, *, mode: SaveMode = SaveMode.FULL, require_healthy: bool = False
     ) -> SandboxRecord:
-        """Save the sandbox to its directory (memory unless `memory` is False, and disks), stop
+        """Save the sandbox to its directory (what `mode` says), stop
         its VM and free its slot. The sandbox stays, paused, until resumed or killed. With
         `require_healthy`, a guest whose envd does not answer is left running instead."""
         async with self._lock(sandbox_id):
@@ -525,19 +518,19 @@ class Orchestrator:
                     raise GuestUnhealthy(f"sandbox {sandbox_id}: envd is not answering") from e
             live = self._live[sandbox_id]
             sandbox_dir = self._dirs(sandbox_id)[0]
-            seq = int(record.placement.get("seq", 0)) + 1
+            seq = record.checkpoint_seq + 1
             target = checkpoints.pause_dir(sandbox_dir, seq)
             self.catalog.transition(sandbox_id, [SandboxState.RUNNING], SandboxState.PAUSING)
             self._cancel_timer(sandbox_id)
             live.planned_exit = True
             try:
-                if not memory:
+                if mode is SaveMode.FILESYSTEM:
                     await envd_client.sync(
                         self._client, self._envd_url(live), record.envd_access_token
                     )
                 await asyncio.to_thread(target.mkdir)
                 saved = await live.vm.snapshot(
-                    SnapshotTarget(target, target), keep_running=False, machine_state=memory
+                    SnapshotTarget(target, target), keep_running=False, machine_state=mode.memory
                 )
             except _FAILURES as e:
                 await asyncio.to_thread(shutil.rmtree, target, True)
@@ -554,7 +547,8 @@ class Orchestrator:
                 sandbox_id,
                 [SandboxState.PAUSING],
                 SandboxState.PAUSED,
-                placement={**record.placement, "seq": seq, "memory": memory},
+                checkpoint_seq=seq,
+                checkpoint_mode=mode,
             )
             assert paused is not None
             await self._settling.cancel(sandbox_id)  # an earlier pause's: uploads stay in order
@@ -574,7 +568,7 @@ class Orchestrator:
                     if (
                         current is not None
                         and current.state is SandboxState.PAUSED
-                        and current.placement.get("seq") == seq
+                        and current.checkpoint_seq == seq
                     ):
                         await asyncio.to_thread(detach.adopt, directory, detached)
                         saved = detached
@@ -585,10 +579,10 @@ class Orchestrator:
             self.saved.push_checkpoint(record, seq, saved)
 
     async def resume(
-        self, sandbox_id: str, timeout: int, *, memory: bool = True
+        self, sandbox_id: str, timeout: int, *, mode: SaveMode = SaveMode.FULL
     ) -> tuple[SandboxRecord, bool]:
         """Start a paused sandbox again from its newest checkpoint (cold-booted from its disks
-        when `memory` is False or it was paused filesystem-only). Returns the record and
+        when `mode` is FILESYSTEM or it was paused filesystem-only). Returns the record and
         whether it was resumed (False: it was running already; nothing changed)."""
         async with self._lock(sandbox_id):
             record = self.get(sandbox_id)
@@ -600,7 +594,7 @@ class Orchestrator:
                 sandbox_id, [SandboxState.PAUSED], SandboxState.RESUMING
             )
             assert resuming is not None
-            cold = not memory or not record.placement.get("memory", True)
+            cold = SaveMode.FILESYSTEM in (mode, record.checkpoint_mode)
             try:
                 live = await self._launch_checkpoint(resuming, cold)
             except _FAILURES as e:
@@ -617,10 +611,10 @@ class Orchestrator:
             return running, True
 
     async def connect(
-        self, sandbox_id: str, timeout: int, *, memory: bool = True
+        self, sandbox_id: str, timeout: int, *, mode: SaveMode = SaveMode.FULL
     ) -> tuple[SandboxRecord, bool]:
         """E2B `connect`: a running sandbox's timeout only grows; a paused one is resumed."""
-        record, resumed = await self.resume(sandbox_id, timeout, memory=memory)
+        record, resumed = await self.resume(sandbox_id, timeout, mode=mode)
         if not resumed:
             record = self.extend_timeout(sandbox_id, timeout)
         return record, resumed
@@ -629,9 +623,8 @@ class Orchestrator:
         """The proxy's lookup: a paused sandbox that asked for `autoResume` is resumed first."""
         record = self.catalog.get(sandbox_id)
         if record is not None and record.auto_resume and record.state.public == "paused":
-            timeout = int(record.placement.get("timeout", AUTO_RESUME_TIMEOUT))
             with contextlib.suppress(InvalidState):
-                await self.resume(sandbox_id, timeout)
+                await self.resume(sandbox_id, record.timeout)
         return self.guest_endpoint(sandbox_id)
 
     def _envd_url(self, live: _Live) -> str:
@@ -640,27 +633,34 @@ class Orchestrator:
     # -- snapshots and forks ----------------------------------------------------------------
 
     async def snapshot(
-        self, sandbox_id: str, *, name: str | None = None, memory: bool = True
+        self, sandbox_id: str, *, name: str | None = None, mode: SaveMode = SaveMode.FULL
     ) -> Template:
         """A persistent, named snapshot of the sandbox, which keeps running (or stays paused).
         A name already used by a snapshot gets this new state under the same id."""
         existing = self._snapshot_named(name)
         template_id = existing.template_id if existing else new_sandbox_id()
         aliases = (name,) if name else ()
-        template = await self._checkpoint(sandbox_id, template_id, "snapshot", aliases, memory)
+        template = await self._checkpoint(
+            sandbox_id, template_id, TemplateKind.SNAPSHOT, aliases, mode
+        )
         if existing is not None:
             await self.saved.collect()  # the previous state, unless sandboxes still use it
             await self.saved.drop(existing.manifest_id)
         return template
 
     async def save_template(
-        self, sandbox_id: str, template_id: str, kind: str, aliases: tuple[str, ...]
+        self, sandbox_id: str, template_id: str, kind: TemplateKind, aliases: tuple[str, ...]
     ) -> Template:
         """Save a running sandbox's state, memory included, as a new build of `template_id`
         (template builds: the finished template and its cached intermediate steps)."""
         # Finished templates are restored by every sandbox; cached steps only by a rebuild.
         template = await self._checkpoint(
-            sandbox_id, template_id, kind, aliases, True, detach_memory=kind == "template"
+            sandbox_id,
+            template_id,
+            kind,
+            aliases,
+            SaveMode.FULL,
+            detach_memory=kind is TemplateKind.TEMPLATE,
         )
         await self.saved.collect()  # the build it replaced, unless sandboxes still use it
         return template
@@ -668,7 +668,7 @@ class Orchestrator:
     def _snapshot_named(self, name: str | None) -> Template | None:
         if name is None:
             return None
-        for template in self.templates.list(kind="snapshot"):
+        for template in self.templates.list(kind=TemplateKind.SNAPSHOT):
             if name in template.aliases:
                 return template
         return None
@@ -693,7 +693,12 @@ class Orchestrator:
         else:
             # With more than one child, detaching the memory once beats each child parsing it.
             base = await self._checkpoint(
-                source, new_sandbox_id(), "fork", (), True, detach_memory=count > 1
+                source,
+                new_sandbox_id(),
+                TemplateKind.FORK,
+                (),
+                SaveMode.FULL,
+                detach_memory=count > 1,
             )
         saved = time.perf_counter()
         with self.saved.pin(Path(base.snapshot_dir)):
@@ -730,9 +735,9 @@ class Orchestrator:
         self,
         sandbox_id: str,
         template_id: str,
-        kind: str,
+        kind: TemplateKind,
         aliases: tuple[str, ...],
-        memory: bool,
+        mode: SaveMode,
         *,
         detach_memory: bool = False,
     ) -> Template:
@@ -742,7 +747,7 @@ class Orchestrator:
         dest = self.templates.directory / template_id / build_id
         with self.saved.pin(dest):
             return await self._checkpoint_into(
-                dest, sandbox_id, template_id, kind, aliases, memory, detach_memory
+                dest, sandbox_id, template_id, kind, aliases, mode, detach_memory
             )
 
     async def _checkpoint_into(
@@ -750,9 +755,9 @@ class Orchestrator:
         dest: Path,
         sandbox_id: str,
         template_id: str,
-        kind: str,
+        kind: TemplateKind,
         aliases: tuple[str, ...],
-        memory: bool,
+        mode: SaveMode,
         detach_memory: bool,
     ) -> Template:
         async with self._lock(sandbox_id):
@@ -760,14 +765,14 @@ class Orchestrator:
             await asyncio.to_thread(dest.mkdir, parents=True)
             try:
                 if record.state is SandboxState.RUNNING:
-                    if not memory:
+                    if mode is SaveMode.FILESYSTEM:
                         live = self._live[sandbox_id]
                         await envd_client.sync(
                             self._client, self._envd_url(live), record.envd_access_token
                         )
-                    saved = await self._save_running(record, dest, memory)
+                    saved = await self._save_running(record, dest, mode)
                 elif record.state is SandboxState.PAUSED:
-                    if not memory and record.placement.get("memory", True):
+                    if mode is SaveMode.FILESYSTEM and record.checkpoint_mode is SaveMode.FULL:
                         # Its disks lack what the guest had not written back when it paused.
                         raise InvalidState(
                             sandbox_id,
@@ -780,10 +785,11 @@ class Orchestrator:
                         saved = await checkpoints.export(paused, dest, move=False)
                     except _FAILURES as e:
                         raise OperationFailed(f"snapshot of {sandbox_id} failed: {e}") from e
-                    memory = memory and bool(record.placement.get("memory", True))
+                    if record.checkpoint_mode is SaveMode.FILESYSTEM:
+                        mode = SaveMode.FILESYSTEM
                 else:
                     raise InvalidState(sandbox_id, record.state, "snapshot")
-                if detach_memory and memory:
+                if detach_memory and mode is SaveMode.FULL:
                     saved = await self.detacher.detach_in_place(saved, dest)
             except BaseException:
                 await asyncio.to_thread(shutil.rmtree, dest, True)
@@ -801,25 +807,25 @@ class Orchestrator:
             snapshot_dir=str(dest),
             kind=kind,
             source_sandbox_id=sandbox_id,
-            memory=memory,
+            save_mode=mode,
         )
         await asyncio.to_thread(self.templates.save, template)
-        if kind == "snapshot":
+        if kind is TemplateKind.SNAPSHOT:
             self._spawn(self.saved.push_template(template))
         return template
 
-    async def _save_running(self, record: SandboxRecord, dest: Path, memory: bool) -> Snapshot:
+    async def _save_running(self, record: SandboxRecord, dest: Path, mode: SaveMode) -> Snapshot:
         """Checkpoint a running sandbox without stopping it: its disks are sealed in its own
-        directory (the VM continues on top of them), state and memory (unless not `memory`)
+        directory (the VM continues on top of them), state and memory (with `mode` FULL)
         go to `dest`, and the sealed disks are flattened into `dest`."""
         live = self._live[record.id]
-        seq = int(record.placement.get("seq", 0)) + 1
+        seq = record.checkpoint_seq + 1
         staging = checkpoints.staging_dir(self._dirs(record.id)[0], seq)
         self.catalog.transition(record.id, [SandboxState.RUNNING], SandboxState.SNAPSHOTTING)
         try:
             await asyncio.to_thread(staging.mkdir)
             snap = await live.vm.snapshot(
-                SnapshotTarget(staging, staging), keep_running=True, machine_state=memory
+                SnapshotTarget(staging, staging), keep_running=True, machine_state=mode.memory
             )
         except _FAILURES as e:
             await asyncio.to_thread(shutil.rmtree, staging, True)
@@ -829,7 +835,7 @@ class Orchestrator:
                 record.id,
                 [SandboxState.SNAPSHOTTING],
                 SandboxState.RUNNING,
-                placement={**record.placement, "seq": seq},
+                checkpoint_seq=seq,
             )
         return await checkpoints.export(snap, dest, move=True)
 
@@ -898,7 +904,7 @@ class Orchestrator:
         log.info("sandbox %s timed out", record.id)
         if record.auto_pause:
             try:
-                await self.pause(record.id, memory=bool(record.placement.get("pause_memory", True)))
+                await self.pause(record.id, mode=record.auto_pause_mode)
                 return
             except (SandboxNotFound, InvalidState):
                 return
