@@ -35,7 +35,6 @@ from aenv import atomic
 from aenv.config import Paths
 from aenv.ids import new_sandbox_id
 from aenv.oci import Credentials, ImageError, rootfs_from_image
-from aenv.orchestrator import envd_client
 from aenv.orchestrator.build_steps import (
     BuildState,
     GuestShell,
@@ -302,10 +301,7 @@ class Builder:
                 size=size if resized else None,
             )
         )
-        endpoint = self.orc.guest_endpoint(record.id)
-        shell = GuestShell(
-            f"http://{endpoint.host}:{envd_client.ENVD_PORT}", record.envd_access_token or ""
-        )
+        shell = GuestShell(self.orc.envd(record.id))
         state = BuildState(
             user=source.default_user or "user",
             workdir=source.default_workdir,

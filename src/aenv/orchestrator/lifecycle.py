@@ -36,10 +36,11 @@ from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.ids import new_access_token, new_sandbox_id
 from aenv.network import Slot, SlotProvider
-from aenv.orchestrator import checkpoints, detach, envd_client
+from aenv.orchestrator import checkpoints, detach
 from aenv.orchestrator.archive import Archive
 from aenv.orchestrator.background import PerSandbox
 from aenv.orchestrator.catalog import Catalog, SandboxRecord
+from aenv.orchestrator.envd_client import EnvdClient, EnvdUnavailable
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.saved import SavedStates
 from aenv.orchestrator.states import KILLABLE, LIVE, SAVED, SandboxState
@@ -66,7 +67,7 @@ log = logging.getLogger("aenv.orchestrator")
 RESTORE_READY_TIMEOUT = 120.0
 _FAILURES = (
     DriverError,
-    envd_client.EnvdUnavailable,
+    EnvdUnavailable,
     layers.LayerError,
     OSError,
     RepositoryError,
@@ -268,21 +269,14 @@ class Orchestrator:
         logs = [p for p in workdir.glob("**/console*.log") if p.is_file()]
         return sorted(logs, key=lambda p: p.stat().st_mtime)
 
+    def envd(self, sandbox_id: str) -> EnvdClient:
+        """The client of a running sandbox's envd (template builds drive their VM with it)."""
+        endpoint = self.guest_endpoint(sandbox_id)
+        return EnvdClient(self._client, endpoint.host, endpoint.record.envd_access_token)
+
     async def guest_metrics(self, sandbox_id: str) -> dict[str, float]:
         """envd's current resource sample from inside the guest (CPU, memory, disk)."""
-        endpoint = self.guest_endpoint(sandbox_id)
-        headers = {"X-Access-Token": endpoint.record.envd_access_token or ""}
-        try:
-            response = await self._client.get(
-                f"http://{endpoint.host}:{envd_client.ENVD_PORT}/metrics",
-                headers=headers,
-                timeout=5.0,
-            )
-            response.raise_for_status()
-        except httpx.HTTPError as e:
-            raise envd_client.EnvdUnavailable(f"metrics of {sandbox_id}: {e}") from e
-        sample: dict[str, float] = response.json()
-        return sample
+        return await self.envd(sandbox_id).metrics()
 
     def snapshots(self) -> builtins.list[Template]:
         return self.templates.list(kind=TemplateKind.SNAPSHOT)
@@ -391,21 +385,18 @@ class Orchestrator:
         vm: VM | None = None
         try:
             net = NetAttachment(slot.netns, slot.guest.tap, slot.guest.mac)
-            base_url = f"http://{slot.address}:{envd_client.ENVD_PORT}"
+            envd = EnvdClient(self._client, str(slot.address), current_token)
             if cold:
                 vm = await self._cold_boot(snapshot, workdir, memory_dir, net)
-                await envd_client.wait_healthy(self._client, base_url, BOOT_READY_TIMEOUT)
-                current_token = None  # a fresh envd has no token yet
+                envd = EnvdClient(self._client, envd.host)  # a fresh envd has no token yet
+                await envd.wait_healthy(BOOT_READY_TIMEOUT)
             else:
                 vm = await self.driver.restore(
                     snapshot, RestoreSpec(workdir=workdir, net=net, memory_dir=memory_dir)
                 )
             # What a template build set (ENV, USER, WORKDIR), under the sandbox's own env.
             built = self.templates.by_id(record.template_id)
-            await envd_client.init(
-                self._client,
-                base_url,
-                current_token=current_token,
+            await envd.init(
                 new_token=record.envd_access_token,
                 env_vars={**(built.env_vars if built else {}), **_sandbox_env(record)},
                 hostname=record.id,
@@ -511,10 +502,8 @@ class Orchestrator:
                 raise InvalidState(sandbox_id, record.state, "pause")
             if require_healthy:
                 try:
-                    await envd_client.wait_healthy(
-                        self._client, self._envd_url(self._live[sandbox_id]), 5.0
-                    )
-                except envd_client.EnvdUnavailable as e:
+                    await self._envd(record).wait_healthy(5.0)
+                except EnvdUnavailable as e:
                     raise GuestUnhealthy(f"sandbox {sandbox_id}: envd is not answering") from e
             live = self._live[sandbox_id]
             sandbox_dir = self._dirs(sandbox_id)[0]
@@ -525,9 +514,7 @@ class Orchestrator:
             live.planned_exit = True
             try:
                 if mode is SaveMode.FILESYSTEM:
-                    await envd_client.sync(
-                        self._client, self._envd_url(live), record.envd_access_token
-                    )
+                    await self._envd(record).sync()
                 await asyncio.to_thread(target.mkdir)
                 saved = await live.vm.snapshot(
                     SnapshotTarget(target, target), keep_running=False, machine_state=mode.memory
@@ -627,8 +614,10 @@ class Orchestrator:
                 await self.resume(sandbox_id, record.timeout)
         return self.guest_endpoint(sandbox_id)
 
-    def _envd_url(self, live: _Live) -> str:
-        return f"http://{live.slot.address}:{envd_client.ENVD_PORT}"
+    def _envd(self, record: SandboxRecord) -> EnvdClient:
+        """A live sandbox's envd (the caller holds its lock, so the VM is there)."""
+        live = self._live[record.id]
+        return EnvdClient(self._client, str(live.slot.address), record.envd_access_token)
 
     # -- snapshots and forks ----------------------------------------------------------------
 
@@ -766,10 +755,7 @@ class Orchestrator:
             try:
                 if record.state is SandboxState.RUNNING:
                     if mode is SaveMode.FILESYSTEM:
-                        live = self._live[sandbox_id]
-                        await envd_client.sync(
-                            self._client, self._envd_url(live), record.envd_access_token
-                        )
+                        await self._envd(record).sync()
                     saved = await self._save_running(record, dest, mode)
                 elif record.state is SandboxState.PAUSED:
                     if mode is SaveMode.FILESYSTEM and record.checkpoint_mode is SaveMode.FULL:

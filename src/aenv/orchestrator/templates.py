@@ -24,8 +24,8 @@ import httpx
 from aenv import atomic
 from aenv.guest.cmdline import GuestNet, kernel_cmdline
 from aenv.network import SlotProvider
-from aenv.orchestrator import envd_client
 from aenv.orchestrator.build_steps import GuestShell
+from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.images import GuestImages
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.runtime.driver import (
@@ -243,24 +243,16 @@ async def build_template(
             memory_dir=memory,
         )
         vm = await driver.boot(spec)
-        base_url = f"http://{slot.address}:{envd_client.ENVD_PORT}"
         token = secrets.token_hex(24)
-        async with httpx.AsyncClient() as client:
-            await envd_client.wait_healthy(client, base_url, BOOT_READY_TIMEOUT)
-            await envd_client.init(
-                client,
-                base_url,
-                current_token=None,
-                new_token=token,
-                env_vars={},
-                hostname="sandbox",
-                timeout=30,
-            )
-        shell = GuestShell(base_url, token)
-        try:
-            await shell.warm_up("user")
-        finally:
-            await shell.close()
+        async with httpx.AsyncClient() as http:
+            envd = EnvdClient(http, str(slot.address))
+            await envd.wait_healthy(BOOT_READY_TIMEOUT)
+            envd = await envd.init(new_token=token, env_vars={}, hostname="sandbox", timeout=30)
+            shell = GuestShell(envd)
+            try:
+                await shell.warm_up("user")
+            finally:
+                await shell.close()
         snap_dir = final_dir / "snapshot"
         snap_dir.mkdir()
         snapshot = await vm.snapshot(
