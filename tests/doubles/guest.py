@@ -1,8 +1,10 @@
 """The guest of a double VM: what it holds (`Guest`) and the envd it answers with (`envd_app`).
 
-The double envd speaks the host-facing part of the protocol the orchestrator uses (`/health`,
-`/init`, `/sync`, `/metrics`, `/envs`) with envd's token rules, on a real socket; it changes
-nothing on the host (the real envd sets the hostname and the clock, and reseeds the RNG).
+The double envd speaks the host-facing part of the protocol the orchestrator and template builds
+use (`/health`, `/init`, `/sync`, `/metrics`, `/envs`, `/files`, and the Connect RPC
+`process.Process/Start`) with envd's token rules, on a real socket. It changes nothing on the
+host (the real envd sets the hostname and the clock, and reseeds the RNG) and runs no commands:
+a command is appended to the guest file `COMMANDS` and exits 0, or N for `exit N`.
 
 A guest's files are in two places, as in a real guest: `written` is the page cache (what the
 guest wrote since its last flush), `disk` what reached its disk. A filesystem-only save keeps
@@ -11,16 +13,25 @@ only `disk`; `/sync` moves `written` there first. A full save keeps both (it is 
 
 from __future__ import annotations
 
+import base64
 import json
+from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
+from connectrpc.request import RequestContext
+from protobuf import Oneof
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from aenv.envd.auth import TOKEN_HEADER
+from aenv.envd.proto.process import process_pb as pb
+from aenv.envd.proto.process.process_connect import Process, ProcessASGIApplication
 
 
 @dataclass
@@ -35,6 +46,7 @@ class Guest:
     # Not saved: what this run of the guest was asked (the tests read it).
     inits: int = 0
     syncs: int = 0
+    runs: list[tuple[str, str]] = field(default_factory=list)  # (user, command)
 
     def write(self, path: str, content: str) -> None:
         self.written[path] = content
@@ -45,7 +57,7 @@ class Guest:
     def memory(self) -> dict[str, Any]:
         """What a full save keeps besides the disk."""
         state = asdict(self)
-        for transient in ("disk", "inits", "syncs"):
+        for transient in ("disk", "inits", "syncs", "runs"):
             del state[transient]
         return state
 
@@ -59,7 +71,39 @@ class Guest:
         return cls(disk=dict(disk))
 
 
-def envd_app(guest: Guest) -> Starlette:
+COMMANDS = "/var/log/double-commands"
+
+
+class _Processes(Process):
+    """`process.Process/Start` of the double: records the command, answers start, output, end."""
+
+    def __init__(self, guest: Guest) -> None:
+        self.guest = guest
+
+    async def start(
+        self, request: pb.StartRequest, ctx: RequestContext[pb.StartRequest, pb.StartResponse]
+    ) -> AsyncIterator[pb.StartResponse]:
+        headers = ctx.request_headers
+        if self.guest.token is not None and headers.get(TOKEN_HEADER) != self.guest.token:
+            raise ConnectError(Code.UNAUTHENTICATED, "unauthorized")
+        basic = headers.get("authorization", "Basic Og==").removeprefix("Basic ")
+        user = base64.b64decode(basic).decode().partition(":")[0]
+        command = request.process.args[-1] if request.process.args else request.process.cmd
+        self.guest.runs.append((user, command))
+        code = int(command.removeprefix("exit ")) if command.startswith("exit ") else 0
+        if code == 0:
+            done = self.guest.read(COMMANDS) or ""
+            self.guest.write(COMMANDS, done + command + "\n")
+        output = pb.ProcessEvent.DataEvent(output=Oneof("stdout", f"ran {command}\n".encode()))
+        for event in (
+            Oneof("start", pb.ProcessEvent.StartEvent(pid=1)),
+            Oneof("data", output),
+            Oneof("end", pb.ProcessEvent.EndEvent(exit_code=code, exited=True)),
+        ):
+            yield pb.StartResponse(event=pb.ProcessEvent(event=event))
+
+
+def envd_app(guest: Guest) -> ASGIApp:
     def authorized(request: Request) -> bool:
         return guest.token is None or request.headers.get(TOKEN_HEADER) == guest.token
 
@@ -102,12 +146,38 @@ def envd_app(guest: Guest) -> Starlette:
             return unauthorized()
         return JSONResponse(guest.env)
 
-    return Starlette(
+    async def read_file(request: Request) -> Response:
+        content = guest.read(request.query_params.get("path", ""))
+        if content is None:
+            return JSONResponse({"code": 404, "message": "no such file"}, status_code=404)
+        return Response(content.encode())
+
+    async def write_file(request: Request) -> Response:
+        if not authorized(request):
+            return unauthorized()
+        form = await request.form()
+        upload = form["file"]
+        assert not isinstance(upload, str)
+        guest.write(request.query_params["path"], (await upload.read()).decode(errors="replace"))
+        return JSONResponse([{"path": request.query_params["path"]}])
+
+    plain = Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),
             Route("/init", init, methods=["POST"]),
             Route("/sync", sync, methods=["POST"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/envs", envs, methods=["GET"]),
+            Route("/files", read_file, methods=["GET"]),
+            Route("/files", write_file, methods=["POST"]),
         ]
     )
+    rpc = ProcessASGIApplication(_Processes(guest))
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/process.Process/"):
+            await rpc(scope, receive, send)
+        else:
+            await plain(scope, receive, send)
+
+    return app

@@ -26,7 +26,7 @@ from aenv.runtime.driver import Disk, NetAttachment, SnapshotTarget, VMSpec
 from tests.doubles.driver import DoubleDriver, write_disk
 from tests.doubles.slots import DoubleSlots
 
-TEMPLATE_FILES = {"/etc/template": "base"}
+TEMPLATE_FILES = {"/etc/template": "base", "/etc/hostname": "sandbox\n"}
 
 
 @dataclass
