@@ -29,7 +29,7 @@ import os
 import re
 import secrets
 import signal
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -137,21 +137,15 @@ class QemuDriver:
         vm_id = secrets.token_hex(8)
         memory = _Memory(_memory_dir(spec) / f"{vm_id}.mem", shared=True, owned=True)
         vm = await self._launch(vm_id, spec, memory, BootError, incoming=False)
-        try:
+        async with _stopped_on_failure(vm, BootError, "boot failed"):
             await vm.monitor.execute("cont")
-        except MonitorError as exc:
-            await vm.stop()
-            raise BootError(f"boot failed: {exc}; {_tail(vm.stderr_log)}") from exc
         vm.run_state = VMState.RUNNING
         return vm
 
     async def restore(self, snapshot: Snapshot, target: RestoreSpec) -> VM:
         vm = await self._restore_vm(snapshot, target)
-        try:
+        async with _stopped_on_failure(vm, RestoreError, "restore failed"):
             await vm.monitor.execute("cont")
-        except MonitorError as exc:
-            await vm.stop()
-            raise RestoreError(f"restore failed: {exc}; {_tail(vm.stderr_log)}") from exc
         vm.run_state = VMState.RUNNING
         return vm
 
@@ -179,8 +173,11 @@ class QemuDriver:
         except (MonitorError, OSError) as exc:
             _unlink(made)
             raise SnapshotError(f"cannot detach memory: {exc}; {_tail(vm.stderr_log)}") from exc
+        except BaseException:
+            _unlink(made)
+            raise
         finally:
-            await vm.stop()
+            await asyncio.shield(vm.stop())
         detached = dataclasses.replace(snapshot, state_file=state_file, memory_file=memory_file)
         await asyncio.to_thread(detached.save_manifest)
         return detached
@@ -229,7 +226,7 @@ class QemuDriver:
             _unlink(created)
             raise
         vm.owned_files += created
-        try:
+        async with _stopped_on_failure(vm, RestoreError, "restore failed"):
             if not memory.shared:
                 await vm.monitor.execute(
                     "migrate-set-capabilities",
@@ -238,9 +235,6 @@ class QemuDriver:
             await vm.monitor.pass_file("state", snapshot.state_file, os.O_RDONLY)
             await vm.monitor.execute("migrate-incoming", uri="fd:state")
             await vm.monitor.wait_incoming(vm.proc, self.config.migrate_timeout_s)
-        except (MonitorError, OSError) as exc:
-            await vm.stop()
-            raise RestoreError(f"restore failed: {exc}; {_tail(vm.stderr_log)}") from exc
         return vm
 
     async def restore_many(self, snapshot: Snapshot, targets: Sequence[RestoreSpec]) -> list[VM]:
@@ -615,6 +609,23 @@ class QemuVM:
             pss_bytes=getattr(mem, "pss", mem.rss),
             disk_bytes=disk,
         )
+
+
+@contextlib.asynccontextmanager
+async def _stopped_on_failure(
+    vm: QemuVM, error: type[DriverError], what: str
+) -> AsyncIterator[None]:
+    """Stop `vm` when the block fails in any way, cancellation included: a VMM nobody holds
+    any more would run on. QEMU's and the OS's errors become `error`; the stop is shielded, so
+    a second cancellation cannot cut it short."""
+    try:
+        yield
+    except (MonitorError, OSError) as exc:
+        await asyncio.shield(vm.stop())
+        raise error(f"{what}: {exc}; {_tail(vm.stderr_log)}") from exc
+    except BaseException:
+        await asyncio.shield(vm.stop())
+        raise
 
 
 def _memory_dir(spec: VMSpec) -> Path:

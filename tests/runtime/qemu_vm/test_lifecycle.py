@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 
 from aenv.runtime.driver import RestoreError, Snapshot, VMState
-from tests.runtime.qemu_vm.conftest import TEMPLATE_MEMORY, TEMPLATE_NOTE, Fleet, Places, Template
+from tests.runtime.qemu_vm.conftest import (
+    TEMPLATE_MEMORY,
+    TEMPLATE_NOTE,
+    Fleet,
+    Places,
+    Template,
+    qemu_children,
+)
 from tests.runtime.qemu_vm.netns import agent, wait_ready
 
 pytestmark = pytest.mark.slow
@@ -160,3 +172,36 @@ async def test_filesystem_only_snapshots_hold_disks_alone(
         assert await fleet.driver.detach_memory(snap, places.snapshot_target(), fleet.target()) is (
             snap
         )
+
+
+async def _loading(vm_task: asyncio.Task[object], state_file: Path) -> None:
+    """Until a QEMU of this test reads `state_file` (it is restoring from it)."""
+    while not vm_task.done():
+        for proc in qemu_children():
+            with contextlib.suppress(psutil.Error):
+                if any(f.path == str(state_file) for f in proc.open_files()):
+                    return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the restore ended before it could be cancelled")
+
+
+@pytest.mark.parametrize("operation", ["restore", "detach_memory"])
+async def test_cancelling_a_restore_stops_its_vmm(
+    fleet: Fleet, template: Template, places: Places, operation: str
+) -> None:
+    # A kill cancels a pause's memory detach mid-restore; a client gone cancels a create.
+    vm, netns = await fleet.restore(template.snapshot)
+    await agent(netns, "POST", "/?memory=cancel-me&note=cancel-me")
+    stream = await vm.snapshot(places.snapshot_target(), keep_running=False)
+    assert stream.memory_file is None  # the RAM is in the stream: loading it takes a while
+    work: Coroutine[Any, Any, object]
+    if operation == "restore":
+        work = fleet.driver.restore(stream, fleet.target())
+    else:
+        work = fleet.driver.detach_memory(stream, places.snapshot_target(), fleet.target())
+    task = asyncio.ensure_future(work)
+    await _loading(task, stream.state_file)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert qemu_children() == []
