@@ -40,6 +40,7 @@ from aenv.orchestrator import checkpoints, detach, envd_client
 from aenv.orchestrator.archive import Archive
 from aenv.orchestrator.background import PerSandbox
 from aenv.orchestrator.catalog import Catalog, SandboxRecord
+from aenv.orchestrator.locks import KeyedLocks
 from aenv.orchestrator.saved import SavedStates
 from aenv.orchestrator.states import KILLABLE, LIVE, SandboxState
 from aenv.orchestrator.templates import BOOT_READY_TIMEOUT, Template, TemplateStore
@@ -169,7 +170,7 @@ class Orchestrator:
         self.slots = slots
         self.templates = templates
         self._live: dict[str, _Live] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks = KeyedLocks()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._admission = asyncio.Semaphore(config.max_concurrent_creates)
         self.stats = CreateStats()
@@ -480,7 +481,6 @@ class Orchestrator:
             await self._reclaim_files(sandbox_id)
             await self.saved.drop_archived(self.catalog.get(sandbox_id) or record)
             self.catalog.delete(sandbox_id)
-        self._locks.pop(sandbox_id, None)
         await self.saved.collect()
         return True
 
@@ -490,8 +490,8 @@ class Orchestrator:
             await live.vm.stop()
         await self.slots.release(live.slot)
 
-    def _lock(self, sandbox_id: str) -> asyncio.Lock:
-        return self._locks.setdefault(sandbox_id, asyncio.Lock())
+    def _lock(self, sandbox_id: str) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._locks.hold(sandbox_id)
 
     def _dirs(self, sandbox_id: str) -> tuple[Path, Path]:
         """A sandbox's directory (VM work dir, checkpoints) and its memory directory (tmpfs)."""
