@@ -891,7 +891,13 @@ class Orchestrator:
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        """A background task's end: its failure is logged, never left unobserved."""
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background work failed", exc_info=task.exception())
 
     async def _expire_now(self, record: SandboxRecord) -> None:
         """Timeout: pause when the sandbox asked for it (`autoPause`), else kill."""
