@@ -58,6 +58,11 @@ class Config:
     build_ready_timeout: int = 300
     # Template builds: cached step layers kept (newest first); each holds a VM's memory and disk.
     build_cache_layers: int = 32
+    # Seconds a client has to send a request's head (line and headers) once it started it;
+    # a slower one (slowloris) is disconnected.
+    header_timeout: int = 30
+    # Open client connections the port accepts; past it new ones are closed at once.
+    max_connections: int = 4096
 
     @property
     def catalog_path(self) -> Path:
