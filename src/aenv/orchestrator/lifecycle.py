@@ -36,7 +36,7 @@ from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.ids import new_access_token, new_sandbox_id
 from aenv.network import Slot, SlotProvider
-from aenv.orchestrator import checkpoints, detach, envd_client
+from aenv.orchestrator import checkpoints, consoles, detach, envd_client
 from aenv.orchestrator.archive import Archive
 from aenv.orchestrator.background import PerSandbox
 from aenv.orchestrator.catalog import Catalog, SandboxRecord
@@ -212,6 +212,7 @@ class Orchestrator:
             log.warning("removed saved state %s, cut short by the previous run", unfinished)
         await self.saved.collect()
         self._spawn(self.saved.collect_repository())
+        self._spawn(self._cap_consoles())
 
     async def close(self) -> None:
         """Graceful shutdown: running sandboxes are paused (resumable after the restart), or
@@ -450,6 +451,13 @@ class Orchestrator:
             snapshot.spec, workdir=workdir, memory_dir=memory_dir, net=net, disks=tuple(disks)
         )
         return await self.driver.boot(spec)
+
+    async def _cap_consoles(self) -> None:
+        """Keep every live VM's console file bounded, for as long as the node runs."""
+        while True:
+            await asyncio.sleep(consoles.INTERVAL)
+            for live in list(self._live.values()):
+                await asyncio.to_thread(consoles.cap, live.vm.console_log)
 
     def _started(self, record: SandboxRecord, live: _Live) -> None:
         self._schedule_expiry(record)

@@ -283,7 +283,9 @@ class QemuDriver:
             "-monitor", "none",
             "-no-reboot",
             "-no-user-config",
-            "-chardev", f"file,id=con,path={_opt(console)}",
+            # append=on: writes land at the file's end even after it was truncated (the
+            # orchestrator caps console files, see orchestrator/consoles.py).
+            "-chardev", f"file,id=con,path={_opt(console)},append=on",
             "-serial", "chardev:con",
             "-qmp", f"unix:{_opt(qmp)}",
             "-kernel", str(spec.kernel),

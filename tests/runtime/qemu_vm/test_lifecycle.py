@@ -205,3 +205,17 @@ async def test_cancelling_a_restore_stops_its_vmm(
     with pytest.raises(asyncio.CancelledError):
         await task
     assert qemu_children() == []
+
+
+async def test_the_console_is_appended_to(fleet: Fleet, template: Template) -> None:
+    # The orchestrator truncates console files past their cap: QEMU's writes must then land at
+    # the file's new end (O_APPEND), not at their old offset past a hole.
+    vm, _netns = await fleet.restore(template.snapshot)
+    (qemu,) = qemu_children()
+    for fd in os.listdir(f"/proc/{qemu.pid}/fd"):
+        if os.readlink(f"/proc/{qemu.pid}/fd/{fd}") == str(vm.console_log):
+            fdinfo = Path(f"/proc/{qemu.pid}/fdinfo/{fd}").read_text()
+            flags = int(fdinfo.split("flags:")[1].split()[0], 8)
+            assert flags & os.O_APPEND
+            return
+    raise AssertionError("QEMU has no console file open")
