@@ -55,6 +55,7 @@ from aenv.runtime.driver import (
     Snapshot,
     SnapshotTarget,
 )
+from aenv.runtime.sweep import Reaper
 from aenv.storage import layers
 from aenv.storage.repository import RepositoryError
 
@@ -64,6 +65,8 @@ log = logging.getLogger("aenv.orchestrator")
 # (hundreds of creates queued on two cores) it can take tens of seconds: a create should then
 # be slow, not fail.
 RESTORE_READY_TIMEOUT = 120.0
+# Housekeeping rounds (`consoles.INTERVAL` apart) between two reconciliations.
+RECONCILE_EVERY = 6
 # How long an automatically resumed sandbox (proxy traffic) runs before its timeout applies again.
 AUTO_RESUME_TIMEOUT = 300
 _FAILURES = (
@@ -212,7 +215,7 @@ class Orchestrator:
             log.warning("removed saved state %s, cut short by the previous run", unfinished)
         await self.saved.collect()
         self._spawn(self.saved.collect_repository())
-        self._spawn(self._cap_consoles())
+        self._spawn(self._housekeeping())
 
     async def close(self) -> None:
         """Graceful shutdown: running sandboxes are paused (resumable after the restart), or
@@ -452,12 +455,33 @@ class Orchestrator:
         )
         return await self.driver.boot(spec)
 
-    async def _cap_consoles(self) -> None:
-        """Keep every live VM's console file bounded, for as long as the node runs."""
+    async def _housekeeping(self) -> None:
+        """For as long as the node runs: keep every live VM's console file bounded, and every
+        `RECONCILE_EVERY` rounds end what no sandbox owns (`reconcile`)."""
+        rounds = 0
         while True:
             await asyncio.sleep(consoles.INTERVAL)
             for live in list(self._live.values()):
                 await asyncio.to_thread(consoles.cap, live.vm.console_log)
+            rounds += 1
+            if rounds % RECONCILE_EVERY == 0:
+                await self.reconcile()
+
+    async def reconcile(self) -> None:
+        """End what the catalog does not own: a live VM whose sandbox is not running any more
+        (stopped, its slot released), and VMMs and cgroups no VM object stands for (a failed or
+        cancelled operation that dropped one without stopping it)."""
+        for sandbox_id in list(self._live):
+            async with self._lock(sandbox_id):
+                record = self.catalog.get(sandbox_id)
+                if record is not None and record.state in LIVE:
+                    continue
+                live = self._live.pop(sandbox_id, None)
+                if live is not None:
+                    log.warning("sandbox %s: its VM outlived it; stopping it", sandbox_id)
+                    await self._stop(live)
+        if isinstance(self.driver, Reaper):
+            await asyncio.to_thread(self.driver.reap_unowned)
 
     def _started(self, record: SandboxRecord, live: _Live) -> None:
         self._schedule_expiry(record)

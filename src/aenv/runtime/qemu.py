@@ -25,10 +25,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import os
 import re
 import secrets
 import signal
+import weakref
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +55,7 @@ from aenv.runtime.driver import (
     VMStats,
 )
 from aenv.runtime.qmp import Monitor, MonitorError
+from aenv.runtime.sweep import VMM_NAME_PREFIX, reap_unowned
 from aenv.storage import layers
 
 Accel = Literal["kvm", "tcg"]
@@ -107,6 +110,24 @@ class QemuDriver:
         self.config = config or QemuConfig()
         self._cgroups = cgroups
         self._compat: str | None = None
+        # Every VM handed out and still referenced by someone: a VMM whose VM object is gone
+        # without a stop has no owner left (see `sweep.reap_unowned`).
+        self._vms: weakref.WeakValueDictionary[str, QemuVM] = weakref.WeakValueDictionary()
+        self._launching: set[str] = set()
+
+    def owned_vmm_names(self) -> set[str]:
+        """The `-name` of every VMM being launched or that some VM object of this driver still
+        stands for."""
+        return {f"{VMM_NAME_PREFIX}{vm_id}" for vm_id in [*self._vms, *self._launching]}
+
+    @staticmethod
+    def cgroup_name(vmm_name: str) -> str:
+        return f"qemu-{vmm_name.removeprefix(VMM_NAME_PREFIX)}"
+
+    def reap_unowned(self) -> list[str]:
+        """Implements `sweep.Reaper`. Blocking."""
+        gc.collect()  # a VM object dropped in a reference cycle is gone only after this
+        return reap_unowned(self.owned_vmm_names(), self._cgroups, self.cgroup_name)
 
     @property
     def name(self) -> str:
@@ -270,7 +291,7 @@ class QemuDriver:
         share = "on" if memory.shared else "off"
         argv = [
             self.config.binary,
-            "-name", f"aenv-{vm_id}",  # lets a startup sweep recognise our VMMs
+            "-name", f"{VMM_NAME_PREFIX}{vm_id}",  # lets the sweeps recognise our VMMs
             "-accel", accel,
             "-M", "microvm,x-option-roms=off,rtc=on,memory-backend=mem",
             "-cpu", "max" if self.config.accel == "tcg" else "host",
@@ -340,6 +361,7 @@ class QemuDriver:
         monitor = Monitor(qmp_path, f"aenv-{vm_id}")
         cgroup: Cgroup | None = None
         proc: asyncio.subprocess.Process | None = None
+        self._launching.add(vm_id)
         try:
             await monitor.listen()
             with stderr_log.open("wb") as err:
@@ -353,7 +375,9 @@ class QemuDriver:
             if self._cgroups is not None:
                 # Placed before the guest runs (-S): vCPU threads and helpers inherit the group.
                 cgroup = await asyncio.to_thread(
-                    self._cgroups.create, f"qemu-{vm_id}", self._limits(spec)
+                    self._cgroups.create,
+                    self.cgroup_name(f"{VMM_NAME_PREFIX}{vm_id}"),
+                    self._limits(spec),
                 )
                 await asyncio.to_thread(cgroup.add, proc.pid)
             await monitor.accept(proc, self.config.start_timeout_s)
@@ -370,7 +394,9 @@ class QemuDriver:
             if isinstance(exc, Exception):
                 raise error(f"cannot start QEMU: {exc}; {_tail(stderr_log)}") from exc
             raise
-        return QemuVM(
+        finally:
+            self._launching.discard(vm_id)
+        vm = QemuVM(
             vm_id=vm_id,
             driver=self,
             spec=spec,
@@ -381,6 +407,8 @@ class QemuDriver:
             console_log=console,
             stderr_log=stderr_log,
         )
+        self._vms[vm_id] = vm
+        return vm
 
 
 class QemuVM:

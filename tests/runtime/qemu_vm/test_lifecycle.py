@@ -12,7 +12,9 @@ from typing import Any
 import psutil
 import pytest
 
+from aenv.runtime.cgroups import CgroupManager
 from aenv.runtime.driver import RestoreError, Snapshot, VMState
+from aenv.runtime.qemu import QemuDriver, QemuVM
 from tests.runtime.qemu_vm.conftest import (
     TEMPLATE_MEMORY,
     TEMPLATE_NOTE,
@@ -219,3 +221,19 @@ async def test_the_console_is_appended_to(fleet: Fleet, template: Template) -> N
             assert flags & os.O_APPEND
             return
     raise AssertionError("QEMU has no console file open")
+
+
+async def test_a_vmm_nothing_owns_any_more_is_reaped(
+    fleet: Fleet, template: Template, cgroups: CgroupManager
+) -> None:
+    kept, kept_netns = await fleet.restore(template.snapshot)
+    dropped = await fleet.driver.restore(template.snapshot, fleet.target())
+    assert isinstance(dropped, QemuVM)
+    pid, name = dropped.proc.pid, f"aenv-{dropped.id}"
+    del dropped  # what a cancelled operation did before it stopped its VMs
+    assert len(qemu_children()) == 2
+    reaped = await asyncio.to_thread(fleet.driver.reap_unowned)
+    assert reaped == [name]
+    assert [p.pid for p in qemu_children()] != [pid]
+    assert cgroups.names() == [QemuDriver.cgroup_name(f"aenv-{kept.id}")]
+    assert (await agent(kept_netns))["memory"] == TEMPLATE_MEMORY  # the owned one runs on
