@@ -37,15 +37,10 @@ from aenv.guest.cmdline import GuestNet
 from aenv.network import NetworkConfig, SlotPool
 from aenv.orchestrator.catalog import Catalog
 from aenv.orchestrator.images import GuestImages
+from aenv.orchestrator.kinds import SaveMode
 from aenv.orchestrator.lifecycle import CreateFailed, CreateRequest, Orchestrator
 from aenv.orchestrator.repository import open_archive
-from aenv.orchestrator.templates import (
-    BuildRequest,
-    Template,
-    TemplateStore,
-    build_template,
-    memory_root,
-)
+from aenv.orchestrator.templates import BuildRequest, Template, TemplateStore, build_template
 from aenv.runtime.cgroups import CgroupManager
 from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
 from aenv.runtime.firecracker.jailer import JailerConfig
@@ -82,13 +77,13 @@ def fc_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(params=["direct", "jailed"])
 def placement(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Path]]:
     """How Firecracker is placed, and the directory the node's files go to. Jailed, that is on
-    the filesystem of guest memory (`memory_root`, tmpfs): the jail hard-links every file
+    the filesystem of guest memory (`Paths.memory`, tmpfs): the jail hard-links every file
     Firecracker opens, so the node's home, its memory files and the chroot base must share one
     filesystem (the jailer's layout refuses anything else)."""
     if request.param == "direct":
         yield "direct", tmp_path
         return
-    base = Path(tempfile.mkdtemp(prefix="aenv-fct-", dir=memory_root(tmp_path).parent))
+    base = Path(tempfile.mkdtemp(prefix="aenv-fct-", dir=Config(home=tmp_path).paths.memory.parent))
     try:
         yield "jailed", base
     finally:
@@ -130,9 +125,9 @@ class Node:
 
 
 async def start_node(config: Config, driver: FirecrackerDriver, slots: SlotPool) -> Node:
-    templates = TemplateStore(config.templates_dir, memory_root(config.home))
+    templates = TemplateStore(config.paths.templates, config.paths.memory)
     templates.load()
-    catalog = Catalog(config.catalog_path)
+    catalog = Catalog(config.paths.catalog)
     orchestrator = Orchestrator(config, catalog, driver, slots, templates, open_archive(config))
     await orchestrator.start()
     return Node(config, driver, slots, templates, catalog, orchestrator)
@@ -182,13 +177,13 @@ async def world(
         yield config, driver, slots, guest_images
     finally:
         await slots.close()
-        shutil.rmtree(memory_root(config.home), ignore_errors=True)
+        shutil.rmtree(config.paths.memory, ignore_errors=True)
 
 
 async def build_base(
     config: Config, driver: FirecrackerDriver, slots: SlotPool, images: GuestImages
 ) -> Template:
-    templates = TemplateStore(config.templates_dir, memory_root(config.home))
+    templates = TemplateStore(config.paths.templates, config.paths.memory)
     guest = slots.config.guest
     return await build_template(
         BuildRequest(
@@ -275,7 +270,7 @@ async def test_the_sandbox_lifecycle_through_the_orchestrator(
         assert await Guest(node.orchestrator, first).read(NOTE) == b"written before every save"
 
         # Pause without memory, resume: the checkpoint's disks booted (`boot_saved`).
-        await node.orchestrator.pause(first, memory=False)
+        await node.orchestrator.pause(first, mode=SaveMode.FILESYSTEM)
         await node.orchestrator.resume(first, 600)
         assert await Guest(node.orchestrator, first).read(NOTE) == b"written before every save"
 
@@ -298,7 +293,7 @@ async def test_the_sandbox_lifecycle_through_the_orchestrator(
         assert await Guest(node.orchestrator, first).read(NOTE) == b"written before every save"
 
         # A filesystem-only snapshot boots its disks for every sandbox created from it.
-        fs_only = await node.orchestrator.snapshot(first, name="fs-only", memory=False)
+        fs_only = await node.orchestrator.snapshot(first, name="fs-only", mode=SaveMode.FILESYSTEM)
         cold, _ = await node.orchestrator.create(request(fs_only.template_id))
         assert await Guest(node.orchestrator, cold.id).read(NOTE) == b"written before every save"
     finally:
