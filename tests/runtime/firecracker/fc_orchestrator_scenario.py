@@ -12,11 +12,13 @@ the driver, network slots, cgroups, the catalog, the snapshot repository, envd.
 One scenario walks the lifecycle: a template build, creates, pauses with and without memory,
 resumes, a snapshot, a fork, and a restart of the orchestrator. A file written in the first
 sandbox must be read back after every step, so it must have travelled through every disk image
-the driver sealed, copied and exported.
+the driver sealed, copied and exported. Another runs a template build with steps at another
+size; a third shows that a qcow2 never reaches Firecracker. Each runs direct and jailed.
 """
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import os
 import secrets
@@ -35,11 +37,14 @@ from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.guest.cmdline import GuestNet
 from aenv.network import NetworkConfig, SlotPool
+from aenv.orchestrator.build_steps import StepType
+from aenv.orchestrator.builds import Builder, BuildSpec, BuildStatus, Step
 from aenv.orchestrator.catalog import Catalog
 from aenv.orchestrator.images import GuestImages
 from aenv.orchestrator.kinds import SaveMode
 from aenv.orchestrator.lifecycle import CreateFailed, CreateRequest, Orchestrator
 from aenv.orchestrator.repository import open_archive
+from aenv.orchestrator.tags import TagStore
 from aenv.orchestrator.templates import BuildRequest, Template, TemplateStore, build_template
 from aenv.runtime.cgroups import CgroupManager
 from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
@@ -330,5 +335,38 @@ async def test_a_qcow2_never_reaches_firecracker(
             await node.orchestrator.create(request())
         assert node.orchestrator.list() == []
         assert upper.is_file()
+    finally:
+        await node.close()
+
+
+async def test_a_template_build_with_steps(
+    world: tuple[Config, FirecrackerDriver, SlotPool, GuestImages],
+) -> None:
+    """A build from the base template at another size (its disks booted afresh), a RUN step
+    whose file must reach the saved build layer and the finished template, and an ENV step."""
+    config, driver, slots, images = world
+    await build_base(config, driver, slots, images)
+    node = await start_node(config, driver, slots)
+    try:
+        builder = Builder(node.orchestrator, TagStore(config.paths.template_tags), config.paths, 60)
+        steps = (
+            Step(StepType.RUN, ("echo built-in > /home/user/built.txt",)),
+            Step(StepType.ENV, ("GREETING", "hi")),
+        )
+        build = builder.request("app", [], cpu_count=2)
+        builder.start(build, BuildSpec(from_template="base", from_image=None, steps=steps))
+        for _ in range(600):
+            if build.status in (BuildStatus.READY, BuildStatus.ERROR):
+                break
+            await asyncio.sleep(0.2)
+        assert build.status is BuildStatus.READY, build.reason
+        template = node.templates.get("app")
+        assert template.env_vars == {"GREETING": "hi"}
+        assert not any(is_qcow2(p) for p in template.snapshot().disks.values())
+        record, _ = await node.orchestrator.create(request("app"))
+        assert await Guest(node.orchestrator, record.id).read("/home/user/built.txt") == (
+            b"built-in\n"
+        )
+        await node.orchestrator.kill(record.id)
     finally:
         await node.close()
