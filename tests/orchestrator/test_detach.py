@@ -29,13 +29,12 @@ def _stream_form(directory: Path) -> Snapshot:
 
 
 def _detached_form(directory: Path, stream: Snapshot) -> Snapshot:
-    """What `Driver.detach_memory` leaves: state and memory in detached/."""
-    staging = directory / detach.DETACHED
-    staging.mkdir()
-    (staging / "state").write_bytes(b"device state")
-    (staging / "memory").write_bytes(b"RAM")
+    """What `Driver.detach_memory` leaves: state in detached/, memory next to the stream."""
+    (directory / detach.DETACHED).mkdir()
+    (directory / detach.DETACHED / "state").write_bytes(b"device state")
+    (directory / "memory").write_bytes(b"RAM")
     detached = dataclasses.replace(
-        stream, state_file=staging / "state", memory_file=staging / "memory"
+        stream, state_file=directory / detach.DETACHED / "state", memory_file=directory / "memory"
     )
     detached.save_manifest()
     return detached
@@ -71,8 +70,7 @@ def test_crash_after_adopt_removes_the_old_stream(pause: Path) -> None:
     checkpoints.prune_pauses(pause.parent, 1)
     assert Snapshot.load_manifest(pause) == detached
     assert not (pause / "state").exists()
-    assert detached.memory_file is not None and detached.memory_file.is_file()
-    assert detached.state_file.is_file()
+    assert (pause / "memory").is_file() and detached.state_file.is_file()
 
 
 def test_older_checkpoints_lose_both_forms(tmp_path: Path) -> None:
@@ -92,6 +90,7 @@ def test_discard_leaves_the_stream_form(pause: Path) -> None:
     _detached_form(pause, stream)
     detach.discard(pause)
     assert Snapshot.load_manifest(pause) == stream
+    assert not (pause / "memory").exists()
     assert not (pause / detach.DETACHED).exists()
 
 

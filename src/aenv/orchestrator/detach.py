@@ -4,13 +4,13 @@ Some drivers save a VM whose memory is a private mapping (a sandbox restored fro
 with its memory inside the state file (`Snapshot.memory_file is None`), and every restore of such
 a state then reads it all into fresh memory, which costs about twice a restore that maps a memory
 file. `Detacher` has the driver turn such a state into the mapped kind without running the guest
-(`Driver.detach_memory`), written into `<dir>/detached/`; restores then map its memory file like
-a template's. Pauses do it in the background after they return; fork checkpoints and template
-builds before their first restore.
+(`Driver.detach_memory`), its state written into `<dir>/detached/` and its memory beside the
+first form's files; restores then map that memory file like a template's. Pauses do it in the
+background after they return; fork checkpoints and template builds before their first restore.
 
 `adopt` switches a saved directory over to its detached form by atomically replacing its
-`snapshot.json`: a crash before that leaves the first form in use (and `tidy` removes the
-unfinished `detached/`), a crash after it only leaves the replaced state file for `tidy`.
+`snapshot.json`: a crash before that leaves the first form in use (and `tidy` removes what the
+detached form had written), a crash after it only leaves the replaced state file for `tidy`.
 """
 
 from __future__ import annotations
@@ -72,7 +72,7 @@ class Detacher:
             net = NetAttachment(slot.netns, slot.guest.tap, slot.guest.mac) if slot else None
             place = RestoreSpec(workdir=work, net=net, memory_dir=memory)
             detached = await self.driver.detach_memory(
-                snapshot, SnapshotTarget(staging, staging), place
+                snapshot, SnapshotTarget(staging, directory), place
             )
             log.info("detached the memory of %s in %.0f ms", directory, _ms_since(start))
             return detached
@@ -105,8 +105,14 @@ def adopt(directory: Path, detached: Snapshot) -> None:
 
 
 def discard(directory: Path) -> None:
-    """Remove a detached form that will not be adopted."""
+    """Remove a detached form that will not be adopted: `detached/` and the files next to it
+    that the manifest in use does not name (its memory file, written beside)."""
     shutil.rmtree(directory / DETACHED, ignore_errors=True)
+    try:
+        current = Snapshot.load_manifest(directory)
+    except RestoreError:
+        return
+    _remove_unnamed(directory, current)
 
 
 def tidy(directory: Path) -> None:
