@@ -23,6 +23,8 @@ from aenv.network import netns
 from tests.runtime.firecracker import fc_orchestrator_scenario as scenario
 
 REPO = Path(__file__).resolve().parents[3]
+# Minutes of real envd starts, template builds and pauses, though no VM boots.
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture

@@ -9,8 +9,12 @@ Disks: Firecracker has no copy-on-write block format, so the guest's init stacks
 (overlay of the read-only base and a writable upper, found by label). A restore gives each clone
 its own copy of every sealed writable image under the same `drives/<drive_id>` name the source
 used (see `placement.py`), which is how the drive paths recorded in the state file point each
-clone at its own layer; read-only images are shared. Network: each clone opens the tap named in
-its `RestoreSpec` (a network override) inside its own namespace; the MAC stays the source's.
+clone at its own layer; read-only images are shared. A cold boot of a saved state's disks
+(`boot_saved`) gets the same private copies; an export moves or links the sealed images, which
+are standalone raw files already. A qcow2 image (another driver's format) is refused before
+Firecracker sees it: Firecracker would hand its bytes to the guest as the disk. Network: each
+clone opens the tap named in its `RestoreSpec` (a network override) inside its own namespace; the
+MAC stays the source's.
 
 Device discovery in the guest: Firecracker's devices are virtio-mmio, with no PCI bus to find them
 on. On x86 Firecracker describes them two ways: `virtio_mmio.device=<size>@<addr>:<irq>` arguments
