@@ -171,6 +171,11 @@ class Config(BaseModel):
     guest_cache: Path | None = None
     # The Debian mirror the base root filesystem is bootstrapped from.
     debian_mirror: str = DEFAULT_MIRROR
+    # Seconds a client has to send a request's head (line and headers) once it started it;
+    # a slower one (slowloris) is disconnected.
+    header_timeout: int = 30
+    # Open client connections the port accepts; past it new ones are closed at once.
+    max_connections: int = 4096
 
     @field_validator("domain", "repository_endpoint", "guest_cache", mode="before")
     @classmethod

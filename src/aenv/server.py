@@ -46,6 +46,7 @@ from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
 from aenv.runtime.firecracker import create_driver as firecracker_driver
 from aenv.runtime.select import Backend, qemu_driver, select_backend
 from aenv.runtime.sweep import sweep
+from aenv.storage.private import make_private
 
 log = logging.getLogger("aenv.server")
 # The Firecracker driver's settings: the driver and the startup sweep of its leftovers share them.
@@ -88,7 +89,7 @@ async def _driver(
 
 
 async def start_node(config: Config, progress: Progress = log.info) -> Node:
-    config.home.mkdir(parents=True, exist_ok=True)
+    make_private(*_private_dirs(config))
     api_key, created = ensure_api_key(config.paths.api_key)
     if created:
         progress(f"generated an API key; it is in {config.paths.api_key} (mode 0600)")
@@ -179,6 +180,16 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
     api = create_api(orchestrator, config, api_key, boot_image)
     proxy = SandboxProxy(_Resolver(orchestrator), domain=config.domain, control_plane=api)
     return Node(config, api_key, catalog, slots, orchestrator, cgroups, proxy)
+
+
+def _private_dirs(config: Config) -> list[Path]:
+    """The node's data directories: its home, its tmpfs directory and a repository directory
+    elsewhere (see storage/private.py)."""
+    dirs = [config.home, config.paths.memory]
+    where = config.repository.strip()
+    if where and where != "off" and "://" not in where:
+        dirs.append(config.home / where)  # an absolute `where` stands alone
+    return dirs
 
 
 def _in_use(catalog: Catalog, template_dir: Path) -> bool:

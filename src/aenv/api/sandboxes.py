@@ -23,6 +23,7 @@ from aenv.api.models import (
     NewSandbox,
     RefreshBody,
     TimeoutBody,
+    check_metadata,
 )
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
@@ -299,9 +300,15 @@ class SandboxRoutes:
 
 
 def _metadata_filter(request: Request) -> dict[str, str]:
-    """`metadata=k%3Dv%26k2%3Dv2`: decoded as infra does (query decode, unescape, split)."""
+    """`metadata=k%3Dv%26k2%3Dv2`: decoded as infra does (query decode, unescape, split).
+    Bounded as sandboxes' metadata is: a longer filter matches nothing, and one query term per
+    entry would exceed what SQLite parses."""
     raw = request.query_params.get("metadata")
-    return dict(parse_qsl(unquote(raw), keep_blank_values=True)) if raw else {}
+    wanted = dict(parse_qsl(unquote(raw), keep_blank_values=True)) if raw else {}
+    try:
+        return check_metadata(wanted)
+    except ValueError as e:
+        raise APIError(400, f"metadata filter: {e}") from e
 
 
 def _filter_metadata(records: Iterable[SandboxRecord], request: Request) -> Iterable[SandboxRecord]:

@@ -43,24 +43,12 @@ def server(
 
 
 async def _serve(config: Config) -> None:
-    from aenv.server import start_node  # the server's imports are heavy; other commands skip them
+    # The server's imports are heavy; other commands skip them.
+    from aenv.server import start_node
+    from aenv.serving import uvicorn_config
 
     node = await start_node(config, progress=lambda m: console.print(f"[cyan]aenv[/cyan] {m}"))
-    uv = uvicorn.Server(
-        uvicorn.Config(
-            node.app,
-            host=config.host,
-            port=config.port,
-            loop="uvloop",
-            http="httptools",
-            lifespan="off",
-            access_log=False,
-            log_level="warning",
-            # Proxied responses carry the sandbox's own Server header.
-            server_header=False,
-            timeout_keep_alive=650,
-        )
-    )
+    uv = uvicorn.Server(uvicorn_config(node.app, config))
     # uvicorn owns SIGINT/SIGTERM while it serves, and afterwards re-raises the signal it caught
     # to whatever handler was there before: make that a no-op, or the default handler would end
     # the process before the node's shutdown (which pauses the running sandboxes) has run.

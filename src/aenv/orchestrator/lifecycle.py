@@ -36,12 +36,13 @@ from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.ids import new_access_token, new_sandbox_id
 from aenv.network import Slot, SlotProvider
-from aenv.orchestrator import checkpoints, detach
+from aenv.orchestrator import checkpoints, consoles, detach
 from aenv.orchestrator.archive import Archive
 from aenv.orchestrator.background import PerSandbox
 from aenv.orchestrator.catalog import Catalog, SandboxRecord
 from aenv.orchestrator.envd_client import EnvdClient, EnvdUnavailable
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
+from aenv.orchestrator.locks import KeyedLocks
 from aenv.orchestrator.saved import SavedStates
 from aenv.orchestrator.states import KILLABLE, LIVE, SAVED, SandboxState
 from aenv.orchestrator.templates import BOOT_READY_TIMEOUT, Template, TemplateStore
@@ -56,6 +57,7 @@ from aenv.runtime.driver import (
     Snapshot,
     SnapshotTarget,
 )
+from aenv.runtime.sweep import Reaper
 from aenv.storage import layers
 from aenv.storage.repository import RepositoryError
 
@@ -65,6 +67,8 @@ log = logging.getLogger("aenv.orchestrator")
 # (hundreds of creates queued on two cores) it can take tens of seconds: a create should then
 # be slow, not fail.
 RESTORE_READY_TIMEOUT = 120.0
+# Housekeeping rounds (`consoles.INTERVAL` apart) between two reconciliations.
+RECONCILE_EVERY = 6
 _FAILURES = (
     DriverError,
     EnvdUnavailable,
@@ -169,7 +173,7 @@ class Orchestrator:
         self.slots = slots
         self.templates = templates
         self._live: dict[str, _Live] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks = KeyedLocks()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._admission = asyncio.Semaphore(config.max_concurrent_creates)
         self.stats = CreateStats()
@@ -211,6 +215,7 @@ class Orchestrator:
             log.warning("removed saved state %s, cut short by the previous run", unfinished)
         await self.saved.collect()
         self._spawn(self.saved.collect_repository())
+        self._spawn(self._housekeeping())
 
     async def close(self) -> None:
         """Graceful shutdown: running sandboxes are paused (resumable after the restart), or
@@ -434,6 +439,34 @@ class Orchestrator:
         )
         return await self.driver.boot(spec)
 
+    async def _housekeeping(self) -> None:
+        """For as long as the node runs: keep every live VM's console file bounded, and every
+        `RECONCILE_EVERY` rounds end what no sandbox owns (`reconcile`)."""
+        rounds = 0
+        while True:
+            await asyncio.sleep(consoles.INTERVAL)
+            for live in list(self._live.values()):
+                await asyncio.to_thread(consoles.cap, live.vm.console_log)
+            rounds += 1
+            if rounds % RECONCILE_EVERY == 0:
+                await self.reconcile()
+
+    async def reconcile(self) -> None:
+        """End what the catalog does not own: a live VM whose sandbox is not running any more
+        (stopped, its slot released), and VMMs and cgroups no VM object stands for (a failed or
+        cancelled operation that dropped one without stopping it)."""
+        for sandbox_id in list(self._live):
+            async with self._lock(sandbox_id):
+                record = self.catalog.get(sandbox_id)
+                if record is not None and record.state in LIVE:
+                    continue
+                live = self._live.pop(sandbox_id, None)
+                if live is not None:
+                    log.warning("sandbox %s: its VM outlived it; stopping it", sandbox_id)
+                    await self._stop(live)
+        if isinstance(self.driver, Reaper):
+            await asyncio.to_thread(self.driver.reap_unowned)
+
     def _started(self, record: SandboxRecord, live: _Live) -> None:
         self._schedule_expiry(record)
         self._spawn(self._watch_vmm(record.id, live))
@@ -464,7 +497,6 @@ class Orchestrator:
             await self._reclaim_files(sandbox_id)
             await self.saved.drop_archived(self.catalog.get(sandbox_id) or record)
             self.catalog.delete(sandbox_id)
-        self._locks.pop(sandbox_id, None)
         await self.saved.collect()
         return True
 
@@ -474,8 +506,8 @@ class Orchestrator:
             await live.vm.stop()
         await self.slots.release(live.slot)
 
-    def _lock(self, sandbox_id: str) -> asyncio.Lock:
-        return self._locks.setdefault(sandbox_id, asyncio.Lock())
+    def _lock(self, sandbox_id: str) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._locks.hold(sandbox_id)
 
     def _dirs(self, sandbox_id: str) -> tuple[Path, Path]:
         """A sandbox's directory (VM work dir, checkpoints) and its memory directory (tmpfs)."""
@@ -883,7 +915,13 @@ class Orchestrator:
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        """A background task's end: its failure is logged, never left unobserved."""
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background work failed", exc_info=task.exception())
 
     async def _expire_now(self, record: SandboxRecord) -> None:
         """Timeout: pause when the sandbox asked for it (`autoPause`), else kill."""

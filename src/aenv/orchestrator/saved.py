@@ -26,6 +26,7 @@ from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.templates import Template, TemplateStore
 from aenv.runtime.driver import RestoreError, Snapshot
+from aenv.storage.repository import RepositoryError
 
 log = logging.getLogger("aenv.orchestrator")
 
@@ -140,18 +141,31 @@ class SavedStates:
         """Upload a snapshot's (self-contained) directory; the template then names the copy."""
         if self.archive is None:
             return
-        manifest_id = await self.archive.push_directory(
-            Path(template.snapshot_dir),
-            name=f"{template.kind}-{template.template_id}",
-            metadata={"template": template.template_id, "build": template.build_id},
-        )
+        try:
+            manifest_id = await self.archive.push_directory(
+                Path(template.snapshot_dir),
+                name=f"{template.kind}-{template.template_id}",
+                metadata={"template": template.template_id, "build": template.build_id},
+            )
+        except (OSError, RepositoryError) as e:
+            current = self.templates.by_id(template.template_id)
+            if self._superseded(template) or (current is not None and current.deleted):
+                log.info("upload of %s stopped: it was deleted meanwhile", template.template_id)
+            else:
+                log.warning("upload of %s failed: %s", template.template_id, e)
+            return
         current = self.templates.by_id(template.template_id)
-        if current is None or current.build_id != template.build_id:
+        if current is None or self._superseded(template):
             await self.archive.drop(manifest_id)  # replaced or deleted meanwhile
             return
         await asyncio.to_thread(
             self.templates.save, dataclasses.replace(current, manifest_id=manifest_id)
         )
+
+    def _superseded(self, template: Template) -> bool:
+        """Whether `template`'s build was removed or replaced by another."""
+        current = self.templates.by_id(template.template_id)
+        return current is None or current.build_id != template.build_id
 
     async def base_snapshot(self, template: Template) -> Snapshot:
         """The snapshot a template restores from, pulled from the repository when its local

@@ -4,6 +4,7 @@ also when a test fails; `no_leaks` then checks that nothing is left behind."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -187,7 +188,12 @@ class Fleet:
 
 
 def qemu_children() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True) if "qemu" in " ".join(p.cmdline())]
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):  # gone, or a zombie: not running
+            if "qemu" in " ".join(proc.cmdline()):
+                found.append(proc)
+    return found
 
 
 @pytest.fixture
