@@ -525,9 +525,14 @@ class Orchestrator:
     async def pause(
         self, sandbox_id: str, *, mode: SaveMode = SaveMode.FULL, require_healthy: bool = False
     ) -> SandboxRecord:
-        """Save the sandbox to its directory (what `mode` says), stop
-        its VM and free its slot. The sandbox stays, paused, until resumed or killed. With
-        `require_healthy`, a guest whose envd does not answer is left running instead."""
+        """Save the sandbox and stop it; it stays, paused, until resumed or killed.
+
+        1. Check the guest answers (with `require_healthy`; else it is left running).
+        2. RUNNING -> PAUSING; for a FILESYSTEM save, have the guest flush its page cache.
+        3. The driver saves checkpoint `pause-<seq>` (what `mode` says) and stops the VM.
+           On failure the checkpoint is removed and the sandbox runs on (PAUSING -> RUNNING).
+        4. Free the slot; PAUSING -> PAUSED with the new `checkpoint_seq` and `checkpoint_mode`.
+        5. Prune older checkpoints; detach and upload this one in the background."""
         async with self._lock(sandbox_id):
             record = self.get(sandbox_id)
             if record.state is not SandboxState.RUNNING:
@@ -697,9 +702,13 @@ class Orchestrator:
     async def fork(
         self, source: str, count: int, timeout: int
     ) -> builtins.list[SandboxRecord | BaseException]:
-        """`count` new sandboxes from the state of `source` (a sandbox, running or paused, or a
-        snapshot id or name): checkpointed once, children started concurrently, each with its
-        own id, token, slot and entropy. One entry per child, a record or its error."""
+        """`count` new sandboxes from the state of `source`: a sandbox (running or paused), or
+        a snapshot id or name. One entry per child, a record or its error.
+
+        1. Checkpoint a sandbox source once, as a FORK template (a snapshot is used as it is).
+        2. Pin it, and start the children concurrently through admission, each with its own id,
+           token, slot and entropy. A child that fails leaves nothing; the others run.
+        3. Collect: the checkpoint goes now if no child started from it, else with the last."""
         parent: SandboxRecord | None
         try:
             parent = self.get(source)
