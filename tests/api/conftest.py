@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from aenv.api.app import create_api
+from aenv.api.keys import KeyStore
 from aenv.config import Config
 from aenv.network import NetworkConfig, SlotPool
 from aenv.orchestrator.catalog import Catalog
@@ -27,6 +28,7 @@ class Node:
     client: httpx.AsyncClient
     orchestrator: Orchestrator
     config: Config
+    keys: KeyStore
 
 
 @pytest.fixture
@@ -36,14 +38,16 @@ async def node(tmp_path: Path) -> AsyncIterator[Node]:
     templates = TemplateStore(config.templates_dir, tmp_path / "memory")
     slots = SlotPool(NetworkConfig(prefix="aenvapi"))
     orc = Orchestrator(config, catalog, QemuDriver(), slots, templates)
-    app = create_api(orc, config, API_KEY)
+    keys = KeyStore(tmp_path / "api-keys.json")
+    keys.add(API_KEY, "test")
+    app = create_api(orc, config, keys)
     transport = httpx.ASGITransport(app=app)
     headers = {"X-API-KEY": API_KEY}
     try:
         async with httpx.AsyncClient(
             transport=transport, base_url="http://node", headers=headers
         ) as client:
-            yield Node(client, orc, config)
+            yield Node(client, orc, config, keys)
     finally:
         await orc.close()
         catalog.close()
