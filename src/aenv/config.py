@@ -63,6 +63,8 @@ class Config:
     header_timeout: int = 30
     # Open client connections the port accepts; past it new ones are closed at once.
     max_connections: int = 4096
+    # Largest request head (request line and headers) the port reads; a bigger one gets 431.
+    max_header_bytes: int = 64 * 1024
 
     @property
     def catalog_path(self) -> Path:
