@@ -38,6 +38,11 @@ class Config:
     # Creates running at once; more wait in a queue instead of failing.
     max_concurrent_creates: int = 8
     max_sandboxes: int = 256
+    # Per API key: sandboxes running at once (creates and forks past it answer 429), and
+    # control-plane requests a second on average and at once.
+    key_max_sandboxes: int = 256
+    key_requests_per_s: int = 100
+    key_request_burst: int = 200
     # Longest timeout a client may ask for, in seconds.
     max_timeout: int = 24 * 3600
     network_prefix: str = "aenv"

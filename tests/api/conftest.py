@@ -32,8 +32,13 @@ class Node:
 
 
 @pytest.fixture
-async def node(tmp_path: Path) -> AsyncIterator[Node]:
-    config = Config(home=tmp_path)
+def config(tmp_path: Path) -> Config:
+    """The node's configuration; a test overrides this fixture for other limits."""
+    return Config(home=tmp_path)
+
+
+@pytest.fixture
+async def node(tmp_path: Path, config: Config) -> AsyncIterator[Node]:
     catalog = Catalog(config.catalog_path)
     templates = TemplateStore(config.templates_dir, tmp_path / "memory")
     slots = SlotPool(NetworkConfig(prefix="aenvapi"))

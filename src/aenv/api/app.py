@@ -15,6 +15,7 @@ from aenv.api.api_keys import ApiKeyRoutes
 from aenv.api.builds import BuildRoutes
 from aenv.api.errors import APIError
 from aenv.api.keys import KeyStore
+from aenv.api.limits import RateLimiter, retry_after
 from aenv.api.logs import LogRoutes
 from aenv.api.metrics import NodeMetrics
 from aenv.api.nodes import NodeRoutes
@@ -36,12 +37,13 @@ _OPEN_PATHS = frozenset({"/health", "/metrics", OPENAPI_PATH})
 
 class APIKeyGate:
     """Every control-plane request but the `_OPEN_PATHS` carries one of the node's keys in
-    `X-API-KEY` (or, from old SDKs, `Authorization: Bearer <key>`); the key it used is in the
-    request's state (`api_key`)."""
+    `X-API-KEY` (or, from old SDKs, `Authorization: Bearer <key>`), within the key's rate limit;
+    the key it used is in the request's state (`api_key`)."""
 
-    def __init__(self, app: ASGIApp, keys: KeyStore) -> None:
+    def __init__(self, app: ASGIApp, keys: KeyStore, limiter: RateLimiter) -> None:
         self.app = app
         self.keys = keys
+        self.limiter = limiter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in _OPEN_PATHS:
@@ -54,6 +56,14 @@ class APIKeyGate:
             if key is None:
                 message = "Invalid API key" if given else "Missing API key: send X-API-KEY"
                 await APIError(401, message).response()(scope, receive, send)
+                return
+            wait = self.limiter.take(key.id)
+            if wait is not None:
+                limited = APIError(
+                    429, f"Rate limit exceeded: at most {self.limiter.rate:g} requests a second"
+                ).response()
+                limited.headers["Retry-After"] = retry_after(wait)
+                await limited(scope, receive, send)
                 return
             scope.setdefault("state", {})["api_key"] = key
         await self.app(scope, receive, send)
@@ -115,4 +125,4 @@ def create_api(
             Exception: _unexpected,
         },
     )
-    return APIKeyGate(app, keys)
+    return APIKeyGate(app, keys, RateLimiter(config.key_requests_per_s, config.key_request_burst))
