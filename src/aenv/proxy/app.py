@@ -24,7 +24,7 @@ from aenv.proxy.errors import (
     sandbox_paused,
     send_http,
 )
-from aenv.proxy.http import HttpForwarder
+from aenv.proxy.http import IDLE_TIMEOUT, HttpForwarder
 from aenv.proxy.resolver import Resolver, SandboxNotFound, SandboxPaused
 from aenv.proxy.routing import RoutingError, Target, route
 from aenv.proxy.websocket import forward_websocket
@@ -45,13 +45,16 @@ class SandboxProxy:
         control_plane: ASGIApp | None = None,
         connect_timeout: float = 10.0,
         keepalive_expiry: float = 4.0,
+        idle_timeout: float = IDLE_TIMEOUT,
     ) -> None:
         self._resolver = resolver
         self._domain = domain
         self._control_plane = control_plane
         self._connect_timeout = connect_timeout
         self._http = HttpForwarder(
-            connect_timeout=connect_timeout, keepalive_expiry=keepalive_expiry
+            connect_timeout=connect_timeout,
+            keepalive_expiry=keepalive_expiry,
+            idle_timeout=idle_timeout,
         )
 
     async def aclose(self) -> None:
