@@ -39,8 +39,8 @@ def config(tmp_path: Path) -> Config:
 
 @pytest.fixture
 async def node(tmp_path: Path, config: Config) -> AsyncIterator[Node]:
-    catalog = Catalog(config.catalog_path)
-    templates = TemplateStore(config.templates_dir, tmp_path / "memory")
+    catalog = Catalog(config.paths.catalog)
+    templates = TemplateStore(config.paths.templates, tmp_path / "memory")
     slots = SlotPool(NetworkConfig(prefix="aenvapi"))
     orc = Orchestrator(config, catalog, QemuDriver(), slots, templates)
     keys = KeyStore(tmp_path / "api-keys.json")

@@ -49,7 +49,7 @@ def _row(n: int, owner: str, state: SandboxState) -> SandboxRecord:
         metadata={},
         env_vars={},
         envd_access_token="t",
-        placement={"owner": owner},
+        owner=owner,
     )
 
 

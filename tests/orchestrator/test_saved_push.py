@@ -25,11 +25,11 @@ def saved(tmp_path: Path) -> Iterator[SavedStates]:
     config = Config(home=tmp_path)
     archive = open_archive(config)
     assert isinstance(archive, Archive)
-    catalog = Catalog(config.catalog_path)
-    templates = TemplateStore(config.templates_dir, tmp_path / "memory")
+    catalog = Catalog(config.paths.catalog)
+    templates = TemplateStore(config.paths.templates, tmp_path / "memory")
     templates.load()
     try:
-        yield SavedStates(catalog, templates, config.sandboxes_dir, archive)
+        yield SavedStates(catalog, templates, config.paths.sandboxes, archive)
     finally:
         archive.close()
         catalog.close()

@@ -16,7 +16,7 @@ from aenv.api.keys import open_keys
 from aenv.config import Config
 from aenv.orchestrator.catalog import Catalog, SandboxRecord
 from aenv.orchestrator.states import SandboxState
-from aenv.orchestrator.templates import Template, TemplateStore, memory_root
+from aenv.orchestrator.templates import Template, TemplateStore
 from aenv.server import _private_dirs
 from aenv.storage.private import make_private
 
@@ -37,14 +37,14 @@ def home() -> Iterator[Path]:
         yield parent / "home"
     finally:
         shutil.rmtree(parent)
-        shutil.rmtree(memory_root(parent / "home"), ignore_errors=True)
+        shutil.rmtree(Config(home=parent / "home").paths.memory, ignore_errors=True)
 
 
 def _write_node_files(config: Config) -> list[Path]:
     """What a node writes that holds secrets, written by the node's own code."""
-    key_path = config.api_key_path
+    key_path = config.paths.api_key
     open_keys(config.home, key_path)
-    catalog = Catalog(config.catalog_path)
+    catalog = Catalog(config.paths.catalog)
     catalog.insert(
         SandboxRecord(
             id="a" * 20,
@@ -61,15 +61,15 @@ def _write_node_files(config: Config) -> list[Path]:
             envd_access_token=TOKEN,
         )
     )
-    store = TemplateStore(config.templates_dir, memory_root(config.home))
+    store = TemplateStore(config.paths.templates, config.paths.memory)
     (store.directory / "base").mkdir(parents=True)
     store.save(_template(config))
-    memory = memory_root(config.home) / "base" / "memory"
+    memory = config.paths.memory / "base" / "memory"
     memory.parent.mkdir(parents=True)
     memory.write_bytes(b"guest RAM")  # created as a VMM creates it: 0644
     wal = config.home / "catalog.db-wal"
     assert wal.exists()  # open: the WAL holds the row
-    files = [key_path, config.catalog_path, wal, config.templates_dir / "base" / "template.json"]
+    files = [key_path, config.paths.catalog, wal, config.paths.templates / "base" / "template.json"]
     files.append(config.home / "api-keys.json")
     return [*files, memory]
 
@@ -85,7 +85,7 @@ def _template(config: Config) -> Template:
         envd_version="0.1",
         envd_access_token=TOKEN,
         created_at=time.time(),
-        snapshot_dir=str(config.templates_dir / "base" / "b1"),
+        snapshot_dir=str(config.paths.templates / "base" / "b1"),
     )
 
 
@@ -102,12 +102,12 @@ def test_nobody_reads_a_node_s_secrets(home: Path) -> None:
 def test_a_world_readable_home_is_made_private(home: Path) -> None:
     config = Config(home=home)
     home.mkdir(mode=0o755)
-    memory_root(home).mkdir(mode=0o755)
+    config.paths.memory.mkdir(mode=0o755)
     files = _write_node_files(config)
     (home / "catalog.db").chmod(0o644)  # as an older node left them
     (home / "catalog.db-wal").chmod(0o644)
     assert _nobody_reads(files[-1])  # the test can see a leak
     make_private(*_private_dirs(config))
-    Catalog(config.catalog_path).close()
+    Catalog(config.paths.catalog).close()
     assert [path for path in files if _nobody_reads(path)] == []
     assert (home / "catalog.db-wal").stat().st_mode & 0o077 == 0
