@@ -179,6 +179,7 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
 
     api = create_api(orchestrator, config, keys, boot_image)
     proxy = SandboxProxy(_Resolver(orchestrator), domain=config.domain, control_plane=api)
+    orchestrator.vm_stopped.append(proxy.end_run)  # a stopped VM's streams end at once
     return Node(config, keys, catalog, slots, orchestrator, cgroups, proxy)
 
 

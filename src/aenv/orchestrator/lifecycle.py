@@ -26,7 +26,7 @@ import logging
 import secrets
 import shutil
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -189,6 +189,9 @@ class Orchestrator:
             driver, slots, config.paths.detach, templates.memory_dir / "detach"
         )
         self._settling = PerSandbox("work after the pause")  # _settle_pause
+        # Told (sandbox id, VM id) whenever a sandbox's VM stops, whatever the reason: the proxy
+        # ends the connections to that VM at once.
+        self.vm_stopped: list[Callable[[str, str], None]] = []
 
     # -- start-up and shutdown ------------------------------------------------------------
 
@@ -488,7 +491,7 @@ class Orchestrator:
                 live = self._live.pop(sandbox_id, None)
                 if live is not None:
                     log.warning("sandbox %s: its VM outlived it; stopping it", sandbox_id)
-                    await self._stop(live)
+                    await self._stop(sandbox_id, live)
         if isinstance(self.driver, Reaper):
             await asyncio.to_thread(self.driver.reap_unowned)
 
@@ -518,15 +521,17 @@ class Orchestrator:
             await self.saved.cancel_push(sandbox_id)
             live = self._live.pop(sandbox_id, None)
             if live is not None:
-                await self._stop(live)
+                await self._stop(sandbox_id, live)
             await self._reclaim_files(sandbox_id)
             await self.saved.drop_archived(self.catalog.get(sandbox_id) or record)
             self.catalog.delete(sandbox_id)
         await self.saved.collect()
         return True
 
-    async def _stop(self, live: _Live) -> None:
+    async def _stop(self, sandbox_id: str, live: _Live) -> None:
         live.planned_exit = True
+        for listener in self.vm_stopped:
+            listener(sandbox_id, live.vm.id)
         with contextlib.suppress(DriverError):
             await live.vm.stop()
         await self.slots.release(live.slot)
@@ -586,7 +591,7 @@ class Orchestrator:
                     self._schedule_expiry(restored)
                 raise OperationFailed(f"pause of sandbox {sandbox_id} failed: {e}") from e
             self._live.pop(sandbox_id, None)
-            await self._stop(live)
+            await self._stop(sandbox_id, live)
             paused = self.catalog.transition(
                 sandbox_id,
                 [SandboxState.PAUSING],
