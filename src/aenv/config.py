@@ -146,6 +146,11 @@ class Config(BaseModel):
     # Creates running at once; more wait in a queue instead of failing.
     max_concurrent_creates: int = 8
     max_sandboxes: int = 256
+    # Per API key: sandboxes running at once (creates and forks past it answer 429), and
+    # control-plane requests a second on average and at once.
+    key_max_sandboxes: int = 256
+    key_requests_per_s: int = 100
+    key_request_burst: int = 200
     # Longest timeout a client may ask for, in seconds.
     max_timeout: int = 24 * 3600
     network_prefix: str = "aenv"
@@ -176,6 +181,8 @@ class Config(BaseModel):
     header_timeout: int = 30
     # Open client connections the port accepts; past it new ones are closed at once.
     max_connections: int = 4096
+    # Largest request head (request line and headers) the port reads; a bigger one gets 431.
+    max_header_bytes: int = 64 * 1024
 
     @field_validator("domain", "repository_endpoint", "guest_cache", mode="before")
     @classmethod

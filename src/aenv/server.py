@@ -18,7 +18,7 @@ from ipaddress import IPv4Network
 from pathlib import Path
 
 from aenv.api.app import create_api
-from aenv.api.keys import ensure_api_key
+from aenv.api.keys import KeyStore, open_keys
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.guest.cmdline import GuestNet
@@ -59,7 +59,7 @@ class Node:
     """Everything a running server holds, in start-up order."""
 
     config: Config
-    api_key: str
+    keys: KeyStore
     catalog: Catalog
     slots: SlotPool
     orchestrator: Orchestrator
@@ -90,7 +90,7 @@ async def _driver(
 
 async def start_node(config: Config, progress: Progress = log.info) -> Node:
     make_private(*_private_dirs(config))
-    api_key, created = ensure_api_key(config.paths.api_key)
+    keys, created = open_keys(config.home, config.paths.api_key)
     if created:
         progress(f"generated an API key; it is in {config.paths.api_key} (mode 0600)")
     catalog = Catalog(config.paths.catalog)
@@ -177,9 +177,10 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
         templates.save(hidden)
         return hidden
 
-    api = create_api(orchestrator, config, api_key, boot_image)
+    api = create_api(orchestrator, config, keys, boot_image)
     proxy = SandboxProxy(_Resolver(orchestrator), domain=config.domain, control_plane=api)
-    return Node(config, api_key, catalog, slots, orchestrator, cgroups, proxy)
+    orchestrator.vm_stopped.append(proxy.end_run)  # a stopped VM's streams end at once
+    return Node(config, keys, catalog, slots, orchestrator, cgroups, proxy)
 
 
 def _private_dirs(config: Config) -> list[Path]:

@@ -154,14 +154,17 @@ def upstream_app(probe: Probe) -> Starlette:
         return JSONResponse({"chunks": len(probe.chunks)})
 
     async def endless(scope: Scope, receive: Receive, send: Send) -> None:
-        # Raw ASGI, so the disconnect it records is exactly what uvicorn reports.
+        # Raw ASGI, so the disconnect it records is exactly what uvicorn reports. 1 KiB every
+        # 10 ms, or `?flood` 64 KiB as fast as the client takes them.
         await send({"type": "http.response.start", "status": 200, "headers": []})
+        flood = scope["query_string"] == b"flood"
+        chunk, pause = (b"x" * 65536, 0.0) if flood else (b"x" * 1024, 0.01)
 
         async def pump() -> None:
             while True:
-                await send({"type": "http.response.body", "body": b"x" * 1024, "more_body": True})
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 probe.endless_started.set()
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(pause)
 
         task = asyncio.create_task(pump())
         while (await receive())["type"] != "http.disconnect":

@@ -178,6 +178,7 @@ class SandboxRoutes:
                         auto_pause_mode=SaveMode.of(body.auto_pause_memory),
                         auto_resume=body.auto_resume is not None and body.auto_resume.enabled,
                         allow_internet=allow_internet,
+                        owner=request.state.api_key.id,
                     )
                 )
         except TemplateNotFound as e:

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 import uvicorn
 
-from aenv.cli import images, sandboxes, shell, snapshots, templates
+from aenv.cli import images, keys, sandboxes, shell, snapshots, templates
 from aenv.cli.node import console
 from aenv.config import Config, ConfigError, load
 
@@ -22,6 +22,7 @@ app.add_typer(sandboxes.app)
 app.add_typer(snapshots.app)
 app.add_typer(shell.app)
 app.add_typer(templates.app, name="template")
+app.add_typer(keys.app, name="keys")
 
 
 @app.command()

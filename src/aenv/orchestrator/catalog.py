@@ -50,7 +50,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     checkpoint_seq INTEGER NOT NULL DEFAULT 0,
     checkpoint_mode TEXT NOT NULL DEFAULT 'full',
     archive_seq INTEGER,
-    archive_manifest TEXT
+    archive_manifest TEXT,
+    owner TEXT
 );
 CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state);
 CREATE INDEX IF NOT EXISTS sandboxes_started ON sandboxes(started_at, id);
@@ -100,6 +101,8 @@ class SandboxRecord:
     checkpoint_mode: SaveMode = SaveMode.FULL
     # The newest checkpoint uploaded to the repository, once one is.
     archived: Archived | None = None
+    # The id of the API key that created it (its per-key sandbox limit counts it).
+    owner: str | None = None
 
 
 @dataclass(frozen=True)

@@ -19,13 +19,14 @@ from __future__ import annotations
 
 import asyncio
 import builtins
+import collections
 import contextlib
 import dataclasses
 import logging
 import secrets
 import shutil
 import time
-from collections.abc import Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -89,7 +90,8 @@ class CreateFailed(RuntimeError):
 
 
 class CapacityReached(RuntimeError):
-    """The node already holds `max_sandboxes` sandboxes."""
+    """The node already holds `max_sandboxes` sandboxes, or the request's owner (an API key)
+    already runs `key_max_sandboxes`."""
 
 
 class InvalidState(RuntimeError):
@@ -151,6 +153,8 @@ class CreateRequest:
     # (vCPUs, MiB) other than the template's: the template's disks are booted afresh at that
     # size (a saved memory image has one size), without its processes (template builds).
     size: tuple[int, int] | None = None
+    # Who asks (an API key's id): at most `key_max_sandboxes` of an owner's run at once.
+    owner: str | None = None
 
 
 class GuestUnhealthy(RuntimeError):
@@ -176,6 +180,7 @@ class Orchestrator:
         self._locks = KeyedLocks()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._admission = asyncio.Semaphore(config.max_concurrent_creates)
+        self._queued_by: collections.Counter[str | None] = collections.Counter()
         self.stats = CreateStats()
         self._client = httpx.AsyncClient()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -184,6 +189,9 @@ class Orchestrator:
             driver, slots, config.paths.detach, templates.memory_dir / "detach"
         )
         self._settling = PerSandbox("work after the pause")  # _settle_pause
+        # Told (sandbox id, VM id) whenever a sandbox's VM stops, whatever the reason: the proxy
+        # ends the connections to that VM at once.
+        self.vm_stopped: list[Callable[[str, str], None]] = []
 
     # -- start-up and shutdown ------------------------------------------------------------
 
@@ -301,11 +309,21 @@ class Orchestrator:
         held = self.catalog.count(frozenset(SandboxState)) + self.stats.queued
         if held >= self.config.max_sandboxes:
             raise CapacityReached(f"this node holds its maximum of {held} sandboxes")
+        owner = request.owner
+        if owner is not None and self._running_of(owner) >= self.config.key_max_sandboxes:
+            raise CapacityReached(
+                "You have reached the maximum number of concurrent sandboxes for this API key "
+                f"({self.config.key_max_sandboxes})"
+            )
         self.stats.queued += 1
+        self._queued_by[owner] += 1
         try:
             await self._admission.acquire()
         finally:
             self.stats.queued -= 1
+            self._queued_by[owner] -= 1
+            if not self._queued_by[owner]:
+                del self._queued_by[owner]
         try:
             record = await self._create(request, base, parent)
         except BaseException:
@@ -315,6 +333,15 @@ class Orchestrator:
             self._admission.release()
         self.stats.succeeded += 1
         return record
+
+    def _running_of(self, owner: str) -> int:
+        """Sandboxes of `owner` that are not paused, and its creates waiting for admission."""
+        running = [
+            r
+            for r in self.catalog.list()
+            if r.owner == owner and r.state.public not in (None, "paused")
+        ]
+        return len(running) + self._queued_by[owner]
 
     async def _create(
         self, request: CreateRequest, base: Template, parent: SandboxRecord | None
@@ -346,6 +373,7 @@ class Orchestrator:
                     timeout=request.timeout,
                     auto_pause_mode=request.auto_pause_mode,
                     internal=request.internal,
+                    owner=request.owner,
                 )
             )
             try:
@@ -463,7 +491,7 @@ class Orchestrator:
                 live = self._live.pop(sandbox_id, None)
                 if live is not None:
                     log.warning("sandbox %s: its VM outlived it; stopping it", sandbox_id)
-                    await self._stop(live)
+                    await self._stop(sandbox_id, live)
         if isinstance(self.driver, Reaper):
             await asyncio.to_thread(self.driver.reap_unowned)
 
@@ -493,15 +521,17 @@ class Orchestrator:
             await self.saved.cancel_push(sandbox_id)
             live = self._live.pop(sandbox_id, None)
             if live is not None:
-                await self._stop(live)
+                await self._stop(sandbox_id, live)
             await self._reclaim_files(sandbox_id)
             await self.saved.drop_archived(self.catalog.get(sandbox_id) or record)
             self.catalog.delete(sandbox_id)
         await self.saved.collect()
         return True
 
-    async def _stop(self, live: _Live) -> None:
+    async def _stop(self, sandbox_id: str, live: _Live) -> None:
         live.planned_exit = True
+        for listener in self.vm_stopped:
+            listener(sandbox_id, live.vm.id)
         with contextlib.suppress(DriverError):
             await live.vm.stop()
         await self.slots.release(live.slot)
@@ -566,7 +596,7 @@ class Orchestrator:
                     self._schedule_expiry(restored)
                 raise OperationFailed(f"pause of sandbox {sandbox_id} failed: {e}") from e
             self._live.pop(sandbox_id, None)
-            await self._stop(live)
+            await self._stop(sandbox_id, live)
             paused = self.catalog.transition(
                 sandbox_id,
                 [SandboxState.PAUSING],
@@ -700,7 +730,7 @@ class Orchestrator:
         return None
 
     async def fork(
-        self, source: str, count: int, timeout: int
+        self, source: str, count: int, timeout: int, *, owner: str | None = None
     ) -> builtins.list[SandboxRecord | BaseException]:
         """`count` new sandboxes from the state of `source`: a sandbox (running or paused), or
         a snapshot id or name. One entry per child, a record or its error.
@@ -732,7 +762,7 @@ class Orchestrator:
             )
         saved = time.perf_counter()
         with self.saved.pin(Path(base.snapshot_dir)):
-            children = await self._start_children(base, parent, count, timeout)
+            children = await self._start_children(base, parent, count, timeout, owner)
         log.info(
             "fork of %s: checkpoint %.0f ms, %d children %.0f ms",
             source,
@@ -744,7 +774,12 @@ class Orchestrator:
         return children
 
     async def _start_children(
-        self, base: Template, parent: SandboxRecord | None, count: int, timeout: int
+        self,
+        base: Template,
+        parent: SandboxRecord | None,
+        count: int,
+        timeout: int,
+        owner: str | None,
     ) -> builtins.list[SandboxRecord | BaseException]:
         request = CreateRequest(
             template=base.template_id,
@@ -754,6 +789,7 @@ class Orchestrator:
             auto_pause=parent.auto_pause if parent else False,
             auto_resume=parent.auto_resume if parent else False,
             allow_internet=parent.allow_internet if parent else True,
+            owner=owner,
         )
         children = await asyncio.gather(
             *(self._admitted_create(request, base, parent) for _ in range(count)),

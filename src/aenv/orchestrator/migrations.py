@@ -28,6 +28,7 @@ ADDED_COLUMNS = {
     "checkpoint_mode": "TEXT NOT NULL DEFAULT 'full'",
     "archive_seq": "INTEGER",
     "archive_manifest": "TEXT",
+    "owner": "TEXT",
 }
 
 
