@@ -43,8 +43,7 @@ from aenv.proxy.resolver import Upstream
 from aenv.runtime.cgroups import CgroupManager, detect
 from aenv.runtime.driver import Driver
 from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
-from aenv.runtime.firecracker import create_driver as firecracker_driver
-from aenv.runtime.select import Backend, qemu_driver, select_backend
+from aenv.runtime.select import driver_for, select_backend
 from aenv.runtime.sweep import sweep
 from aenv.storage.private import make_private
 
@@ -83,9 +82,7 @@ async def _driver(
 ) -> Driver:
     selection = await select_backend(config.driver, kernel=images.kernel, initrd=images.initrd)
     progress(f"VMM: {selection.backend} ({selection.reason})")
-    if selection.backend is Backend.FIRECRACKER:
-        return firecracker_driver(FIRECRACKER)
-    return qemu_driver(selection, cgroups=cgroups)
+    return driver_for(selection, cgroups=cgroups, firecracker=FIRECRACKER)
 
 
 async def start_node(config: Config, progress: Progress = log.info) -> Node:
@@ -113,8 +110,7 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
     if swept.killed:
         progress(f"killed {len(swept.killed)} VMMs a previous run left behind")
     driver = await _driver(config, images, cgroups, progress)
-    if driver.name == "firecracker":
-        images = dataclasses.replace(images, kernel=images.vmlinux)
+    images = images.booted_by(driver)
     templates = TemplateStore(config.paths.templates, config.paths.memory)
     templates.load()
     orchestrator = Orchestrator(config, catalog, driver, slots, templates, open_archive(config))

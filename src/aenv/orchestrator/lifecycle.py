@@ -49,7 +49,6 @@ from aenv.orchestrator.states import KILLABLE, LIVE, SAVED, SandboxState
 from aenv.orchestrator.templates import BOOT_READY_TIMEOUT, Template, TemplateStore
 from aenv.runtime.driver import (
     VM,
-    Disk,
     Driver,
     DriverError,
     NetAttachment,
@@ -59,7 +58,6 @@ from aenv.runtime.driver import (
     SnapshotTarget,
 )
 from aenv.runtime.sweep import Reaper
-from aenv.storage import layers
 from aenv.storage.repository import RepositoryError
 
 log = logging.getLogger("aenv.orchestrator")
@@ -70,13 +68,7 @@ log = logging.getLogger("aenv.orchestrator")
 RESTORE_READY_TIMEOUT = 120.0
 # Housekeeping rounds (`consoles.INTERVAL` apart) between two reconciliations.
 RECONCILE_EVERY = 6
-_FAILURES = (
-    DriverError,
-    EnvdUnavailable,
-    layers.LayerError,
-    OSError,
-    RepositoryError,
-)
+_FAILURES = (DriverError, EnvdUnavailable, OSError, RepositoryError)
 
 
 class SandboxNotFound(LookupError):
@@ -184,7 +176,7 @@ class Orchestrator:
         self.stats = CreateStats()
         self._client = httpx.AsyncClient()
         self._tasks: set[asyncio.Task[None]] = set()
-        self.saved = SavedStates(catalog, templates, config.paths.sandboxes, archive)
+        self.saved = SavedStates(catalog, templates, config.paths.sandboxes, archive, driver)
         self.detacher = detach.Detacher(
             driver, slots, config.paths.detach, templates.memory_dir / "detach"
         )
@@ -419,14 +411,13 @@ class Orchestrator:
         try:
             net = NetAttachment(slot.netns, slot.guest.tap, slot.guest.mac)
             envd = EnvdClient(self._client, str(slot.address), current_token)
+            place = RestoreSpec(workdir=workdir, net=net, memory_dir=memory_dir)
             if cold:
-                vm = await self._cold_boot(snapshot, workdir, memory_dir, net)
+                vm = await self.driver.boot_saved(snapshot, place)
                 envd = EnvdClient(self._client, envd.host)  # a fresh envd has no token yet
                 await envd.wait_healthy(BOOT_READY_TIMEOUT)
             else:
-                vm = await self.driver.restore(
-                    snapshot, RestoreSpec(workdir=workdir, net=net, memory_dir=memory_dir)
-                )
+                vm = await self.driver.restore(snapshot, place)
             # What a template build set (ENV, USER, WORKDIR), under the sandbox's own env.
             built = self.templates.by_id(record.template_id)
             await envd.init(
@@ -446,26 +437,6 @@ class Orchestrator:
         live = _Live(vm, slot)
         self._live[record.id] = live
         return live
-
-    async def _cold_boot(
-        self, snapshot: Snapshot, workdir: Path, memory_dir: Path, net: NetAttachment
-    ) -> VM:
-        """Boot the saved disks without the saved memory (filesystem-only snapshots)."""
-        run = secrets.token_hex(4)
-        disks: list[Disk] = []
-        for disk in snapshot.spec.disks:
-            if disk.read_only:
-                disks.append(disk)
-                continue
-            top = workdir / f"{disk.drive_id}.boot-{run}.qcow2"
-            await layers.qcow2_overlay(snapshot.disks[disk.drive_id], top)
-            disks.append(Disk(disk.drive_id, top))
-        if snapshot.spec.net is not None:
-            net = dataclasses.replace(net, mac=snapshot.spec.net.mac)
-        spec = dataclasses.replace(
-            snapshot.spec, workdir=workdir, memory_dir=memory_dir, net=net, disks=tuple(disks)
-        )
-        return await self.driver.boot(spec)
 
     async def _housekeeping(self) -> None:
         """For as long as the node runs: keep every live VM's console file bounded, and every
@@ -845,7 +816,7 @@ class Orchestrator:
                         )
                     try:
                         paused = await self.saved.paused_checkpoint(record)
-                        saved = await checkpoints.export(paused, dest, move=False)
+                        saved = await self.driver.export(paused, dest, move=False)
                     except _FAILURES as e:
                         raise OperationFailed(f"snapshot of {sandbox_id} failed: {e}") from e
                     if record.checkpoint_mode is SaveMode.FILESYSTEM:
@@ -900,7 +871,7 @@ class Orchestrator:
                 SandboxState.RUNNING,
                 checkpoint_seq=seq,
             )
-        return await checkpoints.export(snap, dest, move=True)
+        return await self.driver.export(snap, dest, move=True)
 
     async def delete_template(self, template_id: str) -> None:
         """Delete a template or snapshot for users; its files go once no sandbox uses them."""

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aenv.runtime.cgroups import CgroupManager
+from aenv.runtime.driver import Driver
+from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
 from aenv.runtime.qemu import Accel, QemuConfig, QemuDriver
 
 KVM_DEVICE = Path("/dev/kvm")
@@ -103,6 +105,16 @@ async def select_backend(
     if kvm_ok:
         return Selection(Backend.QEMU_KVM, f"{why}; no {firecracker_binary}")
     return Selection(Backend.QEMU_TCG, why)
+
+
+def driver_for(
+    selection: Selection, *, cgroups: CgroupManager | None, firecracker: FirecrackerConfig
+) -> Driver:
+    """The driver of the selected backend; `cgroups` holds QEMU's VMMs (Firecracker's config
+    names its own cgroup parent)."""
+    if selection.backend is Backend.FIRECRACKER:
+        return FirecrackerDriver(firecracker)
+    return qemu_driver(selection, cgroups=cgroups)
 
 
 def qemu_driver(selection: Selection, cgroups: CgroupManager | None = None) -> QemuDriver:
