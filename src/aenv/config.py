@@ -58,6 +58,12 @@ class Config:
     build_ready_timeout: int = 300
     # Template builds: cached step layers kept (newest first); each holds a VM's memory and disk.
     build_cache_layers: int = 32
+    # Every VMM runs jailed (README: Threat model). Off is for benchmarks and debugging only.
+    jail: bool = True
+    # Jailed VMMs: `jail_uid_base` is their group and Firecracker's uid; each QEMU has one of
+    # the `jail_uid_count` uids after it. Give each node on a host a range of its own.
+    jail_uid_base: int = 2_000_000
+    jail_uid_count: int = 65_536
 
     @property
     def catalog_path(self) -> Path:
@@ -76,9 +82,17 @@ class Config:
         return self.home / "sandboxes"
 
 
+_BOOLS = {"1": True, "true": True, "yes": True, "on": True}
+_BOOLS |= {"0": False, "false": False, "no": False, "off": False}
+
+
 def _coerce(name: str, raw: Any, kind: Any) -> Any:
     if not isinstance(raw, str):
         return Path(raw) if kind is Path else raw  # TOML already typed it
+    if kind is bool:
+        if raw.lower() not in _BOOLS:
+            raise ConfigError(f"{name}: cannot use {raw!r}: not one of {', '.join(_BOOLS)}")
+        return _BOOLS[raw.lower()]
     try:
         if kind is int:
             return int(raw)

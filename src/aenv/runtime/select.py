@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aenv.runtime.cgroups import CgroupManager
+from aenv.runtime.jail import JailConfig
 from aenv.runtime.qemu import Accel, QemuConfig, QemuDriver
 
 KVM_DEVICE = Path("/dev/kvm")
@@ -105,8 +106,11 @@ async def select_backend(
     return Selection(Backend.QEMU_TCG, why)
 
 
-def qemu_driver(selection: Selection, cgroups: CgroupManager | None = None) -> QemuDriver:
-    """The QEMU driver for a qemu selection (the firecracker driver is built by its package)."""
+def qemu_driver(
+    selection: Selection, cgroups: CgroupManager | None = None, jail: JailConfig | None = None
+) -> QemuDriver:
+    """The QEMU driver for a qemu selection (the firecracker driver is built by its package);
+    `jail` None runs its VMMs unconfined."""
     accel: Accel
     if selection.backend is Backend.QEMU_KVM:
         accel = "kvm"
@@ -114,4 +118,4 @@ def qemu_driver(selection: Selection, cgroups: CgroupManager | None = None) -> Q
         accel = "tcg"
     else:
         raise ValueError(f"{selection.backend} is not a qemu backend")
-    return QemuDriver(QemuConfig(accel=accel), cgroups=cgroups)
+    return QemuDriver(QemuConfig(accel=accel, jail=jail), cgroups=cgroups)
