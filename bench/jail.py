@@ -4,8 +4,9 @@ One template is booted and snapshotted; then, alternating between a jailed QEMU 
 with the jail off (`QemuConfig(jail=None)`, its only difference), each run measures:
 - restore: to the VMM running, and to the guest agent answering;
 - create -> first command: restore, then the agent runs `true` in the guest and answers;
-- pause: QMP stop of a running VM (vCPUs halted), and pause to disk (a snapshot that stops the
-  VM, what a sandbox pause does);
+- pause: QMP stop of a running VM (vCPUs halted; the median of `STOPS` stops per run, a single
+  one is too short to compare), and pause to disk (a snapshot that stops the VM, what a sandbox
+  pause does);
 - CPU per create: this process's CPU (user + system, its threads and the helpers it waits for)
   spent on restore + first command, and the VMM's own CPU until the first command answered.
 Ratios are jailed / unjailed medians (target <= 1.1). The guest agent stands in for envd (see
@@ -46,6 +47,7 @@ from tests.runtime.qemu_vm.agent import build_agent_bundle  # noqa: E402
 from tests.runtime.qemu_vm.netns import GUEST_NET, NetnsPool, agent, wait_ready  # noqa: E402
 
 RUNS = int(os.environ.get("AENV_BENCH_RUNS", "10"))
+STOPS = 20
 MEMORY_MIB = 256
 MODES = ("jailed", "unjailed")
 SAMPLES = ("running", "ready", "first_command", "pause", "pause_to_disk", "cpu_host", "cpu_vmm")
@@ -112,10 +114,13 @@ async def one_run(driver: QemuDriver, p: Places, snap: Snapshot) -> dict[str, fl
         assert isinstance(vm, QemuVM)
         times = psutil.Process(vm.proc.pid).cpu_times()
         out["cpu_vmm"] = times.user + times.system
-        stop = time.perf_counter()
-        await vm.pause()
-        out["pause"] = time.perf_counter() - stop
-        await vm.resume()
+        stops = []
+        for _ in range(STOPS):
+            stop = time.perf_counter()
+            await vm.pause()
+            stops.append(time.perf_counter() - stop)
+            await vm.resume()
+        out["pause"] = statistics.median(stops)
         stop = time.perf_counter()
         await vm.snapshot(p.snapshot_target(), keep_running=False)
         out["pause_to_disk"] = time.perf_counter() - stop

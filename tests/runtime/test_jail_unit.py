@@ -3,6 +3,7 @@ jail on by default, Firecracker through its jailer), and a jailed process found 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import stat
 import subprocess
@@ -14,7 +15,7 @@ import psutil
 import pytest
 
 from aenv.config import ConfigError, load
-from aenv.runtime.cgroups import CgroupV1, CgroupV2
+from aenv.runtime.cgroups import CgroupLimits, CgroupV1, CgroupV2, detect
 from aenv.runtime.jail import Access, JailConfig, JailError, JailFile, UidPool, grant
 from aenv.runtime.sweep import sweep
 from aenv.server import firecracker_config, jail_config
@@ -75,23 +76,33 @@ def test_the_jail_is_on_unless_configured_off(tmp_path: Path) -> None:
         load(env={**env, "AENV_JAIL": "maybe"})
 
 
-async def test_the_sweep_finds_and_kills_a_jailed_orphan(tmp_path: Path) -> None:
+async def test_the_sweep_finds_and_kills_a_jailed_orphan() -> None:
+    if not Path("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists():
+        pytest.skip("no cgroup v1 memory hierarchy on this host")
     tag = f"aenv-jailtest{os.getpid()}-"
+    stale, current = detect(f"{tag}old"), detect(f"{tag}new")
+    group = stale.create("qemu-x", CgroupLimits(256 << 20, 32, 1.0))
     # The child starts a jailed QEMU and exits: the QEMU is re-parented, as after a crash.
     out = subprocess.run(
         [sys.executable, str(CHILD), f"{tag}vm"], capture_output=True, text=True, check=True
     )
     pid = int(out.stdout)
     try:
+        group.add(pid)
         deadline = time.monotonic() + 5
         while psutil.Process(pid).ppid() != 1:
             if time.monotonic() > deadline:
                 pytest.skip("orphans are re-parented to a subreaper here, not to init")
             time.sleep(0.05)
         assert jail_problems(pid, []) == []
-        report = await sweep(None, prefix=tag)
+        report = await sweep(current, prefix=tag)
         assert report.killed == (pid,)
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert stale.names() == []
     finally:
         if psutil.pid_exists(pid):
             psutil.Process(pid).kill()
+        with contextlib.suppress(Exception):
+            group.remove()
+        stale.remove_parent()
+        current.remove_parent()

@@ -1,5 +1,6 @@
 """Whether a VMM process is jailed, read from /proc as the host sees it: its credentials,
-capabilities, no_new_privs and seccomp mode, its namespaces, and the files its root shows."""
+capabilities, no_new_privs and seccomp mode, its cgroups and namespaces, and the files its root
+shows."""
 
 from __future__ import annotations
 
@@ -30,6 +31,16 @@ def visible_files(pid: int) -> list[Path]:
     return found
 
 
+def _cgroups(pid: int) -> dict[str, str]:
+    """Controller (v1; '' for the v2 hierarchy) -> cgroup path of `pid`."""
+    found = {}
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        _id, controllers, path = line.split(":", 2)
+        for controller in controllers.split(","):
+            found[controller] = path
+    return found
+
+
 def jail_problems(pid: int, allowed: Sequence[Path]) -> list[str]:
     """What makes `pid` not jailed; its root may show files under `allowed` (and /usr, /dev)."""
     st = status(pid)
@@ -42,6 +53,11 @@ def jail_problems(pid: int, allowed: Sequence[Path]) -> list[str]:
         problems.append("no_new_privs is off")
     if st["Seccomp"] != "2":
         problems.append(f"seccomp mode {st['Seccomp']}")
+    own, its = _cgroups(os.getpid()), _cgroups(pid)
+    # cgroup v1 hosts limit through these controllers, v2 hosts through the unified hierarchy.
+    for controller in ("memory", "pids", "cpu") if "memory" in own else ("",):
+        if its.get(controller) == own.get(controller):
+            problems.append(f"shares this process's {controller or 'v2'} cgroup")
     for ns in ("mnt", "net", "ipc"):
         if os.readlink(f"/proc/{pid}/ns/{ns}") == os.readlink(f"/proc/self/ns/{ns}"):
             problems.append(f"shares the host's {ns} namespace")

@@ -243,10 +243,13 @@ def grant(files: Iterable[JailFile], uid: int, gid: int) -> None:
 
 
 def host_binary(name: str) -> Path:
-    """The absolute path of a program as the jail will see it."""
+    """The absolute path of a program, which the jail shows at the same path (only programs
+    under `SYSTEM_DIRS` can run jailed: their libraries must be there too)."""
     found = shutil.which(name)
     if found is None:
         raise JailError(f"{name} not found")
+    if not _covered(Path(found)):
+        raise JailError(f"{found} is outside {', '.join(map(str, SYSTEM_DIRS))}: cannot run jailed")
     return Path(found)
 
 

@@ -380,12 +380,7 @@ class QemuDriver:
             await monitor.listen()
             async with contextlib.AsyncExitStack() as held:
                 if jail is not None:
-                    # Files QEMU would create are made first, so that they can be given to it.
-                    await asyncio.to_thread(_touch, [console, *([memory.path] * memory.owned)])
-                    files = await asyncio.to_thread(
-                        self._jail_files, spec, memory, qmp_path, console
-                    )
-                    argv = [*await held.enter_async_context(jail.assemble(files)), *argv]
+                    argv = await self._confine(held, jail, argv, spec, memory, qmp_path, console)
                 proc = await _spawn(argv, stderr_log, tap_fd, clean_env=jail is not None)
                 if self._cgroups is not None:
                     # Placed before the guest runs (-S): vCPU threads and helpers inherit it.
@@ -424,6 +419,23 @@ class QemuDriver:
             console_log=console,
             stderr_log=stderr_log,
         )
+
+    async def _confine(
+        self,
+        held: contextlib.AsyncExitStack,
+        jail: Jail,
+        argv: list[str],
+        spec: VMSpec,
+        memory: _Memory,
+        qmp: Path,
+        console: Path,
+    ) -> list[str]:
+        """`argv` run inside `jail`, whose namespaces `held` keeps until QEMU has joined them."""
+        # Files QEMU would create itself are made first, so that they can be given to it.
+        made = [console, memory.path] if memory.owned else [console]
+        await asyncio.to_thread(_touch, made)
+        files = await asyncio.to_thread(self._jail_files, spec, memory, qmp, console)
+        return [*await held.enter_async_context(jail.assemble(files)), *argv]
 
     def _new_jail(self) -> Jail | None:
         if self.config.jail is None or self._uids is None:

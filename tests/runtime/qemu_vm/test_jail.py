@@ -73,14 +73,17 @@ async def test_a_restored_vmm_sees_and_reaches_only_its_own_files(
     assert set(visible_files(vm.proc.pid)) == set().union(*files.values()) | devices | links
     assert status(vm.proc.pid)["Uid"] != status(other.proc.pid)["Uid"]
     others = [Path("/etc/shadow"), other.console_log, template.snapshot.state_file]
+    usable = [Path("/dev/null"), Path("/dev/urandom")]
     seen = probe_inside(
-        vm, [*files["read"], *files["own"], *files["shared"], *others], other.proc.pid
+        vm, [*files["read"], *files["own"], *files["shared"], *others, *usable], other.proc.pid
     )
     for path in files["read"]:
         # Not writable: by mode (PermissionError) and by mount (OSError: EROFS).
         assert seen[str(path)] == {"read": "ok", "write": "PermissionError"}, path
     for path in files["own"] - {p for p in files["own"] if p.suffix == ".sock"}:
         assert seen[str(path)] == {"read": "ok", "write": "ok"}, path
+    for path in usable:
+        assert seen[str(path)] == {"read": "ok", "write": "ok"}, path  # devices work in the jail
     for path in others:
         assert seen[str(path)] == {"read": "FileNotFoundError", "write": "FileNotFoundError"}
     assert seen["signal"] == "PermissionError"  # another VMM's process: another uid
