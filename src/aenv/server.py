@@ -25,6 +25,7 @@ from aenv.guest.cmdline import GuestNet
 from aenv.network import NetworkConfig, SlotPool
 from aenv.orchestrator.catalog import Catalog
 from aenv.orchestrator.images import GuestImages, prepare_images
+from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.lifecycle import Orchestrator, SandboxNotFound
 from aenv.orchestrator.repository import open_archive
 from aenv.orchestrator.templates import (
@@ -34,7 +35,6 @@ from aenv.orchestrator.templates import (
     TemplateStore,
     build_template,
     is_stale,
-    memory_root,
 )
 from aenv.proxy.app import SandboxProxy
 from aenv.proxy.resolver import SandboxNotFound as ProxyNotFound
@@ -49,6 +49,7 @@ from aenv.runtime.firecracker.jailer import JailerConfig
 from aenv.runtime.jail import JailConfig
 from aenv.runtime.select import Backend, qemu_driver, select_backend
 from aenv.runtime.sweep import sweep
+from aenv.storage.private import make_private
 
 log = logging.getLogger("aenv.server")
 Progress = Callable[[str], None]
@@ -94,7 +95,7 @@ def firecracker_config(config: Config, cgroups: CgroupManager) -> FirecrackerCon
         binary=Path("jailer"),
         uid=config.jail_uid_base,
         gid=config.jail_uid_base,
-        chroot_base_dir=config.home / "jailer",
+        chroot_base_dir=config.paths.jailer,
         cgroup_version=1 if isinstance(cgroups, CgroupV1) else 2,
     )
     return FirecrackerConfig(jailer=jailer)
@@ -123,11 +124,11 @@ async def _driver(
 
 
 async def start_node(config: Config, progress: Progress = log.info) -> Node:
-    config.home.mkdir(parents=True, exist_ok=True)
-    api_key, created = ensure_api_key(config.api_key_path)
+    make_private(*_private_dirs(config))
+    api_key, created = ensure_api_key(config.paths.api_key)
     if created:
-        progress(f"generated an API key; it is in {config.api_key_path} (mode 0600)")
-    catalog = Catalog(config.catalog_path)
+        progress(f"generated an API key; it is in {config.paths.api_key} (mode 0600)")
+    catalog = Catalog(config.paths.catalog)
     net_config = NetworkConfig(
         prefix=config.network_prefix,
         slot_network=IPv4Network(config.network_cidr),
@@ -137,7 +138,9 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
     slots = SlotPool(net_config)
     await slots.start()
     progress("preparing guest images (cached after the first start)...")
-    images = await prepare_images(config.home / "cache")
+    images = await prepare_images(
+        config.paths.cache, config.paths.guest_cache, config.debian_mirror
+    )
     cgroups = detect(f"aenv-{os.getpid()}")
     # VMMs of a previous server that died live on as orphans: reclaim them, and the cgroups, jails
     # and files of its Firecracker VMs (whichever driver runs now), before anything new.
@@ -149,7 +152,7 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
     driver = await _driver(config, images, cgroups, progress)
     if driver.name == "firecracker":
         images = dataclasses.replace(images, kernel=images.vmlinux)
-    templates = TemplateStore(config.templates_dir, memory_root(config.home))
+    templates = TemplateStore(config.paths.templates, config.paths.memory)
     templates.load()
     orchestrator = Orchestrator(config, catalog, driver, slots, templates, open_archive(config))
     await orchestrator.start()
@@ -190,7 +193,7 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
         builds `fromImage`), once per image digest and guest images."""
         key = hashlib.sha256(f"{digest}/{images.identity}".encode()).hexdigest()[:20]
         existing = templates.by_id(f"image-{key}")
-        if existing is not None and existing.kind == "layer":
+        if existing is not None and existing.kind is TemplateKind.IMAGE_BASE:
             return existing
         built = await build_template(
             BuildRequest(
@@ -207,7 +210,7 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
             templates,
             _guest_net(net_config),
         )
-        hidden = dataclasses.replace(built, kind="layer")  # never listed or named
+        hidden = dataclasses.replace(built, kind=TemplateKind.IMAGE_BASE)
         templates.save(hidden)
         return hidden
 
@@ -216,10 +219,20 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
     return Node(config, api_key, catalog, slots, orchestrator, cgroups, proxy)
 
 
+def _private_dirs(config: Config) -> list[Path]:
+    """The node's data directories: its home, its tmpfs directory and a repository directory
+    elsewhere (see storage/private.py)."""
+    dirs = [config.home, config.paths.memory]
+    where = config.repository.strip()
+    if where and where != "off" and "://" not in where:
+        dirs.append(config.home / where)  # an absolute `where` stands alone
+    return dirs
+
+
 def _in_use(catalog: Catalog, template_dir: Path) -> bool:
     """Whether some sandbox was started from a saved state in `template_dir`."""
     prefix = f"{template_dir}/"
-    return any(str(r.placement.get("base", "")).startswith(prefix) for r in catalog.list())
+    return any(r.restored_from.startswith(prefix) for r in catalog.list())
 
 
 class _Resolver:

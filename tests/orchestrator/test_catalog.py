@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from aenv.orchestrator.catalog import Catalog, PageQuery, SandboxRecord
-from aenv.orchestrator.states import SandboxState
+from aenv.orchestrator.catalog import Archived, Catalog, PageQuery, SandboxRecord
+from aenv.orchestrator.kinds import SaveMode
+from aenv.orchestrator.states import KILLABLE, TRANSITIONS, IllegalTransition, SandboxState
 
 
 def record(sandbox_id: str, started: float = 0.0) -> SandboxRecord:
@@ -24,7 +25,11 @@ def record(sandbox_id: str, started: float = 0.0) -> SandboxRecord:
         metadata={"k": "v"},
         env_vars={"A": "1"},
         envd_access_token="tok",
-        placement={"slot": 3},
+        restored_from="/t/base/snapshot",
+        timeout=120,
+        auto_pause_mode=SaveMode.FILESYSTEM,
+        checkpoint_seq=3,
+        archived=Archived(2, "m-2"),
     )
 
 
@@ -39,7 +44,8 @@ def test_roundtrip_keeps_every_field(catalog: Catalog) -> None:
     stored = catalog.insert(record("a" * 20))
     loaded = catalog.get("a" * 20)
     assert loaded == stored
-    assert loaded is not None and loaded.metadata == {"k": "v"} and loaded.placement == {"slot": 3}
+    assert loaded is not None and loaded.metadata == {"k": "v"}
+    assert loaded.archived == Archived(2, "m-2") and loaded.auto_pause_mode is SaveMode.FILESYSTEM
 
 
 def test_transition_only_from_allowed_states(catalog: Catalog) -> None:
@@ -47,7 +53,7 @@ def test_transition_only_from_allowed_states(catalog: Catalog) -> None:
     assert catalog.transition("s1", [SandboxState.RUNNING], SandboxState.KILLING) is None
     moved = catalog.transition("s1", [SandboxState.CREATING], SandboxState.RUNNING, end_at=5.0)
     assert moved is not None and moved.state is SandboxState.RUNNING and moved.end_at == 5.0
-    assert catalog.transition("missing", [SandboxState.RUNNING], SandboxState.DEAD) is None
+    assert catalog.transition("missing", [SandboxState.RUNNING], SandboxState.KILLING) is None
     with pytest.raises(ValueError):
         catalog.transition("s1", [SandboxState.RUNNING], SandboxState.RUNNING, bogus=1)
 
@@ -140,11 +146,33 @@ def test_pages_match_filtering_everything_in_python(catalog: Catalog) -> None:
 
 def test_pages_leave_out_the_servers_own_sandboxes(catalog: Catalog) -> None:
     running = dataclasses.replace(record("user-sbx"), state=SandboxState.RUNNING)
-    build_vm = dataclasses.replace(
-        record("build-vm"), state=SandboxState.RUNNING, placement={"internal": True}
-    )
+    build_vm = dataclasses.replace(record("build-vm"), state=SandboxState.RUNNING, internal=True)
     catalog.insert(running)
     catalog.insert(build_vm)
     page, more = catalog.page(PageQuery(states=frozenset({SandboxState.RUNNING}), limit=10))
     assert [r.id for r in page] == ["user-sbx"] and not more
     assert catalog.get("build-vm") is not None  # still there, only not listed
+
+
+def test_moves_outside_the_transition_table_raise(catalog: Catalog) -> None:
+    catalog.insert(record("s2"))
+    with pytest.raises(IllegalTransition, match="creating to paused"):
+        catalog.transition("s2", [SandboxState.CREATING], SandboxState.PAUSED)
+    with pytest.raises(IllegalTransition, match="killing"):
+        catalog.transition("s2", KILLABLE | {SandboxState.KILLING}, SandboxState.RUNNING)
+    stored = catalog.get("s2")
+    assert stored is not None and stored.state is SandboxState.CREATING  # nothing written
+    # Staying in a state changes fields only, from any state.
+    assert catalog.update("s2", end_at=9.0) is not None
+
+
+def test_every_state_is_reachable_and_can_be_killed() -> None:
+    reached = {SandboxState.CREATING}
+    frontier = [SandboxState.CREATING]
+    while frontier:
+        for nxt in TRANSITIONS[frontier.pop()]:
+            if nxt not in reached:
+                reached.add(nxt)
+                frontier.append(nxt)
+    assert reached == set(SandboxState)
+    assert frozenset(SandboxState) - KILLABLE == {SandboxState.KILLING}

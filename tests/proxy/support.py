@@ -234,6 +234,15 @@ RAW_ANSWERS = {
         b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
     ),
 }
+# An empty answer, then, on a connection kept open, a planted second answer: in the same write,
+# or a moment later when the connection would be idle in a pool. A proxy that reused such a
+# connection would hand the planted answer to the next request.
+_PLANTED = b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nplanted"
+OVERRUN_ANSWERS = {
+    b"/overrun-at-once": (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n" + _PLANTED, b""),
+    b"/overrun-later": (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", _PLANTED),
+}
+OVERRUN_PAUSE = 0.2
 
 
 class _RawHandler(socketserver.StreamRequestHandler):
@@ -242,6 +251,14 @@ class _RawHandler(socketserver.StreamRequestHandler):
         while self.rfile.readline() not in (b"\r\n", b""):
             pass
         path = request_line.split(b" ")[1] if b" " in request_line else b""
+        if path in OVERRUN_ANSWERS:
+            first, later = OVERRUN_ANSWERS[path]
+            self.wfile.write(first)
+            time.sleep(OVERRUN_PAUSE)
+            self.wfile.write(later)
+            # Held open: a reused connection gets no other answer than the planted one.
+            self.rfile.read(1)
+            return
         self.wfile.write(RAW_ANSWERS.get(path, b"HTTP/1.1 404 Not Found\r\n\r\n"))
 
 

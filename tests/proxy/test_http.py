@@ -11,7 +11,14 @@ import httpx
 import pytest
 
 from tests.proxy.conftest import DOMAIN, ENVD, ENVD_SANDBOX, USER_PORT
-from tests.proxy.support import WAIT, DictResolver, FakeSandbox, Probe, raw_server
+from tests.proxy.support import (
+    OVERRUN_PAUSE,
+    WAIT,
+    DictResolver,
+    FakeSandbox,
+    Probe,
+    raw_server,
+)
 
 
 def routed(sandbox_id: str, port: int = USER_PORT) -> dict[str, str]:
@@ -318,3 +325,43 @@ async def test_unusual_upstream_answers(proxy_url: str, raw_sandbox: str) -> Non
     assert (hints.status_code, hints.text) == (200, "ok")
     assert garbage.status_code == 502
     assert garbage.json()["message"] == "The sandbox is running but port is not open"
+
+
+async def test_a_size_zero_proc_file_reads_whole_and_leaves_the_connection_usable(
+    proxy_url: str, envd_port: int
+) -> None:
+    # /proc files stat as size 0 yet have content: announced as empty, their bytes would overrun
+    # the response and the upstream connection, back in the pool, would fail the next request.
+    routing = routed(ENVD_SANDBOX, ENVD)
+    async with httpx.AsyncClient(timeout=WAIT) as client:
+        for attempt in range(6):
+            cpuinfo = await client.get(
+                f"{proxy_url}/files",
+                params={"path": "/proc/cpuinfo", "username": "root"},
+                headers=routing,
+            )
+            assert cpuinfo.status_code == 200
+            assert b"processor" in cpuinfo.content
+            upload = await client.post(
+                f"{proxy_url}/files",
+                params={"path": f"/tmp/after-cpuinfo-{attempt}", "username": "root"},
+                files={"file": ("f", b"uploaded")},
+                headers=routing,
+            )
+            assert upload.status_code == 200, upload.text
+
+
+@pytest.mark.parametrize("path", ["/overrun-at-once", "/overrun-later"])
+async def test_an_overrun_upstream_connection_is_not_reused(
+    proxy_url: str, raw_sandbox: str, path: str
+) -> None:
+    async with httpx.AsyncClient(timeout=WAIT) as client:
+        overrun = await client.get(f"{proxy_url}{path}", headers=routed(raw_sandbox))
+        assert (overrun.status_code, overrun.content) == (200, b"")
+        # The planted answer has arrived by now: the connection it came on must be gone.
+        await asyncio.sleep(OVERRUN_PAUSE * 2)
+        # A body: the proxy may not send it again on another connection.
+        after = await client.post(
+            f"{proxy_url}/until-close", content=b"body", headers=routed(raw_sandbox)
+        )
+    assert (after.status_code, after.text) == (200, "body until close")

@@ -23,11 +23,13 @@ from aenv.api.models import (
     NewSandbox,
     RefreshBody,
     TimeoutBody,
+    check_metadata,
 )
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.orchestrator.catalog import PageQuery, SandboxRecord
 from aenv.orchestrator.envd_client import EnvdUnavailable
+from aenv.orchestrator.kinds import SaveMode
 from aenv.orchestrator.lifecycle import (
     CapacityReached,
     CreateFailed,
@@ -147,7 +149,7 @@ class SandboxRoutes:
                 "autoResume": record.auto_resume,
                 "onTimeout": "pause" if record.auto_pause else "kill",
             },
-            "pauseMode": "full" if record.placement.get("pause_memory", True) else "filesystem",
+            "pauseMode": record.auto_pause_mode.value,
         }
 
     # -- create ---------------------------------------------------------------------------
@@ -173,7 +175,7 @@ class SandboxRoutes:
                         metadata=body.metadata or {},
                         env_vars=body.env_vars or {},
                         auto_pause=body.auto_pause,
-                        auto_pause_memory=body.auto_pause_memory,
+                        auto_pause_mode=SaveMode.of(body.auto_pause_memory),
                         auto_resume=body.auto_resume is not None and body.auto_resume.enabled,
                         allow_internet=allow_internet,
                     )
@@ -265,7 +267,7 @@ class SandboxRoutes:
         if timeout > self.config.max_timeout:
             raise APIError(400, f"timeout must be at most {self.config.max_timeout} seconds")
         record, resumed = await call_lifecycle(
-            self.orc.connect(sandbox_id, timeout, memory=body.memory), sandbox_id
+            self.orc.connect(sandbox_id, timeout, mode=SaveMode.of(body.memory)), sandbox_id
         )
         return JSONResponse(self._sandbox(record), status_code=201 if resumed else 200)
 
@@ -298,9 +300,15 @@ class SandboxRoutes:
 
 
 def _metadata_filter(request: Request) -> dict[str, str]:
-    """`metadata=k%3Dv%26k2%3Dv2`: decoded as infra does (query decode, unescape, split)."""
+    """`metadata=k%3Dv%26k2%3Dv2`: decoded as infra does (query decode, unescape, split).
+    Bounded as sandboxes' metadata is: a longer filter matches nothing, and one query term per
+    entry would exceed what SQLite parses."""
     raw = request.query_params.get("metadata")
-    return dict(parse_qsl(unquote(raw), keep_blank_values=True)) if raw else {}
+    wanted = dict(parse_qsl(unquote(raw), keep_blank_values=True)) if raw else {}
+    try:
+        return check_metadata(wanted)
+    except ValueError as e:
+        raise APIError(400, f"metadata filter: {e}") from e
 
 
 def _filter_metadata(records: Iterable[SandboxRecord], request: Request) -> Iterable[SandboxRecord]:

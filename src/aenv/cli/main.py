@@ -43,24 +43,12 @@ def server(
 
 
 async def _serve(config: Config) -> None:
-    from aenv.server import start_node  # the server's imports are heavy; other commands skip them
+    # The server's imports are heavy; other commands skip them.
+    from aenv.server import start_node
+    from aenv.serving import uvicorn_config
 
     node = await start_node(config, progress=lambda m: console.print(f"[cyan]aenv[/cyan] {m}"))
-    uv = uvicorn.Server(
-        uvicorn.Config(
-            node.app,
-            host=config.host,
-            port=config.port,
-            loop="uvloop",
-            http="httptools",
-            lifespan="off",
-            access_log=False,
-            log_level="warning",
-            # Proxied responses carry the sandbox's own Server header.
-            server_header=False,
-            timeout_keep_alive=650,
-        )
-    )
+    uv = uvicorn.Server(uvicorn_config(node.app, config))
     # uvicorn owns SIGINT/SIGTERM while it serves, and afterwards re-raises the signal it caught
     # to whatever handler was there before: make that a no-op, or the default handler would end
     # the process before the node's shutdown (which pauses the running sandboxes) has run.
@@ -79,9 +67,10 @@ async def _serve(config: Config) -> None:
 def auth(home: Annotated[Path | None, typer.Option(help="data directory")] = None) -> None:
     """Print where the node's API key is and the environment to point E2B SDKs here."""
     config = load({"home": home})
-    key = config.api_key_path.read_text().strip() if config.api_key_path.exists() else None
+    key_file = config.paths.api_key
+    key = key_file.read_text().strip() if key_file.exists() else None
     if key is None:
-        console.print(f"no API key yet: start the server once ({config.api_key_path})")
+        console.print(f"no API key yet: start the server once ({key_file})")
         raise typer.Exit(1)
     base = f"http://localhost:{config.port}"
     typer.echo(

@@ -11,8 +11,8 @@ directory (its pause checkpoints, see `checkpoints`) are the durable part.
 
 Snapshots and fork checkpoints are stored as templates (E2B does the same: a snapshot id is a
 template id, created from and deleted like one). Sandboxes record which saved directory they
-were restored from (`placement["base"]`); a fork checkpoint or a deleted snapshot is removed
-once no sandbox depends on it any more.
+were restored from (`SandboxRecord.restored_from`); a fork checkpoint or a deleted snapshot is
+removed once no sandbox depends on it any more.
 """
 
 from __future__ import annotations
@@ -36,12 +36,15 @@ from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.ids import new_access_token, new_sandbox_id
 from aenv.network import Slot, SlotProvider
-from aenv.orchestrator import checkpoints, detach, envd_client
+from aenv.orchestrator import checkpoints, consoles, detach
 from aenv.orchestrator.archive import Archive
 from aenv.orchestrator.background import PerSandbox
 from aenv.orchestrator.catalog import Catalog, SandboxRecord
+from aenv.orchestrator.envd_client import EnvdClient, EnvdUnavailable
+from aenv.orchestrator.kinds import SaveMode, TemplateKind
+from aenv.orchestrator.locks import KeyedLocks
 from aenv.orchestrator.saved import SavedStates
-from aenv.orchestrator.states import KILLABLE, LIVE, SandboxState
+from aenv.orchestrator.states import KILLABLE, LIVE, SAVED, SandboxState
 from aenv.orchestrator.templates import BOOT_READY_TIMEOUT, Template, TemplateStore
 from aenv.runtime.driver import (
     VM,
@@ -54,6 +57,7 @@ from aenv.runtime.driver import (
     Snapshot,
     SnapshotTarget,
 )
+from aenv.runtime.sweep import Reaper
 from aenv.storage import layers
 from aenv.storage.repository import RepositoryError
 
@@ -63,11 +67,11 @@ log = logging.getLogger("aenv.orchestrator")
 # (hundreds of creates queued on two cores) it can take tens of seconds: a create should then
 # be slow, not fail.
 RESTORE_READY_TIMEOUT = 120.0
-# How long an automatically resumed sandbox (proxy traffic) runs before its timeout applies again.
-AUTO_RESUME_TIMEOUT = 300
+# Housekeeping rounds (`consoles.INTERVAL` apart) between two reconciliations.
+RECONCILE_EVERY = 6
 _FAILURES = (
     DriverError,
-    envd_client.EnvdUnavailable,
+    EnvdUnavailable,
     layers.LayerError,
     OSError,
     RepositoryError,
@@ -140,8 +144,8 @@ class CreateRequest:
     auto_pause: bool = False
     auto_resume: bool = False
     allow_internet: bool = True
-    # False: an auto-pause saves only the filesystem (resume cold-boots).
-    auto_pause_memory: bool = True
+    # What a pause on timeout saves.
+    auto_pause_mode: SaveMode = SaveMode.FULL
     # The server's own sandboxes (template build VMs): not listed, and killed at shutdown.
     internal: bool = False
     # (vCPUs, MiB) other than the template's: the template's disks are booted afresh at that
@@ -169,15 +173,15 @@ class Orchestrator:
         self.slots = slots
         self.templates = templates
         self._live: dict[str, _Live] = {}
-        self._locks: dict[str, asyncio.Lock] = {}
+        self._locks = KeyedLocks()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._admission = asyncio.Semaphore(config.max_concurrent_creates)
         self.stats = CreateStats()
         self._client = httpx.AsyncClient()
         self._tasks: set[asyncio.Task[None]] = set()
-        self.saved = SavedStates(catalog, templates, config.sandboxes_dir, archive)
+        self.saved = SavedStates(catalog, templates, config.paths.sandboxes, archive)
         self.detacher = detach.Detacher(
-            driver, slots, config.home / "detach", templates.memory_dir / "detach"
+            driver, slots, config.paths.detach, templates.memory_dir / "detach"
         )
         self._settling = PerSandbox("work after the pause")  # _settle_pause
 
@@ -190,7 +194,7 @@ class Orchestrator:
         checkpoint (a crash never leaves a half-written one in use)."""
         for record in self.catalog.list():
             sandbox_dir = self._dirs(record.id)[0]
-            if record.state in (SandboxState.PAUSED, SandboxState.PAUSING, SandboxState.RESUMING):
+            if record.state in SAVED:
                 found = await asyncio.to_thread(checkpoints.latest_pause, sandbox_dir)
                 if found is not None:
                     seq = found[0]
@@ -199,7 +203,7 @@ class Orchestrator:
                         record.id,
                         [record.state],
                         SandboxState.PAUSED,
-                        placement={**record.placement, "seq": seq},
+                        checkpoint_seq=seq,
                     )
                     continue
             log.warning("reclaiming sandbox %s left in state %s", record.id, record.state)
@@ -211,6 +215,7 @@ class Orchestrator:
             log.warning("removed saved state %s, cut short by the previous run", unfinished)
         await self.saved.collect()
         self._spawn(self.saved.collect_repository())
+        self._spawn(self._housekeeping())
 
     async def close(self) -> None:
         """Graceful shutdown: running sandboxes are paused (resumable after the restart), or
@@ -230,7 +235,7 @@ class Orchestrator:
 
     async def _park(self, sandbox_id: str) -> None:
         record = self.catalog.get(sandbox_id)
-        internal = record is not None and record.placement.get("internal")
+        internal = record is not None and record.internal
         if self.config.pause_on_shutdown and not internal:
             with contextlib.suppress(SandboxNotFound, InvalidState, OperationFailed):
                 await self.pause(sandbox_id)
@@ -247,11 +252,7 @@ class Orchestrator:
 
     def list(self) -> list[SandboxRecord]:
         """What users see: sandboxes in a public state, the server's own left out."""
-        return [
-            r
-            for r in self.catalog.list()
-            if r.state.public is not None and not r.placement.get("internal")
-        ]
+        return [r for r in self.catalog.list() if r.state.public is not None and not r.internal]
 
     def guest_endpoint(self, sandbox_id: str) -> GuestEndpoint:
         """A running sandbox's endpoint (one catalog read: the proxy asks on every request)."""
@@ -273,24 +274,17 @@ class Orchestrator:
         logs = [p for p in workdir.glob("**/console*.log") if p.is_file()]
         return sorted(logs, key=lambda p: p.stat().st_mtime)
 
+    def envd(self, sandbox_id: str) -> EnvdClient:
+        """The client of a running sandbox's envd (template builds drive their VM with it)."""
+        endpoint = self.guest_endpoint(sandbox_id)
+        return EnvdClient(self._client, endpoint.host, endpoint.record.envd_access_token)
+
     async def guest_metrics(self, sandbox_id: str) -> dict[str, float]:
         """envd's current resource sample from inside the guest (CPU, memory, disk)."""
-        endpoint = self.guest_endpoint(sandbox_id)
-        headers = {"X-Access-Token": endpoint.record.envd_access_token or ""}
-        try:
-            response = await self._client.get(
-                f"http://{endpoint.host}:{envd_client.ENVD_PORT}/metrics",
-                headers=headers,
-                timeout=5.0,
-            )
-            response.raise_for_status()
-        except httpx.HTTPError as e:
-            raise envd_client.EnvdUnavailable(f"metrics of {sandbox_id}: {e}") from e
-        sample: dict[str, float] = response.json()
-        return sample
+        return await self.envd(sandbox_id).metrics()
 
     def snapshots(self) -> builtins.list[Template]:
-        return self.templates.list(kind="snapshot")
+        return self.templates.list(kind=TemplateKind.SNAPSHOT)
 
     # -- create ---------------------------------------------------------------------------
 
@@ -304,7 +298,7 @@ class Orchestrator:
     ) -> SandboxRecord:
         # Rows exist from the moment a create is admitted; the queue holds the rest. Checking and
         # joining the queue happen without an await in between, so the cap is exact.
-        held = self.catalog.count(frozenset(SandboxState) - {SandboxState.DEAD}) + self.stats.queued
+        held = self.catalog.count(frozenset(SandboxState)) + self.stats.queued
         if held >= self.config.max_sandboxes:
             raise CapacityReached(f"this node holds its maximum of {held} sandboxes")
         self.stats.queued += 1
@@ -348,12 +342,10 @@ class Orchestrator:
                     auto_pause=request.auto_pause,
                     auto_resume=request.auto_resume,
                     allow_internet=request.allow_internet,
-                    placement={
-                        "base": base.snapshot_dir,
-                        "timeout": request.timeout,
-                        "pause_memory": request.auto_pause_memory,
-                        **({"internal": True} if request.internal else {}),
-                    },
+                    restored_from=base.snapshot_dir,
+                    timeout=request.timeout,
+                    auto_pause_mode=request.auto_pause_mode,
+                    internal=request.internal,
                 )
             )
             try:
@@ -366,7 +358,7 @@ class Orchestrator:
                     record,
                     snapshot,
                     current_token=base.envd_access_token,
-                    cold=not base.memory or request.size is not None,
+                    cold=base.save_mode is SaveMode.FILESYSTEM or request.size is not None,
                 )
             except _FAILURES as e:
                 await self._reclaim_files(sandbox_id)
@@ -398,21 +390,18 @@ class Orchestrator:
         vm: VM | None = None
         try:
             net = NetAttachment(slot.netns, slot.guest.tap, slot.guest.mac)
-            base_url = f"http://{slot.address}:{envd_client.ENVD_PORT}"
+            envd = EnvdClient(self._client, str(slot.address), current_token)
             if cold:
                 vm = await self._cold_boot(snapshot, workdir, memory_dir, net)
-                await envd_client.wait_healthy(self._client, base_url, BOOT_READY_TIMEOUT)
-                current_token = None  # a fresh envd has no token yet
+                envd = EnvdClient(self._client, envd.host)  # a fresh envd has no token yet
+                await envd.wait_healthy(BOOT_READY_TIMEOUT)
             else:
                 vm = await self.driver.restore(
                     snapshot, RestoreSpec(workdir=workdir, net=net, memory_dir=memory_dir)
                 )
             # What a template build set (ENV, USER, WORKDIR), under the sandbox's own env.
             built = self.templates.by_id(record.template_id)
-            await envd_client.init(
-                self._client,
-                base_url,
-                current_token=current_token,
+            await envd.init(
                 new_token=record.envd_access_token,
                 env_vars={**(built.env_vars if built else {}), **_sandbox_env(record)},
                 hostname=record.id,
@@ -450,6 +439,34 @@ class Orchestrator:
         )
         return await self.driver.boot(spec)
 
+    async def _housekeeping(self) -> None:
+        """For as long as the node runs: keep every live VM's console file bounded, and every
+        `RECONCILE_EVERY` rounds end what no sandbox owns (`reconcile`)."""
+        rounds = 0
+        while True:
+            await asyncio.sleep(consoles.INTERVAL)
+            for live in list(self._live.values()):
+                await asyncio.to_thread(consoles.cap, live.vm.console_log)
+            rounds += 1
+            if rounds % RECONCILE_EVERY == 0:
+                await self.reconcile()
+
+    async def reconcile(self) -> None:
+        """End what the catalog does not own: a live VM whose sandbox is not running any more
+        (stopped, its slot released), and VMMs and cgroups no VM object stands for (a failed or
+        cancelled operation that dropped one without stopping it)."""
+        for sandbox_id in list(self._live):
+            async with self._lock(sandbox_id):
+                record = self.catalog.get(sandbox_id)
+                if record is not None and record.state in LIVE:
+                    continue
+                live = self._live.pop(sandbox_id, None)
+                if live is not None:
+                    log.warning("sandbox %s: its VM outlived it; stopping it", sandbox_id)
+                    await self._stop(live)
+        if isinstance(self.driver, Reaper):
+            await asyncio.to_thread(self.driver.reap_unowned)
+
     def _started(self, record: SandboxRecord, live: _Live) -> None:
         self._schedule_expiry(record)
         self._spawn(self._watch_vmm(record.id, live))
@@ -480,7 +497,6 @@ class Orchestrator:
             await self._reclaim_files(sandbox_id)
             await self.saved.drop_archived(self.catalog.get(sandbox_id) or record)
             self.catalog.delete(sandbox_id)
-        self._locks.pop(sandbox_id, None)
         await self.saved.collect()
         return True
 
@@ -490,13 +506,13 @@ class Orchestrator:
             await live.vm.stop()
         await self.slots.release(live.slot)
 
-    def _lock(self, sandbox_id: str) -> asyncio.Lock:
-        return self._locks.setdefault(sandbox_id, asyncio.Lock())
+    def _lock(self, sandbox_id: str) -> contextlib.AbstractAsyncContextManager[None]:
+        return self._locks.hold(sandbox_id)
 
     def _dirs(self, sandbox_id: str) -> tuple[Path, Path]:
         """A sandbox's directory (VM work dir, checkpoints) and its memory directory (tmpfs)."""
         return (
-            self.config.sandboxes_dir / sandbox_id,
+            self.config.paths.sandboxes / sandbox_id,
             self.templates.memory_dir / "sandboxes" / sandbox_id,
         )
 
@@ -507,9 +523,9 @@ class Orchestrator:
     # -- pause and resume -----------------------------------------------------------------
 
     async def pause(
-        self, sandbox_id: str, *, memory: bool = True, require_healthy: bool = False
+        self, sandbox_id: str, *, mode: SaveMode = SaveMode.FULL, require_healthy: bool = False
     ) -> SandboxRecord:
-        """Save the sandbox to its directory (memory unless `memory` is False, and disks), stop
+        """Save the sandbox to its directory (what `mode` says), stop
         its VM and free its slot. The sandbox stays, paused, until resumed or killed. With
         `require_healthy`, a guest whose envd does not answer is left running instead."""
         async with self._lock(sandbox_id):
@@ -518,26 +534,22 @@ class Orchestrator:
                 raise InvalidState(sandbox_id, record.state, "pause")
             if require_healthy:
                 try:
-                    await envd_client.wait_healthy(
-                        self._client, self._envd_url(self._live[sandbox_id]), 5.0
-                    )
-                except envd_client.EnvdUnavailable as e:
+                    await self._envd(record).wait_healthy(5.0)
+                except EnvdUnavailable as e:
                     raise GuestUnhealthy(f"sandbox {sandbox_id}: envd is not answering") from e
             live = self._live[sandbox_id]
             sandbox_dir = self._dirs(sandbox_id)[0]
-            seq = int(record.placement.get("seq", 0)) + 1
+            seq = record.checkpoint_seq + 1
             target = checkpoints.pause_dir(sandbox_dir, seq)
             self.catalog.transition(sandbox_id, [SandboxState.RUNNING], SandboxState.PAUSING)
             self._cancel_timer(sandbox_id)
             live.planned_exit = True
             try:
-                if not memory:
-                    await envd_client.sync(
-                        self._client, self._envd_url(live), record.envd_access_token
-                    )
+                if mode is SaveMode.FILESYSTEM:
+                    await self._envd(record).sync()
                 await asyncio.to_thread(target.mkdir)
                 saved = await live.vm.snapshot(
-                    SnapshotTarget(target, target), keep_running=False, machine_state=memory
+                    SnapshotTarget(target, target), keep_running=False, machine_state=mode.memory
                 )
             except _FAILURES as e:
                 await asyncio.to_thread(shutil.rmtree, target, True)
@@ -554,7 +566,8 @@ class Orchestrator:
                 sandbox_id,
                 [SandboxState.PAUSING],
                 SandboxState.PAUSED,
-                placement={**record.placement, "seq": seq, "memory": memory},
+                checkpoint_seq=seq,
+                checkpoint_mode=mode,
             )
             assert paused is not None
             await self._settling.cancel(sandbox_id)  # an earlier pause's: uploads stay in order
@@ -574,7 +587,7 @@ class Orchestrator:
                     if (
                         current is not None
                         and current.state is SandboxState.PAUSED
-                        and current.placement.get("seq") == seq
+                        and current.checkpoint_seq == seq
                     ):
                         await asyncio.to_thread(detach.adopt, directory, detached)
                         saved = detached
@@ -585,10 +598,10 @@ class Orchestrator:
             self.saved.push_checkpoint(record, seq, saved)
 
     async def resume(
-        self, sandbox_id: str, timeout: int, *, memory: bool = True
+        self, sandbox_id: str, timeout: int, *, mode: SaveMode = SaveMode.FULL
     ) -> tuple[SandboxRecord, bool]:
         """Start a paused sandbox again from its newest checkpoint (cold-booted from its disks
-        when `memory` is False or it was paused filesystem-only). Returns the record and
+        when `mode` is FILESYSTEM or it was paused filesystem-only). Returns the record and
         whether it was resumed (False: it was running already; nothing changed)."""
         async with self._lock(sandbox_id):
             record = self.get(sandbox_id)
@@ -600,7 +613,7 @@ class Orchestrator:
                 sandbox_id, [SandboxState.PAUSED], SandboxState.RESUMING
             )
             assert resuming is not None
-            cold = not memory or not record.placement.get("memory", True)
+            cold = SaveMode.FILESYSTEM in (mode, record.checkpoint_mode)
             try:
                 live = await self._launch_checkpoint(resuming, cold)
             except _FAILURES as e:
@@ -617,10 +630,10 @@ class Orchestrator:
             return running, True
 
     async def connect(
-        self, sandbox_id: str, timeout: int, *, memory: bool = True
+        self, sandbox_id: str, timeout: int, *, mode: SaveMode = SaveMode.FULL
     ) -> tuple[SandboxRecord, bool]:
         """E2B `connect`: a running sandbox's timeout only grows; a paused one is resumed."""
-        record, resumed = await self.resume(sandbox_id, timeout, memory=memory)
+        record, resumed = await self.resume(sandbox_id, timeout, mode=mode)
         if not resumed:
             record = self.extend_timeout(sandbox_id, timeout)
         return record, resumed
@@ -629,38 +642,46 @@ class Orchestrator:
         """The proxy's lookup: a paused sandbox that asked for `autoResume` is resumed first."""
         record = self.catalog.get(sandbox_id)
         if record is not None and record.auto_resume and record.state.public == "paused":
-            timeout = int(record.placement.get("timeout", AUTO_RESUME_TIMEOUT))
             with contextlib.suppress(InvalidState):
-                await self.resume(sandbox_id, timeout)
+                await self.resume(sandbox_id, record.timeout)
         return self.guest_endpoint(sandbox_id)
 
-    def _envd_url(self, live: _Live) -> str:
-        return f"http://{live.slot.address}:{envd_client.ENVD_PORT}"
+    def _envd(self, record: SandboxRecord) -> EnvdClient:
+        """A live sandbox's envd (the caller holds its lock, so the VM is there)."""
+        live = self._live[record.id]
+        return EnvdClient(self._client, str(live.slot.address), record.envd_access_token)
 
     # -- snapshots and forks ----------------------------------------------------------------
 
     async def snapshot(
-        self, sandbox_id: str, *, name: str | None = None, memory: bool = True
+        self, sandbox_id: str, *, name: str | None = None, mode: SaveMode = SaveMode.FULL
     ) -> Template:
         """A persistent, named snapshot of the sandbox, which keeps running (or stays paused).
         A name already used by a snapshot gets this new state under the same id."""
         existing = self._snapshot_named(name)
         template_id = existing.template_id if existing else new_sandbox_id()
         aliases = (name,) if name else ()
-        template = await self._checkpoint(sandbox_id, template_id, "snapshot", aliases, memory)
+        template = await self._checkpoint(
+            sandbox_id, template_id, TemplateKind.SNAPSHOT, aliases, mode
+        )
         if existing is not None:
             await self.saved.collect()  # the previous state, unless sandboxes still use it
             await self.saved.drop(existing.manifest_id)
         return template
 
     async def save_template(
-        self, sandbox_id: str, template_id: str, kind: str, aliases: tuple[str, ...]
+        self, sandbox_id: str, template_id: str, kind: TemplateKind, aliases: tuple[str, ...]
     ) -> Template:
         """Save a running sandbox's state, memory included, as a new build of `template_id`
         (template builds: the finished template and its cached intermediate steps)."""
         # Finished templates are restored by every sandbox; cached steps only by a rebuild.
         template = await self._checkpoint(
-            sandbox_id, template_id, kind, aliases, True, detach_memory=kind == "template"
+            sandbox_id,
+            template_id,
+            kind,
+            aliases,
+            SaveMode.FULL,
+            detach_memory=kind is TemplateKind.TEMPLATE,
         )
         await self.saved.collect()  # the build it replaced, unless sandboxes still use it
         return template
@@ -668,7 +689,7 @@ class Orchestrator:
     def _snapshot_named(self, name: str | None) -> Template | None:
         if name is None:
             return None
-        for template in self.templates.list(kind="snapshot"):
+        for template in self.templates.list(kind=TemplateKind.SNAPSHOT):
             if name in template.aliases:
                 return template
         return None
@@ -693,7 +714,12 @@ class Orchestrator:
         else:
             # With more than one child, detaching the memory once beats each child parsing it.
             base = await self._checkpoint(
-                source, new_sandbox_id(), "fork", (), True, detach_memory=count > 1
+                source,
+                new_sandbox_id(),
+                TemplateKind.FORK,
+                (),
+                SaveMode.FULL,
+                detach_memory=count > 1,
             )
         saved = time.perf_counter()
         with self.saved.pin(Path(base.snapshot_dir)):
@@ -730,9 +756,9 @@ class Orchestrator:
         self,
         sandbox_id: str,
         template_id: str,
-        kind: str,
+        kind: TemplateKind,
         aliases: tuple[str, ...],
-        memory: bool,
+        mode: SaveMode,
         *,
         detach_memory: bool = False,
     ) -> Template:
@@ -742,7 +768,7 @@ class Orchestrator:
         dest = self.templates.directory / template_id / build_id
         with self.saved.pin(dest):
             return await self._checkpoint_into(
-                dest, sandbox_id, template_id, kind, aliases, memory, detach_memory
+                dest, sandbox_id, template_id, kind, aliases, mode, detach_memory
             )
 
     async def _checkpoint_into(
@@ -750,9 +776,9 @@ class Orchestrator:
         dest: Path,
         sandbox_id: str,
         template_id: str,
-        kind: str,
+        kind: TemplateKind,
         aliases: tuple[str, ...],
-        memory: bool,
+        mode: SaveMode,
         detach_memory: bool,
     ) -> Template:
         async with self._lock(sandbox_id):
@@ -760,14 +786,11 @@ class Orchestrator:
             await asyncio.to_thread(dest.mkdir, parents=True)
             try:
                 if record.state is SandboxState.RUNNING:
-                    if not memory:
-                        live = self._live[sandbox_id]
-                        await envd_client.sync(
-                            self._client, self._envd_url(live), record.envd_access_token
-                        )
-                    saved = await self._save_running(record, dest, memory)
+                    if mode is SaveMode.FILESYSTEM:
+                        await self._envd(record).sync()
+                    saved = await self._save_running(record, dest, mode)
                 elif record.state is SandboxState.PAUSED:
-                    if not memory and record.placement.get("memory", True):
+                    if mode is SaveMode.FILESYSTEM and record.checkpoint_mode is SaveMode.FULL:
                         # Its disks lack what the guest had not written back when it paused.
                         raise InvalidState(
                             sandbox_id,
@@ -780,10 +803,11 @@ class Orchestrator:
                         saved = await checkpoints.export(paused, dest, move=False)
                     except _FAILURES as e:
                         raise OperationFailed(f"snapshot of {sandbox_id} failed: {e}") from e
-                    memory = memory and bool(record.placement.get("memory", True))
+                    if record.checkpoint_mode is SaveMode.FILESYSTEM:
+                        mode = SaveMode.FILESYSTEM
                 else:
                     raise InvalidState(sandbox_id, record.state, "snapshot")
-                if detach_memory and memory:
+                if detach_memory and mode is SaveMode.FULL:
                     saved = await self.detacher.detach_in_place(saved, dest)
             except BaseException:
                 await asyncio.to_thread(shutil.rmtree, dest, True)
@@ -801,25 +825,25 @@ class Orchestrator:
             snapshot_dir=str(dest),
             kind=kind,
             source_sandbox_id=sandbox_id,
-            memory=memory,
+            save_mode=mode,
         )
         await asyncio.to_thread(self.templates.save, template)
-        if kind == "snapshot":
+        if kind is TemplateKind.SNAPSHOT:
             self._spawn(self.saved.push_template(template))
         return template
 
-    async def _save_running(self, record: SandboxRecord, dest: Path, memory: bool) -> Snapshot:
+    async def _save_running(self, record: SandboxRecord, dest: Path, mode: SaveMode) -> Snapshot:
         """Checkpoint a running sandbox without stopping it: its disks are sealed in its own
-        directory (the VM continues on top of them), state and memory (unless not `memory`)
+        directory (the VM continues on top of them), state and memory (with `mode` FULL)
         go to `dest`, and the sealed disks are flattened into `dest`."""
         live = self._live[record.id]
-        seq = int(record.placement.get("seq", 0)) + 1
+        seq = record.checkpoint_seq + 1
         staging = checkpoints.staging_dir(self._dirs(record.id)[0], seq)
         self.catalog.transition(record.id, [SandboxState.RUNNING], SandboxState.SNAPSHOTTING)
         try:
             await asyncio.to_thread(staging.mkdir)
             snap = await live.vm.snapshot(
-                SnapshotTarget(staging, staging), keep_running=True, machine_state=memory
+                SnapshotTarget(staging, staging), keep_running=True, machine_state=mode.memory
             )
         except _FAILURES as e:
             await asyncio.to_thread(shutil.rmtree, staging, True)
@@ -829,7 +853,7 @@ class Orchestrator:
                 record.id,
                 [SandboxState.SNAPSHOTTING],
                 SandboxState.RUNNING,
-                placement={**record.placement, "seq": seq},
+                checkpoint_seq=seq,
             )
         return await checkpoints.export(snap, dest, move=True)
 
@@ -891,14 +915,20 @@ class Orchestrator:
     def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
         task = asyncio.get_running_loop().create_task(work)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._finished)
+
+    def _finished(self, task: asyncio.Task[None]) -> None:
+        """A background task's end: its failure is logged, never left unobserved."""
+        self._tasks.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.error("background work failed", exc_info=task.exception())
 
     async def _expire_now(self, record: SandboxRecord) -> None:
         """Timeout: pause when the sandbox asked for it (`autoPause`), else kill."""
         log.info("sandbox %s timed out", record.id)
         if record.auto_pause:
             try:
-                await self.pause(record.id, memory=bool(record.placement.get("pause_memory", True)))
+                await self.pause(record.id, mode=record.auto_pause_mode)
                 return
             except (SandboxNotFound, InvalidState):
                 return

@@ -28,11 +28,13 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import gc
 import os
 import re
 import secrets
 import signal
-from collections.abc import Sequence
+import weakref
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -58,6 +60,7 @@ from aenv.runtime.driver import (
 )
 from aenv.runtime.jail import SECCOMP, Access, Jail, JailConfig, JailFile, UidPool, host_binary
 from aenv.runtime.qmp import Monitor, MonitorError
+from aenv.runtime.sweep import VMM_NAME_PREFIX, reap_unowned
 from aenv.storage import layers
 
 Accel = Literal["kvm", "tcg"]
@@ -116,6 +119,24 @@ class QemuDriver:
         self._cgroups = cgroups
         self._compat: str | None = None
         self._uids = UidPool(self.config.jail) if self.config.jail is not None else None
+        # Every VM handed out and still referenced by someone: a VMM whose VM object is gone
+        # without a stop has no owner left (see `sweep.reap_unowned`).
+        self._vms: weakref.WeakValueDictionary[str, QemuVM] = weakref.WeakValueDictionary()
+        self._launching: set[str] = set()
+
+    def owned_vmm_names(self) -> set[str]:
+        """The `-name` of every VMM being launched or that some VM object of this driver still
+        stands for."""
+        return {f"{VMM_NAME_PREFIX}{vm_id}" for vm_id in [*self._vms, *self._launching]}
+
+    @staticmethod
+    def cgroup_name(vmm_name: str) -> str:
+        return f"qemu-{vmm_name.removeprefix(VMM_NAME_PREFIX)}"
+
+    def reap_unowned(self) -> list[str]:
+        """Implements `sweep.Reaper`. Blocking."""
+        gc.collect()  # a VM object dropped in a reference cycle is gone only after this
+        return reap_unowned(self.owned_vmm_names(), self._cgroups, self.cgroup_name)
 
     @property
     def name(self) -> str:
@@ -146,21 +167,15 @@ class QemuDriver:
         vm_id = secrets.token_hex(8)
         memory = _Memory(_memory_dir(spec) / f"{vm_id}.mem", shared=True, owned=True)
         vm = await self._launch(vm_id, spec, memory, BootError, incoming=False)
-        try:
+        async with _stopped_on_failure(vm, BootError, "boot failed"):
             await vm.monitor.execute("cont")
-        except MonitorError as exc:
-            await vm.stop()
-            raise BootError(f"boot failed: {exc}; {_tail(vm.stderr_log)}") from exc
         vm.run_state = VMState.RUNNING
         return vm
 
     async def restore(self, snapshot: Snapshot, target: RestoreSpec) -> VM:
         vm = await self._restore_vm(snapshot, target)
-        try:
+        async with _stopped_on_failure(vm, RestoreError, "restore failed"):
             await vm.monitor.execute("cont")
-        except MonitorError as exc:
-            await vm.stop()
-            raise RestoreError(f"restore failed: {exc}; {_tail(vm.stderr_log)}") from exc
         vm.run_state = VMState.RUNNING
         return vm
 
@@ -188,8 +203,11 @@ class QemuDriver:
         except (MonitorError, OSError) as exc:
             _unlink(made)
             raise SnapshotError(f"cannot detach memory: {exc}; {_tail(vm.stderr_log)}") from exc
+        except BaseException:
+            _unlink(made)
+            raise
         finally:
-            await vm.stop()
+            await asyncio.shield(vm.stop())
         detached = dataclasses.replace(snapshot, state_file=state_file, memory_file=memory_file)
         await asyncio.to_thread(detached.save_manifest)
         return detached
@@ -238,7 +256,7 @@ class QemuDriver:
             _unlink(created)
             raise
         vm.owned_files += created
-        try:
+        async with _stopped_on_failure(vm, RestoreError, "restore failed"):
             if not memory.shared:
                 await vm.monitor.execute(
                     "migrate-set-capabilities",
@@ -247,9 +265,6 @@ class QemuDriver:
             await vm.monitor.pass_file("state", snapshot.state_file, os.O_RDONLY)
             await vm.monitor.execute("migrate-incoming", uri="fd:state")
             await vm.monitor.wait_incoming(vm.proc, self.config.migrate_timeout_s)
-        except (MonitorError, OSError) as exc:
-            await vm.stop()
-            raise RestoreError(f"restore failed: {exc}; {_tail(vm.stderr_log)}") from exc
         return vm
 
     async def restore_many(self, snapshot: Snapshot, targets: Sequence[RestoreSpec]) -> list[VM]:
@@ -286,7 +301,7 @@ class QemuDriver:
         jailed = self.config.jail is not None
         argv = [
             str(host_binary(self.config.binary)) if jailed else self.config.binary,
-            "-name", f"aenv-{vm_id}",  # lets a startup sweep recognise our VMMs
+            "-name", f"{VMM_NAME_PREFIX}{vm_id}",  # lets the sweeps recognise our VMMs
             "-accel", accel,
             "-M", "microvm,x-option-roms=off,rtc=on,memory-backend=mem",
             "-cpu", "max" if self.config.accel == "tcg" else "host",
@@ -299,7 +314,9 @@ class QemuDriver:
             "-monitor", "none",
             "-no-reboot",
             "-no-user-config",
-            "-chardev", f"file,id=con,path={_opt(console)}",
+            # append=on: writes land at the file's end even after it was truncated (the
+            # orchestrator caps console files, see orchestrator/consoles.py).
+            "-chardev", f"file,id=con,path={_opt(console)},append=on",
             "-serial", "chardev:con",
             "-qmp", f"unix:{_opt(qmp)}",
             "-kernel", str(spec.kernel),
@@ -369,6 +386,7 @@ class QemuDriver:
         proc: asyncio.subprocess.Process | None = None
         tap_fd: int | None = None
         jail = self._new_jail()
+        self._launching.add(vm_id)
         try:
             if spec.net is not None:
                 tap_fd = await open_tap(spec.net.netns, spec.net.tap)
@@ -385,7 +403,9 @@ class QemuDriver:
                 if self._cgroups is not None:
                     # Placed before the guest runs (-S): vCPU threads and helpers inherit it.
                     cgroup = await asyncio.to_thread(
-                        self._cgroups.create, f"qemu-{vm_id}", self._limits(spec)
+                        self._cgroups.create,
+                        self.cgroup_name(f"{VMM_NAME_PREFIX}{vm_id}"),
+                        self._limits(spec),
                     )
                     await asyncio.to_thread(cgroup.add, proc.pid)
                 # Connected means QEMU is running inside the jail: the jail may be let go.
@@ -405,9 +425,10 @@ class QemuDriver:
                 raise error(f"cannot start QEMU: {exc}; {_tail(stderr_log)}") from exc
             raise
         finally:
+            self._launching.discard(vm_id)
             if tap_fd is not None:
                 os.close(tap_fd)
-        return QemuVM(
+        vm = QemuVM(
             vm_id=vm_id,
             driver=self,
             spec=spec,
@@ -419,6 +440,8 @@ class QemuDriver:
             console_log=console,
             stderr_log=stderr_log,
         )
+        self._vms[vm_id] = vm
+        return vm
 
     async def _confine(
         self,
@@ -682,6 +705,23 @@ class QemuVM:
             pss_bytes=getattr(mem, "pss", mem.rss),
             disk_bytes=disk,
         )
+
+
+@contextlib.asynccontextmanager
+async def _stopped_on_failure(
+    vm: QemuVM, error: type[DriverError], what: str
+) -> AsyncIterator[None]:
+    """Stop `vm` when the block fails in any way, cancellation included: a VMM nobody holds
+    any more would run on. QEMU's and the OS's errors become `error`; the stop is shielded, so
+    a second cancellation cannot cut it short."""
+    try:
+        yield
+    except (MonitorError, OSError) as exc:
+        await asyncio.shield(vm.stop())
+        raise error(f"{what}: {exc}; {_tail(vm.stderr_log)}") from exc
+    except BaseException:
+        await asyncio.shield(vm.stop())
+        raise
 
 
 def _memory_dir(spec: VMSpec) -> Path:

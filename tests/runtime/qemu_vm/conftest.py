@@ -6,6 +6,7 @@ the test's directories and the guest images."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 import secrets
 import shutil
@@ -27,6 +28,7 @@ from aenv.runtime.qemu import QemuConfig, QemuDriver, QemuVM
 from aenv.storage import layers
 from tests.runtime.qemu_vm.agent import build_agent_bundle
 from tests.runtime.qemu_vm.netns import GUEST_NET, NetnsPool, agent, wait_ready
+from tests.support.guest import GUEST_CACHE, MIRROR
 from tests.support.jail import jail_problems
 
 REPO = Path(__file__).resolve().parents[3]
@@ -53,8 +55,7 @@ class Places:
     def jail_roots(self) -> list[Path]:
         """Where the files a VMM of these tests may see are: the test's directories (the guest
         agent's bundle is in pytest's temporary tree too) and the guest image cache."""
-        cache = Path(os.environ.get("AENV_GUEST_CACHE", REPO / "build" / "guest-cache"))
-        return [self.work.parent, self.shm, cache]
+        return [self.work.parent, self.shm, GUEST_CACHE]
 
     def check_jailed(self, driver: QemuDriver, vm: VM) -> VM:
         assert isinstance(vm, QemuVM)
@@ -93,10 +94,9 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Places]:
 @pytest.fixture(scope="session")
 async def images(tmp_path_factory: pytest.TempPathFactory) -> Images:
     # Guest artifacts are cached in the repository's build/ (gitignored), built once per checkout.
-    os.environ.setdefault("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache"))
-    kernel = await fetch_kernel()
-    initrd = await build_initramfs(kernel)
-    rootfs = await build_base_rootfs()
+    kernel = await fetch_kernel(GUEST_CACHE)
+    initrd = await build_initramfs(kernel, GUEST_CACHE)
+    rootfs = await build_base_rootfs(GUEST_CACHE, MIRROR)
     bundle = await build_agent_bundle(tmp_path_factory.mktemp("bundle"))
     return Images(kernel=kernel, initrd=initrd, rootfs=rootfs, bundle=bundle)
 
@@ -205,7 +205,12 @@ class Fleet:
 
 
 def qemu_children() -> list[psutil.Process]:
-    return [p for p in psutil.Process().children(recursive=True) if "qemu" in " ".join(p.cmdline())]
+    found = []
+    for proc in psutil.Process().children(recursive=True):
+        with contextlib.suppress(psutil.NoSuchProcess):  # gone, or a zombie: not running
+            if "qemu" in " ".join(proc.cmdline()):
+                found.append(proc)
+    return found
 
 
 @pytest.fixture
