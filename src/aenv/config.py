@@ -44,6 +44,7 @@ class Paths:
       build-files/<hash>       files uploaded for template builds' COPY steps
       detach/                  scratch space of memory detaching
       repository/              the snapshot repository when it is a directory (the default)
+      jailer/                  Firecracker's jailer chroots (Firecracker hosts only)
       cache/
         guest/                 guest build cache: kernel, initramfs, rootfs (`guest_cache`)
         images/                published guest images, content-addressed
@@ -100,6 +101,10 @@ class Paths:
     @property
     def repository(self) -> Path:
         return self.home / "repository"
+
+    @property
+    def jailer(self) -> Path:
+        return self.home / "jailer"
 
     @property
     def cache(self) -> Path:
@@ -172,6 +177,12 @@ class Config(BaseModel):
     build_ready_timeout: int = 300
     # Template builds: cached step layers kept (newest first); each holds a VM's memory and disk.
     build_cache_layers: int = 32
+    # Every VMM runs jailed (README: Threat model). Off is for benchmarks and debugging only.
+    jail: bool = True
+    # Jailed VMMs: `jail_uid_base` is their group and Firecracker's uid; each QEMU has one of
+    # the `jail_uid_count` uids after it. Give each node on a host a range of its own.
+    jail_uid_base: int = 2_000_000
+    jail_uid_count: int = 65_536
     # The guest build cache (kernel, initramfs, base rootfs); default `$AENV_HOME/cache/guest`.
     guest_cache: Path | None = None
     # The Debian mirror the base root filesystem is bootstrapped from.
