@@ -42,6 +42,11 @@ class Config:
     max_timeout: int = 24 * 3600
     network_prefix: str = "aenv"
     network_cidr: str = "10.200.0.0/16"
+    # Comma-separated CIDRs. Sandboxes never reach private (10/8, 172.16/12, 192.168/16) or
+    # CGNAT (100.64/10) addresses, except those in `network_private_allowed`, nor any in
+    # `network_internal` (the cluster's own addresses, say).
+    network_private_allowed: str = ""
+    network_internal: str = ""
     warm_slots_low: int = 4
     warm_slots_high: int = 16
     # Graceful shutdown pauses running sandboxes (they are resumable after the restart);

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from aenv.api.app import create_api
 from aenv.api.keys import ensure_api_key
-from aenv.config import Config
+from aenv.config import Config, ConfigError
 from aenv.envd import ENVD_VERSION
 from aenv.guest.cmdline import GuestNet
 from aenv.network import NetworkConfig, SlotPool
@@ -73,6 +73,13 @@ class Node:
         self.catalog.close()
 
 
+def _networks(key: str, value: str) -> tuple[IPv4Network, ...]:
+    try:
+        return tuple(IPv4Network(part.strip()) for part in value.split(",") if part.strip())
+    except ValueError as e:
+        raise ConfigError(f"{key}: {e}") from e
+
+
 def _guest_net(slots: NetworkConfig) -> GuestNet:
     return GuestNet(address=str(slots.guest.ip), gateway=str(slots.guest.gateway), dns="1.1.1.1")
 
@@ -98,6 +105,8 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
         slot_network=IPv4Network(config.network_cidr),
         pool_low=config.warm_slots_low,
         pool_high=config.warm_slots_high,
+        private_allowed=_networks("network_private_allowed", config.network_private_allowed),
+        internal=_networks("network_internal", config.network_internal),
     )
     slots = SlotPool(net_config)
     await slots.start()

@@ -52,7 +52,7 @@ async def test_allow_wins_over_deny_and_policies_change_live(
     # Denying everything never cuts the host's path to the guest.
     assert await probes.probe(world.host, str(slot.address), ENVD_PORT) == f"envd {slot.host_ip}"
 
-    await pool.set_policy(slot, EgressPolicy.parse(deny=["10.251.0.0/16"]))
+    await pool.set_policy(slot, EgressPolicy.parse(deny=["198.51.100.0/24"]))
     assert await _reachable(guest) == [True, False]
     await pool.set_policy(slot, EgressPolicy())
     assert await _reachable(guest) == [True, True]

@@ -74,6 +74,7 @@ class SlotManager:
     def __init__(self, config: NetworkConfig) -> None:
         self.config = config
         self._plan = AddressPlan(config.slot_network)
+        self._denied = config.denied
         self._slots: dict[int, Slot] = {}
         self._policies: dict[int, EgressPolicy] = {}
         # Per slot: changes to one slot's egress apply in the order they were asked for.
@@ -106,8 +107,11 @@ class SlotManager:
         for name in swept:
             netns.remove(name)
         _sysctl("net/ipv4/ip_forward", "1")
+        config = self.config
         nft.apply(
-            rules.host_table(self.config.prefix, f"{self.config.prefix}-", self.config.slot_network)
+            rules.host_table(
+                config.prefix, f"{config.prefix}-", config.slot_network, config.server_uid
+            )
         )
         return sorted(swept)
 
@@ -196,7 +200,7 @@ class SlotManager:
                     ns.addr("add", index=inner, address=str(slot.address), prefixlen=SLOT_PREFIXLEN)
                     ns.link("set", index=inner, state="up")
                     _set_default_route(ns, slot, egress)
-                nft.apply(rules.slot_table(guest, policy))
+                nft.apply(rules.slot_table(guest, policy, self._denied))
             except BaseException:
                 netns.remove(slot.netns)
                 raise
