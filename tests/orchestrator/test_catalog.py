@@ -1,12 +1,14 @@
 import dataclasses
 import random
+import sqlite3
 import threading
 import time
 from pathlib import Path
 
 import pytest
 
-from aenv.orchestrator.catalog import Catalog, PageQuery, SandboxRecord
+from aenv.network.settings import SandboxNetwork
+from aenv.orchestrator.catalog import _COLUMNS, SCHEMA, Catalog, PageQuery, SandboxRecord, _to_row
 from aenv.orchestrator.states import SandboxState
 
 
@@ -25,6 +27,7 @@ def record(sandbox_id: str, started: float = 0.0) -> SandboxRecord:
         env_vars={"A": "1"},
         envd_access_token="tok",
         placement={"slot": 3},
+        network=SandboxNetwork(False, ("1.1.1.1",), ("8.8.8.0/24",), False, "${PORT}-x.test"),
     )
 
 
@@ -148,3 +151,31 @@ def test_pages_leave_out_the_servers_own_sandboxes(catalog: Catalog) -> None:
     page, more = catalog.page(PageQuery(states=frozenset({SandboxState.RUNNING}), limit=10))
     assert [r.id for r in page] == ["user-sbx"] and not more
     assert catalog.get("build-vm") is not None  # still there, only not listed
+
+
+def test_network_settings_change_and_older_catalogs_keep_their_flag(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.db"
+    with sqlite3.connect(path) as db:
+        # A catalog from before the `network` column: only the internet flag was kept.
+        db.executescript(SCHEMA.replace("network TEXT NOT NULL DEFAULT '{}',", ""))
+        columns = [c for c in _COLUMNS if c != "network"] + ["allow_internet"]
+        marks = ", ".join("?" for _ in columns)
+        for sandbox_id, allowed in (("a" * 20, 0), ("b" * 20, 1)):
+            values = {**dict(zip(_COLUMNS, _to_row(record(sandbox_id)), strict=True))}
+            values["allow_internet"] = allowed
+            db.execute(
+                f"INSERT INTO sandboxes ({', '.join(columns)}) VALUES ({marks})",
+                [values[c] for c in columns],
+            )
+    catalog = Catalog(path)
+    try:
+        assert catalog.get("a" * 20).network == SandboxNetwork(allow_internet=False)
+        assert catalog.get("b" * 20).network == SandboxNetwork()
+        changed = SandboxNetwork(deny_out=("0.0.0.0/0",), allow_out=("9.9.9.9",))
+        updated = catalog.update("b" * 20, network=changed)
+        assert updated is not None and updated.network == changed
+        assert changed.egress.enabled and [str(n) for n in changed.egress.policy.deny] == [
+            "0.0.0.0/0"
+        ]
+    finally:
+        catalog.close()

@@ -141,7 +141,7 @@ class SandboxRoutes:
         return {
             **self._listed(record),
             "envdAccessToken": record.envd_access_token,
-            "allowInternetAccess": record.allow_internet,
+            "allowInternetAccess": record.network.allow_internet,
             "domain": self.config.domain,
             "lifecycle": {
                 "autoResume": record.auto_resume,

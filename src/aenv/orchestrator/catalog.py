@@ -18,6 +18,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from aenv.network.settings import SandboxNetwork
 from aenv.orchestrator.states import SandboxState
 
 SCHEMA = """
@@ -39,6 +40,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     auto_resume INTEGER NOT NULL DEFAULT 0,
     allow_internet INTEGER NOT NULL DEFAULT 1,
     placement TEXT NOT NULL DEFAULT '{}',
+    network TEXT NOT NULL DEFAULT '{}',
     updated_at REAL NOT NULL
 );
 CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state);
@@ -63,7 +65,8 @@ class SandboxRecord:
     traffic_access_token: str | None = None
     auto_pause: bool = False
     auto_resume: bool = False
-    allow_internet: bool = True
+    # Egress and ingress rules (E2B's `network` and `allow_internet_access`).
+    network: SandboxNetwork = field(default_factory=SandboxNetwork)
     # Where the sandbox runs on this node (VM work dir, network slot): the runtime's business,
     # kept here so a restarted server can find and reclaim it.
     placement: Mapping[str, Any] = field(default_factory=dict)
@@ -86,23 +89,36 @@ class PageQuery:
 
 
 # Columns added after the first release, with their DDL for `ALTER TABLE`.
-_ADDED_COLUMNS = {"auto_resume": "INTEGER NOT NULL DEFAULT 0"}
+_ADDED_COLUMNS = {
+    "auto_resume": "INTEGER NOT NULL DEFAULT 0",
+    "network": "TEXT NOT NULL DEFAULT '{}'",
+}
+# Rows written before `network` existed kept only this flag, in the column of that name (which
+# stays in the schema, unused, so such catalogs need no table rebuild).
+_FROM_ALLOW_INTERNET = (
+    "UPDATE sandboxes SET network = json_object('allow_internet', json("
+    "CASE allow_internet WHEN 0 THEN 'false' ELSE 'true' END))"
+)
 _JSON = ("metadata", "env_vars", "placement")
-_BOOL = ("auto_pause", "auto_resume", "allow_internet")
+_BOOL = ("auto_pause", "auto_resume")
 _COLUMNS = tuple(f.name for f in fields(SandboxRecord))
+
+
+def _encode(name: str, value: Any) -> Any:
+    if name in _JSON:
+        return json.dumps(dict(value), sort_keys=True)
+    if name in _BOOL:
+        return int(value)
+    if name == "network":
+        return json.dumps(value.to_json(), sort_keys=True)
+    return value
 
 
 def _to_row(record: SandboxRecord) -> tuple[Any, ...]:
     values = []
     for name in _COLUMNS:
         value = getattr(record, name)
-        if name in _JSON:
-            value = json.dumps(dict(value), sort_keys=True)
-        elif name in _BOOL:
-            value = int(value)
-        elif name == "state":
-            value = value.value
-        values.append(value)
+        values.append(value.value if name == "state" else _encode(name, value))
     return tuple(values)
 
 
@@ -113,6 +129,7 @@ def _from_row(row: sqlite3.Row) -> SandboxRecord:
     for name in _BOOL:
         data[name] = bool(data[name])
     data["state"] = SandboxState(data["state"])
+    data["network"] = SandboxNetwork.from_json(json.loads(data["network"]))
     return SandboxRecord(**data)
 
 
@@ -136,6 +153,8 @@ class Catalog:
         for name, ddl in _ADDED_COLUMNS.items():
             if name not in have:
                 self._db.execute(f"ALTER TABLE sandboxes ADD COLUMN {name} {ddl}")
+                if name == "network":
+                    self._db.execute(_FROM_ALLOW_INTERNET)
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -174,11 +193,7 @@ class Catalog:
         for name, value in changes.items():
             if name not in _COLUMNS or name in ("id", "state"):
                 raise ValueError(f"not a changeable column: {name}")
-            if name in _JSON:
-                value = json.dumps(dict(value), sort_keys=True)
-            elif name in _BOOL:
-                value = int(value)
-            assignments[name] = value
+            assignments[name] = _encode(name, value)
         sets = ", ".join(f"{name} = ?" for name in assignments)
         marks = ", ".join("?" for _ in allowed)
         with self._transaction() as db:

@@ -36,6 +36,7 @@ from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.ids import new_access_token, new_sandbox_id
 from aenv.network import Slot, SlotProvider
+from aenv.network.settings import SandboxNetwork
 from aenv.orchestrator import checkpoints, detach, envd_client
 from aenv.orchestrator.archive import Archive
 from aenv.orchestrator.background import PerSandbox
@@ -347,7 +348,7 @@ class Orchestrator:
                     envd_access_token=new_access_token(),
                     auto_pause=request.auto_pause,
                     auto_resume=request.auto_resume,
-                    allow_internet=request.allow_internet,
+                    network=SandboxNetwork(allow_internet=request.allow_internet),
                     placement={
                         "base": base.snapshot_dir,
                         "timeout": request.timeout,
@@ -394,7 +395,7 @@ class Orchestrator:
         workdir, memory_dir = self._dirs(record.id)
         await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
         await asyncio.to_thread(memory_dir.mkdir, parents=True, exist_ok=True)
-        slot = await self.slots.acquire(egress=record.allow_internet)
+        slot = await self.slots.acquire(egress=record.network.allow_internet)
         vm: VM | None = None
         try:
             net = NetAttachment(slot.netns, slot.guest.tap, slot.guest.mac)
@@ -718,7 +719,7 @@ class Orchestrator:
             env_vars=parent.env_vars if parent else {},
             auto_pause=parent.auto_pause if parent else False,
             auto_resume=parent.auto_resume if parent else False,
-            allow_internet=parent.allow_internet if parent else True,
+            allow_internet=parent.network.allow_internet if parent else True,
         )
         children = await asyncio.gather(
             *(self._admitted_create(request, base, parent) for _ in range(count)),
