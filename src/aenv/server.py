@@ -207,6 +207,11 @@ class _Resolver:
             if self._orchestrator.is_paused(sandbox_id):
                 raise ProxyPaused(sandbox_id) from e
             raise ProxyNotFound(sandbox_id) from e
+        record = endpoint.record
         return Upstream(
-            endpoint.host, port, endpoint.record.traffic_access_token, endpoint.incarnation
+            endpoint.host,
+            port,
+            record.traffic_access_token,
+            endpoint.incarnation,
+            record.network.mask_request_host,
         )

@@ -3,11 +3,12 @@
 
 What this node does not implement yet is refused with a 400 naming the field, never accepted
 and ignored: domain names in `allowOut`, header transform `rules`, `egressProxy`,
-`dnsServers`, `httpsPorts`, `maskRequestHost`.
+`dnsServers`, `httpsPorts`.
 """
 
 from __future__ import annotations
 
+import re
 from ipaddress import ip_network
 from typing import Any
 
@@ -21,8 +22,10 @@ _NOT_IMPLEMENTED = {
     "egressProxy": "egress proxies",
     "dnsServers": "DNS servers for domain rules",
     "httpsPorts": "HTTPS to sandbox ports",
-    "maskRequestHost": "host masking",
 }
+# A host name or address with an optional port; `${PORT}` may stand for the port. It becomes a
+# request header, so nothing that could end or extend one (whitespace, control characters).
+_MASK = re.compile(r"[A-Za-z0-9.\-_\[\]:${}]{1,255}")
 
 
 def _refuse_unimplemented(body: Egress) -> None:
@@ -63,10 +66,14 @@ def create_network(
 ) -> SandboxNetwork:
     """The settings of a new sandbox from its create body (400 for what cannot be honoured)."""
     body = body or NetworkConfig()
+    mask = body.mask_request_host
+    if mask is not None and not _MASK.fullmatch(mask):
+        raise APIError(400, f"network.maskRequestHost: not a host[:port]: {mask!r}")
     return _network(
         allow_internet_access is not False,
         body,
         allow_public_traffic=body.allow_public_traffic is not False,
+        mask_request_host=mask,
     )
 
 

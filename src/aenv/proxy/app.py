@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from aenv.proxy.access import check_route, check_traffic_token
+from aenv.proxy.access import check_route, check_traffic_token, request_host
 from aenv.proxy.errors import (
     ProxyError,
     bad_route,
@@ -24,6 +24,7 @@ from aenv.proxy.errors import (
     sandbox_paused,
     send_http,
 )
+from aenv.proxy.headers import masked
 from aenv.proxy.http import HttpForwarder
 from aenv.proxy.resolver import Resolver, SandboxNotFound, SandboxPaused
 from aenv.proxy.routing import RoutingError, Target, route
@@ -84,6 +85,9 @@ class SandboxProxy:
             except SandboxPaused as exc:
                 raise sandbox_paused(exc.sandbox_id) from exc
             check_traffic_token(target, upstream, scope["headers"])
+            host = request_host(target, upstream)
+            if host is not None:
+                scope = {**scope, "headers": masked(scope["headers"], host)}
             if scope["type"] == "http":
                 await self._http.forward(scope, receive, send, target, upstream)
             else:

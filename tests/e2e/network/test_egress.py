@@ -23,7 +23,7 @@ REFUSED: list[tuple[SandboxNetworkOpts, str]] = [
     ({"deny_out": ["not-an-address"]}, "denyOut"),
     ({"deny_out": ["2001:db8::/32"]}, "IPv4"),
     ({"rules": {"example.com": [{"transform": {"headers": {"X": "y"}}}]}}, "network.rules"),
-    ({"mask_request_host": "${PORT}-x.example.com"}, "maskRequestHost"),
+    ({"mask_request_host": "bad host"}, "maskRequestHost"),
 ]
 
 
