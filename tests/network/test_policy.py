@@ -117,3 +117,10 @@ def test_sandbox_settings_map_onto_slot_egress() -> None:
     for bad in ("example.com", "2001:db8::/32"):
         with pytest.raises(ValueError):
             SandboxNetwork(deny_out=(bad,))
+    # Names need everything else denied; then they open the slot's egress, as addresses do.
+    with pytest.raises(ValueError, match="ALL_TRAFFIC"):
+        SandboxNetwork(allow_out=("example.com",))
+    named = SandboxNetwork(allow_out=("*.example.com",), deny_out=("0.0.0.0/0",)).egress
+    assert (named.enabled, named.policy.domains) == (True, ("*.example.com",))
+    offline = SandboxNetwork(allow_internet=False, allow_out=("example.com",)).egress
+    assert (offline.enabled, offline.policy.domains) == (True, ("example.com",))

@@ -9,11 +9,11 @@ and ignored: domain names in `allowOut`, header transform `rules`, `egressProxy`
 from __future__ import annotations
 
 import re
-from ipaddress import ip_network
 from typing import Any
 
 from aenv.api.errors import APIError
 from aenv.api.models import Egress, NetworkConfig, NetworkUpdate
+from aenv.network.domains import is_address, normalise
 from aenv.network.settings import SandboxNetwork
 
 # Body field -> what it would need, for the 400 message.
@@ -38,16 +38,15 @@ def _refuse_unimplemented(body: Egress) -> None:
 
 def _destinations(field: str, entries: list[str] | None) -> tuple[str, ...]:
     for entry in entries or ():
+        if is_address(entry):
+            continue
+        if field == "denyOut":
+            message = f"network.denyOut: {entry!r} is not an IP address or CIDR (domain names "
+            raise APIError(400, message + "are not supported for deny rules)")
         try:
-            ip_network(entry, strict=False)
-        except ValueError:
-            if field == "allowOut" and any(c.isalpha() for c in entry):
-                raise APIError(
-                    400, f"network.{field}: domain names are not supported yet ({entry!r})"
-                ) from None
-            raise APIError(
-                400, f"network.{field}: {entry!r} is not an IP address or CIDR"
-            ) from None
+            normalise(entry)
+        except ValueError as e:
+            raise APIError(400, f"network.{field}: {e}") from e
     return tuple(entries or ())
 
 
@@ -57,7 +56,7 @@ def _network(allow_internet: bool, body: Egress, **ingress: Any) -> SandboxNetwo
     deny_out = _destinations("denyOut", body.deny_out)
     try:
         return SandboxNetwork(allow_internet, allow_out, deny_out, **ingress)
-    except ValueError as e:  # IPv6: guests have no IPv6 path
+    except ValueError as e:  # IPv6 (guests have none), or names without a deny of everything
         raise APIError(400, f"network: {e}") from e
 
 

@@ -12,7 +12,9 @@ Two tables, both static, so no slot ever needs a rule handle or a per-slot host 
   the host sends to the slot address onto the guest, masquerades the guest's egress to the slot
   address (every guest has the same IP, so the host could not route replies otherwise), forwards
   only the guest's own IPv4 address (so no IPv6 at all), refuses the `reserved` ranges, and then
-  applies the slot's `EgressPolicy` from two sets, `allow` and `deny`. It dies with the
+  applies the slot's `EgressPolicy` from two sets, `allow` and `deny`. When the policy names
+  domains, the set `sniffed` holds 0.0.0.0/0 and the guest's new TCP connections to addresses
+  `allow` does not cover are redirected to the slot's `egress_proxy`. It dies with the
   namespace, so teardown needs no nft call.
 
 Whether a slot has egress at all is decided by its routing, not here (see `manager`).
@@ -27,6 +29,7 @@ from __future__ import annotations
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
+from aenv.network.egress_proxy import PROXY_PORT
 from aenv.network.nft import Command
 from aenv.network.policy import EgressPolicy
 from aenv.network.slot import GuestNetwork
@@ -52,9 +55,14 @@ def _value(value: IPv4Network | IPv4Address | str) -> Any:
     return str(value)
 
 
-def _ip(field: str, value: IPv4Network | IPv4Address | str) -> Expr:
+def _ip(field: str, value: IPv4Network | IPv4Address | str, op: str = "==") -> Expr:
     left = {"payload": {"protocol": "ip", "field": field}}
-    return {"match": {"op": "==", "left": left, "right": _value(value)}}
+    return {"match": {"op": op, "left": left, "right": _value(value)}}
+
+
+def _tcp_dport(port: int) -> Expr:
+    left = {"payload": {"protocol": "tcp", "field": "dport"}}
+    return {"match": {"op": "==", "left": left, "right": port}}
 
 
 _ACCEPT: Expr = {"accept": None}
@@ -62,6 +70,8 @@ _DROP: Expr = {"drop": None}
 _REJECT: Expr = {"reject": {"type": "icmpx", "expr": "admin-prohibited"}}
 _POLICY_SETS = ("allow", "deny")
 _DENIED = "denied"
+_SNIFFED = "sniffed"
+_EVERYTHING = IPv4Network("0.0.0.0/0")
 _ESTABLISHED = _ct("state", ["established", "related"])
 
 
@@ -142,7 +152,7 @@ def slot_table(
     guests_own = (*from_guest, _ip("saddr", guest.ip.ip))
     return [
         {"add": {"table": _table(t)}},
-        *(_policy_set(name) for name in (_DENIED, *_POLICY_SETS)),
+        *(_policy_set(name) for name in (_DENIED, _SNIFFED, *_POLICY_SETS)),
         _elements(_DENIED, denied),
         *set_policy(EgressPolicy(), policy),
         _chain(t, "prerouting"),
@@ -153,12 +163,23 @@ def slot_table(
             _is("iifname", up),
             {"dnat": {"family": "ip", "addr": str(guest.ip.ip)}},
         ),
+        _rule(
+            t,
+            "prerouting",
+            _is("iifname", tap),
+            _ip("saddr", guest.ip.ip),
+            _is("l4proto", "tcp"),
+            _ip("daddr", f"@{_SNIFFED}"),
+            _ip("daddr", "@allow", op="!="),
+            {"redirect": {"port": PROXY_PORT}},
+        ),
         _chain(t, "postrouting"),
         _rule(t, "postrouting", _is("oifname", up), {"masquerade": None}),
         # Nothing listens in the slot namespace; the guest has no business with it.
         _chain(t, "input", policy="drop"),
         _rule(t, "input", _is("iifname", "lo"), _ACCEPT),
         _rule(t, "input", _ESTABLISHED, _ACCEPT),
+        _rule(t, "input", _is("iifname", tap), _tcp_dport(PROXY_PORT), _ACCEPT),
         _chain(t, "forward", policy="drop"),
         # Host-initiated flows pass both ways whatever the policy.
         _rule(t, "forward", *to_guest, _ct("status", "dnat"), _ACCEPT),
@@ -195,4 +216,9 @@ def set_policy(old: EgressPolicy, new: EgressPolicy) -> list[Command]:
             commands.append({"flush": {"set": spec}})
         if after:
             commands.append(_elements(name, after))
+    if bool(old.domains) != bool(new.domains):
+        spec = {"family": "inet", "table": SLOT_TABLE, "name": _SNIFFED}
+        commands.append(
+            _elements(_SNIFFED, (_EVERYTHING,)) if new.domains else {"flush": {"set": spec}}
+        )
     return commands

@@ -1,14 +1,16 @@
 """A sandbox's network settings as E2B defines them, and the slot configuration they mean.
 
-E2B's knobs: `allow_internet_access`, `network.allowOut` / `denyOut` (IPs and CIDRs here;
-allow wins over deny), `allowPublicTraffic` (ingress only with the traffic access token) and
-`maskRequestHost`. They belong to the sandbox, not to its slot: they are stored with it, applied
-to every slot it runs in (create, resume, fork children) and replaced at runtime by
-`PUT /sandboxes/{id}/network`.
+E2B's knobs: `allow_internet_access`, `network.allowOut` / `denyOut` (IPs, CIDRs and, to
+allow, domain names; allow wins over deny), `allowPublicTraffic` (ingress only with the traffic
+access token) and `maskRequestHost`. They belong to the sandbox, not to its slot: they are
+stored with it, applied to every slot it runs in (create, resume, fork children) and replaced
+at runtime by `PUT /sandboxes/{id}/network`.
 
 Egress maps onto a slot as E2B's infra does it: no internet access is a `denyOut` of 0.0.0.0/0,
 which `allowOut` still overrides. When nothing at all is allowed the slot's route is switched off
-instead, which also refuses packets of connections already open without an nft change.
+instead, which also refuses packets of connections already open without an nft change. Domain
+names need everything else denied (as in E2B: allowing a name among allowed addresses would
+mean nothing).
 """
 
 from __future__ import annotations
@@ -33,7 +35,8 @@ class SlotEgress:
 @dataclass(frozen=True)
 class SandboxNetwork:
     """`allow_out`/`deny_out` keep the user's strings (shown back in the sandbox's info as
-    given); they are validated by `egress`, which every constructor path calls first."""
+    given). Raises ValueError for an entry that is neither an IPv4 address, a CIDR nor (in
+    `allow_out`) a domain name, and for names without everything else denied."""
 
     allow_internet: bool = True
     allow_out: tuple[str, ...] = ()
@@ -44,7 +47,6 @@ class SandboxNetwork:
     egress: SlotEgress = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        """Raises ValueError naming the first entry that is not an IPv4 address or CIDR."""
         object.__setattr__(self, "egress", _slot_egress(self))
 
     def to_json(self) -> dict[str, Any]:
@@ -70,5 +72,11 @@ class SandboxNetwork:
 def _slot_egress(network: SandboxNetwork) -> SlotEgress:
     allowed = EgressPolicy.parse(allow=network.allow_out, deny=network.deny_out)
     deny = allowed.deny if network.allow_internet else (IPv4Network(ALL_TRAFFIC),)
-    enabled = bool(allowed.allow) or IPv4Network(ALL_TRAFFIC) not in deny
-    return SlotEgress(enabled, EgressPolicy(allowed.allow, deny))
+    denies_all = IPv4Network(ALL_TRAFFIC) in deny
+    if allowed.domains and not denies_all:
+        raise ValueError(
+            "When specifying allowed domains in allow out, you must include 'ALL_TRAFFIC' "
+            "in deny out to block all other traffic."
+        )
+    enabled = bool(allowed.allow) or bool(allowed.domains) or not denies_all
+    return SlotEgress(enabled, EgressPolicy(allowed.allow, deny, allowed.domains))

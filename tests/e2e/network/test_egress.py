@@ -19,7 +19,8 @@ from tests.e2e.internet import INTERNAL, PUBLIC
 
 A, B = PUBLIC
 REFUSED: list[tuple[SandboxNetworkOpts, str]] = [
-    ({"allow_out": ["example.com"]}, "allowOut: domain names"),
+    ({"allow_out": ["example.com"]}, "ALL_TRAFFIC"),
+    ({"allow_out": ["bad..name"], "deny_out": ["0.0.0.0/0"]}, "allowOut"),
     ({"deny_out": ["not-an-address"]}, "denyOut"),
     ({"deny_out": ["2001:db8::/32"]}, "IPv4"),
     ({"rules": {"example.com": [{"transform": {"headers": {"X": "y"}}}]}}, "network.rules"),
