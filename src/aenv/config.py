@@ -47,6 +47,8 @@ class Config:
     # `network_internal` (the cluster's own addresses, say).
     network_private_allowed: str = ""
     network_internal: str = ""
+    # The resolver that sandboxes with domain rules get the addresses of allowed names from.
+    network_dns: str = "1.1.1.1"
     warm_slots_low: int = 4
     warm_slots_high: int = 16
     # Graceful shutdown pauses running sandboxes (they are resumable after the restart);

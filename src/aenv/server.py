@@ -14,7 +14,7 @@ import os
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from ipaddress import IPv4Network
+from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
 from aenv.api.app import create_api
@@ -107,6 +107,7 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
         pool_high=config.warm_slots_high,
         private_allowed=_networks("network_private_allowed", config.network_private_allowed),
         internal=_networks("network_internal", config.network_internal),
+        dns_upstream=IPv4Address(config.network_dns),
     )
     slots = SlotPool(net_config)
     await slots.start()

@@ -5,13 +5,20 @@ rules changed live."""
 from __future__ import annotations
 
 import asyncio
+import socket
 import ssl
+import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
+from ipaddress import IPv4Address
+from typing import cast
 
+import dns.message
+import dns.rcode
+import dns.rrset
 import pytest
 import trustme
 
-from aenv.network import EgressPolicy, Slot, SlotPool
+from aenv.network import EgressPolicy, Slot, SlotPool, netns
 from aenv.network.domains import DomainRules
 from aenv.network.sniff import Need, requested_name
 from tests.network import probes
@@ -23,6 +30,9 @@ Boot = Callable[[Slot], Awaitable[FakeGuest]]
 Serve = Callable[[str, str, int, str], Awaitable[None]]
 
 ALLOW = ["allowed.test", "*.wild.test"]
+RESOLVER_IP = "198.51.100.53"
+# Whatever resolver the guest asks: its queries go to the slot's forwarder.
+GUEST_RESOLVER = "192.0.2.53"
 DENY_ALL = ["0.0.0.0/0"]
 HTTP_PORTS = (80, 8080)
 TLS_PORT = 8443
@@ -137,3 +147,67 @@ def test_domain_rules_and_names() -> None:
     assert requested_name(b"GET / HTTP/1.1\r\nHost: a.test:8080\r\n\r\n") == "a.test"
     assert requested_name(b"GET / HTTP/1.1\r\nHost: a.te") is Need.MORE
     assert requested_name(b"SSH-2.0-OpenSSH\r\n") is None
+
+
+class _Resolver(asyncio.DatagramProtocol):
+    """The internet's resolver: every name is at INET_IP."""
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # The selector loop's datagram transport does not subclass DatagramTransport.
+        self.transport = cast(asyncio.DatagramTransport, transport)
+
+    def datagram_received(self, data: bytes, addr: tuple[str | object, int]) -> None:
+        query = dns.message.from_wire(data)
+        response = dns.message.make_response(query)
+        name = query.question[0].name
+        response.answer.append(dns.rrset.from_text(name, 60, "IN", "A", INET_IP))
+        self.transport.sendto(response.to_wire(), addr)
+
+
+async def _resolve(guest: FakeGuest, name: str) -> tuple[str, list[str]] | None:
+    """Ask GUEST_RESOLVER for `name` from the guest: the rcode and addresses, or None."""
+
+    def make() -> socket.socket:
+        sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        sock.setblocking(False)
+        return sock
+
+    sock = await netns.run_in(guest.netns, make)
+    loop = asyncio.get_running_loop()
+    try:
+        await loop.sock_sendto(
+            sock, dns.message.make_query(name, "A").to_wire(), (GUEST_RESOLVER, 53)
+        )
+        data = await asyncio.wait_for(loop.sock_recv(sock, 4096), 2.0)
+    except (OSError, TimeoutError):
+        return None
+    finally:
+        sock.close()
+    reply = dns.message.from_wire(data)
+    addresses = [item.to_text() for rrset in reply.answer for item in rrset]
+    return dns.rcode.to_text(reply.rcode()), addresses
+
+
+async def test_dns_answers_only_allowed_names(
+    world: World, make_pool: MakePool, boot: Boot
+) -> None:
+    sock = await netns.run_in(world.inet, lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+    _add_address(world.inet, RESOLVER_IP)
+    sock.bind((RESOLVER_IP, 53))
+    transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(_Resolver, sock=sock)
+    try:
+        pool = await make_pool(dns_upstream=IPv4Address(RESOLVER_IP))
+        policy = EgressPolicy.parse(allow=ALLOW, deny=DENY_ALL)
+        guest = await boot(await pool.acquire(policy=policy))
+        assert await _resolve(guest, "allowed.test") == ("NOERROR", [INET_IP])
+        assert await _resolve(guest, "deep.x.wild.test") == ("NOERROR", [INET_IP])
+        assert await _resolve(guest, "other.test") == ("NXDOMAIN", [])
+        # Without domain rules, queries go where the guest sends them (nowhere, here).
+        await pool.set_policy(guest.slot, EgressPolicy())
+        assert await _resolve(guest, "other.test") is None
+    finally:
+        transport.close()
+
+
+def _add_address(ns: str, address: str) -> None:
+    subprocess.run(["ip", "-n", ns, "addr", "add", f"{address}/32", "dev", "lo"], check=True)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 import re
 from dataclasses import dataclass, field
-from ipaddress import IPv4Network
+from ipaddress import IPv4Address, IPv4Network
 
 from aenv.network.addressing import AddressPlan
 from aenv.network.reserved import denied_ranges
@@ -37,6 +37,8 @@ class NetworkConfig:
     private_allowed: tuple[IPv4Network, ...] = ()
     # Further ranges no sandbox may reach: the cluster's own addresses, say.
     internal: tuple[IPv4Network, ...] = ()
+    # The resolver that slots with domain rules get their allowed names from (see `dns`).
+    dns_upstream: IPv4Address = field(default_factory=lambda: IPv4Address("1.1.1.1"))
     # The only user whose processes may open connections to slot addresses (the server's).
     server_uid: int = field(default_factory=os.geteuid)
 

@@ -14,6 +14,8 @@ How it works, per slot whose policy names domains (E2B's `allowOut: ["example.co
    slot namespace, so the connection leaves like the guest's own would (masqueraded to the slot
    address, then the host's), replays the bytes it read and relays both ways. Reserved ranges
    stay refused here too, since these connections do not cross the slot's forward chain.
+4. DNS queries go to the slot's `dns.DnsForwarder`, started and stopped with the proxy, which
+   answers only for allowed names.
 
 The name is what the client claims, as in E2B: a client that resolves a name itself and sends
 it to another address reaches that address. Addresses are still judged: the reserved ranges
@@ -30,6 +32,7 @@ import struct
 from ipaddress import IPv4Address, IPv4Network
 
 from aenv.network import netns
+from aenv.network.dns import DnsForwarder
 from aenv.network.domains import DomainRules
 from aenv.network.slot import Slot
 from aenv.network.sniff import Need, requested_name
@@ -94,19 +97,41 @@ class DomainProxy:
     """The proxy of one slot. `rules` may be replaced at any time; connections already relayed
     keep going (E2B judges a connection when it starts)."""
 
-    def __init__(self, slot: Slot, rules: DomainRules, denied: tuple[IPv4Network, ...]) -> None:
+    def __init__(
+        self,
+        slot: Slot,
+        rules: DomainRules,
+        denied: tuple[IPv4Network, ...],
+        dns_upstream: IPv4Address,
+    ) -> None:
         self.slot = slot
-        self.rules = rules
+        self._rules = rules
         self._denied = denied
+        self._dns = DnsForwarder(slot, rules, dns_upstream)
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
+
+    @property
+    def rules(self) -> DomainRules:
+        return self._rules
+
+    @rules.setter
+    def rules(self, rules: DomainRules) -> None:
+        self._rules = rules
+        self._dns.rules = rules
 
     async def start(self) -> None:
         gateway = str(self.slot.guest.gateway)
         sock = await netns.run_in(self.slot.netns, lambda: _listener(gateway))
         self._server = await asyncio.start_server(self._accepted, sock=sock)
+        try:
+            await self._dns.start()
+        except BaseException:
+            await self.close()
+            raise
 
     async def close(self) -> None:
+        await self._dns.close()
         if self._server is not None:
             self._server.close()
         for task in list(self._tasks):

@@ -273,7 +273,8 @@ class SlotManager:
         if proxy is not None:
             proxy.rules = DomainRules(policy.domains)
             return
-        proxy = DomainProxy(slot, DomainRules(policy.domains), self._denied)
+        rules = DomainRules(policy.domains)
+        proxy = DomainProxy(slot, rules, self._denied, self.config.dns_upstream)
         await proxy.start()
         self._proxies[slot.index] = proxy
 

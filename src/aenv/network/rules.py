@@ -13,8 +13,9 @@ Two tables, both static, so no slot ever needs a rule handle or a per-slot host 
   address (every guest has the same IP, so the host could not route replies otherwise), forwards
   only the guest's own IPv4 address (so no IPv6 at all), refuses the `reserved` ranges, and then
   applies the slot's `EgressPolicy` from two sets, `allow` and `deny`. When the policy names
-  domains, the set `sniffed` holds 0.0.0.0/0 and the guest's new TCP connections to addresses
-  `allow` does not cover are redirected to the slot's `egress_proxy`. It dies with the
+  domains, the set `sniffed` holds 0.0.0.0/0, the guest's new TCP connections to addresses
+  `allow` does not cover are redirected to the slot's `egress_proxy` and its DNS queries to the
+  slot's `dns` forwarder. It dies with the
   namespace, so teardown needs no nft call.
 
 Whether a slot has egress at all is decided by its routing, not here (see `manager`).
@@ -29,6 +30,7 @@ from __future__ import annotations
 from ipaddress import IPv4Address, IPv4Network
 from typing import Any
 
+from aenv.network.dns import DNS_PORT
 from aenv.network.egress_proxy import PROXY_PORT
 from aenv.network.nft import Command
 from aenv.network.policy import EgressPolicy
@@ -60,8 +62,8 @@ def _ip(field: str, value: IPv4Network | IPv4Address | str, op: str = "==") -> E
     return {"match": {"op": op, "left": left, "right": _value(value)}}
 
 
-def _tcp_dport(port: int) -> Expr:
-    left = {"payload": {"protocol": "tcp", "field": "dport"}}
+def _l4_dport(protocol: str, port: int) -> Expr:
+    left = {"payload": {"protocol": protocol, "field": "dport"}}
     return {"match": {"op": "==", "left": left, "right": port}}
 
 
@@ -173,13 +175,23 @@ def slot_table(
             _ip("daddr", "@allow", op="!="),
             {"redirect": {"port": PROXY_PORT}},
         ),
+        _rule(
+            t,
+            "prerouting",
+            _is("iifname", tap),
+            _ip("saddr", guest.ip.ip),
+            _l4_dport("udp", DNS_PORT),
+            _ip("daddr", f"@{_SNIFFED}"),
+            {"redirect": {"port": DNS_PORT}},
+        ),
         _chain(t, "postrouting"),
         _rule(t, "postrouting", _is("oifname", up), {"masquerade": None}),
         # Nothing listens in the slot namespace; the guest has no business with it.
         _chain(t, "input", policy="drop"),
         _rule(t, "input", _is("iifname", "lo"), _ACCEPT),
         _rule(t, "input", _ESTABLISHED, _ACCEPT),
-        _rule(t, "input", _is("iifname", tap), _tcp_dport(PROXY_PORT), _ACCEPT),
+        _rule(t, "input", _is("iifname", tap), _l4_dport("tcp", PROXY_PORT), _ACCEPT),
+        _rule(t, "input", _is("iifname", tap), _l4_dport("udp", DNS_PORT), _ACCEPT),
         _chain(t, "forward", policy="drop"),
         # Host-initiated flows pass both ways whatever the policy.
         _rule(t, "forward", *to_guest, _ct("status", "dnat"), _ACCEPT),
