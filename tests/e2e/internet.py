@@ -1,16 +1,20 @@
 """A simulated internet for end-to-end network tests: a namespace of its own, joined to the
 server's namespace by a veth and made its default route, with web servers on public-looking
-addresses (documentation ranges, routed nowhere) and on addresses sandboxes must never reach
-(cloud metadata, a private host). No packet leaves the machine: the server's namespace has no
-other way out.
+addresses (documentation ranges, routed nowhere), a resolver for their names, and addresses
+sandboxes must never reach (cloud metadata, a private host). No packet leaves the machine: the
+server's namespace has no other way out.
 
-`python -m tests.e2e.internet ADDRESS...` is the web server: port 80 of each address answers
-every GET with the address it was reached at, so a test sees which host it got to.
+`python -m tests.e2e.internet DIR ADDRESS...` runs the servers: port 80 (HTTP) and 443 (HTTPS,
+with DIR/cert.pem and DIR/key.pem from a test CA) of each address answer every GET with the
+address they were reached at, so a test sees which host it got to; RESOLVER_IP:53 answers
+`NAMES` (a `*.` entry covers every name below it) and NXDOMAIN for the rest.
 """
 
 from __future__ import annotations
 
 import secrets
+import socket
+import ssl
 import subprocess
 import sys
 import threading
@@ -20,6 +24,12 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import dns.message
+import dns.rcode
+import dns.rdatatype
+import dns.rrset
+import trustme
+
 REPO = Path(__file__).resolve().parents[2]
 
 UPLINK_IP = "203.0.113.1"
@@ -28,38 +38,50 @@ GATEWAY_IP = "203.0.113.2"
 PUBLIC = ("198.51.100.10", "198.51.100.20")
 # Unreachable from any sandbox whatever its rules (network/reserved.py).
 INTERNAL = ("169.254.169.254", "10.250.0.9")
+RESOLVER_IP = "198.51.100.53"
+NAMES = {"allowed.test": PUBLIC[0], "*.wild.test": PUBLIC[1], "other.test": PUBLIC[0]}
 
 
 @dataclass(frozen=True)
 class Internet:
     netns: str
-    public: tuple[str, ...] = PUBLIC
-    internal: tuple[str, ...] = INTERNAL
+    # The test CA's certificate, which the internet's HTTPS servers' certificates chain to.
+    ca_pem: Path
 
 
 def _ip(*args: str) -> None:
     subprocess.run(["ip", *args], check=True, capture_output=True)
 
 
+def _wire(server_ns: str, netns: str) -> None:
+    _ip("netns", "add", netns)
+    _ip("-n", netns, "link", "set", "lo", "up")
+    _ip("-n", server_ns, "link", "add", "uplink", "type", "veth", "peer", "eth0", "netns", netns)
+    _ip("-n", server_ns, "addr", "add", f"{UPLINK_IP}/30", "dev", "uplink")
+    _ip("-n", netns, "addr", "add", f"{GATEWAY_IP}/30", "dev", "eth0")
+    for address in (*PUBLIC, *INTERNAL, RESOLVER_IP):
+        _ip("-n", netns, "addr", "add", f"{address}/32", "dev", "lo")
+    _ip("-n", server_ns, "link", "set", "uplink", "up")
+    _ip("-n", netns, "link", "set", "eth0", "up")
+    _ip("-n", server_ns, "route", "add", "default", "via", GATEWAY_IP)
+
+
 @contextmanager
-def simulated_internet(server_ns: str) -> Iterator[Internet]:
-    inet = Internet(f"aenvinet{secrets.token_hex(3)}")
+def simulated_internet(server_ns: str, scratch: Path) -> Iterator[Internet]:
+    """The internet behind `server_ns`; its test CA's files go in `scratch`."""
+    ca = trustme.CA()
+    cert = ca.issue_cert(*(name for name in NAMES))
+    scratch.mkdir(parents=True, exist_ok=True)
+    ca.cert_pem.write_to_path(str(scratch / "ca.pem"))
+    cert.private_key_pem.write_to_path(str(scratch / "key.pem"))
+    cert.cert_chain_pems[0].write_to_path(str(scratch / "cert.pem"))
+    inet = Internet(f"aenvinet{secrets.token_hex(3)}", scratch / "ca.pem")
     web: subprocess.Popen[bytes] | None = None
     try:
-        _ip("netns", "add", inet.netns)
-        _ip("-n", inet.netns, "link", "set", "lo", "up")
-        _ip("-n", server_ns, "link", "add", "uplink", "type", "veth",
-            "peer", "eth0", "netns", inet.netns)  # fmt: skip
-        _ip("-n", server_ns, "addr", "add", f"{UPLINK_IP}/30", "dev", "uplink")
-        _ip("-n", inet.netns, "addr", "add", f"{GATEWAY_IP}/30", "dev", "eth0")
-        for address in (*inet.public, *inet.internal):
-            _ip("-n", inet.netns, "addr", "add", f"{address}/32", "dev", "lo")
-        _ip("-n", server_ns, "link", "set", "uplink", "up")
-        _ip("-n", inet.netns, "link", "set", "eth0", "up")
-        _ip("-n", server_ns, "route", "add", "default", "via", GATEWAY_IP)
+        _wire(server_ns, inet.netns)
         web = subprocess.Popen(
             ["nsenter", f"--net=/run/netns/{inet.netns}", "--", sys.executable, "-m",
-             "tests.e2e.internet", *inet.public, *inet.internal],
+             "tests.e2e.internet", str(scratch), *PUBLIC, *INTERNAL],
             stdout=subprocess.PIPE, cwd=REPO,
         )  # fmt: skip
         assert web.stdout is not None and web.stdout.readline() == b"ready\n"
@@ -84,13 +106,43 @@ class _Named(BaseHTTPRequestHandler):
         return
 
 
-def _serve(addresses: list[str]) -> None:
-    servers = [ThreadingHTTPServer((address, 80), _Named) for address in addresses]
-    for server in servers:
-        threading.Thread(target=server.serve_forever, daemon=True).start()
+def _address_of(name: str) -> str | None:
+    name = name.lower().rstrip(".")
+    for rule, address in NAMES.items():
+        if name == rule or (rule.startswith("*.") and name.endswith(rule[1:])):
+            return address
+    return None
+
+
+def _resolve_forever(sock: socket.socket) -> None:
+    while True:
+        data, client = sock.recvfrom(4096)
+        query = dns.message.from_wire(data)
+        response = dns.message.make_response(query)
+        name = query.question[0].name
+        address = _address_of(name.to_text())
+        if address is None:
+            response.set_rcode(dns.rcode.NXDOMAIN)
+        elif query.question[0].rdtype == dns.rdatatype.A:
+            response.answer.append(dns.rrset.from_text(name, 60, "IN", "A", address))
+        sock.sendto(response.to_wire(), client)
+
+
+def _serve(tls_dir: Path, addresses: list[str]) -> None:
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    tls.load_cert_chain(tls_dir / "cert.pem", tls_dir / "key.pem")
+    for address in addresses:
+        for port in (80, 443):
+            server = ThreadingHTTPServer((address, port), _Named)
+            if port == 443:
+                server.socket = tls.wrap_socket(server.socket, server_side=True)
+            threading.Thread(target=server.serve_forever, daemon=True).start()
+    resolver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    resolver.bind((RESOLVER_IP, 53))
+    threading.Thread(target=_resolve_forever, args=(resolver,), daemon=True).start()
     print("ready", flush=True)
     threading.Event().wait()
 
 
 if __name__ == "__main__":
-    _serve(sys.argv[1:])
+    _serve(Path(sys.argv[1]), sys.argv[2:])

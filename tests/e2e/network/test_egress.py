@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from pathlib import Path
 
 import httpx
 import pytest
@@ -103,3 +104,36 @@ def test_unknown_network_fields_are_refused() -> None:
         f"{BASE}/sandboxes/{'x' * 20}/network", json={"denyOut": ["example.com"]}, headers=headers
     )
     assert response.status_code == 400 and "denyOut" in response.json()["message"]
+
+
+def test_domain_rules_for_http_https_and_dns(sandboxes: list[Sandbox]) -> None:
+    rules: SandboxNetworkOpts = {
+        "allow_out": ["allowed.test", "*.wild.test"],
+        "deny_out": ["0.0.0.0/0"],
+    }
+    sandbox = Sandbox.create(timeout=120, network=rules)
+    sandboxes.append(sandbox)
+    sandbox.files.write("/tmp/ca.pem", Path(os.environ["AENV_TEST_INTERNET_CA"]).read_text())
+
+    def fetch(args: str) -> str:
+        run = f"curl -s -m 5 --cacert /tmp/ca.pem {args} || true"
+        return sandbox.commands.run(run).stdout.strip()
+
+    assert fetch("http://allowed.test/") == A
+    assert fetch("https://allowed.test/") == A
+    assert fetch("https://x.wild.test/") == B  # the test certificate's wildcard: one label
+    assert fetch("http://deep.x.wild.test/") == B
+    assert fetch("http://wild.test/") == ""  # a wildcard covers the names below only
+    # DNS answers agree with the rules: a name not allowed does not resolve.
+    assert fetch("http://other.test/") == ""
+    hosts = sandbox.commands.run("getent hosts allowed.test other.test || true").stdout
+    assert A in hosts and "other.test" not in hosts
+    # Resolved elsewhere and sent to an allowed address, a name not allowed is still refused.
+    assert fetch(f"--resolve other.test:443:{A} https://other.test/") == ""
+
+    sandbox.update_network({"allow_out": ["other.test"], "deny_out": ["0.0.0.0/0"]})
+    assert fetch(f"--resolve allowed.test:443:{A} https://allowed.test/") == ""
+    assert fetch(f"--resolve other.test:443:{A} https://other.test/") == A
+    sandbox.update_network({})
+    assert fetch(f"--resolve other.test:443:{A} https://other.test/") == A
+    assert fetch(f"http://{B}/") == B
