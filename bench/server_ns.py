@@ -42,17 +42,17 @@ def log(msg: str) -> None:
 def bench_server(env: Mapping[str, str] | None = None) -> Iterator[Any]:
     """Prepare images, start a server in its own namespace (`env` added to its environment)
     and yield its `tests.e2e.server_ns.ServerNs`; stop it and remove its data dir after."""
+    from aenv.config import Paths
     from aenv.orchestrator.images import prepare_images
-    from aenv.orchestrator.templates import memory_root
     from tests.e2e.server_ns import server_in_namespace
+    from tests.support.guest import GUEST_CACHE, MIRROR
 
-    os.environ.setdefault("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache"))
     scratch = Path(tempfile.mkdtemp(prefix="aenv-b-"))
     home = scratch / "home"
     saved = {k: os.environ.get(k) for k in env or {}}
     try:
         log("preparing guest images (cached)...")
-        asyncio.run(prepare_images(home / "cache"))
+        asyncio.run(prepare_images(home / "cache", GUEST_CACHE, MIRROR))
         os.environ.update(env or {})  # server_in_namespace copies os.environ
         with server_in_namespace(home) as server:
             try:
@@ -67,7 +67,7 @@ def bench_server(env: Mapping[str, str] | None = None) -> Iterator[Any]:
             else:
                 os.environ[key] = value
         # Template and sandbox memory live on tmpfs, outside the data dir: RAM until removed.
-        shutil.rmtree(memory_root(home), ignore_errors=True)
+        shutil.rmtree(Paths(home).memory, ignore_errors=True)
         shutil.rmtree(scratch, ignore_errors=True)
 
 
@@ -181,10 +181,7 @@ def unarchived_pauses(home: Path, sandbox_id: str | None = None) -> int:
     one in the background after every pause and records it in the catalog row)."""
     db = sqlite3.connect(f"file:{home / 'catalog.db'}?mode=ro", uri=True, timeout=10)
     try:
-        query = (
-            "SELECT COUNT(*) FROM sandboxes WHERE state = 'paused'"
-            " AND json_extract(placement, '$.archive') IS NULL"
-        )
+        query = "SELECT COUNT(*) FROM sandboxes WHERE state = 'paused' AND archive_manifest IS NULL"
         params: tuple[str, ...] = ()
         if sandbox_id is not None:
             query += " AND id = ?"

@@ -1,21 +1,27 @@
-"""Server configuration: defaults that work on one machine, a TOML file, `AENV_*` env vars.
+"""Server configuration: defaults that work on one machine, a TOML file, `AENV_*` env vars, and
+`Paths`, the one place that names the files under the data directory.
 
 Precedence: defaults < `$AENV_HOME/config.toml` (or `AENV_CONFIG`) < environment < explicit
 overrides (CLI flags). Every key is a field of `Config`; env names are `AENV_` + the key in
-upper case (`AENV_PORT=3001`).
+upper case (`AENV_PORT=3001`). pydantic converts every value, so `AENV_PAUSE_ON_SHUTDOWN=false`
+is False and `AENV_PORT=x` is an error naming the key.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import tomllib
-import typing
 from collections.abc import Mapping
 from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Any
 
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
 DEFAULT_HOME = Path("/var/lib/aenv")
+DEFAULT_MIRROR = "http://deb.debian.org/debian"
 
 
 class ConfigError(ValueError):
@@ -23,7 +29,110 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
-class Config:
+class Paths:
+    """Every file and directory the server keeps, named once.
+
+    ```
+    $AENV_HOME/
+      config.toml              settings (`AENV_CONFIG` points elsewhere)
+      api-key                  the node's API key (mode 0600)
+      catalog.db               the sandbox catalog (SQLite, WAL)
+      template-tags.json       template tags
+      templates/<id>/          template.json and its builds (saved states: templates,
+                               snapshots, fork checkpoints, cached build steps, image bases)
+      sandboxes/<id>/          a sandbox's VM work dir and pause checkpoints
+      builds/<build>.json      template build records (status and logs)
+      build-files/<hash>       files uploaded for template builds' COPY steps
+      detach/                  scratch space of memory detaching
+      repository/              the snapshot repository when it is a directory (the default)
+      cache/
+        guest/                 guest build cache: kernel, initramfs, rootfs (`guest_cache`)
+        images/                published guest images, content-addressed
+        envd/                  the envd bundle
+        oci/                   OCI blob cache
+        oci-rootfs/            ext4 root filesystems made from OCI images
+        chunks/                repository chunk cache (LRU, `repository_cache_mb`)
+    /dev/shm/aenv-<hash of $AENV_HOME>/
+      templates/<id>/          saved guest memory every restore maps (tmpfs)
+      sandboxes/<id>/          a sandbox's guest memory
+      detach/                  memory detaching's scratch memory
+    ```
+    """
+
+    home: Path
+    guest_cache_override: Path | None = None
+
+    @property
+    def config_file(self) -> Path:
+        return self.home / "config.toml"
+
+    @property
+    def api_key(self) -> Path:
+        return self.home / "api-key"
+
+    @property
+    def catalog(self) -> Path:
+        return self.home / "catalog.db"
+
+    @property
+    def template_tags(self) -> Path:
+        return self.home / "template-tags.json"
+
+    @property
+    def templates(self) -> Path:
+        return self.home / "templates"
+
+    @property
+    def sandboxes(self) -> Path:
+        return self.home / "sandboxes"
+
+    @property
+    def builds(self) -> Path:
+        return self.home / "builds"
+
+    @property
+    def build_files(self) -> Path:
+        return self.home / "build-files"
+
+    @property
+    def detach(self) -> Path:
+        return self.home / "detach"
+
+    @property
+    def repository(self) -> Path:
+        return self.home / "repository"
+
+    @property
+    def cache(self) -> Path:
+        """Where `prepare_images` publishes guest images and keeps the envd bundle."""
+        return self.home / "cache"
+
+    @property
+    def guest_cache(self) -> Path:
+        return self.guest_cache_override or self.cache / "guest"
+
+    @property
+    def oci_cache(self) -> Path:
+        return self.cache / "oci"
+
+    @property
+    def oci_rootfs(self) -> Path:
+        return self.cache / "oci-rootfs"
+
+    @property
+    def chunk_cache(self) -> Path:
+        return self.cache / "chunks"
+
+    @property
+    def memory(self) -> Path:
+        """Guest memory on tmpfs, one tree per data dir (restores map these files)."""
+        digest = hashlib.sha256(str(self.home.resolve()).encode()).hexdigest()[:8]
+        return Path("/dev/shm") / f"aenv-{digest}"
+
+
+class Config(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
     home: Path = DEFAULT_HOME
     host: str = "0.0.0.0"  # noqa: S104 - a server meant to be reached
     port: int = 3000
@@ -45,19 +154,20 @@ class Config:
     # Comma-separated CIDRs. Sandboxes never reach private (10/8, 172.16/12, 192.168/16) or
     # CGNAT (100.64/10) addresses, except those in `network_private_allowed`, nor any in
     # `network_internal` (the cluster's own addresses, say).
-    network_private_allowed: str = ""
-    network_internal: str = ""
+    network_private_allowed: tuple[IPv4Network, ...] = ()
+    network_internal: tuple[IPv4Network, ...] = ()
     # The resolver that sandboxes with domain rules get the addresses of allowed names from.
-    network_dns: str = "1.1.1.1"
+    network_dns: IPv4Address = IPv4Address("1.1.1.1")
     warm_slots_low: int = 4
     warm_slots_high: int = 16
-    # Graceful shutdown pauses running sandboxes (they are resumable after the restart);
-    # off, it kills them.
+    # Graceful shutdown pauses running sandboxes (they are resumable after the restart).
+    # Off, it kills them.
     pause_on_shutdown: bool = True
-    # The snapshot repository holding durable copies of pauses and snapshots: a directory
-    # (default: `$AENV_HOME/repository`), `s3://bucket[/prefix]` (credentials from the usual
-    # AWS environment), or `off`. `repository_endpoint` points S3 at another S3-speaking server.
+    # The snapshot repository holding durable copies of pauses and snapshots.
+    # A directory (default: `$AENV_HOME/repository`), `s3://bucket[/prefix]`, or `off`.
+    # S3 credentials come from the usual AWS environment.
     repository: str = ""
+    # Another S3-speaking server for an `s3://` repository.
     repository_endpoint: str | None = None
     # Node-local cache of repository chunks, in MiB (least recently used chunks are evicted).
     repository_cache_mb: int = 8192
@@ -65,37 +175,28 @@ class Config:
     build_ready_timeout: int = 300
     # Template builds: cached step layers kept (newest first); each holds a VM's memory and disk.
     build_cache_layers: int = 32
+    # The guest build cache (kernel, initramfs, base rootfs); default `$AENV_HOME/cache/guest`.
+    guest_cache: Path | None = None
+    # The Debian mirror the base root filesystem is bootstrapped from.
+    debian_mirror: str = DEFAULT_MIRROR
+
+    @field_validator("domain", "repository_endpoint", "guest_cache", mode="before")
+    @classmethod
+    def _empty_is_none(cls, value: object) -> object:
+        """An empty env var (`AENV_DOMAIN=`) means unset, as in a shell."""
+        return None if value == "" else value
+
+    @field_validator("network_private_allowed", "network_internal", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        """`AENV_NETWORK_INTERNAL=10.9.0.0/16,10.8.0.0/16`, as well as a TOML list."""
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
 
     @property
-    def catalog_path(self) -> Path:
-        return self.home / "catalog.db"
-
-    @property
-    def api_key_path(self) -> Path:
-        return self.home / "api-key"
-
-    @property
-    def templates_dir(self) -> Path:
-        return self.home / "templates"
-
-    @property
-    def sandboxes_dir(self) -> Path:
-        return self.home / "sandboxes"
-
-
-def _coerce(name: str, raw: Any, kind: Any) -> Any:
-    if not isinstance(raw, str):
-        return Path(raw) if kind is Path else raw  # TOML already typed it
-    try:
-        if kind is int:
-            return int(raw)
-        if kind is Path:
-            return Path(raw)
-    except ValueError as e:
-        raise ConfigError(f"{name}: cannot use {raw!r}: {e}") from e
-    if kind == (str | None):
-        return raw or None
-    return raw
+    def paths(self) -> Paths:
+        return Paths(self.home, self.guest_cache)
 
 
 def load(
@@ -105,18 +206,24 @@ def load(
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
     home = Path(env.get("AENV_HOME", str(DEFAULT_HOME)))
-    config_file = Path(env.get("AENV_CONFIG", str(home / "config.toml")))
+    config_file = Path(env.get("AENV_CONFIG", str(Paths(home).config_file)))
     if config_file.is_file():
         try:
             values.update(tomllib.loads(config_file.read_text()))
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"{config_file}: {e}") from e
-    kinds = typing.get_type_hints(Config)
-    for name in kinds:
+    for name in Config.model_fields:
         if f"AENV_{name.upper()}" in env:
             values[name] = env[f"AENV_{name.upper()}"]
     values.update({k: v for k, v in (overrides or {}).items() if v is not None})
-    unknown = sorted(set(values) - set(kinds))
+    unknown = sorted(set(values) - set(Config.model_fields))
     if unknown:
         raise ConfigError(f"unknown configuration keys: {', '.join(unknown)}")
-    return Config(**{name: _coerce(name, value, kinds[name]) for name, value in values.items()})
+    try:
+        return Config.model_validate(values)
+    except ValidationError as e:
+        problems = "; ".join(
+            f"{'.'.join(str(p) for p in err['loc'])}: cannot use {err['input']!r}: {err['msg']}"
+            for err in e.errors()
+        )
+        raise ConfigError(problems) from e

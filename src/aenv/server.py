@@ -14,17 +14,18 @@ import os
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from ipaddress import IPv4Address, IPv4Network
+from ipaddress import IPv4Network
 from pathlib import Path
 
 from aenv.api.app import create_api
 from aenv.api.keys import ensure_api_key
-from aenv.config import Config, ConfigError
+from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.guest.cmdline import GuestNet
 from aenv.network import NetworkConfig, SlotPool
 from aenv.orchestrator.catalog import Catalog
 from aenv.orchestrator.images import GuestImages, prepare_images
+from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.lifecycle import Orchestrator, SandboxNotFound
 from aenv.orchestrator.repository import open_archive
 from aenv.orchestrator.templates import (
@@ -34,7 +35,6 @@ from aenv.orchestrator.templates import (
     TemplateStore,
     build_template,
     is_stale,
-    memory_root,
 )
 from aenv.proxy.app import SandboxProxy
 from aenv.proxy.resolver import SandboxNotFound as ProxyNotFound
@@ -73,13 +73,6 @@ class Node:
         self.catalog.close()
 
 
-def _networks(key: str, value: str) -> tuple[IPv4Network, ...]:
-    try:
-        return tuple(IPv4Network(part.strip()) for part in value.split(",") if part.strip())
-    except ValueError as e:
-        raise ConfigError(f"{key}: {e}") from e
-
-
 def _guest_net(slots: NetworkConfig) -> GuestNet:
     return GuestNet(address=str(slots.guest.ip), gateway=str(slots.guest.gateway), dns="1.1.1.1")
 
@@ -96,23 +89,25 @@ async def _driver(
 
 async def start_node(config: Config, progress: Progress = log.info) -> Node:
     config.home.mkdir(parents=True, exist_ok=True)
-    api_key, created = ensure_api_key(config.api_key_path)
+    api_key, created = ensure_api_key(config.paths.api_key)
     if created:
-        progress(f"generated an API key; it is in {config.api_key_path} (mode 0600)")
-    catalog = Catalog(config.catalog_path)
+        progress(f"generated an API key; it is in {config.paths.api_key} (mode 0600)")
+    catalog = Catalog(config.paths.catalog)
     net_config = NetworkConfig(
         prefix=config.network_prefix,
         slot_network=IPv4Network(config.network_cidr),
         pool_low=config.warm_slots_low,
         pool_high=config.warm_slots_high,
-        private_allowed=_networks("network_private_allowed", config.network_private_allowed),
-        internal=_networks("network_internal", config.network_internal),
-        dns_upstream=IPv4Address(config.network_dns),
+        private_allowed=config.network_private_allowed,
+        internal=config.network_internal,
+        dns_upstream=config.network_dns,
     )
     slots = SlotPool(net_config)
     await slots.start()
     progress("preparing guest images (cached after the first start)...")
-    images = await prepare_images(config.home / "cache")
+    images = await prepare_images(
+        config.paths.cache, config.paths.guest_cache, config.debian_mirror
+    )
     cgroups = detect(f"aenv-{os.getpid()}")
     # VMMs of a previous server that died live on as orphans: reclaim them, and the cgroups, jails
     # and files of its Firecracker VMs (whichever driver runs now), before anything new.
@@ -122,7 +117,7 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
     driver = await _driver(config, images, cgroups, progress)
     if driver.name == "firecracker":
         images = dataclasses.replace(images, kernel=images.vmlinux)
-    templates = TemplateStore(config.templates_dir, memory_root(config.home))
+    templates = TemplateStore(config.paths.templates, config.paths.memory)
     templates.load()
     orchestrator = Orchestrator(config, catalog, driver, slots, templates, open_archive(config))
     await orchestrator.start()
@@ -163,7 +158,7 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
         builds `fromImage`), once per image digest and guest images."""
         key = hashlib.sha256(f"{digest}/{images.identity}".encode()).hexdigest()[:20]
         existing = templates.by_id(f"image-{key}")
-        if existing is not None and existing.kind == "layer":
+        if existing is not None and existing.kind is TemplateKind.IMAGE_BASE:
             return existing
         built = await build_template(
             BuildRequest(
@@ -180,7 +175,7 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
             templates,
             _guest_net(net_config),
         )
-        hidden = dataclasses.replace(built, kind="layer")  # never listed or named
+        hidden = dataclasses.replace(built, kind=TemplateKind.IMAGE_BASE)
         templates.save(hidden)
         return hidden
 
@@ -192,7 +187,7 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
 def _in_use(catalog: Catalog, template_dir: Path) -> bool:
     """Whether some sandbox was started from a saved state in `template_dir`."""
     prefix = f"{template_dir}/"
-    return any(str(r.placement.get("base", "")).startswith(prefix) for r in catalog.list())
+    return any(r.restored_from.startswith(prefix) for r in catalog.list())
 
 
 class _Resolver:

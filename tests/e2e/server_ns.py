@@ -21,7 +21,7 @@ from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from aenv.orchestrator.templates import memory_root
+from aenv.config import Paths
 
 REPO = Path(__file__).resolve().parents[2]
 # Slot namespaces are global names: a prefix of its own per run keeps concurrent runs apart.
@@ -135,4 +135,4 @@ def server_in_namespace(home: Path, port: int = 3000) -> Iterator[ServerNs]:
         time.sleep(0.2)
         _cleanup(host_ns)
         # Template and sandbox memory lives on tmpfs, outside the data dir the caller removes.
-        shutil.rmtree(memory_root(home), ignore_errors=True)
+        shutil.rmtree(Paths(home).memory, ignore_errors=True)

@@ -8,7 +8,6 @@ with their output if any fails.
 from __future__ import annotations
 
 import asyncio
-import os
 import shutil
 import subprocess
 import sys
@@ -20,6 +19,7 @@ import pytest
 from aenv.orchestrator.images import prepare_images
 from tests.e2e.restart.in_flight import catalog_states, crash_during
 from tests.e2e.server_ns import REPO, ServerNs, server_in_namespace
+from tests.support.guest import GUEST_CACHE, MIRROR
 from tests.support.js import ensure_npm_sdk
 
 OLD_SDK = "2.45.1"
@@ -37,10 +37,9 @@ def test_e2b_sdk_against_server() -> None:
 
 
 def _run_inner_suite(home: Path) -> None:
-    os.environ.setdefault("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache"))
     # The server's namespace has no route to package mirrors or the npm registry: build images
     # (cached) and install the npm SDK from here.
-    asyncio.run(prepare_images(home / "cache"))
+    asyncio.run(prepare_images(home / "cache", GUEST_CACHE, MIRROR))
     ensure_npm_sdk()
     old_sdk_python = _old_sdk_venv()
     with server_in_namespace(home) as server:

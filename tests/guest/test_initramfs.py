@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import os
 import subprocess
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import pytest
 from aenv.guest.initramfs import build_initramfs, module_order
 from aenv.guest.kernel import fetch_kernel
 from aenv.guest.proc import BuildError
+from tests.support.guest import GUEST_CACHE
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -35,11 +35,10 @@ def test_cycle_is_an_error() -> None:
 
 @pytest.mark.slow
 async def test_initramfs_from_the_debian_kernel() -> None:
-    os.environ.setdefault("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache"))
-    kernel = await fetch_kernel()
+    kernel = await fetch_kernel(GUEST_CACHE)
     assert kernel.vmlinux.read_bytes()[:4] == b"\x7fELF"
-    initrd = await build_initramfs(kernel)
-    assert initrd == await build_initramfs(kernel)  # cached
+    initrd = await build_initramfs(kernel, GUEST_CACHE)
+    assert initrd == await build_initramfs(kernel, GUEST_CACHE)  # cached
     listing = subprocess.run(
         ["cpio", "-t", "--quiet"], input=gzip.decompress(initrd.read_bytes()),
         capture_output=True, check=True,

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 import subprocess
 from pathlib import Path
 
@@ -10,6 +9,7 @@ import pytest
 
 from aenv.guest.cmdline import ROOT_LABEL, GuestNet, kernel_cmdline
 from aenv.guest.rootfs import build_base_rootfs, make_ext4
+from tests.support.guest import GUEST_CACHE, MIRROR
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -38,8 +38,7 @@ def test_cmdline_carries_the_network() -> None:
 
 @pytest.mark.slow
 async def test_base_rootfs() -> None:
-    os.environ.setdefault("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache"))
-    base = await build_base_rootfs()
+    base = await build_base_rootfs(GUEST_CACHE, MIRROR)
     passwd = (base.tree / "etc" / "passwd").read_text()
     assert (base.tree / "etc" / "resolv.conf").read_text() == ""  # not the build host's
     assert "user:x:1000:1000::/home/user:/bin/bash" in passwd

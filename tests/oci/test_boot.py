@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import base64
 import json
-import os
 import re
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -38,6 +37,7 @@ from tests.runtime.qemu_vm.conftest import (  # noqa: F401 - session fixtures us
 )
 from tests.runtime.qemu_vm.netns import NetnsPool, http
 from tests.runtime.qemu_vm.test_envd_in_guest import BUNDLE, wait_healthy
+from tests.support.guest import GUEST_CACHE
 
 pytestmark = pytest.mark.slow
 
@@ -55,9 +55,8 @@ async def booted(
     once envd is healthy; the VM is stopped however the body ends."""
     if not BUNDLE.is_file():
         pytest.skip(f"no envd bundle at {BUNDLE} (make envd-bundle)")
-    os.environ.setdefault("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache"))
-    kernel = await fetch_kernel()
-    initrd = await build_initramfs(kernel)
+    kernel = await fetch_kernel(GUEST_CACHE)
+    initrd = await build_initramfs(kernel, GUEST_CACHE)
     rootfs = await rootfs_from_image(
         publish(image), tmp_path / "rootfs.ext4", cache=tmp_path / "oci"
     )

@@ -1,6 +1,5 @@
 import dataclasses
 import random
-import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -8,8 +7,9 @@ from pathlib import Path
 import pytest
 
 from aenv.network.settings import SandboxNetwork
-from aenv.orchestrator.catalog import _COLUMNS, SCHEMA, Catalog, PageQuery, SandboxRecord, _to_row
-from aenv.orchestrator.states import SandboxState
+from aenv.orchestrator.catalog import Archived, Catalog, PageQuery, SandboxRecord
+from aenv.orchestrator.kinds import SaveMode
+from aenv.orchestrator.states import KILLABLE, TRANSITIONS, IllegalTransition, SandboxState
 
 
 def record(sandbox_id: str, started: float = 0.0) -> SandboxRecord:
@@ -26,7 +26,11 @@ def record(sandbox_id: str, started: float = 0.0) -> SandboxRecord:
         metadata={"k": "v"},
         env_vars={"A": "1"},
         envd_access_token="tok",
-        placement={"slot": 3},
+        restored_from="/t/base/snapshot",
+        timeout=120,
+        auto_pause_mode=SaveMode.FILESYSTEM,
+        checkpoint_seq=3,
+        archived=Archived(2, "m-2"),
         network=SandboxNetwork(False, ("1.1.1.1",), ("8.8.8.0/24",), False, "${PORT}-x.test"),
     )
 
@@ -42,7 +46,8 @@ def test_roundtrip_keeps_every_field(catalog: Catalog) -> None:
     stored = catalog.insert(record("a" * 20))
     loaded = catalog.get("a" * 20)
     assert loaded == stored
-    assert loaded is not None and loaded.metadata == {"k": "v"} and loaded.placement == {"slot": 3}
+    assert loaded is not None and loaded.metadata == {"k": "v"}
+    assert loaded.archived == Archived(2, "m-2") and loaded.auto_pause_mode is SaveMode.FILESYSTEM
 
 
 def test_transition_only_from_allowed_states(catalog: Catalog) -> None:
@@ -50,7 +55,7 @@ def test_transition_only_from_allowed_states(catalog: Catalog) -> None:
     assert catalog.transition("s1", [SandboxState.RUNNING], SandboxState.KILLING) is None
     moved = catalog.transition("s1", [SandboxState.CREATING], SandboxState.RUNNING, end_at=5.0)
     assert moved is not None and moved.state is SandboxState.RUNNING and moved.end_at == 5.0
-    assert catalog.transition("missing", [SandboxState.RUNNING], SandboxState.DEAD) is None
+    assert catalog.transition("missing", [SandboxState.RUNNING], SandboxState.KILLING) is None
     with pytest.raises(ValueError):
         catalog.transition("s1", [SandboxState.RUNNING], SandboxState.RUNNING, bogus=1)
 
@@ -143,9 +148,7 @@ def test_pages_match_filtering_everything_in_python(catalog: Catalog) -> None:
 
 def test_pages_leave_out_the_servers_own_sandboxes(catalog: Catalog) -> None:
     running = dataclasses.replace(record("user-sbx"), state=SandboxState.RUNNING)
-    build_vm = dataclasses.replace(
-        record("build-vm"), state=SandboxState.RUNNING, placement={"internal": True}
-    )
+    build_vm = dataclasses.replace(record("build-vm"), state=SandboxState.RUNNING, internal=True)
     catalog.insert(running)
     catalog.insert(build_vm)
     page, more = catalog.page(PageQuery(states=frozenset({SandboxState.RUNNING}), limit=10))
@@ -153,29 +156,33 @@ def test_pages_leave_out_the_servers_own_sandboxes(catalog: Catalog) -> None:
     assert catalog.get("build-vm") is not None  # still there, only not listed
 
 
-def test_network_settings_change_and_older_catalogs_keep_their_flag(tmp_path: Path) -> None:
-    path = tmp_path / "catalog.db"
-    with sqlite3.connect(path) as db:
-        # A catalog from before the `network` column: only the internet flag was kept.
-        db.executescript(SCHEMA.replace("network TEXT NOT NULL DEFAULT '{}',", ""))
-        columns = [c for c in _COLUMNS if c != "network"] + ["allow_internet"]
-        marks = ", ".join("?" for _ in columns)
-        for sandbox_id, allowed in (("a" * 20, 0), ("b" * 20, 1)):
-            values = {**dict(zip(_COLUMNS, _to_row(record(sandbox_id)), strict=True))}
-            values["allow_internet"] = allowed
-            db.execute(
-                f"INSERT INTO sandboxes ({', '.join(columns)}) VALUES ({marks})",
-                [values[c] for c in columns],
-            )
-    catalog = Catalog(path)
-    try:
-        assert catalog.get("a" * 20).network == SandboxNetwork(allow_internet=False)
-        assert catalog.get("b" * 20).network == SandboxNetwork()
-        changed = SandboxNetwork(deny_out=("0.0.0.0/0",), allow_out=("9.9.9.9",))
-        updated = catalog.update("b" * 20, network=changed)
-        assert updated is not None and updated.network == changed
-        assert changed.egress.enabled and [str(n) for n in changed.egress.policy.deny] == [
-            "0.0.0.0/0"
-        ]
-    finally:
-        catalog.close()
+def test_moves_outside_the_transition_table_raise(catalog: Catalog) -> None:
+    catalog.insert(record("s2"))
+    with pytest.raises(IllegalTransition, match="creating to paused"):
+        catalog.transition("s2", [SandboxState.CREATING], SandboxState.PAUSED)
+    with pytest.raises(IllegalTransition, match="killing"):
+        catalog.transition("s2", KILLABLE | {SandboxState.KILLING}, SandboxState.RUNNING)
+    stored = catalog.get("s2")
+    assert stored is not None and stored.state is SandboxState.CREATING  # nothing written
+    # Staying in a state changes fields only, from any state.
+    assert catalog.update("s2", end_at=9.0) is not None
+
+
+def test_every_state_is_reachable_and_can_be_killed() -> None:
+    reached = {SandboxState.CREATING}
+    frontier = [SandboxState.CREATING]
+    while frontier:
+        for nxt in TRANSITIONS[frontier.pop()]:
+            if nxt not in reached:
+                reached.add(nxt)
+                frontier.append(nxt)
+    assert reached == set(SandboxState)
+    assert frozenset(SandboxState) - KILLABLE == {SandboxState.KILLING}
+
+
+def test_network_settings_change(catalog: Catalog) -> None:
+    catalog.insert(record("s3"))
+    changed = SandboxNetwork(deny_out=("0.0.0.0/0",), allow_out=("9.9.9.9", "*.example.com"))
+    updated = catalog.update("s3", network=changed)
+    assert updated is not None and updated.network == changed
+    assert catalog.get("s3") == updated

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from aenv.config import DEFAULT_MIRROR as MIRROR
 from aenv.guest.kernel import Kernel
 from aenv.guest.rootfs import BaseRootfs
 from aenv.orchestrator import images
@@ -97,6 +98,7 @@ class FakeBuilds:
 
     def __init__(self, root: Path, monkeypatch: pytest.MonkeyPatch) -> None:
         self.root = root
+        self.guest_cache = root / "guest-cache"
         self.drives_built = 0
         self.write(b"v1")
         monkeypatch.setattr(images, "fetch_kernel", self.fetch_kernel)
@@ -110,14 +112,15 @@ class FakeBuilds:
             rebuild(self.root / name, name.encode() + version)
         rebuild(self.root / "envd" / "aenv-envd", b"envd " + version)
 
-    async def fetch_kernel(self) -> Kernel:
+    async def fetch_kernel(self, cache: Path) -> Kernel:
+        assert cache == self.guest_cache
         r = self.root
         return Kernel("6.1", r / "vmlinuz", r / "vmlinux", r / "modules", r / "config")
 
-    async def build_initramfs(self, kernel: Kernel) -> Path:
+    async def build_initramfs(self, kernel: Kernel, cache: Path) -> Path:
         return self.root / "initrd.cpio.gz"
 
-    async def build_base_rootfs(self) -> BaseRootfs:
+    async def build_base_rootfs(self, cache: Path, mirror: str) -> BaseRootfs:
         return BaseRootfs(tree=self.root / "tree", image=self.root / "rootfs.ext4")
 
     def build_bundle(self, out: Path) -> Path:
@@ -162,14 +165,15 @@ async def test_rebuilt_images_get_new_files_and_old_ones_stay(
 ) -> None:
     builds = FakeBuilds(tmp_path / "guest", monkeypatch)
     cache = tmp_path / "cache"
-    old = await prepare_images(cache)
-    assert await prepare_images(cache) == old  # nothing changed: same files, drive built once
+    old = await prepare_images(cache, builds.guest_cache, MIRROR)
+    # Nothing changed: the same files, the drive built once.
+    assert await prepare_images(cache, builds.guest_cache, MIRROR) == old
     assert builds.drives_built == 1
     snap = saved_snapshot(tmp_path / "templates" / "snap" / "build", old)
     contents = {p: p.read_bytes() for p in referenced(snap)}
 
     builds.write(b"v2")
-    new = await prepare_images(cache)
+    new = await prepare_images(cache, builds.guest_cache, MIRROR)
     assert builds.drives_built == 2
     for field in ("kernel", "vmlinux", "initrd", "rootfs", "envd_drive"):
         before, after = getattr(old, field), getattr(new, field)

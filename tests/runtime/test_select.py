@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -10,6 +9,7 @@ import pytest
 from aenv.guest.initramfs import build_initramfs
 from aenv.guest.kernel import fetch_kernel
 from aenv.runtime.select import Backend, Selection, kvm_boots_guests, qemu_driver, select_backend
+from tests.support.guest import GUEST_CACHE
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -31,9 +31,10 @@ async def test_probe_without_device(tmp_path: Path) -> None:
 async def test_probe_boots_the_real_kernel() -> None:
     if not Path("/dev/kvm").exists():
         pytest.skip("no /dev/kvm")
-    os.environ.setdefault("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache"))
-    kernel = await fetch_kernel()
-    ok, reason = await kvm_boots_guests(kernel.bzimage, await build_initramfs(kernel), limit_s=10)
+    kernel = await fetch_kernel(GUEST_CACHE)
+    ok, reason = await kvm_boots_guests(
+        kernel.bzimage, await build_initramfs(kernel, GUEST_CACHE), limit_s=10
+    )
     if Path("/sys/module/kvm_pvm").exists() and not Path("/sys/module/kvm_intel").exists():
         # PVM opens /dev/kvm and creates VMs, but an ordinary kernel never reaches init.
         assert not ok, reason

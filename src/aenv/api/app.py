@@ -83,8 +83,8 @@ def create_api(
     metrics = NodeMetrics(orchestrator)
     builder = Builder(
         orchestrator,
-        TagStore(config.home / "template-tags.json"),
-        config.home,
+        TagStore(config.paths.template_tags),
+        config.paths,
         config.build_ready_timeout,
         boot_image,
         cache_layers=config.build_cache_layers,

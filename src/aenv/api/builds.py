@@ -23,13 +23,14 @@ from starlette.routing import Route
 from aenv.api.errors import APIError, not_found
 from aenv.api.sandboxes import parse_body, rfc3339
 from aenv.oci import Credentials
-from aenv.orchestrator.build_steps import STEP_TYPES
+from aenv.orchestrator.build_steps import StepType
 from aenv.orchestrator.builds import (
     FILES_HASH,
     LEVELS,
     Build,
     Builder,
     BuildSpec,
+    BuildStatus,
     LogEntry,
     Step,
     split_name,
@@ -229,7 +230,7 @@ class BuildRoutes:
         if body.from_image and body.from_template:
             raise APIError(400, "give fromImage or fromTemplate, not both")
         for index, step in enumerate(body.steps, 1):
-            if step.type not in STEP_TYPES:
+            if step.type not in set(StepType):
                 raise APIError(400, f"step {index}: unknown type '{step.type}'")
             if step.type == "COPY" and not (step.files_hash and FILES_HASH.match(step.files_hash)):
                 raise APIError(400, f"step {index}: COPY needs a filesHash (sha256 hex)")
@@ -239,12 +240,14 @@ class BuildRoutes:
             if registry.type != "registry" or registry.username is None:
                 raise APIError(400, "fromImageRegistry: only type 'registry' with a username")
             credentials = Credentials(registry.username, registry.password or "")
-        if build.status != "waiting":
+        if build.status is not BuildStatus.WAITING:
             raise APIError(409, f"build {build.build_id} was already started")
         spec = BuildSpec(
             from_template=body.from_template,
             from_image=body.from_image,
-            steps=tuple(Step(s.type, tuple(s.args), s.force, s.files_hash) for s in body.steps),
+            steps=tuple(
+                Step(StepType(s.type), tuple(s.args), s.force, s.files_hash) for s in body.steps
+            ),
             start_cmd=body.start_cmd or None,
             ready_cmd=body.ready_cmd or None,
             force=body.force,

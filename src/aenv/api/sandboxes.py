@@ -30,6 +30,7 @@ from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.orchestrator.catalog import PageQuery, SandboxRecord
 from aenv.orchestrator.envd_client import EnvdUnavailable
+from aenv.orchestrator.kinds import SaveMode
 from aenv.orchestrator.lifecycle import (
     CapacityReached,
     CreateFailed,
@@ -151,7 +152,7 @@ class SandboxRoutes:
                 "autoResume": record.auto_resume,
                 "onTimeout": "pause" if record.auto_pause else "kill",
             },
-            "pauseMode": "full" if record.placement.get("pause_memory", True) else "filesystem",
+            "pauseMode": record.auto_pause_mode.value,
         }
 
     # -- create ---------------------------------------------------------------------------
@@ -171,7 +172,7 @@ class SandboxRoutes:
                         metadata=body.metadata or {},
                         env_vars=body.env_vars or {},
                         auto_pause=body.auto_pause,
-                        auto_pause_memory=body.auto_pause_memory,
+                        auto_pause_mode=SaveMode.of(body.auto_pause_memory),
                         auto_resume=body.auto_resume is not None and body.auto_resume.enabled,
                         network=network,
                     )
@@ -263,7 +264,7 @@ class SandboxRoutes:
         if timeout > self.config.max_timeout:
             raise APIError(400, f"timeout must be at most {self.config.max_timeout} seconds")
         record, resumed = await call_lifecycle(
-            self.orc.connect(sandbox_id, timeout, memory=body.memory), sandbox_id
+            self.orc.connect(sandbox_id, timeout, mode=SaveMode.of(body.memory)), sandbox_id
         )
         return JSONResponse(self._sandbox(record), status_code=201 if resumed else 200)
 

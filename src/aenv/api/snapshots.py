@@ -17,6 +17,7 @@ from aenv.api.errors import APIError, call_lifecycle
 from aenv.api.models import DEFAULT_TIMEOUT_V2, ForkBody, PauseBody, ResumeBody, SnapshotBody
 from aenv.api.sandboxes import MAX_PAGE, parse_body, sandbox_body
 from aenv.config import Config
+from aenv.orchestrator.kinds import SaveMode
 from aenv.orchestrator.lifecycle import (
     CapacityReached,
     CreateFailed,
@@ -50,7 +51,7 @@ class SnapshotRoutes:
         body = await parse_body(request, PauseBody, optional=True)
         sandbox_id = request.path_params["sandbox_id"]
         pausing = self.orc.pause(
-            sandbox_id, memory=body.memory, require_healthy=body.require_healthy_guest
+            sandbox_id, mode=SaveMode.of(body.memory), require_healthy=body.require_healthy_guest
         )
         try:
             await call_lifecycle(pausing, sandbox_id)
@@ -64,7 +65,7 @@ class SnapshotRoutes:
         sandbox_id = request.path_params["sandbox_id"]
         timeout = body.timeout or DEFAULT_TIMEOUT_V2
         record, resumed = await call_lifecycle(
-            self.orc.resume(sandbox_id, timeout, memory=body.memory), sandbox_id
+            self.orc.resume(sandbox_id, timeout, mode=SaveMode.of(body.memory)), sandbox_id
         )
         if not resumed:
             raise APIError(409, f"sandbox '{sandbox_id}' is already running")
@@ -74,7 +75,7 @@ class SnapshotRoutes:
         body = await parse_body(request, SnapshotBody, optional=True)
         sandbox_id = request.path_params["sandbox_id"]
         template = await call_lifecycle(
-            self.orc.snapshot(sandbox_id, name=body.name, memory=body.memory), sandbox_id
+            self.orc.snapshot(sandbox_id, name=body.name, mode=SaveMode.of(body.memory)), sandbox_id
         )
         return JSONResponse(_snapshot_info(template), status_code=201)
 

@@ -45,7 +45,7 @@ def pull_image(
     if not os_ or not arch:
         fail(f"--platform {platform!r}: expected os/arch[/variant]")
     credentials = Credentials(username, password or "") if username else None
-    cache = load({"home": home}).home / "cache" / "oci"
+    cache = load({"home": home}).paths.oci_cache
     try:
         image = asyncio.run(
             _pull_with_bar(ref, cache, credentials, Platform(os_, arch, variant or None))

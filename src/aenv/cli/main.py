@@ -79,9 +79,10 @@ async def _serve(config: Config) -> None:
 def auth(home: Annotated[Path | None, typer.Option(help="data directory")] = None) -> None:
     """Print where the node's API key is and the environment to point E2B SDKs here."""
     config = load({"home": home})
-    key = config.api_key_path.read_text().strip() if config.api_key_path.exists() else None
+    key_file = config.paths.api_key
+    key = key_file.read_text().strip() if key_file.exists() else None
     if key is None:
-        console.print(f"no API key yet: start the server once ({config.api_key_path})")
+        console.print(f"no API key yet: start the server once ({key_file})")
         raise typer.Exit(1)
     base = f"http://localhost:{config.port}"
     typer.echo(

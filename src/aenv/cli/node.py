@@ -40,8 +40,8 @@ def node(home: Path | None) -> Node:
     """`E2B_API_URL`/`E2B_SANDBOX_URL`/`E2B_API_KEY` when set, else the local node's."""
     config = load({"home": home})
     key = os.environ.get("E2B_API_KEY")
-    if key is None and config.api_key_path.exists():
-        key = config.api_key_path.read_text().strip()
+    if key is None and config.paths.api_key.exists():
+        key = config.paths.api_key.read_text().strip()
     if key is None:
         fail("no API key: set E2B_API_KEY or start the server once")
     api_url = os.environ.get("E2B_API_URL", f"http://localhost:{config.port}")

@@ -15,16 +15,6 @@ import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
-DEFAULT_HOME = Path("/var/lib/aenv")
-
-
-def cache_root() -> Path:
-    """`AENV_GUEST_CACHE`, else `$AENV_HOME/cache/guest`, else `/var/lib/aenv/cache/guest`."""
-    explicit = os.environ.get("AENV_GUEST_CACHE")
-    if explicit:
-        return Path(explicit)
-    return Path(os.environ.get("AENV_HOME", str(DEFAULT_HOME))) / "cache" / "guest"
-
 
 def cache_key(inputs: object) -> str:
     blob = json.dumps(inputs, sort_keys=True, default=str).encode()
@@ -32,10 +22,11 @@ def cache_key(inputs: object) -> str:
 
 
 async def cached_dir(
-    name: str, inputs: object, build: Callable[[Path], Awaitable[None]], root: Path | None = None
+    name: str, inputs: object, build: Callable[[Path], Awaitable[None]], root: Path
 ) -> Path:
-    """Return the cache entry for `inputs`, calling `build(tmpdir)` to create it if missing."""
-    base = root or cache_root()
+    """Return the cache entry for `inputs` under `root` (the configured guest cache, see
+    `config.Paths.guest_cache`), calling `build(tmpdir)` to create it if missing."""
+    base = root
     base.mkdir(parents=True, exist_ok=True)
     final = base / f"{name}-{cache_key(inputs)}"
     if final.is_dir():

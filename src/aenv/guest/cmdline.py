@@ -13,7 +13,6 @@ from dataclasses import dataclass
 ROOT_LABEL = "aenv-root"
 UPPER_LABEL = "aenv-upper"
 ENVD_LABEL = "aenv-envd"
-ENVD_PORT = 49983
 READY_MARKER = "aenv-init: ready"
 
 # panic=-1 reboots at once on panic, which a VMM run with no-reboot turns into an exit we see.

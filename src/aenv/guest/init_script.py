@@ -10,7 +10,8 @@ tini runs stage 2, which mounts the API filesystems and starts envd, restarting 
 
 from __future__ import annotations
 
-from aenv.guest.cmdline import ENVD_LABEL, ENVD_PORT, READY_MARKER, ROOT_LABEL, UPPER_LABEL
+from aenv.envd import ENVD_PORT
+from aenv.guest.cmdline import ENVD_LABEL, READY_MARKER, ROOT_LABEL, UPPER_LABEL
 
 STAGE1 = f"""#!/bin/busybox sh
 /bin/busybox --install -s /bin

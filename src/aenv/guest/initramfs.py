@@ -45,11 +45,13 @@ MODULES = (
 
 async def build_initramfs(
     kernel: Kernel,
+    cache: Path,
     busybox: Path = BUSYBOX,
     tini: Path = TINI,
     modules: Iterable[str] = MODULES,
 ) -> Path:
-    """Return a cached `initrd.cpio.gz` for `kernel` (rebuilt when any input changes)."""
+    """Return an `initrd.cpio.gz` for `kernel` cached in `cache` (rebuilt when any input
+    changes)."""
     wanted = tuple(modules)
     bb_hash = await asyncio.to_thread(_sha256, busybox)
     tini_hash = await asyncio.to_thread(_sha256, tini)
@@ -74,7 +76,7 @@ async def build_initramfs(
         await asyncio.to_thread(shutil.rmtree, stage)
         (tmp / "modules.order").write_text("\n".join(order) + "\n")
 
-    entry = await cached_dir("initramfs", inputs, build)
+    entry = await cached_dir("initramfs", inputs, build, cache)
     return entry / "initrd.cpio.gz"
 
 

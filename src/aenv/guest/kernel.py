@@ -48,8 +48,9 @@ async def resolve_package(meta: str = META_PACKAGE) -> str:
     return match.group(1)
 
 
-async def fetch_kernel(package: str | None = None, cache: Path | None = None) -> Kernel:
-    """Download + unpack the kernel package (cached by package name) and extract its vmlinux."""
+async def fetch_kernel(cache: Path, package: str | None = None) -> Kernel:
+    """Download + unpack the kernel package (cached in `cache` by package name) and extract its
+    vmlinux."""
     pkg = package or await resolve_package()
 
     async def build(tmp: Path) -> None:

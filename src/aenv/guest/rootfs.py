@@ -13,7 +13,6 @@ from aenv.guest.cache import cached_dir
 from aenv.guest.cmdline import ROOT_LABEL
 from aenv.guest.proc import run
 
-DEFAULT_MIRROR = "http://deb.debian.org/debian"
 BASE_PACKAGES = ("bash", "python3", "git", "sudo", "curl", "iproute2", "ca-certificates", "procps")
 USER = "user"
 UID = 1000
@@ -26,15 +25,14 @@ class BaseRootfs:
 
 
 async def build_base_rootfs(
+    cache: Path,
+    mirror: str,
     suite: str = "bookworm",
     packages: tuple[str, ...] = BASE_PACKAGES,
-    mirror: str | None = None,
-    cache: Path | None = None,
 ) -> BaseRootfs:
-    """Debian `minbase` + `packages`, user `user` (uid 1000, passwordless sudo); built once per
-    set of inputs and reused from the cache afterwards."""
-    source = mirror or os.environ.get("AENV_DEBIAN_MIRROR", DEFAULT_MIRROR)
-    inputs = {"suite": suite, "packages": sorted(packages), "mirror": source, "recipe": 2}
+    """Debian `minbase` + `packages` from `mirror`, user `user` (uid 1000, passwordless sudo);
+    built once per set of inputs and reused from `cache` afterwards."""
+    inputs = {"suite": suite, "packages": sorted(packages), "mirror": mirror, "recipe": 2}
 
     async def build(tmp: Path) -> None:
         tree = tmp / "tree"
@@ -44,7 +42,7 @@ async def build_base_rootfs(
             f"--include={','.join(sorted(packages))}",
             suite,
             tree,
-            source,
+            mirror,
         )
         await run("chroot", tree, "useradd", "-m", "-u", str(UID), "-s", "/bin/bash", USER)
         sudoers = tree / "etc" / "sudoers.d" / USER

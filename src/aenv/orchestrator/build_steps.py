@@ -10,8 +10,8 @@ records for its sandboxes.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
+import enum
 import hashlib
 import io
 import stat
@@ -28,9 +28,21 @@ from aenv.envd.proto.filesystem import filesystem_pb as fs
 from aenv.envd.proto.filesystem.filesystem_connect import FilesystemClient
 from aenv.envd.proto.process import process_pb as pb
 from aenv.envd.proto.process.process_connect import ProcessClient
+from aenv.orchestrator.envd_client import EnvdClient
 
 OutputSink = Callable[[str], None]
-STEP_TYPES = ("RUN", "COPY", "ENV", "WORKDIR", "USER")
+# Steps may take long to answer: a file write or a COPY of a large archive.
+_TIMEOUT = httpx.Timeout(60.0, read=None)
+
+
+class StepType(enum.StrEnum):
+    """The template build steps E2B's SDKs send (Dockerfile instructions)."""
+
+    RUN = "RUN"
+    COPY = "COPY"
+    ENV = "ENV"
+    WORKDIR = "WORKDIR"
+    USER = "USER"
 
 
 class StepFailed(RuntimeError):
@@ -49,21 +61,17 @@ class BuildState:
 class GuestShell:
     """Runs commands and writes files in one build VM through its envd."""
 
-    def __init__(self, base_url: str, token: str) -> None:
-        self.base_url = base_url
-        self.token = token
-        self._rpc = ProcessClient(base_url)
-        self._fs = FilesystemClient(base_url)
-        self._http = httpx.AsyncClient(timeout=httpx.Timeout(60.0, read=None))
+    def __init__(self, envd: EnvdClient) -> None:
+        self.envd = envd
+        self._rpc = ProcessClient(envd.url)
+        self._fs = FilesystemClient(envd.url)
 
     async def close(self) -> None:
         await self._rpc.close()
         await self._fs.close()
-        await self._http.aclose()
 
     def _headers(self, user: str) -> dict[str, str]:
-        basic = base64.b64encode(f"{user}:".encode()).decode()
-        return {"X-Access-Token": self.token, "Authorization": f"Basic {basic}"}
+        return self.envd.headers(user)
 
     def _start(self, command: str, user: str, state: BuildState) -> AsyncIterator[pb.StartResponse]:
         # bash as the SDKs run commands; images without it get their sh.
@@ -97,8 +105,11 @@ class GuestShell:
         sandbox of the template pays for that on its first command (≈ 100 ms under TCG)."""
         if await self.run("true", user, BuildState(user=user)) != 0:
             raise StepFailed("the warm-up command failed")
-        response = await self._http.get(
-            f"{self.base_url}/files", params={"path": "/etc/hostname"}, headers=self._headers(user)
+        response = await self.envd.http.get(
+            f"{self.envd.url}/files",
+            params={"path": "/etc/hostname"},
+            headers=self._headers(user),
+            timeout=_TIMEOUT,
         )
         if not response.is_success:
             raise StepFailed(f"the warm-up read failed: {response.status_code}")
@@ -116,10 +127,11 @@ class GuestShell:
     ) -> list[str]:
         """COPY: envd places `src` of the uploaded `archive` at `dest` (envd's `/aenv/copy`,
         which needs nothing of the image: no shell, tar or coreutils). Returns what it placed."""
-        response = await self._http.post(
-            f"{self.base_url}/aenv/copy",
+        response = await self.envd.http.post(
+            f"{self.envd.url}/aenv/copy",
             json={"archive": archive, "src": src, "dest": dest, "owner": owner, "mode": mode},
-            headers={"X-Access-Token": self.token},
+            headers=self.envd.headers(),
+            timeout=_TIMEOUT,
         )
         if not response.is_success:
             try:
@@ -131,11 +143,12 @@ class GuestShell:
         return placed
 
     async def write(self, path: str, data: bytes) -> None:
-        response = await self._http.post(
-            f"{self.base_url}/files",
+        response = await self.envd.http.post(
+            f"{self.envd.url}/files",
             params={"path": path, "username": "root"},
             files={"file": ("upload", data)},
-            headers={"X-Access-Token": self.token},
+            headers=self.envd.headers(),
+            timeout=_TIMEOUT,
         )
         if not response.is_success:
             raise StepFailed(f"writing {path} into the VM: {response.status_code} {response.text}")

@@ -3,7 +3,7 @@ the start command left running, the VM saved as the template's new build.
 
 The build VM is an ordinary but internal sandbox (metadata `aenv.build`; not listed to users,
 killed rather than paused at shutdown), so building reuses restore, save and cleanup. After each
-RUN or COPY step its state is saved as a hidden `layer` template keyed by (parent key, step,
+RUN or COPY step its state is saved as a hidden build-layer template keyed by (parent key, step,
 files hash): a later build whose first steps match starts from the newest such layer instead of
 re-running them. A build's log is kept in memory, in order, and read by offset while the build
 runs (the E2B status route, `aenv template logs`); each build's record (status, reason, log)
@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import enum
 import hashlib
 import json
 import logging
@@ -31,15 +32,17 @@ import httpx
 from connectrpc.errors import ConnectError
 
 from aenv import atomic
+from aenv.config import Paths
 from aenv.ids import new_sandbox_id
 from aenv.oci import Credentials, ImageError, rootfs_from_image
-from aenv.orchestrator import envd_client
 from aenv.orchestrator.build_steps import (
     BuildState,
     GuestShell,
     StepFailed,
+    StepType,
     tar_files_hash,
 )
+from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.lifecycle import CreateRequest, Orchestrator
 from aenv.orchestrator.tags import TagStore
 from aenv.orchestrator.templates import Template, TemplateNotFound
@@ -54,6 +57,13 @@ FILES_HASH = re.compile(r"^[0-9a-f]{64}$")
 LEVELS = ("debug", "info", "warn", "error")
 
 
+class BuildStatus(enum.StrEnum):
+    WAITING = "waiting"  # requested, its steps not yet given
+    BUILDING = "building"
+    READY = "ready"
+    ERROR = "error"
+
+
 class BuildError(Exception):
     """What ends a build in `error`; `step` is the step it happened in, if any."""
 
@@ -64,7 +74,7 @@ class BuildError(Exception):
 
 @dataclass(frozen=True)
 class Step:
-    type: str  # RUN | COPY | ENV | WORKDIR | USER
+    type: StepType
     args: tuple[str, ...]
     force: bool = False
     files_hash: str | None = None
@@ -97,7 +107,7 @@ class Build:
     name: str
     tags: tuple[str, ...]
     created_at: float
-    status: str = "waiting"  # waiting | building | ready | error
+    status: BuildStatus = BuildStatus.WAITING
     # The sandbox size asked for (`cpuCount`, `memoryMB`); None keeps the base's.
     cpu_count: int | None = None
     memory_mb: int | None = None
@@ -127,13 +137,18 @@ def _build_from_json(text: str) -> Build:
     raw = json.loads(text)
     reason = raw.pop("reason")
     build = Build(
-        **{**raw, "tags": tuple(raw["tags"]), "logs": [LogEntry(**e) for e in raw["logs"]]}
+        **{
+            **raw,
+            "tags": tuple(raw["tags"]),
+            "logs": [LogEntry(**e) for e in raw["logs"]],
+            "status": BuildStatus(raw["status"]),
+        }
     )
     if reason is not None:
         build.reason = BuildError(reason["message"], reason["step"])
-    if build.status in ("waiting", "building"):  # the server stopped while it ran
+    if build.status in (BuildStatus.WAITING, BuildStatus.BUILDING):  # the server stopped
         build.reason = BuildError("interrupted: the server restarted during the build")
-        build.status = "error"
+        build.status = BuildStatus.ERROR
     return build
 
 
@@ -153,7 +168,7 @@ class Builder:
         self,
         orchestrator: Orchestrator,
         tags: TagStore,
-        home: Path,
+        paths: Paths,
         ready_timeout: float,
         boot_image: ImageBooter | None = None,
         *,
@@ -161,10 +176,10 @@ class Builder:
     ) -> None:
         self.orc = orchestrator
         self.tags = tags
-        self.files_dir = home / "build-files"
-        self.records_dir = home / "builds"  # one JSON per build: status and logs survive restarts
-        self.oci_cache = home / "cache" / "oci"
-        self.rootfs_dir = home / "cache" / "oci-rootfs"
+        self.files_dir = paths.build_files
+        self.records_dir = paths.builds  # one JSON per build: status and logs survive restarts
+        self.oci_cache = paths.oci_cache
+        self.rootfs_dir = paths.oci_rootfs
         self.ready_timeout = ready_timeout
         self.boot_image = boot_image
         self.cache_layers = cache_layers
@@ -216,7 +231,7 @@ class Builder:
         )
         self._builds[build.build_id] = build
         # Bounded: the oldest builds not running are forgotten (their logs with them).
-        idle = [b for b in self._builds.values() if b.status != "building"]
+        idle = [b for b in self._builds.values() if b.status is not BuildStatus.BUILDING]
         for old in idle[: max(0, len(self._builds) - MAX_BUILDS)]:
             del self._builds[old.build_id]
             (self.records_dir / f"{old.build_id}.json").unlink(missing_ok=True)
@@ -236,7 +251,7 @@ class Builder:
         return self.files_dir / files_hash
 
     def start(self, build: Build, spec: BuildSpec) -> None:
-        build.status = "building"
+        build.status = BuildStatus.BUILDING
         self._record(build)
         task = asyncio.create_task(self._run(build, spec))
         self._tasks.add(task)
@@ -255,12 +270,12 @@ class Builder:
             await self._trim_cache()
             build.log(f"Template {template.template_id} ready ({time.monotonic() - started:.1f} s)")
             self.tags.assign(template.template_id, list(build.tags), build.build_id)
-            build.status = "ready"
+            build.status = BuildStatus.READY
             await asyncio.to_thread(self._record, build)
             return
         build.reason = reason
         build.log(f"Build failed: {reason}", level="error", step=reason.step)
-        build.status = "error"
+        build.status = BuildStatus.ERROR
         await asyncio.to_thread(self._record, build)
 
     async def _build(self, build: Build, spec: BuildSpec) -> Template:
@@ -286,10 +301,7 @@ class Builder:
                 size=size if resized else None,
             )
         )
-        endpoint = self.orc.guest_endpoint(record.id)
-        shell = GuestShell(
-            f"http://{endpoint.host}:{envd_client.ENVD_PORT}", record.envd_access_token or ""
-        )
+        shell = GuestShell(self.orc.envd(record.id))
         state = BuildState(
             user=source.default_user or "user",
             workdir=source.default_workdir,
@@ -306,16 +318,16 @@ class Builder:
                     await self._apply(shell, state, step, build, label)
                 except StepFailed as e:
                     raise BuildError(str(e), label) from e
-                if step.type in ("RUN", "COPY"):
+                if step.type in (StepType.RUN, StepType.COPY):
                     layer = await self.orc.save_template(
-                        record.id, _layer_id(keys[index]), "layer", ()
+                        record.id, _layer_id(keys[index]), TemplateKind.BUILD_LAYER, ()
                     )
                     await asyncio.to_thread(self.orc.templates.save, _with_state(layer, state))
             if spec.start_cmd:
                 await self._start_service(shell, state, spec, build)
             await shell.warm_up(state.user)
             saved = await self.orc.save_template(
-                record.id, build.template_id, "template", (build.name,)
+                record.id, build.template_id, TemplateKind.TEMPLATE, (build.name,)
             )
         finally:
             await shell.close()
@@ -362,7 +374,7 @@ class Builder:
         layers = [
             t
             for t in self.orc.templates.list_all()
-            if t.kind == "layer" and t.template_id.startswith("layer-") and not t.deleted
+            if t.kind is TemplateKind.BUILD_LAYER and not t.deleted
         ]
         layers.sort(key=lambda t: t.created_at, reverse=True)
         for old in layers[self.cache_layers :]:
@@ -386,7 +398,7 @@ class Builder:
         limit = next((i for i, s in enumerate(spec.steps) if s.force), len(spec.steps))
         for index in reversed(range(limit)):
             layer = self.orc.templates.by_id(_layer_id(keys[index]))
-            if layer is not None and layer.kind == "layer" and not layer.deleted:
+            if layer is not None and layer.kind is TemplateKind.BUILD_LAYER and not layer.deleted:
                 # Reused: the cache keeps the most recently used layers.
                 self.orc.templates.save(dataclasses.replace(layer, created_at=time.time()))
                 return index + 1, layer
@@ -397,18 +409,18 @@ class Builder:
     ) -> None:
         args = step.args
         match step.type, len(args):
-            case "RUN", 1 | 2:
+            case StepType.RUN, 1 | 2:
                 user = args[1] if len(args) == 2 and args[1] else state.user
                 code = await shell.run(
                     args[0], user, state, lambda line: build.log(line, step=label)
                 )
                 if code != 0:
                     raise StepFailed(f"RUN {args[0]!r} exited with code {code}")
-            case "COPY", 2 | 3 | 4:
+            case StepType.COPY, 2 | 3 | 4:
                 await self._copy(shell, state, step, build, label)
-            case "ENV", n if n % 2 == 0 and n > 0:
+            case StepType.ENV, n if n % 2 == 0 and n > 0:
                 state.env.update(zip(args[::2], args[1::2], strict=True))
-            case "WORKDIR", 1:
+            case StepType.WORKDIR, 1:
                 path = args[0]
                 if not path.startswith("/"):
                     path = f"{state.workdir or '/home/' + state.user}/{path}"
@@ -418,7 +430,7 @@ class Builder:
                 if code != 0:
                     raise StepFailed(f"WORKDIR {path}: cannot create it")
                 state.workdir = path
-            case "USER", 1:
+            case StepType.USER, 1:
                 code = await shell.run(f"id -u {shlex.quote(args[0])}", "root", state)
                 if code != 0:
                     raise StepFailed(f"USER {args[0]}: no such user")

@@ -9,6 +9,7 @@ would cost more than the statement.
 from __future__ import annotations
 
 import builtins
+import enum
 import json
 import sqlite3
 import time
@@ -19,7 +20,9 @@ from pathlib import Path
 from typing import Any
 
 from aenv.network.settings import SandboxNetwork
-from aenv.orchestrator.states import SandboxState
+from aenv.orchestrator.kinds import SaveMode
+from aenv.orchestrator.migrations import upgrade
+from aenv.orchestrator.states import SandboxState, check_transition
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -39,13 +42,30 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     auto_pause INTEGER NOT NULL DEFAULT 0,
     auto_resume INTEGER NOT NULL DEFAULT 0,
     allow_internet INTEGER NOT NULL DEFAULT 1,
-    placement TEXT NOT NULL DEFAULT '{}',
-    network TEXT NOT NULL DEFAULT '{}',
-    updated_at REAL NOT NULL
+    updated_at REAL NOT NULL,
+    restored_from TEXT NOT NULL DEFAULT '',
+    timeout INTEGER NOT NULL DEFAULT 300,
+    auto_pause_mode TEXT NOT NULL DEFAULT 'full',
+    internal INTEGER NOT NULL DEFAULT 0,
+    checkpoint_seq INTEGER NOT NULL DEFAULT 0,
+    checkpoint_mode TEXT NOT NULL DEFAULT 'full',
+    archive_seq INTEGER,
+    archive_manifest TEXT,
+    network TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state);
 CREATE INDEX IF NOT EXISTS sandboxes_started ON sandboxes(started_at, id);
 """
+# The timeout of rows written before it was recorded (an automatic resume runs this long).
+DEFAULT_TIMEOUT = 300
+
+
+@dataclass(frozen=True)
+class Archived:
+    """A pause checkpoint's copy in the snapshot repository."""
+
+    seq: int
+    manifest: str
 
 
 @dataclass(frozen=True)
@@ -65,12 +85,24 @@ class SandboxRecord:
     traffic_access_token: str | None = None
     auto_pause: bool = False
     auto_resume: bool = False
-    # Egress and ingress rules (E2B's `network` and `allow_internet_access`).
+    # Egress and ingress rules (E2B's `network` and `allow_internet_access`). The old
+    # `allow_internet` column stays in the schema, unused (see `migrations`).
     network: SandboxNetwork = field(default_factory=SandboxNetwork)
-    # Where the sandbox runs on this node (VM work dir, network slot): the runtime's business,
-    # kept here so a restarted server can find and reclaim it.
-    placement: Mapping[str, Any] = field(default_factory=dict)
     updated_at: float = 0.0
+    # The saved-state directory the sandbox was restored from: its disk layers stack on it, so
+    # it stays while the sandbox exists.
+    restored_from: str = ""
+    # The timeout it was created with; an automatic resume (proxy traffic) runs this long.
+    timeout: int = DEFAULT_TIMEOUT
+    # What an automatic pause on timeout saves.
+    auto_pause_mode: SaveMode = SaveMode.FULL
+    # The server's own sandboxes (template build VMs): never listed, killed at shutdown.
+    internal: bool = False
+    # The number of its newest pause checkpoint (0: none yet), and what that checkpoint holds.
+    checkpoint_seq: int = 0
+    checkpoint_mode: SaveMode = SaveMode.FULL
+    # The newest checkpoint uploaded to the repository, once one is.
+    archived: Archived | None = None
 
 
 @dataclass(frozen=True)
@@ -88,48 +120,50 @@ class PageQuery:
     after: tuple[float, str] | None = None
 
 
-# Columns added after the first release, with their DDL for `ALTER TABLE`.
-_ADDED_COLUMNS = {
-    "auto_resume": "INTEGER NOT NULL DEFAULT 0",
-    "network": "TEXT NOT NULL DEFAULT '{}'",
-}
-# Rows written before `network` existed kept only this flag, in the column of that name (which
-# stays in the schema, unused, so such catalogs need no table rebuild).
-_FROM_ALLOW_INTERNET = (
-    "UPDATE sandboxes SET network = json_object('allow_internet', json("
-    "CASE allow_internet WHEN 0 THEN 'false' ELSE 'true' END))"
-)
-_JSON = ("metadata", "env_vars", "placement")
-_BOOL = ("auto_pause", "auto_resume")
-_COLUMNS = tuple(f.name for f in fields(SandboxRecord))
+_JSON = ("metadata", "env_vars")
+_BOOL = ("auto_pause", "auto_resume", "internal")
+_MODES = ("auto_pause_mode", "checkpoint_mode")
+_FIELDS = tuple(f.name for f in fields(SandboxRecord))
+_COLUMNS = (*(n for n in _FIELDS if n != "archived"), "archive_seq", "archive_manifest")
 
 
-def _encode(name: str, value: Any) -> Any:
+def _to_columns(name: str, value: Any) -> dict[str, Any]:
+    """The column values that store record field `name`."""
+    if name == "archived":
+        return {
+            "archive_seq": value.seq if value else None,
+            "archive_manifest": value.manifest if value else None,
+        }
     if name in _JSON:
-        return json.dumps(dict(value), sort_keys=True)
-    if name in _BOOL:
-        return int(value)
+        return {name: json.dumps(dict(value), sort_keys=True)}
     if name == "network":
-        return json.dumps(value.to_json(), sort_keys=True)
-    return value
+        return {name: json.dumps(value.to_json(), sort_keys=True)}
+    if name in _BOOL:
+        return {name: int(value)}
+    if isinstance(value, enum.Enum):
+        return {name: value.value}
+    return {name: value}
 
 
-def _to_row(record: SandboxRecord) -> tuple[Any, ...]:
-    values = []
-    for name in _COLUMNS:
-        value = getattr(record, name)
-        values.append(value.value if name == "state" else _encode(name, value))
-    return tuple(values)
+def _to_row(record: SandboxRecord) -> dict[str, Any]:
+    row: dict[str, Any] = {}
+    for name in _FIELDS:
+        row.update(_to_columns(name, getattr(record, name)))
+    return row
 
 
 def _from_row(row: sqlite3.Row) -> SandboxRecord:
-    data: dict[str, Any] = {name: row[name] for name in _COLUMNS}
+    data: dict[str, Any] = {name: row[name] for name in _FIELDS if name != "archived"}
     for name in _JSON:
         data[name] = json.loads(data[name])
     for name in _BOOL:
         data[name] = bool(data[name])
+    for name in _MODES:
+        data[name] = SaveMode(data[name])
     data["state"] = SandboxState(data["state"])
     data["network"] = SandboxNetwork.from_json(json.loads(data["network"]))
+    if row["archive_manifest"] is not None:
+        data["archived"] = Archived(row["archive_seq"], row["archive_manifest"])
     return SandboxRecord(**data)
 
 
@@ -142,19 +176,11 @@ class Catalog:
         self._db.execute("PRAGMA synchronous=NORMAL")
         self._db.execute("PRAGMA busy_timeout=5000")
         self._db.executescript(SCHEMA)
-        self._add_missing_columns()
+        with self._transaction() as db:
+            upgrade(db)
 
     def close(self) -> None:
         self._db.close()
-
-    def _add_missing_columns(self) -> None:
-        """Catalogs written by an older version lack newer columns; add them with defaults."""
-        have = {row["name"] for row in self._db.execute("PRAGMA table_info(sandboxes)")}
-        for name, ddl in _ADDED_COLUMNS.items():
-            if name not in have:
-                self._db.execute(f"ALTER TABLE sandboxes ADD COLUMN {name} {ddl}")
-                if name == "network":
-                    self._db.execute(_FROM_ALLOW_INTERNET)
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
@@ -168,10 +194,11 @@ class Catalog:
 
     def insert(self, record: SandboxRecord) -> SandboxRecord:
         record = replace(record, updated_at=time.time())
-        marks = ", ".join("?" for _ in _COLUMNS)
+        row = _to_row(record)
+        marks = ", ".join("?" for _ in row)
         self._db.execute(
-            f"INSERT INTO sandboxes ({', '.join(_COLUMNS)}) VALUES ({marks})",  # noqa: S608
-            _to_row(record),
+            f"INSERT INTO sandboxes ({', '.join(row)}) VALUES ({marks})",  # noqa: S608
+            tuple(row.values()),
         )
         return record
 
@@ -187,19 +214,21 @@ class Catalog:
         **changes: Any,
     ) -> SandboxRecord | None:
         """Move to `to` (and apply `changes`) only if the current state is in `allowed_from`.
-        Returns the updated record, or None when the sandbox is missing or in another state."""
-        allowed = [s.value for s in allowed_from]
-        assignments = {"state": to.value, "updated_at": time.time()}
+        Returns the updated record, or None when the sandbox is missing or in another state.
+        Raises `IllegalTransition` for a move `states.TRANSITIONS` does not allow."""
+        allowed = frozenset(allowed_from)
+        check_transition(allowed, to)
+        assignments: dict[str, Any] = {"state": to.value, "updated_at": time.time()}
         for name, value in changes.items():
-            if name not in _COLUMNS or name in ("id", "state"):
-                raise ValueError(f"not a changeable column: {name}")
-            assignments[name] = _encode(name, value)
+            if name not in _FIELDS or name in ("id", "state"):
+                raise ValueError(f"not a changeable field: {name}")
+            assignments.update(_to_columns(name, value))
         sets = ", ".join(f"{name} = ?" for name in assignments)
         marks = ", ".join("?" for _ in allowed)
         with self._transaction() as db:
             cursor = db.execute(
                 f"UPDATE sandboxes SET {sets} WHERE id = ? AND state IN ({marks})",  # noqa: S608
-                (*assignments.values(), sandbox_id, *allowed),
+                (*assignments.values(), sandbox_id, *(s.value for s in allowed)),
             )
             if cursor.rowcount != 1:
                 return None
@@ -232,7 +261,7 @@ class Catalog:
         states = [s.value for s in query.states]
         where = [
             f"state IN ({', '.join('?' for _ in states)})",
-            "json_extract(placement, '$.internal') IS NULL",  # the server's own sandboxes
+            "internal = 0",  # the server's own sandboxes
         ]
         params: list[Any] = list(states)
         for key, value in query.metadata.items():

@@ -51,11 +51,13 @@ class GuestImages:
         return hashlib.sha256("\n".join(names).encode()).hexdigest()[:DIGEST_CHARS]
 
 
-async def prepare_images(cache: Path) -> GuestImages:
-    kernel = await fetch_kernel()
+async def prepare_images(cache: Path, guest_cache: Path, mirror: str) -> GuestImages:
+    """The images under `cache`, built from the guest build cache `guest_cache` (the base root
+    filesystem bootstrapped from Debian `mirror`)."""
+    kernel = await fetch_kernel(guest_cache)
     initrd, rootfs, bundle = await asyncio.gather(
-        build_initramfs(kernel),
-        build_base_rootfs(),
+        build_initramfs(kernel, guest_cache),
+        build_base_rootfs(guest_cache, mirror),
         asyncio.to_thread(build_bundle, cache / "envd"),
     )
     store = cache / IMAGES_DIR

@@ -11,8 +11,8 @@ directory (its pause checkpoints, see `checkpoints`) are the durable part.
 
 Snapshots and fork checkpoints are stored as templates (E2B does the same: a snapshot id is a
 template id, created from and deleted like one). Sandboxes record which saved directory they
-were restored from (`placement["base"]`); a fork checkpoint or a deleted snapshot is removed
-once no sandbox depends on it any more.
+were restored from (`SandboxRecord.restored_from`); a fork checkpoint or a deleted snapshot is
+removed once no sandbox depends on it any more.
 """
 
 from __future__ import annotations
@@ -37,12 +37,14 @@ from aenv.envd import ENVD_VERSION
 from aenv.ids import new_access_token, new_sandbox_id
 from aenv.network import NftError, Slot, SlotProvider
 from aenv.network.settings import SandboxNetwork, SlotEgress
-from aenv.orchestrator import checkpoints, detach, envd_client
+from aenv.orchestrator import checkpoints, detach
 from aenv.orchestrator.archive import Archive
 from aenv.orchestrator.background import PerSandbox
 from aenv.orchestrator.catalog import Catalog, SandboxRecord
+from aenv.orchestrator.envd_client import EnvdClient, EnvdUnavailable
+from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.saved import SavedStates
-from aenv.orchestrator.states import KILLABLE, LIVE, SandboxState
+from aenv.orchestrator.states import KILLABLE, LIVE, SAVED, SandboxState
 from aenv.orchestrator.templates import BOOT_READY_TIMEOUT, Template, TemplateStore
 from aenv.runtime.driver import (
     VM,
@@ -64,11 +66,9 @@ log = logging.getLogger("aenv.orchestrator")
 # (hundreds of creates queued on two cores) it can take tens of seconds: a create should then
 # be slow, not fail.
 RESTORE_READY_TIMEOUT = 120.0
-# How long an automatically resumed sandbox (proxy traffic) runs before its timeout applies again.
-AUTO_RESUME_TIMEOUT = 300
 _FAILURES = (
     DriverError,
-    envd_client.EnvdUnavailable,
+    EnvdUnavailable,
     layers.LayerError,
     OSError,
     RepositoryError,
@@ -141,8 +141,8 @@ class CreateRequest:
     auto_pause: bool = False
     auto_resume: bool = False
     network: SandboxNetwork = dataclasses.field(default_factory=SandboxNetwork)
-    # False: an auto-pause saves only the filesystem (resume cold-boots).
-    auto_pause_memory: bool = True
+    # What a pause on timeout saves.
+    auto_pause_mode: SaveMode = SaveMode.FULL
     # The server's own sandboxes (template build VMs): not listed, and killed at shutdown.
     internal: bool = False
     # (vCPUs, MiB) other than the template's: the template's disks are booted afresh at that
@@ -176,9 +176,9 @@ class Orchestrator:
         self.stats = CreateStats()
         self._client = httpx.AsyncClient()
         self._tasks: set[asyncio.Task[None]] = set()
-        self.saved = SavedStates(catalog, templates, config.sandboxes_dir, archive)
+        self.saved = SavedStates(catalog, templates, config.paths.sandboxes, archive)
         self.detacher = detach.Detacher(
-            driver, slots, config.home / "detach", templates.memory_dir / "detach"
+            driver, slots, config.paths.detach, templates.memory_dir / "detach"
         )
         self._settling = PerSandbox("work after the pause")  # _settle_pause
 
@@ -191,7 +191,7 @@ class Orchestrator:
         checkpoint (a crash never leaves a half-written one in use)."""
         for record in self.catalog.list():
             sandbox_dir = self._dirs(record.id)[0]
-            if record.state in (SandboxState.PAUSED, SandboxState.PAUSING, SandboxState.RESUMING):
+            if record.state in SAVED:
                 found = await asyncio.to_thread(checkpoints.latest_pause, sandbox_dir)
                 if found is not None:
                     seq = found[0]
@@ -200,7 +200,7 @@ class Orchestrator:
                         record.id,
                         [record.state],
                         SandboxState.PAUSED,
-                        placement={**record.placement, "seq": seq},
+                        checkpoint_seq=seq,
                     )
                     continue
             log.warning("reclaiming sandbox %s left in state %s", record.id, record.state)
@@ -231,7 +231,7 @@ class Orchestrator:
 
     async def _park(self, sandbox_id: str) -> None:
         record = self.catalog.get(sandbox_id)
-        internal = record is not None and record.placement.get("internal")
+        internal = record is not None and record.internal
         if self.config.pause_on_shutdown and not internal:
             with contextlib.suppress(SandboxNotFound, InvalidState, OperationFailed):
                 await self.pause(sandbox_id)
@@ -248,11 +248,7 @@ class Orchestrator:
 
     def list(self) -> list[SandboxRecord]:
         """What users see: sandboxes in a public state, the server's own left out."""
-        return [
-            r
-            for r in self.catalog.list()
-            if r.state.public is not None and not r.placement.get("internal")
-        ]
+        return [r for r in self.catalog.list() if r.state.public is not None and not r.internal]
 
     def guest_endpoint(self, sandbox_id: str) -> GuestEndpoint:
         """A running sandbox's endpoint (one catalog read: the proxy asks on every request)."""
@@ -274,24 +270,17 @@ class Orchestrator:
         logs = [p for p in workdir.glob("**/console*.log") if p.is_file()]
         return sorted(logs, key=lambda p: p.stat().st_mtime)
 
+    def envd(self, sandbox_id: str) -> EnvdClient:
+        """The client of a running sandbox's envd (template builds drive their VM with it)."""
+        endpoint = self.guest_endpoint(sandbox_id)
+        return EnvdClient(self._client, endpoint.host, endpoint.record.envd_access_token)
+
     async def guest_metrics(self, sandbox_id: str) -> dict[str, float]:
         """envd's current resource sample from inside the guest (CPU, memory, disk)."""
-        endpoint = self.guest_endpoint(sandbox_id)
-        headers = {"X-Access-Token": endpoint.record.envd_access_token or ""}
-        try:
-            response = await self._client.get(
-                f"http://{endpoint.host}:{envd_client.ENVD_PORT}/metrics",
-                headers=headers,
-                timeout=5.0,
-            )
-            response.raise_for_status()
-        except httpx.HTTPError as e:
-            raise envd_client.EnvdUnavailable(f"metrics of {sandbox_id}: {e}") from e
-        sample: dict[str, float] = response.json()
-        return sample
+        return await self.envd(sandbox_id).metrics()
 
     def snapshots(self) -> builtins.list[Template]:
-        return self.templates.list(kind="snapshot")
+        return self.templates.list(kind=TemplateKind.SNAPSHOT)
 
     # -- create ---------------------------------------------------------------------------
 
@@ -305,7 +294,7 @@ class Orchestrator:
     ) -> SandboxRecord:
         # Rows exist from the moment a create is admitted; the queue holds the rest. Checking and
         # joining the queue happen without an await in between, so the cap is exact.
-        held = self.catalog.count(frozenset(SandboxState) - {SandboxState.DEAD}) + self.stats.queued
+        held = self.catalog.count(frozenset(SandboxState)) + self.stats.queued
         if held >= self.config.max_sandboxes:
             raise CapacityReached(f"this node holds its maximum of {held} sandboxes")
         self.stats.queued += 1
@@ -350,12 +339,10 @@ class Orchestrator:
                     auto_resume=request.auto_resume,
                     network=request.network,
                     traffic_access_token=_traffic_token(request.network),
-                    placement={
-                        "base": base.snapshot_dir,
-                        "timeout": request.timeout,
-                        "pause_memory": request.auto_pause_memory,
-                        **({"internal": True} if request.internal else {}),
-                    },
+                    restored_from=base.snapshot_dir,
+                    timeout=request.timeout,
+                    auto_pause_mode=request.auto_pause_mode,
+                    internal=request.internal,
                 )
             )
             try:
@@ -368,7 +355,7 @@ class Orchestrator:
                     record,
                     snapshot,
                     current_token=base.envd_access_token,
-                    cold=not base.memory or request.size is not None,
+                    cold=base.save_mode is SaveMode.FILESYSTEM or request.size is not None,
                 )
             except _FAILURES as e:
                 await self._reclaim_files(sandbox_id)
@@ -401,21 +388,18 @@ class Orchestrator:
         vm: VM | None = None
         try:
             net = NetAttachment(slot.netns, slot.guest.tap, slot.guest.mac)
-            base_url = f"http://{slot.address}:{envd_client.ENVD_PORT}"
+            envd = EnvdClient(self._client, str(slot.address), current_token)
             if cold:
                 vm = await self._cold_boot(snapshot, workdir, memory_dir, net)
-                await envd_client.wait_healthy(self._client, base_url, BOOT_READY_TIMEOUT)
-                current_token = None  # a fresh envd has no token yet
+                envd = EnvdClient(self._client, envd.host)  # a fresh envd has no token yet
+                await envd.wait_healthy(BOOT_READY_TIMEOUT)
             else:
                 vm = await self.driver.restore(
                     snapshot, RestoreSpec(workdir=workdir, net=net, memory_dir=memory_dir)
                 )
             # What a template build set (ENV, USER, WORKDIR), under the sandbox's own env.
             built = self.templates.by_id(record.template_id)
-            await envd_client.init(
-                self._client,
-                base_url,
-                current_token=current_token,
+            await envd.init(
                 new_token=record.envd_access_token,
                 env_vars={**(built.env_vars if built else {}), **_sandbox_env(record)},
                 hostname=record.id,
@@ -499,7 +483,7 @@ class Orchestrator:
     def _dirs(self, sandbox_id: str) -> tuple[Path, Path]:
         """A sandbox's directory (VM work dir, checkpoints) and its memory directory (tmpfs)."""
         return (
-            self.config.sandboxes_dir / sandbox_id,
+            self.config.paths.sandboxes / sandbox_id,
             self.templates.memory_dir / "sandboxes" / sandbox_id,
         )
 
@@ -510,9 +494,9 @@ class Orchestrator:
     # -- pause and resume -----------------------------------------------------------------
 
     async def pause(
-        self, sandbox_id: str, *, memory: bool = True, require_healthy: bool = False
+        self, sandbox_id: str, *, mode: SaveMode = SaveMode.FULL, require_healthy: bool = False
     ) -> SandboxRecord:
-        """Save the sandbox to its directory (memory unless `memory` is False, and disks), stop
+        """Save the sandbox to its directory (what `mode` says), stop
         its VM and free its slot. The sandbox stays, paused, until resumed or killed. With
         `require_healthy`, a guest whose envd does not answer is left running instead."""
         async with self._lock(sandbox_id):
@@ -521,26 +505,22 @@ class Orchestrator:
                 raise InvalidState(sandbox_id, record.state, "pause")
             if require_healthy:
                 try:
-                    await envd_client.wait_healthy(
-                        self._client, self._envd_url(self._live[sandbox_id]), 5.0
-                    )
-                except envd_client.EnvdUnavailable as e:
+                    await self._envd(record).wait_healthy(5.0)
+                except EnvdUnavailable as e:
                     raise GuestUnhealthy(f"sandbox {sandbox_id}: envd is not answering") from e
             live = self._live[sandbox_id]
             sandbox_dir = self._dirs(sandbox_id)[0]
-            seq = int(record.placement.get("seq", 0)) + 1
+            seq = record.checkpoint_seq + 1
             target = checkpoints.pause_dir(sandbox_dir, seq)
             self.catalog.transition(sandbox_id, [SandboxState.RUNNING], SandboxState.PAUSING)
             self._cancel_timer(sandbox_id)
             live.planned_exit = True
             try:
-                if not memory:
-                    await envd_client.sync(
-                        self._client, self._envd_url(live), record.envd_access_token
-                    )
+                if mode is SaveMode.FILESYSTEM:
+                    await self._envd(record).sync()
                 await asyncio.to_thread(target.mkdir)
                 saved = await live.vm.snapshot(
-                    SnapshotTarget(target, target), keep_running=False, machine_state=memory
+                    SnapshotTarget(target, target), keep_running=False, machine_state=mode.memory
                 )
             except _FAILURES as e:
                 await asyncio.to_thread(shutil.rmtree, target, True)
@@ -557,7 +537,8 @@ class Orchestrator:
                 sandbox_id,
                 [SandboxState.PAUSING],
                 SandboxState.PAUSED,
-                placement={**record.placement, "seq": seq, "memory": memory},
+                checkpoint_seq=seq,
+                checkpoint_mode=mode,
             )
             assert paused is not None
             await self._settling.cancel(sandbox_id)  # an earlier pause's: uploads stay in order
@@ -577,7 +558,7 @@ class Orchestrator:
                     if (
                         current is not None
                         and current.state is SandboxState.PAUSED
-                        and current.placement.get("seq") == seq
+                        and current.checkpoint_seq == seq
                     ):
                         await asyncio.to_thread(detach.adopt, directory, detached)
                         saved = detached
@@ -588,10 +569,10 @@ class Orchestrator:
             self.saved.push_checkpoint(record, seq, saved)
 
     async def resume(
-        self, sandbox_id: str, timeout: int, *, memory: bool = True
+        self, sandbox_id: str, timeout: int, *, mode: SaveMode = SaveMode.FULL
     ) -> tuple[SandboxRecord, bool]:
         """Start a paused sandbox again from its newest checkpoint (cold-booted from its disks
-        when `memory` is False or it was paused filesystem-only). Returns the record and
+        when `mode` is FILESYSTEM or it was paused filesystem-only). Returns the record and
         whether it was resumed (False: it was running already; nothing changed)."""
         async with self._lock(sandbox_id):
             record = self.get(sandbox_id)
@@ -603,7 +584,7 @@ class Orchestrator:
                 sandbox_id, [SandboxState.PAUSED], SandboxState.RESUMING
             )
             assert resuming is not None
-            cold = not memory or not record.placement.get("memory", True)
+            cold = SaveMode.FILESYSTEM in (mode, record.checkpoint_mode)
             try:
                 live = await self._launch_checkpoint(resuming, cold)
             except _FAILURES as e:
@@ -620,10 +601,10 @@ class Orchestrator:
             return running, True
 
     async def connect(
-        self, sandbox_id: str, timeout: int, *, memory: bool = True
+        self, sandbox_id: str, timeout: int, *, mode: SaveMode = SaveMode.FULL
     ) -> tuple[SandboxRecord, bool]:
         """E2B `connect`: a running sandbox's timeout only grows; a paused one is resumed."""
-        record, resumed = await self.resume(sandbox_id, timeout, memory=memory)
+        record, resumed = await self.resume(sandbox_id, timeout, mode=mode)
         if not resumed:
             record = self.extend_timeout(sandbox_id, timeout)
         return record, resumed
@@ -632,38 +613,46 @@ class Orchestrator:
         """The proxy's lookup: a paused sandbox that asked for `autoResume` is resumed first."""
         record = self.catalog.get(sandbox_id)
         if record is not None and record.auto_resume and record.state.public == "paused":
-            timeout = int(record.placement.get("timeout", AUTO_RESUME_TIMEOUT))
             with contextlib.suppress(InvalidState):
-                await self.resume(sandbox_id, timeout)
+                await self.resume(sandbox_id, record.timeout)
         return self.guest_endpoint(sandbox_id)
 
-    def _envd_url(self, live: _Live) -> str:
-        return f"http://{live.slot.address}:{envd_client.ENVD_PORT}"
+    def _envd(self, record: SandboxRecord) -> EnvdClient:
+        """A live sandbox's envd (the caller holds its lock, so the VM is there)."""
+        live = self._live[record.id]
+        return EnvdClient(self._client, str(live.slot.address), record.envd_access_token)
 
     # -- snapshots and forks ----------------------------------------------------------------
 
     async def snapshot(
-        self, sandbox_id: str, *, name: str | None = None, memory: bool = True
+        self, sandbox_id: str, *, name: str | None = None, mode: SaveMode = SaveMode.FULL
     ) -> Template:
         """A persistent, named snapshot of the sandbox, which keeps running (or stays paused).
         A name already used by a snapshot gets this new state under the same id."""
         existing = self._snapshot_named(name)
         template_id = existing.template_id if existing else new_sandbox_id()
         aliases = (name,) if name else ()
-        template = await self._checkpoint(sandbox_id, template_id, "snapshot", aliases, memory)
+        template = await self._checkpoint(
+            sandbox_id, template_id, TemplateKind.SNAPSHOT, aliases, mode
+        )
         if existing is not None:
             await self.saved.collect()  # the previous state, unless sandboxes still use it
             await self.saved.drop(existing.manifest_id)
         return template
 
     async def save_template(
-        self, sandbox_id: str, template_id: str, kind: str, aliases: tuple[str, ...]
+        self, sandbox_id: str, template_id: str, kind: TemplateKind, aliases: tuple[str, ...]
     ) -> Template:
         """Save a running sandbox's state, memory included, as a new build of `template_id`
         (template builds: the finished template and its cached intermediate steps)."""
         # Finished templates are restored by every sandbox; cached steps only by a rebuild.
         template = await self._checkpoint(
-            sandbox_id, template_id, kind, aliases, True, detach_memory=kind == "template"
+            sandbox_id,
+            template_id,
+            kind,
+            aliases,
+            SaveMode.FULL,
+            detach_memory=kind is TemplateKind.TEMPLATE,
         )
         await self.saved.collect()  # the build it replaced, unless sandboxes still use it
         return template
@@ -671,7 +660,7 @@ class Orchestrator:
     def _snapshot_named(self, name: str | None) -> Template | None:
         if name is None:
             return None
-        for template in self.templates.list(kind="snapshot"):
+        for template in self.templates.list(kind=TemplateKind.SNAPSHOT):
             if name in template.aliases:
                 return template
         return None
@@ -696,7 +685,12 @@ class Orchestrator:
         else:
             # With more than one child, detaching the memory once beats each child parsing it.
             base = await self._checkpoint(
-                source, new_sandbox_id(), "fork", (), True, detach_memory=count > 1
+                source,
+                new_sandbox_id(),
+                TemplateKind.FORK,
+                (),
+                SaveMode.FULL,
+                detach_memory=count > 1,
             )
         saved = time.perf_counter()
         with self.saved.pin(Path(base.snapshot_dir)):
@@ -733,9 +727,9 @@ class Orchestrator:
         self,
         sandbox_id: str,
         template_id: str,
-        kind: str,
+        kind: TemplateKind,
         aliases: tuple[str, ...],
-        memory: bool,
+        mode: SaveMode,
         *,
         detach_memory: bool = False,
     ) -> Template:
@@ -745,7 +739,7 @@ class Orchestrator:
         dest = self.templates.directory / template_id / build_id
         with self.saved.pin(dest):
             return await self._checkpoint_into(
-                dest, sandbox_id, template_id, kind, aliases, memory, detach_memory
+                dest, sandbox_id, template_id, kind, aliases, mode, detach_memory
             )
 
     async def _checkpoint_into(
@@ -753,9 +747,9 @@ class Orchestrator:
         dest: Path,
         sandbox_id: str,
         template_id: str,
-        kind: str,
+        kind: TemplateKind,
         aliases: tuple[str, ...],
-        memory: bool,
+        mode: SaveMode,
         detach_memory: bool,
     ) -> Template:
         async with self._lock(sandbox_id):
@@ -763,14 +757,11 @@ class Orchestrator:
             await asyncio.to_thread(dest.mkdir, parents=True)
             try:
                 if record.state is SandboxState.RUNNING:
-                    if not memory:
-                        live = self._live[sandbox_id]
-                        await envd_client.sync(
-                            self._client, self._envd_url(live), record.envd_access_token
-                        )
-                    saved = await self._save_running(record, dest, memory)
+                    if mode is SaveMode.FILESYSTEM:
+                        await self._envd(record).sync()
+                    saved = await self._save_running(record, dest, mode)
                 elif record.state is SandboxState.PAUSED:
-                    if not memory and record.placement.get("memory", True):
+                    if mode is SaveMode.FILESYSTEM and record.checkpoint_mode is SaveMode.FULL:
                         # Its disks lack what the guest had not written back when it paused.
                         raise InvalidState(
                             sandbox_id,
@@ -783,10 +774,11 @@ class Orchestrator:
                         saved = await checkpoints.export(paused, dest, move=False)
                     except _FAILURES as e:
                         raise OperationFailed(f"snapshot of {sandbox_id} failed: {e}") from e
-                    memory = memory and bool(record.placement.get("memory", True))
+                    if record.checkpoint_mode is SaveMode.FILESYSTEM:
+                        mode = SaveMode.FILESYSTEM
                 else:
                     raise InvalidState(sandbox_id, record.state, "snapshot")
-                if detach_memory and memory:
+                if detach_memory and mode is SaveMode.FULL:
                     saved = await self.detacher.detach_in_place(saved, dest)
             except BaseException:
                 await asyncio.to_thread(shutil.rmtree, dest, True)
@@ -804,25 +796,25 @@ class Orchestrator:
             snapshot_dir=str(dest),
             kind=kind,
             source_sandbox_id=sandbox_id,
-            memory=memory,
+            save_mode=mode,
         )
         await asyncio.to_thread(self.templates.save, template)
-        if kind == "snapshot":
+        if kind is TemplateKind.SNAPSHOT:
             self._spawn(self.saved.push_template(template))
         return template
 
-    async def _save_running(self, record: SandboxRecord, dest: Path, memory: bool) -> Snapshot:
+    async def _save_running(self, record: SandboxRecord, dest: Path, mode: SaveMode) -> Snapshot:
         """Checkpoint a running sandbox without stopping it: its disks are sealed in its own
-        directory (the VM continues on top of them), state and memory (unless not `memory`)
+        directory (the VM continues on top of them), state and memory (with `mode` FULL)
         go to `dest`, and the sealed disks are flattened into `dest`."""
         live = self._live[record.id]
-        seq = int(record.placement.get("seq", 0)) + 1
+        seq = record.checkpoint_seq + 1
         staging = checkpoints.staging_dir(self._dirs(record.id)[0], seq)
         self.catalog.transition(record.id, [SandboxState.RUNNING], SandboxState.SNAPSHOTTING)
         try:
             await asyncio.to_thread(staging.mkdir)
             snap = await live.vm.snapshot(
-                SnapshotTarget(staging, staging), keep_running=True, machine_state=memory
+                SnapshotTarget(staging, staging), keep_running=True, machine_state=mode.memory
             )
         except _FAILURES as e:
             await asyncio.to_thread(shutil.rmtree, staging, True)
@@ -832,7 +824,7 @@ class Orchestrator:
                 record.id,
                 [SandboxState.SNAPSHOTTING],
                 SandboxState.RUNNING,
-                placement={**record.placement, "seq": seq},
+                checkpoint_seq=seq,
             )
         return await checkpoints.export(snap, dest, move=True)
 
@@ -935,7 +927,7 @@ class Orchestrator:
         log.info("sandbox %s timed out", record.id)
         if record.auto_pause:
             try:
-                await self.pause(record.id, memory=bool(record.placement.get("pause_memory", True)))
+                await self.pause(record.id, mode=record.auto_pause_mode)
                 return
             except (SandboxNotFound, InvalidState):
                 return

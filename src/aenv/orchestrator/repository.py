@@ -25,6 +25,6 @@ def open_archive(config: Config) -> Archive | None:
     elif "://" in where:
         raise ConfigError(f"repository {where!r}: use a directory, s3://bucket/prefix or off")
     else:
-        store = PosixStore(config.home / "repository" if not where else config.home / where)
-    cache = ChunkCache(config.home / "cache" / "chunks", config.repository_cache_mb << 20)
+        store = PosixStore(config.paths.repository if not where else config.home / where)
+    cache = ChunkCache(config.paths.chunk_cache, config.repository_cache_mb << 20)
     return Archive(Repository(store, cache))

@@ -1,7 +1,7 @@
 """Saved sandbox states and when they may go: restore bases (templates, snapshots, fork
 checkpoints), pause checkpoints, and their copies in the snapshot repository.
 
-Sandboxes record which saved directory they were restored from (`placement["base"]`); a fork
+Sandboxes record which saved directory they were restored from (`restored_from`); a fork
 checkpoint or a deleted snapshot is removed once no sandbox depends on it and no operation has
 it pinned. Pause checkpoints and snapshots are uploaded to the repository in the background
 (`archive.Archive`); restores use the local files when complete and pull the repository's copy
@@ -21,7 +21,8 @@ from pathlib import Path
 from aenv.orchestrator import checkpoints
 from aenv.orchestrator.archive import Archive, complete
 from aenv.orchestrator.background import PerSandbox
-from aenv.orchestrator.catalog import Catalog, SandboxRecord
+from aenv.orchestrator.catalog import Archived, Catalog, SandboxRecord
+from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.templates import Template, TemplateStore
 from aenv.runtime.driver import RestoreError, Snapshot
@@ -67,16 +68,16 @@ class SavedStates:
     async def collect(self) -> None:
         """Remove saved states nothing needs any more: fork checkpoints and deleted templates
         no sandbox was restored from, and builds of snapshots that a newer build replaced."""
-        used = {str(r.placement.get("base")) for r in self.catalog.list()} | self._pinned
+        used = {r.restored_from for r in self.catalog.list()} | self._pinned
         for template in self.templates.list_all():
             template_dir = self.templates.directory / template.template_id
-            dropped = template.deleted or template.kind == "fork"
+            dropped = template.deleted or template.kind is TemplateKind.FORK
             in_use = {u for u in used if u.startswith(f"{template_dir}/")}
             if dropped and not in_use:
                 await asyncio.to_thread(self.templates.delete, template.template_id)
                 await self.drop(template.manifest_id)
                 continue
-            if template.kind not in ("snapshot", "template"):
+            if template.kind not in (TemplateKind.SNAPSHOT, TemplateKind.TEMPLATE):
                 continue
             for build in template_dir.iterdir():
                 stale = build.is_dir() and str(build) != template.snapshot_dir
@@ -108,13 +109,9 @@ class SavedStates:
             if current is None or current.state is SandboxState.KILLING:
                 await archive.drop(manifest_id)
                 return
-            old = current.placement.get("archive")
-            self.catalog.update(
-                record.id,
-                placement={**current.placement, "archive": {"seq": seq, "manifest": manifest_id}},
-            )
-            if old:
-                await archive.drop(str(old["manifest"]))
+            self.catalog.update(record.id, archived=Archived(seq, manifest_id))
+            if current.archived is not None:
+                await archive.drop(current.archived.manifest)
 
         self._pushes.start(record.id, push())
 
@@ -123,7 +120,7 @@ class SavedStates:
         asked for), else the repository's copy of it, pulled back."""
         sandbox_dir = self.sandboxes_dir / record.id
         found = await asyncio.to_thread(checkpoints.latest_pause, sandbox_dir)
-        archived = (self.catalog.get(record.id) or record).placement.get("archive")
+        archived = (self.catalog.get(record.id) or record).archived
         if found is not None and not pull:
             seq, snapshot = found
             if await asyncio.to_thread(complete, checkpoints.pause_dir(sandbox_dir, seq)):
@@ -132,12 +129,12 @@ class SavedStates:
         if push is not None:  # its upload is under way: the copy is about to exist
             await asyncio.gather(push, return_exceptions=True)
             current = self.catalog.get(record.id)
-            archived = current.placement.get("archive") if current else None
-        if self.archive is None or not archived:
+            archived = current.archived if current else None
+        if self.archive is None or archived is None:
             raise RestoreError(f"sandbox {record.id} has no usable checkpoint")
         log.warning("sandbox %s: pulling its checkpoint from the repository", record.id)
-        dest = checkpoints.archive_dir(sandbox_dir, int(archived["seq"]))
-        return await self.archive.pull(str(archived["manifest"]), dest)
+        dest = checkpoints.archive_dir(sandbox_dir, archived.seq)
+        return await self.archive.pull(archived.manifest, dest)
 
     async def push_template(self, template: Template) -> None:
         """Upload a snapshot's (self-contained) directory; the template then names the copy."""
@@ -171,6 +168,5 @@ class SavedStates:
             return await self.archive.pull(template.manifest_id, directory)
 
     async def drop_archived(self, record: SandboxRecord) -> None:
-        archived = record.placement.get("archive")
-        if archived:
-            await self.drop(str(archived["manifest"]))
+        if record.archived is not None:
+            await self.drop(record.archived.manifest)

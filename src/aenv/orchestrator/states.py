@@ -1,8 +1,25 @@
-"""Sandbox lifecycle states and which transitions each operation may start from."""
+"""Sandbox lifecycle states and the one table of moves between them.
+
+The catalog refuses any move the table lacks (`Catalog.transition` raises `IllegalTransition`),
+so a new operation cannot invent a path through the lifecycle by accident:
+
+```
+CREATING ------> RUNNING <------> SNAPSHOTTING
+                 |     ^
+                 v     | (the pause failed)
+                 PAUSING ------> PAUSED <------> RESUMING ------> RUNNING
+                                        (failed)
+any state but KILLING ------> KILLING (then the row is deleted)
+```
+
+A pause or resume that fails goes back where it started. A restart takes a sandbox caught
+mid-pause or mid-resume to PAUSED.
+"""
 
 from __future__ import annotations
 
 import enum
+from collections.abc import Mapping
 
 
 class SandboxState(enum.StrEnum):
@@ -13,7 +30,6 @@ class SandboxState(enum.StrEnum):
     RESUMING = "resuming"
     SNAPSHOTTING = "snapshotting"
     KILLING = "killing"
-    DEAD = "dead"
 
     @property
     def public(self) -> str | None:
@@ -25,8 +41,32 @@ class SandboxState(enum.StrEnum):
         return None
 
 
-_PUBLIC_RUNNING = frozenset({SandboxState.RUNNING, SandboxState.SNAPSHOTTING, SandboxState.PAUSING})
-_PUBLIC_PAUSED = frozenset({SandboxState.PAUSED, SandboxState.RESUMING})
+class IllegalTransition(ValueError):
+    """A move the transition table does not allow: a bug in the caller, not a race."""
+
+
+_S = SandboxState
+# Where each state may go; staying in a state (a change of other fields) is always allowed.
+TRANSITIONS: Mapping[SandboxState, frozenset[SandboxState]] = {
+    _S.CREATING: frozenset({_S.RUNNING, _S.KILLING}),
+    _S.RUNNING: frozenset({_S.PAUSING, _S.SNAPSHOTTING, _S.KILLING}),
+    _S.SNAPSHOTTING: frozenset({_S.RUNNING, _S.KILLING}),
+    _S.PAUSING: frozenset({_S.PAUSED, _S.RUNNING, _S.KILLING}),
+    _S.PAUSED: frozenset({_S.RESUMING, _S.KILLING}),
+    _S.RESUMING: frozenset({_S.RUNNING, _S.PAUSED, _S.KILLING}),
+    _S.KILLING: frozenset(),
+}
+
+
+def check_transition(allowed_from: frozenset[SandboxState], to: SandboxState) -> None:
+    """Raise `IllegalTransition` unless every state in `allowed_from` may move to `to`."""
+    illegal = sorted(s.value for s in allowed_from if s is not to and to not in TRANSITIONS[s])
+    if illegal:
+        raise IllegalTransition(f"no move from {', '.join(illegal)} to {to.value}")
+
+
+_PUBLIC_RUNNING = frozenset({_S.RUNNING, _S.SNAPSHOTTING, _S.PAUSING})
+_PUBLIC_PAUSED = frozenset({_S.PAUSED, _S.RESUMING})
 
 
 def with_public(public: str) -> frozenset[SandboxState]:
@@ -36,5 +76,8 @@ def with_public(public: str) -> frozenset[SandboxState]:
 
 # States a kill may start from: anything alive. A sandbox still being created is killed by its
 # creator once the VM exists, so CREATING is included and the creator checks before reporting.
-KILLABLE = frozenset(SandboxState) - {SandboxState.KILLING, SandboxState.DEAD}
-LIVE = frozenset({SandboxState.RUNNING, SandboxState.SNAPSHOTTING, SandboxState.PAUSING})
+KILLABLE = frozenset(s for s in SandboxState if _S.KILLING in TRANSITIONS[s])
+# States in which the sandbox's VM runs.
+LIVE = frozenset({_S.RUNNING, _S.SNAPSHOTTING, _S.PAUSING})
+# States a restart finds a saved checkpoint in (it takes them to PAUSED).
+SAVED = frozenset({_S.PAUSED, _S.PAUSING, _S.RESUMING})

@@ -11,22 +11,23 @@ from __future__ import annotations
 import asyncio
 import builtins
 import dataclasses
-import hashlib
 import json
 import secrets
 import shutil
 import time
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 
 from aenv import atomic
 from aenv.guest.cmdline import GuestNet, kernel_cmdline
 from aenv.network import SlotProvider
-from aenv.orchestrator import envd_client
 from aenv.orchestrator.build_steps import GuestShell
+from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.images import GuestImages
+from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.runtime.driver import (
     Disk,
     Driver,
@@ -61,14 +62,10 @@ class Template:
     # `GuestImages.identity` of the images a built template booted from; None for snapshots and
     # for templates built before it was recorded.
     images: str | None = None
-    # What this is: a built `template`, a user's named `snapshot` of a sandbox (E2B keeps
-    # snapshots as templates: same routes, same create), or the `fork` checkpoint children of
-    # one fork share (never listed; removed with its last child).
-    kind: str = "template"
+    kind: TemplateKind = TemplateKind.TEMPLATE
     source_sandbox_id: str | None = None
-    # False: only the filesystem counts; sandboxes cold-boot from the disks (E2B's
-    # filesystem-only snapshot).
-    memory: bool = True
+    # FILESYSTEM: sandboxes cold-boot from the disks (E2B's filesystem-only snapshot).
+    save_mode: SaveMode = SaveMode.FULL
     # Deleted while sandboxes still run on it: hidden, and removed with the last of them.
     deleted: bool = False
     # Its copy in the snapshot repository, once stored (restores pull it when the local files
@@ -86,12 +83,6 @@ class Template:
     @property
     def names(self) -> list[str]:
         return list(self.aliases) or [self.template_id]
-
-
-def memory_root(home: Path) -> Path:
-    """Where templates keep guest memory: tmpfs, one tree per data dir."""
-    digest = hashlib.sha256(str(home.resolve()).encode()).hexdigest()[:8]
-    return Path("/dev/shm") / f"aenv-{digest}"
 
 
 def is_stale(template: Template, images: GuestImages) -> bool:
@@ -113,8 +104,7 @@ class TemplateStore:
         self._templates.clear()
         for meta in sorted(self.directory.glob(f"*/{TEMPLATE_FILE}")):
             try:
-                raw = json.loads(meta.read_text())
-                template = Template(**{**raw, "aliases": tuple(raw["aliases"])})
+                template = _from_json(json.loads(meta.read_text()))
             except (OSError, ValueError, TypeError, KeyError):
                 continue
             # A template with a repository copy is pulled back when its files are gone.
@@ -126,7 +116,7 @@ class TemplateStore:
         """A template or snapshot a user may start sandboxes from, by id or name."""
         name = ref.split(":", 1)[0]  # `name:tag`: tags are not tracked yet, every tag is latest
         for template in self._templates.values():
-            if template.deleted or template.kind == "fork":
+            if template.deleted or template.kind is TemplateKind.FORK:
                 continue
             if name == template.template_id or name in template.aliases:
                 return template
@@ -136,8 +126,8 @@ class TemplateStore:
         """Any stored template, including hidden ones (sandboxes restore from those too)."""
         return self._templates.get(template_id)
 
-    def list(self, kind: str = "template") -> list[Template]:
-        found = [t for t in self._templates.values() if t.kind == kind and not t.deleted]
+    def list(self, kind: TemplateKind = TemplateKind.TEMPLATE) -> list[Template]:
+        found = [t for t in self._templates.values() if t.kind is kind and not t.deleted]
         return sorted(found, key=lambda t: t.created_at)
 
     def save(self, template: Template) -> None:
@@ -174,6 +164,20 @@ class TemplateStore:
         shutil.rmtree(self.directory / template_id, ignore_errors=True)
         shutil.rmtree(self.memory_dir / template_id, ignore_errors=True)
         return True
+
+
+def _from_json(raw: dict[str, Any]) -> Template:
+    """A template from its `template.json`, also as earlier versions wrote it: `memory` (a
+    bool) instead of `save_mode`, and kind `layer` for both build layers and image bases."""
+    raw = {**raw, "aliases": tuple(raw["aliases"])}
+    if "memory" in raw:
+        raw["save_mode"] = SaveMode.of(bool(raw.pop("memory")))
+    if raw.get("kind") == "layer":
+        image = str(raw["template_id"]).startswith("image-")
+        raw["kind"] = TemplateKind.IMAGE_BASE if image else TemplateKind.BUILD_LAYER
+    raw["kind"] = TemplateKind(raw.get("kind", TemplateKind.TEMPLATE))
+    raw["save_mode"] = SaveMode(raw.get("save_mode", SaveMode.FULL))
+    return Template(**raw)
 
 
 def _restorable(template: Template) -> bool:
@@ -239,24 +243,16 @@ async def build_template(
             memory_dir=memory,
         )
         vm = await driver.boot(spec)
-        base_url = f"http://{slot.address}:{envd_client.ENVD_PORT}"
         token = secrets.token_hex(24)
-        async with httpx.AsyncClient() as client:
-            await envd_client.wait_healthy(client, base_url, BOOT_READY_TIMEOUT)
-            await envd_client.init(
-                client,
-                base_url,
-                current_token=None,
-                new_token=token,
-                env_vars={},
-                hostname="sandbox",
-                timeout=30,
-            )
-        shell = GuestShell(base_url, token)
-        try:
-            await shell.warm_up("user")
-        finally:
-            await shell.close()
+        async with httpx.AsyncClient() as http:
+            envd = EnvdClient(http, str(slot.address))
+            await envd.wait_healthy(BOOT_READY_TIMEOUT)
+            envd = await envd.init(new_token=token, env_vars={}, hostname="sandbox", timeout=30)
+            shell = GuestShell(envd)
+            try:
+                await shell.warm_up("user")
+            finally:
+                await shell.close()
         snap_dir = final_dir / "snapshot"
         snap_dir.mkdir()
         snapshot = await vm.snapshot(

@@ -17,6 +17,7 @@ from __future__ import annotations
 import hmac
 import posixpath
 
+from aenv.envd import ENVD_PORT
 from aenv.proxy.errors import (
     TRAFFIC_TOKEN_HEADER,
     internal_route,
@@ -26,7 +27,6 @@ from aenv.proxy.errors import (
 from aenv.proxy.resolver import Upstream
 from aenv.proxy.routing import Target
 
-ENVD_PORT = 49983
 # envd's routes that only the orchestrator may call (src/aenv/envd/app.py). Add any new
 # control route here.
 ENVD_CONTROL_PATHS = frozenset({"/init"})

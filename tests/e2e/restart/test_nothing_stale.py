@@ -15,7 +15,7 @@ from pathlib import Path
 
 from e2b import Sandbox
 
-from aenv.orchestrator.templates import memory_root
+from aenv.config import Paths
 from tests.e2e.restart.in_flight import DELETES_FILE
 from tests.e2e.vmm_procs import vmm_pids, vmm_sandbox_ids
 
@@ -41,7 +41,7 @@ def test_only_what_really_runs_is_reported_and_nothing_else_is_left() -> None:
         assert vmm_pids(sandbox_id), f"{sandbox_id} is listed as running without a VMM"
     assert vmm_sandbox_ids(HOME) <= running, "orphaned VMMs survived the restart"
     assert _catalog_states() <= {"running", "paused"}, "rows of cut-short work remain"
-    for directory in (HOME / "sandboxes", memory_root(HOME) / "sandboxes"):
+    for directory in (HOME / "sandboxes", Paths(HOME).memory / "sandboxes"):
         left = {p.name for p in directory.iterdir()} if directory.exists() else set()
         assert left <= set(listed), f"leftovers in {directory}: {left - set(listed)}"
     # Slots are held by running sandboxes and the warm pool, nothing else.

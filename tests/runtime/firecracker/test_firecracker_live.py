@@ -31,6 +31,7 @@ from aenv.runtime.cgroups import CgroupManager, detect
 from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver, host
 from aenv.storage import layers
 from tests.runtime.firecracker.fc_support import alive, pid_of
+from tests.support.guest import GUEST_CACHE, MIRROR
 
 BINARY = os.environ.get("AENV_FIRECRACKER", "firecracker")
 REPO = Path(__file__).resolve().parents[3]
@@ -87,10 +88,9 @@ async def wait_for_console(vm: d.VM, marker: str, limit_s: float = 120.0) -> Non
 async def test_boot_snapshot_clone_restore(
     tmp_path: Path, shm: Path, live_cgroups: CgroupManager
 ) -> None:
-    os.environ.setdefault("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache"))
-    kernel = await fetch_kernel()
-    initrd = await build_initramfs(kernel, modules=FIRECRACKER_MODULES)
-    rootfs = await build_base_rootfs()
+    kernel = await fetch_kernel(GUEST_CACHE)
+    initrd = await build_initramfs(kernel, GUEST_CACHE, modules=FIRECRACKER_MODULES)
+    rootfs = await build_base_rootfs(GUEST_CACHE, MIRROR)
     driver = FirecrackerDriver(FirecrackerConfig(binary=Path(BINARY)), live_cgroups)
 
     workdir = tmp_path / "source"

@@ -25,6 +25,7 @@ from aenv.runtime.qemu import QemuConfig, QemuDriver
 from aenv.storage import layers
 from tests.runtime.qemu_vm.agent import build_agent_bundle
 from tests.runtime.qemu_vm.netns import GUEST_NET, NetnsPool, agent, wait_ready
+from tests.support.guest import GUEST_CACHE, MIRROR
 
 REPO = Path(__file__).resolve().parents[3]
 TEMPLATE_MEMORY = "remembered-in-ram"
@@ -78,10 +79,9 @@ def places(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Places]:
 @pytest.fixture(scope="session")
 async def images(tmp_path_factory: pytest.TempPathFactory) -> Images:
     # Guest artifacts are cached in the repository's build/ (gitignored), built once per checkout.
-    os.environ.setdefault("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache"))
-    kernel = await fetch_kernel()
-    initrd = await build_initramfs(kernel)
-    rootfs = await build_base_rootfs()
+    kernel = await fetch_kernel(GUEST_CACHE)
+    initrd = await build_initramfs(kernel, GUEST_CACHE)
+    rootfs = await build_base_rootfs(GUEST_CACHE, MIRROR)
     bundle = await build_agent_bundle(tmp_path_factory.mktemp("bundle"))
     return Images(kernel=kernel, initrd=initrd, rootfs=rootfs, bundle=bundle)
 

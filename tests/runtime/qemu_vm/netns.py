@@ -18,7 +18,8 @@ import subprocess
 import time
 from typing import Any
 
-from aenv.guest.cmdline import ENVD_PORT, GuestNet
+from aenv.envd import ENVD_PORT
+from aenv.guest.cmdline import GuestNet
 from aenv.runtime.driver import NetAttachment
 
 GUEST_NET = GuestNet(address="10.0.2.15/24", gateway="10.0.2.2")

@@ -1,0 +1,130 @@
+"""The control plane's routes over a node on doubles, served by uvicorn on loopback: status
+codes, JSON errors, and what each route changes in the orchestrator."""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import httpx
+import uvicorn
+
+from aenv.api.app import create_api
+from aenv.orchestrator.kinds import SaveMode
+from aenv.orchestrator.states import SandboxState
+from tests.doubles.node import DoubleNode, assert_clean, double_node
+
+KEY = "e2b_" + "ab" * 20
+
+
+@asynccontextmanager
+async def served(node: DoubleNode) -> AsyncIterator[httpx.AsyncClient]:
+    """The node's API on a loopback port; a client sending the API key."""
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(
+        create_api(node.orchestrator, node.config, KEY), lifespan="off", log_level="warning"
+    )
+    config.load()
+    server = uvicorn.Server(config)
+    server.lifespan = config.lifespan_class(config)
+    await server.startup(sockets=[sock])
+    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    try:
+        async with httpx.AsyncClient(base_url=url, headers={"X-API-Key": KEY}) as client:
+            yield client
+    finally:
+        await server.shutdown()
+        sock.close()
+
+
+def error(response: httpx.Response, status: int) -> str:
+    """The message of a JSON error with `status` (every error is one)."""
+    assert response.status_code == status, response.text
+    body: dict[str, Any] = response.json()
+    assert body["code"] == status and isinstance(body["message"], str)
+    return str(body["message"])
+
+
+async def test_create_get_pause_resume_kill(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        created = await api.post(
+            "/sandboxes",
+            json={"templateID": "base", "metadata": {"m": "1"}, "autoPauseMemory": False},
+        )
+        assert created.status_code == 201, created.text
+        sandbox_id = created.json()["sandboxID"]
+        assert created.json()["envdAccessToken"] == node.row(sandbox_id).envd_access_token
+        detail = (await api.get(f"/sandboxes/{sandbox_id}")).json()
+        assert (detail["state"], detail["pauseMode"], detail["metadata"]) == (
+            "running",
+            "filesystem",
+            {"m": "1"},
+        )
+        assert node.row(sandbox_id).auto_pause_mode is SaveMode.FILESYSTEM
+
+        assert (await api.post(f"/sandboxes/{sandbox_id}/pause")).status_code == 204
+        assert node.row(sandbox_id).state is SandboxState.PAUSED
+        assert (await api.get(f"/sandboxes/{sandbox_id}")).json()["state"] == "paused"
+        error(await api.post(f"/sandboxes/{sandbox_id}/pause"), 409)
+        resumed = await api.post(f"/sandboxes/{sandbox_id}/resume", json={"timeout": 60})
+        assert resumed.status_code == 201, resumed.text
+        assert node.row(sandbox_id).state is SandboxState.RUNNING
+
+        assert (await api.delete(f"/sandboxes/{sandbox_id}")).status_code == 204
+        error(await api.delete(f"/sandboxes/{sandbox_id}"), 404)
+        error(await api.get(f"/sandboxes/{sandbox_id}"), 404)
+        assert_clean(node)
+
+
+async def test_bad_requests_are_refused_with_json_errors(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        bad_type = await api.post("/sandboxes", json={"templateID": "base", "timeout": "x"})
+        assert "timeout" in error(bad_type, 400)
+        error(
+            await api.post(
+                "/sandboxes", content=b"{not json", headers={"Content-Type": "application/json"}
+            ),
+            400,
+        )
+        error(await api.post("/sandboxes", json={"templateID": "nope"}), 404)
+        error(await api.post("/sandboxes", json={"templateID": "base", "timeout": -1}), 400)
+        error(await api.get("/sandboxes", headers={"X-API-Key": "e2b_" + "00" * 20}), 401)
+        assert node.catalog.list() == []  # nothing was started by any of them
+
+
+async def test_node_full_answers_429(tmp_path: Path) -> None:
+    async with double_node(tmp_path, max_sandboxes=1) as node, served(node) as api:
+        assert (await api.post("/sandboxes", json={"templateID": "base"})).status_code == 201
+        error(await api.post("/sandboxes", json={"templateID": "base"}), 429)
+        assert len(node.catalog.list()) == 1
+
+
+async def test_failed_resume_answers_an_error_and_stays_paused(tmp_path: Path) -> None:
+    async with double_node(tmp_path, repository="off") as node, served(node) as api:
+        sandbox_id = (await api.post("/sandboxes", json={"templateID": "base"})).json()["sandboxID"]
+        assert (await api.post(f"/sandboxes/{sandbox_id}/pause")).status_code == 204
+        node.driver.fail_next("restore")
+        response = await api.post(f"/sandboxes/{sandbox_id}/resume", json={"timeout": 60})
+        assert response.status_code >= 500
+        error(response, response.status_code)
+        assert (await api.get(f"/sandboxes/{sandbox_id}")).json()["state"] == "paused"
+
+
+async def test_listing_leaves_out_internal_sandboxes(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        await node.orchestrator.create(node.request(internal=True))
+        mine = (await api.post("/sandboxes", json={"templateID": "base"})).json()["sandboxID"]
+        listed = (await api.get("/v2/sandboxes")).json()
+        assert [s["sandboxID"] for s in listed] == [mine]
+
+
+async def test_metrics_come_from_envd(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        sandbox_id = (await api.post("/sandboxes", json={"templateID": "base"})).json()["sandboxID"]
+        response = await api.get(f"/sandboxes/{sandbox_id}/metrics")
+        assert response.status_code == 200, response.text
+        assert response.json()[0]["cpuUsedPct"] == 1.5

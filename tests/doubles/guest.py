@@ -1,0 +1,183 @@
+"""The guest of a double VM: what it holds (`Guest`) and the envd it answers with (`envd_app`).
+
+The double envd speaks the host-facing part of the protocol the orchestrator and template builds
+use (`/health`, `/init`, `/sync`, `/metrics`, `/envs`, `/files`, and the Connect RPC
+`process.Process/Start`) with envd's token rules, on a real socket. It changes nothing on the
+host (the real envd sets the hostname and the clock, and reseeds the RNG) and runs no commands:
+a command is appended to the guest file `COMMANDS` and exits 0, or N for `exit N`.
+
+A guest's files are in two places, as in a real guest: `written` is the page cache (what the
+guest wrote since its last flush), `disk` what reached its disk. A filesystem-only save keeps
+only `disk`; `/sync` moves `written` there first. A full save keeps both (it is in memory).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import AsyncIterator
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from connectrpc.code import Code
+from connectrpc.errors import ConnectError
+from connectrpc.request import RequestContext
+from protobuf import Oneof
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from aenv.envd.auth import TOKEN_HEADER
+from aenv.envd.proto.process import process_pb as pb
+from aenv.envd.proto.process.process_connect import Process, ProcessASGIApplication
+
+
+@dataclass
+class Guest:
+    token: str | None = None
+    env: dict[str, str] = field(default_factory=dict)
+    hostname: str = "sandbox"
+    default_user: str | None = None
+    default_workdir: str | None = None
+    written: dict[str, str] = field(default_factory=dict)
+    disk: dict[str, str] = field(default_factory=dict)
+    # Not saved: what this run of the guest was asked (the tests read it).
+    inits: int = 0
+    syncs: int = 0
+    runs: list[tuple[str, str]] = field(default_factory=list)  # (user, command)
+
+    def write(self, path: str, content: str) -> None:
+        self.written[path] = content
+
+    def read(self, path: str) -> str | None:
+        return self.written.get(path, self.disk.get(path))
+
+    def memory(self) -> dict[str, Any]:
+        """What a full save keeps besides the disk."""
+        state = asdict(self)
+        for transient in ("disk", "inits", "syncs", "runs"):
+            del state[transient]
+        return state
+
+    @classmethod
+    def restored(cls, memory: dict[str, Any], disk: dict[str, str]) -> Guest:
+        return cls(**memory, disk=dict(disk))
+
+    @classmethod
+    def booted(cls, disk: dict[str, str]) -> Guest:
+        """A cold boot: the disk's files, nothing of a previous run's memory."""
+        return cls(disk=dict(disk))
+
+
+COMMANDS = "/var/log/double-commands"
+
+
+class _Processes(Process):
+    """`process.Process/Start` of the double: records the command, answers start, output, end."""
+
+    def __init__(self, guest: Guest) -> None:
+        self.guest = guest
+
+    async def start(
+        self, request: pb.StartRequest, ctx: RequestContext[pb.StartRequest, pb.StartResponse]
+    ) -> AsyncIterator[pb.StartResponse]:
+        headers = ctx.request_headers
+        if self.guest.token is not None and headers.get(TOKEN_HEADER) != self.guest.token:
+            raise ConnectError(Code.UNAUTHENTICATED, "unauthorized")
+        basic = headers.get("authorization", "Basic Og==").removeprefix("Basic ")
+        user = base64.b64decode(basic).decode().partition(":")[0]
+        command = request.process.args[-1] if request.process.args else request.process.cmd
+        self.guest.runs.append((user, command))
+        code = int(command.removeprefix("exit ")) if command.startswith("exit ") else 0
+        if code == 0:
+            done = self.guest.read(COMMANDS) or ""
+            self.guest.write(COMMANDS, done + command + "\n")
+        output = pb.ProcessEvent.DataEvent(output=Oneof("stdout", f"ran {command}\n".encode()))
+        for event in (
+            Oneof("start", pb.ProcessEvent.StartEvent(pid=1)),
+            Oneof("data", output),
+            Oneof("end", pb.ProcessEvent.EndEvent(exit_code=code, exited=True)),
+        ):
+            yield pb.StartResponse(event=pb.ProcessEvent(event=event))
+
+
+def envd_app(guest: Guest) -> ASGIApp:
+    def authorized(request: Request) -> bool:
+        return guest.token is None or request.headers.get(TOKEN_HEADER) == guest.token
+
+    def unauthorized() -> Response:
+        return JSONResponse({"code": 401, "message": "unauthorized"}, status_code=401)
+
+    async def health(_: Request) -> Response:
+        return Response(status_code=204)
+
+    async def init(request: Request) -> Response:
+        body = json.loads(await request.body() or b"{}")
+        if not (authorized(request) or body.get("accessToken") == guest.token):
+            return JSONResponse({"code": 401, "message": "token reset refused"}, status_code=401)
+        if body.get("envVars") is not None:
+            guest.env = dict(body["envVars"])
+        guest.token = body.get("accessToken") or None
+        guest.hostname = body.get("hostname") or guest.hostname
+        guest.default_user = body.get("defaultUser", guest.default_user)
+        guest.default_workdir = body.get("defaultWorkdir", guest.default_workdir)
+        guest.inits += 1
+        return Response(status_code=204)
+
+    async def sync(request: Request) -> Response:
+        if not authorized(request):
+            return unauthorized()
+        guest.disk.update(guest.written)
+        guest.written.clear()
+        guest.syncs += 1
+        return Response(status_code=204)
+
+    async def metrics(request: Request) -> Response:
+        if not authorized(request):
+            return unauthorized()
+        sample = {"ts": 0, "cpu_count": 1, "cpu_used_pct": 1.5, "mem_total": 512 << 20}
+        sample |= {"mem_used": 100 << 20, "disk_used": 1 << 20, "disk_total": 2 << 30}
+        return JSONResponse(sample)
+
+    async def envs(request: Request) -> Response:
+        if not authorized(request):
+            return unauthorized()
+        return JSONResponse(guest.env)
+
+    async def read_file(request: Request) -> Response:
+        content = guest.read(request.query_params.get("path", ""))
+        if content is None:
+            return JSONResponse({"code": 404, "message": "no such file"}, status_code=404)
+        return Response(content.encode())
+
+    async def write_file(request: Request) -> Response:
+        if not authorized(request):
+            return unauthorized()
+        form = await request.form()
+        upload = form["file"]
+        assert not isinstance(upload, str)
+        guest.write(request.query_params["path"], (await upload.read()).decode(errors="replace"))
+        return JSONResponse([{"path": request.query_params["path"]}])
+
+    plain = Starlette(
+        routes=[
+            Route("/health", health, methods=["GET"]),
+            Route("/init", init, methods=["POST"]),
+            Route("/sync", sync, methods=["POST"]),
+            Route("/metrics", metrics, methods=["GET"]),
+            Route("/envs", envs, methods=["GET"]),
+            Route("/files", read_file, methods=["GET"]),
+            Route("/files", write_file, methods=["POST"]),
+        ]
+    )
+    rpc = ProcessASGIApplication(_Processes(guest))
+
+    async def app(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"].startswith("/process.Process/"):
+            await rpc(scope, receive, send)
+        else:
+            await plain(scope, receive, send)
+
+    return app

@@ -1,0 +1,82 @@
+"""Network slots without namespaces: each slot is a loopback address of its own
+(`127.x.y.z`), with envd's port on it bound when the slot is handed out, so a double VM's envd
+is reached at `slot.address` exactly as a real guest's is, and two test runs on one machine
+never share an address."""
+
+from __future__ import annotations
+
+import errno
+import itertools
+import random
+import socket
+from ipaddress import IPv4Address
+
+from aenv.envd import ENVD_PORT
+from aenv.network import EgressPolicy, GuestNetwork, Slot
+
+_TRIES = 100
+
+
+class DoubleSlots:
+    """A `SlotProvider`; `sockets[netns]` is the bound envd socket a VM in that slot serves on."""
+
+    def __init__(self) -> None:
+        self.sockets: dict[str, socket.socket] = {}
+        self.in_use: dict[str, Slot] = {}
+        self.egress: dict[str, bool] = {}
+        self.policies: dict[str, EgressPolicy] = {}
+        self.acquired = 0
+        self._index = itertools.count()
+
+    async def acquire(
+        self, *, egress: bool | None = None, policy: EgressPolicy | None = None
+    ) -> Slot:
+        index = next(self._index)
+        address, sock = _bind_free_address()
+        slot = Slot(
+            index=index,
+            netns=f"double-{index}-{address}",
+            host_ifname=f"dbl{index}",
+            host_ip=address,
+            address=address,
+            guest=GuestNetwork(),
+        )
+        self.sockets[slot.netns] = sock
+        self.in_use[slot.netns] = slot
+        self.egress[slot.netns] = True if egress is None else egress
+        if policy is not None:
+            self.policies[slot.netns] = policy
+        self.acquired += 1
+        return slot
+
+    async def release(self, slot: Slot) -> None:
+        sock = self.sockets.pop(slot.netns, None)
+        if sock is not None:
+            sock.close()
+        self.in_use.pop(slot.netns, None)
+
+    async def set_egress(self, slot: Slot, enabled: bool) -> None:
+        self.egress[slot.netns] = enabled
+
+    async def set_policy(self, slot: Slot, policy: EgressPolicy) -> None:
+        self.policies[slot.netns] = policy
+
+
+def _bind_free_address() -> tuple[IPv4Address, socket.socket]:
+    """A random loopback address whose envd port nobody holds, and the socket holding it."""
+    for _ in range(_TRIES):
+        address = IPv4Address(
+            f"127.{random.randint(100, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
+        )
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        try:
+            sock.bind((str(address), ENVD_PORT))
+        except OSError as e:
+            sock.close()
+            if e.errno == errno.EADDRINUSE:
+                continue
+            raise
+        sock.listen(128)
+        sock.setblocking(False)
+        return address, sock
+    raise RuntimeError("no free loopback address for a double slot")

@@ -1,0 +1,117 @@
+"""Template builds on the double driver: steps run through the build VM's envd (the double
+records commands instead of running them), cached step layers, failures, records that
+outlive the builder."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from aenv.orchestrator.build_steps import StepType
+from aenv.orchestrator.builds import Build, Builder, BuildSpec, BuildStatus, Step
+from aenv.orchestrator.kinds import TemplateKind
+from aenv.orchestrator.tags import TagStore
+from tests.doubles.guest import COMMANDS
+from tests.doubles.node import DoubleNode, double_node, eventually
+
+
+def builder(node: DoubleNode, cache_layers: int = 8) -> Builder:
+    paths = node.config.paths
+    return Builder(
+        node.orchestrator, TagStore(paths.template_tags), paths, 5, cache_layers=cache_layers
+    )
+
+
+def spec(*steps: tuple[StepType, tuple[str, ...]]) -> BuildSpec:
+    return BuildSpec(
+        from_template="base", from_image=None, steps=tuple(Step(t, args) for t, args in steps)
+    )
+
+
+async def run(builds: Builder, name: str, build_spec: BuildSpec) -> Build:
+    build = builds.request(name, [])
+    builds.start(build, build_spec)
+    await eventually(lambda: build.status in (BuildStatus.READY, BuildStatus.ERROR))
+    return build
+
+
+STEPS = spec(
+    (StepType.RUN, ("echo one",)),
+    (StepType.ENV, ("GREETING", "hi")),
+    (StepType.USER, ("root",)),
+    (StepType.RUN, ("echo two",)),
+)
+
+
+async def test_build_runs_steps_and_saves_a_template(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        build = await run(builder(node), "app", STEPS)
+        assert build.status is BuildStatus.READY, build.reason
+        template = node.templates.get("app")
+        assert template.kind is TemplateKind.TEMPLATE
+        assert (template.env_vars, template.default_user) == ({"GREETING": "hi"}, "root")
+        layers = [t for t in node.templates.list_all() if t.kind is TemplateKind.BUILD_LAYER]
+        assert len(layers) == 2  # after each RUN
+        assert [r for r in node.catalog.list() if r.internal] == []  # the build VM is gone
+        assert node.driver.running == {}
+        record, _ = await node.orchestrator.create(node.request(template="app"))
+        guest = node.guest(record.id)
+        ran = (guest.read(COMMANDS) or "").splitlines()
+        assert ran[:2] == ["echo one", "id -u root"] and "echo two" in ran
+        assert guest.env["GREETING"] == "hi" and guest.default_user == "root"
+
+
+async def test_rebuild_starts_from_cached_layers(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        builds = builder(node)
+        assert (await run(builds, "app", STEPS)).status is BuildStatus.READY
+        again = await run(builds, "app", STEPS)
+        assert again.status is BuildStatus.READY
+        cached = [e.message for e in again.logs if "CACHED" in e.message]
+        assert len(cached) == 4  # every step: the last RUN's layer has them all
+        changed = await run(builds, "app", spec(*STEPS_PREFIX, (StepType.RUN, ("echo three",))))
+        assert [e.message for e in changed.logs if "CACHED" in e.message] == [
+            "[1/2] CACHED RUN echo one"
+        ]
+
+
+STEPS_PREFIX = ((StepType.RUN, ("echo one",)),)
+
+
+async def test_failing_step_ends_the_build_in_error(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        build = await run(builder(node), "broken", spec((StepType.RUN, ("exit 3",))))
+        assert build.status is BuildStatus.ERROR
+        assert build.reason is not None and build.reason.step == "1"
+        assert "exited with code 3" in str(build.reason)
+        assert [r for r in node.catalog.list() if r.internal] == []
+        assert node.driver.running == {}
+        assert all(t.template_id != build.template_id for t in node.templates.list_all())
+
+
+async def test_build_records_outlive_the_builder(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        first = builder(node)
+        done = await run(first, "app", spec((StepType.RUN, ("exit 1",))))
+        waiting = first.request("later", [])
+        again = builder(node)  # as after a restart
+        loaded = again.get(done.template_id, done.build_id)
+        assert loaded is not None and loaded.status is BuildStatus.ERROR
+        assert [e.message for e in loaded.logs] == [e.message for e in done.logs]
+        interrupted = again.get(waiting.template_id, waiting.build_id)
+        assert interrupted is not None and interrupted.status is BuildStatus.ERROR
+        assert "interrupted" in str(interrupted.reason)
+
+
+async def test_old_cached_layers_are_dropped(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        builds = builder(node, cache_layers=1)
+        for word in ("a", "b"):
+            assert (
+                await run(builds, word, spec((StepType.RUN, (word,))))
+            ).status is BuildStatus.READY
+        layers = [
+            t
+            for t in node.templates.list_all()
+            if t.kind is TemplateKind.BUILD_LAYER and not t.deleted
+        ]
+        assert len(layers) == 1

@@ -1,0 +1,174 @@
+"""The orchestrator's lifecycle on the double driver and slots: real catalog, templates,
+repository and envd traffic, no VMs. Races are made deterministic by holding a driver operation
+half-way (`driver.hold`) and failures by injecting them (`driver.fail_next`)."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from aenv.orchestrator.kinds import SaveMode
+from aenv.orchestrator.lifecycle import (
+    CapacityReached,
+    CreateFailed,
+    InvalidState,
+    OperationFailed,
+    SandboxNotFound,
+)
+from aenv.orchestrator.states import SandboxState
+from tests.doubles.node import TEMPLATE_FILES, assert_clean, double_node, eventually
+
+
+async def test_create_restores_the_template_and_inits_envd(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        record, template = await node.orchestrator.create(node.request(env_vars={"A": "1"}))
+        assert record.state is SandboxState.RUNNING and template.template_id == "base"
+        guest = node.guest(record.id)
+        assert guest.token == record.envd_access_token != template.envd_access_token
+        assert guest.hostname == record.id
+        assert guest.env == {
+            "A": "1",
+            "E2B_SANDBOX": "true",
+            "E2B_SANDBOX_ID": record.id,
+            "E2B_TEMPLATE_ID": "base",
+        }
+        assert guest.read("/etc/template") == TEMPLATE_FILES["/etc/template"]
+        assert record.restored_from == template.snapshot_dir
+        assert await node.orchestrator.kill(record.id)
+        assert node.catalog.get(record.id) is None
+        assert_clean(node)
+
+
+async def test_failed_create_leaves_nothing(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        node.driver.fail_next("restore")
+        with pytest.raises(CreateFailed, match="injected"):
+            await node.orchestrator.create(node.request())
+        assert node.catalog.list() == []
+        assert_clean(node)
+
+
+async def test_pause_and_resume_keep_the_guest(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        node.guest(record.id).write("/home/user/note", "unflushed")
+        paused = await node.orchestrator.pause(record.id)
+        assert paused.state is SandboxState.PAUSED
+        assert (paused.checkpoint_seq, paused.checkpoint_mode) == (1, SaveMode.FULL)
+        assert node.driver.running == {} and node.slots.in_use == {}
+        with pytest.raises(InvalidState):
+            await node.orchestrator.pause(record.id)
+        resumed, changed = await node.orchestrator.resume(record.id, 60)
+        assert changed and resumed.state is SandboxState.RUNNING
+        guest = node.guest(record.id)
+        assert guest.read("/home/user/note") == "unflushed"  # memory came back
+        assert guest.token == record.envd_access_token
+
+
+async def test_filesystem_only_pause_flushes_first_and_cold_boots(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        node.guest(record.id).write("/home/user/note", "written")
+        paused = await node.orchestrator.pause(record.id, mode=SaveMode.FILESYSTEM)
+        assert paused.checkpoint_mode is SaveMode.FILESYSTEM
+        boots = node.driver.calls["boot"]
+        await node.orchestrator.resume(record.id, 60)
+        assert node.driver.calls["boot"] == boots + 1  # booted from the disks, not restored
+        guest = node.guest(record.id)
+        assert guest.read("/home/user/note") == "written"  # on disk thanks to /sync
+        assert guest.token == record.envd_access_token and guest.inits == 1
+
+
+async def test_failed_pause_leaves_it_running(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        node.driver.fail_next("snapshot")
+        with pytest.raises(OperationFailed):
+            await node.orchestrator.pause(record.id)
+        current = node.orchestrator.get(record.id)
+        assert current.state is SandboxState.RUNNING and current.checkpoint_seq == 0
+        assert not (node.config.paths.sandboxes / record.id / "pause-1").exists()
+        assert node.guest(record.id).token == record.envd_access_token  # still serving
+
+
+async def test_failed_resume_goes_back_to_paused(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        node.guest(record.id).write("/data", "kept")
+        await node.orchestrator.pause(record.id)
+        # Uploaded in the background: wait for the copy the resume falls back to.
+        await eventually(lambda: node.row(record.id).archived is not None)
+        restores = node.driver.calls["restore"]
+        # The local checkpoint fails, then the repository's copy of it.
+        node.driver.fail_next("restore", times=2)
+        with pytest.raises(OperationFailed, match="resume"):
+            await node.orchestrator.resume(record.id, 60)
+        assert node.driver.calls["restore"] == restores + 2
+        assert node.orchestrator.get(record.id).state is SandboxState.PAUSED
+        assert node.driver.running == {} and node.slots.in_use == {}
+        await node.orchestrator.resume(record.id, 60)  # the checkpoint is intact
+        assert node.guest(record.id).read("/data") == "kept"
+
+
+async def test_pause_racing_kill_runs_one_after_the_other(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        held = node.driver.hold("snapshot")
+        pause = asyncio.create_task(node.orchestrator.pause(record.id))
+        await held.reached.wait()
+        kill = asyncio.create_task(node.orchestrator.kill(record.id))
+        await asyncio.sleep(0.05)
+        assert not kill.done()  # the kill waits for the pause's lock
+        assert node.row(record.id).state is SandboxState.PAUSING
+        held.release()
+        paused = await pause
+        assert paused.state is SandboxState.PAUSED
+        assert await kill
+        assert node.catalog.get(record.id) is None
+        with pytest.raises(SandboxNotFound):
+            await node.orchestrator.resume(record.id, 60)
+        assert_clean(node)
+
+
+async def test_vmm_crash_removes_the_sandbox(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        vm = node.driver.running[node.orchestrator.guest_endpoint(record.id).incarnation]
+        await vm.crash()
+        await eventually(lambda: node.catalog.get(record.id) is None)
+        assert_clean(node)
+
+
+async def test_admission_queue_and_capacity(tmp_path: Path) -> None:
+    async with double_node(tmp_path, max_concurrent_creates=1, max_sandboxes=2) as node:
+        held = node.driver.hold("restore")
+        first = asyncio.create_task(node.orchestrator.create(node.request()))
+        await held.reached.wait()
+        second = asyncio.create_task(node.orchestrator.create(node.request()))
+        await asyncio.sleep(0.05)
+        assert node.orchestrator.stats.queued == 1  # waits for the first, does not fail
+        assert node.driver.calls["restore"] == 1
+        with pytest.raises(CapacityReached):  # two held (one running, one queued)
+            await node.orchestrator.create(node.request())
+        held.release()
+        (a, _), (b, _) = await first, await second
+        assert {a.state, b.state} == {SandboxState.RUNNING}
+        assert node.orchestrator.stats.succeeded == 2 and node.orchestrator.stats.queued == 0
+        await node.orchestrator.kill(a.id)
+        await node.orchestrator.create(node.request())  # room again
+
+
+async def test_expiry_auto_pauses(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        request = node.request(auto_pause=True, auto_pause_mode=SaveMode.FILESYSTEM)
+        record, _ = await node.orchestrator.create(request)
+        killed, _ = await node.orchestrator.create(node.request())
+        node.orchestrator.set_timeout(record.id, 0)
+        node.orchestrator.set_timeout(killed.id, 0)
+        await eventually(lambda: node.orchestrator.is_paused(record.id))
+        current = node.orchestrator.get(record.id)
+        assert current.state is SandboxState.PAUSED
+        assert current.checkpoint_mode is SaveMode.FILESYSTEM  # what autoPause asked for
+        await eventually(lambda: node.catalog.get(killed.id) is None)  # no autoPause: killed

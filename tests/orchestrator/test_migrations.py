@@ -1,0 +1,171 @@
+"""An upgrade keeps a node's sandboxes and templates: a catalog and `template.json` files as the
+previous version wrote them (the untyped `placement` column, the `memory` flag, kind `layer`)
+load with every value in its typed field."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+from pathlib import Path
+
+from aenv.network.settings import SandboxNetwork
+from aenv.orchestrator.catalog import Archived, Catalog, PageQuery
+from aenv.orchestrator.kinds import SaveMode, TemplateKind
+from aenv.orchestrator.states import SandboxState
+from aenv.orchestrator.templates import TemplateStore
+
+# The sandboxes table exactly as the previous version created it.
+OLD_SCHEMA = """
+CREATE TABLE sandboxes (
+    id TEXT PRIMARY KEY,
+    template_id TEXT NOT NULL,
+    alias TEXT,
+    state TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    env_vars TEXT NOT NULL,
+    cpu_count INTEGER NOT NULL,
+    memory_mb INTEGER NOT NULL,
+    disk_size_mb INTEGER NOT NULL,
+    started_at REAL NOT NULL,
+    end_at REAL NOT NULL,
+    envd_access_token TEXT,
+    traffic_access_token TEXT,
+    auto_pause INTEGER NOT NULL DEFAULT 0,
+    auto_resume INTEGER NOT NULL DEFAULT 0,
+    allow_internet INTEGER NOT NULL DEFAULT 1,
+    placement TEXT NOT NULL DEFAULT '{}',
+    updated_at REAL NOT NULL
+);
+CREATE INDEX sandboxes_state ON sandboxes(state);
+CREATE INDEX sandboxes_started ON sandboxes(started_at, id);
+"""
+
+
+def _old_row(
+    db: sqlite3.Connection, sandbox_id: str, state: str, placement: dict[str, object]
+) -> None:
+    db.execute(
+        "INSERT INTO sandboxes (id, template_id, alias, state, metadata, env_vars, cpu_count,"
+        " memory_mb, disk_size_mb, started_at, end_at, envd_access_token, auto_pause,"
+        " placement, updated_at) VALUES (?, 'tpl', 'base', ?, '{\"k\": \"v\"}', '{}', 1, 512,"
+        " 2048, 10.0, 20.0, 'tok', 1, ?, 11.0)",
+        (sandbox_id, state, json.dumps(placement)),
+    )
+
+
+def test_old_catalog_keeps_its_paused_sandboxes(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.db"
+    db = sqlite3.connect(path)
+    db.executescript(OLD_SCHEMA)
+    _old_row(
+        db,
+        "paused1",
+        "paused",
+        {
+            "base": "/home/templates/tpl/snapshot",
+            "timeout": 600,
+            "pause_memory": False,
+            "seq": 4,
+            "memory": False,
+            "archive": {"seq": 3, "manifest": "man-3"},
+        },
+    )
+    _old_row(db, "build1", "running", {"base": "/b", "internal": True, "seq": 0})
+    _old_row(db, "bare1", "paused", {})
+    db.commit()
+    db.close()
+
+    catalog = Catalog(path)
+    try:
+        paused = catalog.get("paused1")
+        assert paused is not None
+        assert paused.state is SandboxState.PAUSED
+        assert paused.metadata == {"k": "v"} and paused.envd_access_token == "tok"
+        assert paused.restored_from == "/home/templates/tpl/snapshot"
+        assert paused.timeout == 600
+        assert paused.auto_pause_mode is SaveMode.FILESYSTEM
+        assert paused.checkpoint_seq == 4
+        assert paused.checkpoint_mode is SaveMode.FILESYSTEM
+        assert paused.archived == Archived(3, "man-3")
+        build = catalog.get("build1")
+        assert build is not None and build.internal and build.archived is None
+        bare = catalog.get("bare1")
+        assert bare is not None
+        assert (bare.timeout, bare.checkpoint_seq, bare.checkpoint_mode) == (300, 0, SaveMode.FULL)
+        # `internal` is a column now: listings filter on it in SQL.
+        query = PageQuery(states=frozenset(SandboxState), limit=10)
+        assert {r.id for r in catalog.page(query)[0]} == {"paused1", "bare1"}
+        # The upgraded catalog takes the new code's writes.
+        moved = catalog.transition("paused1", [SandboxState.PAUSED], SandboxState.RESUMING)
+        assert moved is not None and moved.archived == Archived(3, "man-3")
+    finally:
+        catalog.close()
+    columns = {row[1] for row in sqlite3.connect(path).execute("PRAGMA table_info(sandboxes)")}
+    assert "placement" not in columns
+    reopened = Catalog(path)  # a second open finds nothing left to migrate
+    try:
+        assert reopened.get("paused1") == moved
+    finally:
+        reopened.close()
+
+
+def test_old_catalog_keeps_the_internet_flag_of_its_sandboxes(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.db"
+    db = sqlite3.connect(path)
+    db.executescript(OLD_SCHEMA)
+    _old_row(db, "offline1", "paused", {})
+    _old_row(db, "online1", "paused", {})
+    db.execute("UPDATE sandboxes SET allow_internet = 0 WHERE id = 'offline1'")
+    db.commit()
+    db.close()
+    catalog = Catalog(path)
+    try:
+        offline, online = catalog.get("offline1"), catalog.get("online1")
+        assert offline is not None and offline.network == SandboxNetwork(allow_internet=False)
+        assert online is not None and online.network == SandboxNetwork()
+    finally:
+        catalog.close()
+
+
+def _old_template(directory: Path, template_id: str, kind: str, memory: bool) -> None:
+    snapshot_dir = directory / template_id / "build1"
+    snapshot_dir.mkdir(parents=True)
+    raw = {
+        "template_id": template_id,
+        "build_id": "build1",
+        "aliases": [],
+        "cpu_count": 1,
+        "memory_mb": 512,
+        "disk_size_mb": 2048,
+        "envd_version": "0.1.0",
+        "envd_access_token": "tok",
+        "created_at": 1.0,
+        "snapshot_dir": str(snapshot_dir),
+        "kind": kind,
+        "memory": memory,
+        # A repository copy: the store keeps the template although its files are not here.
+        "manifest_id": "man",
+    }
+    (directory / template_id / "template.json").write_text(json.dumps(raw))
+
+
+def test_old_template_files_load_with_typed_kinds(tmp_path: Path) -> None:
+    directory = tmp_path / "templates"
+    _old_template(directory, "layer-abc", "layer", True)
+    _old_template(directory, "image-def", "layer", True)
+    _old_template(directory, "snap1", "snapshot", False)
+    store = TemplateStore(directory, tmp_path / "memory")
+    store.load()
+    layer, image, snap = (store.by_id(i) for i in ("layer-abc", "image-def", "snap1"))
+    assert layer is not None and layer.kind is TemplateKind.BUILD_LAYER
+    assert image is not None and image.kind is TemplateKind.IMAGE_BASE
+    assert snap is not None and snap.kind is TemplateKind.SNAPSHOT
+    assert snap.save_mode is SaveMode.FILESYSTEM and layer.save_mode is SaveMode.FULL
+    # Saved again, it is written the new way and reads back the same.
+    store.save(snap)
+    assert (
+        json.loads((directory / "snap1" / "template.json").read_text())["save_mode"] == "filesystem"
+    )
+    again = TemplateStore(directory, tmp_path / "memory")
+    again.load()
+    assert again.by_id("snap1") == snap

@@ -1,0 +1,147 @@
+"""Saved states on the double driver: snapshots, forks (some children failing), start-up after
+a crash mid-pause, and what goes from the local disk and the snapshot repository when."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from aenv.orchestrator import checkpoints
+from aenv.orchestrator.kinds import SaveMode, TemplateKind
+from aenv.orchestrator.lifecycle import CreateFailed, InvalidState
+from aenv.orchestrator.states import SandboxState
+from tests.doubles.node import assert_clean, double_node, eventually
+
+
+async def test_fork_where_some_children_fail(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        parent, _ = await node.orchestrator.create(node.request(metadata={"who": "parent"}))
+        node.guest(parent.id).write("/state", "forked")
+        node.driver.fail_next("restore")  # one of the three children
+        children = await node.orchestrator.fork(parent.id, 3, 60)
+        started = [c for c in children if not isinstance(c, BaseException)]
+        failed = [c for c in children if isinstance(c, BaseException)]
+        assert len(started) == 2 and len(failed) == 1
+        assert isinstance(failed[0], CreateFailed)
+        forks = [t for t in node.templates.list_all() if t.kind is TemplateKind.FORK]
+        assert len(forks) == 1
+        for child in started:
+            assert child.state is SandboxState.RUNNING and child.metadata == {"who": "parent"}
+            guest = node.guest(child.id)
+            assert guest.read("/state") == "forked" and guest.hostname == child.id
+            assert child.restored_from == forks[0].snapshot_dir
+        # The failed child left no row; the parent runs on.
+        assert {r.id for r in node.catalog.list()} == {parent.id, *(c.id for c in started)}
+        assert node.orchestrator.get(parent.id).state is SandboxState.RUNNING
+        # The checkpoint goes with its last child.
+        await node.orchestrator.kill(started[0].id)
+        assert Path(forks[0].snapshot_dir).exists()
+        await node.orchestrator.kill(started[1].id)
+        assert node.templates.by_id(forks[0].template_id) is None
+        assert not Path(forks[0].snapshot_dir).exists()
+
+
+async def test_startup_after_a_half_written_pause(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        node.guest(record.id).write("/kept", "first pause")
+        await node.orchestrator.pause(record.id)
+        await node.orchestrator.resume(record.id, 60)
+        node.guest(record.id).write("/kept", "lost with the crash")
+        held = node.driver.hold("snapshot")
+        pause = asyncio.create_task(node.orchestrator.pause(record.id))
+        await held.reached.wait()
+        # The server dies here: the second checkpoint's directory exists, it is incomplete, the
+        # row says PAUSING, and the VMM goes with the server (the start-up sweep kills it).
+        pause.cancel()
+        await asyncio.gather(pause, return_exceptions=True)
+        sandbox_dir = node.config.paths.sandboxes / record.id
+        assert (checkpoints.pause_dir(sandbox_dir, 2)).is_dir()
+        assert node.row(record.id).state is SandboxState.PAUSING
+        for vm in list(node.driver.running.values()):
+            await vm.stop()
+        for slot in list(node.slots.in_use.values()):
+            await node.slots.release(slot)
+
+        restarted = node.reopen()
+        await restarted.orchestrator.start()
+        row = restarted.row(record.id)
+        assert (row.state, row.checkpoint_seq) == (SandboxState.PAUSED, 1)
+        assert not checkpoints.pause_dir(sandbox_dir, 2).exists()
+        await restarted.orchestrator.resume(record.id, 60)
+        assert restarted.guest(record.id).read("/kept") == "first pause"
+        await restarted.orchestrator.close()
+        restarted.catalog.close()
+        assert_clean(restarted)
+
+
+async def test_restart_reclaims_sandboxes_that_were_running(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        for vm in list(node.driver.running.values()):
+            await vm.stop()  # the server and its VMMs die together
+        for slot in list(node.slots.in_use.values()):
+            await node.slots.release(slot)
+        restarted = node.reopen()
+        await restarted.orchestrator.start()
+        assert restarted.catalog.get(record.id) is None
+        assert not (node.config.paths.sandboxes / record.id).exists()
+        await restarted.orchestrator.close()
+        restarted.catalog.close()
+
+
+async def test_snapshot_outlives_its_sandbox_and_restores(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        node.guest(record.id).write("/app", "v1")
+        snap = await node.orchestrator.snapshot(record.id, name="mine")
+        assert snap.kind is TemplateKind.SNAPSHOT and snap.save_mode is SaveMode.FULL
+        assert node.orchestrator.get(record.id).state is SandboxState.RUNNING  # kept running
+        await node.orchestrator.kill(record.id)
+        child, template = await node.orchestrator.create(node.request(template="mine"))
+        assert template.template_id == snap.template_id
+        assert node.guest(child.id).read("/app") == "v1"
+
+
+async def test_filesystem_snapshot_of_a_memory_pause_is_refused(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        await node.orchestrator.pause(record.id)
+        templates = {t.template_id for t in node.templates.list_all()}
+        with pytest.raises(InvalidState, match="resume it first"):
+            await node.orchestrator.snapshot(record.id, mode=SaveMode.FILESYSTEM)
+        assert {t.template_id for t in node.templates.list_all()} == templates
+        assert node.orchestrator.get(record.id).state is SandboxState.PAUSED
+
+
+async def test_repository_copies_go_with_what_they_copy(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        archive = node.orchestrator.saved.archive
+        assert archive is not None
+        record, _ = await node.orchestrator.create(node.request())
+        await node.orchestrator.pause(record.id)
+        await eventually(lambda: node.row(record.id).archived is not None)
+        first = node.row(record.id).archived
+        await node.orchestrator.resume(record.id, 60)
+        await node.orchestrator.pause(record.id)
+        await eventually(lambda: node.row(record.id).archived not in (None, first))
+        manifests = {m.id for m in await archive.repository.list_manifests()}
+        assert first is not None and first.manifest not in manifests  # replaced by the newer
+
+        snap = await node.orchestrator.snapshot(record.id, name="kept")
+        await eventually(
+            lambda: (node.templates.by_id(snap.template_id) or snap).manifest_id is not None
+        )
+        stored = node.templates.by_id(snap.template_id)
+        assert stored is not None and stored.manifest_id is not None
+        await node.orchestrator.kill(record.id)
+        manifests = {m.id for m in await archive.repository.list_manifests()}
+        assert manifests == {stored.manifest_id}  # the killed sandbox's copy went
+
+        await node.orchestrator.delete_template(snap.template_id)
+        assert await archive.repository.list_manifests() == []
+        report = await archive.repository.gc(grace=0)
+        assert report.chunks_deleted > 0 and report.chunks_referenced == 0
+        assert_clean(node)
