@@ -18,7 +18,7 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 DEFAULT_HOME = Path("/var/lib/aenv")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
@@ -138,6 +138,10 @@ class Config(BaseModel):
     port: int = 3000
     # Public base domain for sandbox URLs (`{port}-{id}.{domain}`); None lets SDKs use theirs.
     domain: str | None = None
+    # HTTPS instead of HTTP: a certificate (chain) and its key, in PEM files. For the SDKs to
+    # need only `E2B_DOMAIN`, it must cover `api.<domain>` and `*.<domain>` (sandbox hosts).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
     # VMM driver: auto | firecracker | qemu-kvm | qemu-tcg.
     driver: str = "auto"
     default_template: str = "base"
@@ -180,7 +184,9 @@ class Config(BaseModel):
     # The Debian mirror the base root filesystem is bootstrapped from.
     debian_mirror: str = DEFAULT_MIRROR
 
-    @field_validator("domain", "repository_endpoint", "guest_cache", mode="before")
+    @field_validator(
+        "domain", "repository_endpoint", "guest_cache", "tls_cert", "tls_key", mode="before"
+    )
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         """An empty env var (`AENV_DOMAIN=`) means unset, as in a shell."""
@@ -193,6 +199,16 @@ class Config(BaseModel):
         if isinstance(value, str):
             return tuple(part.strip() for part in value.split(",") if part.strip())
         return value
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Config:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together")
+        return self
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls_cert is not None else "http"
 
     @property
     def paths(self) -> Paths:

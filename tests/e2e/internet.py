@@ -1,12 +1,14 @@
 """A simulated internet for end-to-end network tests: a namespace of its own, joined to the
 server's namespace by a veth and made its default route, with web servers on public-looking
-addresses (documentation ranges, routed nowhere), a resolver for their names, and addresses
+addresses (documentation ranges, routed nowhere), a resolver for their names and for the
+node's domain (`NODE_DOMAIN`, every name at the server's loopback address), and addresses
 sandboxes must never reach (cloud metadata, a private host). No packet leaves the machine: the
-server's namespace has no other way out.
+server's namespace has no other way out. A test CA (`Certificates`) signs the internet's HTTPS
+certificates and the node's.
 
-`python -m tests.e2e.internet DIR ADDRESS...` runs the servers: port 80 (HTTP) and 443 (HTTPS,
-with DIR/cert.pem and DIR/key.pem from a test CA) of each address answer every GET with the
-address they were reached at, so a test sees which host it got to; RESOLVER_IP:53 answers
+`python -m tests.e2e.internet CERT KEY ADDRESS...` runs the servers: port 80 (HTTP) and 443
+(HTTPS, with CERT and KEY) of each address answer every GET with the address they were reached
+at, so a test sees which host it got to; RESOLVER_IP:53 answers
 `NAMES` (a `*.` entry covers every name below it) and NXDOMAIN for the rest.
 """
 
@@ -39,14 +41,48 @@ PUBLIC = ("198.51.100.10", "198.51.100.20")
 # Unreachable from any sandbox whatever its rules (network/reserved.py).
 INTERNAL = ("169.254.169.254", "10.250.0.9")
 RESOLVER_IP = "198.51.100.53"
-NAMES = {"allowed.test": PUBLIC[0], "*.wild.test": PUBLIC[1], "other.test": PUBLIC[0]}
+NODE_DOMAIN = "aenv.test"
+# The internet's hosts; the node's names resolve to the server's loopback address (the clients
+# run in the server's namespace).
+WEB_NAMES = {"allowed.test": PUBLIC[0], "*.wild.test": PUBLIC[1], "other.test": PUBLIC[0]}
+NAMES = {**WEB_NAMES, f"*.{NODE_DOMAIN}": "127.0.0.1"}
+
+
+@dataclass(frozen=True)
+class Certificates:
+    """PEM files from one test CA: its own certificate, the internet's web servers' pair
+    (`web*`) and the node's (`node*`, for `*.NODE_DOMAIN`)."""
+
+    ca: Path
+    web: Path
+    web_key: Path
+    node: Path
+    node_key: Path
+    # A resolv.conf naming the internet's resolver, for clients that must find the node.
+    resolv_conf: Path
+
+    @classmethod
+    def make(cls, directory: Path) -> Certificates:
+        ca = trustme.CA()
+        directory.mkdir(parents=True, exist_ok=True)
+        files = cls(*(directory / n for n in ("ca.pem", "web.pem", "web-key.pem", "node.pem",
+                                              "node-key.pem", "resolv.conf")))  # fmt: skip
+        ca.cert_pem.write_to_path(str(files.ca))
+        for names, cert_path, key_path in (
+            (list(WEB_NAMES), files.web, files.web_key),
+            ([f"*.{NODE_DOMAIN}"], files.node, files.node_key),
+        ):
+            issued = ca.issue_cert(*names)
+            issued.private_key_pem.write_to_path(str(key_path))
+            issued.cert_chain_pems[0].write_to_path(str(cert_path))
+        files.resolv_conf.write_text(f"nameserver {RESOLVER_IP}\n")
+        return files
 
 
 @dataclass(frozen=True)
 class Internet:
     netns: str
-    # The test CA's certificate, which the internet's HTTPS servers' certificates chain to.
-    ca_pem: Path
+    certificates: Certificates
 
 
 def _ip(*args: str) -> None:
@@ -67,21 +103,16 @@ def _wire(server_ns: str, netns: str) -> None:
 
 
 @contextmanager
-def simulated_internet(server_ns: str, scratch: Path) -> Iterator[Internet]:
-    """The internet behind `server_ns`; its test CA's files go in `scratch`."""
-    ca = trustme.CA()
-    cert = ca.issue_cert(*(name for name in NAMES))
-    scratch.mkdir(parents=True, exist_ok=True)
-    ca.cert_pem.write_to_path(str(scratch / "ca.pem"))
-    cert.private_key_pem.write_to_path(str(scratch / "key.pem"))
-    cert.cert_chain_pems[0].write_to_path(str(scratch / "cert.pem"))
-    inet = Internet(f"aenvinet{secrets.token_hex(3)}", scratch / "ca.pem")
+def simulated_internet(server_ns: str, certificates: Certificates) -> Iterator[Internet]:
+    """The internet behind `server_ns`, serving with `certificates`."""
+    inet = Internet(f"aenvinet{secrets.token_hex(3)}", certificates)
     web: subprocess.Popen[bytes] | None = None
     try:
         _wire(server_ns, inet.netns)
         web = subprocess.Popen(
             ["nsenter", f"--net=/run/netns/{inet.netns}", "--", sys.executable, "-m",
-             "tests.e2e.internet", str(scratch), *PUBLIC, *INTERNAL],
+             "tests.e2e.internet", str(certificates.web), str(certificates.web_key),
+             *PUBLIC, *INTERNAL],
             stdout=subprocess.PIPE, cwd=REPO,
         )  # fmt: skip
         assert web.stdout is not None and web.stdout.readline() == b"ready\n"
@@ -128,9 +159,9 @@ def _resolve_forever(sock: socket.socket) -> None:
         sock.sendto(response.to_wire(), client)
 
 
-def _serve(tls_dir: Path, addresses: list[str]) -> None:
+def _serve(cert: str, key: str, addresses: list[str]) -> None:
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
-    tls.load_cert_chain(tls_dir / "cert.pem", tls_dir / "key.pem")
+    tls.load_cert_chain(cert, key)
     for address in addresses:
         for port in (80, 443):
             server = ThreadingHTTPServer((address, port), _Named)
@@ -145,4 +176,4 @@ def _serve(tls_dir: Path, addresses: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    _serve(Path(sys.argv[1]), sys.argv[2:])
+    _serve(sys.argv[1], sys.argv[2], sys.argv[3:])

@@ -1,38 +1,63 @@
-"""End-to-end network rules: a real `aenv server` booting real VMs, driven by the unmodified
-e2b SDK, with a simulated internet behind the server's namespace (internet.py). The SDK tests
-live in `network/` and run inside the server's namespace, as test_server.py's do."""
+"""End-to-end network rules and TLS: a real `aenv server` booting real VMs, driven by the
+unmodified e2b SDK, with a simulated internet behind the server's namespace (internet.py).
+
+The server serves HTTPS for its domain (`aenv server --domain --tls-cert --tls-key`, a
+certificate from the test's CA) on port 443, and the clients find it through the internet's
+resolver: the SDK gets `E2B_DOMAIN` alone, as against E2B's cloud. The SDK tests live in
+`network/` and run inside the server's namespace, as test_server.py's do, in a mount namespace
+of their own whose /etc/resolv.conf names that resolver.
+"""
 
 from __future__ import annotations
 
 import asyncio
-import os
+import shlex
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
 from aenv.orchestrator.images import prepare_images
-from tests.e2e.internet import RESOLVER_IP, simulated_internet
-from tests.e2e.server_ns import REPO, server_in_namespace
-from tests.e2e.test_server import suite
+from tests.e2e.internet import NODE_DOMAIN, RESOLVER_IP, Certificates, simulated_internet
+from tests.e2e.server_ns import REPO, ServerNs, server_in_namespace
+from tests.support.guest import GUEST_CACHE, MIRROR
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 
-def test_network_rules_with_the_sdk(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_network_rules_and_tls_with_the_sdk(monkeypatch: pytest.MonkeyPatch) -> None:
     scratch = Path(tempfile.mkdtemp(prefix="aenv-e2e-net-"))
     try:
         home = scratch / "home"
-        os.environ.setdefault("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache"))
-        asyncio.run(prepare_images(home / "cache"))
-        # Sandboxes with domain rules resolve allowed names with the internet's resolver.
-        monkeypatch.setenv("AENV_NETWORK_DNS", RESOLVER_IP)
+        asyncio.run(prepare_images(home / "cache", GUEST_CACHE, MIRROR))
+        certificates = Certificates.make(scratch / "certificates")
+        for key, value in {
+            # Sandboxes with domain rules resolve allowed names with the internet's resolver.
+            "AENV_NETWORK_DNS": RESOLVER_IP,
+            "AENV_DOMAIN": NODE_DOMAIN,
+            "AENV_TLS_CERT": str(certificates.node),
+            "AENV_TLS_KEY": str(certificates.node_key),
+            # The clients' trust: Python's ssl, httpx and the SDK's transports read it.
+            "SSL_CERT_FILE": str(certificates.ca),
+        }.items():
+            monkeypatch.setenv(key, value)
         with (
-            server_in_namespace(home) as server,
-            simulated_internet(server.netns, scratch / "internet") as internet,
+            server_in_namespace(home, port=443) as server,
+            simulated_internet(server.netns, certificates),
         ):
-            server.env["AENV_TEST_INTERNET_CA"] = str(internet.ca_pem)
-            suite(server, "network")
+            _suite(server, certificates.resolv_conf)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _suite(server: ServerNs, resolv_conf: Path) -> None:
+    pytest_argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+                   "--rootdir", str(REPO), str(REPO / "tests" / "e2e" / "network")]  # fmt: skip
+    script = f"mount --bind {resolv_conf} /etc/resolv.conf && exec {shlex.join(pytest_argv)}"
+    code, output = server.run("unshare", "--mount", "sh", "-c", script, timeout=1700)
+    log = server.log.read_text(errors="replace")
+    assert code == 0, (
+        f"network suite failed:\n{output[-20000:]}\n--- server log ---\n{log[-10000:]}"
+    )

@@ -15,8 +15,8 @@ from e2b import Sandbox
 from e2b.exceptions import InvalidArgumentException, SandboxException
 from e2b.sandbox.sandbox_api import SandboxNetworkOpts
 
-from tests.e2e.inner.conftest import BASE
 from tests.e2e.internet import INTERNAL, PUBLIC
+from tests.e2e.network.conftest import API
 
 A, B = PUBLIC
 REFUSED: list[tuple[SandboxNetworkOpts, str]] = [
@@ -97,11 +97,11 @@ def test_what_is_not_implemented_is_refused(network: SandboxNetworkOpts, why: st
 def test_unknown_network_fields_are_refused() -> None:
     headers = {"X-API-KEY": os.environ["E2B_API_KEY"]}
     body = {"templateID": "base", "network": {"allowOut": [], "somethingNew": True}}
-    response = httpx.post(f"{BASE}/sandboxes", json=body, headers=headers)
+    response = httpx.post(f"{API}/sandboxes", json=body, headers=headers)
     assert response.status_code == 400
     assert "somethingNew" in response.json()["message"]
     response = httpx.put(
-        f"{BASE}/sandboxes/{'x' * 20}/network", json={"denyOut": ["example.com"]}, headers=headers
+        f"{API}/sandboxes/{'x' * 20}/network", json={"denyOut": ["example.com"]}, headers=headers
     )
     assert response.status_code == 400 and "denyOut" in response.json()["message"]
 
@@ -113,7 +113,7 @@ def test_domain_rules_for_http_https_and_dns(sandboxes: list[Sandbox]) -> None:
     }
     sandbox = Sandbox.create(timeout=120, network=rules)
     sandboxes.append(sandbox)
-    sandbox.files.write("/tmp/ca.pem", Path(os.environ["AENV_TEST_INTERNET_CA"]).read_text())
+    sandbox.files.write("/tmp/ca.pem", Path(os.environ["SSL_CERT_FILE"]).read_text())
 
     def fetch(args: str) -> str:
         run = f"curl -s -m 5 --cacert /tmp/ca.pem {args} || true"

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from e2b import Sandbox
 
-from tests.e2e.inner.conftest import BASE
+from tests.e2e.network.conftest import sandbox_url
 
 PORT = 8000
 # Answers every GET with the Host header it received.
@@ -39,8 +39,8 @@ def start_host_echo(sandbox: Sandbox) -> None:
 
 
 def get(sandbox: Sandbox, **headers: str) -> httpx.Response:
-    routed = {"E2b-Sandbox-Id": sandbox.sandbox_id, "E2b-Sandbox-Port": str(PORT)}
-    return httpx.get(f"{BASE}/", headers={**routed, **headers}, timeout=30)
+    """A GET of the sandbox's service by its host name, as a browser would send it."""
+    return httpx.get(f"{sandbox_url(sandbox.sandbox_id, PORT)}/", headers=headers, timeout=30)
 
 
 @pytest.fixture
@@ -86,6 +86,8 @@ def test_public_sandbox_needs_no_token() -> None:
         assert sandbox.traffic_access_token is None
         start_host_echo(sandbox)
         answer = get(sandbox)
-        assert (answer.status_code, answer.text) == (200, BASE.removeprefix("http://"))
+        host = sandbox_url(sandbox.sandbox_id, PORT).removeprefix("https://")
+        assert (answer.status_code, answer.text) == (200, host)
+        assert sandbox.get_host(PORT) == host
     finally:
         sandbox.kill()
