@@ -23,6 +23,7 @@ from aenv.orchestrator.images import prepare_images
 from tests.e2e.internet import NODE_DOMAIN, RESOLVER_IP, Certificates, simulated_internet
 from tests.e2e.server_ns import REPO, ServerNs, server_in_namespace
 from tests.support.guest import GUEST_CACHE, MIRROR
+from tests.support.js import ensure_npm_sdk
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -32,6 +33,7 @@ def test_network_rules_and_tls_with_the_sdk(monkeypatch: pytest.MonkeyPatch) -> 
     try:
         home = scratch / "home"
         asyncio.run(prepare_images(home / "cache", GUEST_CACHE, MIRROR))
+        ensure_npm_sdk()  # the server's namespace has no route to the npm registry
         certificates = Certificates.make(scratch / "certificates")
         for key, value in {
             # Sandboxes with domain rules resolve allowed names with the internet's resolver.
