@@ -137,6 +137,9 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
         slot_network=IPv4Network(config.network_cidr),
         pool_low=config.warm_slots_low,
         pool_high=config.warm_slots_high,
+        private_allowed=config.network_private_allowed,
+        internal=config.network_internal,
+        dns_upstream=config.network_dns,
     )
     slots = SlotPool(net_config)
     await slots.start()
@@ -251,6 +254,11 @@ class _Resolver:
             if self._orchestrator.is_paused(sandbox_id):
                 raise ProxyPaused(sandbox_id) from e
             raise ProxyNotFound(sandbox_id) from e
+        record = endpoint.record
         return Upstream(
-            endpoint.host, port, endpoint.record.traffic_access_token, endpoint.incarnation
+            endpoint.host,
+            port,
+            record.traffic_access_token,
+            endpoint.incarnation,
+            record.network.mask_request_host,
         )

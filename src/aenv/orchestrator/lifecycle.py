@@ -36,7 +36,8 @@ import httpx
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.ids import new_access_token, new_sandbox_id
-from aenv.network import Slot, SlotProvider
+from aenv.network import NftError, Slot, SlotProvider
+from aenv.network.settings import SandboxNetwork, SlotEgress
 from aenv.orchestrator import checkpoints, consoles, detach
 from aenv.orchestrator.archive import Archive
 from aenv.orchestrator.background import PerSandbox
@@ -137,7 +138,7 @@ class CreateRequest:
     env_vars: Mapping[str, str]
     auto_pause: bool = False
     auto_resume: bool = False
-    allow_internet: bool = True
+    network: SandboxNetwork = dataclasses.field(default_factory=SandboxNetwork)
     # What a pause on timeout saves.
     auto_pause_mode: SaveMode = SaveMode.FULL
     # The server's own sandboxes (template build VMs): not listed, and killed at shutdown.
@@ -360,7 +361,8 @@ class Orchestrator:
                     envd_access_token=new_access_token(),
                     auto_pause=request.auto_pause,
                     auto_resume=request.auto_resume,
-                    allow_internet=request.allow_internet,
+                    network=request.network,
+                    traffic_access_token=_traffic_token(request.network),
                     restored_from=base.snapshot_dir,
                     timeout=request.timeout,
                     auto_pause_mode=request.auto_pause_mode,
@@ -406,7 +408,8 @@ class Orchestrator:
         workdir, memory_dir = self._dirs(record.id)
         await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
         await asyncio.to_thread(memory_dir.mkdir, parents=True, exist_ok=True)
-        slot = await self.slots.acquire(egress=record.allow_internet)
+        egress = record.network.egress
+        slot = await self.slots.acquire(egress=egress.enabled, policy=egress.policy)
         vm: VM | None = None
         try:
             net = NetAttachment(slot.netns, slot.guest.tap, slot.guest.mac)
@@ -759,7 +762,7 @@ class Orchestrator:
             env_vars=parent.env_vars if parent else {},
             auto_pause=parent.auto_pause if parent else False,
             auto_resume=parent.auto_resume if parent else False,
-            allow_internet=parent.allow_internet if parent else True,
+            network=parent.network if parent else SandboxNetwork(),
             owner=owner,
         )
         children = await asyncio.gather(
@@ -891,6 +894,40 @@ class Orchestrator:
         snapshot = await self.saved.paused_checkpoint(record, pull=True)
         return await self._launch(record, snapshot, current_token=token, cold=cold)
 
+    # -- network --------------------------------------------------------------------------
+
+    async def set_egress(self, sandbox_id: str, rules: SandboxNetwork) -> SandboxRecord:
+        """Replace the sandbox's egress rules by those of `rules` (`PUT /sandboxes/{id}/network`;
+        its ingress settings stay). A running sandbox's slot changes at once, open connections
+        included; a paused one gets the rules when it resumes. Raises OperationFailed when the
+        slot refused the change: the old rules then stay, in the slot and in the catalog."""
+        async with self._lock(sandbox_id):
+            record = self.get(sandbox_id)
+            if record.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
+                raise InvalidState(sandbox_id, record.state, "change the network of")
+            network = dataclasses.replace(
+                record.network,
+                allow_internet=rules.allow_internet,
+                allow_out=rules.allow_out,
+                deny_out=rules.deny_out,
+            )
+            live = self._live.get(sandbox_id)
+            if live is not None:
+                await self._apply_egress(live.slot, record.network.egress, network.egress)
+            updated = self.catalog.update(sandbox_id, network=network)
+            assert updated is not None  # only this task changes a row it holds the lock of
+            return updated
+
+    async def _apply_egress(self, slot: Slot, old: SlotEgress, new: SlotEgress) -> None:
+        try:
+            await self.slots.set_policy(slot, new.policy)
+            await self.slots.set_egress(slot, new.enabled)
+        except (NftError, OSError) as e:
+            with contextlib.suppress(NftError, OSError):
+                await self.slots.set_policy(slot, old.policy)
+                await self.slots.set_egress(slot, old.enabled)
+            raise OperationFailed(f"could not change the network of slot {slot.netns}: {e}") from e
+
     # -- timeouts -------------------------------------------------------------------------
 
     def set_timeout(self, sandbox_id: str, timeout: int) -> SandboxRecord:
@@ -961,3 +998,8 @@ def _sandbox_env(record: SandboxRecord) -> dict[str, str]:
         "E2B_SANDBOX_ID": record.id,
         "E2B_TEMPLATE_ID": record.template_id,
     }
+
+
+def _traffic_token(network: SandboxNetwork) -> str | None:
+    """A sandbox whose ports are not public gets a token of its own (forks too)."""
+    return None if network.allow_public_traffic else new_access_token()
