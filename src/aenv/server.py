@@ -18,7 +18,7 @@ from ipaddress import IPv4Network
 from pathlib import Path
 
 from aenv.api.app import create_api
-from aenv.api.keys import ensure_api_key
+from aenv.api.keys import KeyStore, open_keys
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.guest.cmdline import GuestNet
@@ -40,16 +40,17 @@ from aenv.proxy.app import SandboxProxy
 from aenv.proxy.resolver import SandboxNotFound as ProxyNotFound
 from aenv.proxy.resolver import SandboxPaused as ProxyPaused
 from aenv.proxy.resolver import Upstream
-from aenv.runtime.cgroups import CgroupManager, detect
+from aenv.runtime.cgroups import CgroupManager, CgroupV1, detect
 from aenv.runtime.driver import Driver
 from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
-from aenv.runtime.select import driver_for, select_backend
+from aenv.runtime.firecracker.host import find_binary
+from aenv.runtime.firecracker.jailer import JailerConfig
+from aenv.runtime.jail import JailConfig
+from aenv.runtime.select import Backend, driver_for, select_backend
 from aenv.runtime.sweep import sweep
 from aenv.storage.private import make_private
 
 log = logging.getLogger("aenv.server")
-# The Firecracker driver's settings: the driver and the startup sweep of its leftovers share them.
-FIRECRACKER = FirecrackerConfig()
 Progress = Callable[[str], None]
 
 
@@ -58,7 +59,7 @@ class Node:
     """Everything a running server holds, in start-up order."""
 
     config: Config
-    api_key: str
+    keys: KeyStore
     catalog: Catalog
     slots: SlotPool
     orchestrator: Orchestrator
@@ -77,17 +78,57 @@ def _guest_net(slots: NetworkConfig) -> GuestNet:
     return GuestNet(address=str(slots.guest.ip), gateway=str(slots.guest.gateway), dns="1.1.1.1")
 
 
+def jail_config(config: Config) -> JailConfig | None:
+    if not config.jail:
+        return None
+    return JailConfig(uid_base=config.jail_uid_base, uid_count=config.jail_uid_count)
+
+
+def firecracker_config(config: Config, cgroups: CgroupManager) -> FirecrackerConfig:
+    """The Firecracker driver's settings (the driver and the startup sweep of its leftovers
+    share them): every Firecracker goes through its jailer, unless the jail is off. The jailer
+    gives all of a node's VMMs one uid (`jail_uid_base`); its chroots are under the data dir."""
+    if not config.jail:
+        return FirecrackerConfig()
+    jailer = JailerConfig(
+        binary=Path("jailer"),
+        uid=config.jail_uid_base,
+        gid=config.jail_uid_base,
+        chroot_base_dir=config.paths.jailer,
+        cgroup_version=1 if isinstance(cgroups, CgroupV1) else 2,
+    )
+    return FirecrackerConfig(jailer=jailer)
+
+
 async def _driver(
     config: Config, images: GuestImages, cgroups: CgroupManager, progress: Progress
 ) -> Driver:
     selection = await select_backend(config.driver, kernel=images.kernel, initrd=images.initrd)
     progress(f"VMM: {selection.backend} ({selection.reason})")
-    return driver_for(selection, cgroups=cgroups, firecracker=FIRECRACKER)
+    firecracker = FirecrackerConfig()
+    if selection.backend is Backend.FIRECRACKER:
+        firecracker = _jailed_firecracker(config, cgroups)
+    return driver_for(selection, cgroups=cgroups, firecracker=firecracker, jail=jail_config(config))
+
+
+def _jailed_firecracker(config: Config, cgroups: CgroupManager) -> FirecrackerConfig:
+    """`firecracker_config` with the jailer binary found on PATH (refused without it)."""
+    settings = firecracker_config(config, cgroups)
+    jailer = settings.jailer
+    if jailer is None:
+        return settings
+    found = find_binary(jailer.binary)
+    if found is None:
+        raise RuntimeError(
+            "Firecracker runs only under its jailer: install `jailer` (it ships with "
+            "firecracker) on PATH, or set jail = false (benchmarks and debugging only)"
+        )
+    return dataclasses.replace(settings, jailer=dataclasses.replace(jailer, binary=found))
 
 
 async def start_node(config: Config, progress: Progress = log.info) -> Node:
     make_private(*_private_dirs(config))
-    api_key, created = ensure_api_key(config.paths.api_key)
+    keys, created = open_keys(config.home, config.paths.api_key)
     if created:
         progress(f"generated an API key; it is in {config.paths.api_key} (mode 0600)")
     catalog = Catalog(config.paths.catalog)
@@ -96,6 +137,9 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
         slot_network=IPv4Network(config.network_cidr),
         pool_low=config.warm_slots_low,
         pool_high=config.warm_slots_high,
+        private_allowed=config.network_private_allowed,
+        internal=config.network_internal,
+        dns_upstream=config.network_dns,
     )
     slots = SlotPool(net_config)
     await slots.start()
@@ -106,7 +150,9 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
     cgroups = detect(f"aenv-{os.getpid()}")
     # VMMs of a previous server that died live on as orphans: reclaim them, and the cgroups, jails
     # and files of its Firecracker VMs (whichever driver runs now), before anything new.
-    swept = await sweep(cgroups, reclaimers=[FirecrackerDriver(FIRECRACKER)])
+    swept = await sweep(
+        cgroups, reclaimers=[FirecrackerDriver(firecracker_config(config, cgroups))]
+    )
     if swept.killed:
         progress(f"killed {len(swept.killed)} VMMs a previous run left behind")
     driver = await _driver(config, images, cgroups, progress)
@@ -173,9 +219,10 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
         templates.save(hidden)
         return hidden
 
-    api = create_api(orchestrator, config, api_key, boot_image)
+    api = create_api(orchestrator, config, keys, boot_image)
     proxy = SandboxProxy(_Resolver(orchestrator), domain=config.domain, control_plane=api)
-    return Node(config, api_key, catalog, slots, orchestrator, cgroups, proxy)
+    orchestrator.vm_stopped.append(proxy.end_run)  # a stopped VM's streams end at once
+    return Node(config, keys, catalog, slots, orchestrator, cgroups, proxy)
 
 
 def _private_dirs(config: Config) -> list[Path]:
@@ -207,6 +254,11 @@ class _Resolver:
             if self._orchestrator.is_paused(sandbox_id):
                 raise ProxyPaused(sandbox_id) from e
             raise ProxyNotFound(sandbox_id) from e
+        record = endpoint.record
         return Upstream(
-            endpoint.host, port, endpoint.record.traffic_access_token, endpoint.incarnation
+            endpoint.host,
+            port,
+            record.traffic_access_token,
+            endpoint.incarnation,
+            record.network.mask_request_host,
         )
