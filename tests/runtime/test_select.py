@@ -52,7 +52,9 @@ async def test_probe_boots_the_real_kernel() -> None:
 
 def test_driver_for_each_backend() -> None:
     config = FirecrackerConfig()
-    firecracker = driver_for(Selection(Backend.FIRECRACKER, "x"), cgroups=None, firecracker=config)
+    firecracker = driver_for(
+        Selection(Backend.FIRECRACKER, "x"), cgroups=None, firecracker=config, jail=None
+    )
     assert isinstance(firecracker, FirecrackerDriver) and firecracker.config is config
-    qemu = driver_for(Selection(Backend.QEMU_KVM, "x"), cgroups=None, firecracker=config)
-    assert isinstance(qemu, QemuDriver) and qemu.config.accel == "kvm"
+    qemu = driver_for(Selection(Backend.QEMU_KVM, "x"), cgroups=None, firecracker=config, jail=None)
+    assert isinstance(qemu, QemuDriver) and qemu.config.accel == "kvm" and qemu.config.jail is None
