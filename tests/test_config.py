@@ -90,6 +90,8 @@ def test_paths_under_home(tmp_path: Path) -> None:
     named = [
         paths.config_file,
         paths.api_key,
+        paths.api_keys,
+        paths.jailer,
         paths.catalog,
         paths.template_tags,
         paths.templates,
