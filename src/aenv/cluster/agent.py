@@ -1,0 +1,155 @@
+"""The node agent: keeps one node's lease, routes and files published in Redis.
+
+The node is the source of truth. Each heartbeat renews the lease with a fresh report; when the
+Redis data set is not the one the agent last published into (its epoch key changed or vanished,
+or its server's run id changed), or a write was missed while Redis was down, the agent
+republishes the node's sandboxes and files as a whole. Redis being down never stops the node: the
+agent records the error and tries again on the next beat.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import secrets
+from collections.abc import Awaitable, Set
+from dataclasses import dataclass
+from typing import Protocol
+
+import redis.asyncio as aioredis
+
+from aenv.cluster.holders import FileKind, FileRef, Holders
+from aenv.cluster.registry import Capacity, NodeRegistry, NodeReport
+from aenv.cluster.routing import Routes
+from aenv.cluster.store import ClusterUnavailable, Keys, guarded
+
+log = logging.getLogger("aenv.cluster")
+
+
+@dataclass(frozen=True)
+class NodeState:
+    """What a node has, read from its own catalog and stores."""
+
+    capacity: Capacity
+    sandboxes: Set[str]
+    templates: Set[str]
+    snapshots: Set[str]
+
+    @property
+    def files(self) -> set[FileRef]:
+        return {FileRef(FileKind.TEMPLATE, t) for t in self.templates} | {
+            FileRef(FileKind.SNAPSHOT, s) for s in self.snapshots
+        }
+
+
+class StateSource(Protocol):
+    """Where the agent reads the node's state on every heartbeat."""
+
+    async def state(self) -> NodeState: ...
+
+
+@dataclass(frozen=True)
+class AgentStatus:
+    """The agent's view of Redis after its last attempt."""
+
+    connected: bool
+    error: str | None
+    republishes: int
+
+
+class NodeAgent:
+    def __init__(
+        self,
+        client: aioredis.Redis,
+        node_id: str,
+        address: str,
+        source: StateSource,
+        ttl: float = 15.0,
+        keys: Keys | None = None,
+    ) -> None:
+        self.client = client
+        self.node_id = node_id
+        self.address = address
+        self.source = source
+        self.ttl = ttl
+        self.token = secrets.token_hex(16)
+        self.registry = NodeRegistry(client, keys)
+        self.routes = Routes(client, self.registry.keys)
+        self.holders = Holders(self.registry)
+        # The data set the node's routes and files were last written into in full.
+        self._published: tuple[str, str] | None = None
+        self._status = AgentStatus(connected=False, error=None, republishes=0)
+
+    @property
+    def status(self) -> AgentStatus:
+        return self._status
+
+    async def beat(self) -> bool:
+        """One heartbeat; True if it republished everything. Raises `ClusterUnavailable` (after
+        recording it in `status`) or `NodeIdTaken`."""
+        state = await self.source.state()
+        report = NodeReport(
+            self.node_id,
+            self.address,
+            state.capacity,
+            sorted(state.templates),
+            sorted(state.snapshots),
+        )
+        try:
+            lease = await self.registry.heartbeat(self.token, report, self.ttl)
+            generation = (lease.epoch, await self._run_id())
+            republish = generation != self._published
+            if republish:
+                await self.routes.replace(self.node_id, state.sandboxes)
+                await self.holders.replace(self.node_id, state.files)
+                self._published = generation
+        except ClusterUnavailable as error:
+            self._failed(error)
+            raise
+        republishes = self._status.republishes + int(republish)
+        self._status = AgentStatus(connected=True, error=None, republishes=republishes)
+        if republish:
+            log.info("published node %s: %d sandboxes", self.node_id, len(state.sandboxes))
+        return republish
+
+    async def sandbox_routed(self, sandbox_id: str) -> None:
+        """Records that the sandbox lives here (created, resumed); never raises for Redis being
+        down: the next heartbeat republishes."""
+        await self._best_effort(self.routes.assign(sandbox_id, self.node_id))
+
+    async def sandbox_gone(self, sandbox_id: str) -> None:
+        """Records that the sandbox no longer lives here (killed); best effort as above."""
+        await self._best_effort(self.routes.clear(sandbox_id, self.node_id))
+
+    async def run(self, interval: float) -> None:
+        """Heartbeats every `interval` seconds until cancelled."""
+        while True:
+            try:
+                await self.beat()
+            except ClusterUnavailable as error:
+                log.warning("node %s heartbeat failed: %s", self.node_id, error)
+            await asyncio.sleep(interval)
+
+    async def close(self) -> None:
+        """Gives the node id up; a Redis that is down lets the lease lapse instead."""
+        try:
+            await self.registry.release(self.token, self.node_id)
+        except ClusterUnavailable as error:
+            log.warning("node %s left without releasing its lease: %s", self.node_id, error)
+
+    async def _run_id(self) -> str:
+        async with guarded(self.client, "reading the server's run id"):
+            info = await self.client.info("server")
+        return str(info.get("run_id", ""))
+
+    async def _best_effort(self, write: Awaitable[object]) -> None:
+        try:
+            await write
+        except ClusterUnavailable as error:
+            self._failed(error)
+            log.warning("node %s: %s; republishing on the next heartbeat", self.node_id, error)
+
+    def _failed(self, error: ClusterUnavailable) -> None:
+        # The next successful heartbeat must rewrite everything, missed writes included.
+        self._published = None
+        self._status = AgentStatus(False, str(error), self._status.republishes)

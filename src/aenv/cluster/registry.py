@@ -1,0 +1,135 @@
+"""The node registry: a node holds its id through a lease it renews with every heartbeat, and
+reports its capacity and cached files with it; a node whose lease lapsed is gone.
+
+A lease is two keys with the same TTL: the owning process's instance token and the node's last
+report. One script checks the token and renews both, so two processes can never hold one id: the
+second is refused until the first's lease lapses.
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import redis.asyncio as aioredis
+from pydantic import TypeAdapter
+
+from aenv.cluster.store import Keys, guarded, members, remove_members
+
+# KEYS: lease, node, nodes, epoch. ARGV: token, report, ttl ms, node id, candidate epoch.
+# Returns {1, epoch} when renewed, {0, other token} when another process holds the id.
+_HEARTBEAT = """
+local owner = redis.call('GET', KEYS[1])
+if owner and owner ~= ARGV[1] then return {0, owner} end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
+redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+redis.call('SADD', KEYS[3], ARGV[4])
+redis.call('SET', KEYS[4], ARGV[5], 'NX')
+return {1, redis.call('GET', KEYS[4])}
+"""
+
+# KEYS: lease, node, nodes. ARGV: token, node id. Releases the id only for its holder.
+_RELEASE = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('DEL', KEYS[1], KEYS[2])
+redis.call('SREM', KEYS[3], ARGV[2])
+return 1
+"""
+
+
+class NodeIdTaken(Exception):
+    """Another live process holds this node id; nothing was written."""
+
+
+@dataclass(frozen=True)
+class Capacity:
+    """What a node has and how much of it is in use, as of its last heartbeat."""
+
+    cpus: int
+    memory_mb: int
+    memory_free_mb: int
+    running: int
+    paused: int
+
+
+@dataclass(frozen=True)
+class NodeReport:
+    """One heartbeat's content: where the node is reached, its capacity, and the template and
+    snapshot ids whose files it holds."""
+
+    node_id: str
+    address: str
+    capacity: Capacity
+    templates: Sequence[str] = ()
+    snapshots: Sequence[str] = ()
+    reported_at: float = field(default_factory=time.time)
+
+
+_REPORT = TypeAdapter(NodeReport)
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A renewed lease, with the epoch of the Redis data set it was renewed in."""
+
+    node_id: str
+    epoch: str
+
+
+class NodeRegistry:
+    """Registration, heartbeats and the list of live nodes."""
+
+    def __init__(self, client: aioredis.Redis, keys: Keys | None = None) -> None:
+        self.client = client
+        self.keys = keys or Keys()
+        self._heartbeat = client.register_script(_HEARTBEAT)
+        self._release = client.register_script(_RELEASE)
+
+    async def heartbeat(self, token: str, report: NodeReport, ttl: float) -> Lease:
+        """Registers the node or renews its lease for `ttl` seconds with `report`.
+
+        `token` names the calling process; raises `NodeIdTaken` if another token holds the id,
+        `ClusterUnavailable` if Redis does not answer.
+        """
+        k, node_id = self.keys, report.node_id
+        keys = [k.lease(node_id), k.node(node_id), k.nodes, k.epoch]
+        args: list[str | int] = [
+            token,
+            _REPORT.dump_json(report).decode(),
+            int(ttl * 1000),
+            node_id,
+        ]
+        async with guarded(self.client, f"renewing the lease of node {node_id}"):
+            renewed, value = await self._heartbeat(keys, [*args, secrets.token_hex(16)])
+        if not renewed:
+            raise NodeIdTaken(f"node id {node_id} is held by another live process ({value})")
+        return Lease(node_id, str(value))
+
+    async def release(self, token: str, node_id: str) -> bool:
+        """Gives the id up at shutdown (only if `token` holds it); True if it did."""
+        keys = [self.keys.lease(node_id), self.keys.node(node_id), self.keys.nodes]
+        async with guarded(self.client, f"releasing node {node_id}"):
+            return bool(await self._release(keys, [token, node_id]))
+
+    async def live(self) -> list[NodeReport]:
+        """Every node whose lease is current, ordered by id."""
+        async with guarded(self.client, "listing nodes"):
+            ids = sorted(await members(self.client, self.keys.nodes))
+            if not ids:
+                return []
+            values = await self.client.mget([self.keys.node(i) for i in ids])
+            lapsed = [i for i, v in zip(ids, values, strict=True) if v is None]
+            if lapsed:
+                # Cleanup only: a lapsed id in the set is harmless, the lease key decides.
+                await remove_members(self.client, self.keys.nodes, *lapsed)
+        return [_REPORT.validate_json(v) for v in values if v is not None]
+
+    async def alive(self, node_ids: Sequence[str]) -> set[str]:
+        """Which of `node_ids` hold a current lease."""
+        if not node_ids:
+            return set()
+        async with guarded(self.client, "checking node leases"):
+            values = await self.client.mget([self.keys.lease(i) for i in node_ids])
+        return {i for i, v in zip(node_ids, values, strict=True) if v is not None}

@@ -1,0 +1,81 @@
+"""Sandbox -> node routing: which node runs or keeps a sandbox, set on create, cleared on kill,
+looked up by id with one GET.
+
+Each node also keeps the set of sandbox ids routed to it, so its entries can be replaced as a
+whole when it republishes (see `agent`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import redis.asyncio as aioredis
+
+from aenv.cluster.store import Keys, guarded, members
+
+# KEYS: route, the new node's set. ARGV: sandbox id, node id, route prefix for the old node's set.
+# Moving a route also drops the id from the previous node's set.
+_SET = """
+local old = redis.call('GET', KEYS[1])
+if old and old ~= ARGV[2] then redis.call('SREM', ARGV[3] .. old, ARGV[1]) end
+redis.call('SET', KEYS[1], ARGV[2])
+redis.call('SADD', KEYS[2], ARGV[1])
+return 1
+"""
+
+# KEYS: route, the node's set. ARGV: sandbox id, node id. A route that another node took since
+# (the sandbox resumed elsewhere) is left alone.
+_CLEAR = """
+redis.call('SREM', KEYS[2], ARGV[1])
+if redis.call('GET', KEYS[1]) ~= ARGV[2] then return 0 end
+redis.call('DEL', KEYS[1])
+return 1
+"""
+
+
+class Routes:
+    def __init__(self, client: aioredis.Redis, keys: Keys | None = None) -> None:
+        self.client = client
+        self.keys = keys or Keys()
+        self._set = client.register_script(_SET)
+        self._clear = client.register_script(_CLEAR)
+
+    async def assign(self, sandbox_id: str, node_id: str) -> None:
+        async with guarded(self.client, f"routing sandbox {sandbox_id}"):
+            await self._set(*self._set_args(sandbox_id, node_id))
+
+    async def clear(self, sandbox_id: str, node_id: str) -> bool:
+        """Removes the route if it still points at `node_id`; True if it did."""
+        async with guarded(self.client, f"unrouting sandbox {sandbox_id}"):
+            return bool(await self._clear(*self._clear_args(sandbox_id, node_id)))
+
+    async def lookup(self, sandbox_id: str) -> str | None:
+        """The node id the sandbox is routed to, or None."""
+        async with guarded(self.client, f"looking up sandbox {sandbox_id}"):
+            value: str | None = await self.client.get(self.keys.route(sandbox_id))
+        return value
+
+    async def of_node(self, node_id: str) -> set[str]:
+        """The sandbox ids routed to `node_id`."""
+        async with guarded(self.client, f"listing the sandboxes of node {node_id}"):
+            return await members(self.client, self.keys.node_sandboxes(node_id))
+
+    async def replace(self, node_id: str, sandbox_ids: Iterable[str]) -> None:
+        """Makes the node's routes exactly `sandbox_ids`, in one transaction."""
+        wanted = set(sandbox_ids)
+        async with guarded(self.client, f"republishing the routes of node {node_id}"):
+            current = await members(self.client, self.keys.node_sandboxes(node_id))
+            async with self.client.pipeline(transaction=True) as pipe:
+                for sandbox_id in current - wanted:
+                    await self._clear(*self._clear_args(sandbox_id, node_id), client=pipe)
+                for sandbox_id in wanted:
+                    await self._set(*self._set_args(sandbox_id, node_id), client=pipe)
+                await pipe.execute()
+
+    def _set_args(self, sandbox_id: str, node_id: str) -> tuple[list[str], list[str]]:
+        keys = [self.keys.route(sandbox_id), self.keys.node_sandboxes(node_id)]
+        return keys, [sandbox_id, node_id, self.keys.node_sandboxes("")]
+
+    def _clear_args(self, sandbox_id: str, node_id: str) -> tuple[list[str], list[str]]:
+        keys = [self.keys.route(sandbox_id), self.keys.node_sandboxes(node_id)]
+        return keys, [sandbox_id, node_id]

@@ -1,0 +1,114 @@
+"""The connection to the cluster's Redis: opening it, naming its keys, and turning Redis being
+unreachable into one clear error.
+
+Every key carries the hash tag `{aenv}`, so all of them live in one slot: scripts and
+transactions that touch several keys then also work on Redis Cluster.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import cast
+
+import redis.asyncio as aioredis
+from redis import exceptions
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+
+# What Redis raises when it cannot answer now (down, failing over, loading its data set), as
+# opposed to a bug in a command, which propagates as is.
+UNAVAILABLE = (
+    exceptions.ConnectionError,
+    exceptions.TimeoutError,
+    exceptions.BusyLoadingError,
+    exceptions.ReadOnlyError,
+)
+
+
+class ClusterUnavailable(Exception):
+    """Redis did not answer; nothing was changed that the caller can rely on, and a retry later
+    is safe (every write here is idempotent)."""
+
+
+@dataclass(frozen=True)
+class Keys:
+    """The name of every key, in one place."""
+
+    prefix: str = "{aenv}"
+
+    @property
+    def epoch(self) -> str:
+        """A random value set once per data set: its change or loss means Redis was wiped."""
+        return f"{self.prefix}:epoch"
+
+    @property
+    def nodes(self) -> str:
+        """The ids of nodes that registered (live or lapsed; a lease key decides)."""
+        return f"{self.prefix}:nodes"
+
+    def lease(self, node_id: str) -> str:
+        """The instance token of the node process holding the id; expires with the lease."""
+        return f"{self.prefix}:lease:{node_id}"
+
+    def node(self, node_id: str) -> str:
+        """The node's last report (JSON); expires with the lease."""
+        return f"{self.prefix}:node:{node_id}"
+
+    def route(self, sandbox_id: str) -> str:
+        return f"{self.prefix}:route:{sandbox_id}"
+
+    def node_sandboxes(self, node_id: str) -> str:
+        return f"{self.prefix}:node-sandboxes:{node_id}"
+
+    def node_files(self, node_id: str) -> str:
+        return f"{self.prefix}:node-files:{node_id}"
+
+    def holders(self, file_key: str) -> str:
+        return f"{self.prefix}:holders:{file_key}"
+
+
+def connect(url: str, timeout: float = 2.0) -> aioredis.Redis:
+    """A client for `url` (redis://, rediss:// or unix://); it connects on first use.
+
+    The socket timeout bounds how long a node waits on a Redis that hangs, so a heartbeat fails
+    clearly instead of stalling the node. A pooled connection to a Redis that restarted fails
+    once: the client retries on a new one, which is safe because every write here is idempotent.
+    """
+    return aioredis.Redis.from_url(
+        url,
+        decode_responses=True,
+        socket_timeout=timeout,
+        socket_connect_timeout=timeout,
+        retry=Retry(ExponentialBackoff(cap=timeout / 2, base=0.02), retries=2),
+        retry_on_error=[exceptions.ConnectionError, exceptions.TimeoutError],
+    )
+
+
+def describe(client: aioredis.Redis) -> str:
+    """Where the client points, without credentials, for error messages."""
+    kwargs = client.connection_pool.connection_kwargs
+    if "path" in kwargs:
+        return f"unix:{kwargs['path']}"
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+
+
+async def members(client: aioredis.Redis, key: str) -> set[str]:
+    """SMEMBERS with its asyncio type (redis-py annotates set commands for both clients)."""
+    return set(await cast("Awaitable[set[str]]", client.smembers(key)))
+
+
+async def remove_members(client: aioredis.Redis, key: str, *values: str) -> None:
+    """SREM with its asyncio type, as `members`."""
+    await cast("Awaitable[int]", client.srem(key, *values))
+
+
+@asynccontextmanager
+async def guarded(client: aioredis.Redis, doing: str) -> AsyncIterator[None]:
+    """Runs the body; Redis being unreachable becomes `ClusterUnavailable` naming `doing`."""
+    try:
+        yield
+    except UNAVAILABLE as error:
+        message = f"cluster store (Redis at {describe(client)}) unavailable while {doing}: {error}"
+        raise ClusterUnavailable(message) from error

@@ -1,0 +1,148 @@
+"""The node agent against a real redis-server: publishing, rebuilding after Redis is wiped or
+restarted, and a node that keeps its state while Redis is down."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+
+import pytest
+import redis.asyncio as aioredis
+
+from aenv.cluster.agent import NodeAgent, NodeState
+from aenv.cluster.holders import FileKind, FileRef, Holders
+from aenv.cluster.registry import Capacity, NodeRegistry
+from aenv.cluster.routing import Routes
+from aenv.cluster.store import ClusterUnavailable
+from tests.support.redis_server import RedisServer
+
+
+@dataclass
+class Node:
+    """A node's own record of what it has, as its catalog would hold it."""
+
+    sandboxes: set[str] = field(default_factory=set)
+    templates: set[str] = field(default_factory=lambda: {"base"})
+    snapshots: set[str] = field(default_factory=set)
+
+    async def state(self) -> NodeState:
+        capacity = Capacity(2, 4096, 2048, running=len(self.sandboxes), paused=0)
+        return NodeState(capacity, set(self.sandboxes), set(self.templates), set(self.snapshots))
+
+
+async def snapshot_of(client: aioredis.Redis, node_ids: list[str]) -> dict[str, object]:
+    """Everything a gateway could read about these nodes."""
+    registry = NodeRegistry(client)
+    routes, holders = Routes(client), Holders(registry)
+    return {
+        "live": sorted(n.node_id for n in await registry.live()),
+        "routes": {i: sorted(await routes.of_node(i)) for i in node_ids},
+        "lookups": {s: await routes.lookup(s) for i in node_ids for s in await routes.of_node(i)},
+        "base": sorted(await holders.of(FileRef(FileKind.TEMPLATE, "base"))),
+        "snap": sorted(await holders.of(FileRef(FileKind.SNAPSHOT, "snap"))),
+    }
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    deadline = time.monotonic() + 20
+    while not await check():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+async def three_nodes(client: aioredis.Redis) -> list[tuple[Node, NodeAgent]]:
+    nodes = []
+    for i in range(3):
+        node = Node(sandboxes={f"sbx{i}a", f"sbx{i}b"}, snapshots={"snap"} if i == 1 else set())
+        agent = NodeAgent(client, f"n{i}", f"10.0.0.{i}:3000", node, ttl=30)
+        assert await agent.beat()
+        nodes.append((node, agent))
+    return nodes
+
+
+async def test_first_beat_publishes_later_ones_renew(client: aioredis.Redis) -> None:
+    node = Node(sandboxes={"sbx1"})
+    agent = NodeAgent(client, "n1", "10.0.0.1:3000", node, ttl=30)
+    assert await agent.beat()
+    assert not await agent.beat()
+    await agent.sandbox_routed("sbx2")
+    node.sandboxes.add("sbx2")
+    await agent.sandbox_gone("sbx1")
+    node.sandboxes.discard("sbx1")
+    assert await snapshot_of(client, ["n1"]) == {
+        "live": ["n1"], "routes": {"n1": ["sbx2"]}, "lookups": {"sbx2": "n1"},
+        "base": ["n1"], "snap": [],
+    }  # fmt: skip
+    assert agent.status.connected and agent.status.republishes == 1
+    await agent.close()
+    assert (await snapshot_of(client, ["n1"]))["live"] == []
+
+
+@pytest.mark.parametrize("loss", ["flushall", "restart"])
+async def test_nodes_rebuild_redis_after_a_loss(
+    client: aioredis.Redis, redis: RedisServer, loss: str
+) -> None:
+    agents = [agent for _, agent in await three_nodes(client)]
+    before = await snapshot_of(client, ["n0", "n1", "n2"])
+    assert before["lookups"] == {f"sbx{i}{s}": f"n{i}" for i in range(3) for s in "ab"}
+    if loss == "flushall":
+        await client.flushall()
+    else:
+        redis.restart()
+    assert (await snapshot_of(client, ["n0", "n1", "n2"]))["live"] == []
+    assert all([await agent.beat() for agent in agents])
+    assert await snapshot_of(client, ["n0", "n1", "n2"]) == before
+
+
+async def test_redis_down_the_node_keeps_its_state(
+    client: aioredis.Redis, redis: RedisServer
+) -> None:
+    node = Node(sandboxes={"sbx1", "sbx2"})
+    agent = NodeAgent(client, "n1", "10.0.0.1:3000", node, ttl=30)
+    await agent.beat()
+    redis.stop()
+    with pytest.raises(ClusterUnavailable, match=f"Redis at 127.0.0.1:{redis.port}"):
+        await agent.beat()
+    # Creates and kills while Redis is down succeed on the node; the routes catch up later.
+    await agent.sandbox_routed("sbx3")
+    node.sandboxes.add("sbx3")
+    await agent.sandbox_gone("sbx1")
+    node.sandboxes.discard("sbx1")
+    assert not agent.status.connected
+    assert agent.status.error is not None and "unavailable while" in agent.status.error
+    redis.start()
+    assert await agent.beat()
+    assert agent.status.connected and agent.status.error is None
+    assert (await snapshot_of(client, ["n1"]))["lookups"] == {"sbx2": "n1", "sbx3": "n1"}
+
+
+async def test_heartbeat_loop_recovers_on_its_own(
+    client: aioredis.Redis, redis: RedisServer
+) -> None:
+    node = Node(sandboxes={"sbx1"})
+    agent = NodeAgent(client, "n1", "10.0.0.1:3000", node, ttl=30)
+    loop = asyncio.create_task(agent.run(interval=0.05))
+    try:
+        routes = Routes(client)
+
+        async def routed() -> bool:
+            try:
+                return await routes.lookup("sbx1") == "n1"
+            except ClusterUnavailable:
+                return False
+
+        await eventually(routed, "the first heartbeat never published")
+        redis.stop()
+        await eventually(lambda: _false(agent.status.connected), "the agent never saw Redis go")
+        redis.start()
+        await eventually(routed, "the loop never republished after Redis came back")
+        assert agent.status.connected
+    finally:
+        loop.cancel()
+        await asyncio.gather(loop, return_exceptions=True)
+
+
+async def _false(value: bool) -> bool:
+    return not value

@@ -1,0 +1,86 @@
+"""The node registry against a real redis-server: leases, their expiry, concurrent
+registration, and one process per node id."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Sequence
+
+import pytest
+import redis.asyncio as aioredis
+
+from aenv.cluster.registry import Capacity, NodeIdTaken, NodeRegistry, NodeReport
+
+CAPACITY = Capacity(cpus=2, memory_mb=24576, memory_free_mb=20000, running=3, paused=1)
+
+
+def report(
+    node_id: str, templates: Sequence[str] = (), snapshots: Sequence[str] = ()
+) -> NodeReport:
+    return NodeReport(node_id, f"{node_id}.nodes.test:3000", CAPACITY, templates, snapshots)
+
+
+async def wait_gone(registry: NodeRegistry, node_id: str) -> None:
+    deadline = time.monotonic() + 10
+    while node_id in {n.node_id for n in await registry.live()}:
+        assert time.monotonic() < deadline, f"{node_id}'s lease never lapsed"
+        await asyncio.sleep(0.05)
+
+
+async def test_heartbeat_registers_and_reports(client: aioredis.Redis) -> None:
+    registry = NodeRegistry(client)
+    sent = report("n1", templates=["base"], snapshots=["s1", "s2"])
+    lease = await registry.heartbeat("token-a", sent, ttl=30)
+    assert lease.node_id == "n1" and lease.epoch
+    [listed] = await registry.live()
+    assert listed == NodeReport(
+        "n1", sent.address, CAPACITY, ["base"], ["s1", "s2"], sent.reported_at
+    )
+    assert 0 < await client.pttl(registry.keys.node("n1")) <= 30_000
+
+
+async def test_a_lapsed_lease_is_gone_and_the_id_free(client: aioredis.Redis) -> None:
+    registry = NodeRegistry(client)
+    await registry.heartbeat("token-a", report("n1"), ttl=0.2)
+    await registry.heartbeat("token-b", report("n2"), ttl=30)
+    await wait_gone(registry, "n1")
+    assert [n.node_id for n in await registry.live()] == ["n2"]
+    assert await registry.alive(["n1", "n2"]) == {"n2"}
+    # The id is free again: a new process takes it.
+    await registry.heartbeat("token-c", report("n1"), ttl=30)
+    assert await registry.alive(["n1"]) == {"n1"}
+
+
+async def test_renewal_keeps_the_lease(client: aioredis.Redis) -> None:
+    registry = NodeRegistry(client)
+    for _ in range(5):
+        await registry.heartbeat("token-a", report("n1"), ttl=0.5)
+        await asyncio.sleep(0.2)
+    assert await registry.alive(["n1"]) == {"n1"}
+
+
+async def test_concurrent_registration_of_many_nodes(client: aioredis.Redis) -> None:
+    registry = NodeRegistry(client)
+    ids = [f"node-{i:02}" for i in range(40)]
+    await asyncio.gather(*(registry.heartbeat(f"t-{i}", report(i), ttl=30) for i in ids))
+    assert [n.node_id for n in await registry.live()] == ids
+    # One data set, one epoch, whoever registered first.
+    assert len({(await registry.heartbeat(f"t-{i}", report(i), ttl=30)).epoch for i in ids}) == 1
+
+
+async def test_one_process_per_node_id(client: aioredis.Redis) -> None:
+    registry = NodeRegistry(client)
+    tokens = [f"process-{i}" for i in range(10)]
+    results = await asyncio.gather(
+        *(registry.heartbeat(t, report("n1"), ttl=30) for t in tokens), return_exceptions=True
+    )
+    winners = [t for t, r in zip(tokens, results, strict=True) if not isinstance(r, Exception)]
+    assert len(winners) == 1
+    assert all(isinstance(r, NodeIdTaken) for r in results if isinstance(r, Exception))
+    with pytest.raises(NodeIdTaken, match="n1 is held by another live process"):
+        await registry.heartbeat("intruder", report("n1"), ttl=30)
+    # Only the holder can release the id.
+    assert not await registry.release("intruder", "n1")
+    assert await registry.release(winners[0], "n1")
+    assert await registry.live() == []
