@@ -146,3 +146,19 @@ async def test_heartbeat_loop_recovers_on_its_own(
 
 async def _false(value: bool) -> bool:
     return not value
+
+
+async def test_heartbeats_carry_the_nodes_changes(client: aioredis.Redis) -> None:
+    node = Node(sandboxes={"sbx1", "sbx2"})
+    agent = NodeAgent(client, "n1", "10.0.0.1:3000", node, ttl=30)
+    assert await agent.beat()
+    # The catalog changed without the agent being told: the next beat writes the difference.
+    node.sandboxes = {"sbx2", "sbx3"}
+    node.snapshots = {"snap"}
+    node.templates = set()
+    assert not await agent.beat()
+    assert await snapshot_of(client, ["n1"]) == {
+        "live": ["n1"], "routes": {"n1": ["sbx2", "sbx3"]},
+        "lookups": {"sbx2": "n1", "sbx3": "n1"}, "base": [], "snap": ["n1"],
+    }  # fmt: skip
+    assert agent.status.republishes == 1

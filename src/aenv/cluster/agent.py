@@ -1,10 +1,10 @@
 """The node agent: keeps one node's lease, routes and files published in Redis.
 
-The node is the source of truth. Each heartbeat renews the lease with a fresh report; when the
-Redis data set is not the one the agent last published into (its epoch key changed or vanished,
-or its server's run id changed), or a write was missed while Redis was down, the agent
-republishes the node's sandboxes and files as a whole. Redis being down never stops the node: the
-agent records the error and tries again on the next beat.
+The node is the source of truth. Each heartbeat renews the lease with a fresh report and
+writes what changed in the node's sandboxes and files since the last one. When the Redis data set
+is not the one the agent last published into (its epoch key changed or vanished, or its server's
+run id changed), or a write failed while Redis was down, it republishes them as a whole instead.
+Redis being down never stops the node: the agent records the error and tries again next beat.
 """
 
 from __future__ import annotations
@@ -76,8 +76,11 @@ class NodeAgent:
         self.registry = NodeRegistry(client, keys)
         self.routes = Routes(client, self.registry.keys)
         self.holders = Holders(self.registry)
-        # The data set the node's routes and files were last written into in full.
+        # The data set the node's routes and files were last written into in full, and what
+        # they were after the last beat.
         self._published: tuple[str, str] | None = None
+        self._sandboxes: set[str] = set()
+        self._files: set[FileRef] = set()
         self._status = AgentStatus(connected=False, error=None, republishes=0)
 
     @property
@@ -103,6 +106,9 @@ class NodeAgent:
                 await self.routes.replace(self.node_id, state.sandboxes)
                 await self.holders.replace(self.node_id, state.files)
                 self._published = generation
+            else:
+                await self._write_changes(state)
+            self._sandboxes, self._files = set(state.sandboxes), state.files
         except ClusterUnavailable as error:
             self._failed(error)
             raise
@@ -113,8 +119,8 @@ class NodeAgent:
         return republish
 
     async def sandbox_routed(self, sandbox_id: str) -> None:
-        """Records that the sandbox lives here (created, resumed); never raises for Redis being
-        down: the next heartbeat republishes."""
+        """Records now, not at the next beat, that the sandbox lives here (created, resumed);
+        never raises for Redis being down: the next heartbeat republishes."""
         await self._best_effort(self.routes.assign(sandbox_id, self.node_id))
 
     async def sandbox_gone(self, sandbox_id: str) -> None:
@@ -136,6 +142,16 @@ class NodeAgent:
             await self.registry.release(self.token, self.node_id)
         except ClusterUnavailable as error:
             log.warning("node %s left without releasing its lease: %s", self.node_id, error)
+
+    async def _write_changes(self, state: NodeState) -> None:
+        for sandbox_id in self._sandboxes - state.sandboxes:
+            await self.routes.clear(sandbox_id, self.node_id)
+        for sandbox_id in state.sandboxes - self._sandboxes:
+            await self.routes.assign(sandbox_id, self.node_id)
+        for file in self._files - state.files:
+            await self.holders.remove(self.node_id, file)
+        for file in state.files - self._files:
+            await self.holders.add(self.node_id, file)
 
     async def _run_id(self) -> str:
         async with guarded(self.client, "reading the server's run id"):
