@@ -16,6 +16,7 @@ from aenv.cluster.holders import FileKind, FileRef, Holders
 from aenv.cluster.registry import Capacity, NodeRegistry
 from aenv.cluster.routing import Routes
 from aenv.cluster.store import ClusterUnavailable
+from tests.cluster.shared import SECRET
 from tests.support.redis_server import RedisServer
 
 
@@ -34,7 +35,7 @@ class Node:
 
 async def snapshot_of(client: aioredis.Redis, node_ids: list[str]) -> dict[str, object]:
     """Everything a gateway could read about these nodes."""
-    registry = NodeRegistry(client)
+    registry = NodeRegistry(client, SECRET)
     routes, holders = Routes(client), Holders(registry)
     return {
         "live": sorted(n.node_id for n in await registry.live()),
@@ -56,7 +57,7 @@ async def three_nodes(client: aioredis.Redis) -> list[tuple[Node, NodeAgent]]:
     nodes = []
     for i in range(3):
         node = Node(sandboxes={f"sbx{i}a", f"sbx{i}b"}, snapshots={"snap"} if i == 1 else set())
-        agent = NodeAgent(client, f"n{i}", f"10.0.0.{i}:3000", node, ttl=30)
+        agent = NodeAgent(client, f"n{i}", f"10.0.0.{i}:3000", node, SECRET, ttl=30)
         assert await agent.beat()
         nodes.append((node, agent))
     return nodes
@@ -64,7 +65,7 @@ async def three_nodes(client: aioredis.Redis) -> list[tuple[Node, NodeAgent]]:
 
 async def test_first_beat_publishes_later_ones_renew(client: aioredis.Redis) -> None:
     node = Node(sandboxes={"sbx1"})
-    agent = NodeAgent(client, "n1", "10.0.0.1:3000", node, ttl=30)
+    agent = NodeAgent(client, "n1", "10.0.0.1:3000", node, SECRET, ttl=30)
     assert await agent.beat()
     assert not await agent.beat()
     await agent.sandbox_routed("sbx2")
@@ -100,7 +101,7 @@ async def test_redis_down_the_node_keeps_its_state(
     client: aioredis.Redis, redis: RedisServer
 ) -> None:
     node = Node(sandboxes={"sbx1", "sbx2"})
-    agent = NodeAgent(client, "n1", "10.0.0.1:3000", node, ttl=30)
+    agent = NodeAgent(client, "n1", "10.0.0.1:3000", node, SECRET, ttl=30)
     await agent.beat()
     redis.stop()
     with pytest.raises(ClusterUnavailable, match=f"Redis at 127.0.0.1:{redis.port}"):
@@ -122,7 +123,7 @@ async def test_heartbeat_loop_recovers_on_its_own(
     client: aioredis.Redis, redis: RedisServer
 ) -> None:
     node = Node(sandboxes={"sbx1"})
-    agent = NodeAgent(client, "n1", "10.0.0.1:3000", node, ttl=30)
+    agent = NodeAgent(client, "n1", "10.0.0.1:3000", node, SECRET, ttl=30)
     loop = asyncio.create_task(agent.run(interval=0.05))
     try:
         routes = Routes(client)
@@ -150,7 +151,7 @@ async def _false(value: bool) -> bool:
 
 async def test_heartbeats_carry_the_nodes_changes(client: aioredis.Redis) -> None:
     node = Node(sandboxes={"sbx1", "sbx2"})
-    agent = NodeAgent(client, "n1", "10.0.0.1:3000", node, ttl=30)
+    agent = NodeAgent(client, "n1", "10.0.0.1:3000", node, SECRET, ttl=30)
     assert await agent.beat()
     # The catalog changed without the agent being told: the next beat writes the difference.
     node.sandboxes = {"sbx2", "sbx3"}

@@ -10,6 +10,7 @@ import redis.asyncio as aioredis
 from aenv.cluster.holders import FileKind, FileRef, Holders
 from aenv.cluster.registry import Capacity, NodeRegistry, NodeReport
 from aenv.cluster.store import members
+from tests.cluster.shared import SECRET
 
 BASE = FileRef(FileKind.TEMPLATE, "base")
 SNAP = FileRef(FileKind.SNAPSHOT, "snap1")
@@ -21,7 +22,7 @@ async def register(registry: NodeRegistry, node_id: str, ttl: float) -> None:
 
 
 async def test_holders_are_the_live_nodes_that_hold_a_file(client: aioredis.Redis) -> None:
-    registry = NodeRegistry(client)
+    registry = NodeRegistry(client, SECRET)
     holders = Holders(registry)
     await register(registry, "n1", ttl=30)
     await register(registry, "n2", ttl=0.2)
@@ -41,7 +42,7 @@ async def test_holders_are_the_live_nodes_that_hold_a_file(client: aioredis.Redi
 
 
 async def test_replace_makes_a_nodes_files_exact(client: aioredis.Redis) -> None:
-    registry = NodeRegistry(client)
+    registry = NodeRegistry(client, SECRET)
     holders = Holders(registry)
     await register(registry, "n1", ttl=30)
     await holders.add("n1", BASE)

@@ -10,7 +10,15 @@ from collections.abc import Sequence
 import pytest
 import redis.asyncio as aioredis
 
-from aenv.cluster.registry import Capacity, NodeIdTaken, NodeRegistry, NodeReport
+from aenv.cluster.registry import (
+    Capacity,
+    NodeIdTaken,
+    NodeRegistry,
+    NodeReport,
+    WrongClusterSecret,
+)
+from aenv.cluster.secret import ClusterSecret, WeakSecret
+from tests.cluster.shared import SECRET
 
 CAPACITY = Capacity(cpus=2, memory_mb=24576, memory_free_mb=20000, running=3, paused=1)
 
@@ -29,7 +37,7 @@ async def wait_gone(registry: NodeRegistry, node_id: str) -> None:
 
 
 async def test_heartbeat_registers_and_reports(client: aioredis.Redis) -> None:
-    registry = NodeRegistry(client)
+    registry = NodeRegistry(client, SECRET)
     sent = report("n1", templates=["base"], snapshots=["s1", "s2"])
     lease = await registry.heartbeat("token-a", sent, ttl=30)
     assert lease.node_id == "n1" and lease.epoch
@@ -41,7 +49,7 @@ async def test_heartbeat_registers_and_reports(client: aioredis.Redis) -> None:
 
 
 async def test_a_lapsed_lease_is_gone_and_the_id_free(client: aioredis.Redis) -> None:
-    registry = NodeRegistry(client)
+    registry = NodeRegistry(client, SECRET)
     await registry.heartbeat("token-a", report("n1"), ttl=0.2)
     await registry.heartbeat("token-b", report("n2"), ttl=30)
     await wait_gone(registry, "n1")
@@ -53,7 +61,7 @@ async def test_a_lapsed_lease_is_gone_and_the_id_free(client: aioredis.Redis) ->
 
 
 async def test_renewal_keeps_the_lease(client: aioredis.Redis) -> None:
-    registry = NodeRegistry(client)
+    registry = NodeRegistry(client, SECRET)
     for _ in range(5):
         await registry.heartbeat("token-a", report("n1"), ttl=0.5)
         await asyncio.sleep(0.2)
@@ -61,7 +69,7 @@ async def test_renewal_keeps_the_lease(client: aioredis.Redis) -> None:
 
 
 async def test_concurrent_registration_of_many_nodes(client: aioredis.Redis) -> None:
-    registry = NodeRegistry(client)
+    registry = NodeRegistry(client, SECRET)
     ids = [f"node-{i:02}" for i in range(40)]
     await asyncio.gather(*(registry.heartbeat(f"t-{i}", report(i), ttl=30) for i in ids))
     assert [n.node_id for n in await registry.live()] == ids
@@ -70,7 +78,7 @@ async def test_concurrent_registration_of_many_nodes(client: aioredis.Redis) -> 
 
 
 async def test_one_process_per_node_id(client: aioredis.Redis) -> None:
-    registry = NodeRegistry(client)
+    registry = NodeRegistry(client, SECRET)
     tokens = [f"process-{i}" for i in range(10)]
     results = await asyncio.gather(
         *(registry.heartbeat(t, report("n1"), ttl=30) for t in tokens), return_exceptions=True
@@ -84,3 +92,18 @@ async def test_one_process_per_node_id(client: aioredis.Redis) -> None:
     assert not await registry.release("intruder", "n1")
     assert await registry.release(winners[0], "n1")
     assert await registry.live() == []
+
+
+async def test_a_node_with_another_secret_is_refused(client: aioredis.Redis) -> None:
+    await NodeRegistry(client, SECRET).heartbeat("token-a", report("n1"), ttl=30)
+    other = NodeRegistry(client, ClusterSecret("another-secret-of-the-same-length"))
+    with pytest.raises(WrongClusterSecret, match="node n2 refused: its cluster secret differs"):
+        await other.heartbeat("token-b", report("n2"), ttl=30)
+    assert [n.node_id for n in await NodeRegistry(client, SECRET).live()] == ["n1"]
+    # Redis keeps a fingerprint, not the secret.
+    assert SECRET.value not in str(await client.get(NodeRegistry(client, SECRET).keys.secret))
+
+
+def test_a_short_secret_is_refused() -> None:
+    with pytest.raises(WeakSecret, match="at least 16 characters"):
+        ClusterSecret("short")

@@ -21,6 +21,7 @@ import redis.asyncio as aioredis
 from aenv.cluster.holders import FileKind, FileRef, Holders
 from aenv.cluster.registry import Capacity, NodeRegistry, NodeReport
 from aenv.cluster.routing import Routes
+from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import ClusterUnavailable, Keys, guarded
 
 log = logging.getLogger("aenv.cluster")
@@ -64,6 +65,7 @@ class NodeAgent:
         node_id: str,
         address: str,
         source: StateSource,
+        secret: ClusterSecret,
         ttl: float = 15.0,
         keys: Keys | None = None,
     ) -> None:
@@ -73,7 +75,7 @@ class NodeAgent:
         self.source = source
         self.ttl = ttl
         self.token = secrets.token_hex(16)
-        self.registry = NodeRegistry(client, keys)
+        self.registry = NodeRegistry(client, secret, keys)
         self.routes = Routes(client, self.registry.keys)
         self.holders = Holders(self.registry)
         # The data set the node's routes and files were last written into in full, and what
@@ -89,7 +91,7 @@ class NodeAgent:
 
     async def beat(self) -> bool:
         """One heartbeat; True if it republished everything. Raises `ClusterUnavailable` (after
-        recording it in `status`) or `NodeIdTaken`."""
+        recording it in `status`), `NodeIdTaken` or `WrongClusterSecret`."""
         state = await self.source.state()
         report = NodeReport(
             self.node_id,

@@ -16,17 +16,22 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 from pydantic import TypeAdapter
 
+from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import Keys, guarded, members, remove_members
 
-# KEYS: lease, node, nodes, epoch. ARGV: token, report, ttl ms, node id, candidate epoch.
-# Returns {1, epoch} when renewed, {0, other token} when another process holds the id.
+# KEYS: lease, node, nodes, epoch, secret. ARGV: token, report, ttl ms, node id, candidate
+# epoch, secret fingerprint. Returns {1, epoch} when renewed, {0, other token} when another
+# process holds the id, {-1, ''} when the cluster was formed with another secret.
 _HEARTBEAT = """
+local check = redis.call('GET', KEYS[5])
+if check and check ~= ARGV[6] then return {-1, ''} end
 local owner = redis.call('GET', KEYS[1])
 if owner and owner ~= ARGV[1] then return {0, owner} end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 redis.call('SADD', KEYS[3], ARGV[4])
 redis.call('SET', KEYS[4], ARGV[5], 'NX')
+redis.call('SET', KEYS[5], ARGV[6], 'NX')
 return {1, redis.call('GET', KEYS[4])}
 """
 
@@ -41,6 +46,10 @@ return 1
 
 class NodeIdTaken(Exception):
     """Another live process holds this node id; nothing was written."""
+
+
+class WrongClusterSecret(Exception):
+    """The cluster was formed with another secret; nothing was written."""
 
 
 @dataclass(frozen=True)
@@ -81,8 +90,11 @@ class Lease:
 class NodeRegistry:
     """Registration, heartbeats and the list of live nodes."""
 
-    def __init__(self, client: aioredis.Redis, keys: Keys | None = None) -> None:
+    def __init__(
+        self, client: aioredis.Redis, secret: ClusterSecret, keys: Keys | None = None
+    ) -> None:
         self.client = client
+        self.secret = secret
         self.keys = keys or Keys()
         self._heartbeat = client.register_script(_HEARTBEAT)
         self._release = client.register_script(_RELEASE)
@@ -91,10 +103,11 @@ class NodeRegistry:
         """Registers the node or renews its lease for `ttl` seconds with `report`.
 
         `token` names the calling process; raises `NodeIdTaken` if another token holds the id,
-        `ClusterUnavailable` if Redis does not answer.
+        `WrongClusterSecret` if the cluster has another secret, `ClusterUnavailable` if Redis
+        does not answer.
         """
         k, node_id = self.keys, report.node_id
-        keys = [k.lease(node_id), k.node(node_id), k.nodes, k.epoch]
+        keys = [k.lease(node_id), k.node(node_id), k.nodes, k.epoch, k.secret]
         args: list[str | int] = [
             token,
             _REPORT.dump_json(report).decode(),
@@ -102,7 +115,14 @@ class NodeRegistry:
             node_id,
         ]
         async with guarded(self.client, f"renewing the lease of node {node_id}"):
-            renewed, value = await self._heartbeat(keys, [*args, secrets.token_hex(16)])
+            renewed, value = await self._heartbeat(
+                keys, [*args, secrets.token_hex(16), self.secret.fingerprint]
+            )
+        if renewed == -1:
+            raise WrongClusterSecret(
+                f"node {node_id} refused: its cluster secret differs from the one this cluster's "
+                "nodes registered with (check AENV_CLUSTER_SECRET)"
+            )
         if not renewed:
             raise NodeIdTaken(f"node id {node_id} is held by another live process ({value})")
         return Lease(node_id, str(value))

@@ -44,6 +44,11 @@ class Keys:
         return f"{self.prefix}:epoch"
 
     @property
+    def secret(self) -> str:
+        """The fingerprint of the cluster secret the first node registered with."""
+        return f"{self.prefix}:secret"
+
+    @property
     def nodes(self) -> str:
         """The ids of nodes that registered (live or lapsed; a lease key decides)."""
         return f"{self.prefix}:nodes"
