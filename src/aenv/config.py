@@ -211,10 +211,21 @@ class Config(BaseModel):
     max_connections: int = 4096
     # Largest request head (request line and headers) the port reads; a bigger one gets 431.
     max_header_bytes: int = 64 * 1024
+    # Cluster node role (`aenv node` reads these; `aenv server` needs none): the Redis holding
+    # the cluster's state, this node's id (default: the host name), the address gateways reach
+    # it at (default: host:port), and the secret the cluster's nodes and gateways share.
+    redis_url: str | None = None
+    node_id: str | None = None
+    node_address: str | None = None
+    cluster_secret: str | None = None
+    # Seconds between heartbeats, and how long a lease outlives the last one.
+    heartbeat_interval: float = 5.0
+    lease_ttl: float = 15.0
 
     @field_validator(
-        "domain", "repository_endpoint", "guest_cache", "tls_cert", "tls_key", mode="before"
-    )
+        "domain", "repository_endpoint", "guest_cache", "tls_cert", "tls_key", "redis_url",
+        "node_id", "node_address", "cluster_secret", mode="before",
+    )  # fmt: skip
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         """An empty env var (`AENV_DOMAIN=`) means unset, as in a shell."""

@@ -19,7 +19,13 @@ from typing import Protocol
 import redis.asyncio as aioredis
 
 from aenv.cluster.holders import FileKind, FileRef, Holders
-from aenv.cluster.registry import Capacity, NodeRegistry, NodeReport
+from aenv.cluster.registry import (
+    Capacity,
+    NodeIdTaken,
+    NodeRegistry,
+    NodeReport,
+    WrongClusterSecret,
+)
 from aenv.cluster.routing import Routes
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import ClusterUnavailable, Keys, guarded
@@ -134,7 +140,8 @@ class NodeAgent:
         while True:
             try:
                 await self.beat()
-            except ClusterUnavailable as error:
+            except (ClusterUnavailable, NodeIdTaken, WrongClusterSecret) as error:
+                # The node keeps serving its own sandboxes; a lapsed lease only hides it.
                 log.warning("node %s heartbeat failed: %s", self.node_id, error)
             await asyncio.sleep(interval)
 

@@ -1,0 +1,104 @@
+"""A node's membership over a node on doubles (its real catalog, templates and orchestrator)
+and a real redis-server: settings, registration, routes following the catalog, Redis down."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from aenv.cluster.holders import FileKind, FileRef
+from aenv.cluster.membership import NodeSettings, membership
+from aenv.cluster.source import CatalogSource
+from aenv.cluster.store import ClusterUnavailable
+from aenv.config import Config, ConfigError
+from tests.cluster.shared import SECRET
+from tests.doubles.node import double_node
+from tests.support.redis_server import RedisServer
+
+
+def settings(url: str, node_id: str = "n1") -> NodeSettings:
+    config = Config(redis_url=url, node_id=node_id, cluster_secret=SECRET.value, port=3999)
+    return NodeSettings.of(config)
+
+
+async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
+    deadline = time.monotonic() + 20
+    while True:
+        try:
+            if await check():
+                return
+        except ClusterUnavailable:
+            pass
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.05)
+
+
+@pytest.mark.parametrize(
+    ("fields", "message"),
+    [
+        ({"cluster_secret": SECRET.value}, "redis_url"),
+        ({"redis_url": "redis://127.0.0.1:1"}, "cluster_secret .* is required"),
+        ({"redis_url": "redis://x", "cluster_secret": "short"}, "at least 16 characters"),
+        (
+            {"redis_url": "redis://x", "cluster_secret": SECRET.value, "heartbeat_interval": 20},
+            "below lease_ttl",
+        ),
+    ],
+)
+def test_settings_name_what_is_missing(fields: dict[str, object], message: str) -> None:
+    with pytest.raises(ConfigError, match=message):
+        NodeSettings.of(Config.model_validate(fields))
+
+
+def test_settings_defaults() -> None:
+    found = NodeSettings.of(Config(redis_url="redis://x", cluster_secret=SECRET.value, port=3999))
+    assert found.address == "0.0.0.0:3999" and found.node_id
+    assert found.interval < found.ttl
+
+
+async def test_routes_follow_the_nodes_catalog(tmp_path: Path, redis: RedisServer) -> None:
+    async with double_node(tmp_path / "node") as node:
+        source = CatalogSource(node.catalog, node.templates)
+        async with membership(settings(redis.url), source) as agent:
+            [report] = await agent.registry.live()
+            assert report.address == "0.0.0.0:3999" and report.templates == ["base"]
+            assert await agent.holders.of(FileRef(FileKind.TEMPLATE, "base")) == {"n1"}
+            record, _ = await node.orchestrator.create(node.request())
+            await agent.beat()
+            assert await agent.routes.lookup(record.id) == "n1"
+            [report] = await agent.registry.live()
+            assert (report.capacity.running, report.capacity.paused) == (1, 0)
+            # A paused sandbox stays on the node: still routed, counted as paused.
+            await node.orchestrator.pause(record.id)
+            await agent.beat()
+            assert await agent.routes.lookup(record.id) == "n1"
+            [report] = await agent.registry.live()
+            assert (report.capacity.running, report.capacity.paused) == (0, 1)
+            await node.orchestrator.kill(record.id)
+            await agent.beat()
+            assert await agent.routes.lookup(record.id) is None
+        # Leaving gives the node id up at once.
+        assert await agent.registry.live() == []
+
+
+async def test_a_node_starts_and_serves_with_redis_down(tmp_path: Path, redis: RedisServer) -> None:
+    redis.stop()
+    async with double_node(tmp_path / "node") as node:
+        source = CatalogSource(node.catalog, node.templates)
+        fast = settings(redis.url)
+        fast = NodeSettings(fast.redis_url, "n1", fast.address, SECRET, interval=0.05, ttl=30)
+        async with membership(fast, source) as agent:
+            assert not agent.status.connected
+            record, _ = await node.orchestrator.create(node.request())
+            assert node.row(record.id).state.public == "running"
+            redis.start()
+
+            async def routed() -> bool:
+                return await agent.routes.lookup(record.id) == "n1"
+
+            await eventually(routed, "the node never registered once Redis came up")
+            await node.orchestrator.kill(record.id)
