@@ -1,20 +1,29 @@
-"""The `aenv` command: `server` runs a node, `auth` prints how to reach it; the other commands
-(sandboxes.py, snapshots.py, templates.py, shell.py) talk to a running node."""
+"""The `aenv` command: `server` runs a node, `auth` prints how to reach it; `node` (cluster.py)
+runs one as a cluster member; the other commands (sandboxes.py, snapshots.py, templates.py,
+shell.py) talk to a running node."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
 import signal
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager, nullcontext
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 import uvicorn
 
-from aenv.cli import images, keys, sandboxes, shell, snapshots, templates
+from aenv.cli import cluster, images, keys, sandboxes, shell, snapshots, templates
 from aenv.cli.node import console
 from aenv.config import Config, ConfigError, load
+
+if TYPE_CHECKING:
+    from aenv.server import Node
+
+# What runs beside a serving node for as long as it serves (a cluster membership).
+Beside = Callable[["Node"], AbstractAsyncContextManager[object]]
 
 app = typer.Typer(help="AENV-py: E2B-compatible microVM sandboxes.", no_args_is_help=True)
 app.add_typer(images.app)
@@ -23,6 +32,7 @@ app.add_typer(snapshots.app)
 app.add_typer(shell.app)
 app.add_typer(templates.app, name="template")
 app.add_typer(keys.app, name="keys")
+app.add_typer(cluster.app, name="node")
 
 
 @app.command()
@@ -46,12 +56,13 @@ def server(
     except ConfigError as e:
         console.print(f"[red]configuration error:[/red] {e}")
         raise typer.Exit(2) from e
+    asyncio.run(serve(config))
+
+
+async def serve(config: Config, beside: Beside | None = None) -> None:
+    """Runs a node until SIGINT or SIGTERM, with `beside` entered while it serves."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per envd call is noise
-    asyncio.run(_serve(config))
-
-
-async def _serve(config: Config) -> None:
     # The server's imports are heavy; other commands skip them.
     from aenv.server import start_node
     from aenv.serving import uvicorn_config
@@ -65,7 +76,8 @@ async def _serve(config: Config) -> None:
         signal.signal(sig, lambda *_: None)
     console.print(f"[green]serving[/green] {config.scheme}://{config.host}:{config.port}")
     try:
-        await uv.serve()
+        async with beside(node) if beside else nullcontext():
+            await uv.serve()
     finally:
         action = "pausing" if config.pause_on_shutdown else "killing"
         console.print(f"[cyan]aenv[/cyan] shutting down: {action} running sandboxes...")

@@ -1,0 +1,70 @@
+"""`aenv node`: a node that is a cluster member, the server of `aenv server` plus registration
+and heartbeats in the cluster's Redis (see docs/cluster.md).
+
+The cluster secret comes from the configuration file or `AENV_CLUSTER_SECRET` only: a command-line
+flag would show it to every user of the host in the process list.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+from aenv.cli.node import console
+from aenv.config import ConfigError, load
+
+if TYPE_CHECKING:
+    from aenv.cluster.membership import NodeSettings
+    from aenv.server import Node
+
+app = typer.Typer(help="Run a cluster node.")
+
+
+@app.callback(invoke_without_command=True)
+def node(
+    redis_url: Annotated[
+        str | None, typer.Option(help="the cluster's Redis (AENV_REDIS_URL)")
+    ] = None,
+    node_id: Annotated[str | None, typer.Option(help="this node's id (default: host name)")] = None,
+    node_address: Annotated[
+        str | None, typer.Option(help="host:port gateways reach this node at")
+    ] = None,
+    port: Annotated[int | None, typer.Option(help="port for the API and the data plane")] = None,
+    host: Annotated[str | None, typer.Option(help="address to listen on")] = None,
+    home: Annotated[Path | None, typer.Option(help="data directory (AENV_HOME)")] = None,
+    driver: Annotated[str | None, typer.Option(help="auto|firecracker|qemu-kvm|qemu-tcg")] = None,
+) -> None:
+    """Run one node as a member of a cluster."""
+    from aenv.cluster.membership import NodeSettings
+
+    overrides = {
+        "redis_url": redis_url, "node_id": node_id, "node_address": node_address,
+        "port": port, "host": host, "home": home, "driver": driver,
+    }  # fmt: skip
+    try:
+        config = load(overrides)
+        settings = NodeSettings.of(config)
+    except ConfigError as e:
+        console.print(f"[red]configuration error:[/red] {e}")
+        raise typer.Exit(2) from e
+    from aenv.cli.main import serve
+
+    console.print(
+        f"[cyan]aenv[/cyan] node {settings.node_id} joins the cluster at {settings.address}"
+    )
+    asyncio.run(serve(config, beside=lambda running: _member(settings, running)))
+
+
+@asynccontextmanager
+async def _member(settings: NodeSettings, running: Node) -> AsyncIterator[None]:
+    from aenv.cluster.membership import membership
+    from aenv.cluster.source import CatalogSource
+
+    source = CatalogSource(running.catalog, running.orchestrator.templates)
+    async with membership(settings, source):
+        yield
