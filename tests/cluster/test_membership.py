@@ -12,6 +12,7 @@ import pytest
 
 from aenv.cluster.holders import FileKind, FileRef
 from aenv.cluster.membership import NodeSettings, membership
+from aenv.cluster.registry import NodeIdTaken
 from aenv.cluster.source import CatalogSource
 from aenv.cluster.store import ClusterUnavailable
 from aenv.config import Config, ConfigError
@@ -83,6 +84,15 @@ async def test_routes_follow_the_nodes_catalog(tmp_path: Path, redis: RedisServe
             assert await agent.routes.lookup(record.id) is None
         # Leaving gives the node id up at once.
         assert await agent.registry.live() == []
+
+
+async def test_a_taken_node_id_fails_at_start(tmp_path: Path, redis: RedisServer) -> None:
+    async with double_node(tmp_path / "node") as node:
+        source = CatalogSource(node.catalog, node.templates)
+        async with membership(settings(redis.url), source):
+            with pytest.raises(NodeIdTaken, match="node id n1 is held by another live process"):
+                async with membership(settings(redis.url), source):
+                    raise AssertionError("a second process joined under the same id")
 
 
 async def test_a_node_starts_and_serves_with_redis_down(tmp_path: Path, redis: RedisServer) -> None:

@@ -53,11 +53,17 @@ def node(
         console.print(f"[red]configuration error:[/red] {e}")
         raise typer.Exit(2) from e
     from aenv.cli.main import serve
+    from aenv.cluster.registry import NodeIdTaken, WrongClusterSecret
 
     console.print(
         f"[cyan]aenv[/cyan] node {settings.node_id} joins the cluster at {settings.address}"
     )
-    asyncio.run(serve(config, beside=lambda running: _member(settings, running)))
+    try:
+        asyncio.run(serve(config, beside=lambda running: _member(settings, running)))
+    except (NodeIdTaken, WrongClusterSecret) as e:
+        # The node has shut down again (its sandboxes paused or killed, as configured).
+        console.print(f"[red]cannot join the cluster:[/red] {e}")
+        raise typer.Exit(1) from e
 
 
 @asynccontextmanager
