@@ -27,4 +27,4 @@ def test_concurrent_writers_of_one_file_never_fail(tmp_path: Path) -> None:
     assert errors == []
     assert path.read_text() in ("a" * 1000, "b" * 1000)
     assert [p.name for p in tmp_path.iterdir()] == ["template.json"]  # no temporaries left
-    assert path.stat().st_mode & 0o777 == 0o644
+    assert path.stat().st_mode & 0o777 == 0o600

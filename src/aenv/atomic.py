@@ -12,10 +12,10 @@ from pathlib import Path
 def write_text(path: Path, text: str) -> None:
     """Write `text` to a temporary file beside `path`, then rename it over `path`. Each write
     has its own temporary name: two writers of one file (a thread and the event loop) must not
-    rename each other's."""
+    rename each other's. The file is 0600 (mkstemp's mode): what a node writes is root's alone
+    (see storage/private.py)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        os.fchmod(fd, 0o644)  # what a plain create gives; mkstemp makes it private
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)

@@ -45,6 +45,7 @@ class Paths:
       build-files/<hash>       files uploaded for template builds' COPY steps
       detach/                  scratch space of memory detaching
       repository/              the snapshot repository when it is a directory (the default)
+      jailer/                  Firecracker's jailer chroots (Firecracker hosts only)
       cache/
         guest/                 guest build cache: kernel, initramfs, rootfs (`guest_cache`)
         images/                published guest images, content-addressed
@@ -103,6 +104,10 @@ class Paths:
         return self.home / "repository"
 
     @property
+    def jailer(self) -> Path:
+        return self.home / "jailer"
+
+    @property
     def cache(self) -> Path:
         """Where `prepare_images` publishes guest images and keeps the envd bundle."""
         return self.home / "cache"
@@ -151,6 +156,11 @@ class Config(BaseModel):
     # Creates running at once; more wait in a queue instead of failing.
     max_concurrent_creates: int = 8
     max_sandboxes: int = 256
+    # Per API key: sandboxes running at once (creates and forks past it answer 429), and
+    # control-plane requests a second on average and at once.
+    key_max_sandboxes: int = 256
+    key_requests_per_s: int = 100
+    key_request_burst: int = 200
     # Longest timeout a client may ask for, in seconds.
     max_timeout: int = 24 * 3600
     network_prefix: str = "aenv"
@@ -179,10 +189,23 @@ class Config(BaseModel):
     build_ready_timeout: int = 300
     # Template builds: cached step layers kept (newest first); each holds a VM's memory and disk.
     build_cache_layers: int = 32
+    # Every VMM runs jailed (README: Threat model). Off is for benchmarks and debugging only.
+    jail: bool = True
+    # Jailed VMMs: `jail_uid_base` is their group and Firecracker's uid; each QEMU has one of
+    # the `jail_uid_count` uids after it. Give each node on a host a range of its own.
+    jail_uid_base: int = 2_000_000
+    jail_uid_count: int = 65_536
     # The guest build cache (kernel, initramfs, base rootfs); default `$AENV_HOME/cache/guest`.
     guest_cache: Path | None = None
     # The Debian mirror the base root filesystem is bootstrapped from.
     debian_mirror: str = DEFAULT_MIRROR
+    # Seconds a client has to send a request's head (line and headers) once it started it;
+    # a slower one (slowloris) is disconnected.
+    header_timeout: int = 30
+    # Open client connections the port accepts; past it new ones are closed at once.
+    max_connections: int = 4096
+    # Largest request head (request line and headers) the port reads; a bigger one gets 431.
+    max_header_bytes: int = 64 * 1024
 
     @field_validator(
         "domain", "repository_endpoint", "guest_cache", "tls_cert", "tls_key", mode="before"

@@ -161,14 +161,17 @@ def upstream_app(probe: Probe) -> Starlette:
         return JSONResponse({"chunks": len(probe.chunks)})
 
     async def endless(scope: Scope, receive: Receive, send: Send) -> None:
-        # Raw ASGI, so the disconnect it records is exactly what uvicorn reports.
+        # Raw ASGI, so the disconnect it records is exactly what uvicorn reports. 1 KiB every
+        # 10 ms, or `?flood` 64 KiB as fast as the client takes them.
         await send({"type": "http.response.start", "status": 200, "headers": []})
+        flood = scope["query_string"] == b"flood"
+        chunk, pause = (b"x" * 65536, 0.0) if flood else (b"x" * 1024, 0.01)
 
         async def pump() -> None:
             while True:
-                await send({"type": "http.response.body", "body": b"x" * 1024, "more_body": True})
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 probe.endless_started.set()
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(pause)
 
         task = asyncio.create_task(pump())
         while (await receive())["type"] != "http.disconnect":
@@ -241,6 +244,15 @@ RAW_ANSWERS = {
         b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nConnection: close\r\n\r\nok"
     ),
 }
+# An empty answer, then, on a connection kept open, a planted second answer: in the same write,
+# or a moment later when the connection would be idle in a pool. A proxy that reused such a
+# connection would hand the planted answer to the next request.
+_PLANTED = b"HTTP/1.1 200 OK\r\nContent-Length: 7\r\n\r\nplanted"
+OVERRUN_ANSWERS = {
+    b"/overrun-at-once": (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n" + _PLANTED, b""),
+    b"/overrun-later": (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", _PLANTED),
+}
+OVERRUN_PAUSE = 0.2
 
 
 class _RawHandler(socketserver.StreamRequestHandler):
@@ -249,6 +261,14 @@ class _RawHandler(socketserver.StreamRequestHandler):
         while self.rfile.readline() not in (b"\r\n", b""):
             pass
         path = request_line.split(b" ")[1] if b" " in request_line else b""
+        if path in OVERRUN_ANSWERS:
+            first, later = OVERRUN_ANSWERS[path]
+            self.wfile.write(first)
+            time.sleep(OVERRUN_PAUSE)
+            self.wfile.write(later)
+            # Held open: a reused connection gets no other answer than the planted one.
+            self.rfile.read(1)
+            return
         self.wfile.write(RAW_ANSWERS.get(path, b"HTTP/1.1 404 Not Found\r\n\r\n"))
 
 

@@ -4,14 +4,25 @@ both ways, disconnects, and the proxy's own answers."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from aenv.proxy import SandboxProxy
 from tests.proxy.conftest import DOMAIN, ENVD, ENVD_SANDBOX, USER_PORT
-from tests.proxy.support import WAIT, DictResolver, FakeSandbox, Probe, raw_server
+from tests.proxy.support import (
+    OVERRUN_PAUSE,
+    WAIT,
+    DictResolver,
+    FakeSandbox,
+    Probe,
+    free_port,
+    raw_server,
+    serve,
+)
 
 
 def routed(sandbox_id: str, port: int = USER_PORT) -> dict[str, str]:
@@ -340,3 +351,94 @@ async def test_unusual_upstream_answers(proxy_url: str, raw_sandbox: str) -> Non
     assert (hints.status_code, hints.text) == (200, "ok")
     assert garbage.status_code == 502
     assert garbage.json()["message"] == "The sandbox is running but port is not open"
+
+
+async def test_a_size_zero_proc_file_reads_whole_and_leaves_the_connection_usable(
+    proxy_url: str, envd_port: int
+) -> None:
+    # /proc files stat as size 0 yet have content: announced as empty, their bytes would overrun
+    # the response and the upstream connection, back in the pool, would fail the next request.
+    routing = routed(ENVD_SANDBOX, ENVD)
+    async with httpx.AsyncClient(timeout=WAIT) as client:
+        for attempt in range(6):
+            cpuinfo = await client.get(
+                f"{proxy_url}/files",
+                params={"path": "/proc/cpuinfo", "username": "root"},
+                headers=routing,
+            )
+            assert cpuinfo.status_code == 200
+            assert b"processor" in cpuinfo.content
+            upload = await client.post(
+                f"{proxy_url}/files",
+                params={"path": f"/tmp/after-cpuinfo-{attempt}", "username": "root"},
+                files={"file": ("f", b"uploaded")},
+                headers=routing,
+            )
+            assert upload.status_code == 200, upload.text
+
+
+@pytest.mark.parametrize("path", ["/overrun-at-once", "/overrun-later"])
+async def test_an_overrun_upstream_connection_is_not_reused(
+    proxy_url: str, raw_sandbox: str, path: str
+) -> None:
+    async with httpx.AsyncClient(timeout=WAIT) as client:
+        overrun = await client.get(f"{proxy_url}{path}", headers=routed(raw_sandbox))
+        assert (overrun.status_code, overrun.content) == (200, b"")
+        # The planted answer has arrived by now: the connection it came on must be gone.
+        await asyncio.sleep(OVERRUN_PAUSE * 2)
+        # A body: the proxy may not send it again on another connection.
+        after = await client.post(
+            f"{proxy_url}/until-close", content=b"body", headers=routed(raw_sandbox)
+        )
+    assert (after.status_code, after.text) == (200, "body until close")
+
+
+@pytest.fixture(scope="module")
+def impatient_proxy_url(resolver: DictResolver) -> Iterator[str]:
+    """A proxy that ends an exchange after a second without a byte moving."""
+    with serve(SandboxProxy(resolver, domain=DOMAIN, idle_timeout=IDLE), free_port()) as url:
+        yield url
+
+
+IDLE = 1.0
+
+
+async def test_a_sandbox_that_never_answers_gets_504(
+    impatient_proxy_url: str, sandbox_id: str, probe: Probe
+) -> None:
+    async with httpx.AsyncClient(timeout=WAIT) as client:
+        response = await client.get(f"{impatient_proxy_url}/silent", headers=routed(sandbox_id))
+    assert response.status_code == 504
+    assert response.json()["code"] == 504
+    # The sandbox's server saw its client (the proxy) leave.
+    assert await asyncio.to_thread(probe.silent_disconnected.wait, WAIT)
+
+
+def test_a_client_that_stops_reading_is_dropped(
+    impatient_proxy_url: str, sandbox_id: str, probe: Probe
+) -> None:
+    host, port = impatient_proxy_url.removeprefix("http://").split(":")
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, int(port)))
+        sock.sendall(
+            f"GET /endless?flood HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: {sandbox_id}\r\n"
+            f"E2b-Sandbox-Port: {USER_PORT}\r\n\r\n".encode()
+        )
+        # Never read: the proxy's writes back up, then nothing moves for a second.
+        assert probe.endless_disconnected.wait(WAIT)
+
+
+async def test_a_busy_stream_outlives_the_idle_timeout(
+    impatient_proxy_url: str, sandbox_id: str
+) -> None:
+    received = 0
+    async with httpx.AsyncClient(timeout=WAIT) as client:
+        request = client.stream("GET", f"{impatient_proxy_url}/endless", headers=routed(sandbox_id))
+        async with request as response:
+            started = asyncio.get_running_loop().time()
+            async for chunk in response.aiter_bytes():
+                received += len(chunk)
+                if asyncio.get_running_loop().time() - started > IDLE * 3:
+                    break
+    assert received > 0

@@ -6,13 +6,16 @@ modification time when this server first reads it: an upper bound on when the gu
 close for clients that poll (`aenv logs --follow`), and fixed from then on, so `start`/`cursor`
 select the same lines on every request. Lines already present at the first read share one stamp.
 Stamps live in this process only, as the sandboxes themselves do. Every line is level `info`:
-the console has no levels either.
+the console has no levels either. A request reads at most `READ_LIMIT` bytes from the end of
+each console file, in a thread: what a guest writes is bounded (`orchestrator.consoles`), but a
+request must cost neither the event loop nor memory in proportion to it.
 """
 
 from __future__ import annotations
 
 import asyncio
-import itertools
+import bisect
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +31,8 @@ from aenv.orchestrator.lifecycle import Orchestrator, SandboxNotFound
 DEFAULT_LIMIT = 1000
 MAX_LIMIT_V2 = 1000
 MAX_SEARCH = 256
+# Bytes read from the end of each console file per request.
+READ_LIMIT = 1 << 20
 LEVELS = ("debug", "info", "warn", "error")  # lowest first, as the spec's LogLevel
 
 
@@ -39,53 +44,91 @@ class LogLine:
 
 @dataclass
 class _Stamps:
-    """When the lines of one console file were first read: runs of `(unix ms, line count)`."""
+    """When the bytes of one console file were first read: runs of `(unix ms, end offset)`,
+    oldest first; a line takes the stamp of the first run that reaches its end."""
 
+    inode: int
     runs: list[tuple[int, int]] = field(default_factory=list)
-    lines: int = 0
+    end: int = 0  # bytes stamped so far
 
 
-_File = tuple[Path, list[str], int]  # a console file, its complete lines, its mtime (unix ms)
+@dataclass(frozen=True)
+class _Tail:
+    """The complete lines at the end of a console file, each with its end offset."""
+
+    path: Path
+    inode: int
+    mtime_ms: int
+    lines: list[tuple[int, str]]
+    end: int  # offset after the last complete line
+    start: int  # offset of the first byte read
 
 
-def _read(paths: list[Path], known: list[Path]) -> tuple[list[_File], set[Path]]:
-    """Each file's complete lines and its mtime (taken after the read, so it covers every line
-    read), and which of the `known` files are gone."""
-    files: list[_File] = []
-    for path in paths:
-        try:
-            raw = path.read_bytes()
-            mtime_ms = path.stat().st_mtime_ns // 1_000_000
-        except FileNotFoundError:
-            continue  # the sandbox went away meanwhile
-        # The piece after the last newline is a line still being written: it shows once complete.
-        files.append((path, raw.decode(errors="replace").split("\n")[:-1], mtime_ms))
-    return files, {p for p in known if not p.exists()}
+def _read_tail(path: Path, limit: int) -> _Tail | None:
+    """At most the last `limit` bytes of `path`, cut into complete lines; None when it is gone.
+    The mtime is taken after the read, so it covers every line read."""
+    try:
+        with path.open("rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            start = max(0, size - limit)
+            f.seek(start)
+            raw = f.read(size - start)
+            st = os.fstat(f.fileno())
+    except FileNotFoundError:
+        return None  # the sandbox went away meanwhile
+    offset = start
+    pieces = raw.split(b"\n")
+    if start > 0:
+        offset += len(pieces[0]) + 1  # the first line began before the bytes read
+        pieces = pieces[1:]
+    lines = []
+    # The piece after the last newline is a line still being written: it shows once complete.
+    for piece in pieces[:-1]:
+        offset += len(piece) + 1
+        lines.append((offset, piece.decode(errors="replace")))
+    end = offset if lines else start
+    return _Tail(path, st.st_ino, st.st_mtime_ns // 1_000_000, lines, end, start)
+
+
+def _read(paths: list[Path], known: list[Path], limit: int) -> tuple[list[_Tail], set[Path]]:
+    tails = [t for t in (_read_tail(p, limit) for p in paths) if t is not None]
+    return tails, {p for p in known if not p.exists()}
 
 
 class ConsoleLog:
-    """Console lines of sandboxes with their stamps (see the module docstring)."""
+    """Console lines of sandboxes with their stamps (see the module docstring). Only the last
+    `read_limit` bytes of each console file are read: a guest writing without pause makes its
+    file grow up to its cap (see `orchestrator.consoles`), and a request must not read all of
+    it."""
 
-    def __init__(self) -> None:
+    def __init__(self, read_limit: int = READ_LIMIT) -> None:
+        self.read_limit = read_limit
         self._stamps: dict[Path, _Stamps] = {}
 
     async def lines(self, paths: list[Path]) -> list[LogLine]:
-        """Non-blank lines of `paths` (oldest file first), oldest first."""
-        files, gone = await asyncio.to_thread(_read, paths, list(self._stamps))
+        """Non-blank lines of the ends of `paths` (oldest file first), oldest first."""
+        tails, gone = await asyncio.to_thread(_read, paths, list(self._stamps), self.read_limit)
         for path in gone:  # files of killed sandboxes
             self._stamps.pop(path, None)
         out: list[LogLine] = []
-        for path, lines, mtime_ms in files:
-            seen = self._stamps.setdefault(path, _Stamps())
-            if len(lines) > seen.lines:
+        for tail in tails:
+            seen = self._stamps.get(tail.path)
+            if seen is None or seen.inode != tail.inode or tail.end < seen.end:
+                # New, or replaced or cut short by the cap: its lines are new to us.
+                seen = self._stamps[tail.path] = _Stamps(tail.inode)
+            if tail.end > seen.end:
                 # Never before an earlier run, even if the clock stepped back: stamps stay ordered.
-                ms = max(mtime_ms, seen.runs[-1][0]) if seen.runs else mtime_ms
-                seen.runs.append((ms, len(lines) - seen.lines))
-                seen.lines = len(lines)
-            stamps = itertools.chain.from_iterable(itertools.repeat(ms, n) for ms, n in seen.runs)
-            # Console files only grow; were one cut short, its remaining lines keep their stamps.
-            pairs = zip(stamps, lines, strict=False)
-            out.extend(LogLine(ms, text.rstrip()) for ms, text in pairs if text.strip())
+                ms = max(tail.mtime_ms, seen.runs[-1][0]) if seen.runs else tail.mtime_ms
+                seen.runs.append((ms, tail.end))
+                seen.end = tail.end
+            # Runs that end before the bytes read can never stamp a line again.
+            while len(seen.runs) > 1 and seen.runs[0][1] <= tail.start:
+                seen.runs.pop(0)
+            ends = [end for _, end in seen.runs]
+            for end, text in tail.lines:
+                if text.strip():
+                    ms = seen.runs[bisect.bisect_left(ends, end)][0]
+                    out.append(LogLine(ms, text.rstrip()))
         out.sort(key=lambda line: line.ms)  # stable: files and lines keep their order
         return out
 

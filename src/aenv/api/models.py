@@ -29,7 +29,7 @@ def _size(entries: dict[str, str]) -> int:
     return sum(len(k.encode()) + len(v.encode()) for k, v in entries.items())
 
 
-def _check_metadata(metadata: dict[str, str]) -> dict[str, str]:
+def check_metadata(metadata: dict[str, str]) -> dict[str, str]:
     if len(metadata) > MAX_METADATA_ENTRIES:
         raise ValueError(f"at most {MAX_METADATA_ENTRIES} entries")
     if _size(metadata) > MAX_METADATA_BYTES:
@@ -49,7 +49,7 @@ def _check_env_vars(env_vars: dict[str, str]) -> dict[str, str]:
     return env_vars
 
 
-Metadata = Annotated[dict[str, str], AfterValidator(_check_metadata)]
+Metadata = Annotated[dict[str, str], AfterValidator(check_metadata)]
 EnvVars = Annotated[dict[str, str], AfterValidator(_check_env_vars)]
 Seconds = Annotated[int, Field(ge=0, le=MAX_SECONDS)]
 

@@ -24,6 +24,7 @@ from aenv.api.models import (
     NewSandbox,
     RefreshBody,
     TimeoutBody,
+    check_metadata,
 )
 from aenv.api.network import create_network, network_info, updated_network
 from aenv.config import Config
@@ -175,6 +176,7 @@ class SandboxRoutes:
                         auto_pause_mode=SaveMode.of(body.auto_pause_memory),
                         auto_resume=body.auto_resume is not None and body.auto_resume.enabled,
                         network=network,
+                        owner=request.state.api_key.id,
                     )
                 )
         except TemplateNotFound as e:
@@ -305,9 +307,15 @@ class SandboxRoutes:
 
 
 def _metadata_filter(request: Request) -> dict[str, str]:
-    """`metadata=k%3Dv%26k2%3Dv2`: decoded as infra does (query decode, unescape, split)."""
+    """`metadata=k%3Dv%26k2%3Dv2`: decoded as infra does (query decode, unescape, split).
+    Bounded as sandboxes' metadata is: a longer filter matches nothing, and one query term per
+    entry would exceed what SQLite parses."""
     raw = request.query_params.get("metadata")
-    return dict(parse_qsl(unquote(raw), keep_blank_values=True)) if raw else {}
+    wanted = dict(parse_qsl(unquote(raw), keep_blank_values=True)) if raw else {}
+    try:
+        return check_metadata(wanted)
+    except ValueError as e:
+        raise APIError(400, f"metadata filter: {e}") from e
 
 
 def _filter_metadata(records: Iterable[SandboxRecord], request: Request) -> Iterable[SandboxRecord]:

@@ -12,7 +12,7 @@ from typing import Annotated
 import typer
 import uvicorn
 
-from aenv.cli import images, sandboxes, shell, snapshots, templates
+from aenv.cli import images, keys, sandboxes, shell, snapshots, templates
 from aenv.cli.node import console
 from aenv.config import Config, ConfigError, load
 
@@ -22,6 +22,7 @@ app.add_typer(sandboxes.app)
 app.add_typer(snapshots.app)
 app.add_typer(shell.app)
 app.add_typer(templates.app, name="template")
+app.add_typer(keys.app, name="keys")
 
 
 @app.command()
@@ -51,26 +52,12 @@ def server(
 
 
 async def _serve(config: Config) -> None:
-    from aenv.server import start_node  # the server's imports are heavy; other commands skip them
+    # The server's imports are heavy; other commands skip them.
+    from aenv.server import start_node
+    from aenv.serving import uvicorn_config
 
     node = await start_node(config, progress=lambda m: console.print(f"[cyan]aenv[/cyan] {m}"))
-    uv = uvicorn.Server(
-        uvicorn.Config(
-            node.app,
-            host=config.host,
-            port=config.port,
-            loop="uvloop",
-            http="httptools",
-            lifespan="off",
-            access_log=False,
-            log_level="warning",
-            # Proxied responses carry the sandbox's own Server header.
-            server_header=False,
-            timeout_keep_alive=650,
-            ssl_certfile=config.tls_cert,
-            ssl_keyfile=config.tls_key,
-        )
-    )
+    uv = uvicorn.Server(uvicorn_config(node.app, config))
     # uvicorn owns SIGINT/SIGTERM while it serves, and afterwards re-raises the signal it caught
     # to whatever handler was there before: make that a no-op, or the default handler would end
     # the process before the node's shutdown (which pauses the running sandboxes) has run.

@@ -23,6 +23,7 @@ from aenv.network.settings import SandboxNetwork
 from aenv.orchestrator.kinds import SaveMode
 from aenv.orchestrator.migrations import upgrade
 from aenv.orchestrator.states import SandboxState, check_transition
+from aenv.storage.private import private_file
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS sandboxes (
@@ -51,6 +52,7 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     checkpoint_mode TEXT NOT NULL DEFAULT 'full',
     archive_seq INTEGER,
     archive_manifest TEXT,
+    owner TEXT,
     network TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state);
@@ -103,6 +105,8 @@ class SandboxRecord:
     checkpoint_mode: SaveMode = SaveMode.FULL
     # The newest checkpoint uploaded to the repository, once one is.
     archived: Archived | None = None
+    # The id of the API key that created it (its per-key sandbox limit counts it).
+    owner: str | None = None
 
 
 @dataclass(frozen=True)
@@ -170,6 +174,11 @@ def _from_row(row: sqlite3.Row) -> SandboxRecord:
 class Catalog:
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
+        # Tokens and env vars are stored here: 0600. SQLite gives new -wal and -shm files the
+        # database's mode; ones an older node left get it here.
+        for file in (path, path.with_name(f"{path.name}-wal"), path.with_name(f"{path.name}-shm")):
+            if file == path or file.exists():
+                private_file(file)
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA journal_mode=WAL")

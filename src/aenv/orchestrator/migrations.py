@@ -30,6 +30,7 @@ ADDED_COLUMNS = {
     "checkpoint_mode": "TEXT NOT NULL DEFAULT 'full'",
     "archive_seq": "INTEGER",
     "archive_manifest": "TEXT",
+    "owner": "TEXT",
     "network": "TEXT NOT NULL DEFAULT '{}'",
 }
 _FROM_ALLOW_INTERNET = (

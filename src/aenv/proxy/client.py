@@ -42,13 +42,20 @@ class UpstreamError(Exception):
 Origin = tuple[str, int, str]
 
 
+class _Overrun(Exception):
+    """The upstream sent bytes after its response was complete."""
+
+
 class _Connection(asyncio.Protocol):
-    """One upstream connection, one request at a time."""
+    """One upstream connection, one request at a time. Bytes from the upstream after its
+    response was complete (more than its Content-Length, or anything while the connection waits
+    in the pool) close the connection: they would be taken for the next request's answer."""
 
     def __init__(self, origin: Origin) -> None:
         self.origin = origin
         self.transport: asyncio.Transport | None = None
         self.closed = False
+        self.in_use = True
         self.idle_since = 0.0
         self._can_write = asyncio.Event()
         self._can_write.set()
@@ -74,8 +81,15 @@ class _Connection(asyncio.Protocol):
         self.transport = cast(asyncio.Transport, transport)
 
     def data_received(self, data: bytes) -> None:
+        if self.complete or not self.in_use:
+            self.close()
+            return
         try:
             self._parser.feed_data(data)
+        except httptools.HttpParserCallbackError as exc:
+            if not isinstance(exc.__context__, _Overrun):
+                self._fail(f"bad response from upstream: {exc}")
+            self.close()
         except httptools.HttpParserError as exc:
             self._fail(f"bad response from upstream: {exc}")
             self.close()
@@ -100,6 +114,10 @@ class _Connection(asyncio.Protocol):
         self._can_write.set()
 
     # -- httptools callbacks
+
+    def on_message_begin(self) -> None:
+        if self.complete:
+            raise _Overrun  # a second message in the same read
 
     def on_header(self, name: bytes, value: bytes) -> None:
         name = name.lower()
@@ -145,6 +163,7 @@ class _Connection(asyncio.Protocol):
     def start(self, method: bytes) -> None:
         """Prepare for a new request (fresh parser state)."""
         self._parser = httptools.HttpResponseParser(self)
+        self.in_use = True
         self._head_only = method == b"HEAD"
         self._informational = False
         self.status = 0
@@ -307,6 +326,7 @@ class Pool:
             return Response(self, conn)
 
     def keep(self, conn: _Connection) -> None:
+        conn.in_use = False
         now = asyncio.get_running_loop().time()
         conn.idle_since = now
         idle = self._idle.setdefault(conn.origin, [])

@@ -47,7 +47,7 @@ class Monitor:
     async def pass_file(self, name: str, path: Path, flags: int) -> None:
         """Open `path` and hand the open file to QEMU as fd `name` (for `fd:` migration URIs:
         QEMU then reads or writes the file itself, with no helper process or pipe between)."""
-        fd = os.open(path, flags | os.O_CLOEXEC, 0o644)
+        fd = os.open(path, flags | os.O_CLOEXEC, 0o600)  # guest state: private
         try:
             self._client.send_fd_scm(fd)
             await self.execute("getfd", fdname=name)

@@ -17,14 +17,15 @@ import asyncio
 import contextlib
 import logging
 import os
-from collections.abc import Collection, Sequence
+import signal
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal, Protocol
+from typing import Literal, Protocol, runtime_checkable
 
 import psutil
 
-from aenv.runtime.cgroups import CgroupManager
+from aenv.runtime.cgroups import CgroupError, CgroupManager
 
 VMM_NAME_PREFIX = "aenv-"
 VmmKind = Literal["qemu", "firecracker"]
@@ -51,6 +52,14 @@ class Reclaimer(Protocol):
         """Remove what VMMs named `prefix*` left (the `killed` ones and any that died before),
         except for the VMs named in `live` (still running under a live owner); returns what was
         removed. Blocking: called in a thread."""
+        ...
+
+
+@runtime_checkable
+class Reaper(Protocol):
+    def reap_unowned(self) -> list[str]:
+        """Kill the driver's VMMs that no VM object stands for any more and remove cgroups
+        nothing uses (see `reap_unowned`); returns the VMM names killed. Blocking."""
         ...
 
 
@@ -153,3 +162,42 @@ async def sweep(
     reclaimers: Sequence[Reclaimer] = (),
 ) -> SweepReport:
     return await asyncio.to_thread(_sweep, cgroups, prefix, reclaimers)
+
+
+def reap_unowned(
+    owned: Collection[str],
+    cgroups: CgroupManager | None,
+    cgroup_name: Callable[[str], str],
+    prefix: str = VMM_NAME_PREFIX,
+) -> list[str]:
+    """Kill this process's own VMMs whose names are not in `owned` (one that a failed or
+    cancelled operation dropped without stopping it), and remove the cgroups, named by
+    `cgroup_name`, of those and of any other VMM not owned that is gone. Other processes' VMMs,
+    orphans included, are left alone: the startup sweep owns those. Returns the names killed.
+    Blocking: run it in a thread."""
+    me = os.getpid()
+    killed: list[psutil.Process] = []
+    names: list[str] = []
+    running: set[str] = set()
+    for vmm in our_vmms(prefix):
+        running.add(vmm.name)
+        if vmm.name in owned:
+            continue
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc = psutil.Process(vmm.pid)
+            if proc.ppid() != me:
+                continue
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(vmm.pid, signal.SIGKILL)  # its own process group: helpers too
+            killed.append(proc)
+            names.append(vmm.name)
+    psutil.wait_procs(killed, timeout=10)
+    if cgroups is not None:
+        wanted = {cgroup_name(name) for name in set(owned) | (running - set(names))}
+        for group in cgroups.names():
+            if group not in wanted:
+                with contextlib.suppress(CgroupError):
+                    cgroups.remove_stale(group)
+    if names:
+        log.warning("reaped %d VMMs that nothing owned any more: %s", len(names), names)
+    return names

@@ -3,12 +3,27 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
+from collections.abc import Coroutine
+from pathlib import Path
+from typing import Any
 
+import psutil
 import pytest
 
+from aenv.runtime import qcow2
+from aenv.runtime.cgroups import CgroupManager
 from aenv.runtime.driver import RestoreError, Snapshot, VMState
-from tests.runtime.qemu_vm.conftest import TEMPLATE_MEMORY, TEMPLATE_NOTE, Fleet, Places, Template
+from aenv.runtime.qemu import QemuDriver, QemuVM
+from tests.runtime.qemu_vm.conftest import (
+    TEMPLATE_MEMORY,
+    TEMPLATE_NOTE,
+    Fleet,
+    Places,
+    Template,
+    qemu_children,
+)
 from tests.runtime.qemu_vm.netns import agent, wait_ready
 
 pytestmark = pytest.mark.slow
@@ -160,3 +175,97 @@ async def test_filesystem_only_snapshots_hold_disks_alone(
         assert await fleet.driver.detach_memory(snap, places.snapshot_target(), fleet.target()) is (
             snap
         )
+
+
+async def test_saved_disks_boot_and_export_standalone(
+    fleet: Fleet, template: Template, places: Places
+) -> None:
+    """A filesystem-only snapshot of a clone: its disks boot on a fresh top of their own, and its
+    export holds each drive as one standalone image that `load_saved` reads back."""
+    vm, netns = await fleet.restore(template.snapshot)
+    await agent(netns, "POST", "/?memory=gone&note=kept-on-disk")
+    saved = await vm.snapshot(places.snapshot_target(), keep_running=False, machine_state=False)
+    assert len(qcow2.chain(saved.disks["upper"])) > 1  # a top over the template's layer
+
+    target = fleet.target()
+    booted = await fleet.driver.boot_saved(saved, target)
+    fleet.vms.append(booted)
+    assert target.net is not None
+    await wait_ready(target.net.netns)
+    assert (await agent(target.net.netns))["note"] == "kept-on-disk"
+    assert isinstance(booted, QemuVM)
+    tops = [d.path for d in booted.spec.disks if not d.read_only]
+    await booted.stop()
+    assert not any(p.exists() for p in tops)  # the private tops went with the VM
+
+    dest = places.snapshot_target().directory
+    exported = await fleet.driver.export(saved, dest, move=False)
+    assert qcow2.chain(exported.disks["upper"]) == [exported.disks["upper"]]
+    assert saved.state_file.is_file()  # shared, not taken over
+    assert await fleet.driver.load_saved(dest) == exported
+    exported.disks["upper"].unlink()
+    with pytest.raises(RestoreError, match="lacks"):
+        await fleet.driver.load_saved(dest)
+
+
+async def _loading(vm_task: asyncio.Task[object], state_file: Path) -> None:
+    """Until a QEMU of this test reads `state_file` (it is restoring from it)."""
+    while not vm_task.done():
+        for proc in qemu_children():
+            with contextlib.suppress(psutil.Error):
+                if any(f.path == str(state_file) for f in proc.open_files()):
+                    return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the restore ended before it could be cancelled")
+
+
+@pytest.mark.parametrize("operation", ["restore", "detach_memory"])
+async def test_cancelling_a_restore_stops_its_vmm(
+    fleet: Fleet, template: Template, places: Places, operation: str
+) -> None:
+    # A kill cancels a pause's memory detach mid-restore; a client gone cancels a create.
+    vm, netns = await fleet.restore(template.snapshot)
+    await agent(netns, "POST", "/?memory=cancel-me&note=cancel-me")
+    stream = await vm.snapshot(places.snapshot_target(), keep_running=False)
+    assert stream.memory_file is None  # the RAM is in the stream: loading it takes a while
+    work: Coroutine[Any, Any, object]
+    if operation == "restore":
+        work = fleet.driver.restore(stream, fleet.target())
+    else:
+        work = fleet.driver.detach_memory(stream, places.snapshot_target(), fleet.target())
+    task = asyncio.ensure_future(work)
+    await _loading(task, stream.state_file)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert qemu_children() == []
+
+
+async def test_the_console_is_appended_to(fleet: Fleet, template: Template) -> None:
+    # The orchestrator truncates console files past their cap: QEMU's writes must then land at
+    # the file's new end (O_APPEND), not at their old offset past a hole.
+    vm, _netns = await fleet.restore(template.snapshot)
+    (qemu,) = qemu_children()
+    for fd in os.listdir(f"/proc/{qemu.pid}/fd"):
+        if os.readlink(f"/proc/{qemu.pid}/fd/{fd}") == str(vm.console_log):
+            fdinfo = Path(f"/proc/{qemu.pid}/fdinfo/{fd}").read_text()
+            flags = int(fdinfo.split("flags:")[1].split()[0], 8)
+            assert flags & os.O_APPEND
+            return
+    raise AssertionError("QEMU has no console file open")
+
+
+async def test_a_vmm_nothing_owns_any_more_is_reaped(
+    fleet: Fleet, template: Template, cgroups: CgroupManager
+) -> None:
+    kept, kept_netns = await fleet.restore(template.snapshot)
+    dropped = await fleet.driver.restore(template.snapshot, fleet.target())
+    assert isinstance(dropped, QemuVM)
+    pid, name = dropped.proc.pid, f"aenv-{dropped.id}"
+    del dropped  # what a cancelled operation did before it stopped its VMs
+    assert len(qemu_children()) == 2
+    reaped = await asyncio.to_thread(fleet.driver.reap_unowned)
+    assert reaped == [name]
+    assert [p.pid for p in qemu_children()] != [pid]
+    assert cgroups.names() == [QemuDriver.cgroup_name(f"aenv-{kept.id}")]
+    assert (await agent(kept_netns))["memory"] == TEMPLATE_MEMORY  # the owned one runs on

@@ -19,7 +19,7 @@ from protobuf import Oneof
 
 from aenv.envd.filesystem.entry import entry_info
 from aenv.envd.filesystem.paths import ensure_dirs, is_network_mount
-from aenv.envd.filesystem.watch import DirWatch, WatchOptions, sync_watches
+from aenv.envd.filesystem.watch import DirWatch, WatchOptions, limit_reached, sync_watches
 from aenv.envd.proto.filesystem import filesystem_pb as pb
 from aenv.envd.rpc import caller, keepalive_seconds, os_error
 from aenv.envd.settings import Settings
@@ -158,6 +158,13 @@ class FilesystemService:
         try:
             return await DirWatch.open(options)
         except OSError as e:
+            if limit_reached(e):
+                raise ConnectError(
+                    Code.RESOURCE_EXHAUSTED,
+                    f"cannot watch {path}: the sandbox has no inotify watch left "
+                    "(fs.inotify.max_user_watches and max_user_instances; close other "
+                    f"watches first): {e.strerror}",
+                ) from e
             os_error(e, "error creating watcher")
 
     async def watch_dir(

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import os
 from collections import deque
 from dataclasses import dataclass
@@ -52,6 +53,14 @@ _HAS_ENTRY = frozenset({pb.EventType.CREATE, pb.EventType.WRITE, pb.EventType.CH
 MAX_PENDING_EVENTS = 100_000
 
 _ACTIVE: set[DirWatch] = set()
+# What the kernel answers once the guest's inotify instances (EMFILE) or watches (ENOSPC) are
+# all taken, or its open files (ENFILE).
+_LIMIT_ERRNOS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOSPC})
+
+
+def limit_reached(e: OSError) -> bool:
+    """Whether `e` says the guest has no inotify instance or watch left for a new watch."""
+    return e.errno in _LIMIT_ERRNOS
 
 
 def sync_watches() -> None:
@@ -101,10 +110,16 @@ class DirWatch:
         return watch
 
     def _add_subdirectories(self, directory: str) -> None:
+        """Watch every directory below `directory`. One that vanished or is unreadable is
+        skipped; the limit reached fails the watch (a watch missing part of its tree would
+        report nothing about it)."""
         for root, dirs, _files in os.walk(directory):
             for name in dirs:
-                with contextlib.suppress(OSError):
+                try:
                     self._inotify.add_watch(os.path.join(root, name), _WATCH_MASK)
+                except OSError as e:
+                    if limit_reached(e):
+                        raise
 
     def _add(self, directory: str) -> None:
         self._inotify.add_watch(directory, _WATCH_MASK)

@@ -14,7 +14,7 @@ import mimetypes
 import os
 import stat
 import zlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
@@ -147,6 +147,13 @@ async def _gzip_stream(file: BinaryIO) -> AsyncIterator[bytes]:
     yield compressor.flush()
 
 
+def _until_eof(file: BinaryIO) -> Iterator[bytes]:
+    """A file read to its end whatever its size said (Starlette iterates it in a thread)."""
+    with file as f:
+        while chunk := f.read(CHUNK):
+            yield chunk
+
+
 async def download(request: Request, settings: Settings) -> Response:
     try:
         _authorize(request, settings, "read")
@@ -176,11 +183,16 @@ async def download(request: Request, settings: Settings) -> Response:
         what = "for Range or conditional request" if conditional else "found, supported: [gzip]"
         os.close(fd)
         return json_error(406, f"no acceptable encoding {what}")
+    guessed = mimetypes.guess_type(name)[0] or "application/octet-stream"
     if not conditional and gzip_wanted:
-        guessed = mimetypes.guess_type(name)[0] or "application/octet-stream"
         headers["Content-Disposition"] = f'inline; filename="{name}"'
         headers["Content-Encoding"] = "gzip"
         return StreamingResponse(_gzip_stream(open(fd, "rb")), media_type=guessed, headers=headers)
+    if not conditional and st.st_size == 0:
+        # procfs and sysfs files stat as empty yet have content: announced as empty, their
+        # bytes would overrun the response. Sent chunked instead, until the read ends.
+        headers["Content-Disposition"] = f'inline; filename="{name}"'
+        return StreamingResponse(_until_eof(open(fd, "rb")), media_type=guessed, headers=headers)
     return _OpenFileResponse(
         fd, st, filename=name, content_disposition_type="inline", headers=headers
     )

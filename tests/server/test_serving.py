@@ -1,0 +1,122 @@
+"""The node's port as uvicorn serves it with our settings, on loopback: a request head that
+does not arrive in time and connections past the cap are cut off, while normal requests and
+kept-alive connections are served."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import httpx
+import pytest
+import uvicorn
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import PlainTextResponse
+from starlette.routing import Route
+
+from aenv.config import Config
+from aenv.serving import uvicorn_config
+from tests.support.ports import free_port
+
+# Only keeps a broken server from hanging the suite; nothing is timed against it.
+WAIT = 20.0
+
+
+async def _hello(_: Request) -> PlainTextResponse:
+    return PlainTextResponse("hello")
+
+
+@contextmanager
+def _served(config: Config) -> Iterator[tuple[str, int]]:
+    app = Starlette(routes=[Route("/", _hello)])
+    server = uvicorn.Server(uvicorn_config(app, config))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + WAIT
+        while not server.started:
+            assert thread.is_alive() and time.monotonic() < deadline, "server did not start"
+            time.sleep(0.01)
+        yield config.host, config.port
+    finally:
+        server.should_exit = True
+        thread.join(WAIT)
+
+
+@pytest.fixture
+def node(tmp_path: Path) -> Iterator[tuple[str, int]]:
+    config = Config(
+        home=tmp_path, host="127.0.0.1", port=free_port(), header_timeout=1, max_connections=4
+    )
+    with _served(config) as address:
+        yield address
+
+
+def _closed_by_server(sock: socket.socket) -> bool:
+    """Whether the server closes `sock` (read until EOF, or WAIT seconds of silence)."""
+    sock.settimeout(WAIT)
+    try:
+        while sock.recv(4096):
+            pass
+        return True
+    except TimeoutError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+@pytest.mark.parametrize("sent", [b"", b"GET / HTTP/1.1\r\nHost: x\r\n"])
+def test_a_request_head_that_does_not_arrive_is_cut_off(node: tuple[str, int], sent: bytes) -> None:
+    with socket.create_connection(node) as sock:
+        sock.sendall(sent)
+        assert _closed_by_server(sock)
+
+
+def test_connections_past_the_cap_are_refused(node: tuple[str, int]) -> None:
+    held = [socket.create_connection(node) for _ in range(4)]
+    try:
+        for sock in held:  # each one answered: all four are in
+            sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200 OK")
+        with socket.create_connection(node) as extra:
+            assert _closed_by_server(extra)
+    finally:
+        for sock in held:
+            sock.close()
+    # Freed places are taken again.
+    deadline = time.monotonic() + WAIT
+    while True:
+        try:
+            assert httpx.get(f"http://{node[0]}:{node[1]}/", timeout=WAIT).text == "hello"
+            break
+        except httpx.TransportError:
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+
+async def test_kept_alive_connections_serve_many_requests(node: tuple[str, int]) -> None:
+    async with httpx.AsyncClient(base_url=f"http://{node[0]}:{node[1]}") as client:
+        for _ in range(3):
+            assert (await client.get("/")).text == "hello"
+            await asyncio.sleep(0.6)  # idle, but not a request in progress: not cut off
+        assert (await client.get("/")).text == "hello"
+
+
+def test_an_oversized_request_head_is_refused(node: tuple[str, int]) -> None:
+    with socket.create_connection(node) as sock:
+        sock.settimeout(WAIT)
+        head = b"GET / HTTP/1.1\r\nHost: x\r\n" + b"X-Big: " + b"a" * (1 << 20) + b"\r\n\r\n"
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+            sock.sendall(head)
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(4096):
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 431 ")
