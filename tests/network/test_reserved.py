@@ -11,7 +11,7 @@ from ipaddress import IPv4Network
 
 import pytest
 
-from aenv.network import EgressPolicy, Slot, SlotPool
+from aenv.network import EgressPolicy, NetworkConfig, Slot, SlotPool
 from aenv.network.reserved import denied_ranges
 from tests.network import probes
 from tests.network.conftest import INET_IP, INTERNAL_IPS, World
@@ -60,6 +60,13 @@ async def test_the_operator_opts_in_parts_of_the_private_ranges(
     pool = await make_pool(private_allowed=(IPv4Network("10.250.0.0/16"),))
     guest = await boot(await pool.acquire())
     assert await _reached(guest, (INET_IP, *INTERNAL_IPS)) == {INET_IP, "10.250.0.9"}
+
+
+def test_the_guest_network_stays_denied_whatever_the_operator_opens() -> None:
+    config = NetworkConfig(private_allowed=(IPv4Network("10.0.0.0/8"),))
+    assert any(n.supernet_of(config.guest.ip.network) for n in config.denied)
+    assert any(n.supernet_of(config.slot_network) for n in config.denied)
+    assert not any(n.overlaps(IPv4Network("10.250.0.0/16")) for n in config.denied)
 
 
 def test_denied_ranges() -> None:
