@@ -4,6 +4,7 @@ addresses, with real traffic from fake guests and from another local user."""
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
@@ -108,3 +109,19 @@ async def test_only_the_server_user_reaches_slot_addresses(
     assert not await asyncio.to_thread(_connects_as, NOBODY, world.host, address, ENVD_PORT)
     # Only slot addresses are the server's: the user's other traffic goes where it did.
     assert await asyncio.to_thread(_connects_as, NOBODY, world.host, INET_IP, 80)
+
+
+async def test_guests_have_no_ipv6_path(pool: SlotPool, boot: Boot) -> None:
+    """IPv6's private and link-local ranges need no list: nothing IPv6 leaves a slot, which has
+    no IPv6 on any interface (and its forward chain passes only the guest's IPv4 address)."""
+    slot = await pool.acquire(policy=EgressPolicy.parse(allow=["0.0.0.0/0"]))
+    await boot(slot)
+    out = subprocess.run(
+        ["ip", "-n", slot.netns, "-6", "-j", "addr"], check=True, capture_output=True, text=True
+    ).stdout
+    assert [a for link in json.loads(out) for a in link.get("addr_info", [])] == []
+    disabled = subprocess.run(
+        ["ip", "netns", "exec", slot.netns, "cat", "/proc/sys/net/ipv6/conf/all/disable_ipv6"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    assert disabled.strip() == "1"
