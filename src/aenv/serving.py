@@ -12,6 +12,7 @@ of the connection, for the first request) and within `max_header_bytes` (else 43
 from __future__ import annotations
 
 import asyncio
+import typing
 from typing import Any
 
 import uvicorn
@@ -40,11 +41,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._in_head = True
         self._head_bytes = 0
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # asyncio hands stream protocols a Transport; uvicorn's signature says so.
         if len(self.connections) >= self.max_connections:
             transport.close()
             return
-        super().connection_made(transport)
+        super().connection_made(typing.cast(asyncio.Transport, transport))
         self._await_head()
 
     def data_received(self, data: bytes) -> None:
