@@ -18,6 +18,7 @@ from aenv.cluster.registry import (
     WrongClusterSecret,
 )
 from aenv.cluster.secret import ClusterSecret, WeakSecret
+from aenv.cluster.store import members
 from tests.cluster.shared import SECRET
 
 CAPACITY = Capacity(cpus=2, memory_mb=24576, memory_free_mb=20000, running=3, paused=1)
@@ -54,6 +55,7 @@ async def test_a_lapsed_lease_is_gone_and_the_id_free(client: aioredis.Redis) ->
     await registry.heartbeat("token-b", report("n2"), ttl=30)
     await wait_gone(registry, "n1")
     assert [n.node_id for n in await registry.live()] == ["n2"]
+    assert await members(client, registry.keys.nodes) == {"n2"}
     assert await registry.alive(["n1", "n2"]) == {"n2"}
     # The id is free again: a new process takes it.
     await registry.heartbeat("token-c", report("n1"), ttl=30)

@@ -17,7 +17,7 @@ import redis.asyncio as aioredis
 from pydantic import TypeAdapter
 
 from aenv.cluster.secret import ClusterSecret
-from aenv.cluster.store import Keys, guarded, members, remove_members
+from aenv.cluster.store import Keys, guarded, members
 
 # KEYS: lease, node, nodes, epoch, secret. ARGV: token, report, ttl ms, node id, candidate
 # epoch, secret fingerprint. Returns {1, epoch} when renewed, {0, other token} when another
@@ -40,6 +40,16 @@ _RELEASE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1], KEYS[2])
 redis.call('SREM', KEYS[3], ARGV[2])
+return 1
+"""
+
+
+# KEYS: nodes. ARGV: node key prefix, then node ids. Drops the ids whose lease is (still) gone,
+# so a node that registered again since the caller looked stays listed.
+_FORGET = """
+for i = 2, #ARGV do
+  if redis.call('EXISTS', ARGV[1] .. ARGV[i]) == 0 then redis.call('SREM', KEYS[1], ARGV[i]) end
+end
 return 1
 """
 
@@ -98,6 +108,7 @@ class NodeRegistry:
         self.keys = keys or Keys()
         self._heartbeat = client.register_script(_HEARTBEAT)
         self._release = client.register_script(_RELEASE)
+        self._forget = client.register_script(_FORGET)
 
     async def heartbeat(self, token: str, report: NodeReport, ttl: float) -> Lease:
         """Registers the node or renews its lease for `ttl` seconds with `report`.
@@ -143,7 +154,7 @@ class NodeRegistry:
             lapsed = [i for i, v in zip(ids, values, strict=True) if v is None]
             if lapsed:
                 # Cleanup only: a lapsed id in the set is harmless, the lease key decides.
-                await remove_members(self.client, self.keys.nodes, *lapsed)
+                await self._forget([self.keys.nodes], [self.keys.node(""), *lapsed])
         return [_REPORT.validate_json(v) for v in values if v is not None]
 
     async def alive(self, node_ids: Sequence[str]) -> set[str]:

@@ -104,11 +104,6 @@ async def members(client: aioredis.Redis, key: str) -> set[str]:
     return set(await cast("Awaitable[set[str]]", client.smembers(key)))
 
 
-async def remove_members(client: aioredis.Redis, key: str, *values: str) -> None:
-    """SREM with its asyncio type, as `members`."""
-    await cast("Awaitable[int]", client.srem(key, *values))
-
-
 @asynccontextmanager
 async def guarded(client: aioredis.Redis, doing: str) -> AsyncIterator[None]:
     """Runs the body; Redis being unreachable becomes `ClusterUnavailable` naming `doing`."""
