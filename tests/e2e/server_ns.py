@@ -16,7 +16,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,11 +41,13 @@ class ServerNs:
     log: Path
     env: dict[str, str]
     proc: subprocess.Popen[bytes] | None = None
+    # The `aenv` command that runs the node (`node` for a cluster member).
+    command: str = "server"
 
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                in_netns(self.netns, sys.executable, "-m", "aenv.cli", "server",
+                in_netns(self.netns, sys.executable, "-m", "aenv.cli", self.command,
                          "--port", str(self.port), "--host", "127.0.0.1"),
                 env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
@@ -107,7 +109,10 @@ def _cleanup(host_ns: str) -> None:
 
 
 @contextmanager
-def server_in_namespace(home: Path, port: int = 3000) -> Iterator[ServerNs]:
+def server_in_namespace(
+    home: Path, port: int = 3000, command: str = "server", settings: Mapping[str, str] = {}
+) -> Iterator[ServerNs]:
+    """`settings` are extra environment variables (`AENV_REDIS_URL`, say)."""
     host_ns = f"{PREFIX}host{secrets.token_hex(3)}"
     subprocess.run(["ip", "netns", "add", host_ns], check=True)
     subprocess.run(["ip", "-n", host_ns, "link", "set", "lo", "up"], check=True)
@@ -124,9 +129,10 @@ def server_in_namespace(home: Path, port: int = 3000) -> Iterator[ServerNs]:
         "AENV_SANDBOX_MEMORY_MB": "256",
         "AENV_GUEST_CACHE": os.environ.get("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache")),
         "PYTHONUNBUFFERED": "1",
+        **settings,
     }
     home.mkdir(parents=True, exist_ok=True)
-    server = ServerNs(host_ns, home, port, home / "server.log", env)
+    server = ServerNs(host_ns, home, port, home / "server.log", env, command=command)
     try:
         server.start()
         yield server

@@ -26,6 +26,9 @@ class RedisServer:
         self.directory = directory
         self.port = free_port()
         self.url = f"redis://127.0.0.1:{self.port}/0"
+        # Also on a unix socket, which reaches processes in other network namespaces.
+        self.socket = directory / "redis.sock"
+        self.unix_url = f"unix://{self.socket}?db=0"
         self.process: subprocess.Popen[bytes] | None = None
 
     def start(self) -> None:
@@ -33,6 +36,7 @@ class RedisServer:
         command = [
             self.binary, "--port", str(self.port), "--bind", "127.0.0.1",
             "--dir", str(self.directory), "--save", "", "--appendonly", "no",
+            "--unixsocket", str(self.socket), "--unixsocketperm", "700",
         ]  # fmt: skip
         log = (self.directory / "redis.log").open("ab")
         self.process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
