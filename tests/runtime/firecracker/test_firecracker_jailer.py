@@ -94,17 +94,19 @@ def test_link_in_hard_links_and_hands_files_to_the_jail_user(tmp_path: Path) -> 
     assert not written.exists()
 
 
-def test_read_only_files_must_already_be_readable_by_the_jailed_uid(tmp_path: Path) -> None:
+def test_read_only_files_are_made_readable_by_the_jails_group_only(tmp_path: Path) -> None:
     jail = Jail(config(tmp_path), "fc-4", Path("/x/firecracker"))
     jail.create()
-    private = tmp_path / "base.ext4"
-    private.write_bytes(b"base")
-    private.chmod(0o600)
-    with pytest.raises(JailError, match="not readable by the jailed uid"):
-        jail.link_in(private, "drives/base")
-    private.chmod(0o644)
-    jail.link_in(private, "drives/base")
-    assert private.stat().st_uid == os.getuid()  # a shared file keeps its owner
+    readable, private = tmp_path / "base.ext4", tmp_path / "state"
+    for path, mode in ((readable, 0o644), (private, 0o600)):
+        path.write_bytes(b"x")
+        path.chmod(mode)
+    jail.link_in(readable, "drives/base")
+    st = readable.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (os.getuid(), os.getgid(), 0o644)
+    jail.link_in(private, "restore/state")  # a node file: 0600 root
+    st = private.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, GID, 0o640)
 
 
 def test_link_in_refuses_to_copy_big_files_across_filesystems(tmp_path: Path) -> None:

@@ -22,6 +22,8 @@ from pathlib import Path, PurePosixPath
 from typing import Literal
 
 from aenv.runtime.firecracker.process import netns_path
+from aenv.runtime.jail import Access, JailFile, grant
+from aenv.runtime.jail import JailError as RuntimeJailError
 
 DEFAULT_CHROOT_BASE = Path("/srv/jailer")
 # The in-jail path of the API socket; the host sees it at `<chroot>/api.sock`.
@@ -97,13 +99,15 @@ class Jail:
     ) -> str:
         """Hard-link `source` to `inside` in the jail; returns `inside` as Firecracker must be
         told. A `writable` file is handed to the jailed uid (the link shares the inode, so this
-        owns the original: it must be this VM's own file); a read-only one must be readable by it
-        already, because shared files (base images, snapshot memory) are not ours to re-own."""
+        owns the original: it must be this VM's own file). A read-only one that the jailed uid
+        cannot read yet (the node keeps its files 0600) is given to root and the jail's group
+        with group read, as QEMU's jails do (`aenv.runtime.jail.grant`); its directories keep
+        their modes."""
         if not writable and not self._can_read(source):
-            raise JailError(
-                f"{source} is not readable by the jailed uid {self.config.uid}: make it "
-                "world-readable or owned by that uid/gid"
-            )
+            try:
+                grant([JailFile(source, Access.READ)], uid=self.config.uid, gid=self.config.gid)
+            except RuntimeJailError as exc:
+                raise JailError(str(exc)) from exc
         target = self.host_path(inside)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
