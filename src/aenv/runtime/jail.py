@@ -49,10 +49,12 @@ import secrets
 import shutil
 import stat
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+
+from aenv.network import netns
 
 SECCOMP = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
 # Where a jail's root is put together, inside its own mount namespace only (the host sees an
@@ -362,22 +364,7 @@ class Jail:
                 os.close(tree)
 
         try:
-            await _in_thread(body)
+            # A fresh thread that dies afterwards: `body` changes its namespaces.
+            await netns.run_in(None, body)
         except OSError as exc:
             raise JailError(f"cannot add {file.path} to the jail of {pid}: {exc}") from exc
-
-
-async def _in_thread(fn: Callable[[], None]) -> None:
-    """Run `fn` on a thread of its own that dies afterwards: it changes that thread's
-    namespaces, which a pooled thread would keep for unrelated work."""
-    done: Future[None] = Future()
-
-    def body() -> None:
-        try:
-            fn()
-            done.set_result(None)
-        except BaseException as exc:  # handed to the awaiting coroutine
-            done.set_exception(exc)
-
-    threading.Thread(target=body, name="jail-expose", daemon=True).start()
-    await asyncio.wrap_future(done)
