@@ -174,8 +174,8 @@ class Config(BaseModel):
     build_cache_layers: int = 32
     # Every VMM runs jailed (README: Threat model). Off is for benchmarks and debugging only.
     jail: bool = True
-    # Jailed VMMs: `jail_uid_base` is their group and Firecracker's uid; each QEMU has one of
-    # the `jail_uid_count` uids after it. Give each node on a host a range of its own.
+    # Jailed VMMs: `jail_uid_base` is their group; each VMM has one of the `jail_uid_count`
+    # uids after it. Give each node on a host a range of its own.
     jail_uid_base: int = 2_000_000
     jail_uid_count: int = 65_536
     # The guest build cache (kernel, initramfs, base rootfs); default `$AENV_HOME/cache/guest`.

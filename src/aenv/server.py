@@ -87,8 +87,8 @@ def jail_config(config: Config) -> JailConfig | None:
 
 def firecracker_config(config: Config, cgroups: CgroupManager) -> FirecrackerConfig:
     """The Firecracker driver's settings (the driver and the startup sweep of its leftovers
-    share them): every Firecracker goes through its jailer, unless the jail is off. The jailer
-    gives all of a node's VMMs one uid (`jail_uid_base`); its chroots are under the data dir."""
+    share them): every Firecracker goes through its jailer, unless the jail is off, with a uid
+    of its own from the jail's range, as QEMU's VMMs; its chroots are under the data dir."""
     if not config.jail:
         return FirecrackerConfig()
     jailer = JailerConfig(
@@ -98,7 +98,7 @@ def firecracker_config(config: Config, cgroups: CgroupManager) -> FirecrackerCon
         chroot_base_dir=config.paths.jailer,
         cgroup_version=1 if isinstance(cgroups, CgroupV1) else 2,
     )
-    return FirecrackerConfig(jailer=jailer)
+    return FirecrackerConfig(jailer=jailer, jail_uids=jail_config(config))
 
 
 async def _driver(

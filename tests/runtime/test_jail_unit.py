@@ -97,7 +97,7 @@ def test_the_jail_is_on_unless_configured_off(tmp_path: Path) -> None:
     config = load(env=env)
     assert jail_config(config) == JailConfig()
     fc = firecracker_config(config, CgroupV2("aenv-x", root=tmp_path, proc_cgroup="0::/"))
-    assert fc.jailer is not None and fc.jailer.uid == config.jail_uid_base
+    assert fc.jailer is not None and fc.jail_uids == JailConfig()  # a uid per VM from the range
     assert fc.jailer.chroot_base_dir == tmp_path / "jailer" and fc.jailer.cgroup_version == 2
     v1 = CgroupV1("aenv-x", root=tmp_path, proc_cgroup="")
     assert (j := firecracker_config(config, v1).jailer) is not None and j.cgroup_version == 1

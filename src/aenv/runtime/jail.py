@@ -3,7 +3,8 @@ seccomp filter, and its own mount, network and IPC namespaces.
 
 One uid per VMM process, from a configured range (`JailConfig`), not one per node: a VMM that
 escapes the emulator can then neither signal nor ptrace another sandbox's VMM, nor open its
-files through /proc; one uid for all would share all of that. Uids are handed out by this
+files through /proc; one uid for all would share all of that. (Firecracker's jailer takes its
+uid from the same kind of pool: `FirecrackerConfig.jail_uids`.) Uids are handed out by this
 process (`UidPool`) and come back when the VMM is stopped; run one node per host, or give each
 node its own range, or two nodes may hand out the same uid. Every jailed VMM has the range's
 first id as its group (`JailConfig.gid`) and no supplementary groups (plus the group of

@@ -15,6 +15,7 @@ import pytest
 from aenv.runtime import driver as d
 from aenv.runtime.firecracker import FirecrackerDriver
 from aenv.runtime.firecracker.jailer import Jail, JailerConfig, JailError, cgroup_settings
+from aenv.runtime.jail import JailConfig
 from tests.runtime.firecracker.fc_support import page, restore_target, snapshot_target
 
 HERE = Path(__file__).resolve().parent
@@ -200,3 +201,26 @@ async def test_driver_lifecycle_inside_the_jail(
     assert not (jails / clone.id).exists()
     assert snap2.memory_file is not None and page(snap2.memory_file, 2) == b"2" * 4096
     assert list((tmp_path / "clone").iterdir()) == []
+
+
+async def test_each_jailed_vm_has_a_uid_of_its_own(
+    jailed_driver: FirecrackerDriver, spec: d.VMSpec, tmp_path: Path, netns: str
+) -> None:
+    uids = JailConfig(uid_base=30000, uid_count=2)
+    driver = FirecrackerDriver(replace(jailed_driver.config, jail_uids=uids))
+    jails = tmp_path / "jails" / "firecracker"
+    vm = await driver.boot(spec)
+    snap = await vm.snapshot(snapshot_target(tmp_path, "snap"), keep_running=False)
+    await vm.stop()  # its uid is free again
+    clones = []
+    try:
+        for name in ("a", "b"):
+            clones.append(await driver.restore(snap, restore_target(tmp_path, name, netns)))
+        args = [json.loads((jails / c.id / "jailer-args.json").read_text()) for c in clones]
+        assert sorted(a["uid"] for a in args) == [30001, 30002]
+        assert {a["gid"] for a in args} == {30000}
+        with pytest.raises(d.RestoreError, match="jail uids"):
+            await driver.restore(snap, restore_target(tmp_path, "c", netns))
+    finally:
+        for clone in clones:
+            await clone.stop()

@@ -36,7 +36,7 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -46,7 +46,7 @@ from aenv.runtime.firecracker import host, leftovers
 from aenv.runtime.firecracker import models as m
 from aenv.runtime.firecracker.api import FirecrackerError
 from aenv.runtime.firecracker.config import FirecrackerConfig
-from aenv.runtime.firecracker.jailer import Jail
+from aenv.runtime.firecracker.jailer import Jail, JailerConfig
 from aenv.runtime.firecracker.placement import (
     DirectPlacement,
     JailedPlacement,
@@ -62,6 +62,7 @@ from aenv.runtime.firecracker.vm import (
     DiffBase,
     FirecrackerVM,
 )
+from aenv.runtime.jail import UidPool
 from aenv.runtime.sweep import Vmm
 from aenv.storage import layers
 
@@ -77,6 +78,8 @@ class FirecrackerDriver:
     ) -> None:
         self.config = config or FirecrackerConfig()
         self._cgroups = cgroups
+        jail_uids = self.config.jail_uids
+        self._uids = UidPool(jail_uids) if jail_uids is not None else None
 
     @property
     def name(self) -> str:
@@ -94,10 +97,26 @@ class FirecrackerDriver:
         if binary is None:
             raise FirecrackerError(f"firecracker binary not found: {self.config.binary}")
         if self.config.jailer is not None:
-            return JailedPlacement(Jail(self.config.jailer, vm_id, binary), self.config.extra_args)
+            jailer, release = self._vm_jailer(self.config.jailer)
+            try:
+                return JailedPlacement(
+                    Jail(jailer, vm_id, binary), self.config.extra_args, on_release=release
+                )
+            except BaseException:
+                release()
+                raise
         return DirectPlacement(
             workdir, vm_id, binary, self._cgroup_manager(), self.config.extra_args
         )
+
+    def _vm_jailer(self, jailer: JailerConfig) -> tuple[JailerConfig, Callable[[], None]]:
+        """One VM's jailer settings (a uid of its own when `jail_uids` is set), and what gives
+        its uid back."""
+        if self._uids is None or self.config.jail_uids is None:
+            return jailer, lambda: None
+        pool, uid = self._uids, self._uids.acquire()
+        own = replace(jailer, uid=uid, gid=self.config.jail_uids.gid)
+        return own, lambda: pool.release(uid)
 
     def _limits(self, limits: d.Limits, spec: d.VMSpec) -> CgroupLimits:
         memory = limits.memory_max_mib or spec.memory_mib + self.config.vmm_overhead_mib

@@ -31,7 +31,7 @@ JAIL_SOCKET = "/api.sock"
 CPU_PERIOD_US = 100_000
 
 
-class JailError(RuntimeError):
+class JailError(RuntimeJailError):
     """The jail could not be prepared (e.g. a file on another filesystem than the chroot)."""
 
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -138,12 +138,19 @@ class DirectPlacement:
 
 
 class JailedPlacement:
-    """Firecracker runs chrooted in the jail's root as the jail's uid; files are hard-linked in."""
+    """Firecracker runs chrooted in the jail's root as the jail's uid; files are hard-linked in.
+    `on_release` runs once the jail is removed (it gives the jail's uid back)."""
 
-    def __init__(self, jail: Jail, extra_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        jail: Jail,
+        extra_args: Sequence[str] = (),
+        on_release: Callable[[], None] = lambda: None,
+    ) -> None:
         self.jail = jail
         self.extra_args = tuple(extra_args)
         self._cgroup_settings: Mapping[str, str] = {}
+        self._on_release = on_release
         jail.create()
 
     @property
@@ -186,3 +193,4 @@ class JailedPlacement:
 
     def release(self) -> None:
         self.jail.remove(self._cgroup_settings)
+        self._on_release()
