@@ -18,7 +18,7 @@ from ipaddress import IPv4Network
 from pathlib import Path
 
 from aenv.api.app import create_api
-from aenv.api.keys import ensure_api_key
+from aenv.api.keys import KeyStore, open_keys
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.guest.cmdline import GuestNet
@@ -43,11 +43,10 @@ from aenv.proxy.resolver import Upstream
 from aenv.runtime.cgroups import CgroupManager, CgroupV1, detect
 from aenv.runtime.driver import Driver
 from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
-from aenv.runtime.firecracker import create_driver as firecracker_driver
 from aenv.runtime.firecracker.host import find_binary
 from aenv.runtime.firecracker.jailer import JailerConfig
 from aenv.runtime.jail import JailConfig
-from aenv.runtime.select import Backend, qemu_driver, select_backend
+from aenv.runtime.select import Backend, driver_for, select_backend
 from aenv.runtime.sweep import sweep
 from aenv.storage.private import make_private
 
@@ -60,7 +59,7 @@ class Node:
     """Everything a running server holds, in start-up order."""
 
     config: Config
-    api_key: str
+    keys: KeyStore
     catalog: Catalog
     slots: SlotPool
     orchestrator: Orchestrator
@@ -106,26 +105,30 @@ async def _driver(
 ) -> Driver:
     selection = await select_backend(config.driver, kernel=images.kernel, initrd=images.initrd)
     progress(f"VMM: {selection.backend} ({selection.reason})")
+    firecracker = FirecrackerConfig()
     if selection.backend is Backend.FIRECRACKER:
-        settings = firecracker_config(config, cgroups)
-        jailer = settings.jailer
-        if jailer is not None:
-            found = find_binary(jailer.binary)
-            if found is None:
-                raise RuntimeError(
-                    "Firecracker runs only under its jailer: install `jailer` (it ships with "
-                    "firecracker) on PATH, or set jail = false (benchmarks and debugging only)"
-                )
-            settings = dataclasses.replace(
-                settings, jailer=dataclasses.replace(jailer, binary=found)
-            )
-        return firecracker_driver(settings)
-    return qemu_driver(selection, cgroups=cgroups, jail=jail_config(config))
+        firecracker = _jailed_firecracker(config, cgroups)
+    return driver_for(selection, cgroups=cgroups, firecracker=firecracker, jail=jail_config(config))
+
+
+def _jailed_firecracker(config: Config, cgroups: CgroupManager) -> FirecrackerConfig:
+    """`firecracker_config` with the jailer binary found on PATH (refused without it)."""
+    settings = firecracker_config(config, cgroups)
+    jailer = settings.jailer
+    if jailer is None:
+        return settings
+    found = find_binary(jailer.binary)
+    if found is None:
+        raise RuntimeError(
+            "Firecracker runs only under its jailer: install `jailer` (it ships with "
+            "firecracker) on PATH, or set jail = false (benchmarks and debugging only)"
+        )
+    return dataclasses.replace(settings, jailer=dataclasses.replace(jailer, binary=found))
 
 
 async def start_node(config: Config, progress: Progress = log.info) -> Node:
     make_private(*_private_dirs(config))
-    api_key, created = ensure_api_key(config.paths.api_key)
+    keys, created = open_keys(config.home, config.paths.api_key)
     if created:
         progress(f"generated an API key; it is in {config.paths.api_key} (mode 0600)")
     catalog = Catalog(config.paths.catalog)
@@ -134,6 +137,9 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
         slot_network=IPv4Network(config.network_cidr),
         pool_low=config.warm_slots_low,
         pool_high=config.warm_slots_high,
+        private_allowed=config.network_private_allowed,
+        internal=config.network_internal,
+        dns_upstream=config.network_dns,
     )
     slots = SlotPool(net_config)
     await slots.start()
@@ -150,8 +156,7 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
     if swept.killed:
         progress(f"killed {len(swept.killed)} VMMs a previous run left behind")
     driver = await _driver(config, images, cgroups, progress)
-    if driver.name == "firecracker":
-        images = dataclasses.replace(images, kernel=images.vmlinux)
+    images = images.booted_by(driver)
     templates = TemplateStore(config.paths.templates, config.paths.memory)
     templates.load()
     orchestrator = Orchestrator(config, catalog, driver, slots, templates, open_archive(config))
@@ -214,9 +219,10 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
         templates.save(hidden)
         return hidden
 
-    api = create_api(orchestrator, config, api_key, boot_image)
+    api = create_api(orchestrator, config, keys, boot_image)
     proxy = SandboxProxy(_Resolver(orchestrator), domain=config.domain, control_plane=api)
-    return Node(config, api_key, catalog, slots, orchestrator, cgroups, proxy)
+    orchestrator.vm_stopped.append(proxy.end_run)  # a stopped VM's streams end at once
+    return Node(config, keys, catalog, slots, orchestrator, cgroups, proxy)
 
 
 def _private_dirs(config: Config) -> list[Path]:
@@ -248,6 +254,11 @@ class _Resolver:
             if self._orchestrator.is_paused(sandbox_id):
                 raise ProxyPaused(sandbox_id) from e
             raise ProxyNotFound(sandbox_id) from e
+        record = endpoint.record
         return Upstream(
-            endpoint.host, port, endpoint.record.traffic_access_token, endpoint.incarnation
+            endpoint.host,
+            port,
+            record.traffic_access_token,
+            endpoint.incarnation,
+            record.network.mask_request_host,
         )

@@ -3,14 +3,16 @@
 uvicorn times out idle keep-alive connections only after a response, so a client that
 connects and sends nothing, or a request head a byte at a time (slowloris), holds a
 connection for ever; nor does it cap connections (`limit_concurrency` answers 503 to requests,
-but accepts every connection). `GuardedHttpProtocol` adds both: a request's head must arrive
-whole within `header_timeout` seconds of its first byte (or of the connection, for the first
-request), and past `max_connections` open connections a new one is closed at once.
+but accepts every connection) or the size of a request's head. `GuardedHttpProtocol` adds all
+three: a request's head must arrive whole within `header_timeout` seconds of its first byte (or
+of the connection, for the first request) and within `max_header_bytes` (else 431), and past
+`max_connections` open connections a new one is closed at once.
 """
 
 from __future__ import annotations
 
 import asyncio
+import typing
 from typing import Any
 
 import uvicorn
@@ -30,17 +32,31 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     header_timeout: float = 30.0
     max_connections: int = 4096
+    max_head_bytes: int = 64 * 1024
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._head_timer: asyncio.TimerHandle | None = None
+        # Whether the bytes coming in are a request's head, and how many of them came so far.
+        self._in_head = True
+        self._head_bytes = 0
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # asyncio hands stream protocols a Transport; uvicorn's signature says so.
         if len(self.connections) >= self.max_connections:
             transport.close()
             return
-        super().connection_made(transport)
+        super().connection_made(typing.cast(asyncio.Transport, transport))
         self._await_head()
+
+    def data_received(self, data: bytes) -> None:
+        if self._in_head:
+            self._head_bytes += len(data)
+            if self._head_bytes > self.max_head_bytes:
+                # Counted before parsing: the parser would buffer a long header whole first.
+                self._refuse_head()
+                return
+        super().data_received(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._head_arrived()
@@ -56,7 +72,23 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._head_arrived()
+        self._in_head = False
+        self._head_bytes = 0
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        self._in_head = True  # what follows is the next request
+        super().on_message_complete()
+
+    def _refuse_head(self) -> None:
+        self._head_arrived()
+        message = b"request head too large"
+        self.transport.write(
+            b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
+            b"content-type: text/plain; charset=utf-8\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(message), message)
+        )
+        self.transport.close()
 
     def _await_head(self) -> None:
         self._head_timer = self.loop.call_later(self.header_timeout, self._head_too_slow)
@@ -72,10 +104,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.transport.close()
 
 
-def guarded(header_timeout: float, max_connections: int) -> type[GuardedHttpProtocol]:
-    """A `GuardedHttpProtocol` class with these limits (uvicorn takes a class, not an
+def guarded(config: Config) -> type[GuardedHttpProtocol]:
+    """A `GuardedHttpProtocol` class with the configured limits (uvicorn takes a class, not an
     instance)."""
-    limits = {"header_timeout": header_timeout, "max_connections": max_connections}
+    limits = {
+        "header_timeout": config.header_timeout,
+        "max_connections": config.max_connections,
+        "max_head_bytes": config.max_header_bytes,
+    }
     return type("GuardedHttpProtocol", (GuardedHttpProtocol,), limits)
 
 
@@ -85,11 +121,13 @@ def uvicorn_config(app: Any, config: Config) -> uvicorn.Config:
         host=config.host,
         port=config.port,
         loop="uvloop",
-        http=guarded(config.header_timeout, config.max_connections),
+        http=guarded(config),
         lifespan="off",
         access_log=False,
         log_level="warning",
         # Proxied responses carry the sandbox's own Server header.
         server_header=False,
         timeout_keep_alive=KEEP_ALIVE_S,
+        ssl_certfile=config.tls_cert,
+        ssl_keyfile=config.tls_key,
     )

@@ -13,6 +13,7 @@ from openapi_spec_validator import validate
 from starlette.routing import Route
 
 from aenv.api.app import create_api
+from aenv.api.keys import KeyStore
 from aenv.api.openapi import build_document, load_e2b_spec
 from aenv.config import Config
 
@@ -21,7 +22,8 @@ REPO = Path(__file__).resolve().parents[2]
 
 @pytest.fixture(scope="module")
 async def document(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
-    app = create_api(MagicMock(), Config(home=tmp_path_factory.mktemp("home")), api_key="secret")
+    home = tmp_path_factory.mktemp("home")
+    app = create_api(MagicMock(), Config(home=home), KeyStore(home / "api-keys.json"))
     transport = httpx.ASGITransport(app=app)
     async with httpx.AsyncClient(transport=transport, base_url="http://node") as client:
         response = await client.get("/openapi.json")  # no API key: the description is open

@@ -13,6 +13,7 @@ import httpx
 import uvicorn
 
 from aenv.api.app import create_api
+from aenv.api.keys import KeyStore
 from aenv.orchestrator.kinds import SaveMode
 from aenv.orchestrator.states import SandboxState
 from tests.doubles.node import DoubleNode, assert_clean, double_node
@@ -25,8 +26,10 @@ async def served(node: DoubleNode) -> AsyncIterator[httpx.AsyncClient]:
     """The node's API on a loopback port; a client sending the API key."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
+    keys = KeyStore(node.config.home / "api-keys.json")
+    keys.add(KEY, "test")
     config = uvicorn.Config(
-        create_api(node.orchestrator, node.config, KEY), lifespan="off", log_level="warning"
+        create_api(node.orchestrator, node.config, keys), lifespan="off", log_level="warning"
     )
     config.load()
     server = uvicorn.Server(config)

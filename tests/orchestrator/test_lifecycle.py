@@ -172,3 +172,18 @@ async def test_expiry_auto_pauses(tmp_path: Path) -> None:
         assert current.state is SandboxState.PAUSED
         assert current.checkpoint_mode is SaveMode.FILESYSTEM  # what autoPause asked for
         await eventually(lambda: node.catalog.get(killed.id) is None)  # no autoPause: killed
+
+
+async def test_every_stop_of_a_vm_is_announced(tmp_path: Path) -> None:
+    # The proxy listens: it ends the connections to a VM the moment it stops.
+    async with double_node(tmp_path) as node:
+        stopped: list[tuple[str, str]] = []
+        node.orchestrator.vm_stopped.append(lambda *run: stopped.append(run))
+        record, _ = await node.orchestrator.create(node.request())
+        first = node.orchestrator.guest_endpoint(record.id).incarnation
+        await node.orchestrator.pause(record.id)
+        await node.orchestrator.resume(record.id, 60)
+        second = node.orchestrator.guest_endpoint(record.id).incarnation
+        await node.orchestrator.kill(record.id)
+        assert stopped == [(record.id, first), (record.id, second)]
+        assert_clean(node)

@@ -35,6 +35,7 @@ class FakeSandbox:
     traffic_access_token: str | None = None
     paused: bool = False
     incarnation: str = ""
+    mask_request_host: str | None = None
 
 
 @dataclass
@@ -51,7 +52,13 @@ class DictResolver:
         if sandbox.paused:
             raise SandboxPaused(sandbox_id)
         local = sandbox.ports.get(port, self.closed_port)
-        return Upstream("127.0.0.1", local, sandbox.traffic_access_token, sandbox.incarnation)
+        return Upstream(
+            "127.0.0.1",
+            local,
+            sandbox.traffic_access_token,
+            sandbox.incarnation,
+            sandbox.mask_request_host,
+        )
 
 
 @contextmanager
@@ -154,14 +161,17 @@ def upstream_app(probe: Probe) -> Starlette:
         return JSONResponse({"chunks": len(probe.chunks)})
 
     async def endless(scope: Scope, receive: Receive, send: Send) -> None:
-        # Raw ASGI, so the disconnect it records is exactly what uvicorn reports.
+        # Raw ASGI, so the disconnect it records is exactly what uvicorn reports. 1 KiB every
+        # 10 ms, or `?flood` 64 KiB as fast as the client takes them.
         await send({"type": "http.response.start", "status": 200, "headers": []})
+        flood = scope["query_string"] == b"flood"
+        chunk, pause = (b"x" * 65536, 0.0) if flood else (b"x" * 1024, 0.01)
 
         async def pump() -> None:
             while True:
-                await send({"type": "http.response.body", "body": b"x" * 1024, "more_body": True})
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
                 probe.endless_started.set()
-                await asyncio.sleep(0.01)
+                await asyncio.sleep(pause)
 
         task = asyncio.create_task(pump())
         while (await receive())["type"] != "http.disconnect":

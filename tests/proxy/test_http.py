@@ -4,12 +4,14 @@ both ways, disconnects, and the proxy's own answers."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import httpx
 import pytest
 
+from aenv.proxy import SandboxProxy
 from tests.proxy.conftest import DOMAIN, ENVD, ENVD_SANDBOX, USER_PORT
 from tests.proxy.support import (
     OVERRUN_PAUSE,
@@ -17,7 +19,9 @@ from tests.proxy.support import (
     DictResolver,
     FakeSandbox,
     Probe,
+    free_port,
     raw_server,
+    serve,
 )
 
 
@@ -170,6 +174,28 @@ async def test_traffic_access_token(
         "Provided token in header 'e2b-traffic-access-token' is invalid",
     )
     assert right.status_code == 200
+
+
+async def test_masked_request_host(
+    proxy_url: str, resolver: DictResolver, upstream_port: int
+) -> None:
+    sandbox_id = "maskedsandbox0000001"
+    ports = {USER_PORT: upstream_port, ENVD: upstream_port}
+    resolver.sandboxes[sandbox_id] = FakeSandbox(ports, mask_request_host="masked.test:${PORT}")
+    try:
+        async with httpx.AsyncClient() as client:
+            user = await client.get(
+                f"{proxy_url}/x", headers={**routed(sandbox_id), "X-Forwarded-Host": "forged"}
+            )
+            envd = await client.get(f"{proxy_url}/x", headers=routed(sandbox_id, ENVD))
+    finally:
+        del resolver.sandboxes[sandbox_id]
+    client_host = proxy_url.removeprefix("http://")
+    assert header_values(user.json(), "host") == [f"masked.test:{USER_PORT}"]
+    # The client's own host goes along, as infra's proxy sends it; a client's claim does not.
+    assert header_values(user.json(), "x-forwarded-host") == [client_host]
+    # envd's port is exempt: it is the SDK's, not the user's service.
+    assert header_values(envd.json(), "host") == [client_host]
 
 
 @pytest.mark.parametrize("path", ["/init", "//init", "/%69nit", "/files/../init", "/init/"])
@@ -365,3 +391,54 @@ async def test_an_overrun_upstream_connection_is_not_reused(
             f"{proxy_url}/until-close", content=b"body", headers=routed(raw_sandbox)
         )
     assert (after.status_code, after.text) == (200, "body until close")
+
+
+@pytest.fixture(scope="module")
+def impatient_proxy_url(resolver: DictResolver) -> Iterator[str]:
+    """A proxy that ends an exchange after a second without a byte moving."""
+    with serve(SandboxProxy(resolver, domain=DOMAIN, idle_timeout=IDLE), free_port()) as url:
+        yield url
+
+
+IDLE = 1.0
+
+
+async def test_a_sandbox_that_never_answers_gets_504(
+    impatient_proxy_url: str, sandbox_id: str, probe: Probe
+) -> None:
+    async with httpx.AsyncClient(timeout=WAIT) as client:
+        response = await client.get(f"{impatient_proxy_url}/silent", headers=routed(sandbox_id))
+    assert response.status_code == 504
+    assert response.json()["code"] == 504
+    # The sandbox's server saw its client (the proxy) leave.
+    assert await asyncio.to_thread(probe.silent_disconnected.wait, WAIT)
+
+
+def test_a_client_that_stops_reading_is_dropped(
+    impatient_proxy_url: str, sandbox_id: str, probe: Probe
+) -> None:
+    host, port = impatient_proxy_url.removeprefix("http://").split(":")
+    with socket.socket() as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        sock.connect((host, int(port)))
+        sock.sendall(
+            f"GET /endless?flood HTTP/1.1\r\nHost: x\r\nE2b-Sandbox-Id: {sandbox_id}\r\n"
+            f"E2b-Sandbox-Port: {USER_PORT}\r\n\r\n".encode()
+        )
+        # Never read: the proxy's writes back up, then nothing moves for a second.
+        assert probe.endless_disconnected.wait(WAIT)
+
+
+async def test_a_busy_stream_outlives_the_idle_timeout(
+    impatient_proxy_url: str, sandbox_id: str
+) -> None:
+    received = 0
+    async with httpx.AsyncClient(timeout=WAIT) as client:
+        request = client.stream("GET", f"{impatient_proxy_url}/endless", headers=routed(sandbox_id))
+        async with request as response:
+            started = asyncio.get_running_loop().time()
+            async for chunk in response.aiter_bytes():
+                received += len(chunk)
+                if asyncio.get_running_loop().time() - started > IDLE * 3:
+                    break
+    assert received > 0

@@ -5,6 +5,7 @@ kept-alive connections are served."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import threading
 import time
@@ -106,3 +107,16 @@ async def test_kept_alive_connections_serve_many_requests(node: tuple[str, int])
             assert (await client.get("/")).text == "hello"
             await asyncio.sleep(0.6)  # idle, but not a request in progress: not cut off
         assert (await client.get("/")).text == "hello"
+
+
+def test_an_oversized_request_head_is_refused(node: tuple[str, int]) -> None:
+    with socket.create_connection(node) as sock:
+        sock.settimeout(WAIT)
+        head = b"GET / HTTP/1.1\r\nHost: x\r\n" + b"X-Big: " + b"a" * (1 << 20) + b"\r\n\r\n"
+        with contextlib.suppress(ConnectionResetError, BrokenPipeError):
+            sock.sendall(head)
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(4096):
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 431 ")

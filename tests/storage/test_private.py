@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from aenv.api.keys import ensure_api_key
+from aenv.api.keys import open_keys
 from aenv.config import Config
 from aenv.orchestrator.catalog import Catalog, SandboxRecord
 from aenv.orchestrator.states import SandboxState
@@ -43,7 +43,7 @@ def home() -> Iterator[Path]:
 def _write_node_files(config: Config) -> list[Path]:
     """What a node writes that holds secrets, written by the node's own code."""
     key_path = config.paths.api_key
-    ensure_api_key(key_path)
+    open_keys(config.home, key_path)
     catalog = Catalog(config.paths.catalog)
     catalog.insert(
         SandboxRecord(
@@ -70,6 +70,7 @@ def _write_node_files(config: Config) -> list[Path]:
     wal = config.home / "catalog.db-wal"
     assert wal.exists()  # open: the WAL holds the row
     files = [key_path, config.paths.catalog, wal, config.paths.templates / "base" / "template.json"]
+    files.append(config.home / "api-keys.json")
     return [*files, memory]
 
 

@@ -11,9 +11,11 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from aenv.api.api_keys import ApiKeyRoutes
 from aenv.api.builds import BuildRoutes
 from aenv.api.errors import APIError
-from aenv.api.keys import key_matches
+from aenv.api.keys import KeyStore
+from aenv.api.limits import RateLimiter, retry_after
 from aenv.api.logs import LogRoutes
 from aenv.api.metrics import NodeMetrics
 from aenv.api.nodes import NodeRoutes
@@ -34,12 +36,14 @@ _OPEN_PATHS = frozenset({"/health", "/metrics", OPENAPI_PATH})
 
 
 class APIKeyGate:
-    """Every control-plane request but the `_OPEN_PATHS` carries `X-API-KEY` (or, from
-    old SDKs, `Authorization: Bearer <key>`)."""
+    """Every control-plane request but the `_OPEN_PATHS` carries one of the node's keys in
+    `X-API-KEY` (or, from old SDKs, `Authorization: Bearer <key>`), within the key's rate limit;
+    the key it used is in the request's state (`api_key`)."""
 
-    def __init__(self, app: ASGIApp, api_key: str) -> None:
+    def __init__(self, app: ASGIApp, keys: KeyStore, limiter: RateLimiter) -> None:
         self.app = app
-        self.api_key = api_key
+        self.keys = keys
+        self.limiter = limiter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["path"] not in _OPEN_PATHS:
@@ -48,10 +52,20 @@ class APIKeyGate:
             bearer = headers.get(b"authorization", b"").decode("latin-1")
             if given is None and bearer.lower().startswith("bearer "):
                 given = bearer[7:]
-            if not key_matches(self.api_key, given):
+            key = self.keys.verify(given)
+            if key is None:
                 message = "Invalid API key" if given else "Missing API key: send X-API-KEY"
                 await APIError(401, message).response()(scope, receive, send)
                 return
+            wait = self.limiter.take(key.id)
+            if wait is not None:
+                limited = APIError(
+                    429, f"Rate limit exceeded: at most {self.limiter.rate:g} requests a second"
+                ).response()
+                limited.headers["Retry-After"] = retry_after(wait)
+                await limited(scope, receive, send)
+                return
+            scope.setdefault("state", {})["api_key"] = key
         await self.app(scope, receive, send)
 
 
@@ -77,7 +91,7 @@ async def _unexpected(_: Request, exc: Exception) -> Response:
 def create_api(
     orchestrator: Orchestrator,
     config: Config,
-    api_key: str,
+    keys: KeyStore,
     boot_image: ImageBooter | None = None,
 ) -> ASGIApp:
     metrics = NodeMetrics(orchestrator)
@@ -99,6 +113,7 @@ def create_api(
         *SnapshotRoutes(orchestrator, config).routes(),
         *NodeRoutes(orchestrator).routes(),
         *LogRoutes(orchestrator).routes(),
+        *ApiKeyRoutes(keys).routes(),
     ]
     # Last: it describes every route above.
     routes.append(OpenAPIDocument(routes, _OPEN_PATHS).route)
@@ -110,4 +125,4 @@ def create_api(
             Exception: _unexpected,
         },
     )
-    return APIKeyGate(app, api_key)
+    return APIKeyGate(app, keys, RateLimiter(config.key_requests_per_s, config.key_request_burst))

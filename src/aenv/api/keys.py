@@ -1,31 +1,157 @@
-"""The node's API key: generated on first start, stored 0600, compared in constant time."""
+"""The node's API keys: several, each stored only as the SHA-256 of its value.
+
+A key is `e2b_` + 40 random hex digits (160 bits), so a plain SHA-256 is a safe verifier: there
+is nothing to guess that a slower hash would protect. The store (`$AENV_HOME/api-keys.json`,
+0600) holds per key an id, a name, that digest, the mask E2B shows (`e2b_` + the value's first
+two and last four characters), when it was created and when it was last used. A request's key
+is hashed and compared with every stored digest in constant time.
+
+The first start generates a key and writes its value once to `$AENV_HOME/api-key` (0600): the
+operator's copy, which `aenv auth` and the CLI read; the node itself never reads it again. A
+data directory from before this store (only that file) has its key imported, hashed, at start,
+so clients keep working after the upgrade. Keys are created, renamed, listed and revoked through
+E2B's `/api-keys` routes (and `aenv keys`); the node's last key cannot be revoked.
+"""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import hmac
+import json
 import os
+import time
+import uuid
+from dataclasses import dataclass
 from pathlib import Path
 
+from aenv import atomic
 from aenv.ids import new_api_key
 
+KEY_PREFIX = "e2b_"
+# `last_used` is written to disk at most this often per key (seconds): not once per request.
+LAST_USED_PERSIST_S = 60.0
 
-def ensure_api_key(path: Path) -> tuple[str, bool]:
-    """The stored key, creating it if missing. Returns (key, created)."""
+
+class LastKey(ValueError):
+    """Revoking this key would leave the node without one."""
+
+
+def digest(value: str) -> str:
+    return hashlib.sha256(value.encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class ApiKey:
+    id: str
+    name: str
+    digest: str
+    value_length: int  # without the prefix, as E2B's mask counts it
+    masked_prefix: str
+    masked_suffix: str
+    created_at: float
+    last_used: float | None = None
+
+    @staticmethod
+    def of(value: str, name: str) -> ApiKey:
+        bare = value.removeprefix(KEY_PREFIX)
+        return ApiKey(
+            id=str(uuid.uuid4()),
+            name=name,
+            digest=digest(value),
+            value_length=len(bare),
+            masked_prefix=bare[:2],
+            masked_suffix=bare[-4:],
+            created_at=time.time(),
+        )
+
+
+class KeyStore:
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._keys: dict[str, ApiKey] = {}
+        self._persisted_use: dict[str, float] = {}
+        try:
+            stored = json.loads(path.read_text())
+        except FileNotFoundError:
+            stored = []
+        for entry in stored:
+            key = ApiKey(**entry)
+            self._keys[key.id] = key
+
+    def list(self) -> list[ApiKey]:
+        return sorted(self._keys.values(), key=lambda k: k.created_at)
+
+    def get(self, key_id: str) -> ApiKey:
+        """Raises KeyError for an unknown id."""
+        return self._keys[key_id]
+
+    def verify(self, given: str | None) -> ApiKey | None:
+        """The stored key `given` is, or None. Every digest is compared, in constant time."""
+        if not given:
+            return None
+        wanted = digest(given.strip()).encode()
+        found = None
+        for key in self._keys.values():
+            if hmac.compare_digest(key.digest.encode(), wanted):
+                found = key
+        return self._used(found) if found is not None else None
+
+    def create(self, name: str) -> tuple[ApiKey, str]:
+        """A new key named `name`: its record and its value (shown this once, never stored)."""
+        value = new_api_key()
+        return self.add(value, name), value
+
+    def add(self, value: str, name: str) -> ApiKey:
+        key = ApiKey.of(value, name)
+        self._keys[key.id] = key
+        self._save()
+        return key
+
+    def rename(self, key_id: str, name: str) -> ApiKey:
+        """Raises KeyError for an unknown id."""
+        key = self._keys[key_id] = dataclasses.replace(self._keys[key_id], name=name)
+        self._save()
+        return key
+
+    def revoke(self, key_id: str) -> None:
+        """Raises KeyError for an unknown id, LastKey for the only one."""
+        if key_id not in self._keys:
+            raise KeyError(key_id)
+        if len(self._keys) == 1:
+            raise LastKey("cannot revoke the node's last API key: create another one first")
+        del self._keys[key_id]
+        self._save()
+
+    def _used(self, key: ApiKey) -> ApiKey:
+        now = time.time()
+        used = self._keys[key.id] = dataclasses.replace(key, last_used=now)
+        if now - self._persisted_use.get(key.id, 0.0) >= LAST_USED_PERSIST_S:
+            self._persisted_use[key.id] = now
+            self._save()
+        return used
+
+    def _save(self) -> None:
+        entries = [dataclasses.asdict(key) for key in self.list()]
+        atomic.write_text(self.path, json.dumps(entries, indent=2))
+
+
+def open_keys(home: Path, key_file: Path) -> tuple[KeyStore, bool]:
+    """The node's key store, importing the key of an older node's `key_file`, or generating a
+    first key (its value written to `key_file`, 0600) when there is none. Returns the store and
+    whether a key was generated."""
+    store = KeyStore(home / "api-keys.json")
     try:
-        key = path.read_text().strip()
+        legacy = key_file.read_text().strip()
     except FileNotFoundError:
-        key = ""
-    if key:
-        return key, False
-    path.parent.mkdir(parents=True, exist_ok=True)
-    key = new_api_key()
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        legacy = ""
+    if legacy and store.verify(legacy) is None:
+        store.add(legacy, "default")
+    if store.list():
+        return store, False
+    value = new_api_key()
+    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     with os.fdopen(fd, "w") as f:
-        f.write(key + "\n")
-    tmp.replace(path)
-    return key, True
-
-
-def key_matches(expected: str, given: str | None) -> bool:
-    return given is not None and hmac.compare_digest(expected.encode(), given.strip().encode())
+        f.write(value + "\n")
+    store.add(value, "default")
+    return store, True

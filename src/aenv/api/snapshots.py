@@ -111,7 +111,10 @@ class SnapshotRoutes:
         timeout = body.timeout or DEFAULT_TIMEOUT_V2
         if timeout > self.config.max_timeout:
             raise APIError(400, f"timeout must be at most {self.config.max_timeout} seconds")
-        children = await call_lifecycle(self.orc.fork(sandbox_id, body.count, timeout), sandbox_id)
+        children = await call_lifecycle(
+            self.orc.fork(sandbox_id, body.count, timeout, owner=request.state.api_key.id),
+            sandbox_id,
+        )
         results: list[dict[str, Any]] = []
         for child in children:
             if isinstance(child, BaseException):

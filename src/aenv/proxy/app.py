@@ -1,7 +1,7 @@
 """The data-plane ASGI app: routes each request (`routing`), asks the orchestrator where the
 sandbox is (`resolver`), applies the access checks (`access`) and forwards HTTP (`http`) or
 WebSocket (`websocket`) traffic; everything that is not data-plane traffic goes to the control
-plane app it wraps.
+plane app it wraps. `end_run` ends every exchange with a sandbox run whose VM stopped (`runs`).
 
 Mount it as the outermost app of the one-port server:
 
@@ -13,9 +13,12 @@ Mount it as the outermost app of the one-port server:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from aenv.proxy.access import check_route, check_traffic_token
+from aenv.proxy.access import check_route, check_traffic_token, request_host
 from aenv.proxy.errors import (
     ProxyError,
     bad_route,
@@ -24,9 +27,11 @@ from aenv.proxy.errors import (
     sandbox_paused,
     send_http,
 )
-from aenv.proxy.http import HttpForwarder
-from aenv.proxy.resolver import Resolver, SandboxNotFound, SandboxPaused
+from aenv.proxy.headers import masked
+from aenv.proxy.http import IDLE_TIMEOUT, HttpForwarder
+from aenv.proxy.resolver import Resolver, SandboxNotFound, SandboxPaused, Upstream
 from aenv.proxy.routing import RoutingError, Target, route
+from aenv.proxy.runs import Runs
 from aenv.proxy.websocket import forward_websocket
 
 
@@ -45,13 +50,17 @@ class SandboxProxy:
         control_plane: ASGIApp | None = None,
         connect_timeout: float = 10.0,
         keepalive_expiry: float = 4.0,
+        idle_timeout: float = IDLE_TIMEOUT,
     ) -> None:
         self._resolver = resolver
         self._domain = domain
         self._control_plane = control_plane
         self._connect_timeout = connect_timeout
+        self._runs = Runs()
         self._http = HttpForwarder(
-            connect_timeout=connect_timeout, keepalive_expiry=keepalive_expiry
+            connect_timeout=connect_timeout,
+            keepalive_expiry=keepalive_expiry,
+            idle_timeout=idle_timeout,
         )
 
     async def aclose(self) -> None:
@@ -84,14 +93,38 @@ class SandboxProxy:
             except SandboxPaused as exc:
                 raise sandbox_paused(exc.sandbox_id) from exc
             check_traffic_token(target, upstream, scope["headers"])
-            if scope["type"] == "http":
-                await self._http.forward(scope, receive, send, target, upstream)
-            else:
-                await forward_websocket(
-                    scope, receive, send, target, upstream, connect_timeout=self._connect_timeout
-                )
+            host = request_host(target, upstream)
+            if host is not None:
+                scope = {**scope, "headers": masked(scope["headers"], host)}
+            with self._runs.track((target.sandbox_id, upstream.incarnation)) as exchange:
+                try:
+                    await self._forward(scope, receive, exchange.watch(send), target, upstream)
+                except asyncio.CancelledError:
+                    if not exchange.ended:
+                        raise
+                    exchange.task.uncancel()
+                    if not exchange.started:
+                        raise sandbox_not_found(target.sandbox_id) from None
+                    if scope["type"] == "websocket":
+                        with contextlib.suppress(OSError, RuntimeError):
+                            await send({"type": "websocket.close", "code": 1011})
+                    # An HTTP answer under way ends incomplete: uvicorn drops the connection.
         except ProxyError as exc:
             await _answer(exc, scope, send)
+
+    def end_run(self, sandbox_id: str, incarnation: str) -> None:
+        """A sandbox's VM stopped: end every exchange with that run of it now."""
+        self._runs.end((sandbox_id, incarnation))
+
+    async def _forward(
+        self, scope: Scope, receive: Receive, send: Send, target: Target, upstream: Upstream
+    ) -> None:
+        if scope["type"] == "http":
+            await self._http.forward(scope, receive, send, target, upstream)
+        else:
+            await forward_websocket(
+                scope, receive, send, target, upstream, connect_timeout=self._connect_timeout
+            )
 
     async def _lifespan(self, scope: Scope, receive: Receive, send: Send) -> None:
         if self._control_plane is None:

@@ -48,6 +48,12 @@ def port_closed(sandbox_id: str, port: int) -> ProxyError:
     return ProxyError(502, {"sandboxId": sandbox_id, "message": message, "port": port, "code": 502})
 
 
+def idle_timeout(sandbox_id: str, port: int, seconds: float) -> ProxyError:
+    """Nothing moved between client and sandbox for `seconds` before the sandbox answered."""
+    message = f"The sandbox's port did not answer within {seconds:g} s"
+    return ProxyError(504, {"sandboxId": sandbox_id, "message": message, "port": port, "code": 504})
+
+
 def traffic_token_missing(sandbox_id: str) -> ProxyError:
     message = (
         "Sandbox is secured with traffic access token. "

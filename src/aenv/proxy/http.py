@@ -8,7 +8,9 @@ small buffer (`client`). A client that goes away ends the upstream request: mid-
 `receive` returning `http.disconnect`, afterwards (waiting for the answer, or mid-response) by a
 watcher task that cancels the forwarding (uvicorn's `send` silently drops data once the client is
 gone, so without it an endless stream would be read forever). Ending the upstream request means
-closing its connection, which the sandbox's server sees as its client leaving.
+closing its connection, which the sandbox's server sees as its client leaving. So does
+`IDLE_TIMEOUT` without a byte moving: a sandbox that never answers gets a 504 to its client, a
+client that stops reading (or sending) has its connection dropped.
 """
 
 from __future__ import annotations
@@ -20,12 +22,29 @@ from collections.abc import AsyncIterator
 from starlette.types import Receive, Scope, Send
 
 from aenv.proxy.client import Pool, Response, UpstreamError
-from aenv.proxy.errors import port_closed
+from aenv.proxy.errors import idle_timeout, port_closed
 from aenv.proxy.headers import request_headers, response_headers
 from aenv.proxy.resolver import Upstream
 from aenv.proxy.routing import Target
 
 log = logging.getLogger(__name__)
+
+
+# Seconds an exchange may go without a byte moving either way (a sandbox that does not answer,
+# a client that sends or reads nothing) before the proxy ends it.
+IDLE_TIMEOUT = 600.0
+
+
+class _Idle:
+    """The idle deadline of one exchange, pushed back whenever bytes move."""
+
+    def __init__(self, seconds: float) -> None:
+        self.seconds = seconds
+        self.answered = False  # response headers sent to the client
+        self.deadline = asyncio.timeout(seconds)
+
+    def touch(self) -> None:
+        self.deadline.reschedule(asyncio.get_running_loop().time() + self.seconds)
 
 
 class _ClientGone(Exception):
@@ -79,11 +98,13 @@ class HttpForwarder:
         connect_timeout: float = 10.0,
         keepalive_expiry: float = 4.0,
         max_idle_per_upstream: int = 64,
+        idle_timeout: float = IDLE_TIMEOUT,
     ) -> None:
         # No limit on open connections: long streams (commands, watches) hold theirs for hours,
-        # and a cap would queue every other request behind them. No read or write timeout
-        # either: a command stream may be silent for minutes; the client's own deadline
-        # (Connect-Timeout-Ms) and its disconnect end such requests.
+        # and a cap would queue every other request behind them. No per-read timeout either:
+        # an exchange ends only when nothing moved either way for `idle_timeout` (envd pings
+        # its streams every 90 s or as the client asks, so only a dead one goes that long).
+        self._idle_timeout = idle_timeout
         self._pool = Pool(
             connect_timeout=connect_timeout,
             keepalive_expiry=keepalive_expiry,
@@ -107,24 +128,33 @@ class HttpForwarder:
         watch = _DisconnectWatch(receive)
         if not has_body:
             watch.start()
+        idle = _Idle(self._idle_timeout)
         try:
-            response = await self._pool.request(
-                scope["method"].encode(),
-                (upstream.host, upstream.port, f"{target.sandbox_id}/{upstream.incarnation}"),
-                path,
-                headers,
-                _body(receive, watch) if has_body else None,
-                chunked=chunked,
-            )
-            try:
-                await _respond(response, send, watch, target)
-            finally:
-                response.release()
+            async with idle.deadline:
+                response = await self._pool.request(
+                    scope["method"].encode(),
+                    (upstream.host, upstream.port, f"{target.sandbox_id}/{upstream.incarnation}"),
+                    path,
+                    headers,
+                    _body(receive, watch, idle) if has_body else None,
+                    chunked=chunked,
+                )
+                try:
+                    await _respond(response, send, watch, target, idle)
+                finally:
+                    response.release()
         except _ClientGone:
             return
         except UpstreamError as exc:
             log.info("sandbox %s port %d: %s", target.sandbox_id, target.port, exc)
             raise port_closed(target.sandbox_id, target.port) from exc
+        except TimeoutError as exc:
+            log.info(
+                "sandbox %s port %d: idle for %g s", target.sandbox_id, target.port, idle.seconds
+            )
+            if not idle.answered:
+                raise idle_timeout(target.sandbox_id, target.port, idle.seconds) from exc
+            # Headers are out: ending the response incomplete makes uvicorn drop the client.
         except asyncio.CancelledError:
             if not watch.gone:
                 raise
@@ -135,7 +165,11 @@ class HttpForwarder:
             watch.stop()
 
 
-async def _respond(response: Response, send: Send, watch: _DisconnectWatch, target: Target) -> None:
+async def _respond(
+    response: Response, send: Send, watch: _DisconnectWatch, target: Target, idle: _Idle
+) -> None:
+    idle.answered = True
+    idle.touch()
     await send(
         {
             "type": "http.response.start",
@@ -147,7 +181,9 @@ async def _respond(response: Response, send: Send, watch: _DisconnectWatch, targ
         async for chunk in response.stream():
             # Known complete: say so with the last chunk, saving the client a write.
             last = watch.finished = response.complete
+            idle.touch()
             await send({"type": "http.response.body", "body": chunk, "more_body": not last})
+            idle.touch()  # the client took it: a client that stops reading times out too
             if last:
                 return
     except UpstreamError as exc:
@@ -159,13 +195,15 @@ async def _respond(response: Response, send: Send, watch: _DisconnectWatch, targ
     await send({"type": "http.response.body", "body": b"", "more_body": False})
 
 
-async def _body(receive: Receive, watch: _DisconnectWatch) -> AsyncIterator[bytes]:
+async def _body(receive: Receive, watch: _DisconnectWatch, idle: _Idle) -> AsyncIterator[bytes]:
     while True:
         message = await receive()
         if message["type"] == "http.disconnect":
             raise _ClientGone
         if body := message.get("body", b""):
+            idle.touch()
             yield body
+            idle.touch()
         if not message.get("more_body", False):
             watch.start()
             return

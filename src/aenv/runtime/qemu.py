@@ -42,6 +42,7 @@ from typing import Literal
 import psutil
 
 from aenv.network.tap import open_tap
+from aenv.runtime import export, qcow2
 from aenv.runtime.cgroups import Cgroup, CgroupLimits, CgroupManager
 from aenv.runtime.driver import (
     VM,
@@ -49,6 +50,7 @@ from aenv.runtime.driver import (
     Disk,
     DriverError,
     IncompatibleSnapshotError,
+    KernelImages,
     RestoreError,
     RestoreSpec,
     Snapshot,
@@ -172,6 +174,60 @@ class QemuDriver:
         vm.run_state = VMState.RUNNING
         return vm
 
+    def kernel_image(self, kernel: KernelImages) -> Path:
+        return kernel.bzimage
+
+    async def boot_saved(self, snapshot: Snapshot, target: RestoreSpec) -> VM:
+        """A qcow2 top over each sealed layer, in `target.workdir`, owned by the booted VM."""
+        run = secrets.token_hex(4)
+        disks: list[Disk] = []
+        created: list[Path] = []
+        try:
+            for disk in snapshot.spec.disks:
+                if disk.read_only:
+                    disks.append(disk)
+                    continue
+                top = target.workdir / f"{disk.drive_id}.boot-{run}.qcow2"
+                await qcow2.overlay(snapshot.disks[disk.drive_id], top)
+                created.append(top)
+                disks.append(Disk(disk.drive_id, top))
+        except (layers.LayerError, KeyError, OSError) as exc:
+            _unlink(created)
+            raise BootError(f"cannot create writable layers: {exc}") from exc
+        net = target.net
+        if snapshot.spec.net is not None and net is not None:
+            net = dataclasses.replace(net, mac=snapshot.spec.net.mac)
+        spec = dataclasses.replace(
+            snapshot.spec,
+            workdir=target.workdir,
+            memory_dir=target.memory_dir,
+            net=net,
+            limits=target.limits,
+            disks=tuple(disks),
+        )
+        try:
+            vm = await self.boot(spec)
+        except BaseException:
+            _unlink(created)
+            raise
+        assert isinstance(vm, QemuVM)
+        vm.owned_files += created
+        return vm
+
+    async def export(self, snapshot: Snapshot, dest: Path, *, move: bool) -> Snapshot:
+        """Each writable drive's chain flattened into one standalone `<drive_id>.qcow2`."""
+
+        async def flatten(drive_id: str, source: Path) -> Path:
+            return await qcow2.flatten_to(source, dest / f"{drive_id}.qcow2")
+
+        try:
+            return await export.export(snapshot, dest, move=move, disk=flatten)
+        except (layers.LayerError, OSError) as exc:
+            raise SnapshotError(f"cannot export the saved state to {dest}: {exc}") from exc
+
+    async def load_saved(self, directory: Path) -> Snapshot:
+        return await asyncio.to_thread(export.load, directory, self.name)
+
     async def restore(self, snapshot: Snapshot, target: RestoreSpec) -> VM:
         vm = await self._restore_vm(snapshot, target)
         async with _stopped_on_failure(vm, RestoreError, "restore failed"):
@@ -232,7 +288,7 @@ class QemuDriver:
                     disks.append(disk)
                     continue
                 top = target.workdir / f"{disk.drive_id}.{vm_id}.qcow2"
-                await layers.qcow2_overlay(snapshot.disks[disk.drive_id], top)
+                await qcow2.overlay(snapshot.disks[disk.drive_id], top)
                 created.append(top)
                 disks.append(Disk(disk.drive_id, top, read_only=False))
         except (layers.LayerError, KeyError) as exc:
@@ -328,7 +384,7 @@ class QemuDriver:
         if jailed:
             argv += ["-sandbox", SECCOMP]
         for disk in spec.disks:
-            fmt = "qcow2" if layers.is_qcow2(disk.path) else "raw"
+            fmt = "qcow2" if qcow2.is_qcow2(disk.path) else "raw"
             ro = "on" if disk.read_only else "off"
             argv += [
                 "-drive",
@@ -350,7 +406,7 @@ class QemuDriver:
         Blocking: reads disk headers."""
         files = [JailFile(p, Access.READ) for p in (spec.kernel, spec.initrd) if p]
         for disk in spec.disks:
-            below = layers.chain(disk.path)
+            below = qcow2.chain(disk.path)
             if not disk.read_only:
                 files.append(JailFile(below.pop(0), Access.OWN))
             files += [JailFile(p, Access.READ) for p in below]
@@ -592,7 +648,7 @@ class QemuVM:
             if not keep_running:
                 await self._quit()
         for dest in sealed.values():
-            await layers.flatten_if_deep(dest)
+            await qcow2.flatten_if_deep(dest)
         snap = Snapshot(
             driver=self._driver.name,
             compat=await self._driver.compat(),
@@ -627,7 +683,7 @@ class QemuVM:
     async def _seal(self, disk: Disk, directory: Path, made: list[Path]) -> Path:
         """Give the drive's current top its permanent name in the snapshot directory. Layers are
         only ever referenced by such names, never by a VM's workdir, which goes away with it."""
-        ext = "qcow2" if await asyncio.to_thread(layers.is_qcow2, disk.path) else "img"
+        ext = "qcow2" if await asyncio.to_thread(qcow2.is_qcow2, disk.path) else "img"
         dest = directory / f"{disk.drive_id}.{ext}"
         made.append(dest)
         return await layers.seal(disk.path, dest)
@@ -642,7 +698,7 @@ class QemuVM:
                 disks.append(disk)
                 continue
             top = self.spec.workdir / f"{disk.drive_id}.{self._id}.{self._generation}.qcow2"
-            await layers.qcow2_overlay(sealed[disk.drive_id], top)
+            await qcow2.overlay(sealed[disk.drive_id], top)
             self.owned_files.append(top)
             if self.jail is not None:
                 await self.jail.expose(self.proc.pid, JailFile(top, Access.OWN))

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aenv.runtime.cgroups import CgroupManager
+from aenv.runtime.driver import Driver
+from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
 from aenv.runtime.jail import JailConfig
 from aenv.runtime.qemu import Accel, QemuConfig, QemuDriver
 
@@ -104,6 +106,20 @@ async def select_backend(
     if kvm_ok:
         return Selection(Backend.QEMU_KVM, f"{why}; no {firecracker_binary}")
     return Selection(Backend.QEMU_TCG, why)
+
+
+def driver_for(
+    selection: Selection,
+    *,
+    cgroups: CgroupManager | None,
+    firecracker: FirecrackerConfig,
+    jail: JailConfig | None,
+) -> Driver:
+    """The driver of the selected backend; `cgroups` holds QEMU's VMMs (Firecracker's config
+    names its own cgroup parent and its jailer); `jail` None runs QEMU's VMMs unconfined."""
+    if selection.backend is Backend.FIRECRACKER:
+        return FirecrackerDriver(firecracker)
+    return qemu_driver(selection, cgroups=cgroups, jail=jail)
 
 
 def qemu_driver(

@@ -1,0 +1,81 @@
+"""E2B's API key routes (`/api-keys`): list, create, rename and revoke the node's keys. Anyone
+holding a key of the node may manage its keys: a node has one team, its operator's."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, StringConstraints
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from aenv.api.errors import APIError, not_found
+from aenv.api.keys import KEY_PREFIX, ApiKey, KeyStore, LastKey
+from aenv.api.sandboxes import parse_body, rfc3339
+
+Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+
+
+class KeyName(BaseModel):
+    """`NewTeamAPIKey` and `UpdateTeamAPIKey`: a name, nothing else."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: Name
+
+
+def team_api_key(key: ApiKey) -> dict[str, Any]:
+    """The `TeamAPIKey` schema."""
+    return {
+        "id": key.id,
+        "name": key.name,
+        "mask": {
+            "prefix": KEY_PREFIX,
+            "valueLength": key.value_length,
+            "maskedValuePrefix": key.masked_prefix,
+            "maskedValueSuffix": key.masked_suffix,
+        },
+        "createdAt": rfc3339(key.created_at),
+        "createdBy": None,
+        "lastUsed": rfc3339(key.last_used) if key.last_used is not None else None,
+    }
+
+
+class ApiKeyRoutes:
+    def __init__(self, keys: KeyStore) -> None:
+        self.keys = keys
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/api-keys", self.list, methods=["GET"]),
+            Route("/api-keys", self.create, methods=["POST"]),
+            Route("/api-keys/{api_key_id}", self.rename, methods=["PATCH"]),
+            Route("/api-keys/{api_key_id}", self.revoke, methods=["DELETE"]),
+        ]
+
+    async def list(self, _: Request) -> Response:
+        return JSONResponse([team_api_key(key) for key in self.keys.list()])
+
+    async def create(self, request: Request) -> Response:
+        body = await parse_body(request, KeyName)
+        key, value = self.keys.create(body.name)
+        return JSONResponse({**team_api_key(key), "key": value}, status_code=201)
+
+    async def rename(self, request: Request) -> Response:
+        body = await parse_body(request, KeyName)
+        key_id = request.path_params["api_key_id"]
+        try:
+            self.keys.rename(key_id, body.name)
+        except KeyError as e:
+            raise not_found(f"API key '{key_id}'") from e
+        return Response(status_code=200)
+
+    async def revoke(self, request: Request) -> Response:
+        key_id = request.path_params["api_key_id"]
+        try:
+            self.keys.revoke(key_id)
+        except KeyError as e:
+            raise not_found(f"API key '{key_id}'") from e
+        except LastKey as e:
+            raise APIError(400, str(e)) from e
+        return Response(status_code=204)

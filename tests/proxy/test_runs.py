@@ -1,0 +1,112 @@
+"""A sandbox run that ends (its VM stopped) ends every exchange with it at once: an unanswered
+request gets the proxy's 'sandbox not found', an answer under way is cut, a WebSocket closes.
+The proxy is served by uvicorn in the test's own event loop, as the server runs it beside the
+orchestrator."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+from collections.abc import AsyncIterator, Iterator
+
+import httpx
+import pytest
+import uvicorn
+from websockets.asyncio.client import connect
+from websockets.exceptions import ConnectionClosed
+
+from aenv.proxy import SandboxProxy
+from tests.proxy.conftest import USER_PORT
+from tests.proxy.support import WAIT, DictResolver, FakeSandbox, Probe, serve, upstream_app
+from tests.support.ports import free_port
+
+SANDBOX = "runsandbox0000000001"
+RUN = "run-1"
+
+
+@pytest.fixture
+def run_probe() -> Probe:
+    return Probe()
+
+
+@pytest.fixture
+def upstream(run_probe: Probe) -> Iterator[int]:
+    port = free_port()
+    with serve(upstream_app(run_probe), port):
+        yield port
+
+
+@pytest.fixture
+async def proxy(upstream: int) -> AsyncIterator[tuple[SandboxProxy, str]]:
+    resolver = DictResolver({SANDBOX: FakeSandbox({USER_PORT: upstream}, incarnation=RUN)})
+    app = SandboxProxy(resolver)
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    config = uvicorn.Config(app, lifespan="off", log_level="warning", http="httptools")
+    config.load()
+    server = uvicorn.Server(config)
+    server.lifespan = config.lifespan_class(config)
+    await server.startup(sockets=[sock])
+    try:
+        yield app, f"127.0.0.1:{sock.getsockname()[1]}"
+    finally:
+        await server.shutdown()
+        await app.aclose()
+        sock.close()
+
+
+HEADERS = {"E2b-Sandbox-Id": SANDBOX, "E2b-Sandbox-Port": str(USER_PORT)}
+
+
+async def _when(event: object) -> None:
+    assert await asyncio.to_thread(event.wait, WAIT)  # type: ignore[attr-defined]
+
+
+async def test_an_unanswered_request_ends_as_sandbox_not_found(
+    proxy: tuple[SandboxProxy, str], run_probe: Probe
+) -> None:
+    app, address = proxy
+    async with httpx.AsyncClient(timeout=WAIT) as client:
+        pending = asyncio.create_task(client.get(f"http://{address}/silent", headers=HEADERS))
+        await _when(run_probe.silent_started)
+        app.end_run(SANDBOX, "another-run")  # another run of it: nothing to end
+        await asyncio.sleep(0.2)
+        assert not pending.done()
+        app.end_run(SANDBOX, RUN)
+        response = await pending
+    assert response.status_code == 502
+    assert response.json()["message"] == "The sandbox was not found"
+    await _when(run_probe.silent_disconnected)  # the upstream request was ended too
+
+
+async def test_an_answer_under_way_is_cut(
+    proxy: tuple[SandboxProxy, str], run_probe: Probe
+) -> None:
+    app, address = proxy
+    url = f"http://{address}/endless"
+    async with (
+        httpx.AsyncClient(timeout=WAIT) as client,
+        client.stream("GET", url, headers=HEADERS) as response,
+    ):
+        assert response.status_code == 200
+        chunks = response.aiter_bytes()
+        await anext(chunks)
+        app.end_run(SANDBOX, RUN)
+        with pytest.raises(httpx.RemoteProtocolError):
+            async for _ in chunks:
+                pass
+    await _when(run_probe.endless_disconnected)
+
+
+async def test_a_websocket_is_closed(proxy: tuple[SandboxProxy, str]) -> None:
+    app, address = proxy
+    async with connect(
+        f"ws://{address}/ws", additional_headers=HEADERS, open_timeout=WAIT
+    ) as websocket:
+        await websocket.recv()  # the upstream's greeting: the bridge is up
+        app.end_run(SANDBOX, RUN)
+        with pytest.raises(ConnectionClosed) as closed:
+            async with asyncio.timeout(WAIT):
+                while True:
+                    await websocket.recv()
+    assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011
