@@ -35,7 +35,8 @@ class Paths:
     ```
     $AENV_HOME/
       config.toml              settings (`AENV_CONFIG` points elsewhere)
-      api-key                  the node's API key (mode 0600)
+      api-key                  the first API key's value, for `aenv auth` (mode 0600)
+      api-keys.json            the node's API keys, hashed
       catalog.db               the sandbox catalog (SQLite, WAL)
       template-tags.json       template tags
       templates/<id>/          template.json and its builds (saved states: templates,
@@ -70,6 +71,10 @@ class Paths:
     @property
     def api_key(self) -> Path:
         return self.home / "api-key"
+
+    @property
+    def api_keys(self) -> Path:
+        return self.home / "api-keys.json"
 
     @property
     def catalog(self) -> Path:
@@ -232,6 +237,15 @@ class Config(BaseModel):
     @property
     def scheme(self) -> str:
         return "https" if self.tls_cert is not None else "http"
+
+    @property
+    def repository_dir(self) -> Path | None:
+        """The repository's directory when it is one: `$AENV_HOME/repository` by default, a
+        relative `repository` under home, an absolute one as given. None for `off` or a URL."""
+        where = self.repository.strip()
+        if where == "off" or "://" in where:
+            return None
+        return self.home / where if where else self.paths.repository
 
     @property
     def paths(self) -> Paths:
