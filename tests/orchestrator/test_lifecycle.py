@@ -187,3 +187,21 @@ async def test_every_stop_of_a_vm_is_announced(tmp_path: Path) -> None:
         await node.orchestrator.kill(record.id)
         assert stopped == [(record.id, first), (record.id, second)]
         assert_clean(node)
+
+
+async def test_a_key_runs_at_most_key_max_sandboxes(tmp_path: Path) -> None:
+    async with double_node(tmp_path, key_max_sandboxes=2) as node:
+        orc = node.orchestrator
+        first, _ = await orc.create(node.request(owner="key-a"))
+        await orc.create(node.request(owner="key-a"))
+        with pytest.raises(CapacityReached, match="for this API key"):
+            await orc.create(node.request(owner="key-a"))
+        other, _ = await orc.create(node.request(owner="key-b"))  # another key's own count
+        await orc.pause(first.id)  # paused sandboxes do not count
+        third, _ = await orc.create(node.request(owner="key-a"))
+        assert node.row(third.id).owner == "key-a"
+        children = await orc.fork(other.id, 3, 60, owner="key-a")
+        assert sum(isinstance(c, CapacityReached) for c in children) == 3
+        for record in orc.list():
+            await orc.kill(record.id)
+        assert_clean(node)
