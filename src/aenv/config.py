@@ -151,6 +151,10 @@ class Config(BaseModel):
     key_max_sandboxes: int = 256
     key_requests_per_s: int = 100
     key_request_burst: int = 200
+    # Free disk (of the data directory) and available memory the host keeps: under them,
+    # creates answer 429 and pauses and snapshots fail, with nothing changed.
+    reserve_disk_mb: int = 1024
+    reserve_memory_mb: int = 256
     # Longest timeout a client may ask for, in seconds.
     max_timeout: int = 24 * 3600
     network_prefix: str = "aenv"

@@ -205,3 +205,21 @@ async def test_a_key_runs_at_most_key_max_sandboxes(tmp_path: Path) -> None:
         for record in orc.list():
             await orc.kill(record.id)
         assert_clean(node)
+
+
+async def test_a_host_under_its_reserve_refuses_creates_and_saves(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        # A reserve no host has: the node measures its own disk and memory against it.
+        for reserve in ({"reserve_disk_mb": 1 << 40}, {"reserve_memory_mb": 1 << 40}):
+            node.orchestrator.config = node.config.model_copy(update=reserve)
+            with pytest.raises(CapacityReached, match="under its reserve"):
+                await node.orchestrator.create(node.request())
+            with pytest.raises(OperationFailed, match="under its reserve"):
+                await node.orchestrator.pause(record.id)
+            with pytest.raises(OperationFailed, match="under its reserve"):
+                await node.orchestrator.snapshot(record.id, name="full")
+            assert node.row(record.id).state is SandboxState.RUNNING  # left as it was
+            assert [r.id for r in node.catalog.list()] == [record.id]
+        await node.orchestrator.kill(record.id)
+        assert_clean(node)
