@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 PROTO_OUT := src/aenv/envd/proto
 STAMP := $(VENV)/.installed
 
-.PHONY: install system-deps run test lint bench proto envd-bundle clean
+.PHONY: install system-deps run test test-fast lint bench proto envd-bundle clean
 
 # System packages (apt) and the Python environment with the project in editable mode.
 install: $(STAMP)
@@ -27,6 +27,22 @@ run: install
 
 test: install
 	$(PY) -m pytest -ra $(PYTEST_ARGS)
+
+# The tests that need no root, VM or aenv server (the orchestrator, saved states, builds and API
+# routes run on the doubles in tests/doubles/): under a minute. Checked to pass with no
+# capabilities (setpriv --bounding-set=-all). `make test` runs these and everything else.
+FAST_TESTS := tests/test_atomic.py tests/test_config.py tests/orchestrator tests/api \
+	tests/storage/test_layers.py tests/storage/test_repository_cache.py \
+	tests/guest/test_cache.py tests/network/test_units.py tests/runtime/test_qemu_config.py \
+	tests/runtime/firecracker/test_firecracker_models.py \
+	tests/runtime/firecracker/test_firecracker_host.py \
+	tests/runtime/firecracker/test_firecracker_memfile.py \
+	tests/runtime/firecracker/test_firecracker_api.py \
+	tests/proxy/test_routing.py tests/proxy/test_app.py tests/proxy/test_websocket.py \
+	tests/oci/test_auth.py tests/oci/test_pull.py
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow" $(FAST_TESTS) $(PYTEST_ARGS)
 
 lint: install
 	$(VENV)/bin/ruff check src tests bench

@@ -11,7 +11,8 @@
 - refilling the pool in the background: total and per slot.
 
 The host side runs in a namespace this script creates (and removes), never in the machine's root
-namespace. Needs root. Prints one JSON document.
+namespace. Needs root. Prints one JSON document. `--part egress` measures domain egress rules
+instead (bench/egress.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from typing import TypeVar
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+import egress
 from summary import summary_ms
 
 from aenv.network import EgressPolicy, NetworkConfig, Slot, SlotPool, netns
@@ -123,7 +125,11 @@ async def bench(host: str, prefix: str, runs: int) -> dict[str, object]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=30)
+    parser.add_argument("--part", choices=["slots", "egress"], default="slots")
     args = parser.parse_args()
+    if args.part == "egress":
+        print(json.dumps(egress.run(), indent=2))
+        return
     tag = secrets.token_hex(3)
     host, prefix = f"aenv-bench-host-{tag}", f"b{tag}"
     subprocess.run(["ip", "netns", "add", host], check=True)

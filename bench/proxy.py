@@ -39,8 +39,11 @@ ENVD_PORT = 49983
 WEB_PORT = 8000
 
 
-def serve_proxy(port: int, envd_port: int, web_port: int) -> None:
-    """The proxy process: one sandbox whose envd and web server are on loopback."""
+def serve_proxy(
+    port: int, envd_port: int, web_port: int, cert: str | None = None, key: str | None = None
+) -> None:
+    """The proxy process: one sandbox whose envd and web server are on loopback; HTTPS with a
+    certificate and key."""
     import uvicorn
 
     from aenv.proxy import SandboxNotFound, SandboxProxy, Upstream
@@ -61,6 +64,8 @@ def serve_proxy(port: int, envd_port: int, web_port: int) -> None:
         http="httptools",
         log_level="warning",
         server_header=False,
+        ssl_certfile=cert,
+        ssl_keyfile=key,
     )
 
 
@@ -254,7 +259,7 @@ def main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--proxy"]:
-        serve_proxy(*(int(a) for a in sys.argv[2:5]))
+        serve_proxy(*(int(a) for a in sys.argv[2:5]), *sys.argv[5:7])
     elif sys.argv[1:2] == ["--web"]:
         serve_web(int(sys.argv[2]))
     else:

@@ -57,6 +57,8 @@ from server_ns import (
 )
 from summary import percentile, summary_ms
 
+from aenv.config import Paths
+
 
 def setting(name: str, default: float) -> float:
     return float(os.environ.get(f"AENV_BENCH_{name}", default))
@@ -528,7 +530,8 @@ def bench_list() -> dict[str, Any]:
 
     def stored_mib() -> float:
         """What paused sandboxes hold on disk: their directories and the repository."""
-        return sum(dir_size(home / d)["allocated_mib"] for d in ("sandboxes", "repository"))
+        paths = Paths(home)
+        return sum(dir_size(d)["allocated_mib"] for d in (paths.sandboxes, paths.repository))
 
     def pause(sbx: Any) -> None:
         if LIST_PAUSE == "memory":
@@ -559,8 +562,8 @@ def bench_list() -> dict[str, Any]:
     wait_until(lambda: unarchived_pauses(home) == 0, 600)
     footprint = stored_mib() - before
     first = {
-        **dir_size(home / "sandboxes" / ids[0]),
-        "files_mib": files_mib(home / "sandboxes" / ids[0]),
+        **dir_size(Paths(home).sandboxes / ids[0]),
+        "files_mib": files_mib(Paths(home).sandboxes / ids[0]),
         "with_repository_copy_mib": round(footprint, 2),
     }
     start_free = shutil.disk_usage(home).free

@@ -27,6 +27,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from aenv.config import Paths
+
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
     sys.path.insert(0, str(REPO))
@@ -42,7 +44,6 @@ def log(msg: str) -> None:
 def bench_server(env: Mapping[str, str] | None = None) -> Iterator[Any]:
     """Prepare images, start a server in its own namespace (`env` added to its environment)
     and yield its `tests.e2e.server_ns.ServerNs`; stop it and remove its data dir after."""
-    from aenv.config import Paths
     from aenv.orchestrator.images import prepare_images
     from tests.e2e.server_ns import server_in_namespace
     from tests.support.guest import GUEST_CACHE, MIRROR
@@ -52,7 +53,7 @@ def bench_server(env: Mapping[str, str] | None = None) -> Iterator[Any]:
     saved = {k: os.environ.get(k) for k in env or {}}
     try:
         log("preparing guest images (cached)...")
-        asyncio.run(prepare_images(home / "cache", GUEST_CACHE, MIRROR))
+        asyncio.run(prepare_images(Paths(home).cache, GUEST_CACHE, MIRROR))
         os.environ.update(env or {})  # server_in_namespace copies os.environ
         with server_in_namespace(home) as server:
             try:
@@ -129,7 +130,7 @@ def client_env(wait_s: float = 1200) -> dict[str, str]:
             raise RuntimeError("server did not come up:\n" + (home / "server.log").read_text())
         time.sleep(0.5)
     env = {
-        "E2B_API_KEY": (home / "api-key").read_text().strip(),
+        "E2B_API_KEY": Paths(home).api_key.read_text().strip(),
         "E2B_API_URL": BASE,
         "E2B_SANDBOX_URL": BASE,
     }
@@ -179,7 +180,7 @@ def wait_until(check: Callable[[], bool], timeout: float) -> float:
 def unarchived_pauses(home: Path, sandbox_id: str | None = None) -> int:
     """Paused sandboxes whose checkpoint has no durable repository copy yet (the server pushes
     one in the background after every pause and records it in the catalog row)."""
-    db = sqlite3.connect(f"file:{home / 'catalog.db'}?mode=ro", uri=True, timeout=10)
+    db = sqlite3.connect(f"file:{Paths(home).catalog}?mode=ro", uri=True, timeout=10)
     try:
         query = "SELECT COUNT(*) FROM sandboxes WHERE state = 'paused' AND archive_manifest IS NULL"
         params: tuple[str, ...] = ()

@@ -44,6 +44,8 @@ from server_ns import (
 )
 from summary import summary_ms
 
+from aenv.config import Paths
+
 RUNS = int(os.environ.get("AENV_BENCH_RUNS", "5"))
 FORKS = int(os.environ.get("AENV_BENCH_FORKS", "16"))
 TARGETS_MS = {"pause": 200, "resume": 300, "snapshot": 300, "fork_total": 4000}
@@ -77,7 +79,7 @@ def one_run(home: Path, run: int) -> dict[str, Any]:
     samples["pause"], paused = timed(a.pause)
     paused_at = time.perf_counter()
     assert paused is True
-    samples["pause_written"] = pause_files(home / "sandboxes" / a.sandbox_id)
+    samples["pause_written"] = pause_files(Paths(home).sandboxes / a.sandbox_id)
     # The server then copies the checkpoint to the snapshot repository in the background; let
     # it finish, so the resume below is measured alone.
     wait_until(lambda: unarchived_pauses(home, a.sandbox_id) == 0, 600)
@@ -91,8 +93,8 @@ def one_run(home: Path, run: int) -> dict[str, Any]:
     b.commands.run("true")
     samples["snapshot"], info = timed(b.create_snapshot)
     snapshot_at = time.perf_counter()
-    samples["snapshot_size"] = dir_size(home / "templates" / info.snapshot_id)
-    template_file = home / "templates" / info.snapshot_id / "template.json"
+    samples["snapshot_size"] = dir_size(Paths(home).templates / info.snapshot_id)
+    template_file = Paths(home).templates / info.snapshot_id / "template.json"
     wait_until(lambda: json.loads(template_file.read_text()).get("manifest_id") is not None, 600)
     samples["snapshot_durable"] = time.perf_counter() - snapshot_at
     Sandbox.delete_snapshot(info.snapshot_id)

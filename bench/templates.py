@@ -40,6 +40,8 @@ from typing import Any
 from server_ns import bench_server, client_env, describe, dir_size, log, run_client
 from summary import summary_ms
 
+from aenv.config import Paths
+
 RUNS = int(os.environ.get("AENV_BENCH_RUNS", "3"))
 PULL_RUNS = int(os.environ.get("AENV_BENCH_PULL_RUNS", "5"))
 CREATES = int(os.environ.get("AENV_BENCH_CREATES", "5"))
@@ -221,7 +223,7 @@ def saved_state(home: Path, template_id: str) -> dict[str, Any]:
     memory file (mapped by restores) or inside the state stream, and its size on disk."""
     from aenv.runtime.driver import Snapshot
 
-    template = json.loads((home / "templates" / template_id / "template.json").read_text())
+    template = json.loads((Paths(home).templates / template_id / "template.json").read_text())
     snapshot = Snapshot.load_manifest(Path(template["snapshot_dir"]))
     return {
         "state_mib": round(snapshot.state_file.stat().st_blocks * 512 / 2**20, 2),

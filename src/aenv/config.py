@@ -14,10 +14,11 @@ import os
 import tomllib
 from collections.abc import Mapping
 from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
 
 DEFAULT_HOME = Path("/var/lib/aenv")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
@@ -44,6 +45,7 @@ class Paths:
       build-files/<hash>       files uploaded for template builds' COPY steps
       detach/                  scratch space of memory detaching
       repository/              the snapshot repository when it is a directory (the default)
+      jailer/                  Firecracker's jailer chroots (Firecracker hosts only)
       cache/
         guest/                 guest build cache: kernel, initramfs, rootfs (`guest_cache`)
         images/                published guest images, content-addressed
@@ -102,6 +104,10 @@ class Paths:
         return self.home / "repository"
 
     @property
+    def jailer(self) -> Path:
+        return self.home / "jailer"
+
+    @property
     def cache(self) -> Path:
         """Where `prepare_images` publishes guest images and keeps the envd bundle."""
         return self.home / "cache"
@@ -137,6 +143,10 @@ class Config(BaseModel):
     port: int = 3000
     # Public base domain for sandbox URLs (`{port}-{id}.{domain}`); None lets SDKs use theirs.
     domain: str | None = None
+    # HTTPS instead of HTTP: a certificate (chain) and its key, in PEM files. For the SDKs to
+    # need only `E2B_DOMAIN`, it must cover `api.<domain>` and `*.<domain>` (sandbox hosts).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
     # VMM driver: auto | firecracker | qemu-kvm | qemu-tcg.
     driver: str = "auto"
     default_template: str = "base"
@@ -159,6 +169,13 @@ class Config(BaseModel):
     max_timeout: int = 24 * 3600
     network_prefix: str = "aenv"
     network_cidr: str = "10.200.0.0/16"
+    # Comma-separated CIDRs. Sandboxes never reach private (10/8, 172.16/12, 192.168/16) or
+    # CGNAT (100.64/10) addresses, except those in `network_private_allowed`, nor any in
+    # `network_internal` (the cluster's own addresses, say).
+    network_private_allowed: tuple[IPv4Network, ...] = ()
+    network_internal: tuple[IPv4Network, ...] = ()
+    # The resolver that sandboxes with domain rules get the addresses of allowed names from.
+    network_dns: IPv4Address = IPv4Address("1.1.1.1")
     warm_slots_low: int = 4
     warm_slots_high: int = 16
     # Graceful shutdown pauses running sandboxes (they are resumable after the restart).
@@ -176,6 +193,12 @@ class Config(BaseModel):
     build_ready_timeout: int = 300
     # Template builds: cached step layers kept (newest first); each holds a VM's memory and disk.
     build_cache_layers: int = 32
+    # Every VMM runs jailed (README: Threat model). Off is for benchmarks and debugging only.
+    jail: bool = True
+    # Jailed VMMs: `jail_uid_base` is their group and Firecracker's uid; each QEMU has one of
+    # the `jail_uid_count` uids after it. Give each node on a host a range of its own.
+    jail_uid_base: int = 2_000_000
+    jail_uid_count: int = 65_536
     # The guest build cache (kernel, initramfs, base rootfs); default `$AENV_HOME/cache/guest`.
     guest_cache: Path | None = None
     # The Debian mirror the base root filesystem is bootstrapped from.
@@ -188,11 +211,31 @@ class Config(BaseModel):
     # Largest request head (request line and headers) the port reads; a bigger one gets 431.
     max_header_bytes: int = 64 * 1024
 
-    @field_validator("domain", "repository_endpoint", "guest_cache", mode="before")
+    @field_validator(
+        "domain", "repository_endpoint", "guest_cache", "tls_cert", "tls_key", mode="before"
+    )
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         """An empty env var (`AENV_DOMAIN=`) means unset, as in a shell."""
         return None if value == "" else value
+
+    @field_validator("network_private_allowed", "network_internal", mode="before")
+    @classmethod
+    def _comma_separated(cls, value: object) -> object:
+        """`AENV_NETWORK_INTERNAL=10.9.0.0/16,10.8.0.0/16`, as well as a TOML list."""
+        if isinstance(value, str):
+            return tuple(part.strip() for part in value.split(",") if part.strip())
+        return value
+
+    @model_validator(mode="after")
+    def _tls_pair(self) -> Config:
+        if (self.tls_cert is None) != (self.tls_key is None):
+            raise ValueError("tls_cert and tls_key go together")
+        return self
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls_cert is not None else "http"
 
     @property
     def paths(self) -> Paths:

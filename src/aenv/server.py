@@ -40,17 +40,17 @@ from aenv.proxy.app import SandboxProxy
 from aenv.proxy.resolver import SandboxNotFound as ProxyNotFound
 from aenv.proxy.resolver import SandboxPaused as ProxyPaused
 from aenv.proxy.resolver import Upstream
-from aenv.runtime.cgroups import CgroupManager, detect
+from aenv.runtime.cgroups import CgroupManager, CgroupV1, detect
 from aenv.runtime.driver import Driver
 from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
-from aenv.runtime.firecracker import create_driver as firecracker_driver
-from aenv.runtime.select import Backend, qemu_driver, select_backend
+from aenv.runtime.firecracker.host import find_binary
+from aenv.runtime.firecracker.jailer import JailerConfig
+from aenv.runtime.jail import JailConfig
+from aenv.runtime.select import Backend, driver_for, select_backend
 from aenv.runtime.sweep import sweep
 from aenv.storage.private import make_private
 
 log = logging.getLogger("aenv.server")
-# The Firecracker driver's settings: the driver and the startup sweep of its leftovers share them.
-FIRECRACKER = FirecrackerConfig()
 Progress = Callable[[str], None]
 
 
@@ -78,14 +78,52 @@ def _guest_net(slots: NetworkConfig) -> GuestNet:
     return GuestNet(address=str(slots.guest.ip), gateway=str(slots.guest.gateway), dns="1.1.1.1")
 
 
+def jail_config(config: Config) -> JailConfig | None:
+    if not config.jail:
+        return None
+    return JailConfig(uid_base=config.jail_uid_base, uid_count=config.jail_uid_count)
+
+
+def firecracker_config(config: Config, cgroups: CgroupManager) -> FirecrackerConfig:
+    """The Firecracker driver's settings (the driver and the startup sweep of its leftovers
+    share them): every Firecracker goes through its jailer, unless the jail is off. The jailer
+    gives all of a node's VMMs one uid (`jail_uid_base`); its chroots are under the data dir."""
+    if not config.jail:
+        return FirecrackerConfig()
+    jailer = JailerConfig(
+        binary=Path("jailer"),
+        uid=config.jail_uid_base,
+        gid=config.jail_uid_base,
+        chroot_base_dir=config.paths.jailer,
+        cgroup_version=1 if isinstance(cgroups, CgroupV1) else 2,
+    )
+    return FirecrackerConfig(jailer=jailer)
+
+
 async def _driver(
     config: Config, images: GuestImages, cgroups: CgroupManager, progress: Progress
 ) -> Driver:
     selection = await select_backend(config.driver, kernel=images.kernel, initrd=images.initrd)
     progress(f"VMM: {selection.backend} ({selection.reason})")
+    firecracker = FirecrackerConfig()
     if selection.backend is Backend.FIRECRACKER:
-        return firecracker_driver(FIRECRACKER)
-    return qemu_driver(selection, cgroups=cgroups)
+        firecracker = _jailed_firecracker(config, cgroups)
+    return driver_for(selection, cgroups=cgroups, firecracker=firecracker, jail=jail_config(config))
+
+
+def _jailed_firecracker(config: Config, cgroups: CgroupManager) -> FirecrackerConfig:
+    """`firecracker_config` with the jailer binary found on PATH (refused without it)."""
+    settings = firecracker_config(config, cgroups)
+    jailer = settings.jailer
+    if jailer is None:
+        return settings
+    found = find_binary(jailer.binary)
+    if found is None:
+        raise RuntimeError(
+            "Firecracker runs only under its jailer: install `jailer` (it ships with "
+            "firecracker) on PATH, or set jail = false (benchmarks and debugging only)"
+        )
+    return dataclasses.replace(settings, jailer=dataclasses.replace(jailer, binary=found))
 
 
 async def start_node(config: Config, progress: Progress = log.info) -> Node:
@@ -99,6 +137,9 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
         slot_network=IPv4Network(config.network_cidr),
         pool_low=config.warm_slots_low,
         pool_high=config.warm_slots_high,
+        private_allowed=config.network_private_allowed,
+        internal=config.network_internal,
+        dns_upstream=config.network_dns,
     )
     slots = SlotPool(net_config)
     await slots.start()
@@ -109,12 +150,13 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
     cgroups = detect(f"aenv-{os.getpid()}")
     # VMMs of a previous server that died live on as orphans: reclaim them, and the cgroups, jails
     # and files of its Firecracker VMs (whichever driver runs now), before anything new.
-    swept = await sweep(cgroups, reclaimers=[FirecrackerDriver(FIRECRACKER)])
+    swept = await sweep(
+        cgroups, reclaimers=[FirecrackerDriver(firecracker_config(config, cgroups))]
+    )
     if swept.killed:
         progress(f"killed {len(swept.killed)} VMMs a previous run left behind")
     driver = await _driver(config, images, cgroups, progress)
-    if driver.name == "firecracker":
-        images = dataclasses.replace(images, kernel=images.vmlinux)
+    images = images.booted_by(driver)
     templates = TemplateStore(config.paths.templates, config.paths.memory)
     templates.load()
     orchestrator = Orchestrator(config, catalog, driver, slots, templates, open_archive(config))
@@ -212,6 +254,11 @@ class _Resolver:
             if self._orchestrator.is_paused(sandbox_id):
                 raise ProxyPaused(sandbox_id) from e
             raise ProxyNotFound(sandbox_id) from e
+        record = endpoint.record
         return Upstream(
-            endpoint.host, port, endpoint.record.traffic_access_token, endpoint.incarnation
+            endpoint.host,
+            port,
+            record.traffic_access_token,
+            endpoint.incarnation,
+            record.network.mask_request_host,
         )

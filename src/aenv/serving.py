@@ -126,4 +126,6 @@ def uvicorn_config(app: Any, config: Config) -> uvicorn.Config:
         # Proxied responses carry the sandbox's own Server header.
         server_header=False,
         timeout_keep_alive=KEEP_ALIVE_S,
+        ssl_certfile=config.tls_cert,
+        ssl_keyfile=config.tls_key,
     )

@@ -2,11 +2,11 @@
 contract (`runtime/driver.py`) and its file formats are checked, but a "VM" is a `Guest` and an
 in-process envd double serving on its slot's address.
 
-What it keeps real: snapshot files on disk (device state, a memory file, sealed disk images that
-`qemu-img` reads, as the orchestrator's exports and cold-boot overlays need), restores that fail
-on missing or foreign files, filesystem-only saves that lose what the guest did not flush, VMMs
-that exit on their own (`DoubleVM.crash`). Tests steer it: `fail_next("restore")` makes the next
-restore fail, `hold("snapshot")` stops the next snapshot half-way until released.
+What it keeps real: snapshot files on disk (device state, a memory file, sealed raw disk images,
+copied for cold boots and linked by exports as a driver without a layered format does), restores
+that fail on missing or foreign files, filesystem-only saves that lose what the guest did not
+flush, VMMs that exit on their own (`DoubleVM.crash`). Tests steer it: `fail_next("restore")`
+makes the next restore fail, `hold("snapshot")` stops the next snapshot half-way until released.
 """
 
 from __future__ import annotations
@@ -16,18 +16,20 @@ import collections
 import dataclasses
 import json
 import secrets
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import uvicorn
 
+from aenv.runtime import export, qcow2
 from aenv.runtime.driver import (
     VM,
     BootError,
+    Disk,
     DriverError,
     IncompatibleSnapshotError,
+    KernelImages,
     RestoreError,
     RestoreSpec,
     Snapshot,
@@ -59,17 +61,10 @@ def write_disk(path: Path, files: dict[str, str]) -> Path:
 
 
 async def read_disk(path: Path) -> dict[str, str]:
-    """The files on a disk image: raw, or qcow2 (a chain) read through `qemu-img`. Anything
-    else (an empty ext4 layer) holds no files."""
-    if await asyncio.to_thread(layers.is_qcow2, path):
-        with tempfile.TemporaryDirectory(prefix="aenv-double-") as scratch:
-            raw = Path(scratch) / "raw"
-            proc = await asyncio.create_subprocess_exec(
-                "qemu-img", "convert", "-q", "-U", "-O", "raw", str(path), str(raw)
-            )
-            if await proc.wait() != 0:
-                raise RestoreError(f"qemu-img cannot read {path}")
-            return _files(raw.read_bytes())
+    """The files on a raw disk image (an empty ext4 layer holds none). Another driver's format
+    is refused: this driver never makes one."""
+    if await asyncio.to_thread(qcow2.is_qcow2, path):
+        raise RestoreError(f"{path} is a qcow2 image; the double reads raw images only")
     with path.open("rb") as fh:
         return _files(fh.read(DISK_BLOCK * 16))
 
@@ -124,8 +119,50 @@ class DoubleDriver:
             self._failures[operation] -= 1
             raise _ERRORS[operation](f"{operation} failed (injected)")
 
+    def kernel_image(self, kernel: KernelImages) -> Path:
+        return kernel.bzimage
+
     async def boot(self, spec: VMSpec) -> VM:
         await self.step("boot")
+        return await self._boot(spec)
+
+    async def boot_saved(self, snapshot: Snapshot, target: RestoreSpec) -> VM:
+        await self.step("boot")
+        if snapshot.driver != NAME:
+            raise IncompatibleSnapshotError(f"a {snapshot.driver} snapshot")
+        run = secrets.token_hex(4)
+        disks = []
+        for disk in snapshot.spec.disks:
+            if disk.read_only:
+                disks.append(disk)
+                continue
+            layer = target.workdir / f"{disk.drive_id}.boot-{run}.img"
+            await layers.sparse_copy(snapshot.disks[disk.drive_id], layer)
+            disks.append(Disk(disk.drive_id, layer))
+        net = target.net
+        if net is not None and snapshot.spec.net is not None:
+            net = dataclasses.replace(net, mac=snapshot.spec.net.mac)
+        spec = dataclasses.replace(
+            snapshot.spec,
+            workdir=target.workdir,
+            net=net,
+            memory_dir=target.memory_dir,
+            disks=tuple(disks),
+        )
+        return await self._boot(spec)
+
+    async def export(self, snapshot: Snapshot, dest: Path, *, move: bool) -> Snapshot:
+        async def place(drive_id: str, source: Path) -> Path:
+            image = dest / f"{drive_id}.img"
+            await export.place(source, image, move=move)
+            return image
+
+        return await export.export(snapshot, dest, move=move, disk=place)
+
+    async def load_saved(self, directory: Path) -> Snapshot:
+        return await asyncio.to_thread(export.load, directory, NAME)
+
+    async def _boot(self, spec: VMSpec) -> VM:
         files: dict[str, str] = {}
         for disk in spec.disks:
             if not disk.path.is_file():

@@ -1,4 +1,4 @@
-"""The SDK suites under `inner/`, `restart/` and `old_sdk/` run inside the server's namespace,
-launched by test_server.py."""
+"""The SDK suites under `inner/`, `restart/`, `old_sdk/` (launched by test_server.py) and
+`network/` (by test_network.py) run inside the server's namespace."""
 
-collect_ignore = ["inner", "restart", "old_sdk"]
+collect_ignore = ["inner", "restart", "old_sdk", "network"]

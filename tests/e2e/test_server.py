@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from aenv.config import Paths
 from aenv.orchestrator.images import prepare_images
 from tests.e2e.restart.in_flight import catalog_states, crash_during
 from tests.e2e.server_ns import REPO, ServerNs, server_in_namespace
@@ -39,7 +40,7 @@ def test_e2b_sdk_against_server() -> None:
 def _run_inner_suite(home: Path) -> None:
     # The server's namespace has no route to package mirrors or the npm registry: build images
     # (cached) and install the npm SDK from here.
-    asyncio.run(prepare_images(home / "cache", GUEST_CACHE, MIRROR))
+    asyncio.run(prepare_images(Paths(home).cache, GUEST_CACHE, MIRROR))
     ensure_npm_sdk()
     old_sdk_python = _old_sdk_venv()
     with server_in_namespace(home) as server:

@@ -25,10 +25,14 @@ from aenv.network import NetworkConfig, Slot, SlotPool, netns
 from tests.network import probes
 from tests.network.fakeguest import FakeGuest
 
-HOST_UPLINK_IP = "10.250.0.1"
-INET_IP = "10.250.0.2"
+# The "internet" has public-looking addresses (documentation ranges, never routed anywhere):
+# private ranges are what slots refuse by default.
+HOST_UPLINK_IP = "203.0.113.1"
+INET_IP = "203.0.113.2"
 # A second "internet" destination, for policies that tell destinations apart.
-INET_OTHER_IP = "10.251.0.1"
+INET_OTHER_IP = "198.51.100.1"
+# Addresses in the "internet" namespace that no slot may reach by default (see `reserved`).
+INTERNAL_IPS = ("169.254.169.254", "10.250.0.9", "172.16.0.9", "192.168.0.9", "100.64.0.9")
 
 
 def _ip(*args: str) -> None:
@@ -73,7 +77,8 @@ def new_world() -> Iterator[World]:
         _ip("-n", w.host, "link", "add", "uplink", "type", "veth", "peer", "eth0", "netns", w.inet)
         _ip("-n", w.host, "addr", "add", f"{HOST_UPLINK_IP}/30", "dev", "uplink")
         _ip("-n", w.inet, "addr", "add", f"{INET_IP}/30", "dev", "eth0")
-        _ip("-n", w.inet, "addr", "add", f"{INET_OTHER_IP}/32", "dev", "lo")
+        for address in (INET_OTHER_IP, *INTERNAL_IPS):
+            _ip("-n", w.inet, "addr", "add", f"{address}/32", "dev", "lo")
         _ip("-n", w.host, "link", "set", "uplink", "up")
         _ip("-n", w.inet, "link", "set", "eth0", "up")
         _ip("-n", w.host, "route", "add", "default", "via", INET_IP)

@@ -15,6 +15,7 @@ import os
 import select
 import struct
 import threading
+from ipaddress import IPv4Address, IPv4Interface
 
 from pyroute2 import IPRoute
 
@@ -26,14 +27,26 @@ _IFF_TAP = 0x0002
 _IFF_NO_PI = 0x1000
 
 
-def _attach_tap(name: str) -> int:
+def attach_tap(name: str) -> int:
     """Open tap `name` in the calling thread's namespace (a transient one is made if absent)."""
     fd = os.open("/dev/net/tun", os.O_RDWR | os.O_CLOEXEC)
     fcntl.ioctl(fd, _TUNSETIFF, struct.pack("16sH", name.encode(), _IFF_TAP | _IFF_NO_PI))
     return fd
 
 
-def _wire(a: int, b: int, stop: int) -> None:
+def configure_nic(ifname: str, mac: str, ip: IPv4Interface, gateway: IPv4Address) -> None:
+    """Set up this namespace as the guest kernel would: `ifname` (an attached tap) with the
+    guest's MAC and address, up, and the default route via the gateway."""
+    with IPRoute() as ipr:
+        ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
+        eth0 = ipr.link_lookup(ifname=ifname)[0]
+        ipr.link("set", index=eth0, address=mac, state="up")
+        ipr.addr("add", index=eth0, address=str(ip.ip), prefixlen=ip.network.prefixlen)
+        ipr.route("add", dst="0.0.0.0/0", gateway=str(gateway))
+
+
+def wire(a: int, b: int, stop: int) -> None:
+    """Copy frames between taps `a` and `b` until `stop` is readable."""
     while True:
         ready, _, _ = select.select([a, b, stop], [], [])
         if stop in ready:
@@ -55,29 +68,19 @@ class FakeGuest:
 
     async def start(self) -> None:
         guest = self.slot.guest
-        self._fds.append(await netns.run_in(self.slot.netns, lambda: _attach_tap(guest.tap)))
+        self._fds.append(await netns.run_in(self.slot.netns, lambda: attach_tap(guest.tap)))
 
         def boot() -> int:
             netns.create_and_enter(self.netns)
-            fd = _attach_tap("eth0")
-            with IPRoute() as ipr:
-                ipr.link("set", index=ipr.link_lookup(ifname="lo")[0], state="up")
-                eth0 = ipr.link_lookup(ifname="eth0")[0]
-                ipr.link("set", index=eth0, address=guest.mac, state="up")
-                ipr.addr(
-                    "add",
-                    index=eth0,
-                    address=str(guest.ip.ip),
-                    prefixlen=guest.ip.network.prefixlen,
-                )
-                ipr.route("add", dst="0.0.0.0/0", gateway=str(guest.gateway))
+            fd = attach_tap("eth0")
+            configure_nic("eth0", guest.mac, guest.ip, guest.gateway)
             return fd
 
         self._fds.append(await netns.run_in(None, boot))
         stop_r, stop_w = os.pipe()
         self._fds += [stop_r, stop_w]
         self._thread = threading.Thread(
-            target=_wire, args=(self._fds[0], self._fds[1], stop_r), daemon=True
+            target=wire, args=(self._fds[0], self._fds[1], stop_r), daemon=True
         )
         self._thread.start()
 

@@ -73,8 +73,8 @@ async def test_failed_create_leaves_nothing(
         "chain": "forward",
         "expr": [{"jump": {"target": "nope"}}],
     }
-    broken = [*good(pool.config.guest, EgressPolicy()), {"add": {"rule": bad_rule}}]
-    monkeypatch.setattr(rules, "slot_table", lambda guest, policy: broken)
+    broken = [*good(pool.config.guest, EgressPolicy(), ()), {"add": {"rule": bad_rule}}]
+    monkeypatch.setattr(rules, "slot_table", lambda guest, policy, denied: broken)
     with pytest.raises(NftError):
         await pool.acquire()
     assert world.leftovers() == []

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import Any
 
 import pytest
 
 from aenv.network import EgressPolicy, Slot, SlotPool
+from aenv.network.settings import SandboxNetwork
 from tests.network import probes
 from tests.network.conftest import HOST_UPLINK_IP, INET_IP, INET_OTHER_IP, World
 from tests.network.fakeguest import FakeGuest
@@ -52,7 +54,7 @@ async def test_allow_wins_over_deny_and_policies_change_live(
     # Denying everything never cuts the host's path to the guest.
     assert await probes.probe(world.host, str(slot.address), ENVD_PORT) == f"envd {slot.host_ip}"
 
-    await pool.set_policy(slot, EgressPolicy.parse(deny=["10.251.0.0/16"]))
+    await pool.set_policy(slot, EgressPolicy.parse(deny=["198.51.100.0/24"]))
     assert await _reachable(guest) == [True, False]
     await pool.set_policy(slot, EgressPolicy())
     assert await _reachable(guest) == [True, True]
@@ -89,3 +91,36 @@ def test_policy_parsing() -> None:
     for bad in ("example.com", "::1"):
         with pytest.raises(ValueError):
             EgressPolicy.parse(deny=[bad])
+
+
+def test_sandbox_settings_map_onto_slot_egress() -> None:
+    def egress(**settings: Any) -> tuple[bool, list[str], list[str]]:
+        result = SandboxNetwork(**settings).egress
+        return (
+            result.enabled,
+            [str(n) for n in result.policy.allow],
+            [str(n) for n in result.policy.deny],
+        )
+
+    assert egress() == (True, [], [])
+    # No internet access is a deny of everything, which an allow still overrides (as in E2B).
+    assert egress(allow_internet=False) == (False, [], ["0.0.0.0/0"])
+    assert egress(allow_internet=False, allow_out=("1.1.1.1",)) == (
+        True,
+        ["1.1.1.1/32"],
+        ["0.0.0.0/0"],
+    )
+    assert egress(deny_out=("0.0.0.0/0",)) == (False, [], ["0.0.0.0/0"])
+    assert egress(deny_out=("8.8.8.8",)) == (True, [], ["8.8.8.8/32"])
+    # Kept as the user wrote them, for the sandbox's info.
+    assert SandboxNetwork(allow_out=("8.8.8.8",)).allow_out == ("8.8.8.8",)
+    for bad in ("example.com", "2001:db8::/32"):
+        with pytest.raises(ValueError):
+            SandboxNetwork(deny_out=(bad,))
+    # Names need everything else denied; then they open the slot's egress, as addresses do.
+    with pytest.raises(ValueError, match="ALL_TRAFFIC"):
+        SandboxNetwork(allow_out=("example.com",))
+    named = SandboxNetwork(allow_out=("*.example.com",), deny_out=("0.0.0.0/0",)).egress
+    assert (named.enabled, named.policy.domains) == (True, ("*.example.com",))
+    offline = SandboxNetwork(allow_internet=False, allow_out=("example.com",)).egress
+    assert (offline.enabled, offline.policy.domains) == (True, ("example.com",))

@@ -17,9 +17,10 @@ import pytest
 from moto.server import ThreadedMotoServer
 
 from aenv.config import Config, ConfigError
-from aenv.orchestrator.archive import Archive, complete
+from aenv.orchestrator.archive import Archive
 from aenv.orchestrator.repository import open_archive
 from aenv.runtime.driver import Disk, Snapshot, VMSpec
+from aenv.runtime.qemu import QemuDriver
 from aenv.storage.repository import CorruptChunk
 from tests.support.ports import free_port
 
@@ -93,13 +94,14 @@ def _layered_checkpoint(directory: Path) -> Snapshot:
 def test_checkpoint_round_trip_is_self_contained(archive: Archive, tmp_path: Path) -> None:
     checkpoint = _layered_checkpoint(tmp_path / "pause-1")
     staging = tmp_path / "archive-1"
+    driver = QemuDriver()
     manifest_id = asyncio.run(
-        archive.push_checkpoint(checkpoint, staging, name="t", metadata={"sandbox": "x"})
+        archive.push_checkpoint(checkpoint, staging, driver, name="t", metadata={"sandbox": "x"})
     )
     assert not staging.exists()  # uploaded, then removed
 
-    pulled = asyncio.run(archive.pull(manifest_id, staging))
-    assert complete(staging)
+    pulled = asyncio.run(archive.pull(manifest_id, staging, driver))
+    assert pulled == Snapshot.load_manifest(staging)
     assert pulled.state_file == staging / "state"
     assert pulled.state_file.read_bytes() == checkpoint.state_file.read_bytes()
     info = json.loads(
@@ -121,7 +123,9 @@ def test_checkpoint_round_trip_is_self_contained(archive: Archive, tmp_path: Pat
 def test_damaged_chunk_is_refused(archive: Archive, tmp_path: Path) -> None:
     checkpoint = _layered_checkpoint(tmp_path / "pause-1")
     manifest_id = asyncio.run(
-        archive.push_checkpoint(checkpoint, tmp_path / "archive-1", name="t", metadata={})
+        archive.push_checkpoint(
+            checkpoint, tmp_path / "archive-1", QemuDriver(), name="t", metadata={}
+        )
     )
     repository = archive.repository
     manifest = asyncio.run(repository.manifest(manifest_id))
@@ -134,7 +138,7 @@ def test_damaged_chunk_is_refused(archive: Archive, tmp_path: Path) -> None:
     if repository.cache is not None:
         repository.cache.discard(digest)
     with pytest.raises(CorruptChunk):
-        asyncio.run(archive.pull(manifest_id, tmp_path / "restored"))
+        asyncio.run(archive.pull(manifest_id, tmp_path / "restored", QemuDriver()))
     assert not (tmp_path / "restored").exists()
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 
+from aenv.network.settings import SandboxNetwork
 from aenv.orchestrator.catalog import Archived, Catalog, PageQuery, SandboxRecord
 from aenv.orchestrator.kinds import SaveMode
 from aenv.orchestrator.states import KILLABLE, TRANSITIONS, IllegalTransition, SandboxState
@@ -30,6 +31,7 @@ def record(sandbox_id: str, started: float = 0.0) -> SandboxRecord:
         auto_pause_mode=SaveMode.FILESYSTEM,
         checkpoint_seq=3,
         archived=Archived(2, "m-2"),
+        network=SandboxNetwork(False, ("1.1.1.1",), ("8.8.8.0/24",), False, "${PORT}-x.test"),
     )
 
 
@@ -176,3 +178,11 @@ def test_every_state_is_reachable_and_can_be_killed() -> None:
                 frontier.append(nxt)
     assert reached == set(SandboxState)
     assert frozenset(SandboxState) - KILLABLE == {SandboxState.KILLING}
+
+
+def test_network_settings_change(catalog: Catalog) -> None:
+    catalog.insert(record("s3"))
+    changed = SandboxNetwork(deny_out=("0.0.0.0/0",), allow_out=("9.9.9.9", "*.example.com"))
+    updated = catalog.update("s3", network=changed)
+    assert updated is not None and updated.network == changed
+    assert catalog.get("s3") == updated

@@ -92,3 +92,26 @@ def test_discard_leaves_the_stream_form(pause: Path) -> None:
     assert Snapshot.load_manifest(pause) == stream
     assert not (pause / "memory").exists()
     assert not (pause / detach.DETACHED).exists()
+
+
+def test_older_checkpoints_of_any_driver_lose_state_and_memory(tmp_path: Path) -> None:
+    """The files a checkpoint's manifest names are freed, whatever the driver called them
+    (Firecracker's pair is `vmstate.bin` and `memory-<n>.bin`)."""
+    old = checkpoints.pause_dir(tmp_path, 1)
+    old.mkdir()
+    for name in ("vmstate.bin", "memory-1.bin", "disk-upper.img"):
+        (old / name).write_bytes(name.encode())
+    spec = VMSpec(vcpus=1, memory_mib=256, kernel=Path("/k"), cmdline="", workdir=old)
+    Snapshot(
+        driver="firecracker",
+        compat="x",
+        spec=spec,
+        state_file=old / "vmstate.bin",
+        memory_file=old / "memory-1.bin",
+        disks={"upper": old / "disk-upper.img"},
+    ).save_manifest()
+    new = checkpoints.pause_dir(tmp_path, 2)
+    new.mkdir()
+    _stream_form(new)
+    checkpoints.prune_pauses(tmp_path, 2)
+    assert sorted(p.name for p in old.iterdir()) == ["disk-upper.img"]

@@ -19,6 +19,8 @@ from aenv.orchestrator import images
 from aenv.orchestrator.images import GuestImages, prepare_images, publish, tree_digest
 from aenv.orchestrator.templates import TEMPLATE_FILE, Template, TemplateStore, is_stale
 from aenv.runtime.driver import Disk, Snapshot, VMSpec
+from aenv.runtime.firecracker import FirecrackerDriver
+from aenv.runtime.qemu import QemuDriver
 
 
 def rebuild(path: Path, content: bytes) -> None:
@@ -195,8 +197,16 @@ def test_identity_follows_every_image_the_vm_uses(tmp_path: Path) -> None:
     for field in ("kernel", "initrd", "rootfs", "envd_drive"):
         other = dataclasses.replace(guest, **{field: tmp_path / "other"})
         assert other.identity != guest.identity
-    # Only the kernel the driver boots counts (server.py swaps in vmlinux for Firecracker).
+    # Only the kernel the driver boots counts (`booted_by` picks it).
     assert dataclasses.replace(guest, vmlinux=tmp_path / "other").identity == guest.identity
+
+
+def test_each_driver_boots_its_own_kernel_form(tmp_path: Path) -> None:
+    guest = images_named(tmp_path, "1")
+    assert guest.booted_by(QemuDriver()) == guest
+    firecracker = guest.booted_by(FirecrackerDriver())
+    assert firecracker.kernel == guest.vmlinux
+    assert firecracker.identity != guest.identity  # a template of one is stale for the other
 
 
 def make_template(store: TemplateStore, template_id: str, images: str | None) -> Template:

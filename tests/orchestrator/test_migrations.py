@@ -8,6 +8,7 @@ import json
 import sqlite3
 from pathlib import Path
 
+from aenv.network.settings import SandboxNetwork
 from aenv.orchestrator.catalog import Archived, Catalog, PageQuery
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.states import SandboxState
@@ -106,6 +107,24 @@ def test_old_catalog_keeps_its_paused_sandboxes(tmp_path: Path) -> None:
         assert reopened.get("paused1") == moved
     finally:
         reopened.close()
+
+
+def test_old_catalog_keeps_the_internet_flag_of_its_sandboxes(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.db"
+    db = sqlite3.connect(path)
+    db.executescript(OLD_SCHEMA)
+    _old_row(db, "offline1", "paused", {})
+    _old_row(db, "online1", "paused", {})
+    db.execute("UPDATE sandboxes SET allow_internet = 0 WHERE id = 'offline1'")
+    db.commit()
+    db.close()
+    catalog = Catalog(path)
+    try:
+        offline, online = catalog.get("offline1"), catalog.get("online1")
+        assert offline is not None and offline.network == SandboxNetwork(allow_internet=False)
+        assert online is not None and online.network == SandboxNetwork()
+    finally:
+        catalog.close()
 
 
 def _old_template(directory: Path, template_id: str, kind: str, memory: bool) -> None:

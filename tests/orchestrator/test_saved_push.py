@@ -18,6 +18,7 @@ from aenv.orchestrator.catalog import Catalog
 from aenv.orchestrator.repository import open_archive
 from aenv.orchestrator.saved import SavedStates
 from aenv.orchestrator.templates import Template, TemplateStore
+from aenv.runtime.qemu import QemuDriver
 
 
 @pytest.fixture
@@ -29,7 +30,7 @@ def saved(tmp_path: Path) -> Iterator[SavedStates]:
     templates = TemplateStore(config.paths.templates, tmp_path / "memory")
     templates.load()
     try:
-        yield SavedStates(catalog, templates, config.paths.sandboxes, archive)
+        yield SavedStates(catalog, templates, config.paths.sandboxes, archive, QemuDriver())
     finally:
         archive.close()
         catalog.close()

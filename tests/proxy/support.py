@@ -35,6 +35,7 @@ class FakeSandbox:
     traffic_access_token: str | None = None
     paused: bool = False
     incarnation: str = ""
+    mask_request_host: str | None = None
 
 
 @dataclass
@@ -51,7 +52,13 @@ class DictResolver:
         if sandbox.paused:
             raise SandboxPaused(sandbox_id)
         local = sandbox.ports.get(port, self.closed_port)
-        return Upstream("127.0.0.1", local, sandbox.traffic_access_token, sandbox.incarnation)
+        return Upstream(
+            "127.0.0.1",
+            local,
+            sandbox.traffic_access_token,
+            sandbox.incarnation,
+            sandbox.mask_request_host,
+        )
 
 
 @contextmanager

@@ -176,6 +176,28 @@ async def test_traffic_access_token(
     assert right.status_code == 200
 
 
+async def test_masked_request_host(
+    proxy_url: str, resolver: DictResolver, upstream_port: int
+) -> None:
+    sandbox_id = "maskedsandbox0000001"
+    ports = {USER_PORT: upstream_port, ENVD: upstream_port}
+    resolver.sandboxes[sandbox_id] = FakeSandbox(ports, mask_request_host="masked.test:${PORT}")
+    try:
+        async with httpx.AsyncClient() as client:
+            user = await client.get(
+                f"{proxy_url}/x", headers={**routed(sandbox_id), "X-Forwarded-Host": "forged"}
+            )
+            envd = await client.get(f"{proxy_url}/x", headers=routed(sandbox_id, ENVD))
+    finally:
+        del resolver.sandboxes[sandbox_id]
+    client_host = proxy_url.removeprefix("http://")
+    assert header_values(user.json(), "host") == [f"masked.test:{USER_PORT}"]
+    # The client's own host goes along, as infra's proxy sends it; a client's claim does not.
+    assert header_values(user.json(), "x-forwarded-host") == [client_host]
+    # envd's port is exempt: it is the SDK's, not the user's service.
+    assert header_values(envd.json(), "host") == [client_host]
+
+
 @pytest.mark.parametrize("path", ["/init", "//init", "/%69nit", "/files/../init", "/init/"])
 async def test_envd_control_routes_are_not_reachable(
     proxy_url: str, envd_port: int, path: str

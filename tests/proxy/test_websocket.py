@@ -113,3 +113,16 @@ async def test_many_messages_in_flight(proxy_url: str, sandbox_id: str) -> None:
         for i in range(500):
             await ws.send(f"m{i}")
         assert [await ws.recv() for _ in range(500)] == [f"m{i}" for i in range(500)]
+
+
+async def test_masked_request_host(
+    proxy_url: str, resolver: DictResolver, upstream_port: int
+) -> None:
+    sandbox_id = "maskedsandbox0000002"
+    mask = "masked.test:${PORT}"
+    resolver.sandboxes[sandbox_id] = FakeSandbox({USER_PORT: upstream_port}, mask_request_host=mask)
+    try:
+        async with connect(ws_url(proxy_url, "/ws"), additional_headers=routed(sandbox_id)) as ws:
+            assert json.loads(await ws.recv())["host"] == f"masked.test:{USER_PORT}"
+    finally:
+        del resolver.sandboxes[sandbox_id]

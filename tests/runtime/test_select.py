@@ -8,7 +8,16 @@ import pytest
 
 from aenv.guest.initramfs import build_initramfs
 from aenv.guest.kernel import fetch_kernel
-from aenv.runtime.select import Backend, Selection, kvm_boots_guests, qemu_driver, select_backend
+from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
+from aenv.runtime.qemu import QemuDriver
+from aenv.runtime.select import (
+    Backend,
+    Selection,
+    driver_for,
+    kvm_boots_guests,
+    qemu_driver,
+    select_backend,
+)
 from tests.support.guest import GUEST_CACHE
 
 REPO = Path(__file__).resolve().parents[2]
@@ -39,3 +48,11 @@ async def test_probe_boots_the_real_kernel() -> None:
         # PVM opens /dev/kvm and creates VMs, but an ordinary kernel never reaches init.
         assert not ok, reason
     assert reason
+
+
+def test_driver_for_each_backend() -> None:
+    config = FirecrackerConfig()
+    firecracker = driver_for(Selection(Backend.FIRECRACKER, "x"), cgroups=None, firecracker=config)
+    assert isinstance(firecracker, FirecrackerDriver) and firecracker.config is config
+    qemu = driver_for(Selection(Backend.QEMU_KVM, "x"), cgroups=None, firecracker=config)
+    assert isinstance(qemu, QemuDriver) and qemu.config.accel == "kvm"

@@ -19,7 +19,8 @@ HARNESS = Path(__file__).with_name("throwaway_root.sh")
 PROJECT = Path(__file__).resolve().parents[2]
 
 
-def _python_paths() -> list[str]:
+def python_paths() -> list[str]:
+    """What a throwaway root must bind to run this project's Python."""
     paths = {
         str(PROJECT),
         sys.prefix,
@@ -36,7 +37,7 @@ def envd_in_throwaway_root(
     """Run envd on 127.0.0.1:`port` as root of a throwaway root; yields its base URL."""
     envd = [sys.executable, "-m", "aenv.envd", "--host", "127.0.0.1", "--port", str(port)]
     with serve_in_throwaway_root(
-        [*envd, *extra_args], port, binds=_python_paths(), poll_interval=poll_interval
+        [*envd, *extra_args], port, binds=python_paths(), poll_interval=poll_interval
     ) as url:
         yield url
 

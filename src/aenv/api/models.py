@@ -6,7 +6,7 @@ options this node does not implement yet; rejecting them would break those clien
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -58,10 +58,29 @@ class _Body(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="ignore")
 
 
-class NetworkConfig(_Body):
-    allow_public_traffic: bool | None = Field(default=None, alias="allowPublicTraffic")
+class Egress(BaseModel):
+    """Egress fields shared by a create's `network` and `PUT /sandboxes/{id}/network`. Every
+    key the SDKs send is declared, and unknown keys are refused: a firewall rule accepted and
+    then ignored would be worse than an error (api/network.py refuses what is not implemented)."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
     allow_out: list[str] | None = Field(default=None, alias="allowOut")
     deny_out: list[str] | None = Field(default=None, alias="denyOut")
+    rules: dict[str, Any] | None = None
+    egress_proxy: dict[str, Any] | None = Field(default=None, alias="egressProxy")
+    dns_servers: list[str] | None = Field(default=None, alias="dnsServers")
+
+
+class NetworkConfig(Egress):
+    allow_public_traffic: bool | None = Field(default=None, alias="allowPublicTraffic")
+    mask_request_host: str | None = Field(default=None, alias="maskRequestHost")
+    https_ports: list[int] | None = Field(default=None, alias="httpsPorts")
+
+
+class NetworkUpdate(Egress):
+    """`PUT /sandboxes/{id}/network`: replaces every egress rule; an omitted field is cleared."""
+
+    allow_internet_access: bool | None = None
 
 
 class AutoResume(_Body):

@@ -20,11 +20,13 @@ from aenv.api.models import (
     DEFAULT_TIMEOUT_V1,
     DEFAULT_TIMEOUT_V2,
     ConnectBody,
+    NetworkUpdate,
     NewSandbox,
     RefreshBody,
     TimeoutBody,
     check_metadata,
 )
+from aenv.api.network import create_network, network_info, updated_network
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.orchestrator.catalog import PageQuery, SandboxRecord
@@ -114,6 +116,7 @@ class SandboxRoutes:
             Route("/sandboxes/{sandbox_id}/connect", self.connect, methods=["POST"]),
             Route("/v2/sandboxes/{sandbox_id}/connect", self.connect, methods=["POST"]),
             Route("/sandboxes/{sandbox_id}/metrics", self.metrics, methods=["GET"]),
+            Route("/sandboxes/{sandbox_id}/network", self.update_network, methods=["PUT"]),
         ]
 
     # -- shapes ---------------------------------------------------------------------------
@@ -143,7 +146,8 @@ class SandboxRoutes:
         return {
             **self._listed(record),
             "envdAccessToken": record.envd_access_token,
-            "allowInternetAccess": record.allow_internet,
+            "allowInternetAccess": record.network.allow_internet,
+            "network": network_info(record.network),
             "domain": self.config.domain,
             "lifecycle": {
                 "autoResume": record.auto_resume,
@@ -159,13 +163,7 @@ class SandboxRoutes:
         timeout = default_timeout if body.timeout is None else body.timeout
         if timeout <= 0 or timeout > self.config.max_timeout:
             raise APIError(400, f"timeout must be between 1 and {self.config.max_timeout} seconds")
-        allow_internet = body.allow_internet_access is not False
-        if (
-            body.network is not None
-            and body.network.deny_out
-            and "0.0.0.0/0" in body.network.deny_out
-        ):
-            allow_internet = False
+        network = create_network(body.allow_internet_access, body.network)
         try:
             with self.node_metrics.create_seconds.time():
                 record, _ = await self.orc.create(
@@ -177,7 +175,7 @@ class SandboxRoutes:
                         auto_pause=body.auto_pause,
                         auto_pause_mode=SaveMode.of(body.auto_pause_memory),
                         auto_resume=body.auto_resume is not None and body.auto_resume.enabled,
-                        allow_internet=allow_internet,
+                        network=network,
                         owner=request.state.api_key.id,
                     )
                 )
@@ -271,6 +269,14 @@ class SandboxRoutes:
             self.orc.connect(sandbox_id, timeout, mode=SaveMode.of(body.memory)), sandbox_id
         )
         return JSONResponse(self._sandbox(record), status_code=201 if resumed else 200)
+
+    async def update_network(self, request: Request) -> Response:
+        """Replace the egress rules of a running or paused sandbox: 204, 404, 409 mid-change."""
+        body = await parse_body(request, NetworkUpdate)
+        rules = updated_network(body)
+        sandbox_id = request.path_params["sandbox_id"]
+        await call_lifecycle(self.orc.set_egress(sandbox_id, rules), sandbox_id)
+        return Response(status_code=204)
 
     async def metrics(self, request: Request) -> Response:
         """The current sample (this node keeps no history yet, so `start`/`end` select nothing

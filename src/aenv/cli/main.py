@@ -31,10 +31,18 @@ def server(
     host: Annotated[str | None, typer.Option(help="address to listen on")] = None,
     home: Annotated[Path | None, typer.Option(help="data directory (AENV_HOME)")] = None,
     driver: Annotated[str | None, typer.Option(help="auto|firecracker|qemu-kvm|qemu-tcg")] = None,
+    domain: Annotated[
+        str | None, typer.Option(help="sandbox hosts are <port>-<id>.DOMAIN, the API api.DOMAIN")
+    ] = None,
+    tls_cert: Annotated[
+        Path | None, typer.Option(help="serve HTTPS with this certificate (for *.DOMAIN)")
+    ] = None,
+    tls_key: Annotated[Path | None, typer.Option(help="the certificate's private key")] = None,
 ) -> None:
     """Run one node: control plane and data plane on one port."""
+    overrides = {"port": port, "host": host, "home": home, "driver": driver, "domain": domain}
     try:
-        config = load({"port": port, "host": host, "home": home, "driver": driver})
+        config = load({**overrides, "tls_cert": tls_cert, "tls_key": tls_key})
     except ConfigError as e:
         console.print(f"[red]configuration error:[/red] {e}")
         raise typer.Exit(2) from e
@@ -55,7 +63,7 @@ async def _serve(config: Config) -> None:
     # the process before the node's shutdown (which pauses the running sandboxes) has run.
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
-    console.print(f"[green]serving[/green] http://{config.host}:{config.port}")
+    console.print(f"[green]serving[/green] {config.scheme}://{config.host}:{config.port}")
     try:
         await uv.serve()
     finally:
@@ -73,7 +81,11 @@ def auth(home: Annotated[Path | None, typer.Option(help="data directory")] = Non
     if key is None:
         console.print(f"no API key yet: start the server once ({key_file})")
         raise typer.Exit(1)
-    base = f"http://localhost:{config.port}"
+    if config.domain and config.tls_cert:
+        # The SDKs' own scheme: https://api.<domain> and https://<port>-<id>.<domain>.
+        typer.echo(f"export E2B_API_KEY={key}\nexport E2B_DOMAIN={config.domain}")
+        return
+    base = f"{config.scheme}://localhost:{config.port}"
     typer.echo(
         f"export E2B_API_KEY={key}\nexport E2B_API_URL={base}\nexport E2B_SANDBOX_URL={base}"
     )

@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, field
-from ipaddress import IPv4Network
+from ipaddress import IPv4Address, IPv4Network
 
 from aenv.network.addressing import AddressPlan
+from aenv.network.reserved import denied_ranges
 from aenv.network.slot import GuestNetwork
 
 _IFNAMSIZ = 15
@@ -31,6 +33,14 @@ class NetworkConfig:
     # The warm pool refills in the background to `pool_high` when it drops below `pool_low`.
     pool_low: int = 4
     pool_high: int = 16
+    # Parts of the private and CGNAT ranges that sandboxes may reach (see `reserved`).
+    private_allowed: tuple[IPv4Network, ...] = ()
+    # Further ranges no sandbox may reach: the cluster's own addresses, say.
+    internal: tuple[IPv4Network, ...] = ()
+    # The resolver that slots with domain rules get their allowed names from (see `dns`).
+    dns_upstream: IPv4Address = field(default_factory=lambda: IPv4Address("1.1.1.1"))
+    # The only user whose processes may open connections to slot addresses (the server's).
+    server_uid: int = field(default_factory=os.geteuid)
 
     def __post_init__(self) -> None:
         if not re.fullmatch(r"[a-z][a-z0-9]*", self.prefix):
@@ -43,3 +53,8 @@ class NetworkConfig:
             raise ValueError("need 0 <= pool_low <= pool_high")
         if self.slot_network.overlaps(self.guest.ip.network):
             raise ValueError(f"slot_network {self.slot_network} overlaps the guest network")
+
+    @property
+    def denied(self) -> tuple[IPv4Network, ...]:
+        """The destinations every slot refuses, whatever its policy."""
+        return denied_ranges(self.slot_network, self.private_allowed, self.internal)

@@ -34,6 +34,8 @@ from pyroute2.netlink.rtnl.ndmsg import NUD_PERMANENT
 from aenv.network import netns, nft, rules
 from aenv.network.addressing import SLOT_PREFIXLEN, AddressPlan
 from aenv.network.config import NetworkConfig
+from aenv.network.domains import DomainRules
+from aenv.network.egress_proxy import DomainProxy
 from aenv.network.policy import EgressPolicy
 from aenv.network.slot import Slot
 
@@ -74,8 +76,11 @@ class SlotManager:
     def __init__(self, config: NetworkConfig) -> None:
         self.config = config
         self._plan = AddressPlan(config.slot_network)
+        self._denied = config.denied
         self._slots: dict[int, Slot] = {}
         self._policies: dict[int, EgressPolicy] = {}
+        # The domain proxies of slots whose policy names domains.
+        self._proxies: dict[int, DomainProxy] = {}
         # Per slot: changes to one slot's egress apply in the order they were asked for.
         self._locks: dict[int, asyncio.Lock] = {}
         self._orphans: set[asyncio.Future[None]] = set()
@@ -106,8 +111,11 @@ class SlotManager:
         for name in swept:
             netns.remove(name)
         _sysctl("net/ipv4/ip_forward", "1")
+        config = self.config
         nft.apply(
-            rules.host_table(self.config.prefix, f"{self.config.prefix}-", self.config.slot_network)
+            rules.host_table(
+                config.prefix, f"{config.prefix}-", config.slot_network, config.server_uid
+            )
         )
         return sorted(swept)
 
@@ -142,6 +150,12 @@ class SlotManager:
         self._slots[index] = slot
         self._policies[index] = initial
         self._locks[index] = asyncio.Lock()
+        if initial.domains:
+            try:
+                await self._start_proxy(slot, initial)
+            except BaseException:
+                await self.destroy(slot)
+                raise
         return slot
 
     async def _reclaim(self, slot: Slot, work: asyncio.Future[None]) -> None:
@@ -196,7 +210,7 @@ class SlotManager:
                     ns.addr("add", index=inner, address=str(slot.address), prefixlen=SLOT_PREFIXLEN)
                     ns.link("set", index=inner, state="up")
                     _set_default_route(ns, slot, egress)
-                nft.apply(rules.slot_table(guest, policy))
+                nft.apply(rules.slot_table(guest, policy, self._denied))
             except BaseException:
                 netns.remove(slot.netns)
                 raise
@@ -205,6 +219,7 @@ class SlotManager:
         """Remove the slot. The VMM that ran in it must have exited: a process still inside keeps
         the namespace (unnamed, and cut off once its index is reused) alive until it exits."""
         self._check_live(slot)
+        await self._stop_proxy(slot)
         # Dropping a name enters no namespace, so a pooled thread is fine here.
         await asyncio.to_thread(netns.remove, slot.netns)
         del self._slots[slot.index]
@@ -230,9 +245,38 @@ class SlotManager:
         self._check_live(slot)
         async with self._locks[slot.index]:
             old = self._policies[slot.index]
-            if policy != old:
+            if policy == old:
+                return
+            # The proxy is up before connections are redirected to it, and down only after.
+            if policy.domains:
+                await self._start_proxy(slot, policy)
+            try:
                 await netns.run_in(slot.netns, lambda: nft.apply(rules.set_policy(old, policy)))
-                self._policies[slot.index] = policy
+            except BaseException:
+                if old.domains:
+                    await self._start_proxy(slot, old)  # gives the old names back
+                else:
+                    await self._stop_proxy(slot)
+                raise
+            self._policies[slot.index] = policy
+            if not policy.domains:
+                await self._stop_proxy(slot)
+
+    async def _stop_proxy(self, slot: Slot) -> None:
+        proxy = self._proxies.pop(slot.index, None)
+        if proxy is not None:
+            await proxy.close()
+
+    async def _start_proxy(self, slot: Slot, policy: EgressPolicy) -> None:
+        """Start the slot's domain proxy, or give the running one the new names."""
+        proxy = self._proxies.get(slot.index)
+        if proxy is not None:
+            proxy.rules = DomainRules(policy.domains)
+            return
+        rules = DomainRules(policy.domains)
+        proxy = DomainProxy(slot, rules, self._denied, self.config.dns_upstream)
+        await proxy.start()
+        self._proxies[slot.index] = proxy
 
     async def close(self) -> None:
         """Destroy every live slot and remove the host table."""

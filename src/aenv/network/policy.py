@@ -1,9 +1,10 @@
-"""Per-slot egress policy by destination address: the CIDR part of E2B's `allow_out` /
-`deny_out`. Domain names are not addresses and are not handled here.
+"""Per-slot egress policy: E2B's `allow_out` / `deny_out` as addresses and domain names.
 
 Semantics follow E2B: with no lists everything is allowed; `deny` blocks its destinations unless
-`allow` also covers them (allow wins). The policy applies only while the slot's egress is on, and
-never opens the host: the host-side rules drop slot traffic to the host whatever the policy says.
+`allow` also covers them (allow wins). Domain names may only be allowed; a TCP connection that no
+address rule allows is then judged by the name it asks for (`egress_proxy`). The policy applies
+only while the slot's egress is on, and never opens the host: the host-side rules drop slot
+traffic to the host whatever the policy says.
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Network, collapse_addresses, ip_network
+
+from aenv.network.domains import is_address, normalise
 
 
 def _normalise(networks: Iterable[IPv4Network]) -> tuple[IPv4Network, ...]:
@@ -22,14 +25,18 @@ def _normalise(networks: Iterable[IPv4Network]) -> tuple[IPv4Network, ...]:
 class EgressPolicy:
     allow: tuple[IPv4Network, ...] = ()
     deny: tuple[IPv4Network, ...] = ()
+    # Allowed names (`example.com`, `*.example.com`), canonical and sorted.
+    domains: tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allow", _normalise(self.allow))
         object.__setattr__(self, "deny", _normalise(self.deny))
+        object.__setattr__(self, "domains", tuple(sorted({normalise(d) for d in self.domains})))
 
     @classmethod
     def parse(cls, allow: Iterable[str] = (), deny: Iterable[str] = ()) -> EgressPolicy:
-        """From strings such as `1.1.1.1` or `8.8.8.0/24`; anything else is a ValueError."""
+        """From strings such as `1.1.1.1`, `8.8.8.0/24` or (allow only) `*.example.com`;
+        anything else is a ValueError."""
 
         def networks(values: Iterable[str]) -> list[IPv4Network]:
             out = []
@@ -40,4 +47,7 @@ class EgressPolicy:
                 out.append(network)
             return out
 
-        return cls(tuple(networks(allow)), tuple(networks(deny)))
+        entries = list(allow)
+        names = [entry for entry in entries if not is_address(entry)]
+        addresses = [entry for entry in entries if is_address(entry)]
+        return cls(tuple(networks(addresses)), tuple(networks(deny)), tuple(names))

@@ -7,9 +7,9 @@ a small change costs little. When the local copy is missing or damaged (a lost d
 cache), the copy is pulled back, every chunk verified, into the very directory it was exported
 from, so the absolute paths in its `snapshot.json` hold again.
 
-A pause checkpoint's disks are qcow2 layers stacked on earlier ones; the copy is exported
-self-contained first (`checkpoints.export`: disks flattened) into a staging directory that is
-removed once uploaded, and that a pull later recreates.
+A pause checkpoint's disks may be layers stacked on earlier ones; the copy is exported
+self-contained first (`Driver.export`) into a staging directory that is removed once uploaded,
+and that a pull later recreates.
 """
 
 from __future__ import annotations
@@ -20,8 +20,7 @@ import shutil
 from collections.abc import Mapping
 from pathlib import Path
 
-from aenv.orchestrator import checkpoints
-from aenv.runtime.driver import RestoreError, Snapshot
+from aenv.runtime.driver import Driver, Snapshot
 from aenv.storage.repository import Repository as ChunkRepository
 from aenv.storage.repository import RepositoryError
 
@@ -33,12 +32,19 @@ class Archive:
         self.repository = repository
 
     async def push_checkpoint(
-        self, snapshot: Snapshot, staging: Path, *, name: str, metadata: Mapping[str, str]
+        self,
+        snapshot: Snapshot,
+        staging: Path,
+        driver: Driver,
+        *,
+        name: str,
+        metadata: Mapping[str, str],
     ) -> str:
-        """Store a (layered) checkpoint; returns its manifest id. `staging` must not exist."""
+        """Store a (layered) checkpoint of `driver`'s; returns its manifest id. `staging` must
+        not exist."""
         await asyncio.to_thread(staging.mkdir, parents=True)
         try:
-            await checkpoints.export(snapshot, staging, move=False)
+            await driver.export(snapshot, staging, move=False)
             return await self.push_directory(staging, name=name, metadata=metadata)
         finally:
             await asyncio.to_thread(shutil.rmtree, staging, True)
@@ -52,13 +58,14 @@ class Archive:
         )
         return manifest.id
 
-    async def pull(self, manifest_id: str, dest: Path) -> Snapshot:
+    async def pull(self, manifest_id: str, dest: Path, driver: Driver) -> Snapshot:
         """Materialise a stored snapshot at `dest` (where it was exported from), replacing any
-        damaged local copy. Raises `RepositoryError` (e.g. a corrupt or missing chunk) rather
-        than ever returning a snapshot that differs from what was stored."""
+        damaged local copy, and read it with `driver`. Raises `RepositoryError` (e.g. a corrupt
+        or missing chunk) rather than ever returning a snapshot that differs from what was
+        stored."""
         await asyncio.to_thread(shutil.rmtree, dest, True)
         await self.repository.get_tree(manifest_id, dest)
-        return await asyncio.to_thread(Snapshot.load_manifest, dest)
+        return await driver.load_saved(dest)
 
     async def drop(self, manifest_id: str) -> None:
         """Forget a stored snapshot (its chunks go at the next garbage collection)."""
@@ -77,15 +84,3 @@ class Archive:
 
     def close(self) -> None:
         self.repository.close()
-
-
-def complete(snapshot_dir: Path) -> bool:
-    """Whether a local snapshot directory has every file its manifest names."""
-    try:
-        snap = Snapshot.load_manifest(snapshot_dir)
-    except RestoreError:
-        return False
-    files = [snap.state_file, *snap.disks.values()]
-    if snap.memory_file is not None:
-        files.append(snap.memory_file)
-    return all(p.is_file() for p in files)

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from aenv.network.settings import SandboxNetwork
 from aenv.orchestrator.kinds import SaveMode
 from aenv.orchestrator.migrations import upgrade
 from aenv.orchestrator.states import SandboxState, check_transition
@@ -51,7 +52,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     checkpoint_mode TEXT NOT NULL DEFAULT 'full',
     archive_seq INTEGER,
     archive_manifest TEXT,
-    owner TEXT
+    owner TEXT,
+    network TEXT NOT NULL DEFAULT '{}'
 );
 CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state);
 CREATE INDEX IF NOT EXISTS sandboxes_started ON sandboxes(started_at, id);
@@ -85,7 +87,9 @@ class SandboxRecord:
     traffic_access_token: str | None = None
     auto_pause: bool = False
     auto_resume: bool = False
-    allow_internet: bool = True
+    # Egress and ingress rules (E2B's `network` and `allow_internet_access`). The old
+    # `allow_internet` column stays in the schema, unused (see `migrations`).
+    network: SandboxNetwork = field(default_factory=SandboxNetwork)
     updated_at: float = 0.0
     # The saved-state directory the sandbox was restored from: its disk layers stack on it, so
     # it stays while the sandbox exists.
@@ -121,7 +125,7 @@ class PageQuery:
 
 
 _JSON = ("metadata", "env_vars")
-_BOOL = ("auto_pause", "auto_resume", "allow_internet", "internal")
+_BOOL = ("auto_pause", "auto_resume", "internal")
 _MODES = ("auto_pause_mode", "checkpoint_mode")
 _FIELDS = tuple(f.name for f in fields(SandboxRecord))
 _COLUMNS = (*(n for n in _FIELDS if n != "archived"), "archive_seq", "archive_manifest")
@@ -136,6 +140,8 @@ def _to_columns(name: str, value: Any) -> dict[str, Any]:
         }
     if name in _JSON:
         return {name: json.dumps(dict(value), sort_keys=True)}
+    if name == "network":
+        return {name: json.dumps(value.to_json(), sort_keys=True)}
     if name in _BOOL:
         return {name: int(value)}
     if isinstance(value, enum.Enum):
@@ -159,6 +165,7 @@ def _from_row(row: sqlite3.Row) -> SandboxRecord:
     for name in _MODES:
         data[name] = SaveMode(data[name])
     data["state"] = SandboxState(data["state"])
+    data["network"] = SandboxNetwork.from_json(json.loads(data["network"]))
     if row["archive_manifest"] is not None:
         data["archived"] = Archived(row["archive_seq"], row["archive_manifest"])
     return SandboxRecord(**data)

@@ -1,6 +1,6 @@
 """Guest console files kept bounded.
 
-A VMM appends what its guest writes to the serial console to a file (QEMU's `append=on`: every
+A VMM appends what its guest writes to the serial console to a file (opened to append: every
 write lands at the file's current end), and a guest can write without pause (`yes >
 /dev/ttyS0`: ~11 MiB a minute). `cap` is run on every live VM's console file every few seconds:
 past `limit` bytes the file's content is copied to `<name>.old.log` (replacing the previous

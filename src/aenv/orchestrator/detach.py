@@ -1,17 +1,16 @@
-"""Saved states made cheap to restore: guest memory moved out of the state stream into a file.
+"""Saved states made cheap to restore: guest memory moved out of the state file into a file.
 
-A sandbox restored from a template maps the template's memory file privately, so when *it* is
-saved (a pause, a fork checkpoint, a template build step) its RAM has to travel inside the state
-stream, and every restore of that state parses the whole stream into fresh memory (≈ 136 MiB for
-a 256 MiB guest, about twice a template restore under TCG). `Detacher` has the driver reload
-such a state without running the guest and save it again with the memory as a file
-(`<dir>/memory`, device state in `<dir>/detached/state`); restores then map that file like a
-template's. Pauses do it in the background after they return; fork checkpoints and template
-builds before their first restore.
+Some drivers save a VM whose memory is a private mapping (a sandbox restored from a template)
+with its memory inside the state file (`Snapshot.memory_file is None`), and every restore of such
+a state then reads it all into fresh memory, which costs about twice a restore that maps a memory
+file. `Detacher` has the driver turn such a state into the mapped kind without running the guest
+(`Driver.detach_memory`), its state written into `<dir>/detached/` and its memory beside the
+first form's files; restores then map that memory file like a template's. Pauses do it in the
+background after they return; fork checkpoints and template builds before their first restore.
 
 `adopt` switches a saved directory over to its detached form by atomically replacing its
-`snapshot.json`: a crash before that leaves the stream form in use (and `tidy` removes the
-unfinished files), a crash after it only leaves the old stream file for `tidy`.
+`snapshot.json`: a crash before that leaves the first form in use (and `tidy` removes what the
+detached form had written), a crash after it only leaves the replaced state file for `tidy`.
 """
 
 from __future__ import annotations
@@ -26,6 +25,7 @@ from pathlib import Path
 
 from aenv.network import SlotProvider
 from aenv.runtime.driver import (
+    SNAPSHOT_MANIFEST,
     Driver,
     DriverError,
     NetAttachment,
@@ -38,8 +38,6 @@ from aenv.runtime.driver import (
 log = logging.getLogger("aenv.orchestrator")
 
 DETACHED = "detached"
-_STREAM = "state"
-_MEMORY = "memory"
 
 
 class Detacher:
@@ -61,7 +59,7 @@ class Detacher:
 
     async def detach(self, snapshot: Snapshot, directory: Path) -> Snapshot | None:
         """The detached form of `snapshot` (saved in `directory`), written next to it but not
-        adopted; None when there is nothing to do or it failed (the stream form still works)."""
+        adopted; None when there is nothing to do or it failed (the first form still works)."""
         if snapshot.memory_file is not None or not snapshot.machine_state:
             return None
         start = time.perf_counter()
@@ -79,7 +77,7 @@ class Detacher:
             log.info("detached the memory of %s in %.0f ms", directory, _ms_since(start))
             return detached
         except (DriverError, OSError) as e:
-            log.warning("could not detach the memory of %s (restores parse it): %s", directory, e)
+            log.warning("could not detach the memory of %s (restores read it): %s", directory, e)
             await asyncio.to_thread(discard, directory)
             return None
         except BaseException:
@@ -101,17 +99,20 @@ class Detacher:
 
 
 def adopt(directory: Path, detached: Snapshot) -> None:
-    """Make `detached` the snapshot of `directory`, then free the stream it replaces."""
+    """Make `detached` the snapshot of `directory`, then free the state file it replaces."""
     detached.save_manifest(directory)
-    with contextlib.suppress(FileNotFoundError):
-        (directory / _STREAM).unlink()
+    _remove_unnamed(directory, detached)
 
 
 def discard(directory: Path) -> None:
-    """Remove a detached form that will not be adopted."""
+    """Remove a detached form that will not be adopted: `detached/` and the files next to it
+    that the manifest in use does not name (its memory file, written beside)."""
     shutil.rmtree(directory / DETACHED, ignore_errors=True)
-    with contextlib.suppress(FileNotFoundError):
-        (directory / _MEMORY).unlink()
+    try:
+        current = Snapshot.load_manifest(directory)
+    except RestoreError:
+        return
+    _remove_unnamed(directory, current)
 
 
 def tidy(directory: Path) -> None:
@@ -121,10 +122,21 @@ def tidy(directory: Path) -> None:
     except RestoreError:
         return
     if current.state_file.parent == directory / DETACHED:
-        with contextlib.suppress(FileNotFoundError):
-            (directory / _STREAM).unlink()
-    elif current.memory_file is None:
+        _remove_unnamed(directory, current)
+    else:
         discard(directory)
+
+
+def _remove_unnamed(directory: Path, current: Snapshot) -> None:
+    """Remove the files directly in `directory` that `current` does not name: what is left of
+    the form it replaced (its disks are shared by both forms and named)."""
+    named = {current.state_file, *current.disks.values(), directory / SNAPSHOT_MANIFEST}
+    if current.memory_file is not None:
+        named.add(current.memory_file)
+    for entry in directory.iterdir():
+        if entry.is_file() and entry not in named:
+            with contextlib.suppress(FileNotFoundError):
+                entry.unlink()
 
 
 def _fresh_dirs(*paths: Path) -> None:

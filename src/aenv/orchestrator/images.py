@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import os
 import shutil
@@ -29,6 +30,7 @@ from aenv.guest.bundle import build_envd_drive
 from aenv.guest.initramfs import build_initramfs
 from aenv.guest.kernel import fetch_kernel
 from aenv.guest.rootfs import build_base_rootfs
+from aenv.runtime.driver import Driver, KernelImages
 
 IMAGES_DIR = "images"
 DIGEST_CHARS = 16  # 64 bits of sha256: no accidental collision among a host's images
@@ -37,8 +39,8 @@ _CHUNK = 1 << 20
 
 @dataclass(frozen=True)
 class GuestImages:
-    kernel: Path  # bzImage
-    vmlinux: Path  # uncompressed, for Firecracker
+    kernel: Path  # what VMs boot: the bzImage until `booted_by` picks the driver's form
+    vmlinux: Path  # the same kernel uncompressed
     initrd: Path
     rootfs: Path  # ext4, shared read-only by every sandbox of the template
     envd_drive: Path  # ext4 with the self-contained envd, mounted at /opt/aenv
@@ -49,6 +51,11 @@ class GuestImages:
         so equal identities mean equal content). `kernel` is whichever kernel the driver boots."""
         names = (self.kernel.name, self.initrd.name, self.rootfs.name, self.envd_drive.name)
         return hashlib.sha256("\n".join(names).encode()).hexdigest()[:DIGEST_CHARS]
+
+    def booted_by(self, driver: Driver) -> GuestImages:
+        """These images as `driver`'s VMs boot them: `kernel` in the form it loads."""
+        kernel = driver.kernel_image(KernelImages(bzimage=self.kernel, vmlinux=self.vmlinux))
+        return dataclasses.replace(self, kernel=kernel)
 
 
 async def prepare_images(cache: Path, guest_cache: Path, mirror: str) -> GuestImages:

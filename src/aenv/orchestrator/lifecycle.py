@@ -36,7 +36,8 @@ import httpx
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.ids import new_access_token, new_sandbox_id
-from aenv.network import Slot, SlotProvider
+from aenv.network import NftError, Slot, SlotProvider
+from aenv.network.settings import SandboxNetwork, SlotEgress
 from aenv.orchestrator import checkpoints, consoles, detach
 from aenv.orchestrator.archive import Archive
 from aenv.orchestrator.background import PerSandbox
@@ -50,7 +51,6 @@ from aenv.orchestrator.states import KILLABLE, LIVE, SAVED, SandboxState
 from aenv.orchestrator.templates import BOOT_READY_TIMEOUT, Template, TemplateStore
 from aenv.runtime.driver import (
     VM,
-    Disk,
     Driver,
     DriverError,
     NetAttachment,
@@ -60,7 +60,6 @@ from aenv.runtime.driver import (
     SnapshotTarget,
 )
 from aenv.runtime.sweep import Reaper
-from aenv.storage import layers
 from aenv.storage.repository import RepositoryError
 
 log = logging.getLogger("aenv.orchestrator")
@@ -71,13 +70,7 @@ log = logging.getLogger("aenv.orchestrator")
 RESTORE_READY_TIMEOUT = 120.0
 # Housekeeping rounds (`consoles.INTERVAL` apart) between two reconciliations.
 RECONCILE_EVERY = 6
-_FAILURES = (
-    DriverError,
-    EnvdUnavailable,
-    layers.LayerError,
-    OSError,
-    RepositoryError,
-)
+_FAILURES = (DriverError, EnvdUnavailable, OSError, RepositoryError)
 
 
 class SandboxNotFound(LookupError):
@@ -146,7 +139,7 @@ class CreateRequest:
     env_vars: Mapping[str, str]
     auto_pause: bool = False
     auto_resume: bool = False
-    allow_internet: bool = True
+    network: SandboxNetwork = dataclasses.field(default_factory=SandboxNetwork)
     # What a pause on timeout saves.
     auto_pause_mode: SaveMode = SaveMode.FULL
     # The server's own sandboxes (template build VMs): not listed, and killed at shutdown.
@@ -185,7 +178,7 @@ class Orchestrator:
         self.stats = CreateStats()
         self._client = httpx.AsyncClient()
         self._tasks: set[asyncio.Task[None]] = set()
-        self.saved = SavedStates(catalog, templates, config.paths.sandboxes, archive)
+        self.saved = SavedStates(catalog, templates, config.paths.sandboxes, archive, driver)
         self.detacher = detach.Detacher(
             driver, slots, config.paths.detach, templates.memory_dir / "detach"
         )
@@ -382,7 +375,8 @@ class Orchestrator:
                     envd_access_token=new_access_token(),
                     auto_pause=request.auto_pause,
                     auto_resume=request.auto_resume,
-                    allow_internet=request.allow_internet,
+                    network=request.network,
+                    traffic_access_token=_traffic_token(request.network),
                     restored_from=base.snapshot_dir,
                     timeout=request.timeout,
                     auto_pause_mode=request.auto_pause_mode,
@@ -428,19 +422,19 @@ class Orchestrator:
         workdir, memory_dir = self._dirs(record.id)
         await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
         await asyncio.to_thread(memory_dir.mkdir, parents=True, exist_ok=True)
-        slot = await self.slots.acquire(egress=record.allow_internet)
+        egress = record.network.egress
+        slot = await self.slots.acquire(egress=egress.enabled, policy=egress.policy)
         vm: VM | None = None
         try:
             net = NetAttachment(slot.netns, slot.guest.tap, slot.guest.mac)
             envd = EnvdClient(self._client, str(slot.address), current_token)
+            place = RestoreSpec(workdir=workdir, net=net, memory_dir=memory_dir)
             if cold:
-                vm = await self._cold_boot(snapshot, workdir, memory_dir, net)
+                vm = await self.driver.boot_saved(snapshot, place)
                 envd = EnvdClient(self._client, envd.host)  # a fresh envd has no token yet
                 await envd.wait_healthy(BOOT_READY_TIMEOUT)
             else:
-                vm = await self.driver.restore(
-                    snapshot, RestoreSpec(workdir=workdir, net=net, memory_dir=memory_dir)
-                )
+                vm = await self.driver.restore(snapshot, place)
             # What a template build set (ENV, USER, WORKDIR), under the sandbox's own env.
             built = self.templates.by_id(record.template_id)
             await envd.init(
@@ -460,26 +454,6 @@ class Orchestrator:
         live = _Live(vm, slot)
         self._live[record.id] = live
         return live
-
-    async def _cold_boot(
-        self, snapshot: Snapshot, workdir: Path, memory_dir: Path, net: NetAttachment
-    ) -> VM:
-        """Boot the saved disks without the saved memory (filesystem-only snapshots)."""
-        run = secrets.token_hex(4)
-        disks: list[Disk] = []
-        for disk in snapshot.spec.disks:
-            if disk.read_only:
-                disks.append(disk)
-                continue
-            top = workdir / f"{disk.drive_id}.boot-{run}.qcow2"
-            await layers.qcow2_overlay(snapshot.disks[disk.drive_id], top)
-            disks.append(Disk(disk.drive_id, top))
-        if snapshot.spec.net is not None:
-            net = dataclasses.replace(net, mac=snapshot.spec.net.mac)
-        spec = dataclasses.replace(
-            snapshot.spec, workdir=workdir, memory_dir=memory_dir, net=net, disks=tuple(disks)
-        )
-        return await self.driver.boot(spec)
 
     async def _housekeeping(self) -> None:
         """For as long as the node runs: keep every live VM's console file bounded, and every
@@ -569,9 +543,14 @@ class Orchestrator:
     async def pause(
         self, sandbox_id: str, *, mode: SaveMode = SaveMode.FULL, require_healthy: bool = False
     ) -> SandboxRecord:
-        """Save the sandbox to its directory (what `mode` says), stop
-        its VM and free its slot. The sandbox stays, paused, until resumed or killed. With
-        `require_healthy`, a guest whose envd does not answer is left running instead."""
+        """Save the sandbox and stop it; it stays, paused, until resumed or killed.
+
+        1. Check the guest answers (with `require_healthy`; else it is left running).
+        2. RUNNING -> PAUSING; for a FILESYSTEM save, have the guest flush its page cache.
+        3. The driver saves checkpoint `pause-<seq>` (what `mode` says) and stops the VM.
+           On failure the checkpoint is removed and the sandbox runs on (PAUSING -> RUNNING).
+        4. Free the slot; PAUSING -> PAUSED with the new `checkpoint_seq` and `checkpoint_mode`.
+        5. Prune older checkpoints; detach and upload this one in the background."""
         async with self._lock(sandbox_id):
             record = self.get(sandbox_id)
             if record.state is not SandboxState.RUNNING:
@@ -742,9 +721,13 @@ class Orchestrator:
     async def fork(
         self, source: str, count: int, timeout: int, *, owner: str | None = None
     ) -> builtins.list[SandboxRecord | BaseException]:
-        """`count` new sandboxes from the state of `source` (a sandbox, running or paused, or a
-        snapshot id or name): checkpointed once, children started concurrently, each with its
-        own id, token, slot and entropy. One entry per child, a record or its error."""
+        """`count` new sandboxes from the state of `source`: a sandbox (running or paused), or
+        a snapshot id or name. One entry per child, a record or its error.
+
+        1. Checkpoint a sandbox source once, as a FORK template (a snapshot is used as it is).
+        2. Pin it, and start the children concurrently through admission, each with its own id,
+           token, slot and entropy. A child that fails leaves nothing; the others run.
+        3. Collect: the checkpoint goes now if no child started from it, else with the last."""
         parent: SandboxRecord | None
         try:
             parent = self.get(source)
@@ -794,7 +777,7 @@ class Orchestrator:
             env_vars=parent.env_vars if parent else {},
             auto_pause=parent.auto_pause if parent else False,
             auto_resume=parent.auto_resume if parent else False,
-            allow_internet=parent.allow_internet if parent else True,
+            network=parent.network if parent else SandboxNetwork(),
             owner=owner,
         )
         children = await asyncio.gather(
@@ -852,7 +835,7 @@ class Orchestrator:
                         )
                     try:
                         paused = await self.saved.paused_checkpoint(record)
-                        saved = await checkpoints.export(paused, dest, move=False)
+                        saved = await self.driver.export(paused, dest, move=False)
                     except _FAILURES as e:
                         raise OperationFailed(f"snapshot of {sandbox_id} failed: {e}") from e
                     if record.checkpoint_mode is SaveMode.FILESYSTEM:
@@ -907,7 +890,7 @@ class Orchestrator:
                 SandboxState.RUNNING,
                 checkpoint_seq=seq,
             )
-        return await checkpoints.export(snap, dest, move=True)
+        return await self.driver.export(snap, dest, move=True)
 
     async def delete_template(self, template_id: str) -> None:
         """Delete a template or snapshot for users; its files go once no sandbox uses them."""
@@ -926,6 +909,40 @@ class Orchestrator:
                 raise
         snapshot = await self.saved.paused_checkpoint(record, pull=True)
         return await self._launch(record, snapshot, current_token=token, cold=cold)
+
+    # -- network --------------------------------------------------------------------------
+
+    async def set_egress(self, sandbox_id: str, rules: SandboxNetwork) -> SandboxRecord:
+        """Replace the sandbox's egress rules by those of `rules` (`PUT /sandboxes/{id}/network`;
+        its ingress settings stay). A running sandbox's slot changes at once, open connections
+        included; a paused one gets the rules when it resumes. Raises OperationFailed when the
+        slot refused the change: the old rules then stay, in the slot and in the catalog."""
+        async with self._lock(sandbox_id):
+            record = self.get(sandbox_id)
+            if record.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
+                raise InvalidState(sandbox_id, record.state, "change the network of")
+            network = dataclasses.replace(
+                record.network,
+                allow_internet=rules.allow_internet,
+                allow_out=rules.allow_out,
+                deny_out=rules.deny_out,
+            )
+            live = self._live.get(sandbox_id)
+            if live is not None:
+                await self._apply_egress(live.slot, record.network.egress, network.egress)
+            updated = self.catalog.update(sandbox_id, network=network)
+            assert updated is not None  # only this task changes a row it holds the lock of
+            return updated
+
+    async def _apply_egress(self, slot: Slot, old: SlotEgress, new: SlotEgress) -> None:
+        try:
+            await self.slots.set_policy(slot, new.policy)
+            await self.slots.set_egress(slot, new.enabled)
+        except (NftError, OSError) as e:
+            with contextlib.suppress(NftError, OSError):
+                await self.slots.set_policy(slot, old.policy)
+                await self.slots.set_egress(slot, old.enabled)
+            raise OperationFailed(f"could not change the network of slot {slot.netns}: {e}") from e
 
     # -- timeouts -------------------------------------------------------------------------
 
@@ -997,3 +1014,8 @@ def _sandbox_env(record: SandboxRecord) -> dict[str, str]:
         "E2B_SANDBOX_ID": record.id,
         "E2B_TEMPLATE_ID": record.template_id,
     }
+
+
+def _traffic_token(network: SandboxNetwork) -> str | None:
+    """A sandbox whose ports are not public gets a token of its own (forks too)."""
+    return None if network.allow_public_traffic else new_access_token()

@@ -5,6 +5,8 @@ so a node's paused sandboxes survive an upgrade.
 2. The untyped `placement` JSON column of earlier versions is spread over the typed columns
    that replaced it (`restored_from`, `timeout`, `auto_pause_mode`, `internal`,
    `checkpoint_seq`, `checkpoint_mode`, `archive_seq`, `archive_manifest`), then dropped.
+3. The `allow_internet` flag, all earlier versions kept of a sandbox's network settings, is
+   copied into the `network` column when that is added (the old column stays, unused).
 
 Both run in the caller's transaction: a crash leaves the old catalog or the new one.
 """
@@ -29,7 +31,12 @@ ADDED_COLUMNS = {
     "archive_seq": "INTEGER",
     "archive_manifest": "TEXT",
     "owner": "TEXT",
+    "network": "TEXT NOT NULL DEFAULT '{}'",
 }
+_FROM_ALLOW_INTERNET = (
+    "UPDATE sandboxes SET network = json_object('allow_internet', json("
+    "CASE allow_internet WHEN 0 THEN 'false' ELSE 'true' END))"
+)
 
 
 def upgrade(db: sqlite3.Connection) -> None:
@@ -37,6 +44,8 @@ def upgrade(db: sqlite3.Connection) -> None:
     for name, ddl in ADDED_COLUMNS.items():
         if name not in have:
             db.execute(f"ALTER TABLE sandboxes ADD COLUMN {name} {ddl}")
+            if name == "network":
+                db.execute(_FROM_ALLOW_INTERNET)
     if "placement" in have:
         rows = db.execute("SELECT id, placement FROM sandboxes").fetchall()
         for sandbox_id, placement in rows:

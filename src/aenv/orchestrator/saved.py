@@ -19,13 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 from aenv.orchestrator import checkpoints
-from aenv.orchestrator.archive import Archive, complete
+from aenv.orchestrator.archive import Archive
 from aenv.orchestrator.background import PerSandbox
 from aenv.orchestrator.catalog import Archived, Catalog, SandboxRecord
 from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.templates import Template, TemplateStore
-from aenv.runtime.driver import RestoreError, Snapshot
+from aenv.runtime.driver import Driver, RestoreError, Snapshot
 from aenv.storage.repository import RepositoryError
 
 log = logging.getLogger("aenv.orchestrator")
@@ -38,8 +38,10 @@ class SavedStates:
         templates: TemplateStore,
         sandboxes_dir: Path,
         archive: Archive | None,
+        driver: Driver,
     ) -> None:
         self.catalog = catalog
+        self.driver = driver
         self.templates = templates
         self.sandboxes_dir = sandboxes_dir
         self.archive = archive
@@ -104,7 +106,11 @@ class SavedStates:
         async def push() -> None:
             staging = checkpoints.archive_dir(self.sandboxes_dir / record.id, seq)
             manifest_id = await archive.push_checkpoint(
-                saved, staging, name=f"sandbox-{record.id}-{seq}", metadata={"sandbox": record.id}
+                saved,
+                staging,
+                self.driver,
+                name=f"sandbox-{record.id}-{seq}",
+                metadata={"sandbox": record.id},
             )
             current = self.catalog.get(record.id)
             if current is None or current.state is SandboxState.KILLING:
@@ -123,9 +129,8 @@ class SavedStates:
         found = await asyncio.to_thread(checkpoints.latest_pause, sandbox_dir)
         archived = (self.catalog.get(record.id) or record).archived
         if found is not None and not pull:
-            seq, snapshot = found
-            if await asyncio.to_thread(complete, checkpoints.pause_dir(sandbox_dir, seq)):
-                return snapshot
+            with contextlib.suppress(RestoreError):
+                return await self.driver.load_saved(checkpoints.pause_dir(sandbox_dir, found[0]))
         push = self._pushes.get(record.id)
         if push is not None:  # its upload is under way: the copy is about to exist
             await asyncio.gather(push, return_exceptions=True)
@@ -135,7 +140,7 @@ class SavedStates:
             raise RestoreError(f"sandbox {record.id} has no usable checkpoint")
         log.warning("sandbox %s: pulling its checkpoint from the repository", record.id)
         dest = checkpoints.archive_dir(sandbox_dir, archived.seq)
-        return await self.archive.pull(archived.manifest, dest)
+        return await self.archive.pull(archived.manifest, dest, self.driver)
 
     async def push_template(self, template: Template) -> None:
         """Upload a snapshot's (self-contained) directory; the template then names the copy."""
@@ -171,15 +176,21 @@ class SavedStates:
         """The snapshot a template restores from, pulled from the repository when its local
         files are gone."""
         directory = Path(template.snapshot_dir)
-        if await asyncio.to_thread(complete, directory):
-            return await asyncio.to_thread(template.snapshot)
-        if self.archive is None or template.manifest_id is None:
-            raise RestoreError(f"template {template.template_id} has lost its files")
+        try:
+            return await self._local(directory)
+        except RestoreError as e:
+            if self.archive is None or template.manifest_id is None:
+                raise RestoreError(f"template {template.template_id} is unusable: {e}") from e
         async with self._pull_locks.setdefault(template.template_id, asyncio.Lock()):
-            if await asyncio.to_thread(complete, directory):
-                return await asyncio.to_thread(template.snapshot)
+            with contextlib.suppress(RestoreError):
+                return await self._local(directory)
             log.warning("template %s: pulling its files from the repository", template.template_id)
-            return await self.archive.pull(template.manifest_id, directory)
+            return await self.archive.pull(template.manifest_id, directory, self.driver)
+
+    async def _local(self, directory: Path) -> Snapshot:
+        """The saved state in `directory`; `RestoreError` when it is incomplete or another
+        driver's (the repository's copy is the same: only files can be missing here)."""
+        return await self.driver.load_saved(directory)
 
     async def drop_archived(self, record: SandboxRecord) -> None:
         if record.archived is not None:

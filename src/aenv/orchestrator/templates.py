@@ -209,9 +209,10 @@ async def build_template(
 ) -> Template:
     """Cold-boot the base image, wait for envd, give it the template's token, snapshot it.
 
-    The build writes straight into the template's final directories (qcow2 layers name their
-    backing files by absolute path, so a snapshot must not move afterwards); `template.json`,
-    written last, is what makes it visible. On failure the directories are removed again.
+    The build writes straight into the template's final directories (a driver's disk layers may
+    name the layers below them by absolute path, so a snapshot must not move afterwards);
+    `template.json`, written last, is what makes it visible. On failure the directories are
+    removed again.
     """
     build_id = secrets.token_hex(8)
     final_dir = store.directory / request.template_id

@@ -7,6 +7,9 @@
 - A sandbox created with a traffic access token (`allowPublicTraffic: false`) accepts traffic on
   its user ports only with that token in `e2b-traffic-access-token`. envd's port is exempt: envd
   checks its own access token (infra `packages/orchestrator/pkg/proxy/proxy.go`).
+- A sandbox with `maskRequestHost` sees that host, `${PORT}` replaced by the port, instead of
+  the one the client used, on its user ports (envd's too is exempt); the client's goes in
+  `X-Forwarded-Host`, as infra's proxy does.
 """
 
 from __future__ import annotations
@@ -56,3 +59,14 @@ def check_traffic_token(
         raise traffic_token_missing(target.sandbox_id)
     if not hmac.compare_digest(given, expected.encode()):
         raise traffic_token_invalid(target.sandbox_id)
+
+
+PORT_PLACEHOLDER = "${PORT}"
+
+
+def request_host(target: Target, upstream: Upstream) -> str | None:
+    """The `Host` the sandbox must see instead of the client's, or None to keep the client's."""
+    mask = upstream.mask_request_host
+    if mask is None or target.port == ENVD_PORT:
+        return None
+    return mask.replace(PORT_PLACEHOLDER, str(target.port))

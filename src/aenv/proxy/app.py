@@ -18,7 +18,7 @@ import contextlib
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from aenv.proxy.access import check_route, check_traffic_token
+from aenv.proxy.access import check_route, check_traffic_token, request_host
 from aenv.proxy.errors import (
     ProxyError,
     bad_route,
@@ -27,6 +27,7 @@ from aenv.proxy.errors import (
     sandbox_paused,
     send_http,
 )
+from aenv.proxy.headers import masked
 from aenv.proxy.http import IDLE_TIMEOUT, HttpForwarder
 from aenv.proxy.resolver import Resolver, SandboxNotFound, SandboxPaused, Upstream
 from aenv.proxy.routing import RoutingError, Target, route
@@ -92,6 +93,9 @@ class SandboxProxy:
             except SandboxPaused as exc:
                 raise sandbox_paused(exc.sandbox_id) from exc
             check_traffic_token(target, upstream, scope["headers"])
+            host = request_host(target, upstream)
+            if host is not None:
+                scope = {**scope, "headers": masked(scope["headers"], host)}
             with self._runs.track((target.sandbox_id, upstream.incarnation)) as exchange:
                 try:
                     await self._forward(scope, receive, exchange.watch(send), target, upstream)

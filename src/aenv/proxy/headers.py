@@ -86,3 +86,14 @@ def websocket_headers(headers: list[tuple[bytes, bytes]]) -> list[tuple[str, str
         for n, v in end_to_end(headers)
         if n not in _WEBSOCKET_HANDSHAKE
     ]
+
+
+def masked(headers: list[tuple[bytes, bytes]], host: str) -> list[tuple[bytes, bytes]]:
+    """`headers` with `Host` replaced by `host` and the client's in `X-Forwarded-Host` (a client's
+    own `X-Forwarded-Host` is dropped: it would claim another origin)."""
+    client_host = next((v for n, v in headers if n == b"host"), None)
+    kept = [(n, v) for n, v in headers if n not in (b"host", b"x-forwarded-host")]
+    kept.append((b"host", host.encode("latin-1")))
+    if client_host is not None:
+        kept.append((b"x-forwarded-host", client_host))
+    return kept

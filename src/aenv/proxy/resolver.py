@@ -22,12 +22,16 @@ class Upstream:
     `incarnation` names this run of the sandbox's VM (it must change when the VM is restored or
     resumed): the proxy reuses kept-alive connections only within one sandbox id and
     incarnation, so a connection opened before a pause, whose guest side may be gone, is
-    never sent a request after the resume."""
+    never sent a request after the resume.
+
+    `mask_request_host`, when set, replaces the `Host` clients sent on every port but envd's,
+    with `${PORT}` in it standing for the port (E2B's `maskRequestHost`)."""
 
     host: str
     port: int
     traffic_access_token: str | None = None
     incarnation: str = ""
+    mask_request_host: str | None = None
 
 
 class ResolveError(Exception):

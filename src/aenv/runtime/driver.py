@@ -17,7 +17,12 @@ Contract, for implementers:
   snapshot share RNG state and boot_id until then.
 - Disks: `Disk.read_only` drives (template base image, envd bundle) are shared and never copied.
   Writable drives are frozen by `VM.snapshot` into sealed, read-only images listed in
-  `Snapshot.disks`; `restore` gives each restored VM a private writable layer on top of them.
+  `Snapshot.disks`; `restore` and `boot_saved` give each VM a private writable layer on top of
+  them. The format of sealed and private layers is the driver's own: callers never read, write
+  or create a disk layer themselves, they only move whole saved states with `export`.
+- Saved states: `export` makes a directory that depends on nothing else of the host but the
+  read-only drives and the kernel (a snapshot's layers may refer to earlier ones by path); such a
+  directory may be copied away and back to the same path, and `load_saved` reads it again.
 - Nothing above `runtime/` may assume the sandbox is a VM: callers use only this module.
 """
 
@@ -59,6 +64,14 @@ class VMState(enum.StrEnum):
     RUNNING = "running"
     PAUSED = "paused"
     STOPPED = "stopped"
+
+
+@dataclass(frozen=True)
+class KernelImages:
+    """One guest kernel build in each form a VMM loads; `Driver.kernel_image` picks its own."""
+
+    bzimage: Path  # compressed, self-decompressing
+    vmlinux: Path  # the uncompressed ELF
 
 
 @dataclass(frozen=True)
@@ -228,8 +241,33 @@ class Driver(Protocol):
         """Cold-boot a VM (template builds only: sandboxes are restored snapshots)."""
         ...
 
+    def kernel_image(self, kernel: KernelImages) -> Path:
+        """The form of `kernel` this driver's VMM boots (`VMSpec.kernel`)."""
+        ...
+
     async def restore(self, snapshot: Snapshot, target: RestoreSpec) -> VM:
         """Start one VM from `snapshot`, with private copy-on-write memory and disk layers."""
+        ...
+
+    async def boot_saved(self, snapshot: Snapshot, target: RestoreSpec) -> VM:
+        """Cold-boot `snapshot`'s disks without its memory and device state (a filesystem-only
+        snapshot, or a saved state started at another size: `snapshot.spec` says the size).
+        Each writable drive gets a private layer over its sealed one, as in `restore`; the NIC
+        keeps the snapshot's MAC at `target.net`'s location."""
+        ...
+
+    async def export(self, snapshot: Snapshot, dest: Path, *, move: bool) -> Snapshot:
+        """Make `dest` (existing, empty) a self-contained copy of `snapshot` and return it (its
+        manifest written there): every writable drive as one standalone sealed image in this
+        driver's format, whatever chain of layers it was. `move` takes the state and memory
+        files over (they must then belong to nobody else); otherwise they are shared, which is
+        safe because saved files are never written again. `snapshot` stays usable."""
+        ...
+
+    async def load_saved(self, directory: Path) -> Snapshot:
+        """The saved state whose manifest is in `directory` (exported, or pulled back from a
+        copy to where it was exported from), checked to be complete and of this driver's
+        making: `RestoreError` (`IncompatibleSnapshotError` for another driver's) otherwise."""
         ...
 
     async def restore_many(self, snapshot: Snapshot, targets: Sequence[RestoreSpec]) -> list[VM]:

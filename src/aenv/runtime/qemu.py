@@ -18,6 +18,9 @@ What `research/feasibility.md` measured, applied:
 - Under TCG the guest kernel cannot calibrate its TSC and may hang at boot: we pass the host's TSC
   frequency as `tsc_early_khz`.
 - The netdev type is part of the migration stream, so every VM uses a tap (never user-mode net).
+  The tap is opened by us in the slot's namespace and passed in as a file (`aenv.network.tap`).
+- Every QEMU runs jailed (`aenv.runtime.jail`: own uid, no capabilities, seccomp, only its own
+  files) unless `QemuConfig.jail` is None, which is for benchmarks and debugging only.
 """
 
 from __future__ import annotations
@@ -32,12 +35,14 @@ import secrets
 import signal
 import weakref
 from collections.abc import AsyncIterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
 import psutil
 
+from aenv.network.tap import open_tap
+from aenv.runtime import export, qcow2
 from aenv.runtime.cgroups import Cgroup, CgroupLimits, CgroupManager
 from aenv.runtime.driver import (
     VM,
@@ -45,6 +50,7 @@ from aenv.runtime.driver import (
     Disk,
     DriverError,
     IncompatibleSnapshotError,
+    KernelImages,
     RestoreError,
     RestoreSpec,
     Snapshot,
@@ -54,6 +60,7 @@ from aenv.runtime.driver import (
     VMState,
     VMStats,
 )
+from aenv.runtime.jail import SECCOMP, Access, Jail, JailConfig, JailFile, UidPool, host_binary
 from aenv.runtime.qmp import Monitor, MonitorError
 from aenv.runtime.sweep import VMM_NAME_PREFIX, reap_unowned
 from aenv.storage import layers
@@ -63,6 +70,7 @@ MIGRATE_BANDWIDTH = 100 << 30  # bytes/s: effectively unlimited
 VMM_OVERHEAD_MIB = 192  # QEMU heap + TCG translation cache (bounded by tb-size below)
 TCG_TB_MIB = 64
 DEFAULT_PIDS = 64
+_JAIL_ENV = {"PATH": "/usr/bin:/bin"}
 
 
 @dataclass(frozen=True)
@@ -71,6 +79,8 @@ class QemuConfig:
     binary: str = "qemu-system-x86_64"
     start_timeout_s: float = 30.0
     migrate_timeout_s: float = 120.0
+    # None runs QEMU unconfined (as root, with the host's files in view): benchmarks only.
+    jail: JailConfig | None = field(default_factory=JailConfig)
 
 
 def host_tsc_khz(cpuinfo: str | None = None) -> int:
@@ -110,6 +120,7 @@ class QemuDriver:
         self.config = config or QemuConfig()
         self._cgroups = cgroups
         self._compat: str | None = None
+        self._uids = UidPool(self.config.jail) if self.config.jail is not None else None
         # Every VM handed out and still referenced by someone: a VMM whose VM object is gone
         # without a stop has no owner left (see `sweep.reap_unowned`).
         self._vms: weakref.WeakValueDictionary[str, QemuVM] = weakref.WeakValueDictionary()
@@ -162,6 +173,60 @@ class QemuDriver:
             await vm.monitor.execute("cont")
         vm.run_state = VMState.RUNNING
         return vm
+
+    def kernel_image(self, kernel: KernelImages) -> Path:
+        return kernel.bzimage
+
+    async def boot_saved(self, snapshot: Snapshot, target: RestoreSpec) -> VM:
+        """A qcow2 top over each sealed layer, in `target.workdir`, owned by the booted VM."""
+        run = secrets.token_hex(4)
+        disks: list[Disk] = []
+        created: list[Path] = []
+        try:
+            for disk in snapshot.spec.disks:
+                if disk.read_only:
+                    disks.append(disk)
+                    continue
+                top = target.workdir / f"{disk.drive_id}.boot-{run}.qcow2"
+                await qcow2.overlay(snapshot.disks[disk.drive_id], top)
+                created.append(top)
+                disks.append(Disk(disk.drive_id, top))
+        except (layers.LayerError, KeyError, OSError) as exc:
+            _unlink(created)
+            raise BootError(f"cannot create writable layers: {exc}") from exc
+        net = target.net
+        if snapshot.spec.net is not None and net is not None:
+            net = dataclasses.replace(net, mac=snapshot.spec.net.mac)
+        spec = dataclasses.replace(
+            snapshot.spec,
+            workdir=target.workdir,
+            memory_dir=target.memory_dir,
+            net=net,
+            limits=target.limits,
+            disks=tuple(disks),
+        )
+        try:
+            vm = await self.boot(spec)
+        except BaseException:
+            _unlink(created)
+            raise
+        assert isinstance(vm, QemuVM)
+        vm.owned_files += created
+        return vm
+
+    async def export(self, snapshot: Snapshot, dest: Path, *, move: bool) -> Snapshot:
+        """Each writable drive's chain flattened into one standalone `<drive_id>.qcow2`."""
+
+        async def flatten(drive_id: str, source: Path) -> Path:
+            return await qcow2.flatten_to(source, dest / f"{drive_id}.qcow2")
+
+        try:
+            return await export.export(snapshot, dest, move=move, disk=flatten)
+        except (layers.LayerError, OSError) as exc:
+            raise SnapshotError(f"cannot export the saved state to {dest}: {exc}") from exc
+
+    async def load_saved(self, directory: Path) -> Snapshot:
+        return await asyncio.to_thread(export.load, directory, self.name)
 
     async def restore(self, snapshot: Snapshot, target: RestoreSpec) -> VM:
         vm = await self._restore_vm(snapshot, target)
@@ -223,7 +288,7 @@ class QemuDriver:
                     disks.append(disk)
                     continue
                 top = target.workdir / f"{disk.drive_id}.{vm_id}.qcow2"
-                await layers.qcow2_overlay(snapshot.disks[disk.drive_id], top)
+                await qcow2.overlay(snapshot.disks[disk.drive_id], top)
                 created.append(top)
                 disks.append(Disk(disk.drive_id, top, read_only=False))
         except (layers.LayerError, KeyError) as exc:
@@ -285,12 +350,13 @@ class QemuDriver:
             raise RestoreError(f"snapshot is missing file(s): {', '.join(map(str, missing))}")
 
     def _argv(
-        self, vm_id: str, spec: VMSpec, memory: _Memory, qmp: Path, console: Path
+        self, vm_id: str, spec: VMSpec, memory: _Memory, qmp: Path, console: Path, tap_fd: int
     ) -> list[str]:
         accel = "kvm" if self.config.accel == "kvm" else f"tcg,tb-size={TCG_TB_MIB}"
         share = "on" if memory.shared else "off"
+        jailed = self.config.jail is not None
         argv = [
-            self.config.binary,
+            str(host_binary(self.config.binary)) if jailed else self.config.binary,
             "-name", f"{VMM_NAME_PREFIX}{vm_id}",  # lets the sweeps recognise our VMMs
             "-accel", accel,
             "-M", "microvm,x-option-roms=off,rtc=on,memory-backend=mem",
@@ -315,8 +381,10 @@ class QemuDriver:
         ]  # fmt: skip
         if spec.initrd:
             argv += ["-initrd", str(spec.initrd)]
+        if jailed:
+            argv += ["-sandbox", SECCOMP]
         for disk in spec.disks:
-            fmt = "qcow2" if layers.is_qcow2(disk.path) else "raw"
+            fmt = "qcow2" if qcow2.is_qcow2(disk.path) else "raw"
             ro = "on" if disk.read_only else "off"
             argv += [
                 "-drive",
@@ -326,11 +394,25 @@ class QemuDriver:
             ]  # fmt: skip
         if spec.net:
             argv += [
-                "-netdev", f"tap,id=net0,ifname={spec.net.tap},script=no,downscript=no",
+                "-netdev", f"tap,id=net0,fd={tap_fd}",
                 "-device", f"virtio-net-device,netdev=net0,mac={spec.net.mac}",
             ]  # fmt: skip
-            argv = ["ip", "netns", "exec", spec.net.netns, *argv]
         return argv
+
+    def _jail_files(
+        self, spec: VMSpec, memory: _Memory, qmp: Path, console: Path
+    ) -> list[JailFile]:
+        """What the VMM opens by path, with the access it needs (see `aenv.runtime.jail`).
+        Blocking: reads disk headers."""
+        files = [JailFile(p, Access.READ) for p in (spec.kernel, spec.initrd) if p]
+        for disk in spec.disks:
+            below = qcow2.chain(disk.path)
+            if not disk.read_only:
+                files.append(JailFile(below.pop(0), Access.OWN))
+            files += [JailFile(p, Access.READ) for p in below]
+        mapped = Access.OWN if memory.owned else Access.SHARED_WRITE
+        return [*files, JailFile(memory.path, mapped), JailFile(qmp, Access.OWN),
+                JailFile(console, Access.OWN)]  # fmt: skip
 
     def _limits(self, spec: VMSpec) -> CgroupLimits:
         lim = spec.limits
@@ -355,32 +437,35 @@ class QemuDriver:
         qmp_path = spec.workdir / f"qmp.{vm_id}.sock"
         console = spec.workdir / f"console.{vm_id}.log"
         stderr_log = spec.workdir / f"qemu.{vm_id}.log"
-        argv = await asyncio.to_thread(self._argv, vm_id, spec, memory, qmp_path, console)
-        if incoming:
-            argv += ["-incoming", "defer"]
         monitor = Monitor(qmp_path, f"aenv-{vm_id}")
         cgroup: Cgroup | None = None
         proc: asyncio.subprocess.Process | None = None
+        tap_fd: int | None = None
+        jail = self._new_jail()
         self._launching.add(vm_id)
         try:
+            if spec.net is not None:
+                tap_fd = await open_tap(spec.net.netns, spec.net.tap)
+            argv = await asyncio.to_thread(
+                self._argv, vm_id, spec, memory, qmp_path, console, -1 if tap_fd is None else tap_fd
+            )
+            if incoming:
+                argv += ["-incoming", "defer"]
             await monitor.listen()
-            with stderr_log.open("wb") as err:
-                proc = await asyncio.create_subprocess_exec(
-                    *argv,
-                    stdin=asyncio.subprocess.DEVNULL,
-                    stdout=asyncio.subprocess.DEVNULL,
-                    stderr=err,
-                    start_new_session=True,  # one process group: kill takes `exec:cat` helpers too
-                )
-            if self._cgroups is not None:
-                # Placed before the guest runs (-S): vCPU threads and helpers inherit the group.
-                cgroup = await asyncio.to_thread(
-                    self._cgroups.create,
-                    self.cgroup_name(f"{VMM_NAME_PREFIX}{vm_id}"),
-                    self._limits(spec),
-                )
-                await asyncio.to_thread(cgroup.add, proc.pid)
-            await monitor.accept(proc, self.config.start_timeout_s)
+            async with contextlib.AsyncExitStack() as held:
+                if jail is not None:
+                    argv = await self._confine(held, jail, argv, spec, memory, qmp_path, console)
+                proc = await _spawn(argv, stderr_log, tap_fd, clean_env=jail is not None)
+                if self._cgroups is not None:
+                    # Placed before the guest runs (-S): vCPU threads and helpers inherit it.
+                    cgroup = await asyncio.to_thread(
+                        self._cgroups.create,
+                        self.cgroup_name(f"{VMM_NAME_PREFIX}{vm_id}"),
+                        self._limits(spec),
+                    )
+                    await asyncio.to_thread(cgroup.add, proc.pid)
+                # Connected means QEMU is running inside the jail: the jail may be let go.
+                await monitor.accept(proc, self.config.start_timeout_s)
         except BaseException as exc:
             if proc is not None and proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -391,11 +476,14 @@ class QemuDriver:
                 await asyncio.to_thread(cgroup.remove)
             if memory.owned:
                 _unlink([memory.path])
+            self._release(jail)
             if isinstance(exc, Exception):
                 raise error(f"cannot start QEMU: {exc}; {_tail(stderr_log)}") from exc
             raise
         finally:
             self._launching.discard(vm_id)
+            if tap_fd is not None:
+                os.close(tap_fd)
         vm = QemuVM(
             vm_id=vm_id,
             driver=self,
@@ -404,11 +492,39 @@ class QemuDriver:
             monitor=monitor,
             memory=memory,
             cgroup=cgroup,
+            jail=jail,
             console_log=console,
             stderr_log=stderr_log,
         )
         self._vms[vm_id] = vm
         return vm
+
+    async def _confine(
+        self,
+        held: contextlib.AsyncExitStack,
+        jail: Jail,
+        argv: list[str],
+        spec: VMSpec,
+        memory: _Memory,
+        qmp: Path,
+        console: Path,
+    ) -> list[str]:
+        """`argv` run inside `jail`, whose namespaces `held` keeps until QEMU has joined them."""
+        # Files QEMU would create itself are made first, so that they can be given to it.
+        made = [console, memory.path] if memory.owned else [console]
+        await asyncio.to_thread(_touch, made)
+        files = await asyncio.to_thread(self._jail_files, spec, memory, qmp, console)
+        return [*await held.enter_async_context(jail.assemble(files)), *argv]
+
+    def _new_jail(self) -> Jail | None:
+        if self.config.jail is None or self._uids is None:
+            return None
+        return Jail(self._uids.acquire(), self.config.jail.gid, kvm=self.config.accel == "kvm")
+
+    def _release(self, jail: Jail | None) -> None:
+        """Give the uid of a jail whose process has exited back."""
+        if jail is not None and self._uids is not None:
+            self._uids.release(jail.uid)
 
 
 class QemuVM:
@@ -424,6 +540,7 @@ class QemuVM:
         monitor: Monitor,
         memory: _Memory,
         cgroup: Cgroup | None,
+        jail: Jail | None,
         console_log: Path,
         stderr_log: Path,
     ) -> None:
@@ -434,6 +551,7 @@ class QemuVM:
         self.monitor = monitor
         self.memory = memory
         self.cgroup = cgroup
+        self.jail = jail
         self._console = console_log
         self.stderr_log = stderr_log
         self.run_state = VMState.PAUSED
@@ -530,7 +648,7 @@ class QemuVM:
             if not keep_running:
                 await self._quit()
         for dest in sealed.values():
-            await layers.flatten_if_deep(dest)
+            await qcow2.flatten_if_deep(dest)
         snap = Snapshot(
             driver=self._driver.name,
             compat=await self._driver.compat(),
@@ -565,7 +683,7 @@ class QemuVM:
     async def _seal(self, disk: Disk, directory: Path, made: list[Path]) -> Path:
         """Give the drive's current top its permanent name in the snapshot directory. Layers are
         only ever referenced by such names, never by a VM's workdir, which goes away with it."""
-        ext = "qcow2" if await asyncio.to_thread(layers.is_qcow2, disk.path) else "img"
+        ext = "qcow2" if await asyncio.to_thread(qcow2.is_qcow2, disk.path) else "img"
         dest = directory / f"{disk.drive_id}.{ext}"
         made.append(dest)
         return await layers.seal(disk.path, dest)
@@ -580,8 +698,10 @@ class QemuVM:
                 disks.append(disk)
                 continue
             top = self.spec.workdir / f"{disk.drive_id}.{self._id}.{self._generation}.qcow2"
-            await layers.qcow2_overlay(sealed[disk.drive_id], top)
+            await qcow2.overlay(sealed[disk.drive_id], top)
             self.owned_files.append(top)
+            if self.jail is not None:
+                await self.jail.expose(self.proc.pid, JailFile(top, Access.OWN))
             await self.monitor.execute(
                 "blockdev-snapshot-sync",
                 device=disk.drive_id,
@@ -609,6 +729,8 @@ class QemuVM:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
         await self.monitor.close()
+        self._driver._release(self.jail)
+        self.jail = None
         if self.cgroup is not None:
             await asyncio.to_thread(self.cgroup.remove)
             self.cgroup = None
@@ -665,6 +787,27 @@ def _memory_dir(spec: VMSpec) -> Path:
 def _host_cpu_model() -> str:
     match = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.MULTILINE)
     return match.group(1).strip() if match else "unknown"
+
+
+async def _spawn(
+    argv: Sequence[str], stderr_log: Path, tap_fd: int | None, *, clean_env: bool
+) -> asyncio.subprocess.Process:
+    with stderr_log.open("wb") as err:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
+            stderr=err,
+            start_new_session=True,  # one process group: kill takes any helper too
+            pass_fds=() if tap_fd is None else (tap_fd,),
+            # A jailed VMM gets none of the server's environment (it may hold credentials).
+            env=_JAIL_ENV if clean_env else None,
+        )
+
+
+def _touch(paths: Sequence[Path]) -> None:
+    for p in paths:
+        p.touch()
 
 
 def _unlink(paths: Sequence[Path]) -> None:

@@ -21,6 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aenv.runtime.cgroups import CgroupManager
+from aenv.runtime.driver import Driver
+from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
+from aenv.runtime.jail import JailConfig
 from aenv.runtime.qemu import Accel, QemuConfig, QemuDriver
 
 KVM_DEVICE = Path("/dev/kvm")
@@ -105,8 +108,25 @@ async def select_backend(
     return Selection(Backend.QEMU_TCG, why)
 
 
-def qemu_driver(selection: Selection, cgroups: CgroupManager | None = None) -> QemuDriver:
-    """The QEMU driver for a qemu selection (the firecracker driver is built by its package)."""
+def driver_for(
+    selection: Selection,
+    *,
+    cgroups: CgroupManager | None,
+    firecracker: FirecrackerConfig,
+    jail: JailConfig | None,
+) -> Driver:
+    """The driver of the selected backend; `cgroups` holds QEMU's VMMs (Firecracker's config
+    names its own cgroup parent and its jailer); `jail` None runs QEMU's VMMs unconfined."""
+    if selection.backend is Backend.FIRECRACKER:
+        return FirecrackerDriver(firecracker)
+    return qemu_driver(selection, cgroups=cgroups, jail=jail)
+
+
+def qemu_driver(
+    selection: Selection, cgroups: CgroupManager | None = None, jail: JailConfig | None = None
+) -> QemuDriver:
+    """The QEMU driver for a qemu selection (the firecracker driver is built by its package);
+    `jail` None runs its VMMs unconfined."""
     accel: Accel
     if selection.backend is Backend.QEMU_KVM:
         accel = "kvm"
@@ -114,4 +134,4 @@ def qemu_driver(selection: Selection, cgroups: CgroupManager | None = None) -> Q
         accel = "tcg"
     else:
         raise ValueError(f"{selection.backend} is not a qemu backend")
-    return QemuDriver(QemuConfig(accel=accel), cgroups=cgroups)
+    return QemuDriver(QemuConfig(accel=accel, jail=jail), cgroups=cgroups)

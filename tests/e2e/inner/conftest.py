@@ -11,6 +11,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from aenv.config import Paths
+
 BASE = "http://127.0.0.1:3000"
 
 
@@ -27,7 +29,7 @@ def server() -> Iterator[str]:
         if time.monotonic() > deadline:
             pytest.fail("server did not come up:\n" + (home / "server.log").read_text()[-5000:])
         time.sleep(0.5)
-    os.environ["E2B_API_KEY"] = (home / "api-key").read_text().strip()
+    os.environ["E2B_API_KEY"] = Paths(home).api_key.read_text().strip()
     os.environ["E2B_API_URL"] = BASE
     os.environ["E2B_SANDBOX_URL"] = BASE
     os.environ.pop("E2B_DEBUG", None)

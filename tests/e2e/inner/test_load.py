@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from e2b import AsyncSandbox
 
+from aenv.config import Paths
+
 BURST = int(os.environ.get("AENV_TEST_BURST", "200"))
 COMMAND_SANDBOXES = 20
 COMMANDS = 1000
@@ -61,7 +63,8 @@ async def _commands() -> None:
 
 def _leftovers() -> list[str]:
     home = Path(os.environ["AENV_HOME"])
-    return [p.name for p in (home / "sandboxes").iterdir()] if (home / "sandboxes").exists() else []
+    sandboxes = Paths(home).sandboxes
+    return [p.name for p in sandboxes.iterdir()] if sandboxes.exists() else []
 
 
 @pytest.mark.timeout(1800)

@@ -12,6 +12,7 @@ import httpx
 import pytest
 from e2b import Sandbox, SandboxQuery, SandboxState
 
+from aenv.config import Paths
 from tests.e2e.inner.conftest import BASE
 
 # A counter that lives only in a shell's memory; the file shows its latest value (replaced
@@ -68,7 +69,7 @@ def test_pause_and_connect_keep_files_and_processes(sandbox: Sandbox) -> None:
 def _detached_checkpoint(sandbox_id: str) -> Path:
     """Wait until the sandbox's newest checkpoint has its memory detached into a file (done in
     the background after a pause returns) and return that checkpoint's directory."""
-    sandbox_dir = Path(os.environ["AENV_HOME"]) / "sandboxes" / sandbox_id
+    sandbox_dir = Paths(Path(os.environ["AENV_HOME"])).sandboxes / sandbox_id
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         pauses = sorted(sandbox_dir.glob("pause-*"), key=lambda d: int(d.name.split("-")[1]))
@@ -201,7 +202,7 @@ def test_filesystem_auto_pause_and_strict_pause() -> None:
             assert time.monotonic() < deadline, "auto-pause did not happen"
             time.sleep(0.5)
         # Filesystem-only: the checkpoint holds the disk layer and no memory at all.
-        sandbox_dir = Path(os.environ["AENV_HOME"]) / "sandboxes" / sbx.sandbox_id
+        sandbox_dir = Paths(Path(os.environ["AENV_HOME"])).sandboxes / sbx.sandbox_id
         newest = max(sandbox_dir.glob("pause-*"), key=lambda d: int(d.name.split("-")[1]))
         manifest = json.loads((newest / "snapshot.json").read_text())
         assert manifest["machine_state"] is False and manifest["memory_file"] is None

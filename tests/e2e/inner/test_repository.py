@@ -15,8 +15,10 @@ from pathlib import Path
 import pytest
 from e2b import Sandbox, SandboxException
 
+from aenv.config import Paths
+
 HOME = Path(os.environ.get("AENV_HOME", "/nonexistent"))
-REPOSITORY = HOME / "repository"
+REPOSITORY = Paths(HOME).repository
 
 
 def _manifest_of(key: str, value: str, timeout: float = 120) -> dict:
@@ -36,12 +38,12 @@ def _manifest_of(key: str, value: str, timeout: float = 120) -> dict:
 
 
 def _lose_local_checkpoints(sandbox_id: str) -> None:
-    for checkpoint in (HOME / "sandboxes" / sandbox_id).glob("pause-*"):
+    for checkpoint in (Paths(HOME).sandboxes / sandbox_id).glob("pause-*"):
         shutil.rmtree(checkpoint)
 
 
 def _drop_chunk_cache() -> None:
-    for entry in (HOME / "cache" / "chunks").iterdir():
+    for entry in Paths(HOME).chunk_cache.iterdir():
         if entry.is_dir() and not entry.name.startswith("."):
             shutil.rmtree(entry)
 
@@ -96,7 +98,7 @@ def test_snapshot_survives_losing_its_local_files() -> None:
         source.kill()
     try:
         _manifest_of("template", info.snapshot_id)
-        template_dir = HOME / "templates" / info.snapshot_id
+        template_dir = Paths(HOME).templates / info.snapshot_id
         for build in template_dir.iterdir():
             if build.is_dir():
                 shutil.rmtree(build)

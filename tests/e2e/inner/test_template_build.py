@@ -18,6 +18,7 @@ from e2b.exceptions import BuildException
 from e2b.template.logger import LogEntry
 from e2b.template.main import TemplateFinal
 
+from aenv.config import Paths
 from tests.oci.images import Layout, push
 from tests.oci.registry import htpasswd, run_registry
 from tests.oci.test_rootfs import busybox_image
@@ -287,12 +288,12 @@ def test_build_cache_keeps_only_the_newest_layers() -> None:
     layers than that: the oldest are gone, files and all, and the newest still serve."""
     home = Path(os.environ["AENV_HOME"])
     kept = []
-    for meta in (home / "templates").glob("layer-*/template.json"):
+    for meta in Paths(home).templates.glob("layer-*/template.json"):
         template = json.loads(meta.read_text())
         if not template["deleted"]:
             kept.append(template["template_id"])
     assert 1 <= len(kept) <= 3, kept
-    hidden = [p for p in (home / "templates").glob("layer-*") if p.name not in kept]
+    hidden = [p for p in Paths(home).templates.glob("layer-*") if p.name not in kept]
     assert hidden == [], "trimmed layers left files behind"
 
 

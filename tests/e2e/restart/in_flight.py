@@ -22,6 +22,7 @@ from pathlib import Path
 
 import httpx
 
+from aenv.config import Paths
 from tests.e2e.server_ns import REPO, ServerNs, in_netns
 from tests.e2e.vmm_procs import vmm_pids
 
@@ -34,7 +35,7 @@ DELETES_FILE = "in-flight-deletes.json"
 
 
 def _key() -> dict[str, str]:
-    return {"X-API-KEY": (Path(os.environ["AENV_HOME"]) / "api-key").read_text().strip()}
+    return {"X-API-KEY": Paths(Path(os.environ["AENV_HOME"])).api_key.read_text().strip()}
 
 
 def _concurrently(calls: list[tuple[str, str, dict[str, object] | None]]) -> None:
@@ -71,7 +72,7 @@ def _client(work: str) -> None:
 def catalog_states(home: Path) -> dict[str, str] | None:
     """Sandbox states in the catalog; None when it cannot be read right now."""
     try:
-        db = sqlite3.connect(f"file:{home / 'catalog.db'}?mode=ro", uri=True, timeout=1)
+        db = sqlite3.connect(f"file:{Paths(home).catalog}?mode=ro", uri=True, timeout=1)
         try:
             return dict(db.execute("SELECT id, state FROM sandboxes").fetchall())
         finally:

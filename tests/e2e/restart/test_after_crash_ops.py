@@ -8,6 +8,7 @@ from pathlib import Path
 
 from e2b import Sandbox
 
+from aenv.config import Paths
 from tests.e2e.vmm_procs import vmm_pids
 
 
@@ -17,7 +18,7 @@ def test_only_paused_sandboxes_survive_a_crash() -> None:
     home = Path(os.environ["AENV_HOME"])
     listed = {s.sandbox_id: s.state.value for s in Sandbox.list().next_items()}
     assert set(listed.values()) <= {"paused"}, listed
-    for sandbox_dir in (home / "sandboxes").iterdir():
+    for sandbox_dir in Paths(home).sandboxes.iterdir():
         assert sandbox_dir.name in listed, f"files of {sandbox_dir.name} were left behind"
 
 
@@ -45,7 +46,7 @@ def test_cut_operations_left_a_consistent_state() -> None:
             assert sbx.files.read("/home/user/busy.txt") == sandbox_id
             sbx.kill()
         else:
-            assert not (home / "sandboxes" / sandbox_id).exists()
+            assert not (Paths(home).sandboxes / sandbox_id).exists()
             assert vmm_pids(sandbox_id) == []
     # A snapshot either completed (and works) or left nothing behind.
     for snap in Sandbox.list_snapshots().next_items():
@@ -53,5 +54,5 @@ def test_cut_operations_left_a_consistent_state() -> None:
         assert child.files.read("/home/user/busy.txt") == busy[1]
         child.kill()
         assert Sandbox.delete_snapshot(snap.snapshot_id)
-    for template_dir in (home / "templates").iterdir():
+    for template_dir in Paths(home).templates.iterdir():
         assert (template_dir / "template.json").exists(), f"half-made {template_dir.name}"

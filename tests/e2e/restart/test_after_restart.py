@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 from e2b import Sandbox, SandboxException
 
+from aenv.config import Paths
 from tests.e2e.vmm_procs import vmm_pids
 
 
@@ -16,7 +17,7 @@ def test_restart_reports_nothing_it_cannot_serve() -> None:
     for sandbox_id in old:
         with pytest.raises(SandboxException):
             Sandbox.connect(sandbox_id)
-    assert not any((home / "sandboxes" / sandbox_id).exists() for sandbox_id in old)
+    assert not any((Paths(home).sandboxes / sandbox_id).exists() for sandbox_id in old)
     for sandbox_id in old:
         assert vmm_pids(sandbox_id) == [], f"an orphaned VMM of {sandbox_id} survived"
     fresh = Sandbox.create(timeout=60)

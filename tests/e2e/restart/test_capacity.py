@@ -13,6 +13,7 @@ import httpx
 import pytest
 from e2b import RateLimitException, Sandbox
 
+from aenv.config import Paths
 from tests.e2e.vmm_procs import vmm_sandbox_ids
 
 HOME = Path(os.environ["AENV_HOME"])
@@ -57,4 +58,4 @@ def test_creates_beyond_the_cap_get_429_and_leave_nothing(server: str) -> None:
     assert {s.sandbox_id for s in Sandbox.list().next_items()} == before
     assert _failed_creates(server) == failed  # a refusal is not a failed create
     assert vmm_sandbox_ids(HOME) <= before
-    assert {p.name for p in (HOME / "sandboxes").iterdir()} <= before
+    assert {p.name for p in Paths(HOME).sandboxes.iterdir()} <= before

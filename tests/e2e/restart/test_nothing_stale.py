@@ -30,7 +30,7 @@ def _slot_namespaces() -> list[str]:
 
 
 def _catalog_states() -> set[str]:
-    with closing(sqlite3.connect(f"file:{HOME / 'catalog.db'}?mode=ro", uri=True)) as db:
+    with closing(sqlite3.connect(f"file:{Paths(HOME).catalog}?mode=ro", uri=True)) as db:
         return {state for (state,) in db.execute("SELECT state FROM sandboxes")}
 
 
@@ -41,7 +41,7 @@ def test_only_what_really_runs_is_reported_and_nothing_else_is_left() -> None:
         assert vmm_pids(sandbox_id), f"{sandbox_id} is listed as running without a VMM"
     assert vmm_sandbox_ids(HOME) <= running, "orphaned VMMs survived the restart"
     assert _catalog_states() <= {"running", "paused"}, "rows of cut-short work remain"
-    for directory in (HOME / "sandboxes", Paths(HOME).memory / "sandboxes"):
+    for directory in (Paths(HOME).sandboxes, Paths(HOME).memory / "sandboxes"):
         left = {p.name for p in directory.iterdir()} if directory.exists() else set()
         assert left <= set(listed), f"leftovers in {directory}: {left - set(listed)}"
     # Slots are held by running sandboxes and the warm pool, nothing else.

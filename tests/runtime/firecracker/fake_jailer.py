@@ -6,8 +6,9 @@ part of the jailer's work that decides which paths Firecracker sees: it copies t
 so every relative path Firecracker is given resolves inside the jail. It does not chroot (the
 Python stand-in for Firecracker needs the host's interpreter), so the one absolute path, the API
 socket, is made relative to the chroot directory it runs in. The parsed arguments go to
-`<chroot_base>/<exec name>/<id>/jailer-args.json` for the test to inspect; uid/gid, cgroups,
-rlimits and the netns are recorded, not applied. Except: with `AENV_FAKE_JAILER_CGROUPS` set to a
+`<chroot_base>/<exec name>/<id>/jailer-args.json` for the test to inspect; uid/gid, cgroups and
+rlimits are recorded, not applied. The netns is joined, as the jailer does, so Firecracker finds
+its tap there. Except: with `AENV_FAKE_JAILER_CGROUPS` set to a
 cgroup v1 root (e.g. `/sys/fs/cgroup`) and `--cgroup-version 1`, it creates the cgroups as the
 jailer does, `<root>/<controller>/<parent cgroup>/<id>` with the `--cgroup` values, and joins them.
 """
@@ -65,7 +66,11 @@ def main() -> None:
     if cgroup_root and args.cgroup_version == "1":
         _join_cgroups(Path(cgroup_root), args.parent_cgroup or exec_file.name, args.id, args.cgroup)
     os.chdir(root)
-    os.execv(jailed, [str(jailed), "--id", args.id, *rebased])
+    argv = [str(jailed), "--id", args.id, *rebased]
+    if args.netns:
+        nsenter = shutil.which("nsenter") or "nsenter"
+        argv = [nsenter, f"--net={args.netns}", "--", *argv]
+    os.execv(argv[0], argv)
 
 
 def _join_cgroups(root: Path, parent: str, vm_id: str, settings: list[str]) -> None:

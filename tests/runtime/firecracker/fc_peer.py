@@ -8,9 +8,16 @@ only while paused, snapshot load only on a fresh process). Snapshot create write
 at its recorded path the way Firecracker does. Paths resolve against `root` (the process's working
 directory when run as a program).
 
-It does not run a guest. Run as a program it stands in for the `firecracker` binary:
+Disks must be raw images: a drive whose file starts with the qcow2 magic is refused, at
+`PUT /drives` and when a snapshot's drives are opened again on load (Firecracker would hand the
+guest the qcow2 bytes as its disk; the double fails where that guest would).
+
+Run as a program it stands in for the `firecracker` binary:
 `python -m tests.runtime.firecracker.fc_peer --api-sock PATH [--id ID] [...]` (other firecracker
 flags are accepted and ignored), which lets the driver's process handling be tested without KVM.
+With `AENV_TEST_FC_GUEST=1` in its environment it also runs a guest (`fc_guest.py`: a real envd
+behind the VM's tap, on the VM's writable drive) from the moment the VM first runs, paused and
+resumed with it; without, no guest runs.
 """
 
 from __future__ import annotations
@@ -19,6 +26,9 @@ import argparse
 import asyncio
 import json
 import os
+import socket
+import subprocess
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +39,8 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from tests.runtime.firecracker import fc_swagger
+from tests.network.fakeguest import attach_tap
+from tests.runtime.firecracker import fc_guest, fc_swagger
 
 PRE_BOOT_ONLY = {
     ("PUT", "/machine-config"),
@@ -44,6 +55,8 @@ PRE_BOOT_ONLY = {
     ("PUT", "/serial"),
 }
 STATE_MAGIC = "aenv-test-firecracker-state"
+QCOW2_MAGIC = b"QFI\xfb"
+GUEST_ENV = "AENV_TEST_FC_GUEST"
 PAGE = 4096
 RECORD_PATH = "/_test/requests"
 FAIL_PATH = "/_test/fail"
@@ -71,6 +84,9 @@ class PeerState:
     fail_body: dict[tuple[str, str], Any] = field(default_factory=dict)
     loaded_from_snapshot: bool = False
     generation: int = 0
+    # Run a guest (`fc_guest.py`) while the VM runs; `guest` is its process once started.
+    with_guest: bool = False
+    guest: subprocess.Popen[str] | None = None
 
     def host(self, path: str) -> Path:
         return self.root / path
@@ -148,13 +164,17 @@ class Peer:
                     return fault("The microVM is already running.")
                 if "boot-source" not in cfg:
                     return fault("Cannot start microvm without kernel configuration.")
+                if "machine-config" not in cfg:
+                    # Firecracker would boot 1 vCPU and 128 MiB; aenv always says what it wants.
+                    return fault("This test peer needs PUT /machine-config before InstanceStart.")
                 st.state = "Running"
+                return self.run_guest()
             return Response(status_code=204)
         if template == "/vm":
             if st.state == "Not started":
                 return fault("The requested operation is not supported before starting the VM.")
             st.state = "Running" if body["state"] == "Resumed" else "Paused"
-            return Response(status_code=204)
+            return self.run_guest()
         if template == "/snapshot/create":
             return self.create_snapshot(body)
         if template == "/snapshot/load":
@@ -162,8 +182,9 @@ class Peer:
         if template == "/drives/{drive_id}":
             drives = cfg.setdefault("drives", {})
             if method == "PUT":
-                if not st.host(body["path_on_host"]).exists():
-                    return fault(f"Unable to open drive file {body['path_on_host']}")
+                problem = _drive_problem(st.host(body["path_on_host"]))
+                if problem:
+                    return fault(f"Unable to use drive file {body['path_on_host']}: {problem}")
                 drives[params["drive_id"]] = body
             elif params["drive_id"] not in drives:
                 return fault(f"Invalid block device ID: {params['drive_id']}")
@@ -276,8 +297,9 @@ class Peer:
         if backend["backend_type"] != "File" or not mem.is_file() or mem.stat().st_size < expected:
             return fault(f"Load snapshot error: cannot map guest memory {mem}")
         for drive in doc["config"].get("drives", {}).values():
-            if not st.host(drive["path_on_host"]).exists():
-                return fault(f"Load snapshot error: cannot open drive {drive['path_on_host']}")
+            problem = _drive_problem(st.host(drive["path_on_host"]))
+            if problem:
+                return fault(f"Load snapshot error: drive {drive['path_on_host']}: {problem}")
         config = doc["config"]
         for override in body.get("network_overrides", []):
             iface = config.get("network-interfaces", {}).get(override["iface_id"])
@@ -289,7 +311,78 @@ class Peer:
         st.generation = doc["generation"]
         st.loaded_from_snapshot = True
         st.state = "Running" if body.get("resume_vm") else "Paused"
+        return self.run_guest()
+
+    def run_guest(self) -> Response:
+        """Bring the guest (if this peer runs one) to the VM's state: started the first time the
+        VM runs, then paused and resumed with it."""
+        st = self.state
+        if not st.with_guest:
+            return Response(status_code=204)
+        try:
+            if st.guest is None and st.state == "Running":
+                st.guest = self.start_guest()
+            elif st.guest is not None:
+                _tell(st.guest, "resume" if st.state == "Running" else "pause")
+        except (OSError, RuntimeError, KeyError, ValueError) as exc:
+            return fault(f"The guest failed: {exc}")
         return Response(status_code=204)
+
+    def start_guest(self) -> subprocess.Popen[str]:
+        cfg = self.state.config
+        writable = [d for d in cfg.get("drives", {}).values() if not d["is_read_only"]]
+        if len(writable) != 1:
+            raise RuntimeError(f"the guest needs one writable drive, not {len(writable)}")
+        iface = cfg["network-interfaces"]["eth0"]
+        try:  # opening a missing tap would make a new, unconnected one
+            socket.if_nametoindex(iface["host_dev_name"])
+        except OSError as exc:
+            raise RuntimeError(f"Open tap device failed: no {iface['host_dev_name']} here") from exc
+        tap = attach_tap(iface["host_dev_name"])
+        argv = [
+            *("unshare", "--net", "--", sys.executable, "-m", fc_guest.__name__),
+            *("--tap-fd", str(tap), "--mac", iface["guest_mac"]),
+            *("--cmdline", cfg["boot-source"]["boot_args"]),
+            *("--drive", str(self.state.host(writable[0]["path_on_host"]))),
+            *("--scratch", str(self.state.host(f"guest-{self.state.vm_id}"))),
+        ]
+        try:
+            guest = subprocess.Popen(
+                argv,
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                pass_fds=[tap],
+                preexec_fn=fc_guest.die_with_parent,
+            )
+        finally:
+            os.close(tap)
+        _wait_ok(guest)
+        return guest
+
+
+def _drive_problem(path: Path) -> str | None:
+    try:
+        with path.open("rb") as image:
+            magic = image.read(4)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    return "a qcow2 image; only raw disk images are supported" if magic == QCOW2_MAGIC else None
+
+
+def _tell(guest: subprocess.Popen[str], command: str) -> None:
+    assert guest.stdin is not None
+    guest.stdin.write(command + "\n")
+    guest.stdin.flush()
+    _wait_ok(guest)
+
+
+def _wait_ok(guest: subprocess.Popen[str]) -> None:
+    assert guest.stdout is not None
+    answer = guest.stdout.readline().strip()
+    if answer != "ok":
+        guest.kill()
+        raise RuntimeError(f"the guest exited ({guest.wait()}) instead of answering")
 
 
 def _configured(config: dict[str, Any]) -> bool:
@@ -312,7 +405,7 @@ def main() -> None:
     args, _ignored = parser.parse_known_args()
     # Like Firecracker: the guest console is our stdout; pid file lets tests find us.
     print(f"test firecracker {os.getpid()} id={args.id}", flush=True)
-    state = PeerState(root=Path.cwd(), vm_id=args.id)
+    state = PeerState(root=Path.cwd(), vm_id=args.id, with_guest=os.environ.get(GUEST_ENV) == "1")
     asyncio.run(make_server(state, Path(args.api_sock)).serve())
 
 

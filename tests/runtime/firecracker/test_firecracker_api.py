@@ -4,6 +4,7 @@ error answers become `FirecrackerApiError`."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
 import pydantic
@@ -182,3 +183,48 @@ async def test_malformed_answer_is_reported(peer: PeerState, tmp_path: Path) -> 
     async with FirecrackerApi(tmp_path / "api.sock") as api:
         with pytest.raises(FirecrackerError, match="unexpected answer to GET /"):
             await api.describe_instance()
+
+
+async def test_the_double_refuses_what_firecracker_cannot_use(
+    peer: PeerState, tmp_path: Path
+) -> None:
+    """qcow2 drives (Firecracker reads raw images only), a start before the machine config, and
+    a snapshot load after boot-specific configuration or of a state whose drive became a qcow2."""
+    (tmp_path / "vmlinux").touch()
+    (tmp_path / "raw.img").write_bytes(b"\0" * 4096)
+    subprocess.run(
+        ["qemu-img", "create", "-q", "-f", "qcow2", str(tmp_path / "q.img"), "1M"], check=True
+    )
+    drive = m.Drive(
+        drive_id="upper", is_root_device=False, path_on_host="q.img", is_read_only=False
+    )
+    async with FirecrackerApi(tmp_path / "api.sock") as api:
+        with pytest.raises(FirecrackerApiError, match="qcow2"):
+            await api.put_drive(drive)
+        await api.put_boot_source(m.BootSource(kernel_image_path="vmlinux"))
+        with pytest.raises(FirecrackerApiError, match="machine-config"):
+            await api.start()
+        with pytest.raises(FirecrackerApiError, match="boot-specific"):
+            await api.load_snapshot(
+                m.SnapshotLoadParams(
+                    snapshot_path="s",
+                    mem_backend=m.MemoryBackend(backend_type="File", backend_path="m"),
+                )
+            )
+        await api.put_machine_config(m.MachineConfiguration(vcpu_count=1, mem_size_mib=1))
+        await api.put_drive(drive.model_copy(update={"path_on_host": "raw.img"}))
+        await api.start()
+        await api.pause()
+        await api.create_snapshot(m.SnapshotCreateParams(snapshot_path="s", mem_file_path="m"))
+
+    # The drive is a qcow2 by the time a new process loads the snapshot.
+    (tmp_path / "q.img").replace(tmp_path / "raw.img")
+    peer.state, peer.config, peer.requests = "Not started", {}, []
+    async with FirecrackerApi(tmp_path / "api.sock") as api:
+        with pytest.raises(FirecrackerApiError, match="qcow2"):
+            await api.load_snapshot(
+                m.SnapshotLoadParams(
+                    snapshot_path="s",
+                    mem_backend=m.MemoryBackend(backend_type="File", backend_path="m"),
+                )
+            )

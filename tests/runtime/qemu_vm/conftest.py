@@ -1,6 +1,8 @@
 """Session fixtures: build guest images once, boot one template VM once, snapshot it; every test
 restores from that snapshot. Every VM, namespace, cgroup and temp file is released on teardown,
-also when a test fails; `no_leaks` then checks that nothing is left behind."""
+also when a test fails; `no_leaks` then checks that nothing is left behind. Every VMM booted or
+restored here is checked to be jailed (`tests.support.jail`), its root showing only files under
+the test's directories and the guest images."""
 
 from __future__ import annotations
 
@@ -22,11 +24,12 @@ from aenv.guest.kernel import Kernel, fetch_kernel
 from aenv.guest.rootfs import BaseRootfs, build_base_rootfs
 from aenv.runtime.cgroups import CgroupManager, detect
 from aenv.runtime.driver import VM, Disk, RestoreSpec, Snapshot, SnapshotTarget, VMSpec
-from aenv.runtime.qemu import QemuConfig, QemuDriver
+from aenv.runtime.qemu import QemuConfig, QemuDriver, QemuVM
 from aenv.storage import layers
 from tests.runtime.qemu_vm.agent import build_agent_bundle
 from tests.runtime.qemu_vm.netns import GUEST_NET, NetnsPool, agent, wait_ready
 from tests.support.guest import GUEST_CACHE, MIRROR
+from tests.support.jail import jail_problems
 
 REPO = Path(__file__).resolve().parents[3]
 TEMPLATE_MEMORY = "remembered-in-ram"
@@ -48,6 +51,17 @@ class Places:
     work: Path
     shm: Path
     count: int = 0
+
+    def jail_roots(self) -> list[Path]:
+        """Where the files a VMM of these tests may see are: the test's directories (the guest
+        agent's bundle is in pytest's temporary tree too) and the guest image cache."""
+        return [self.work.parent, self.shm, GUEST_CACHE]
+
+    def check_jailed(self, driver: QemuDriver, vm: VM) -> VM:
+        assert isinstance(vm, QemuVM)
+        if driver.config.jail is not None:
+            assert jail_problems(vm.proc.pid, self.jail_roots()) == []
+        return vm
 
     def vm_dir(self) -> Path:
         self.count += 1
@@ -132,7 +146,7 @@ async def boot_template(
         net=net,
         memory_dir=places.shm,
     )
-    return await driver.boot(spec), net.netns
+    return places.check_jailed(driver, await driver.boot(spec)), net.netns
 
 
 @dataclass(frozen=True)
@@ -173,6 +187,7 @@ class Fleet:
         target = self.target()
         vm = await self.driver.restore(snapshot, target)
         self.vms.append(vm)
+        self.places.check_jailed(self.driver, vm)
         assert target.net is not None
         return vm, target.net.netns
 
@@ -180,6 +195,8 @@ class Fleet:
         targets = [self.target() for _ in range(count)]
         vms = await self.driver.restore_many(snapshot, targets)
         self.vms += vms
+        for vm in vms:
+            self.places.check_jailed(self.driver, vm)
         return [(vm, t.net.netns) for vm, t in zip(vms, targets, strict=True) if t.net]
 
     async def stop_all(self) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 import psutil
 import pytest
 
+from aenv.runtime import qcow2
 from aenv.runtime.cgroups import CgroupManager
 from aenv.runtime.driver import RestoreError, Snapshot, VMState
 from aenv.runtime.qemu import QemuDriver, QemuVM
@@ -174,6 +175,37 @@ async def test_filesystem_only_snapshots_hold_disks_alone(
         assert await fleet.driver.detach_memory(snap, places.snapshot_target(), fleet.target()) is (
             snap
         )
+
+
+async def test_saved_disks_boot_and_export_standalone(
+    fleet: Fleet, template: Template, places: Places
+) -> None:
+    """A filesystem-only snapshot of a clone: its disks boot on a fresh top of their own, and its
+    export holds each drive as one standalone image that `load_saved` reads back."""
+    vm, netns = await fleet.restore(template.snapshot)
+    await agent(netns, "POST", "/?memory=gone&note=kept-on-disk")
+    saved = await vm.snapshot(places.snapshot_target(), keep_running=False, machine_state=False)
+    assert len(qcow2.chain(saved.disks["upper"])) > 1  # a top over the template's layer
+
+    target = fleet.target()
+    booted = await fleet.driver.boot_saved(saved, target)
+    fleet.vms.append(booted)
+    assert target.net is not None
+    await wait_ready(target.net.netns)
+    assert (await agent(target.net.netns))["note"] == "kept-on-disk"
+    assert isinstance(booted, QemuVM)
+    tops = [d.path for d in booted.spec.disks if not d.read_only]
+    await booted.stop()
+    assert not any(p.exists() for p in tops)  # the private tops went with the VM
+
+    dest = places.snapshot_target().directory
+    exported = await fleet.driver.export(saved, dest, move=False)
+    assert qcow2.chain(exported.disks["upper"]) == [exported.disks["upper"]]
+    assert saved.state_file.is_file()  # shared, not taken over
+    assert await fleet.driver.load_saved(dest) == exported
+    exported.disks["upper"].unlink()
+    with pytest.raises(RestoreError, match="lacks"):
+        await fleet.driver.load_saved(dest)
 
 
 async def _loading(vm_task: asyncio.Task[object], state_file: Path) -> None:

@@ -9,8 +9,12 @@ Disks: Firecracker has no copy-on-write block format, so the guest's init stacks
 (overlay of the read-only base and a writable upper, found by label). A restore gives each clone
 its own copy of every sealed writable image under the same `drives/<drive_id>` name the source
 used (see `placement.py`), which is how the drive paths recorded in the state file point each
-clone at its own layer; read-only images are shared. Network: each clone opens the tap named in
-its `RestoreSpec` (a network override) inside its own namespace; the MAC stays the source's.
+clone at its own layer; read-only images are shared. A cold boot of a saved state's disks
+(`boot_saved`) gets the same private copies; an export moves or links the sealed images, which
+are standalone raw files already. A qcow2 image (another driver's format) is refused before
+Firecracker sees it: Firecracker would hand its bytes to the guest as the disk. Network: each
+clone opens the tap named in its `RestoreSpec` (a network override) inside its own namespace; the
+MAC stays the source's.
 
 Device discovery in the guest: Firecracker's devices are virtio-mmio, with no PCI bus to find them
 on. On x86 Firecracker describes them two ways: `virtio_mmio.device=<size>@<addr>:<irq>` arguments
@@ -41,6 +45,7 @@ from dataclasses import replace
 from pathlib import Path
 
 from aenv.runtime import driver as d
+from aenv.runtime import export, qcow2
 from aenv.runtime.cgroups import CgroupLimits, CgroupManager, detect
 from aenv.runtime.firecracker import host, leftovers
 from aenv.runtime.firecracker import models as m
@@ -139,15 +144,42 @@ class FirecrackerDriver:
 
     # --- boot ------------------------------------------------------------------------------------
 
+    def kernel_image(self, kernel: d.KernelImages) -> Path:
+        # Firecracker loads an uncompressed ELF kernel only (x86_64).
+        return kernel.vmlinux
+
     async def boot(self, spec: d.VMSpec) -> FirecrackerVM:
-        _check_spec(spec)
+        return await self._boot(spec, owned=set())
+
+    async def boot_saved(self, snapshot: d.Snapshot, target: d.RestoreSpec) -> FirecrackerVM:
+        """Each writable drive booted from a private copy of its sealed image (`layers/`)."""
+        _check_ours(snapshot)
+        _check_files(snapshot, d.BootError)
+        spec = _restored_spec(snapshot, target)
+        owned: set[Path] = set()
+        try:
+            await _copy_layers(snapshot, spec, owned)
+        except FAILURES as exc:
+            _remove(owned)
+            raise d.BootError(f"cannot copy the writable layers: {exc}") from exc
+        return await self._boot(spec, owned=owned)
+
+    async def _boot(self, spec: d.VMSpec, *, owned: set[Path]) -> FirecrackerVM:
+        """Cold-boot `spec`; `owned` are writable layers the VM takes over (and removes)."""
+        try:
+            _check_spec(spec)
+        except d.BootError:
+            _remove(owned)
+            raise
         cfg = self.config
         vm_id = self._new_id()
         try:
             placement = self._placement(spec.workdir, vm_id)
         except FAILURES as exc:
+            _remove(owned)
             raise d.BootError(f"cannot place VM {vm_id}: {exc}") from exc
         vm = FirecrackerVM(cfg, spec, vm_id, placement, diff_base=DiffBase.BOOT)
+        vm.owned_layers |= owned
         try:
             netns = spec.net.netns if spec.net else None
             await self._launch(vm, netns, self._limits(spec.limits, spec))
@@ -213,10 +245,7 @@ class FirecrackerDriver:
     # --- restore ---------------------------------------------------------------------------------
 
     async def restore(self, snapshot: d.Snapshot, target: d.RestoreSpec) -> FirecrackerVM:
-        if snapshot.driver != DRIVER_NAME:
-            raise d.IncompatibleSnapshotError(
-                f"snapshot was taken by the {snapshot.driver} driver, not {DRIVER_NAME}"
-            )
+        _check_ours(snapshot)
         if not snapshot.machine_state:
             raise d.RestoreError("a filesystem-only snapshot cannot be restored: boot its disks")
         if snapshot.memory_file is None:
@@ -226,10 +255,7 @@ class FirecrackerDriver:
             raise d.IncompatibleSnapshotError(
                 "a restore needs a network attachment exactly when the snapshot's VM had one"
             )
-        shared = [disk.path for disk in snapshot.spec.disks if disk.read_only]
-        for path in (snapshot.state_file, snapshot.memory_file, *snapshot.disks.values(), *shared):
-            if not path.is_file():
-                raise d.RestoreError(f"snapshot file missing: {path}")
+        _check_files(snapshot, d.RestoreError)
         spec = _restored_spec(snapshot, target)
         vm_id = self._new_id()
         try:
@@ -283,11 +309,8 @@ class FirecrackerDriver:
 
     async def _stage_restore_disks(self, vm: FirecrackerVM, snapshot: d.Snapshot) -> None:
         """Read-only drives: the shared image itself. Writable: a private copy of the sealed one."""
+        await _copy_layers(snapshot, vm.spec, vm.owned_layers)
         for disk in vm.spec.disks:
-            if not disk.read_only:
-                disk.path.parent.mkdir(exist_ok=True)
-                vm.owned_layers.add(disk.path)
-                await layers.sparse_copy(snapshot.disks[disk.drive_id], disk.path)
             vm.placement.stage(disk.path, drive_name(disk.drive_id), writable=not disk.read_only)
 
     async def _reapply_rate_limits(self, vm: FirecrackerVM) -> None:
@@ -327,6 +350,25 @@ class FirecrackerDriver:
         # Firecracker always writes guest memory as its own file (`mem_file_path`).
         return snapshot
 
+    async def export(self, snapshot: d.Snapshot, dest: Path, *, move: bool) -> d.Snapshot:
+        """Sealed images are standalone raw files already: each is moved or linked like the
+        state and memory files, as `disk-<drive_id>.img`."""
+
+        async def place(drive_id: str, source: Path) -> Path:
+            image = dest / f"disk-{drive_id}.img"
+            await export.place(source, image, move=move)
+            return image
+
+        try:
+            return await export.export(snapshot, dest, move=move, disk=place)
+        except FAILURES as exc:
+            raise d.SnapshotError(f"cannot export the saved state to {dest}: {exc}") from exc
+
+    async def load_saved(self, directory: Path) -> d.Snapshot:
+        snapshot = await asyncio.to_thread(export.load, directory, DRIVER_NAME)
+        await asyncio.to_thread(_check_files, snapshot, d.RestoreError)
+        return snapshot
+
     def _new_id(self) -> str:
         # Also the jailer --id and cgroup name: alphanumerics and '-' only.
         return f"{self.config.id_prefix}{secrets.token_hex(8)}"
@@ -339,6 +381,42 @@ class FirecrackerDriver:
         """`aenv.runtime.sweep.Reclaimer`: after the sweep killed the orphaned VMMs, remove what
         this driver's VMs named `prefix*` left (`leftovers.reclaim`). Blocking."""
         return leftovers.reclaim(self.config, self._cgroup_manager, prefix, killed, live)
+
+
+def _check_ours(snapshot: d.Snapshot) -> None:
+    if snapshot.driver != DRIVER_NAME:
+        raise d.IncompatibleSnapshotError(
+            f"snapshot was taken by the {snapshot.driver} driver, not {DRIVER_NAME}"
+        )
+
+
+def _check_files(snapshot: d.Snapshot, error: type[d.DriverError]) -> None:
+    """Every file the saved state names exists, and every disk is a raw image (Firecracker
+    reads nothing else: a qcow2 would reach the guest as garbage)."""
+    shared = [disk.path for disk in snapshot.spec.disks if disk.read_only]
+    files = [snapshot.state_file, *snapshot.disks.values(), *shared]
+    if snapshot.memory_file is not None:
+        files.append(snapshot.memory_file)
+    for path in files:
+        if not path.is_file():
+            raise error(f"snapshot file missing: {path}")
+    for path in (*snapshot.disks.values(), *shared):
+        if qcow2.is_qcow2(path):
+            raise error(f"{path} is a qcow2 image; firecracker reads raw disk images only")
+
+
+async def _copy_layers(snapshot: d.Snapshot, spec: d.VMSpec, owned: set[Path]) -> None:
+    """A private copy of each sealed writable image at the path `spec` gives the drive."""
+    for disk in spec.disks:
+        if not disk.read_only:
+            disk.path.parent.mkdir(exist_ok=True)
+            owned.add(disk.path)
+            await layers.sparse_copy(snapshot.disks[disk.drive_id], disk.path)
+
+
+def _remove(paths: set[Path]) -> None:
+    for path in paths:
+        path.unlink(missing_ok=True)
 
 
 def _check_spec(spec: d.VMSpec) -> None:
@@ -354,6 +432,8 @@ def _check_spec(spec: d.VMSpec) -> None:
             raise d.BootError(f"drive id must match {_DRIVE_ID.pattern}: {disk.drive_id!r}")
         if not disk.path.exists():
             raise d.BootError(f"disk {disk.drive_id} not found: {disk.path}")
+        if disk.path.is_file() and qcow2.is_qcow2(disk.path):
+            raise d.BootError(f"disk {disk.drive_id} is a qcow2 image; firecracker reads raw only")
 
 
 def _touch(path: Path) -> Path:

@@ -1,0 +1,93 @@
+"""A sandbox's network settings at the HTTP edge: from the create body's `network` and the
+`PUT /sandboxes/{id}/network` body, and to the `network` object of the sandbox's info.
+
+What this node does not implement yet is refused with a 400 naming the field, never accepted
+and ignored: domain names in `allowOut`, header transform `rules`, `egressProxy`,
+`dnsServers`, `httpsPorts`.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+from aenv.api.errors import APIError
+from aenv.api.models import Egress, NetworkConfig, NetworkUpdate
+from aenv.network.domains import is_address, normalise
+from aenv.network.settings import SandboxNetwork
+
+# Body field -> what it would need, for the 400 message.
+_NOT_IMPLEMENTED = {
+    "rules": "header transform rules",
+    "egressProxy": "egress proxies",
+    "dnsServers": "DNS servers for domain rules",
+    "httpsPorts": "HTTPS to sandbox ports",
+}
+# A host name or address with an optional port; `${PORT}` may stand for the port. It becomes a
+# request header, so nothing that could end or extend one (whitespace, control characters).
+_MASK = re.compile(r"[A-Za-z0-9.\-_\[\]:${}]{1,255}")
+
+
+def _refuse_unimplemented(body: Egress) -> None:
+    for name in body.model_fields_set:
+        alias = type(body).model_fields[name].alias or name
+        value = getattr(body, name)
+        if alias in _NOT_IMPLEMENTED and value not in (None, {}, []):
+            raise APIError(400, f"network.{alias}: {_NOT_IMPLEMENTED[alias]} are not supported")
+
+
+def _destinations(field: str, entries: list[str] | None) -> tuple[str, ...]:
+    for entry in entries or ():
+        if is_address(entry):
+            continue
+        if field == "denyOut":
+            message = f"network.denyOut: {entry!r} is not an IP address or CIDR (domain names "
+            raise APIError(400, message + "are not supported for deny rules)")
+        try:
+            normalise(entry)
+        except ValueError as e:
+            raise APIError(400, f"network.{field}: {e}") from e
+    return tuple(entries or ())
+
+
+def _network(allow_internet: bool, body: Egress, **ingress: Any) -> SandboxNetwork:
+    _refuse_unimplemented(body)
+    allow_out = _destinations("allowOut", body.allow_out)
+    deny_out = _destinations("denyOut", body.deny_out)
+    try:
+        return SandboxNetwork(allow_internet, allow_out, deny_out, **ingress)
+    except ValueError as e:  # IPv6 (guests have none), or names without a deny of everything
+        raise APIError(400, f"network: {e}") from e
+
+
+def create_network(
+    allow_internet_access: bool | None, body: NetworkConfig | None
+) -> SandboxNetwork:
+    """The settings of a new sandbox from its create body (400 for what cannot be honoured)."""
+    body = body or NetworkConfig()
+    mask = body.mask_request_host
+    if mask is not None and not _MASK.fullmatch(mask):
+        raise APIError(400, f"network.maskRequestHost: not a host[:port]: {mask!r}")
+    return _network(
+        allow_internet_access is not False,
+        body,
+        allow_public_traffic=body.allow_public_traffic is not False,
+        mask_request_host=mask,
+    )
+
+
+def updated_network(body: NetworkUpdate) -> SandboxNetwork:
+    """The egress part of `PUT /sandboxes/{id}/network` (its ingress fields are left out)."""
+    return _network(body.allow_internet_access is not False, body)
+
+
+def network_info(network: SandboxNetwork) -> dict[str, Any]:
+    """E2B's `SandboxNetworkConfig`, as the sandbox's info shows it."""
+    info: dict[str, Any] = {
+        "allowOut": list(network.allow_out),
+        "denyOut": list(network.deny_out),
+        "allowPublicTraffic": network.allow_public_traffic,
+    }
+    if network.mask_request_host is not None:
+        info["maskRequestHost"] = network.mask_request_host
+    return info

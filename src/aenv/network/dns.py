@@ -1,0 +1,123 @@
+"""DNS for slots with domain egress rules: answers consistent with the rules.
+
+The slot table redirects the guest's DNS queries (UDP port 53, whichever resolver it asks) to
+this forwarder on the guest's gateway address, inside the slot namespace. A query for a name the
+rules allow is forwarded to the node's resolver, from the slot namespace, and its answer relayed;
+any other name is answered NXDOMAIN, so a sandbox neither learns addresses it may not use nor
+leaks names through DNS. Messages are read and written with dnspython.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+from ipaddress import IPv4Address
+from typing import cast
+
+import dns.exception
+import dns.message
+import dns.rcode
+
+from aenv.network import netns
+from aenv.network.domains import DomainRules
+from aenv.network.slot import Slot
+
+log = logging.getLogger(__name__)
+
+DNS_PORT = 53
+_UPSTREAM_TIMEOUT_S = 3.0
+_MAX_MESSAGE = 4096
+
+
+def _udp(bind: tuple[str, int] | None = None) -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    if bind is not None:
+        sock.bind(bind)
+    sock.setblocking(False)
+    return sock
+
+
+class _Server(asyncio.DatagramProtocol):
+    def __init__(self, forwarder: DnsForwarder) -> None:
+        self._forwarder = forwarder
+        self.transport: asyncio.DatagramTransport | None = None
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # The selector loop's datagram transport does not subclass DatagramTransport.
+        self.transport = cast(asyncio.DatagramTransport, transport)
+
+    def datagram_received(self, data: bytes, addr: tuple[str | object, int]) -> None:
+        self._forwarder.spawn(self._answer(data, addr))
+
+    async def _answer(self, data: bytes, addr: tuple[str | object, int]) -> None:
+        reply = await self._forwarder.answer(data)
+        if reply is not None and self.transport is not None:
+            self.transport.sendto(reply, addr)
+
+
+class DnsForwarder:
+    """The forwarder of one slot; `rules` may be replaced at any time."""
+
+    def __init__(self, slot: Slot, rules: DomainRules, upstream: IPv4Address) -> None:
+        self.slot = slot
+        self.rules = rules
+        self._upstream = (str(upstream), DNS_PORT)
+        self._transport: asyncio.DatagramTransport | None = None
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    async def start(self) -> None:
+        bind = (str(self.slot.guest.gateway), DNS_PORT)
+        sock = await netns.run_in(self.slot.netns, lambda: _udp(bind))
+        loop = asyncio.get_running_loop()
+        transport, _ = await loop.create_datagram_endpoint(lambda: _Server(self), sock=sock)
+        self._transport = transport
+
+    async def close(self) -> None:
+        if self._transport is not None:
+            self._transport.close()
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+
+    def spawn(self, work: object) -> None:
+        assert asyncio.iscoroutine(work)
+        task = asyncio.ensure_future(work)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def answer(self, data: bytes) -> bytes | None:
+        """The reply to the query `data`, or None to drop it (not a query we can read)."""
+        try:
+            query = dns.message.from_wire(data)
+        except dns.exception.DNSException:
+            return None
+        if len(query.question) != 1:
+            return _reply(query, dns.rcode.FORMERR)
+        name = query.question[0].name.to_text(omit_final_dot=True)
+        if not self.rules.allows(name):
+            return _reply(query, dns.rcode.NXDOMAIN)
+        try:
+            return await asyncio.wait_for(self._forward(data, query.id), _UPSTREAM_TIMEOUT_S)
+        except (OSError, TimeoutError):
+            log.info("slot %s: no answer from %s for %s", self.slot.netns, self._upstream, name)
+            return _reply(query, dns.rcode.SERVFAIL)
+
+    async def _forward(self, data: bytes, query_id: int) -> bytes:
+        sock = await netns.run_in(self.slot.netns, _udp)
+        loop = asyncio.get_running_loop()
+        try:
+            await loop.sock_sendto(sock, data, self._upstream)
+            while True:
+                reply, source = await loop.sock_recvfrom(sock, _MAX_MESSAGE)
+                # Only the resolver's answer to this query, not a spoofed or stray datagram.
+                if source == self._upstream and reply[:2] == query_id.to_bytes(2, "big"):
+                    return reply
+        finally:
+            sock.close()
+
+
+def _reply(query: dns.message.Message, rcode: dns.rcode.Rcode) -> bytes:
+    response = dns.message.make_response(query)
+    response.set_rcode(rcode)
+    return response.to_wire()

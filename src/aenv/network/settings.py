@@ -1,0 +1,82 @@
+"""A sandbox's network settings as E2B defines them, and the slot configuration they mean.
+
+E2B's knobs: `allow_internet_access`, `network.allowOut` / `denyOut` (IPs, CIDRs and, to
+allow, domain names; allow wins over deny), `allowPublicTraffic` (ingress only with the traffic
+access token) and `maskRequestHost`. They belong to the sandbox, not to its slot: they are
+stored with it, applied to every slot it runs in (create, resume, fork children) and replaced
+at runtime by `PUT /sandboxes/{id}/network`.
+
+Egress maps onto a slot as E2B's infra does it: no internet access is a `denyOut` of 0.0.0.0/0,
+which `allowOut` still overrides. When nothing at all is allowed the slot's route is switched off
+instead, which also refuses packets of connections already open without an nft change. Domain
+names need everything else denied (as in E2B: allowing a name among allowed addresses would
+mean nothing).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from ipaddress import IPv4Network
+from typing import Any
+
+from aenv.network.policy import EgressPolicy
+
+ALL_TRAFFIC = "0.0.0.0/0"
+
+
+@dataclass(frozen=True)
+class SlotEgress:
+    """What a slot is given: its egress route on or off, and its allow/deny sets."""
+
+    enabled: bool
+    policy: EgressPolicy
+
+
+@dataclass(frozen=True)
+class SandboxNetwork:
+    """`allow_out`/`deny_out` keep the user's strings (shown back in the sandbox's info as
+    given). Raises ValueError for an entry that is neither an IPv4 address, a CIDR nor (in
+    `allow_out`) a domain name, and for names without everything else denied."""
+
+    allow_internet: bool = True
+    allow_out: tuple[str, ...] = ()
+    deny_out: tuple[str, ...] = ()
+    allow_public_traffic: bool = True
+    mask_request_host: str | None = None
+    # Derived, for the slot; not part of the stored form.
+    egress: SlotEgress = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "egress", _slot_egress(self))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "allow_internet": self.allow_internet,
+            "allow_out": list(self.allow_out),
+            "deny_out": list(self.deny_out),
+            "allow_public_traffic": self.allow_public_traffic,
+            "mask_request_host": self.mask_request_host,
+        }
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SandboxNetwork:
+        return cls(
+            allow_internet=bool(data.get("allow_internet", True)),
+            allow_out=tuple(data.get("allow_out", ())),
+            deny_out=tuple(data.get("deny_out", ())),
+            allow_public_traffic=bool(data.get("allow_public_traffic", True)),
+            mask_request_host=data.get("mask_request_host"),
+        )
+
+
+def _slot_egress(network: SandboxNetwork) -> SlotEgress:
+    allowed = EgressPolicy.parse(allow=network.allow_out, deny=network.deny_out)
+    deny = allowed.deny if network.allow_internet else (IPv4Network(ALL_TRAFFIC),)
+    denies_all = IPv4Network(ALL_TRAFFIC) in deny
+    if allowed.domains and not denies_all:
+        raise ValueError(
+            "When specifying allowed domains in allow out, you must include 'ALL_TRAFFIC' "
+            "in deny out to block all other traffic."
+        )
+    enabled = bool(allowed.allow) or bool(allowed.domains) or not denies_all
+    return SlotEgress(enabled, EgressPolicy(allowed.allow, deny, allowed.domains))

@@ -1,0 +1,70 @@
+"""The format-independent half of `Driver.export` and `Driver.load_saved`, shared by the drivers.
+
+An exported saved state is a directory holding the state file (`state`), the memory file
+(`memory`, when the guest memory is a file of its own), one sealed image per writable drive (made
+by the driver, in its format) and `snapshot.json`, written last: a directory without it never
+finished exporting. State and memory files are never written again once saved, so an export that
+keeps the source (`move=False`) hard-links them instead of copying.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import os
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+from aenv.runtime.driver import IncompatibleSnapshotError, RestoreError, Snapshot
+from aenv.storage import layers
+
+STATE = "state"
+MEMORY = "memory"
+
+# Seals drive `drive_id`'s chain of layers, ending in `source`, as one image in the export
+# directory and returns its path.
+DiskExport = Callable[[str, Path], Awaitable[Path]]
+
+
+async def export(snapshot: Snapshot, dest: Path, *, move: bool, disk: DiskExport) -> Snapshot:
+    """Fill `dest` (existing, empty) with `snapshot`'s state and memory (moved when `move`, else
+    linked) and `disk`'s image of every writable drive; returns the exported snapshot."""
+    state = dest / STATE
+    await place(snapshot.state_file, state, move=move)
+    memory = None
+    if snapshot.memory_file is not None:
+        memory = dest / MEMORY
+        await place(snapshot.memory_file, memory, move=move)
+    disks = {drive_id: await disk(drive_id, path) for drive_id, path in snapshot.disks.items()}
+    exported = dataclasses.replace(snapshot, state_file=state, memory_file=memory, disks=disks)
+    await asyncio.to_thread(exported.save_manifest, dest)
+    return exported
+
+
+async def place(src: Path, dest: Path, *, move: bool) -> None:
+    """`src`'s content at `dest`: renamed or hard-linked, copied when across filesystems."""
+    try:
+        await asyncio.to_thread(os.replace if move else os.link, src, dest)
+        return
+    except OSError:  # another filesystem
+        await layers.sparse_copy(src, dest)
+    if move:
+        await asyncio.to_thread(src.unlink)
+
+
+def load(directory: Path, driver: str) -> Snapshot:
+    """The saved state in `directory`, if it is `driver`'s and every file it names is there.
+    Blocking."""
+    snapshot = Snapshot.load_manifest(directory)
+    if snapshot.driver != driver:
+        raise IncompatibleSnapshotError(
+            f"the saved state in {directory} was made by {snapshot.driver}, not {driver}"
+        )
+    files = [snapshot.state_file, *snapshot.disks.values()]
+    files += [d.path for d in snapshot.spec.disks if d.read_only]
+    if snapshot.memory_file is not None:
+        files.append(snapshot.memory_file)
+    missing = [str(p) for p in files if not p.is_file()]
+    if missing:
+        raise RestoreError(f"the saved state in {directory} lacks {', '.join(missing)}")
+    return snapshot

@@ -1,0 +1,128 @@
+"""Network settings through the control plane over a node on doubles: what reaches the slot at
+create, `PUT /sandboxes/{id}/network` (running, paused, failing), the info, forks, and every
+refusal naming its field. Real traffic through these rules is tested in tests/network and
+tests/e2e/network."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import httpx
+import pytest
+
+from aenv.network import EgressPolicy, NftError, Slot
+from aenv.orchestrator.states import SandboxState
+from tests.api.test_routes import error, served
+from tests.doubles.node import DoubleNode, double_node
+
+RULES = {"allowOut": ["1.1.1.1", "*.example.com"], "denyOut": ["0.0.0.0/0"]}
+
+
+def slot_of(node: DoubleNode, sandbox_id: str) -> tuple[bool, EgressPolicy]:
+    """The egress switch and policy the sandbox's current slot was given."""
+    host = node.orchestrator.guest_endpoint(sandbox_id).host
+    netns = next(n for n, slot in node.slots.in_use.items() if str(slot.address) == host)
+    return node.slots.egress[netns], node.slots.policies.get(netns, EgressPolicy())
+
+
+async def create(api: httpx.AsyncClient, **body: object) -> str:
+    created = await api.post("/sandboxes", json={"templateID": "base", **body})
+    assert created.status_code == 201, created.text
+    return str(created.json()["sandboxID"])
+
+
+async def test_rules_at_create_update_pause_and_fork(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        sandbox_id = await create(api, network=RULES)
+        enabled, policy = slot_of(node, sandbox_id)
+        assert enabled and policy == EgressPolicy.parse(RULES["allowOut"], RULES["denyOut"])
+        info = (await api.get(f"/sandboxes/{sandbox_id}")).json()
+        assert info["network"] == {**RULES, "allowPublicTraffic": True}
+        assert info["allowInternetAccess"] is True
+
+        url = f"/sandboxes/{sandbox_id}/network"
+        assert (await api.put(url, json={"allow_internet_access": False})).status_code == 204
+        assert slot_of(node, sandbox_id) == (False, EgressPolicy.parse(deny=["0.0.0.0/0"]))
+        assert (await api.get(f"/sandboxes/{sandbox_id}")).json()["allowInternetAccess"] is False
+
+        # Paused: stored, and the next slot gets it.
+        assert (await api.post(f"/sandboxes/{sandbox_id}/pause")).status_code == 204
+        assert (await api.put(url, json={"denyOut": ["8.8.8.0/24"]})).status_code == 204
+        assert (await api.post(f"/sandboxes/{sandbox_id}/connect", json={})).status_code == 201
+        assert slot_of(node, sandbox_id) == (True, EgressPolicy.parse(deny=["8.8.8.0/24"]))
+
+        forked = await api.post(f"/sandboxes/{sandbox_id}/fork", json={"count": 1})
+        assert forked.status_code == 201, forked.text
+        child = forked.json()[0]["sandbox"]["sandboxID"]
+        assert slot_of(node, child) == slot_of(node, sandbox_id)
+        assert node.row(child).network == node.row(sandbox_id).network
+        error(await api.put("/sandboxes/nosuchsandbox0000000/network", json={}), 404)
+
+
+async def test_a_slot_that_refuses_the_change_leaves_everything_as_it_was(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        sandbox_id = await create(api, network=RULES)
+        before = (node.row(sandbox_id).network, slot_of(node, sandbox_id))
+        original = node.slots.set_policy
+        calls = 0
+
+        async def refuse_once(slot: Slot, policy: EgressPolicy) -> None:
+            nonlocal calls
+            calls += 1
+            if calls == 1:
+                raise NftError("refused")
+            await original(slot, policy)
+
+        monkeypatch.setattr(node.slots, "set_policy", refuse_once)
+        url = f"/sandboxes/{sandbox_id}/network"
+        error(await api.put(url, json={"denyOut": ["8.8.8.8"]}), 500)
+        assert (node.row(sandbox_id).network, slot_of(node, sandbox_id)) == before
+
+
+async def test_private_traffic_gets_a_token_of_its_own(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        private = {"allowPublicTraffic": False, "maskRequestHost": "localhost:${PORT}"}
+        created = await api.post("/sandboxes", json={"templateID": "base", "network": private})
+        token = created.json()["trafficAccessToken"]
+        sandbox_id = created.json()["sandboxID"]
+        assert token and node.row(sandbox_id).traffic_access_token == token
+        public = await api.post("/sandboxes", json={"templateID": "base"})
+        assert public.json()["trafficAccessToken"] is None
+        forked = await api.post(f"/sandboxes/{sandbox_id}/fork", json={"count": 1})
+        child = forked.json()[0]["sandbox"]
+        assert child["trafficAccessToken"] not in (None, token)
+        assert node.row(child["sandboxID"]).network.mask_request_host == "localhost:${PORT}"
+        assert node.row(sandbox_id).state is SandboxState.RUNNING
+
+
+@pytest.mark.parametrize(
+    ("network", "named"),
+    [
+        ({"allowOut": ["example.com"]}, "ALL_TRAFFIC"),
+        ({"allowOut": ["a..b"], "denyOut": ["0.0.0.0/0"]}, "network.allowOut"),
+        ({"denyOut": ["example.com"]}, "network.denyOut"),
+        ({"denyOut": ["::/0"]}, "IPv4"),
+        ({"rules": {"a.com": [{"transform": {"headers": {"x": "y"}}}]}}, "network.rules"),
+        ({"egressProxy": {"address": "p:1"}}, "network.egressProxy"),
+        ({"dnsServers": ["1.1.1.1"]}, "network.dnsServers"),
+        ({"httpsPorts": [3000]}, "network.httpsPorts"),
+        ({"maskRequestHost": "a\r\nb"}, "network.maskRequestHost"),
+        ({"somethingNew": 1}, "somethingNew"),
+    ],
+)
+async def test_what_cannot_be_honoured_is_refused(
+    tmp_path: Path, network: dict[str, object], named: str
+) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        refused = await api.post("/sandboxes", json={"templateID": "base", "network": network})
+        assert named in error(refused, 400)
+        assert node.catalog.list() == []
+        if "allowPublicTraffic" not in network and "maskRequestHost" not in network:
+            sandbox_id = await create(api)
+            updated = await api.put(f"/sandboxes/{sandbox_id}/network", json=network)
+            if "httpsPorts" not in network:  # not a field of the update
+                assert named in error(updated, 400)
+            else:
+                assert "httpsPorts" in error(updated, 400)

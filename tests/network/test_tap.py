@@ -1,0 +1,48 @@
+"""Opening a slot's tap for a VMM: found by name in its namespace, with the flags QEMU itself
+sets for `ifname=` (vnet header on), usable from outside the namespace."""
+
+from __future__ import annotations
+
+import fcntl
+import os
+import secrets
+import struct
+import subprocess
+from collections.abc import Iterator
+
+import pytest
+
+from aenv.network.tap import IFF_NO_PI, IFF_TAP, IFF_VNET_HDR, open_tap
+
+TUNGETIFF = 0x800454D2
+TUNGETVNETHDRSZ = 0x800454D7
+
+
+@pytest.fixture
+def namespace() -> Iterator[str]:
+    name = f"aenvt-tap-{secrets.token_hex(3)}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        subprocess.run(
+            ["ip", "-n", name, "tuntap", "add", "dev", "tap0", "mode", "tap"], check=True
+        )
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "del", name], check=False)
+
+
+async def test_the_tap_opens_with_qemus_flags(namespace: str) -> None:
+    fd = await open_tap(namespace, "tap0")
+    try:
+        name, flags = struct.unpack("16sH22x", fcntl.ioctl(fd, TUNGETIFF, b"\0" * 40))
+        assert name.rstrip(b"\0") == b"tap0"
+        assert flags & (IFF_TAP | IFF_NO_PI | IFF_VNET_HDR) == IFF_TAP | IFF_NO_PI | IFF_VNET_HDR
+        assert struct.unpack("i", fcntl.ioctl(fd, TUNGETVNETHDRSZ, b"\0" * 4))[0] == 10
+        assert os.get_inheritable(fd) is False  # handed to a VMM only through pass_fds
+    finally:
+        os.close(fd)
+
+
+async def test_a_missing_namespace_is_an_error(namespace: str) -> None:
+    with pytest.raises(OSError):
+        await open_tap(f"{namespace}-none", "tap0")
