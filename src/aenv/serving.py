@@ -48,13 +48,13 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._await_head()
 
     def data_received(self, data: bytes) -> None:
-        if self._in_head:
+        super().data_received(data)
+        # Bytes that left the head unfinished are what the parser holds of it: a long header
+        # is buffered whole before it is handed over, so it is counted here, read by read.
+        if self._in_head and not self.transport.is_closing():
             self._head_bytes += len(data)
             if self._head_bytes > self.max_head_bytes:
-                # Counted before parsing: the parser would buffer a long header whole first.
                 self._refuse_head()
-                return
-        super().data_received(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._head_arrived()

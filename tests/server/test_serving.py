@@ -33,9 +33,13 @@ async def _hello(_: Request) -> PlainTextResponse:
     return PlainTextResponse("hello")
 
 
+async def _length(request: Request) -> PlainTextResponse:
+    return PlainTextResponse(str(len(await request.body())))
+
+
 @contextmanager
 def _served(config: Config) -> Iterator[tuple[str, int]]:
-    app = Starlette(routes=[Route("/", _hello)])
+    app = Starlette(routes=[Route("/", _hello), Route("/length", _length, methods=["POST"])])
     server = uvicorn.Server(uvicorn_config(app, config))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
@@ -120,3 +124,13 @@ def test_an_oversized_request_head_is_refused(node: tuple[str, int]) -> None:
             while chunk := sock.recv(4096):
                 answer += chunk
     assert answer.startswith(b"HTTP/1.1 431 ")
+
+
+def test_a_big_body_sent_with_its_head_is_not_a_big_head(node: tuple[str, int]) -> None:
+    body = b"x" * (512 * 1024)
+    with socket.create_connection(node) as sock:
+        sock.settimeout(WAIT)
+        head = f"POST /length HTTP/1.1\r\nHost: x\r\nContent-Length: {len(body)}\r\n\r\n"
+        sock.sendall(head.encode() + body)  # one write: the head arrives with the body
+        answer = sock.recv(4096)
+    assert answer.startswith(b"HTTP/1.1 200 ") and answer.endswith(str(len(body)).encode())
