@@ -2,12 +2,16 @@ from __future__ import annotations
 
 import os
 import signal
+import threading
 import time
 
 import pytest
-from e2b import Sandbox, SandboxException
+from e2b import CommandHandle, PtySize, Sandbox, SandboxException
 
 from tests.e2e.vmm_procs import vmm_pids
+
+# Only bounds a hang: the streams end as soon as the node notices (no time is asserted).
+STREAM_END_WAIT = 60
 
 
 def test_kill_9_of_one_vmm_removes_only_that_sandbox() -> None:
@@ -32,3 +36,38 @@ def test_kill_9_of_one_vmm_removes_only_that_sandbox() -> None:
     finally:
         bystander.kill()
         victim.kill()
+
+
+@pytest.mark.parametrize("how", ["api", "kill -9"])
+def test_a_killed_sandbox_ends_its_streams(how: str) -> None:
+    # A command and a PTY without a deadline of their own: only the sandbox's end can end them.
+    sandbox = Sandbox.create(timeout=120)
+    try:
+        command = sandbox.commands.run("sleep 600", background=True, timeout=0)
+        pty = sandbox.pty.create(PtySize(rows=24, cols=80), timeout=0)
+        ended: dict[str, BaseException | None] = {}
+
+        def wait(name: str, handle: CommandHandle) -> None:
+            try:
+                handle.wait()
+                ended[name] = None
+            except BaseException as e:  # whatever it is, the stream ended
+                ended[name] = e
+
+        threads = [
+            threading.Thread(target=wait, args=(name, handle), daemon=True)
+            for name, handle in (("command", command), ("pty", pty))
+        ]
+        for thread in threads:
+            thread.start()
+        if how == "api":
+            sandbox.kill()
+        else:
+            for pid in vmm_pids(sandbox.sandbox_id):
+                os.kill(pid, signal.SIGKILL)
+        for thread in threads:
+            thread.join(STREAM_END_WAIT)
+        assert sorted(ended) == ["command", "pty"], "a stream outlived its sandbox"
+        assert all(isinstance(e, Exception) for e in ended.values()), ended
+    finally:
+        sandbox.kill()
