@@ -39,6 +39,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         # Whether the bytes coming in are a request's head, and how many of them came so far.
         self._in_head = True
         self._head_bytes = 0
+        self._heads = 0  # heads completed on this connection
 
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= self.max_connections:
@@ -48,10 +49,14 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._await_head()
 
     def data_received(self, data: bytes) -> None:
+        in_head, heads = self._in_head, self._heads
         super().data_received(data)
-        # Bytes that left the head unfinished are what the parser holds of it: a long header
-        # is buffered whole before it is handed over, so it is counted here, read by read.
-        if self._in_head and not self.transport.is_closing():
+        # A read that was head from its start to its end (no head completed in it) is what the
+        # parser holds of it: a long header is buffered whole before it is handed over, so it
+        # is counted here, read by read. A read that ends a request and starts the next head
+        # is not, so a head can take one read more than the limit.
+        whole_head = in_head and self._in_head and self._heads == heads
+        if whole_head and not self.transport.is_closing():
             self._head_bytes += len(data)
             if self._head_bytes > self.max_head_bytes:
                 self._refuse_head()
@@ -72,6 +77,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_arrived()
         self._in_head = False
         self._head_bytes = 0
+        self._heads += 1
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
