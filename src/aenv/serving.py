@@ -12,6 +12,7 @@ of the connection, for the first request) and within `max_header_bytes` (else 43
 from __future__ import annotations
 
 import asyncio
+import json
 from typing import Any
 
 import uvicorn
@@ -25,9 +26,8 @@ KEEP_ALIVE_S = 650
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a header timeout and a connection cap (see the
-    module docstring); the limits come from `header_timeout` and `max_connections` set on the
-    class by `guarded`."""
+    """uvicorn's httptools protocol with a head timeout, a head size limit and a connection
+    cap (see the module docstring); the limits are class attributes, set by `guarded`."""
 
     header_timeout: float = 30.0
     max_connections: int = 4096
@@ -86,11 +86,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _refuse_head(self) -> None:
         self._head_arrived()
-        message = b"request head too large"
+        message = f"request head larger than {self.max_head_bytes} bytes"
+        body = json.dumps({"code": 431, "message": message}).encode()
         self.transport.write(
             b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-            b"content-type: text/plain; charset=utf-8\r\n"
-            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(message), message)
+            b"content-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
         )
         self.transport.close()
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import socket
 import threading
 import time
@@ -124,6 +125,8 @@ def test_an_oversized_request_head_is_refused(node: tuple[str, int]) -> None:
             while chunk := sock.recv(4096):
                 answer += chunk
     assert answer.startswith(b"HTTP/1.1 431 ")
+    body = json.loads(answer.split(b"\r\n\r\n", 1)[1])
+    assert body == {"code": 431, "message": "request head larger than 65536 bytes"}
 
 
 @pytest.mark.parametrize("writes", ["together", "head first", "two requests"])
