@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
+from aenv.runtime import qcow2
 from aenv.runtime.driver import Snapshot
 from aenv.runtime.qemu import QemuVM
-from aenv.storage import layers
 from tests.runtime.qemu_vm.conftest import TEMPLATE_NOTE, Fleet, Places, Template
 from tests.runtime.qemu_vm.netns import agent
 from tests.support.jail import LINKS, status, visible_files
@@ -54,7 +54,7 @@ def own_files(vm: QemuVM, snapshot: Snapshot) -> dict[str, set[Path]]:
     top = next(d.path for d in spec.disks if not d.read_only)
     read = {p for p in (spec.kernel, spec.initrd) if p}
     for disk in spec.disks:
-        read |= set(layers.chain(disk.path)) - {top}
+        read |= set(qcow2.chain(disk.path)) - {top}
     work = spec.workdir
     own = {top, *work.glob("qmp.*.sock"), *work.glob("console.*.log")}
     assert snapshot.memory_file is not None
