@@ -223,3 +223,19 @@ async def test_a_host_under_its_reserve_refuses_creates_and_saves(tmp_path: Path
             assert [r.id for r in node.catalog.list()] == [record.id]
         await node.orchestrator.kill(record.id)
         assert_clean(node)
+
+
+async def test_reconcile_stops_a_vm_whose_sandbox_is_gone(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        stopped: list[tuple[str, str]] = []
+        node.orchestrator.vm_stopped.append(lambda *run: stopped.append(run))
+        kept, _ = await node.orchestrator.create(node.request())
+        lost, _ = await node.orchestrator.create(node.request())
+        lost_vm = node.orchestrator.guest_endpoint(lost.id).incarnation
+        node.catalog.delete(lost.id)  # its row went away without its VM (a bug, a crash)
+        await node.orchestrator.reconcile()
+        assert stopped == [(lost.id, lost_vm)]
+        assert list(node.driver.running) == [node.orchestrator.guest_endpoint(kept.id).incarnation]
+        assert len(node.slots.in_use) == 1
+        await node.orchestrator.kill(kept.id)
+        assert_clean(node)  # the lost one's files went too

@@ -480,6 +480,8 @@ class Orchestrator:
                 if live is not None:
                     log.warning("sandbox %s: its VM outlived it; stopping it", sandbox_id)
                     await self._stop(sandbox_id, live)
+                if record is None:  # nothing names its files any more either
+                    await self._reclaim_files(sandbox_id)
         if isinstance(self.driver, Reaper):
             await asyncio.to_thread(self.driver.reap_unowned)
 
