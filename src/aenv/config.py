@@ -35,7 +35,8 @@ class Paths:
     ```
     $AENV_HOME/
       config.toml              settings (`AENV_CONFIG` points elsewhere)
-      api-key                  the node's API key (mode 0600)
+      api-key                  the first API key's value, the operator's copy (mode 0600)
+      api-keys.json            every API key of the node, as SHA-256 digests (mode 0600)
       catalog.db               the sandbox catalog (SQLite, WAL)
       template-tags.json       template tags
       templates/<id>/          template.json and its builds (saved states: templates,
@@ -70,6 +71,10 @@ class Paths:
     @property
     def api_key(self) -> Path:
         return self.home / "api-key"
+
+    @property
+    def api_keys(self) -> Path:
+        return self.home / "api-keys.json"
 
     @property
     def catalog(self) -> Path:

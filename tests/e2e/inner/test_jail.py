@@ -10,7 +10,7 @@ from pathlib import Path
 
 from e2b import Sandbox
 
-from aenv.orchestrator.templates import memory_root
+from aenv.config import Paths
 from tests.e2e.vmm_procs import node_vmm_pids
 from tests.support.jail import jail_problems
 
@@ -24,7 +24,7 @@ def test_every_vmm_of_the_node_is_jailed() -> None:
         Sandbox.connect(sandboxes[1].sandbox_id, timeout=120)
         pids = node_vmm_pids(home)
         assert len(pids) >= 2
-        allowed = [home, memory_root(home)]
+        allowed = [home, Paths(home).memory]
         assert {pid: jail_problems(pid, allowed) for pid in pids} == {pid: [] for pid in pids}
         uids = {Path(f"/proc/{pid}/status").read_text().split("Uid:")[1].split()[0] for pid in pids}
         assert len(uids) == len(pids)  # one uid per VMM
