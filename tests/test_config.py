@@ -90,6 +90,8 @@ def test_paths_under_home(tmp_path: Path) -> None:
     named = [
         paths.config_file,
         paths.api_key,
+        paths.api_keys,
+        paths.jailer,
         paths.catalog,
         paths.template_tags,
         paths.templates,
@@ -110,3 +112,18 @@ def test_paths_under_home(tmp_path: Path) -> None:
     assert paths.memory.parent == Path("/dev/shm")
     assert Paths(tmp_path / "." / "x" / "..").memory == paths.memory
     assert Paths(tmp_path / "y").memory != paths.memory
+
+
+@pytest.mark.parametrize(
+    ("setting", "expected"),
+    [
+        ("", "repository"),
+        ("store", "store"),
+        ("/abs/repo", "/abs/repo"),
+        ("off", None),
+        ("s3://bucket/prefix", None),
+    ],
+)
+def test_repository_directory(tmp_path: Path, setting: str, expected: str | None) -> None:
+    directory = Config(home=tmp_path, repository=setting).repository_dir
+    assert directory == (None if expected is None else tmp_path / expected)

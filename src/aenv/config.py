@@ -243,6 +243,15 @@ class Config(BaseModel):
         return "https" if self.tls_cert is not None else "http"
 
     @property
+    def repository_dir(self) -> Path | None:
+        """The repository's directory when it is one: `$AENV_HOME/repository` by default, a
+        relative `repository` under home, an absolute one as given. None for `off` or a URL."""
+        where = self.repository.strip()
+        if where == "off" or "://" in where:
+            return None
+        return self.home / where if where else self.paths.repository
+
+    @property
     def paths(self) -> Paths:
         return Paths(self.home, self.guest_cache)
 

@@ -229,9 +229,9 @@ def _private_dirs(config: Config) -> list[Path]:
     """The node's data directories: its home, its tmpfs directory and a repository directory
     elsewhere (see storage/private.py)."""
     dirs = [config.home, config.paths.memory]
-    where = config.repository.strip()
-    if where and where != "off" and "://" not in where:
-        dirs.append(config.home / where)  # an absolute `where` stands alone
+    repository = config.repository_dir
+    if repository is not None and not repository.resolve().is_relative_to(config.home.resolve()):
+        dirs.append(repository)  # inside home, home's mode already keeps it
     return dirs
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import typing
 from typing import Any
 
 import uvicorn
@@ -41,11 +42,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_bytes = 0
         self._heads = 0  # heads completed on this connection
 
-    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        # asyncio hands stream protocols a Transport; uvicorn's signature says so.
         if len(self.connections) >= self.max_connections:
             transport.close()
             return
-        super().connection_made(transport)
+        super().connection_made(typing.cast(asyncio.Transport, transport))
         self._await_head()
 
     def data_received(self, data: bytes) -> None:

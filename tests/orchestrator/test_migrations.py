@@ -9,10 +9,11 @@ import sqlite3
 from pathlib import Path
 
 from aenv.network.settings import SandboxNetwork
-from aenv.orchestrator.catalog import Archived, Catalog, PageQuery
+from aenv.orchestrator.catalog import Archived, Catalog, PageQuery, SandboxRecord
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.templates import TemplateStore
+from tests.doubles.node import double_node
 
 # The sandboxes table exactly as the previous version created it.
 OLD_SCHEMA = """
@@ -169,3 +170,66 @@ def test_old_template_files_load_with_typed_kinds(tmp_path: Path) -> None:
     again = TemplateStore(directory, tmp_path / "memory")
     again.load()
     assert again.by_id("snap1") == snap
+
+
+async def test_paused_sandbox_survives_the_upgrade(tmp_path: Path) -> None:
+    """A node pauses a sandbox; its catalog and templates are rewritten as the previous version
+    kept them; the upgraded node finds the sandbox paused and resumes it intact."""
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request(timeout=77))
+        node.guest(record.id).write("/work", "before the upgrade")
+        await node.orchestrator.pause(record.id, mode=SaveMode.FULL)
+        paused = node.row(record.id)
+        await node.orchestrator.close()
+        node.catalog.close()
+        _downgrade_catalog(node.config.paths.catalog, paused)
+        for meta in node.config.paths.templates.glob("*/template.json"):
+            raw = json.loads(meta.read_text())
+            raw["memory"] = raw.pop("save_mode") == "full"
+            meta.write_text(json.dumps(raw))
+
+        upgraded = node.reopen()
+        await upgraded.orchestrator.start()
+        row = upgraded.row(record.id)
+        assert (row.state, row.checkpoint_seq, row.timeout) == (SandboxState.PAUSED, 1, 77)
+        assert row.restored_from == paused.restored_from
+        await upgraded.orchestrator.resume(record.id, 60)
+        assert upgraded.guest(record.id).read("/work") == "before the upgrade"
+        node.orchestrator = upgraded.orchestrator
+        node.catalog = upgraded.catalog
+
+
+def _downgrade_catalog(path: Path, record: SandboxRecord) -> None:
+    """Replace the catalog by one of the previous version's schema holding `record`."""
+    for suffix in ("", "-wal", "-shm"):
+        Path(f"{path}{suffix}").unlink(missing_ok=True)
+    db = sqlite3.connect(path)
+    db.executescript(OLD_SCHEMA)
+    placement: dict[str, object] = {
+        "base": record.restored_from,
+        "timeout": record.timeout,
+        "pause_memory": record.auto_pause_mode is SaveMode.FULL,
+        "seq": record.checkpoint_seq,
+        "memory": record.checkpoint_mode is SaveMode.FULL,
+    }
+    if record.archived is not None:
+        placement["archive"] = {"seq": record.archived.seq, "manifest": record.archived.manifest}
+    db.execute(
+        "INSERT INTO sandboxes (id, template_id, alias, state, metadata, env_vars, cpu_count,"
+        " memory_mb, disk_size_mb, started_at, end_at, envd_access_token, auto_pause,"
+        " placement, updated_at) VALUES (?, ?, ?, 'paused', '{}', '{}', ?, ?, ?, ?, ?, ?, 0, ?, 0)",
+        (
+            record.id,
+            record.template_id,
+            record.alias,
+            record.cpu_count,
+            record.memory_mb,
+            record.disk_size_mb,
+            record.started_at,
+            record.end_at,
+            record.envd_access_token,
+            json.dumps(placement),
+        ),
+    )
+    db.commit()
+    db.close()

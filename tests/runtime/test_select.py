@@ -9,6 +9,7 @@ import pytest
 from aenv.guest.initramfs import build_initramfs
 from aenv.guest.kernel import fetch_kernel
 from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
+from aenv.runtime.jail import JailConfig
 from aenv.runtime.qemu import QemuDriver
 from aenv.runtime.select import (
     Backend,
@@ -52,7 +53,11 @@ async def test_probe_boots_the_real_kernel() -> None:
 
 def test_driver_for_each_backend() -> None:
     config = FirecrackerConfig()
-    firecracker = driver_for(Selection(Backend.FIRECRACKER, "x"), cgroups=None, firecracker=config)
+    jail = JailConfig(uid_base=200000, uid_count=16)
+    firecracker = driver_for(
+        Selection(Backend.FIRECRACKER, "x"), cgroups=None, firecracker=config, jail=jail
+    )
     assert isinstance(firecracker, FirecrackerDriver) and firecracker.config is config
-    qemu = driver_for(Selection(Backend.QEMU_KVM, "x"), cgroups=None, firecracker=config)
+    qemu = driver_for(Selection(Backend.QEMU_KVM, "x"), cgroups=None, firecracker=config, jail=jail)
     assert isinstance(qemu, QemuDriver) and qemu.config.accel == "kvm"
+    assert qemu.config.jail is jail

@@ -15,16 +15,16 @@ def open_archive(config: Config) -> Archive | None:
     if where == "off":
         return None
     store: BlobStore
-    if where.startswith("s3://"):
+    if config.repository_dir is not None:
+        store = PosixStore(config.repository_dir)
+    elif where.startswith("s3://"):
         url = urlsplit(where)
         if not url.netloc:
             raise ConfigError(f"repository {where!r}: s3:// needs a bucket name")
         store = S3Store(
             url.netloc, endpoint_url=config.repository_endpoint, prefix=url.path.strip("/")
         )
-    elif "://" in where:
-        raise ConfigError(f"repository {where!r}: use a directory, s3://bucket/prefix or off")
     else:
-        store = PosixStore(config.paths.repository if not where else config.home / where)
+        raise ConfigError(f"repository {where!r}: use a directory, s3://bucket/prefix or off")
     cache = ChunkCache(config.paths.chunk_cache, config.repository_cache_mb << 20)
     return Archive(Repository(store, cache))
