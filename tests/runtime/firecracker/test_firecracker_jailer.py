@@ -15,6 +15,7 @@ import pytest
 from aenv.runtime import driver as d
 from aenv.runtime.firecracker import FirecrackerDriver
 from aenv.runtime.firecracker.jailer import Jail, JailerConfig, JailError, cgroup_settings
+from aenv.runtime.firecracker.mounts import is_shared, mounts_under
 from tests.runtime.firecracker.fc_support import page, restore_target, snapshot_target
 
 HERE = Path(__file__).resolve().parent
@@ -87,12 +88,6 @@ def test_link_in_hard_links_and_hands_files_to_the_jail_user(tmp_path: Path) -> 
     assert inside.stat().st_ino == disk.stat().st_ino  # same file: guest writes land in the layer
     assert (inside.stat().st_uid, inside.stat().st_gid) == (UID, GID)
 
-    written = jail.host_path("/out/state")
-    written.parent.mkdir()
-    written.write_bytes(b"state")
-    assert jail.take_out("out/state", tmp_path / "state").read_bytes() == b"state"
-    assert not written.exists()
-
 
 def test_read_only_files_must_already_be_readable_by_the_jailed_uid(tmp_path: Path) -> None:
     jail = Jail(config(tmp_path), "fc-4", Path("/x/firecracker"))
@@ -107,21 +102,64 @@ def test_read_only_files_must_already_be_readable_by_the_jailed_uid(tmp_path: Pa
     assert private.stat().st_uid == os.getuid()  # a shared file keeps its owner
 
 
-def test_link_in_refuses_to_copy_big_files_across_filesystems(tmp_path: Path) -> None:
-    shm = Path("/dev/shm")
-    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+def test_files_from_another_filesystem_are_bind_mounted_and_unmounted(
+    tmp_path: Path, shm_dir: Path
+) -> None:
+    if os.stat(shm_dir).st_dev == os.stat(tmp_path).st_dev:
         pytest.skip("needs /dev/shm on another filesystem than the temp dir")
     jail = Jail(config(tmp_path), "fc-2", Path("/x/firecracker"))
     jail.create()
-    memory = shm / f"aenv-fc-test-{os.getpid()}.mem"
-    memory.write_bytes(b"m")
-    try:
-        with pytest.raises(JailError, match="same filesystem"):
-            jail.link_in(memory, "restore/memory.bin")
-        assert jail.link_in(memory, "boot/vmlinux", copy_if_needed=True) == "boot/vmlinux"
-        assert (jail.root / "boot" / "vmlinux").read_bytes() == b"m"
-    finally:
-        memory.unlink()
+    memory = shm_dir / "memory.bin"
+    memory.write_bytes(b"saved memory")
+    memory.chmod(0o644)
+    layer = shm_dir / "upper.img"
+    layer.write_bytes(b"layer")
+    assert jail.link_in(memory, "restore/memory.bin") == "restore/memory.bin"
+    assert jail.link_in(layer, "drives/upper", writable=True) == "drives/upper"
+    inside = jail.root / "restore" / "memory.bin"
+    assert mounts_under(jail.root.resolve()) == [
+        (jail.root / "drives" / "upper").resolve(),
+        inside.resolve(),
+    ]
+    assert inside.read_bytes() == b"saved memory"
+    with pytest.raises(OSError, match="Read-only file system"):
+        inside.write_bytes(b"changed")
+    (jail.root / "drives" / "upper").write_bytes(b"guest wrote")
+    assert layer.read_bytes() == b"guest wrote"  # the same file: writes land in the layer
+    assert (layer.stat().st_uid, layer.stat().st_gid) == (UID, GID)
+    assert memory.stat().st_uid == os.getuid()  # a shared file keeps its owner
+
+    jail.remove({})
+    assert mounts_under(tmp_path.resolve()) == [] and not jail.instance_dir.exists()
+    assert memory.read_bytes() == b"saved memory" and layer.read_bytes() == b"guest wrote"
+
+
+def test_outputs_on_another_filesystem_are_written_in_the_jail_and_moved_out(
+    tmp_path: Path, shm_dir: Path
+) -> None:
+    """This host's mounts are private: a bind made while the jail runs would not reach it."""
+    if os.stat(shm_dir).st_dev == os.stat(tmp_path).st_dev or is_shared(tmp_path):
+        pytest.skip("needs /dev/shm on another filesystem and a private temp dir mount")
+    jail = Jail(config(tmp_path), "fc-5", Path("/x/firecracker"))
+    jail.create()
+    destination = shm_dir / "memory.bin"
+    assert jail.output("out/memory.bin", destination) == "out/memory.bin"
+    assert not destination.exists() and mounts_under(tmp_path.resolve()) == []
+    jail.host_path("out/memory.bin").write_bytes(b"memory")
+    assert jail.take_out("out/memory.bin", destination).read_bytes() == b"memory"
+    assert not jail.host_path("out/memory.bin").exists()
+
+
+def test_outputs_on_the_jails_filesystem_are_written_in_place(tmp_path: Path) -> None:
+    jail = Jail(config(tmp_path), "fc-6", Path("/x/firecracker"))
+    jail.create()
+    destination = tmp_path / "state"
+    assert jail.output("out/state", destination) == "out/state"
+    jail.host_path("out/state").write_bytes(b"state")
+    assert destination.read_bytes() == b"state"  # no copy: the same file
+    assert (destination.stat().st_uid, destination.stat().st_gid) == (UID, GID)
+    assert jail.take_out("out/state", destination).read_bytes() == b"state"
+    assert not jail.host_path("out/state").exists()
 
 
 MOUNTS = """\

@@ -11,7 +11,6 @@ names: a clone opens its own writable layer through the path its source recorded
 from __future__ import annotations
 
 import contextlib
-import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -138,7 +137,8 @@ class DirectPlacement:
 
 
 class JailedPlacement:
-    """Firecracker runs chrooted in the jail's root as the jail's uid; files are hard-linked in."""
+    """Firecracker runs chrooted in the jail's root as the jail's uid; files are hard-linked or
+    bind-mounted in (`Jail.link_in`)."""
 
     def __init__(self, jail: Jail, extra_args: Sequence[str] = ()) -> None:
         self.jail = jail
@@ -160,9 +160,7 @@ class JailedPlacement:
         return self.jail.link_in(source, name, writable=writable, copy_if_needed=may_copy)
 
     def output_path(self, name: str, destination: Path) -> str:
-        self.jail.host_path(f"out/{name}").parent.mkdir(exist_ok=True)
-        os.chown(self.jail.host_path("out"), self.jail.config.uid, self.jail.config.gid)
-        return f"out/{name}"
+        return self.jail.output(f"out/{name}", destination)
 
     def log_path(self, path: Path) -> str:
         return self.jail.link_in(path, path.name, writable=True)
