@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -16,6 +18,8 @@ from aenv.runtime import driver as d
 from aenv.runtime.firecracker import FirecrackerDriver
 from aenv.runtime.firecracker.jailer import Jail, JailerConfig, JailError, cgroup_settings
 from aenv.runtime.firecracker.mounts import is_shared, mounts_under
+from tests.runtime.firecracker import shared_output_child
+from tests.runtime.firecracker.conftest import REPO
 from tests.runtime.firecracker.fc_support import page, restore_target, snapshot_target
 
 HERE = Path(__file__).resolve().parent
@@ -148,6 +152,28 @@ def test_outputs_on_another_filesystem_are_written_in_the_jail_and_moved_out(
     jail.host_path("out/memory.bin").write_bytes(b"memory")
     assert jail.take_out("out/memory.bin", destination).read_bytes() == b"memory"
     assert not jail.host_path("out/memory.bin").exists()
+
+
+def test_outputs_reach_a_running_jail_on_a_shared_mount(tmp_path: Path) -> None:
+    """Where the chroot's mount propagates, an output is bound in after the jailer started and
+    Firecracker writes straight into the destination on another filesystem (no copy)."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and util-linux unshare")
+    result = subprocess.run(
+        [
+            *("unshare", "--mount", "--propagation", "private"),
+            *(sys.executable, "-m", shared_output_child.__name__, str(tmp_path)),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "destination": shared_output_child.WRITTEN,
+        "bound": True,
+    }
 
 
 def test_outputs_on_the_jails_filesystem_are_written_in_place(tmp_path: Path) -> None:
