@@ -36,9 +36,10 @@ class Placement(Protocol):
     def stage(
         self, source: Path, name: str, *, writable: bool = False, may_copy: bool = False
     ) -> str:
-        """Make `source` visible to Firecracker as `name`; returns the path to tell it.
+        """Make `source` visible to Firecracker as `name`; returns the path to tell it. Called
+        before the process starts: a jail's bind mounts made later would not reach it.
         `writable`: Firecracker opens it read-write. `may_copy`: a small read-only file that may
-        be copied if it cannot be linked."""
+        be copied if it can be neither linked nor bound."""
         ...
 
     def output_path(self, name: str, destination: Path) -> str:
