@@ -140,13 +140,15 @@ class Jail:
         target = self.host_path(inside)
         target.parent.mkdir(parents=True, exist_ok=True)
         os.chown(target.parent, self.config.uid, self.config.gid)
+        existed = destination.exists()
         destination.touch()
         os.chown(destination, self.config.uid, self.config.gid)
         try:
             os.link(destination, target)
         except OSError as exc:
             if exc.errno != errno.EXDEV or not mounts.is_shared(self.root):
-                destination.unlink()
+                if not existed:
+                    destination.unlink()
                 return inside
             target.touch()
             self._bind(destination, target, read_only=False)
