@@ -225,8 +225,9 @@ def jailed_driver(
 
 
 async def test_driver_lifecycle_inside_the_jail(
-    jailed_driver: FirecrackerDriver, spec: d.VMSpec, tmp_path: Path, netns: str
+    jailed_driver: FirecrackerDriver, spec: d.VMSpec, tmp_path: Path, netns: str, shm_dir: Path
 ) -> None:
+    """Memory on /dev/shm, the rest on disk (the node's default layout)."""
     vm = await jailed_driver.boot(spec)
     jails = tmp_path / "jails" / "firecracker"
     try:
@@ -241,7 +242,8 @@ async def test_driver_lifecycle_inside_the_jail(
         assert (root / "firecracker.log").stat().st_ino == (
             spec.workdir / "firecracker.log"
         ).stat().st_ino
-        snap = await vm.snapshot(snapshot_target(tmp_path, "snap"), keep_running=True)
+        target = d.SnapshotTarget(directory=tmp_path / "snap", memory_dir=shm_dir)
+        snap = await vm.snapshot(target, keep_running=True)
         assert vm.state is d.VMState.RUNNING
     finally:
         await vm.stop()
@@ -251,14 +253,16 @@ async def test_driver_lifecycle_inside_the_jail(
     clone = await jailed_driver.restore(snap, restore_target(tmp_path, "clone", netns))
     try:
         clone_root = jails / clone.id / "root"
-        assert (
-            clone_root / "restore" / "memory.bin"
-        ).stat().st_ino == snap.memory_file.stat().st_ino
+        memory = clone_root / "restore" / "memory.bin"
+        assert memory.stat().st_ino == snap.memory_file.stat().st_ino
+        if os.stat(shm_dir).st_dev != os.stat(tmp_path).st_dev:
+            assert mounts_under(jails.resolve()) == [memory.resolve()]
         layer = tmp_path / "clone" / "layers" / "upper.img"
         assert (clone_root / "drives" / "upper").stat().st_ino == layer.stat().st_ino
         snap2 = await clone.snapshot(snapshot_target(tmp_path, "snap2"), keep_running=False)
     finally:
         await clone.stop()
     assert not (jails / clone.id).exists()
+    assert mounts_under(tmp_path.resolve()) == []
     assert snap2.memory_file is not None and page(snap2.memory_file, 2) == b"2" * 4096
     assert list((tmp_path / "clone").iterdir()) == []
