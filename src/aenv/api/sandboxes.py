@@ -4,12 +4,11 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import parse_qsl, unquote
 
-from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -19,6 +18,7 @@ from aenv.api.metrics import NodeMetrics
 from aenv.api.models import (
     DEFAULT_TIMEOUT_V1,
     DEFAULT_TIMEOUT_V2,
+    MAX_SECONDS,
     ConnectBody,
     NetworkUpdate,
     NewSandbox,
@@ -27,6 +27,7 @@ from aenv.api.models import (
     check_metadata,
 )
 from aenv.api.network import create_network, network_info, updated_network
+from aenv.api.requests import check_query, not_supported, parse_body
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.orchestrator.catalog import PageQuery, SandboxRecord
@@ -42,43 +43,15 @@ from aenv.orchestrator.lifecycle import (
 from aenv.orchestrator.states import with_public
 from aenv.orchestrator.templates import TemplateNotFound
 
-M = TypeVar("M", bound=BaseModel)
 CLIENT_ID = "6532622b"  # the legacy constant infra sends; SDKs require the key
 MAX_PAGE = 100
-# Far above any valid body (metadata and env vars are bounded in models.py).
-MAX_BODY = 1024 * 1024
+_LIST_V2_QUERY = frozenset(
+    {"metadata", "state", "order", "startedAfter", "template", "nextToken", "limit"}
+)
 
 
 def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-async def _read_body(request: Request) -> bytes:
-    """The body, refused with 413 past `MAX_BODY` before it is all in memory."""
-    too_large = APIError(413, f"request body larger than {MAX_BODY} bytes")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY:
-        raise too_large
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def parse_body(request: Request, model: type[M], *, optional: bool = False) -> M:
-    raw = await _read_body(request)
-    if not raw.strip() and optional:
-        return model.model_validate({})
-    try:
-        return model.model_validate_json(raw)
-    except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in e.errors()
-        )
-        raise APIError(400, f"invalid request body: {problems}") from e
 
 
 def sandbox_body(record: SandboxRecord, config: Config) -> dict[str, Any]:
@@ -159,7 +132,11 @@ class SandboxRoutes:
     # -- create ---------------------------------------------------------------------------
 
     async def _create(self, request: Request, default_timeout: int) -> Response:
+        check_query(request)
         body = await parse_body(request, NewSandbox)
+        if body.secure is False:
+            # Every envd here requires the access token; an open envd is not offered.
+            raise not_supported("secure")
         timeout = default_timeout if body.timeout is None else body.timeout
         if timeout <= 0 or timeout > self.config.max_timeout:
             raise APIError(400, f"timeout must be between 1 and {self.config.max_timeout} seconds")
@@ -198,10 +175,12 @@ class SandboxRoutes:
     # -- list -----------------------------------------------------------------------------
 
     async def list_v1(self, request: Request) -> Response:
+        check_query(request, {"metadata"})
         running = [r for r in self.orc.list() if r.state.public == "running"]
         return JSONResponse([self._listed(r) for r in _filter_metadata(running, request)])
 
     async def list_v2(self, request: Request) -> Response:
+        check_query(request, _LIST_V2_QUERY)
         q = request.query_params
         states = {s for s in q.get("state", "").split(",") if s} or {"running", "paused"}
         unknown = states - {"running", "paused"}
@@ -228,7 +207,9 @@ class SandboxRoutes:
 
     # -- single sandbox ---------------------------------------------------------------------
 
-    def _record(self, request: Request) -> SandboxRecord:
+    def _record(self, request: Request, query: Collection[str] = ()) -> SandboxRecord:
+        """The sandbox the path names; the route honours the `query` parameters only."""
+        check_query(request, query)
         sandbox_id = request.path_params["sandbox_id"]
         try:
             return self.orc.get(sandbox_id)
@@ -239,12 +220,14 @@ class SandboxRoutes:
         return JSONResponse(self._detail(self._record(request)))
 
     async def kill(self, request: Request) -> Response:
+        check_query(request)
         sandbox_id = request.path_params["sandbox_id"]
         if not await self.orc.kill(sandbox_id):
             raise not_found(f"sandbox '{sandbox_id}'")
         return Response(status_code=204)
 
     async def timeout(self, request: Request) -> Response:
+        check_query(request)
         body = await parse_body(request, TimeoutBody)
         record = self._record(request)
         if body.timeout > self.config.max_timeout:
@@ -253,6 +236,7 @@ class SandboxRoutes:
         return Response(status_code=204)
 
     async def refresh(self, request: Request) -> Response:
+        check_query(request)
         body = await parse_body(request, RefreshBody, optional=True)
         record = self._record(request)
         self.orc.extend_timeout(record.id, body.duration or DEFAULT_TIMEOUT_V1)
@@ -260,6 +244,7 @@ class SandboxRoutes:
 
     async def connect(self, request: Request) -> Response:
         """200 with the running sandbox (its timeout only grows), 201 when it was resumed."""
+        check_query(request)
         body = await parse_body(request, ConnectBody, optional=True)
         sandbox_id = request.path_params["sandbox_id"]
         timeout = body.timeout or DEFAULT_TIMEOUT_V2
@@ -272,6 +257,7 @@ class SandboxRoutes:
 
     async def update_network(self, request: Request) -> Response:
         """Replace the egress rules of a running or paused sandbox: 204, 404, 409 mid-change."""
+        check_query(request)
         body = await parse_body(request, NetworkUpdate)
         rules = updated_network(body)
         sandbox_id = request.path_params["sandbox_id"]
@@ -279,10 +265,14 @@ class SandboxRoutes:
         return Response(status_code=204)
 
     async def metrics(self, request: Request) -> Response:
-        """The current sample (this node keeps no history yet, so `start`/`end` select nothing
-        else); a paused sandbox has none."""
-        record = self._record(request)
-        if record.state.public != "running":
+        """The samples between `start` and `end` (Unix seconds, inclusive). This node keeps no
+        history yet: the only sample is the current one, given when the range holds now; a
+        paused sandbox has none."""
+        record = self._record(request, {"start", "end"})
+        q = request.query_params
+        start = _int_param(q.get("start"), 0, "start")
+        end = _int_param(q.get("end"), MAX_SECONDS, "end")
+        if record.state.public != "running" or not start <= int(time.time()) <= end:
             return JSONResponse([])
         try:
             sample = await self.orc.guest_metrics(record.id)

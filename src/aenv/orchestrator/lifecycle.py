@@ -940,6 +940,13 @@ class Orchestrator:
             self._schedule_expiry(updated)
         return updated
 
+    def set_auto_pause(self, sandbox_id: str, auto_pause: bool) -> SandboxRecord:
+        """What the sandbox's timeout does from now on: pause it (True) or kill it."""
+        updated = self.catalog.update(sandbox_id, auto_pause=auto_pause)
+        if updated is None:
+            raise SandboxNotFound(sandbox_id)
+        return updated
+
     def extend_timeout(self, sandbox_id: str, timeout: int) -> SandboxRecord:
         """Connect semantics: the end time only ever moves later."""
         record = self.get(sandbox_id)
