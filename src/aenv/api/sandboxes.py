@@ -14,6 +14,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.errors import APIError, call_lifecycle, not_found
+from aenv.api.idempotency import HEADER as IDEMPOTENCY_HEADER
+from aenv.api.idempotency import IdempotentCreates, check_key
 from aenv.api.metrics import NodeMetrics
 from aenv.api.models import (
     DEFAULT_TIMEOUT_V1,
@@ -75,6 +77,7 @@ class SandboxRoutes:
         self.orc = orchestrator
         self.config = config
         self.node_metrics = metrics
+        self.creates = IdempotentCreates()
 
     def routes(self) -> list[Route]:
         return [
@@ -140,6 +143,19 @@ class SandboxRoutes:
         timeout = default_timeout if body.timeout is None else body.timeout
         if timeout <= 0 or timeout > self.config.max_timeout:
             raise APIError(400, f"timeout must be between 1 and {self.config.max_timeout} seconds")
+        owner = request.state.api_key.id
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        if key is None:
+            made = await self._start(body, timeout, owner)
+        else:
+            scope = (owner, check_key(key))
+            request_json = f"{timeout} {body.model_dump_json()}"
+            made = await self.creates.once(
+                scope, request_json, lambda: self._start(body, timeout, owner)
+            )
+        return JSONResponse(made, status_code=201)
+
+    async def _start(self, body: NewSandbox, timeout: int, owner: str) -> dict[str, Any]:
         network = create_network(body.allow_internet_access, body.network)
         try:
             with self.node_metrics.create_seconds.time():
@@ -153,7 +169,7 @@ class SandboxRoutes:
                         auto_pause_mode=SaveMode.of(body.auto_pause_memory),
                         auto_resume=body.auto_resume is not None and body.auto_resume.enabled,
                         network=network,
-                        owner=request.state.api_key.id,
+                        owner=owner,
                     )
                 )
         except TemplateNotFound as e:
@@ -164,7 +180,7 @@ class SandboxRoutes:
             raise APIError(
                 500, str(e), error_code="sandbox_create_failed", should_retry=False
             ) from e
-        return JSONResponse(self._sandbox(record), status_code=201)
+        return self._sandbox(record)
 
     async def create_v1(self, request: Request) -> Response:
         return await self._create(request, DEFAULT_TIMEOUT_V1)
