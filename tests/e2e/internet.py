@@ -126,12 +126,20 @@ def simulated_internet(server_ns: str, certificates: Certificates) -> Iterator[I
 
 
 class _Named(BaseHTTPRequestHandler):
+    """`/bytes/N`: N zero bytes (for throughput); anything else: the address it was reached at."""
+
     def do_GET(self) -> None:
+        size = int(self.path[len("/bytes/") :]) if self.path.startswith("/bytes/") else None
         body = self.server.server_address[0].encode()
         self.send_response(200)
-        self.send_header("Content-Length", str(len(body)))
+        self.send_header("Content-Length", str(len(body) if size is None else size))
         self.end_headers()
-        self.wfile.write(body)
+        if size is None:
+            self.wfile.write(body)
+            return
+        chunk = bytes(2**20)
+        for offset in range(0, size, len(chunk)):
+            self.wfile.write(chunk[: size - offset])
 
     def log_message(self, format: str, *args: object) -> None:
         return

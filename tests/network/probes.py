@@ -1,7 +1,9 @@
 """TCP servers and clients bound to a network namespace, for checking what reaches what.
 
 A socket belongs to the namespace it was created in, so each one is made on a thread inside the
-namespace (`netns.run_in`) and then driven from the event loop like any other socket.
+namespace (`netns.run_in`) and then driven from the event loop like any other socket. Default
+timeouts are long: they only cost time when a connection that should work does not (checks of
+what must be unreachable pass short ones), and a loaded machine must not fail a working path.
 """
 
 from __future__ import annotations
@@ -41,7 +43,7 @@ async def serve(ns: str, ip: str, port: int, name: str) -> asyncio.Server:
 
 
 async def connect(
-    ns: str, ip: str, port: int, timeout: float = 1.0
+    ns: str, ip: str, port: int, timeout: float = 5.0
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter, str] | None:
     """Connect from `ns`; the open streams and the server's greeting, or None if unreachable."""
     sock = await ns_socket(ns)
@@ -61,7 +63,7 @@ async def connect(
     return reader, writer, greeting.decode().strip()
 
 
-async def probe(ns: str, ip: str, port: int, timeout: float = 1.0) -> str | None:
+async def probe(ns: str, ip: str, port: int, timeout: float = 5.0) -> str | None:
     """The greeting of the server at ip:port as seen from `ns`, or None if it cannot be reached."""
     conn = await connect(ns, ip, port, timeout)
     if conn is None:

@@ -23,8 +23,9 @@ Serve = Callable[[str, str, int, str], Awaitable[None]]
 
 async def _reachable(guest: FakeGuest) -> list[bool]:
     replies = await asyncio.gather(
-        probes.probe(guest.netns, INET_IP, 80, timeout=0.5),
-        probes.probe(guest.netns, INET_OTHER_IP, 80, timeout=0.5),
+        # Refusals here are rejects, answered at once: the timeout only bounds a loaded machine.
+        probes.probe(guest.netns, INET_IP, 80, timeout=3.0),
+        probes.probe(guest.netns, INET_OTHER_IP, 80, timeout=3.0),
     )
     return [reply is not None for reply in replies]
 

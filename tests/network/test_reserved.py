@@ -4,6 +4,7 @@ addresses, with real traffic from fake guests and from another local user."""
 from __future__ import annotations
 
 import asyncio
+import json
 import subprocess
 import sys
 from collections.abc import Awaitable, Callable
@@ -11,7 +12,7 @@ from ipaddress import IPv4Network
 
 import pytest
 
-from aenv.network import EgressPolicy, Slot, SlotPool
+from aenv.network import EgressPolicy, NetworkConfig, Slot, SlotPool
 from aenv.network.reserved import denied_ranges
 from tests.network import probes
 from tests.network.conftest import INET_IP, INTERNAL_IPS, World
@@ -33,7 +34,8 @@ async def internet(world: World, serve: Serve) -> None:
 
 async def _reached(guest: FakeGuest, addresses: tuple[str, ...]) -> set[str]:
     replies = await asyncio.gather(
-        *(probes.probe(guest.netns, a, 80, timeout=0.5) for a in addresses)
+        # Refusals here are rejects, answered at once: the timeout only bounds a loaded machine.
+        *(probes.probe(guest.netns, a, 80, timeout=3.0) for a in addresses)
     )
     return {a for a, reply in zip(addresses, replies, strict=True) if reply is not None}
 
@@ -60,6 +62,13 @@ async def test_the_operator_opts_in_parts_of_the_private_ranges(
     pool = await make_pool(private_allowed=(IPv4Network("10.250.0.0/16"),))
     guest = await boot(await pool.acquire())
     assert await _reached(guest, (INET_IP, *INTERNAL_IPS)) == {INET_IP, "10.250.0.9"}
+
+
+def test_the_guest_network_stays_denied_whatever_the_operator_opens() -> None:
+    config = NetworkConfig(private_allowed=(IPv4Network("10.0.0.0/8"),))
+    assert any(n.supernet_of(config.guest.ip.network) for n in config.denied)
+    assert any(n.supernet_of(config.slot_network) for n in config.denied)
+    assert not any(n.overlaps(IPv4Network("10.250.0.0/16")) for n in config.denied)
 
 
 def test_denied_ranges() -> None:
@@ -101,3 +110,19 @@ async def test_only_the_server_user_reaches_slot_addresses(
     assert not await asyncio.to_thread(_connects_as, NOBODY, world.host, address, ENVD_PORT)
     # Only slot addresses are the server's: the user's other traffic goes where it did.
     assert await asyncio.to_thread(_connects_as, NOBODY, world.host, INET_IP, 80)
+
+
+async def test_guests_have_no_ipv6_path(pool: SlotPool, boot: Boot) -> None:
+    """IPv6's private and link-local ranges need no list: nothing IPv6 leaves a slot, which has
+    no IPv6 on any interface (and its forward chain passes only the guest's IPv4 address)."""
+    slot = await pool.acquire(policy=EgressPolicy.parse(allow=["0.0.0.0/0"]))
+    await boot(slot)
+    out = subprocess.run(
+        ["ip", "-n", slot.netns, "-6", "-j", "addr"], check=True, capture_output=True, text=True
+    ).stdout
+    assert [a for link in json.loads(out) for a in link.get("addr_info", [])] == []
+    disabled = subprocess.run(
+        ["ip", "netns", "exec", slot.netns, "cat", "/proc/sys/net/ipv6/conf/all/disable_ipv6"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    assert disabled.strip() == "1"

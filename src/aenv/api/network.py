@@ -1,9 +1,9 @@
 """A sandbox's network settings at the HTTP edge: from the create body's `network` and the
 `PUT /sandboxes/{id}/network` body, and to the `network` object of the sandbox's info.
 
-What this node does not implement yet is refused with a 400 naming the field, never accepted
-and ignored: domain names in `allowOut`, header transform `rules`, `egressProxy`,
-`dnsServers`, `httpsPorts`.
+What this node does not implement is refused with a 400 naming the field, never accepted and
+ignored: header transform `rules`, `egressProxy`, `dnsServers` (DNS is the slot's own
+forwarder, see network/dns.py), `httpsPorts`, and keys the SDKs do not send (models.Egress).
 """
 
 from __future__ import annotations

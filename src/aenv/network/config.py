@@ -56,5 +56,8 @@ class NetworkConfig:
 
     @property
     def denied(self) -> tuple[IPv4Network, ...]:
-        """The destinations every slot refuses, whatever its policy."""
-        return denied_ranges(self.slot_network, self.private_allowed, self.internal)
+        """The destinations every slot refuses, whatever its policy. The guests' own network
+        too: its gateway is the slot namespace, where the domain proxy and DNS forwarder listen,
+        and a proxy told to connect to itself would loop."""
+        internal = (*self.internal, self.guest.ip.network)
+        return denied_ranges(self.slot_network, self.private_allowed, internal)

@@ -100,7 +100,7 @@ class DnsForwarder:
         try:
             return await asyncio.wait_for(self._forward(data, query.id), _UPSTREAM_TIMEOUT_S)
         except (OSError, TimeoutError):
-            log.info("slot %s: no answer from %s for %s", self.slot.netns, self._upstream, name)
+            log.debug("slot %s: no answer from %s for %s", self.slot.netns, self._upstream, name)
             return _reply(query, dns.rcode.SERVFAIL)
 
     async def _forward(self, data: bytes, query_id: int) -> bytes:

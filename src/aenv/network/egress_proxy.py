@@ -159,7 +159,8 @@ class DomainProxy:
         address, port = original_destination(writer.get_extra_info("socket"))
         head, name = await asyncio.wait_for(_head(reader), _HEAD_TIMEOUT_S)
         if not self._allowed(name, address):
-            log.info("slot %s: refused %s (%s:%d)", self.slot.netns, name, address, port)
+            # Debug, not info: a guest decides how often this happens.
+            log.debug("slot %s: refused %s (%s:%d)", self.slot.netns, name, address, port)
             return
         sock = await netns.run_in(self.slot.netns, _outgoing)
         try:

@@ -19,10 +19,12 @@ size; a third shows that a qcow2 never reaches Firecracker. Each runs direct and
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import itertools
 import os
 import secrets
 import shutil
+import signal
 import sys
 import tempfile
 from collections.abc import AsyncIterator, Iterator
@@ -181,6 +183,9 @@ async def world(
     try:
         yield config, driver, slots, guest_images
     finally:
+        for pid in doubles_in(placement[1]):  # what a failed test left running
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
         await slots.close()
         shutil.rmtree(config.paths.memory, ignore_errors=True)
 
@@ -234,30 +239,29 @@ class Guest:
         return response.content
 
 
-def vmm_processes() -> list[int]:
-    """Live processes of the double (peers and guests) under this test process."""
+def doubles_in(base: Path) -> list[int]:
+    """Live processes of the double (peers and their guests) working under `base`."""
     found = []
     for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
         try:
             cmdline = (entry / "cmdline").read_bytes()
+            cwd = (entry / "cwd").readlink()
         except OSError:
             continue
-        if b"tests.runtime.firecracker.fc_" in cmdline and alive(int(entry.name)):
+        ours = b"tests.runtime.firecracker.fc_" in cmdline and cwd.is_relative_to(base)
+        if ours and alive(int(entry.name)):
             found.append(int(entry.name))
     return found
 
 
-def request(template: str = "base", **kw: object) -> CreateRequest:
-    return CreateRequest(template=template, timeout=600, metadata={}, env_vars={}, **kw)  # type: ignore[arg-type]
+def request(template: str = "base") -> CreateRequest:
+    return CreateRequest(template=template, timeout=600, metadata={}, env_vars={})
 
 
 async def test_the_sandbox_lifecycle_through_the_orchestrator(
     world: tuple[Config, FirecrackerDriver, SlotPool, GuestImages],
 ) -> None:
     config, driver, slots, images = world
-    before = set(vmm_processes())
     template = await build_base(config, driver, slots, images)
     saved = template.snapshot()
     assert saved.driver == "firecracker" and saved.spec.kernel == images.vmlinux
@@ -315,7 +319,8 @@ async def test_the_sandbox_lifecycle_through_the_orchestrator(
         assert node.orchestrator.list() == []
     finally:
         await node.close()
-    assert set(vmm_processes()) <= before, "a Firecracker double or its guest outlived the test"
+    leftovers = doubles_in(config.home.parent)  # the home, and the jails beside it
+    assert leftovers == [], "a Firecracker double or its guest outlived the test"
 
 
 async def test_a_qcow2_never_reaches_firecracker(
