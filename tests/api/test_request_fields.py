@@ -38,6 +38,7 @@ HONOURED: dict[tuple[str, str], set[str]] = {
         "cursor", "limit", "direction", "level", "search",
     },
     ("get", "/sandboxes/{sandboxID}/metrics"): {"start", "end"},
+    ("get", "/sandboxes/metrics"): {"sandbox_ids"},
     ("post", "/sandboxes/{sandboxID}/pause"): {"memory"},
     ("post", "/sandboxes/{sandboxID}/resume"): {"timeout", "autoPause", "memory"},
     ("post", "/sandboxes/{sandboxID}/fork"): {"timeout", "count"},
@@ -177,6 +178,20 @@ async def test_metrics_range_selects_the_current_sample(tmp_path: Path) -> None:
         assert (await api.get(url, params={"start": 0, "end": now - 3600})).json() == []
         assert (await api.get(url, params={"start": now + 3600})).json() == []
         assert node.orchestrator.get(sandbox).state is SandboxState.RUNNING
+
+
+async def test_batch_metrics_give_the_running_sandboxes_asked_for(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        ids = [
+            (await api.post("/sandboxes", json={"templateID": "base"})).json()["sandboxID"]
+            for _ in range(3)
+        ]
+        assert (await api.post(f"/sandboxes/{ids[2]}/pause")).status_code == 204
+        asked = ",".join([*ids, "unknown"])
+        found = (await api.get("/sandboxes/metrics", params={"sandbox_ids": asked})).json()
+        assert set(found["sandboxes"]) == set(ids[:2])  # not the paused one, nor the unknown
+        assert found["sandboxes"][ids[0]]["cpuUsedPct"] == 1.5  # what the double envd says
+        error(await api.get("/sandboxes/metrics"), 400)
 
 
 async def test_the_sdk_is_told_what_is_not_supported(tmp_path: Path) -> None:

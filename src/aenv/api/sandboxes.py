@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
 from collections.abc import Collection, Iterable
@@ -85,6 +86,8 @@ class SandboxRoutes:
             Route("/v2/sandboxes", self.create_v2, methods=["POST"]),
             Route("/sandboxes", self.list_v1, methods=["GET"]),
             Route("/v2/sandboxes", self.list_v2, methods=["GET"]),
+            # Before the sandbox routes: `metrics` is not a sandbox id.
+            Route("/sandboxes/metrics", self.batch_metrics, methods=["GET"]),
             Route("/sandboxes/{sandbox_id}", self.detail, methods=["GET"]),
             Route("/sandboxes/{sandbox_id}", self.kill, methods=["DELETE"]),
             Route("/sandboxes/{sandbox_id}/timeout", self.timeout, methods=["POST"]),
@@ -294,22 +297,45 @@ class SandboxRoutes:
             sample = await self.orc.guest_metrics(record.id)
         except (SandboxNotFound, EnvdUnavailable) as e:
             raise APIError(502, f"metrics unavailable: {e}") from e
-        ts = int(sample.get("ts", time.time()))
-        return JSONResponse(
-            [
-                {
-                    "timestamp": rfc3339(ts),
-                    "timestampUnix": ts,
-                    "cpuCount": int(sample["cpu_count"]),
-                    "cpuUsedPct": float(sample["cpu_used_pct"]),
-                    "memUsed": int(sample["mem_used"]),
-                    "memTotal": int(sample["mem_total"]),
-                    "memCache": int(sample.get("mem_cache", 0)),
-                    "diskUsed": int(sample["disk_used"]),
-                    "diskTotal": int(sample["disk_total"]),
-                }
-            ]
-        )
+        return JSONResponse([_metric(sample)])
+
+    async def batch_metrics(self, request: Request) -> Response:
+        """`SandboxesWithMetrics`: the current sample of each running sandbox among
+        `sandbox_ids`; unknown, paused and unanswering ones are left out, as E2B leaves out
+        what is not running."""
+        check_query(request, {"sandbox_ids"})
+        wanted = request.query_params.get("sandbox_ids", "").split(",")
+        ids = list(dict.fromkeys(i for i in wanted if i))
+        if not 1 <= len(ids) <= MAX_PAGE:
+            raise APIError(400, f"sandbox_ids must name between 1 and {MAX_PAGE} sandboxes")
+        samples = await asyncio.gather(*(self._current_sample(i) for i in ids))
+        found = {i: sample for i, sample in zip(ids, samples, strict=True) if sample is not None}
+        return JSONResponse({"sandboxes": found})
+
+    async def _current_sample(self, sandbox_id: str) -> dict[str, Any] | None:
+        record = self.orc.catalog.get(sandbox_id)
+        if record is None or record.state.public != "running":
+            return None
+        try:
+            return _metric(await self.orc.guest_metrics(sandbox_id))
+        except (SandboxNotFound, EnvdUnavailable):
+            return None  # stopped meanwhile, or its envd does not answer
+
+
+def _metric(sample: dict[str, float]) -> dict[str, Any]:
+    """envd's sample as E2B's `SandboxMetric`."""
+    ts = int(sample.get("ts", time.time()))
+    return {
+        "timestamp": rfc3339(ts),
+        "timestampUnix": ts,
+        "cpuCount": int(sample["cpu_count"]),
+        "cpuUsedPct": float(sample["cpu_used_pct"]),
+        "memUsed": int(sample["mem_used"]),
+        "memTotal": int(sample["mem_total"]),
+        "memCache": int(sample.get("mem_cache", 0)),
+        "diskUsed": int(sample["disk_used"]),
+        "diskTotal": int(sample["disk_total"]),
+    }
 
 
 def _metadata_filter(request: Request) -> dict[str, str]:
