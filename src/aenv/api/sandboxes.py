@@ -43,6 +43,7 @@ from aenv.orchestrator.lifecycle import (
     Orchestrator,
     SandboxNotFound,
 )
+from aenv.orchestrator.metrics_history import Sample
 from aenv.orchestrator.states import with_public
 from aenv.orchestrator.templates import TemplateNotFound
 
@@ -284,20 +285,24 @@ class SandboxRoutes:
         return Response(status_code=204)
 
     async def metrics(self, request: Request) -> Response:
-        """The samples between `start` and `end` (Unix seconds, inclusive). This node keeps no
-        history yet: the only sample is the current one, given when the range holds now; a
-        paused sandbox has none."""
+        """The samples between `start` and `end` (Unix seconds, inclusive), oldest first: the
+        history the orchestrator samples while the sandbox runs (kept while it is paused), and
+        when the range holds now and the newest is older than the sampling interval, a fresh
+        sample first (so a sandbox just created has one)."""
         record = self._record(request, {"start", "end"})
         q = request.query_params
         start = _int_param(q.get("start"), 0, "start")
         end = _int_param(q.get("end"), MAX_SECONDS, "end")
-        if record.state.public != "running" or not start <= int(time.time()) <= end:
-            return JSONResponse([])
-        try:
-            sample = await self.orc.guest_metrics(record.id)
-        except (SandboxNotFound, EnvdUnavailable) as e:
-            raise APIError(502, f"metrics unavailable: {e}") from e
-        return JSONResponse([_metric(sample)])
+        history = self.orc.metrics
+        now = time.time()
+        latest = history.latest(record.id)
+        stale = latest is None or now - latest.ts >= history.interval
+        if record.state.public == "running" and start <= int(now) <= end and stale:
+            try:
+                history.add(record.id, await self.orc.guest_metrics(record.id))
+            except (SandboxNotFound, EnvdUnavailable) as e:
+                raise APIError(502, f"metrics unavailable: {e}") from e
+        return JSONResponse([_metric(s) for s in history.between(record.id, start, end)])
 
     async def batch_metrics(self, request: Request) -> Response:
         """`SandboxesWithMetrics`: the current sample of each running sandbox among
@@ -317,14 +322,14 @@ class SandboxRoutes:
         if record is None or record.state.public != "running":
             return None
         try:
-            return _metric(await self.orc.guest_metrics(sandbox_id))
+            return _metric(Sample(time.time(), await self.orc.guest_metrics(sandbox_id)))
         except (SandboxNotFound, EnvdUnavailable):
             return None  # stopped meanwhile, or its envd does not answer
 
 
-def _metric(sample: dict[str, float]) -> dict[str, Any]:
+def _metric(taken: Sample) -> dict[str, Any]:
     """envd's sample as E2B's `SandboxMetric`."""
-    ts = int(sample.get("ts", time.time()))
+    ts, sample = int(taken.ts), taken.values
     return {
         "timestamp": rfc3339(ts),
         "timestampUnix": ts,
