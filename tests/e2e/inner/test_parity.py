@@ -1,12 +1,13 @@
 """E2B parity seen from the unmodified SDK against real VMs (issue 15): the guest resolves its
 own name after create, fork and resume; set_timeout(0) pauses a sandbox whose lifecycle says
 so; a create retried with one idempotency key starts one sandbox; fields the node does not
-implement are refused by name."""
+implement are refused by name; metrics are kept over time and while paused."""
 
 from __future__ import annotations
 
 import time
 from concurrent.futures import ThreadPoolExecutor
+from datetime import UTC, datetime, timedelta
 
 import pytest
 from e2b import Sandbox, SandboxException, SandboxQuery
@@ -71,3 +72,23 @@ def test_unimplemented_fields_are_refused_by_name() -> None:
         Sandbox.create(mcp={"exa": {"apiKey": "x"}})  # type: ignore[typeddict-item]
     with pytest.raises(SandboxException, match="'volumeMounts' is not supported here"):
         Sandbox.create(volume_mounts={"/mnt/data": "shared"})  # type: ignore[dict-item]
+
+
+def test_metrics_history_by_range_and_while_paused() -> None:
+    sandbox = Sandbox.create(timeout=120)
+    try:
+        created = datetime.now(UTC) - timedelta(seconds=5)
+        deadline = time.monotonic() + 120
+        while len(sandbox.get_metrics(start=created)) < 2:  # sampled every 5 s
+            if time.monotonic() > deadline:
+                pytest.fail("no history after 2 minutes")
+            time.sleep(1)
+        past = created - timedelta(hours=1)
+        assert sandbox.get_metrics(start=past, end=past + timedelta(minutes=1)) == []
+        sandbox.pause()
+        kept = Sandbox.get_metrics(sandbox.sandbox_id, start=created)
+        assert len(kept) >= 2 and all(m.mem_used > 0 for m in kept)
+        stamps = [m.timestamp for m in kept]
+        assert stamps == sorted(stamps)
+    finally:
+        sandbox.kill()
