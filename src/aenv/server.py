@@ -128,7 +128,7 @@ def _jailed_firecracker(config: Config, cgroups: CgroupManager) -> FirecrackerCo
 
 async def start_node(config: Config, progress: Progress = log.info) -> Node:
     make_private(*_private_dirs(config))
-    keys, created = open_keys(config.home, config.paths.api_key)
+    keys, created = open_keys(config.paths)
     if created:
         progress(f"generated an API key; it is in {config.paths.api_key} (mode 0600)")
     catalog = Catalog(config.paths.catalog)

@@ -46,6 +46,7 @@ from aenv.orchestrator.envd_client import EnvdClient, EnvdUnavailable
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.locks import KeyedLocks
 from aenv.orchestrator.metrics_history import MetricsHistory
+from aenv.orchestrator.reserve import HostReserve
 from aenv.orchestrator.saved import SavedStates
 from aenv.orchestrator.states import KILLABLE, LIVE, SAVED, SandboxState
 from aenv.orchestrator.templates import BOOT_READY_TIMEOUT, Template, TemplateStore
@@ -305,6 +306,9 @@ class Orchestrator:
         held = self.catalog.count(frozenset(SandboxState)) + self.stats.queued
         if held >= self.config.max_sandboxes:
             raise CapacityReached(f"this node holds its maximum of {held} sandboxes")
+        short = await asyncio.to_thread(self._reserve().shortfall)
+        if short is not None:
+            raise CapacityReached(f"no new sandboxes: {short}")
         owner = request.owner
         if owner is not None and self._running_of(owner) >= self.config.key_max_sandboxes:
             raise CapacityReached(
@@ -329,6 +333,16 @@ class Orchestrator:
             self._admission.release()
         self.stats.succeeded += 1
         return record
+
+    def _reserve(self) -> HostReserve:
+        config = self.config
+        return HostReserve(config.home, config.reserve_disk_mb, config.reserve_memory_mb)
+
+    async def _check_reserve(self, what: str) -> None:
+        """Raises OperationFailed when the host is under a reserve (nothing changed yet)."""
+        short = await asyncio.to_thread(self._reserve().shortfall)
+        if short is not None:
+            raise OperationFailed(f"cannot {what}: {short}")
 
     def _running_of(self, owner: str) -> int:
         """Sandboxes of `owner` that are not paused, and its creates waiting for admission."""
@@ -489,6 +503,8 @@ class Orchestrator:
                 if live is not None:
                     log.warning("sandbox %s: its VM outlived it; stopping it", sandbox_id)
                     await self._stop(sandbox_id, live)
+                if record is None:  # nothing names its files any more either
+                    await self._reclaim_files(sandbox_id)
         if isinstance(self.driver, Reaper):
             await asyncio.to_thread(self.driver.reap_unowned)
 
@@ -564,6 +580,7 @@ class Orchestrator:
             record = self.get(sandbox_id)
             if record.state is not SandboxState.RUNNING:
                 raise InvalidState(sandbox_id, record.state, "pause")
+            await self._check_reserve(f"pause sandbox {sandbox_id}")
             if require_healthy:
                 try:
                     await self._envd(record).wait_healthy(5.0)
@@ -825,6 +842,7 @@ class Orchestrator:
     ) -> Template:
         async with self._lock(sandbox_id):
             record = self.get(sandbox_id)
+            await self._check_reserve(f"save sandbox {sandbox_id}")
             await asyncio.to_thread(dest.mkdir, parents=True)
             try:
                 if record.state is SandboxState.RUNNING:

@@ -114,6 +114,10 @@ class FirecrackerDriver:
 
     async def _launch(self, vm: FirecrackerVM, netns: str | None, limits: CgroupLimits) -> None:
         placement = vm.placement
+        # Every file is staged before the jailer starts: a bind mount made later would not reach
+        # the jail's mount namespace (see `jailer.py`).
+        log = placement.log_path(_touch(vm.workdir / "firecracker.log"))
+        metrics = placement.log_path(_touch(vm.workdir / "metrics.ndjson"))
         argv = placement.argv(netns, limits)
         vm.process = await FirecrackerProcess.spawn(
             argv,
@@ -127,9 +131,7 @@ class FirecrackerDriver:
         api = vm.process.api
         vm.version = (await api.version()).firecracker_version
         # Logger and metrics are the only resources allowed before a snapshot load.
-        log = placement.log_path(_touch(vm.workdir / "firecracker.log"))
         await api.put_logger(m.Logger(log_path=log, level=self.config.log_level, show_level=True))
-        metrics = placement.log_path(_touch(vm.workdir / "metrics.ndjson"))
         await api.put_metrics(m.Metrics(metrics_path=metrics))
 
     def _drive(self, disk: d.Disk, path: str, *, root: bool) -> m.Drive:
@@ -181,6 +183,17 @@ class FirecrackerDriver:
         vm = FirecrackerVM(cfg, spec, vm_id, placement, diff_base=DiffBase.BOOT)
         vm.owned_layers |= owned
         try:
+            kernel = vm.placement.stage(spec.kernel, "boot/vmlinux", may_copy=True)
+            initrd = (
+                vm.placement.stage(spec.initrd, "boot/initrd", may_copy=True)
+                if spec.initrd
+                else None
+            )
+            stage = vm.placement.stage
+            drives = [
+                stage(disk.path, drive_name(disk.drive_id), writable=not disk.read_only)
+                for disk in spec.disks
+            ]
             netns = spec.net.netns if spec.net else None
             await self._launch(vm, netns, self._limits(spec.limits, spec))
             api = vm.api
@@ -193,22 +206,9 @@ class FirecrackerDriver:
                 )
             )
             await api.put_boot_source(
-                m.BootSource(
-                    kernel_image_path=vm.placement.stage(
-                        spec.kernel, "boot/vmlinux", may_copy=True
-                    ),
-                    boot_args=spec.cmdline,
-                    initrd_path=(
-                        vm.placement.stage(spec.initrd, "boot/initrd", may_copy=True)
-                        if spec.initrd
-                        else None
-                    ),
-                )
+                m.BootSource(kernel_image_path=kernel, boot_args=spec.cmdline, initrd_path=initrd)
             )
-            for index, disk in enumerate(spec.disks):
-                path = vm.placement.stage(
-                    disk.path, drive_name(disk.drive_id), writable=not disk.read_only
-                )
+            for index, (disk, path) in enumerate(zip(spec.disks, drives, strict=True)):
                 # Our initramfs assembles the root; without one the first disk is the root.
                 root = spec.initrd is None and index == 0
                 await api.put_drive(self._drive(disk, path, root=root))
@@ -271,16 +271,16 @@ class FirecrackerDriver:
             memory_base=snapshot.memory_file,
         )
         try:
-            netns = target.net.netns if target.net else None
-            await self._launch(vm, netns, self._limits(target.limits, spec))
-            reason = host.check_compat(snapshot.compat, vm.version)
-            if reason is not None:
-                raise d.IncompatibleSnapshotError(reason)
             await self._stage_restore_disks(vm, snapshot)
             # Staged under restore/, never where a later snapshot of this VM could write: writing
             # through these links would overwrite the source snapshot.
             state = placement.stage(snapshot.state_file, f"restore/{STATE_FILE}", may_copy=True)
             memory = placement.stage(snapshot.memory_file, "restore/memory.bin")
+            netns = target.net.netns if target.net else None
+            await self._launch(vm, netns, self._limits(target.limits, spec))
+            reason = host.check_compat(snapshot.compat, vm.version)
+            if reason is not None:
+                raise d.IncompatibleSnapshotError(reason)
             await vm.api.load_snapshot(
                 m.SnapshotLoadParams(
                     snapshot_path=state,
