@@ -38,13 +38,14 @@ from aenv.envd import ENVD_VERSION
 from aenv.ids import new_access_token, new_sandbox_id
 from aenv.network import NftError, Slot, SlotProvider
 from aenv.network.settings import SandboxNetwork, SlotEgress
-from aenv.orchestrator import checkpoints, consoles, detach
+from aenv.orchestrator import checkpoints, consoles, detach, metrics_history
 from aenv.orchestrator.archive import Archive
 from aenv.orchestrator.background import PerSandbox
 from aenv.orchestrator.catalog import Catalog, SandboxRecord
 from aenv.orchestrator.envd_client import EnvdClient, EnvdUnavailable
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.locks import KeyedLocks
+from aenv.orchestrator.metrics_history import MetricsHistory
 from aenv.orchestrator.reserve import HostReserve
 from aenv.orchestrator.saved import SavedStates
 from aenv.orchestrator.states import KILLABLE, LIVE, SAVED, SandboxState
@@ -186,6 +187,7 @@ class Orchestrator:
         # Told (sandbox id, VM id) whenever a sandbox's VM stops, whatever the reason: the proxy
         # ends the connections to that VM at once.
         self.vm_stopped: list[Callable[[str, str], None]] = []
+        self.metrics = MetricsHistory()
 
     # -- start-up and shutdown ------------------------------------------------------------
 
@@ -218,6 +220,7 @@ class Orchestrator:
         await self.saved.collect()
         self._spawn(self.saved.collect_repository())
         self._spawn(self._housekeeping())
+        self._spawn(self._sample_forever())
 
     async def close(self) -> None:
         """Graceful shutdown: running sandboxes are paused (resumable after the restart), or
@@ -466,6 +469,26 @@ class Orchestrator:
             rounds += 1
             if rounds % RECONCILE_EVERY == 0:
                 await self.reconcile()
+
+    async def _sample_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.metrics.interval)
+            await self.sample_metrics()
+
+    async def sample_metrics(self) -> None:
+        """One round of the metrics history: a sample of every running sandbox; the history of
+        sandboxes that are gone is dropped. A guest that does not answer misses this round."""
+        records = self.catalog.list()
+        running = [r.id for r in records if r.state is SandboxState.RUNNING and not r.internal]
+        gate = asyncio.Semaphore(metrics_history.CONCURRENCY)
+
+        async def sample(sandbox_id: str) -> None:
+            async with gate:
+                with contextlib.suppress(SandboxNotFound, EnvdUnavailable):
+                    self.metrics.add(sandbox_id, await self.guest_metrics(sandbox_id))
+
+        await asyncio.gather(*(sample(i) for i in running))
+        self.metrics.keep_only([r.id for r in records])
 
     async def reconcile(self) -> None:
         """End what the catalog does not own: a live VM whose sandbox is not running any more
@@ -956,6 +979,13 @@ class Orchestrator:
             raise SandboxNotFound(sandbox_id)
         if record.state in LIVE:
             self._schedule_expiry(updated)
+        return updated
+
+    def set_auto_pause(self, sandbox_id: str, auto_pause: bool) -> SandboxRecord:
+        """What the sandbox's timeout does from now on: pause it (True) or kill it."""
+        updated = self.catalog.update(sandbox_id, auto_pause=auto_pause)
+        if updated is None:
+            raise SandboxNotFound(sandbox_id)
         return updated
 
     def extend_timeout(self, sandbox_id: str, timeout: int) -> SandboxRecord:
