@@ -35,6 +35,7 @@ sys.path.insert(0, str(REPO))
 
 from summary import summary_ms  # noqa: E402
 
+from aenv.config import DEFAULT_MIRROR  # noqa: E402
 from aenv.guest.cmdline import kernel_cmdline  # noqa: E402
 from aenv.guest.initramfs import build_initramfs  # noqa: E402
 from aenv.guest.kernel import fetch_kernel  # noqa: E402
@@ -141,9 +142,10 @@ async def measure(drivers: dict[str, QemuDriver], p: Places, snap: Snapshot) -> 
 
 
 async def main() -> dict[str, Any]:
-    os.environ.setdefault("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache"))
+    guest_cache = Path(os.environ.get("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache")))
+    mirror = os.environ.get("AENV_DEBIAN_MIRROR", DEFAULT_MIRROR)
     accel = "kvm" if os.environ.get("AENV_BENCH_ACCEL") == "kvm" else "tcg"
-    kernel = await fetch_kernel()
+    kernel = await fetch_kernel(guest_cache)
     work = Path(tempfile.mkdtemp(prefix="aenv-bench-"))
     shm = Path(tempfile.mkdtemp(prefix="aenv-bench-", dir="/dev/shm"))
     cgroups: CgroupManager = detect(f"aenv-bench-{secrets.token_hex(3)}")
@@ -151,8 +153,8 @@ async def main() -> dict[str, Any]:
     try:
         images = {
             "kernel": kernel.bzimage,
-            "initrd": await build_initramfs(kernel),
-            "rootfs": (await build_base_rootfs()).image,
+            "initrd": await build_initramfs(kernel, guest_cache),
+            "rootfs": (await build_base_rootfs(guest_cache, mirror)).image,
             "bundle": await build_agent_bundle(work),
         }
         drivers = {

@@ -9,13 +9,14 @@ import tempfile
 from pathlib import Path
 
 
-def write_text(path: Path, text: str) -> None:
+def write_text(path: Path, text: str, mode: int = 0o600) -> None:
     """Write `text` to a temporary file beside `path`, then rename it over `path`. Each write
     has its own temporary name: two writers of one file (a thread and the event loop) must not
-    rename each other's. The file is 0600 (mkstemp's mode): what a node writes is root's alone
-    (see storage/private.py)."""
+    rename each other's. The file is 0600 by default: what a node writes is root's alone
+    (see storage/private.py); a guest's system files are readable by all."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as f:
             f.write(text)
         os.replace(tmp, path)

@@ -35,8 +35,8 @@ class Paths:
     ```
     $AENV_HOME/
       config.toml              settings (`AENV_CONFIG` points elsewhere)
-      api-key                  the first API key's value, for `aenv auth` (mode 0600)
-      api-keys.json            the node's API keys, hashed
+      api-key                  the first API key's value, the operator's copy (mode 0600)
+      api-keys.json            every API key of the node, as SHA-256 digests (mode 0600)
       catalog.db               the sandbox catalog (SQLite, WAL)
       template-tags.json       template tags
       templates/<id>/          template.json and its builds (saved states: templates,
@@ -166,6 +166,10 @@ class Config(BaseModel):
     key_max_sandboxes: int = 256
     key_requests_per_s: int = 100
     key_request_burst: int = 200
+    # Free disk (of the data directory) and available memory the host keeps: under them,
+    # creates answer 429 and pauses and snapshots fail, with nothing changed.
+    reserve_disk_mb: int = 1024
+    reserve_memory_mb: int = 256
     # Longest timeout a client may ask for, in seconds.
     max_timeout: int = 24 * 3600
     network_prefix: str = "aenv"
@@ -196,8 +200,8 @@ class Config(BaseModel):
     build_cache_layers: int = 32
     # Every VMM runs jailed (README: Threat model). Off is for benchmarks and debugging only.
     jail: bool = True
-    # Jailed VMMs: `jail_uid_base` is their group and Firecracker's uid; each QEMU has one of
-    # the `jail_uid_count` uids after it. Give each node on a host a range of its own.
+    # Jailed VMMs: `jail_uid_base` is their group; each VMM has one of the `jail_uid_count`
+    # uids after it. Give each node on a host a range of its own.
     jail_uid_base: int = 2_000_000
     jail_uid_count: int = 65_536
     # The guest build cache (kernel, initramfs, base rootfs); default `$AENV_HOME/cache/guest`.

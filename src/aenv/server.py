@@ -86,8 +86,8 @@ def jail_config(config: Config) -> JailConfig | None:
 
 def firecracker_config(config: Config, cgroups: CgroupManager) -> FirecrackerConfig:
     """The Firecracker driver's settings (the driver and the startup sweep of its leftovers
-    share them): every Firecracker goes through its jailer, unless the jail is off. The jailer
-    gives all of a node's VMMs one uid (`jail_uid_base`); its chroots are under the data dir."""
+    share them): every Firecracker goes through its jailer, unless the jail is off, with a uid
+    of its own from the jail's range, as QEMU's VMMs; its chroots are under the data dir."""
     if not config.jail:
         return FirecrackerConfig()
     jailer = JailerConfig(
@@ -97,7 +97,7 @@ def firecracker_config(config: Config, cgroups: CgroupManager) -> FirecrackerCon
         chroot_base_dir=config.paths.jailer,
         cgroup_version=1 if isinstance(cgroups, CgroupV1) else 2,
     )
-    return FirecrackerConfig(jailer=jailer)
+    return FirecrackerConfig(jailer=jailer, jail_uids=jail_config(config))
 
 
 async def _driver(
@@ -128,7 +128,7 @@ def _jailed_firecracker(config: Config, cgroups: CgroupManager) -> FirecrackerCo
 
 async def start_node(config: Config, progress: Progress = log.info) -> Node:
     make_private(*_private_dirs(config))
-    keys, created = open_keys(config.home, config.paths.api_key)
+    keys, created = open_keys(config.paths)
     if created:
         progress(f"generated an API key; it is in {config.paths.api_key} (mode 0600)")
     catalog = Catalog(config.paths.catalog)

@@ -12,6 +12,7 @@ of the connection, for the first request) and within `max_header_bytes` (else 43
 from __future__ import annotations
 
 import asyncio
+import json
 import typing
 from typing import Any
 
@@ -26,9 +27,8 @@ KEEP_ALIVE_S = 650
 
 
 class GuardedHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a header timeout and a connection cap (see the
-    module docstring); the limits come from `header_timeout` and `max_connections` set on the
-    class by `guarded`."""
+    """uvicorn's httptools protocol with a head timeout, a head size limit and a connection
+    cap (see the module docstring); the limits are class attributes, set by `guarded`."""
 
     header_timeout: float = 30.0
     max_connections: int = 4096
@@ -40,6 +40,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         # Whether the bytes coming in are a request's head, and how many of them came so far.
         self._in_head = True
         self._head_bytes = 0
+        self._heads = 0  # heads completed on this connection
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # asyncio hands stream protocols a Transport; uvicorn's signature says so.
@@ -50,13 +51,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._await_head()
 
     def data_received(self, data: bytes) -> None:
-        if self._in_head:
+        in_head, heads = self._in_head, self._heads
+        super().data_received(data)
+        # A read that was head from its start to its end (no head completed in it) is what the
+        # parser holds of it: a long header is buffered whole before it is handed over, so it
+        # is counted here, read by read. A read that ends a request and starts the next head
+        # is not, so a head can take one read more than the limit.
+        whole_head = in_head and self._in_head and self._heads == heads
+        if whole_head and not self.transport.is_closing():
             self._head_bytes += len(data)
             if self._head_bytes > self.max_head_bytes:
-                # Counted before parsing: the parser would buffer a long header whole first.
                 self._refuse_head()
-                return
-        super().data_received(data)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._head_arrived()
@@ -74,6 +79,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._head_arrived()
         self._in_head = False
         self._head_bytes = 0
+        self._heads += 1
         super().on_headers_complete()
 
     def on_message_complete(self) -> None:
@@ -82,11 +88,12 @@ class GuardedHttpProtocol(HttpToolsProtocol):
 
     def _refuse_head(self) -> None:
         self._head_arrived()
-        message = b"request head too large"
+        message = f"request head larger than {self.max_head_bytes} bytes"
+        body = json.dumps({"code": 431, "message": message}).encode()
         self.transport.write(
             b"HTTP/1.1 431 Request Header Fields Too Large\r\n"
-            b"content-type: text/plain; charset=utf-8\r\n"
-            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(message), message)
+            b"content-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
         )
         self.transport.close()
 

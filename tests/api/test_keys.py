@@ -14,6 +14,7 @@ import pytest
 
 from aenv.api.app import create_api
 from aenv.api.keys import KeyStore, LastKey, open_keys
+from aenv.config import Paths
 from tests.api.conftest import API_KEY, Node
 from tests.proxy.support import serve
 from tests.support.ports import free_port
@@ -39,22 +40,22 @@ def test_a_store_holds_digests_not_keys(tmp_path: Path) -> None:
 
 
 def test_an_older_node_s_key_file_keeps_working(tmp_path: Path) -> None:
-    key_file = tmp_path / "api-key"
-    key_file.write_text(API_KEY + "\n")  # all an older node had
-    store, created = open_keys(tmp_path, key_file)
+    paths = Paths(tmp_path)
+    paths.api_key.write_text(API_KEY + "\n")  # all an older node had
+    store, created = open_keys(paths)
     assert not created
     assert store.verify(API_KEY) is not None
-    assert API_KEY not in (tmp_path / "api-keys.json").read_text()
-    again, _ = open_keys(tmp_path, key_file)  # a second start imports nothing twice
+    assert API_KEY not in paths.api_keys.read_text()
+    again, _ = open_keys(paths)  # a second start imports nothing twice
     assert len(again.list()) == 1
 
 
 def test_a_first_start_generates_a_key(tmp_path: Path) -> None:
-    key_file = tmp_path / "api-key"
-    store, created = open_keys(tmp_path, key_file)
-    value = key_file.read_text().strip()
+    paths = Paths(tmp_path)
+    store, created = open_keys(paths)
+    value = paths.api_key.read_text().strip()
     assert created and store.verify(value) is not None
-    assert key_file.stat().st_mode & 0o777 == 0o600
+    assert paths.api_key.stat().st_mode & 0o777 == 0o600
 
 
 async def test_keys_through_the_api(node: Node) -> None:

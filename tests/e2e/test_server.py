@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+from importlib.metadata import version
 from pathlib import Path
 
 import pytest
@@ -76,15 +77,22 @@ def _run_inner_suite(home: Path) -> None:
 
 
 def _old_sdk_venv() -> str:
-    """A virtual environment with e2b 2.45 (v1 create/connect routes), built once under build/."""
+    """A virtual environment with e2b 2.45 (v1 create/connect routes), built once under build/.
+    The suite's conftest reads the node's paths from `aenv.config`: the venv sees this
+    checkout's sources and has pydantic, the one library that module needs."""
     venv = REPO / "build" / f"e2b-{OLD_SDK}"
     python = venv / "bin" / "python"
     if not python.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+    site = subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        check=True, capture_output=True, text=True,
+    ).stdout.strip()  # fmt: skip
+    (Path(site) / "aenv-src.pth").write_text(f"{REPO / 'src'}\n")
+    if subprocess.run([str(python), "-c", "import e2b, pytest, httpx, aenv.config"]).returncode:
+        wanted = [f"e2b=={OLD_SDK}", "pytest", "httpx", f"pydantic=={version('pydantic')}"]
         subprocess.run(
-            [str(python), "-m", "pip", "install", "-q", f"e2b=={OLD_SDK}", "pytest", "httpx"],
-            check=True,
-            timeout=600,
+            [str(python), "-m", "pip", "install", "-q", *wanted], check=True, timeout=600
         )
     return str(python)
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import re
 from pathlib import Path
 
+from aenv.runtime.sweep import our_vmms
+
 
 def vmm_pids(sandbox_id: str) -> list[int]:
     marker = f"/sandboxes/{sandbox_id}/".encode()
@@ -32,3 +34,16 @@ def vmm_sandbox_ids(home: Path) -> set[str]:
                 continue
             found.update(m.group(1).decode() for m in marker.finditer(cmdline))
     return found
+
+
+def node_vmm_pids(home: Path) -> list[int]:
+    """Every VMM of the node at `home` (its command line names the node's files)."""
+    marker = f"{home}/".encode()
+    pids = []
+    for vmm in our_vmms():
+        try:
+            if marker in Path(f"/proc/{vmm.pid}/cmdline").read_bytes():
+                pids.append(vmm.pid)
+        except OSError:
+            continue  # gone meanwhile
+    return pids

@@ -3,11 +3,14 @@ sets for `ifname=` (vnet header on), usable from outside the namespace."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import fcntl
 import os
 import secrets
 import struct
 import subprocess
+import threading
 from collections.abc import Iterator
 
 import pytest
@@ -16,6 +19,7 @@ from aenv.network.tap import IFF_NO_PI, IFF_TAP, IFF_VNET_HDR, open_tap
 
 TUNGETIFF = 0x800454D2
 TUNGETVNETHDRSZ = 0x800454D7
+TUN = "/dev/net/tun"
 
 
 @pytest.fixture
@@ -46,3 +50,25 @@ async def test_the_tap_opens_with_qemus_flags(namespace: str) -> None:
 async def test_a_missing_namespace_is_an_error(namespace: str) -> None:
     with pytest.raises(OSError):
         await open_tap(f"{namespace}-none", "tap0")
+
+
+def _open_taps() -> int:
+    count = 0
+    for fd in os.listdir("/proc/self/fd"):
+        with contextlib.suppress(FileNotFoundError):  # the listing's own descriptor
+            count += os.readlink(f"/proc/self/fd/{fd}") == TUN
+    return count
+
+
+async def test_a_cancelled_open_leaves_no_file_open(namespace: str) -> None:
+    before = _open_taps()
+    opening = asyncio.ensure_future(open_tap(namespace, "tap0"))
+    await asyncio.sleep(0)  # started: its thread opens the tap after the cancel
+    opening.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await opening
+    # The opening thread finishes on its own; once it has, nothing it opened may be left open.
+    while any(t.name == f"netns:{namespace}" for t in threading.enumerate()):
+        await asyncio.sleep(0.01)
+    await asyncio.sleep(0)  # the close is a callback of the loop's
+    assert _open_taps() == before

@@ -187,3 +187,55 @@ async def test_every_stop_of_a_vm_is_announced(tmp_path: Path) -> None:
         await node.orchestrator.kill(record.id)
         assert stopped == [(record.id, first), (record.id, second)]
         assert_clean(node)
+
+
+async def test_a_key_runs_at_most_key_max_sandboxes(tmp_path: Path) -> None:
+    async with double_node(tmp_path, key_max_sandboxes=2) as node:
+        orc = node.orchestrator
+        first, _ = await orc.create(node.request(owner="key-a"))
+        await orc.create(node.request(owner="key-a"))
+        with pytest.raises(CapacityReached, match="for this API key"):
+            await orc.create(node.request(owner="key-a"))
+        other, _ = await orc.create(node.request(owner="key-b"))  # another key's own count
+        await orc.pause(first.id)  # paused sandboxes do not count
+        third, _ = await orc.create(node.request(owner="key-a"))
+        assert node.row(third.id).owner == "key-a"
+        children = await orc.fork(other.id, 3, 60, owner="key-a")
+        assert sum(isinstance(c, CapacityReached) for c in children) == 3
+        for record in orc.list():
+            await orc.kill(record.id)
+        assert_clean(node)
+
+
+async def test_a_host_under_its_reserve_refuses_creates_and_saves(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        # A reserve no host has: the node measures its own disk and memory against it.
+        for reserve in ({"reserve_disk_mb": 1 << 40}, {"reserve_memory_mb": 1 << 40}):
+            node.orchestrator.config = node.config.model_copy(update=reserve)
+            with pytest.raises(CapacityReached, match="under its reserve"):
+                await node.orchestrator.create(node.request())
+            with pytest.raises(OperationFailed, match="under its reserve"):
+                await node.orchestrator.pause(record.id)
+            with pytest.raises(OperationFailed, match="under its reserve"):
+                await node.orchestrator.snapshot(record.id, name="full")
+            assert node.row(record.id).state is SandboxState.RUNNING  # left as it was
+            assert [r.id for r in node.catalog.list()] == [record.id]
+        await node.orchestrator.kill(record.id)
+        assert_clean(node)
+
+
+async def test_reconcile_stops_a_vm_whose_sandbox_is_gone(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        stopped: list[tuple[str, str]] = []
+        node.orchestrator.vm_stopped.append(lambda *run: stopped.append(run))
+        kept, _ = await node.orchestrator.create(node.request())
+        lost, _ = await node.orchestrator.create(node.request())
+        lost_vm = node.orchestrator.guest_endpoint(lost.id).incarnation
+        node.catalog.delete(lost.id)  # its row went away without its VM (a bug, a crash)
+        await node.orchestrator.reconcile()
+        assert stopped == [(lost.id, lost_vm)]
+        assert list(node.driver.running) == [node.orchestrator.guest_endpoint(kept.id).incarnation]
+        assert len(node.slots.in_use) == 1
+        await node.orchestrator.kill(kept.id)
+        assert_clean(node)  # the lost one's files went too

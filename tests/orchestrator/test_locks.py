@@ -9,13 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from aenv.config import Config
-from aenv.network import NetworkConfig, SlotPool
-from aenv.orchestrator.catalog import Catalog
 from aenv.orchestrator.lifecycle import InvalidState, Orchestrator, SandboxNotFound
 from aenv.orchestrator.locks import KeyedLocks
-from aenv.orchestrator.templates import TemplateStore
-from aenv.runtime.qemu import QemuDriver
+from tests.doubles.node import double_node
 
 
 async def test_one_holder_at_a_time_and_no_entry_once_released() -> None:
@@ -57,18 +53,8 @@ async def test_a_waiter_keeps_the_entry() -> None:
 
 @pytest.fixture
 async def orchestrator(tmp_path: Path) -> AsyncIterator[Orchestrator]:
-    """A node's orchestrator that never gets to start a VM: every id it is asked about is
-    unknown."""
-    config = Config(home=tmp_path)
-    catalog = Catalog(tmp_path / "catalog.db")
-    templates = TemplateStore(tmp_path / "templates", tmp_path / "memory")
-    slots = SlotPool(NetworkConfig(prefix="aenvlock"))
-    orc = Orchestrator(config, catalog, QemuDriver(), slots, templates)
-    try:
-        yield orc
-    finally:
-        await orc.close()
-        catalog.close()
+    async with double_node(tmp_path) as node:
+        yield node.orchestrator
 
 
 async def test_unknown_ids_leave_no_lock_behind(orchestrator: Orchestrator) -> None:

@@ -8,6 +8,7 @@ import os
 import stat
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -16,7 +17,16 @@ import pytest
 
 from aenv.config import ConfigError, load
 from aenv.runtime.cgroups import CgroupLimits, CgroupV1, CgroupV2, detect
-from aenv.runtime.jail import Access, JailConfig, JailError, JailFile, UidPool, grant
+from aenv.runtime.jail import (
+    Access,
+    Jail,
+    JailConfig,
+    JailError,
+    JailFile,
+    UidPool,
+    grant,
+    host_binary,
+)
 from aenv.runtime.sweep import sweep
 from aenv.server import firecracker_config, jail_config
 from tests.support.jail import jail_problems
@@ -61,12 +71,33 @@ def test_grant_gives_each_file_its_access(tmp_path: Path) -> None:
         grant([JailFile(tmp_path / "missing", Access.READ)], uid=5001, gid=5000)
 
 
+def test_only_programs_under_usr_run_jailed(tmp_path: Path) -> None:
+    assert host_binary("setpriv").is_relative_to("/usr")
+    elsewhere = tmp_path / "qemu-system-x86_64"
+    elsewhere.write_text("#!/bin/sh\n")
+    elsewhere.chmod(0o755)
+    with pytest.raises(JailError, match="cannot run jailed"):
+        host_binary(str(elsewhere))
+
+
+async def test_a_jail_that_cannot_be_built_fails_cleanly(tmp_path: Path) -> None:
+    inner = tmp_path / "d" / "f"
+    inner.parent.mkdir()
+    inner.write_bytes(b"x")
+    # The directory is bound read-only first, so the file's mount point cannot be made in it.
+    files = [JailFile(inner.parent, Access.READ), JailFile(inner, Access.READ)]
+    with pytest.raises(JailError, match="cannot build the jail"):
+        async with Jail(uid=2_065_535, gid=2_000_000).assemble(files):
+            pytest.fail("a jail without its files was built")
+    assert not [t for t in threading.enumerate() if t.name.startswith("jail:")]
+
+
 def test_the_jail_is_on_unless_configured_off(tmp_path: Path) -> None:
     env = {"AENV_HOME": str(tmp_path)}
     config = load(env=env)
     assert jail_config(config) == JailConfig()
     fc = firecracker_config(config, CgroupV2("aenv-x", root=tmp_path, proc_cgroup="0::/"))
-    assert fc.jailer is not None and fc.jailer.uid == config.jail_uid_base
+    assert fc.jailer is not None and fc.jail_uids == JailConfig()  # a uid per VM from the range
     assert fc.jailer.chroot_base_dir == tmp_path / "jailer" and fc.jailer.cgroup_version == 2
     v1 = CgroupV1("aenv-x", root=tmp_path, proc_cgroup="")
     assert (j := firecracker_config(config, v1).jailer) is not None and j.cgroup_version == 1

@@ -43,7 +43,7 @@ def home() -> Iterator[Path]:
 def _write_node_files(config: Config) -> list[Path]:
     """What a node writes that holds secrets, written by the node's own code."""
     key_path = config.paths.api_key
-    open_keys(config.home, key_path)
+    open_keys(config.paths)
     catalog = Catalog(config.paths.catalog)
     catalog.insert(
         SandboxRecord(
@@ -70,7 +70,7 @@ def _write_node_files(config: Config) -> list[Path]:
     wal = config.home / "catalog.db-wal"
     assert wal.exists()  # open: the WAL holds the row
     files = [key_path, config.paths.catalog, wal, config.paths.templates / "base" / "template.json"]
-    files.append(config.home / "api-keys.json")
+    files.append(config.paths.api_keys)
     return [*files, memory]
 
 

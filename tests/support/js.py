@@ -1,5 +1,6 @@
-"""The npm `e2b` SDK for tests: installed once into tests/js/node_modules (gitignored) exactly as
-tests/js/package-lock.json pins it; None when node or npm are missing."""
+"""The npm `e2b` SDK and the E2B CLI for tests: each installed once into its node_modules
+(gitignored) exactly as its package-lock.json pins it (tests/js, tests/js/cli); None when node
+or npm are missing."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ from pathlib import Path
 
 JS_DIR = Path(__file__).resolve().parents[1] / "js"
 E2B_VERSION = "2.51.0"
+CLI_DIR = JS_DIR / "cli"
 
 
 def ensure_npm_sdk() -> Path | None:
@@ -25,3 +27,20 @@ def ensure_npm_sdk() -> Path | None:
             timeout=600,
         )
     return JS_DIR / "node_modules"
+
+
+def ensure_npm_cli() -> Path | None:
+    """The E2B CLI (`@e2b/cli`) as tests/js/cli/package-lock.json pins it: its executable, or
+    None when node or npm are missing."""
+    npm = shutil.which("npm")
+    if shutil.which("node") is None or npm is None:
+        return None
+    executable = CLI_DIR / "node_modules" / ".bin" / "e2b"
+    if not executable.exists():
+        subprocess.run(
+            [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
+            cwd=CLI_DIR,
+            check=True,
+            timeout=600,
+        )
+    return executable

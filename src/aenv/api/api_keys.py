@@ -12,7 +12,8 @@ from starlette.routing import Route
 
 from aenv.api.errors import APIError, not_found
 from aenv.api.keys import KEY_PREFIX, ApiKey, KeyStore, LastKey
-from aenv.api.sandboxes import parse_body, rfc3339
+from aenv.api.requests import check_query, parse_body
+from aenv.api.sandboxes import rfc3339
 
 Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
 
@@ -53,15 +54,18 @@ class ApiKeyRoutes:
             Route("/api-keys/{api_key_id}", self.revoke, methods=["DELETE"]),
         ]
 
-    async def list(self, _: Request) -> Response:
+    async def list(self, request: Request) -> Response:
+        check_query(request)
         return JSONResponse([team_api_key(key) for key in self.keys.list()])
 
     async def create(self, request: Request) -> Response:
+        check_query(request)
         body = await parse_body(request, KeyName)
         key, value = self.keys.create(body.name)
         return JSONResponse({**team_api_key(key), "key": value}, status_code=201)
 
     async def rename(self, request: Request) -> Response:
+        check_query(request)
         body = await parse_body(request, KeyName)
         key_id = request.path_params["api_key_id"]
         try:
@@ -71,6 +75,7 @@ class ApiKeyRoutes:
         return Response(status_code=200)
 
     async def revoke(self, request: Request) -> Response:
+        check_query(request)
         key_id = request.path_params["api_key_id"]
         try:
             self.keys.revoke(key_id)

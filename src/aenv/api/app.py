@@ -21,8 +21,10 @@ from aenv.api.metrics import NodeMetrics
 from aenv.api.nodes import NodeRoutes
 from aenv.api.openapi import PATH as OPENAPI_PATH
 from aenv.api.openapi import OpenAPIDocument
+from aenv.api.requests import check_query
 from aenv.api.sandboxes import SandboxRoutes
 from aenv.api.snapshots import SnapshotRoutes
+from aenv.api.teams import ROUTES as TEAM_ROUTES
 from aenv.api.templates import TemplateRoutes
 from aenv.config import Config
 from aenv.orchestrator.builds import Builder, ImageBooter
@@ -69,7 +71,8 @@ class APIKeyGate:
         await self.app(scope, receive, send)
 
 
-async def _health(_: Request) -> Response:
+async def _health(request: Request) -> Response:
+    check_query(request)
     return Response(status_code=204)  # as E2B's spec has it
 
 
@@ -114,6 +117,7 @@ def create_api(
         *NodeRoutes(orchestrator).routes(),
         *LogRoutes(orchestrator).routes(),
         *ApiKeyRoutes(keys).routes(),
+        *TEAM_ROUTES,
     ]
     # Last: it describes every route above.
     routes.append(OpenAPIDocument(routes, _OPEN_PATHS).route)

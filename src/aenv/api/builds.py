@@ -21,7 +21,8 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.errors import APIError, not_found
-from aenv.api.sandboxes import parse_body, rfc3339
+from aenv.api.requests import check_query, parse_body
+from aenv.api.sandboxes import rfc3339
 from aenv.oci import Credentials
 from aenv.orchestrator.build_steps import StepType
 from aenv.orchestrator.builds import (
@@ -49,7 +50,9 @@ MAX_MEMORY_MB = 65536
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+    """Undeclared keys are refused (api/requests.py), as E2B fields not implemented here."""
+
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
 
 class BuildRequestBody(_Body):
@@ -135,6 +138,7 @@ class BuildRoutes:
             Route(
                 "/templates/{template_id}/builds/{build_id}/status", self.status, methods=["GET"]
             ),
+            Route("/templates/{template_id}/builds/{build_id}/logs", self.logs, methods=["GET"]),
             Route("/templates/tags", self.assign_tags, methods=["POST"]),
             Route("/templates/tags", self.delete_tags, methods=["DELETE"]),
             Route("/templates/{template_id}/tags", self.list_tags, methods=["GET"]),
@@ -159,6 +163,7 @@ class BuildRoutes:
         return build
 
     async def request(self, request: Request) -> Response:
+        check_query(request)
         body = await parse_body(request, BuildRequestBody)
         name = body.name or body.alias
         if not name:
@@ -191,6 +196,7 @@ class BuildRoutes:
         return files_hash
 
     async def files(self, request: Request) -> Response:
+        check_query(request)
         self._known(unquote(request.path_params["template_id"]))
         files_hash = self._hash(request)
         if await asyncio.to_thread(self.builder.files_path(files_hash).is_file):
@@ -206,6 +212,7 @@ class BuildRoutes:
     async def upload(self, request: Request) -> Response:
         """The gzip tar of a COPY step's files, stored under its hash (checked when a build uses
         it: the hash covers the step's paths, which only the build knows)."""
+        check_query(request)
         self._known(unquote(request.path_params["template_id"]))
         files_hash = self._hash(request)
         dest = self.builder.files_path(files_hash)
@@ -225,8 +232,9 @@ class BuildRoutes:
         return Response(status_code=201)
 
     async def start(self, request: Request) -> Response:
-        build = self._build(request)
+        check_query(request)
         body = await parse_body(request, BuildStartBody, optional=True)
+        build = self._build(request)
         if body.from_image and body.from_template:
             raise APIError(400, "give fromImage or fromTemplate, not both")
         for index, step in enumerate(body.steps, 1):
@@ -257,6 +265,7 @@ class BuildRoutes:
         return Response(status_code=202)
 
     async def status(self, request: Request) -> Response:
+        check_query(request, {"logsOffset", "limit", "level"})
         build = self._build(request)
         offset = _int_param(request, "logsOffset", 0, 0, 2**31 - 1)
         limit = _int_param(request, "limit", MAX_LOG_PAGE, 0, MAX_LOG_PAGE)
@@ -280,7 +289,33 @@ class BuildRoutes:
                 body["reason"]["step"] = build.reason.step
         return JSONResponse(body)
 
+    async def logs(self, request: Request) -> Response:
+        """`TemplateBuildLogsResponse`: from `cursor` (Unix ms) on, `forward` oldest first or
+        `backward` newest first, at least `level`. Logs live with the build in memory
+        (E2B's `temporary` source); there is no `persistent` store to read."""
+        check_query(request, {"cursor", "limit", "direction", "level", "source"})
+        build = self._build(request)
+        q = request.query_params
+        cursor = _int_param(request, "cursor", -1, 0, 2**63 - 1)
+        limit = _int_param(request, "limit", MAX_LOG_PAGE, 0, MAX_LOG_PAGE)
+        direction = q.get("direction", "forward")
+        if direction not in ("forward", "backward"):
+            raise APIError(400, "direction must be 'forward' or 'backward'")
+        level = q.get("level", LEVELS[0])
+        if level not in LEVELS:
+            raise APIError(400, f"level must be one of {', '.join(LEVELS)}")
+        if q.get("source", "temporary") != "temporary":
+            raise APIError(400, "source 'persistent' is not supported here: logs are temporary")
+        entries = [e for e in build.logs if LEVELS.index(e.level) >= LEVELS.index(level)]
+        if cursor >= 0:
+            forward = direction == "forward"
+            entries = [e for e in entries if (e.timestamp * 1000 >= cursor) == forward]
+        if direction == "backward":
+            entries.reverse()
+        return JSONResponse({"logs": [_entry(e) for e in entries[:limit]]})
+
     async def assign_tags(self, request: Request) -> Response:
+        check_query(request)
         body = await parse_body(request, AssignTagsBody)
         name, tag = split_name(body.target)
         _check_tags(body.tags)
@@ -294,6 +329,7 @@ class BuildRoutes:
         return JSONResponse({"tags": body.tags, "buildID": build_id}, status_code=201)
 
     async def delete_tags(self, request: Request) -> Response:
+        check_query(request)
         body = await parse_body(request, DeleteTagsBody)
         name, _ = split_name(body.name)
         try:
@@ -304,6 +340,7 @@ class BuildRoutes:
         return Response(status_code=204)
 
     async def list_tags(self, request: Request) -> Response:
+        check_query(request)
         template_id = unquote(request.path_params["template_id"])
         try:
             template = self.store.get(template_id)

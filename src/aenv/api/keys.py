@@ -137,11 +137,12 @@ class KeyStore:
         atomic.write_text(self.path, json.dumps(entries, indent=2))
 
 
-def open_keys(home: Path, key_file: Path) -> tuple[KeyStore, bool]:
-    """The node's key store, importing the key of an older node's `key_file`, or generating a
-    first key (its value written to `key_file`, 0600) when there is none. Returns the store and
-    whether a key was generated."""
-    store = KeyStore(Paths(home).api_keys)
+def open_keys(paths: Paths) -> tuple[KeyStore, bool]:
+    """The node's key store, importing the key of an older node's key file (`paths.api_key`),
+    or generating a first key (its value written there, 0600) when there is none. Returns the
+    store and whether a key was generated."""
+    store = KeyStore(paths.api_keys)
+    key_file = paths.api_key
     try:
         legacy = key_file.read_text().strip()
     except FileNotFoundError:

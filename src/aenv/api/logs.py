@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.errors import APIError, not_found
+from aenv.api.requests import check_query
 from aenv.api.sandboxes import rfc3339
 from aenv.orchestrator.lifecycle import Orchestrator, SandboxNotFound
 
@@ -154,6 +155,7 @@ class LogRoutes:
 
     async def logs_v1(self, request: Request) -> Response:
         """`SandboxLogs`: lines from `start` (unix ms) on, oldest first."""
+        check_query(request, {"start", "limit"})
         q = request.query_params
         start = _int_param(q.get("start"), "start")
         limit = _limit(q.get("limit"))
@@ -166,6 +168,7 @@ class LogRoutes:
     async def logs_v2(self, request: Request) -> Response:
         """`SandboxLogsV2Response`: `forward` from `cursor` (unix ms) oldest first, or `backward`
         from it newest first; `level` is a minimum, `search` a case-sensitive substring."""
+        check_query(request, {"cursor", "limit", "direction", "level", "search"})
         q = request.query_params
         cursor = _int_param(q.get("cursor"), "cursor")
         limit = _limit(q.get("limit"))

@@ -1,7 +1,9 @@
 """Request bodies of the E2B control plane, validated at the HTTP edge.
 
-Field names are the SDKs' JSON keys. Unknown keys are accepted and ignored (newer SDKs send
-options this node does not implement yet; rejecting them would break those clients).
+Field names are the SDKs' JSON keys. A key a model does not declare is refused (api/requests.py
+names it in the 400): E2B fields this node does not implement (`mcp`, `iam`, `volumeMounts`...)
+are left undeclared on purpose, so a client asking for them learns it at once instead of getting
+a sandbox without them.
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ Seconds = Annotated[int, Field(ge=0, le=MAX_SECONDS)]
 
 
 class _Body(BaseModel):
-    model_config = ConfigDict(populate_by_name=True, extra="ignore")
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
 
 class Egress(BaseModel):
@@ -97,6 +99,7 @@ class NewSandbox(_Body):
     auto_pause: bool = Field(default=False, alias="autoPause")
     auto_pause_memory: bool = Field(default=True, alias="autoPauseMemory")
     auto_resume: AutoResume | None = Field(default=None, alias="autoResume")
+    # Every envd here requires the sandbox's access token; `false` is refused in api/sandboxes.py.
     secure: bool | None = None
     allow_internet_access: bool | None = None
     network: NetworkConfig | None = None

@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv import __version__
+from aenv.api.requests import check_query
 from aenv.api.sandboxes import rfc3339
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.states import SandboxState
@@ -89,5 +90,6 @@ class NodeRoutes:
             },
         }
 
-    async def list(self, _: Request) -> Response:
+    async def list(self, request: Request) -> Response:
+        check_query(request)
         return JSONResponse([self._node()])

@@ -40,6 +40,11 @@ _PARAM = re.compile(r"\{[^}]*\}")
 _ERROR = {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}
 # Not among the spec's shared responses; the node's own error shape, like every other error.
 _TOO_LARGE = {"description": "The request body is too large", "content": _ERROR}
+_KEY_REUSED = {
+    "description": "The Idempotency-Key was used for a different create request",
+    "content": _ERROR,
+}
+_OWN_RESPONSES = {"413": _TOO_LARGE, "422": _KEY_REUSED}
 
 # Routes the E2B spec lacks, described here.
 _OWN: dict[tuple[str, str], Operation] = {
@@ -75,8 +80,9 @@ _SAME_AS: dict[tuple[str, str], tuple[str, str, str]] = {
 }
 # Responses an operation gives beyond the generic ones, which the spec omits.
 _EXTRA_RESPONSES: dict[tuple[str, str], tuple[str, ...]] = {
-    ("/sandboxes", "post"): ("404", "429"),  # unknown template, node full
-    ("/v2/sandboxes", "post"): ("404", "429"),
+    # Unknown template, Idempotency-Key reused, node full.
+    ("/sandboxes", "post"): ("404", "422", "429"),
+    ("/v2/sandboxes", "post"): ("404", "422", "429"),
 }
 
 
@@ -129,8 +135,7 @@ def _add_responses(op: Operation, path: str, method: str, secured: bool) -> None
     wanted = list(_EXTRA_RESPONSES.get((path, method), ()))
     if secured:
         wanted.append("401")
-    if op.get("parameters") or "requestBody" in op:
-        wanted.append("400")
+    wanted.append("400")  # every route refuses a query parameter it does not honour
     if "requestBody" in op:
         wanted.append("413")
     if _PARAM.search(path):
@@ -138,8 +143,8 @@ def _add_responses(op: Operation, path: str, method: str, secured: bool) -> None
     responses = op.setdefault("responses", {})
     for status in wanted:
         if status not in responses:
-            responses[status] = (
-                _TOO_LARGE if status == "413" else {"$ref": f"#/components/responses/{status}"}
+            responses[status] = _OWN_RESPONSES.get(
+                status, {"$ref": f"#/components/responses/{status}"}
             )
 
 

@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import time
-from collections.abc import Iterable
+from collections.abc import Collection, Iterable
 from datetime import UTC, datetime
-from typing import Any, TypeVar
+from typing import Any
 from urllib.parse import parse_qsl, unquote
 
-from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.errors import APIError, call_lifecycle, not_found
+from aenv.api.idempotency import HEADER as IDEMPOTENCY_HEADER
+from aenv.api.idempotency import IdempotentCreates, check_key
 from aenv.api.metrics import NodeMetrics
 from aenv.api.models import (
     DEFAULT_TIMEOUT_V1,
     DEFAULT_TIMEOUT_V2,
+    MAX_SECONDS,
     ConnectBody,
     NetworkUpdate,
     NewSandbox,
@@ -27,6 +30,7 @@ from aenv.api.models import (
     check_metadata,
 )
 from aenv.api.network import create_network, network_info, updated_network
+from aenv.api.requests import check_query, not_supported, parse_body
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.orchestrator.catalog import PageQuery, SandboxRecord
@@ -39,46 +43,19 @@ from aenv.orchestrator.lifecycle import (
     Orchestrator,
     SandboxNotFound,
 )
+from aenv.orchestrator.metrics_history import Sample
 from aenv.orchestrator.states import with_public
 from aenv.orchestrator.templates import TemplateNotFound
 
-M = TypeVar("M", bound=BaseModel)
 CLIENT_ID = "6532622b"  # the legacy constant infra sends; SDKs require the key
 MAX_PAGE = 100
-# Far above any valid body (metadata and env vars are bounded in models.py).
-MAX_BODY = 1024 * 1024
+_LIST_V2_QUERY = frozenset(
+    {"metadata", "state", "order", "startedAfter", "template", "nextToken", "limit"}
+)
 
 
 def rfc3339(ts: float) -> str:
     return datetime.fromtimestamp(ts, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
-
-
-async def _read_body(request: Request) -> bytes:
-    """The body, refused with 413 past `MAX_BODY` before it is all in memory."""
-    too_large = APIError(413, f"request body larger than {MAX_BODY} bytes")
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit() and int(declared) > MAX_BODY:
-        raise too_large
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > MAX_BODY:
-            raise too_large
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-async def parse_body(request: Request, model: type[M], *, optional: bool = False) -> M:
-    raw = await _read_body(request)
-    if not raw.strip() and optional:
-        return model.model_validate({})
-    try:
-        return model.model_validate_json(raw)
-    except ValidationError as e:
-        problems = "; ".join(
-            f"{'.'.join(str(p) for p in err['loc']) or 'body'}: {err['msg']}" for err in e.errors()
-        )
-        raise APIError(400, f"invalid request body: {problems}") from e
 
 
 def sandbox_body(record: SandboxRecord, config: Config) -> dict[str, Any]:
@@ -102,6 +79,7 @@ class SandboxRoutes:
         self.orc = orchestrator
         self.config = config
         self.node_metrics = metrics
+        self.creates = IdempotentCreates()
 
     def routes(self) -> list[Route]:
         return [
@@ -109,6 +87,8 @@ class SandboxRoutes:
             Route("/v2/sandboxes", self.create_v2, methods=["POST"]),
             Route("/sandboxes", self.list_v1, methods=["GET"]),
             Route("/v2/sandboxes", self.list_v2, methods=["GET"]),
+            # Before the sandbox routes: `metrics` is not a sandbox id.
+            Route("/sandboxes/metrics", self.batch_metrics, methods=["GET"]),
             Route("/sandboxes/{sandbox_id}", self.detail, methods=["GET"]),
             Route("/sandboxes/{sandbox_id}", self.kill, methods=["DELETE"]),
             Route("/sandboxes/{sandbox_id}/timeout", self.timeout, methods=["POST"]),
@@ -159,10 +139,27 @@ class SandboxRoutes:
     # -- create ---------------------------------------------------------------------------
 
     async def _create(self, request: Request, default_timeout: int) -> Response:
+        check_query(request)
         body = await parse_body(request, NewSandbox)
+        if body.secure is False:
+            # Every envd here requires the access token; an open envd is not offered.
+            raise not_supported("secure")
         timeout = default_timeout if body.timeout is None else body.timeout
         if timeout <= 0 or timeout > self.config.max_timeout:
             raise APIError(400, f"timeout must be between 1 and {self.config.max_timeout} seconds")
+        owner = request.state.api_key.id
+        key = request.headers.get(IDEMPOTENCY_HEADER)
+        if key is None:
+            made = await self._start(body, timeout, owner)
+        else:
+            scope = (owner, check_key(key))
+            request_json = f"{timeout} {body.model_dump_json()}"
+            made = await self.creates.once(
+                scope, request_json, lambda: self._start(body, timeout, owner)
+            )
+        return JSONResponse(made, status_code=201)
+
+    async def _start(self, body: NewSandbox, timeout: int, owner: str) -> dict[str, Any]:
         network = create_network(body.allow_internet_access, body.network)
         try:
             with self.node_metrics.create_seconds.time():
@@ -176,7 +173,7 @@ class SandboxRoutes:
                         auto_pause_mode=SaveMode.of(body.auto_pause_memory),
                         auto_resume=body.auto_resume is not None and body.auto_resume.enabled,
                         network=network,
-                        owner=request.state.api_key.id,
+                        owner=owner,
                     )
                 )
         except TemplateNotFound as e:
@@ -187,7 +184,7 @@ class SandboxRoutes:
             raise APIError(
                 500, str(e), error_code="sandbox_create_failed", should_retry=False
             ) from e
-        return JSONResponse(self._sandbox(record), status_code=201)
+        return self._sandbox(record)
 
     async def create_v1(self, request: Request) -> Response:
         return await self._create(request, DEFAULT_TIMEOUT_V1)
@@ -198,10 +195,12 @@ class SandboxRoutes:
     # -- list -----------------------------------------------------------------------------
 
     async def list_v1(self, request: Request) -> Response:
+        check_query(request, {"metadata"})
         running = [r for r in self.orc.list() if r.state.public == "running"]
         return JSONResponse([self._listed(r) for r in _filter_metadata(running, request)])
 
     async def list_v2(self, request: Request) -> Response:
+        check_query(request, _LIST_V2_QUERY)
         q = request.query_params
         states = {s for s in q.get("state", "").split(",") if s} or {"running", "paused"}
         unknown = states - {"running", "paused"}
@@ -228,7 +227,9 @@ class SandboxRoutes:
 
     # -- single sandbox ---------------------------------------------------------------------
 
-    def _record(self, request: Request) -> SandboxRecord:
+    def _record(self, request: Request, query: Collection[str] = ()) -> SandboxRecord:
+        """The sandbox the path names; the route honours the `query` parameters only."""
+        check_query(request, query)
         sandbox_id = request.path_params["sandbox_id"]
         try:
             return self.orc.get(sandbox_id)
@@ -239,12 +240,14 @@ class SandboxRoutes:
         return JSONResponse(self._detail(self._record(request)))
 
     async def kill(self, request: Request) -> Response:
+        check_query(request)
         sandbox_id = request.path_params["sandbox_id"]
         if not await self.orc.kill(sandbox_id):
             raise not_found(f"sandbox '{sandbox_id}'")
         return Response(status_code=204)
 
     async def timeout(self, request: Request) -> Response:
+        check_query(request)
         body = await parse_body(request, TimeoutBody)
         record = self._record(request)
         if body.timeout > self.config.max_timeout:
@@ -253,6 +256,7 @@ class SandboxRoutes:
         return Response(status_code=204)
 
     async def refresh(self, request: Request) -> Response:
+        check_query(request)
         body = await parse_body(request, RefreshBody, optional=True)
         record = self._record(request)
         self.orc.extend_timeout(record.id, body.duration or DEFAULT_TIMEOUT_V1)
@@ -260,6 +264,7 @@ class SandboxRoutes:
 
     async def connect(self, request: Request) -> Response:
         """200 with the running sandbox (its timeout only grows), 201 when it was resumed."""
+        check_query(request)
         body = await parse_body(request, ConnectBody, optional=True)
         sandbox_id = request.path_params["sandbox_id"]
         timeout = body.timeout or DEFAULT_TIMEOUT_V2
@@ -272,6 +277,7 @@ class SandboxRoutes:
 
     async def update_network(self, request: Request) -> Response:
         """Replace the egress rules of a running or paused sandbox: 204, 404, 409 mid-change."""
+        check_query(request)
         body = await parse_body(request, NetworkUpdate)
         rules = updated_network(body)
         sandbox_id = request.path_params["sandbox_id"]
@@ -279,31 +285,62 @@ class SandboxRoutes:
         return Response(status_code=204)
 
     async def metrics(self, request: Request) -> Response:
-        """The current sample (this node keeps no history yet, so `start`/`end` select nothing
-        else); a paused sandbox has none."""
-        record = self._record(request)
-        if record.state.public != "running":
-            return JSONResponse([])
+        """The samples between `start` and `end` (Unix seconds, inclusive), oldest first: the
+        history the orchestrator samples while the sandbox runs (kept while it is paused), and
+        when the range holds now and the newest is older than the sampling interval, a fresh
+        sample first (so a sandbox just created has one)."""
+        record = self._record(request, {"start", "end"})
+        q = request.query_params
+        start = _int_param(q.get("start"), 0, "start")
+        end = _int_param(q.get("end"), MAX_SECONDS, "end")
+        history = self.orc.metrics
+        now = time.time()
+        latest = history.latest(record.id)
+        stale = latest is None or now - latest.ts >= history.interval
+        if record.state.public == "running" and start <= int(now) <= end and stale:
+            try:
+                history.add(record.id, await self.orc.guest_metrics(record.id))
+            except (SandboxNotFound, EnvdUnavailable) as e:
+                raise APIError(502, f"metrics unavailable: {e}") from e
+        return JSONResponse([_metric(s) for s in history.between(record.id, start, end)])
+
+    async def batch_metrics(self, request: Request) -> Response:
+        """`SandboxesWithMetrics`: the current sample of each running sandbox among
+        `sandbox_ids`; unknown, paused and unanswering ones are left out, as E2B leaves out
+        what is not running."""
+        check_query(request, {"sandbox_ids"})
+        wanted = request.query_params.get("sandbox_ids", "").split(",")
+        ids = list(dict.fromkeys(i for i in wanted if i))
+        if not 1 <= len(ids) <= MAX_PAGE:
+            raise APIError(400, f"sandbox_ids must name between 1 and {MAX_PAGE} sandboxes")
+        samples = await asyncio.gather(*(self._current_sample(i) for i in ids))
+        found = {i: sample for i, sample in zip(ids, samples, strict=True) if sample is not None}
+        return JSONResponse({"sandboxes": found})
+
+    async def _current_sample(self, sandbox_id: str) -> dict[str, Any] | None:
+        record = self.orc.catalog.get(sandbox_id)
+        if record is None or record.state.public != "running":
+            return None
         try:
-            sample = await self.orc.guest_metrics(record.id)
-        except (SandboxNotFound, EnvdUnavailable) as e:
-            raise APIError(502, f"metrics unavailable: {e}") from e
-        ts = int(sample.get("ts", time.time()))
-        return JSONResponse(
-            [
-                {
-                    "timestamp": rfc3339(ts),
-                    "timestampUnix": ts,
-                    "cpuCount": int(sample["cpu_count"]),
-                    "cpuUsedPct": float(sample["cpu_used_pct"]),
-                    "memUsed": int(sample["mem_used"]),
-                    "memTotal": int(sample["mem_total"]),
-                    "memCache": int(sample.get("mem_cache", 0)),
-                    "diskUsed": int(sample["disk_used"]),
-                    "diskTotal": int(sample["disk_total"]),
-                }
-            ]
-        )
+            return _metric(Sample(time.time(), await self.orc.guest_metrics(sandbox_id)))
+        except (SandboxNotFound, EnvdUnavailable):
+            return None  # stopped meanwhile, or its envd does not answer
+
+
+def _metric(taken: Sample) -> dict[str, Any]:
+    """envd's sample as E2B's `SandboxMetric`."""
+    ts, sample = int(taken.ts), taken.values
+    return {
+        "timestamp": rfc3339(ts),
+        "timestampUnix": ts,
+        "cpuCount": int(sample["cpu_count"]),
+        "cpuUsedPct": float(sample["cpu_used_pct"]),
+        "memUsed": int(sample["mem_used"]),
+        "memTotal": int(sample["mem_total"]),
+        "memCache": int(sample.get("mem_cache", 0)),
+        "diskUsed": int(sample["disk_used"]),
+        "diskTotal": int(sample["disk_total"]),
+    }
 
 
 def _metadata_filter(request: Request) -> dict[str, str]:

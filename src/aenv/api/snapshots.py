@@ -15,7 +15,8 @@ from starlette.routing import Route
 
 from aenv.api.errors import APIError, call_lifecycle
 from aenv.api.models import DEFAULT_TIMEOUT_V2, ForkBody, PauseBody, ResumeBody, SnapshotBody
-from aenv.api.sandboxes import MAX_PAGE, parse_body, sandbox_body
+from aenv.api.requests import check_query, parse_body
+from aenv.api.sandboxes import MAX_PAGE, sandbox_body
 from aenv.config import Config
 from aenv.orchestrator.kinds import SaveMode
 from aenv.orchestrator.lifecycle import (
@@ -48,6 +49,7 @@ class SnapshotRoutes:
     async def pause(self, request: Request) -> Response:
         """204 paused; 409 when it is not running (the SDK reads that as already paused); 503
         when `requireHealthyGuest` was asked and envd does not answer (it keeps running)."""
+        check_query(request)
         body = await parse_body(request, PauseBody, optional=True)
         sandbox_id = request.path_params["sandbox_id"]
         pausing = self.orc.pause(
@@ -61,6 +63,7 @@ class SnapshotRoutes:
 
     async def resume(self, request: Request) -> Response:
         """The pre-`connect` route: 201 resumed; 409 when it is running already."""
+        check_query(request)
         body = await parse_body(request, ResumeBody, optional=True)
         sandbox_id = request.path_params["sandbox_id"]
         timeout = body.timeout or DEFAULT_TIMEOUT_V2
@@ -69,9 +72,13 @@ class SnapshotRoutes:
         )
         if not resumed:
             raise APIError(409, f"sandbox '{sandbox_id}' is already running")
+        if body.auto_pause is not None:
+            # What E2B does with it: the resumed sandbox's timeout now pauses (or kills) it.
+            record = self.orc.set_auto_pause(sandbox_id, body.auto_pause)
         return JSONResponse(sandbox_body(record, self.config), status_code=201)
 
     async def create_snapshot(self, request: Request) -> Response:
+        check_query(request)
         body = await parse_body(request, SnapshotBody, optional=True)
         sandbox_id = request.path_params["sandbox_id"]
         template = await call_lifecycle(
@@ -81,6 +88,7 @@ class SnapshotRoutes:
 
     async def list_snapshots(self, request: Request) -> Response:
         """Newest first; `sandboxID` and `name` filter, `limit` + `nextToken` page."""
+        check_query(request, {"sandboxID", "name", "limit", "nextToken"})
         q = request.query_params
         found = sorted(self.orc.snapshots(), key=lambda t: (t.created_at, t.template_id))
         found.reverse()
@@ -106,6 +114,7 @@ class SnapshotRoutes:
 
     async def fork(self, request: Request) -> Response:
         """201 with one entry per child: `{"sandbox": ...}` or `{"error": {code, message}}`."""
+        check_query(request)
         body = await parse_body(request, ForkBody, optional=True)
         sandbox_id = request.path_params["sandbox_id"]
         timeout = body.timeout or DEFAULT_TIMEOUT_V2

@@ -1,18 +1,32 @@
-"""Template routes of the E2B control plane: list, alias lookup, delete."""
+"""Template routes of the E2B control plane: list, get with its builds, alias lookup, update,
+delete."""
 
 from __future__ import annotations
 
 from typing import Any
 from urllib.parse import unquote
 
+from pydantic import BaseModel, ConfigDict
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from aenv.api.errors import not_found
-from aenv.api.sandboxes import rfc3339
+from aenv.api.errors import APIError, not_found
+from aenv.api.requests import check_query, parse_body
+from aenv.api.sandboxes import MAX_PAGE, rfc3339
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.templates import Template, TemplateNotFound
+
+_WITH_BUILDS = (
+    "templateID",
+    "public",
+    "aliases",
+    "names",
+    "createdAt",
+    "updatedAt",
+    "lastSpawnedAt",
+    "spawnCount",
+)
 
 
 def _template(t: Template) -> dict[str, Any]:
@@ -36,6 +50,26 @@ def _template(t: Template) -> dict[str, Any]:
     }
 
 
+def _build(t: Template) -> dict[str, Any]:
+    """`TemplateBuild`: the build a template's files come from, finished when it was saved."""
+    return {
+        "buildID": t.build_id,
+        "status": "ready",
+        "createdAt": rfc3339(t.created_at),
+        "updatedAt": rfc3339(t.created_at),
+        "finishedAt": rfc3339(t.created_at),
+        "cpuCount": t.cpu_count,
+        "memoryMB": t.memory_mb,
+        "diskSizeMB": t.disk_size_mb,
+        "envdVersion": t.envd_version,
+    }
+
+
+class TemplateUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    public: bool | None = None
+
+
 class TemplateRoutes:
     def __init__(self, orchestrator: Orchestrator) -> None:
         self.orc = orchestrator
@@ -46,13 +80,18 @@ class TemplateRoutes:
             Route("/templates", self.list, methods=["GET"]),
             Route("/v2/templates", self.list, methods=["GET"]),
             Route("/templates/aliases/{alias}", self.alias, methods=["GET"]),
+            Route("/templates/{template_id}", self.get, methods=["GET"]),
+            Route("/templates/{template_id}", self.update, methods=["PATCH"]),
+            Route("/v2/templates/{template_id}", self.update, methods=["PATCH"]),
             Route("/templates/{template_id}", self.delete, methods=["DELETE"]),
         ]
 
-    async def list(self, _: Request) -> Response:
+    async def list(self, request: Request) -> Response:
+        check_query(request)
         return JSONResponse([_template(t) for t in self.store.list()])
 
     async def alias(self, request: Request) -> Response:
+        check_query(request)
         alias = unquote(request.path_params["alias"])
         try:
             template = self.store.get(alias)
@@ -60,11 +99,41 @@ class TemplateRoutes:
             raise not_found(f"template alias '{alias}'") from e
         return JSONResponse({"templateID": template.template_id, "public": False})
 
-    async def delete(self, request: Request) -> Response:
+    def _template(self, request: Request) -> Template:
         ref = unquote(request.path_params["template_id"])
         try:
-            template = self.store.get(ref)
+            return self.store.get(ref)
         except TemplateNotFound as e:
             raise not_found(f"template '{ref}'") from e
+
+    async def get(self, request: Request) -> Response:
+        """`TemplateWithBuilds`: a template here is its one current build, paged as E2B pages
+        builds (`limit`, then `nextToken` is the last build given)."""
+        check_query(request, {"limit", "nextToken"})
+        template = self._template(request)
+        limit = request.query_params.get("limit", str(MAX_PAGE))
+        if not limit.isdigit() or not 1 <= int(limit) <= MAX_PAGE:
+            raise APIError(400, f"limit must be between 1 and {MAX_PAGE}")
+        token = request.query_params.get("nextToken")
+        if token not in (None, template.build_id):
+            raise APIError(400, "invalid nextToken")
+        body = _template(template)
+        builds = [] if token else [_build(template)]
+        return JSONResponse(
+            {k: body[k] for k in _WITH_BUILDS} | {"builds": builds},
+        )
+
+    async def update(self, request: Request) -> Response:
+        """`TemplateUpdateRequest`: every template of a node is its own; none is made public."""
+        check_query(request)
+        body = await parse_body(request, TemplateUpdate)
+        template = self._template(request)
+        if body.public:
+            raise APIError(400, "public templates are not supported here")
+        return JSONResponse({"names": _template(template)["names"]})
+
+    async def delete(self, request: Request) -> Response:
+        check_query(request)
+        template = self._template(request)
         await self.orc.delete_template(template.template_id)
         return Response(status_code=204)

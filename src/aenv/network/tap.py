@@ -9,6 +9,7 @@ either way.
 
 from __future__ import annotations
 
+import asyncio
 import fcntl
 import os
 import struct
@@ -43,5 +44,15 @@ def _open_here(name: str) -> int:
 
 async def open_tap(namespace: str, name: str) -> int:
     """An open file (close-on-exec) of the tap `name` in the network namespace `namespace`;
-    the caller closes it once the VMM has it."""
-    return await netns.run_in(namespace, lambda: _open_here(name))
+    the caller closes it once the VMM has it. A cancelled call closes the file it still gets."""
+    opening = asyncio.ensure_future(netns.run_in(namespace, lambda: _open_here(name)))
+    try:
+        return await asyncio.shield(opening)
+    except asyncio.CancelledError:
+        opening.add_done_callback(_close_unwanted)
+        raise
+
+
+def _close_unwanted(opening: asyncio.Future[int]) -> None:
+    if not opening.cancelled() and opening.exception() is None:
+        os.close(opening.result())

@@ -38,13 +38,15 @@ from aenv.envd import ENVD_VERSION
 from aenv.ids import new_access_token, new_sandbox_id
 from aenv.network import NftError, Slot, SlotProvider
 from aenv.network.settings import SandboxNetwork, SlotEgress
-from aenv.orchestrator import checkpoints, consoles, detach
+from aenv.orchestrator import checkpoints, consoles, detach, metrics_history
 from aenv.orchestrator.archive import Archive
 from aenv.orchestrator.background import PerSandbox
 from aenv.orchestrator.catalog import Catalog, SandboxRecord
 from aenv.orchestrator.envd_client import EnvdClient, EnvdUnavailable
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.locks import KeyedLocks
+from aenv.orchestrator.metrics_history import MetricsHistory
+from aenv.orchestrator.reserve import HostReserve
 from aenv.orchestrator.saved import SavedStates
 from aenv.orchestrator.states import KILLABLE, LIVE, SAVED, SandboxState
 from aenv.orchestrator.templates import BOOT_READY_TIMEOUT, Template, TemplateStore
@@ -185,6 +187,7 @@ class Orchestrator:
         # Told (sandbox id, VM id) whenever a sandbox's VM stops, whatever the reason: the proxy
         # ends the connections to that VM at once.
         self.vm_stopped: list[Callable[[str, str], None]] = []
+        self.metrics = MetricsHistory()
 
     # -- start-up and shutdown ------------------------------------------------------------
 
@@ -217,6 +220,7 @@ class Orchestrator:
         await self.saved.collect()
         self._spawn(self.saved.collect_repository())
         self._spawn(self._housekeeping())
+        self._spawn(self._sample_forever())
 
     async def close(self) -> None:
         """Graceful shutdown: running sandboxes are paused (resumable after the restart), or
@@ -302,6 +306,9 @@ class Orchestrator:
         held = self.catalog.count(frozenset(SandboxState)) + self.stats.queued
         if held >= self.config.max_sandboxes:
             raise CapacityReached(f"this node holds its maximum of {held} sandboxes")
+        short = await asyncio.to_thread(self._reserve().shortfall)
+        if short is not None:
+            raise CapacityReached(f"no new sandboxes: {short}")
         owner = request.owner
         if owner is not None and self._running_of(owner) >= self.config.key_max_sandboxes:
             raise CapacityReached(
@@ -326,6 +333,16 @@ class Orchestrator:
             self._admission.release()
         self.stats.succeeded += 1
         return record
+
+    def _reserve(self) -> HostReserve:
+        config = self.config
+        return HostReserve(config.home, config.reserve_disk_mb, config.reserve_memory_mb)
+
+    async def _check_reserve(self, what: str) -> None:
+        """Raises OperationFailed when the host is under a reserve (nothing changed yet)."""
+        short = await asyncio.to_thread(self._reserve().shortfall)
+        if short is not None:
+            raise OperationFailed(f"cannot {what}: {short}")
 
     def _running_of(self, owner: str) -> int:
         """Sandboxes of `owner` that are not paused, and its creates waiting for admission."""
@@ -453,6 +470,26 @@ class Orchestrator:
             if rounds % RECONCILE_EVERY == 0:
                 await self.reconcile()
 
+    async def _sample_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.metrics.interval)
+            await self.sample_metrics()
+
+    async def sample_metrics(self) -> None:
+        """One round of the metrics history: a sample of every running sandbox; the history of
+        sandboxes that are gone is dropped. A guest that does not answer misses this round."""
+        records = self.catalog.list()
+        running = [r.id for r in records if r.state is SandboxState.RUNNING and not r.internal]
+        gate = asyncio.Semaphore(metrics_history.CONCURRENCY)
+
+        async def sample(sandbox_id: str) -> None:
+            async with gate:
+                with contextlib.suppress(SandboxNotFound, EnvdUnavailable):
+                    self.metrics.add(sandbox_id, await self.guest_metrics(sandbox_id))
+
+        await asyncio.gather(*(sample(i) for i in running))
+        self.metrics.keep_only([r.id for r in records])
+
     async def reconcile(self) -> None:
         """End what the catalog does not own: a live VM whose sandbox is not running any more
         (stopped, its slot released), and VMMs and cgroups no VM object stands for (a failed or
@@ -466,6 +503,8 @@ class Orchestrator:
                 if live is not None:
                     log.warning("sandbox %s: its VM outlived it; stopping it", sandbox_id)
                     await self._stop(sandbox_id, live)
+                if record is None:  # nothing names its files any more either
+                    await self._reclaim_files(sandbox_id)
         if isinstance(self.driver, Reaper):
             await asyncio.to_thread(self.driver.reap_unowned)
 
@@ -541,6 +580,7 @@ class Orchestrator:
             record = self.get(sandbox_id)
             if record.state is not SandboxState.RUNNING:
                 raise InvalidState(sandbox_id, record.state, "pause")
+            await self._check_reserve(f"pause sandbox {sandbox_id}")
             if require_healthy:
                 try:
                     await self._envd(record).wait_healthy(5.0)
@@ -802,6 +842,7 @@ class Orchestrator:
     ) -> Template:
         async with self._lock(sandbox_id):
             record = self.get(sandbox_id)
+            await self._check_reserve(f"save sandbox {sandbox_id}")
             await asyncio.to_thread(dest.mkdir, parents=True)
             try:
                 if record.state is SandboxState.RUNNING:
@@ -938,6 +979,13 @@ class Orchestrator:
             raise SandboxNotFound(sandbox_id)
         if record.state in LIVE:
             self._schedule_expiry(updated)
+        return updated
+
+    def set_auto_pause(self, sandbox_id: str, auto_pause: bool) -> SandboxRecord:
+        """What the sandbox's timeout does from now on: pause it (True) or kill it."""
+        updated = self.catalog.update(sandbox_id, auto_pause=auto_pause)
+        if updated is None:
+            raise SandboxNotFound(sandbox_id)
         return updated
 
     def extend_timeout(self, sandbox_id: str, timeout: int) -> SandboxRecord:

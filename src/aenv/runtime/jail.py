@@ -3,7 +3,8 @@ seccomp filter, and its own mount, network and IPC namespaces.
 
 One uid per VMM process, from a configured range (`JailConfig`), not one per node: a VMM that
 escapes the emulator can then neither signal nor ptrace another sandbox's VMM, nor open its
-files through /proc; one uid for all would share all of that. Uids are handed out by this
+files through /proc; one uid for all would share all of that. (Firecracker's jailer takes its
+uid from the same kind of pool: `FirecrackerConfig.jail_uids`.) Uids are handed out by this
 process (`UidPool`) and come back when the VMM is stopped; run one node per host, or give each
 node its own range, or two nodes may hand out the same uid. Every jailed VMM has the range's
 first id as its group (`JailConfig.gid`) and no supplementary groups (plus the group of
@@ -49,10 +50,12 @@ import secrets
 import shutil
 import stat
 import threading
-from collections.abc import AsyncIterator, Callable, Iterable, Sequence
+from collections.abc import AsyncIterator, Iterable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
+
+from aenv.network import netns
 
 SECCOMP = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
 # Where a jail's root is put together, inside its own mount namespace only (the host sees an
@@ -362,22 +365,7 @@ class Jail:
                 os.close(tree)
 
         try:
-            await _in_thread(body)
+            # A fresh thread that dies afterwards: `body` changes its namespaces.
+            await netns.run_in(None, body)
         except OSError as exc:
             raise JailError(f"cannot add {file.path} to the jail of {pid}: {exc}") from exc
-
-
-async def _in_thread(fn: Callable[[], None]) -> None:
-    """Run `fn` on a thread of its own that dies afterwards: it changes that thread's
-    namespaces, which a pooled thread would keep for unrelated work."""
-    done: Future[None] = Future()
-
-    def body() -> None:
-        try:
-            fn()
-            done.set_result(None)
-        except BaseException as exc:  # handed to the awaiting coroutine
-            done.set_exception(exc)
-
-    threading.Thread(target=body, name="jail-expose", daemon=True).start()
-    await asyncio.wrap_future(done)

@@ -54,8 +54,8 @@ def test_metrics_come_from_inside_the_guest() -> None:
     sandbox = Sandbox.create(timeout=120)
     try:
         metrics = sandbox.get_metrics()
-        assert len(metrics) == 1
-        sample = metrics[0]
+        assert len(metrics) >= 1  # the samples taken every 5 s, or a fresh one
+        sample = metrics[-1]
         assert sample.cpu_count >= 1
         assert 0 < sample.mem_used < sample.mem_total
         assert 0 < sample.disk_used <= sample.disk_total

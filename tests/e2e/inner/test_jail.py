@@ -10,14 +10,9 @@ from pathlib import Path
 
 from e2b import Sandbox
 
-from aenv.orchestrator.templates import memory_root
-from aenv.runtime.sweep import our_vmms
+from aenv.config import Paths
+from tests.e2e.vmm_procs import node_vmm_pids
 from tests.support.jail import jail_problems
-
-
-def node_vmms(home: Path) -> list[int]:
-    marker = f"{home}/".encode()
-    return [v.pid for v in our_vmms() if marker in Path(f"/proc/{v.pid}/cmdline").read_bytes()]
 
 
 def test_every_vmm_of_the_node_is_jailed() -> None:
@@ -27,9 +22,9 @@ def test_every_vmm_of_the_node_is_jailed() -> None:
         assert [s.commands.run("id -u").stdout.strip() for s in sandboxes] == ["1000"] * 2
         sandboxes[1].pause()  # a paused sandbox has no VMM; its resume gets a new one
         Sandbox.connect(sandboxes[1].sandbox_id, timeout=120)
-        pids = node_vmms(home)
+        pids = node_vmm_pids(home)
         assert len(pids) >= 2
-        allowed = [home, memory_root(home)]
+        allowed = [home, Paths(home).memory]
         assert {pid: jail_problems(pid, allowed) for pid in pids} == {pid: [] for pid in pids}
         uids = {Path(f"/proc/{pid}/status").read_text().split("Uid:")[1].split()[0] for pid in pids}
         assert len(uids) == len(pids)  # one uid per VMM

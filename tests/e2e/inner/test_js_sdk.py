@@ -54,3 +54,19 @@ def test_npm_sdk_pause_connect_snapshots_fork() -> None:
         "autoResumed": True,
         "killed": True,
     }
+
+
+def test_npm_sdk_parity() -> None:
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is needed for the npm e2b SDK")
+    result = subprocess.run(
+        [node, "server_parity.mjs"], cwd=JS_DIR, capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout.strip().splitlines()[-1]) == {
+        "mcp": "refused",
+        "resolves": True,
+        "afterTimeoutZero": "paused",
+        "killed": True,
+    }

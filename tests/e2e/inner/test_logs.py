@@ -117,3 +117,12 @@ def test_unknown_sandbox_is_404(server: str) -> None:
         response = get(server, path)
         assert response.status_code == 404
         assert response.json() == {"code": 404, "message": "sandbox 'nosuchsandbox' not found"}
+
+
+def test_no_secret_reaches_the_console(server: str, sandbox_id: str) -> None:
+    token = get(server, f"/sandboxes/{sandbox_id}").json()["envdAccessToken"]
+    assert token
+    lines = messages(server, sandbox_id)
+    assert lines  # there is a console to look through
+    for secret in (token, os.environ["E2B_API_KEY"]):
+        assert not [line for line in lines if secret in line]

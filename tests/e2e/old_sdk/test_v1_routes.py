@@ -1,6 +1,7 @@
 from __future__ import annotations
 
-from e2b import Sandbox
+import pytest
+from e2b import Sandbox, SandboxException
 
 
 def test_sdk_2_45_uses_v1_create_and_connect() -> None:
@@ -17,3 +18,9 @@ def test_sdk_2_45_uses_v1_create_and_connect() -> None:
         assert sandbox.sandbox_id in listed
     finally:
         assert Sandbox.kill(sandbox.sandbox_id)
+
+
+def test_unimplemented_fields_are_refused_by_name() -> None:
+    # 2.45 sends `mcp` through the v1 create route.
+    with pytest.raises(SandboxException, match="field 'mcp' is not supported here"):
+        Sandbox.create(mcp={"exa": {"apiKey": "x"}})  # type: ignore[typeddict-item]

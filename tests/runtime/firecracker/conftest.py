@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import shutil
 import subprocess
 import sys
 import uuid
@@ -18,6 +19,7 @@ from aenv.runtime import driver as d
 from aenv.runtime.cgroups import CgroupError, CgroupManager, detect
 from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
 from aenv.runtime.firecracker import models as m
+from aenv.runtime.firecracker.mounts import unmount_under
 from tests.runtime.firecracker import fc_peer, fc_swagger
 from tests.runtime.firecracker.fc_support import GUEST_MAC, MEM_MIB
 
@@ -28,6 +30,25 @@ REPO = Path(__file__).resolve().parents[3]
 def swagger() -> fc_swagger.Swagger:
     # The swagger ships in the repository (specs/): a missing file is an error, not a skip.
     return fc_swagger.load()
+
+
+@pytest.fixture(autouse=True)
+def no_mounts_left(tmp_path: Path) -> Iterator[None]:
+    """Undo the bind mounts a failed test left in its jails, so its temp dir can go."""
+    yield
+    unmount_under(tmp_path.resolve())
+
+
+@pytest.fixture
+def shm_dir() -> Iterator[Path]:
+    """A directory on /dev/shm (the node's memory root), removed afterwards."""
+    shm = Path("/dev/shm")
+    if not shm.is_dir():
+        pytest.skip("needs /dev/shm")
+    directory = shm / f"aenv-fc-test-{uuid.uuid4().hex[:8]}"
+    directory.mkdir()
+    yield directory
+    shutil.rmtree(directory, ignore_errors=True)
 
 
 @pytest.fixture

@@ -2,10 +2,14 @@
 
 It parses the jailer's command line, checks what the real jailer checks about it, and does the
 part of the jailer's work that decides which paths Firecracker sees: it copies the exec file to
-`<chroot_base>/<exec name>/<id>/root/<exec name>` and execs that copy from the chroot directory,
-so every relative path Firecracker is given resolves inside the jail. It does not chroot (the
-Python stand-in for Firecracker needs the host's interpreter), so the one absolute path, the API
-socket, is made relative to the chroot directory it runs in. The parsed arguments go to
+`<chroot_base>/<exec name>/<id>/root/<exec name>`, unshares a mount namespace, makes it a
+recursive slave, bind-mounts the chroot onto itself recursively (as the jailer does before its
+`pivot_root`) and execs that copy from inside that bind, so every relative path Firecracker is
+given resolves inside the jail as the jail's mount namespace has it: a file bind-mounted into the
+jail after the jailer started is missing there unless the host's mount propagates, and a mount
+the jail makes stays in it. It does not pivot or chroot (the Python stand-in for Firecracker
+needs the host's interpreter), so the one absolute path, the API socket, is made relative to the
+chroot directory it runs in. The parsed arguments go to
 `<chroot_base>/<exec name>/<id>/jailer-args.json` for the test to inspect; uid/gid, cgroups and
 rlimits are recorded, not applied. The netns is joined, as the jailer does, so Firecracker finds
 its tap there. Except: with `AENV_FAKE_JAILER_CGROUPS` set to a
@@ -16,11 +20,15 @@ jailer does, `<root>/<controller>/<parent cgroup>/<id>` with the `--cgroup` valu
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import os
 import shutil
+import subprocess
 import sys
 from pathlib import Path
+
+CLONE_NEWNS = 0x00020000
 
 
 def main() -> None:
@@ -65,12 +73,22 @@ def main() -> None:
     cgroup_root = os.environ.get("AENV_FAKE_JAILER_CGROUPS")
     if cgroup_root and args.cgroup_version == "1":
         _join_cgroups(Path(cgroup_root), args.parent_cgroup or exec_file.name, args.id, args.cgroup)
-    os.chdir(root)
+    _enter_jail_mounts(root)
     argv = [str(jailed), "--id", args.id, *rebased]
     if args.netns:
         nsenter = shutil.which("nsenter") or "nsenter"
         argv = [nsenter, f"--net={args.netns}", "--", *argv]
     os.execv(argv[0], argv)
+
+
+def _enter_jail_mounts(root: Path) -> None:
+    if ctypes.CDLL(None, use_errno=True).unshare(CLONE_NEWNS) != 0:
+        sys.exit(f"jailer: unshare: {os.strerror(ctypes.get_errno())}")
+    subprocess.run(["mount", "--make-rslave", "/"], check=True)
+    subprocess.run(["mount", "--rbind", str(root), str(root)], check=True)
+    # Into the bind just made: the directory opened before it is the one underneath.
+    os.chdir("/")
+    os.chdir(root)
 
 
 def _join_cgroups(root: Path, parent: str, vm_id: str, settings: list[str]) -> None:

@@ -26,8 +26,7 @@ import secrets
 import shutil
 import signal
 import sys
-import tempfile
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from ipaddress import IPv4Network
 from pathlib import Path
@@ -51,6 +50,7 @@ from aenv.orchestrator.templates import BuildRequest, Template, TemplateStore, b
 from aenv.runtime.cgroups import CgroupManager
 from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
 from aenv.runtime.firecracker.jailer import JailerConfig
+from aenv.runtime.firecracker.mounts import mounts_under
 from aenv.runtime.qcow2 import is_qcow2
 from aenv.storage import layers
 from tests.runtime.firecracker import fc_peer
@@ -82,19 +82,11 @@ def fc_binary(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture(params=["direct", "jailed"])
-def placement(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[str, Path]]:
-    """How Firecracker is placed, and the directory the node's files go to. Jailed, that is on
-    the filesystem of guest memory (`Paths.memory`, tmpfs): the jail hard-links every file
-    Firecracker opens, so the node's home, its memory files and the chroot base must share one
-    filesystem (the jailer's layout refuses anything else)."""
-    if request.param == "direct":
-        yield "direct", tmp_path
-        return
-    base = Path(tempfile.mkdtemp(prefix="aenv-fct-", dir=Config(home=tmp_path).paths.memory.parent))
-    try:
-        yield "jailed", base
-    finally:
-        shutil.rmtree(base, ignore_errors=True)
+def placement(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, Path]:
+    """How Firecracker is placed, and the directory the node's home, images and jails go to.
+    The default layout either way: home and jails on disk, guest memory on tmpfs (`Paths.memory`),
+    so a jailed VM gets its memory files through bind mounts and its disks through hard links."""
+    return request.param, tmp_path
 
 
 @pytest.fixture
@@ -321,6 +313,7 @@ async def test_the_sandbox_lifecycle_through_the_orchestrator(
         await node.close()
     leftovers = doubles_in(config.home.parent)  # the home, and the jails beside it
     assert leftovers == [], "a Firecracker double or its guest outlived the test"
+    assert mounts_under(config.home.parent.resolve()) == [], "a jail's bind mount outlived its VM"
 
 
 async def test_a_qcow2_never_reaches_firecracker(

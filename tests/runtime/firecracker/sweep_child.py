@@ -1,5 +1,6 @@
 """The process the sweep test kills: it boots Firecracker VMs through the driver (unjailed, a clone
-restored from a snapshot, and one through `fake_jailer.py`), prints their ids and pids as one JSON
+restored from a snapshot, and one through `fake_jailer.py` whose writable layer is on another
+filesystem, `jailed_layers` in the plan), prints their ids and pids as one JSON
 line, and waits to be killed. Run as `python -m tests.runtime.firecracker.sweep_child PLAN`, where
 PLAN is the JSON the test writes (paths, names and the stand-in binaries)."""
 
@@ -17,7 +18,7 @@ from aenv.runtime.firecracker.jailer import JailerConfig
 from aenv.runtime.firecracker.vm import FirecrackerVM
 
 
-def _spec(root: Path, workdir: Path, net: d.NetAttachment) -> d.VMSpec:
+def _spec(root: Path, workdir: Path, net: d.NetAttachment, layers: Path) -> d.VMSpec:
     images = root / "images"
     return d.VMSpec(
         vcpus=1,
@@ -28,7 +29,7 @@ def _spec(root: Path, workdir: Path, net: d.NetAttachment) -> d.VMSpec:
         workdir=workdir,
         disks=(
             d.Disk("base", images / "base.ext4", read_only=True),
-            d.Disk("upper", workdir / "upper.img"),
+            d.Disk("upper", layers / "upper.img"),
         ),
         net=net,
     )
@@ -55,12 +56,14 @@ async def main(plan: dict[str, str]) -> None:
     )
     net = d.NetAttachment(netns=plan["netns"], tap="tap0", mac="02:fc:00:00:00:01")
     direct = FirecrackerDriver(config)
-    source = await direct.boot(_spec(root, root / "source", net))
+    source = await direct.boot(_spec(root, root / "source", net, root / "source"))
     snapshot = await source.snapshot(
         d.SnapshotTarget(directory=root / "snap", memory_dir=root / "mem"), keep_running=True
     )
     clone = await direct.restore(snapshot, d.RestoreSpec(workdir=root / "clone", net=net))
-    inside = await FirecrackerDriver(jailed).boot(_spec(root, root / "jailed", net))
+    # Its writable layer on another filesystem than the jail: bind-mounted in.
+    layers = Path(plan["jailed_layers"])
+    inside = await FirecrackerDriver(jailed).boot(_spec(root, root / "jailed", net, layers))
     vms = {}
     for vm in (source, clone, inside):
         assert isinstance(vm, FirecrackerVM) and vm.process is not None

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import subprocess
 import sys
 from dataclasses import replace
 from pathlib import Path
@@ -15,6 +17,10 @@ import pytest
 from aenv.runtime import driver as d
 from aenv.runtime.firecracker import FirecrackerDriver
 from aenv.runtime.firecracker.jailer import Jail, JailerConfig, JailError, cgroup_settings
+from aenv.runtime.firecracker.mounts import is_shared, mounts_under
+from aenv.runtime.jail import JailConfig
+from tests.runtime.firecracker import shared_output_child
+from tests.runtime.firecracker.conftest import REPO
 from tests.runtime.firecracker.fc_support import page, restore_target, snapshot_target
 
 HERE = Path(__file__).resolve().parent
@@ -87,41 +93,102 @@ def test_link_in_hard_links_and_hands_files_to_the_jail_user(tmp_path: Path) -> 
     assert inside.stat().st_ino == disk.stat().st_ino  # same file: guest writes land in the layer
     assert (inside.stat().st_uid, inside.stat().st_gid) == (UID, GID)
 
-    written = jail.host_path("/out/state")
-    written.parent.mkdir()
-    written.write_bytes(b"state")
-    assert jail.take_out("out/state", tmp_path / "state").read_bytes() == b"state"
-    assert not written.exists()
 
-
-def test_read_only_files_must_already_be_readable_by_the_jailed_uid(tmp_path: Path) -> None:
+def test_read_only_files_are_made_readable_by_the_jails_group_only(tmp_path: Path) -> None:
     jail = Jail(config(tmp_path), "fc-4", Path("/x/firecracker"))
     jail.create()
-    private = tmp_path / "base.ext4"
-    private.write_bytes(b"base")
-    private.chmod(0o600)
-    with pytest.raises(JailError, match="not readable by the jailed uid"):
-        jail.link_in(private, "drives/base")
-    private.chmod(0o644)
-    jail.link_in(private, "drives/base")
-    assert private.stat().st_uid == os.getuid()  # a shared file keeps its owner
+    readable, private = tmp_path / "base.ext4", tmp_path / "state"
+    for path, mode in ((readable, 0o644), (private, 0o600)):
+        path.write_bytes(b"x")
+        path.chmod(mode)
+    jail.link_in(readable, "drives/base")
+    st = readable.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (os.getuid(), os.getgid(), 0o644)
+    jail.link_in(private, "restore/state")  # a node file: 0600 root
+    st = private.stat()
+    assert (st.st_uid, st.st_gid, st.st_mode & 0o777) == (0, GID, 0o640)
 
 
-def test_link_in_refuses_to_copy_big_files_across_filesystems(tmp_path: Path) -> None:
-    shm = Path("/dev/shm")
-    if not shm.is_dir() or os.stat(shm).st_dev == os.stat(tmp_path).st_dev:
+def test_files_from_another_filesystem_are_bind_mounted_and_unmounted(
+    tmp_path: Path, shm_dir: Path
+) -> None:
+    if os.stat(shm_dir).st_dev == os.stat(tmp_path).st_dev:
         pytest.skip("needs /dev/shm on another filesystem than the temp dir")
     jail = Jail(config(tmp_path), "fc-2", Path("/x/firecracker"))
     jail.create()
-    memory = shm / f"aenv-fc-test-{os.getpid()}.mem"
-    memory.write_bytes(b"m")
-    try:
-        with pytest.raises(JailError, match="same filesystem"):
-            jail.link_in(memory, "restore/memory.bin")
-        assert jail.link_in(memory, "boot/vmlinux", copy_if_needed=True) == "boot/vmlinux"
-        assert (jail.root / "boot" / "vmlinux").read_bytes() == b"m"
-    finally:
-        memory.unlink()
+    memory = shm_dir / "memory.bin"
+    memory.write_bytes(b"saved memory")
+    memory.chmod(0o644)
+    layer = shm_dir / "upper.img"
+    layer.write_bytes(b"layer")
+    assert jail.link_in(memory, "restore/memory.bin") == "restore/memory.bin"
+    assert jail.link_in(layer, "drives/upper", writable=True) == "drives/upper"
+    inside = jail.root / "restore" / "memory.bin"
+    assert mounts_under(jail.root.resolve()) == [
+        (jail.root / "drives" / "upper").resolve(),
+        inside.resolve(),
+    ]
+    assert inside.read_bytes() == b"saved memory"
+    with pytest.raises(OSError, match="Read-only file system"):
+        inside.write_bytes(b"changed")
+    (jail.root / "drives" / "upper").write_bytes(b"guest wrote")
+    assert layer.read_bytes() == b"guest wrote"  # the same file: writes land in the layer
+    assert (layer.stat().st_uid, layer.stat().st_gid) == (UID, GID)
+    assert memory.stat().st_uid == os.getuid()  # a shared file keeps its owner
+
+    jail.remove({})
+    assert mounts_under(tmp_path.resolve()) == [] and not jail.instance_dir.exists()
+    assert memory.read_bytes() == b"saved memory" and layer.read_bytes() == b"guest wrote"
+
+
+def test_outputs_on_another_filesystem_are_written_in_the_jail_and_moved_out(
+    tmp_path: Path, shm_dir: Path
+) -> None:
+    """This host's mounts are private: a bind made while the jail runs would not reach it."""
+    if os.stat(shm_dir).st_dev == os.stat(tmp_path).st_dev or is_shared(tmp_path):
+        pytest.skip("needs /dev/shm on another filesystem and a private temp dir mount")
+    jail = Jail(config(tmp_path), "fc-5", Path("/x/firecracker"))
+    jail.create()
+    destination = shm_dir / "memory.bin"
+    assert jail.output("out/memory.bin", destination) == "out/memory.bin"
+    assert not destination.exists() and mounts_under(tmp_path.resolve()) == []
+    jail.host_path("out/memory.bin").write_bytes(b"memory")
+    assert jail.take_out("out/memory.bin", destination).read_bytes() == b"memory"
+    assert not jail.host_path("out/memory.bin").exists()
+
+
+def test_outputs_reach_a_running_jail_on_a_shared_mount(tmp_path: Path) -> None:
+    """Where the chroot's mount propagates, an output is bound in after the jailer started and
+    Firecracker writes straight into the destination on another filesystem (no copy)."""
+    if shutil.which("unshare") is None or os.geteuid() != 0:
+        pytest.skip("needs root and util-linux unshare")
+    result = subprocess.run(
+        [
+            *("unshare", "--mount", "--propagation", "private"),
+            *(sys.executable, "-m", shared_output_child.__name__, str(tmp_path)),
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout) == {
+        "destination": shared_output_child.WRITTEN,
+        "bound": True,
+    }
+
+
+def test_outputs_on_the_jails_filesystem_are_written_in_place(tmp_path: Path) -> None:
+    jail = Jail(config(tmp_path), "fc-6", Path("/x/firecracker"))
+    jail.create()
+    destination = tmp_path / "state"
+    assert jail.output("out/state", destination) == "out/state"
+    jail.host_path("out/state").write_bytes(b"state")
+    assert destination.read_bytes() == b"state"  # no copy: the same file
+    assert (destination.stat().st_uid, destination.stat().st_gid) == (UID, GID)
+    assert jail.take_out("out/state", destination).read_bytes() == b"state"
+    assert not jail.host_path("out/state").exists()
 
 
 MOUNTS = """\
@@ -161,8 +228,9 @@ def jailed_driver(
 
 
 async def test_driver_lifecycle_inside_the_jail(
-    jailed_driver: FirecrackerDriver, spec: d.VMSpec, tmp_path: Path, netns: str
+    jailed_driver: FirecrackerDriver, spec: d.VMSpec, tmp_path: Path, netns: str, shm_dir: Path
 ) -> None:
+    """Memory on /dev/shm, the rest on disk (the node's default layout)."""
     vm = await jailed_driver.boot(spec)
     jails = tmp_path / "jails" / "firecracker"
     try:
@@ -177,7 +245,8 @@ async def test_driver_lifecycle_inside_the_jail(
         assert (root / "firecracker.log").stat().st_ino == (
             spec.workdir / "firecracker.log"
         ).stat().st_ino
-        snap = await vm.snapshot(snapshot_target(tmp_path, "snap"), keep_running=True)
+        target = d.SnapshotTarget(directory=tmp_path / "snap", memory_dir=shm_dir)
+        snap = await vm.snapshot(target, keep_running=True)
         assert vm.state is d.VMState.RUNNING
     finally:
         await vm.stop()
@@ -187,14 +256,39 @@ async def test_driver_lifecycle_inside_the_jail(
     clone = await jailed_driver.restore(snap, restore_target(tmp_path, "clone", netns))
     try:
         clone_root = jails / clone.id / "root"
-        assert (
-            clone_root / "restore" / "memory.bin"
-        ).stat().st_ino == snap.memory_file.stat().st_ino
+        memory = clone_root / "restore" / "memory.bin"
+        assert memory.stat().st_ino == snap.memory_file.stat().st_ino
+        if os.stat(shm_dir).st_dev != os.stat(tmp_path).st_dev:
+            assert mounts_under(jails.resolve()) == [memory.resolve()]
         layer = tmp_path / "clone" / "layers" / "upper.img"
         assert (clone_root / "drives" / "upper").stat().st_ino == layer.stat().st_ino
         snap2 = await clone.snapshot(snapshot_target(tmp_path, "snap2"), keep_running=False)
     finally:
         await clone.stop()
     assert not (jails / clone.id).exists()
+    assert mounts_under(tmp_path.resolve()) == []
     assert snap2.memory_file is not None and page(snap2.memory_file, 2) == b"2" * 4096
     assert list((tmp_path / "clone").iterdir()) == []
+
+
+async def test_each_jailed_vm_has_a_uid_of_its_own(
+    jailed_driver: FirecrackerDriver, spec: d.VMSpec, tmp_path: Path, netns: str
+) -> None:
+    uids = JailConfig(uid_base=30000, uid_count=2)
+    driver = FirecrackerDriver(replace(jailed_driver.config, jail_uids=uids))
+    jails = tmp_path / "jails" / "firecracker"
+    vm = await driver.boot(spec)
+    snap = await vm.snapshot(snapshot_target(tmp_path, "snap"), keep_running=False)
+    await vm.stop()  # its uid is free again
+    clones = []
+    try:
+        for name in ("a", "b"):
+            clones.append(await driver.restore(snap, restore_target(tmp_path, name, netns)))
+        args = [json.loads((jails / c.id / "jailer-args.json").read_text()) for c in clones]
+        assert sorted(a["uid"] for a in args) == [30001, 30002]
+        assert {a["gid"] for a in args} == {30000}
+        with pytest.raises(d.RestoreError, match="jail uids"):
+            await driver.restore(snap, restore_target(tmp_path, "c", netns))
+    finally:
+        for clone in clones:
+            await clone.stop()

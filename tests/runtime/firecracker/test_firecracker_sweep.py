@@ -23,6 +23,7 @@ from aenv.runtime.cgroups import CGROUP_ROOT, CgroupManager, detect
 from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
 from aenv.runtime.firecracker.jailer import JailerConfig
 from aenv.runtime.firecracker.leftovers import remove_workdir_leftovers
+from aenv.runtime.firecracker.mounts import mounts_under
 from aenv.runtime.sweep import sweep, vmm_identity
 from tests.runtime.firecracker.conftest import REPO
 from tests.runtime.firecracker.fc_support import alive
@@ -78,7 +79,7 @@ def jailer_binary(tmp_path: Path) -> Path:
     return jailer
 
 
-def _images(root: Path) -> None:
+def _images(root: Path, jailed_layers: Path) -> None:
     images = root / "images"
     images.mkdir()
     for name, data in (("vmlinux", b"\x7fELF kernel"), ("initrd", b"initrd"), ("base.ext4", b"b")):
@@ -86,7 +87,8 @@ def _images(root: Path) -> None:
         (images / name).chmod(0o644)  # readable by the jailed uid
     for vm in ("source", "jailed"):
         (root / vm).mkdir()
-        with (root / vm / "upper.img").open("wb") as f:
+    for layers in (root / "source", jailed_layers):
+        with (layers / "upper.img").open("wb") as f:
             f.truncate(1 << 20)
     (root / "clone").mkdir()
 
@@ -100,15 +102,16 @@ def _kill_ours(pids: Iterator[int], tag: str) -> None:
 
 
 async def test_sweep_reclaims_firecrackers_a_killed_server_left(
-    fake_firecracker: Path, jailer_binary: Path, tmp_path: Path, netns: str
+    fake_firecracker: Path, jailer_binary: Path, tmp_path: Path, netns: str, shm_dir: Path
 ) -> None:
     if not (CGROUP_ROOT / "memory" / "memory.limit_in_bytes").exists():
         pytest.skip("no cgroup v1 memory hierarchy on this host (the jailer stand-in needs one)")
     tag = f"aenv-fcsweep-{secrets.token_hex(3)}"
     root = tmp_path / "run"
     root.mkdir()
-    _images(root)
+    _images(root, shm_dir)
     plan = {
+        "jailed_layers": str(shm_dir),
         "root": str(root),
         "firecracker": str(fake_firecracker),
         "jailer": str(jailer_binary),
@@ -158,6 +161,9 @@ async def test_sweep_reclaims_firecrackers_a_killed_server_left(
         assert all(g.is_dir() for g in jail_groups)
         assert len(fc_cgroups.names()) == 2
         assert (root / "clone" / "layers" / "upper.img").is_file()
+        jail_mounts = mounts_under((root / "jails").resolve())
+        if os.stat(shm_dir).st_dev != os.stat(root).st_dev:
+            assert [p.name for p in jail_mounts] == ["upper"]
 
         child.kill()  # the server dies without cleaning up anything
         child.wait()
@@ -178,9 +184,11 @@ async def test_sweep_reclaims_firecrackers_a_killed_server_left(
         assert fc_cgroups.names() == []
         assert not any(g.exists() for g in jail_groups)
         assert list((root / "jails" / "firecracker").iterdir()) == []
+        assert mounts_under(root.resolve()) == []  # unmounted, not deleted through
+        assert (shm_dir / "upper.img").stat().st_size == 1 << 20
         # Workdirs hold only what the caller put there; the clone's private layer is gone.
         assert [p.name for p in (root / "source").iterdir()] == ["upper.img"]
-        assert [p.name for p in (root / "jailed").iterdir()] == ["upper.img"]
+        assert list((root / "jailed").iterdir()) == []
         assert list((root / "clone").iterdir()) == []
         assert set(report.leftovers_removed) >= {
             root / "clone" / "layers" / "upper.img",

@@ -1,8 +1,8 @@
 """envd's plain HTTP routes besides `/files`: `/health`, `/init`, `/envs`, `/metrics`.
 
 `POST /init` is how the host configures a sandbox after every boot or restore: env vars, access
-token, default user and workdir, the clock, the hostname, and fresh entropy for the kernel RNG
-(clones restored from one snapshot otherwise share RNG state).
+token, default user and workdir, the clock, the hostname (also in `/etc/hosts`), and fresh
+entropy for the kernel RNG (clones restored from one snapshot otherwise share RNG state).
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from aenv.envd import hosts
 from aenv.envd.auth import TOKEN_HEADER, tokens_equal
 from aenv.envd.http.files import json_error
 from aenv.envd.settings import Settings
@@ -96,6 +97,7 @@ async def init(request: Request, settings: Settings) -> Response:
                 time.clock_settime(time.CLOCK_REALTIME, target)
         if body.hostname:
             socket.sethostname(body.hostname)
+            hosts.set_hostname(body.hostname)
     except OSError as e:
         return json_error(500, f"error applying init: {e}")
     if body.env_vars is not None:

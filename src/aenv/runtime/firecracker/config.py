@@ -12,6 +12,7 @@ from pathlib import Path
 
 from aenv.runtime.firecracker import models as m
 from aenv.runtime.firecracker.jailer import JailerConfig
+from aenv.runtime.jail import JailConfig
 
 # Firecracker's own use beyond guest memory (VMM heap, device queues, API server), generous so
 # the cgroup limit bites on a runaway VMM rather than on a healthy one.
@@ -34,6 +35,9 @@ def default_balloon() -> m.Balloon:
 class FirecrackerConfig:
     binary: Path = Path("firecracker")
     jailer: JailerConfig | None = None
+    # With a jailer: each VM's jailer gets a uid of its own from this range, and the range's
+    # group (`aenv.runtime.jail`), instead of the jailer config's one uid and gid for all.
+    jail_uids: JailConfig | None = None
     # Diff snapshots of exactly the pages written since the last snapshot or restore. KVM dirty
     # logging costs some guest write throughput, and PVM hosts do not support it.
     track_dirty_pages: bool = True

@@ -40,7 +40,7 @@ from __future__ import annotations
 import asyncio
 import re
 import secrets
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from dataclasses import replace
 from pathlib import Path
 
@@ -51,7 +51,7 @@ from aenv.runtime.firecracker import host, leftovers
 from aenv.runtime.firecracker import models as m
 from aenv.runtime.firecracker.api import FirecrackerError
 from aenv.runtime.firecracker.config import FirecrackerConfig
-from aenv.runtime.firecracker.jailer import Jail
+from aenv.runtime.firecracker.jailer import Jail, JailerConfig
 from aenv.runtime.firecracker.placement import (
     DirectPlacement,
     JailedPlacement,
@@ -67,6 +67,7 @@ from aenv.runtime.firecracker.vm import (
     DiffBase,
     FirecrackerVM,
 )
+from aenv.runtime.jail import UidPool
 from aenv.runtime.sweep import Vmm
 from aenv.storage import layers
 
@@ -82,6 +83,8 @@ class FirecrackerDriver:
     ) -> None:
         self.config = config or FirecrackerConfig()
         self._cgroups = cgroups
+        jail_uids = self.config.jail_uids
+        self._uids = UidPool(jail_uids) if jail_uids is not None else None
 
     @property
     def name(self) -> str:
@@ -99,10 +102,26 @@ class FirecrackerDriver:
         if binary is None:
             raise FirecrackerError(f"firecracker binary not found: {self.config.binary}")
         if self.config.jailer is not None:
-            return JailedPlacement(Jail(self.config.jailer, vm_id, binary), self.config.extra_args)
+            jailer, release = self._vm_jailer(self.config.jailer)
+            try:
+                return JailedPlacement(
+                    Jail(jailer, vm_id, binary), self.config.extra_args, on_release=release
+                )
+            except BaseException:
+                release()
+                raise
         return DirectPlacement(
             workdir, vm_id, binary, self._cgroup_manager(), self.config.extra_args
         )
+
+    def _vm_jailer(self, jailer: JailerConfig) -> tuple[JailerConfig, Callable[[], None]]:
+        """One VM's jailer settings (a uid of its own when `jail_uids` is set), and what gives
+        its uid back."""
+        if self._uids is None or self.config.jail_uids is None:
+            return jailer, lambda: None
+        pool, uid = self._uids, self._uids.acquire()
+        own = replace(jailer, uid=uid, gid=self.config.jail_uids.gid)
+        return own, lambda: pool.release(uid)
 
     def _limits(self, limits: d.Limits, spec: d.VMSpec) -> CgroupLimits:
         memory = limits.memory_max_mib or spec.memory_mib + self.config.vmm_overhead_mib
@@ -114,6 +133,10 @@ class FirecrackerDriver:
 
     async def _launch(self, vm: FirecrackerVM, netns: str | None, limits: CgroupLimits) -> None:
         placement = vm.placement
+        # Every file is staged before the jailer starts: a bind mount made later would not reach
+        # the jail's mount namespace (see `jailer.py`).
+        log = placement.log_path(_touch(vm.workdir / "firecracker.log"))
+        metrics = placement.log_path(_touch(vm.workdir / "metrics.ndjson"))
         argv = placement.argv(netns, limits)
         vm.process = await FirecrackerProcess.spawn(
             argv,
@@ -127,9 +150,7 @@ class FirecrackerDriver:
         api = vm.process.api
         vm.version = (await api.version()).firecracker_version
         # Logger and metrics are the only resources allowed before a snapshot load.
-        log = placement.log_path(_touch(vm.workdir / "firecracker.log"))
         await api.put_logger(m.Logger(log_path=log, level=self.config.log_level, show_level=True))
-        metrics = placement.log_path(_touch(vm.workdir / "metrics.ndjson"))
         await api.put_metrics(m.Metrics(metrics_path=metrics))
 
     def _drive(self, disk: d.Disk, path: str, *, root: bool) -> m.Drive:
@@ -181,6 +202,17 @@ class FirecrackerDriver:
         vm = FirecrackerVM(cfg, spec, vm_id, placement, diff_base=DiffBase.BOOT)
         vm.owned_layers |= owned
         try:
+            kernel = vm.placement.stage(spec.kernel, "boot/vmlinux", may_copy=True)
+            initrd = (
+                vm.placement.stage(spec.initrd, "boot/initrd", may_copy=True)
+                if spec.initrd
+                else None
+            )
+            stage = vm.placement.stage
+            drives = [
+                stage(disk.path, drive_name(disk.drive_id), writable=not disk.read_only)
+                for disk in spec.disks
+            ]
             netns = spec.net.netns if spec.net else None
             await self._launch(vm, netns, self._limits(spec.limits, spec))
             api = vm.api
@@ -193,22 +225,9 @@ class FirecrackerDriver:
                 )
             )
             await api.put_boot_source(
-                m.BootSource(
-                    kernel_image_path=vm.placement.stage(
-                        spec.kernel, "boot/vmlinux", may_copy=True
-                    ),
-                    boot_args=spec.cmdline,
-                    initrd_path=(
-                        vm.placement.stage(spec.initrd, "boot/initrd", may_copy=True)
-                        if spec.initrd
-                        else None
-                    ),
-                )
+                m.BootSource(kernel_image_path=kernel, boot_args=spec.cmdline, initrd_path=initrd)
             )
-            for index, disk in enumerate(spec.disks):
-                path = vm.placement.stage(
-                    disk.path, drive_name(disk.drive_id), writable=not disk.read_only
-                )
+            for index, (disk, path) in enumerate(zip(spec.disks, drives, strict=True)):
                 # Our initramfs assembles the root; without one the first disk is the root.
                 root = spec.initrd is None and index == 0
                 await api.put_drive(self._drive(disk, path, root=root))
@@ -271,16 +290,16 @@ class FirecrackerDriver:
             memory_base=snapshot.memory_file,
         )
         try:
-            netns = target.net.netns if target.net else None
-            await self._launch(vm, netns, self._limits(target.limits, spec))
-            reason = host.check_compat(snapshot.compat, vm.version)
-            if reason is not None:
-                raise d.IncompatibleSnapshotError(reason)
             await self._stage_restore_disks(vm, snapshot)
             # Staged under restore/, never where a later snapshot of this VM could write: writing
             # through these links would overwrite the source snapshot.
             state = placement.stage(snapshot.state_file, f"restore/{STATE_FILE}", may_copy=True)
             memory = placement.stage(snapshot.memory_file, "restore/memory.bin")
+            netns = target.net.netns if target.net else None
+            await self._launch(vm, netns, self._limits(target.limits, spec))
+            reason = host.check_compat(snapshot.compat, vm.version)
+            if reason is not None:
+                raise d.IncompatibleSnapshotError(reason)
             await vm.api.load_snapshot(
                 m.SnapshotLoadParams(
                     snapshot_path=state,

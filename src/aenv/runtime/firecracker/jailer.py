@@ -1,17 +1,30 @@
-"""Running Firecracker under its jailer: the chroot layout, the files linked into it, the jailer's
+"""Running Firecracker under its jailer: the chroot layout, the files put into it, the jailer's
 command line (uid/gid, cgroups, resource limits, network namespace) and the cleanup afterwards.
 
 The jailer builds `<chroot_base>/<exec file name>/<id>/root`, copies the firecracker binary in,
 creates the cgroup `<cgroup mount>/<parent cgroup>/<id>` with the values given by `--cgroup`,
 joins the network namespace, pivots into the chroot, drops to uid/gid and execs Firecracker.
 Everything Firecracker opens (kernel, drives, snapshot files, guest memory) must therefore be inside
-the chroot: we hard-link it in (a copy would be slow for memory files and wrong for writable
-disks, whose writes must land in the sandbox's own layer), so the chroot base must be on the same
-filesystem as those files. Only small read-only files may be copied when that is not possible.
+the chroot. A file on the chroot's filesystem is hard-linked in (a copy would be slow for memory
+files and wrong for writable disks, whose writes must land in the sandbox's own layer). A file on
+another filesystem (the default layout: guest memory on tmpfs, disks under `$AENV_HOME`, jails
+under /srv/jailer) is bind-mounted onto an empty file in the chroot before the jailer starts. The
+jailer carries such mounts into the jail: it unshares a mount namespace (a copy of ours, with the
+binds), makes it a recursive slave and bind-mounts the chroot onto itself with `MS_BIND | MS_REC`
+before `pivot_root` (firecracker `src/jailer/src/chroot.rs`), so submounts of the chroot stay
+visible at the same paths. Every mount is undone before the jail is deleted (`Jail.remove`, also
+from the startup sweep): a tree is never removed through a mount.
+
+Files Firecracker writes (snapshot state and memory) are given to it as their destination
+itself: hard-linked into the jail, or bind-mounted where the chroot's mount propagates new mounts
+to the jail's copy (a shared mount, as systemd makes `/`). Where it does not (a private mount
+tree), a mount made after the jailer started would not reach the jail, so Firecracker writes in
+the jail and the file is moved out, a copy across filesystems.
 """
 
 from __future__ import annotations
 
+import errno
 import os
 import shutil
 import stat
@@ -21,7 +34,10 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
+from aenv.runtime.firecracker import mounts
 from aenv.runtime.firecracker.process import netns_path
+from aenv.runtime.jail import Access, JailFile, grant
+from aenv.runtime.jail import JailError as RuntimeJailError
 
 DEFAULT_CHROOT_BASE = Path("/srv/jailer")
 # The in-jail path of the API socket; the host sees it at `<chroot>/api.sock`.
@@ -29,8 +45,9 @@ JAIL_SOCKET = "/api.sock"
 CPU_PERIOD_US = 100_000
 
 
-class JailError(RuntimeError):
-    """The jail could not be prepared (e.g. a file on another filesystem than the chroot)."""
+class JailError(RuntimeJailError):
+    """The jail could not be prepared (a file that can be neither linked, bound nor given to
+    the jailed uid, a failed mount)."""
 
 
 @dataclass(frozen=True)
@@ -95,29 +112,67 @@ class Jail:
     def link_in(
         self, source: Path, inside: str, *, writable: bool = False, copy_if_needed: bool = False
     ) -> str:
-        """Hard-link `source` to `inside` in the jail; returns `inside` as Firecracker must be
-        told. A `writable` file is handed to the jailed uid (the link shares the inode, so this
-        owns the original: it must be this VM's own file); a read-only one must be readable by it
-        already, because shared files (base images, snapshot memory) are not ours to re-own."""
+        """Put `source` at `inside` in the jail: a hard link, or a bind mount from another
+        filesystem (read-only unless `writable`); returns `inside` as Firecracker must be told.
+        A `writable` file is handed to the jailed uid (link and mount share the inode, so this
+        owns the original: it must be this VM's own file). A read-only one that the jailed uid
+        cannot read yet (the node keeps its files 0600) is given to root and the jail's group
+        with group read, as QEMU's jails do (`aenv.runtime.jail.grant`); its directories keep
+        their modes. `copy_if_needed`: a small read-only file is copied when it can be neither
+        linked nor bound."""
         if not writable and not self._can_read(source):
-            raise JailError(
-                f"{source} is not readable by the jailed uid {self.config.uid}: make it "
-                "world-readable or owned by that uid/gid"
-            )
+            try:
+                grant([JailFile(source, Access.READ)], uid=self.config.uid, gid=self.config.gid)
+            except RuntimeJailError as exc:
+                raise JailError(str(exc)) from exc
         target = self.host_path(inside)
         target.parent.mkdir(parents=True, exist_ok=True)
         try:
-            os.link(source, target)
-        except OSError as exc:
-            if not copy_if_needed:
-                raise JailError(
-                    f"cannot hard-link {source} into jail {self.root} ({exc.strerror}): the chroot "
-                    "base must be on the same filesystem as guest memory and disk files"
-                ) from exc
+            self._link_or_bind(source, target, read_only=not writable)
+        except JailError:
+            if not copy_if_needed or writable:
+                raise
             shutil.copy2(source, target)
         if writable:
-            os.chown(target, self.config.uid, self.config.gid)
+            os.chown(source, self.config.uid, self.config.gid)
         return inside
+
+    def output(self, inside: str, destination: Path) -> str:
+        """The path to tell Firecracker for a file it writes that must end at `destination`:
+        `destination` itself, made empty for the jailed uid and put at `inside`, where the jail
+        can see it while running; else `inside` alone, for `take_out` to move."""
+        target = self.host_path(inside)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        os.chown(target.parent, self.config.uid, self.config.gid)
+        existed = destination.exists()
+        destination.touch()
+        os.chown(destination, self.config.uid, self.config.gid)
+        try:
+            os.link(destination, target)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV or not mounts.is_shared(self.root):
+                if not existed:
+                    destination.unlink()
+                return inside
+            target.touch()
+            self._bind(destination, target, read_only=False)
+        return inside
+
+    def _link_or_bind(self, source: Path, target: Path, *, read_only: bool) -> None:
+        try:
+            os.link(source, target)
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise JailError(f"cannot hard-link {source} into jail {self.root}: {exc}") from exc
+            target.touch()
+            self._bind(source, target, read_only=read_only)
+
+    def _bind(self, source: Path, target: Path, *, read_only: bool) -> None:
+        try:
+            mounts.bind(source, target, read_only=read_only)
+        except mounts.MountError as exc:
+            target.unlink(missing_ok=True)
+            raise JailError(f"cannot bind-mount {source} into jail {self.root}: {exc}") from exc
 
     def _can_read(self, path: Path) -> bool:
         st = path.stat()
@@ -128,8 +183,15 @@ class Jail:
         return bool(st.st_mode & stat.S_IROTH)
 
     def take_out(self, inside: str, destination: Path) -> Path:
-        """Move a file Firecracker wrote in the jail (snapshot state, memory) to `destination`."""
-        shutil.move(self.host_path(inside), destination)
+        """Bring a file Firecracker wrote at `inside` (see `output`) to `destination`."""
+        target = self.host_path(inside)
+        if mounts.mounts_under(target.resolve()):
+            mounts.unmount_under(target.resolve())
+            target.unlink()
+        elif destination.exists() and target.samefile(destination):
+            target.unlink()
+        else:
+            shutil.move(target, destination)
         return destination
 
     def argv(
@@ -191,13 +253,18 @@ class Jail:
 
     def remove(self, cgroups: Mapping[str, str]) -> None:
         """Delete the jail and the cgroups the jailer made; the process must have exited.
-        Blocking (tree removal, cgroup retries): run it in a thread."""
-        shutil.rmtree(self.instance_dir, ignore_errors=True)
+        Blocking (unmounts, tree removal, cgroup retries): run it in a thread."""
+        if self.instance_dir.exists():
+            try:
+                mounts.unmount_under(self.instance_dir.resolve())
+            except mounts.MountError as exc:
+                raise JailError(f"jail {self.instance_dir} stays: {exc}") from exc
+            shutil.rmtree(self.instance_dir, ignore_errors=True)
         try:
-            mounts = Path("/proc/mounts").read_text()
+            proc_mounts = Path("/proc/mounts").read_text()
         except OSError:
             return
-        for directory in self.cgroup_dirs(cgroups, mounts):
+        for directory in self.cgroup_dirs(cgroups, proc_mounts):
             _rmdir_cgroup(directory)
 
 
@@ -211,9 +278,9 @@ def sweep_jails(
     if not base.is_dir():
         return []
     try:
-        mounts = Path("/proc/mounts").read_text()
+        proc_mounts = Path("/proc/mounts").read_text()
     except OSError:
-        mounts = ""
+        proc_mounts = ""
     # The driver always sets all three limits, so the jailer made a group in every hierarchy.
     settings = cgroup_settings(config.cgroup_version, memory_bytes=1, pids=1, cpu_cores=1.0)
     removed: list[Path] = []
@@ -225,8 +292,11 @@ def sweep_jails(
             jail = Jail(config, vm_id, Path(exec_name))
         except JailError:
             continue  # not a name the driver gives out
-        cgroups = [d for d in jail.cgroup_dirs(settings, mounts) if d.is_dir()]
-        jail.remove(settings)
+        cgroups = [d for d in jail.cgroup_dirs(settings, proc_mounts) if d.is_dir()]
+        try:
+            jail.remove(settings)
+        except JailError:
+            continue  # a mount that would not go: never delete through it
         removed += [p for p in (instance, *cgroups) if not p.exists()]
     return removed
 

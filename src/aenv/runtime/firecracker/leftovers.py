@@ -5,11 +5,12 @@ ran), and removing it at the next start; `aenv.runtime.sweep` kills the orphaned
   log; or its working directory), what `stop()` would have removed: the console and log files,
   and for an unjailed VM the staged links under `boot/`, `drives/` and `restore/`, the API socket
   and a restored VM's private writable layers (`layers/<drive_id>.img`, found through the
-  `drives/<drive_id>` link to it, a symlink in the workdir or a hard link in the jail). The
-  workdir itself is the caller's.
+  `drives/<drive_id>` link to it, a symlink in the workdir or a hard link or bind mount in the
+  jail). The workdir itself is the caller's.
 - unjailed VMs: their cgroups, the groups named `<id_prefix>...` under the driver's
   `cgroup_parent`.
-- jailed VMs: the whole jail (`<chroot_base>/<exec name>/<id>/`) and the cgroups the jailer made.
+- jailed VMs: the whole jail (`<chroot_base>/<exec name>/<id>/`), its bind mounts undone first,
+  and the cgroups the jailer made.
 
 VMs that are still running under a live owner are passed as `live` and left alone.
 """

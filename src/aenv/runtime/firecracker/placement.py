@@ -11,8 +11,7 @@ names: a clone opens its own writable layer through the path its source recorded
 from __future__ import annotations
 
 import contextlib
-import os
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
 
@@ -37,9 +36,10 @@ class Placement(Protocol):
     def stage(
         self, source: Path, name: str, *, writable: bool = False, may_copy: bool = False
     ) -> str:
-        """Make `source` visible to Firecracker as `name`; returns the path to tell it.
+        """Make `source` visible to Firecracker as `name`; returns the path to tell it. Called
+        before the process starts: a jail's bind mounts made later would not reach it.
         `writable`: Firecracker opens it read-write. `may_copy`: a small read-only file that may
-        be copied if it cannot be linked."""
+        be copied if it can be neither linked nor bound."""
         ...
 
     def output_path(self, name: str, destination: Path) -> str:
@@ -138,12 +138,20 @@ class DirectPlacement:
 
 
 class JailedPlacement:
-    """Firecracker runs chrooted in the jail's root as the jail's uid; files are hard-linked in."""
+    """Firecracker runs chrooted in the jail's root as the jail's uid; files are hard-linked or
+    bind-mounted in (`Jail.link_in`). `on_release` runs once the jail is removed (it gives the
+    jail's uid back)."""
 
-    def __init__(self, jail: Jail, extra_args: Sequence[str] = ()) -> None:
+    def __init__(
+        self,
+        jail: Jail,
+        extra_args: Sequence[str] = (),
+        on_release: Callable[[], None] = lambda: None,
+    ) -> None:
         self.jail = jail
         self.extra_args = tuple(extra_args)
         self._cgroup_settings: Mapping[str, str] = {}
+        self._on_release = on_release
         jail.create()
 
     @property
@@ -160,9 +168,7 @@ class JailedPlacement:
         return self.jail.link_in(source, name, writable=writable, copy_if_needed=may_copy)
 
     def output_path(self, name: str, destination: Path) -> str:
-        self.jail.host_path(f"out/{name}").parent.mkdir(exist_ok=True)
-        os.chown(self.jail.host_path("out"), self.jail.config.uid, self.jail.config.gid)
-        return f"out/{name}"
+        return self.jail.output(f"out/{name}", destination)
 
     def log_path(self, path: Path) -> str:
         return self.jail.link_in(path, path.name, writable=True)
@@ -186,3 +192,4 @@ class JailedPlacement:
 
     def release(self) -> None:
         self.jail.remove(self._cgroup_settings)
+        self._on_release()

@@ -33,9 +33,9 @@ from aenv.runtime.firecracker import host, memfile
 from aenv.runtime.firecracker import models as m
 from aenv.runtime.firecracker.api import FirecrackerApi, FirecrackerError
 from aenv.runtime.firecracker.config import FirecrackerConfig
-from aenv.runtime.firecracker.jailer import JailError
 from aenv.runtime.firecracker.placement import Placement
 from aenv.runtime.firecracker.process import FirecrackerProcess
+from aenv.runtime.jail import JailError
 from aenv.storage import layers
 from aenv.storage.layers import LayerError
 
