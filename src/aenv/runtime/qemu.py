@@ -179,20 +179,11 @@ class QemuDriver:
 
     async def boot_saved(self, snapshot: Snapshot, target: RestoreSpec) -> VM:
         """A qcow2 top over each sealed layer, in `target.workdir`, owned by the booted VM."""
-        run = secrets.token_hex(4)
-        disks: list[Disk] = []
-        created: list[Path] = []
         try:
-            for disk in snapshot.spec.disks:
-                if disk.read_only:
-                    disks.append(disk)
-                    continue
-                top = target.workdir / f"{disk.drive_id}.boot-{run}.qcow2"
-                await qcow2.overlay(snapshot.disks[disk.drive_id], top)
-                created.append(top)
-                disks.append(Disk(disk.drive_id, top))
+            disks, created = await _writable_tops(
+                snapshot, target.workdir, f"boot-{secrets.token_hex(4)}"
+            )
         except (layers.LayerError, KeyError, OSError) as exc:
-            _unlink(created)
             raise BootError(f"cannot create writable layers: {exc}") from exc
         net = target.net
         if snapshot.spec.net is not None and net is not None:
@@ -280,19 +271,9 @@ class QemuDriver:
             # The guest driver's state holds the MAC: keep the source's, take the new location.
             net = dataclasses.replace(target.net, mac=net.mac)
         vm_id = secrets.token_hex(8)
-        disks: list[Disk] = []
-        created: list[Path] = []
         try:
-            for disk in snapshot.spec.disks:
-                if disk.read_only:
-                    disks.append(disk)
-                    continue
-                top = target.workdir / f"{disk.drive_id}.{vm_id}.qcow2"
-                await qcow2.overlay(snapshot.disks[disk.drive_id], top)
-                created.append(top)
-                disks.append(Disk(disk.drive_id, top, read_only=False))
+            disks, created = await _writable_tops(snapshot, target.workdir, vm_id)
         except (layers.LayerError, KeyError) as exc:
-            _unlink(created)
             raise RestoreError(f"cannot create writable layers: {exc}") from exc
         spec = dataclasses.replace(
             snapshot.spec,
@@ -808,6 +789,29 @@ async def _spawn(
 def _touch(paths: Sequence[Path]) -> None:
     for p in paths:
         p.touch()
+
+
+async def _writable_tops(
+    snapshot: Snapshot, workdir: Path, tag: str
+) -> tuple[list[Disk], list[Path]]:
+    """`snapshot`'s drives for a new VM: shared read-only drives as they are, and a fresh qcow2
+    top in `workdir` over each sealed writable layer. Returns the drives and the tops made; a
+    failure removes the tops made so far and propagates."""
+    disks: list[Disk] = []
+    created: list[Path] = []
+    try:
+        for disk in snapshot.spec.disks:
+            if disk.read_only:
+                disks.append(disk)
+                continue
+            top = workdir / f"{disk.drive_id}.{tag}.qcow2"
+            await qcow2.overlay(snapshot.disks[disk.drive_id], top)
+            created.append(top)
+            disks.append(Disk(disk.drive_id, top))
+    except BaseException:
+        _unlink(created)
+        raise
+    return disks, created
 
 
 def _unlink(paths: Sequence[Path]) -> None:
