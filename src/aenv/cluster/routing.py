@@ -52,8 +52,9 @@ class Routes:
     async def lookup(self, sandbox_id: str) -> str | None:
         """The node id the sandbox is routed to, or None."""
         async with guarded(self.client, f"looking up sandbox {sandbox_id}"):
-            value: str | None = await self.client.get(self.keys.route(sandbox_id))
-        return value
+            value = await self.client.get(self.keys.route(sandbox_id))
+        # The client decodes responses; redis-py's annotations allow bytes all the same.
+        return value.decode() if isinstance(value, bytes) else value
 
     async def of_node(self, node_id: str) -> set[str]:
         """The sandbox ids routed to `node_id`."""
