@@ -122,8 +122,6 @@ def _inputs_key(venv: Path, prefix: str) -> str:
         for path in sorted(root.rglob("*.py")):
             h.update(str(path.relative_to(PROJECT)).encode())
             h.update(path.read_bytes())
-    # The one module outside envd that envd imports (PyInstaller follows the import).
-    h.update((PROJECT / "src" / "aenv" / "atomic.py").read_bytes())
     return h.hexdigest()
 
 
