@@ -7,6 +7,7 @@ transactions that touch several keys then also work on Redis Cluster.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Awaitable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
@@ -104,11 +105,23 @@ async def members(client: aioredis.Redis, key: str) -> set[str]:
     return set(await cast("Awaitable[set[str]]", client.smembers(key)))
 
 
+# The longest a body may wait on Redis: the client's own timeouts and retries stop well before
+# (3 tries of 2 s each), so this bounds a wait the client does not, e.g. a pool that never hands
+# out a connection, and the node's heartbeat goes on instead of stalling behind it.
+DEADLINE = 15.0
+
+
 @asynccontextmanager
 async def guarded(client: aioredis.Redis, doing: str) -> AsyncIterator[None]:
-    """Runs the body; Redis being unreachable becomes `ClusterUnavailable` naming `doing`."""
+    """Runs the body within `DEADLINE`; Redis being unreachable or too slow becomes
+    `ClusterUnavailable` naming `doing`."""
     try:
-        yield
+        async with asyncio.timeout(DEADLINE):
+            yield
     except UNAVAILABLE as error:
         message = f"cluster store (Redis at {describe(client)}) unavailable while {doing}: {error}"
+        raise ClusterUnavailable(message) from error
+    except TimeoutError as error:
+        where = f"cluster store (Redis at {describe(client)})"
+        message = f"{where} did not answer within {DEADLINE:g} s while {doing}"
         raise ClusterUnavailable(message) from error

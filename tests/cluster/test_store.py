@@ -1,0 +1,34 @@
+"""The guard around every Redis call: a wait the client itself does not bound still ends."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import redis.asyncio as aioredis
+
+from aenv.cluster import store
+from aenv.cluster.routing import Routes
+from aenv.cluster.store import ClusterUnavailable
+from tests.support.redis_server import RedisServer
+
+
+async def test_a_pool_that_never_hands_out_a_connection_fails_clearly(
+    redis: RedisServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(store, "DEADLINE", 0.5)
+    # One connection, held by a blocking pop that never returns: the next command waits on the
+    # pool, which no socket timeout covers.
+    pool = aioredis.BlockingConnectionPool.from_url(
+        redis.url, max_connections=1, timeout=None, decode_responses=True
+    )
+    client = aioredis.Redis(connection_pool=pool)
+    held = asyncio.create_task(client.blpop(["never"], timeout=0))
+    try:
+        await asyncio.sleep(0.1)
+        with pytest.raises(ClusterUnavailable, match="did not answer within 0.5 s while looking up"):
+            await Routes(client).lookup("sb1")
+    finally:
+        held.cancel()
+        await asyncio.gather(held, return_exceptions=True)
+        await client.aclose()
