@@ -23,6 +23,7 @@ from connectrpc.compression import Compression
 from connectrpc.compression.gzip import GzipCompression
 from connectrpc.errors import ConnectError
 from starlette.applications import Starlette
+from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -194,6 +195,17 @@ async def _with_checked_envelopes(app: ASGIApp, scope: Scope, receive: Receive, 
     await app(scope, replay, send)
 
 
+def _grpc_without_trailers(scope: Scope) -> bool:
+    """A gRPC (not gRPC-Web) request on a server that cannot send HTTP trailers, which gRPC
+    needs for its status: connectrpc would answer it with a bare 500."""
+    content_type = _header(scope, b"content-type") or ""
+    return (
+        content_type.startswith("application/grpc")
+        and not content_type.startswith("application/grpc-web")
+        and "http.response.trailers" not in scope.get("extensions", {})
+    )
+
+
 def _unknown_rpc_user(scope: Scope) -> str | None:
     """The error for a Basic-auth user that does not exist (checked for every RPC, as infra's
     authn middleware does), or None."""
@@ -215,6 +227,16 @@ async def _guarded(app: ASGIApp, scope: Scope, receive: Receive, send: Send) -> 
         await app(scope, receive, send)
     except Exception:
         log.exception("unhandled error serving %s %s", scope.get("method"), scope.get("path"))
+
+
+async def _http_error(_: Request, exc: Exception) -> Response:
+    """Starlette's own refusals (no such route, method not allowed) as JSON errors."""
+    assert isinstance(exc, HTTPException)
+    return JSONResponse(
+        {"code": exc.status_code, "message": exc.detail},
+        status_code=exc.status_code,
+        headers=exc.headers,
+    )
 
 
 async def _internal_error(_: Request, exc: Exception) -> Response:
@@ -350,7 +372,7 @@ def create_app(settings: Settings) -> ASGIApp:
             Route("/aenv/copy", copy.copy, methods=["POST"]),
         ],
         lifespan=lifespan,
-        exception_handlers={Exception: _internal_error},
+        exception_handlers={HTTPException: _http_error, Exception: _internal_error},
     )
     token_header = TOKEN_HEADER.encode()
 
@@ -369,7 +391,15 @@ def create_app(settings: Settings) -> ASGIApp:
             return
         for prefix, rpc in rpc_apps.items():
             if path.startswith(prefix):
-                if (bad_user := _unknown_rpc_user(scope)) is not None:
+                if _grpc_without_trailers(scope):
+                    await _connect_error(
+                        scope,
+                        send,
+                        Code.UNIMPLEMENTED,
+                        415,
+                        "gRPC needs HTTP/2 trailers: use the Connect or gRPC-Web protocol",
+                    )
+                elif (bad_user := _unknown_rpc_user(scope)) is not None:
                     await _connect_error(scope, send, Code.UNAUTHENTICATED, 401, bad_user)
                 elif path in _STREAMS:
                     stream = partial(_with_checked_envelopes, partial(_serve_stream, rpc))

@@ -34,7 +34,7 @@ class User:
     def lookup(cls, name: str) -> User:
         try:
             entry = pwd.getpwnam(name)
-        except KeyError:
+        except (KeyError, ValueError):  # (ValueError: a NUL byte in the name)
             raise UnknownUserError(name) from None
         try:
             groups = tuple(os.getgrouplist(name, entry.pw_gid))

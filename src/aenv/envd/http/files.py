@@ -271,6 +271,8 @@ def _os_failure(e: OSError, what: str) -> HTTPFailure:
         return HTTPFailure(507, f"not enough disk space available: {what}: {e.strerror}")
     if e.errno == errno.ENOTDIR:
         return HTTPFailure(400, f"{what}: a parent path is a file")
+    if e.errno in (errno.ENAMETOOLONG, errno.ELOOP):
+        return HTTPFailure(400, f"{what}: {e.strerror}")
     if e.errno in (errno.EACCES, errno.EPERM, errno.EROFS):
         return HTTPFailure(403, f"{what}: {e.strerror}")
     return HTTPFailure(500, f"{what}: {e.strerror or e}")
