@@ -81,6 +81,8 @@ class QemuConfig:
     migrate_timeout_s: float = 120.0
     # None runs QEMU unconfined (as root, with the host's files in view): benchmarks only.
     jail: JailConfig | None = field(default_factory=JailConfig)
+    # Off keeps what a guest frees allocated on the host: benchmarks only.
+    discard: bool = True
 
 
 def host_tsc_khz(cpuinfo: str | None = None) -> int:
@@ -367,10 +369,9 @@ class QemuDriver:
         for disk in spec.disks:
             fmt = "qcow2" if qcow2.is_qcow2(disk.path) else "raw"
             ro = "on" if disk.read_only else "off"
+            drive = f"id={disk.drive_id},file={_opt(disk.path)},format={fmt},if=none,readonly={ro}"
             argv += [
-                "-drive",
-                f"id={disk.drive_id},file={_opt(disk.path)},format={fmt},if=none,readonly={ro},"
-                "discard=unmap",
+                "-drive", drive + self._discard(disk),
                 "-device", f"virtio-blk-device,drive={disk.drive_id}",
             ]  # fmt: skip
         if spec.net:
@@ -379,6 +380,14 @@ class QemuDriver:
                 "-device", f"virtio-net-device,netdev=net0,mac={spec.net.mac}",
             ]  # fmt: skip
         return argv
+
+    def _discard(self, disk: Disk) -> str:
+        """Drive options that give the host back what the guest frees on a writable drive:
+        its discards (the guest mounts it with `discard`) punch holes in the top, and blocks it
+        overwrites with zeros are unmapped rather than stored."""
+        if disk.read_only or not self.config.discard:
+            return ""
+        return ",discard=unmap,detect-zeroes=unmap"
 
     def _jail_files(
         self, spec: VMSpec, memory: _Memory, qmp: Path, console: Path
