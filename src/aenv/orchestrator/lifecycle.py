@@ -85,8 +85,8 @@ class CreateFailed(RuntimeError):
 
 
 class CapacityReached(RuntimeError):
-    """The node already holds `max_sandboxes` sandboxes, or the request's owner (an API key)
-    already runs `key_max_sandboxes`."""
+    """The node already holds `max_sandboxes` sandboxes, the request's owner (an API key)
+    already runs `key_max_sandboxes`, or the host has not the memory or disk for more."""
 
 
 class InvalidState(RuntimeError):
@@ -176,6 +176,8 @@ class Orchestrator:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._admission = asyncio.Semaphore(config.max_concurrent_creates)
         self._queued_by: collections.Counter[str | None] = collections.Counter()
+        # Disk of the creates admitted and not finished: their layers have not grown yet.
+        self._disk_pending_mb = 0
         self.stats = CreateStats()
         self._client = httpx.AsyncClient()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -315,6 +317,19 @@ class Orchestrator:
                 "You have reached the maximum number of concurrent sandboxes for this API key "
                 f"({self.config.key_max_sandboxes})"
             )
+        disk_mb = (parent or base).disk_size_mb
+        await self._check_disk(disk_mb)
+        # Counted with no await since the check: concurrent creates see each other's disks.
+        self._disk_pending_mb += disk_mb
+        try:
+            return await self._queued_create(request, base, parent)
+        finally:
+            self._disk_pending_mb -= disk_mb
+
+    async def _queued_create(
+        self, request: CreateRequest, base: Template, parent: SandboxRecord | None
+    ) -> SandboxRecord:
+        owner = request.owner
         self.stats.queued += 1
         self._queued_by[owner] += 1
         try:
@@ -333,6 +348,17 @@ class Orchestrator:
             self._admission.release()
         self.stats.succeeded += 1
         return record
+
+    async def _check_disk(self, need_mb: int) -> None:
+        """Raises CapacityReached when new sandboxes that can write `need_mb` (each one's
+        writable layer is bounded at its disk size), on top of the creates under way, do not
+        fit in the data filesystem's free space above the reserve. The check is the last step:
+        a caller that counts `need_mb` right after it races no other create."""
+        reserve = self._reserve()
+        free_mb = await asyncio.to_thread(reserve.free_disk_mb)
+        short = reserve.disk_shortfall(free_mb, self._disk_pending_mb + need_mb)
+        if short is not None:
+            raise CapacityReached(f"no new sandboxes: {short}")
 
     def _reserve(self) -> HostReserve:
         config = self.config
@@ -764,7 +790,10 @@ class Orchestrator:
                 base = self.templates.get(source)
             except LookupError as e:
                 raise SandboxNotFound(source) from e
+            await self._check_disk(count * base.disk_size_mb)
         else:
+            # Refused before the checkpoint: a fork that cannot fit changes nothing.
+            await self._check_disk(count * parent.disk_size_mb)
             # With more than one child, detaching the memory once beats each child parsing it.
             base = await self._checkpoint(
                 source,
