@@ -36,7 +36,7 @@ import httpx
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.ids import new_access_token, new_sandbox_id
-from aenv.network import NftError, Slot, SlotProvider
+from aenv.network import NftError, Slot, SlotProvider, SlotReclaimer
 from aenv.network.settings import SandboxNetwork, SlotEgress
 from aenv.orchestrator import checkpoints, consoles, detach, metrics_history
 from aenv.orchestrator.archive import Archive
@@ -60,7 +60,7 @@ from aenv.runtime.driver import (
     Snapshot,
     SnapshotTarget,
 )
-from aenv.runtime.sweep import Reaper
+from aenv.runtime.sweep import Reaper, reap_strays
 from aenv.storage.repository import RepositoryError
 
 log = logging.getLogger("aenv.orchestrator")
@@ -198,6 +198,9 @@ class Orchestrator:
         kills them), so sandboxes that were running are cleaned up and removed; paused ones stay
         paused, and one caught mid-pause or mid-resume falls back to its newest complete
         checkpoint (a crash never leaves a half-written one in use)."""
+        # Also those of the previous server that the start-up sweep cannot tell from others'
+        # (re-parented to a subreaper, not to init): they would write to the files reclaimed here.
+        await asyncio.to_thread(reap_strays, self.config.home)
         for record in self.catalog.list():
             sandbox_dir = self._dirs(record.id)[0]
             if record.state in SAVED:
@@ -518,8 +521,9 @@ class Orchestrator:
 
     async def reconcile(self) -> None:
         """End what the catalog does not own: a live VM whose sandbox is not running any more
-        (stopped, its slot released), and VMMs and cgroups no VM object stands for (a failed or
-        cancelled operation that dropped one without stopping it)."""
+        (stopped, its slot released), VMMs and cgroups no VM object stands for (a failed or
+        cancelled operation that dropped one without stopping it), VMMs of this node that this
+        process did not start (a killed server's), and network slots nothing holds any more."""
         for sandbox_id in list(self._live):
             async with self._lock(sandbox_id):
                 record = self.catalog.get(sandbox_id)
@@ -533,6 +537,9 @@ class Orchestrator:
                     await self._reclaim_files(sandbox_id)
         if isinstance(self.driver, Reaper):
             await asyncio.to_thread(self.driver.reap_unowned)
+        await asyncio.to_thread(reap_strays, self.config.home)
+        if isinstance(self.slots, SlotReclaimer):
+            await self.slots.reclaim_leaked([live.slot for live in self._live.values()])
 
     def _started(self, record: SandboxRecord, live: _Live) -> None:
         self._schedule_expiry(record)
