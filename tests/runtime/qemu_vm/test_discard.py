@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from aenv.runtime.driver import VM
-from aenv.runtime.qemu import QemuDriver
+from aenv.runtime.qemu import QemuDriver, QemuVM
 from aenv.storage import layers
 from tests.runtime.qemu_vm.conftest import Fleet, Places, Template
 from tests.runtime.qemu_vm.netns import NetnsPool, agent, wait_ready
@@ -44,6 +44,7 @@ async def run(netns: str, script: str) -> dict[str, Any]:
 
 
 def top(vm: VM) -> Path:
+    assert isinstance(vm, QemuVM)
     (upper,) = [d.path for d in vm.spec.disks if d.drive_id == "upper"]
     return upper
 
