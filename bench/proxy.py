@@ -25,6 +25,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from http_load import http_rate
 from summary import percentile, summary_ms
 
 from tests.support.envd_process import envd_in_throwaway_root
@@ -188,43 +189,12 @@ def bench_files(direct: object, proxied: object) -> dict[str, object]:
     }
 
 
-async def http_rate(port: int, headers: dict[str, str]) -> float:
-    """Requests per second over HTTP_CONCURRENCY keep-alive connections. A bare asyncio client:
-    httpx tops out near 1,000 requests/s here, which would measure the client."""
-    extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    request = f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{extra}\r\n".encode()
-    remaining = 0
-
-    async def worker() -> None:
-        nonlocal remaining
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            while remaining > 0:
-                remaining -= 1
-                writer.write(request)
-                head = await reader.readuntil(b"\r\n\r\n")
-                assert head.startswith(b"HTTP/1.1 200"), head
-                length = next(
-                    int(line.split(b":", 1)[1])
-                    for line in head.lower().split(b"\r\n")
-                    if line.startswith(b"content-length:")
-                )
-                await reader.readexactly(length)
-        finally:
-            writer.close()
-
-    remaining = HTTP_REQUESTS // 10  # warm-up
-    await asyncio.gather(*(worker() for _ in range(HTTP_CONCURRENCY)))
-    remaining = HTTP_REQUESTS
-    start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(HTTP_CONCURRENCY)))
-    return HTTP_REQUESTS / (time.perf_counter() - start)
-
-
 def bench_http(web_port: int, proxy_port: int) -> dict[str, object]:
     headers = {"E2b-Sandbox-Id": SANDBOX_ID, "E2b-Sandbox-Port": str(WEB_PORT)}
-    direct = asyncio.run(http_rate(web_port, {}))
-    proxied = asyncio.run(http_rate(proxy_port, headers))
+    direct = asyncio.run(http_rate("127.0.0.1", web_port, {}, HTTP_REQUESTS, HTTP_CONCURRENCY))
+    proxied = asyncio.run(
+        http_rate("127.0.0.1", proxy_port, headers, HTTP_REQUESTS, HTTP_CONCURRENCY)
+    )
     return {
         "requests": HTTP_REQUESTS,
         "concurrency": HTTP_CONCURRENCY,
