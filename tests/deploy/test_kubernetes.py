@@ -52,9 +52,7 @@ def name(doc: Doc) -> str:
 
 
 # Each resource once, though every overlay lists the base again.
-ALL = list(
-    {(path, name(doc)): (path, doc) for f in FOLDERS for path, doc in resources(f)}.values()
-)
+ALL = list({(path, name(doc)): (path, doc) for f in FOLDERS for path, doc in resources(f)}.values())
 
 
 def containers(doc: Doc) -> list[Doc]:
