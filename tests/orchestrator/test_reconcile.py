@@ -38,6 +38,7 @@ def stray_vmm(home: Path) -> Iterator[psutil.Process]:
         time.sleep(0.02)
     proc = psutil.Process(int(pid_file.read_text()))
     shell = proc.parent()
+    assert shell is not None
     try:
         while name not in " ".join(proc.cmdline()):  # the shell has exec'd QEMU
             assert time.monotonic() < deadline
@@ -45,7 +46,7 @@ def stray_vmm(home: Path) -> Iterator[psutil.Process]:
         yield proc
     finally:
         for p in (proc, shell):
-            with contextlib.suppress(psutil.NoSuchProcess, AttributeError):
+            with contextlib.suppress(psutil.NoSuchProcess):
                 p.kill()
 
 

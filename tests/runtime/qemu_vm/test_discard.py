@@ -38,7 +38,7 @@ async def discardless_fleet(
 
 async def run(netns: str, script: str) -> dict[str, Any]:
     body = json.dumps({"argv": ["sh", "-c", script], "timeout": 200}).encode()
-    result = await agent(netns, "POST", "/run", body=body, limit_s=240)
+    result: dict[str, Any] = await agent(netns, "POST", "/run", body=body, limit_s=240)
     assert result["rc"] == 0, result
     return result
 

@@ -299,9 +299,11 @@ async def test_a_killed_servers_vmm_adopted_by_a_subreaper_is_reaped(
         await eventually(lambda: report.read_text().endswith("\n"), polls=6000)
         started = json.loads(report.read_text())
         server, vmm = psutil.Process(started["server"]), psutil.Process(started["vmm"])
-        procs += [vmm, server.parent()]
+        supervisor = server.parent()
+        assert supervisor is not None
+        procs += [vmm, supervisor]
         os.kill(server.pid, signal.SIGKILL)
-        await eventually(lambda: vmm.ppid() == procs[1].pid)
+        await eventually(lambda: vmm.ppid() == supervisor.pid)
         await wait_ready(net.netns)  # the guest runs on without its server
         assert vmm.pid not in [p.pid for p in orphaned_vmms()]
         killed = await asyncio.to_thread(reap_strays, home)
