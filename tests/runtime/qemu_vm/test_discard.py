@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from aenv.runtime import qcow2
 from aenv.runtime.driver import VM
 from aenv.runtime.qemu import QemuDriver, QemuVM
 from aenv.storage import layers
@@ -86,3 +87,23 @@ async def test_without_discard_the_host_keeps_what_the_guest_freed(
     await run(netns, fill)
     await run(netns, f"rm {BIG} && sync")
     assert allocated_mib(vm) >= before + WRITE_MIB - SLACK_MIB
+
+
+async def test_a_vm_that_kept_running_after_a_snapshot_still_gives_disk_back(
+    fleet: Fleet, template: Template, places: Places
+) -> None:
+    """A snapshot that keeps the VM running moves it onto a new top (`blockdev-snapshot-sync`):
+    that top passes discards and unmaps zeros too."""
+    vm, netns = await fleet.restore(template.snapshot)
+    await wait_ready(netns)
+    snap = await vm.snapshot(places.snapshot_target(), keep_running=True)
+    # The new top's header names the sealed layer, not the file in the VM's workdir.
+    assert qcow2.chain(top(vm))[1] == snap.disks["upper"]
+    before = allocated_mib(vm)
+    fill = f"head -c {WRITE_MIB}M /dev/zero | tr '\\000' 'Z' > {BIG} && sync"
+    await run(netns, fill)
+    assert allocated_mib(vm) >= before + WRITE_MIB - SLACK_MIB
+    await run(netns, f"rm {BIG} && sync")
+    assert allocated_mib(vm) <= before + SLACK_MIB
+    await run(netns, f"head -c {WRITE_MIB}M /dev/zero > {BIG} && sync")
+    assert allocated_mib(vm) <= before + SLACK_MIB
