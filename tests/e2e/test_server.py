@@ -60,9 +60,10 @@ def _run_inner_suite(home: Path) -> None:
         server.stop()
         server.start()
         suite(server, "restart/test_after_shutdown.py")
-        # kill -9 while creates, then deletes, are in flight: after the restart the node reports
-        # only what runs, and nothing of the cut-short work is left (restart/in_flight.py).
-        for work in ("creates", "deletes"):
+        # kill -9 while creates, deletes, pauses, then snapshots are in flight: after the restart
+        # the node reports only what runs or is paused, and nothing of the cut-short work is
+        # left (restart/in_flight.py).
+        for work in ("creates", "deletes", "pauses", "snapshots"):
             print(crash_during(server, work))
             server.start()
             suite(server, "restart/test_nothing_stale.py")

@@ -1,11 +1,12 @@
-"""kill -9 of the server while creates or deletes are in flight.
+"""kill -9 of the server while creates, deletes, pauses or snapshots are in flight.
 
-Two halves. The client (`python -m tests.e2e.restart.in_flight creates|deletes`, run inside the
-server's namespace) starts several creates at once, or makes sandboxes and then deletes them all
-at once. The outer side (`crash_during`, called by test_server.py from the root namespace) starts
-that client and watches the server's catalog and processes: the moment VMs are being restored for
-creates still in state `creating`, or a sandbox being deleted is in state `killing` or gone, it
-SIGKILLs the server. The caller restarts it and runs test_nothing_stale.py.
+Two halves. The client (`python -m tests.e2e.restart.in_flight WORK`, run inside the server's
+namespace) starts several creates at once, or makes sandboxes and then deletes, pauses or
+snapshots them all at once. The outer side (`crash_during`, called by test_server.py from the
+root namespace) starts that client and watches the server's catalog and processes: the moment VMs
+are being restored for creates still in state `creating`, a sandbox being deleted is in state
+`killing` or gone, or one is `pausing` or `snapshotting`, it SIGKILLs the server. The caller
+restarts it and runs test_nothing_stale.py.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import time
 from pathlib import Path
 
 import httpx
+from e2b import Sandbox
 
 from aenv.config import Paths
 from tests.e2e.server_ns import REPO, ServerNs, in_netns
@@ -28,7 +30,8 @@ from tests.e2e.vmm_procs import vmm_pids
 
 BASE = "http://127.0.0.1:3000"
 SANDBOXES = 3
-DELETES_FILE = "in-flight-deletes.json"
+IN_FLIGHT_FILE = "in-flight-ops.json"
+MARKER = "/home/user/marker"
 
 
 # -- the client, inside the namespace -----------------------------------------------------
@@ -52,6 +55,12 @@ def _concurrently(calls: list[tuple[str, str, dict[str, object] | None]]) -> Non
         thread.join()
 
 
+def _write_marker(sandbox_id: str) -> None:
+    os.environ.update(E2B_API_KEY=_key()["X-API-KEY"], E2B_API_URL=BASE, E2B_SANDBOX_URL=BASE)
+    os.environ.pop("E2B_DEBUG", None)
+    Sandbox.connect(sandbox_id).files.write(MARKER, sandbox_id)
+
+
 def _client(work: str) -> None:
     create = ("POST", "/v2/sandboxes", {"templateID": "base", "timeout": 600})
     if work == "creates":
@@ -62,8 +71,24 @@ def _client(work: str) -> None:
         response = httpx.post(BASE + create[1], json=create[2], headers=_key(), timeout=120)
         response.raise_for_status()
         ids.append(response.json()["sandboxID"])
-    Path(os.environ["AENV_HOME"], DELETES_FILE).write_text(json.dumps(ids))
-    _concurrently([("DELETE", f"/sandboxes/{sandbox_id}", None) for sandbox_id in ids])
+        # What a cut-short pause or snapshot must keep (test_nothing_stale.py reads it back).
+        _write_marker(ids[-1])
+    Path(os.environ["AENV_HOME"], IN_FLIGHT_FILE).write_text(json.dumps({work: ids}))
+    method, path = _REQUESTS[work]
+    _concurrently([(method, path.format(id=sandbox_id), None) for sandbox_id in ids])
+
+
+_REQUESTS = {
+    "deletes": ("DELETE", "/sandboxes/{id}"),
+    "pauses": ("POST", "/sandboxes/{id}/pause"),
+    "snapshots": ("POST", "/sandboxes/{id}/snapshots"),
+}
+# The catalog state a sandbox is in while each kind of work on it is under way.
+_UNDER_WAY = {
+    "deletes": ("killing", "gone"),
+    "pauses": ("pausing",),
+    "snapshots": ("snapshotting",),
+}
 
 
 # -- the outer side -----------------------------------------------------------------------
@@ -86,20 +111,31 @@ def _creates_restoring(home: Path) -> bool:
     return any(vmm_pids(i) for i, state in states.items() if state == "creating")
 
 
-def _deletes_started(home: Path) -> bool:
-    path = home / DELETES_FILE
+def in_flight_ids(home: Path) -> dict[str, list[str]]:
+    """{work: the ids of the sandboxes it was started on} for the last crash, if any."""
+    path = home / IN_FLIGHT_FILE
+    ids: dict[str, list[str]] = json.loads(path.read_text()) if path.exists() else {}
+    return ids
+
+
+def _ops_started(home: Path) -> bool:
     states = catalog_states(home)
-    if not path.exists() or states is None:
+    if states is None:
         return False
-    return any(states.get(i, "gone") in ("killing", "gone") for i in json.loads(path.read_text()))
+    return any(
+        states.get(i, "gone") in _UNDER_WAY[work]
+        for work, ids in in_flight_ids(home).items()
+        for i in ids
+    )
 
 
 def crash_during(server: ServerNs, work: str, timeout: float = 600) -> str:
-    """Start `work` ("creates" or "deletes") and SIGKILL the server while it is under way.
+    """Start `work` ("creates", "deletes", "pauses" or "snapshots") and SIGKILL the server while
+    it is under way.
     Returns what the catalog held at that moment (for the failure message of the next check)."""
     home = server.home
-    (home / DELETES_FILE).unlink(missing_ok=True)
-    ready = _creates_restoring if work == "creates" else _deletes_started
+    (home / IN_FLIGHT_FILE).unlink(missing_ok=True)
+    ready = _creates_restoring if work == "creates" else _ops_started
     client = subprocess.Popen(
         in_netns(server.netns, sys.executable, "-m", "tests.e2e.restart.in_flight", work),
         cwd=REPO, env=server.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

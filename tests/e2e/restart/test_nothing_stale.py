@@ -1,11 +1,11 @@
 """After a kill -9 of the server and a restart (see in_flight.py): the node reports only what
 really runs (or is paused), and nothing of anything else is left: no VMM process, sandbox or
-memory directory, catalog row in a passing state, or network slot beyond the warm pool. New
+memory directory, catalog row in a passing state, or network slot beyond the warm pool. A
+sandbox cut in a pause or snapshot is whole or gone, every listed snapshot starts, and new
 creates work."""
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import sqlite3
@@ -13,10 +13,13 @@ import subprocess
 from contextlib import closing
 from pathlib import Path
 
-from e2b import Sandbox
+import httpx
+import pytest
+from e2b import NotFoundException, Sandbox
 
 from aenv.config import Paths
-from tests.e2e.restart.in_flight import DELETES_FILE
+from tests.e2e.inner.conftest import BASE
+from tests.e2e.restart.in_flight import MARKER, in_flight_ids
 from tests.e2e.vmm_procs import vmm_pids, vmm_sandbox_ids
 
 HOME = Path(os.environ["AENV_HOME"])
@@ -47,9 +50,37 @@ def test_only_what_really_runs_is_reported_and_nothing_else_is_left() -> None:
     # Slots are held by running sandboxes and the warm pool, nothing else.
     warm = int(os.environ["AENV_WARM_SLOTS_HIGH"])
     assert len(_slot_namespaces()) <= len(running) + warm
-    deleted = HOME / DELETES_FILE
-    if deleted.exists():  # deletes in flight at the crash: none of them came back
-        assert not set(json.loads(deleted.read_text())) & set(listed)
+    # Deletes in flight at the crash: none of them came back.
+    assert not set(in_flight_ids(HOME).get("deletes", [])) & set(listed)
+
+
+def test_sandboxes_cut_in_a_pause_or_snapshot_are_whole_or_gone() -> None:
+    """A sandbox whose pause or snapshot the crash cut short is either still there and works
+    (a paused one resumes with its files) or cleanly reported gone; never half of either."""
+    listed = {s.sandbox_id: s.state.value for s in Sandbox.list().next_items()}
+    for work in ("pauses", "snapshots"):
+        for sandbox_id in in_flight_ids(HOME).get(work, []):
+            if sandbox_id not in listed:
+                with pytest.raises(NotFoundException):
+                    Sandbox.get_info(sandbox_id)
+                continue
+            sandbox = Sandbox.connect(sandbox_id, timeout=120)  # resumes a paused one
+            try:
+                assert sandbox.files.read(MARKER) == sandbox_id
+            finally:
+                sandbox.kill()
+
+
+def test_every_listed_snapshot_starts() -> None:
+    """A snapshot the crash cut short is not listed; every one that is, starts."""
+    key = {"X-API-KEY": Paths(HOME).api_key.read_text().strip()}
+    snapshots = httpx.get(f"{BASE}/snapshots", headers=key, timeout=30).json()
+    for snapshot in snapshots:
+        sandbox = Sandbox.create(snapshot["snapshotID"], timeout=120)
+        try:
+            assert sandbox.commands.run("echo ok").stdout == "ok\n"
+        finally:
+            sandbox.kill()
 
 
 def test_new_creates_work() -> None:
