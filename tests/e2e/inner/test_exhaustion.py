@@ -1,0 +1,108 @@
+"""Exhaustion inside one guest (issue 14): a fork bomb, a full disk, a full memory, 100,000
+files and 1,000 processes. The guest may fail inside; its owner gets an answer (a result or an
+error, never a hang past the command's timeout), and the node and a bystander sandbox keep
+answering, with the host's free disk not spent past the guest's own disk size.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from e2b import Sandbox, SandboxException
+
+from tests.e2e.inner.conftest import BASE
+
+# Bounds a hang only: what the guest does within it is not asserted.
+COMMAND_TIMEOUT = 120
+
+
+@pytest.fixture(scope="module")
+def bystander() -> Iterator[Sandbox]:
+    sandbox = Sandbox.create(timeout=900)
+    sandbox.files.write("/tmp/state", "kept")
+    yield sandbox
+    sandbox.kill()
+
+
+@pytest.fixture
+def victim() -> Iterator[Sandbox]:
+    sandbox = Sandbox.create(timeout=600)
+    yield sandbox
+    sandbox.kill()
+
+
+def _node_and_bystander_answer(bystander: Sandbox) -> None:
+    assert httpx.get(f"{BASE}/health", timeout=30).is_success
+    assert bystander.files.read("/tmp/state") == "kept"
+    assert bystander.commands.run("echo alive", timeout=60).stdout == "alive\n"
+
+
+def _host_bytes(sandbox: Sandbox) -> int:
+    """Disk space the sandbox's files take on the host (allocated blocks, not apparent sizes)."""
+    work = Path(os.environ["AENV_HOME"]) / "sandboxes" / sandbox.sandbox_id
+    return sum(f.stat().st_blocks * 512 for f in work.rglob("*") if f.is_file())
+
+
+def _run_hostile(victim: Sandbox, script: str, user: str = "user") -> str:
+    """Run `script` in the victim; its outcome (output or error) as text, never a hang."""
+    try:
+        result = victim.commands.run(script, user=user, timeout=COMMAND_TIMEOUT)
+    except SandboxException as e:  # a non-zero exit, a timeout or a guest that gave out
+        return f"error: {e}"
+    return result.stdout
+
+
+def test_fork_bomb(victim: Sandbox, bystander: Sandbox) -> None:
+    # SIGKILL to the bomb's whole process group after 10 s, so the guest can recover.
+    _run_hostile(victim, "timeout -s KILL 10 bash -c 'b() { b | b & }; b' ; echo done")
+    _node_and_bystander_answer(bystander)
+
+
+def test_memory_fill(victim: Sandbox, bystander: Sandbox) -> None:
+    # More than the guest has: the guest's OOM killer ends it (or the command fails).
+    # (`tail` keeps a whole newline-less input in memory.)
+    out = _run_hostile(victim, "head -c 8G /dev/zero | tail > /dev/null || echo refused", "root")
+    assert "refused" in out or out.startswith("error")
+    _node_and_bystander_answer(bystander)
+
+
+def test_disk_fill(victim: Sandbox, bystander: Sandbox) -> None:
+    disk_bytes = int(victim.commands.run("df -B1 --output=size / | tail -1").stdout)
+    out = _run_hostile(
+        victim,
+        # Not zeros, which QEMU unmaps instead of storing; and cheaper than /dev/urandom.
+        "yes aenv-fill | dd of=/home/user/fill bs=1M iflag=fullblock status=none || echo full",
+        "root",
+    )
+    assert "full" in out or out.startswith("error")
+    # The guest's writes land in its writable layer on the host, bounded by its disk's size
+    # (plus the layer format's own metadata).
+    assert _host_bytes(victim) <= disk_bytes * 1.05
+    _node_and_bystander_answer(bystander)
+    # The full guest still answers, and freeing the file frees its disk.
+    victim.commands.run("rm /home/user/fill", user="root", timeout=COMMAND_TIMEOUT)
+    assert victim.commands.run("echo ok > /home/user/after && cat /home/user/after").stdout == (
+        "ok\n"
+    )
+
+
+def test_100k_files(victim: Sandbox, bystander: Sandbox) -> None:
+    out = _run_hostile(
+        victim, "mkdir -p /tmp/many && cd /tmp/many && seq 100000 | xargs touch && ls | wc -l"
+    )
+    assert out.strip() == "100000" or out.startswith("error")
+    _node_and_bystander_answer(bystander)
+
+
+def test_1000_processes(victim: Sandbox, bystander: Sandbox) -> None:
+    out = _run_hostile(
+        victim,
+        "for i in $(seq 1000); do sleep 120 & done; "
+        "ps -e --no-headers | wc -l; kill $(jobs -p) 2>/dev/null; true",
+    )
+    assert out.startswith("error") or int(out.split()[0]) >= 1000
+    _node_and_bystander_answer(bystander)
