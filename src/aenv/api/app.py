@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from aenv.api.api_keys import ApiKeyRoutes
 from aenv.api.builds import BuildRoutes
 from aenv.api.errors import APIError
+from aenv.api.internal import caller, caller_key
 from aenv.api.keys import KeyStore
 from aenv.api.limits import RateLimiter, retry_after
 from aenv.api.logs import LogRoutes
@@ -40,7 +41,9 @@ _OPEN_PATHS = frozenset({"/health", "/metrics", OPENAPI_PATH})
 class APIKeyGate:
     """Every control-plane request but the `_OPEN_PATHS` carries one of the node's keys in
     `X-API-KEY` (or, from old SDKs, `Authorization: Bearer <key>`), within the key's rate limit;
-    the key it used is in the request's state (`api_key`)."""
+    the key it used is in the request's state (`api_key`). A call a cluster gateway made (see
+    `api.internal`) was authenticated and rate-limited there: it acts as the key the gateway
+    names."""
 
     def __init__(self, app: ASGIApp, keys: KeyStore, limiter: RateLimiter) -> None:
         self.app = app
@@ -48,7 +51,10 @@ class APIKeyGate:
         self.limiter = limiter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in _OPEN_PATHS:
+        on_behalf = caller(scope.get("state", {}))
+        if on_behalf is not None:
+            scope["state"]["api_key"] = caller_key(on_behalf)
+        elif scope["type"] == "http" and scope["path"] not in _OPEN_PATHS:
             headers = {k.lower(): v for k, v in scope["headers"]}
             given = headers.get(b"x-api-key", b"").decode("latin-1") or None
             bearer = headers.get(b"authorization", b"").decode("latin-1")
@@ -91,6 +97,10 @@ async def _unexpected(_: Request, exc: Exception) -> Response:
     return APIError(500, f"internal error: {type(exc).__name__}", should_retry=False).response()
 
 
+# Every error a control plane answers, as `{"code", "message"}` JSON.
+JSON_ERRORS = {APIError: _api_error, HTTPException: _http_error, Exception: _unexpected}
+
+
 def create_api(
     orchestrator: Orchestrator,
     config: Config,
@@ -121,12 +131,5 @@ def create_api(
     ]
     # Last: it describes every route above.
     routes.append(OpenAPIDocument(routes, _OPEN_PATHS).route)
-    app = Starlette(
-        routes=routes,
-        exception_handlers={
-            APIError: _api_error,
-            HTTPException: _http_error,
-            Exception: _unexpected,
-        },
-    )
+    app = Starlette(routes=routes, exception_handlers=JSON_ERRORS)
     return APIKeyGate(app, keys, RateLimiter(config.key_requests_per_s, config.key_request_burst))

@@ -17,6 +17,7 @@ from starlette.routing import Route
 from aenv.api.errors import APIError, call_lifecycle, not_found
 from aenv.api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from aenv.api.idempotency import IdempotentCreates, check_key
+from aenv.api.internal import CURSORS_HEADER, caller
 from aenv.api.metrics import NodeMetrics
 from aenv.api.models import (
     DEFAULT_TIMEOUT_V1,
@@ -219,10 +220,13 @@ class SandboxRoutes:
             template=q.get("template") or None,
             started_after=_parse_time(started_after) if started_after else None,
             ascending=ascending,
-            after=_cursor_key(token) if token else None,
+            after=cursor_key(token) if token else None,
         )
         page, more = self.orc.catalog.page(query)
-        headers = {"X-Next-Token": _cursor(page[-1], ascending)} if more and page else {}
+        headers = {"X-Next-Token": cursor(page[-1], ascending)} if more and page else {}
+        if caller(request.scope.get("state", {})) is not None:
+            # A gateway merges several nodes' pages: it needs every item's exact position.
+            headers[CURSORS_HEADER] = ",".join(cursor(r, ascending) for r in page)
         return JSONResponse([self._listed(r) for r in page], headers=headers)
 
     # -- single sandbox ---------------------------------------------------------------------
@@ -376,12 +380,15 @@ def _int_param(value: str | None, default: int, name: str) -> int:
         raise APIError(400, f"{name} must be an integer") from e
 
 
-def _cursor(record: SandboxRecord, ascending: bool) -> str:
+def cursor(record: SandboxRecord, ascending: bool) -> str:
+    """`nextToken` for the page after `record`: its position, valid on every node (a gateway
+    passes one token to all of them)."""
     raw = f"{record.started_at!r}__{record.id}__{'asc' if ascending else 'desc'}"
     return base64.urlsafe_b64encode(raw.encode()).decode()
 
 
-def _cursor_key(token: str) -> tuple[float, str]:
+def cursor_key(token: str) -> tuple[float, str]:
+    """The (started at, sandbox id) position a `nextToken` names; 400 when it names none."""
     try:
         started, sandbox_id, _ = base64.urlsafe_b64decode(token.encode()).decode().split("__")
         return float(started), sandbox_id

@@ -47,6 +47,7 @@ from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.locks import KeyedLocks
 from aenv.orchestrator.metrics_history import MetricsHistory
 from aenv.orchestrator.reserve import HostReserve
+from aenv.orchestrator.residency import ResidencyListener, tell
 from aenv.orchestrator.saved import SavedStates
 from aenv.orchestrator.states import KILLABLE, LIVE, SAVED, SandboxState
 from aenv.orchestrator.templates import BOOT_READY_TIMEOUT, Template, TemplateStore
@@ -187,6 +188,8 @@ class Orchestrator:
         # Told (sandbox id, VM id) whenever a sandbox's VM stops, whatever the reason: the proxy
         # ends the connections to that VM at once.
         self.vm_stopped: list[Callable[[str, str], None]] = []
+        # Told which sandboxes come and go (a cluster node's agent), see `residency`.
+        self.residency: list[ResidencyListener] = []
         self.metrics = MetricsHistory()
 
     # -- start-up and shutdown ------------------------------------------------------------
@@ -414,7 +417,9 @@ class Orchestrator:
             )
             assert running is not None  # only this task changes a row it holds the lock of
             self._started(running, live)
-            return running
+        if not running.internal:
+            await tell(self.residency, lambda r: r.sandbox_routed(sandbox_id), f"{sandbox_id} came")
+        return running
 
     async def _launch(
         self, record: SandboxRecord, snapshot: Snapshot, *, current_token: str | None, cold: bool
@@ -538,6 +543,8 @@ class Orchestrator:
             await self._reclaim_files(sandbox_id)
             await self.saved.drop_archived(self.catalog.get(sandbox_id) or record)
             self.catalog.delete(sandbox_id)
+        if not record.internal:
+            await tell(self.residency, lambda r: r.sandbox_gone(sandbox_id), f"{sandbox_id} left")
         await self.saved.collect()
         return True
 
