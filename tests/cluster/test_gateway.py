@@ -117,6 +117,15 @@ async def test_calls_for_a_sandbox_go_to_its_node(setup: Setup, client: aioredis
     assert keyless.status_code == 401
 
 
+async def test_routes_the_gateway_does_not_serve_yet_are_501_naming_them(setup: Setup) -> None:
+    with setup.client() as http:
+        answer = http.get("/templates")
+        metrics = http.get("/sandboxes/metrics", params={"sandbox_ids": "a"})
+    assert answer.status_code == 501
+    assert answer.json()["message"].startswith("GET /templates is not served by the cluster")
+    assert metrics.status_code == 501
+
+
 async def test_the_list_pages_over_every_node_in_order(setup: Setup) -> None:
     a, b = setup.nodes["a"], setup.nodes["b"]
     for index, node in enumerate([a, b, a, b, a]):

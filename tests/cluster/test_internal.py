@@ -63,6 +63,10 @@ def test_with_the_token_the_prefix_is_stripped_and_the_caller_acts(
     created = httpx.post(f"{url}/internal/sandboxes", headers=headers, json={})
     assert found.status_code == 200 and found.json() == {"sandboxID": "sbone", "node": "a"}
     assert created.status_code == 201
+    # Naming no key, the token's holder acts as the cluster.
+    listed = httpx.get(f"{url}/internal/v2/sandboxes", headers={TOKEN_HEADER: SECRET.bearer})
+    assert listed.status_code == 200
+    assert [s["sandboxID"] for s in listed.json()] == ["asb1", "sbone"]
 
 
 def test_public_routes_stay_behind_the_users_key(node: tuple[str, str]) -> None:

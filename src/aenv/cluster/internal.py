@@ -4,7 +4,8 @@ secret.
 Every route of the node (control plane and data plane) is reachable under the prefix, but only
 with the cluster's bearer token (`ClusterSecret.bearer`) in `X-Aenv-Cluster-Token`, compared in
 constant time; a user's API key opens none of them. A gateway names the API key it checked in
-`X-Aenv-Caller`; the node then acts for that key (`aenv.api.internal`). Both headers are
+`X-Aenv-Caller`; the node then acts for that key (`aenv.api.internal`), and a call that names
+none (an operator's, with the token) acts as `CLUSTER_CALLER`. Both headers are
 removed before the request goes on, and the prefix is stripped from its path, so the node's own
 routing (`aenv.proxy.routing`) sees what it would have seen from a client. Paths outside the
 prefix pass through untouched: the node's public API stays as `aenv server` has it.
@@ -24,6 +25,7 @@ from aenv.proxy.errors import ProxyError, deny_websocket
 PREFIX = "/internal"
 TOKEN_HEADER = "X-Aenv-Cluster-Token"  # noqa: S105 - a header name
 CALLER_HEADER = "X-Aenv-Caller"
+CLUSTER_CALLER = "cluster"
 
 _TOKEN = TOKEN_HEADER.lower().encode()
 _CALLER = CALLER_HEADER.lower().encode()
@@ -53,7 +55,10 @@ class InternalGate:
             "path": path[len(PREFIX) :] or "/",
             "raw_path": raw_path[len(PREFIX) :] or b"/",
             "headers": [(n, v) for n, v in scope["headers"] if n not in (_TOKEN, _CALLER)],
-            "state": {**scope.get("state", {}), CALLER_STATE: caller.decode("latin-1") or None},
+            "state": {
+                **scope.get("state", {}),
+                CALLER_STATE: caller.decode("latin-1") or CLUSTER_CALLER,
+            },
         }
         await self.app(inner, receive, send)
 

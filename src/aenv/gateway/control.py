@@ -7,6 +7,7 @@
 - Calls naming a sandbox go to the live node it is routed to; none is E2B's 404.
 - Lists ask every live node and merge (`listing`).
 - Redis unreachable is a 503 with a JSON error, for as long as it lasts.
+- Every other route of a node is a 501 here for now, naming it.
 """
 
 from __future__ import annotations
@@ -47,7 +48,16 @@ class ControlPlane:
             Route("/v2/sandboxes", self.list_v2, methods=["GET"]),
             Route("/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
             Route("/v2/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
+            Route("/{rest:path}", self.not_served, methods=_SANDBOX_METHODS),
         ]
+
+    async def not_served(self, request: Request) -> Response:
+        """Routes a node has but a gateway does not serve yet: said plainly, never half done."""
+        raise APIError(
+            501,
+            f"{request.method} {request.url.path} is not served by the cluster gateway yet "
+            "(templates, snapshots, API keys, batch metrics): call a node for it",
+        )
 
     async def health(self, _: Request) -> Response:
         """204 while the cluster's Redis answers, as a load balancer's probe needs."""
@@ -75,7 +85,7 @@ class ControlPlane:
     async def sandbox(self, request: Request) -> Response:
         match = _SANDBOX_PATH.fullmatch(request.url.path)
         if match is None:
-            raise APIError(404, f"not found: {request.url.path}")
+            return await self.not_served(request)
         sandbox_id = match.group(1)
         node = await self.directory.node_of(sandbox_id)
         if node is None:
