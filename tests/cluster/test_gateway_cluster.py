@@ -29,7 +29,8 @@ from tests.cluster.shared import SECRET
 from tests.support.guest import GUEST_CACHE, MIRROR
 from tests.support.redis_server import RedisServer
 
-pytestmark = pytest.mark.slow
+# Two nodes build their first template under TCG side by side: minutes on a loaded machine.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 SCRIPT = str(Path(__file__).parent / "sdk" / "through_gateway.py")
 NODES = ["node-a", "node-b"]
