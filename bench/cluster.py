@@ -147,6 +147,7 @@ async def proxy(scratch: Path, samples: int = 200) -> dict[str, Any]:
     from tests.support.guest import GUEST_CACHE, MIRROR
 
     await prepare_images(Paths(scratch / "node-a").cache, GUEST_CACHE, MIRROR)
+    (scratch / "redis").mkdir()
     with redis_server(scratch / "redis") as server:
         client = connect(server.url)
         registry = NodeRegistry(client, SECRET)
