@@ -26,6 +26,7 @@ from aenv.api.sandboxes import SandboxRoutes
 from aenv.api.snapshots import SnapshotRoutes
 from aenv.api.teams import ROUTES as TEAM_ROUTES
 from aenv.api.templates import TemplateRoutes
+from aenv.api.volumes import VolumeRoutes
 from aenv.config import Config
 from aenv.orchestrator.builds import Builder, ImageBooter
 from aenv.orchestrator.lifecycle import Orchestrator
@@ -117,6 +118,7 @@ def create_api(
         *NodeRoutes(orchestrator).routes(),
         *LogRoutes(orchestrator).routes(),
         *ApiKeyRoutes(keys).routes(),
+        *VolumeRoutes(orchestrator).routes(),
         *TEAM_ROUTES,
     ]
     # Last: it describes every route above.

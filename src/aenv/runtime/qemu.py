@@ -195,6 +195,7 @@ class QemuDriver:
             net=net,
             limits=target.limits,
             disks=tuple(disks),
+            shares=target.shares,
         )
         try:
             vm = await self.boot(spec)
@@ -262,6 +263,8 @@ class QemuDriver:
     async def _restore_vm(self, snapshot: Snapshot, target: RestoreSpec) -> QemuVM:
         """A VMM holding `snapshot`'s state, its vCPUs not started yet."""
         await self._check(snapshot)
+        if target.shares:
+            raise RestoreError("a restored VM has its snapshot's devices: shares need a boot")
         if not await asyncio.to_thread(target.workdir.is_dir):
             raise RestoreError(f"workdir {target.workdir} does not exist")
         net = snapshot.spec.net
@@ -282,6 +285,7 @@ class QemuDriver:
             net=net,
             limits=target.limits,
             disks=tuple(disks),
+            shares=target.shares,
         )
         if snapshot.memory_file is not None:
             memory = _Memory(snapshot.memory_file, shared=False, owned=False)
@@ -334,7 +338,7 @@ class QemuDriver:
         self, vm_id: str, spec: VMSpec, memory: _Memory, qmp: Path, console: Path, tap_fd: int
     ) -> list[str]:
         accel = "kvm" if self.config.accel == "kvm" else f"tcg,tb-size={TCG_TB_MIB}"
-        share = "on" if memory.shared else "off"
+        shared_memory = "on" if memory.shared else "off"
         jailed = self.config.jail is not None
         argv = [
             str(host_binary(self.config.binary)) if jailed else self.config.binary,
@@ -346,7 +350,7 @@ class QemuDriver:
             "-m", f"{spec.memory_mib}M",
             "-object",
             f"memory-backend-file,id=mem,size={spec.memory_mib}M,"
-            f"mem-path={_opt(memory.path)},share={share}",
+            f"mem-path={_opt(memory.path)},share={shared_memory}",
             "-display", "none",
             "-monitor", "none",
             "-no-reboot",
@@ -378,6 +382,13 @@ class QemuDriver:
                 "-netdev", f"tap,id=net0,fd={tap_fd}",
                 "-device", f"virtio-net-device,netdev=net0,mac={spec.net.mac}",
             ]  # fmt: skip
+        for i, share in enumerate(spec.shares):
+            # security_model=none: files get the guest's modes but the VMM's owner, as the
+            # jailed VMM may not chown; the guest's own permission checks still apply.
+            argv += [
+                "-fsdev", f"local,id=fs{i},path={_opt(share.path)},security_model=none",
+                "-device", f"virtio-9p-device,fsdev=fs{i},mount_tag={share.tag}",
+            ]  # fmt: skip
         return argv
 
     def _jail_files(
@@ -391,6 +402,7 @@ class QemuDriver:
             if not disk.read_only:
                 files.append(JailFile(below.pop(0), Access.OWN))
             files += [JailFile(p, Access.READ) for p in below]
+        files += [JailFile(share.path, Access.SHARED_DIR) for share in spec.shares]
         mapped = Access.OWN if memory.owned else Access.SHARED_WRITE
         return [*files, JailFile(memory.path, mapped), JailFile(qmp, Access.OWN),
                 JailFile(console, Access.OWN)]  # fmt: skip
