@@ -6,6 +6,10 @@ only. The mounts themselves, in real guests, are tested in tests/e2e/volumes."""
 
 from __future__ import annotations
 
+import asyncio
+import json
+import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -141,3 +145,29 @@ async def test_pause_fork_and_snapshot_save_the_filesystem_and_remount(tmp_path:
         assert resumed.status_code == 201, resumed.text
         assert _vm(node, sandbox_id).guest.volume_mounts == [{"tag": "aenv-vol0", "path": "/v"}]
         assert _vm(node, sandbox_id).spec.shares
+
+
+async def _aenv(api: Any, *args: str) -> tuple[int, str, str]:
+    env = {**os.environ, "E2B_API_URL": str(api.base_url), "E2B_API_KEY": KEY}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aenv.cli", "volumes", *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_the_cli_manages_volumes(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        code, out, _ = await _aenv(api, "create", "from-cli")
+        volume_id = out.strip()
+        assert code == 0 and node.orchestrator.volumes.get(volume_id).name == "from-cli"
+        code, out, _ = await _aenv(api, "list", "--json")
+        assert json.loads(out) == [{"volumeID": volume_id, "name": "from-cli"}]
+        code, _, err = await _aenv(api, "create", "from-cli")
+        assert code == 1 and "already exists" in err
+        code, out, _ = await _aenv(api, "delete", volume_id)
+        assert code == 0 and out.strip() == volume_id and node.orchestrator.volumes.list() == []
+        code, _, err = await _aenv(api, "delete", volume_id)
+        assert code == 1 and "404" in err
