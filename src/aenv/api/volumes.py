@@ -4,6 +4,13 @@ errors for the sandbox create that mounts volumes.
 
 A volume that sandboxes still mount is not deleted: 409 naming them (E2B's spec lists no code
 for it; deleting the files under a running guest would be worse).
+
+E2B's volume content API (`/volumecontent/{volumeID}/...`: files of a volume without a sandbox)
+is refused with a 400 naming it. Serving it safely needs more than path checks: guests create
+symlinks in volumes, and a host-side reader running as root must never follow one out of the
+volume, also not when a guest swaps a directory for a link between the check and the open
+(`openat2` with `RESOLVE_BENEATH`, which Python does not expose, or a confined helper process).
+`CONTENT_PREFIX` is exempt from the API key gate: the SDK sends the volume's token there.
 """
 
 from __future__ import annotations
@@ -41,6 +48,17 @@ def mounts_body(store: VolumeStore, record: SandboxRecord) -> list[dict[str, str
     ]
 
 
+CONTENT_PREFIX = "/volumecontent/"
+
+
+async def _content_refused(_: Request) -> Response:
+    raise APIError(
+        400,
+        "the volume content API is not supported here: mount the volume into a sandbox "
+        "(volumeMounts) and use the sandbox's files API",
+    )
+
+
 class VolumeRoutes:
     def __init__(self, orchestrator: Orchestrator) -> None:
         self.orc = orchestrator
@@ -52,6 +70,12 @@ class VolumeRoutes:
             Route("/volumes", self.create, methods=["POST"]),
             Route("/volumes/{volume_id}", self.info, methods=["GET"]),
             Route("/volumes/{volume_id}", self.delete, methods=["DELETE"]),
+            Route(
+                CONTENT_PREFIX + "{rest:path}",
+                _content_refused,
+                methods=["GET", "PUT", "POST", "PATCH", "DELETE"],
+                include_in_schema=False,
+            ),
         ]
 
     def _with_token(self, volume: VolumeRecord) -> dict[str, Any]:
