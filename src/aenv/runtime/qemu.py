@@ -69,6 +69,12 @@ Accel = Literal["kvm", "tcg"]
 MIGRATE_BANDWIDTH = 100 << 30  # bytes/s: effectively unlimited
 VMM_OVERHEAD_MIB = 192  # QEMU heap + TCG translation cache (bounded by tb-size below)
 TCG_TB_MIB = 64
+# How a VM's 9p shares (volumes) store files. mapped-xattr: the guest's owner and mode live in
+# extended attributes, so guests see and change them as on any filesystem (a jailed VMM could
+# not chown the host files). On the host every file is readable and writable by all (fmode,
+# dmode; the VMM runs with umask 0): the VMMs of other sandboxes, each with its own uid, share
+# them, while the volumes directory (0700, root) keeps host users out.
+SHARE_FILE_MODES = "security_model=mapped-xattr,fmode=0666,dmode=0777"
 DEFAULT_PIDS = 64
 _JAIL_ENV = {"PATH": "/usr/bin:/bin"}
 
@@ -383,10 +389,8 @@ class QemuDriver:
                 "-device", f"virtio-net-device,netdev=net0,mac={spec.net.mac}",
             ]  # fmt: skip
         for i, share in enumerate(spec.shares):
-            # security_model=none: files get the guest's modes but the VMM's owner, as the
-            # jailed VMM may not chown; the guest's own permission checks still apply.
             argv += [
-                "-fsdev", f"local,id=fs{i},path={_opt(share.path)},security_model=none",
+                "-fsdev", f"local,id=fs{i},path={_opt(share.path)},{SHARE_FILE_MODES}",
                 "-device", f"virtio-9p-device,fsdev=fs{i},mount_tag={share.tag}",
             ]  # fmt: skip
         return argv
@@ -448,7 +452,9 @@ class QemuDriver:
             async with contextlib.AsyncExitStack() as held:
                 if jail is not None:
                     argv = await self._confine(held, jail, argv, spec, memory, qmp_path, console)
-                proc = await _spawn(argv, stderr_log, tap_fd, clean_env=jail is not None)
+                proc = await _spawn(
+                    argv, stderr_log, tap_fd, clean_env=jail is not None, shares=bool(spec.shares)
+                )
                 if self._cgroups is not None:
                     # Placed before the guest runs (-S): vCPU threads and helpers inherit it.
                     cgroup = await asyncio.to_thread(
@@ -783,7 +789,7 @@ def _host_cpu_model() -> str:
 
 
 async def _spawn(
-    argv: Sequence[str], stderr_log: Path, tap_fd: int | None, *, clean_env: bool
+    argv: Sequence[str], stderr_log: Path, tap_fd: int | None, *, clean_env: bool, shares: bool
 ) -> asyncio.subprocess.Process:
     with stderr_log.open("wb") as err:
         return await asyncio.create_subprocess_exec(
@@ -795,6 +801,8 @@ async def _spawn(
             pass_fds=() if tap_fd is None else (tap_fd,),
             # A jailed VMM gets none of the server's environment (it may hold credentials).
             env=_JAIL_ENV if clean_env else None,
+            # Files a VMM creates in a share get exactly `SHARE_FILE_MODES` (see `_argv`).
+            umask=0 if shares else -1,
         )
 
 
