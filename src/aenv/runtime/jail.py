@@ -35,8 +35,8 @@ What a VMM sees, and may do with it (each file bind-mounted at its own host path
 - read, write and create in, shared (`Access.SHARED_DIR`, owner root, mode 0777: VMMs of other
   uids, and guest users of any uid, create and remove files in it): the directory of a volume it
   mounts (a 9p share). What a VMM creates there is its uid's, readable and writable by all
-  (`qemu.SHARE_FILE_MODES`). QEMU's 9p server sets attributes through `/proc/self/fd`, so such a VMM also gets a /proc that
-  shows its own processes alone (`PROC_OPTIONS`);
+  (`qemu.SHARE_FILE_MODES`). QEMU's 9p server sets attributes through `/proc/self/fd`, so
+  such a VMM also gets a /proc that shows its own processes alone (`PROC_OPTIONS`);
 - read and write, its own (`Access.OWN`, owner its uid, mode 0600): its writable disk tops, its
   own memory file, its console log and its QMP socket.
 Files are made accessible by owner and group on the file itself; their directories keep their

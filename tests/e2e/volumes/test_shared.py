@@ -49,8 +49,10 @@ def test_pause_resume_and_fork_keep_the_volume_mounted() -> None:
         resumed = Sandbox.connect(sandbox.sandbox_id, timeout=120)
         assert resumed.files.read("/kept/note") == "before the pause"
         assert resumed.files.read("/home/user/own") == "on the sandbox's disk"
-        children = resumed.fork(count=1, timeout=120)
-        children[0].files.write("/kept/from-child", "child")
+        (child,) = resumed.fork(count=1, timeout=120)
+        assert isinstance(child, Sandbox), child
+        children.append(child)
+        child.files.write("/kept/from-child", "child")
         assert resumed.files.read("/kept/from-child") == "child"
     finally:
         for s in [sandbox, *children]:
