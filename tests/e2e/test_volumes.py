@@ -1,6 +1,6 @@
 """End-to-end volumes: a real `aenv server` booting real VMs that mount volumes over virtio-9p,
-driven by the unmodified e2b SDK from inside the server's namespace (`volumes/`), across a
-graceful restart of the server."""
+driven by the unmodified e2b SDKs (Python and npm) from inside the server's namespace
+(`volumes/`), across a graceful restart of the server."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from aenv.orchestrator.images import prepare_images
 from tests.e2e.server_ns import server_in_namespace
 from tests.e2e.test_server import suite
 from tests.support.guest import GUEST_CACHE, MIRROR
+from tests.support.js import ensure_npm_sdk
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -26,8 +27,10 @@ def test_volumes_with_the_sdk_across_a_restart() -> None:
     try:
         home = scratch / "home"
         asyncio.run(prepare_images(Paths(home).cache, GUEST_CACHE, MIRROR))
+        ensure_npm_sdk()  # the server's namespace has no route to the npm registry
         with server_in_namespace(home) as server:
             suite(server, "volumes/test_shared.py")
+            suite(server, "volumes/test_js_sdk.py")
             server.stop()
             server.start()
             suite(server, "volumes/test_after_restart.py")
