@@ -293,7 +293,6 @@ class QemuDriver:
             net=net,
             limits=target.limits,
             disks=tuple(disks),
-            shares=target.shares,
         )
         if snapshot.memory_file is not None:
             memory = _Memory(snapshot.memory_file, shared=False, owned=False)
