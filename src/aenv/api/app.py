@@ -27,6 +27,7 @@ from aenv.api.sandboxes import SandboxRoutes
 from aenv.api.snapshots import SnapshotRoutes
 from aenv.api.teams import ROUTES as TEAM_ROUTES
 from aenv.api.templates import TemplateRoutes
+from aenv.api.volumes import CONTENT_PREFIX, VolumeRoutes
 from aenv.config import Config
 from aenv.orchestrator.builds import Builder, ImageBooter
 from aenv.orchestrator.lifecycle import Orchestrator
@@ -52,9 +53,14 @@ class APIKeyGate:
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         on_behalf = caller(scope.get("state", {}))
+        path = scope.get("path", "")
         if on_behalf is not None:
             scope["state"]["api_key"] = caller_key(on_behalf)
-        elif scope["type"] == "http" and scope["path"] not in _OPEN_PATHS:
+        elif (
+            scope["type"] == "http"
+            and path not in _OPEN_PATHS
+            and not path.startswith(CONTENT_PREFIX)
+        ):
             headers = {k.lower(): v for k, v in scope["headers"]}
             given = headers.get(b"x-api-key", b"").decode("latin-1") or None
             bearer = headers.get(b"authorization", b"").decode("latin-1")
@@ -127,6 +133,7 @@ def create_api(
         *NodeRoutes(orchestrator).routes(),
         *LogRoutes(orchestrator).routes(),
         *ApiKeyRoutes(keys).routes(),
+        *VolumeRoutes(orchestrator).routes(),
         *TEAM_ROUTES,
     ]
     # Last: it describes every route above.

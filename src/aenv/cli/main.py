@@ -16,7 +16,17 @@ import typer
 import uvicorn
 from starlette.types import ASGIApp
 
-from aenv.cli import cluster, gateway, images, keys, sandboxes, shell, snapshots, templates
+from aenv.cli import (
+    cluster,
+    gateway,
+    images,
+    keys,
+    sandboxes,
+    shell,
+    snapshots,
+    templates,
+    volumes,
+)
 from aenv.cli.node import console
 from aenv.config import Config, ConfigError, load
 
@@ -35,6 +45,7 @@ app.add_typer(snapshots.app)
 app.add_typer(shell.app)
 app.add_typer(templates.app, name="template")
 app.add_typer(keys.app, name="keys")
+app.add_typer(volumes.app, name="volumes")
 app.add_typer(cluster.app, name="node")
 app.add_typer(gateway.app, name="gateway")
 
