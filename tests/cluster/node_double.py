@@ -28,14 +28,16 @@ from aenv.orchestrator.catalog import Catalog, SandboxRecord
 from aenv.orchestrator.kinds import SaveMode
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.states import SandboxState
+from aenv.orchestrator.volumes import VolumeStore
 from tests.cluster.shared import SECRET
 
 
 @dataclass
 class _CatalogOnly:
-    """What the list route reads of the orchestrator: its catalog."""
+    """What the list route reads of the orchestrator: its catalog and volumes."""
 
     catalog: Catalog
+    volumes: VolumeStore
 
 
 @dataclass
@@ -61,7 +63,9 @@ class NodeDouble:
     def app(self, keys: KeyStore) -> ASGIApp:
         config = load({"home": self.home})
         routes = SandboxRoutes(
-            cast(Orchestrator, _CatalogOnly(self.catalog)), config, cast(NodeMetrics, None)
+            cast(Orchestrator, _CatalogOnly(self.catalog, VolumeStore(self.catalog, self.home))),
+            config,
+            cast(NodeMetrics, None),
         )
         app = Starlette(
             routes=[
