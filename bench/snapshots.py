@@ -185,7 +185,7 @@ def sequences(home: Path, run: int) -> dict[str, Any]:
         sandbox = Sandbox.connect(sandbox.sandbox_id, timeout=600)
         # The guest's /dev/shm is half its RAM by default: room for 256 MiB made first.
         sandbox.commands.run("mount -o remount,size=90% /dev/shm", user="root")
-        fill = f"yes abcdefghijklmnop | head -c {mib}M > /dev/shm/fill"
+        fill = f"head -c {mib}M /dev/zero | tr '\\000' x > /dev/shm/fill"
         sandbox.commands.run(fill, timeout=600)
         out[f"write{mib}_snapshot"], out[f"write{mib}_snapshot_mib"] = snapshot_and_wait(
             home, sandbox
