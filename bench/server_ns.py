@@ -54,8 +54,9 @@ def bench_server(env: Mapping[str, str] | None = None) -> Iterator[Any]:
     try:
         log("preparing guest images (cached)...")
         asyncio.run(prepare_images(Paths(home).cache, GUEST_CACHE, MIRROR))
-        os.environ.update(env or {})  # server_in_namespace copies os.environ
-        with server_in_namespace(home) as server:
+        # Also in os.environ, for the bench's own client in the namespace.
+        os.environ.update(env or {})
+        with server_in_namespace(home, settings=env or {}) as server:
             try:
                 yield server
             finally:
@@ -102,6 +103,16 @@ def run_client(server: Any, argv: list[str], timeout: float) -> dict[str, Any]:
         return result
 
 
+def vmm_processes(home: Path) -> Iterator[Any]:
+    """The QEMU processes of the node at `home` (psutil processes)."""
+    import psutil
+
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if "qemu" in (proc.info["name"] or "") and str(home) in cmdline:
+            yield proc
+
+
 def describe(server: Any) -> dict[str, Any]:
     """What the figures ran on: the VMM the server chose, guest size, host cores."""
     log = server.log.read_text(errors="replace").splitlines()
@@ -116,19 +127,11 @@ def describe(server: Any) -> dict[str, Any]:
 def client_env(wait_s: float = 1200) -> dict[str, str]:
     """In the namespace: wait for the server (its first start builds the `base` template) and
     set the SDK's variables in os.environ; returns them."""
-    import httpx
+    from tests.support.http_wait import wait_until_up
 
     home = Path(os.environ["AENV_HOME"])
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            if httpx.get(f"{BASE}/health", timeout=2).is_success:
-                break
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError("server did not come up:\n" + (home / "server.log").read_text())
-        time.sleep(0.5)
+    if not wait_until_up(f"{BASE}/health", wait_s):
+        raise RuntimeError("server did not come up:\n" + (home / "server.log").read_text())
     env = {
         "E2B_API_KEY": Paths(home).api_key.read_text().strip(),
         "E2B_API_URL": BASE,
