@@ -11,6 +11,8 @@ from typing import Any
 
 import pytest
 
+from aenv.config import Config
+from aenv.orchestrator.repository import open_archive
 from aenv.runtime import ramdelta
 from aenv.runtime.qemu import QemuVM
 from tests.runtime.qemu_vm.conftest import TEMPLATE_MEMORY, Fleet, Places, Template
@@ -42,6 +44,31 @@ async def test_pause_of_a_clone_writes_what_changed(
     assert (await agent(other_netns))["memory"] == TEMPLATE_MEMORY
     await other.stop()
     await clone.stop()
+
+
+async def test_a_changed_pages_pause_restores_from_the_repository(
+    fleet: Fleet, template: Template, places: Places, tmp_path: Path
+) -> None:
+    """What a node with an empty cache does: the checkpoint comes back from the repository, its
+    base memory file with it, into the directory it was exported to, and restores there."""
+    vm, netns = await fleet.restore(template.snapshot)
+    await agent(netns, "POST", "/?memory=archived&note=archived-note")
+    paused = await vm.snapshot(places.snapshot_target(), keep_running=False)
+    archive = open_archive(Config(home=tmp_path / "home"))
+    assert archive is not None
+    try:
+        manifest = await archive.push_checkpoint(
+            paused, tmp_path / "staging", fleet.driver, name="pause", metadata={}
+        )
+        pulled = await archive.pull(manifest, tmp_path / "staging", fleet.driver)
+    finally:
+        archive.close()
+    assert pulled.memory_file == tmp_path / "staging" / "memory"
+    assert pulled.state_file.read_bytes() == paused.state_file.read_bytes()
+    restored, restored_netns = await fleet.restore(pulled)
+    state = await agent(restored_netns)
+    assert (state["memory"], state["note"]) == ("archived", "archived-note")
+    await restored.stop()
 
 
 async def test_chains_of_pause_restore_and_full_saves(
