@@ -135,7 +135,9 @@ def filter_stream(
                     first = unpack(data, pos)[0] >> 12
                     last = unpack(data, run.start(1))[0] >> 12
                     at = bisect.bisect_left(wanted, first)
-                    if first <= last and (at == len(wanted) or wanted[at] > last):
+                    if _contiguous(run.end() - pos, first, last) and (
+                        at == len(wanted) or wanted[at] > last
+                    ):
                         pos = run.end()
                         continue
                     careful_until = run.end()
@@ -197,6 +199,16 @@ def filter_stream(
     out.append(data[pos:])
     size = sum(len(p) for p in out)
     return out, DeltaStats(kept, len(data), size)
+
+
+def _contiguous(length: int, first: int, last: int) -> bool:
+    """Whether a run of `length` bytes from page `first` to page `last` can only be one record
+    for each page in between, in order (QEMU's first pass over a stopped VM's RAM): n records,
+    z of 9 bytes and p of 8 + PAGE, span 9n + (PAGE - 1)p bytes. Otherwise the pages between
+    `first` and `last` need not be the run's, and it is walked record by record."""
+    count = last - first + 1
+    pages, rest = divmod(length - 9 * count, PAGE - 1)
+    return count > 0 and rest == 0 and 0 <= pages <= count
 
 
 def _find_ram_start(data: memoryview) -> int:
