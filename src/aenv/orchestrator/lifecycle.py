@@ -36,7 +36,7 @@ import httpx
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.ids import new_access_token, new_sandbox_id
-from aenv.network import NftError, Slot, SlotProvider
+from aenv.network import NftError, Slot, SlotProvider, SlotReclaimer
 from aenv.network.settings import SandboxNetwork, SlotEgress
 from aenv.orchestrator import checkpoints, consoles, detach, metrics_history
 from aenv.orchestrator.archive import Archive
@@ -60,7 +60,7 @@ from aenv.runtime.driver import (
     Snapshot,
     SnapshotTarget,
 )
-from aenv.runtime.sweep import Reaper
+from aenv.runtime.sweep import Reaper, reap_strays
 from aenv.storage.repository import RepositoryError
 
 log = logging.getLogger("aenv.orchestrator")
@@ -85,8 +85,8 @@ class CreateFailed(RuntimeError):
 
 
 class CapacityReached(RuntimeError):
-    """The node already holds `max_sandboxes` sandboxes, or the request's owner (an API key)
-    already runs `key_max_sandboxes`."""
+    """The node already holds `max_sandboxes` sandboxes, the request's owner (an API key)
+    already runs `key_max_sandboxes`, or the host has not the memory or disk for more."""
 
 
 class InvalidState(RuntimeError):
@@ -176,6 +176,8 @@ class Orchestrator:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._admission = asyncio.Semaphore(config.max_concurrent_creates)
         self._queued_by: collections.Counter[str | None] = collections.Counter()
+        # Disk of the creates admitted and not finished: their layers have not grown yet.
+        self._disk_pending_mb = 0
         self.stats = CreateStats()
         self._client = httpx.AsyncClient()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -196,6 +198,9 @@ class Orchestrator:
         kills them), so sandboxes that were running are cleaned up and removed; paused ones stay
         paused, and one caught mid-pause or mid-resume falls back to its newest complete
         checkpoint (a crash never leaves a half-written one in use)."""
+        # Also those of the previous server that the start-up sweep cannot tell from others'
+        # (re-parented to a subreaper, not to init): they would write to the files reclaimed here.
+        await asyncio.to_thread(reap_strays, self.config.home)
         for record in self.catalog.list():
             sandbox_dir = self._dirs(record.id)[0]
             if record.state in SAVED:
@@ -315,6 +320,19 @@ class Orchestrator:
                 "You have reached the maximum number of concurrent sandboxes for this API key "
                 f"({self.config.key_max_sandboxes})"
             )
+        disk_mb = (parent or base).disk_size_mb
+        await self._check_disk(disk_mb)
+        # Counted with no await since the check: concurrent creates see each other's disks.
+        self._disk_pending_mb += disk_mb
+        try:
+            return await self._queued_create(request, base, parent)
+        finally:
+            self._disk_pending_mb -= disk_mb
+
+    async def _queued_create(
+        self, request: CreateRequest, base: Template, parent: SandboxRecord | None
+    ) -> SandboxRecord:
+        owner = request.owner
         self.stats.queued += 1
         self._queued_by[owner] += 1
         try:
@@ -333,6 +351,17 @@ class Orchestrator:
             self._admission.release()
         self.stats.succeeded += 1
         return record
+
+    async def _check_disk(self, need_mb: int) -> None:
+        """Raises CapacityReached when new sandboxes that can write `need_mb` (each one's
+        writable layer is bounded at its disk size), on top of the creates under way, do not
+        fit in the data filesystem's free space above the reserve. The check is the last step:
+        a caller that counts `need_mb` right after it races no other create."""
+        reserve = self._reserve()
+        free_mb = await asyncio.to_thread(reserve.free_disk_mb)
+        short = reserve.disk_shortfall(free_mb, self._disk_pending_mb + need_mb)
+        if short is not None:
+            raise CapacityReached(f"no new sandboxes: {short}")
 
     def _reserve(self) -> HostReserve:
         config = self.config
@@ -492,8 +521,9 @@ class Orchestrator:
 
     async def reconcile(self) -> None:
         """End what the catalog does not own: a live VM whose sandbox is not running any more
-        (stopped, its slot released), and VMMs and cgroups no VM object stands for (a failed or
-        cancelled operation that dropped one without stopping it)."""
+        (stopped, its slot released), VMMs and cgroups no VM object stands for (a failed or
+        cancelled operation that dropped one without stopping it), VMMs of this node that this
+        process did not start (a killed server's), and network slots nothing holds any more."""
         for sandbox_id in list(self._live):
             async with self._lock(sandbox_id):
                 record = self.catalog.get(sandbox_id)
@@ -507,6 +537,9 @@ class Orchestrator:
                     await self._reclaim_files(sandbox_id)
         if isinstance(self.driver, Reaper):
             await asyncio.to_thread(self.driver.reap_unowned)
+        await asyncio.to_thread(reap_strays, self.config.home)
+        if isinstance(self.slots, SlotReclaimer):
+            await self.slots.reclaim_leaked([live.slot for live in self._live.values()])
 
     def _started(self, record: SandboxRecord, live: _Live) -> None:
         self._schedule_expiry(record)
@@ -767,7 +800,10 @@ class Orchestrator:
                 base = self.templates.get(source)
             except LookupError as e:
                 raise SandboxNotFound(source) from e
+            await self._check_disk(count * base.disk_size_mb)
         else:
+            # Refused before the checkpoint: a fork that cannot fit changes nothing.
+            await self._check_disk(count * parent.disk_size_mb)
             # With more than one child, detaching the memory once beats each child parsing it.
             base = await self._checkpoint(
                 source,

@@ -13,7 +13,7 @@ What `research/feasibility.md` measured, applied:
   of the RAM in the stream (`Snapshot.memory_file is None`); restores of those load it into a
   fresh file of their own. `detach_memory` turns such a snapshot into the mapped kind by
   loading it (without running the guest) and saving it again.
-- Snapshot = stop, freeze writable disks (`blockdev-snapshot-sync`: the current top becomes a
+- Snapshot = stop, freeze writable disks (`blockdev-snapshot`: the current top becomes a
   sealed layer), migrate to the state file with the bandwidth cap lifted (7.2 defaults to
   32 MiB/s), then either continue or quit.
 - Restore = spawn with `-incoming defer -S`, set the same capabilities, `migrate-incoming`, `cont`.
@@ -89,6 +89,8 @@ class QemuConfig:
     migrate_timeout_s: float = 120.0
     # None runs QEMU unconfined (as root, with the host's files in view): benchmarks only.
     jail: JailConfig | None = field(default_factory=JailConfig)
+    # Off keeps what a guest frees allocated on the host: benchmarks only.
+    discard: bool = True
 
 
 def host_tsc_khz(cpuinfo: str | None = None) -> int:
@@ -375,10 +377,9 @@ class QemuDriver:
         for disk in spec.disks:
             fmt = "qcow2" if qcow2.is_qcow2(disk.path) else "raw"
             ro = "on" if disk.read_only else "off"
+            drive = f"id={disk.drive_id},file={_opt(disk.path)},format={fmt},if=none,readonly={ro}"
             argv += [
-                "-drive",
-                f"id={disk.drive_id},file={_opt(disk.path)},format={fmt},if=none,readonly={ro},"
-                "discard=unmap",
+                "-drive", drive + self._discard(disk),
                 "-device", f"virtio-blk-device,drive={disk.drive_id}",
             ]  # fmt: skip
         if spec.net:
@@ -387,6 +388,17 @@ class QemuDriver:
                 "-device", f"virtio-net-device,netdev=net0,mac={spec.net.mac}",
             ]  # fmt: skip
         return argv
+
+    def discard_options(self) -> dict[str, str]:
+        """Options of a writable drive's top that give the host back what the guest frees: its
+        discards (the guest mounts the drive with `discard`) punch holes in the top, and blocks
+        it overwrites with zeros are unmapped rather than stored."""
+        return {"discard": "unmap", "detect-zeroes": "unmap"} if self.config.discard else {}
+
+    def _discard(self, disk: Disk) -> str:
+        if disk.read_only:
+            return ""
+        return "".join(f",{key}={value}" for key, value in self.discard_options().items())
 
     def _jail_files(
         self, spec: VMSpec, memory: _Memory, qmp: Path, console: Path
@@ -716,17 +728,36 @@ class QemuVM:
             self.owned_files.append(top)
             if self.jail is not None:
                 await self.jail.expose(self.proc.pid, JailFile(top, Access.OWN))
-            await self.monitor.execute(
-                "blockdev-snapshot-sync",
-                device=disk.drive_id,
-                **{"snapshot-file": str(top), "format": "qcow2", "mode": "existing"},
-            )
+            await self._stack(disk.drive_id, top)
             disks.append(Disk(disk.drive_id, top, read_only=False))
             # Record each switch at once: if a later drive fails, the spec still says where
             # every drive is now.
             self.spec = dataclasses.replace(
                 self.spec, disks=tuple(disks) + self.spec.disks[len(disks) :]
             )
+
+    async def _stack(self, drive_id: str, top: Path) -> None:
+        """Put `top` over the drive's current top, which becomes its backing layer. Added as a
+        node of its own first (not `blockdev-snapshot-sync`, whose new node gets default options):
+        the new top must pass discards and unmap zeros as the drive's first one does. Its header
+        is left as we wrote it, naming the sealed layer."""
+        node = f"{drive_id}-{self._generation}"
+        await self.monitor.execute(
+            "blockdev-add",
+            **{
+                "driver": "qcow2",
+                "node-name": node,
+                "file": {"driver": "file", "filename": str(top)},
+                "backing": None,  # the drive's current top, given by blockdev-snapshot
+                **self._driver.discard_options(),
+            },
+        )
+        try:
+            await self.monitor.execute("blockdev-snapshot", node=drive_id, overlay=node)
+        except MonitorError:
+            with contextlib.suppress(MonitorError):
+                await self.monitor.execute("blockdev-del", **{"node-name": node})
+            raise
 
     async def _quit(self) -> None:
         with contextlib.suppress(MonitorError):
