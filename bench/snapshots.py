@@ -38,6 +38,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -164,8 +165,8 @@ def sequences(home: Path, run: int) -> dict[str, Any]:
         sandbox.commands.run("true")
         out[f"pause_before_{name}"], _ = pause_and_measure(home, sandbox)
         time.sleep(delay)
-        out[name], sandbox = timed(lambda s=sandbox: Sandbox.connect(s.sandbox_id, timeout=600))
-        out[f"first_command_after_{name}"] = timed(lambda s=sandbox: s.commands.run("true"))[0]
+        out[name], sandbox = timed(partial(Sandbox.connect, sandbox.sandbox_id, timeout=600))
+        out[f"first_command_after_{name}"] = timed(partial(sandbox.commands.run, "true"))[0]
         sandbox.kill()
     # Resumed three times, then snapshot and fork.
     sandbox = Sandbox.create(timeout=600)
@@ -216,7 +217,7 @@ def cycles(home: Path) -> dict[str, Any]:
         took, mib = pause_and_measure(home, sandbox)
         pauses.append(took)
         written.append(mib)
-        took, sandbox = timed(lambda s=sandbox: Sandbox.connect(s.sandbox_id, timeout=3600))
+        took, sandbox = timed(partial(Sandbox.connect, sandbox.sandbox_id, timeout=3600))
         resumes.append(took)
         alive = sandbox.commands.run(f"kill -0 {pid} && cat /home/user/kept").stdout
         if alive != "kept across cycles":
