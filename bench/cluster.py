@@ -21,7 +21,7 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, cast
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -82,7 +82,7 @@ async def run(url: str) -> dict[str, Any]:
     ids = [s for node in nodes for s in node.sandboxes]
 
     async def ping() -> None:
-        await cast("Awaitable[bool]", client.ping())
+        await client.ping()
 
     lookup, ping_ = await timed([lambda: routes.lookup(random.choice(ids)), ping], SAMPLES)
     heartbeat, ping_h = await timed([agents[0].beat, ping], SAMPLES // 10)

@@ -42,7 +42,7 @@ from aenv.guest.kernel import fetch_kernel  # noqa: E402
 from aenv.guest.rootfs import build_base_rootfs  # noqa: E402
 from aenv.runtime.cgroups import CgroupManager, detect  # noqa: E402
 from aenv.runtime.driver import Disk, RestoreSpec, Snapshot, SnapshotTarget, VMSpec  # noqa: E402
-from aenv.runtime.qemu import QemuConfig, QemuDriver, QemuVM  # noqa: E402
+from aenv.runtime.qemu import Accel, QemuConfig, QemuDriver, QemuVM  # noqa: E402
 from aenv.storage import layers  # noqa: E402
 from tests.runtime.qemu_vm.agent import build_agent_bundle  # noqa: E402
 from tests.runtime.qemu_vm.netns import GUEST_NET, NetnsPool, agent, wait_ready  # noqa: E402
@@ -144,7 +144,7 @@ async def measure(drivers: dict[str, QemuDriver], p: Places, snap: Snapshot) -> 
 async def main() -> dict[str, Any]:
     guest_cache = Path(os.environ.get("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache")))
     mirror = os.environ.get("AENV_DEBIAN_MIRROR", DEFAULT_MIRROR)
-    accel = "kvm" if os.environ.get("AENV_BENCH_ACCEL") == "kvm" else "tcg"
+    accel: Accel = "kvm" if os.environ.get("AENV_BENCH_ACCEL") == "kvm" else "tcg"
     kernel = await fetch_kernel(guest_cache)
     work = Path(tempfile.mkdtemp(prefix="aenv-bench-"))
     shm = Path(tempfile.mkdtemp(prefix="aenv-bench-", dir="/dev/shm"))
@@ -172,7 +172,7 @@ async def main() -> dict[str, Any]:
 
     def ratio(key: str) -> float:
         jailed, unjailed = (statistics.median(samples[m][key]) for m in MODES)
-        return round(jailed / unjailed, 3)
+        return round(float(jailed / unjailed), 3)
 
     return {
         "accel": accel,

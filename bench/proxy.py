@@ -22,9 +22,14 @@ import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+if TYPE_CHECKING:
+    from e2b import Sandbox
+
+from http_load import http_rate
 from summary import percentile, summary_ms
 
 from tests.support.envd_process import envd_in_throwaway_root
@@ -105,7 +110,7 @@ def subprocess_server(args: list[str], port: int) -> Iterator[str]:
         proc.wait()
 
 
-def sdk_sandbox(url: str, routed: bool) -> object:
+def sdk_sandbox(url: str, routed: bool) -> Sandbox:
     from e2b import ConnectionConfig, Sandbox
     from packaging.version import Version
 
@@ -129,12 +134,12 @@ def sdk_sandbox(url: str, routed: bool) -> object:
     )
 
 
-def bench_run(direct: object, proxied: object) -> dict[str, object]:
+def bench_run(direct: Sandbox, proxied: Sandbox) -> dict[str, object]:
     samples: dict[str, list[float]] = {"direct": [], "proxy": []}
     for _ in range(RUNS):
         for name, sandbox in (("direct", direct), ("proxy", proxied)):
             start = time.perf_counter()
-            sandbox.commands.run("true")  # type: ignore[attr-defined]
+            sandbox.commands.run("true")
             samples[name].append(time.perf_counter() - start)
     d50, p50 = statistics.median(samples["direct"]), statistics.median(samples["proxy"])
     d99, p99 = percentile(samples["direct"], 99), percentile(samples["proxy"], 99)
@@ -148,31 +153,31 @@ def bench_run(direct: object, proxied: object) -> dict[str, object]:
     }
 
 
-def bench_files(direct: object, proxied: object) -> dict[str, object]:
+def bench_files(direct: Sandbox, proxied: Sandbox) -> dict[str, object]:
     path = "/tmp/bench-proxy.bin"
     chunk = os.urandom(4 << 20)
     size = FILE_MIB << 20
-    direct.files.write(path, iter([chunk] * (FILE_MIB // 4)))  # type: ignore[attr-defined]
+    direct.files.write(path, iter([chunk] * (FILE_MIB // 4)))
 
-    def read(sandbox: object) -> float:
+    def read(sandbox: Sandbox) -> float:
         start = time.perf_counter()
-        received = sum(len(c) for c in sandbox.files.read(path, format="stream"))  # type: ignore[attr-defined]
+        received = sum(len(c) for c in sandbox.files.read(path, format="stream"))
         assert received == size, (received, size)
         return time.perf_counter() - start
 
-    def write(sandbox: object) -> float:
+    def write(sandbox: Sandbox) -> float:
         start = time.perf_counter()
-        sandbox.files.write(path, iter([chunk] * (FILE_MIB // 4)))  # type: ignore[attr-defined]
+        sandbox.files.write(path, iter([chunk] * (FILE_MIB // 4)))
         return time.perf_counter() - start
 
     # Best of three each, alternating: the machine is shared and one slow pass is noise.
-    reads = {"direct": [], "proxy": []}  # type: dict[str, list[float]]
-    writes = {"direct": [], "proxy": []}  # type: dict[str, list[float]]
+    reads: dict[str, list[float]] = {"direct": [], "proxy": []}
+    writes: dict[str, list[float]] = {"direct": [], "proxy": []}
     for _ in range(3):
         for name, sandbox in (("direct", direct), ("proxy", proxied)):
             reads[name].append(read(sandbox))
             writes[name].append(write(sandbox))
-    direct.files.remove(path)  # type: ignore[attr-defined]
+    direct.files.remove(path)
 
     def mib_s(seconds: list[float]) -> float:
         return round(FILE_MIB / min(seconds), 1)
@@ -188,43 +193,12 @@ def bench_files(direct: object, proxied: object) -> dict[str, object]:
     }
 
 
-async def http_rate(port: int, headers: dict[str, str]) -> float:
-    """Requests per second over HTTP_CONCURRENCY keep-alive connections. A bare asyncio client:
-    httpx tops out near 1,000 requests/s here, which would measure the client."""
-    extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    request = f"GET / HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\n{extra}\r\n".encode()
-    remaining = 0
-
-    async def worker() -> None:
-        nonlocal remaining
-        reader, writer = await asyncio.open_connection("127.0.0.1", port)
-        try:
-            while remaining > 0:
-                remaining -= 1
-                writer.write(request)
-                head = await reader.readuntil(b"\r\n\r\n")
-                assert head.startswith(b"HTTP/1.1 200"), head
-                length = next(
-                    int(line.split(b":", 1)[1])
-                    for line in head.lower().split(b"\r\n")
-                    if line.startswith(b"content-length:")
-                )
-                await reader.readexactly(length)
-        finally:
-            writer.close()
-
-    remaining = HTTP_REQUESTS // 10  # warm-up
-    await asyncio.gather(*(worker() for _ in range(HTTP_CONCURRENCY)))
-    remaining = HTTP_REQUESTS
-    start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(HTTP_CONCURRENCY)))
-    return HTTP_REQUESTS / (time.perf_counter() - start)
-
-
 def bench_http(web_port: int, proxy_port: int) -> dict[str, object]:
     headers = {"E2b-Sandbox-Id": SANDBOX_ID, "E2b-Sandbox-Port": str(WEB_PORT)}
-    direct = asyncio.run(http_rate(web_port, {}))
-    proxied = asyncio.run(http_rate(proxy_port, headers))
+    direct = asyncio.run(http_rate("127.0.0.1", web_port, {}, HTTP_REQUESTS, HTTP_CONCURRENCY))
+    proxied = asyncio.run(
+        http_rate("127.0.0.1", proxy_port, headers, HTTP_REQUESTS, HTTP_CONCURRENCY)
+    )
     return {
         "requests": HTTP_REQUESTS,
         "concurrency": HTTP_CONCURRENCY,
@@ -246,7 +220,7 @@ def main() -> None:
         direct = sdk_sandbox(envd_url, routed=False)
         proxied = sdk_sandbox(proxy_url, routed=True)
         for sandbox in (direct, proxied):
-            sandbox.commands.run("true")  # type: ignore[attr-defined]
+            sandbox.commands.run("true")
         result = {
             "benchmark": "proxy",
             "date": time.strftime("%Y-%m-%d"),
@@ -259,7 +233,8 @@ def main() -> None:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--proxy"]:
-        serve_proxy(*(int(a) for a in sys.argv[2:5]), *sys.argv[5:7])
+        port, envd_port, web_port = (int(a) for a in sys.argv[2:5])
+        serve_proxy(port, envd_port, web_port, *sys.argv[5:7])
     elif sys.argv[1:2] == ["--web"]:
         serve_web(int(sys.argv[2]))
     else:

@@ -40,7 +40,7 @@ from aenv.guest.kernel import fetch_kernel  # noqa: E402
 from aenv.guest.rootfs import build_base_rootfs  # noqa: E402
 from aenv.runtime.cgroups import detect  # noqa: E402
 from aenv.runtime.driver import VM, Disk, RestoreSpec, Snapshot, SnapshotTarget, VMSpec  # noqa: E402
-from aenv.runtime.qemu import QemuConfig, QemuDriver  # noqa: E402
+from aenv.runtime.qemu import Accel, QemuConfig, QemuDriver  # noqa: E402
 from aenv.storage import layers  # noqa: E402
 from tests.runtime.qemu_vm.agent import build_agent_bundle  # noqa: E402
 from tests.runtime.qemu_vm.netns import GUEST_NET, NetnsPool, agent, wait_ready  # noqa: E402
@@ -157,7 +157,7 @@ async def clones(b: Bench, snap: Snapshot) -> dict[str, list[float]]:
 async def main() -> dict[str, Any]:
     guest_cache = Path(os.environ.get("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache")))
     mirror = os.environ.get("AENV_DEBIAN_MIRROR", DEFAULT_MIRROR)
-    accel = "kvm" if os.environ.get("AENV_BENCH_ACCEL") == "kvm" else "tcg"
+    accel: Accel = "kvm" if os.environ.get("AENV_BENCH_ACCEL") == "kvm" else "tcg"
     kernel = await fetch_kernel(guest_cache)
     work = Path(tempfile.mkdtemp(prefix="aenv-bench-"))
     shm = Path(tempfile.mkdtemp(prefix="aenv-bench-", dir="/dev/shm"))

@@ -29,6 +29,7 @@ progress goes to stderr.
 from __future__ import annotations
 
 import asyncio
+import functools
 import ipaddress
 import json
 import os
@@ -43,6 +44,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from http_load import http_rate
 from server_ns import (
     BASE,
     bench_server,
@@ -282,42 +284,10 @@ def direct_sandbox(sbx: Any, address: str) -> Any:
     )
 
 
-async def http_rate(host: str, port: int, headers: dict[str, str], requests: int) -> float:
-    """Requests per second over HTTP_CONCURRENCY keep-alive connections (a bare asyncio client,
-    as in bench/proxy.py: httpx would measure itself)."""
-    extra = "".join(f"{k}: {v}\r\n" for k, v in headers.items())
-    request = f"GET / HTTP/1.1\r\nHost: {host}:{port}\r\n{extra}\r\n".encode()
-    remaining = 0
-
-    async def worker() -> None:
-        nonlocal remaining
-        reader, writer = await asyncio.open_connection(host, port)
-        try:
-            while remaining > 0:
-                remaining -= 1
-                writer.write(request)
-                head = await reader.readuntil(b"\r\n\r\n")
-                assert head.startswith(b"HTTP/1.1 200"), head
-                length = next(
-                    int(line.split(b":", 1)[1])
-                    for line in head.lower().split(b"\r\n")
-                    if line.startswith(b"content-length:")
-                )
-                await reader.readexactly(length)
-        finally:
-            writer.close()
-
-    remaining = requests // 10  # warm-up
-    await asyncio.gather(*(worker() for _ in range(HTTP_CONCURRENCY)))
-    remaining = requests
-    start = time.perf_counter()
-    await asyncio.gather(*(worker() for _ in range(HTTP_CONCURRENCY)))
-    return requests / (time.perf_counter() - start)
-
-
 def bench_proxy() -> dict[str, Any]:
-    import httpx
     from e2b import Sandbox
+
+    from tests.support.http_wait import wait_until_up
 
     log(f"proxy overhead: commands.run('true') x{PROXY_RUNS} each way...")
     sbx = Sandbox.create(timeout=900)
@@ -330,7 +300,7 @@ def bench_proxy() -> dict[str, Any]:
                 sandbox.commands.run("true")
         for _ in range(PROXY_RUNS):
             for name, sandbox in (("direct", direct), ("proxy", sbx)):
-                samples[name].append(timed(lambda s=sandbox: s.commands.run("true"))[0])
+                samples[name].append(timed(functools.partial(sandbox.commands.run, "true"))[0])
         d50, p50 = statistics.median(samples["direct"]), statistics.median(samples["proxy"])
         d99, p99 = percentile(samples["direct"], 99), percentile(samples["proxy"], 99)
         commands = {
@@ -344,21 +314,15 @@ def bench_proxy() -> dict[str, Any]:
         log(f"  ratio p50 {commands['ratio_p50']}; HTTP to a web server in the sandbox...")
         sbx.files.write("/tmp/web.py", WEB_SERVER)
         sbx.commands.run("python3 /tmp/web.py", background=True)
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"http://{address}:{WEB_PORT}/", timeout=2).is_success:
-                    break
-            except httpx.HTTPError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError("the web server in the sandbox did not start")
-            time.sleep(0.2)
+        if not wait_until_up(f"http://{address}:{WEB_PORT}/", 60, interval_s=0.2):
+            raise RuntimeError("the web server in the sandbox did not start")
         route = {"E2b-Sandbox-Id": sbx.sandbox_id, "E2b-Sandbox-Port": str(WEB_PORT)}
         rates: dict[str, list[float]] = {"direct": [], "proxy": []}
         for _ in range(2):  # alternating; best of two each
-            rates["direct"].append(asyncio.run(http_rate(address, WEB_PORT, {}, HTTP_REQUESTS)))
-            rates["proxy"].append(asyncio.run(http_rate("127.0.0.1", 3000, route, HTTP_REQUESTS)))
+            direct = http_rate(address, WEB_PORT, {}, HTTP_REQUESTS, HTTP_CONCURRENCY)
+            rates["direct"].append(asyncio.run(direct))
+            proxied = http_rate("127.0.0.1", 3000, route, HTTP_REQUESTS, HTTP_CONCURRENCY)
+            rates["proxy"].append(asyncio.run(proxied))
         http = {
             "requests": HTTP_REQUESTS,
             "concurrency": HTTP_CONCURRENCY,

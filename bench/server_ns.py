@@ -116,19 +116,11 @@ def describe(server: Any) -> dict[str, Any]:
 def client_env(wait_s: float = 1200) -> dict[str, str]:
     """In the namespace: wait for the server (its first start builds the `base` template) and
     set the SDK's variables in os.environ; returns them."""
-    import httpx
+    from tests.support.http_wait import wait_until_up
 
     home = Path(os.environ["AENV_HOME"])
-    deadline = time.monotonic() + wait_s
-    while True:
-        try:
-            if httpx.get(f"{BASE}/health", timeout=2).is_success:
-                break
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            raise RuntimeError("server did not come up:\n" + (home / "server.log").read_text())
-        time.sleep(0.5)
+    if not wait_until_up(f"{BASE}/health", wait_s):
+        raise RuntimeError("server did not come up:\n" + (home / "server.log").read_text())
     env = {
         "E2B_API_KEY": Paths(home).api_key.read_text().strip(),
         "E2B_API_URL": BASE,

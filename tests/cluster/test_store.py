@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
+from typing import Any, cast
 
 import pytest
 import redis.asyncio as aioredis
@@ -23,10 +25,11 @@ async def test_a_pool_that_never_hands_out_a_connection_fails_clearly(
         redis.url, max_connections=1, timeout=None, decode_responses=True
     )
     client = aioredis.Redis(connection_pool=pool)
-    held = asyncio.create_task(client.blpop(["never"], timeout=0))
+    blocking_pop = cast("Coroutine[Any, Any, object]", client.blpop(["never"], timeout=0))
+    held = asyncio.create_task(blocking_pop)
     try:
         await asyncio.sleep(0.1)
-        with pytest.raises(ClusterUnavailable, match="did not answer within 0.5 s while looking up"):
+        with pytest.raises(ClusterUnavailable, match=r"did not answer within 0\.5 s while looking"):
             await Routes(client).lookup("sb1")
     finally:
         held.cancel()

@@ -74,7 +74,9 @@ class Guest:
 COMMANDS = "/var/log/double-commands"
 
 
-class _Processes(Process):
+# The generated Protocol is untyped (its module is excluded from type checks); subclassing it
+# keeps its UNIMPLEMENTED answers for the methods the double leaves out.
+class _Processes(Process):  # type: ignore[misc]
     """`process.Process/Start` of the double: records the command, answers start, output, end."""
 
     def __init__(self, guest: Guest) -> None:

@@ -25,6 +25,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import cast
 
 import dns.message
 import dns.rcode
@@ -130,7 +131,8 @@ class _Named(BaseHTTPRequestHandler):
 
     def do_GET(self) -> None:
         size = int(self.path[len("/bytes/") :]) if self.path.startswith("/bytes/") else None
-        body = self.server.server_address[0].encode()
+        host, _ = cast("tuple[str, int]", self.server.server_address)
+        body = host.encode()
         self.send_response(200)
         self.send_header("Content-Length", str(len(body) if size is None else size))
         self.end_headers()

@@ -25,7 +25,7 @@ def vmm_pids(sandbox_id: str) -> list[int]:
 def vmm_sandbox_ids(home: Path) -> set[str]:
     """The sandboxes of the node at `home` that some process (a VMM) still runs for."""
     marker = re.compile(re.escape(f"{home}/sandboxes/").encode() + rb"([^/\x00]+)/")
-    found = set()
+    found: set[str] = set()
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:

@@ -73,7 +73,8 @@ def test_send_stdin_and_close_stdin(sandbox: Sandbox) -> None:
 
 def test_stream_input(sandbox: Sandbox) -> None:
     handle = sandbox.commands.run("cat", background=True, stdin=True)
-    sandbox.commands.stream_input(handle.pid, iter(["a\n", b"b\n", "c\n"]))
+    chunks: list[str | bytes] = ["a\n", b"b\n", "c\n"]
+    sandbox.commands.stream_input(handle.pid, iter(chunks))
     handle.close_stdin()
     assert handle.wait().stdout == "a\nb\nc\n"
 

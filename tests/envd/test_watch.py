@@ -160,7 +160,7 @@ async def test_async_watch_streams_events(async_sandbox: AsyncSandbox) -> None:
         assert seen[-1].entry is not None
         assert seen[-1].entry.size == len("streamed")
     finally:
-        await handle.stop()
+        await handle.stop()  # type: ignore[no-untyped-call]  # the SDK leaves it untyped
         await async_sandbox.files.remove(workdir)
 
 
@@ -181,7 +181,7 @@ async def test_async_recursive_watch(async_sandbox: AsyncSandbox) -> None:
         await asyncio.wait_for(done.wait(), 30)
         assert (CREATE, "a/b") in _kinds(seen)
     finally:
-        await handle.stop()
+        await handle.stop()  # type: ignore[no-untyped-call]  # the SDK leaves it untyped
         await async_sandbox.files.remove(workdir)
 
 

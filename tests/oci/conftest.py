@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.oci.images import Image, Layout, directory, entry, push
+from tests.oci.images import Image, Layout, Publish, directory, entry, push
 from tests.oci.registry import Registry, run_registry
 
 
@@ -19,7 +19,7 @@ def registry(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Registry]:
 
 
 @pytest.fixture
-def publish(registry: Registry, tmp_path: Path):  # type: ignore[no-untyped-def]
+def publish(registry: Registry, tmp_path: Path) -> Publish:
     """publish(*images) -> a fresh reference on the registry holding them (an index if many)."""
 
     def publish_(*images: Image, tag: str = "v1") -> str:

@@ -9,6 +9,7 @@ import io
 import json
 import subprocess
 import tarfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,12 @@ LAYER_TYPES = {
     "zstd": "application/vnd.oci.image.layer.v1.tar+zstd",
     "none": "application/vnd.oci.image.layer.v1.tar",
 }
+
+
+# One tar member: its header and, for regular files, its bytes.
+Entry = tuple[tarfile.TarInfo, bytes | None]
+# The `publish` fixture: images in, a fresh reference on the test registry out.
+Publish = Callable[..., str]
 
 
 def entry(
@@ -69,6 +76,15 @@ def tar_bytes(entries: list[tuple[tarfile.TarInfo, bytes | None]]) -> bytes:
     return buf.getvalue()
 
 
+def compress(data: bytes, compression: str) -> bytes:
+    if compression == "gzip":
+        return gzip.compress(data, mtime=0)
+    if compression == "zstd":
+        return zstandard.ZstdCompressor().compress(data)
+    assert compression == "none", compression
+    return data
+
+
 @dataclass
 class Image:
     layers: list[list[tuple[tarfile.TarInfo, bytes | None]]]
@@ -98,11 +114,7 @@ class Layout:
             raw = tar_bytes(entries)
             seen = raw + b"!" if image.wrong_diff_ids else raw
             diff_ids.append(f"sha256:{hashlib.sha256(seen).hexdigest()}")
-            packed = {
-                "gzip": lambda b: gzip.compress(b, mtime=0),
-                "zstd": lambda b: zstandard.ZstdCompressor().compress(b),
-                "none": lambda b: b,
-            }[image.compression](raw)
+            packed = compress(raw, image.compression)
             descriptors.append(self.blob(packed, LAYER_TYPES[image.compression]))
         config = {
             "architecture": image.architecture,

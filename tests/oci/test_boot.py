@@ -23,7 +23,7 @@ from aenv.guest.rootfs import BaseRootfs
 from aenv.oci import rootfs_from_image
 from aenv.runtime.qemu import QemuDriver
 from tests.envd.helpers import STREAM_HEADERS, envelope, parse_envelopes
-from tests.oci.images import Image
+from tests.oci.images import Image, Publish
 from tests.oci.test_rootfs import busybox_image, musl_image
 from tests.runtime.qemu_vm.conftest import (  # noqa: F401 - session fixtures used by name
     REPO,
@@ -107,7 +107,7 @@ async def test_busybox_image_boots_with_envd(
     driver: QemuDriver,  # noqa: F811
     places: Places,  # noqa: F811
     nets: NetnsPool,  # noqa: F811
-    publish,
+    publish: Publish,
     tmp_path: Path,
 ) -> None:
     async with booted(busybox_image(), driver, places, nets, publish, tmp_path) as netns:
@@ -137,7 +137,7 @@ async def test_musl_image_boots_with_envd(
     driver: QemuDriver,  # noqa: F811
     places: Places,  # noqa: F811
     nets: NetnsPool,  # noqa: F811
-    publish,
+    publish: Publish,
     tmp_path: Path,
 ) -> None:
     """An Alpine-like image with musl and no glibc: envd (glibc from its bundle) serves it, and a

@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from tests.oci.conftest import simple_image
+from tests.oci.images import Publish
 from tests.oci.registry import Registry
 
 AENV = str(Path(sys.executable).parent / "aenv")
@@ -19,7 +20,7 @@ def aenv_pull(*args: str, home: Path) -> subprocess.CompletedProcess[str]:
     )
 
 
-def test_pull_json(publish, tmp_path: Path) -> None:
+def test_pull_json(publish: Publish, tmp_path: Path) -> None:
     ref = publish(simple_image(config={"Env": ["A=1"]}))
     done = aenv_pull(ref, "--json", home=tmp_path)
     assert done.returncode == 0, done.stderr

@@ -20,11 +20,11 @@ from aenv.oci import (
 )
 from aenv.oci.unpack import apply_layer
 from tests.oci.conftest import simple_image
-from tests.oci.images import Image, entry
+from tests.oci.images import Image, Publish, entry
 from tests.oci.registry import Registry
 
 
-async def test_pull_fills_the_blob_cache(publish, tmp_path: Path) -> None:
+async def test_pull_fills_the_blob_cache(publish: Publish, tmp_path: Path) -> None:
     ref = publish(simple_image(config={"Env": ["A=1"], "Cmd": ["sh"]}))
     seen: list[PullProgress] = []
     image = await pull(ref, tmp_path / "oci", progress=seen.append)
@@ -38,7 +38,7 @@ async def test_pull_fills_the_blob_cache(publish, tmp_path: Path) -> None:
     assert not list(path.parent.glob("*.partial"))
 
 
-async def test_manifest_list_selects_the_platform(publish, tmp_path: Path) -> None:
+async def test_manifest_list_selects_the_platform(publish: Publish, tmp_path: Path) -> None:
     ref = publish(
         simple_image(b"amd64\n", architecture="amd64"),
         simple_image(b"arm64\n", architecture="arm64"),
@@ -56,14 +56,14 @@ async def test_manifest_list_selects_the_platform(publish, tmp_path: Path) -> No
 
 
 @pytest.mark.parametrize("compression", ["gzip", "zstd", "none"])
-async def test_layer_compressions(publish, tmp_path: Path, compression: str) -> None:
+async def test_layer_compressions(publish: Publish, tmp_path: Path, compression: str) -> None:
     image = await pull(publish(simple_image(compression=compression)), tmp_path / "oci")
     assert image.layers[0].media_type.endswith({"none": "tar"}.get(compression, compression))
     apply_layer(tmp_path, image.layer_path(image.layers[0]))
     assert (tmp_path / "etc" / "greeting").read_text() == "hello\n"
 
 
-async def test_pull_by_digest(publish, tmp_path: Path) -> None:
+async def test_pull_by_digest(publish: Publish, tmp_path: Path) -> None:
     ref = publish(simple_image())
     digest = (await pull(ref, tmp_path / "oci")).digest
     by_digest = ref.rsplit(":", 1)[0] + f"@{digest}"
@@ -71,7 +71,7 @@ async def test_pull_by_digest(publish, tmp_path: Path) -> None:
 
 
 async def test_cached_blobs_are_not_downloaded_again(
-    publish, registry: Registry, tmp_path: Path
+    publish: Publish, registry: Registry, tmp_path: Path
 ) -> None:
     ref = publish(simple_image(b"cached\n"))
     first = await pull(ref, tmp_path / "oci")
@@ -83,7 +83,9 @@ async def test_cached_blobs_are_not_downloaded_again(
         await pull(ref, tmp_path / "other-cache")
 
 
-async def test_partial_download_is_resumed(publish, registry: Registry, tmp_path: Path) -> None:
+async def test_partial_download_is_resumed(
+    publish: Publish, registry: Registry, tmp_path: Path
+) -> None:
     payload = bytes(range(256)) * 4096  # 1 MiB, so the layer is worth resuming
     ref = publish(simple_image(payload, compression="none"))
     good = await pull(ref, tmp_path / "reference")
@@ -114,7 +116,9 @@ async def test_partial_download_is_resumed(publish, registry: Registry, tmp_path
     assert (await pull(ref, tmp_path / "oci")).layer_path(layer).read_bytes() == blob
 
 
-async def test_tampered_blob_in_the_registry(publish, registry: Registry, tmp_path: Path) -> None:
+async def test_tampered_blob_in_the_registry(
+    publish: Publish, registry: Registry, tmp_path: Path
+) -> None:
     ref = publish(simple_image(b"original\n", compression="none"))
     layer = (await pull(ref, tmp_path / "probe")).layers[0]
     stored = registry.blob_file(layer.digest)
@@ -125,7 +129,7 @@ async def test_tampered_blob_in_the_registry(publish, registry: Registry, tmp_pa
     assert not list((tmp_path / "oci" / "blobs" / "sha256").glob(f"{hex_}*"))
 
 
-async def test_tampered_manifest(publish, registry: Registry, tmp_path: Path) -> None:
+async def test_tampered_manifest(publish: Publish, registry: Registry, tmp_path: Path) -> None:
     ref = publish(simple_image())
     image = await pull(ref, tmp_path / "probe")
     stored = registry.blob_file(image.digest)
@@ -137,7 +141,7 @@ async def test_tampered_manifest(publish, registry: Registry, tmp_path: Path) ->
         await pull(by_digest, tmp_path / "oci")
 
 
-async def test_unknown_image_and_tag(publish, registry: Registry, tmp_path: Path) -> None:
+async def test_unknown_image_and_tag(publish: Publish, registry: Registry, tmp_path: Path) -> None:
     with pytest.raises(NotFoundError, match=rf"{registry.host}/test/nothing-here:v1: not found"):
         await pull(f"{registry.host}/test/nothing-here:v1", tmp_path)
     ref = publish(simple_image())
@@ -157,7 +161,7 @@ def test_bad_reference() -> None:
     assert parse("docker.io/x/y").base_url == "https://registry-1.docker.io"
 
 
-async def test_concurrent_pulls_share_the_cache(publish, tmp_path: Path) -> None:
+async def test_concurrent_pulls_share_the_cache(publish: Publish, tmp_path: Path) -> None:
     layers = [[entry(f"layer{i}", bytes([i]) * (256 << 10))] for i in range(5)]
     ref = publish(Image(layers))
     pulls = await asyncio.gather(*(pull(ref, tmp_path / "oci") for _ in range(3)))

@@ -11,7 +11,7 @@ import pytest
 
 from aenv.guest.cmdline import ROOT_LABEL
 from aenv.oci import DigestMismatchError, ImageConfig, rootfs_from_image
-from tests.oci.images import Image, directory, entry, symlink
+from tests.oci.images import Image, Publish, directory, entry, symlink
 
 
 def debugfs(image: Path, request: str) -> str:
@@ -97,7 +97,7 @@ def musl_image(work: Path) -> Image:
     )
 
 
-async def test_busybox_only_image(publish, tmp_path: Path) -> None:
+async def test_busybox_only_image(publish: Publish, tmp_path: Path) -> None:
     ref = publish(busybox_image())
     dest = tmp_path / "out" / "rootfs.ext4"
     rootfs = await rootfs_from_image(ref, dest, cache=tmp_path / "oci")
@@ -125,7 +125,7 @@ async def test_busybox_only_image(publish, tmp_path: Path) -> None:
     assert "busybox" in debugfs(dest, "stat /bin/sh")  # fast symlink target
 
 
-async def test_distro_like_image_keeps_its_files(publish, tmp_path: Path) -> None:
+async def test_distro_like_image_keeps_its_files(publish: Publish, tmp_path: Path) -> None:
     passwd = b"root:x:0:0:root:/root:/bin/bash\nnode:x:1000:1000::/home/node:/bin/sh\n"
     etc = [
         directory("etc"),
@@ -160,7 +160,7 @@ async def test_distro_like_image_keeps_its_files(publish, tmp_path: Path) -> Non
     assert "stub-resolv.conf" in debugfs(dest, "stat /etc/resolv.conf")  # init replaces it
 
 
-async def test_unpacked_metadata_reaches_the_ext4(publish, tmp_path: Path) -> None:
+async def test_unpacked_metadata_reaches_the_ext4(publish: Publish, tmp_path: Path) -> None:
     layer = [
         entry("owned", b"o", uid=1234, gid=2345, mode=0o4750),
         entry("tagged", b"t", xattrs={"user.origin": "layer1"}),
@@ -176,7 +176,7 @@ async def test_unpacked_metadata_reaches_the_ext4(publish, tmp_path: Path) -> No
     assert re.search(r"Inode: (\d+)", first)[1] == re.search(r"Inode: (\d+)", second)[1]  # type: ignore[index]
 
 
-async def test_many_small_files_fit(publish, tmp_path: Path) -> None:
+async def test_many_small_files_fit(publish: Publish, tmp_path: Path) -> None:
     """More entries than a byte-sized ext4 would have inodes for."""
     layer = [directory("many"), *(entry(f"many/f{i}", b"") for i in range(12000))]
     dest = tmp_path / "rootfs.ext4"
@@ -184,7 +184,7 @@ async def test_many_small_files_fit(publish, tmp_path: Path) -> None:
     assert "f11999" in debugfs(dest, "ls /many")
 
 
-async def test_layer_not_matching_its_diff_id(publish, tmp_path: Path) -> None:
+async def test_layer_not_matching_its_diff_id(publish: Publish, tmp_path: Path) -> None:
     ref = publish(Image([[entry("file", b"x")]], wrong_diff_ids=True))
     dest = tmp_path / "out" / "rootfs.ext4"
     with pytest.raises(DigestMismatchError, match="uncompressed"):

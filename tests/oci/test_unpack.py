@@ -12,7 +12,7 @@ import pytest
 
 from aenv.oci import UnsafeLayerError, pull
 from aenv.oci.unpack import apply_layer
-from tests.oci.images import Image, directory, entry, hardlink, symlink
+from tests.oci.images import Entry, Image, Publish, directory, entry, hardlink, symlink
 
 
 async def unpacked(ref: str, tmp_path: Path) -> Path:
@@ -24,7 +24,7 @@ async def unpacked(ref: str, tmp_path: Path) -> Path:
     return tree
 
 
-async def test_layers_union(publish, tmp_path: Path) -> None:
+async def test_layers_union(publish: Publish, tmp_path: Path) -> None:
     base = [
         directory("etc"),
         entry("etc/kept", b"kept\n"),
@@ -92,14 +92,14 @@ async def test_layers_union(publish, tmp_path: Path) -> None:
     ],
     ids=["dotdot", "nested-dotdot", "hardlink-out", "whiteout-dotdot"],
 )
-async def test_traversal_is_refused(publish, tmp_path: Path, hostile) -> None:
+async def test_traversal_is_refused(publish: Publish, tmp_path: Path, hostile: list[Entry]) -> None:
     ref = publish(Image([hostile]))
     with pytest.raises(UnsafeLayerError):
         await unpacked(ref, tmp_path)
     assert not (tmp_path / "escape").exists()
 
 
-async def test_symlinks_and_absolute_names_stay_inside(publish, tmp_path: Path) -> None:
+async def test_symlinks_and_absolute_names_stay_inside(publish: Publish, tmp_path: Path) -> None:
     outside = tmp_path / "outside"
     outside.mkdir()
     layer1 = [

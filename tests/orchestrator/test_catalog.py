@@ -2,6 +2,7 @@ import dataclasses
 import random
 import threading
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -36,7 +37,7 @@ def record(sandbox_id: str, started: float = 0.0) -> SandboxRecord:
 
 
 @pytest.fixture
-def catalog(tmp_path: Path) -> Catalog:
+def catalog(tmp_path: Path) -> Iterator[Catalog]:
     c = Catalog(tmp_path / "catalog.db")
     yield c
     c.close()

@@ -15,6 +15,7 @@ import pytest
 from aenv.config import Config
 from aenv.orchestrator.archive import Archive
 from aenv.orchestrator.catalog import Catalog
+from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.repository import open_archive
 from aenv.orchestrator.saved import SavedStates
 from aenv.orchestrator.templates import Template, TemplateStore
@@ -51,7 +52,7 @@ def _snapshot(templates: TemplateStore) -> Template:
         envd_access_token="",
         created_at=time.time(),
         snapshot_dir=str(directory),
-        kind="snapshot",
+        kind=TemplateKind.SNAPSHOT,
     )
     templates.save(template)
     return template

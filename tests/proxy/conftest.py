@@ -11,8 +11,9 @@ from packaging.version import Version
 
 from aenv.envd import ENVD_VERSION
 from aenv.proxy import SandboxProxy
-from tests.proxy.support import DictResolver, FakeSandbox, Probe, free_port, serve, upstream_app
+from tests.proxy.support import DictResolver, FakeSandbox, Probe, serve, upstream_app
 from tests.support.envd_process import envd_in_throwaway_root
+from tests.support.ports import free_port
 
 DOMAIN = "aenv.test"
 ENVD = 49983

@@ -14,7 +14,8 @@ from starlette.routing import Route
 
 from aenv.proxy import SandboxProxy
 from tests.proxy.conftest import DOMAIN, USER_PORT
-from tests.proxy.support import DictResolver, free_port, serve
+from tests.proxy.support import DictResolver, serve
+from tests.support.ports import free_port
 
 
 def test_control_plane_behind_the_proxy(resolver: DictResolver, sandbox_id: str) -> None:

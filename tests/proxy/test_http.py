@@ -19,10 +19,10 @@ from tests.proxy.support import (
     DictResolver,
     FakeSandbox,
     Probe,
-    free_port,
     raw_server,
     serve,
 )
+from tests.support.ports import free_port
 
 
 def routed(sandbox_id: str, port: int = USER_PORT) -> dict[str, str]:

@@ -29,8 +29,9 @@ from tests.proxy.conftest import (
     async_sdk_sandbox,
     sdk_sandbox,
 )
-from tests.proxy.support import WAIT, DictResolver, FakeSandbox, free_port
+from tests.proxy.support import WAIT, DictResolver, FakeSandbox
 from tests.support.envd_process import envd_in_throwaway_root
+from tests.support.ports import free_port
 
 
 def test_commands_run(sandbox: Sandbox) -> None:
@@ -108,7 +109,7 @@ async def test_streamed_watch(proxy_url: str, envd_port: int) -> None:
         await sandbox.files.write(f"{workdir}/w.txt", "watched")
         await asyncio.wait_for(written.wait(), WAIT)
     finally:
-        await handle.stop()
+        await handle.stop()  # type: ignore[no-untyped-call]  # the SDK leaves it untyped
         await sandbox.files.remove(workdir)
     assert (FilesystemEventType.CREATE, "w.txt") in seen
 

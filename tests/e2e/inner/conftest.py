@@ -4,14 +4,13 @@
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
-import httpx
 import pytest
 
 from aenv.config import Paths
+from tests.support.http_wait import wait_until_up
 
 BASE = "http://127.0.0.1:3000"
 
@@ -19,16 +18,8 @@ BASE = "http://127.0.0.1:3000"
 @pytest.fixture(scope="session", autouse=True)
 def server() -> Iterator[str]:
     home = Path(os.environ["AENV_HOME"])
-    deadline = time.monotonic() + 1200
-    while True:
-        try:
-            if httpx.get(f"{BASE}/health", timeout=2).is_success:
-                break
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            pytest.fail("server did not come up:\n" + (home / "server.log").read_text()[-5000:])
-        time.sleep(0.5)
+    if not wait_until_up(f"{BASE}/health", 1200):
+        pytest.fail("server did not come up:\n" + (home / "server.log").read_text()[-5000:])
     os.environ["E2B_API_KEY"] = Paths(home).api_key.read_text().strip()
     os.environ["E2B_API_URL"] = BASE
     os.environ["E2B_SANDBOX_URL"] = BASE

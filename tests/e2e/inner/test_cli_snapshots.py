@@ -12,7 +12,7 @@ from tests.e2e.inner.test_cli import aenv
 
 def _state(sandbox_id: str) -> str:
     listed = json.loads(aenv("ls", "--json").stdout)
-    return next(s["state"] for s in listed if s["sandboxID"] == sandbox_id)
+    return next(str(s["state"]) for s in listed if s["sandboxID"] == sandbox_id)
 
 
 def _children(fork: list[str]) -> list[str]:

@@ -11,6 +11,7 @@ import shutil
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from e2b import Sandbox, SandboxException
@@ -21,7 +22,7 @@ HOME = Path(os.environ.get("AENV_HOME", "/nonexistent"))
 REPOSITORY = Paths(HOME).repository
 
 
-def _manifest_of(key: str, value: str, timeout: float = 120) -> dict:
+def _manifest_of(key: str, value: str, timeout: float = 120) -> dict[str, Any]:
     """The newest stored manifest whose metadata has `key` = `value` (uploads run after the
     pause or snapshot returns)."""
     deadline = time.monotonic() + timeout

@@ -150,7 +150,7 @@ def test_the_api_matches_its_document(
     aim = _Aim(real_sandbox)
     failures: list[str] = []
     for result in schema.get_all_operations():
-        operation = result.ok()
+        operation = result.ok()  # type: ignore[union-attr]  # an Err is a bad spec: fail here
         if _changes_templates(operation.method.upper(), operation.path):
             continue
         for mode in GenerationMode:

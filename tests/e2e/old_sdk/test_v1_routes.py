@@ -23,4 +23,4 @@ def test_sdk_2_45_uses_v1_create_and_connect() -> None:
 def test_unimplemented_fields_are_refused_by_name() -> None:
     # 2.45 sends `mcp` through the v1 create route.
     with pytest.raises(SandboxException, match="field 'mcp' is not supported here"):
-        Sandbox.create(mcp={"exa": {"apiKey": "x"}})  # type: ignore[typeddict-item]
+        Sandbox.create(mcp={"exa": {"apiKey": "x"}})

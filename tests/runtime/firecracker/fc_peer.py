@@ -142,12 +142,12 @@ class Peer:
                 errors = self.swagger.errors(op.body_definition, body)
                 if errors:
                     return fault(f"{op.body_definition}: {'; '.join(errors)}")
-        for key, value in params.items():
+        for param, value in params.items():
             if not value or not all(c == "_" or c.isalnum() for c in value):
                 return fault(
                     "API Resource IDs can only contain alphanumeric characters and underscores."
                 )
-            if isinstance(body, dict) and body.get(key, value) != value:
+            if isinstance(body, dict) and body.get(param, value) != value:
                 return fault(f"The id from the path [{value}] does not match the id from the body!")
         if self.state.state != "Not started" and (method, op.template) in PRE_BOOT_ONLY:
             return fault("The requested operation is not supported after starting the microVM.")

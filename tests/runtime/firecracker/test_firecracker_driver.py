@@ -174,7 +174,7 @@ async def test_snapshot_restore_clone_chain(
     # The clone's snapshot describes the clone: its workdir, its own layer, the source's MAC.
     assert snap2.spec.workdir == tmp_path / "clone"
     assert snap2.spec.disks[1].path == layer and snap2.spec.disks[0] == spec.disks[0]
-    assert snap2.spec.net is not None and snap2.spec.net.mac == spec.net.mac  # type: ignore[union-attr]
+    assert snap2.spec.net is not None and snap2.spec.net.mac == spec.net.mac
     # keep_running=False hands the clone's own layer over instead of copying it.
     assert snap2.disks["upper"].read_bytes() == b"the clone diverges"
     assert not layer.exists()

@@ -24,7 +24,7 @@ from aenv.guest.kernel import Kernel, fetch_kernel
 from aenv.guest.rootfs import BaseRootfs, build_base_rootfs
 from aenv.runtime.cgroups import CgroupManager, detect
 from aenv.runtime.driver import VM, Disk, RestoreSpec, Snapshot, SnapshotTarget, VMSpec
-from aenv.runtime.qemu import QemuConfig, QemuDriver, QemuVM
+from aenv.runtime.qemu import Accel, QemuConfig, QemuDriver, QemuVM
 from aenv.storage import layers
 from tests.runtime.qemu_vm.agent import build_agent_bundle
 from tests.runtime.qemu_vm.netns import GUEST_NET, NetnsPool, agent, wait_ready
@@ -121,7 +121,7 @@ def cgroups() -> Iterator[CgroupManager]:
 
 @pytest.fixture(scope="session")
 def driver(cgroups: CgroupManager) -> QemuDriver:
-    accel = "kvm" if os.environ.get("AENV_TEST_ACCEL") == "kvm" else "tcg"
+    accel: Accel = "kvm" if os.environ.get("AENV_TEST_ACCEL") == "kvm" else "tcg"
     return QemuDriver(QemuConfig(accel=accel), cgroups=cgroups)
 
 

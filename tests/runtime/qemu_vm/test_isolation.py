@@ -110,7 +110,8 @@ async def guest_probe(netns: str, targets: list[tuple[str, int]], **kw: Any) -> 
     argv = ["python3", "-c", PROBE, json.dumps(targets), str(PROBE_TIMEOUT_S)]
     result = await run_in_guest(netns, argv, PROBE_TIMEOUT_S + 60, **kw)
     assert result["rc"] == 0, result
-    return json.loads(result["stdout"])
+    seen: dict[str, str] = json.loads(result["stdout"])
+    return seen
 
 
 async def unless_stopped(vm: VM, request: Coroutine[Any, Any, T]) -> T | None:
