@@ -33,7 +33,9 @@ def test_build_reaches_the_registries_and_nothing_else() -> None:
         Template()
         .from_template("base")
         # curl and Python's ssl both trust the carried-in bundle.
-        .run_cmd("curl -sS -m 10 https://allowed.test/ > /tmp/reached.txt")
+        .run_cmd(
+            "curl -sS -m 10 https://allowed.test/ > /tmp/reached.txt && echo >> /tmp/reached.txt"
+        )
         .run_cmd(f'python3 -c "{FETCH}" >> /tmp/reached.txt')
         # Judged by name: another name at the same address, and bare addresses, are refused.
         .run_cmd(f"! curl -s -m 5 --resolve other.test:80:{A} http://other.test/")
