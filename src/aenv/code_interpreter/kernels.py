@@ -21,7 +21,9 @@ from aenv.code_interpreter.startup import STARTUP_CODE
 
 # The SDKs' language names and the kernels that run them.
 KERNELS = {"python": "python3"}
-_READY_TIMEOUT_S = 60.0
+# A kernel imports IPython and ipykernel first: seconds natively, a minute or more in a
+# guest under TCG.
+_READY_TIMEOUT_S = 180.0
 
 
 class ContextNotFound(KeyError):

@@ -18,10 +18,16 @@ from e2b_code_interpreter import OutputMessage, Sandbox
 from tests.e2e.inner.test_template_build import _delete
 from tests.support.ci_wheels import PROJECT, WHEELS
 
-# The guest has Python but no pip: a wheel is a zip archive, unpacked onto PYTHONPATH.
+# The build unpacks 17 MB of wheels and starts a kernel under TCG.
+pytestmark = pytest.mark.timeout(900)
+
+# The guest has Python but no pip: a wheel is a zip archive, unpacked onto PYTHONPATH. Then
+# compiled, as pip would: the server's user cannot write bytecode there, and compiling IPython
+# on every kernel start takes minutes under TCG.
 UNPACK = (
     "python3 -c \"import glob, zipfile; [zipfile.ZipFile(w).extractall('/opt/aenv-ci/site')"
     " for w in sorted(glob.glob('/opt/aenv-ci/wheels/*.whl'))]\" && rm -rf /opt/aenv-ci/wheels"
+    " && python3 -m compileall -q /opt/aenv-ci/site"
 )
 
 
@@ -46,6 +52,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         .copy("wheels", "/opt/aenv-ci/wheels/", user="root")
         .run_cmd(UNPACK, user="root")
         .copy("aenv", "/opt/aenv-ci/src/aenv/", user="root")
+        .run_cmd("python3 -m compileall -q /opt/aenv-ci/src", user="root")
         .set_envs({"PYTHONPATH": "/opt/aenv-ci/site:/opt/aenv-ci/src"})
         .set_start_cmd(
             "python3 -m aenv.code_interpreter --cwd /home/user",
@@ -54,7 +61,8 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             "timeout 240 sh -c 'until curl -sf http://127.0.0.1:49999/health; do sleep 1; done'",
         )
     )
-    Template.build(definition, alias=name)
+    # Its log shows in the test's output if the build fails.
+    Template.build(definition, alias=name, on_build_logs=lambda entry: print(entry.message))
     try:
         yield name
     finally:
@@ -78,7 +86,8 @@ def test_run_code_streams_state_errors_and_contexts(sandbox: Sandbox) -> None:
     assert [m.line for m in lines] == ["hi\n"]
     error = sandbox.run_code("undefined_name").error
     assert error is not None and error.name == "NameError"
-    context = sandbox.create_code_context(cwd="/tmp")
+    # A new kernel starts in seconds natively, in over a minute under TCG.
+    context = sandbox.create_code_context(cwd="/tmp", request_timeout=300)
     assert sandbox.run_code("import os; os.getcwd()", context=context).text == "'/tmp'"
     assert sandbox.run_code("import os; os.getcwd()").text == "'/home/user'"
     assert sandbox.run_code("import getpass; getpass.getuser()").text == "'user'"
