@@ -17,26 +17,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from server_ns import bench_server, client_env, describe, log, run_client
+from server_ns import bench_server, client_env, describe, log, run_client, vmm_processes
 
 N = int(os.environ.get("AENV_BENCH_IDLE_N", "8"))
 WINDOW_S = float(os.environ.get("AENV_BENCH_IDLE_S", "10"))
 SETTLE_S = 5.0
 
 
-def _vmm_cpu_seconds(home: Path) -> dict[int, float]:
+def vmm_cpu_seconds(home: Path) -> dict[int, float]:
     """CPU seconds (user + system) of every QEMU process of this node, by pid."""
     import psutil
 
     found: dict[int, float] = {}
-    for proc in psutil.process_iter(["name", "cmdline"]):
-        cmdline = " ".join(proc.info["cmdline"] or [])
-        if "qemu" in (proc.info["name"] or "") and str(home) in cmdline:
-            try:
-                times = proc.cpu_times()
-            except psutil.Error:
-                continue
-            found[proc.pid] = times.user + times.system
+    for proc in vmm_processes(home):
+        try:
+            times = proc.cpu_times()
+        except psutil.Error:
+            continue
+        found[proc.pid] = times.user + times.system
     return found
 
 
@@ -45,16 +43,16 @@ def client() -> None:
 
     client_env()
     home = Path(os.environ["AENV_HOME"])
-    before_busy = set(_vmm_cpu_seconds(home))
+    before_busy = set(vmm_cpu_seconds(home))
     busy = Sandbox.create(timeout=600)
     busy.commands.run("while :; do :; done", background=True)
-    busy_pids = set(_vmm_cpu_seconds(home)) - before_busy
+    busy_pids = set(vmm_cpu_seconds(home)) - before_busy
     idle = [Sandbox.create(timeout=600) for _ in range(N)]
     log(f"{N} idle sandboxes and one busy one; settling {SETTLE_S:.0f} s")
     time.sleep(SETTLE_S)
-    start = _vmm_cpu_seconds(home)
+    start = vmm_cpu_seconds(home)
     time.sleep(WINDOW_S)
-    end = _vmm_cpu_seconds(home)
+    end = vmm_cpu_seconds(home)
     for sbx in [busy, *idle]:
         sbx.kill()
     used = {pid: (end[pid] - start[pid]) / WINDOW_S for pid in start if pid in end}

@@ -54,8 +54,9 @@ def bench_server(env: Mapping[str, str] | None = None) -> Iterator[Any]:
     try:
         log("preparing guest images (cached)...")
         asyncio.run(prepare_images(Paths(home).cache, GUEST_CACHE, MIRROR))
-        os.environ.update(env or {})  # server_in_namespace copies os.environ
-        with server_in_namespace(home) as server:
+        # Also in os.environ, for the bench's own client in the namespace.
+        os.environ.update(env or {})
+        with server_in_namespace(home, settings=env or {}) as server:
             try:
                 yield server
             finally:
@@ -100,6 +101,16 @@ def run_client(server: Any, argv: list[str], timeout: float) -> dict[str, Any]:
         out.seek(0)
         result: dict[str, Any] = json.loads(out.read())
         return result
+
+
+def vmm_processes(home: Path) -> Iterator[Any]:
+    """The QEMU processes of the node at `home` (psutil processes)."""
+    import psutil
+
+    for proc in psutil.process_iter(["name", "cmdline"]):
+        cmdline = " ".join(proc.info["cmdline"] or [])
+        if "qemu" in (proc.info["name"] or "") and str(home) in cmdline:
+            yield proc
 
 
 def describe(server: Any) -> dict[str, Any]:

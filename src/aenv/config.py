@@ -55,6 +55,7 @@ class Paths:
       build-files/<hash>       files uploaded for template builds' COPY steps
       detach/                  scratch space of memory detaching
       repository/              the snapshot repository when it is a directory (the default)
+      volumes/<id>/            a volume's files, shared by the sandboxes that mount it
       jailer/                  Firecracker's jailer chroots (Firecracker hosts only)
       cache/
         guest/                 guest build cache: kernel, initramfs, rootfs (`guest_cache`)
@@ -116,6 +117,10 @@ class Paths:
     @property
     def repository(self) -> Path:
         return self.home / "repository"
+
+    @property
+    def volumes(self) -> Path:
+        return self.home / "volumes"
 
     @property
     def jailer(self) -> Path:

@@ -20,7 +20,6 @@ from pathlib import Path
 from aenv.api.app import create_api
 from aenv.api.keys import KeyStore, open_keys
 from aenv.config import Config
-from aenv.envd import ENVD_VERSION
 from aenv.guest.cmdline import GuestNet
 from aenv.network import NetworkConfig, SlotPool
 from aenv.network.dns import host_resolver
@@ -176,14 +175,7 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
         if _in_use(catalog, templates.directory / template_id):
             template_id = f"{config.default_template}-{secrets.token_hex(4)}"
         template = await build_template(
-            BuildRequest(
-                template_id=template_id,
-                aliases=(config.default_template,),
-                vcpus=config.sandbox_vcpus,
-                memory_mb=config.sandbox_memory_mb,
-                disk_size_mb=config.sandbox_disk_mb,
-                envd_version=ENVD_VERSION,
-            ),
+            BuildRequest.for_node(config, template_id, (config.default_template,)),
             images,
             driver,
             slots,
@@ -202,14 +194,7 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
         if existing is not None and existing.kind is TemplateKind.IMAGE_BASE:
             return existing
         built = await build_template(
-            BuildRequest(
-                template_id=f"image-{key}",
-                aliases=(),
-                vcpus=config.sandbox_vcpus,
-                memory_mb=config.sandbox_memory_mb,
-                disk_size_mb=config.sandbox_disk_mb,
-                envd_version=ENVD_VERSION,
-            ),
+            BuildRequest.for_node(config, f"image-{key}"),
             dataclasses.replace(images, rootfs=rootfs),
             driver,
             slots,

@@ -194,3 +194,32 @@ async def test_concurrent_acquires_and_releases(world: World, make_pool: MakePoo
     await asyncio.gather(*(pool.release(s) for s in slots))
     await pool.wait_idle()
     assert (pool.ready, pool.in_use) == (4, 0)
+
+
+async def test_leaked_slots_and_stray_namespaces_are_reclaimed(
+    world: World, make_pool: MakePool
+) -> None:
+    pool = await make_pool(pool_low=1, pool_high=2)
+    await pool.wait_idle()
+    leaked = await asyncio.create_task(pool.acquire())  # its task ended without a release
+    kept = await asyncio.create_task(pool.acquire())  # handed to a long-lived holder
+    own = await pool.acquire()  # held by this task, which still runs
+    await pool.wait_idle()
+    # No slot stands for these: a create's failed clean-up, a slot of a wider network.
+    strays = [f"{world.prefix}-9", f"{world.prefix}-99999"]
+    for stray in strays:
+        subprocess.run(["ip", "netns", "add", stray], check=True)
+    foreign = f"{world.prefix}x-0"  # not a name of this pool's slots
+    subprocess.run(["ip", "netns", "add", foreign], check=True)
+    try:
+        reclaimed = await pool.reclaim_leaked([kept])
+        assert reclaimed == [leaked.netns, *strays]
+        names = netns.names()
+        assert not {leaked.netns, *strays} & set(names) and foreign in names
+        assert {kept.netns, own.netns} <= set(names)
+        assert (pool.ready, pool.in_use) == (2, 2)
+        assert await pool.reclaim_leaked([kept]) == []  # nothing twice
+    finally:
+        netns.remove(foreign)
+    await pool.release(kept)
+    await pool.release(own)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import os
 import secrets
 import subprocess
 import time
@@ -12,7 +13,7 @@ import psutil
 import pytest
 
 from aenv.runtime.cgroups import CgroupLimits, detect
-from aenv.runtime.sweep import sweep
+from aenv.runtime.sweep import our_vmms, reap_strays, sweep
 
 
 def start_orphan(name: str) -> int:
@@ -52,3 +53,41 @@ async def test_sweep_reclaims_orphans() -> None:
             group.remove()
         stale.remove_parent()
         current.remove_parent()
+
+
+def start_qemu(name: str, home: Path, *, orphan: bool) -> int:
+    """A QEMU like ours whose command line names a file under `home`; an `orphan` one's parent
+    shell exits at once (as after a server kill -9), the other stays this process's child."""
+    argv = ["qemu-system-x86_64", "-M", "microvm", "-S", "-display", "none", "-nodefaults",
+            "-name", name, "-qmp", f"unix:{home}/qmp.{name}.sock,server=on,wait=off"]  # fmt: skip
+    if not orphan:
+        return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid
+    script = " ".join(argv) + " >/dev/null 2>&1 & echo $!"
+    return int(subprocess.run(["sh", "-c", script], capture_output=True, text=True).stdout)
+
+
+def test_strays_of_this_node_are_killed_and_nothing_else(tmp_path: Path) -> None:
+    # Not `aenv-`: other nodes' start-up sweeps on this machine would kill our orphans too.
+    tag = f"straytest-{secrets.token_hex(3)}"
+    home, other = tmp_path / "node", tmp_path / "other-node"
+    home.mkdir()
+    other.mkdir()
+    stray = start_qemu(f"{tag}-stray", home, orphan=True)
+    child = start_qemu(f"{tag}-child", home, orphan=False)
+    foreign = start_qemu(f"{tag}-foreign", other, orphan=True)
+    try:
+        deadline = time.monotonic() + 10  # until all three run QEMU (not a shell any more)
+        while {v.pid for v in our_vmms(tag)} != {stray, child, foreign}:
+            assert time.monotonic() < deadline, our_vmms(tag)
+            time.sleep(0.05)
+        killed = reap_strays(home, prefix=tag)
+        assert [v.pid for v in killed] == [stray]
+        assert not psutil.pid_exists(stray) or psutil.Process(stray).status() == "zombie"
+        assert {v.pid for v in our_vmms(tag)} == {child, foreign}
+        assert reap_strays(home, prefix=tag) == []
+    finally:
+        for pid in (stray, child, foreign):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(pid).kill()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(child, 0)

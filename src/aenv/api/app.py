@@ -26,6 +26,7 @@ from aenv.api.sandboxes import SandboxRoutes
 from aenv.api.snapshots import SnapshotRoutes
 from aenv.api.teams import ROUTES as TEAM_ROUTES
 from aenv.api.templates import TemplateRoutes
+from aenv.api.volumes import CONTENT_PREFIX, VolumeRoutes
 from aenv.config import Config
 from aenv.orchestrator.build_egress import BuildEgress
 from aenv.orchestrator.builds import Builder, ImageBooter
@@ -49,7 +50,12 @@ class APIKeyGate:
         self.limiter = limiter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in _OPEN_PATHS:
+        path = scope.get("path", "")
+        if (
+            scope["type"] == "http"
+            and path not in _OPEN_PATHS
+            and not path.startswith(CONTENT_PREFIX)
+        ):
             headers = {k.lower(): v for k, v in scope["headers"]}
             given = headers.get(b"x-api-key", b"").decode("latin-1") or None
             bearer = headers.get(b"authorization", b"").decode("latin-1")
@@ -121,6 +127,7 @@ def create_api(
         *NodeRoutes(orchestrator).routes(),
         *LogRoutes(orchestrator).routes(),
         *ApiKeyRoutes(keys).routes(),
+        *VolumeRoutes(orchestrator).routes(),
         *TEAM_ROUTES,
     ]
     # Last: it describes every route above.

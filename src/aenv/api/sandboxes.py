@@ -31,6 +31,7 @@ from aenv.api.models import (
 )
 from aenv.api.network import create_network, network_info, updated_network
 from aenv.api.requests import check_query, not_supported, parse_body
+from aenv.api.volumes import mounts_body, resolve_mounts
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.orchestrator.catalog import PageQuery, SandboxRecord
@@ -46,6 +47,7 @@ from aenv.orchestrator.lifecycle import (
 from aenv.orchestrator.metrics_history import Sample
 from aenv.orchestrator.states import with_public
 from aenv.orchestrator.templates import TemplateNotFound
+from aenv.orchestrator.volumes import VolumeNotFound
 
 CLIENT_ID = "6532622b"  # the legacy constant infra sends; SDKs require the key
 MAX_PAGE = 100
@@ -117,6 +119,7 @@ class SandboxRoutes:
             "state": record.state.public,
             "envdVersion": ENVD_VERSION,
             "metadata": dict(record.metadata),
+            "volumeMounts": mounts_body(self.orc.volumes, record),
         }
         if record.alias:
             body["alias"] = record.alias
@@ -161,6 +164,7 @@ class SandboxRoutes:
 
     async def _start(self, body: NewSandbox, timeout: int, owner: str) -> dict[str, Any]:
         network = create_network(body.allow_internet_access, body.network)
+        volume_mounts = resolve_mounts(self.orc.volumes, body.volume_mounts)
         try:
             with self.node_metrics.create_seconds.time():
                 record, _ = await self.orc.create(
@@ -174,12 +178,15 @@ class SandboxRoutes:
                         auto_resume=body.auto_resume is not None and body.auto_resume.enabled,
                         network=network,
                         owner=owner,
+                        volume_mounts=volume_mounts,
                     )
                 )
         except TemplateNotFound as e:
             raise APIError(404, f"template '{body.template_id}' not found") from e
         except CapacityReached as e:
             raise APIError(429, str(e), error_code="sandbox_capacity_unavailable") from e
+        except VolumeNotFound as e:  # deleted since it was resolved above
+            raise APIError(400, f"volumeMounts: {e}") from e
         except CreateFailed as e:
             raise APIError(
                 500, str(e), error_code="sandbox_create_failed", should_retry=False

@@ -120,10 +120,13 @@ class SnapshotRoutes:
         timeout = body.timeout or DEFAULT_TIMEOUT_V2
         if timeout > self.config.max_timeout:
             raise APIError(400, f"timeout must be at most {self.config.max_timeout} seconds")
-        children = await call_lifecycle(
-            self.orc.fork(sandbox_id, body.count, timeout, owner=request.state.api_key.id),
-            sandbox_id,
-        )
+        try:
+            children = await call_lifecycle(
+                self.orc.fork(sandbox_id, body.count, timeout, owner=request.state.api_key.id),
+                sandbox_id,
+            )
+        except CapacityReached as e:  # the whole fork, refused before anything started
+            raise APIError(429, str(e), error_code="sandbox_capacity_unavailable") from e
         results: list[dict[str, Any]] = []
         for child in children:
             if isinstance(child, BaseException):

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 import uvicorn
 
-from aenv.cli import cluster, images, keys, sandboxes, shell, snapshots, templates
+from aenv.cli import cluster, images, keys, sandboxes, shell, snapshots, templates, volumes
 from aenv.cli.node import console
 from aenv.config import Config, ConfigError, load
 
@@ -32,6 +32,7 @@ app.add_typer(snapshots.app)
 app.add_typer(shell.app)
 app.add_typer(templates.app, name="template")
 app.add_typer(keys.app, name="keys")
+app.add_typer(volumes.app, name="volumes")
 app.add_typer(cluster.app, name="node")
 
 

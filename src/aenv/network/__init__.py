@@ -23,7 +23,7 @@ from aenv.network.config import NetworkConfig
 from aenv.network.manager import SlotManager
 from aenv.network.nft import NftError
 from aenv.network.policy import EgressPolicy
-from aenv.network.pool import SlotPool, SlotProvider
+from aenv.network.pool import SlotPool, SlotProvider, SlotReclaimer
 from aenv.network.slot import GuestNetwork, Slot
 
 __all__ = [
@@ -35,5 +35,6 @@ __all__ = [
     "SlotManager",
     "SlotPool",
     "SlotProvider",
+    "SlotReclaimer",
     "SlotsExhausted",
 ]

@@ -47,6 +47,15 @@ class AddressPlan:
                 return index
         raise SlotsExhausted(f"all {self.capacity} slots of {self.network} are in use")
 
+    def take(self, index: int) -> bool:
+        """Mark `index` used if it is free (e.g. to remove what a slot of it left); False when
+        it is in use."""
+        if index in self._used:
+            return False
+        self.subnet(index)  # checks the range
+        self._used.add(index)
+        return True
+
     def free(self, index: int) -> None:
         if index not in self._used:
             raise ValueError(f"slot index {index} is not allocated")

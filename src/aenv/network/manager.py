@@ -227,6 +227,34 @@ class SlotManager:
         del self._locks[slot.index]
         self._plan.free(slot.index)
 
+    def in_use(self) -> list[Slot]:
+        """Every live slot (ready in a pool or handed out)."""
+        return list(self._slots.values())
+
+    async def remove_strays(self) -> list[str]:
+        """Remove the namespaces named like this manager's slots that no live slot and no create
+        under way stands for (a create whose clean-up failed, a slot dropped without `destroy`).
+        Their indices are held meanwhile, so no new slot takes one of those names half-way."""
+        names = await asyncio.to_thread(netns.names)
+        strays: dict[str, int | None] = {}  # None: outside the plan (its network changed)
+        for name in names:
+            match = self._name_re.fullmatch(name)
+            if match is None:
+                continue
+            index = int(match.group(1))
+            if index >= self._plan.capacity:
+                strays[name] = None
+            elif self._plan.take(index):
+                strays[name] = index
+        try:
+            for name in strays:
+                await asyncio.to_thread(netns.remove, name)
+        finally:
+            for held in strays.values():
+                if held is not None:
+                    self._plan.free(held)
+        return sorted(strays)
+
     def _check_live(self, slot: Slot) -> None:
         if self._slots.get(slot.index) != slot:
             raise ValueError(f"slot {slot.netns} is not live")

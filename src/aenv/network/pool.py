@@ -13,7 +13,8 @@ import asyncio
 import contextlib
 import logging
 from collections import deque
-from typing import Protocol
+from collections.abc import Collection
+from typing import Any, Protocol, runtime_checkable
 
 from aenv.network.addressing import SlotsExhausted
 from aenv.network.config import NetworkConfig
@@ -40,11 +41,23 @@ class SlotProvider(Protocol):
     async def set_policy(self, slot: Slot, policy: EgressPolicy) -> None: ...
 
 
+@runtime_checkable
+class SlotReclaimer(Protocol):
+    async def reclaim_leaked(self, kept: Collection[Slot]) -> list[str]:
+        """Destroy the slots handed out that nothing holds any more: neither in `kept` (the
+        holder's long-lived slots) nor held by the task that acquired them, which is still
+        running; and remove namespaces of ours that no slot stands for. Returns their names."""
+        ...
+
+
 class SlotPool:
     def __init__(self, config: NetworkConfig) -> None:
         self.config = config
         self.manager = SlotManager(config)
         self._ready: deque[Slot] = deque()
+        # The task that acquired each slot handed out: the slot is its own until it hands it to
+        # a long-lived holder (`kept` in `reclaim_leaked`) or releases it.
+        self._holders: dict[int, asyncio.Task[Any]] = {}
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._refill: asyncio.Task[None] | None = None
@@ -79,9 +92,11 @@ class SlotPool:
         verdict = self.config.egress if egress is None else egress
         if not self._ready:
             slot = await self.manager.create(egress=verdict, policy=policy)
+            self._hold(slot)
         else:
             # Ready slots have the default egress and no lists; adjust only what differs.
             slot = self._ready.popleft()
+            self._hold(slot)
             if verdict != self.config.egress:
                 await self.manager.set_egress(slot, verdict)
             if policy is not None:
@@ -90,8 +105,33 @@ class SlotPool:
             self._kick()
         return slot
 
+    def _hold(self, slot: Slot) -> None:
+        task = asyncio.current_task()
+        if task is not None:
+            self._holders[slot.index] = task
+
     async def release(self, slot: Slot) -> None:
         await self.manager.destroy(slot)
+        self._holders.pop(slot.index, None)
+
+    async def reclaim_leaked(self, kept: Collection[Slot]) -> list[str]:
+        """Implements `SlotReclaimer`."""
+        kept_indices = {slot.index for slot in kept}
+        ready = {slot.index for slot in self._ready}
+        leaked = []
+        for slot in self.manager.in_use():
+            if slot.index in ready or slot.index in kept_indices:
+                continue
+            # No holder yet: being made for an acquire, or for the ready queue.
+            holder = self._holders.get(slot.index)
+            if holder is not None and holder.done():
+                leaked.append(slot)
+        for slot in leaked:
+            await self.release(slot)
+        names = [slot.netns for slot in leaked] + await self.manager.remove_strays()
+        if names:
+            log.warning("reclaimed %d leaked network slots: %s", len(names), ", ".join(names))
+        return names
 
     async def set_egress(self, slot: Slot, enabled: bool) -> None:
         await self.manager.set_egress(slot, enabled)

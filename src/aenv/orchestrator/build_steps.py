@@ -20,6 +20,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 
 import httpx
+import pyqwest
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
 from protobuf import Oneof
@@ -64,12 +65,17 @@ class GuestShell:
 
     def __init__(self, envd: EnvdClient) -> None:
         self.envd = envd
-        self._rpc = ProcessClient(envd.url)
-        self._fs = FilesystemClient(envd.url)
+        # A connection pool of its own, closed with the shell: the process-wide default one
+        # would keep connections to this VM's address, which a later VM may be given.
+        self._transport = pyqwest.HTTPTransport()
+        http = pyqwest.Client(self._transport)
+        self._rpc = ProcessClient(envd.url, http_client=http)
+        self._fs = FilesystemClient(envd.url, http_client=http)
 
     async def close(self) -> None:
         await self._rpc.close()
         await self._fs.close()
+        await self._transport.aclose()
 
     def _headers(self, user: str) -> dict[str, str]:
         return self.envd.headers(user)

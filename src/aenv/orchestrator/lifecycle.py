@@ -36,12 +36,12 @@ import httpx
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.ids import new_access_token, new_sandbox_id
-from aenv.network import NftError, Slot, SlotProvider
+from aenv.network import NftError, Slot, SlotProvider, SlotReclaimer
 from aenv.network.settings import SandboxNetwork, SlotEgress
 from aenv.orchestrator import checkpoints, consoles, detach, metrics_history
 from aenv.orchestrator.archive import Archive
 from aenv.orchestrator.background import PerSandbox
-from aenv.orchestrator.catalog import Catalog, SandboxRecord
+from aenv.orchestrator.catalog import Catalog, SandboxRecord, VolumeMount
 from aenv.orchestrator.envd_client import EnvdClient, EnvdUnavailable
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.locks import KeyedLocks
@@ -50,6 +50,7 @@ from aenv.orchestrator.reserve import HostReserve
 from aenv.orchestrator.saved import SavedStates
 from aenv.orchestrator.states import KILLABLE, LIVE, SAVED, SandboxState
 from aenv.orchestrator.templates import BOOT_READY_TIMEOUT, Template, TemplateStore
+from aenv.orchestrator.volumes import VolumeStore, guest_mounts
 from aenv.runtime.driver import (
     VM,
     Driver,
@@ -60,7 +61,7 @@ from aenv.runtime.driver import (
     Snapshot,
     SnapshotTarget,
 )
-from aenv.runtime.sweep import Reaper
+from aenv.runtime.sweep import Reaper, reap_strays
 from aenv.storage.repository import RepositoryError
 
 log = logging.getLogger("aenv.orchestrator")
@@ -85,8 +86,8 @@ class CreateFailed(RuntimeError):
 
 
 class CapacityReached(RuntimeError):
-    """The node already holds `max_sandboxes` sandboxes, or the request's owner (an API key)
-    already runs `key_max_sandboxes`."""
+    """The node already holds `max_sandboxes` sandboxes, the request's owner (an API key)
+    already runs `key_max_sandboxes`, or the host has not the memory or disk for more."""
 
 
 class InvalidState(RuntimeError):
@@ -150,6 +151,8 @@ class CreateRequest:
     size: tuple[int, int] | None = None
     # Who asks (an API key's id): at most `key_max_sandboxes` of an owner's run at once.
     owner: str | None = None
+    # Volumes mounted into the guest (resolved by `VolumeStore.resolve`).
+    volume_mounts: tuple[VolumeMount, ...] = ()
 
 
 class GuestUnhealthy(RuntimeError):
@@ -176,6 +179,8 @@ class Orchestrator:
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._admission = asyncio.Semaphore(config.max_concurrent_creates)
         self._queued_by: collections.Counter[str | None] = collections.Counter()
+        # Disk of the creates admitted and not finished: their layers have not grown yet.
+        self._disk_pending_mb = 0
         self.stats = CreateStats()
         self._client = httpx.AsyncClient()
         self._tasks: set[asyncio.Task[None]] = set()
@@ -188,6 +193,7 @@ class Orchestrator:
         # ends the connections to that VM at once.
         self.vm_stopped: list[Callable[[str, str], None]] = []
         self.metrics = MetricsHistory()
+        self.volumes = VolumeStore(catalog, config.paths.volumes)
 
     # -- start-up and shutdown ------------------------------------------------------------
 
@@ -196,6 +202,9 @@ class Orchestrator:
         kills them), so sandboxes that were running are cleaned up and removed; paused ones stay
         paused, and one caught mid-pause or mid-resume falls back to its newest complete
         checkpoint (a crash never leaves a half-written one in use)."""
+        # Also those of the previous server that the start-up sweep cannot tell from others'
+        # (re-parented to a subreaper, not to init): they would write to the files reclaimed here.
+        await asyncio.to_thread(reap_strays, self.config.home)
         for record in self.catalog.list():
             sandbox_dir = self._dirs(record.id)[0]
             if record.state in SAVED:
@@ -315,6 +324,19 @@ class Orchestrator:
                 "You have reached the maximum number of concurrent sandboxes for this API key "
                 f"({self.config.key_max_sandboxes})"
             )
+        disk_mb = (parent or base).disk_size_mb
+        await self._check_disk(disk_mb)
+        # Counted with no await since the check: concurrent creates see each other's disks.
+        self._disk_pending_mb += disk_mb
+        try:
+            return await self._queued_create(request, base, parent)
+        finally:
+            self._disk_pending_mb -= disk_mb
+
+    async def _queued_create(
+        self, request: CreateRequest, base: Template, parent: SandboxRecord | None
+    ) -> SandboxRecord:
+        owner = request.owner
         self.stats.queued += 1
         self._queued_by[owner] += 1
         try:
@@ -333,6 +355,17 @@ class Orchestrator:
             self._admission.release()
         self.stats.succeeded += 1
         return record
+
+    async def _check_disk(self, need_mb: int) -> None:
+        """Raises CapacityReached when new sandboxes that can write `need_mb` (each one's
+        writable layer is bounded at its disk size), on top of the creates under way, do not
+        fit in the data filesystem's free space above the reserve. The check is the last step:
+        a caller that counts `need_mb` right after it races no other create."""
+        reserve = self._reserve()
+        free_mb = await asyncio.to_thread(reserve.free_disk_mb)
+        short = reserve.disk_shortfall(free_mb, self._disk_pending_mb + need_mb)
+        if short is not None:
+            raise CapacityReached(f"no new sandboxes: {short}")
 
     def _reserve(self) -> HostReserve:
         config = self.config
@@ -385,6 +418,7 @@ class Orchestrator:
                     auto_pause_mode=request.auto_pause_mode,
                     internal=request.internal,
                     owner=request.owner,
+                    volume_mounts=request.volume_mounts,
                 )
             )
             try:
@@ -421,7 +455,11 @@ class Orchestrator:
     ) -> _Live:
         """Start a VM for `record` from `snapshot` (restored, or `cold`-booted from its disks
         alone) on a new network slot, and hand envd the sandbox's token, env and fresh entropy.
-        On failure nothing of the VM or slot is left; the sandbox's files are the caller's."""
+        A sandbox with volumes is always booted: a restored VM has no device to mount them by.
+        On failure nothing of the VM or slot is left; the sandbox's files are the caller's.
+        Raises `VolumeNotFound` when a volume it mounts was deleted (nothing started)."""
+        shares = self.volumes.shares(record.volume_mounts)
+        cold = cold or bool(shares)
         workdir, memory_dir = self._dirs(record.id)
         await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
         await asyncio.to_thread(memory_dir.mkdir, parents=True, exist_ok=True)
@@ -431,7 +469,7 @@ class Orchestrator:
         try:
             net = NetAttachment(slot.netns, slot.guest.tap, slot.guest.mac)
             envd = EnvdClient(self._client, str(slot.address), current_token)
-            place = RestoreSpec(workdir=workdir, net=net, memory_dir=memory_dir)
+            place = RestoreSpec(workdir=workdir, net=net, memory_dir=memory_dir, shares=shares)
             if cold:
                 vm = await self.driver.boot_saved(snapshot, place)
                 envd = EnvdClient(self._client, envd.host)  # a fresh envd has no token yet
@@ -447,6 +485,7 @@ class Orchestrator:
                 timeout=RESTORE_READY_TIMEOUT,
                 default_user=built.default_user if built else None,
                 default_workdir=built.default_workdir if built else None,
+                volume_mounts=guest_mounts(record.volume_mounts),
             )
         except BaseException:
             if vm is not None:
@@ -492,8 +531,9 @@ class Orchestrator:
 
     async def reconcile(self) -> None:
         """End what the catalog does not own: a live VM whose sandbox is not running any more
-        (stopped, its slot released), and VMMs and cgroups no VM object stands for (a failed or
-        cancelled operation that dropped one without stopping it)."""
+        (stopped, its slot released), VMMs and cgroups no VM object stands for (a failed or
+        cancelled operation that dropped one without stopping it), VMMs of this node that this
+        process did not start (a killed server's), and network slots nothing holds any more."""
         for sandbox_id in list(self._live):
             async with self._lock(sandbox_id):
                 record = self.catalog.get(sandbox_id)
@@ -507,6 +547,9 @@ class Orchestrator:
                     await self._reclaim_files(sandbox_id)
         if isinstance(self.driver, Reaper):
             await asyncio.to_thread(self.driver.reap_unowned)
+        await asyncio.to_thread(reap_strays, self.config.home)
+        if isinstance(self.slots, SlotReclaimer):
+            await self.slots.reclaim_leaked([live.slot for live in self._live.values()])
 
     def _started(self, record: SandboxRecord, live: _Live) -> None:
         self._schedule_expiry(record)
@@ -575,11 +618,13 @@ class Orchestrator:
         3. The driver saves checkpoint `pause-<seq>` (what `mode` says) and stops the VM.
            On failure the checkpoint is removed and the sandbox runs on (PAUSING -> RUNNING).
         4. Free the slot; PAUSING -> PAUSED with the new `checkpoint_seq` and `checkpoint_mode`.
-        5. Prune older checkpoints; detach and upload this one in the background."""
+        5. Prune older checkpoints; detach and upload this one in the background.
+        A sandbox with volumes saves its filesystem only (`_save_mode`)."""
         async with self._lock(sandbox_id):
             record = self.get(sandbox_id)
             if record.state is not SandboxState.RUNNING:
                 raise InvalidState(sandbox_id, record.state, "pause")
+            mode = _save_mode(record, mode)
             await self._check_reserve(f"pause sandbox {sandbox_id}")
             if require_healthy:
                 try:
@@ -764,7 +809,10 @@ class Orchestrator:
                 base = self.templates.get(source)
             except LookupError as e:
                 raise SandboxNotFound(source) from e
+            await self._check_disk(count * base.disk_size_mb)
         else:
+            # Refused before the checkpoint: a fork that cannot fit changes nothing.
+            await self._check_disk(count * parent.disk_size_mb)
             # With more than one child, detaching the memory once beats each child parsing it.
             base = await self._checkpoint(
                 source,
@@ -804,6 +852,8 @@ class Orchestrator:
             auto_resume=parent.auto_resume if parent else False,
             network=parent.network if parent else SandboxNetwork(),
             owner=owner,
+            # Children of a sandbox mount its volumes; a snapshot carries none.
+            volume_mounts=parent.volume_mounts if parent else (),
         )
         children = await asyncio.gather(
             *(self._admitted_create(request, base, parent) for _ in range(count)),
@@ -842,6 +892,7 @@ class Orchestrator:
     ) -> Template:
         async with self._lock(sandbox_id):
             record = self.get(sandbox_id)
+            mode = _save_mode(record, mode)
             await self._check_reserve(f"save sandbox {sandbox_id}")
             await asyncio.to_thread(dest.mkdir, parents=True)
             try:
@@ -1036,6 +1087,13 @@ class Orchestrator:
             except OperationFailed:
                 log.exception("auto-pause of %s failed; killing it", record.id)
         await self.kill(record.id)
+
+
+def _save_mode(record: SandboxRecord, asked: SaveMode) -> SaveMode:
+    """What saving `record` can keep: a guest that mounts volumes has 9p devices, whose state
+    QEMU cannot save while mounted, so only its filesystem is saved (its volumes are outside
+    it, on the host, and are mounted again when it boots)."""
+    return SaveMode.FILESYSTEM if record.volume_mounts else asked
 
 
 def _sandbox_env(record: SandboxRecord) -> dict[str, str]:

@@ -22,6 +22,8 @@ from typing import Any
 import httpx
 
 from aenv import atomic
+from aenv.config import Config
+from aenv.envd import ENVD_VERSION
 from aenv.guest.cmdline import GuestNet, kernel_cmdline
 from aenv.network import SlotProvider
 from aenv.orchestrator.build_steps import GuestShell
@@ -197,6 +199,20 @@ class BuildRequest:
     memory_mb: int
     disk_size_mb: int
     envd_version: str
+
+    @classmethod
+    def for_node(
+        cls, config: Config, template_id: str, aliases: tuple[str, ...] = ()
+    ) -> BuildRequest:
+        """A template the node builds for itself, at its default sandbox size."""
+        return cls(
+            template_id=template_id,
+            aliases=aliases,
+            vcpus=config.sandbox_vcpus,
+            memory_mb=config.sandbox_memory_mb,
+            disk_size_mb=config.sandbox_disk_mb,
+            envd_version=ENVD_VERSION,
+        )
 
 
 async def build_template(

@@ -1,7 +1,7 @@
 """qcow2 disk layers, the QEMU driver's format: the private writable layer of every VM is a qcow2
 top over the sealed layer below it, so a snapshot costs nothing proportional to disk size.
 
-Sealing is `blockdev-snapshot-sync` in the running VMM (`aenv.runtime.qemu`): the current top
+Sealing is `blockdev-snapshot` in the running VMM (`aenv.runtime.qemu`): the current top
 becomes read-only and the VM continues on a new, empty top. Restores and cold boots of a saved
 state get a new top over its sealed layer (`overlay`). Chains grow by one per snapshot of a
 restored VM; `flatten_if_deep` rewrites a sealed layer whose chain is deeper than a limit into one

@@ -9,7 +9,7 @@ What `research/feasibility.md` measured, applied:
   QEMU), so its snapshots carry the RAM inside the state stream (`Snapshot.memory_file is None`);
   restores of those load it into a fresh file of their own. `detach_memory` turns such a
   snapshot into the mapped kind by loading it (without running the guest) and saving it again.
-- Snapshot = stop, freeze writable disks (`blockdev-snapshot-sync`: the current top becomes a
+- Snapshot = stop, freeze writable disks (`blockdev-snapshot`: the current top becomes a
   sealed layer), migrate to the state file with the bandwidth cap lifted (7.2 defaults to
   32 MiB/s), then either continue or quit.
 - Restore = spawn with `-incoming defer -S`, set the same capabilities, `migrate-incoming`, `cont`.
@@ -69,6 +69,12 @@ Accel = Literal["kvm", "tcg"]
 MIGRATE_BANDWIDTH = 100 << 30  # bytes/s: effectively unlimited
 VMM_OVERHEAD_MIB = 192  # QEMU heap + TCG translation cache (bounded by tb-size below)
 TCG_TB_MIB = 64
+# How a VM's 9p shares (volumes) store files. mapped-xattr: the guest's owner and mode live in
+# extended attributes, so guests see and change them as on any filesystem (a jailed VMM could
+# not chown the host files). On the host every file is readable and writable by all (fmode,
+# dmode; the VMM runs with umask 0): the VMMs of other sandboxes, each with its own uid, share
+# them, while the volumes directory (0700, root) keeps host users out.
+SHARE_FILE_MODES = "security_model=mapped-xattr,fmode=0666,dmode=0777"
 DEFAULT_PIDS = 64
 _JAIL_ENV = {"PATH": "/usr/bin:/bin"}
 
@@ -81,6 +87,8 @@ class QemuConfig:
     migrate_timeout_s: float = 120.0
     # None runs QEMU unconfined (as root, with the host's files in view): benchmarks only.
     jail: JailConfig | None = field(default_factory=JailConfig)
+    # Off keeps what a guest frees allocated on the host: benchmarks only.
+    discard: bool = True
 
 
 def host_tsc_khz(cpuinfo: str | None = None) -> int:
@@ -195,6 +203,7 @@ class QemuDriver:
             net=net,
             limits=target.limits,
             disks=tuple(disks),
+            shares=target.shares,
         )
         try:
             vm = await self.boot(spec)
@@ -262,6 +271,8 @@ class QemuDriver:
     async def _restore_vm(self, snapshot: Snapshot, target: RestoreSpec) -> QemuVM:
         """A VMM holding `snapshot`'s state, its vCPUs not started yet."""
         await self._check(snapshot)
+        if target.shares:
+            raise RestoreError("a restored VM has its snapshot's devices: shares need a boot")
         if not await asyncio.to_thread(target.workdir.is_dir):
             raise RestoreError(f"workdir {target.workdir} does not exist")
         net = snapshot.spec.net
@@ -334,7 +345,7 @@ class QemuDriver:
         self, vm_id: str, spec: VMSpec, memory: _Memory, qmp: Path, console: Path, tap_fd: int
     ) -> list[str]:
         accel = "kvm" if self.config.accel == "kvm" else f"tcg,tb-size={TCG_TB_MIB}"
-        share = "on" if memory.shared else "off"
+        shared_memory = "on" if memory.shared else "off"
         jailed = self.config.jail is not None
         argv = [
             str(host_binary(self.config.binary)) if jailed else self.config.binary,
@@ -346,7 +357,7 @@ class QemuDriver:
             "-m", f"{spec.memory_mib}M",
             "-object",
             f"memory-backend-file,id=mem,size={spec.memory_mib}M,"
-            f"mem-path={_opt(memory.path)},share={share}",
+            f"mem-path={_opt(memory.path)},share={shared_memory}",
             "-display", "none",
             "-monitor", "none",
             "-no-reboot",
@@ -367,10 +378,9 @@ class QemuDriver:
         for disk in spec.disks:
             fmt = "qcow2" if qcow2.is_qcow2(disk.path) else "raw"
             ro = "on" if disk.read_only else "off"
+            drive = f"id={disk.drive_id},file={_opt(disk.path)},format={fmt},if=none,readonly={ro}"
             argv += [
-                "-drive",
-                f"id={disk.drive_id},file={_opt(disk.path)},format={fmt},if=none,readonly={ro},"
-                "discard=unmap",
+                "-drive", drive + self._discard(disk),
                 "-device", f"virtio-blk-device,drive={disk.drive_id}",
             ]  # fmt: skip
         if spec.net:
@@ -378,7 +388,23 @@ class QemuDriver:
                 "-netdev", f"tap,id=net0,fd={tap_fd}",
                 "-device", f"virtio-net-device,netdev=net0,mac={spec.net.mac}",
             ]  # fmt: skip
+        for i, share in enumerate(spec.shares):
+            argv += [
+                "-fsdev", f"local,id=fs{i},path={_opt(share.path)},{SHARE_FILE_MODES}",
+                "-device", f"virtio-9p-device,fsdev=fs{i},mount_tag={share.tag}",
+            ]  # fmt: skip
         return argv
+
+    def discard_options(self) -> dict[str, str]:
+        """Options of a writable drive's top that give the host back what the guest frees: its
+        discards (the guest mounts the drive with `discard`) punch holes in the top, and blocks
+        it overwrites with zeros are unmapped rather than stored."""
+        return {"discard": "unmap", "detect-zeroes": "unmap"} if self.config.discard else {}
+
+    def _discard(self, disk: Disk) -> str:
+        if disk.read_only:
+            return ""
+        return "".join(f",{key}={value}" for key, value in self.discard_options().items())
 
     def _jail_files(
         self, spec: VMSpec, memory: _Memory, qmp: Path, console: Path
@@ -391,6 +417,7 @@ class QemuDriver:
             if not disk.read_only:
                 files.append(JailFile(below.pop(0), Access.OWN))
             files += [JailFile(p, Access.READ) for p in below]
+        files += [JailFile(share.path, Access.SHARED_DIR) for share in spec.shares]
         mapped = Access.OWN if memory.owned else Access.SHARED_WRITE
         return [*files, JailFile(memory.path, mapped), JailFile(qmp, Access.OWN),
                 JailFile(console, Access.OWN)]  # fmt: skip
@@ -436,7 +463,9 @@ class QemuDriver:
             async with contextlib.AsyncExitStack() as held:
                 if jail is not None:
                     argv = await self._confine(held, jail, argv, spec, memory, qmp_path, console)
-                proc = await _spawn(argv, stderr_log, tap_fd, clean_env=jail is not None)
+                proc = await _spawn(
+                    argv, stderr_log, tap_fd, clean_env=jail is not None, shares=bool(spec.shares)
+                )
                 if self._cgroups is not None:
                     # Placed before the guest runs (-S): vCPU threads and helpers inherit it.
                     cgroup = await asyncio.to_thread(
@@ -683,17 +712,36 @@ class QemuVM:
             self.owned_files.append(top)
             if self.jail is not None:
                 await self.jail.expose(self.proc.pid, JailFile(top, Access.OWN))
-            await self.monitor.execute(
-                "blockdev-snapshot-sync",
-                device=disk.drive_id,
-                **{"snapshot-file": str(top), "format": "qcow2", "mode": "existing"},
-            )
+            await self._stack(disk.drive_id, top)
             disks.append(Disk(disk.drive_id, top, read_only=False))
             # Record each switch at once: if a later drive fails, the spec still says where
             # every drive is now.
             self.spec = dataclasses.replace(
                 self.spec, disks=tuple(disks) + self.spec.disks[len(disks) :]
             )
+
+    async def _stack(self, drive_id: str, top: Path) -> None:
+        """Put `top` over the drive's current top, which becomes its backing layer. Added as a
+        node of its own first (not `blockdev-snapshot-sync`, whose new node gets default options):
+        the new top must pass discards and unmap zeros as the drive's first one does. Its header
+        is left as we wrote it, naming the sealed layer."""
+        node = f"{drive_id}-{self._generation}"
+        await self.monitor.execute(
+            "blockdev-add",
+            **{
+                "driver": "qcow2",
+                "node-name": node,
+                "file": {"driver": "file", "filename": str(top)},
+                "backing": None,  # the drive's current top, given by blockdev-snapshot
+                **self._driver.discard_options(),
+            },
+        )
+        try:
+            await self.monitor.execute("blockdev-snapshot", node=drive_id, overlay=node)
+        except MonitorError:
+            with contextlib.suppress(MonitorError):
+                await self.monitor.execute("blockdev-del", **{"node-name": node})
+            raise
 
     async def _quit(self) -> None:
         with contextlib.suppress(MonitorError):
@@ -771,7 +819,7 @@ def _host_cpu_model() -> str:
 
 
 async def _spawn(
-    argv: Sequence[str], stderr_log: Path, tap_fd: int | None, *, clean_env: bool
+    argv: Sequence[str], stderr_log: Path, tap_fd: int | None, *, clean_env: bool, shares: bool
 ) -> asyncio.subprocess.Process:
     with stderr_log.open("wb") as err:
         return await asyncio.create_subprocess_exec(
@@ -783,6 +831,8 @@ async def _spawn(
             pass_fds=() if tap_fd is None else (tap_fd,),
             # A jailed VMM gets none of the server's environment (it may hold credentials).
             env=_JAIL_ENV if clean_env else None,
+            # Files a VMM creates in a share get exactly `SHARE_FILE_MODES` (see `_argv`).
+            umask=0 if shares else -1,
         )
 
 

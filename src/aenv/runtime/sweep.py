@@ -9,6 +9,11 @@ starting any VM, a node kills the orphans among them, removes the VMM cgroups le
 parents named `aenv-*`, and lets each `Reclaimer` (the Firecracker driver) remove what else its VMs
 leave: jails, their cgroups, and the driver's files in a VM's working directory. Network
 namespaces, disk layers and the catalog are swept by their own owners.
+
+While a node runs, its reconciler ends what no one owns: `reap_unowned`, VMMs of this process
+that no VM object stands for; `reap_strays`, VMMs of this node (their command line names its data
+directory) that another, dead, server process started, which the start-up sweep misses when a
+subreaper rather than init adopted them.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class Vmm:
     orphaned: bool  # its parent exited (it was re-parented to PID 1)
     cwd: Path | None  # where it runs: an unjailed Firecracker's workdir, or a jail's root
     stdout: Path | None  # the file its stdout goes to: a Firecracker's `<workdir>/console.log`
+    cmdline: tuple[str, ...] = ()
 
 
 class Reclaimer(Protocol):
@@ -100,6 +106,7 @@ def our_vmms(prefix: str = VMM_NAME_PREFIX) -> list[Vmm]:
                 orphaned=proc.info["ppid"] == 1,
                 cwd=Path(cwd) if cwd else None,
                 stdout=_stdout(proc.pid),
+                cmdline=tuple(proc.info["cmdline"]),
             )
         )
     return found
@@ -201,3 +208,38 @@ def reap_unowned(
     if names:
         log.warning("reaped %d VMMs that nothing owned any more: %s", len(names), names)
     return names
+
+
+def reap_strays(home: Path, prefix: str = VMM_NAME_PREFIX) -> list[Vmm]:
+    """Kill the VMMs of the node whose data directory is `home` that this process did not start:
+    a previous server of the node left them when it was killed, whether they were re-parented to
+    init (which the startup sweep also finds) or to a subreaper (which it does not). A VMM is the
+    node's when its command line names a file under `home` or it runs there (a jail's root).
+    Returns what was killed. Blocking: run it in a thread."""
+    me = os.getpid()
+    roots = {str(home).rstrip("/") + "/", str(home.resolve()).rstrip("/") + "/"}
+    strays: list[Vmm] = []
+    procs: list[psutil.Process] = []
+    for vmm in our_vmms(prefix):
+        if not _under(vmm, roots):
+            continue
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc = psutil.Process(vmm.pid)
+            if any(parent.pid == me for parent in proc.parents()):
+                continue  # ours, even behind a wrapper that forks
+            proc.kill()
+            procs.append(proc)
+            strays.append(vmm)
+    psutil.wait_procs(procs, timeout=10)
+    if strays:
+        log.warning(
+            "killed %d VMMs of this node that no server of it runs any more: %s",
+            len(strays),
+            [v.name for v in strays],
+        )
+    return strays
+
+
+def _under(vmm: Vmm, roots: Collection[str]) -> bool:
+    places = [*vmm.cmdline, f"{vmm.cwd}/" if vmm.cwd else ""]
+    return any(root in place for place in places for root in roots)

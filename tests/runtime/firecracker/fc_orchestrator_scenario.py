@@ -35,7 +35,6 @@ import httpx
 import pytest
 
 from aenv.config import Config
-from aenv.envd import ENVD_VERSION
 from aenv.guest.cmdline import GuestNet
 from aenv.network import NetworkConfig, SlotPool
 from aenv.orchestrator.build_steps import StepType
@@ -188,14 +187,7 @@ async def build_base(
     templates = TemplateStore(config.paths.templates, config.paths.memory)
     guest = slots.config.guest
     return await build_template(
-        BuildRequest(
-            template_id="base",
-            aliases=("base",),
-            vcpus=1,
-            memory_mb=config.sandbox_memory_mb,
-            disk_size_mb=config.sandbox_disk_mb,
-            envd_version=ENVD_VERSION,
-        ),
+        BuildRequest.for_node(config, "base", ("base",)),
         images,
         driver,
         slots,

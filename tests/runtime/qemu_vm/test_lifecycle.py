@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import os
+import signal
+import subprocess
+import sys
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -16,6 +20,8 @@ from aenv.runtime import qcow2
 from aenv.runtime.cgroups import CgroupManager
 from aenv.runtime.driver import RestoreError, Snapshot, VMState
 from aenv.runtime.qemu import QemuDriver, QemuVM
+from aenv.runtime.sweep import orphaned_vmms, reap_strays
+from tests.doubles.node import eventually
 from tests.runtime.qemu_vm.conftest import (
     TEMPLATE_MEMORY,
     TEMPLATE_NOTE,
@@ -24,7 +30,7 @@ from tests.runtime.qemu_vm.conftest import (
     Template,
     qemu_children,
 )
-from tests.runtime.qemu_vm.netns import agent, wait_ready
+from tests.runtime.qemu_vm.netns import NetnsPool, agent, wait_ready
 
 pytestmark = pytest.mark.slow
 CLONES = int(os.environ.get("AENV_TEST_CLONES", "16"))
@@ -269,3 +275,42 @@ async def test_a_vmm_nothing_owns_any_more_is_reaped(
     assert [p.pid for p in qemu_children()] != [pid]
     assert cgroups.names() == [QemuDriver.cgroup_name(f"aenv-{kept.id}")]
     assert (await agent(kept_netns))["memory"] == TEMPLATE_MEMORY  # the owned one runs on
+
+
+async def test_a_killed_servers_vmm_adopted_by_a_subreaper_is_reaped(
+    template: Template, places: Places, nets: NetnsPool, no_leaks: None
+) -> None:
+    """The start-up sweep kills VMMs re-parented to init; under a subreaper (systemd, a
+    container's init) the VMMs of a server killed with kill -9 are not, and `reap_strays` finds
+    them by the node's files in their command line."""
+    home = places.vm_dir()
+    workdir = home / "sandbox"
+    workdir.mkdir()
+    net = nets.create()
+    report = home / "started.json"
+    # `setsid -f`: the supervisor is not this process's descendant, as a server's is not.
+    argv = ["setsid", "-f", sys.executable, "-m", "tests.runtime.qemu_vm.stray_child",
+            "supervise", str(template.snapshot.state_file.parent), str(workdir),
+            str(places.shm), net.netns]  # fmt: skip
+    with report.open("wb") as out:
+        await asyncio.to_thread(subprocess.run, argv, stdout=out, check=True)
+    procs: list[psutil.Process] = []
+    try:
+        await eventually(lambda: report.read_text().endswith("\n"), polls=6000)
+        started = json.loads(report.read_text())
+        server, vmm = psutil.Process(started["server"]), psutil.Process(started["vmm"])
+        supervisor = server.parent()
+        assert supervisor is not None
+        procs += [vmm, supervisor]
+        os.kill(server.pid, signal.SIGKILL)
+        await eventually(lambda: vmm.ppid() == supervisor.pid)
+        await wait_ready(net.netns)  # the guest runs on without its server
+        assert vmm.pid not in [p.pid for p in orphaned_vmms()]
+        killed = await asyncio.to_thread(reap_strays, home)
+        assert [v.pid for v in killed] == [vmm.pid]
+        await eventually(lambda: not vmm.is_running())
+        assert await asyncio.to_thread(reap_strays, home) == []
+    finally:
+        for proc in procs:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                proc.kill()

@@ -1,0 +1,84 @@
+"""The node ends VMMs of its own that no server of it runs any more, at start and on every
+reconciliation: a real QEMU naming the node's files, left as a server killed with kill -9 leaves
+it when a subreaper adopts its VMMs (its parent is then neither this process nor init, so the
+start-up sweep of init's orphans does not see it)."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+import subprocess
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+from tests.doubles.node import double_node
+
+
+@contextlib.contextmanager
+def stray_vmm(home: Path) -> Iterator[psutil.Process]:
+    """A QEMU of the node at `home` under a shell that `setsid -f` detached from this process;
+    the shell and QEMU are killed on exit whatever happened."""
+    name = f"aenv-{secrets.token_hex(8)}"
+    pid_file = home / f"{name}.pid"
+    qemu = (
+        f"qemu-system-x86_64 -M microvm -S -display none -nodefaults -name {name} "
+        f"-qmp unix:{home}/qmp.{name}.sock,server=on,wait=off"
+    )
+    subprocess.run(
+        ["setsid", "-f", "sh", "-c", f"{qemu} >/dev/null 2>&1 & echo $! > {pid_file}; wait"],
+        check=True,
+    )
+    deadline = time.monotonic() + 10
+    while not pid_file.exists() or not pid_file.read_text().strip():
+        assert time.monotonic() < deadline, "the stray VMM did not start"
+        time.sleep(0.02)
+    proc = psutil.Process(int(pid_file.read_text()))
+    shell = proc.parent()
+    assert shell is not None
+    try:
+        while name not in " ".join(proc.cmdline()):  # the shell has exec'd QEMU
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        yield proc
+    finally:
+        for p in (proc, shell):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+
+
+def gone(proc: psutil.Process) -> bool:
+    try:
+        proc.wait(timeout=10)
+    except psutil.TimeoutExpired:
+        return False
+    return True
+
+
+async def test_reconcile_kills_a_vmm_of_this_node_that_it_did_not_start(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        with stray_vmm(tmp_path) as stray:
+            assert stray.ppid() not in (1, psutil.Process().pid)
+            await node.orchestrator.reconcile()
+            assert gone(stray)
+            assert "killed 1 VMMs of this node" in caplog.text
+        # The node's own sandbox is untouched.
+        assert node.orchestrator.guest_endpoint(record.id)
+        await node.orchestrator.kill(record.id)
+
+
+async def test_start_kills_a_vmm_a_killed_server_of_this_node_left(tmp_path: Path) -> None:
+    other = tmp_path / "other-node"
+    other.mkdir()
+    home = tmp_path / "node"
+    home.mkdir()
+    with stray_vmm(home) as stray, stray_vmm(other) as foreign:
+        async with double_node(home):
+            assert gone(stray)
+            assert foreign.is_running()  # another node's VMM is not this node's to end
