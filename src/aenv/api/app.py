@@ -29,6 +29,7 @@ from aenv.api.teams import ROUTES as TEAM_ROUTES
 from aenv.api.templates import TemplateRoutes
 from aenv.api.volumes import CONTENT_PREFIX, VolumeRoutes
 from aenv.config import Config
+from aenv.orchestrator.build_egress import BuildEgress
 from aenv.orchestrator.builds import Builder, ImageBooter
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.tags import TagStore
@@ -121,6 +122,9 @@ def create_api(
         config.build_ready_timeout,
         boot_image,
         cache_layers=config.build_cache_layers,
+        egress=BuildEgress.for_node(
+            config.build_egress, config.build_ca_bundle, config.debian_mirror
+        ),
     )
     routes = [
         Route("/health", _health, methods=["GET"]),

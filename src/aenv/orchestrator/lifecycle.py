@@ -714,6 +714,9 @@ class Orchestrator:
                 sandbox_id, [SandboxState.PAUSED], SandboxState.RESUMING
             )
             assert resuming is not None
+            # A detach still under way would be discarded once the sandbox runs, and meanwhile
+            # its VMM competes with this restore for the CPU: stop it (the upload still starts).
+            await self._settling.cancel(sandbox_id)
             cold = SaveMode.FILESYSTEM in (mode, record.checkpoint_mode)
             try:
                 live = await self._launch_checkpoint(resuming, cold)

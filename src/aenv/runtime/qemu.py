@@ -6,9 +6,13 @@ What `research/feasibility.md` measured, applied:
   has to write device state (~60 KiB); restored VMs map the snapshot's file `share=off`, so clean
   pages are shared by every clone through the page cache and writes stay private.
 - A VM whose memory is such a private mapping cannot be saved that way (its RAM is not "shared" to
-  QEMU), so its snapshots carry the RAM inside the state stream (`Snapshot.memory_file is None`);
-  restores of those load it into a fresh file of their own. `detach_memory` turns such a
-  snapshot into the mapped kind by loading it (without running the guest) and saving it again.
+  QEMU). Its pauses keep the file it maps as their memory and carry only the pages the guest
+  changed in the state stream (`ramdelta`: found through the mapping's page map, the rest of
+  QEMU's stream filtered out); restores map that file and load the changed pages over it. Its
+  snapshots and fork checkpoints, which are exported into directories of their own, carry all
+  of the RAM in the stream (`Snapshot.memory_file is None`); restores of those load it into a
+  fresh file of their own. `detach_memory` turns such a snapshot into the mapped kind by
+  loading it (without running the guest) and saving it again.
 - Snapshot = stop, freeze writable disks (`blockdev-snapshot`: the current top becomes a
   sealed layer), migrate to the state file with the bandwidth cap lifted (7.2 defaults to
   32 MiB/s), then either continue or quit.
@@ -29,6 +33,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import logging
 import os
 import re
 import secrets
@@ -42,7 +47,7 @@ from typing import Literal
 import psutil
 
 from aenv.network.tap import open_tap
-from aenv.runtime import export, qcow2
+from aenv.runtime import export, qcow2, ramdelta
 from aenv.runtime.cgroups import Cgroup, CgroupLimits, CgroupManager
 from aenv.runtime.driver import (
     VM,
@@ -65,7 +70,10 @@ from aenv.runtime.qmp import Monitor, MonitorError
 from aenv.runtime.sweep import VMM_NAME_PREFIX, reap_unowned
 from aenv.storage import layers
 
+log = logging.getLogger("aenv.runtime")
+
 Accel = Literal["kvm", "tcg"]
+RAM_BLOCK = "mem"  # the guest RAM's backend id, hence its RAM block's name in streams
 MIGRATE_BANDWIDTH = 100 << 30  # bytes/s: effectively unlimited
 VMM_OVERHEAD_MIB = 192  # QEMU heap + TCG translation cache (bounded by tb-size below)
 TCG_TB_MIB = 64
@@ -653,10 +661,15 @@ class QemuVM:
                 await _copy_sparse(self.memory.path, memory_file)
             else:
                 await self.hand_over_memory(memory_file)
+        elif not keep_running:
+            # Only what changed since the memory file it maps; that file stays the base.
+            await self.save_delta(state_file)
+            memory_file = self.memory.path
+            await self._quit()
         else:
+            # Snapshots and fork checkpoints are exported with their files moved into a
+            # directory of their own, which must not take the base away: the RAM goes whole.
             await self.save_state(state_file, ignore_shared=False)
-            if not keep_running:
-                await self._quit()
         for dest in sealed.values():
             await qcow2.flatten_if_deep(dest)
         snap = Snapshot(
@@ -683,6 +696,26 @@ class QemuVM:
         await mon.pass_file("state", state_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         await mon.execute("migrate", uri="fd:state")
         await mon.wait_migration(self.proc, self._driver.config.migrate_timeout_s)
+
+    async def save_delta(self, state_file: Path) -> ramdelta.DeltaStats | None:
+        """Write the (stopped) VM's device state and the pages it changed in its privately
+        mapped memory file as a migration stream into `state_file` (see `ramdelta`). QEMU
+        writes its whole stream into a scratch file beside the memory (tmpfs) first; a stream
+        the filter does not understand is kept whole (None), which restores all the same."""
+        keep = await asyncio.to_thread(ramdelta.changed_pages, self.proc.pid, self.memory.path)
+        scratch = _memory_dir(self.spec) / f"{self._id}.stream"
+        try:
+            await self.save_state(scratch, ignore_shared=True)
+            try:
+                return await asyncio.to_thread(
+                    ramdelta.filter_file, scratch, state_file, RAM_BLOCK, keep
+                )
+            except ramdelta.StreamFormatError as exc:
+                log.warning("saving VM %s with all of its RAM: %s", self._id, exc)
+                await _move(scratch, state_file)
+                return None
+        finally:
+            await asyncio.to_thread(_unlink, [scratch])
 
     async def hand_over_memory(self, dest: Path) -> None:
         """Quit QEMU and give its (shared, owned) memory file the name `dest`."""
