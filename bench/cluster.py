@@ -1,6 +1,6 @@
-"""Cluster state on Redis, a SIMULATION: 100 node agents that register, heartbeat and publish
-like real ones but hold no VMs, 300 sandboxes each (30,000 in all), one real redis-server on
-loopback. Prints JSON.
+"""`python bench/cluster.py`: cluster state on Redis, a SIMULATION: 100 node agents that
+register, heartbeat and publish like real ones but hold no VMs, 300 sandboxes each (30,000 in
+all), one real redis-server on loopback. Prints JSON.
 
 - routing lookup (`Routes.lookup`, what a gateway does per request) p50/p99 over a Redis PING on
   the same client in the same run;
@@ -8,6 +8,11 @@ loopback. Prints JSON.
 - the time to rebuild all routes after a FLUSHALL (every node republishes on its next beat) over
   the time of the first publish;
 - a steady heartbeat (renewal, nothing changed) over a PING.
+
+`python bench/cluster.py proxy`: a real node (in a network namespace of its own, real VMs) behind
+a real gateway (in another, joined by a veth pair), the SDK in the gateway's namespace:
+`commands.run("true")` through the gateway over the same sandbox reached straight at its node,
+interleaved in one run (target: at most 1.1x).
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import json
 import random
+import shutil
 import sys
 import tempfile
 import time
@@ -28,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from summary import summary_ms
 
 from aenv.cluster.agent import NodeAgent, NodeState
-from aenv.cluster.registry import Capacity
+from aenv.cluster.registry import Capacity, NodeRegistry
 from aenv.cluster.routing import Routes
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import connect
@@ -113,7 +119,73 @@ async def run(url: str) -> dict[str, Any]:
     }
 
 
+# Runs in the gateway's namespace: one sandbox made through the gateway, reached through it and
+# straight at its node (E2B_SANDBOX_URL is the gateway's, argv[1] the node's), timed alternately.
+PROXY_CLIENT = """
+import json, sys, time
+from e2b import Sandbox
+node_url, samples = sys.argv[1], int(sys.argv[2])
+through = Sandbox.create("base", timeout=600)
+direct = Sandbox.connect(through.sandbox_id, sandbox_url=node_url)
+for sandbox in (through, direct) * 10:
+    sandbox.commands.run("true")
+spent = {"gateway": [], "direct": []}
+for _ in range(samples):
+    for name, sandbox in (("gateway", through), ("direct", direct)):
+        start = time.perf_counter()
+        sandbox.commands.run("true")
+        spent[name].append(time.perf_counter() - start)
+through.kill()
+print(json.dumps(spent))
+"""
+
+
+async def proxy(scratch: Path, samples: int = 200) -> dict[str, Any]:
+    from aenv.config import Paths
+    from aenv.orchestrator.images import prepare_images
+    from tests.cluster.cluster_ns import cluster
+    from tests.support.guest import GUEST_CACHE, MIRROR
+
+    await prepare_images(Paths(scratch / "node-a").cache, GUEST_CACHE, MIRROR)
+    (scratch / "redis").mkdir()
+    with redis_server(scratch / "redis") as server:
+        client = connect(server.url)
+        registry = NodeRegistry(client, SECRET)
+        settings = {"AENV_REDIS_URL": server.unix_url, "AENV_CLUSTER_SECRET": SECRET.value}
+        with cluster(scratch, ["node-a"], settings) as c:
+            while not await registry.live():
+                await asyncio.sleep(0.5)
+            await client.aclose()
+            c.gateway.start()
+            c.gateway.wait_ready()
+            env = {
+                "E2B_API_URL": c.gateway.url,
+                "E2B_SANDBOX_URL": c.gateway.url,
+                "E2B_API_KEY": c.gateway.api_key,
+            }
+            node_url = f"http://{c.addresses['node-a']}"
+            argv = [sys.executable, "-c", PROXY_CLIENT, node_url, str(samples)]
+            code, out = c.gateway.run(argv, env=env, timeout=1800)
+            if code != 0:
+                raise RuntimeError(out)
+    spent = json.loads(out.strip().splitlines()[-1])
+    through, direct = summary_ms(spent["gateway"]), summary_ms(spent["direct"])
+    return {
+        "commands_run_true_through_gateway_ms": through,
+        "commands_run_true_straight_to_node_ms": direct,
+        "gateway_over_direct_p50": round(through["median"] / direct["median"], 3),
+        "gateway_over_direct_p99": round(through["p99"] / direct["p99"], 3),
+    }
+
+
 def main() -> None:
+    if sys.argv[1:] == ["proxy"]:
+        scratch = Path(tempfile.mkdtemp(prefix="aenv-bench-gw-"))
+        try:
+            print(json.dumps(asyncio.run(proxy(scratch)), indent=2))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return
     with (
         tempfile.TemporaryDirectory(prefix="aenv-bench-cluster-") as tmp,
         redis_server(Path(tmp)) as server,

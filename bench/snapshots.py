@@ -13,6 +13,16 @@ After a pause or a snapshot the server copies it to the snapshot repository in t
 the bench waits for that copy (read from the catalog row / the snapshot's template.json) before
 the next timed operation, and reports how long after the call it was durable (`*_durable`).
 
+Then the real sequences of issue 18, where background work has not finished or the sandbox is no
+longer fresh (`sequences`):
+- `pause()` then `Sandbox.connect()` at once, and the same 2 s after the pause;
+- a sandbox paused and resumed three times, then `create_snapshot()` and `fork(count=16)`;
+- a resumed sandbox whose guest then writes 16 / 64 / 256 MiB into its tmpfs: `create_snapshot()`
+  and `pause()` after that;
+- AENV_BENCH_CYCLES (100) pause/connect cycles of one sandbox with a process started before the
+  first: checked alive at every resume, with a file's content; first / last cycle and bytes.
+Every save reports the bytes it wrote (allocated MiB of what it left on disk) next to its time.
+
 Baseline: the plain `Sandbox.create()` of A and B, measured in the same run; ratios are medians
 over that baseline's median. min / median / max (and p99) over AENV_BENCH_RUNS runs (5);
 AENV_BENCH_FORKS sets the fork count (16). Prints one JSON document on stdout; progress goes to
@@ -28,6 +38,7 @@ import sys
 import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +59,9 @@ from aenv.config import Paths
 
 RUNS = int(os.environ.get("AENV_BENCH_RUNS", "5"))
 FORKS = int(os.environ.get("AENV_BENCH_FORKS", "16"))
+CYCLES = int(os.environ.get("AENV_BENCH_CYCLES", "100"))
+# What the guest writes before the saves of the write sequence (AENV_BENCH_WRITES_MIB="" skips).
+WRITES_MIB = [int(m) for m in os.environ.get("AENV_BENCH_WRITES_MIB", "16,64,256").split(",") if m]
 TARGETS_MS = {"pause": 200, "resume": 300, "snapshot": 300, "fork_total": 4000}
 
 
@@ -114,6 +128,115 @@ def one_run(home: Path, run: int) -> dict[str, Any]:
     return samples
 
 
+def snapshot_and_wait(home: Path, sandbox: Any) -> tuple[float, float]:
+    """`create_snapshot()`: the seconds it took and the MiB it wrote; waits for its repository
+    copy and deletes it (its files go once nothing uses them)."""
+    from e2b import Sandbox
+
+    took, info = timed(sandbox.create_snapshot)
+    written = dir_size(Paths(home).templates / info.snapshot_id)["allocated_mib"]
+    template_file = Paths(home).templates / info.snapshot_id / "template.json"
+    wait_until(lambda: json.loads(template_file.read_text()).get("manifest_id") is not None, 600)
+    Sandbox.delete_snapshot(info.snapshot_id)
+    return took, written
+
+
+def pause_and_measure(home: Path, sandbox: Any) -> tuple[float, float]:
+    """`pause()`: the seconds it took and the MiB its newest checkpoint holds when it returns."""
+    took, paused = timed(sandbox.pause)
+    assert paused is True
+    sandbox_dir = Paths(home).sandboxes / sandbox.sandbox_id
+    newest = max(sandbox_dir.glob("pause-*"), key=lambda d: int(d.name.split("-")[1]))
+    return took, dir_size(newest)["allocated_mib"]
+
+
+def kill_all(sandboxes: list[Any]) -> None:
+    with ThreadPoolExecutor(8) as pool:
+        list(pool.map(lambda c: c.kill(), sandboxes))
+
+
+def sequences(home: Path, run: int) -> dict[str, Any]:
+    """The sequences of issue 18 (see the module docstring), one pass."""
+    from e2b import Sandbox
+
+    out: dict[str, Any] = {}
+    for name, delay in (("connect_at_once", 0.0), ("connect_after_2s", 2.0)):
+        sandbox = Sandbox.create(timeout=600)
+        sandbox.commands.run("true")
+        out[f"pause_before_{name}"], _ = pause_and_measure(home, sandbox)
+        time.sleep(delay)
+        out[name], sandbox = timed(partial(Sandbox.connect, sandbox.sandbox_id, timeout=600))
+        out[f"first_command_after_{name}"] = timed(partial(sandbox.commands.run, "true"))[0]
+        sandbox.kill()
+    # Resumed three times, then snapshot and fork.
+    sandbox = Sandbox.create(timeout=600)
+    for _ in range(3):
+        pause_and_measure(home, sandbox)
+        sandbox = Sandbox.connect(sandbox.sandbox_id, timeout=600)
+        sandbox.commands.run("true")
+    out["resumed3_snapshot"], out["resumed3_snapshot_mib"] = snapshot_and_wait(home, sandbox)
+    out["resumed3_fork_total"], children = timed(lambda: sandbox.fork(count=FORKS, timeout=600))
+    failed = [c for c in children if not isinstance(c, Sandbox)]
+    kill_all([c for c in children if isinstance(c, Sandbox)] + [sandbox])
+    if failed:
+        raise RuntimeError(f"fork: {len(failed)} of {FORKS} children failed: {failed[:3]}")
+    # A resumed sandbox whose guest writes N MiB.
+    for mib in WRITES_MIB:
+        sandbox = Sandbox.create(timeout=600)
+        pause_and_measure(home, sandbox)
+        sandbox = Sandbox.connect(sandbox.sandbox_id, timeout=600)
+        # The guest's /dev/shm is half its RAM by default: room for 256 MiB made first.
+        sandbox.commands.run("mount -o remount,size=90% /dev/shm", user="root")
+        fill = f"head -c {mib}M /dev/zero | tr '\\000' x > /dev/shm/fill"
+        sandbox.commands.run(fill, timeout=600)
+        out[f"write{mib}_snapshot"], out[f"write{mib}_snapshot_mib"] = snapshot_and_wait(
+            home, sandbox
+        )
+        out[f"write{mib}_pause"], out[f"write{mib}_pause_mib"] = pause_and_measure(home, sandbox)
+        Sandbox.kill(sandbox.sandbox_id)
+    log(
+        f"sequences {run}: connect at once {out['connect_at_once'] * 1000:.0f} ms, after 2 s "
+        f"{out['connect_after_2s'] * 1000:.0f} ms; resumed x3: snapshot "
+        f"{out['resumed3_snapshot'] * 1000:.0f} ms ({out['resumed3_snapshot_mib']} MiB), fork "
+        f"{out['resumed3_fork_total']:.2f} s"
+    )
+    return out
+
+
+def cycles(home: Path) -> dict[str, Any]:
+    """CYCLES pause/connect cycles of one sandbox; a process and a file checked at every resume."""
+    from e2b import Sandbox
+
+    sandbox = Sandbox.create(timeout=3600)
+    sandbox.files.write("/home/user/kept", "kept across cycles")
+    pid = sandbox.commands.run("sleep 100000", background=True).pid
+    pauses: list[float] = []
+    resumes: list[float] = []
+    written: list[float] = []
+    for cycle in range(CYCLES):
+        took, mib = pause_and_measure(home, sandbox)
+        pauses.append(took)
+        written.append(mib)
+        took, sandbox = timed(partial(Sandbox.connect, sandbox.sandbox_id, timeout=3600))
+        resumes.append(took)
+        alive = sandbox.commands.run(f"kill -0 {pid} && cat /home/user/kept").stdout
+        if alive != "kept across cycles":
+            raise RuntimeError(f"cycle {cycle + 1}: process or file lost: {alive!r}")
+    sandbox.kill()
+    log(f"{CYCLES} cycles: resume first {resumes[0] * 1000:.0f} ms, last {resumes[-1] * 1000:.0f}")
+    tenth = max(1, CYCLES // 10)
+    return {
+        "cycles": CYCLES,
+        "pause_ms": summary_ms(pauses),
+        "resume_ms": summary_ms(resumes),
+        "first_tenth_resume_median_ms": round(statistics.median(resumes[:tenth]) * 1000, 1),
+        "last_tenth_resume_median_ms": round(statistics.median(resumes[-tenth:]) * 1000, 1),
+        "pause_written_mib": summary_ms(written, 1),
+        "first_tenth_pause_mib": round(statistics.median(written[:tenth]), 2),
+        "last_tenth_pause_mib": round(statistics.median(written[-tenth:]), 2),
+    }
+
+
 def client() -> None:
     """Runs inside the server's namespace."""
     from importlib.metadata import version
@@ -160,6 +283,18 @@ def client() -> None:
         "first_run_files_mib": runs[0]["pause_written"]["files_mib"],
     }
     result["snapshot_size_mib"] = summary_ms([r["snapshot_size"]["allocated_mib"] for r in runs], 1)
+    seqs = [sequences(home, i + 1) for i in range(RUNS)]
+    for name in seqs[0]:
+        values = [s[name] for s in seqs]
+        if name.endswith("_mib"):
+            result[name] = summary_ms(values, 1)
+        else:
+            result[name] = {
+                "ms": summary_ms(values),
+                "ratio_to_create": round(statistics.median(values) / base, 3),
+            }
+    if CYCLES:
+        result["cycles"] = cycles(home)
     print(json.dumps(result))
 
 

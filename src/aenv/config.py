@@ -22,6 +22,15 @@ from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, mo
 
 DEFAULT_HOME = Path("/var/lib/aenv")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
+# What template builds may reach by default: the registries of pip, npm and apt (Debian), by
+# the names their clients use.
+REGISTRIES = (
+    "pypi.org",
+    "files.pythonhosted.org",
+    "registry.npmjs.org",
+    "deb.debian.org",
+    "security.debian.org",
+)
 
 
 class ConfigError(ValueError):
@@ -46,6 +55,7 @@ class Paths:
       build-files/<hash>       files uploaded for template builds' COPY steps
       detach/                  scratch space of memory detaching
       repository/              the snapshot repository when it is a directory (the default)
+      volumes/<id>/            a volume's files, shared by the sandboxes that mount it
       jailer/                  Firecracker's jailer chroots (Firecracker hosts only)
       cache/
         guest/                 guest build cache: kernel, initramfs, rootfs (`guest_cache`)
@@ -107,6 +117,10 @@ class Paths:
     @property
     def repository(self) -> Path:
         return self.home / "repository"
+
+    @property
+    def volumes(self) -> Path:
+        return self.home / "volumes"
 
     @property
     def jailer(self) -> Path:
@@ -179,8 +193,9 @@ class Config(BaseModel):
     # `network_internal` (the cluster's own addresses, say).
     network_private_allowed: tuple[IPv4Network, ...] = ()
     network_internal: tuple[IPv4Network, ...] = ()
-    # The resolver that sandboxes with domain rules get the addresses of allowed names from.
-    network_dns: IPv4Address = IPv4Address("1.1.1.1")
+    # The resolver that sandboxes with domain rules, and template builds, get the addresses of
+    # allowed names from. Default: the host's own (`host_resolver`).
+    network_dns: IPv4Address | None = None
     warm_slots_low: int = 4
     warm_slots_high: int = 16
     # Graceful shutdown pauses running sandboxes (they are resumable after the restart).
@@ -196,6 +211,12 @@ class Config(BaseModel):
     repository_cache_mb: int = 8192
     # Template builds: how long a build's readyCmd may keep failing before the build fails.
     build_ready_timeout: int = 300
+    # Template builds: the hosts RUN steps may reach (names, `*.` wildcards), the package
+    # registries by default; the Debian mirror's host is added. Empty: builds have no network.
+    build_egress: tuple[str, ...] = REGISTRIES
+    # Template builds: CA certificates (PEM) RUN steps trust, so that they reach the registries
+    # as the host does, through a TLS-intercepting proxy too. Empty: the image's own only.
+    build_ca_bundle: Path | None = Path("/etc/ssl/certs/ca-certificates.crt")
     # Template builds: cached step layers kept (newest first); each holds a VM's memory and disk.
     build_cache_layers: int = 32
     # Every VMM runs jailed (README: Threat model). Off is for benchmarks and debugging only.
@@ -228,14 +249,15 @@ class Config(BaseModel):
 
     @field_validator(
         "domain", "repository_endpoint", "guest_cache", "tls_cert", "tls_key", "redis_url",
-        "node_id", "node_address", "cluster_secret", mode="before",
+        "node_id", "node_address", "cluster_secret", "network_dns", "build_ca_bundle",
+        mode="before",
     )  # fmt: skip
     @classmethod
     def _empty_is_none(cls, value: object) -> object:
         """An empty env var (`AENV_DOMAIN=`) means unset, as in a shell."""
         return None if value == "" else value
 
-    @field_validator("network_private_allowed", "network_internal", mode="before")
+    @field_validator("network_private_allowed", "network_internal", "build_egress", mode="before")
     @classmethod
     def _comma_separated(cls, value: object) -> object:
         """`AENV_NETWORK_INTERNAL=10.9.0.0/16,10.8.0.0/16`, as well as a TOML list."""

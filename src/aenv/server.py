@@ -22,6 +22,7 @@ from aenv.api.keys import KeyStore, open_keys
 from aenv.config import Config
 from aenv.guest.cmdline import GuestNet
 from aenv.network import NetworkConfig, SlotPool
+from aenv.network.dns import host_resolver
 from aenv.orchestrator.catalog import Catalog
 from aenv.orchestrator.images import GuestImages, prepare_images
 from aenv.orchestrator.kinds import TemplateKind
@@ -138,7 +139,7 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
         pool_high=config.warm_slots_high,
         private_allowed=config.network_private_allowed,
         internal=config.network_internal,
-        dns_upstream=config.network_dns,
+        dns_upstream=config.network_dns or host_resolver(),
     )
     slots = SlotPool(net_config)
     await slots.start()

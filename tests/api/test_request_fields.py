@@ -27,8 +27,9 @@ NOT_SUPPORTED = "is not supported here"
 HONOURED: dict[tuple[str, str], set[str]] = {
     ("post", "/sandboxes"): {
         "templateID", "timeout", "autoPause", "autoPauseMemory", "autoResume", "secure",
-        "allow_internet_access", "network", "metadata", "envVars",
+        "allow_internet_access", "network", "metadata", "envVars", "volumeMounts",
     },
+    ("post", "/volumes"): {"name"},
     ("get", "/sandboxes"): {"metadata"},
     ("get", "/v2/sandboxes"): {
         "metadata", "state", "order", "startedAfter", "template", "nextToken", "limit",

@@ -105,13 +105,19 @@ def test_roles_are_commands_of_the_cli() -> None:
 def test_secret_keys_exist_in_the_example_secret() -> None:
     [example] = load(ROOT / "secret.example.yaml")
     keys = set(example["stringData"])
+    used: list[tuple[str, str]] = []
     for _, doc in ALL:
         for container in containers(doc):
             for env in container.get("env", []):
-                ref = env.get("valueFrom", {}).get("secretKeyRef")
-                if ref:
-                    assert ref["name"] == example["metadata"]["name"]
-                    assert ref["key"] in keys, f"{name(doc)}: secret key {ref['key']}"
+                if ref := env.get("valueFrom", {}).get("secretKeyRef"):
+                    used.append((ref["name"], ref["key"]))
+        for volume in doc.get("spec", {}).get("template", {}).get("spec", {}).get("volumes", []):
+            if secret := volume.get("secret"):
+                used += [(secret["secretName"], item["key"]) for item in secret["items"]]
+    assert ("aenv-cluster", "api-key") in used
+    for secret_name, key in used:
+        assert secret_name == example["metadata"]["name"]
+        assert key in keys, f"secret key {key}"
 
 
 def test_only_nodes_are_privileged() -> None:

@@ -148,6 +148,7 @@ class DoubleDriver:
             net=net,
             memory_dir=target.memory_dir,
             disks=tuple(disks),
+            shares=target.shares,
         )
         return await self._boot(spec)
 
@@ -175,6 +176,8 @@ class DoubleDriver:
         await self.step("restore")
         if snapshot.driver != NAME:
             raise IncompatibleSnapshotError(f"a {snapshot.driver} snapshot")
+        if target.shares:
+            raise RestoreError("a restored VM has its snapshot's devices: shares need a boot")
         if not snapshot.machine_state or snapshot.memory_file is None:
             raise RestoreError("a filesystem-only snapshot cannot be restored, only booted")
         try:
@@ -258,6 +261,8 @@ class DoubleVM:
         await self.driver.step("snapshot")
         if self._state is VMState.STOPPED:
             raise SnapshotError(f"VM {self._id} is not running")
+        if machine_state and self.spec.shares:
+            raise SnapshotError("QEMU cannot save a mounted 9p share's state")
         self._seq += 1
         disks = {}
         for disk in self.spec.disks:

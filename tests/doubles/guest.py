@@ -45,6 +45,8 @@ class Guest:
     disk: dict[str, str] = field(default_factory=dict)
     # Not saved: what this run of the guest was asked (the tests read it).
     inits: int = 0
+    # What the newest `/init` asked to mount ({"tag", "path"} each).
+    volume_mounts: list[dict[str, str]] = field(default_factory=list)
     syncs: int = 0
     runs: list[tuple[str, str]] = field(default_factory=list)  # (user, command)
 
@@ -125,6 +127,7 @@ def envd_app(guest: Guest) -> ASGIApp:
         guest.hostname = body.get("hostname") or guest.hostname
         guest.default_user = body.get("defaultUser", guest.default_user)
         guest.default_workdir = body.get("defaultWorkdir", guest.default_workdir)
+        guest.volume_mounts = body.get("volumeMounts", [])
         guest.inits += 1
         return Response(status_code=204)
 

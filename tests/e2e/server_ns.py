@@ -43,12 +43,14 @@ class ServerNs:
     proc: subprocess.Popen[bytes] | None = None
     # The `aenv` command that runs the node (`node` for a cluster member).
     command: str = "server"
+    # The address it listens on (a cluster node listens where its gateway reaches it).
+    host: str = "127.0.0.1"
 
     def start(self) -> None:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 in_netns(self.netns, sys.executable, "-m", "aenv.cli", self.command,
-                         "--port", str(self.port), "--host", "127.0.0.1"),
+                         "--port", str(self.port), "--host", self.host),
                 env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
 
@@ -110,7 +112,11 @@ def _cleanup(host_ns: str) -> None:
 
 @contextmanager
 def server_in_namespace(
-    home: Path, port: int = 3000, command: str = "server", settings: Mapping[str, str] = {}
+    home: Path,
+    port: int = 3000,
+    command: str = "server",
+    settings: Mapping[str, str] = {},
+    host: str = "127.0.0.1",
 ) -> Iterator[ServerNs]:
     """`settings` are extra environment variables (`AENV_REDIS_URL`, say)."""
     host_ns = f"{PREFIX}host{secrets.token_hex(3)}"
@@ -132,7 +138,7 @@ def server_in_namespace(
         **settings,
     }
     home.mkdir(parents=True, exist_ok=True)
-    server = ServerNs(host_ns, home, port, home / "server.log", env, command=command)
+    server = ServerNs(host_ns, home, port, home / "server.log", env, command=command, host=host)
     try:
         server.start()
         yield server

@@ -38,6 +38,10 @@ def test_network_rules_and_tls_with_the_sdk(monkeypatch: pytest.MonkeyPatch) -> 
         for key, value in {
             # Sandboxes with domain rules resolve allowed names with the internet's resolver.
             "AENV_NETWORK_DNS": RESOLVER_IP,
+            # Template builds reach this host in place of the package registries, trusting
+            # the test CA as they would a host's TLS-intercepting proxy (network/test_build_egress).
+            "AENV_BUILD_EGRESS": "allowed.test",
+            "AENV_BUILD_CA_BUNDLE": str(certificates.ca),
             "AENV_DOMAIN": NODE_DOMAIN,
             "AENV_TLS_CERT": str(certificates.node),
             "AENV_TLS_KEY": str(certificates.node_key),

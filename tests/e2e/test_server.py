@@ -21,6 +21,7 @@ from aenv.config import Paths
 from aenv.orchestrator.images import prepare_images
 from tests.e2e.restart.in_flight import catalog_states, crash_during
 from tests.e2e.server_ns import REPO, ServerNs, server_in_namespace
+from tests.support.ci_wheels import ensure_code_interpreter_wheels
 from tests.support.guest import GUEST_CACHE, MIRROR
 from tests.support.js import ensure_npm_sdk
 
@@ -43,6 +44,7 @@ def _run_inner_suite(home: Path) -> None:
     # (cached) and install the npm SDK from here.
     asyncio.run(prepare_images(Paths(home).cache, GUEST_CACHE, MIRROR))
     ensure_npm_sdk()
+    ensure_code_interpreter_wheels()
     old_sdk_python = _old_sdk_venv()
     with server_in_namespace(home) as server:
         suite(server, "inner")

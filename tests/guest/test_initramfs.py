@@ -51,3 +51,5 @@ async def test_initramfs_from_the_debian_kernel() -> None:
     # Firecracker's balloon and entropy devices (virtio-rng.ko: Debian's file name has a dash).
     assert order.index("virtio.ko") < order.index("virtio_balloon.ko")
     assert order.index("virtio.ko") < order.index("virtio-rng.ko")
+    # Volumes: 9p over virtio, its transport first.
+    assert order.index("9pnet.ko") < order.index("9pnet_virtio.ko") < order.index("9p.ko")

@@ -115,3 +115,23 @@ def test_older_checkpoints_of_any_driver_lose_state_and_memory(tmp_path: Path) -
     _stream_form(new)
     checkpoints.prune_pauses(tmp_path, 2)
     assert sorted(p.name for p in old.iterdir()) == ["disk-upper.img"]
+
+
+def test_pruning_keeps_the_memory_a_newer_checkpoint_lies_over(tmp_path: Path) -> None:
+    """A checkpoint that saved only changed pages names the memory file it was restored from
+    (an older checkpoint's): freeing the older one must leave that file."""
+    old = checkpoints.pause_dir(tmp_path, 1)
+    old.mkdir()
+    base = _detached_form(old, _stream_form(old))
+    detach.adopt(old, base)
+    new = checkpoints.pause_dir(tmp_path, 2)
+    new.mkdir()
+    (new / "state").write_bytes(b"device state and changed pages")
+    delta = dataclasses.replace(base, state_file=new / "state", disks={})
+    delta.save_manifest(new)
+    checkpoints.prune_pauses(tmp_path, 2)
+    assert (old / "memory").is_file()
+    assert not (old / "snapshot.json").exists() and not base.state_file.exists()
+    assert checkpoints.latest_pause(tmp_path) == (2, delta)
+    checkpoints.prune_pauses(tmp_path, 2)  # again, as after a restart: still there
+    assert (old / "memory").is_file()

@@ -9,7 +9,14 @@ import sqlite3
 from pathlib import Path
 
 from aenv.network.settings import SandboxNetwork
-from aenv.orchestrator.catalog import Archived, Catalog, PageQuery, SandboxRecord
+from aenv.orchestrator.catalog import (
+    Archived,
+    Catalog,
+    PageQuery,
+    SandboxRecord,
+    VolumeMount,
+    VolumeRecord,
+)
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.templates import TemplateStore
@@ -233,3 +240,27 @@ def _downgrade_catalog(path: Path, record: SandboxRecord) -> None:
     )
     db.commit()
     db.close()
+
+
+def test_old_catalog_gains_volumes(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.db"
+    db = sqlite3.connect(path)
+    db.executescript(OLD_SCHEMA)
+    _old_row(db, "paused1", "paused", {})
+    db.commit()
+    db.close()
+    catalog = Catalog(path)
+    try:
+        old = catalog.get("paused1")
+        assert old is not None and old.volume_mounts == ()
+        catalog.insert_volume(VolumeRecord("vol_1", "data", "token", 1.0))
+        mounted = catalog.update("paused1", volume_mounts=(VolumeMount("vol_1", "/data"),))
+        assert mounted is not None and mounted.volume_mounts == (VolumeMount("vol_1", "/data"),)
+    finally:
+        catalog.close()
+    reopened = Catalog(path)
+    try:
+        assert [v.name for v in reopened.volumes()] == ["data"]
+        assert reopened.get("paused1") == mounted
+    finally:
+        reopened.close()

@@ -50,11 +50,14 @@ def test_grant_gives_each_file_its_access(tmp_path: Path) -> None:
         path.write_bytes(b"x")
         path.chmod(0o600)
         os.chown(path, 4321, 4321)  # e.g. left by an earlier VMM
+    volume = tmp_path / "volume"
+    volume.mkdir(mode=0o700)
     grant(
         [
             JailFile(own, Access.OWN),
             JailFile(shared, Access.READ),
             JailFile(mapped, Access.SHARED_WRITE),
+            JailFile(volume, Access.SHARED_DIR),
         ],
         uid=5001,
         gid=5000,
@@ -67,6 +70,7 @@ def test_grant_gives_each_file_its_access(tmp_path: Path) -> None:
     assert who(own) == (5001, 5000, 0o600)
     assert who(shared) == (0, 5000, 0o640)
     assert who(mapped) == (0, 5000, 0o660)
+    assert who(volume) == (0, 5000, 0o777)  # every VMM and guest user writes in a volume
     with pytest.raises(JailError):
         grant([JailFile(tmp_path / "missing", Access.READ)], uid=5001, gid=5000)
 

@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from aenv.api.api_keys import ApiKeyRoutes
 from aenv.api.builds import BuildRoutes
 from aenv.api.errors import APIError
+from aenv.api.internal import caller, caller_key
 from aenv.api.keys import KeyStore
 from aenv.api.limits import RateLimiter, retry_after
 from aenv.api.logs import LogRoutes
@@ -26,7 +27,9 @@ from aenv.api.sandboxes import SandboxRoutes
 from aenv.api.snapshots import SnapshotRoutes
 from aenv.api.teams import ROUTES as TEAM_ROUTES
 from aenv.api.templates import TemplateRoutes
+from aenv.api.volumes import CONTENT_PREFIX, VolumeRoutes
 from aenv.config import Config
+from aenv.orchestrator.build_egress import BuildEgress
 from aenv.orchestrator.builds import Builder, ImageBooter
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.tags import TagStore
@@ -40,7 +43,9 @@ _OPEN_PATHS = frozenset({"/health", "/metrics", OPENAPI_PATH})
 class APIKeyGate:
     """Every control-plane request but the `_OPEN_PATHS` carries one of the node's keys in
     `X-API-KEY` (or, from old SDKs, `Authorization: Bearer <key>`), within the key's rate limit;
-    the key it used is in the request's state (`api_key`)."""
+    the key it used is in the request's state (`api_key`). A call a cluster gateway made (see
+    `api.internal`) was authenticated and rate-limited there: it acts as the key the gateway
+    names."""
 
     def __init__(self, app: ASGIApp, keys: KeyStore, limiter: RateLimiter) -> None:
         self.app = app
@@ -48,7 +53,15 @@ class APIKeyGate:
         self.limiter = limiter
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["path"] not in _OPEN_PATHS:
+        on_behalf = caller(scope.get("state", {}))
+        path = scope.get("path", "")
+        if on_behalf is not None:
+            scope["state"]["api_key"] = caller_key(on_behalf)
+        elif (
+            scope["type"] == "http"
+            and path not in _OPEN_PATHS
+            and not path.startswith(CONTENT_PREFIX)
+        ):
             headers = {k.lower(): v for k, v in scope["headers"]}
             given = headers.get(b"x-api-key", b"").decode("latin-1") or None
             bearer = headers.get(b"authorization", b"").decode("latin-1")
@@ -91,6 +104,10 @@ async def _unexpected(_: Request, exc: Exception) -> Response:
     return APIError(500, f"internal error: {type(exc).__name__}", should_retry=False).response()
 
 
+# Every error a control plane answers, as `{"code", "message"}` JSON.
+JSON_ERRORS = {APIError: _api_error, HTTPException: _http_error, Exception: _unexpected}
+
+
 def create_api(
     orchestrator: Orchestrator,
     config: Config,
@@ -105,6 +122,9 @@ def create_api(
         config.build_ready_timeout,
         boot_image,
         cache_layers=config.build_cache_layers,
+        egress=BuildEgress.for_node(
+            config.build_egress, config.build_ca_bundle, config.debian_mirror
+        ),
     )
     routes = [
         Route("/health", _health, methods=["GET"]),
@@ -117,16 +137,10 @@ def create_api(
         *NodeRoutes(orchestrator).routes(),
         *LogRoutes(orchestrator).routes(),
         *ApiKeyRoutes(keys).routes(),
+        *VolumeRoutes(orchestrator).routes(),
         *TEAM_ROUTES,
     ]
     # Last: it describes every route above.
     routes.append(OpenAPIDocument(routes, _OPEN_PATHS).route)
-    app = Starlette(
-        routes=routes,
-        exception_handlers={
-            APIError: _api_error,
-            HTTPException: _http_error,
-            Exception: _unexpected,
-        },
-    )
+    app = Starlette(routes=routes, exception_handlers=JSON_ERRORS)
     return APIKeyGate(app, keys, RateLimiter(config.key_requests_per_s, config.key_request_burst))

@@ -1,7 +1,7 @@
 """Request bodies of the E2B control plane, validated at the HTTP edge.
 
 Field names are the SDKs' JSON keys. A key a model does not declare is refused (api/requests.py
-names it in the 400): E2B fields this node does not implement (`mcp`, `iam`, `volumeMounts`...)
+names it in the 400): E2B fields this node does not implement (`mcp`, `iam`...)
 are left undeclared on purpose, so a client asking for them learns it at once instead of getting
 a sandbox without them.
 """
@@ -89,6 +89,19 @@ class AutoResume(_Body):
     enabled: bool = False
 
 
+class SandboxVolumeMount(_Body):
+    """A volume (by name) and the guest path it is mounted at; both checked in api/volumes.py."""
+
+    name: str
+    path: str
+
+
+class NewVolume(_Body):
+    """`POST /volumes`; the name's rules are `orchestrator.volumes.check_name`'s."""
+
+    name: str
+
+
 class NewSandbox(_Body):
     """`POST /sandboxes` (v1) and `POST /v2/sandboxes`; only the default timeout differs."""
 
@@ -103,6 +116,7 @@ class NewSandbox(_Body):
     secure: bool | None = None
     allow_internet_access: bool | None = None
     network: NetworkConfig | None = None
+    volume_mounts: list[SandboxVolumeMount] | None = Field(default=None, alias="volumeMounts")
 
 
 class TimeoutBody(_Body):

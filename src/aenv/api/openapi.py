@@ -155,7 +155,7 @@ def build_document(
     by_shape = {_shape(path): path for path in named}
     paths: dict[str, dict[str, Operation]] = {}
     for route in routes:
-        if not isinstance(route, Route):
+        if not isinstance(route, Route) or not route.include_in_schema:
             continue
         for method in sorted((route.methods or set()) - {"HEAD"}):
             method = method.lower()

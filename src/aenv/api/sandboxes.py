@@ -17,6 +17,7 @@ from starlette.routing import Route
 from aenv.api.errors import APIError, call_lifecycle, not_found
 from aenv.api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from aenv.api.idempotency import IdempotentCreates, check_key
+from aenv.api.internal import CURSORS_HEADER, caller
 from aenv.api.metrics import NodeMetrics
 from aenv.api.models import (
     DEFAULT_TIMEOUT_V1,
@@ -31,6 +32,7 @@ from aenv.api.models import (
 )
 from aenv.api.network import create_network, network_info, updated_network
 from aenv.api.requests import check_query, not_supported, parse_body
+from aenv.api.volumes import mounts_body, resolve_mounts
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.orchestrator.catalog import PageQuery, SandboxRecord
@@ -46,6 +48,7 @@ from aenv.orchestrator.lifecycle import (
 from aenv.orchestrator.metrics_history import Sample
 from aenv.orchestrator.states import with_public
 from aenv.orchestrator.templates import TemplateNotFound
+from aenv.orchestrator.volumes import VolumeNotFound
 
 CLIENT_ID = "6532622b"  # the legacy constant infra sends; SDKs require the key
 MAX_PAGE = 100
@@ -117,6 +120,7 @@ class SandboxRoutes:
             "state": record.state.public,
             "envdVersion": ENVD_VERSION,
             "metadata": dict(record.metadata),
+            "volumeMounts": mounts_body(self.orc.volumes, record),
         }
         if record.alias:
             body["alias"] = record.alias
@@ -161,6 +165,7 @@ class SandboxRoutes:
 
     async def _start(self, body: NewSandbox, timeout: int, owner: str) -> dict[str, Any]:
         network = create_network(body.allow_internet_access, body.network)
+        volume_mounts = resolve_mounts(self.orc.volumes, body.volume_mounts)
         try:
             with self.node_metrics.create_seconds.time():
                 record, _ = await self.orc.create(
@@ -174,12 +179,15 @@ class SandboxRoutes:
                         auto_resume=body.auto_resume is not None and body.auto_resume.enabled,
                         network=network,
                         owner=owner,
+                        volume_mounts=volume_mounts,
                     )
                 )
         except TemplateNotFound as e:
             raise APIError(404, f"template '{body.template_id}' not found") from e
         except CapacityReached as e:
             raise APIError(429, str(e), error_code="sandbox_capacity_unavailable") from e
+        except VolumeNotFound as e:  # deleted since it was resolved above
+            raise APIError(400, f"volumeMounts: {e}") from e
         except CreateFailed as e:
             raise APIError(
                 500, str(e), error_code="sandbox_create_failed", should_retry=False
@@ -219,10 +227,13 @@ class SandboxRoutes:
             template=q.get("template") or None,
             started_after=_parse_time(started_after) if started_after else None,
             ascending=ascending,
-            after=_cursor_key(token) if token else None,
+            after=cursor_key(token) if token else None,
         )
         page, more = self.orc.catalog.page(query)
-        headers = {"X-Next-Token": _cursor(page[-1], ascending)} if more and page else {}
+        headers = {"X-Next-Token": cursor(page[-1], ascending)} if more and page else {}
+        if caller(request.scope.get("state", {})) is not None:
+            # A gateway merges several nodes' pages: it needs every item's exact position.
+            headers[CURSORS_HEADER] = ",".join(cursor(r, ascending) for r in page)
         return JSONResponse([self._listed(r) for r in page], headers=headers)
 
     # -- single sandbox ---------------------------------------------------------------------
@@ -376,12 +387,15 @@ def _int_param(value: str | None, default: int, name: str) -> int:
         raise APIError(400, f"{name} must be an integer") from e
 
 
-def _cursor(record: SandboxRecord, ascending: bool) -> str:
+def cursor(record: SandboxRecord, ascending: bool) -> str:
+    """`nextToken` for the page after `record`: its position, valid on every node (a gateway
+    passes one token to all of them)."""
     raw = f"{record.started_at!r}__{record.id}__{'asc' if ascending else 'desc'}"
     return base64.urlsafe_b64encode(raw.encode()).decode()
 
 
-def _cursor_key(token: str) -> tuple[float, str]:
+def cursor_key(token: str) -> tuple[float, str]:
+    """The (started at, sandbox id) position a `nextToken` names; 400 when it names none."""
     try:
         started, sandbox_id, _ = base64.urlsafe_b64decode(token.encode()).decode().split("__")
         return float(started), sandbox_id

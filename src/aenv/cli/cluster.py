@@ -1,5 +1,5 @@
 """`aenv node`: a node that is a cluster member, the server of `aenv server` plus registration
-and heartbeats in the cluster's Redis (see docs/cluster.md).
+and heartbeats in the cluster's Redis, and the internal API gateways call (see docs/cluster.md).
 
 The cluster secret comes from the configuration file or `AENV_CLUSTER_SECRET` only: a command-line
 flag would show it to every user of the host in the process list.
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
+from starlette.types import ASGIApp
 
 from aenv.cli.node import console
 from aenv.config import ConfigError, load
@@ -58,8 +59,13 @@ def node(
     console.print(
         f"[cyan]aenv[/cyan] node {settings.node_id} joins the cluster at {settings.address}"
     )
+    from aenv.cluster.internal import InternalGate
+
+    def gate(app: ASGIApp) -> ASGIApp:
+        return InternalGate(app, settings.secret)
+
     try:
-        asyncio.run(serve(config, beside=lambda running: _member(settings, running)))
+        asyncio.run(serve(config, beside=lambda running: _member(settings, running), gate=gate))
     except (NodeIdTaken, WrongClusterSecret) as e:
         # The node has shut down again (its sandboxes paused or killed, as configured).
         console.print(f"[red]cannot join the cluster:[/red] {e}")
@@ -72,5 +78,9 @@ async def _member(settings: NodeSettings, running: Node) -> AsyncIterator[None]:
     from aenv.cluster.source import CatalogSource
 
     source = CatalogSource(running.catalog, running.orchestrator.templates)
-    async with membership(settings, source):
-        yield
+    async with membership(settings, source) as agent:
+        running.orchestrator.residency.append(agent)
+        try:
+            yield
+        finally:
+            running.orchestrator.residency.remove(agent)

@@ -1,6 +1,6 @@
 """The `aenv` command: `server` runs a node, `auth` prints how to reach it; `node` (cluster.py)
-runs one as a cluster member; the other commands (sandboxes.py, snapshots.py, templates.py,
-shell.py) talk to a running node."""
+runs one as a cluster member, `gateway` (gateway.py) a cluster's gateway; the other commands
+(sandboxes.py, snapshots.py, templates.py, shell.py) talk to a running node."""
 
 from __future__ import annotations
 
@@ -14,8 +14,19 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 import uvicorn
+from starlette.types import ASGIApp
 
-from aenv.cli import cluster, images, keys, sandboxes, shell, snapshots, templates
+from aenv.cli import (
+    cluster,
+    gateway,
+    images,
+    keys,
+    sandboxes,
+    shell,
+    snapshots,
+    templates,
+    volumes,
+)
 from aenv.cli.node import console
 from aenv.config import Config, ConfigError, load
 
@@ -24,6 +35,8 @@ if TYPE_CHECKING:
 
 # What runs beside a serving node for as long as it serves (a cluster membership).
 Beside = Callable[["Node"], AbstractAsyncContextManager[object]]
+# What wraps the node's app before it is served (a cluster node's internal API gate).
+Gate = Callable[[ASGIApp], ASGIApp]
 
 app = typer.Typer(help="AENV-py: E2B-compatible microVM sandboxes.", no_args_is_help=True)
 app.add_typer(images.app)
@@ -32,7 +45,9 @@ app.add_typer(snapshots.app)
 app.add_typer(shell.app)
 app.add_typer(templates.app, name="template")
 app.add_typer(keys.app, name="keys")
+app.add_typer(volumes.app, name="volumes")
 app.add_typer(cluster.app, name="node")
+app.add_typer(gateway.app, name="gateway")
 
 
 @app.command()
@@ -59,8 +74,9 @@ def server(
     asyncio.run(serve(config))
 
 
-async def serve(config: Config, beside: Beside | None = None) -> None:
-    """Runs a node until SIGINT or SIGTERM, with `beside` entered while it serves."""
+async def serve(config: Config, beside: Beside | None = None, gate: Gate | None = None) -> None:
+    """Runs a node until SIGINT or SIGTERM, with `beside` entered while it serves and its app
+    behind `gate`."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per envd call is noise
     # The server's imports are heavy; other commands skip them.
@@ -68,7 +84,8 @@ async def serve(config: Config, beside: Beside | None = None) -> None:
     from aenv.serving import uvicorn_config
 
     node = await start_node(config, progress=lambda m: console.print(f"[cyan]aenv[/cyan] {m}"))
-    uv = uvicorn.Server(uvicorn_config(node.app, config))
+    app: ASGIApp = node.app if gate is None else gate(node.app)
+    uv = uvicorn.Server(uvicorn_config(app, config))
     # uvicorn owns SIGINT/SIGTERM while it serves, and afterwards re-raises the signal it caught
     # to whatever handler was there before: make that a no-op, or the default handler would end
     # the process before the node's shutdown (which pauses the running sandboxes) has run.

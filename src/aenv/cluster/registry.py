@@ -157,6 +157,12 @@ class NodeRegistry:
                 await self._forget([self.keys.nodes], [self.keys.node(""), *lapsed])
         return [_REPORT.validate_json(v) for v in values if v is not None]
 
+    async def report(self, node_id: str) -> NodeReport | None:
+        """The node's last report while its lease is current, else None."""
+        async with guarded(self.client, f"reading the report of node {node_id}"):
+            value = await self.client.get(self.keys.node(node_id))
+        return None if value is None else _REPORT.validate_json(value)
+
     async def alive(self, node_ids: Sequence[str]) -> set[str]:
         """Which of `node_ids` hold a current lease."""
         if not node_ids:

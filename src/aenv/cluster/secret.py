@@ -1,7 +1,9 @@
-"""The cluster secret: what nodes (and, later, gateways) share to prove they belong together.
+"""The cluster secret: what nodes and gateways share to prove they belong together.
 
 Redis keeps only its fingerprint, an HMAC of a fixed label, so reading Redis does not reveal it.
 The first node to register records the fingerprint; a node with another secret is refused.
+Gateways call a node's internal API with a bearer token, another HMAC of the secret under its own
+label, so the token and the fingerprint reveal neither the secret nor each other.
 """
 
 from __future__ import annotations
@@ -27,5 +29,12 @@ class ClusterSecret:
 
     @property
     def fingerprint(self) -> str:
-        digest = hmac.new(self.value.encode(), b"aenv cluster secret check", hashlib.sha256)
-        return digest.hexdigest()
+        return self._derive(b"aenv cluster secret check")
+
+    @property
+    def bearer(self) -> str:
+        """The token gateways present to nodes' internal API (`aenv.cluster.internal`)."""
+        return self._derive(b"aenv internal api bearer")
+
+    def _derive(self, label: bytes) -> str:
+        return hmac.new(self.value.encode(), label, hashlib.sha256).hexdigest()

@@ -31,6 +31,7 @@ TINI = Path("/usr/bin/tini-static")  # Debian's `tini`: a static init that reaps
 # (free page reporting, memory statistics) and entropy devices; nothing else would load them, and
 # without a device (QEMU) they load and stay idle. virtio_mmio is a module in the Debian kernel and
 # finds Firecracker's devices only through ACPI (see aenv.runtime.firecracker.driver).
+# 9pnet_virtio and 9p mount volumes (QEMU's virtio-9p devices; envd mounts them at /init).
 MODULES = (
     "virtio_mmio",
     "virtio_blk",
@@ -40,6 +41,8 @@ MODULES = (
     "crc32c_generic",
     "ext4",
     "overlay",
+    "9pnet_virtio",
+    "9p",
 )
 
 

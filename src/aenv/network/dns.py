@@ -5,6 +5,9 @@ this forwarder on the guest's gateway address, inside the slot namespace. A quer
 rules allow is forwarded to the node's resolver, from the slot namespace, and its answer relayed;
 any other name is answered NXDOMAIN, so a sandbox neither learns addresses it may not use nor
 leaks names through DNS. Messages are read and written with dnspython.
+
+The node's resolver is, unless configured, the host's own (`host_resolver`): names resolve
+for a slot as they do for the host.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, ip_address
+from pathlib import Path
 from typing import cast
 
 import dns.exception
@@ -28,6 +32,27 @@ log = logging.getLogger(__name__)
 DNS_PORT = 53
 _UPSTREAM_TIMEOUT_S = 3.0
 _MAX_MESSAGE = 4096
+FALLBACK_RESOLVER = IPv4Address("1.1.1.1")
+
+
+def host_resolver(resolv_conf: Path = Path("/etc/resolv.conf")) -> IPv4Address:
+    """The host's first IPv4 nameserver not on loopback, else `FALLBACK_RESOLVER`. A stub
+    resolver on loopback (systemd's 127.0.0.53) cannot be reached from a slot namespace."""
+    try:
+        lines = resolv_conf.read_text().splitlines()
+    except OSError:
+        return FALLBACK_RESOLVER
+    for line in lines:
+        fields = line.split()
+        if len(fields) < 2 or fields[0] != "nameserver":
+            continue
+        try:
+            address = ip_address(fields[1])
+        except ValueError:
+            continue
+        if isinstance(address, IPv4Address) and not address.is_loopback:
+            return address
+    return FALLBACK_RESOLVER
 
 
 def _udp(bind: tuple[str, int] | None = None) -> socket.socket:

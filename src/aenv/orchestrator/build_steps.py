@@ -16,7 +16,7 @@ import hashlib
 import io
 import stat
 import tarfile
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 
 import httpx
@@ -34,6 +34,7 @@ from aenv.orchestrator.envd_client import EnvdClient
 OutputSink = Callable[[str], None]
 # Steps may take long to answer: a file write or a COPY of a large archive.
 _TIMEOUT = httpx.Timeout(60.0, read=None)
+_NO_ENV: Mapping[str, str] = {}
 
 
 class StepType(enum.StrEnum):
@@ -79,10 +80,13 @@ class GuestShell:
     def _headers(self, user: str) -> dict[str, str]:
         return self.envd.headers(user)
 
-    def _start(self, command: str, user: str, state: BuildState) -> AsyncIterator[pb.StartResponse]:
+    def _start(
+        self, command: str, user: str, state: BuildState, extra_env: Mapping[str, str]
+    ) -> AsyncIterator[pb.StartResponse]:
         # bash as the SDKs run commands; images without it get their sh.
         login = 'command -v bash >/dev/null 2>&1 && exec bash -l -c "$1"; exec sh -l -c "$1"'
-        config = pb.ProcessConfig(cmd="/bin/sh", args=["-c", login, "sh", command], envs=state.env)
+        envs = {**extra_env, **state.env}
+        config = pb.ProcessConfig(cmd="/bin/sh", args=["-c", login, "sh", command], envs=envs)
         if state.workdir:
             config.cwd = state.workdir
         request = pb.StartRequest(process=config, stdin=False)
@@ -92,17 +96,23 @@ class GuestShell:
         return stream
 
     async def run(
-        self, command: str, user: str, state: BuildState, output: OutputSink | None = None
+        self,
+        command: str,
+        user: str,
+        state: BuildState,
+        output: OutputSink | None = None,
+        extra_env: Mapping[str, str] = _NO_ENV,
     ) -> int:
-        """Run `command` with bash as `user` to its end; its output lines go to `output`."""
-        return await _follow(self._start(command, user, state), output)
+        """Run `command` with bash as `user` to its end; its output lines go to `output`.
+        `extra_env` is for this command only, under the state's env."""
+        return await _follow(self._start(command, user, state, extra_env), output)
 
     def start(
         self, command: str, user: str, state: BuildState, output: OutputSink
     ) -> asyncio.Task[int]:
         """Start a long-running `command`; the task follows its output until it ends or is
         cancelled (the process keeps running when the stream is dropped)."""
-        return asyncio.create_task(_follow(self._start(command, user, state), output))
+        return asyncio.create_task(_follow(self._start(command, user, state, _NO_ENV), output))
 
     async def warm_up(self, user: str) -> None:
         """Do once what a sandbox's first SDK calls do (a login shell through the process

@@ -2,7 +2,8 @@
 the start command left running, the VM saved as the template's new build.
 
 The build VM is an ordinary but internal sandbox (metadata `aenv.build`; not listed to users,
-killed rather than paused at shutdown), so building reuses restore, save and cleanup. After each
+killed rather than paused at shutdown), so building reuses restore, save and cleanup. Its
+network reaches the package registries and nothing else (`build_egress`). After each
 RUN or COPY step its state is saved as a hidden build-layer template keyed by (parent key, step,
 files hash): a later build whose first steps match starts from the newest such layer instead of
 re-running them. A build's log is kept in memory, in order, and read by offset while the build
@@ -34,7 +35,9 @@ from connectrpc.errors import ConnectError
 from aenv import atomic
 from aenv.config import Paths
 from aenv.ids import new_sandbox_id
+from aenv.network.settings import SandboxNetwork
 from aenv.oci import Credentials, ImageError, rootfs_from_image
+from aenv.orchestrator.build_egress import GUEST_CA, GUEST_CA_DIR, BuildEgress
 from aenv.orchestrator.build_steps import (
     BuildState,
     GuestShell,
@@ -173,6 +176,7 @@ class Builder:
         boot_image: ImageBooter | None = None,
         *,
         cache_layers: int = 32,
+        egress: BuildEgress | None = None,
     ) -> None:
         self.orc = orchestrator
         self.tags = tags
@@ -183,6 +187,8 @@ class Builder:
         self.ready_timeout = ready_timeout
         self.boot_image = boot_image
         self.cache_layers = cache_layers
+        # None: build VMs get a sandbox's default network.
+        self.egress = egress
         self._builds: dict[str, Build] = {}  # by build id, oldest first
         self._tasks: set[asyncio.Task[None]] = set()  # held: running builds are not collected
         self._image_locks: dict[str, asyncio.Lock] = {}
@@ -291,6 +297,7 @@ class Builder:
         resized = size != (source.cpu_count, source.memory_mb)
         how = f", booted with {size[0]} vCPU, {size[1]} MiB" if resized else ""
         build.log(f"Starting the build VM from {source.template_id}{how}")
+        network = SandboxNetwork() if self.egress is None else self.egress.network()
         record, _ = await self.orc.create(
             CreateRequest(
                 template=source.template_id,
@@ -299,6 +306,7 @@ class Builder:
                 env_vars={},
                 internal=True,
                 size=size if resized else None,
+                network=network,
             )
         )
         shell = GuestShell(self.orc.envd(record.id))
@@ -308,6 +316,7 @@ class Builder:
             env=dict(source.env_vars),
         )
         try:
+            step_env = await self._carry_in_ca(shell)
             if state.workdir:
                 # An image's WorkingDir need not exist (Docker creates it at start too).
                 await shell.make_dir(state.workdir, "root")
@@ -315,7 +324,7 @@ class Builder:
                 step, label = spec.steps[index], str(index + 1)
                 build.log(f"[{label}/{total}] {_describe(step)}", step=label)
                 try:
-                    await self._apply(shell, state, step, build, label)
+                    await self._apply(shell, state, step, build, label, step_env)
                 except StepFailed as e:
                     raise BuildError(str(e), label) from e
                 if step.type in (StepType.RUN, StepType.COPY):
@@ -323,6 +332,8 @@ class Builder:
                         record.id, _layer_id(keys[index]), TemplateKind.BUILD_LAYER, ()
                     )
                     await asyncio.to_thread(self.orc.templates.save, _with_state(layer, state))
+            if step_env:
+                await shell.run(f"rm -rf {GUEST_CA_DIR}", "root", BuildState(user="root"))
             if spec.start_cmd:
                 await self._start_service(shell, state, spec, build)
             await shell.warm_up(state.user)
@@ -404,15 +415,32 @@ class Builder:
                 return index + 1, layer
         return 0, base
 
+    async def _carry_in_ca(self, shell: GuestShell) -> dict[str, str]:
+        """Write the host's CA bundle into the build VM; the env vars RUN steps then get."""
+        if self.egress is None or self.egress.ca_bundle is None:
+            return {}
+        try:
+            bundle = await asyncio.to_thread(self.egress.ca_bundle.read_bytes)
+        except OSError as e:
+            raise BuildError(f"build_ca_bundle {self.egress.ca_bundle}: {e.strerror}") from e
+        await shell.write(GUEST_CA, bundle)
+        return self.egress.step_env()
+
     async def _apply(
-        self, shell: GuestShell, state: BuildState, step: Step, build: Build, label: str
+        self,
+        shell: GuestShell,
+        state: BuildState,
+        step: Step,
+        build: Build,
+        label: str,
+        step_env: dict[str, str],
     ) -> None:
         args = step.args
         match step.type, len(args):
             case StepType.RUN, 1 | 2:
                 user = args[1] if len(args) == 2 and args[1] else state.user
                 code = await shell.run(
-                    args[0], user, state, lambda line: build.log(line, step=label)
+                    args[0], user, state, lambda line: build.log(line, step=label), step_env
                 )
                 if code != 0:
                     raise StepFailed(f"RUN {args[0]!r} exited with code {code}")

@@ -53,7 +53,8 @@ CREATE TABLE IF NOT EXISTS sandboxes (
     archive_seq INTEGER,
     archive_manifest TEXT,
     owner TEXT,
-    network TEXT NOT NULL DEFAULT '{}'
+    network TEXT NOT NULL DEFAULT '{}',
+    volume_mounts TEXT NOT NULL DEFAULT '[]'
 );
 CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state);
 CREATE INDEX IF NOT EXISTS sandboxes_started ON sandboxes(started_at, id);
@@ -68,6 +69,37 @@ class Archived:
 
     seq: int
     manifest: str
+
+
+@dataclass(frozen=True)
+class VolumeRecord:
+    """A volume of the node: a directory under `Paths.volumes` named by `id`. `token` is what
+    E2B clients present to the volume content API."""
+
+    id: str
+    name: str
+    token: str
+    created_at: float
+
+
+class VolumeNameTaken(ValueError):
+    def __init__(self, name: str) -> None:
+        super().__init__(f"a volume named '{name}' already exists")
+
+
+@dataclass(frozen=True)
+class VolumeMount:
+    """A volume mounted into a sandbox's guest at `path` (an absolute, normalised path)."""
+
+    volume_id: str
+    path: str
+
+    def to_json(self) -> dict[str, str]:
+        return {"volumeID": self.volume_id, "path": self.path}
+
+    @classmethod
+    def from_json(cls, raw: Mapping[str, str]) -> VolumeMount:
+        return cls(raw["volumeID"], raw["path"])
 
 
 @dataclass(frozen=True)
@@ -107,6 +139,8 @@ class SandboxRecord:
     archived: Archived | None = None
     # The id of the API key that created it (its per-key sandbox limit counts it).
     owner: str | None = None
+    # Volumes its guest mounts on every boot (see `orchestrator.volumes`).
+    volume_mounts: tuple[VolumeMount, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -142,6 +176,8 @@ def _to_columns(name: str, value: Any) -> dict[str, Any]:
         return {name: json.dumps(dict(value), sort_keys=True)}
     if name == "network":
         return {name: json.dumps(value.to_json(), sort_keys=True)}
+    if name == "volume_mounts":
+        return {name: json.dumps([m.to_json() for m in value])}
     if name in _BOOL:
         return {name: int(value)}
     if isinstance(value, enum.Enum):
@@ -166,6 +202,9 @@ def _from_row(row: sqlite3.Row) -> SandboxRecord:
         data[name] = SaveMode(data[name])
     data["state"] = SandboxState(data["state"])
     data["network"] = SandboxNetwork.from_json(json.loads(data["network"]))
+    data["volume_mounts"] = tuple(
+        VolumeMount.from_json(m) for m in json.loads(data["volume_mounts"])
+    )
     if row["archive_manifest"] is not None:
         data["archived"] = Archived(row["archive_seq"], row["archive_manifest"])
     return SandboxRecord(**data)
@@ -301,3 +340,34 @@ class Catalog:
             wanted,
         ).fetchone()
         return int(row[0])
+
+    # -- volumes --------------------------------------------------------------------------
+
+    def insert_volume(self, volume: VolumeRecord) -> None:
+        """Raises `VolumeNameTaken` when another volume has its name (names are unique)."""
+        try:
+            self._db.execute(
+                "INSERT INTO volumes (id, name, token, created_at) VALUES (?, ?, ?, ?)",
+                (volume.id, volume.name, volume.token, volume.created_at),
+            )
+        except sqlite3.IntegrityError as e:
+            raise VolumeNameTaken(volume.name) from e
+
+    def volume(
+        self, *, volume_id: str | None = None, name: str | None = None
+    ) -> VolumeRecord | None:
+        """The volume with this id, or with this name."""
+        column, value = ("id", volume_id) if volume_id is not None else ("name", name)
+        row = self._db.execute(
+            f"SELECT * FROM volumes WHERE {column} = ?",  # noqa: S608 - the column is ours
+            (value,),
+        ).fetchone()
+        return VolumeRecord(**dict(row)) if row else None
+
+    def volumes(self) -> builtins.list[VolumeRecord]:
+        rows = self._db.execute("SELECT * FROM volumes ORDER BY created_at, id")
+        return [VolumeRecord(**dict(row)) for row in rows]
+
+    def delete_volume(self, volume_id: str) -> bool:
+        cursor = self._db.execute("DELETE FROM volumes WHERE id = ?", (volume_id,))
+        return cursor.rowcount == 1

@@ -3,9 +3,12 @@
 A sandbox's directory (`sandboxes/<id>/`) is the work dir of every VM it runs in. Each pause
 writes a checkpoint `pause-<n>/` there (device state, memory, sealed disk layers, `snapshot.json`
 last: a checkpoint without it never completed and is ignored); its memory may later be detached
-into a file (`detach.py`). A driver's sealed disk layers may stack on the previous checkpoint's
-(or the template's) by absolute path, so they stay until the sandbox is killed; only the state
-and memory of checkpoints older than the newest are removed.
+into a file (`detach.py`). A driver may save only the memory the guest changed over the memory
+file it was restored from (`runtime/ramdelta.py`): that file, a template's or an older
+checkpoint's, is then the checkpoint's `memory_file` and stays while the checkpoint does.
+A driver's sealed disk layers may stack on the previous checkpoint's (or the template's) by
+absolute path, so they stay until the sandbox is killed; only the state and memory of
+checkpoints older than the newest are removed.
 
 Snapshots and fork checkpoints outlive the sandbox they came from, so they are *exported*
 (`Driver.export`): a directory that depends on nothing of the sandbox any more.
@@ -56,29 +59,35 @@ def latest_pause(sandbox_dir: Path) -> tuple[int, Snapshot] | None:
 
 def prune_pauses(sandbox_dir: Path, keep: int) -> None:
     """Free the state and memory of the checkpoints before `keep` (their disk layers may still
-    be below `keep`'s and stay), and remove those after it: a crash left them incomplete."""
+    be below `keep`'s and stay, and so does an older memory file that `keep`'s changed pages
+    lie over), and remove those after it: a crash left them incomplete."""
+    kept = pause_dir(sandbox_dir, keep)
+    detach.tidy(kept)
+    try:
+        base = Snapshot.load_manifest(kept).memory_file
+    except RestoreError:
+        base = None
     for entry in sandbox_dir.glob("pause-*"):
         match = _PAUSE.match(entry.name)
-        if not match:
+        if not match or int(match.group(1)) == keep:
             continue
-        if int(match.group(1)) == keep:
-            detach.tidy(entry)
-        elif int(match.group(1)) > keep:
+        if int(match.group(1)) > keep:
             shutil.rmtree(entry, ignore_errors=True)
         else:
-            _free(entry)
+            _free(entry, base)
 
 
-def _free(checkpoint: Path) -> None:
-    """Remove a checkpoint's state and memory, keeping its disk layers; the manifest goes last,
-    so a crash in between leaves something this can finish later."""
+def _free(checkpoint: Path, base: Path | None) -> None:
+    """Remove a checkpoint's state and memory (unless its memory is `base`, which a newer
+    checkpoint needs), keeping its disk layers; the manifest goes last, so a crash in between
+    leaves something this can finish later."""
     detach.tidy(checkpoint)
     try:
         snapshot = Snapshot.load_manifest(checkpoint)
     except RestoreError:
         return  # freed before
     for path in (snapshot.state_file, snapshot.memory_file):
-        if path is not None and path.parent == checkpoint:
+        if path is not None and path.parent == checkpoint and path != base:
             with contextlib.suppress(FileNotFoundError):
                 path.unlink()
     detach.discard(checkpoint)

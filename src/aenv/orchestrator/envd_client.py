@@ -14,7 +14,7 @@ import base64
 import dataclasses
 import os
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -77,6 +77,7 @@ class EnvdClient:
         timeout: float,
         default_user: str | None = None,
         default_workdir: str | None = None,
+        volume_mounts: Sequence[Mapping[str, str]] = (),
     ) -> EnvdClient:
         """Configure envd; retries transport errors until `timeout` (a restored guest's network
         may need a moment). Returns the client holding the new token."""
@@ -91,6 +92,8 @@ class EnvdClient:
             body["defaultUser"] = default_user
         if default_workdir is not None:
             body["defaultWorkdir"] = default_workdir
+        if volume_mounts:
+            body["volumeMounts"] = [dict(m) for m in volume_mounts]
         deadline = time.monotonic() + timeout
         while True:
             try:

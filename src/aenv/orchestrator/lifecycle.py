@@ -41,15 +41,17 @@ from aenv.network.settings import SandboxNetwork, SlotEgress
 from aenv.orchestrator import checkpoints, consoles, detach, metrics_history
 from aenv.orchestrator.archive import Archive
 from aenv.orchestrator.background import PerSandbox
-from aenv.orchestrator.catalog import Catalog, SandboxRecord
+from aenv.orchestrator.catalog import Catalog, SandboxRecord, VolumeMount
 from aenv.orchestrator.envd_client import EnvdClient, EnvdUnavailable
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.locks import KeyedLocks
 from aenv.orchestrator.metrics_history import MetricsHistory
 from aenv.orchestrator.reserve import HostReserve
+from aenv.orchestrator.residency import ResidencyListener, tell
 from aenv.orchestrator.saved import SavedStates
 from aenv.orchestrator.states import KILLABLE, LIVE, SAVED, SandboxState
 from aenv.orchestrator.templates import BOOT_READY_TIMEOUT, Template, TemplateStore
+from aenv.orchestrator.volumes import VolumeStore, guest_mounts
 from aenv.runtime.driver import (
     VM,
     Driver,
@@ -150,6 +152,8 @@ class CreateRequest:
     size: tuple[int, int] | None = None
     # Who asks (an API key's id): at most `key_max_sandboxes` of an owner's run at once.
     owner: str | None = None
+    # Volumes mounted into the guest (resolved by `VolumeStore.resolve`).
+    volume_mounts: tuple[VolumeMount, ...] = ()
 
 
 class GuestUnhealthy(RuntimeError):
@@ -189,7 +193,10 @@ class Orchestrator:
         # Told (sandbox id, VM id) whenever a sandbox's VM stops, whatever the reason: the proxy
         # ends the connections to that VM at once.
         self.vm_stopped: list[Callable[[str, str], None]] = []
+        # Told which sandboxes come and go (a cluster node's agent), see `residency`.
+        self.residency: list[ResidencyListener] = []
         self.metrics = MetricsHistory()
+        self.volumes = VolumeStore(catalog, config.paths.volumes)
 
     # -- start-up and shutdown ------------------------------------------------------------
 
@@ -414,6 +421,7 @@ class Orchestrator:
                     auto_pause_mode=request.auto_pause_mode,
                     internal=request.internal,
                     owner=request.owner,
+                    volume_mounts=request.volume_mounts,
                 )
             )
             try:
@@ -443,14 +451,20 @@ class Orchestrator:
             )
             assert running is not None  # only this task changes a row it holds the lock of
             self._started(running, live)
-            return running
+        if not running.internal:
+            await tell(self.residency, lambda r: r.sandbox_routed(sandbox_id), f"{sandbox_id} came")
+        return running
 
     async def _launch(
         self, record: SandboxRecord, snapshot: Snapshot, *, current_token: str | None, cold: bool
     ) -> _Live:
         """Start a VM for `record` from `snapshot` (restored, or `cold`-booted from its disks
         alone) on a new network slot, and hand envd the sandbox's token, env and fresh entropy.
-        On failure nothing of the VM or slot is left; the sandbox's files are the caller's."""
+        A sandbox with volumes is always booted: a restored VM has no device to mount them by.
+        On failure nothing of the VM or slot is left; the sandbox's files are the caller's.
+        Raises `VolumeNotFound` when a volume it mounts was deleted (nothing started)."""
+        shares = self.volumes.shares(record.volume_mounts)
+        cold = cold or bool(shares)
         workdir, memory_dir = self._dirs(record.id)
         await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
         await asyncio.to_thread(memory_dir.mkdir, parents=True, exist_ok=True)
@@ -460,7 +474,7 @@ class Orchestrator:
         try:
             net = NetAttachment(slot.netns, slot.guest.tap, slot.guest.mac)
             envd = EnvdClient(self._client, str(slot.address), current_token)
-            place = RestoreSpec(workdir=workdir, net=net, memory_dir=memory_dir)
+            place = RestoreSpec(workdir=workdir, net=net, memory_dir=memory_dir, shares=shares)
             if cold:
                 vm = await self.driver.boot_saved(snapshot, place)
                 envd = EnvdClient(self._client, envd.host)  # a fresh envd has no token yet
@@ -476,6 +490,7 @@ class Orchestrator:
                 timeout=RESTORE_READY_TIMEOUT,
                 default_user=built.default_user if built else None,
                 default_workdir=built.default_workdir if built else None,
+                volume_mounts=guest_mounts(record.volume_mounts),
             )
         except BaseException:
             if vm is not None:
@@ -571,6 +586,8 @@ class Orchestrator:
             await self._reclaim_files(sandbox_id)
             await self.saved.drop_archived(self.catalog.get(sandbox_id) or record)
             self.catalog.delete(sandbox_id)
+        if not record.internal:
+            await tell(self.residency, lambda r: r.sandbox_gone(sandbox_id), f"{sandbox_id} left")
         await self.saved.collect()
         return True
 
@@ -608,11 +625,13 @@ class Orchestrator:
         3. The driver saves checkpoint `pause-<seq>` (what `mode` says) and stops the VM.
            On failure the checkpoint is removed and the sandbox runs on (PAUSING -> RUNNING).
         4. Free the slot; PAUSING -> PAUSED with the new `checkpoint_seq` and `checkpoint_mode`.
-        5. Prune older checkpoints; detach and upload this one in the background."""
+        5. Prune older checkpoints; detach and upload this one in the background.
+        A sandbox with volumes saves its filesystem only (`_save_mode`)."""
         async with self._lock(sandbox_id):
             record = self.get(sandbox_id)
             if record.state is not SandboxState.RUNNING:
                 raise InvalidState(sandbox_id, record.state, "pause")
+            mode = _save_mode(record, mode)
             await self._check_reserve(f"pause sandbox {sandbox_id}")
             if require_healthy:
                 try:
@@ -695,6 +714,9 @@ class Orchestrator:
                 sandbox_id, [SandboxState.PAUSED], SandboxState.RESUMING
             )
             assert resuming is not None
+            # A detach still under way would be discarded once the sandbox runs, and meanwhile
+            # its VMM competes with this restore for the CPU: stop it (the upload still starts).
+            await self._settling.cancel(sandbox_id)
             cold = SaveMode.FILESYSTEM in (mode, record.checkpoint_mode)
             try:
                 live = await self._launch_checkpoint(resuming, cold)
@@ -840,6 +862,8 @@ class Orchestrator:
             auto_resume=parent.auto_resume if parent else False,
             network=parent.network if parent else SandboxNetwork(),
             owner=owner,
+            # Children of a sandbox mount its volumes; a snapshot carries none.
+            volume_mounts=parent.volume_mounts if parent else (),
         )
         children = await asyncio.gather(
             *(self._admitted_create(request, base, parent) for _ in range(count)),
@@ -878,6 +902,7 @@ class Orchestrator:
     ) -> Template:
         async with self._lock(sandbox_id):
             record = self.get(sandbox_id)
+            mode = _save_mode(record, mode)
             await self._check_reserve(f"save sandbox {sandbox_id}")
             await asyncio.to_thread(dest.mkdir, parents=True)
             try:
@@ -1072,6 +1097,13 @@ class Orchestrator:
             except OperationFailed:
                 log.exception("auto-pause of %s failed; killing it", record.id)
         await self.kill(record.id)
+
+
+def _save_mode(record: SandboxRecord, asked: SaveMode) -> SaveMode:
+    """What saving `record` can keep: a guest that mounts volumes has 9p devices, whose state
+    QEMU cannot save while mounted, so only its filesystem is saved (its volumes are outside
+    it, on the host, and are mounted again when it boots)."""
+    return SaveMode.FILESYSTEM if record.volume_mounts else asked
 
 
 def _sandbox_env(record: SandboxRecord) -> dict[str, str]:

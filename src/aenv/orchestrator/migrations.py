@@ -7,8 +7,10 @@ so a node's paused sandboxes survive an upgrade.
    `checkpoint_seq`, `checkpoint_mode`, `archive_seq`, `archive_manifest`), then dropped.
 3. The `allow_internet` flag, all earlier versions kept of a sandbox's network settings, is
    copied into the `network` column when that is added (the old column stays, unused).
+4. The `volumes` table is created (catalogs older than volumes have none); sandboxes of those
+   catalogs mount no volume (`volume_mounts` defaults to an empty list).
 
-Both run in the caller's transaction: a crash leaves the old catalog or the new one.
+All run in the caller's transaction: a crash leaves the old catalog or the new one.
 """
 
 from __future__ import annotations
@@ -32,7 +34,17 @@ ADDED_COLUMNS = {
     "archive_manifest": "TEXT",
     "owner": "TEXT",
     "network": "TEXT NOT NULL DEFAULT '{}'",
+    "volume_mounts": "TEXT NOT NULL DEFAULT '[]'",
 }
+# The volumes of the node (`orchestrator.volumes`), added with them.
+VOLUMES_TABLE = """
+CREATE TABLE IF NOT EXISTS volumes (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    token TEXT NOT NULL,
+    created_at REAL NOT NULL
+)
+"""
 _FROM_ALLOW_INTERNET = (
     "UPDATE sandboxes SET network = json_object('allow_internet', json("
     "CASE allow_internet WHEN 0 THEN 'false' ELSE 'true' END))"
@@ -40,6 +52,7 @@ _FROM_ALLOW_INTERNET = (
 
 
 def upgrade(db: sqlite3.Connection) -> None:
+    db.execute(VOLUMES_TABLE)
     have = {row[1] for row in db.execute("PRAGMA table_info(sandboxes)")}
     for name, ddl in ADDED_COLUMNS.items():
         if name not in have:

@@ -84,6 +84,17 @@ class Disk:
 
 
 @dataclass(frozen=True)
+class Share:
+    """A host directory the guest can mount read-write by `tag` (a volume). Several VMs may
+    share one directory at once and see each other's writes. A VM with shares cannot be
+    snapshotted with its memory (the device state of a mounted share cannot be saved), and
+    drivers whose VMM has no shared-filesystem device refuse them (`BootError`)."""
+
+    tag: str
+    path: Path
+
+
+@dataclass(frozen=True)
 class NetAttachment:
     """Where the guest NIC plugs in: a tap device that already exists inside network namespace
     `netns` (created by `aenv.network`). The guest's IP is fixed and the same in every sandbox, so
@@ -119,6 +130,7 @@ class VMSpec:
     net: NetAttachment | None = None
     memory_dir: Path | None = None
     limits: Limits = field(default_factory=Limits)
+    shares: tuple[Share, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -173,6 +185,8 @@ class RestoreSpec:
     net: NetAttachment | None = None
     memory_dir: Path | None = None
     limits: Limits = field(default_factory=Limits)
+    # Only `boot_saved` attaches shares: a restored VM has exactly its snapshot's devices.
+    shares: tuple[Share, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -32,6 +32,11 @@ What a VMM sees, and may do with it (each file bind-mounted at its own host path
   to it, but QEMU 7.2 opens every `memory-backend-file` read-write (read-only opening with a
   private mapping, `rom=off`, came in 8.2): a VMM that escaped could therefore write into the
   memory file of its own snapshot, which later restores of that snapshot map;
+- read, write and create in, shared (`Access.SHARED_DIR`, owner root, mode 0777: VMMs of other
+  uids, and guest users of any uid, create and remove files in it): the directory of a volume it
+  mounts (a 9p share). What a VMM creates there is its uid's, readable and writable by all
+  (`qemu.SHARE_FILE_MODES`). QEMU's 9p server sets attributes through `/proc/self/fd`, so
+  such a VMM also gets a /proc that shows its own processes alone (`PROC_OPTIONS`);
 - read and write, its own (`Access.OWN`, owner its uid, mode 0600): its writable disk tops, its
   own memory file, its console log and its QMP socket.
 Files are made accessible by owner and group on the file itself; their directories keep their
@@ -57,6 +62,11 @@ from pathlib import Path
 
 from aenv.network import netns
 
+# A volume's root (see Access.SHARED_DIR).
+SHARED_DIR_MODE = 0o777
+# The /proc of a VMM that serves a 9p share: its own processes only (each VMM has its own uid),
+# and no system files (`subset=pid`).
+PROC_OPTIONS = "hidepid=invisible,subset=pid"
 SECCOMP = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
 # Where a jail's root is put together, inside its own mount namespace only (the host sees an
 # empty directory).
@@ -101,6 +111,7 @@ class Access(enum.Enum):
     READ = "read"
     SHARED_WRITE = "shared-write"
     OWN = "own"
+    SHARED_DIR = "shared-dir"
 
 
 @dataclass(frozen=True)
@@ -210,6 +221,9 @@ def _build_root(root: Path, files: Sequence[JailFile], devices: Sequence[Path]) 
     for file in files:
         if not _covered(file.path):
             _bind(file.path, _inside(root, file.path), read_only=file.access is Access.READ)
+    if any(file.access is Access.SHARED_DIR for file in files):
+        (root / "proc").mkdir()
+        _mount("proc", root / "proc", "proc", _MS_NOSUID | _MS_NODEV | _MS_NOEXEC, PROC_OPTIONS)
     old = root / ".old"
     old.mkdir()
     _check(_libc.syscall(_pivot_root_number(), bytes(root), bytes(old)), "pivot_root")
@@ -232,6 +246,10 @@ def grant(files: Iterable[JailFile], uid: int, gid: int) -> None:
             if file.access is Access.OWN:
                 os.chown(file.path, uid, gid)
                 os.chmod(file.path, 0o600)
+                continue
+            if file.access is Access.SHARED_DIR:
+                os.chown(file.path, 0, gid)
+                os.chmod(file.path, SHARED_DIR_MODE)
                 continue
             st = os.stat(file.path)
             if st.st_uid != 0 or st.st_gid != gid:

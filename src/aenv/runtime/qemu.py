@@ -6,9 +6,13 @@ What `research/feasibility.md` measured, applied:
   has to write device state (~60 KiB); restored VMs map the snapshot's file `share=off`, so clean
   pages are shared by every clone through the page cache and writes stay private.
 - A VM whose memory is such a private mapping cannot be saved that way (its RAM is not "shared" to
-  QEMU), so its snapshots carry the RAM inside the state stream (`Snapshot.memory_file is None`);
-  restores of those load it into a fresh file of their own. `detach_memory` turns such a
-  snapshot into the mapped kind by loading it (without running the guest) and saving it again.
+  QEMU). Its pauses keep the file it maps as their memory and carry only the pages the guest
+  changed in the state stream (`ramdelta`: found through the mapping's page map, the rest of
+  QEMU's stream filtered out); restores map that file and load the changed pages over it. Its
+  snapshots and fork checkpoints, which are exported into directories of their own, carry all
+  of the RAM in the stream (`Snapshot.memory_file is None`); restores of those load it into a
+  fresh file of their own. `detach_memory` turns such a snapshot into the mapped kind by
+  loading it (without running the guest) and saving it again.
 - Snapshot = stop, freeze writable disks (`blockdev-snapshot`: the current top becomes a
   sealed layer), migrate to the state file with the bandwidth cap lifted (7.2 defaults to
   32 MiB/s), then either continue or quit.
@@ -29,6 +33,7 @@ import asyncio
 import contextlib
 import dataclasses
 import gc
+import logging
 import os
 import re
 import secrets
@@ -42,7 +47,7 @@ from typing import Literal
 import psutil
 
 from aenv.network.tap import open_tap
-from aenv.runtime import export, qcow2
+from aenv.runtime import export, qcow2, ramdelta
 from aenv.runtime.cgroups import Cgroup, CgroupLimits, CgroupManager
 from aenv.runtime.driver import (
     VM,
@@ -65,10 +70,19 @@ from aenv.runtime.qmp import Monitor, MonitorError
 from aenv.runtime.sweep import VMM_NAME_PREFIX, reap_unowned
 from aenv.storage import layers
 
+log = logging.getLogger("aenv.runtime")
+
 Accel = Literal["kvm", "tcg"]
+RAM_BLOCK = "mem"  # the guest RAM's backend id, hence its RAM block's name in streams
 MIGRATE_BANDWIDTH = 100 << 30  # bytes/s: effectively unlimited
 VMM_OVERHEAD_MIB = 192  # QEMU heap + TCG translation cache (bounded by tb-size below)
 TCG_TB_MIB = 64
+# How a VM's 9p shares (volumes) store files. mapped-xattr: the guest's owner and mode live in
+# extended attributes, so guests see and change them as on any filesystem (a jailed VMM could
+# not chown the host files). On the host every file is readable and writable by all (fmode,
+# dmode; the VMM runs with umask 0): the VMMs of other sandboxes, each with its own uid, share
+# them, while the volumes directory (0700, root) keeps host users out.
+SHARE_FILE_MODES = "security_model=mapped-xattr,fmode=0666,dmode=0777"
 DEFAULT_PIDS = 64
 _JAIL_ENV = {"PATH": "/usr/bin:/bin"}
 
@@ -197,6 +211,7 @@ class QemuDriver:
             net=net,
             limits=target.limits,
             disks=tuple(disks),
+            shares=target.shares,
         )
         try:
             vm = await self.boot(spec)
@@ -264,6 +279,8 @@ class QemuDriver:
     async def _restore_vm(self, snapshot: Snapshot, target: RestoreSpec) -> QemuVM:
         """A VMM holding `snapshot`'s state, its vCPUs not started yet."""
         await self._check(snapshot)
+        if target.shares:
+            raise RestoreError("a restored VM has its snapshot's devices: shares need a boot")
         if not await asyncio.to_thread(target.workdir.is_dir):
             raise RestoreError(f"workdir {target.workdir} does not exist")
         net = snapshot.spec.net
@@ -336,7 +353,7 @@ class QemuDriver:
         self, vm_id: str, spec: VMSpec, memory: _Memory, qmp: Path, console: Path, tap_fd: int
     ) -> list[str]:
         accel = "kvm" if self.config.accel == "kvm" else f"tcg,tb-size={TCG_TB_MIB}"
-        share = "on" if memory.shared else "off"
+        shared_memory = "on" if memory.shared else "off"
         jailed = self.config.jail is not None
         argv = [
             str(host_binary(self.config.binary)) if jailed else self.config.binary,
@@ -348,7 +365,7 @@ class QemuDriver:
             "-m", f"{spec.memory_mib}M",
             "-object",
             f"memory-backend-file,id=mem,size={spec.memory_mib}M,"
-            f"mem-path={_opt(memory.path)},share={share}",
+            f"mem-path={_opt(memory.path)},share={shared_memory}",
             "-display", "none",
             "-monitor", "none",
             "-no-reboot",
@@ -379,6 +396,11 @@ class QemuDriver:
                 "-netdev", f"tap,id=net0,fd={tap_fd}",
                 "-device", f"virtio-net-device,netdev=net0,mac={spec.net.mac}",
             ]  # fmt: skip
+        for i, share in enumerate(spec.shares):
+            argv += [
+                "-fsdev", f"local,id=fs{i},path={_opt(share.path)},{SHARE_FILE_MODES}",
+                "-device", f"virtio-9p-device,fsdev=fs{i},mount_tag={share.tag}",
+            ]  # fmt: skip
         return argv
 
     def discard_options(self) -> dict[str, str]:
@@ -403,6 +425,7 @@ class QemuDriver:
             if not disk.read_only:
                 files.append(JailFile(below.pop(0), Access.OWN))
             files += [JailFile(p, Access.READ) for p in below]
+        files += [JailFile(share.path, Access.SHARED_DIR) for share in spec.shares]
         mapped = Access.OWN if memory.owned else Access.SHARED_WRITE
         return [*files, JailFile(memory.path, mapped), JailFile(qmp, Access.OWN),
                 JailFile(console, Access.OWN)]  # fmt: skip
@@ -448,7 +471,9 @@ class QemuDriver:
             async with contextlib.AsyncExitStack() as held:
                 if jail is not None:
                     argv = await self._confine(held, jail, argv, spec, memory, qmp_path, console)
-                proc = await _spawn(argv, stderr_log, tap_fd, clean_env=jail is not None)
+                proc = await _spawn(
+                    argv, stderr_log, tap_fd, clean_env=jail is not None, shares=bool(spec.shares)
+                )
                 if self._cgroups is not None:
                     # Placed before the guest runs (-S): vCPU threads and helpers inherit it.
                     cgroup = await asyncio.to_thread(
@@ -636,10 +661,15 @@ class QemuVM:
                 await _copy_sparse(self.memory.path, memory_file)
             else:
                 await self.hand_over_memory(memory_file)
+        elif not keep_running:
+            # Only what changed since the memory file it maps; that file stays the base.
+            await self.save_delta(state_file)
+            memory_file = self.memory.path
+            await self._quit()
         else:
+            # Snapshots and fork checkpoints are exported with their files moved into a
+            # directory of their own, which must not take the base away: the RAM goes whole.
             await self.save_state(state_file, ignore_shared=False)
-            if not keep_running:
-                await self._quit()
         for dest in sealed.values():
             await qcow2.flatten_if_deep(dest)
         snap = Snapshot(
@@ -666,6 +696,26 @@ class QemuVM:
         await mon.pass_file("state", state_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         await mon.execute("migrate", uri="fd:state")
         await mon.wait_migration(self.proc, self._driver.config.migrate_timeout_s)
+
+    async def save_delta(self, state_file: Path) -> ramdelta.DeltaStats | None:
+        """Write the (stopped) VM's device state and the pages it changed in its privately
+        mapped memory file as a migration stream into `state_file` (see `ramdelta`). QEMU
+        writes its whole stream into a scratch file beside the memory (tmpfs) first; a stream
+        the filter does not understand is kept whole (None), which restores all the same."""
+        keep = await asyncio.to_thread(ramdelta.changed_pages, self.proc.pid, self.memory.path)
+        scratch = _memory_dir(self.spec) / f"{self._id}.stream"
+        try:
+            await self.save_state(scratch, ignore_shared=True)
+            try:
+                return await asyncio.to_thread(
+                    ramdelta.filter_file, scratch, state_file, RAM_BLOCK, keep
+                )
+            except ramdelta.StreamFormatError as exc:
+                log.warning("saving VM %s with all of its RAM: %s", self._id, exc)
+                await _move(scratch, state_file)
+                return None
+        finally:
+            await asyncio.to_thread(_unlink, [scratch])
 
     async def hand_over_memory(self, dest: Path) -> None:
         """Quit QEMU and give its (shared, owned) memory file the name `dest`."""
@@ -802,7 +852,7 @@ def _host_cpu_model() -> str:
 
 
 async def _spawn(
-    argv: Sequence[str], stderr_log: Path, tap_fd: int | None, *, clean_env: bool
+    argv: Sequence[str], stderr_log: Path, tap_fd: int | None, *, clean_env: bool, shares: bool
 ) -> asyncio.subprocess.Process:
     with stderr_log.open("wb") as err:
         return await asyncio.create_subprocess_exec(
@@ -814,6 +864,8 @@ async def _spawn(
             pass_fds=() if tap_fd is None else (tap_fd,),
             # A jailed VMM gets none of the server's environment (it may hold credentials).
             env=_JAIL_ENV if clean_env else None,
+            # Files a VMM creates in a share get exactly `SHARE_FILE_MODES` (see `_argv`).
+            umask=0 if shares else -1,
         )
 
 

@@ -73,8 +73,8 @@ def test_twenty_concurrent_retries_with_one_key_start_one_sandbox() -> None:
 def test_unimplemented_fields_are_refused_by_name() -> None:
     with pytest.raises(SandboxException, match="'mcp' is not supported here"):
         Sandbox.create(mcp={"exa": {"apiKey": "x"}})
-    with pytest.raises(SandboxException, match="'volumeMounts' is not supported here"):
-        Sandbox.create(volume_mounts={"/mnt/data": "shared"})
+    with pytest.raises(SandboxException, match="volume 'no-such-volume' not found"):
+        Sandbox.create(volume_mounts={"/mnt/data": "no-such-volume"})
 
 
 def test_metrics_history_by_range_and_while_paused() -> None:

@@ -243,6 +243,9 @@ async def test_boot_errors_are_clear_and_leave_nothing(
         await driver.boot(replace(spec, kernel=tmp_path / "nope"))
     with pytest.raises(d.BootError, match="drive id"):
         await driver.boot(replace(spec, disks=(d.Disk("../x", spec.disks[0].path),)))
+    # Volumes need a shared-filesystem device, which Firecracker does not have.
+    with pytest.raises(d.BootError, match="no shared-filesystem device"):
+        await driver.boot(replace(spec, shares=(d.Share("aenv-vol0", tmp_path),)))
 
     crashing = tmp_path / "crashing-firecracker"
     crashing.write_text("#!/bin/sh\necho 'Error: KVM not supported' >&2\nexit 3\n")

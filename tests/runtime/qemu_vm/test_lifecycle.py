@@ -137,8 +137,11 @@ async def test_detached_memory_restores_like_a_template(
 ) -> None:
     vm, netns = await fleet.restore(template.snapshot)
     await agent(netns, "POST", "/?memory=detach-me&note=detach-note")
-    stream = await vm.snapshot(places.snapshot_target(), keep_running=False)
-    assert stream.memory_file is None  # a clone's RAM travels in the state stream
+    # A clone's snapshot (its pauses keep only changed pages, see test_ramdelta.py) carries
+    # its RAM in the state stream.
+    stream = await vm.snapshot(places.snapshot_target(), keep_running=True)
+    await vm.stop()
+    assert stream.memory_file is None
     target = places.snapshot_target()
     detached = await fleet.driver.detach_memory(stream, target, fleet.target())
     assert detached.memory_file == target.memory_dir / "memory"
@@ -232,7 +235,8 @@ async def test_cancelling_a_restore_stops_its_vmm(
     # A kill cancels a pause's memory detach mid-restore; a client gone cancels a create.
     vm, netns = await fleet.restore(template.snapshot)
     await agent(netns, "POST", "/?memory=cancel-me&note=cancel-me")
-    stream = await vm.snapshot(places.snapshot_target(), keep_running=False)
+    stream = await vm.snapshot(places.snapshot_target(), keep_running=True)
+    await vm.stop()
     assert stream.memory_file is None  # the RAM is in the stream: loading it takes a while
     work: Coroutine[Any, Any, object]
     if operation == "restore":

@@ -1,8 +1,9 @@
 """envd's plain HTTP routes besides `/files`: `/health`, `/init`, `/envs`, `/metrics`.
 
 `POST /init` is how the host configures a sandbox after every boot or restore: env vars, access
-token, default user and workdir, the clock, the hostname (also in `/etc/hosts`), and fresh
-entropy for the kernel RNG (clones restored from one snapshot otherwise share RNG state).
+token, default user and workdir, the clock, the hostname (also in `/etc/hosts`), the volumes to
+mount, and fresh entropy for the kernel RNG (clones restored from one snapshot otherwise share
+RNG state).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from starlette.responses import JSONResponse, Response
 from aenv.envd import hosts
 from aenv.envd.auth import TOKEN_HEADER, tokens_equal
 from aenv.envd.http.files import json_error
+from aenv.envd.mounts import GuestMount, mount_all
 from aenv.envd.settings import Settings
 from aenv.envd.users import UnknownUserError, User
 
@@ -44,6 +46,8 @@ class InitRequest(BaseModel):
     timestamp: datetime | None = None
     hostname: str | None = None
     entropy: str | None = None  # base64 bytes from the host's CSPRNG
+    # Ours, not E2B's NFS shape: the host attaches volumes as 9p devices (envd/mounts.py).
+    volume_mounts: list[GuestMount] | None = Field(default=None, alias="volumeMounts")
 
 
 def reseed_rng(seed: bytes) -> None:
@@ -98,6 +102,8 @@ async def init(request: Request, settings: Settings) -> Response:
         if body.hostname:
             socket.sethostname(body.hostname)
             hosts.set_hostname(body.hostname)
+        if body.volume_mounts:
+            await asyncio.to_thread(mount_all, body.volume_mounts)
     except OSError as e:
         return json_error(500, f"error applying init: {e}")
     if body.env_vars is not None:

@@ -176,7 +176,7 @@ class FirecrackerDriver:
         """Each writable drive booted from a private copy of its sealed image (`layers/`)."""
         _check_ours(snapshot)
         _check_files(snapshot, d.BootError)
-        spec = _restored_spec(snapshot, target)
+        spec = replace(_restored_spec(snapshot, target), shares=target.shares)
         owned: set[Path] = set()
         try:
             await _copy_layers(snapshot, spec, owned)
@@ -265,6 +265,8 @@ class FirecrackerDriver:
 
     async def restore(self, snapshot: d.Snapshot, target: d.RestoreSpec) -> FirecrackerVM:
         _check_ours(snapshot)
+        if target.shares:
+            raise d.RestoreError("a restored VM has its snapshot's devices: shares need a boot")
         if not snapshot.machine_state:
             raise d.RestoreError("a filesystem-only snapshot cannot be restored: boot its disks")
         if snapshot.memory_file is None:
@@ -439,6 +441,11 @@ def _remove(paths: set[Path]) -> None:
 
 
 def _check_spec(spec: d.VMSpec) -> None:
+    if spec.shares:
+        raise d.BootError(
+            "Firecracker has no shared-filesystem device (virtio-9p or virtiofs): "
+            "volume mounts need the qemu driver"
+        )
     if not spec.kernel.is_file():
         raise d.BootError(f"kernel not found: {spec.kernel}")
     if spec.initrd is not None and not spec.initrd.is_file():

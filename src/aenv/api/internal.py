@@ -1,0 +1,39 @@
+"""What the control plane knows of calls a cluster gateway makes on a user's behalf.
+
+`aenv.cluster.internal.InternalGate` authenticates them with the cluster secret and records here,
+in the request's ASGI state, the API key id the gateway checked; the control plane then acts for
+that key (it owns what it creates) without a key of its own, and adds what only a gateway needs
+(the list's per-item cursors, so it can merge the lists of several nodes).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from aenv.api.keys import ApiKey
+
+# The ASGI state entry holding the API key id a gateway acts for.
+CALLER_STATE = "cluster_caller"
+# The header of `GET /v2/sandboxes` that gives a gateway each listed sandbox's cursor.
+CURSORS_HEADER = "X-Aenv-Cursors"
+
+
+def caller(state: Mapping[str, Any]) -> str | None:
+    """The key id a gateway acts for, or None for a request that did not come through one."""
+    value = state.get(CALLER_STATE)
+    return value if isinstance(value, str) else None
+
+
+def caller_key(key_id: str) -> ApiKey:
+    """The key record a gateway's call acts as: the gateway holds the key itself, so only its
+    id (the owner of what the call creates) is known here."""
+    return ApiKey(
+        id=key_id,
+        name="gateway",
+        digest="",
+        value_length=0,
+        masked_prefix="",
+        masked_suffix="",
+        created_at=0.0,
+    )

@@ -1,0 +1,118 @@
+"""Volume routes of the E2B control plane: `/volumes` (list, create) and `/volumes/{volumeID}`
+(info, delete), with E2B's shapes and status codes, and the mapping of volume errors to JSON
+errors for the sandbox create that mounts volumes.
+
+A volume that sandboxes still mount is not deleted: 409 naming them (E2B's spec lists no code
+for it; deleting the files under a running guest would be worse).
+
+E2B's volume content API (`/volumecontent/{volumeID}/...`: files of a volume without a sandbox)
+is refused with a 400 naming it. Serving it safely needs more than path checks: guests create
+symlinks in volumes, and a host-side reader running as root must never follow one out of the
+volume, also not when a guest swaps a directory for a link between the check and the open
+(`openat2` with `RESOLVE_BENEATH`, which Python does not expose, or a confined helper process).
+`CONTENT_PREFIX` is exempt from the API key gate: the SDK sends the volume's token there.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from aenv.api.errors import APIError, not_found
+from aenv.api.models import NewVolume, SandboxVolumeMount
+from aenv.api.requests import check_query, parse_body
+from aenv.orchestrator.catalog import SandboxRecord, VolumeMount, VolumeNameTaken, VolumeRecord
+from aenv.orchestrator.lifecycle import Orchestrator
+from aenv.orchestrator.volumes import BadMount, VolumeInUse, VolumeNotFound, VolumeStore
+
+
+def resolve_mounts(
+    store: VolumeStore, mounts: Iterable[SandboxVolumeMount] | None
+) -> tuple[VolumeMount, ...]:
+    """A create's `volumeMounts`, or a 400 naming the unknown volume or the bad path."""
+    try:
+        return store.resolve((m.name, m.path) for m in mounts or ())
+    except (VolumeNotFound, BadMount) as e:
+        raise APIError(400, f"volumeMounts: {e}") from e
+
+
+def mounts_body(store: VolumeStore, record: SandboxRecord) -> list[dict[str, str]]:
+    """`SandboxVolumeMount`s of a listed sandbox: volume names, not ids."""
+    names = {v.id: v.name for v in store.list()}
+    return [
+        {"name": names.get(m.volume_id, m.volume_id), "path": m.path} for m in record.volume_mounts
+    ]
+
+
+CONTENT_PREFIX = "/volumecontent/"
+
+
+async def _content_refused(_: Request) -> Response:
+    raise APIError(
+        400,
+        "the volume content API is not supported here: mount the volume into a sandbox "
+        "(volumeMounts) and use the sandbox's files API",
+    )
+
+
+class VolumeRoutes:
+    def __init__(self, orchestrator: Orchestrator) -> None:
+        self.orc = orchestrator
+        self.store = orchestrator.volumes
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/volumes", self.list, methods=["GET"]),
+            Route("/volumes", self.create, methods=["POST"]),
+            Route("/volumes/{volume_id}", self.info, methods=["GET"]),
+            Route("/volumes/{volume_id}", self.delete, methods=["DELETE"]),
+            Route(
+                CONTENT_PREFIX + "{rest:path}",
+                _content_refused,
+                methods=["GET", "PUT", "POST", "PATCH", "DELETE"],
+                include_in_schema=False,
+            ),
+        ]
+
+    def _with_token(self, volume: VolumeRecord) -> dict[str, Any]:
+        # No `domain`: the spec sends one only for teams on a custom (BYOC) cluster.
+        return {"volumeID": volume.id, "name": volume.name, "token": volume.token}
+
+    def _get(self, request: Request) -> VolumeRecord:
+        volume_id = request.path_params["volume_id"]
+        try:
+            return self.store.get(volume_id)
+        except VolumeNotFound as e:
+            raise not_found(f"volume '{volume_id}'") from e
+
+    async def list(self, request: Request) -> Response:
+        check_query(request)
+        return JSONResponse([{"volumeID": v.id, "name": v.name} for v in self.store.list()])
+
+    async def create(self, request: Request) -> Response:
+        check_query(request)
+        body = await parse_body(request, NewVolume)
+        try:
+            volume = await self.store.create(body.name)
+        except (BadMount, VolumeNameTaken) as e:
+            raise APIError(400, str(e)) from e
+        return JSONResponse(self._with_token(volume), status_code=201)
+
+    async def info(self, request: Request) -> Response:
+        check_query(request)
+        return JSONResponse(self._with_token(self._get(request)))
+
+    async def delete(self, request: Request) -> Response:
+        check_query(request)
+        volume = self._get(request)
+        try:
+            await self.store.delete(volume.id, self.orc.catalog.list())
+        except VolumeNotFound as e:
+            raise not_found(f"volume '{volume.id}'") from e
+        except VolumeInUse as e:
+            raise APIError(409, str(e)) from e
+        return Response(status_code=204)

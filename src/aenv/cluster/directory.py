@@ -1,0 +1,64 @@
+"""A gateway's read side of the cluster state: which live node a sandbox is on, which nodes are
+live, which hold a template's files, and whether the gateway's secret is the cluster's.
+
+A node counts only while its lease is current: its report expires with the lease, so a sandbox
+routed to a node that stopped heartbeating is not found, never proxied to a dead address.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import redis.asyncio as aioredis
+
+from aenv.cluster.holders import FileKind, FileRef, Holders
+from aenv.cluster.registry import NodeRegistry, NodeReport, WrongClusterSecret
+from aenv.cluster.routing import Routes
+from aenv.cluster.secret import ClusterSecret
+from aenv.cluster.store import guarded
+
+
+@dataclass(frozen=True)
+class NodeAddress:
+    host: str
+    port: int
+
+    @classmethod
+    def of(cls, address: str) -> NodeAddress:
+        """`host:port` (`[v6]:port` too), as a node reports it."""
+        host, _, port = address.rpartition(":")
+        return cls(host.strip("[]"), int(port))
+
+
+class Directory:
+    def __init__(self, client: aioredis.Redis, secret: ClusterSecret) -> None:
+        self.client = client
+        self.secret = secret
+        self.registry = NodeRegistry(client, secret)
+        self.routes = Routes(client, self.registry.keys)
+        self.holders = Holders(self.registry)
+
+    async def node_of(self, sandbox_id: str) -> NodeReport | None:
+        """The live node the sandbox is routed to, or None (no route, or its node's lease
+        lapsed). Raises `ClusterUnavailable`."""
+        node_id = await self.routes.lookup(sandbox_id)
+        if node_id is None:
+            return None
+        return await self.registry.report(node_id)
+
+    async def live(self) -> list[NodeReport]:
+        return await self.registry.live()
+
+    async def template_holders(self, template_id: str) -> set[str]:
+        return await self.holders.of(FileRef(FileKind.TEMPLATE, template_id))
+
+    async def check_secret(self) -> None:
+        """Raises `WrongClusterSecret` when the cluster's nodes registered with another secret
+        (nothing registered yet passes), `ClusterUnavailable` when Redis does not answer."""
+        async with guarded(self.client, "checking the cluster secret"):
+            recorded = await self.client.get(self.registry.keys.secret)
+        if recorded is not None and recorded != self.secret.fingerprint:
+            raise WrongClusterSecret(
+                "this gateway's cluster secret differs from the one the cluster's nodes "
+                "registered with (check AENV_CLUSTER_SECRET)"
+            )

@@ -1,0 +1,83 @@
+"""A node's internal API: what gateways call, under `/internal`, authenticated with the cluster
+secret.
+
+Every route of the node (control plane and data plane) is reachable under the prefix, but only
+with the cluster's bearer token (`ClusterSecret.bearer`) in `X-Aenv-Cluster-Token`, compared in
+constant time; a user's API key opens none of them. A gateway names the API key it checked in
+`X-Aenv-Caller`; the node then acts for that key (`aenv.api.internal`), and a call that names
+none (an operator's, with the token) acts as `CLUSTER_CALLER`. Both headers are
+removed before the request goes on, and the prefix is stripped from its path, so the node's own
+routing (`aenv.proxy.routing`) sees what it would have seen from a client. Paths outside the
+prefix pass through untouched: the node's public API stays as `aenv server` has it.
+"""
+
+from __future__ import annotations
+
+import hmac
+
+from starlette.types import ASGIApp, Receive, Scope, Send
+
+from aenv.api.errors import APIError
+from aenv.api.internal import CALLER_STATE
+from aenv.cluster.secret import ClusterSecret
+from aenv.proxy.errors import ProxyError, deny_websocket
+
+PREFIX = "/internal"
+TOKEN_HEADER = "X-Aenv-Cluster-Token"  # noqa: S105 - a header name
+CALLER_HEADER = "X-Aenv-Caller"
+CLUSTER_CALLER = "cluster"
+
+_TOKEN = TOKEN_HEADER.lower().encode()
+_CALLER = CALLER_HEADER.lower().encode()
+
+
+class InternalGate:
+    """ASGI middleware in front of a node's app (see the module docstring)."""
+
+    def __init__(self, app: ASGIApp, secret: ClusterSecret) -> None:
+        self.app = app
+        self._token = secret.bearer.encode()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        path: str = scope.get("path", "")
+        if scope["type"] not in ("http", "websocket") or not _under_prefix(path):
+            await self.app(scope, receive, send)
+            return
+        given = next((v for n, v in scope["headers"] if n == _TOKEN), b"")
+        refusal = _refusal(given, self._token)
+        if refusal is not None:
+            await _refuse(refusal, scope, receive, send)
+            return
+        caller = next((v for n, v in scope["headers"] if n == _CALLER), b"")
+        raw_path: bytes = scope.get("raw_path") or path.encode()
+        inner = {
+            **scope,
+            "path": path[len(PREFIX) :] or "/",
+            "raw_path": raw_path[len(PREFIX) :] or b"/",
+            "headers": [(n, v) for n, v in scope["headers"] if n not in (_TOKEN, _CALLER)],
+            "state": {
+                **scope.get("state", {}),
+                CALLER_STATE: caller.decode("latin-1") or CLUSTER_CALLER,
+            },
+        }
+        await self.app(inner, receive, send)
+
+
+def _under_prefix(path: str) -> bool:
+    return path == PREFIX or path.startswith(PREFIX + "/")
+
+
+def _refusal(given: bytes, expected: bytes) -> str | None:
+    if not given:
+        return f"internal routes need the cluster's token in {TOKEN_HEADER}"
+    if not hmac.compare_digest(given, expected):
+        return "wrong cluster token: the caller's cluster secret differs from this node's"
+    return None
+
+
+async def _refuse(message: str, scope: Scope, receive: Receive, send: Send) -> None:
+    if scope["type"] == "websocket":
+        await receive()  # the handshake's `websocket.connect`, answered with the refusal
+        await deny_websocket(ProxyError(401, {"code": 401, "message": message}), scope, send)
+        return
+    await APIError(401, message).response()(scope, receive, send)

@@ -1,0 +1,66 @@
+"""The lines of the `/execute` NDJSON stream, as the SDKs parse them.
+
+Each line is one JSON object with a `type`: `stdout`/`stderr` (`text`, `timestamp` in Unix
+nanoseconds), `result` (one field per format, `is_main_result`, unknown formats in `extra`),
+`error` (`name`, `value`, `traceback`), `number_of_executions` (`execution_count`) and a final
+`end_of_execution`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Mapping
+from typing import Any
+
+# Jupyter MIME types and the Result field each fills; any other type goes to `extra`.
+FORMATS = {
+    "text/plain": "text",
+    "text/html": "html",
+    "text/markdown": "markdown",
+    "image/svg+xml": "svg",
+    "image/png": "png",
+    "image/jpeg": "jpeg",
+    "application/pdf": "pdf",
+    "text/latex": "latex",
+    "application/json": "json",
+    "application/javascript": "javascript",
+}
+# What the kernel start-up code (`startup`) gives dataframes: their columns as JSON.
+DATA_MIME = "application/vnd.aenv.data+json"
+
+Event = dict[str, Any]
+
+
+def line(event: Event) -> bytes:
+    return json.dumps(event, separators=(",", ":")).encode() + b"\n"
+
+
+def stream(name: str, text: str) -> Event:
+    return {"type": name, "text": text, "timestamp": time.time_ns()}
+
+
+def result(bundle: Mapping[str, Any], main: bool) -> Event:
+    event: Event = {"type": "result", "is_main_result": main}
+    extra = {}
+    for mime, value in bundle.items():
+        if mime in FORMATS:
+            event[FORMATS[mime]] = value
+        elif mime == DATA_MIME:
+            event["data"] = value
+        else:
+            extra[mime] = value
+    if extra:
+        event["extra"] = extra
+    return event
+
+
+def error(name: str, value: str, traceback: list[str]) -> Event:
+    return {"type": "error", "name": name, "value": value, "traceback": "\n".join(traceback)}
+
+
+def count(execution_count: int) -> Event:
+    return {"type": "number_of_executions", "execution_count": execution_count}
+
+
+END: Event = {"type": "end_of_execution"}

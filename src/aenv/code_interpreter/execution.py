@@ -1,0 +1,124 @@
+"""One run of code in a context, streamed as NDJSON lines while the kernel produces them.
+
+1. The context's lock is taken: its kernel runs one execution at a time.
+2. The execution's env vars, if any, are set in the kernel's `os.environ`.
+3. The code runs; the kernel's IOPub messages answering this request become events, until
+   the kernel goes idle (or dies).
+4. The env vars are put back as the kernel started with them and the lock is released.
+
+A client that goes away mid-run (the SDKs' `timeout`, a dropped connection) cancels the stream:
+then a task of its own interrupts the kernel, restores the env vars and releases the lock,
+since the cancelled stream cannot wait for anything any more. It waits for the interrupted
+cell to end before the next execution may start: ipykernel would abort a request that arrives
+while an interrupted cell is still unwinding.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import queue
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from aenv.code_interpreter import events
+from aenv.code_interpreter.kernels import Context, run_silently
+
+log = logging.getLogger(__name__)
+
+# How often a quiet kernel is checked for being alive.
+_POLL_S = 1.0
+# How long an interrupted cell may take to end before the context is handed on regardless.
+_INTERRUPT_WAIT_S = 30.0
+_recoveries: set[asyncio.Task[None]] = set()
+
+
+def _set_env(env: Mapping[str, str]) -> str:
+    return f"__import__('os').environ.update({dict(env)!r})"
+
+
+def _restore_env(names: Mapping[str, str]) -> str:
+    # The kernel inherited this server's environment when it started.
+    old = {name: os.environ.get(name) for name in names}
+    return (
+        "(lambda e, old: [e.pop(k, None) if v is None else e.__setitem__(k, v)"
+        f" for k, v in old.items()])(__import__('os').environ, {old!r})"
+    )
+
+
+async def run(context: Context, code: str, env: Mapping[str, str]) -> AsyncIterator[bytes]:
+    await context.lock.acquire()
+    finished = False
+    msg_id: str | None = None
+    try:
+        if env:
+            await run_silently(context.client, _set_env(env))
+        msg_id = context.client.execute(
+            code, store_history=True, allow_stdin=False, stop_on_error=False
+        )
+        async for event in _outputs(context, msg_id):
+            yield events.line(event)
+        if env:
+            await run_silently(context.client, _restore_env(env))
+        finished = True
+        yield events.line(events.END)
+    finally:
+        if finished:
+            context.lock.release()
+        else:
+            task = asyncio.create_task(_recover(context, msg_id, env))
+            _recoveries.add(task)
+            task.add_done_callback(_recoveries.discard)
+
+
+async def _recover(context: Context, msg_id: str | None, env: Mapping[str, str]) -> None:
+    try:
+        if msg_id is not None:
+            await context.manager.interrupt_kernel()
+            await asyncio.wait_for(_finished(context, msg_id), _INTERRUPT_WAIT_S)
+        if env:
+            await run_silently(context.client, _restore_env(env))
+    except (RuntimeError, TimeoutError, OSError) as e:
+        log.warning("context %s: recovery after a dropped execution failed: %s", context.id, e)
+    finally:
+        context.lock.release()
+
+
+async def _outputs(context: Context, msg_id: str) -> AsyncIterator[events.Event]:
+    while True:
+        try:
+            msg: dict[str, Any] = await context.client.get_iopub_msg(timeout=_POLL_S)
+        except queue.Empty:
+            if not await context.manager.is_alive():
+                yield events.error("DeadKernelError", "the kernel died; restart the context", [])
+                return
+            continue
+        if msg["parent_header"].get("msg_id") != msg_id:
+            continue
+        content = msg["content"]
+        match msg["msg_type"]:
+            case "stream":
+                yield events.stream(content["name"], content["text"])
+            case "execute_input":
+                yield events.count(content["execution_count"])
+            case "execute_result":
+                yield events.result(content["data"], main=True)
+            case "display_data":
+                yield events.result(content["data"], main=False)
+            case "error":
+                yield events.error(content["ename"], content["evalue"], content["traceback"])
+            case "status" if content["execution_state"] == "idle":
+                return
+
+
+async def _finished(context: Context, msg_id: str) -> None:
+    async for _ in _outputs(context, msg_id):
+        pass
+
+
+async def drain() -> None:
+    """Wait for the recoveries still running (at shutdown)."""
+    with contextlib.suppress(Exception):
+        await asyncio.gather(*_recoveries)

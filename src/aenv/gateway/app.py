@@ -1,0 +1,66 @@
+"""The gateway's ASGI app: data-plane traffic (anything `aenv.proxy.routing` says names a
+sandbox) to `dataplane`, the rest to the control plane (`control`) behind the gateway's API keys.
+
+The gateway checks API keys and rate limits itself, from its own key store, and calls nodes with
+the cluster token and the id of the key it checked. Call `aclose()` when the server stops.
+"""
+
+from __future__ import annotations
+
+from starlette.applications import Starlette
+from starlette.types import Receive, Scope, Send
+
+from aenv.api.app import JSON_ERRORS, APIKeyGate
+from aenv.api.keys import KeyStore
+from aenv.api.limits import RateLimiter
+from aenv.cluster.directory import Directory
+from aenv.cluster.secret import ClusterSecret
+from aenv.gateway.control import EXCEPTION_HANDLERS, ControlPlane
+from aenv.gateway.dataplane import DataPlane
+from aenv.gateway.nodes import NodeClient
+from aenv.proxy.errors import ProxyError, bad_route, deny_websocket, send_http
+from aenv.proxy.routing import RoutingError, route
+
+
+class Gateway:
+    def __init__(
+        self,
+        directory: Directory,
+        secret: ClusterSecret,
+        keys: KeyStore,
+        limiter: RateLimiter,
+        domain: str | None = None,
+    ) -> None:
+        self.domain = domain
+        self.nodes = NodeClient(secret)
+        self.data = DataPlane(directory, secret)
+        control = ControlPlane(directory, self.nodes)
+        app = Starlette(
+            routes=control.routes(), exception_handlers={**EXCEPTION_HANDLERS, **JSON_ERRORS}
+        )
+        self.control = APIKeyGate(app, keys, limiter)
+
+    async def aclose(self) -> None:
+        await self.nodes.aclose()
+        await self.data.aclose()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] not in ("http", "websocket"):
+            return
+        try:
+            target = route(scope, self.domain)
+            if target is None:
+                await self.control(scope, receive, send)
+            else:
+                await self.data.serve(target, scope, receive, send)
+        except RoutingError as error:
+            await _answer(bad_route(error.message), scope, send)
+        except ProxyError as error:
+            await _answer(error, scope, send)
+
+
+async def _answer(error: ProxyError, scope: Scope, send: Send) -> None:
+    if scope["type"] == "websocket":
+        await deny_websocket(error, scope, send)
+    else:
+        await send_http(error, send)

@@ -1,0 +1,185 @@
+"""The gateway's control plane: E2B's API for a cluster, answered by forwarding to nodes.
+
+- Creates are placed (`aenv.cluster.placement`) and tried node by node: a node that refuses
+  (429, 5xx) or cannot be reached is skipped, a refusal by all is a 429 as on one node. A node
+  that took the request but whose answer was lost is not retried elsewhere: the sandbox may
+  exist there, and a retry could make a second one.
+- Calls naming a sandbox go to the live node it is routed to; none is E2B's 404.
+- Lists ask every live node and merge (`listing`).
+- Redis unreachable is a 503 with a JSON error, for as long as it lasts.
+- Every other route of a node is a 501 here for now, naming it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from aenv.api.errors import APIError, not_found
+from aenv.api.internal import CURSORS_HEADER
+from aenv.cluster.directory import Directory
+from aenv.cluster.placement import candidates
+from aenv.cluster.registry import NodeReport
+from aenv.cluster.store import ClusterUnavailable
+from aenv.gateway.listing import merge, page_limit
+from aenv.gateway.nodes import Answer, NodeClient, NodeFailed, NodeUnreachable
+
+# `/sandboxes/{id}...` and `/v2/sandboxes/{id}...`, but not `/sandboxes/metrics`.
+_SANDBOX_PATH = re.compile(r"/(?:v2/)?sandboxes/(?!metrics(?:/|$))([^/]+)(?:/.*)?")
+_SANDBOX_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+
+class ControlPlane:
+    def __init__(self, directory: Directory, nodes: NodeClient) -> None:
+        self.directory = directory
+        self.nodes = nodes
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/health", self.health, methods=["GET"]),
+            Route("/sandboxes", self.create, methods=["POST"]),
+            Route("/v2/sandboxes", self.create, methods=["POST"]),
+            Route("/sandboxes", self.list_v1, methods=["GET"]),
+            Route("/v2/sandboxes", self.list_v2, methods=["GET"]),
+            Route("/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
+            Route("/v2/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
+            Route("/{rest:path}", self.not_served, methods=_SANDBOX_METHODS),
+        ]
+
+    async def not_served(self, request: Request) -> Response:
+        """Routes a node has but a gateway does not serve yet: said plainly, never half done."""
+        raise APIError(
+            501,
+            f"{request.method} {request.url.path} is not served by the cluster gateway yet "
+            "(templates, snapshots, API keys, batch metrics): call a node for it",
+        )
+
+    async def health(self, _: Request) -> Response:
+        """204 while the cluster's Redis answers, as a load balancer's probe needs."""
+        await self.directory.live()
+        return Response(status_code=204)
+
+    async def create(self, request: Request) -> Response:
+        body = await request.body()
+        nodes = await self.directory.live()
+        holders = await self.directory.template_holders(_template_of(body))
+        refusals: list[str] = []
+        for node in candidates(nodes, holders):
+            try:
+                answer = await self._call(request, node, body)
+            except NodeUnreachable as error:
+                refusals.append(str(error))
+                continue
+            if answer.status == 429 or answer.status >= 500:
+                refusals.append(f"node {node.node_id}: {answer.status} {_message(answer)}")
+                continue
+            return _respond(answer)
+        why = "; ".join(refusals) or "no live node in the cluster"
+        raise APIError(429, f"no node can take the sandbox: {why}")
+
+    async def sandbox(self, request: Request) -> Response:
+        match = _SANDBOX_PATH.fullmatch(request.url.path)
+        if match is None:
+            return await self.not_served(request)
+        sandbox_id = match.group(1)
+        node = await self.directory.node_of(sandbox_id)
+        if node is None:
+            raise not_found(f"sandbox '{sandbox_id}'")
+        try:
+            answer = await self._call(request, node, await request.body())
+        except NodeUnreachable as error:
+            raise APIError(502, f"the node of sandbox '{sandbox_id}' is unreachable") from error
+        return _respond(answer)
+
+    async def list_v1(self, request: Request) -> Response:
+        answers = await self._ask_all(request)
+        merged = [s for a in answers for s in json.loads(a.body)]
+        merged.sort(key=lambda s: (s["startedAt"], s["sandboxID"]))
+        return JSONResponse(merged)
+
+    async def list_v2(self, request: Request) -> Response:
+        answers = await self._ask_all(request)
+        q = request.query_params
+        ascending = q.get("order", "desc").lower() == "asc"
+        page = merge(answers, page_limit(q.get("limit")), ascending)
+        headers = {} if page.next_token is None else {"X-Next-Token": page.next_token}
+        return JSONResponse(page.sandboxes, headers=headers)
+
+    async def _ask_all(self, request: Request) -> list[Answer]:
+        """Every live node's answer to the request; the first refusal is the client's answer
+        (a bad filter is refused alike by all)."""
+        nodes = await self.directory.live()
+        calls = [self._call(request, node, b"") for node in nodes]
+        try:
+            answers = await asyncio.gather(*calls)
+        except NodeUnreachable as error:
+            raise APIError(502, f"listing sandboxes: {error}") from error
+        for answer in answers:
+            if answer.status != 200:
+                raise _Passed(answer)
+        return answers
+
+    async def _call(self, request: Request, node: NodeReport, body: bytes) -> Answer:
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        try:
+            return await self.nodes.call(
+                node,
+                request.method,
+                target,
+                caller=request.state.api_key.id,
+                headers=request.scope["headers"],
+                body=body,
+            )
+        except NodeFailed as error:
+            raise APIError(502, str(error), should_retry=False) from error
+
+
+class _Passed(Exception):
+    """A node's answer that is the client's answer as is."""
+
+    def __init__(self, answer: Answer) -> None:
+        super().__init__(answer.status)
+        self.answer = answer
+
+
+async def passed(_: Request, exc: Exception) -> Response:
+    assert isinstance(exc, _Passed)
+    return _respond(exc.answer)
+
+
+async def unavailable(_: Request, exc: Exception) -> Response:
+    return APIError(503, f"the cluster is unavailable: {exc}").response()
+
+
+EXCEPTION_HANDLERS = {_Passed: passed, ClusterUnavailable: unavailable}
+
+
+def _respond(answer: Answer) -> Response:
+    response = Response(answer.body, status_code=answer.status)
+    for name, value in answer.headers:
+        if name.lower() != CURSORS_HEADER.lower():
+            response.headers.append(name, value)
+    return response
+
+
+def _template_of(body: bytes) -> str:
+    """The template a create names, for placement only: the node validates the body itself."""
+    try:
+        parsed = json.loads(body)
+    except ValueError:
+        return ""
+    value = parsed.get("templateID") if isinstance(parsed, dict) else None
+    return value if isinstance(value, str) else ""
+
+
+def _message(answer: Answer) -> str:
+    try:
+        parsed = json.loads(answer.body)
+    except ValueError:
+        return answer.body[:200].decode(errors="replace")
+    return str(parsed.get("message", "")) if isinstance(parsed, dict) else ""

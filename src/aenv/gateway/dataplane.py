@@ -1,0 +1,69 @@
+"""The gateway's data plane: traffic for a sandbox's ports, passed to its node in one hop.
+
+The request is routed as a node routes it (`aenv.proxy.routing`: E2B's headers, the
+`{port}-{id}.{domain}` host, `/proxy/...`), looked up in Redis, and forwarded to the node's
+internal API with the sandbox named in E2B's headers, so the node's own proxy takes it from there
+whichever way the client addressed it. Bodies stream both ways and WebSockets are joined, with the
+node proxy's own forwarders: a Connect server stream or an upload is never held whole here.
+"""
+
+from __future__ import annotations
+
+from starlette.types import Receive, Scope, Send
+
+from aenv.cluster.directory import Directory, NodeAddress
+from aenv.cluster.internal import CALLER_HEADER, PREFIX, TOKEN_HEADER
+from aenv.cluster.secret import ClusterSecret
+from aenv.cluster.store import ClusterUnavailable
+from aenv.proxy.access import check_route
+from aenv.proxy.errors import ProxyError, sandbox_not_found
+from aenv.proxy.http import HttpForwarder
+from aenv.proxy.resolver import Upstream
+from aenv.proxy.routing import SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER, Target
+from aenv.proxy.websocket import forward_websocket
+
+_REPLACED = frozenset(
+    name.lower().encode()
+    for name in (SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER, TOKEN_HEADER, CALLER_HEADER)
+)
+
+
+class DataPlane:
+    def __init__(
+        self, directory: Directory, secret: ClusterSecret, connect_timeout: float = 10.0
+    ) -> None:
+        self.directory = directory
+        self._token = secret.bearer.encode()
+        self._connect_timeout = connect_timeout
+        self._http = HttpForwarder(connect_timeout=connect_timeout)
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def serve(self, target: Target, scope: Scope, receive: Receive, send: Send) -> None:
+        """Forwards a request routed to `target`; raises `ProxyError` for the client."""
+        check_route(target)
+        try:
+            node = await self.directory.node_of(target.sandbox_id)
+        except ClusterUnavailable as error:
+            raise ProxyError(503, {"code": 503, "message": str(error)}) from error
+        if node is None:
+            raise sandbox_not_found(target.sandbox_id)
+        address = NodeAddress.of(node.address)
+        headers = [(n, v) for n, v in scope["headers"] if n not in _REPLACED]
+        headers += [
+            (SANDBOX_ID_HEADER.lower().encode(), target.sandbox_id.encode()),
+            (SANDBOX_PORT_HEADER.lower().encode(), str(target.port).encode()),
+            (TOKEN_HEADER.lower().encode(), self._token),
+        ]
+        raw_path = PREFIX.encode() + target.raw_path
+        hop = Target(target.sandbox_id, target.port, PREFIX + target.path, raw_path)
+        # Pooled connections are per node process: the incarnation is the node's id.
+        upstream = Upstream(address.host, address.port, incarnation=node.node_id)
+        forwarded = {**scope, "headers": headers}
+        if scope["type"] == "http":
+            await self._http.forward(forwarded, receive, send, hop, upstream)
+        else:
+            await forward_websocket(
+                forwarded, receive, send, hop, upstream, connect_timeout=self._connect_timeout
+            )

@@ -1,0 +1,84 @@
+"""Control-plane calls from a gateway to nodes' internal API: one request, answered whole.
+
+Control-plane answers are small JSON documents, so they are read whole: a create can then be
+retried on another node when one refuses, and lists can be merged. Data-plane traffic streams
+instead (`dataplane`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+import httpx
+
+from aenv.cluster.directory import NodeAddress
+from aenv.cluster.internal import CALLER_HEADER, PREFIX, TOKEN_HEADER
+from aenv.cluster.registry import NodeReport
+from aenv.cluster.secret import ClusterSecret
+from aenv.proxy.headers import end_to_end
+
+# What a client sends that must not reach the node: its credentials for the gateway (the node
+# trusts the cluster token instead), and any cluster headers it tried to forge.
+_DROPPED = frozenset(
+    {b"host", b"x-api-key", b"authorization", b"content-length", b"x-aenv-cluster-token",
+     b"x-aenv-caller"}
+)  # fmt: skip
+# What a node's answer carries that the gateway's server sets again.
+_RESPONSE_DROPPED = frozenset({"content-length", "content-encoding", "date", "server"})
+
+
+class NodeUnreachable(Exception):
+    """The node did not take the request: nothing happened there, another node may be tried."""
+
+
+class NodeFailed(Exception):
+    """The request reached the node but its answer did not come back: it may have happened."""
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    headers: list[tuple[str, str]]
+    body: bytes
+
+
+class NodeClient:
+    def __init__(self, secret: ClusterSecret, timeout: float = 600.0) -> None:
+        self._secret = secret
+        # Creates under TCG load take minutes at worst; connecting must be quick.
+        self._http = httpx.AsyncClient(
+            timeout=httpx.Timeout(timeout, connect=5.0),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def call(
+        self,
+        node: NodeReport,
+        method: str,
+        target: str,
+        *,
+        caller: str,
+        headers: Iterable[tuple[bytes, bytes]] = (),
+        body: bytes = b"",
+    ) -> Answer:
+        """`method target` (path and query) on `node`, for the API key id `caller`."""
+        address = NodeAddress.of(node.address)
+        sent = [
+            (n.decode("latin-1"), v.decode("latin-1"))
+            for n, v in end_to_end(list(headers))
+            if n not in _DROPPED
+        ]
+        sent += [(TOKEN_HEADER, self._secret.bearer), (CALLER_HEADER, caller)]
+        url = f"http://{address.host}:{address.port}{PREFIX}{target}"
+        try:
+            response = await self._http.request(method, url, headers=sent, content=body)
+        except (httpx.ConnectError, httpx.ConnectTimeout) as error:
+            raise NodeUnreachable(f"node {node.node_id} at {node.address}: {error!r}") from error
+        except httpx.HTTPError as error:
+            raise NodeFailed(f"node {node.node_id} at {node.address}: {error!r}") from error
+        kept = [(n, v) for n, v in response.headers.multi_items() if n not in _RESPONSE_DROPPED]
+        return Answer(response.status_code, kept, response.content)

@@ -1,0 +1,183 @@
+"""Volumes over a node on doubles, served on loopback and driven by the unmodified Python SDK:
+create, list, info and delete with E2B's shapes; bad input answered with JSON errors and nothing
+changed; `volumeMounts` on create reaching the driver (a share per volume, always a boot) and
+the guest's `/init`; pause, fork and snapshot of a sandbox with volumes saving its filesystem
+only. The mounts themselves, in real guests, are tested in tests/e2e/volumes."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from e2b import AsyncSandbox, AsyncVolume
+from e2b.exceptions import SandboxException, VolumeException
+
+from aenv.orchestrator.catalog import Catalog
+from aenv.orchestrator.kinds import SaveMode
+from tests.api.test_routes import KEY, error, served
+from tests.doubles.driver import DoubleVM
+from tests.doubles.node import DoubleNode, double_node
+
+
+def _opts(api: Any) -> dict[str, Any]:
+    return {"api_key": KEY, "api_url": str(api.base_url)}
+
+
+def _vm(node: DoubleNode, sandbox_id: str) -> DoubleVM:
+    return node.driver.running[node.orchestrator.guest_endpoint(sandbox_id).incarnation]
+
+
+async def test_create_list_info_delete_with_the_sdk(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        volume = await AsyncVolume.create("data-1", **_opts(api))
+        assert volume.volume_id and volume.name == "data-1" and volume.token
+        assert node.orchestrator.volumes.directory(volume.volume_id).is_dir()
+        listed = await AsyncVolume.list(**_opts(api))
+        assert [(v.volume_id, v.name) for v in listed] == [(volume.volume_id, "data-1")]
+        info = await AsyncVolume.get_info(volume.volume_id, **_opts(api))
+        assert (info.name, info.token) == ("data-1", volume.token)
+        assert await AsyncVolume.destroy(volume.volume_id, **_opts(api)) is True
+        assert not node.orchestrator.volumes.directory(volume.volume_id).exists()
+        assert await AsyncVolume.list(**_opts(api)) == []
+        assert await AsyncVolume.destroy(volume.volume_id, **_opts(api)) is False
+
+
+async def test_volumes_survive_a_restart_of_the_catalog(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        made = (await api.post("/volumes", json={"name": "kept"})).json()
+        path = node.config.paths.catalog
+    reopened = Catalog(path)
+    try:
+        found = reopened.volume(volume_id=made["volumeID"])
+        assert found is not None and found.name == "kept" and found.token == made["token"]
+    finally:
+        reopened.close()
+
+
+async def test_bad_volume_input_gets_json_errors_and_changes_nothing(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        await api.post("/volumes", json={"name": "taken"})
+        for body, status in [
+            ({"name": "taken"}, 400),  # names are unique
+            ({"name": "a/b"}, 400),
+            ({"name": ""}, 400),
+            ({"name": "x" * 65}, 400),
+            ({}, 400),
+            ({"name": "ok", "size": 1}, 400),
+        ]:
+            assert error(await api.post("/volumes", json=body), status)
+        assert "'size' is not supported here" in error(
+            await api.post("/volumes", json={"name": "ok", "size": 1}), 400
+        )
+        assert error(await api.get("/volumes/vol_nope"), 404)
+        assert error(await api.delete("/volumes/vol_nope"), 404)
+        assert error(await api.get("/volumes", params={"x": "1"}), 400)
+        assert [v.name for v in node.orchestrator.volumes.list()] == ["taken"]
+        with pytest.raises(VolumeException, match="already exists"):
+            await AsyncVolume.create("taken", **_opts(api))
+
+
+async def test_bad_mounts_are_refused_and_start_nothing(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        await api.post("/volumes", json={"name": "v"})
+        for mounts, problem in [
+            ([{"name": "missing", "path": "/mnt/a"}], "volume 'missing' not found"),
+            ([{"name": "v", "path": "relative"}], "must be an absolute path"),
+            ([{"name": "v", "path": "/mnt/../etc"}], "must not contain '..'"),
+            ([{"name": "v", "path": "/"}], "would hide the guest's system files"),
+            ([{"name": "v", "path": "/proc/x"}], "would hide the guest's system files"),
+            ([{"name": "v", "path": "/a"}, {"name": "v", "path": "/a/"}], "two volumes"),
+            ([{"name": "v", "path": "/a", "readOnly": True}], "'volumeMounts.0.readOnly'"),
+        ]:
+            body = {"templateID": "base", "volumeMounts": mounts}
+            assert problem in error(await api.post("/v2/sandboxes", json=body), 400)
+        with pytest.raises(SandboxException, match="volume 'missing' not found"):
+            await AsyncSandbox.create("base", volume_mounts={"/mnt/a": "missing"}, **_opts(api))
+        assert node.catalog.list() == []
+
+
+async def test_mounts_reach_the_driver_and_the_guest(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        volume = await AsyncVolume.create("shared", **_opts(api))
+        sandbox = await AsyncSandbox.create(
+            "base", volume_mounts={"/mnt/data": volume}, **_opts(api)
+        )
+        vm = _vm(node, sandbox.sandbox_id)
+        assert [s.path for s in vm.spec.shares] == [
+            node.orchestrator.volumes.directory(volume.volume_id)
+        ]
+        assert vm.guest.volume_mounts == [{"tag": "aenv-vol0", "path": "/mnt/data"}]
+        detail = (await api.get(f"/sandboxes/{sandbox.sandbox_id}")).json()
+        assert detail["volumeMounts"] == [{"name": "shared", "path": "/mnt/data"}]
+        # Mounted: not deleted, and the volume is as it was.
+        assert "is mounted by sandbox" in error(
+            await api.delete(f"/volumes/{volume.volume_id}"), 409
+        )
+        assert node.orchestrator.volumes.directory(volume.volume_id).is_dir()
+        await sandbox.kill()
+        assert await AsyncVolume.destroy(volume.volume_id, **_opts(api)) is True
+
+
+async def test_pause_fork_and_snapshot_save_the_filesystem_and_remount(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        await api.post("/volumes", json={"name": "v"})
+        body = {"templateID": "base", "volumeMounts": [{"name": "v", "path": "/v"}]}
+        sandbox_id = (await api.post("/v2/sandboxes", json=body)).json()["sandboxID"]
+        forked = await api.post(f"/sandboxes/{sandbox_id}/fork", json={"count": 1})
+        assert forked.status_code == 201, forked.text
+        child = forked.json()[0]["sandbox"]["sandboxID"]
+        assert (
+            node.orchestrator.get(child).volume_mounts
+            == node.orchestrator.get(sandbox_id).volume_mounts
+        )
+        assert _vm(node, child).guest.volume_mounts == [{"tag": "aenv-vol0", "path": "/v"}]
+        snap = await api.post(f"/sandboxes/{sandbox_id}/snapshots", json={})
+        assert snap.status_code == 201, snap.text
+        assert node.templates.get(snap.json()["snapshotID"]).save_mode is SaveMode.FILESYSTEM
+        assert (await api.post(f"/sandboxes/{sandbox_id}/pause")).status_code == 204
+        assert node.orchestrator.get(sandbox_id).checkpoint_mode is SaveMode.FILESYSTEM
+        resumed = await api.post(f"/sandboxes/{sandbox_id}/connect", json={"timeout": 60})
+        assert resumed.status_code == 201, resumed.text
+        assert _vm(node, sandbox_id).guest.volume_mounts == [{"tag": "aenv-vol0", "path": "/v"}]
+        assert _vm(node, sandbox_id).spec.shares
+
+
+async def _aenv(api: Any, *args: str) -> tuple[int, str, str]:
+    env = {**os.environ, "E2B_API_URL": str(api.base_url), "E2B_API_KEY": KEY}
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable, "-m", "aenv.cli", "volumes", *args, env=env,
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+    )  # fmt: skip
+    out, err = await proc.communicate()
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+async def test_the_cli_manages_volumes(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        code, out, _ = await _aenv(api, "create", "from-cli")
+        volume_id = out.strip()
+        assert code == 0 and node.orchestrator.volumes.get(volume_id).name == "from-cli"
+        code, out, _ = await _aenv(api, "list", "--json")
+        assert json.loads(out) == [{"volumeID": volume_id, "name": "from-cli"}]
+        code, _, err = await _aenv(api, "create", "from-cli")
+        assert code == 1 and "already exists" in err
+        code, out, _ = await _aenv(api, "delete", volume_id)
+        assert code == 0 and out.strip() == volume_id and node.orchestrator.volumes.list() == []
+        code, _, err = await _aenv(api, "delete", volume_id)
+        assert code == 1 and "404" in err
+
+
+async def test_the_volume_content_api_is_refused_by_name(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        volume = await AsyncVolume.create("v", **_opts(api))
+        with pytest.raises(VolumeException, match="volume content API is not supported here"):
+            await volume.write_file("/x", "data", api_url=str(api.base_url))
+        with pytest.raises(VolumeException, match="volume content API is not supported here"):
+            await volume.list("/", api_url=str(api.base_url))
+        assert list(node.orchestrator.volumes.directory(volume.volume_id).iterdir()) == []

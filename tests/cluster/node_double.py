@@ -1,0 +1,93 @@
+"""A node's control plane without VMs, for gateway tests: the real internal gate, API-key gate
+and list route over a real catalog, and a create route that accepts or refuses as the test says.
+Booting VMs is what `test_gateway_cluster.py` does; these tests are about the gateway's choices."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import cast
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+from starlette.types import ASGIApp
+
+from aenv.api.app import JSON_ERRORS, APIKeyGate
+from aenv.api.errors import APIError
+from aenv.api.keys import KeyStore
+from aenv.api.limits import RateLimiter
+from aenv.api.metrics import NodeMetrics
+from aenv.api.sandboxes import SandboxRoutes
+from aenv.cluster.internal import InternalGate
+from aenv.config import load
+from aenv.network.settings import SandboxNetwork
+from aenv.orchestrator.catalog import Catalog, SandboxRecord
+from aenv.orchestrator.kinds import SaveMode
+from aenv.orchestrator.lifecycle import Orchestrator
+from aenv.orchestrator.states import SandboxState
+from aenv.orchestrator.volumes import VolumeStore
+from tests.cluster.shared import SECRET
+
+
+@dataclass
+class _CatalogOnly:
+    """What the list route reads of the orchestrator: its catalog and volumes."""
+
+    catalog: Catalog
+    volumes: VolumeStore
+
+
+@dataclass
+class NodeDouble:
+    name: str
+    home: Path
+    catalog: Catalog
+    # What the next creates answer, in order; 201 once they run out.
+    create_answers: list[int] = field(default_factory=list)
+    creates_seen: list[str] = field(default_factory=list)  # the callers' key ids
+
+    def add(self, sandbox_id: str, started_at: float, **metadata: str) -> None:
+        self.catalog.insert(
+            SandboxRecord(
+                id=sandbox_id, template_id="base", state=SandboxState.RUNNING, cpu_count=1,
+                memory_mb=256, disk_size_mb=1024, started_at=started_at,
+                end_at=started_at + 300, metadata=metadata, env_vars={},
+                envd_access_token="tok", restored_from="/t/base", timeout=300,
+                auto_pause_mode=SaveMode.FILESYSTEM, network=SandboxNetwork(),
+            )
+        )  # fmt: skip
+
+    def app(self, keys: KeyStore) -> ASGIApp:
+        config = load({"home": self.home})
+        routes = SandboxRoutes(
+            cast(Orchestrator, _CatalogOnly(self.catalog, VolumeStore(self.catalog, self.home))),
+            config,
+            cast(NodeMetrics, None),
+        )
+        app = Starlette(
+            routes=[
+                Route("/sandboxes", self.create, methods=["POST"]),
+                Route("/v2/sandboxes", routes.list_v2, methods=["GET"]),
+                Route("/sandboxes/{sandbox_id}", self.detail, methods=["GET"]),
+            ],
+            exception_handlers=JSON_ERRORS,
+        )
+        return InternalGate(APIKeyGate(app, keys, RateLimiter(1000, 1000)), SECRET)
+
+    async def create(self, request: Request) -> Response:
+        self.creates_seen.append(request.state.api_key.id)
+        status = self.create_answers.pop(0) if self.create_answers else 201
+        if status != 201:
+            raise APIError(status, f"{self.name} refuses")
+        sandbox_id = f"{self.name}sb{len(self.creates_seen)}"
+        self.add(sandbox_id, time.time())
+        return JSONResponse({"sandboxID": sandbox_id, "node": self.name}, status_code=201)
+
+    async def detail(self, request: Request) -> Response:
+        sandbox_id = request.path_params["sandbox_id"]
+        if self.catalog.get(sandbox_id) is None:
+            raise APIError(404, f"sandbox '{sandbox_id}' not found")
+        return JSONResponse({"sandboxID": sandbox_id, "node": self.name})

@@ -1,0 +1,173 @@
+"""The gateway's control plane against a real redis-server and node doubles served on loopback
+(`node_double`): placement with affinity and retries, forwarding by route, merged pages, and
+Redis being down. The same over real nodes and the SDK is `test_gateway_cluster.py`."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import AsyncIterator, Iterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+
+from aenv.api.keys import KeyStore
+from aenv.api.limits import RateLimiter
+from aenv.cluster.directory import Directory
+from aenv.cluster.holders import FileKind, FileRef, Holders
+from aenv.cluster.registry import Capacity, NodeRegistry, NodeReport
+from aenv.cluster.routing import Routes
+from aenv.cluster.store import connect
+from aenv.gateway.app import Gateway
+from aenv.orchestrator.catalog import Catalog
+from tests.cluster.node_double import NodeDouble
+from tests.cluster.shared import SECRET
+from tests.proxy.support import serve
+from tests.support.ports import free_port
+from tests.support.redis_server import RedisServer
+
+
+@dataclass
+class Setup:
+    url: str
+    key: str
+    key_id: str
+    nodes: dict[str, NodeDouble]
+
+    def client(self) -> httpx.Client:
+        return httpx.Client(base_url=self.url, headers={"X-API-Key": self.key}, timeout=30)
+
+
+@pytest.fixture
+def doubles(tmp_path: Path) -> Iterator[dict[str, NodeDouble]]:
+    nodes = {
+        name: NodeDouble(name, tmp_path / name, Catalog(tmp_path / f"{name}.db"))
+        for name in ("a", "b")
+    }
+    yield nodes
+    for node in nodes.values():
+        node.catalog.close()
+
+
+@pytest.fixture
+async def setup(
+    tmp_path: Path, redis: RedisServer, client: aioredis.Redis, doubles: dict[str, NodeDouble]
+) -> AsyncIterator[Setup]:
+    gateway_keys = KeyStore(tmp_path / "gateway-keys.json")
+    record, value = gateway_keys.create("user")
+    node_keys = KeyStore(tmp_path / "node-keys.json")
+    node_keys.create("node")
+    registry = NodeRegistry(client, SECRET)
+    with ExitStack() as stack:
+        for name, node in doubles.items():
+            port = free_port()
+            stack.enter_context(serve(node.app(node_keys), port))
+            capacity = Capacity(cpus=2, memory_mb=1024, memory_free_mb=512, running=0, paused=0)
+            report = NodeReport(
+                name, f"127.0.0.1:{port}", capacity, ["base"] if name == "a" else []
+            )
+            await registry.heartbeat(secrets.token_hex(8), report, ttl=60)
+        await Holders(registry).add("a", FileRef(FileKind.TEMPLATE, "base"))
+        gateway = Gateway(
+            Directory(connect(redis.url, timeout=0.5), SECRET),
+            SECRET,
+            gateway_keys,
+            RateLimiter(1000, 1000),
+        )
+        url = stack.enter_context(serve(gateway, free_port()))
+        yield Setup(url, value, record.id, doubles)
+
+
+async def test_a_create_goes_to_the_holder_first_and_to_another_node_when_refused(
+    setup: Setup,
+) -> None:
+    setup.nodes["a"].create_answers = [429]
+    with setup.client() as http:
+        answer = http.post("/sandboxes", json={"templateID": "base"})
+    assert answer.status_code == 201, answer.text
+    assert answer.json()["node"] == "b"
+    # Each node acted for the key the gateway checked, never seeing the key itself.
+    assert setup.nodes["a"].creates_seen == [setup.key_id]
+    assert setup.nodes["b"].creates_seen == [setup.key_id]
+
+
+async def test_a_create_no_node_takes_is_429_naming_why(setup: Setup) -> None:
+    setup.nodes["a"].create_answers = [503]
+    setup.nodes["b"].create_answers = [429]
+    with setup.client() as http:
+        answer = http.post("/sandboxes", json={"templateID": "base"})
+    assert answer.status_code == 429
+    message = answer.json()["message"]
+    assert "node a: 503 a refuses" in message and "node b: 429 b refuses" in message
+
+
+async def test_calls_for_a_sandbox_go_to_its_node(setup: Setup, client: aioredis.Redis) -> None:
+    setup.nodes["b"].add("sbonb", 1000.0)
+    await Routes(client).assign("sbonb", "b")
+    with setup.client() as http:
+        found = http.get("/sandboxes/sbonb")
+        unrouted = http.get("/sandboxes/nosuch")
+        keyless = httpx.get(f"{setup.url}/sandboxes/sbonb")
+    assert found.status_code == 200 and found.json() == {"sandboxID": "sbonb", "node": "b"}
+    assert unrouted.status_code == 404
+    assert unrouted.json() == {"code": 404, "message": "sandbox 'nosuch' not found"}
+    assert keyless.status_code == 401
+
+
+async def test_routes_the_gateway_does_not_serve_yet_are_501_naming_them(setup: Setup) -> None:
+    with setup.client() as http:
+        answer = http.get("/templates")
+        metrics = http.get("/sandboxes/metrics", params={"sandbox_ids": "a"})
+    assert answer.status_code == 501
+    assert answer.json()["message"].startswith("GET /templates is not served by the cluster")
+    assert metrics.status_code == 501
+
+
+async def test_the_list_pages_over_every_node_in_order(setup: Setup) -> None:
+    a, b = setup.nodes["a"], setup.nodes["b"]
+    for index, node in enumerate([a, b, a, b, a]):
+        node.add(f"sb{index}", 1000.0 + index, team="x" if index != 2 else "y")
+    for order, expected in [
+        ("desc", ["sb4", "sb3", "sb1", "sb0"]),
+        ("asc", ["sb0", "sb1", "sb3", "sb4"]),
+    ]:
+        seen: list[str] = []
+        token = None
+        with setup.client() as http:
+            while True:
+                params = {"limit": "2", "order": order, "metadata": "team=x"}
+                if token:
+                    params["nextToken"] = token
+                page = http.get("/v2/sandboxes", params=params)
+                assert page.status_code == 200, page.text
+                assert "x-aenv-cursors" not in page.headers
+                seen += [s["sandboxID"] for s in page.json()]
+                token = page.headers.get("x-next-token")
+                if token is None:
+                    break
+        assert seen == expected
+
+
+async def test_a_bad_list_query_is_the_nodes_400(setup: Setup) -> None:
+    with setup.client() as http:
+        answer = http.get("/v2/sandboxes", params={"limit": "0"})
+    assert answer.status_code == 400
+    assert answer.json() == {"code": 400, "message": "limit must be between 1 and 100"}
+
+
+async def test_redis_down_is_503_until_it_is_back(setup: Setup, redis: RedisServer) -> None:
+    redis.stop()
+    with setup.client() as http:
+        down = http.get("/v2/sandboxes")
+        health = http.get("/health")
+        data = http.get("/files", headers={"E2b-Sandbox-Id": "abc", "E2b-Sandbox-Port": "49983"})
+        redis.start()
+        back = http.get("/v2/sandboxes")
+    assert down.status_code == 503 and "unavailable" in down.json()["message"]
+    assert health.status_code == 503
+    assert data.status_code == 503 and data.json()["code"] == 503
+    # An empty Redis (restarted without its data) has no live node until they heartbeat again.
+    assert back.status_code == 200 and back.json() == []

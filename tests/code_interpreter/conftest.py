@@ -1,0 +1,59 @@
+"""Fixtures: our code interpreter server as a local process, driven by the unmodified
+`e2b-code-interpreter` SDK in debug mode with `sandbox_url` pointing at it.
+
+The server shuts its kernels down when it stops; a kernel whose server died exits by itself
+(ipykernel polls its parent)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import pytest
+from e2b_code_interpreter import Sandbox
+
+from tests.support.ports import free_port
+
+_START_TIMEOUT_S = 60.0
+
+
+@pytest.fixture(scope="module")
+def server_cwd(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("ci-home")
+
+
+@pytest.fixture(scope="module")
+def server_url(server_cwd: Path) -> Iterator[str]:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    command = [sys.executable, "-m", "aenv.code_interpreter"]
+    args = ["--host", "127.0.0.1", "--port", str(port), "--cwd", str(server_cwd)]
+    process = subprocess.Popen([*command, *args])
+    try:
+        deadline = time.monotonic() + _START_TIMEOUT_S
+        while True:
+            assert process.poll() is None, "the server exited"
+            try:
+                if httpx.get(f"{url}/health").is_success:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, "the server did not start"
+            time.sleep(0.2)
+        yield url
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+@pytest.fixture(scope="module")
+def sandbox(server_url: str) -> Sandbox:
+    return Sandbox.create(debug=True, sandbox_url=server_url)

@@ -1,0 +1,30 @@
+"""The code-interpreter-v1 definition turns into the build the SDK would send: its COPY
+sources exist (their files hash), its pip step installs what the server and the data stack
+need, and its start command is our server."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from e2b import Template
+
+import aenv.code_interpreter
+from aenv.cli.templates import _definition, _template
+
+DIRECTORY = Path(aenv.code_interpreter.__file__).parent
+DEFINITION = DIRECTORY / "template.yaml"
+
+
+def test_definition_builds_the_server_and_the_data_stack() -> None:
+    definition = _definition(DEFINITION)
+    assert definition["name"] == "code-interpreter-v1"
+    build = json.loads(Template.to_json(_template(definition, DIRECTORY)))
+    copies = [s for s in build["steps"] if s["type"] == "COPY"]
+    assert [c["args"][0] for c in copies] == ["requirements.txt", "*.py"]
+    assert all(len(c["filesHash"]) == 64 for c in copies)
+    assert "aenv.code_interpreter" in build["startCmd"]
+    assert "49999/health" in build["readyCmd"]
+    requirements = (DIRECTORY / "requirements.txt").read_text()
+    for package in ("jupyter_client", "ipykernel", "numpy", "pandas", "matplotlib"):
+        assert f"\n{package}>=" in requirements

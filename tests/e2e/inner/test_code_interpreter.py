@@ -1,0 +1,106 @@
+"""Our code interpreter server in a VM, driven by the unmodified `e2b-code-interpreter` SDK
+through the node's proxy on port 49999: the template is code-interpreter-v1's recipe with the
+server's requirements carried in as wheels (this namespace has no route to PyPI; the real
+template, src/aenv/code_interpreter/template.yaml, installs them with pip and adds the data
+stack), its server started by the template's start command and saved running."""
+
+from __future__ import annotations
+
+import secrets
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from e2b import Template, TimeoutException
+from e2b_code_interpreter import OutputMessage, Sandbox
+
+from tests.e2e.inner.test_template_build import _delete
+from tests.support.ci_wheels import PROJECT, WHEELS
+
+# The build unpacks 17 MB of wheels and starts a kernel under TCG.
+pytestmark = pytest.mark.timeout(900)
+
+# The guest has Python but no pip: a wheel is a zip archive, unpacked onto PYTHONPATH. Then
+# compiled, as pip would: the server's user cannot write bytecode there, and compiling IPython
+# on every kernel start takes minutes under TCG.
+UNPACK = (
+    "python3 -c \"import glob, zipfile; [zipfile.ZipFile(w).extractall('/opt/aenv-ci/site')"
+    " for w in sorted(glob.glob('/opt/aenv-ci/wheels/*.whl'))]\" && rm -rf /opt/aenv-ci/wheels"
+    " && python3 -m compileall -q /opt/aenv-ci/site"
+)
+
+
+def _context(tmp_path: Path) -> Path:
+    shutil.copytree(WHEELS, tmp_path / "wheels", ignore=shutil.ignore_patterns(".complete"))
+    package = tmp_path / "aenv"
+    package.mkdir()
+    (package / "__init__.py").write_text('"""The code interpreter server only."""\n')
+    source = PROJECT / "src" / "aenv" / "code_interpreter"
+    ignore = shutil.ignore_patterns("__pycache__", "*.yaml", "*.txt")
+    shutil.copytree(source, package / "code_interpreter", ignore=ignore)
+    return tmp_path
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    name = f"ci-{secrets.token_hex(3)}"
+    context = _context(tmp_path_factory.mktemp("ci-context"))
+    definition = (
+        Template(file_context_path=str(context))
+        .from_template("base")
+        .copy("wheels", "/opt/aenv-ci/wheels/", user="root")
+        .run_cmd(UNPACK, user="root")
+        .copy("aenv", "/opt/aenv-ci/src/aenv/", user="root")
+        .run_cmd("python3 -m compileall -q /opt/aenv-ci/src", user="root")
+        .set_envs({"PYTHONPATH": "/opt/aenv-ci/site:/opt/aenv-ci/src"})
+        .set_start_cmd(
+            "python3 -m aenv.code_interpreter --cwd /home/user",
+            # One long readyCmd: the server is ready once its first kernel is, which under TCG
+            # may take longer than this suite's build_ready_timeout.
+            "timeout 240 sh -c 'until curl -sf http://127.0.0.1:49999/health; do sleep 1; done'",
+        )
+    )
+    # Its log shows in the test's output if the build fails.
+    Template.build(definition, alias=name, on_build_logs=lambda entry: print(entry.message))
+    try:
+        yield name
+    finally:
+        _delete(name)
+
+
+@pytest.fixture
+def sandbox(template: str) -> Iterator[Sandbox]:
+    sandbox = Sandbox.create(template, timeout=300)
+    try:
+        yield sandbox
+    finally:
+        sandbox.kill()
+
+
+def test_run_code_streams_state_errors_and_contexts(sandbox: Sandbox) -> None:
+    lines: list[OutputMessage] = []
+    sandbox.run_code("x = 41")
+    execution = sandbox.run_code("print('hi')\nx + 1", on_stdout=lines.append)
+    assert execution.text == "42"
+    assert [m.line for m in lines] == ["hi\n"]
+    error = sandbox.run_code("undefined_name").error
+    assert error is not None and error.name == "NameError"
+    # A new kernel starts in seconds natively, in over a minute under TCG.
+    context = sandbox.create_code_context(cwd="/tmp", request_timeout=300)
+    assert sandbox.run_code("import os; os.getcwd()", context=context).text == "'/tmp'"
+    assert sandbox.run_code("import os; os.getcwd()").text == "'/home/user'"
+    assert sandbox.run_code("import getpass; getpass.getuser()").text == "'user'"
+    # Commands and code share the sandbox.
+    sandbox.commands.run("echo from-a-command > /home/user/note.txt")
+    assert sandbox.run_code("open('note.txt').read()").text == "'from-a-command\\n'"
+
+
+def test_timeout_interrupts_and_state_survives_pause(sandbox: Sandbox) -> None:
+    sandbox.run_code("kept = 'still here'")
+    with pytest.raises(TimeoutException):
+        sandbox.run_code("import time\nwhile True: time.sleep(0.1)", timeout=3)
+    assert sandbox.run_code("kept", timeout=60).text == "'still here'"
+    assert sandbox.pause() is True
+    resumed = Sandbox.connect(sandbox.sandbox_id, timeout=300)
+    assert resumed.run_code("kept + '!'").text == "'still here!'"

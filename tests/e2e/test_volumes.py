@@ -1,0 +1,39 @@
+"""End-to-end volumes: a real `aenv server` booting real VMs that mount volumes over virtio-9p,
+driven by the unmodified e2b SDKs (Python and npm) from inside the server's namespace
+(`volumes/`), across a graceful restart of the server."""
+
+from __future__ import annotations
+
+import asyncio
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from aenv.config import Paths
+from aenv.orchestrator.images import prepare_images
+from tests.e2e.server_ns import server_in_namespace
+from tests.e2e.test_server import suite
+from tests.support.guest import GUEST_CACHE, MIRROR
+from tests.support.js import ensure_npm_sdk
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
+
+def test_volumes_with_the_sdk_across_a_restart() -> None:
+    # A short path: VMM control sockets live under the data dir and AF_UNIX caps paths at 107.
+    scratch = Path(tempfile.mkdtemp(prefix="aenv-e2e-vol-"))
+    try:
+        home = scratch / "home"
+        asyncio.run(prepare_images(Paths(home).cache, GUEST_CACHE, MIRROR))
+        ensure_npm_sdk()  # the server's namespace has no route to the npm registry
+        with server_in_namespace(home) as server:
+            suite(server, "volumes/test_shared.py")
+            suite(server, "volumes/test_js_sdk.py")
+            server.stop()
+            server.start()
+            suite(server, "volumes/test_after_restart.py")
+        assert list(Paths(home).volumes.iterdir()) == []  # every test deleted its volumes
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)

@@ -1,0 +1,68 @@
+"""Volumes in real guests, with the unmodified Python SDK: one volume mounted by two sandboxes
+at once, each seeing the other's writes; its files outlive both and reach a third sandbox, and
+its forks, and survive its pause; mounted, it cannot be deleted. Leaves volume `kept` with a
+file for test_after_restart.py."""
+
+from __future__ import annotations
+
+import pytest
+from e2b import Sandbox, SandboxException, Volume, VolumeException
+
+USER_FILE = "/mnt/data/from-a"
+
+
+def test_two_sandboxes_share_a_volume_that_outlives_them() -> None:
+    volume = Volume.create("shared")
+    a = Sandbox.create(timeout=120, volume_mounts={"/mnt/data": volume})
+    b = Sandbox.create(timeout=120, volume_mounts={"/mnt/data": "shared"})
+    try:
+        assert "9p" in a.commands.run("grep ' /mnt/data ' /proc/mounts").stdout
+        # A command as the default user, and envd's file API, on the same files.
+        a.commands.run(f"echo hello from a > {USER_FILE}")
+        assert b.files.read(USER_FILE) == "hello from a\n"
+        b.files.write("/mnt/data/dir/from-b", "written by b")
+        assert a.commands.run("cat /mnt/data/dir/from-b").stdout == "written by b"
+        b.commands.run("rm /mnt/data/dir/from-b")
+        assert not a.files.exists("/mnt/data/dir/from-b")
+        with pytest.raises(VolumeException, match="is mounted by sandbox"):
+            Volume.destroy(volume.volume_id)
+    finally:
+        a.kill()
+        b.kill()
+    c = Sandbox.create(timeout=120, volume_mounts={"/data": volume})
+    try:
+        assert c.files.read("/data/from-a") == "hello from a\n"
+    finally:
+        c.kill()
+    assert Volume.destroy(volume.volume_id) is True
+    assert [v.name for v in Volume.list()] == []
+
+
+def test_pause_resume_and_fork_keep_the_volume_mounted() -> None:
+    volume = Volume.create("kept")
+    sandbox = Sandbox.create(timeout=120, volume_mounts={"/kept": volume})
+    children: list[Sandbox] = []
+    try:
+        sandbox.files.write("/kept/note", "before the pause")
+        sandbox.files.write("/home/user/own", "on the sandbox's disk")
+        sandbox.pause()
+        resumed = Sandbox.connect(sandbox.sandbox_id, timeout=120)
+        assert resumed.files.read("/kept/note") == "before the pause"
+        assert resumed.files.read("/home/user/own") == "on the sandbox's disk"
+        (child,) = resumed.fork(count=1, timeout=120)
+        assert isinstance(child, Sandbox), child
+        children.append(child)
+        child.files.write("/kept/from-child", "child")
+        assert resumed.files.read("/kept/from-child") == "child"
+    finally:
+        for s in [sandbox, *children]:
+            s.kill()
+
+
+def test_bad_mounts_are_refused_by_the_sdk() -> None:
+    with pytest.raises(SandboxException, match="volume 'missing' not found"):
+        Sandbox.create(volume_mounts={"/mnt/x": "missing"})
+    with pytest.raises(SandboxException, match="must be an absolute path"):
+        Sandbox.create(volume_mounts={"data": "kept"})
+    with pytest.raises(VolumeException, match="already exists"):
+        Volume.create("kept")

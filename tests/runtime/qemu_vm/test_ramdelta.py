@@ -1,0 +1,147 @@
+"""Pauses of restored VMs save only the memory the guest changed (`aenv.runtime.ramdelta`), on
+real VMs: chains of pause and restore in several orders, a live process across 20 cycles, and
+the stream filter's refusal of what it does not know."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from aenv.config import Config
+from aenv.orchestrator.repository import open_archive
+from aenv.runtime import ramdelta
+from aenv.runtime.qemu import QemuVM
+from tests.runtime.qemu_vm.conftest import TEMPLATE_MEMORY, Fleet, Places, Template
+from tests.runtime.qemu_vm.netns import agent
+
+MIB = 1 << 20
+
+
+def _size(path: Path) -> int:
+    return path.stat().st_blocks * 512
+
+
+async def test_pause_of_a_clone_writes_what_changed(
+    fleet: Fleet, template: Template, places: Places
+) -> None:
+    vm, netns = await fleet.restore(template.snapshot)
+    await agent(netns, "POST", "/?memory=changed&note=changed-note")
+    assert isinstance(vm, QemuVM)
+    base = vm.memory.path
+    snap = await vm.snapshot(places.snapshot_target(), keep_running=False)
+    # The clone's memory file stays its base; the stream holds device state and a few MiB.
+    assert snap.memory_file == base == template.snapshot.memory_file
+    assert 0 < _size(snap.state_file) < 16 * MIB
+    clone, clone_netns = await fleet.restore(snap)
+    state = await agent(clone_netns)
+    assert (state["memory"], state["note"]) == ("changed", "changed-note")
+    # The template's own clones still see the template: the base file was not written.
+    other, other_netns = await fleet.restore(template.snapshot)
+    assert (await agent(other_netns))["memory"] == TEMPLATE_MEMORY
+    await other.stop()
+    await clone.stop()
+
+
+async def test_a_changed_pages_pause_restores_from_the_repository(
+    fleet: Fleet, template: Template, places: Places, tmp_path: Path
+) -> None:
+    """What a node with an empty cache does: the checkpoint comes back from the repository, its
+    base memory file with it, into the directory it was exported to, and restores there."""
+    vm, netns = await fleet.restore(template.snapshot)
+    await agent(netns, "POST", "/?memory=archived&note=archived-note")
+    paused = await vm.snapshot(places.snapshot_target(), keep_running=False)
+    archive = open_archive(Config(home=tmp_path / "home"))
+    assert archive is not None
+    try:
+        manifest = await archive.push_checkpoint(
+            paused, tmp_path / "staging", fleet.driver, name="pause", metadata={}
+        )
+        pulled = await archive.pull(manifest, tmp_path / "staging", fleet.driver)
+    finally:
+        archive.close()
+    assert pulled.memory_file == tmp_path / "staging" / "memory"
+    assert pulled.state_file.read_bytes() == paused.state_file.read_bytes()
+    restored, restored_netns = await fleet.restore(pulled)
+    state = await agent(restored_netns)
+    assert (state["memory"], state["note"]) == ("archived", "archived-note")
+    await restored.stop()
+
+
+async def test_chains_of_pause_restore_and_full_saves(
+    fleet: Fleet, template: Template, places: Places
+) -> None:
+    """pause -> restore -> pause (the delta is against the same base, not stacked) -> full
+    snapshot of the restored VM -> its clone paused again over that snapshot's own memory."""
+    vm, netns = await fleet.restore(template.snapshot)
+    await agent(netns, "POST", "/?memory=one&note=one")
+    first = await vm.snapshot(places.snapshot_target(), keep_running=False)
+    vm, netns = await fleet.restore(first)
+    assert (await agent(netns))["memory"] == "one"
+    await agent(netns, "POST", "/?memory=two&note=two")
+    second = await vm.snapshot(places.snapshot_target(), keep_running=False)
+    assert second.memory_file == first.memory_file  # one layer over the base, always
+    vm, netns = await fleet.restore(second)
+    assert (await agent(netns))["memory"] == "two"
+    full = await vm.snapshot(places.snapshot_target(), keep_running=True)
+    assert full.memory_file is None and vm.state.value == "running"
+    await agent(netns, "POST", "/?memory=three&note=three")
+    third = await vm.snapshot(places.snapshot_target(), keep_running=False)
+    vm, netns = await fleet.restore(third)
+    assert (await agent(netns))["memory"] == "three"
+    await vm.stop()
+    # The full snapshot restores into a file of its own; its pause is device state only.
+    child, child_netns = await fleet.restore(full)
+    assert (await agent(child_netns))["memory"] == "two"
+    own = await child.snapshot(places.snapshot_target(), keep_running=False)
+    assert own.memory_file is not None and own.memory_file != template.snapshot.memory_file
+    grandchild, gc_netns = await fleet.restore(own)
+    assert (await agent(gc_netns))["memory"] == "two"
+    await grandchild.stop()
+
+
+async def test_twenty_cycles_keep_a_live_process_and_do_not_grow(
+    fleet: Fleet, template: Template, places: Places
+) -> None:
+    vm, netns = await fleet.restore(template.snapshot)
+    pid = (await _sh(netns, "sleep 100000 >/dev/null 2>&1 & echo $!"))["stdout"].strip()
+    sizes: list[int] = []
+    for cycle in range(20):
+        await agent(netns, "POST", f"/?memory=cycle-{cycle}&note=n")
+        snap = await vm.snapshot(places.snapshot_target(), keep_running=False)
+        sizes.append(_size(snap.state_file))
+        vm, netns = await fleet.restore(snap)
+        state = await agent(netns)
+        assert state["memory"] == f"cycle-{cycle}"
+        alive = await _sh(netns, f"kill -0 {pid} && echo alive")
+        assert alive["stdout"].strip() == "alive", f"cycle {cycle}: the process is gone"
+        snap.state_file.unlink()  # what the next pause frees (disk layers stay: stacked on)
+    # An idle guest changes about as much in every cycle: the layer does not pile up.
+    assert max(sizes[10:]) < 2 * max(sizes[:10]) + 4 * MIB
+    await vm.stop()
+
+
+def test_filter_refuses_what_it_does_not_know(tmp_path: Path) -> None:
+    with pytest.raises(ramdelta.StreamFormatError, match="not a QEMU migration stream"):
+        ramdelta.filter_stream(memoryview(b"nope" + bytes(64)), b"mem", set())
+    header = b"QEVM\x00\x00\x00\x03\x07"
+    with pytest.raises(ramdelta.StreamFormatError, match="no RAM section"):
+        ramdelta.filter_stream(memoryview(header + bytes(64)), b"mem", set())
+    ram = b"\x01\x00\x00\x00\x02\x03ram\x00\x00\x00\x00\x00\x00\x00\x04"
+    bad_flags = (0x4000 | 0x40).to_bytes(8, "big")  # XBZRLE: not produced by our saves
+    with pytest.raises(ramdelta.StreamFormatError, match="flags 0x40"):
+        ramdelta.filter_stream(memoryview(header + ram + bad_flags + bytes(8)), b"mem", set())
+
+
+def test_changed_pages_needs_the_mapping(tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="does not map"):
+        ramdelta.changed_pages(os.getpid(), tmp_path / "absent")
+
+
+async def _sh(netns: str, script: str) -> Any:
+    return await agent(
+        netns, "POST", "/run", body=json.dumps({"argv": ["sh", "-c", script]}).encode()
+    )
