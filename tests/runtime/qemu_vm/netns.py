@@ -105,6 +105,7 @@ async def http(
     sock = socket_in(netns)
     sock.setblocking(False)
     loop = asyncio.get_running_loop()
+    writer: asyncio.StreamWriter | None = None
     try:
         async with asyncio.timeout(limit_s) as deadline:
             if connect_limit_s is not None:
@@ -114,11 +115,16 @@ async def http(
             reader, writer = await asyncio.open_connection(sock=sock)
             writer.write(request)
             raw = await reader.read()
-            writer.close()
     except TimeoutError as exc:
         raise OSError(f"{method} {path} in {netns}: no answer in {limit_s}s") from exc
     finally:
-        sock.close()
+        # Once a transport owns the socket, only it may close it: a socket closed under a live
+        # transport frees its fd number while the loop still watches it, and the next socket
+        # given that number fails ("File descriptor N is used by transport").
+        if writer is not None:
+            writer.close()
+        else:
+            sock.close()
     head, _, payload = raw.partition(b"\r\n\r\n")
     parts = head.split(b" ", 2)
     if len(parts) < 2 or not parts[1].isdigit():
