@@ -16,11 +16,8 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import secrets
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -30,17 +27,12 @@ sys.path.insert(0, str(REPO))
 
 from jail import Places, log, template  # noqa: E402
 from summary import summary_ms  # noqa: E402
+from vm_env import vm_env  # noqa: E402
 
-from aenv.config import DEFAULT_MIRROR  # noqa: E402
-from aenv.guest.initramfs import build_initramfs  # noqa: E402
-from aenv.guest.kernel import fetch_kernel  # noqa: E402
-from aenv.guest.rootfs import build_base_rootfs  # noqa: E402
-from aenv.runtime.cgroups import CgroupManager, detect  # noqa: E402
 from aenv.runtime.driver import VM, Snapshot  # noqa: E402
-from aenv.runtime.qemu import Accel, QemuConfig, QemuDriver, QemuVM  # noqa: E402
+from aenv.runtime.qemu import QemuConfig, QemuDriver, QemuVM  # noqa: E402
 from aenv.storage import layers  # noqa: E402
-from tests.runtime.qemu_vm.agent import build_agent_bundle  # noqa: E402
-from tests.runtime.qemu_vm.netns import NetnsPool, agent, wait_ready  # noqa: E402
+from tests.runtime.qemu_vm.netns import agent, wait_ready  # noqa: E402
 
 RUNS = int(os.environ.get("AENV_BENCH_RUNS", "6"))
 WRITE_MIB = 64
@@ -89,38 +81,20 @@ async def one_run(driver: QemuDriver, p: Places, snap: Snapshot) -> dict[str, fl
 
 
 async def main() -> dict[str, Any]:
-    guest_cache = Path(os.environ.get("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache")))
-    mirror = os.environ.get("AENV_DEBIAN_MIRROR", DEFAULT_MIRROR)
-    accel: Accel = "kvm" if os.environ.get("AENV_BENCH_ACCEL") == "kvm" else "tcg"
-    kernel = await fetch_kernel(guest_cache)
-    work = Path(tempfile.mkdtemp(prefix="aenv-bench-"))
-    shm = Path(tempfile.mkdtemp(prefix="aenv-bench-", dir="/dev/shm"))
-    cgroups: CgroupManager = detect(f"aenv-bench-{secrets.token_hex(3)}")
-    nets = NetnsPool()
     samples: dict[str, dict[str, list[float]]] = {m: {} for m in MODES}
-    try:
-        images = {
-            "kernel": kernel.bzimage,
-            "initrd": await build_initramfs(kernel, guest_cache),
-            "rootfs": (await build_base_rootfs(guest_cache, mirror)).image,
-            "bundle": await build_agent_bundle(work),
-        }
+    async with vm_env() as env:
+        accel = env.accel
         drivers = {
-            "discard": QemuDriver(QemuConfig(accel=accel), cgroups=cgroups),
-            "no_discard": QemuDriver(QemuConfig(accel=accel, discard=False), cgroups=cgroups),
+            "discard": QemuDriver(QemuConfig(accel=accel), cgroups=env.cgroups),
+            "no_discard": QemuDriver(QemuConfig(accel=accel, discard=False), cgroups=env.cgroups),
         }
-        p = Places(work, shm, nets)
-        snap = await template(drivers["discard"], p, images)
+        p = Places(env.work, env.shm, env.nets)
+        snap = await template(drivers["discard"], p, env.images)
         for run in range(RUNS):
             for mode in MODES if run % 2 == 0 else MODES[::-1]:
                 for key, value in (await one_run(drivers[mode], p, snap)).items():
                     samples[mode].setdefault(key, []).append(value)
             log(f"run {run + 1}/{RUNS}")
-    finally:
-        nets.delete_all()
-        cgroups.remove_parent()
-        shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(shm, ignore_errors=True)
 
     def ratio(key: str) -> float:
         with_, without = (statistics.median(samples[m][key]) for m in MODES)

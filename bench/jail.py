@@ -19,11 +19,8 @@ import asyncio
 import json
 import os
 import resource
-import secrets
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,17 +31,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from summary import summary_ms  # noqa: E402
+from vm_env import vm_env  # noqa: E402
 
-from aenv.config import DEFAULT_MIRROR  # noqa: E402
 from aenv.guest.cmdline import kernel_cmdline  # noqa: E402
-from aenv.guest.initramfs import build_initramfs  # noqa: E402
-from aenv.guest.kernel import fetch_kernel  # noqa: E402
-from aenv.guest.rootfs import build_base_rootfs  # noqa: E402
-from aenv.runtime.cgroups import CgroupManager, detect  # noqa: E402
 from aenv.runtime.driver import Disk, RestoreSpec, Snapshot, SnapshotTarget, VMSpec  # noqa: E402
-from aenv.runtime.qemu import Accel, QemuConfig, QemuDriver, QemuVM  # noqa: E402
+from aenv.runtime.qemu import QemuConfig, QemuDriver, QemuVM  # noqa: E402
 from aenv.storage import layers  # noqa: E402
-from tests.runtime.qemu_vm.agent import build_agent_bundle  # noqa: E402
 from tests.runtime.qemu_vm.netns import GUEST_NET, NetnsPool, agent, wait_ready  # noqa: E402
 
 RUNS = int(os.environ.get("AENV_BENCH_RUNS", "10"))
@@ -142,33 +134,15 @@ async def measure(drivers: dict[str, QemuDriver], p: Places, snap: Snapshot) -> 
 
 
 async def main() -> dict[str, Any]:
-    guest_cache = Path(os.environ.get("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache")))
-    mirror = os.environ.get("AENV_DEBIAN_MIRROR", DEFAULT_MIRROR)
-    accel: Accel = "kvm" if os.environ.get("AENV_BENCH_ACCEL") == "kvm" else "tcg"
-    kernel = await fetch_kernel(guest_cache)
-    work = Path(tempfile.mkdtemp(prefix="aenv-bench-"))
-    shm = Path(tempfile.mkdtemp(prefix="aenv-bench-", dir="/dev/shm"))
-    cgroups: CgroupManager = detect(f"aenv-bench-{secrets.token_hex(3)}")
-    nets = NetnsPool()
-    try:
-        images = {
-            "kernel": kernel.bzimage,
-            "initrd": await build_initramfs(kernel, guest_cache),
-            "rootfs": (await build_base_rootfs(guest_cache, mirror)).image,
-            "bundle": await build_agent_bundle(work),
-        }
+    async with vm_env() as env:
+        accel = env.accel
         drivers = {
-            "jailed": QemuDriver(QemuConfig(accel=accel), cgroups=cgroups),
-            "unjailed": QemuDriver(QemuConfig(accel=accel, jail=None), cgroups=cgroups),
+            "jailed": QemuDriver(QemuConfig(accel=accel), cgroups=env.cgroups),
+            "unjailed": QemuDriver(QemuConfig(accel=accel, jail=None), cgroups=env.cgroups),
         }
-        p = Places(work, shm, nets)
-        snap = await template(drivers["jailed"], p, images)
+        p = Places(env.work, env.shm, env.nets)
+        snap = await template(drivers["jailed"], p, env.images)
         samples = await measure(drivers, p, snap)
-    finally:
-        nets.delete_all()
-        cgroups.remove_parent()
-        shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(shm, ignore_errors=True)
 
     def ratio(key: str) -> float:
         jailed, unjailed = (statistics.median(samples[m][key]) for m in MODES)

@@ -18,11 +18,8 @@ import asyncio
 import functools
 import json
 import os
-import secrets
-import shutil
 import statistics
 import sys
-import tempfile
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -32,17 +29,12 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from summary import summary_ms  # noqa: E402
+from vm_env import vm_env  # noqa: E402
 
-from aenv.config import DEFAULT_MIRROR  # noqa: E402
 from aenv.guest.cmdline import kernel_cmdline  # noqa: E402
-from aenv.guest.initramfs import build_initramfs  # noqa: E402
-from aenv.guest.kernel import fetch_kernel  # noqa: E402
-from aenv.guest.rootfs import build_base_rootfs  # noqa: E402
-from aenv.runtime.cgroups import detect  # noqa: E402
 from aenv.runtime.driver import VM, Disk, RestoreSpec, Snapshot, SnapshotTarget, VMSpec  # noqa: E402
-from aenv.runtime.qemu import Accel, QemuConfig, QemuDriver  # noqa: E402
+from aenv.runtime.qemu import QemuConfig, QemuDriver  # noqa: E402
 from aenv.storage import layers  # noqa: E402
-from tests.runtime.qemu_vm.agent import build_agent_bundle  # noqa: E402
 from tests.runtime.qemu_vm.netns import GUEST_NET, NetnsPool, agent, wait_ready  # noqa: E402
 
 RUNS = int(os.environ.get("AENV_BENCH_RUNS", "5"))
@@ -155,30 +147,13 @@ async def clones(b: Bench, snap: Snapshot) -> dict[str, list[float]]:
 
 
 async def main() -> dict[str, Any]:
-    guest_cache = Path(os.environ.get("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache")))
-    mirror = os.environ.get("AENV_DEBIAN_MIRROR", DEFAULT_MIRROR)
-    accel: Accel = "kvm" if os.environ.get("AENV_BENCH_ACCEL") == "kvm" else "tcg"
-    kernel = await fetch_kernel(guest_cache)
-    work = Path(tempfile.mkdtemp(prefix="aenv-bench-"))
-    shm = Path(tempfile.mkdtemp(prefix="aenv-bench-", dir="/dev/shm"))
-    cgroups = detect(f"aenv-bench-{secrets.token_hex(3)}")
-    nets = NetnsPool()
-    try:
-        images = {
-            "kernel": kernel.bzimage,
-            "initrd": await build_initramfs(kernel, guest_cache),
-            "rootfs": (await build_base_rootfs(guest_cache, mirror)).image,
-            "bundle": await build_agent_bundle(work),
-        }
-        b = Bench(work, shm, QemuDriver(QemuConfig(accel=accel), cgroups=cgroups), nets)
-        boot, snap = await cold_boots(b, images)
+    async with vm_env() as env:
+        driver = QemuDriver(QemuConfig(accel=env.accel), cgroups=env.cgroups)
+        b = Bench(env.work, env.shm, driver, env.nets)
+        boot, snap = await cold_boots(b, env.images)
         rest = await restores(b, snap)
         many = await clones(b, snap)
-    finally:
-        nets.delete_all()
-        cgroups.remove_parent()
-        shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(shm, ignore_errors=True)
+        accel = env.accel
     cold = statistics.median(boot["boot"])
     mib = 1 / (1 << 20)
     clone_pss = statistics.median(many["pss"])

@@ -21,6 +21,7 @@ import httpx
 
 from aenv.config import Paths
 from tests.e2e.server_ns import PREFIX, ServerNs, in_netns, server_in_namespace
+from tests.support.process_group import stop_group
 
 GATEWAY_PORT = 3100
 NODE_PORT = 3000
@@ -60,15 +61,7 @@ class Gateway:
             time.sleep(0.3)
 
     def stop(self) -> None:
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(self.proc, grace_s=30)
 
     def run(
         self, argv: list[str], env: Mapping[str, str] = {}, timeout: float = 600

@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aenv.config import Paths
+from tests.support.process_group import stop_group
 
 REPO = Path(__file__).resolve().parents[2]
 # Slot namespaces are global names: a prefix of its own per run keeps concurrent runs apart.
@@ -61,15 +62,7 @@ class ServerNs:
         self.proc.wait()
 
     def stop(self) -> None:
-        proc = self.proc
-        if proc is None or proc.poll() is not None:
-            return
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        stop_group(self.proc, grace_s=60)
 
     def run(self, *argv: str, timeout: float) -> tuple[int, str]:
         """Run a client command in the namespace; stops early if the server dies."""
