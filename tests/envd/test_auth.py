@@ -24,7 +24,7 @@ UNAUTHORIZED = {
 
 @pytest.fixture(scope="module")
 def secured_url() -> Iterator[str]:
-    with extra_envd("--access-token", TOKEN) as url:
+    with extra_envd(f"--access-token={TOKEN}") as url:
         yield url
 
 

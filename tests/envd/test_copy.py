@@ -107,3 +107,16 @@ def test_dest_must_be_absolute(sandbox: Sandbox, envd_url: str) -> None:
     response = _copy(sandbox, envd_url, _archive(APP), "app", "relative/dir")
     assert response.status_code == 400
     assert "absolute" in response.json()["message"]
+
+
+@pytest.mark.parametrize("kind", ["under-a-file", "a-directory"])
+def test_an_archive_path_that_is_no_file_is_a_400(
+    sandbox: Sandbox, envd_url: str, workdir: str, kind: str
+) -> None:
+    # Found by the fuzzer: a path through a regular file answered 500 ("Not a directory").
+    sandbox.files.write(f"{workdir}/plain", "x")
+    archive = f"{workdir}/plain/x.tar.gz" if kind == "under-a-file" else workdir
+    body = {"archive": archive, "src": "a", "dest": f"{workdir}/dest", "owner": "user"}
+    response = httpx.post(f"{envd_url}/aenv/copy", json=body, timeout=30)
+    assert response.status_code == 400, response.text
+    assert sandbox.files.exists(workdir)

@@ -174,7 +174,7 @@ def test_envd_access_token_and_signed_urls_pass_through(
     # X-Access-Token and signed /files query strings through untouched.
     token = "envd-token-for-proxy-test"
     port = free_port()
-    with envd_in_throwaway_root(port, "--access-token", token):
+    with envd_in_throwaway_root(port, f"--access-token={token}"):
         resolver.sandboxes["tokensandbox00000001"] = FakeSandbox({ENVD: port})
         try:
             secured = sdk_sandbox(proxy_url, "tokensandbox00000001", token)

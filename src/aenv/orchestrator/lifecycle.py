@@ -327,14 +327,7 @@ class Orchestrator:
                 "You have reached the maximum number of concurrent sandboxes for this API key "
                 f"({self.config.key_max_sandboxes})"
             )
-        disk_mb = (parent or base).disk_size_mb
-        await self._check_disk(disk_mb)
-        # Counted with no await since the check: concurrent creates see each other's disks.
-        self._disk_pending_mb += disk_mb
-        try:
-            return await self._queued_create(request, base, parent)
-        finally:
-            self._disk_pending_mb -= disk_mb
+        return await self._queued_create(request, base, parent)
 
     async def _queued_create(
         self, request: CreateRequest, base: Template, parent: SandboxRecord | None
@@ -349,11 +342,21 @@ class Orchestrator:
             self._queued_by[owner] -= 1
             if not self._queued_by[owner]:
                 del self._queued_by[owner]
+        disk_mb = (parent or base).disk_size_mb
         try:
-            record = await self._create(request, base, parent)
-        except BaseException:
-            self.stats.failed += 1
-            raise
+            # Checked once admitted, not in the queue: disks are thin, so a queued create
+            # holds nothing yet (a burst of 200 on a 60 GiB host was refused when it counted),
+            # while the ones starting together see each other's (counted with no await since
+            # the check).
+            await self._check_disk(disk_mb)
+            self._disk_pending_mb += disk_mb
+            try:
+                record = await self._create(request, base, parent)
+            except BaseException:
+                self.stats.failed += 1
+                raise
+            finally:
+                self._disk_pending_mb -= disk_mb
         finally:
             self._admission.release()
         self.stats.succeeded += 1
@@ -361,9 +364,9 @@ class Orchestrator:
 
     async def _check_disk(self, need_mb: int) -> None:
         """Raises CapacityReached when new sandboxes that can write `need_mb` (each one's
-        writable layer is bounded at its disk size), on top of the creates under way, do not
-        fit in the data filesystem's free space above the reserve. The check is the last step:
-        a caller that counts `need_mb` right after it races no other create."""
+        writable layer is bounded at its disk size), on top of the creates starting, do not
+        fit in the data filesystem's free space above the reserve. A caller that counts
+        `need_mb` right after it races no other create."""
         reserve = self._reserve()
         free_mb = await asyncio.to_thread(reserve.free_disk_mb)
         short = reserve.disk_shortfall(free_mb, self._disk_pending_mb + need_mb)

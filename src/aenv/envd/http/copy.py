@@ -64,10 +64,12 @@ def _copy(body: CopyRequest, owner: User) -> list[str]:
         try:
             with tarfile.open(body.archive, "r:gz") as tar:
                 tar.extractall(tmp, members=_checked(tar.getmembers()))  # noqa: S202
-        except FileNotFoundError as e:
+        except (FileNotFoundError, NotADirectoryError) as e:
             raise HTTPFailure(400, f"archive {body.archive} does not exist") from e
+        except IsADirectoryError as e:
+            raise HTTPFailure(400, f"archive {body.archive} is a directory") from e
         finally:
-            with contextlib.suppress(FileNotFoundError):
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError, IsADirectoryError):
                 os.unlink(body.archive)
         matches = sorted(
             glob.glob(body.src.lstrip("/"), root_dir=tmp, recursive=True, include_hidden=True)
