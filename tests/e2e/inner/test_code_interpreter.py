@@ -71,7 +71,9 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture
 def sandbox(template: str) -> Iterator[Sandbox]:
-    sandbox = Sandbox.create(template, timeout=300)
+    # As long as the test may take: kernels start in over a minute each under TCG, more on a
+    # loaded machine, and a sandbox that times out mid-test is killed under it.
+    sandbox = Sandbox.create(template, timeout=900)
     try:
         yield sandbox
     finally:
