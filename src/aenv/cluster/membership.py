@@ -18,6 +18,19 @@ from aenv.config import Config, ConfigError
 log = logging.getLogger("aenv.cluster")
 
 
+def cluster_access(config: Config, role: str) -> tuple[str, ClusterSecret]:
+    """The Redis URL and cluster secret every cluster role (`role`: "a gateway") needs; raises
+    `ConfigError` naming what is missing or too weak."""
+    if config.redis_url is None:
+        raise ConfigError(f"redis_url (AENV_REDIS_URL) is required for {role}")
+    if config.cluster_secret is None:
+        raise ConfigError(f"cluster_secret (AENV_CLUSTER_SECRET) is required for {role}")
+    try:
+        return config.redis_url, ClusterSecret(config.cluster_secret)
+    except WeakSecret as error:
+        raise ConfigError(f"cluster_secret: {error}") from error
+
+
 @dataclass(frozen=True)
 class NodeSettings:
     redis_url: str
@@ -30,18 +43,11 @@ class NodeSettings:
     @classmethod
     def of(cls, config: Config) -> NodeSettings:
         """The node role's settings; raises `ConfigError` naming what is missing or unusable."""
-        if config.redis_url is None:
-            raise ConfigError("redis_url (AENV_REDIS_URL) is required for a cluster node")
-        if config.cluster_secret is None:
-            raise ConfigError("cluster_secret (AENV_CLUSTER_SECRET) is required for a node")
+        redis_url, secret = cluster_access(config, "a cluster node")
         if not 0 < config.heartbeat_interval < config.lease_ttl:
             raise ConfigError("heartbeat_interval must be above 0 and below lease_ttl")
-        try:
-            secret = ClusterSecret(config.cluster_secret)
-        except WeakSecret as error:
-            raise ConfigError(f"cluster_secret: {error}") from error
         return cls(
-            redis_url=config.redis_url,
+            redis_url=redis_url,
             node_id=config.node_id or socket.gethostname(),
             address=config.node_address or f"{config.host}:{config.port}",
             secret=secret,

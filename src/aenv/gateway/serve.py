@@ -12,9 +12,10 @@ import uvicorn
 from aenv.api.keys import open_keys
 from aenv.api.limits import RateLimiter
 from aenv.cluster.directory import Directory
-from aenv.cluster.secret import ClusterSecret, WeakSecret
+from aenv.cluster.membership import cluster_access
+from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import ClusterUnavailable, connect
-from aenv.config import Config, ConfigError
+from aenv.config import Config
 from aenv.gateway.app import Gateway
 from aenv.serving import uvicorn_config
 
@@ -29,15 +30,7 @@ class GatewaySettings:
     @classmethod
     def of(cls, config: Config) -> GatewaySettings:
         """Raises `ConfigError` naming what is missing or unusable."""
-        if config.redis_url is None:
-            raise ConfigError("redis_url (AENV_REDIS_URL) is required for a gateway")
-        if config.cluster_secret is None:
-            raise ConfigError("cluster_secret (AENV_CLUSTER_SECRET) is required for a gateway")
-        try:
-            secret = ClusterSecret(config.cluster_secret)
-        except WeakSecret as error:
-            raise ConfigError(f"cluster_secret: {error}") from error
-        return cls(config.redis_url, secret)
+        return cls(*cluster_access(config, "a gateway"))
 
 
 async def run_gateway(
