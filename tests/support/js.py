@@ -44,3 +44,19 @@ def ensure_npm_cli() -> Path | None:
             timeout=600,
         )
     return executable
+
+
+def run_node_script(script: str, timeout: float) -> object:
+    """Runs `script` of tests/js with node and returns the JSON of its last output line; skips
+    the calling test when node is not installed."""
+    import pytest
+
+    node = shutil.which("node")
+    if node is None:
+        pytest.skip("node is needed for the npm e2b SDK")
+    assert (JS_DIR / "node_modules" / "e2b").exists(), "test_server.py installs the npm SDK"
+    result = subprocess.run(
+        [node, script], cwd=JS_DIR, capture_output=True, text=True, timeout=timeout
+    )
+    assert result.returncode == 0, result.stderr
+    return json.loads(result.stdout.strip().splitlines()[-1])

@@ -3,25 +3,11 @@ namespace has no route to the npm registry)."""
 
 from __future__ import annotations
 
-import json
-import shutil
-import subprocess
-
-import pytest
-
-from tests.support.js import JS_DIR
+from tests.support.js import run_node_script
 
 
 def test_npm_sdk_create_run_files_list_kill() -> None:
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is needed for the npm e2b SDK")
-    assert (JS_DIR / "node_modules" / "e2b").exists(), "test_server.py installs the npm SDK"
-    result = subprocess.run(
-        [node, "server_smoke.mjs"], cwd=JS_DIR, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == {
+    assert run_node_script("server_smoke.mjs", timeout=300) == {
         "run": "js user\n",
         "read": "written by js",
         "listed": True,
@@ -32,14 +18,7 @@ def test_npm_sdk_create_run_files_list_kill() -> None:
 
 
 def test_npm_sdk_pause_connect_snapshots_fork() -> None:
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is needed for the npm e2b SDK")
-    result = subprocess.run(
-        [node, "server_snapshots.mjs"], cwd=JS_DIR, capture_output=True, text=True, timeout=600
-    )
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == {
+    assert run_node_script("server_snapshots.mjs", timeout=600) == {
         "paused": True,
         "pausedAgain": False,
         "stateWhilePaused": "paused",
@@ -57,14 +36,7 @@ def test_npm_sdk_pause_connect_snapshots_fork() -> None:
 
 
 def test_npm_sdk_parity() -> None:
-    node = shutil.which("node")
-    if node is None:
-        pytest.skip("node is needed for the npm e2b SDK")
-    result = subprocess.run(
-        [node, "server_parity.mjs"], cwd=JS_DIR, capture_output=True, text=True, timeout=300
-    )
-    assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout.strip().splitlines()[-1]) == {
+    assert run_node_script("server_parity.mjs", timeout=300) == {
         "mcp": "refused",
         "resolves": True,
         "afterTimeoutZero": "paused",
