@@ -7,6 +7,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+import typer
 from e2b import Template
 
 import aenv.code_interpreter
@@ -25,6 +27,18 @@ def test_definition_builds_the_server_and_the_data_stack() -> None:
     assert all(len(c["filesHash"]) == 64 for c in copies)
     assert "aenv.code_interpreter" in build["startCmd"]
     assert "49999/health" in build["readyCmd"]
+    # Sized for the data stack (the default 512 MB build VM ran out of memory).
+    assert (definition["cpuCount"], definition["memoryMB"]) == (2, 1024)
     requirements = (DIRECTORY / "requirements.txt").read_text()
     for package in ("jupyter_client", "ipykernel", "numpy", "pandas", "matplotlib"):
         assert f"\n{package}>=" in requirements
+
+
+@pytest.mark.parametrize(
+    "extra", ["memoryMb: 1024", "memoryMB: lots", "cpuCount: 0", "cpuCount: true"]
+)
+def test_definition_keys_and_sizes_are_checked(tmp_path: Path, extra: str) -> None:
+    path = tmp_path / "t.yaml"
+    path.write_text(f"name: t\nfromTemplate: base\n{extra}\n")
+    with pytest.raises(typer.Exit):
+        _definition(path)

@@ -25,6 +25,9 @@ from rich.table import Table
 from aenv.cli.node import HomeOption, JsonOption, call, console, fail, node
 
 LOG_POLL_SECONDS = 0.5
+# The keys of a definition; any other is refused rather than ignored.
+DEFINITION_KEYS = ("name", "fromTemplate", "fromImage", "steps", "startCmd", "readyCmd",
+                   "cpuCount", "memoryMB")  # fmt: skip
 
 app = typer.Typer(help="Sandbox templates.", no_args_is_help=True)
 
@@ -63,6 +66,12 @@ def _definition(path: Path) -> dict[str, Any]:
         fail(f"cannot read {path}: {e}")
     if not isinstance(raw, dict):
         fail(f"{path}: expected a mapping with fromTemplate or fromImage, steps, startCmd")
+    unknown = sorted(set(raw) - set(DEFINITION_KEYS))
+    if unknown:
+        fail(f"{path}: unknown keys {', '.join(unknown)}; known: {', '.join(DEFINITION_KEYS)}")
+    for key in ("cpuCount", "memoryMB"):
+        if key in raw and (type(raw[key]) is not int or raw[key] < 1):
+            fail(f"{path}: {key} must be a positive integer, not {raw[key]!r}")
     return raw
 
 
@@ -135,6 +144,8 @@ def build(
             template,
             str(name),
             skip_cache=no_cache,
+            cpu_count=definition.get("cpuCount"),
+            memory_mb=definition.get("memoryMB"),
             on_build_logs=_print_entry,
             api_key=target.api_key,
             api_url=target.api_url,

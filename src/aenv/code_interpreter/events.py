@@ -1,9 +1,9 @@
 """The lines of the `/execute` NDJSON stream, as the SDKs parse them.
 
 Each line is one JSON object with a `type`: `stdout`/`stderr` (`text`, `timestamp` in Unix
-nanoseconds), `result` (one field per format, `is_main_result`, unknown formats in `extra`),
-`error` (`name`, `value`, `traceback`), `number_of_executions` (`execution_count`) and a final
-`end_of_execution`.
+nanoseconds), `result` (one field per format, `data` and `chart`, `is_main_result`, unknown
+formats in `extra`), `error` (`name`, `value`, `traceback`), `number_of_executions`
+(`execution_count`) and a final `end_of_execution`.
 """
 
 from __future__ import annotations
@@ -28,6 +28,8 @@ FORMATS = {
 }
 # What the kernel start-up code (`startup`) gives dataframes: their columns as JSON.
 DATA_MIME = "application/vnd.aenv.data+json"
+# And matplotlib figures: their chart (`charts`).
+CHART_MIME = "application/vnd.aenv.chart+json"
 
 Event = dict[str, Any]
 
@@ -48,6 +50,8 @@ def result(bundle: Mapping[str, Any], main: bool) -> Event:
             event[FORMATS[mime]] = value
         elif mime == DATA_MIME:
             event["data"] = value
+        elif mime == CHART_MIME:
+            event["chart"] = value
         else:
             extra[mime] = value
     if extra:
