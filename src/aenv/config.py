@@ -219,6 +219,9 @@ class Config(BaseModel):
     build_ca_bundle: Path | None = Path("/etc/ssl/certs/ca-certificates.crt")
     # Template builds: cached step layers kept (newest first); each holds a VM's memory and disk.
     build_cache_layers: int = 32
+    # Build code-interpreter-v1 (the code interpreter SDKs' template) in the background when
+    # the node starts without it (aenv/publish.py). Its pip and apt steps need the registries.
+    publish_code_interpreter: bool = True
     # Every VMM runs jailed (README: Threat model). Off is for benchmarks and debugging only.
     jail: bool = True
     # Jailed VMMs: `jail_uid_base` is their group; each VMM has one of the `jail_uid_count`

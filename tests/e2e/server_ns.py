@@ -124,6 +124,8 @@ def server_in_namespace(
         "AENV_WARM_SLOTS_HIGH": "4",
         "AENV_BUILD_READY_TIMEOUT": "30",  # the failing-readyCmd build test waits this long
         "AENV_BUILD_CACHE_LAYERS": "3",  # low enough that the build tests overflow it
+        # No route to the registries here; the code interpreter suite builds its own template.
+        "AENV_PUBLISH_CODE_INTERPRETER": "false",
         # Small guests: the load test holds 200 of them at once.
         "AENV_SANDBOX_MEMORY_MB": "256",
         # The load test's 200 creates at once must not depend on how much of the key's burst

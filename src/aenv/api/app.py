@@ -129,7 +129,7 @@ def create_api(
     routes = [
         Route("/health", _health, methods=["GET"]),
         Route("/metrics", metrics.endpoint, methods=["GET"]),
-        *SandboxRoutes(orchestrator, config, metrics).routes(),
+        *SandboxRoutes(orchestrator, config, metrics, builder.unfinished).routes(),
         # Before the template routes: `/templates/tags` is not a template id.
         *BuildRoutes(builder).routes(),
         *TemplateRoutes(orchestrator).routes(),

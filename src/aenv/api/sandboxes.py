@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import Callable, Collection, Iterable
 from datetime import UTC, datetime
 from typing import Any
 from urllib.parse import parse_qsl, unquote
@@ -35,6 +35,7 @@ from aenv.api.requests import check_query, not_supported, parse_body
 from aenv.api.volumes import mounts_body, resolve_mounts
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
+from aenv.orchestrator.builds import Build
 from aenv.orchestrator.catalog import PageQuery, SandboxRecord
 from aenv.orchestrator.envd_client import EnvdUnavailable
 from aenv.orchestrator.kinds import SaveMode
@@ -78,10 +79,18 @@ def sandbox_body(record: SandboxRecord, config: Config) -> dict[str, Any]:
 
 
 class SandboxRoutes:
-    def __init__(self, orchestrator: Orchestrator, config: Config, metrics: NodeMetrics) -> None:
+    def __init__(
+        self,
+        orchestrator: Orchestrator,
+        config: Config,
+        metrics: NodeMetrics,
+        unfinished: Callable[[str], Build | None] = lambda name: None,
+    ) -> None:
         self.orc = orchestrator
         self.config = config
         self.node_metrics = metrics
+        # The unfinished build of a template not ready yet (`Builder.unfinished`).
+        self.unfinished = unfinished
         self.creates = IdempotentCreates()
 
     def routes(self) -> list[Route]:
@@ -183,6 +192,14 @@ class SandboxRoutes:
                     )
                 )
         except TemplateNotFound as e:
+            build = self.unfinished(unquote(body.template_id))
+            if build is not None:
+                # E2B's answer for a template whose first build has not finished.
+                raise APIError(
+                    404,
+                    f"template '{body.template_id}' ({build.template_id}) has no ready build:"
+                    f" build {build.build_id} is {build.status}, retry when it is ready",
+                ) from e
             raise APIError(404, f"template '{body.template_id}' not found") from e
         except CapacityReached as e:
             raise APIError(429, str(e), error_code="sandbox_capacity_unavailable") from e

@@ -80,6 +80,7 @@ async def serve(config: Config, beside: Beside | None = None, gate: Gate | None 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per envd call is noise
     # The server's imports are heavy; other commands skip them.
+    from aenv.publish import publish_when_serving
     from aenv.server import start_node
     from aenv.serving import uvicorn_config
 
@@ -92,10 +93,16 @@ async def serve(config: Config, beside: Beside | None = None, gate: Gate | None 
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: None)
     console.print(f"[green]serving[/green] {config.scheme}://{config.host}:{config.port}")
+    publishing = None
+    if config.publish_code_interpreter:
+        serving = publish_when_serving(lambda: uv.started, config, node.orchestrator.templates)
+        publishing = asyncio.create_task(serving)
     try:
         async with beside(node) if beside else nullcontext():
             await uv.serve()
     finally:
+        if publishing is not None:
+            publishing.cancel()
         action = "pausing" if config.pause_on_shutdown else "killing"
         console.print(f"[cyan]aenv[/cyan] shutting down: {action} running sandboxes...")
         await node.close()

@@ -250,6 +250,14 @@ class Builder:
             return None
         return build
 
+    def unfinished(self, name: str) -> Build | None:
+        """The build still waiting or running of the template called `name` (id or alias), if
+        any: its sandboxes cannot start yet."""
+        alias = split_name(name)[0]
+        running = (BuildStatus.WAITING, BuildStatus.BUILDING)
+        found = [b for b in self.builds_of(alias) if b.status in running]
+        return found[-1] if found else None
+
     def builds_of(self, template_id: str) -> list[Build]:
         return [b for b in self._builds.values() if template_id in (b.template_id, b.name)]
 

@@ -1,0 +1,78 @@
+"""Publishing `code-interpreter-v1` on a node's start: the template `e2b-code-interpreter`'s
+`Sandbox.create()` asks for, built from its definition in the repository
+(`aenv/code_interpreter/template.yaml`) when the node does not have it yet.
+
+It runs in the background once the node serves, so neither `base` nor the node's readiness
+waits for it; it builds through the node's own template API with the `e2b` SDK, exactly as
+`aenv template build` does, so its log is a build's log (`aenv template logs`) and its steps
+are cached layers a later try reuses. Until it is ready, creating a sandbox of it answers E2B's
+"has no ready build" (404). A failed build is logged and tried again at the next start.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from e2b import Template
+from e2b.exceptions import BuildException, FileUploadException, TemplateException
+
+import aenv.code_interpreter
+from aenv.cli.templates import _definition, _template
+from aenv.config import Config
+from aenv.orchestrator.templates import TemplateNotFound, TemplateStore
+
+log = logging.getLogger(__name__)
+
+DEFINITION = Path(aenv.code_interpreter.__file__).parent / "template.yaml"
+_SERVING_POLL_S = 0.2
+
+
+def own_api_url(config: Config) -> str | None:
+    """Where this node's API answers from this host; None when the SDK could not verify it
+    (HTTPS: its certificate names the domain, not a loopback address)."""
+    if config.tls_cert is not None:
+        return None
+    host = "127.0.0.1" if config.host in ("0.0.0.0", "::", "") else config.host  # noqa: S104
+    return f"http://{host}:{config.port}"
+
+
+async def publish_when_serving(
+    serving: Callable[[], bool], config: Config, templates: TemplateStore
+) -> None:
+    """Build code-interpreter-v1 once `serving()` says the API answers, unless it exists."""
+    definition = _definition(DEFINITION)
+    name = str(definition["name"])
+    with contextlib.suppress(TemplateNotFound):
+        templates.get(name)
+        return
+    url = own_api_url(config)
+    if url is None:
+        log.warning("not publishing %s behind TLS: run `aenv template build %s`", name, DEFINITION)
+        return
+    api_key = config.paths.api_key.read_text().strip()
+    # uvicorn sets a flag once it listens, with no event to wait on.
+    while not serving():  # noqa: ASYNC110
+        await asyncio.sleep(_SERVING_POLL_S)
+    log.info("publishing %s in the background (`aenv template ls` shows it when ready)", name)
+    build = _template(definition, DEFINITION.parent)
+    try:
+        info = await asyncio.to_thread(
+            Template.build,
+            build,
+            name,
+            cpu_count=definition.get("cpuCount"),
+            memory_mb=definition.get("memoryMB"),
+            api_key=api_key,
+            api_url=url,
+        )
+    except (BuildException, FileUploadException, TemplateException) as e:
+        log.warning("publishing %s failed (retried at the next start): %s", name, e)
+        return
+    except Exception as e:  # the node serves on whatever broke here (a stop mid-build, say)
+        log.warning("publishing %s stopped (retried at the next start): %r", name, e)
+        return
+    log.info("published %s (template %s)", name, info.template_id)
