@@ -9,7 +9,8 @@ from __future__ import annotations
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import httpx
@@ -26,12 +27,13 @@ def server_cwd(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("ci-home")
 
 
-@pytest.fixture(scope="module")
-def server_url(server_cwd: Path) -> Iterator[str]:
+@contextmanager
+def running_server(cwd: Path, prefix: Sequence[str] = ()) -> Iterator[tuple[str, int]]:
+    """The server's URL and pid; `prefix` runs it under another command (`unshare`, say)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
-    command = [sys.executable, "-m", "aenv.code_interpreter"]
-    args = ["--host", "127.0.0.1", "--port", str(port), "--cwd", str(server_cwd)]
+    command = [*prefix, sys.executable, "-m", "aenv.code_interpreter"]
+    args = ["--host", "127.0.0.1", "--port", str(port), "--cwd", str(cwd)]
     process = subprocess.Popen([*command, *args])
     try:
         deadline = time.monotonic() + _START_TIMEOUT_S
@@ -44,7 +46,7 @@ def server_url(server_cwd: Path) -> Iterator[str]:
                 pass
             assert time.monotonic() < deadline, "the server did not start"
             time.sleep(0.2)
-        yield url
+        yield url, process.pid
     finally:
         process.terminate()
         try:
@@ -52,6 +54,12 @@ def server_url(server_cwd: Path) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@pytest.fixture(scope="module")
+def server_url(server_cwd: Path) -> Iterator[str]:
+    with running_server(server_cwd) as (url, _):
+        yield url
 
 
 @pytest.fixture(scope="module")

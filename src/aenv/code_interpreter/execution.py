@@ -1,6 +1,7 @@
 """One run of code in a context, streamed as NDJSON lines while the kernel produces them.
 
-1. The context's lock is taken: its kernel runs one execution at a time.
+1. The context's lock is taken: its kernel runs one execution at a time. A kernel cloned
+   into another sandbox (a fork) gets fresh randomness first (`incarnation`).
 2. The execution's env vars, if any, are set in the kernel's `os.environ`.
 3. The code runs; the kernel's IOPub messages answering this request become events, until
    the kernel goes idle (or dies).
@@ -23,7 +24,7 @@ import queue
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from aenv.code_interpreter import events
+from aenv.code_interpreter import events, incarnation
 from aenv.code_interpreter.kernels import Context, run_silently
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,9 @@ async def run(context: Context, code: str, env: Mapping[str, str]) -> AsyncItera
     finished = False
     msg_id: str | None = None
     try:
+        if context.incarnation != (now := incarnation.current()):
+            await run_silently(context.client, incarnation.RESEED_CODE)
+            context.incarnation = now
         if env:
             await run_silently(context.client, _set_env(env))
         msg_id = context.client.execute(

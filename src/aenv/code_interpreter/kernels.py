@@ -17,6 +17,7 @@ from typing import Any
 from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.manager import AsyncKernelManager
 
+from aenv.code_interpreter import incarnation
 from aenv.code_interpreter.startup import STARTUP_CODE
 
 # The SDKs' language names and the kernels that run them.
@@ -42,6 +43,8 @@ class Context:
     manager: AsyncKernelManager
     client: AsyncKernelClient
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
+    # The sandbox its kernel last ran in (`incarnation`).
+    incarnation: str = field(default_factory=incarnation.current)
 
     def to_json(self) -> dict[str, str]:
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
@@ -114,6 +117,7 @@ class ContextTable:
             await context.manager.restart_kernel(now=True)
             await context.client.wait_for_ready(timeout=_READY_TIMEOUT_S)
             await run_silently(context.client, STARTUP_CODE)
+            context.incarnation = incarnation.current()
 
     async def remove(self, context_id: str) -> None:
         context = self._contexts.pop(self.get(context_id).id)
