@@ -6,6 +6,8 @@ The server shuts its kernels down when it stops; a kernel whose server died exit
 
 from __future__ import annotations
 
+import json
+import os
 import subprocess
 import sys
 import time
@@ -27,14 +29,27 @@ def server_cwd(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("ci-home")
 
 
+def _bash_kernelspec(path: Path) -> Path:
+    """A Jupyter data dir with bash_kernel's spec, as the template's `bash_kernel.install`
+    writes it into its venv."""
+    spec = path / "kernels" / "bash"
+    spec.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "bash_kernel", "-f", "{connection_file}"]
+    kernel = {"argv": argv, "display_name": "Bash", "language": "bash"}
+    (spec / "kernel.json").write_text(json.dumps(kernel))
+    return path
+
+
 @contextmanager
 def running_server(cwd: Path, prefix: Sequence[str] = ()) -> Iterator[tuple[str, int]]:
-    """The server's URL and pid; `prefix` runs it under another command (`unshare`, say)."""
+    """The server's URL and pid, with the Python and Bash kernels; `prefix` runs it under
+    another command (`unshare`, say)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [*prefix, sys.executable, "-m", "aenv.code_interpreter"]
     args = ["--host", "127.0.0.1", "--port", str(port), "--cwd", str(cwd)]
-    process = subprocess.Popen([*command, *args])
+    env = {**os.environ, "JUPYTER_PATH": str(_bash_kernelspec(cwd / ".jupyter"))}
+    process = subprocess.Popen([*command, *args], env=env)
     try:
         deadline = time.monotonic() + _START_TIMEOUT_S
         while True:

@@ -112,8 +112,25 @@ def test_timeout_interrupts_the_kernel(sandbox: Sandbox) -> None:
 
 
 def test_unsupported_language_is_refused(sandbox: Sandbox) -> None:
-    with pytest.raises(SandboxException, match="not supported"):
+    with pytest.raises(SandboxException, match="not supported; supported: python, bash"):
         sandbox.run_code("1", language="cobol")
+
+
+def test_bash(sandbox: Sandbox) -> None:
+    assert sandbox.run_code("echo $((40 + 2))", language="bash").logs.stdout == ["42\n"]
+    context = sandbox.create_code_context(language="bash")
+    assert context.language == "bash"
+    sandbox.run_code("KEPT='in this shell'", context=context)
+    with_env = sandbox.run_code(
+        'echo "$KEPT: $GREETING"', context=context, envs={"GREETING": "hi 'there'"}
+    )
+    assert with_env.logs.stdout == ["in this shell: hi 'there'\n"]
+    assert sandbox.run_code('echo "[$GREETING]"', context=context).logs.stdout == ["[]\n"]
+    # bash_kernel runs a terminal: stderr arrives as stdout, the exit code as the error.
+    failed = sandbox.run_code("ls /nonexistent-dir", context=context)
+    assert failed.error is not None and failed.error.value == "2"
+    assert "No such file" in "".join(failed.logs.stdout)
+    sandbox.remove_code_context(context)
 
 
 @pytest.mark.parametrize(
@@ -123,6 +140,7 @@ def test_unsupported_language_is_refused(sandbox: Sandbox) -> None:
         ("/execute", {"code": 1}, "code: Input should be a valid string"),
         ("/execute", {"code": "1", "context_id": "c", "language": "python"}, "not both"),
         ("/contexts", {"cwd": "/nonexistent/dir"}, "cannot start a kernel"),
+        ("/execute", {"code": "1", "env_vars": {"A B": "1"}}, "not an env var name: 'A B'"),
     ],
 )
 def test_bad_input_gets_json_errors(server_url: str, path: str, body: object, message: str) -> None:

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import contextlib
 import json
+import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -22,6 +23,7 @@ from aenv.code_interpreter import execution
 from aenv.code_interpreter.kernels import ContextNotFound, ContextTable, UnsupportedLanguage
 
 Model = TypeVar("Model", bound=BaseModel)
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -31,6 +33,15 @@ class ExecuteRequest(BaseModel):
     context_id: str | None = None
     language: str | None = None
     env_vars: dict[str, str] | None = None
+
+    @field_validator("env_vars")
+    @classmethod
+    def _names(cls, env: dict[str, str] | None) -> dict[str, str] | None:
+        # Shell names: every kernel's language must be able to set them.
+        bad = [name for name in env or {} if not ENV_NAME.fullmatch(name)]
+        if bad:
+            raise ValueError(f"not an env var name: {bad[0]!r}")
+        return env
 
 
 class CreateContextRequest(BaseModel):

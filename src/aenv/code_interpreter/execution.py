@@ -36,17 +36,9 @@ _INTERRUPT_WAIT_S = 30.0
 _recoveries: set[asyncio.Task[None]] = set()
 
 
-def _set_env(env: Mapping[str, str]) -> str:
-    return f"__import__('os').environ.update({dict(env)!r})"
-
-
-def _restore_env(names: Mapping[str, str]) -> str:
+def _previous(names: Mapping[str, str]) -> dict[str, str | None]:
     # The kernel inherited this server's environment when it started.
-    old = {name: os.environ.get(name) for name in names}
-    return (
-        "(lambda e, old: [e.pop(k, None) if v is None else e.__setitem__(k, v)"
-        f" for k, v in old.items()])(__import__('os').environ, {old!r})"
-    )
+    return {name: os.environ.get(name) for name in names}
 
 
 async def run(context: Context, code: str, env: Mapping[str, str]) -> AsyncIterator[bytes]:
@@ -55,17 +47,18 @@ async def run(context: Context, code: str, env: Mapping[str, str]) -> AsyncItera
     msg_id: str | None = None
     try:
         if context.incarnation != (now := incarnation.current()):
-            await run_silently(context.client, incarnation.RESEED_CODE)
+            if context.kind.reseed is not None:
+                await run_silently(context.client, context.kind.reseed)
             context.incarnation = now
         if env:
-            await run_silently(context.client, _set_env(env))
+            await run_silently(context.client, context.kind.set_env(env))
         msg_id = context.client.execute(
             code, store_history=True, allow_stdin=False, stop_on_error=False
         )
         async for event in _outputs(context, msg_id):
             yield events.line(event)
         if env:
-            await run_silently(context.client, _restore_env(env))
+            await run_silently(context.client, context.kind.restore_env(_previous(env)))
         finished = True
         yield events.line(events.END)
     finally:
@@ -83,7 +76,7 @@ async def _recover(context: Context, msg_id: str | None, env: Mapping[str, str])
             await context.manager.interrupt_kernel()
             await asyncio.wait_for(_finished(context, msg_id), _INTERRUPT_WAIT_S)
         if env:
-            await run_silently(context.client, _restore_env(env))
+            await run_silently(context.client, context.kind.restore_env(_previous(env)))
     except (RuntimeError, TimeoutError, OSError) as e:
         log.warning("context %s: recovery after a dropped execution failed: %s", context.id, e)
     finally:

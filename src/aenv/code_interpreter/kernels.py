@@ -15,13 +15,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from jupyter_client.asynchronous.client import AsyncKernelClient
+from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 
 from aenv.code_interpreter import incarnation
-from aenv.code_interpreter.startup import STARTUP_CODE
+from aenv.code_interpreter.languages import LANGUAGES, Language
 
-# The SDKs' language names and the kernels that run them.
-KERNELS = {"python": "python3"}
 # A kernel imports IPython and ipykernel first: seconds natively, a minute or more in a
 # guest under TCG.
 _READY_TIMEOUT_S = 180.0
@@ -49,20 +48,29 @@ class Context:
     def to_json(self) -> dict[str, str]:
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
 
+    @property
+    def kind(self) -> Language:
+        return LANGUAGES[self.language]
+
 
 async def _start(language: str, cwd: str) -> tuple[AsyncKernelManager, AsyncKernelClient]:
-    manager = AsyncKernelManager(kernel_name=KERNELS[language])
+    manager = AsyncKernelManager(kernel_name=LANGUAGES[language].kernel)
     await manager.start_kernel(cwd=cwd)
     client = manager.client()
     client.start_channels()
     try:
         await client.wait_for_ready(timeout=_READY_TIMEOUT_S)
-        await run_silently(client, STARTUP_CODE)
+        await _set_up(client, LANGUAGES[language])
     except BaseException:
         client.stop_channels()
         await manager.shutdown_kernel(now=True)
         raise
     return manager, client
+
+
+async def _set_up(client: AsyncKernelClient, language: Language) -> None:
+    if language.startup is not None:
+        await run_silently(client, language.startup)
 
 
 async def run_silently(client: AsyncKernelClient, code: str) -> None:
@@ -74,9 +82,16 @@ async def run_silently(client: AsyncKernelClient, code: str) -> None:
         raise RuntimeError(f"kernel set-up failed: {reply['content'].get('evalue')}")
 
 
+def installed_languages() -> tuple[str, ...]:
+    """The languages whose kernel is installed here (Jupyter's kernel search path)."""
+    specs = KernelSpecManager().find_kernel_specs()
+    return tuple(name for name, language in LANGUAGES.items() if language.kernel in specs)
+
+
 class ContextTable:
     def __init__(self, default_cwd: str) -> None:
         self.default_cwd = default_cwd
+        self.languages = installed_languages()
         self._contexts: dict[str, Context] = {}
         self._defaults: dict[str, str] = {}  # language -> id of its default context
         self._creating = asyncio.Lock()
@@ -93,7 +108,7 @@ class ContextTable:
     async def create(self, language: str | None = None, cwd: str | None = None) -> Context:
         """A new context with a fresh kernel. UnsupportedLanguage for a language no kernel runs;
         OSError when `cwd` is not a directory."""
-        language = _language(language)
+        language = self._language(language)
         manager, client = await _start(language, cwd or self.default_cwd)
         context = Context(str(uuid.uuid4()), language, cwd or self.default_cwd, manager, client)
         self._contexts[context.id] = context
@@ -101,7 +116,7 @@ class ContextTable:
 
     async def default(self, language: str | None) -> Context:
         """The language's default context, started on first use."""
-        language = _language(language)
+        language = self._language(language)
         async with self._creating:
             context_id = self._defaults.get(language)
             if context_id in self._contexts:
@@ -116,12 +131,20 @@ class ContextTable:
         async with context.lock:
             await context.manager.restart_kernel(now=True)
             await context.client.wait_for_ready(timeout=_READY_TIMEOUT_S)
-            await run_silently(context.client, STARTUP_CODE)
+            await _set_up(context.client, context.kind)
             context.incarnation = incarnation.current()
 
     async def remove(self, context_id: str) -> None:
         context = self._contexts.pop(self.get(context_id).id)
         await _stop(context)
+
+    def _language(self, language: str | None) -> str:
+        name = (language or "python").lower()
+        if name not in self.languages:
+            raise UnsupportedLanguage(
+                f"language {language!r} is not supported; supported: {', '.join(self.languages)}"
+            )
+        return name
 
     async def close(self) -> None:
         contexts, self._contexts = list(self._contexts.values()), {}
@@ -132,12 +155,3 @@ async def _stop(context: Context) -> None:
     context.client.stop_channels()
     with contextlib.suppress(RuntimeError):
         await context.manager.shutdown_kernel(now=True)
-
-
-def _language(language: str | None) -> str:
-    name = (language or "python").lower()
-    if name not in KERNELS:
-        raise UnsupportedLanguage(
-            f"language {language!r} is not supported; supported: {', '.join(KERNELS)}"
-        )
-    return name
