@@ -4,7 +4,10 @@ both through the official SDKs and measured in the same run.
 Default: our server (`python -m aenv.code_interpreter`) and envd as local processes (envd in
 the tests' throwaway root), so the figures are the servers' own costs without a VM. With
 `--node`, both run in one `code-interpreter-v1` sandbox of the node the SDK's environment
-names (`E2B_API_URL`/`E2B_DOMAIN`, `E2B_API_KEY`). Prints one JSON document.
+names (`E2B_API_URL`/`E2B_DOMAIN`, `E2B_API_KEY`), and the node is measured too:
+`Sandbox.create()` to the first `run_code` result (p50), and `--forks` children of a sandbox
+holding a loaded dataframe, forked vs created afresh and loading it again (totals, per child,
+ratio). Prints one JSON document.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -30,6 +34,12 @@ from tests.support.ports import free_port
 
 RUNS = 200
 WARM_UP = 5
+# The dataframe forks carry and fresh sandboxes load again.
+ROWS, COLUMNS = 200_000, 10
+LOAD = (
+    "import numpy as np, pandas as pd\n"
+    f"df = pd.DataFrame(np.random.default_rng(0).random(({ROWS}, {COLUMNS})))"
+)
 
 
 def timed(fn: Callable[[], object], runs: int = RUNS) -> list[float]:
@@ -85,30 +95,94 @@ def bench_local() -> dict[str, object]:
     return {"where": "local processes", **result}
 
 
-def bench_node() -> dict[str, object]:
+def create_to_first_result(runs: int) -> list[float]:
+    """Seconds from `Sandbox.create()` to the first `run_code` result, per sandbox."""
     from e2b_code_interpreter import Sandbox
 
-    start = time.perf_counter()
+    samples = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        sandbox = Sandbox.create(timeout=600)
+        try:
+            assert sandbox.run_code("1+1").text == "2"
+            samples.append(time.perf_counter() - start)
+        finally:
+            sandbox.kill()
+    return samples
+
+
+def fork_vs_create(count: int) -> dict[str, object]:
+    """`count` sandboxes holding a loaded dataframe: forked from one that loaded it, vs
+    created afresh, each loading it again (both ready once each child answers `len(df)`)."""
+    from e2b_code_interpreter import Sandbox
+
+    def ready(sandbox: Sandbox) -> Sandbox:
+        assert sandbox.run_code("len(df)", timeout=600).text == str(ROWS)
+        return sandbox
+
+    def loaded() -> Sandbox:
+        sandbox = Sandbox.create(timeout=900)
+        assert sandbox.run_code(LOAD, timeout=600).error is None
+        return sandbox
+
+    parent = loaded()
+    children: list[Sandbox] = []
+    try:
+        start = time.perf_counter()
+        forks = parent.fork(count=count, timeout=900)
+        children = [c for c in forks if isinstance(c, Sandbox)]
+        assert len(children) == count, forks
+        with ThreadPoolExecutor(count) as pool:
+            list(pool.map(ready, children))
+        forked = time.perf_counter() - start
+    finally:
+        for sandbox in [parent, *children]:
+            sandbox.kill()
+    created: list[Sandbox] = []
+    try:
+        start = time.perf_counter()
+        with ThreadPoolExecutor(count) as pool:
+            created = list(pool.map(lambda _: ready(loaded()), range(count)))
+        fresh = time.perf_counter() - start
+    finally:
+        for sandbox in created:
+            sandbox.kill()
+    return {
+        "count": count,
+        "dataframe": f"{ROWS} x {COLUMNS} floats",
+        "fork_total_s": round(forked, 2),
+        "fork_per_child_s": round(forked / count, 2),
+        "create_and_reload_total_s": round(fresh, 2),
+        "create_and_reload_per_child_s": round(fresh / count, 2),
+        "fork_vs_create_ratio": round(forked / fresh, 3),
+    }
+
+
+def bench_node(create_runs: int, forks: int) -> dict[str, object]:
+    from e2b_code_interpreter import Sandbox
+
+    firsts = create_to_first_result(create_runs)
     sandbox = Sandbox.create(timeout=600)
     try:
-        first = sandbox.run_code("1+1")
-        create_to_first_result = time.perf_counter() - start
-        assert first.text == "2"
         result = compare(lambda: sandbox.run_code("1+1"), lambda: sandbox.commands.run("true"))
     finally:
         sandbox.kill()
     return {
-        "where": "one code-interpreter-v1 sandbox",
-        "create_to_first_result_ms": round(create_to_first_result * 1000, 1),
+        "where": "code-interpreter-v1 sandboxes",
+        "create_to_first_result_ms": summary_ms(firsts),
         **result,
+        "fork_vs_create": fork_vs_create(forks),
     }
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--node", action="store_true", help="against the SDK's node")
+    parser.add_argument("--create-runs", type=int, default=5, help="--node: creates timed")
+    parser.add_argument("--forks", type=int, default=16, help="--node: children of the fork")
     args = parser.parse_args()
-    print(json.dumps(bench_node() if args.node else bench_local(), indent=2))
+    result = bench_node(args.create_runs, args.forks) if args.node else bench_local()
+    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ stack), its server started by the template's start command and saved running."""
 
 from __future__ import annotations
 
+import random
 import secrets
 import shutil
 from collections.abc import Iterator
@@ -106,3 +107,23 @@ def test_timeout_interrupts_and_state_survives_pause(sandbox: Sandbox) -> None:
     assert sandbox.pause() is True
     resumed = Sandbox.connect(sandbox.sandbox_id, timeout=300)
     assert resumed.run_code("kept + '!'").text == "'still here!'"
+
+
+def test_kernel_state_forks_with_fresh_randomness(sandbox: Sandbox) -> None:
+    # Seeded: without a reseed in each clone, every child would draw this same number.
+    seeded = sandbox.run_code("import random\nrandom.seed(5)\nx = 41").error
+    assert seeded is None
+    forks = sandbox.fork(count=16, timeout=600)
+    children = [c for c in forks if isinstance(c, Sandbox)]
+    try:
+        assert len(children) == 16, [c for c in forks if not isinstance(c, Sandbox)]
+        draws = set()
+        for child in children:
+            assert child.run_code("x + 1", timeout=300).text == "42"
+            draws.add(child.run_code("random.random()").text)
+        assert len(draws) == 16
+        # The parent is no clone: its generator goes on from its seed.
+        assert sandbox.run_code("random.random()").text == repr(random.Random(5).random())
+    finally:
+        for child in children:
+            child.kill()
