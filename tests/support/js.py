@@ -1,6 +1,6 @@
-"""The npm `e2b` SDK and the E2B CLI for tests: each installed once into its node_modules
-(gitignored) exactly as its package-lock.json pins it (tests/js, tests/js/cli); None when node
-or npm are missing."""
+"""The npm `e2b` and `@e2b/code-interpreter` SDKs and the E2B CLI for tests: each installed
+once into its node_modules (gitignored) exactly as its package-lock.json pins it (tests/js,
+tests/js/cli); None when node or npm are missing."""
 
 from __future__ import annotations
 
@@ -19,7 +19,12 @@ def ensure_npm_sdk() -> Path | None:
     if shutil.which("node") is None or npm is None:
         return None
     installed = JS_DIR / "node_modules" / "e2b" / "package.json"
-    if not installed.exists() or json.loads(installed.read_text())["version"] != E2B_VERSION:
+    interpreter = JS_DIR / "node_modules" / "@e2b" / "code-interpreter" / "package.json"
+    if (
+        not installed.exists()
+        or json.loads(installed.read_text())["version"] != E2B_VERSION
+        or not interpreter.exists()
+    ):
         subprocess.run(
             [npm, "ci", "--no-audit", "--no-fund", "--loglevel=error"],
             cwd=JS_DIR,
