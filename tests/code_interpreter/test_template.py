@@ -30,7 +30,8 @@ def test_definition_builds_the_server_and_the_data_stack() -> None:
     # Sized for the data stack (the default 512 MB build VM ran out of memory).
     assert (definition["cpuCount"], definition["memoryMB"]) == (2, 1024)
     requirements = (DIRECTORY / "requirements.txt").read_text()
-    for package in ("jupyter_client", "ipykernel", "numpy", "pandas", "matplotlib"):
+    assert any("bash_kernel.install" in " ".join(s["args"]) for s in build["steps"])
+    for package in ("jupyter_client", "ipykernel", "bash_kernel", "numpy", "pandas", "matplotlib"):
         assert f"\n{package}>=" in requirements
 
 
