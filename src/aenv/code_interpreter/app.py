@@ -109,6 +109,8 @@ def create_app(table: ContextTable) -> Starlette:
         body = await _body(request, CreateContextRequest)
         try:
             context = await table.create(body.language, body.cwd)
+        except TimeoutError as e:  # an OSError too, but no fault of the request's
+            raise HttpError(503, f"the kernel did not start in time ({e}); retry") from e
         except OSError as e:
             raise HttpError(400, f"cannot start a kernel in {body.cwd!r}: {e.strerror}") from e
         return JSONResponse(context.to_json())

@@ -22,8 +22,8 @@ from aenv.code_interpreter import incarnation
 from aenv.code_interpreter.languages import LANGUAGES, Language
 
 # A kernel imports IPython and ipykernel first: seconds natively, a minute or more in a
-# guest under TCG.
-_READY_TIMEOUT_S = 180.0
+# guest under TCG, several on a busy host.
+_READY_TIMEOUT_S = 600.0
 
 
 class ContextNotFound(KeyError):
