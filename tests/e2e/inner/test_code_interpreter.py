@@ -59,7 +59,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
             "python3 -m aenv.code_interpreter --cwd /home/user",
             # One long readyCmd: the server is ready once its first kernel is, which under TCG
             # may take longer than this suite's build_ready_timeout.
-            "timeout 240 sh -c 'until curl -sf http://127.0.0.1:49999/health; do sleep 1; done'",
+            "timeout 600 sh -c 'until curl -sf http://127.0.0.1:49999/health; do sleep 1; done'",
         )
     )
     # Its log shows in the test's output if the build fails.
