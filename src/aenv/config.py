@@ -184,6 +184,14 @@ class Config(BaseModel):
     # creates answer 429 and pauses and snapshots fail, with nothing changed.
     reserve_disk_mb: int = 1024
     reserve_memory_mb: int = 256
+    # Admission by memory: host memory counted for each create until it runs (a restored
+    # guest's own pages), and the most nominal guest RAM the node runs, as a multiple of the
+    # host's RAM. Past either, creates answer 429 (pooled VMs are given back first).
+    admission_sandbox_mb: int = 64
+    memory_overcommit: float = 10.0
+    # Warm pools: restored, not yet initialised VMs kept per template, sized to its creates of
+    # the last minute; 0 turns pools off.
+    pool_max: int = 0
     # Longest timeout a client may ask for, in seconds.
     max_timeout: int = 24 * 3600
     network_prefix: str = "aenv"

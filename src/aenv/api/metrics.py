@@ -1,5 +1,6 @@
 """Prometheus `/metrics` for the node: sandboxes by state, create queue and outcomes, create
-latency as clients see it (queueing included), warm network slots."""
+latency as clients see it (queueing included), admission refusals by reason, warm network
+slots, and warm pools of VMs."""
 
 from __future__ import annotations
 
@@ -11,8 +12,10 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
+from aenv.orchestrator.admission import Refusal
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.states import SandboxState
+from aenv.orchestrator.warm import WarmPools
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -37,10 +40,40 @@ class _NodeCollector(Collector):
         outcomes.add_metric(["success"], stats.succeeded)
         outcomes.add_metric(["failure"], stats.failed)
         yield outcomes
+        refused = CounterMetricFamily(
+            "aenv_create_refusals", "Creates refused at admission", labels=["reason"]
+        )
+        for reason in Refusal:
+            refused.add_metric([reason.value], stats.refused[reason])
+        yield refused
         slots = self._orc.slots
         yield GaugeMetricFamily(
             "aenv_warm_slots", "Network slots ready in the pool", value=getattr(slots, "ready", 0)
         )
+        yield from _pool_metrics(self._orc.pools)
+
+
+def _pool_metrics(pools: WarmPools) -> Iterator[Metric]:
+    """Warm pools, per template: VMs ready, and what happened to creates and pooled VMs."""
+    sizes = GaugeMetricFamily("aenv_pool_vms", "Pooled VMs ready", labels=["template"])
+    for template_id, size in pools.sizes().items():
+        sizes.add_metric([template_id], size)
+    yield sizes
+    counters = pools.counters
+    for name, helptext, counts in (
+        ("aenv_pool_hits", "Creates served by a pooled VM", counters.hits),
+        (
+            "aenv_pool_misses",
+            "Creates of a pooled template that found its pool empty",
+            counters.misses,
+        ),
+        ("aenv_pool_refills", "VMs restored into a pool", counters.refills),
+        ("aenv_pool_evictions", "Pooled VMs given back unused", counters.evictions),
+    ):
+        family = CounterMetricFamily(name, helptext, labels=["template"])
+        for template_id, count in counts.items():
+            family.add_metric([template_id], count)
+        yield family
 
 
 class NodeMetrics:
