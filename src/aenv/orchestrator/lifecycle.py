@@ -368,7 +368,9 @@ class Orchestrator:
         await self._admit_memory(need_mb)
         return await self._queued_create(request, base, parent, need_mb)
 
-    def _memory_refusal(self, need_mb: int, *, pooling: bool = False) -> tuple[Refusal, str] | None:
+    async def _memory_refusal(
+        self, need_mb: int, *, pooling: bool = False
+    ) -> tuple[Refusal, str] | None:
         """Why a VM of `need_mb` guest RAM does not fit in memory now (see `admission`).
         A pool refill (`pooling`) also leaves room for one create and counts pooled VMs."""
         config = self.config
@@ -381,18 +383,17 @@ class Orchestrator:
         if pooling:
             nominal += sum(p.memory_mb for p in self.pools)
             starting += 1
-        return budget.refusal(
-            HostMemory.now(), starting=starting, nominal_mb=nominal, need_mb=need_mb
-        )
+        host = await asyncio.to_thread(HostMemory.now)
+        return budget.refusal(host, starting=starting, nominal_mb=nominal, need_mb=need_mb)
 
     async def _admit_memory(self, need_mb: int) -> None:
         """Raises CapacityReached when the host's memory has no room for one more sandbox,
         after giving back every pooled VM when that could make room."""
-        refused = await asyncio.to_thread(self._memory_refusal, need_mb)
+        refused = await self._memory_refusal(need_mb)
         if refused is not None and refused[0] is Refusal.MEMORY and any(self.pools):
             for pooled in list(self.pools):
                 await self._evict(pooled)
-            refused = await asyncio.to_thread(self._memory_refusal, need_mb)
+            refused = await self._memory_refusal(need_mb)
         if refused is not None:
             self.stats.refused[refused[0]] += 1
             raise CapacityReached(f"no new sandboxes: {refused[1]}")
@@ -703,7 +704,7 @@ class Orchestrator:
         template = self.templates.by_id(template_id)
         if template is None or template.kind is not TemplateKind.TEMPLATE:
             return False
-        refused = await asyncio.to_thread(self._memory_refusal, template.memory_mb, pooling=True)
+        refused = await self._memory_refusal(template.memory_mb, pooling=True)
         if refused is not None:
             log.info("pool of %s not refilled: %s", template_id, refused[1])
             return False
