@@ -136,6 +136,19 @@ async def test_memory_pressure_gives_pooled_vms_back_then_refuses(tmp_path: Path
         assert [r.id for r in orc.list()] == [running.id]
 
 
+async def test_memory_pressure_alone_gives_pooled_vms_back(tmp_path: Path) -> None:
+    async with double_node(tmp_path, pool_max=1) as node:
+        orc = node.orchestrator
+        running, _ = await orc.create(node.request())
+        await eventually(lambda: pool_ready(node, 1))
+        orc.config = node.config.model_copy(update={"admission_sandbox_mb": 1 << 40})
+        orc._pool_wake.set()  # the refill's next look, without a create
+        await eventually(lambda: list(orc.pools) == [])
+        assert orc.pools.counters.evictions["base"] == 1
+        assert orc.stats.refused == {}  # no create was refused: none asked
+        assert orc.get(running.id).state is SandboxState.RUNNING
+
+
 async def test_nominal_memory_past_the_overcommit_limit_is_refused(tmp_path: Path) -> None:
     async with double_node(tmp_path) as node:
         running, _ = await node.orchestrator.create(node.request())

@@ -390,13 +390,19 @@ class Orchestrator:
         """Raises CapacityReached when the host's memory has no room for one more sandbox,
         after giving back every pooled VM when that could make room."""
         refused = await self._memory_refusal(need_mb)
-        if refused is not None and refused[0] is Refusal.MEMORY and any(self.pools):
-            for pooled in list(self.pools):
-                await self._evict(pooled)
+        if await self._give_back_pooled(refused):
             refused = await self._memory_refusal(need_mb)
         if refused is not None:
             self.stats.refused[refused[0]] += 1
             raise CapacityReached(f"no new sandboxes: {refused[1]}")
+
+    async def _give_back_pooled(self, refused: tuple[Refusal, str] | None) -> bool:
+        """Stop every pooled VM when the host is short of available memory; whether any was."""
+        if refused is None or refused[0] is not Refusal.MEMORY or not any(self.pools):
+            return False
+        for pooled in list(self.pools):
+            await self._evict(pooled)
+        return True
 
     async def _queued_create(
         self, request: CreateRequest, base: Template, parent: SandboxRecord | None, need_mb: int
@@ -686,12 +692,14 @@ class Orchestrator:
 
     async def _refill_forever(self) -> None:
         """Keep every pool at its target, one restore at a time and never ahead of a queued
-        create; shrink pools whose template's creates slowed down."""
+        create; shrink pools whose template's creates slowed down, and give every pooled VM
+        back when the host runs short of memory."""
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(REFILL_IDLE):
                     await self._pool_wake.wait()
             self._pool_wake.clear()
+            await self._give_back_pooled(await self._memory_refusal(0))
             for pooled in self.pools.surplus():
                 await self._discard(pooled)
             for template_id in self.pools.missing():
