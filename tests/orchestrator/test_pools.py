@@ -8,7 +8,9 @@ from pathlib import Path
 
 import psutil
 import pytest
+from prometheus_client import generate_latest
 
+from aenv.api.metrics import NodeMetrics
 from aenv.network import EgressPolicy
 from aenv.network.settings import SandboxNetwork
 from aenv.orchestrator import warm
@@ -41,6 +43,15 @@ async def test_a_miss_refills_and_the_next_create_hits(tmp_path: Path) -> None:
         assert not (node.config.paths.sandboxes / second.id / warm.MARKER).exists()
         await eventually(lambda: pool_ready(node, 2))  # two creates: the pool grows to two
         assert orc.pools.counters.refills["base"] == 3
+        text = generate_latest(NodeMetrics(orc).registry).decode()
+        for line in (
+            'aenv_pool_vms{template="base"} 2.0',
+            'aenv_pool_hits_total{template="base"} 1.0',
+            'aenv_pool_misses_total{template="base"} 1.0',
+            'aenv_pool_refills_total{template="base"} 3.0',
+            'aenv_create_refusals_total{reason="memory"} 0.0',
+        ):
+            assert line in text
         for record in (first, second):
             assert await orc.kill(record.id)
 
