@@ -8,8 +8,8 @@ on (`AENV_POOL_MAX` = AENV_BENCH_POOL_MAX).
   steady state of a node whose pool keeps up with its creates. The ratio hit / miss is the
   figure; the server's own hit and miss counters confirm what each run was;
 - creates per second sustained: a few workers each looping create + `run("true")` + kill for a
-  while, with the pool's hits and misses over that time (a pool refills one VM at a time, so
-  past its refill rate creates miss and take today's path).
+  while, with the pool's hits and misses over that time (a pool refills only once creates
+  paused for a second, so creates back to back miss and take today's path).
 
 Every figure is min / median / p99 / max in ms. Settings (environment): AENV_BENCH_POOL_MAX (2),
 AENV_BENCH_CREATE_RUNS (20), AENV_BENCH_SUSTAIN_S (60), AENV_BENCH_SUSTAIN_WORKERS (2). Prints

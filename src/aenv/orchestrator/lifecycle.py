@@ -78,6 +78,9 @@ RESTORE_READY_TIMEOUT = 120.0
 RECONCILE_EVERY = 6
 # Seconds between two looks of the refill at pools nobody created from (to shrink them).
 REFILL_IDLE = 10.0
+# A refill waits until no create has been under way for this long: its restore would compete
+# for the CPU with the create and with the new sandbox's first commands.
+REFILL_QUIET = 1.0
 # What a pooled VM's slot is given until a create takes it: no egress at all.
 _NO_EGRESS = SlotEgress(enabled=False, policy=EgressPolicy())
 _FAILURES = (DriverError, EnvdUnavailable, OSError, RepositoryError)
@@ -193,6 +196,7 @@ class Orchestrator:
         # Creates queued or starting, and their guest RAM: their rows hold no VM yet.
         self._starting = 0
         self._starting_mb = 0
+        self._last_create = 0.0  # time.monotonic() when the latest create ended
         self.stats = CreateStats()
         self.pools = WarmPools(config.pool_max)
         self._pool_wake = asyncio.Event()
@@ -414,6 +418,7 @@ class Orchestrator:
         finally:
             self._starting -= 1
             self._starting_mb -= need_mb
+            self._last_create = time.monotonic()
 
     async def _queued_create_counted(
         self, request: CreateRequest, base: Template, parent: SandboxRecord | None
@@ -691,9 +696,9 @@ class Orchestrator:
         await self._discard(pooled)
 
     async def _refill_forever(self) -> None:
-        """Keep every pool at its target, one restore at a time and never ahead of a queued
-        create; shrink pools whose template's creates slowed down, and give every pooled VM
-        back when the host runs short of memory."""
+        """Keep every pool at its target, one restore at a time and only between creates;
+        shrink pools whose template's creates slowed down; give every pooled VM back when the
+        host runs short of memory."""
         while True:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(REFILL_IDLE):
@@ -703,8 +708,19 @@ class Orchestrator:
             for pooled in self.pools.surplus():
                 await self._discard(pooled)
             for template_id in self.pools.missing():
-                if self.stats.queued or not await self._fill(template_id):
+                await self._creates_quiet()
+                if not await self._fill(template_id):
                     break
+
+    async def _creates_quiet(self) -> None:
+        """Wait until no create runs or ended in the last `REFILL_QUIET` seconds. A node busy
+        with creates back to back thus refills nothing: its creates miss and restore as
+        without pools, no slower, instead of sharing the CPU with restores for the pool."""
+        while True:
+            quiet_for = time.monotonic() - self._last_create
+            if not self._starting and quiet_for >= REFILL_QUIET:
+                return
+            await asyncio.sleep(max(REFILL_QUIET - quiet_for, 0.05))
 
     async def _fill(self, template_id: str) -> bool:
         """Restore one VM into the template's pool. False when it cannot now (no memory, the
