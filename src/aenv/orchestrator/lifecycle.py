@@ -187,6 +187,9 @@ class Orchestrator:
         self.slots = slots
         self.templates = templates
         self._live: dict[str, _Live] = {}
+        # Slots of VMs being stopped (out of `_live` already, not released yet): still held,
+        # so the reconciler must not take them for leaked and release them a second time.
+        self._stopping: dict[int, Slot] = {}
         self._locks = KeyedLocks()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._admission = asyncio.Semaphore(config.max_concurrent_creates)
@@ -616,9 +619,14 @@ class Orchestrator:
         return vm, slot, envd
 
     async def _stop_vm(self, vm: VM, slot: Slot) -> None:
-        with contextlib.suppress(DriverError):
-            await vm.stop()
-        await self.slots.release(slot)
+        """Stop a VM and release its slot, which stays held (`reconcile`) until released."""
+        self._stopping[slot.index] = slot
+        try:
+            with contextlib.suppress(DriverError):
+                await vm.stop()
+            await self.slots.release(slot)
+        finally:
+            del self._stopping[slot.index]
 
     async def _init_envd(self, record: SandboxRecord, envd: EnvdClient) -> None:
         """Hand envd the sandbox's identity: token, env, hostname, fresh entropy."""
@@ -831,8 +839,9 @@ class Orchestrator:
             await asyncio.to_thread(self.driver.reap_unowned)
         await asyncio.to_thread(reap_strays, self.config.home)
         if isinstance(self.slots, SlotReclaimer):
-            kept = [live.slot for live in self._live.values()] + [p.slot for p in self.pools]
-            await self.slots.reclaim_leaked(kept)
+            held = [live.slot for live in self._live.values()] + list(self._stopping.values())
+            held += [pooled.slot for pooled in self.pools]
+            await self.slots.reclaim_leaked(held)
 
     def _started(self, record: SandboxRecord, live: _Live) -> None:
         self._schedule_expiry(record)
@@ -873,9 +882,7 @@ class Orchestrator:
         live.planned_exit = True
         for listener in self.vm_stopped:
             listener(sandbox_id, live.vm.id)
-        with contextlib.suppress(DriverError):
-            await live.vm.stop()
-        await self.slots.release(live.slot)
+        await self._stop_vm(live.vm, live.slot)
 
     def _lock(self, sandbox_id: str) -> contextlib.AbstractAsyncContextManager[None]:
         return self._locks.hold(sandbox_id)
