@@ -1,18 +1,30 @@
-"""How many idle sandboxes a node holds, and what each costs the host (issue 16, item 1).
+"""How many idle sandboxes a node holds, what each costs the host, and what each density technique
+changes, each on and off in one run (issue 16). Prints JSON and draws docs/density.png.
 
-A real server (bench/server_ns.py) with 512 MiB guests; sandboxes are created from `base` in
-steps up to AENV_BENCH_DENSITY_MAX (default 400) or until the host's available memory falls
-to AENV_BENCH_DENSITY_FLOOR_MB (default 2048) or a create is refused. At every step, once the
-new sandboxes have settled:
-- host memory used: the drop of MemAvailable since before the server started its sandboxes
-  (host-wide: the truth, whatever is shared or on tmpfs), per sandbox;
-- PSS and USS of each VMM process (its guest RAM is a shared file mapping on /dev/shm, so
-  the tmpfs size of the node's memory directory is reported beside them);
+Phase "default": a real server (bench/server_ns.py) with 512 MiB guests; sandboxes are created
+from `base` in steps of AENV_BENCH_DENSITY_STEP up to AENV_BENCH_DENSITY_MAX (default 400), or
+until the host's available memory falls to AENV_BENCH_DENSITY_FLOOR_MB or a create fails. At
+every step, once the new sandboxes settled:
+- host memory used: the drop of MemAvailable since before the first create (host-wide: the
+  truth whatever is shared or on tmpfs; other work on the host shows in it too), per sandbox;
+- PSS and USS of each VMM process, and the tmpfs the node's memory directory takes;
 - idle host CPU per sandbox: the VMMs' CPU time over AENV_BENCH_DENSITY_WINDOW_S (10 s);
-- a random 5% answer `commands.run("true")`: latency p50 and max (target: all within 5 s);
+- a random 5% answer `commands.run("true")`: p50 and max (target: all within 5 s);
 - overcommit: nominal guest RAM held / host memory used.
-At the largest step, KSM is switched on for a while (its previous setting restored after) and
-the pages it shares are reported: the "technique on" column for page sharing. Prints JSON.
+At the largest step, techniques are switched on one after the other and measured against the
+step just taken (technique off):
+- where idle CPU goes: VMM CPU by thread (QEMU's main loop, the vCPU, its workers);
+- page-cache trim: every guest drops its page cache (`echo 3 > drop_caches`, as envd's idle
+  trim would); host memory after;
+- KSM for AENV_BENCH_DENSITY_KSM_S (60 s; the host's setting restored after): pages merged and
+  host memory after.
+Phase "small_tb": a second server whose VMMs have a AENV_BENCH_DENSITY_TB_MIB MiB TCG
+translation cache instead of 64 (default 16: with 8, envd's start in the template build thrashes
+the cache), with AENV_BENCH_DENSITY_TB_N (10) sandboxes; compared with the default phase's step
+of the same size: VMM USS and `commands.run("true")` latency.
+
+The 400-sandbox run (quiet machine): `sudo .venv/bin/python bench/density.py` (defaults);
+a moderate one: `AENV_BENCH_DENSITY_MAX=40 AENV_BENCH_DENSITY_STEP=10 ...`.
 """
 
 from __future__ import annotations
@@ -23,12 +35,14 @@ import random
 import statistics
 import sys
 import time
+from collections import defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
 from idle import vmm_cpu_seconds
 from server_ns import (
+    REPO,
     bench_server,
     client_env,
     describe,
@@ -39,17 +53,21 @@ from server_ns import (
 )
 
 from aenv.config import Paths
+from aenv.runtime.ksm import Ksm, KsmSettings, merged_pages
 
 MAX = int(os.environ.get("AENV_BENCH_DENSITY_MAX", "400"))
 STEP = int(os.environ.get("AENV_BENCH_DENSITY_STEP", "50"))
 FLOOR_MB = int(os.environ.get("AENV_BENCH_DENSITY_FLOOR_MB", "2048"))
 WINDOW_S = float(os.environ.get("AENV_BENCH_DENSITY_WINDOW_S", "10"))
 KSM_S = float(os.environ.get("AENV_BENCH_DENSITY_KSM_S", "60"))
+TB_MIB = int(os.environ.get("AENV_BENCH_DENSITY_TB_MIB", "16"))
+TB_N = int(os.environ.get("AENV_BENCH_DENSITY_TB_N", "10"))
+PLOT = Path(os.environ.get("AENV_BENCH_DENSITY_PLOT", str(REPO / "docs" / "density.png")))
 GUEST_MB = 512
 SAMPLE = 0.05
 SETTLE_S = 10.0
-KSM = Path("/sys/kernel/mm/ksm")
 MIB = 1 << 20
+TRIM = "sync; echo 3 > /proc/sys/vm/drop_caches"
 
 
 def available_mib() -> float:
@@ -74,9 +92,9 @@ def vmm_memory(home: Path) -> tuple[list[float], list[float]]:
     return pss, uss
 
 
-def probe(sandboxes: list[Any]) -> dict[str, Any]:
-    """`commands.run("true")` in a random 5% (at least one) of the sandboxes."""
-    chosen = random.sample(sandboxes, max(1, round(len(sandboxes) * SAMPLE)))
+def probe(sandboxes: list[Any], share: float = SAMPLE) -> dict[str, Any]:
+    """`commands.run("true")` in a random `share` (at least one) of the sandboxes."""
+    chosen = random.sample(sandboxes, max(1, round(len(sandboxes) * share)))
     took = []
     for sandbox in chosen:
         start = time.perf_counter()
@@ -90,14 +108,22 @@ def probe(sandboxes: list[Any]) -> dict[str, Any]:
     }
 
 
-def measure(sandboxes: list[Any], home: Path, baseline_mib: float) -> dict[str, Any]:
-    n = len(sandboxes)
-    used = baseline_mib - available_mib()
-    pss, uss = vmm_memory(home)
+def used_mib(baseline_mib: float) -> float:
+    return baseline_mib - available_mib()
+
+
+def idle_cores(home: Path) -> float:
     start = vmm_cpu_seconds(home)
     time.sleep(WINDOW_S)
     end = vmm_cpu_seconds(home)
-    cores = sum(end[p] - start[p] for p in start if p in end) / WINDOW_S
+    return sum(end[p] - start[p] for p in start if p in end) / WINDOW_S
+
+
+def measure(sandboxes: list[Any], home: Path, baseline_mib: float) -> dict[str, Any]:
+    n = len(sandboxes)
+    used = used_mib(baseline_mib)
+    pss, uss = vmm_memory(home)
+    cores = idle_cores(home)
     return {
         "sandboxes": n,
         "host_used_mib": round(used),
@@ -105,28 +131,113 @@ def measure(sandboxes: list[Any], home: Path, baseline_mib: float) -> dict[str, 
         "vmm_pss_mib_median": round(statistics.median(pss), 1) if pss else None,
         "vmm_uss_mib_median": round(statistics.median(uss), 1) if uss else None,
         "guest_memory_on_tmpfs_mib": round(dir_size(Paths(home).memory)["allocated_mib"]),
+        "idle_cores": round(cores, 4),
         "idle_cores_per_sandbox": round(cores / n, 5),
         "overcommit": round(n * GUEST_MB / used, 2) if used > 0 else None,
         "probe": probe(sandboxes),
     }
 
 
-def ksm_window() -> dict[str, Any]:
-    """KSM on for KSM_S seconds; what it merged. The host's setting is restored after."""
-    if not (KSM / "run").exists():
+def thread_cpu(home: Path) -> dict[str, float]:
+    """Cores the node's VMMs spend over WINDOW_S, by thread name (`comm`), summed over VMMs."""
+
+    def sample() -> dict[tuple[int, int], tuple[str, float]]:
+        found = {}
+        tick = os.sysconf("SC_CLK_TCK")
+        for proc in vmm_processes(home):
+            for task in Path(f"/proc/{proc.pid}/task").glob("*"):
+                try:
+                    comm = (task / "comm").read_text().strip()
+                    fields = (task / "stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                found[(proc.pid, int(task.name))] = (
+                    comm,
+                    (int(fields[11]) + int(fields[12])) / tick,
+                )
+        return found
+
+    start = sample()
+    time.sleep(WINDOW_S)
+    end = sample()
+    by_name: dict[str, float] = defaultdict(float)
+    for key, (comm, seconds) in end.items():
+        if key in start:
+            by_name[comm] += (seconds - start[key][1]) / WINDOW_S
+    return {name: round(cores, 4) for name, cores in sorted(by_name.items())}
+
+
+def uss_sum_mib(home: Path) -> float:
+    """What the node's VMMs hold alone (USS), summed: unlike MemAvailable, blind to the rest of
+    a shared host."""
+    return round(sum(vmm_memory(home)[1]), 1)
+
+
+def trim(
+    sandboxes: list[Any], home: Path, baseline_mib: float, pool: ThreadPoolExecutor
+) -> dict[str, Any]:
+    """Every guest drops its page cache; host memory and the VMMs' USS before and after."""
+    before, uss_before = used_mib(baseline_mib), uss_sum_mib(home)
+    list(pool.map(lambda s: s.commands.run(TRIM, user="root", request_timeout=60), sandboxes))
+    time.sleep(SETTLE_S)
+    after, uss_after = used_mib(baseline_mib), uss_sum_mib(home)
+    return {
+        "host_used_mib_before": round(before),
+        "host_used_mib_after": round(after),
+        "vmm_uss_sum_mib_before": uss_before,
+        "vmm_uss_sum_mib_after": uss_after,
+        "freed_per_sandbox_mib": round((uss_before - uss_after) / len(sandboxes), 2),
+    }
+
+
+def ksmd_seconds() -> float:
+    """CPU seconds ksmd (a kernel thread) has used."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            text = stat.read_text()
+        except OSError:
+            continue
+        if "(ksmd)" in text:
+            fields = text.rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return 0.0
+
+
+def ksm_window(sandboxes: list[Any], home: Path, baseline_mib: float) -> dict[str, Any]:
+    """KSM on for KSM_S seconds (as `ksm = true` configures it); what it merged, host memory
+    and the VMMs' USS after, and ksmd's CPU. The host's settings are restored after."""
+    ksm = Ksm()
+    if not ksm.available():
         return {"available": False}
-    before = (KSM / "run").read_text().strip()
+    before, uss_before = used_mib(baseline_mib), uss_sum_mib(home)
+    start, cpu_start = ksm.stats(), ksmd_seconds()
     try:
-        (KSM / "run").write_text("1")
+        ksm.enable(KsmSettings())
         time.sleep(KSM_S)
-        read = {k: int((KSM / k).read_text()) for k in ("pages_shared", "pages_sharing")}
+        stats, cpu_end = ksm.stats(), ksmd_seconds()
+        ours = sum(merged_pages(proc.pid) for proc in vmm_processes(home))
+        after, uss_after = used_mib(baseline_mib), uss_sum_mib(home)
     finally:
-        (KSM / "run").write_text(before)
+        ksm.restore()
+    n = len(sandboxes)
     return {
         "available": True,
         "seconds": KSM_S,
-        **read,
-        "saved_mib": read["pages_sharing"] * 4 / 1024,
+        "full_scans": stats.full_scans - start.full_scans,
+        "pages_shared": stats.pages_shared,
+        "pages_sharing": stats.pages_sharing,
+        "zero_pages": stats.zero_pages,
+        "saved_mib": round(stats.saved_bytes / MIB),
+        # Host-wide figures above include other VMMs on the host; this is the node's own.
+        "node_vmm_pages_merged_per_sandbox_mib": round(ours * 4096 / MIB / n, 2),
+        "ksmd_cores": round((cpu_end - cpu_start) / KSM_S, 3),
+        "host_used_mib_before": round(before),
+        "host_used_mib_after": round(after),
+        "vmm_uss_sum_mib_before": uss_before,
+        "vmm_uss_sum_mib_after": uss_after,
+        "host_used_per_sandbox_mib_after": round(after / n, 1),
+        "overcommit_after": round(n * GUEST_MB / after, 2) if after > 0 else None,
+        "probe_after": probe(sandboxes),
     }
 
 
@@ -134,17 +245,23 @@ def client() -> None:
     from e2b import Sandbox
 
     client_env()
+    mode = os.environ["AENV_BENCH_DENSITY_MODE"]
+    limit = MAX if mode == "default" else TB_N
     home = Path(os.environ["AENV_HOME"])
     baseline = available_mib()
     sandboxes: list[Any] = []
     steps: list[dict[str, Any]] = []
-    stopped = f"reached {MAX}"
+    stopped = f"reached {limit}"
+    result: dict[str, Any] = {}
     with ThreadPoolExecutor(4) as pool:
-        while len(sandboxes) < MAX:
+        while len(sandboxes) < limit:
             if available_mib() < FLOOR_MB:
                 stopped = f"host available memory below {FLOOR_MB} MiB"
                 break
-            want = min(STEP, MAX - len(sandboxes))
+            # The small_tb phase compares with the default phase's step of TB_N sandboxes.
+            want = min(STEP if mode == "default" else TB_N, limit - len(sandboxes))
+            if mode == "default" and len(sandboxes) < TB_N < len(sandboxes) + want:
+                want = TB_N - len(sandboxes)
             futures = [pool.submit(Sandbox.create, timeout=3600) for _ in range(want)]
             failed = 0
             for future in futures:
@@ -155,27 +272,99 @@ def client() -> None:
                     stopped = f"a create failed: {error}"
             time.sleep(SETTLE_S)
             steps.append(measure(sandboxes, home, baseline))
-            log(f"{len(sandboxes)} sandboxes: {json.dumps(steps[-1])}")
+            log(f"{mode}: {len(sandboxes)} sandboxes: {json.dumps(steps[-1])}")
             if failed:
                 break
-        ksm = ksm_window() if sandboxes else {}
-        if sandboxes:
-            ksm["host_used_mib_after"] = round(baseline - available_mib())
+        if mode == "default" and sandboxes:
+            result["cpu_by_thread"] = thread_cpu(home)
+            result["trim"] = trim(sandboxes, home, baseline, pool)
+            log(f"trim: {json.dumps(result['trim'])}")
+            result["ksm"] = ksm_window(sandboxes, home, baseline)
+            log(f"ksm: {json.dumps(result['ksm'])}")
         list(pool.map(lambda s: s.kill(), sandboxes))
-    print(json.dumps({"steps": steps, "stopped": stopped, "ksm": ksm}))
+    print(json.dumps({"steps": steps, "stopped": stopped, **result}))
 
 
-def main() -> None:
+def phase(mode: str, tb_mib: int, limit: int) -> dict[str, Any]:
     env = {
         "AENV_SANDBOX_MEMORY_MB": str(GUEST_MB),
-        "AENV_MAX_SANDBOXES": str(MAX + 8),
-        "AENV_KEY_MAX_SANDBOXES": str(MAX + 8),
+        "AENV_MAX_SANDBOXES": str(limit + 8),
+        "AENV_KEY_MAX_SANDBOXES": str(limit + 8),
+        "AENV_TCG_TB_MIB": str(tb_mib),
+        "AENV_BENCH_DENSITY_MODE": mode,
     }
     with bench_server(env) as server:
         result = run_client(server, [sys.executable, __file__, "--client"], timeout=7200)
-        machine = describe(server)
+        result["machine"] = describe(server)
+    result["tcg_tb_mib"] = tb_mib
+    return result
+
+
+def small_tb_ratios(default: dict[str, Any], small: dict[str, Any]) -> dict[str, Any]:
+    """The small translation cache against the default phase at the same sandbox count."""
+    same = [s for s in default["steps"] if s["sandboxes"] == TB_N]
+    if not same or not small["steps"]:
+        return {}
+    base, tb = same[0], small["steps"][-1]
+    return {
+        "sandboxes": TB_N,
+        "uss_mib_median": [base["vmm_uss_mib_median"], tb["vmm_uss_mib_median"]],
+        "probe_p50_ms": [base["probe"]["p50_ms"], tb["probe"]["p50_ms"]],
+        "uss_ratio": round(tb["vmm_uss_mib_median"] / base["vmm_uss_mib_median"], 3),
+        "probe_p50_ratio": round(tb["probe"]["p50_ms"] / base["probe"]["p50_ms"], 3),
+        "idle_cores_per_sandbox": [base["idle_cores_per_sandbox"], tb["idle_cores_per_sandbox"]],
+    }
+
+
+def plot(default: dict[str, Any], small: dict[str, Any]) -> None:
+    """Host memory and idle CPU against sandboxes held, each technique on and off."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (mem, cpu) = plt.subplots(1, 2, figsize=(11, 4.2))
+    xs = [s["sandboxes"] for s in default["steps"]]
+    mem.plot(xs, [s["host_used_mib"] for s in default["steps"]], "o-", label="all off (64 MiB TB)")
+    mem.plot(xs, [s["sandboxes"] * GUEST_MB for s in default["steps"]], ":", label="nominal")
+    top = xs[-1] if xs else 0
+    for key, label, marker in (("trim", "+ page-cache trim", "s"), ("ksm", "+ KSM", "^")):
+        if "host_used_mib_after" in default.get(key, {}):
+            mem.plot([top], [default[key]["host_used_mib_after"]], marker, label=label)
+    tb_x = [s["sandboxes"] for s in small["steps"]]
+    mem.plot(tb_x, [s["host_used_mib"] for s in small["steps"]], "x", label=f"{TB_MIB} MiB TB")
+    mem.set_xlabel("idle sandboxes held (512 MiB guests)")
+    mem.set_ylabel("host memory used, MiB")
+    mem.legend(fontsize=8)
+    cpu.plot(xs, [s["idle_cores"] for s in default["steps"]], "o-", label="64 MiB TB")
+    cpu.plot(tb_x, [s["idle_cores"] for s in small["steps"]], "x", label=f"{TB_MIB} MiB TB")
+    cpu.set_xlabel("idle sandboxes held")
+    cpu.set_ylabel("host CPU of the VMMs, cores")
+    cpu.legend(fontsize=8)
+    fig.suptitle("bench/density.py: QEMU TCG, 2 cores, 24 GiB")
+    fig.tight_layout()
+    fig.savefig(PLOT, dpi=100)
+
+
+def main() -> None:
+    default = phase("default", 64, MAX)
+    try:
+        small = phase("small_tb", TB_MIB, TB_N)
+    except RuntimeError as error:  # the default phase's figures are still worth printing
+        small = {"steps": [], "error": str(error)[-2000:]}
+    plot(default, small)
     print(
-        json.dumps({"benchmark": "density", "date": time.strftime("%Y-%m-%d"), **machine, **result})
+        json.dumps(
+            {
+                "benchmark": "density",
+                "date": time.strftime("%Y-%m-%d"),
+                **default.pop("machine"),
+                "default": default,
+                "small_tb": small,
+                "small_tb_vs_default": small_tb_ratios(default, small),
+                "plot": str(PLOT),
+            }
+        )
     )
 
 
