@@ -131,6 +131,7 @@ def measure(sandboxes: list[Any], home: Path, baseline_mib: float) -> dict[str, 
         "vmm_pss_mib_median": round(statistics.median(pss), 1) if pss else None,
         "vmm_uss_mib_median": round(statistics.median(uss), 1) if uss else None,
         "guest_memory_on_tmpfs_mib": round(dir_size(Paths(home).memory)["allocated_mib"]),
+        "vmm_parts_mib": vmm_parts_mib(home),
         "idle_cores": round(cores, 4),
         "idle_cores_per_sandbox": round(cores / n, 5),
         "overcommit": round(n * GUEST_MB / used, 2) if used > 0 else None,
@@ -167,6 +168,30 @@ def thread_cpu(home: Path) -> dict[str, float]:
     return {name: round(cores, 4) for name, cores in sorted(by_name.items())}
 
 
+def vmm_parts_mib(home: Path) -> dict[str, float]:
+    """Summed over the node's VMMs, from their smaps: the guest pages they copied on write
+    (anonymous pages of the guest RAM mapping, a file under the memory tree), and TCG's
+    translation cache (the one anonymous executable mapping)."""
+    memory = str(Paths(home).memory)
+    guest = tcg = 0
+    for proc in vmm_processes(home):
+        try:
+            lines = Path(f"/proc/{proc.pid}/smaps").read_text().splitlines()
+        except OSError:
+            continue
+        kind = ""
+        for line in lines:
+            head = line.split()
+            if "-" in head[0] and len(head) >= 5:  # a mapping's header line
+                path = head[5] if len(head) > 5 else ""
+                kind = "guest" if path.startswith(memory) else ""
+                kind = "tcg" if not path and "x" in head[1] and "w" in head[1] else kind
+            elif head[0] == "Anonymous:" and kind:
+                guest += int(head[1]) if kind == "guest" else 0
+                tcg += int(head[1]) if kind == "tcg" else 0
+    return {"guest_cow_mib": round(guest / 1024, 1), "tcg_cache_mib": round(tcg / 1024, 1)}
+
+
 def uss_sum_mib(home: Path) -> float:
     """What the node's VMMs hold alone (USS), summed: unlike MemAvailable, blind to the rest of
     a shared host."""
@@ -178,10 +203,13 @@ def trim(
 ) -> dict[str, Any]:
     """Every guest drops its page cache; host memory and the VMMs' USS before and after."""
     before, uss_before = used_mib(baseline_mib), uss_sum_mib(home)
+    parts_before = vmm_parts_mib(home)
     list(pool.map(lambda s: s.commands.run(TRIM, user="root", request_timeout=60), sandboxes))
     time.sleep(SETTLE_S)
     after, uss_after = used_mib(baseline_mib), uss_sum_mib(home)
     return {
+        "vmm_parts_mib_before": parts_before,
+        "vmm_parts_mib_after": vmm_parts_mib(home),
         "host_used_mib_before": round(before),
         "host_used_mib_after": round(after),
         "vmm_uss_sum_mib_before": uss_before,
