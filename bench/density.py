@@ -24,7 +24,8 @@ the cache), with AENV_BENCH_DENSITY_TB_N (10) sandboxes; compared with the defau
 of the same size: VMM USS and `commands.run("true")` latency.
 
 The 400-sandbox run (quiet machine): `sudo .venv/bin/python bench/density.py` (defaults);
-a moderate one: `AENV_BENCH_DENSITY_MAX=40 AENV_BENCH_DENSITY_STEP=10 ...`.
+a moderate one: `AENV_BENCH_DENSITY_MAX=40 AENV_BENCH_DENSITY_STEP=10 ...`; `--plot run.json`
+redraws the plot from a run's output.
 """
 
 from __future__ import annotations
@@ -130,6 +131,7 @@ def measure(sandboxes: list[Any], home: Path, baseline_mib: float) -> dict[str, 
         "host_used_per_sandbox_mib": round(used / n, 1),
         "vmm_pss_mib_median": round(statistics.median(pss), 1) if pss else None,
         "vmm_uss_mib_median": round(statistics.median(uss), 1) if uss else None,
+        "vmm_uss_sum_mib": round(sum(uss), 1),
         "guest_memory_on_tmpfs_mib": round(dir_size(Paths(home).memory)["allocated_mib"]),
         "vmm_parts_mib": vmm_parts_mib(home),
         "idle_cores": round(cores, 4),
@@ -346,28 +348,39 @@ def small_tb_ratios(default: dict[str, Any], small: dict[str, Any]) -> dict[str,
     }
 
 
+def uss_sum(step: dict[str, Any]) -> float:
+    """The node's VMMs' summed USS at a step (median times count in runs that did not sum it)."""
+    if "vmm_uss_sum_mib" in step:
+        return float(step["vmm_uss_sum_mib"])
+    return float(step["vmm_uss_mib_median"] * step["sandboxes"])
+
+
 def plot(default: dict[str, Any], small: dict[str, Any]) -> None:
-    """Host memory and idle CPU against sandboxes held, each technique on and off."""
+    """Memory and idle CPU against sandboxes held, each technique on and off. Memory is what
+    the node's VMMs hold alone (USS, summed), which other work on the host does not move, and
+    the host-wide drop of MemAvailable, which it does."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, (mem, cpu) = plt.subplots(1, 2, figsize=(11, 4.2))
-    xs = [s["sandboxes"] for s in default["steps"]]
-    mem.plot(xs, [s["host_used_mib"] for s in default["steps"]], "o-", label="all off (64 MiB TB)")
-    mem.plot(xs, [s["sandboxes"] * GUEST_MB for s in default["steps"]], ":", label="nominal")
+    steps, tb_steps = default["steps"], small["steps"]
+    xs = [s["sandboxes"] for s in steps]
+    mem.plot(xs, [uss_sum(s) for s in steps], "o-", label="VMMs' USS, all off (64 MiB TB)")
+    mem.plot(xs, [s["host_used_mib"] for s in steps], ".--", label="host-wide used (noisy)")
     top = xs[-1] if xs else 0
     for key, label, marker in (("trim", "+ page-cache trim", "s"), ("ksm", "+ KSM", "^")):
-        if "host_used_mib_after" in default.get(key, {}):
-            mem.plot([top], [default[key]["host_used_mib_after"]], marker, label=label)
-    tb_x = [s["sandboxes"] for s in small["steps"]]
-    mem.plot(tb_x, [s["host_used_mib"] for s in small["steps"]], "x", label=f"{TB_MIB} MiB TB")
-    mem.set_xlabel("idle sandboxes held (512 MiB guests)")
-    mem.set_ylabel("host memory used, MiB")
+        if "vmm_uss_sum_mib_after" in default.get(key, {}):
+            mem.plot([top], [default[key]["vmm_uss_sum_mib_after"]], marker, label=label)
+    tb_x = [s["sandboxes"] for s in tb_steps]
+    tb_label = f"VMMs' USS, {small.get('tcg_tb_mib', TB_MIB)} MiB TB"
+    mem.plot(tb_x, [uss_sum(s) for s in tb_steps], "x", label=tb_label)
+    mem.set_xlabel("idle sandboxes held (512 MiB guests; nominal 512 MiB each)")
+    mem.set_ylabel("memory, MiB")
     mem.legend(fontsize=8)
-    cpu.plot(xs, [s["idle_cores"] for s in default["steps"]], "o-", label="64 MiB TB")
-    cpu.plot(tb_x, [s["idle_cores"] for s in small["steps"]], "x", label=f"{TB_MIB} MiB TB")
+    cpu.plot(xs, [s["idle_cores"] for s in steps], "o-", label="64 MiB TB")
+    cpu.plot(tb_x, [s["idle_cores"] for s in tb_steps], "x", label=tb_label.split(", ")[1])
     cpu.set_xlabel("idle sandboxes held")
     cpu.set_ylabel("host CPU of the VMMs, cores")
     cpu.legend(fontsize=8)
@@ -401,5 +414,8 @@ def main() -> None:
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--client"]:
         client()
+    elif sys.argv[1:2] == ["--plot"]:  # redraw from a run's JSON output: --plot run.json
+        saved = json.loads(Path(sys.argv[2]).read_text())
+        plot(saved["default"], saved["small_tb"])
     else:
         main()
