@@ -25,8 +25,8 @@ Every save reports the bytes it wrote (allocated MiB of what it left on disk) ne
 
 Baseline: the plain `Sandbox.create()` of A and B, measured in the same run; ratios are medians
 over that baseline's median. min / median / max (and p99) over AENV_BENCH_RUNS runs (5);
-AENV_BENCH_FORKS sets the fork count (16). Prints one JSON document on stdout; progress goes to
-stderr.
+AENV_BENCH_FORKS sets the fork count (16), AENV_BENCH_GUEST_MIB the guest's RAM (512). Prints
+one JSON document on stdout; progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ FORKS = int(os.environ.get("AENV_BENCH_FORKS", "16"))
 CYCLES = int(os.environ.get("AENV_BENCH_CYCLES", "100"))
 # What the guest writes before the saves of the write sequence (AENV_BENCH_WRITES_MIB="" skips).
 WRITES_MIB = [int(m) for m in os.environ.get("AENV_BENCH_WRITES_MIB", "16,64,256").split(",") if m]
+GUEST_MIB = os.environ.get("AENV_BENCH_GUEST_MIB", "512")
 TARGETS_MS = {"pause": 200, "resume": 300, "snapshot": 300, "fork_total": 4000}
 
 
@@ -299,7 +300,9 @@ def client() -> None:
 
 
 def main() -> None:
-    with bench_server() as server:
+    # The issue's figures are for 512 MiB guests (the test server's default is 256), which
+    # also leaves the guest room for the 256 MiB write.
+    with bench_server({"AENV_SANDBOX_MEMORY_MB": GUEST_MIB}) as server:
         result = run_client(server, [sys.executable, __file__, "--client"], timeout=3600)
         machine = describe(server)
     doc = {
