@@ -219,6 +219,14 @@ class Config(BaseModel):
     build_ca_bundle: Path | None = Path("/etc/ssl/certs/ca-certificates.crt")
     # Template builds: cached step layers kept (newest first); each holds a VM's memory and disk.
     build_cache_layers: int = 32
+    # Density (docs/density.md). KSM: the node starts the host's ksmd with this tuning (pages
+    # scanned every `ksm_sleep_ms`) and puts the host's settings back when it stops; it merges
+    # the pages restored guests wrote alike. Off by default: it costs host CPU.
+    ksm: bool = False
+    ksm_pages_to_scan: int = 1000
+    ksm_sleep_ms: int = 20
+    # QEMU under TCG: each VMM's translation cache, in MiB (a bound on what it may grow to).
+    tcg_tb_mib: int = 64
     # Every VMM runs jailed (README: Threat model). Off is for benchmarks and debugging only.
     jail: bool = True
     # Jailed VMMs: `jail_uid_base` is their group; each VMM has one of the `jail_uid_count`

@@ -1,5 +1,5 @@
 """Prometheus `/metrics` for the node: sandboxes by state, create queue and outcomes, create
-latency as clients see it (queueing included), warm network slots."""
+latency as clients see it (queueing included), warm network slots, and the host's KSM sharing."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from starlette.responses import Response
 
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.states import SandboxState
+from aenv.runtime.ksm import Ksm
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -43,10 +44,32 @@ class _NodeCollector(Collector):
         )
 
 
+class KsmCollector(Collector):
+    """The host's KSM (host-wide: the node's guests and anything else mergeable); nothing when
+    the kernel has none."""
+
+    def __init__(self, ksm: Ksm) -> None:
+        self._ksm = ksm
+
+    def collect(self) -> Iterator[Metric]:
+        if not self._ksm.available():
+            return
+        stats = self._ksm.stats()  # a few sysfs reads
+        yield GaugeMetricFamily("aenv_ksm_running", "KSM is merging", value=int(stats.running))
+        yield GaugeMetricFamily(
+            "aenv_ksm_pages_sharing", "Pages mapped onto merged pages", value=stats.pages_sharing
+        )
+        yield GaugeMetricFamily(
+            "aenv_ksm_saved_bytes", "Memory KSM saves (merged and zero pages)",
+            value=stats.saved_bytes,
+        )  # fmt: skip
+
+
 class NodeMetrics:
-    def __init__(self, orchestrator: Orchestrator) -> None:
+    def __init__(self, orchestrator: Orchestrator, ksm: Ksm | None = None) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_NodeCollector(orchestrator))
+        self.registry.register(KsmCollector(ksm or Ksm()))
         self.create_seconds = Histogram(
             "aenv_create_seconds",
             "Sandbox create latency seen by clients, queueing included",

@@ -76,6 +76,8 @@ Accel = Literal["kvm", "tcg"]
 RAM_BLOCK = "mem"  # the guest RAM's backend id, hence its RAM block's name in streams
 MIGRATE_BANDWIDTH = 100 << 30  # bytes/s: effectively unlimited
 VMM_OVERHEAD_MIB = 192  # QEMU heap + TCG translation cache (bounded by tb-size below)
+# TCG translation cache per VMM, in MiB. QEMU 7.2 defaults to 1 GiB (of which an idle guest
+# fills a few MiB); a bound keeps a guest that runs much code from holding more.
 TCG_TB_MIB = 64
 # How a VM's 9p shares (volumes) store files. mapped-xattr: the guest's owner and mode live in
 # extended attributes, so guests see and change them as on any filesystem (a jailed VMM could
@@ -97,6 +99,8 @@ class QemuConfig:
     jail: JailConfig | None = field(default_factory=JailConfig)
     # Off keeps what a guest frees allocated on the host: benchmarks only.
     discard: bool = True
+    # TCG only: the translation cache's size (`-accel tcg,tb-size=`), in MiB.
+    tb_size_mib: int = TCG_TB_MIB
 
 
 def host_tsc_khz(cpuinfo: str | None = None) -> int:
@@ -352,7 +356,7 @@ class QemuDriver:
     def _argv(
         self, vm_id: str, spec: VMSpec, memory: _Memory, qmp: Path, console: Path, tap_fd: int
     ) -> list[str]:
-        accel = "kvm" if self.config.accel == "kvm" else f"tcg,tb-size={TCG_TB_MIB}"
+        accel = "kvm" if self.config.accel == "kvm" else f"tcg,tb-size={self.config.tb_size_mib}"
         shared_memory = "on" if memory.shared else "off"
         jailed = self.config.jail is not None
         argv = [
