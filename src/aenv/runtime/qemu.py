@@ -434,9 +434,9 @@ class QemuDriver:
         return [*files, JailFile(memory.path, mapped), JailFile(qmp, Access.OWN),
                 JailFile(console, Access.OWN)]  # fmt: skip
 
-    def _limits(self, spec: VMSpec) -> CgroupLimits:
+    def _limits(self, spec: VMSpec, memory: _Memory) -> CgroupLimits:
         lim = spec.limits
-        memory_mib = lim.memory_max_mib or spec.memory_mib + VMM_OVERHEAD_MIB
+        memory_mib = lim.memory_max_mib or _memory_cap_mib(spec.memory_mib, memory.shared)
         return CgroupLimits(
             memory_bytes=memory_mib << 20,
             pids=lim.pids_max or DEFAULT_PIDS,
@@ -483,7 +483,7 @@ class QemuDriver:
                     cgroup = await asyncio.to_thread(
                         self._cgroups.create,
                         self.cgroup_name(f"{VMM_NAME_PREFIX}{vm_id}"),
-                        self._limits(spec),
+                        self._limits(spec, memory),
                     )
                     await asyncio.to_thread(cgroup.add, proc.pid)
                 # Connected means QEMU is running inside the jail: the jail may be let go.
@@ -844,6 +844,18 @@ async def _stopped_on_failure(
     except BaseException:
         await asyncio.shield(vm.stop())
         raise
+
+
+def _memory_cap_mib(guest_mib: int, shared: bool) -> int:
+    """What a VMM's cgroup may hold. A VMM owning its memory file holds the guest's RAM once
+    (the file's tmpfs pages) besides its own overhead. One mapping a base file privately can
+    be charged for the guest's RAM three times over, each bounded by the guest's size: its
+    private copies of the pages the guest wrote; the pages tmpfs allocates in the base file
+    where the guest touched a hole (a private mapping of a sparse tmpfs file fills the hole
+    before copying it, and the filled page stays in the file, unreclaimable without swap); and
+    while it saves changed pages, the stream it writes into tmpfs scratch (`save_delta`).
+    A cap of guest + overhead killed such VMMs once their guest had written most of its RAM."""
+    return (1 if shared else 3) * guest_mib + VMM_OVERHEAD_MIB
 
 
 def _memory_dir(spec: VMSpec) -> Path:
