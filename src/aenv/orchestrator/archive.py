@@ -10,17 +10,24 @@ from, so the absolute paths in its `snapshot.json` hold again.
 A pause checkpoint's disks may be layers stacked on earlier ones; the copy is exported
 self-contained first (`Driver.export`) into a staging directory that is removed once uploaded,
 and that a pull later recreates.
+
+Every copy records the data directory (`AENV_HOME`) of the node that made it, so another node
+sharing the repository can pull it (a cluster, `docs/cluster.md`): the absolute paths in its
+`snapshot.json` are then moved from the maker's directories to the puller's, the export
+directory to where it was pulled and the maker's home (guest images) to the puller's.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from aenv.runtime.driver import Driver, Snapshot
+from aenv.runtime.driver import SNAPSHOT_MANIFEST, Driver, Snapshot
 from aenv.storage.repository import Repository as ChunkRepository
 from aenv.storage.repository import RepositoryError
 
@@ -28,8 +35,9 @@ log = logging.getLogger("aenv.archive")
 
 
 class Archive:
-    def __init__(self, repository: ChunkRepository) -> None:
+    def __init__(self, repository: ChunkRepository, home: Path) -> None:
         self.repository = repository
+        self.home = home
 
     async def push_checkpoint(
         self,
@@ -54,7 +62,9 @@ class Archive:
     ) -> str:
         """Store an already self-contained snapshot directory; returns its manifest id."""
         manifest = await self.repository.put_tree(
-            directory, name=name, metadata={**metadata, "directory": str(directory)}
+            directory,
+            name=name,
+            metadata={**metadata, "directory": str(directory), "home": str(self.home)},
         )
         return manifest.id
 
@@ -64,7 +74,14 @@ class Archive:
         or missing chunk) rather than ever returning a snapshot that differs from what was
         stored."""
         await asyncio.to_thread(shutil.rmtree, dest, True)
-        await self.repository.get_tree(manifest_id, dest)
+        # A sandbox another node made has no directory here yet.
+        await asyncio.to_thread(dest.parent.mkdir, parents=True, exist_ok=True)
+        manifest = await self.repository.get_tree(manifest_id, dest)
+        moves = {
+            str(manifest.metadata.get("directory", dest)): str(dest),
+            str(manifest.metadata.get("home", self.home)): str(self.home),
+        }
+        await asyncio.to_thread(_relocate, dest / SNAPSHOT_MANIFEST, moves)
         return await driver.load_saved(dest)
 
     async def drop(self, manifest_id: str) -> None:
@@ -84,3 +101,24 @@ class Archive:
 
     def close(self) -> None:
         self.repository.close()
+
+
+def _relocate(manifest: Path, moves: Mapping[str, str]) -> None:
+    """Rewrite the paths in a pulled `snapshot.json` that lie under a key of `moves` (tried in
+    order: the export directory lies inside the home) to lie under its value. Blocking."""
+    moves = {old: new for old, new in moves.items() if old != new}
+    if not moves:
+        return
+
+    def move(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: move(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [move(v) for v in value]
+        if isinstance(value, str):
+            for old, new in moves.items():
+                if value == old or value.startswith(old + "/"):
+                    return new + value[len(old) :]
+        return value
+
+    manifest.write_text(json.dumps(move(json.loads(manifest.read_text())), indent=2))
