@@ -189,6 +189,8 @@ async def test_paused_sandboxes_are_published_for_other_nodes(client: aioredis.R
     await agent.beat()
     assert await parked.get("sbx1") is None
     await parked.released("sbx2", '{"id": "sbx2", "released": true}')
+    # A beat that read the catalog before the release does not take it back.
+    assert not await parked.publish("n1", "sbx2", '{"id": "sbx2"}')
     node.parked, node.sandboxes = {}, {"sbx1"}
     await agent.beat()
     assert await parked.get("sbx2") == ParkedSandbox("sbx2", "", '{"id": "sbx2", "released": true}')
@@ -206,9 +208,13 @@ async def test_a_node_back_from_a_partition_lets_go_of_moved_sandboxes(
     with pytest.raises(ClusterUnavailable):
         await agent.beat()
     redis.start()
-    await Routes(client).assign("sbx1", "n2")
+    other = NodeAgent(client, "n2", "10.0.0.2:3000", Node(sandboxes={"sbx1"}), SECRET, ttl=30)
+    await other.beat()
+    # sbx3 was adopted here just before its route was written: its old node is dead, keep it.
+    node.sandboxes.add("sbx3")
+    await Routes(client).assign("sbx3", "n9")
     assert await agent.beat()  # a republish after the failed beat
-    assert node.sandboxes == {"sbx2"}
+    assert node.sandboxes == {"sbx2", "sbx3"}
     routes = Routes(client)
-    assert [await routes.lookup(s) for s in ("sbx1", "sbx2")] == ["n2", "n1"]
+    assert [await routes.lookup(s) for s in ("sbx1", "sbx2", "sbx3")] == ["n2", "n1", "n1"]
     assert await Parked(client).get("sbx1") is None

@@ -180,9 +180,13 @@ class NodeAgent:
             await self.holders.add(self.node_id, file)
 
     async def _let_go_of_moved(self, state: NodeState) -> NodeState:
-        """The state without the sandboxes routed to another node, which the source forgets."""
+        """The state without the sandboxes routed to another live node, which the source
+        forgets. A route to a dead node is this node's to take back (an adoption here whose
+        route was not written yet)."""
         owners = await self.routes.owners(sorted(state.sandboxes))
-        moved = {i for i, owner in owners.items() if owner is not None and owner != self.node_id}
+        others = {o for o in owners.values() if o is not None and o != self.node_id}
+        live = await self.registry.alive(sorted(others))
+        moved = {i for i, owner in owners.items() if owner in live}
         for sandbox_id in moved:
             log.warning(
                 "sandbox %s moved to node %s: forgetting it here", sandbox_id, owners[sandbox_id]

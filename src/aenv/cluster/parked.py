@@ -26,6 +26,15 @@ return 1
 """
 
 
+# KEYS: the parked hash. ARGV: node id, record. A released record (no publisher) is left alone:
+# its node gave it up, and a heartbeat that read the node's catalog before must not take it back.
+_PUBLISH = """
+if redis.call('HGET', KEYS[1], 'node') == '' then return 0 end
+redis.call('HSET', KEYS[1], 'node', ARGV[1], 'record', ARGV[2])
+return 1
+"""
+
+
 @dataclass(frozen=True)
 class ParkedSandbox:
     sandbox_id: str
@@ -38,15 +47,19 @@ class Parked:
         self.client = client
         self.keys = keys or Keys()
         self._withdraw = client.register_script(_WITHDRAW)
+        self._publish = client.register_script(_PUBLISH)
 
-    async def publish(self, node_id: str, sandbox_id: str, record: str) -> None:
+    async def publish(self, node_id: str, sandbox_id: str, record: str) -> bool:
+        """Publishes the record as `node_id`'s unless it was released; True if it did."""
         async with guarded(self.client, f"publishing paused sandbox {sandbox_id}"):
-            await self._hset(sandbox_id, node_id, record)
+            keys = [self.keys.parked(sandbox_id)]
+            return bool(await self._publish(keys, [node_id, record]))
 
     async def released(self, sandbox_id: str, record: str) -> None:
         """A record its node gave up (a drain): no node withdraws it, an adopter removes it."""
         async with guarded(self.client, f"publishing released sandbox {sandbox_id}"):
-            await self._hset(sandbox_id, "", record)
+            key = self.keys.parked(sandbox_id)
+            await self.client.hset(key, mapping={"node": "", "record": record})
 
     async def withdraw(self, node_id: str, sandbox_id: str) -> bool:
         """Removes the record if `node_id` published it; True if it did."""
@@ -74,7 +87,3 @@ class Parked:
     async def unclaim(self, sandbox_id: str) -> None:
         async with guarded(self.client, f"ending the move of sandbox {sandbox_id}"):
             await self.client.delete(self.keys.moving(sandbox_id))
-
-    async def _hset(self, sandbox_id: str, node_id: str, record: str) -> None:
-        key = self.keys.parked(sandbox_id)
-        await self.client.hset(key, mapping={"node": node_id, "record": record})

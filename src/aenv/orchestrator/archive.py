@@ -14,14 +14,21 @@ and that a pull later recreates.
 Every copy records the data directory (`AENV_HOME`) of the node that made it, so another node
 sharing the repository can pull it (a cluster, `docs/cluster.md`): the absolute paths in its
 `snapshot.json` are then moved from the maker's directories to the puller's, the export
-directory to where it was pulled and the maker's home (guest images) to the puller's.
+directory to where it was pulled and the maker's home to the puller's. A `portable` archive
+(a cluster node's) also puts the read-only files a checkpoint names (kernel, initramfs, root
+and envd drives) into the copy: a restored guest's memory holds the page cache of exactly those
+bytes, and another node's own images of the same name may differ (an ext4 image built twice
+differs in its UUID and timestamps). Their chunks are stored once, whatever the number of
+copies naming them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
+import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -34,10 +41,14 @@ from aenv.storage.repository import RepositoryError
 log = logging.getLogger("aenv.archive")
 
 
+IMAGES = "images"
+
+
 class Archive:
-    def __init__(self, repository: ChunkRepository, home: Path) -> None:
+    def __init__(self, repository: ChunkRepository, home: Path, portable: bool = False) -> None:
         self.repository = repository
         self.home = home
+        self.portable = portable
 
     async def push_checkpoint(
         self,
@@ -53,6 +64,8 @@ class Archive:
         await asyncio.to_thread(staging.mkdir, parents=True)
         try:
             await driver.export(snapshot, staging, move=False)
+            if self.portable:
+                await asyncio.to_thread(_take_images, staging)
             return await self.push_directory(staging, name=name, metadata=metadata)
         finally:
             await asyncio.to_thread(shutil.rmtree, staging, True)
@@ -122,3 +135,28 @@ def _relocate(manifest: Path, moves: Mapping[str, str]) -> None:
         return value
 
     manifest.write_text(json.dumps(move(json.loads(manifest.read_text())), indent=2))
+
+
+def _take_images(staging: Path) -> None:
+    """Put the read-only files the exported snapshot in `staging` names into `staging/images`
+    (linked, or copied across filesystems) and name those instead. Blocking."""
+    snapshot = Snapshot.load_manifest(staging)
+    images = staging / IMAGES
+    images.mkdir()
+
+    def take(path: Path) -> Path:
+        target = images / path.name
+        if not target.exists():
+            try:
+                os.link(path, target)
+            except OSError:  # another filesystem
+                shutil.copyfile(path, target)
+        return target
+
+    spec = snapshot.spec
+    disks = tuple(
+        dataclasses.replace(d, path=take(d.path)) if d.read_only else d for d in spec.disks
+    )
+    initrd = take(spec.initrd) if spec.initrd is not None else None
+    spec = dataclasses.replace(spec, kernel=take(spec.kernel), initrd=initrd, disks=disks)
+    dataclasses.replace(snapshot, spec=spec).save_manifest(staging)
