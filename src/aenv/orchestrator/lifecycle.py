@@ -751,13 +751,17 @@ class Orchestrator:
         """Give a sandbox up to another node: paused first when it runs, the upload of its
         checkpoint to the repository waited for, then forgotten here (its files go, the copy
         stays: it is the adopter's now). Returns the record for `adopt`. Raises
-        `InvalidState` when it is neither running nor paused, `OperationFailed` when no copy
-        reached the repository (it stays here, paused)."""
+        `InvalidState` when it is neither running nor paused or mounts volumes,
+        `OperationFailed` when no copy reached the repository (it stays here, paused)."""
         if self.saved.archive is None:
             raise OperationFailed(
                 f"sandbox {sandbox_id} cannot move: this node has no snapshot repository"
             )
-        if self.get(sandbox_id).state is SandboxState.RUNNING:
+        record = self.get(sandbox_id)
+        if record.volume_mounts:
+            # Volumes are directories of this node: elsewhere its mounts would find nothing.
+            raise InvalidState(sandbox_id, record.state, "move", "it mounts volumes of this node")
+        if record.state is SandboxState.RUNNING:
             await self.pause(sandbox_id)
         settling = self._settling.get(sandbox_id)
         if settling is not None:
