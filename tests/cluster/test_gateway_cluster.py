@@ -125,7 +125,7 @@ async def test_two_nodes_behind_a_gateway_with_the_sdk(redis: RedisServer) -> No
         "AENV_CLUSTER_SECRET": SECRET.value,
         # Longer than a create: routes must appear through the orchestrator's hook, not a beat.
         "AENV_HEARTBEAT_INTERVAL": "3",
-        "AENV_LEASE_TTL": "30",
+        "AENV_LEASE_TTL": "15",
     }
     try:
         with cluster(scratch, NODES, settings, shared_repository=True) as c:
