@@ -151,6 +151,22 @@ async def test_a_paused_sandbox_of_a_lost_node_moves_to_another(
     assert held is not None and held.state is SandboxState.PAUSED
 
 
+async def test_sandbox_traffic_moves_a_lost_nodes_paused_sandbox_too(
+    setup: Setup, client: aioredis.Redis
+) -> None:
+    """The data plane moves it as the control plane does; the adopting node's proxy answers
+    (here a double without one: its 404 shows the request reached it)."""
+    await Parked(client).publish("gone", "sbport", _paused_record(setup, "sbport"))
+    sandbox = {"E2b-Sandbox-Port": "49983"}
+    with setup.client() as http:
+        moved = http.get("/files", headers={**sandbox, "E2b-Sandbox-Id": "sbport"})
+        unknown = http.get("/files", headers={**sandbox, "E2b-Sandbox-Id": "sbnone"})
+    assert moved.status_code == 404, moved.text
+    assert await Routes(client).lookup("sbport") in ("a", "b")
+    assert await Parked(client).get("sbport") is None
+    assert unknown.status_code == 502 and "was not found" in unknown.json()["message"]
+
+
 async def test_a_sandbox_no_node_adopts_stays_parked(setup: Setup, client: aioredis.Redis) -> None:
     parked = Parked(client)
     record = _paused_record(setup, "sbstuck")

@@ -39,10 +39,10 @@ _SANDBOX_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
 class ControlPlane:
-    def __init__(self, directory: Directory, nodes: NodeClient) -> None:
+    def __init__(self, directory: Directory, nodes: NodeClient, handoff: Handoff) -> None:
         self.directory = directory
         self.nodes = nodes
-        self.handoff = Handoff(directory, nodes)
+        self.handoff = handoff
 
     def routes(self) -> list[Route]:
         return [
