@@ -15,14 +15,14 @@ from aenv.orchestrator.states import SandboxState
 from tests.doubles.node import double_node
 
 # A cluster node's archive (its copies carry their images); no Redis is reached here.
-CLUSTER = {"redis_url": "redis://127.0.0.1:1/0"}
+REDIS = "redis://127.0.0.1:1/0"
 
 
 async def test_a_released_sandbox_resumes_on_another_node(tmp_path: Path) -> None:
-    shared = {**CLUSTER, "repository": str(tmp_path / "repository")}
+    shared = str(tmp_path / "repository")
     async with (
-        double_node(tmp_path / "a", **shared) as a,
-        double_node(tmp_path / "b", **shared) as b,
+        double_node(tmp_path / "a", redis_url=REDIS, repository=shared) as a,
+        double_node(tmp_path / "b", redis_url=REDIS, repository=shared) as b,
     ):
         record, _ = await a.orchestrator.create(a.request())
         a.guest(record.id).write("/data", "kept")
@@ -46,12 +46,12 @@ async def test_a_released_sandbox_resumes_on_another_node(tmp_path: Path) -> Non
 
 
 async def test_what_cannot_move_is_refused_and_stays(tmp_path: Path) -> None:
-    async with double_node(tmp_path / "off", repository="off", **CLUSTER) as node:
+    async with double_node(tmp_path / "off", repository="off", redis_url=REDIS) as node:
         record, _ = await node.orchestrator.create(node.request())
         with pytest.raises(OperationFailed, match="no snapshot repository"):
             await node.orchestrator.release(record.id)
         assert node.row(record.id).state is SandboxState.RUNNING
-    async with double_node(tmp_path / "a", **CLUSTER) as node:
+    async with double_node(tmp_path / "a", redis_url=REDIS) as node:
         record, _ = await node.orchestrator.create(node.request())
         node.catalog.update(record.id, volume_mounts=(VolumeMount("vol1", "/mnt/v"),))
         with pytest.raises(InvalidState, match="mounts volumes"):
@@ -62,7 +62,7 @@ async def test_what_cannot_move_is_refused_and_stays(tmp_path: Path) -> None:
 
 
 async def test_a_forgotten_sandbox_leaves_its_copy(tmp_path: Path) -> None:
-    async with double_node(tmp_path, **CLUSTER) as node:
+    async with double_node(tmp_path, redis_url=REDIS) as node:
         record, _ = await node.orchestrator.create(node.request())
         released = await node.orchestrator.release(record.id)
         assert released.archived is not None
