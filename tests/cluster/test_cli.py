@@ -80,9 +80,9 @@ async def test_nodes_lists_state_capacity_and_load_and_drains(
     assert missing.returncode == 1 and "node n9 is not live" in missing.stderr
     listed = aenv(tmp_path, redis.url, "nodes", "--json")
     assert listed.returncode == 0, listed.stderr
-    assert [(n["nodeID"], n["state"], n["running"]) for n in json.loads(listed.stdout)] == [
-        ("n1", "ready", 3), ("n2", "draining", 0),
-    ]  # fmt: skip
+    # Load: running per CPU plus the share of memory in use (3/4 + 0.5, 0 + 0.5).
+    shown = [(n["nodeID"], n["state"], n["running"], n["load"]) for n in json.loads(listed.stdout)]
+    assert shown == [("n1", "ready", 3, 1.25), ("n2", "draining", 0, 0.5)]
     assert aenv(tmp_path, redis.url, "node", "undrain", "n2").returncode == 0
     assert await Drains(client).draining() == {"n9"}
 

@@ -8,12 +8,16 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Annotated, Any, TypeVar
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
 import typer
 
 from aenv.cli.node import HomeOption, JsonOption, console, fail
 from aenv.config import ConfigError, load
+
+if TYPE_CHECKING:
+    from aenv.cluster.directory import Directory
+    from aenv.cluster.secret import ClusterSecret
 
 T = TypeVar("T")
 RedisOption = Annotated[str | None, typer.Option(help="the cluster's Redis (AENV_REDIS_URL)")]
@@ -21,7 +25,9 @@ app = typer.Typer(help="List a cluster's nodes.")
 
 
 def _with_directory(
-    redis_url: str | None, home: Path | None, work: Callable[..., Awaitable[T]]
+    redis_url: str | None,
+    home: Path | None,
+    work: Callable[[Directory, ClusterSecret], Awaitable[T]],
 ) -> T:
     from aenv.cluster.directory import Directory
     from aenv.cluster.membership import cluster_access
@@ -52,7 +58,9 @@ def nodes(
 ) -> None:
     """The cluster's live nodes: state, capacity and load."""
 
-    async def read(directory: Any, _: Any) -> list[dict[str, Any]]:
+    from aenv.cluster.placement import load as load_of
+
+    async def read(directory: Directory, _: ClusterSecret) -> list[dict[str, Any]]:
         draining = await directory.drains.draining()
         return [
             {
@@ -64,6 +72,8 @@ def nodes(
                 "memoryFreeMB": n.capacity.memory_free_mb,
                 "running": n.capacity.running,
                 "paused": n.capacity.paused,
+                # What placement ranks nodes by: running per CPU plus the share of memory used.
+                "load": round(load_of(n), 3),
             }
             for n in await directory.live()
         ]
@@ -73,11 +83,11 @@ def nodes(
         print(json.dumps(listed))
         return
     print(f"{'NODE':<20} {'STATE':<9} {'ADDRESS':<22} {'CPUS':>4} {'MEM FREE/TOTAL MB':>18} "
-          f"{'RUNNING':>7} {'PAUSED':>6}")  # fmt: skip
+          f"{'RUNNING':>7} {'PAUSED':>6} {'LOAD':>6}")  # fmt: skip
     for n in listed:
         memory = f"{n['memoryFreeMB']}/{n['memoryMB']}"
         print(f"{n['nodeID']:<20} {n['state']:<9} {n['address']:<22} {n['cpus']:>4} "
-              f"{memory:>18} {n['running']:>7} {n['paused']:>6}")  # fmt: skip
+              f"{memory:>18} {n['running']:>7} {n['paused']:>6} {n['load']:>6}")  # fmt: skip
 
 
 def drain(
@@ -91,7 +101,7 @@ def drain(
     from aenv.gateway.evacuate import evacuate
     from aenv.gateway.nodes import NodeClient
 
-    async def work(directory: Any, secret: Any) -> list[dict[str, Any]]:
+    async def work(directory: Directory, secret: ClusterSecret) -> list[dict[str, Any]]:
         await directory.drains.drain(node_id)
         client = NodeClient(secret)
         try:
@@ -124,7 +134,7 @@ def undrain(
 ) -> None:
     """NODE takes new sandboxes again."""
 
-    async def work(directory: Any, _: Any) -> None:
+    async def work(directory: Directory, _: ClusterSecret) -> None:
         await directory.drains.undrain(node_id)
 
     _with_directory(redis_url, home, work)
