@@ -1027,6 +1027,81 @@ class Orchestrator:
             record = self.extend_timeout(sandbox_id, timeout)
         return record, resumed
 
+    # -- moving between nodes (a cluster sharing one snapshot repository) -----------------
+
+    async def release(self, sandbox_id: str) -> SandboxRecord:
+        """Give a sandbox up to another node: paused first when it runs, the upload of its
+        checkpoint to the repository waited for, then forgotten here (its files go, the copy
+        stays: it is the adopter's now). Returns the record for `adopt`. Raises
+        `InvalidState` when it is neither running nor paused or mounts volumes,
+        `OperationFailed` when no copy reached the repository (it stays here, paused)."""
+        if self.saved.archive is None:
+            raise OperationFailed(
+                f"sandbox {sandbox_id} cannot move: this node has no snapshot repository"
+            )
+        record = self.get(sandbox_id)
+        if record.volume_mounts:
+            # Volumes are directories of this node: elsewhere its mounts would find nothing.
+            raise InvalidState(sandbox_id, record.state, "move", "it mounts volumes of this node")
+        if record.state is SandboxState.RUNNING:
+            await self.pause(sandbox_id)
+        settling = self._settling.get(sandbox_id)
+        if settling is not None:
+            await asyncio.gather(settling, return_exceptions=True)
+        await self.saved.wait_push(sandbox_id)
+        async with self._lock(sandbox_id):
+            record = self.get(sandbox_id)
+            if record.state is not SandboxState.PAUSED:
+                raise InvalidState(sandbox_id, record.state, "move")
+            if record.archived is None or record.archived.seq != record.checkpoint_seq:
+                raise OperationFailed(
+                    f"sandbox {sandbox_id} cannot move: its checkpoint did not reach the "
+                    "repository (see the node's log)"
+                )
+            await self._forget_locked(sandbox_id)
+        await tell(self.residency, lambda r: r.sandbox_gone(sandbox_id), f"{sandbox_id} left")
+        await self.saved.collect()
+        return record
+
+    async def adopt(self, record: SandboxRecord) -> SandboxRecord:
+        """Take a paused sandbox another node released (or lost with its node): it is paused
+        here, and its resume pulls the repository's copy of its checkpoint. An id this node
+        holds already is left as it is. Raises `InvalidState` for a record that is not paused
+        with a copy in the repository."""
+        if record.state is not SandboxState.PAUSED or record.archived is None:
+            raise InvalidState(record.id, record.state, "adopt", "no copy in the repository")
+        if self.saved.archive is None:
+            raise OperationFailed(f"cannot adopt {record.id}: this node has no repository")
+        async with self._lock(record.id):
+            existing = self.catalog.get(record.id)
+            if existing is not None:
+                return existing
+            # Its own files are in the repository's copy: nothing here is its base.
+            adopted = self.catalog.insert(dataclasses.replace(record, restored_from=""))
+        await tell(self.residency, lambda r: r.sandbox_routed(record.id), f"{record.id} came")
+        return adopted
+
+    async def forget(self, sandbox_id: str) -> bool:
+        """Drop a sandbox that lives on another node now (this node was cut off while it
+        moved): its VM stops and its files go here, its repository copy stays (the other
+        node's). False when it is not here."""
+        async with self._lock(sandbox_id):
+            if self.catalog.get(sandbox_id) is None:
+                return False
+            await self._forget_locked(sandbox_id)
+        await self.saved.collect()
+        return True
+
+    async def _forget_locked(self, sandbox_id: str) -> None:
+        self._cancel_timer(sandbox_id)
+        await self._settling.cancel(sandbox_id)
+        await self.saved.cancel_push(sandbox_id)
+        live = self._live.pop(sandbox_id, None)
+        if live is not None:
+            await self._stop(sandbox_id, live)
+        await self._reclaim_files(sandbox_id)
+        self.catalog.delete(sandbox_id)
+
     async def endpoint_for_traffic(self, sandbox_id: str) -> GuestEndpoint:
         """The proxy's lookup: a paused sandbox that asked for `autoResume` is resumed first."""
         record = self.catalog.get(sandbox_id)
