@@ -13,6 +13,12 @@ all), one real redis-server on loopback. Prints JSON.
 a real gateway (in another, joined by a veth pair), the SDK in the gateway's namespace:
 `commands.run("true")` through the gateway over the same sandbox reached straight at its node,
 interleaved in one run (target: at most 1.1x).
+
+`python bench/cluster.py gateway-cpu`: a real `aenv gateway` process in front of two node
+doubles (`tests/cluster/node_double.py`: the real internal gate over a catalog, creates without
+VMs, so only the gateway's own work is measured) and a real redis-server: the gateway process's
+CPU time (user + system, from /proc) per create (`POST /sandboxes`: placement reads, the
+forward, the answer), over its CPU time per `GET /health` (one Redis read) in the same run.
 """
 
 from __future__ import annotations
@@ -55,6 +61,9 @@ class SimulatedNode:
     async def state(self) -> NodeState:
         capacity = Capacity(64, 262144, 131072, running=len(self.sandboxes), paused=0)
         return NodeState(capacity, self.sandboxes, {"base"}, set())
+
+    async def forget(self, sandbox_id: str) -> None:
+        self.sandboxes.discard(sandbox_id)
 
 
 async def timed(calls: list[Callable[[], Awaitable[object]]], samples: int) -> list[list[float]]:
@@ -178,7 +187,102 @@ async def proxy(scratch: Path, samples: int = 200) -> dict[str, Any]:
     }
 
 
+CREATES = 500
+
+
+def gateway_cpu(scratch: Path, samples: int = CREATES) -> dict[str, Any]:
+    import os
+    import secrets
+    import subprocess
+    from contextlib import ExitStack
+
+    import httpx
+    import psutil
+
+    from aenv.api.keys import KeyStore
+    from aenv.cluster.registry import NodeReport
+    from aenv.config import Paths
+    from aenv.orchestrator.catalog import Catalog
+    from tests.cluster.node_double import NodeDouble
+    from tests.cluster.shared import SECRET as DOUBLES_SECRET  # the doubles' gate checks it
+    from tests.proxy.support import serve
+    from tests.support.ports import free_port
+    from tests.support.process_group import stop_group
+
+    with ExitStack() as stack:
+        server = stack.enter_context(redis_server(scratch))
+        node_keys = KeyStore(scratch / "node-keys.json")
+        node_keys.create("node")
+
+        async def register(addresses: dict[str, str]) -> None:
+            client = connect(server.url)
+            registry = NodeRegistry(client, DOUBLES_SECRET)
+            for name, address in addresses.items():
+                capacity = Capacity(64, 262144, 131072, running=0, paused=0)
+                report = NodeReport(name, address, capacity, ["base"])
+                await registry.heartbeat(secrets.token_hex(8), report, ttl=3600)
+            await client.aclose()
+
+        addresses = {}
+        for name in ("a", "b"):
+            double = NodeDouble(name, scratch / name, Catalog(scratch / f"{name}.db"))
+            port = free_port()
+            stack.enter_context(serve(double.app(node_keys), port))
+            addresses[name] = f"127.0.0.1:{port}"
+        asyncio.run(register(addresses))
+        port = free_port()
+        home = scratch / "gateway"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("AENV_")}
+        env |= {"AENV_HOME": str(home), "AENV_REDIS_URL": server.url,
+                "AENV_CLUSTER_SECRET": DOUBLES_SECRET.value, "AENV_KEY_REQUEST_BURST": "100000",
+                "AENV_KEY_REQUESTS_PER_S": "100000"}  # fmt: skip
+        gateway = subprocess.Popen(
+            [sys.executable, "-m", "aenv.cli", "gateway", "--port", str(port)],
+            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            start_new_session=True,
+        )  # fmt: skip
+        stack.callback(stop_group, gateway, 10)
+        url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if httpx.get(f"{url}/health").status_code == 204:
+                    break
+            except httpx.TransportError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError("the gateway never answered")
+            time.sleep(0.2)
+        key = Paths(home).api_key.read_text().strip()
+        process = psutil.Process(gateway.pid)
+
+        def cpu_ms_per_call(call: Callable[[httpx.Client], httpx.Response]) -> float:
+            with httpx.Client(base_url=url, headers={"X-API-Key": key}, timeout=30) as http:
+                call(http)  # warm: connections and caches
+                before = process.cpu_times()
+                for _ in range(samples):
+                    answer = call(http)
+                    assert answer.status_code < 300, answer.text
+                after = process.cpu_times()
+            spent = (after.user - before.user) + (after.system - before.system)
+            return spent * 1000 / samples
+
+        health = cpu_ms_per_call(lambda http: http.get("/health"))
+        create = cpu_ms_per_call(lambda http: http.post("/sandboxes", json={"templateID": "base"}))
+    return {
+        "simulation": "node doubles without VMs: the gateway's own CPU only",
+        "calls": samples,
+        "gateway_cpu_ms_per_create": round(create, 3),
+        "gateway_cpu_ms_per_health": round(health, 3),
+        "create_over_health": round(create / health, 2),
+    }
+
+
 def main() -> None:
+    if sys.argv[1:] == ["gateway-cpu"]:
+        with tempfile.TemporaryDirectory(prefix="aenv-bench-gwcpu-") as tmp:
+            print(json.dumps(gateway_cpu(Path(tmp)), indent=2))
+        return
     if sys.argv[1:] == ["proxy"]:
         scratch = Path(tempfile.mkdtemp(prefix="aenv-bench-gw-"))
         try:

@@ -5,7 +5,9 @@ daemons run on an emulated CPU. The bench starts a real server (bench/server_ns.
 AENV_BENCH_IDLE_N sandboxes (default 8) from `base`, lets them settle, and samples their VMMs'
 CPU time over AENV_BENCH_IDLE_S seconds (default 10). Baseline in the same run: one sandbox
 spinning a shell loop (`while :; do :; done`), i.e. what one busy guest costs; the ratio says
-how many idle sandboxes cost as much as one busy one. Prints JSON.
+how many idle sandboxes cost as much as one busy one. Technique off in the same run: N more
+idle sandboxes with the guest's proactive compaction switched back on (`vm.compaction_proactiveness`
+= 20, the kernel's default, which our init sets to 0). Prints JSON.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from server_ns import bench_server, client_env, describe, log, run_client, vmm_p
 N = int(os.environ.get("AENV_BENCH_IDLE_N", "8"))
 WINDOW_S = float(os.environ.get("AENV_BENCH_IDLE_S", "10"))
 SETTLE_S = 5.0
+COMPACTION_ON = "echo 20 > /proc/sys/vm/compaction_proactiveness"
 
 
 def vmm_cpu_seconds(home: Path) -> dict[int, float]:
@@ -47,18 +50,27 @@ def client() -> None:
     busy = Sandbox.create(timeout=600)
     busy.commands.run("while :; do :; done", background=True)
     busy_pids = set(vmm_cpu_seconds(home)) - before_busy
+    before_idle = set(vmm_cpu_seconds(home))
     idle = [Sandbox.create(timeout=600) for _ in range(N)]
-    log(f"{N} idle sandboxes and one busy one; settling {SETTLE_S:.0f} s")
+    idle_pids = set(vmm_cpu_seconds(home)) - before_idle
+    compacting = [Sandbox.create(timeout=600) for _ in range(N)]
+    for sbx in compacting:
+        sbx.commands.run(COMPACTION_ON, user="root")
+    log(f"{2 * N} idle sandboxes and one busy one; settling {SETTLE_S:.0f} s")
     time.sleep(SETTLE_S)
     start = vmm_cpu_seconds(home)
     time.sleep(WINDOW_S)
     end = vmm_cpu_seconds(home)
-    for sbx in [busy, *idle]:
+    for sbx in [busy, *idle, *compacting]:
         sbx.kill()
     used = {pid: (end[pid] - start[pid]) / WINDOW_S for pid in start if pid in end}
-    idle_cores = [c for pid, c in used.items() if pid not in busy_pids]
+    idle_cores = [c for pid, c in used.items() if pid in idle_pids]
+    compacting_cores = [
+        c for pid, c in used.items() if pid not in idle_pids and pid not in busy_pids
+    ]
     busy_cores = [c for pid, c in used.items() if pid in busy_pids]
     per_idle = sum(idle_cores) / len(idle_cores)
+    per_compacting = sum(compacting_cores) / len(compacting_cores)
     result: dict[str, Any] = {
         "idle_sandboxes": len(idle_cores),
         "window_s": WINDOW_S,
@@ -67,6 +79,8 @@ def client() -> None:
         "busy_cores": round(sum(busy_cores), 3),
         "ratio_idle_to_busy": round(per_idle / max(sum(busy_cores), 1e-9), 4),
         "idle_sandboxes_per_core": round(1 / per_idle) if per_idle else None,
+        "proactive_compaction_on_cores_per_sandbox": round(per_compacting, 4),
+        "ratio_compaction_off_to_on": round(per_idle / max(per_compacting, 1e-9), 3),
     }
     print(json.dumps(result))
 

@@ -25,8 +25,8 @@ Every save reports the bytes it wrote (allocated MiB of what it left on disk) ne
 
 Baseline: the plain `Sandbox.create()` of A and B, measured in the same run; ratios are medians
 over that baseline's median. min / median / max (and p99) over AENV_BENCH_RUNS runs (5);
-AENV_BENCH_FORKS sets the fork count (16). Prints one JSON document on stdout; progress goes to
-stderr.
+AENV_BENCH_FORKS sets the fork count (16), AENV_BENCH_GUEST_MIB the guest's RAM (512). Prints
+one JSON document on stdout; progress goes to stderr.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ FORKS = int(os.environ.get("AENV_BENCH_FORKS", "16"))
 CYCLES = int(os.environ.get("AENV_BENCH_CYCLES", "100"))
 # What the guest writes before the saves of the write sequence (AENV_BENCH_WRITES_MIB="" skips).
 WRITES_MIB = [int(m) for m in os.environ.get("AENV_BENCH_WRITES_MIB", "16,64,256").split(",") if m]
+GUEST_MIB = os.environ.get("AENV_BENCH_GUEST_MIB", "512")
 TARGETS_MS = {"pause": 200, "resume": 300, "snapshot": 300, "fork_total": 4000}
 
 
@@ -219,14 +220,21 @@ def cycles(home: Path) -> dict[str, Any]:
         written.append(mib)
         took, sandbox = timed(partial(Sandbox.connect, sandbox.sandbox_id, timeout=3600))
         resumes.append(took)
-        alive = sandbox.commands.run(f"kill -0 {pid} && cat /home/user/kept").stdout
-        if alive != "kept across cycles":
-            raise RuntimeError(f"cycle {cycle + 1}: process or file lost: {alive!r}")
+        check = f"kill -0 {pid} 2>/dev/null && echo alive; cat /home/user/kept"
+        alive = sandbox.commands.run(check).stdout
+        if alive != "alive\nkept across cycles":
+            # Reported, not raised: the figures of the other sequences are kept.
+            log(f"cycle {cycle + 1}: process or file lost: {alive!r}")
+            lost = {"lost_at_cycle": cycle + 1, "what_remained": alive}
+            break
+    else:
+        lost = {}
     sandbox.kill()
     log(f"{CYCLES} cycles: resume first {resumes[0] * 1000:.0f} ms, last {resumes[-1] * 1000:.0f}")
     tenth = max(1, CYCLES // 10)
     return {
-        "cycles": CYCLES,
+        "cycles": len(resumes),
+        **lost,
         "pause_ms": summary_ms(pauses),
         "resume_ms": summary_ms(resumes),
         "first_tenth_resume_median_ms": round(statistics.median(resumes[:tenth]) * 1000, 1),
@@ -299,7 +307,9 @@ def client() -> None:
 
 
 def main() -> None:
-    with bench_server() as server:
+    # The issue's figures are for 512 MiB guests (the test server's default is 256), which
+    # also leaves the guest room for the 256 MiB write.
+    with bench_server({"AENV_SANDBOX_MEMORY_MB": GUEST_MIB}) as server:
         result = run_client(server, [sys.executable, __file__, "--client"], timeout=3600)
         machine = describe(server)
     doc = {

@@ -184,6 +184,14 @@ class Config(BaseModel):
     # creates answer 429 and pauses and snapshots fail, with nothing changed.
     reserve_disk_mb: int = 1024
     reserve_memory_mb: int = 256
+    # Admission by memory: host memory counted for each create until it runs (a restored
+    # guest's own pages), and the most nominal guest RAM the node runs, as a multiple of the
+    # host's RAM. Past either, creates answer 429 (pooled VMs are given back first).
+    admission_sandbox_mb: int = 64
+    memory_overcommit: float = 10.0
+    # Warm pools: restored, not yet initialised VMs kept per template, sized to its creates of
+    # the last minute; 0 turns pools off.
+    pool_max: int = 0
     # Longest timeout a client may ask for, in seconds.
     max_timeout: int = 24 * 3600
     network_prefix: str = "aenv"
@@ -222,6 +230,14 @@ class Config(BaseModel):
     # Build code-interpreter-v1 (the code interpreter SDKs' template) in the background when
     # the node starts without it (aenv/publish.py). Its pip and apt steps need the registries.
     publish_code_interpreter: bool = True
+    # Density (docs/density.md). KSM: the node starts the host's ksmd with this tuning (pages
+    # scanned every `ksm_sleep_ms`) and puts the host's settings back when it stops; it merges
+    # the pages restored guests wrote alike. Off by default: it costs host CPU.
+    ksm: bool = False
+    ksm_pages_to_scan: int = 1000
+    ksm_sleep_ms: int = 20
+    # QEMU under TCG: each VMM's translation cache, in MiB (a bound on what it may grow to).
+    tcg_tb_mib: int = 64
     # Every VMM runs jailed (README: Threat model). Off is for benchmarks and debugging only.
     jail: bool = True
     # Jailed VMMs: `jail_uid_base` is their group; each VMM has one of the `jail_uid_count`

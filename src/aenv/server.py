@@ -7,6 +7,7 @@ The data-plane proxy is the outermost app: requests carrying E2B's sandbox routi
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import hashlib
 import logging
@@ -46,6 +47,7 @@ from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
 from aenv.runtime.firecracker.host import find_binary
 from aenv.runtime.firecracker.jailer import JailerConfig
 from aenv.runtime.jail import JailConfig
+from aenv.runtime.ksm import Ksm, KsmSettings
 from aenv.runtime.select import Backend, driver_for, select_backend
 from aenv.runtime.sweep import sweep
 from aenv.storage.private import make_private
@@ -65,6 +67,7 @@ class Node:
     orchestrator: Orchestrator
     cgroups: CgroupManager
     app: SandboxProxy
+    ksm: Ksm | None = None
 
     async def close(self) -> None:
         await self.app.aclose()
@@ -72,6 +75,8 @@ class Node:
         await self.slots.close()
         self.cgroups.remove_parent()
         self.catalog.close()
+        if self.ksm is not None:
+            await asyncio.to_thread(self.ksm.restore)
 
 
 def _guest_net(slots: NetworkConfig) -> GuestNet:
@@ -108,7 +113,13 @@ async def _driver(
     firecracker = FirecrackerConfig()
     if selection.backend is Backend.FIRECRACKER:
         firecracker = _jailed_firecracker(config, cgroups)
-    return driver_for(selection, cgroups=cgroups, firecracker=firecracker, jail=jail_config(config))
+    return driver_for(
+        selection,
+        cgroups=cgroups,
+        firecracker=firecracker,
+        jail=jail_config(config),
+        tb_size_mib=config.tcg_tb_mib,
+    )
 
 
 def _jailed_firecracker(config: Config, cgroups: CgroupManager) -> FirecrackerConfig:
@@ -208,7 +219,19 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
     api = create_api(orchestrator, config, keys, boot_image)
     proxy = SandboxProxy(_Resolver(orchestrator), domain=config.domain, control_plane=api)
     orchestrator.vm_stopped.append(proxy.end_run)  # a stopped VM's streams end at once
-    return Node(config, keys, catalog, slots, orchestrator, cgroups, proxy)
+    ksm = await _ksm(config, progress)
+    return Node(config, keys, catalog, slots, orchestrator, cgroups, proxy, ksm)
+
+
+async def _ksm(config: Config, progress: Progress) -> Ksm | None:
+    """The host's KSM started with the configured tuning, or None when not configured."""
+    if not config.ksm:
+        return None
+    ksm = Ksm()
+    settings = KsmSettings(pages_to_scan=config.ksm_pages_to_scan, sleep_ms=config.ksm_sleep_ms)
+    await asyncio.to_thread(ksm.enable, settings)
+    progress(f"KSM on: {settings.pages_to_scan} pages every {settings.sleep_ms} ms")
+    return ksm
 
 
 def _private_dirs(config: Config) -> list[Path]:

@@ -1,7 +1,9 @@
 """A cluster on this machine for end-to-end tests and benchmarks: nodes each in a network
 namespace of their own (`tests.e2e.server_ns`), and a gateway in another, joined to each node by a
 veth pair. Clients run in the gateway's namespace, where the gateway listens on loopback. Redis is
-reached over its unix socket, which crosses namespaces.
+reached over its unix socket, which crosses namespaces. With `shared_repository`, an S3 server
+(moto's server mode) runs in the gateway's namespace too, and every node keeps its snapshot
+repository in one bucket there, reached over its own link.
 """
 
 from __future__ import annotations
@@ -25,6 +27,13 @@ from tests.support.process_group import stop_group
 
 GATEWAY_PORT = 3100
 NODE_PORT = 3000
+S3_PORT = 3200
+BUCKET = "aenv-cluster"
+S3_CREDENTIALS = {
+    "AWS_ACCESS_KEY_ID": "test",
+    "AWS_SECRET_ACCESS_KEY": "test",
+    "AWS_DEFAULT_REGION": "us-east-1",
+}
 
 
 @dataclass
@@ -118,9 +127,41 @@ def _drop_namespaces(prefix: str) -> None:
 
 
 @contextmanager
-def cluster(scratch: Path, node_ids: list[str], settings: Mapping[str, str]) -> Iterator[Cluster]:
+def _s3_server(gateway: Gateway, log: Path) -> Iterator[None]:
+    """moto's S3 server in the gateway's namespace, on every address, with the bucket made."""
+    with log.open("ab") as log_file:
+        server = subprocess.Popen(
+            in_netns(gateway.netns, sys.executable, "-m", "moto.server",
+                     "-H", "0.0.0.0", "-p", str(S3_PORT)),
+            env=gateway.env, stdout=log_file, stderr=subprocess.STDOUT, start_new_session=True,
+        )  # fmt: skip
+    try:
+        make_bucket = (
+            "import boto3, sys, time\n"
+            "for _ in range(100):\n"
+            "    try:\n"
+            f"        boto3.client('s3', endpoint_url='http://127.0.0.1:{S3_PORT}')"
+            f".create_bucket(Bucket='{BUCKET}'); sys.exit(0)\n"
+            "    except Exception: time.sleep(0.2)\n"
+            "sys.exit(1)\n"
+        )
+        code, out = gateway.run([sys.executable, "-c", make_bucket], env=S3_CREDENTIALS)
+        assert code == 0, out + log.read_text()
+        yield
+    finally:
+        stop_group(server, grace_s=5)
+
+
+@contextmanager
+def cluster(
+    scratch: Path,
+    node_ids: list[str],
+    settings: Mapping[str, str],
+    shared_repository: bool = False,
+) -> Iterator[Cluster]:
     """Nodes `node_ids` (homes under `scratch`, guest images prepared there beforehand) and one
-    gateway, not yet started, sharing `settings` (Redis URL, secret, heartbeat)."""
+    gateway, not yet started, sharing `settings` (Redis URL, secret, heartbeat) and, with
+    `shared_repository`, one S3 snapshot repository."""
     gateway_ns = f"{PREFIX}gw{secrets.token_hex(2)}"
     _sh("ip", "netns", "add", gateway_ns)
     gateway = Gateway(gateway_ns, scratch / "gateway", scratch / "gateway.log", {
@@ -130,6 +171,8 @@ def cluster(scratch: Path, node_ids: list[str], settings: Mapping[str, str]) -> 
     try:
         _sh("ip", "-n", gateway_ns, "link", "set", "lo", "up")
         with ExitStack() as stack:
+            if shared_repository:
+                stack.enter_context(_s3_server(gateway, scratch / "s3.log"))
             nodes, addresses = {}, {}
             for index, (node_id, prefix) in enumerate(
                 zip(node_ids, slot_prefixes, strict=True), start=1
@@ -143,6 +186,13 @@ def cluster(scratch: Path, node_ids: list[str], settings: Mapping[str, str]) -> 
                     "AENV_NETWORK_PREFIX": prefix,
                     "AENV_NETWORK_CIDR": "10.201.0.0/22",
                 }
+                if shared_repository:
+                    node_settings |= {
+                        **S3_CREDENTIALS,
+                        "AENV_REPOSITORY": f"s3://{BUCKET}/cluster",
+                        # The gateway's end of this node's link.
+                        "AENV_REPOSITORY_ENDPOINT": f"http://10.250.{index}.1:{S3_PORT}",
+                    }
                 node = stack.enter_context(
                     server_in_namespace(
                         scratch / node_id, command="node", settings=node_settings, host="0.0.0.0"

@@ -1,5 +1,7 @@
 """A node's control plane without VMs, for gateway tests: the real internal gate, API-key gate
-and list route over a real catalog, and a create route that accepts or refuses as the test says.
+and list route over a real catalog, and create and adopt routes that accept or refuse as the
+test says (an adopted record goes into the catalog, as a node's `adopt` does), and a release
+route that gives a sandbox up (paused, as a node's `release` leaves it).
 Booting VMs is what `test_gateway_cluster.py` does; these tests are about the gateway's choices."""
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from aenv.api.sandboxes import SandboxRoutes
 from aenv.cluster.internal import InternalGate
 from aenv.config import load
 from aenv.network.settings import SandboxNetwork
-from aenv.orchestrator.catalog import Catalog, SandboxRecord
+from aenv.orchestrator.catalog import Catalog, SandboxRecord, record_from_json, record_to_json
 from aenv.orchestrator.kinds import SaveMode
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.states import SandboxState
@@ -48,6 +50,8 @@ class NodeDouble:
     # What the next creates answer, in order; 201 once they run out.
     create_answers: list[int] = field(default_factory=list)
     creates_seen: list[str] = field(default_factory=list)  # the callers' key ids
+    adopt_answers: list[int] = field(default_factory=list)  # as `create_answers`, 200 after
+    unreleasable: set[str] = field(default_factory=set)  # sandboxes whose release is refused
 
     def add(self, sandbox_id: str, started_at: float, **metadata: str) -> None:
         self.catalog.insert(
@@ -72,6 +76,8 @@ class NodeDouble:
                 Route("/sandboxes", self.create, methods=["POST"]),
                 Route("/v2/sandboxes", routes.list_v2, methods=["GET"]),
                 Route("/sandboxes/{sandbox_id}", self.detail, methods=["GET"]),
+                Route("/cluster/adopt", self.adopt, methods=["POST"]),
+                Route("/cluster/sandboxes/{sandbox_id}/release", self.release, methods=["POST"]),
             ],
             exception_handlers=JSON_ERRORS,
         )
@@ -91,3 +97,19 @@ class NodeDouble:
         if self.catalog.get(sandbox_id) is None:
             raise APIError(404, f"sandbox '{sandbox_id}' not found")
         return JSONResponse({"sandboxID": sandbox_id, "node": self.name})
+
+    async def adopt(self, request: Request) -> Response:
+        status = self.adopt_answers.pop(0) if self.adopt_answers else 200
+        if status != 200:
+            raise APIError(status, f"{self.name} refuses")
+        record = record_from_json((await request.body()).decode())
+        self.catalog.insert(record)
+        return Response(record_to_json(record), media_type="application/json")
+
+    async def release(self, request: Request) -> Response:
+        sandbox_id = request.path_params["sandbox_id"]
+        record = self.catalog.get(sandbox_id)
+        if record is None or sandbox_id in self.unreleasable:
+            raise APIError(409, f"{sandbox_id} cannot move")
+        self.catalog.delete(sandbox_id)
+        return Response(record_to_json(record), media_type="application/json")

@@ -13,6 +13,7 @@ import redis.asyncio as aioredis
 
 from aenv.cluster.agent import NodeAgent, NodeState
 from aenv.cluster.holders import FileKind, FileRef, Holders
+from aenv.cluster.parked import Parked, ParkedSandbox
 from aenv.cluster.registry import Capacity, NodeRegistry
 from aenv.cluster.routing import Routes
 from aenv.cluster.store import ClusterUnavailable
@@ -27,10 +28,21 @@ class Node:
     sandboxes: set[str] = field(default_factory=set)
     templates: set[str] = field(default_factory=lambda: {"base"})
     snapshots: set[str] = field(default_factory=set)
+    parked: dict[str, str] = field(default_factory=dict)
 
     async def state(self) -> NodeState:
         capacity = Capacity(2, 4096, 2048, running=len(self.sandboxes), paused=0)
-        return NodeState(capacity, set(self.sandboxes), set(self.templates), set(self.snapshots))
+        return NodeState(
+            capacity,
+            set(self.sandboxes),
+            set(self.templates),
+            set(self.snapshots),
+            dict(self.parked),
+        )
+
+    async def forget(self, sandbox_id: str) -> None:
+        self.sandboxes.discard(sandbox_id)
+        self.parked.pop(sandbox_id, None)
 
 
 async def snapshot_of(client: aioredis.Redis, node_ids: list[str]) -> dict[str, object]:
@@ -163,3 +175,46 @@ async def test_heartbeats_carry_the_nodes_changes(client: aioredis.Redis) -> Non
         "lookups": {"sbx2": "n1", "sbx3": "n1"}, "base": [], "snap": ["n1"],
     }  # fmt: skip
     assert agent.status.republishes == 1
+
+
+async def test_paused_sandboxes_are_published_for_other_nodes(client: aioredis.Redis) -> None:
+    node = Node(sandboxes={"sbx1", "sbx2"}, parked={"sbx1": '{"id": "sbx1"}'})
+    agent = NodeAgent(client, "n1", "10.0.0.1:3000", node, SECRET, ttl=30)
+    await agent.beat()
+    parked = Parked(client)
+    assert await parked.get("sbx1") == ParkedSandbox("sbx1", "n1", '{"id": "sbx1"}')
+    assert await parked.get("sbx2") is None
+    # Resumed here: withdrawn. Released for a drain (published by nobody): left for an adopter.
+    node.parked = {"sbx2": '{"id": "sbx2"}'}
+    await agent.beat()
+    assert await parked.get("sbx1") is None
+    await parked.released("sbx2", '{"id": "sbx2", "released": true}')
+    # A beat that read the catalog before the release does not take it back.
+    assert not await parked.publish("n1", "sbx2", '{"id": "sbx2"}')
+    node.parked, node.sandboxes = {}, {"sbx1"}
+    await agent.beat()
+    assert await parked.get("sbx2") == ParkedSandbox("sbx2", "", '{"id": "sbx2", "released": true}')
+
+
+async def test_a_node_back_from_a_partition_lets_go_of_moved_sandboxes(
+    client: aioredis.Redis, redis: RedisServer
+) -> None:
+    """While n1 was cut off, sbx1 moved to n2: back, n1 forgets it instead of routing it to
+    itself again (it must not run twice), and keeps the rest."""
+    node = Node(sandboxes={"sbx1", "sbx2"}, parked={"sbx1": '{"id": "sbx1"}'})
+    agent = NodeAgent(client, "n1", "10.0.0.1:3000", node, SECRET, ttl=30)
+    await agent.beat()
+    redis.stop()
+    with pytest.raises(ClusterUnavailable):
+        await agent.beat()
+    redis.start()
+    other = NodeAgent(client, "n2", "10.0.0.2:3000", Node(sandboxes={"sbx1"}), SECRET, ttl=30)
+    await other.beat()
+    # sbx3 was adopted here just before its route was written: its old node is dead, keep it.
+    node.sandboxes.add("sbx3")
+    await Routes(client).assign("sbx3", "n9")
+    assert await agent.beat()  # a republish after the failed beat
+    assert node.sandboxes == {"sbx2", "sbx3"}
+    routes = Routes(client)
+    assert [await routes.lookup(s) for s in ("sbx1", "sbx2", "sbx3")] == ["n2", "n1", "n1"]
+    assert await Parked(client).get("sbx1") is None

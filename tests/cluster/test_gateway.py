@@ -1,6 +1,7 @@
 """The gateway's control plane against a real redis-server and node doubles served on loopback
-(`node_double`): placement with affinity and retries, forwarding by route, merged pages, and
-Redis being down. The same over real nodes and the SDK is `test_gateway_cluster.py`."""
+(`node_double`): placement with affinity and retries, draining nodes left out, forwarding by
+route, paused sandboxes of a lost node moved to another, merged pages, and Redis being down.
+The same over real nodes and the SDK is `test_gateway_cluster.py`."""
 
 from __future__ import annotations
 
@@ -17,12 +18,17 @@ import redis.asyncio as aioredis
 from aenv.api.keys import KeyStore
 from aenv.api.limits import RateLimiter
 from aenv.cluster.directory import Directory
+from aenv.cluster.drain import Drains
 from aenv.cluster.holders import FileKind, FileRef, Holders
+from aenv.cluster.parked import Parked
 from aenv.cluster.registry import Capacity, NodeRegistry, NodeReport
 from aenv.cluster.routing import Routes
 from aenv.cluster.store import connect
 from aenv.gateway.app import Gateway
-from aenv.orchestrator.catalog import Catalog
+from aenv.gateway.evacuate import Released, evacuate
+from aenv.gateway.nodes import NodeClient
+from aenv.orchestrator.catalog import Archived, Catalog, record_to_json
+from aenv.orchestrator.states import SandboxState
 from tests.cluster.node_double import NodeDouble
 from tests.cluster.shared import SECRET
 from tests.proxy.support import serve
@@ -102,6 +108,107 @@ async def test_a_create_no_node_takes_is_429_naming_why(setup: Setup) -> None:
     assert answer.status_code == 429
     message = answer.json()["message"]
     assert "node a: 503 a refuses" in message and "node b: 429 b refuses" in message
+
+
+async def test_a_create_leaves_draining_nodes_out(setup: Setup, client: aioredis.Redis) -> None:
+    await Drains(client).drain("a")  # the template's holder
+    with setup.client() as http:
+        answer = http.post("/sandboxes", json={"templateID": "base"})
+        await Drains(client).drain("b")
+        none = http.post("/sandboxes", json={"templateID": "base"})
+    assert answer.status_code == 201 and answer.json()["node"] == "b"
+    assert setup.nodes["a"].creates_seen == []
+    assert none.status_code == 429 and "no live node" in none.json()["message"]
+
+
+def _paused_record(setup: Setup, sandbox_id: str) -> str:
+    """A paused sandbox's record with its checkpoint in the repository, as a node parks it."""
+    catalog = setup.nodes["a"].catalog
+    setup.nodes["a"].add(sandbox_id, 1000.0)
+    catalog.update(sandbox_id, checkpoint_seq=1, archived=Archived(1, "m1"))
+    catalog.transition(sandbox_id, [SandboxState.RUNNING], SandboxState.PAUSING)
+    record = catalog.transition(sandbox_id, [SandboxState.PAUSING], SandboxState.PAUSED)
+    catalog.delete(sandbox_id)
+    assert record is not None
+    return record_to_json(record)
+
+
+async def test_a_paused_sandbox_of_a_lost_node_moves_to_another(
+    setup: Setup, client: aioredis.Redis
+) -> None:
+    parked = Parked(client)
+    await parked.publish("gone", "sbmoved", _paused_record(setup, "sbmoved"))
+    await Routes(client).assign("sbmoved", "gone")  # its node's lease lapsed
+    await Drains(client).drain("a")
+    with setup.client() as http:
+        moved = http.get("/sandboxes/sbmoved")
+        again = http.get("/sandboxes/sbmoved")
+    assert moved.status_code == 200 and moved.json() == {"sandboxID": "sbmoved", "node": "b"}
+    assert again.json() == moved.json()
+    assert await Routes(client).lookup("sbmoved") == "b"
+    assert await parked.get("sbmoved") is None
+    held = setup.nodes["b"].catalog.get("sbmoved")
+    assert held is not None and held.state is SandboxState.PAUSED
+
+
+async def test_sandbox_traffic_moves_a_lost_nodes_paused_sandbox_too(
+    setup: Setup, client: aioredis.Redis
+) -> None:
+    """The data plane moves it as the control plane does; the adopting node's proxy answers
+    (here a double without one: its 404 shows the request reached it)."""
+    await Parked(client).publish("gone", "sbport", _paused_record(setup, "sbport"))
+    sandbox = {"E2b-Sandbox-Port": "49983"}
+    with setup.client() as http:
+        moved = http.get("/files", headers={**sandbox, "E2b-Sandbox-Id": "sbport"})
+        unknown = http.get("/files", headers={**sandbox, "E2b-Sandbox-Id": "sbnone"})
+    assert moved.status_code == 404, moved.text
+    assert await Routes(client).lookup("sbport") in ("a", "b")
+    assert await Parked(client).get("sbport") is None
+    assert unknown.status_code == 502 and "was not found" in unknown.json()["message"]
+
+
+async def test_a_sandbox_no_node_adopts_stays_parked(setup: Setup, client: aioredis.Redis) -> None:
+    parked = Parked(client)
+    record = _paused_record(setup, "sbstuck")
+    await parked.released("sbstuck", record)
+    await parked.publish("a", "sblive", _paused_record(setup, "sblive"))
+    setup.nodes["a"].adopt_answers = [500]
+    setup.nodes["b"].adopt_answers = [429]
+    with setup.client() as http:
+        stuck = http.get("/sandboxes/sbstuck")
+        # Published by a live node that has not routed it yet: not lost, not moved.
+        live = http.get("/sandboxes/sblive")
+    assert stuck.status_code == 503
+    assert (
+        "no other took it" in stuck.json()["message"] and "node b: 429" in stuck.json()["message"]
+    )
+    assert await parked.get("sbstuck") is not None
+    assert await Routes(client).lookup("sbstuck") is None
+    assert live.status_code == 404
+
+
+async def test_a_drained_node_is_emptied_into_parked_records(
+    setup: Setup, client: aioredis.Redis
+) -> None:
+    a = setup.nodes["a"]
+    routes, parked = Routes(client), Parked(client)
+    for sandbox_id in ("sb1", "sb2"):
+        a.add(sandbox_id, 1000.0)
+        await routes.assign(sandbox_id, "a")
+    a.unreleasable = {"sb2"}
+    nodes = NodeClient(SECRET)
+    directory = Directory(client, SECRET)
+    try:
+        released = await evacuate(directory, nodes, "a")
+        with pytest.raises(LookupError, match="node gone is not live"):
+            await evacuate(directory, nodes, "gone")
+    finally:
+        await nodes.aclose()
+    assert released[0] == Released("sb1", None)
+    assert released[1].sandbox_id == "sb2" and "409" in str(released[1].error)
+    entry = await parked.get("sb1")
+    assert entry is not None and entry.node_id == "" and '"id": "sb1"' in entry.record
+    assert await parked.get("sb2") is None and a.catalog.get("sb2") is not None
 
 
 async def test_calls_for_a_sandbox_go_to_its_node(setup: Setup, client: aioredis.Redis) -> None:

@@ -3,7 +3,12 @@
 only. Creates are spread over both nodes, commands and files go through the gateway's data plane,
 the list pages over the sandboxes of both, kills work, and routes change at once (the
 orchestrator tells the node agent, no heartbeat waited for). A node's internal API refuses
-callers without the cluster token, and a gateway with another secret does not start."""
+callers without the cluster token, and a gateway with another secret does not start.
+
+On the same cluster (one boot of two nodes is most of the time), with one S3 repository for
+both: a paused sandbox whose node is drained (`aenv node drain`) resumes on the other node with
+its files; creates avoid the draining node (`aenv nodes` shows it); after a `kill -9` of a node,
+its paused sandbox resumes on the survivor and its running one answers 404."""
 
 from __future__ import annotations
 
@@ -18,6 +23,7 @@ from typing import Any
 
 import pytest
 
+from aenv.cluster.parked import Parked
 from aenv.cluster.registry import NodeRegistry
 from aenv.cluster.routing import Routes
 from aenv.cluster.secret import ClusterSecret
@@ -33,19 +39,79 @@ from tests.support.redis_server import RedisServer
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 SCRIPT = str(Path(__file__).parent / "sdk" / "through_gateway.py")
+MOVES = str(Path(__file__).parent / "sdk" / "moves.py")
 NODES = ["node-a", "node-b"]
 
 
-def sdk(c: Cluster, *args: str) -> dict[str, Any]:
+def sdk(c: Cluster, *args: str, script: str = SCRIPT) -> dict[str, Any]:
     env = {
         "E2B_API_URL": c.gateway.url,
         "E2B_SANDBOX_URL": c.gateway.url,
         "E2B_API_KEY": c.gateway.api_key,
     }
-    code, out = c.gateway.run([sys.executable, SCRIPT, *args], env=env)
+    code, out = c.gateway.run([sys.executable, script, *args], env=env)
     assert code == 0, out + c.gateway.log.read_text()[-3000:]
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
+
+
+def aenv(c: Cluster, *args: str) -> Any:
+    """An `aenv` command's JSON output, run where the gateway runs, with its settings."""
+    code, out = c.gateway.run([sys.executable, "-m", "aenv.cli", *args, "--json"])
+    assert code == 0, out
+    return json.loads(out.strip().splitlines()[-1])
+
+
+async def until(check: Any, what: str, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not await check():
+        assert time.monotonic() < deadline, what
+        await asyncio.sleep(0.5)
+
+
+async def sandboxes_move(
+    c: Cluster, registry: NodeRegistry, routes: Routes, parked: Parked
+) -> None:
+    kept = "kept across nodes"
+    sandbox_id = sdk(c, "park", kept, script=MOVES)["id"]
+    first = await routes.lookup(sandbox_id)
+    assert first in NODES
+    other = next(n for n in NODES if n != first)
+
+    drained = aenv(c, "node", "drain", first)
+    assert drained == {"nodeID": first, "released": [{"sandboxID": sandbox_id, "error": None}]}
+    assert await routes.lookup(sandbox_id) is None
+    released = await parked.get(sandbox_id)
+    assert released is not None and released.node_id == ""
+    states = {n["nodeID"]: n["state"] for n in aenv(c, "nodes")}
+    assert states == {first: "draining", other: "ready"}
+
+    assert sdk(c, "resume", sandbox_id, script=MOVES) == {"file": kept, "echo": "moved\n"}
+    assert await routes.lookup(sandbox_id) == other
+    assert await parked.get(sandbox_id) is None
+    running = sdk(c, "create", script=MOVES)["id"]
+    assert await routes.lookup(running) == other  # not on the draining node
+
+    # Paused on `other`, its checkpoint uploaded: published for any node to resume.
+    assert sdk(c, "pause", sandbox_id, script=MOVES) == {"paused": True}
+
+    async def published() -> bool:
+        entry = await parked.get(sandbox_id)
+        return entry is not None and entry.node_id == other
+
+    await until(published, "the paused sandbox was never published")
+    code, out = c.gateway.run([sys.executable, "-m", "aenv.cli", "node", "undrain", first])
+    assert code == 0, out
+    c.nodes[other].kill_9()
+
+    async def lapsed() -> bool:
+        return [n.node_id for n in await registry.live()] == [first]
+
+    await until(lapsed, "the killed node's lease never lapsed")
+    assert sdk(c, "resume", sandbox_id, script=MOVES) == {"file": kept, "echo": "moved\n"}
+    assert await routes.lookup(sandbox_id) == first
+    assert sdk(c, "gone", running, script=MOVES)["gone"] is True
+    assert sdk(c, "kill", sandbox_id)["killed"] == [True]
 
 
 async def test_two_nodes_behind_a_gateway_with_the_sdk(redis: RedisServer) -> None:
@@ -59,10 +125,10 @@ async def test_two_nodes_behind_a_gateway_with_the_sdk(redis: RedisServer) -> No
         "AENV_CLUSTER_SECRET": SECRET.value,
         # Longer than a create: routes must appear through the orchestrator's hook, not a beat.
         "AENV_HEARTBEAT_INTERVAL": "3",
-        "AENV_LEASE_TTL": "30",
+        "AENV_LEASE_TTL": "15",
     }
     try:
-        with cluster(scratch, NODES, settings) as c:
+        with cluster(scratch, NODES, settings, shared_repository=True) as c:
             deadline = time.monotonic() + 900
             while sorted(n.node_id for n in await registry.live()) != NODES:
                 for node in c.nodes.values():
@@ -102,6 +168,8 @@ async def test_two_nodes_behind_a_gateway_with_the_sdk(redis: RedisServer) -> No
             gone = sdk(c, "kill", *ids)
             assert gone == {"killed": [True, True], "listed": []}
             assert [await routes.lookup(sandbox_id) for sandbox_id in ids] == [None, None]
+
+            await sandboxes_move(c, registry, routes, Parked(client))
     finally:
         await client.aclose()
         shutil.rmtree(scratch, ignore_errors=True)

@@ -18,9 +18,11 @@ from pathlib import Path
 import pytest
 
 from aenv.config import Paths
+from aenv.orchestrator import warm
 from aenv.orchestrator.images import prepare_images
 from tests.e2e.restart.in_flight import catalog_states, crash_during
 from tests.e2e.server_ns import REPO, ServerNs, server_in_namespace
+from tests.e2e.vmm_procs import node_vmm_pids
 from tests.support.ci_wheels import ensure_code_interpreter_wheels
 from tests.support.guest import GUEST_CACHE, MIRROR
 from tests.support.js import ensure_npm_sdk
@@ -76,7 +78,25 @@ def _run_inner_suite(home: Path) -> None:
         suite(server, "restart/test_capacity.py")
         server.stop()
         del server.env["AENV_MAX_SANDBOXES"]
+        _warm_pools(server)
         server.start()
+
+
+def _warm_pools(server: ServerNs) -> None:
+    """Pools on: hits and misses (restart/test_pool.py), then the pooled VMs a kill -9 leaves
+    are reclaimed at the start and those a graceful stop finds are stopped with it."""
+    server.env["AENV_POOL_MAX"] = "2"
+    server.start()
+    suite(server, "restart/test_pool.py")
+    server.kill_9()
+    server.start()
+    suite(server, "restart/test_nothing_stale.py")
+    suite(server, "restart/test_pool.py::test_pooled_vms_run_but_are_never_listed")
+    server.stop()
+    assert node_vmm_pids(server.home) == [], "VMMs outlived the graceful stop"
+    sandboxes = Paths(server.home).sandboxes
+    assert not list(sandboxes.glob(f"*/{warm.MARKER}")), "pooled VMs' files outlived the stop"
+    del server.env["AENV_POOL_MAX"]
 
 
 def _old_sdk_venv() -> str:

@@ -5,6 +5,7 @@ back bit for bit into the directory it was exported from; damage is refused."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import secrets
@@ -67,7 +68,7 @@ def _qemu_io(image: Path, command: str) -> None:
     subprocess.run(["qemu-io", "-c", command, str(image)], check=True, capture_output=True)
 
 
-def _layered_checkpoint(directory: Path) -> Snapshot:
+def _layered_checkpoint(directory: Path, kernel: Path = Path("/boot/vmlinuz")) -> Snapshot:
     """A checkpoint whose disk is a two-layer qcow2 chain, as a pause leaves it."""
     directory.mkdir(parents=True)
     base = directory / "base.qcow2"
@@ -81,7 +82,7 @@ def _layered_checkpoint(directory: Path) -> Snapshot:
     spec = VMSpec(
         vcpus=1,
         memory_mib=64,
-        kernel=Path("/boot/vmlinuz"),
+        kernel=kernel,
         cmdline="console=ttyS0",
         workdir=directory,
         disks=(Disk("upper", top),),
@@ -118,6 +119,38 @@ def test_checkpoint_round_trip_is_self_contained(archive: Archive, tmp_path: Pat
         capture_output=True,
     )
     assert compare.returncode == 0, compare.stdout
+
+
+def test_another_node_pulls_into_its_own_directories(archive: Archive, tmp_path: Path) -> None:
+    """A node sharing the repository (a cluster) pulls a copy another node made: the paths in
+    its snapshot.json name the puller's directories, and the read-only files the checkpoint
+    names travel in the copy (the maker's exact bytes), not looked up among the puller's."""
+    maker = Archive(archive.repository, archive.home, portable=True)
+    images = maker.home / "cache" / "images"
+    images.mkdir(parents=True)
+    (images / "vmlinux").write_bytes(b"kernel")
+    (images / "envd.ext4").write_bytes(os.urandom(1 << 20))
+    sandbox_dir = maker.home / "sandboxes" / "sbx"
+    layered = _layered_checkpoint(sandbox_dir / "pause-1", images / "vmlinux")
+    spec = dataclasses.replace(
+        layered.spec, disks=(*layered.spec.disks, Disk("envd", images / "envd.ext4", True))
+    )
+    checkpoint = dataclasses.replace(layered, spec=spec)
+    driver = QemuDriver()
+    manifest_id = asyncio.run(
+        maker.push_checkpoint(checkpoint, sandbox_dir / "archive-1", driver, name="t", metadata={})
+    )
+    other = Archive(archive.repository, tmp_path / "home-b")
+    dest = other.home / "sandboxes" / "sbx" / "archive-1"
+    pulled = asyncio.run(other.pull(manifest_id, dest, driver))
+    assert pulled.state_file == dest / "state"
+    assert pulled.disks == {"upper": dest / "upper.qcow2"}
+    assert pulled.spec.kernel == dest / "images" / "vmlinux"
+    envd = next(d for d in pulled.spec.disks if d.read_only)
+    assert envd.path == dest / "images" / "envd.ext4"
+    assert envd.path.read_bytes() == (images / "envd.ext4").read_bytes()
+    assert pulled.state_file.read_bytes() == checkpoint.state_file.read_bytes()
+    assert f"{maker.home}/" not in (dest / "snapshot.json").read_text()
 
 
 def test_damaged_chunk_is_refused(archive: Archive, tmp_path: Path) -> None:

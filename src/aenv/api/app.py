@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from aenv.api.api_keys import ApiKeyRoutes
 from aenv.api.builds import BuildRoutes
 from aenv.api.errors import APIError
+from aenv.api.handoff import HandoffRoutes
 from aenv.api.internal import caller, caller_key
 from aenv.api.keys import KeyStore
 from aenv.api.limits import RateLimiter, retry_after
@@ -142,5 +143,7 @@ def create_api(
     ]
     # Last: it describes every route above.
     routes.append(OpenAPIDocument(routes, _OPEN_PATHS).route)
+    # Not described: no client can call them, only a cluster's gateways (`api.handoff`).
+    routes += HandoffRoutes(orchestrator).routes()
     app = Starlette(routes=routes, exception_handlers=JSON_ERRORS)
     return APIKeyGate(app, keys, RateLimiter(config.key_requests_per_s, config.key_request_burst))

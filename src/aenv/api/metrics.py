@@ -1,5 +1,6 @@
 """Prometheus `/metrics` for the node: sandboxes by state, create queue and outcomes, create
-latency as clients see it (queueing included), warm network slots."""
+latency as clients see it (queueing included), admission refusals by reason, warm network
+slots, warm pools of VMs, and the host's KSM sharing."""
 
 from __future__ import annotations
 
@@ -11,8 +12,11 @@ from prometheus_client.registry import Collector
 from starlette.requests import Request
 from starlette.responses import Response
 
+from aenv.orchestrator.admission import Refusal
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.states import SandboxState
+from aenv.orchestrator.warm import WarmPools
+from aenv.runtime.ksm import Ksm
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -37,16 +41,68 @@ class _NodeCollector(Collector):
         outcomes.add_metric(["success"], stats.succeeded)
         outcomes.add_metric(["failure"], stats.failed)
         yield outcomes
+        refused = CounterMetricFamily(
+            "aenv_create_refusals", "Creates refused at admission", labels=["reason"]
+        )
+        for reason in Refusal:
+            refused.add_metric([reason.value], stats.refused[reason])
+        yield refused
         slots = self._orc.slots
         yield GaugeMetricFamily(
             "aenv_warm_slots", "Network slots ready in the pool", value=getattr(slots, "ready", 0)
         )
+        yield from _pool_metrics(self._orc.pools)
+
+
+def _pool_metrics(pools: WarmPools) -> Iterator[Metric]:
+    """Warm pools, per template: VMs ready, and what happened to creates and pooled VMs."""
+    sizes = GaugeMetricFamily("aenv_pool_vms", "Pooled VMs ready", labels=["template"])
+    for template_id, size in pools.sizes().items():
+        sizes.add_metric([template_id], size)
+    yield sizes
+    counters = pools.counters
+    for name, helptext, counts in (
+        ("aenv_pool_hits", "Creates served by a pooled VM", counters.hits),
+        (
+            "aenv_pool_misses",
+            "Creates of a pooled template that found its pool empty",
+            counters.misses,
+        ),
+        ("aenv_pool_refills", "VMs restored into a pool", counters.refills),
+        ("aenv_pool_evictions", "Pooled VMs given back unused", counters.evictions),
+    ):
+        family = CounterMetricFamily(name, helptext, labels=["template"])
+        for template_id, count in counts.items():
+            family.add_metric([template_id], count)
+        yield family
+
+
+class KsmCollector(Collector):
+    """The host's KSM (host-wide: the node's guests and anything else mergeable); nothing when
+    the kernel has none."""
+
+    def __init__(self, ksm: Ksm) -> None:
+        self._ksm = ksm
+
+    def collect(self) -> Iterator[Metric]:
+        if not self._ksm.available():
+            return
+        stats = self._ksm.stats()  # a few sysfs reads
+        yield GaugeMetricFamily("aenv_ksm_running", "KSM is merging", value=int(stats.running))
+        yield GaugeMetricFamily(
+            "aenv_ksm_pages_sharing", "Pages mapped onto merged pages", value=stats.pages_sharing
+        )
+        yield GaugeMetricFamily(
+            "aenv_ksm_saved_bytes", "Memory KSM saves (merged and zero pages)",
+            value=stats.saved_bytes,
+        )  # fmt: skip
 
 
 class NodeMetrics:
-    def __init__(self, orchestrator: Orchestrator) -> None:
+    def __init__(self, orchestrator: Orchestrator, ksm: Ksm | None = None) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_NodeCollector(orchestrator))
+        self.registry.register(KsmCollector(ksm or Ksm()))
         self.create_seconds = Histogram(
             "aenv_create_seconds",
             "Sandbox create latency seen by clients, queueing included",

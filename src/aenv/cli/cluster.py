@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Annotated
 import typer
 from starlette.types import ASGIApp
 
+from aenv.cli import nodes
 from aenv.cli.node import console
 from aenv.config import ConfigError, load
 
@@ -23,11 +24,14 @@ if TYPE_CHECKING:
     from aenv.cluster.membership import NodeSettings
     from aenv.server import Node
 
-app = typer.Typer(help="Run a cluster node.")
+app = typer.Typer(help="Run a cluster node, or drain one.")
+app.command()(nodes.drain)
+app.command()(nodes.undrain)
 
 
 @app.callback(invoke_without_command=True)
 def node(
+    ctx: typer.Context,
     redis_url: Annotated[
         str | None, typer.Option(help="the cluster's Redis (AENV_REDIS_URL)")
     ] = None,
@@ -41,6 +45,8 @@ def node(
     driver: Annotated[str | None, typer.Option(help="auto|firecracker|qemu-kvm|qemu-tcg")] = None,
 ) -> None:
     """Run one node as a member of a cluster."""
+    if ctx.invoked_subcommand is not None:
+        return
     from aenv.cluster.membership import NodeSettings
 
     overrides = {
@@ -77,7 +83,8 @@ async def _member(settings: NodeSettings, running: Node) -> AsyncIterator[None]:
     from aenv.cluster.membership import membership
     from aenv.cluster.source import CatalogSource
 
-    source = CatalogSource(running.catalog, running.orchestrator.templates)
+    orchestrator = running.orchestrator
+    source = CatalogSource(running.catalog, orchestrator.templates, orchestrator.forget)
     async with membership(settings, source) as agent:
         running.orchestrator.residency.append(agent)
         try:

@@ -21,6 +21,7 @@ from aenv.cli import (
     gateway,
     images,
     keys,
+    nodes,
     sandboxes,
     shell,
     snapshots,
@@ -48,6 +49,7 @@ app.add_typer(keys.app, name="keys")
 app.add_typer(volumes.app, name="volumes")
 app.add_typer(cluster.app, name="node")
 app.add_typer(gateway.app, name="gateway")
+app.add_typer(nodes.app, name="nodes")
 
 
 @app.command()

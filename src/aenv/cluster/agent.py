@@ -5,6 +5,11 @@ writes what changed in the node's sandboxes and files since the last one. When t
 is not the one the agent last published into (its epoch key changed or vanished, or its server's
 run id changed), or a write failed while Redis was down, it republishes them as a whole instead.
 Redis being down never stops the node: the agent records the error and tries again next beat.
+
+It also publishes the node's paused sandboxes whose checkpoints are in the shared repository
+(`parked`), so another node can resume them if this one dies, and before writing routes it lets
+go of any sandbox whose route another node holds: that sandbox moved while this node was cut
+off, and it must not run twice (`StateSource.forget`).
 """
 
 from __future__ import annotations
@@ -12,13 +17,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import secrets
-from collections.abc import Awaitable, Set
-from dataclasses import dataclass
+from collections.abc import Awaitable, Mapping, Set
+from dataclasses import dataclass, field
 from typing import Protocol
 
 import redis.asyncio as aioredis
 
 from aenv.cluster.holders import FileKind, FileRef, Holders
+from aenv.cluster.parked import Parked
 from aenv.cluster.registry import (
     Capacity,
     NodeIdTaken,
@@ -41,6 +47,8 @@ class NodeState:
     sandboxes: Set[str]
     templates: Set[str]
     snapshots: Set[str]
+    # Paused sandboxes whose newest checkpoint is in the shared repository: id -> record JSON.
+    parked: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def files(self) -> set[FileRef]:
@@ -53,6 +61,10 @@ class StateSource(Protocol):
     """Where the agent reads the node's state on every heartbeat."""
 
     async def state(self) -> NodeState: ...
+
+    async def forget(self, sandbox_id: str) -> None:
+        """Drop a sandbox that another node holds now (stopped, its files removed here)."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -84,11 +96,13 @@ class NodeAgent:
         self.registry = NodeRegistry(client, secret, keys)
         self.routes = Routes(client, self.registry.keys)
         self.holders = Holders(self.registry)
+        self.parked = Parked(client, self.registry.keys)
         # The data set the node's routes and files were last written into in full, and what
         # they were after the last beat.
         self._published: tuple[str, str] | None = None
         self._sandboxes: set[str] = set()
         self._files: set[FileRef] = set()
+        self._parked: dict[str, str] = {}
         self._status = AgentStatus(connected=False, error=None, republishes=0)
 
     @property
@@ -108,14 +122,17 @@ class NodeAgent:
         )
         try:
             lease = await self.registry.heartbeat(self.token, report, self.ttl)
+            state = await self._let_go_of_moved(state)
             generation = (lease.epoch, await self._run_id())
             republish = generation != self._published
             if republish:
                 await self.routes.replace(self.node_id, state.sandboxes)
                 await self.holders.replace(self.node_id, state.files)
+                self._parked = {}
                 self._published = generation
             else:
                 await self._write_changes(state)
+            await self._write_parked(state.parked)
             self._sandboxes, self._files = set(state.sandboxes), state.files
         except ClusterUnavailable as error:
             self._failed(error)
@@ -161,6 +178,34 @@ class NodeAgent:
             await self.holders.remove(self.node_id, file)
         for file in state.files - self._files:
             await self.holders.add(self.node_id, file)
+
+    async def _let_go_of_moved(self, state: NodeState) -> NodeState:
+        """The state without the sandboxes routed to another live node, which the source
+        forgets. A route to a dead node is this node's to take back (an adoption here whose
+        route was not written yet)."""
+        owners = await self.routes.owners(sorted(state.sandboxes))
+        others = {o for o in owners.values() if o is not None and o != self.node_id}
+        live = await self.registry.alive(sorted(others))
+        moved = {i for i, owner in owners.items() if owner in live}
+        for sandbox_id in moved:
+            log.warning(
+                "sandbox %s moved to node %s: forgetting it here", sandbox_id, owners[sandbox_id]
+            )
+            await self.source.forget(sandbox_id)
+            await self.parked.withdraw(self.node_id, sandbox_id)
+        if not moved:
+            return state
+        parked = {i: r for i, r in state.parked.items() if i not in moved}
+        kept = set(state.sandboxes) - moved
+        return NodeState(state.capacity, kept, state.templates, state.snapshots, parked)
+
+    async def _write_parked(self, parked: Mapping[str, str]) -> None:
+        for sandbox_id in self._parked.keys() - parked.keys():
+            await self.parked.withdraw(self.node_id, sandbox_id)
+        for sandbox_id, record in parked.items():
+            if self._parked.get(sandbox_id) != record:
+                await self.parked.publish(self.node_id, sandbox_id, record)
+        self._parked = dict(parked)
 
     async def _run_id(self) -> str:
         async with guarded(self.client, "reading the server's run id"):

@@ -11,7 +11,9 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
+from aenv.cluster.drain import Drains
 from aenv.cluster.holders import FileKind, FileRef, Holders
+from aenv.cluster.parked import Parked
 from aenv.cluster.registry import NodeRegistry, NodeReport, WrongClusterSecret
 from aenv.cluster.routing import Routes
 from aenv.cluster.secret import ClusterSecret
@@ -37,6 +39,8 @@ class Directory:
         self.registry = NodeRegistry(client, secret)
         self.routes = Routes(client, self.registry.keys)
         self.holders = Holders(self.registry)
+        self.parked = Parked(client, self.registry.keys)
+        self.drains = Drains(client, self.registry.keys)
 
     async def node_of(self, sandbox_id: str) -> NodeReport | None:
         """The live node the sandbox is routed to, or None (no route, or its node's lease
@@ -48,6 +52,11 @@ class Directory:
 
     async def live(self) -> list[NodeReport]:
         return await self.registry.live()
+
+    async def placeable(self) -> list[NodeReport]:
+        """The live nodes that take new sandboxes (not draining)."""
+        draining = await self.drains.draining()
+        return [n for n in await self.registry.live() if n.node_id not in draining]
 
     async def template_holders(self, template_id: str) -> set[str]:
         return await self.holders.of(FileRef(FileKind.TEMPLATE, template_id))

@@ -56,6 +56,18 @@ class Routes:
         # The client decodes responses; redis-py's annotations allow bytes all the same.
         return value.decode() if isinstance(value, bytes) else value
 
+    async def owners(self, sandbox_ids: list[str]) -> dict[str, str | None]:
+        """The node each sandbox is routed to (None: unrouted), in one MGET."""
+        if not sandbox_ids:
+            return {}
+        async with guarded(self.client, "looking up sandbox routes"):
+            values = await self.client.mget([self.keys.route(i) for i in sandbox_ids])
+        # The client decodes responses; redis-py's annotations allow bytes all the same.
+        return {
+            i: v.decode() if isinstance(v, bytes) else v
+            for i, v in zip(sandbox_ids, values, strict=True)
+        }
+
     async def of_node(self, node_id: str) -> set[str]:
         """The sandbox ids routed to `node_id`."""
         async with guarded(self.client, f"listing the sandboxes of node {node_id}"):

@@ -1,13 +1,16 @@
 """A node's state for its heartbeats, read from its own catalog, template store and host: the
-sandboxes it holds, the templates and snapshots whose files it has, and its capacity."""
+sandboxes it holds, those of them any node could resume (paused, their newest checkpoint in the
+shared repository), the templates and snapshots whose files it has, and its capacity."""
 
 from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
 
 import psutil
 
 from aenv.cluster.agent import NodeState
 from aenv.cluster.registry import Capacity
-from aenv.orchestrator.catalog import Catalog
+from aenv.orchestrator.catalog import Catalog, SandboxRecord, record_to_json
 from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.templates import TemplateStore
@@ -19,9 +22,19 @@ _PAUSED = {SandboxState.PAUSED, SandboxState.PAUSING}
 class CatalogSource:
     """The `StateSource` of a real node."""
 
-    def __init__(self, catalog: Catalog, templates: TemplateStore) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        templates: TemplateStore,
+        forget: Callable[[str], Awaitable[object]] | None = None,
+    ) -> None:
         self.catalog = catalog
         self.templates = templates
+        self._forget = forget
+
+    async def forget(self, sandbox_id: str) -> None:
+        if self._forget is not None:
+            await self._forget(sandbox_id)
 
     async def state(self) -> NodeState:
         # Build VMs are the node's own business, never routed.
@@ -40,4 +53,14 @@ class CatalogSource:
             {r.id for r in records},
             {t.template_id for t in self.templates.list(TemplateKind.TEMPLATE)},
             {t.template_id for t in self.templates.list(TemplateKind.SNAPSHOT)},
+            {r.id: record_to_json(r) for r in records if _parked(r)},
         )
+
+
+def _parked(record: SandboxRecord) -> bool:
+    archived = record.archived
+    return (
+        record.state is SandboxState.PAUSED
+        and archived is not None
+        and archived.seq == record.checkpoint_seq
+    )

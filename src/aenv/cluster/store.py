@@ -74,6 +74,20 @@ class Keys:
     def holders(self, file_key: str) -> str:
         return f"{self.prefix}:holders:{file_key}"
 
+    def parked(self, sandbox_id: str) -> str:
+        """A paused sandbox's record whose checkpoint is in the shared repository (a hash: the
+        node publishing it, or none once released, and the record), for another node to adopt."""
+        return f"{self.prefix}:parked:{sandbox_id}"
+
+    def moving(self, sandbox_id: str) -> str:
+        """The gateway moving a sandbox to another node now; expires if that gateway dies."""
+        return f"{self.prefix}:moving:{sandbox_id}"
+
+    @property
+    def draining(self) -> str:
+        """The ids of nodes that take no new sandboxes."""
+        return f"{self.prefix}:draining"
+
 
 def connect(url: str, timeout: float = 2.0) -> aioredis.Redis:
     """A client for `url` (redis://, rediss:// or unix://); it connects on first use.

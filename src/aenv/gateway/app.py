@@ -17,6 +17,7 @@ from aenv.cluster.directory import Directory
 from aenv.cluster.secret import ClusterSecret
 from aenv.gateway.control import EXCEPTION_HANDLERS, ControlPlane
 from aenv.gateway.dataplane import DataPlane
+from aenv.gateway.handoff import Handoff
 from aenv.gateway.nodes import NodeClient
 from aenv.proxy.errors import ProxyError, bad_route, deny_websocket, send_http
 from aenv.proxy.routing import RoutingError, route
@@ -33,8 +34,9 @@ class Gateway:
     ) -> None:
         self.domain = domain
         self.nodes = NodeClient(secret)
-        self.data = DataPlane(directory, secret)
-        control = ControlPlane(directory, self.nodes)
+        handoff = Handoff(directory, self.nodes)
+        self.data = DataPlane(directory, secret, handoff)
+        control = ControlPlane(directory, self.nodes, handoff)
         app = Starlette(
             routes=control.routes(), exception_handlers={**EXCEPTION_HANDLERS, **JSON_ERRORS}
         )

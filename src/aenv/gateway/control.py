@@ -4,7 +4,10 @@
   (429, 5xx) or cannot be reached is skipped, a refusal by all is a 429 as on one node. A node
   that took the request but whose answer was lost is not retried elsewhere: the sandbox may
   exist there, and a retry could make a second one.
-- Calls naming a sandbox go to the live node it is routed to; none is E2B's 404.
+- Calls naming a sandbox go to the live node it is routed to. One without a live node that is
+  parked (paused, its checkpoint in the shared repository) is moved to another node first
+  (`handoff`); else E2B's 404.
+- Creates go to nodes that are not draining.
 - Lists ask every live node and merge (`listing`).
 - Redis unreachable is a 503 with a JSON error, for as long as it lasts.
 - Every other route of a node is a 501 here for now, naming it.
@@ -26,6 +29,7 @@ from aenv.cluster.directory import Directory
 from aenv.cluster.placement import candidates
 from aenv.cluster.registry import NodeReport
 from aenv.cluster.store import ClusterUnavailable
+from aenv.gateway.handoff import Handoff
 from aenv.gateway.listing import merge, page_limit
 from aenv.gateway.nodes import Answer, NodeClient, NodeFailed, NodeUnreachable
 
@@ -35,9 +39,10 @@ _SANDBOX_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 
 class ControlPlane:
-    def __init__(self, directory: Directory, nodes: NodeClient) -> None:
+    def __init__(self, directory: Directory, nodes: NodeClient, handoff: Handoff) -> None:
         self.directory = directory
         self.nodes = nodes
+        self.handoff = handoff
 
     def routes(self) -> list[Route]:
         return [
@@ -66,7 +71,7 @@ class ControlPlane:
 
     async def create(self, request: Request) -> Response:
         body = await request.body()
-        nodes = await self.directory.live()
+        nodes = await self.directory.placeable()
         holders = await self.directory.template_holders(_template_of(body))
         refusals: list[str] = []
         for node in candidates(nodes, holders):
@@ -88,6 +93,8 @@ class ControlPlane:
             return await self.not_served(request)
         sandbox_id = match.group(1)
         node = await self.directory.node_of(sandbox_id)
+        if node is None:
+            node = await self.handoff.move(sandbox_id)
         if node is None:
             raise not_found(f"sandbox '{sandbox_id}'")
         try:

@@ -5,16 +5,20 @@ The request is routed as a node routes it (`aenv.proxy.routing`: E2B's headers, 
 internal API with the sandbox named in E2B's headers, so the node's own proxy takes it from there
 whichever way the client addressed it. Bodies stream both ways and WebSockets are joined, with the
 node proxy's own forwarders: a Connect server stream or an upload is never held whole here.
+A sandbox without a live node that is parked moves to another node first (`handoff`), whose
+proxy then resumes it if it asked for auto-resume, as on one node.
 """
 
 from __future__ import annotations
 
 from starlette.types import Receive, Scope, Send
 
+from aenv.api.errors import APIError
 from aenv.cluster.directory import Directory, NodeAddress
 from aenv.cluster.internal import CALLER_HEADER, PREFIX, TOKEN_HEADER
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import ClusterUnavailable
+from aenv.gateway.handoff import Handoff
 from aenv.proxy.access import check_route
 from aenv.proxy.errors import ProxyError, sandbox_not_found
 from aenv.proxy.http import HttpForwarder
@@ -30,9 +34,14 @@ _REPLACED = frozenset(
 
 class DataPlane:
     def __init__(
-        self, directory: Directory, secret: ClusterSecret, connect_timeout: float = 10.0
+        self,
+        directory: Directory,
+        secret: ClusterSecret,
+        handoff: Handoff,
+        connect_timeout: float = 10.0,
     ) -> None:
         self.directory = directory
+        self.handoff = handoff
         self._token = secret.bearer.encode()
         self._connect_timeout = connect_timeout
         self._http = HttpForwarder(connect_timeout=connect_timeout)
@@ -45,8 +54,14 @@ class DataPlane:
         check_route(target)
         try:
             node = await self.directory.node_of(target.sandbox_id)
+            if node is None:
+                node = await self.handoff.move(target.sandbox_id)
         except ClusterUnavailable as error:
             raise ProxyError(503, {"code": 503, "message": str(error)}) from error
+        except APIError as error:  # parked, and no node took it
+            raise ProxyError(
+                error.status, {"code": error.status, "message": error.message}
+            ) from error
         if node is None:
             raise sandbox_not_found(target.sandbox_id)
         address = NodeAddress.of(node.address)

@@ -10,26 +10,45 @@ from, so the absolute paths in its `snapshot.json` hold again.
 A pause checkpoint's disks may be layers stacked on earlier ones; the copy is exported
 self-contained first (`Driver.export`) into a staging directory that is removed once uploaded,
 and that a pull later recreates.
+
+Every copy records the data directory (`AENV_HOME`) of the node that made it, so another node
+sharing the repository can pull it (a cluster, `docs/cluster.md`): the absolute paths in its
+`snapshot.json` are then moved from the maker's directories to the puller's, the export
+directory to where it was pulled and the maker's home to the puller's. A `portable` archive
+(a cluster node's) also puts the read-only files a checkpoint names (kernel, initramfs, root
+and envd drives) into the copy: a restored guest's memory holds the page cache of exactly those
+bytes, and another node's own images of the same name may differ (an ext4 image built twice
+differs in its UUID and timestamps). Their chunks are stored once, whatever the number of
+copies naming them.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 import logging
+import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
-from aenv.runtime.driver import Driver, Snapshot
+from aenv.runtime.driver import SNAPSHOT_MANIFEST, Driver, Snapshot
 from aenv.storage.repository import Repository as ChunkRepository
 from aenv.storage.repository import RepositoryError
 
 log = logging.getLogger("aenv.archive")
 
 
+IMAGES = "images"
+
+
 class Archive:
-    def __init__(self, repository: ChunkRepository) -> None:
+    def __init__(self, repository: ChunkRepository, home: Path, portable: bool = False) -> None:
         self.repository = repository
+        self.home = home
+        self.portable = portable
 
     async def push_checkpoint(
         self,
@@ -45,6 +64,8 @@ class Archive:
         await asyncio.to_thread(staging.mkdir, parents=True)
         try:
             await driver.export(snapshot, staging, move=False)
+            if self.portable:
+                await asyncio.to_thread(_take_images, staging)
             return await self.push_directory(staging, name=name, metadata=metadata)
         finally:
             await asyncio.to_thread(shutil.rmtree, staging, True)
@@ -54,7 +75,9 @@ class Archive:
     ) -> str:
         """Store an already self-contained snapshot directory; returns its manifest id."""
         manifest = await self.repository.put_tree(
-            directory, name=name, metadata={**metadata, "directory": str(directory)}
+            directory,
+            name=name,
+            metadata={**metadata, "directory": str(directory), "home": str(self.home)},
         )
         return manifest.id
 
@@ -64,7 +87,14 @@ class Archive:
         or missing chunk) rather than ever returning a snapshot that differs from what was
         stored."""
         await asyncio.to_thread(shutil.rmtree, dest, True)
-        await self.repository.get_tree(manifest_id, dest)
+        # A sandbox another node made has no directory here yet.
+        await asyncio.to_thread(dest.parent.mkdir, parents=True, exist_ok=True)
+        manifest = await self.repository.get_tree(manifest_id, dest)
+        moves = {
+            str(manifest.metadata.get("directory", dest)): str(dest),
+            str(manifest.metadata.get("home", self.home)): str(self.home),
+        }
+        await asyncio.to_thread(_relocate, dest / SNAPSHOT_MANIFEST, moves)
         return await driver.load_saved(dest)
 
     async def drop(self, manifest_id: str) -> None:
@@ -84,3 +114,49 @@ class Archive:
 
     def close(self) -> None:
         self.repository.close()
+
+
+def _relocate(manifest: Path, moves: Mapping[str, str]) -> None:
+    """Rewrite the paths in a pulled `snapshot.json` that lie under a key of `moves` (tried in
+    order: the export directory lies inside the home) to lie under its value. Blocking."""
+    moves = {old: new for old, new in moves.items() if old != new}
+    if not moves:
+        return
+
+    def move(value: Any) -> Any:
+        if isinstance(value, dict):
+            return {k: move(v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [move(v) for v in value]
+        if isinstance(value, str):
+            for old, new in moves.items():
+                if value == old or value.startswith(old + "/"):
+                    return new + value[len(old) :]
+        return value
+
+    manifest.write_text(json.dumps(move(json.loads(manifest.read_text())), indent=2))
+
+
+def _take_images(staging: Path) -> None:
+    """Put the read-only files the exported snapshot in `staging` names into `staging/images`
+    (linked, or copied across filesystems) and name those instead. Blocking."""
+    snapshot = Snapshot.load_manifest(staging)
+    images = staging / IMAGES
+    images.mkdir()
+
+    def take(path: Path) -> Path:
+        target = images / path.name
+        if not target.exists():
+            try:
+                os.link(path, target)
+            except OSError:  # another filesystem
+                shutil.copyfile(path, target)
+        return target
+
+    spec = snapshot.spec
+    disks = tuple(
+        dataclasses.replace(d, path=take(d.path)) if d.read_only else d for d in spec.disks
+    )
+    initrd = take(spec.initrd) if spec.initrd is not None else None
+    spec = dataclasses.replace(spec, kernel=take(spec.kernel), initrd=initrd, disks=disks)
+    dataclasses.replace(snapshot, spec=spec).save_manifest(staging)

@@ -192,7 +192,7 @@ def _to_row(record: SandboxRecord) -> dict[str, Any]:
     return row
 
 
-def _from_row(row: sqlite3.Row) -> SandboxRecord:
+def _from_row(row: sqlite3.Row | Mapping[str, Any]) -> SandboxRecord:
     data: dict[str, Any] = {name: row[name] for name in _FIELDS if name != "archived"}
     for name in _JSON:
         data[name] = json.loads(data[name])
@@ -208,6 +208,19 @@ def _from_row(row: sqlite3.Row) -> SandboxRecord:
     if row["archive_manifest"] is not None:
         data["archived"] = Archived(row["archive_seq"], row["archive_manifest"])
     return SandboxRecord(**data)
+
+
+def record_to_json(record: SandboxRecord) -> str:
+    """The record as JSON (its catalog row): how a sandbox travels to another node's catalog."""
+    return json.dumps(_to_row(record), sort_keys=True)
+
+
+def record_from_json(text: str) -> SandboxRecord:
+    """The record `record_to_json` wrote; raises `ValueError` (or `KeyError`) when malformed."""
+    row = json.loads(text)
+    if not isinstance(row, dict):
+        raise ValueError("a sandbox record is a JSON object")
+    return _from_row(row)
 
 
 class Catalog:

@@ -36,9 +36,10 @@ import httpx
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.ids import new_access_token, new_sandbox_id
-from aenv.network import NftError, Slot, SlotProvider, SlotReclaimer
+from aenv.network import EgressPolicy, NftError, Slot, SlotProvider, SlotReclaimer
 from aenv.network.settings import SandboxNetwork, SlotEgress
-from aenv.orchestrator import checkpoints, consoles, detach, metrics_history
+from aenv.orchestrator import checkpoints, consoles, detach, metrics_history, warm
+from aenv.orchestrator.admission import HostMemory, MemoryBudget, Refusal
 from aenv.orchestrator.archive import Archive
 from aenv.orchestrator.background import PerSandbox
 from aenv.orchestrator.catalog import Catalog, SandboxRecord, VolumeMount
@@ -52,6 +53,7 @@ from aenv.orchestrator.saved import SavedStates
 from aenv.orchestrator.states import KILLABLE, LIVE, SAVED, SandboxState
 from aenv.orchestrator.templates import BOOT_READY_TIMEOUT, Template, TemplateStore
 from aenv.orchestrator.volumes import VolumeStore, guest_mounts
+from aenv.orchestrator.warm import Pooled, WarmPools
 from aenv.runtime.driver import (
     VM,
     Driver,
@@ -59,6 +61,7 @@ from aenv.runtime.driver import (
     NetAttachment,
     RestoreError,
     RestoreSpec,
+    Share,
     Snapshot,
     SnapshotTarget,
 )
@@ -73,6 +76,13 @@ log = logging.getLogger("aenv.orchestrator")
 RESTORE_READY_TIMEOUT = 120.0
 # Housekeeping rounds (`consoles.INTERVAL` apart) between two reconciliations.
 RECONCILE_EVERY = 6
+# Seconds between two looks of the refill at pools nobody created from (to shrink them).
+REFILL_IDLE = 10.0
+# A refill waits until no create has been under way for this long: its restore would compete
+# for the CPU with the create and with the new sandbox's first commands.
+REFILL_QUIET = 1.0
+# What a pooled VM's slot is given until a create takes it: no egress at all.
+_NO_EGRESS = SlotEgress(enabled=False, policy=EgressPolicy())
 _FAILURES = (DriverError, EnvdUnavailable, OSError, RepositoryError)
 
 
@@ -113,6 +123,7 @@ class CreateStats:
     queued: int = 0  # waiting for admission
     succeeded: int = 0
     failed: int = 0
+    refused: collections.Counter[Refusal] = dataclasses.field(default_factory=collections.Counter)
 
 
 @dataclass
@@ -176,13 +187,23 @@ class Orchestrator:
         self.slots = slots
         self.templates = templates
         self._live: dict[str, _Live] = {}
+        # Slots of VMs being stopped (out of `_live` already, not released yet): still held,
+        # so the reconciler must not take them for leaked and release them a second time.
+        self._stopping: dict[int, Slot] = {}
         self._locks = KeyedLocks()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._admission = asyncio.Semaphore(config.max_concurrent_creates)
         self._queued_by: collections.Counter[str | None] = collections.Counter()
         # Disk of the creates admitted and not finished: their layers have not grown yet.
         self._disk_pending_mb = 0
+        # Creates queued or starting, and their guest RAM: their rows hold no VM yet.
+        self._starting = 0
+        self._starting_mb = 0
+        self._last_create = 0.0  # time.monotonic() when the latest create ended
         self.stats = CreateStats()
+        self.pools = WarmPools(config.pool_max)
+        self._pool_wake = asyncio.Event()
+        self._refiller: asyncio.Task[None] | None = None
         self._client = httpx.AsyncClient()
         self._tasks: set[asyncio.Task[None]] = set()
         self.saved = SavedStates(catalog, templates, config.paths.sandboxes, archive, driver)
@@ -226,6 +247,7 @@ class Orchestrator:
             await self._reclaim_files(record.id)
             await self.saved.drop_archived(record)
             self.catalog.delete(record.id)
+        await asyncio.to_thread(self._sweep_pooled)
         await asyncio.to_thread(self.detacher.sweep)
         for unfinished in await asyncio.to_thread(self.templates.remove_unfinished):
             log.warning("removed saved state %s, cut short by the previous run", unfinished)
@@ -233,10 +255,29 @@ class Orchestrator:
         self._spawn(self.saved.collect_repository())
         self._spawn(self._housekeeping())
         self._spawn(self._sample_forever())
+        if self.pools.enabled:
+            self._refiller = asyncio.get_running_loop().create_task(self._refill_forever())
+
+    def _sweep_pooled(self) -> None:
+        """Remove the directories of VMs a previous process held in its pools (their VMMs are
+        gone with it): marked ones that no catalog row names."""
+        sandboxes = self.config.paths.sandboxes
+        if not sandboxes.is_dir():
+            return
+        for directory in sandboxes.iterdir():
+            if (directory / warm.MARKER).exists() and self.catalog.get(directory.name) is None:
+                log.warning("removing pooled VM %s left by the previous run", directory.name)
+                for path in self._dirs(directory.name):
+                    shutil.rmtree(path, ignore_errors=True)
 
     async def close(self) -> None:
-        """Graceful shutdown: running sandboxes are paused (resumable after the restart), or
-        killed when `pause_on_shutdown` is off or the pause fails."""
+        """Graceful shutdown: pooled VMs are stopped; running sandboxes are paused (resumable
+        after the restart), or killed when `pause_on_shutdown` is off or the pause fails."""
+        if self._refiller is not None:
+            self._refiller.cancel()
+            await asyncio.gather(self._refiller, return_exceptions=True)
+        for pooled in self.pools.drain():
+            await self._discard(pooled)
         running = [r.id for r in self.catalog.list([SandboxState.RUNNING])]
         await asyncio.gather(*(self._park(sandbox_id) for sandbox_id in running))
         for sandbox_id in list(self._live):
@@ -317,19 +358,72 @@ class Orchestrator:
         # joining the queue happen without an await in between, so the cap is exact.
         held = self.catalog.count(frozenset(SandboxState)) + self.stats.queued
         if held >= self.config.max_sandboxes:
+            self.stats.refused[Refusal.SANDBOXES] += 1
             raise CapacityReached(f"this node holds its maximum of {held} sandboxes")
         short = await asyncio.to_thread(self._reserve().shortfall)
         if short is not None:
+            self.stats.refused[Refusal.DISK if "disk" in short else Refusal.MEMORY] += 1
             raise CapacityReached(f"no new sandboxes: {short}")
         owner = request.owner
         if owner is not None and self._running_of(owner) >= self.config.key_max_sandboxes:
+            self.stats.refused[Refusal.KEY] += 1
             raise CapacityReached(
                 "You have reached the maximum number of concurrent sandboxes for this API key "
                 f"({self.config.key_max_sandboxes})"
             )
-        return await self._queued_create(request, base, parent)
+        need_mb = request.size[1] if request.size else (parent or base).memory_mb
+        await self._admit_memory(need_mb)
+        return await self._queued_create(request, base, parent, need_mb)
+
+    async def _memory_refusal(
+        self, need_mb: int, *, pooling: bool = False
+    ) -> tuple[Refusal, str] | None:
+        """Why a VM of `need_mb` guest RAM does not fit in memory now (see `admission`).
+        A pool refill (`pooling`) also leaves room for one create and counts pooled VMs."""
+        config = self.config
+        budget = MemoryBudget(
+            config.reserve_memory_mb, config.admission_sandbox_mb, config.memory_overcommit
+        )
+        holding = LIVE | {SandboxState.RESUMING}
+        nominal = sum(r.memory_mb for r in self.catalog.list(holding)) + self._starting_mb
+        starting = self._starting + sum(self.pools.filling.values())
+        if pooling:
+            nominal += sum(p.memory_mb for p in self.pools)
+            starting += 1
+        host = await asyncio.to_thread(HostMemory.now)
+        return budget.refusal(host, starting=starting, nominal_mb=nominal, need_mb=need_mb)
+
+    async def _admit_memory(self, need_mb: int) -> None:
+        """Raises CapacityReached when the host's memory has no room for one more sandbox,
+        after giving back every pooled VM when that could make room."""
+        refused = await self._memory_refusal(need_mb)
+        if await self._give_back_pooled(refused):
+            refused = await self._memory_refusal(need_mb)
+        if refused is not None:
+            self.stats.refused[refused[0]] += 1
+            raise CapacityReached(f"no new sandboxes: {refused[1]}")
+
+    async def _give_back_pooled(self, refused: tuple[Refusal, str] | None) -> bool:
+        """Stop every pooled VM when the host is short of available memory; whether any was."""
+        if refused is None or refused[0] is not Refusal.MEMORY or not any(self.pools):
+            return False
+        for pooled in list(self.pools):
+            await self._evict(pooled)
+        return True
 
     async def _queued_create(
+        self, request: CreateRequest, base: Template, parent: SandboxRecord | None, need_mb: int
+    ) -> SandboxRecord:
+        self._starting += 1
+        self._starting_mb += need_mb
+        try:
+            return await self._queued_create_counted(request, base, parent)
+        finally:
+            self._starting -= 1
+            self._starting_mb -= need_mb
+            self._last_create = time.monotonic()
+
+    async def _queued_create_counted(
         self, request: CreateRequest, base: Template, parent: SandboxRecord | None
     ) -> SandboxRecord:
         owner = request.owner
@@ -371,6 +465,7 @@ class Orchestrator:
         free_mb = await asyncio.to_thread(reserve.free_disk_mb)
         short = reserve.disk_shortfall(free_mb, self._disk_pending_mb + need_mb)
         if short is not None:
+            self.stats.refused[Refusal.DISK] += 1
             raise CapacityReached(f"no new sandboxes: {short}")
 
     def _reserve(self) -> HostReserve:
@@ -396,8 +491,9 @@ class Orchestrator:
         self, request: CreateRequest, base: Template, parent: SandboxRecord | None
     ) -> SandboxRecord:
         """A new sandbox restored from `base` (a template, a snapshot or, for fork children of
-        `parent`, a fork checkpoint)."""
-        sandbox_id = new_sandbox_id()
+        `parent`, a fork checkpoint), on a pooled VM when its template's pool has one."""
+        pooled = await self._take_pooled(request, base, parent)
+        sandbox_id = pooled.sandbox_id if pooled else new_sandbox_id()
         now = time.time()
         shown = parent or base
         async with self._lock(sandbox_id):
@@ -428,17 +524,9 @@ class Orchestrator:
                 )
             )
             try:
-                snapshot = await self.saved.base_snapshot(base)
-                if request.size is not None:
-                    vcpus, memory_mib = request.size
-                    spec = dataclasses.replace(snapshot.spec, vcpus=vcpus, memory_mib=memory_mib)
-                    snapshot = dataclasses.replace(snapshot, spec=spec)
-                live = await self._launch(
-                    record,
-                    snapshot,
-                    current_token=base.envd_access_token,
-                    cold=base.save_mode is SaveMode.FILESYSTEM or request.size is not None,
-                )
+                live = await self._adopt(record, pooled, base) if pooled else None
+                if live is None:
+                    live = await self._launch_base(record, request, base)
             except _FAILURES as e:
                 await self._reclaim_files(sandbox_id)
                 self.catalog.delete(sandbox_id)
@@ -458,6 +546,22 @@ class Orchestrator:
             await tell(self.residency, lambda r: r.sandbox_routed(sandbox_id), f"{sandbox_id} came")
         return running
 
+    async def _launch_base(
+        self, record: SandboxRecord, request: CreateRequest, base: Template
+    ) -> _Live:
+        """Today's create path: restore (or boot) a new VM from `base`."""
+        snapshot = await self.saved.base_snapshot(base)
+        if request.size is not None:
+            vcpus, memory_mib = request.size
+            spec = dataclasses.replace(snapshot.spec, vcpus=vcpus, memory_mib=memory_mib)
+            snapshot = dataclasses.replace(snapshot, spec=spec)
+        return await self._launch(
+            record,
+            snapshot,
+            current_token=base.envd_access_token,
+            cold=base.save_mode is SaveMode.FILESYSTEM or request.size is not None,
+        )
+
     async def _launch(
         self, record: SandboxRecord, snapshot: Snapshot, *, current_token: str | None, cold: bool
     ) -> _Live:
@@ -467,11 +571,33 @@ class Orchestrator:
         On failure nothing of the VM or slot is left; the sandbox's files are the caller's.
         Raises `VolumeNotFound` when a volume it mounts was deleted (nothing started)."""
         shares = self.volumes.shares(record.volume_mounts)
-        cold = cold or bool(shares)
-        workdir, memory_dir = self._dirs(record.id)
+        vm, slot, envd = await self._start_vm(
+            record.id, snapshot, record.network.egress, current_token, cold or bool(shares), shares
+        )
+        try:
+            await self._init_envd(record, envd)
+        except BaseException:
+            await self._stop_vm(vm, slot)
+            raise
+        live = _Live(vm, slot)
+        self._live[record.id] = live
+        return live
+
+    async def _start_vm(
+        self,
+        sandbox_id: str,
+        snapshot: Snapshot,
+        egress: SlotEgress,
+        current_token: str | None,
+        cold: bool,
+        shares: tuple[Share, ...] = (),
+    ) -> tuple[VM, Slot, EnvdClient]:
+        """A VM in the sandbox's directories from `snapshot` (restored, or `cold`-booted from
+        its disks alone) on a new slot given `egress`, and the client of its envd. On failure
+        nothing of the VM or slot is left; the files are the caller's."""
+        workdir, memory_dir = self._dirs(sandbox_id)
         await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
         await asyncio.to_thread(memory_dir.mkdir, parents=True, exist_ok=True)
-        egress = record.network.egress
         slot = await self.slots.acquire(egress=egress.enabled, policy=egress.policy)
         vm: VM | None = None
         try:
@@ -484,26 +610,182 @@ class Orchestrator:
                 await envd.wait_healthy(BOOT_READY_TIMEOUT)
             else:
                 vm = await self.driver.restore(snapshot, place)
-            # What a template build set (ENV, USER, WORKDIR), under the sandbox's own env.
-            built = self.templates.by_id(record.template_id)
-            await envd.init(
-                new_token=record.envd_access_token,
-                env_vars={**(built.env_vars if built else {}), **_sandbox_env(record)},
-                hostname=record.id,
-                timeout=RESTORE_READY_TIMEOUT,
-                default_user=built.default_user if built else None,
-                default_workdir=built.default_workdir if built else None,
-                volume_mounts=guest_mounts(record.volume_mounts),
-            )
         except BaseException:
             if vm is not None:
                 with contextlib.suppress(DriverError):
                     await vm.stop()
             await self.slots.release(slot)
             raise
-        live = _Live(vm, slot)
+        return vm, slot, envd
+
+    async def _stop_vm(self, vm: VM, slot: Slot) -> None:
+        """Stop a VM and release its slot, which stays held (`reconcile`) until released."""
+        self._stopping[slot.index] = slot
+        try:
+            with contextlib.suppress(DriverError):
+                await vm.stop()
+            await self.slots.release(slot)
+        finally:
+            del self._stopping[slot.index]
+
+    async def _init_envd(self, record: SandboxRecord, envd: EnvdClient) -> None:
+        """Hand envd the sandbox's identity: token, env, hostname, fresh entropy."""
+        # What a template build set (ENV, USER, WORKDIR), under the sandbox's own env.
+        built = self.templates.by_id(record.template_id)
+        await envd.init(
+            new_token=record.envd_access_token,
+            env_vars={**(built.env_vars if built else {}), **_sandbox_env(record)},
+            hostname=record.id,
+            timeout=RESTORE_READY_TIMEOUT,
+            default_user=built.default_user if built else None,
+            default_workdir=built.default_workdir if built else None,
+            volume_mounts=guest_mounts(record.volume_mounts),
+        )
+
+    # -- warm pools -----------------------------------------------------------------------
+
+    def _poolable(
+        self, request: CreateRequest, base: Template, parent: SandboxRecord | None
+    ) -> bool:
+        """Whether a create can run on a pooled VM: one restored from a built template's full
+        state, as it is. Snapshots and forks are restored once each, so a pool would only
+        hold their memory longer; resized, volume-mounting and build VMs are booted."""
+        return (
+            self.pools.enabled
+            and parent is None
+            and request.size is None
+            and not request.internal
+            and not request.volume_mounts
+            and base.kind is TemplateKind.TEMPLATE
+            and base.save_mode is SaveMode.FULL
+        )
+
+    async def _take_pooled(
+        self, request: CreateRequest, base: Template, parent: SandboxRecord | None
+    ) -> Pooled | None:
+        if not self._poolable(request, base, parent):
+            return None
+        self.pools.note_create(base.template_id)
+        self._pool_wake.set()
+        pooled, stale = self.pools.take(base.template_id, base.build_id)
+        for old in stale:
+            await self._discard(old)
+        return pooled
+
+    async def _adopt(self, record: SandboxRecord, pooled: Pooled, base: Template) -> _Live | None:
+        """Make a pooled VM the sandbox's: its egress rules on the slot, then envd `/init`.
+        None when the pooled VM failed (it is gone; the caller restores a new one)."""
+        try:
+            await self._apply_egress(pooled.slot, _NO_EGRESS, record.network.egress)
+            envd = EnvdClient(self._client, str(pooled.slot.address), base.envd_access_token)
+            await self._init_envd(record, envd)
+        except (*_FAILURES, OperationFailed) as e:
+            log.warning("pooled VM %s failed at its take, restoring anew: %s", record.id, e)
+            await self._discard(pooled)
+            return None
+        except BaseException:
+            await self._discard(pooled)
+            raise
+        pooled.pin.close()  # the sandbox's row names the saved build now
+        await asyncio.to_thread((self._dirs(record.id)[0] / warm.MARKER).unlink)
+        live = _Live(pooled.vm, pooled.slot)
         self._live[record.id] = live
         return live
+
+    async def _discard(self, pooled: Pooled) -> None:
+        """Stop a pooled VM and remove all of it."""
+        await self._stop_vm(pooled.vm, pooled.slot)
+        await self._reclaim_files(pooled.sandbox_id)
+        pooled.pin.close()
+
+    async def _evict(self, pooled: Pooled) -> None:
+        """Give a pooled VM back under memory pressure."""
+        self.pools.evict(pooled)
+        await self._discard(pooled)
+
+    async def _refill_forever(self) -> None:
+        """Keep every pool at its target, one restore at a time and only between creates;
+        shrink pools whose template's creates slowed down; give every pooled VM back when the
+        host runs short of memory."""
+        while True:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(REFILL_IDLE):
+                    await self._pool_wake.wait()
+            self._pool_wake.clear()
+            await self._give_back_pooled(await self._memory_refusal(0))
+            for pooled in self.pools.surplus():
+                await self._discard(pooled)
+            for template_id in self.pools.missing():
+                await self._creates_quiet()
+                if not await self._fill(template_id):
+                    break
+
+    async def _creates_quiet(self) -> None:
+        """Wait until no create runs or ended in the last `REFILL_QUIET` seconds. A node busy
+        with creates back to back thus refills nothing: its creates miss and restore as
+        without pools, no slower, instead of sharing the CPU with restores for the pool."""
+        while True:
+            quiet_for = time.monotonic() - self._last_create
+            if not self._starting and quiet_for >= REFILL_QUIET:
+                return
+            await asyncio.sleep(max(REFILL_QUIET - quiet_for, 0.05))
+
+    async def _fill(self, template_id: str) -> bool:
+        """Restore one VM into the template's pool. False when it cannot now (no memory, the
+        template gone or failing); the next wake tries again."""
+        template = self.templates.by_id(template_id)
+        if template is None or template.kind is not TemplateKind.TEMPLATE:
+            return False
+        refused = await self._memory_refusal(template.memory_mb, pooling=True)
+        if refused is not None:
+            log.info("pool of %s not refilled: %s", template_id, refused[1])
+            return False
+        pooled = await self._restore_pooled(template)
+        if pooled is None:
+            return False
+        self.pools.add(pooled)
+        return True
+
+    async def _restore_pooled(self, template: Template) -> Pooled | None:
+        sandbox_id = new_sandbox_id()
+        workdir = self._dirs(sandbox_id)[0]
+        pin = contextlib.ExitStack()
+        pin.enter_context(self.saved.pin(Path(template.snapshot_dir)))
+        self.pools.filling[template.template_id] += 1
+        try:
+            await asyncio.to_thread(workdir.mkdir, parents=True)
+            await asyncio.to_thread((workdir / warm.MARKER).touch)
+            async with self._admission:
+                snapshot = await self.saved.base_snapshot(template)
+                vm, slot, envd = await self._start_vm(
+                    sandbox_id, snapshot, _NO_EGRESS, template.envd_access_token, cold=False
+                )
+            try:
+                await envd.wait_healthy(RESTORE_READY_TIMEOUT)
+            except BaseException:
+                await self._stop_vm(vm, slot)
+                raise
+        except _FAILURES as e:
+            log.warning("pool of %s: restore failed: %s", template.template_id, e)
+            await self._reclaim_files(sandbox_id)
+            pin.close()
+            return None
+        except BaseException:
+            await self._reclaim_files(sandbox_id)
+            pin.close()
+            raise
+        finally:
+            self.pools.filling[template.template_id] -= 1
+        return Pooled(
+            sandbox_id,
+            template.template_id,
+            template.build_id,
+            template.snapshot_dir,
+            vm,
+            slot,
+            template.memory_mb,
+            pin,
+        )
 
     async def _housekeeping(self) -> None:
         """For as long as the node runs: keep every live VM's console file bounded, and every
@@ -557,7 +839,9 @@ class Orchestrator:
             await asyncio.to_thread(self.driver.reap_unowned)
         await asyncio.to_thread(reap_strays, self.config.home)
         if isinstance(self.slots, SlotReclaimer):
-            await self.slots.reclaim_leaked([live.slot for live in self._live.values()])
+            held = [live.slot for live in self._live.values()] + list(self._stopping.values())
+            held += [pooled.slot for pooled in self.pools]
+            await self.slots.reclaim_leaked(held)
 
     def _started(self, record: SandboxRecord, live: _Live) -> None:
         self._schedule_expiry(record)
@@ -598,9 +882,7 @@ class Orchestrator:
         live.planned_exit = True
         for listener in self.vm_stopped:
             listener(sandbox_id, live.vm.id)
-        with contextlib.suppress(DriverError):
-            await live.vm.stop()
-        await self.slots.release(live.slot)
+        await self._stop_vm(live.vm, live.slot)
 
     def _lock(self, sandbox_id: str) -> contextlib.AbstractAsyncContextManager[None]:
         return self._locks.hold(sandbox_id)
@@ -744,6 +1026,81 @@ class Orchestrator:
         if not resumed:
             record = self.extend_timeout(sandbox_id, timeout)
         return record, resumed
+
+    # -- moving between nodes (a cluster sharing one snapshot repository) -----------------
+
+    async def release(self, sandbox_id: str) -> SandboxRecord:
+        """Give a sandbox up to another node: paused first when it runs, the upload of its
+        checkpoint to the repository waited for, then forgotten here (its files go, the copy
+        stays: it is the adopter's now). Returns the record for `adopt`. Raises
+        `InvalidState` when it is neither running nor paused or mounts volumes,
+        `OperationFailed` when no copy reached the repository (it stays here, paused)."""
+        if self.saved.archive is None:
+            raise OperationFailed(
+                f"sandbox {sandbox_id} cannot move: this node has no snapshot repository"
+            )
+        record = self.get(sandbox_id)
+        if record.volume_mounts:
+            # Volumes are directories of this node: elsewhere its mounts would find nothing.
+            raise InvalidState(sandbox_id, record.state, "move", "it mounts volumes of this node")
+        if record.state is SandboxState.RUNNING:
+            await self.pause(sandbox_id)
+        settling = self._settling.get(sandbox_id)
+        if settling is not None:
+            await asyncio.gather(settling, return_exceptions=True)
+        await self.saved.wait_push(sandbox_id)
+        async with self._lock(sandbox_id):
+            record = self.get(sandbox_id)
+            if record.state is not SandboxState.PAUSED:
+                raise InvalidState(sandbox_id, record.state, "move")
+            if record.archived is None or record.archived.seq != record.checkpoint_seq:
+                raise OperationFailed(
+                    f"sandbox {sandbox_id} cannot move: its checkpoint did not reach the "
+                    "repository (see the node's log)"
+                )
+            await self._forget_locked(sandbox_id)
+        await tell(self.residency, lambda r: r.sandbox_gone(sandbox_id), f"{sandbox_id} left")
+        await self.saved.collect()
+        return record
+
+    async def adopt(self, record: SandboxRecord) -> SandboxRecord:
+        """Take a paused sandbox another node released (or lost with its node): it is paused
+        here, and its resume pulls the repository's copy of its checkpoint. An id this node
+        holds already is left as it is. Raises `InvalidState` for a record that is not paused
+        with a copy in the repository."""
+        if record.state is not SandboxState.PAUSED or record.archived is None:
+            raise InvalidState(record.id, record.state, "adopt", "no copy in the repository")
+        if self.saved.archive is None:
+            raise OperationFailed(f"cannot adopt {record.id}: this node has no repository")
+        async with self._lock(record.id):
+            existing = self.catalog.get(record.id)
+            if existing is not None:
+                return existing
+            # Its own files are in the repository's copy: nothing here is its base.
+            adopted = self.catalog.insert(dataclasses.replace(record, restored_from=""))
+        await tell(self.residency, lambda r: r.sandbox_routed(record.id), f"{record.id} came")
+        return adopted
+
+    async def forget(self, sandbox_id: str) -> bool:
+        """Drop a sandbox that lives on another node now (this node was cut off while it
+        moved): its VM stops and its files go here, its repository copy stays (the other
+        node's). False when it is not here."""
+        async with self._lock(sandbox_id):
+            if self.catalog.get(sandbox_id) is None:
+                return False
+            await self._forget_locked(sandbox_id)
+        await self.saved.collect()
+        return True
+
+    async def _forget_locked(self, sandbox_id: str) -> None:
+        self._cancel_timer(sandbox_id)
+        await self._settling.cancel(sandbox_id)
+        await self.saved.cancel_push(sandbox_id)
+        live = self._live.pop(sandbox_id, None)
+        if live is not None:
+            await self._stop(sandbox_id, live)
+        await self._reclaim_files(sandbox_id)
+        self.catalog.delete(sandbox_id)
 
     async def endpoint_for_traffic(self, sandbox_id: str) -> GuestEndpoint:
         """The proxy's lookup: a paused sandbox that asked for `autoResume` is resumed first."""

@@ -27,4 +27,5 @@ def open_archive(config: Config) -> Archive | None:
     else:
         raise ConfigError(f"repository {where!r}: use a directory, s3://bucket/prefix or off")
     cache = ChunkCache(config.paths.chunk_cache, config.repository_cache_mb << 20)
-    return Archive(Repository(store, cache))
+    # A cluster node's copies may be pulled by another node: they carry their images.
+    return Archive(Repository(store, cache), config.home, portable=config.redis_url is not None)

@@ -54,6 +54,12 @@ class SavedStates:
     async def cancel_push(self, sandbox_id: str) -> None:
         await self._pushes.cancel(sandbox_id)
 
+    async def wait_push(self, sandbox_id: str) -> None:
+        """Until the sandbox's checkpoint upload under way, if any, has ended."""
+        push = self._pushes.get(sandbox_id)
+        if push is not None:
+            await asyncio.gather(push, return_exceptions=True)
+
     async def drop(self, manifest_id: str | None) -> None:
         if manifest_id is not None and self.archive is not None:
             await self.archive.drop(manifest_id)

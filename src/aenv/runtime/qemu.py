@@ -76,6 +76,8 @@ Accel = Literal["kvm", "tcg"]
 RAM_BLOCK = "mem"  # the guest RAM's backend id, hence its RAM block's name in streams
 MIGRATE_BANDWIDTH = 100 << 30  # bytes/s: effectively unlimited
 VMM_OVERHEAD_MIB = 192  # QEMU heap + TCG translation cache (bounded by tb-size below)
+# TCG translation cache per VMM, in MiB. QEMU 7.2 defaults to 1 GiB (of which an idle guest
+# fills a few MiB); a bound keeps a guest that runs much code from holding more.
 TCG_TB_MIB = 64
 # How a VM's 9p shares (volumes) store files. mapped-xattr: the guest's owner and mode live in
 # extended attributes, so guests see and change them as on any filesystem (a jailed VMM could
@@ -97,6 +99,8 @@ class QemuConfig:
     jail: JailConfig | None = field(default_factory=JailConfig)
     # Off keeps what a guest frees allocated on the host: benchmarks only.
     discard: bool = True
+    # TCG only: the translation cache's size (`-accel tcg,tb-size=`), in MiB.
+    tb_size_mib: int = TCG_TB_MIB
 
 
 def host_tsc_khz(cpuinfo: str | None = None) -> int:
@@ -352,7 +356,7 @@ class QemuDriver:
     def _argv(
         self, vm_id: str, spec: VMSpec, memory: _Memory, qmp: Path, console: Path, tap_fd: int
     ) -> list[str]:
-        accel = "kvm" if self.config.accel == "kvm" else f"tcg,tb-size={TCG_TB_MIB}"
+        accel = "kvm" if self.config.accel == "kvm" else f"tcg,tb-size={self.config.tb_size_mib}"
         shared_memory = "on" if memory.shared else "off"
         jailed = self.config.jail is not None
         argv = [
@@ -430,9 +434,9 @@ class QemuDriver:
         return [*files, JailFile(memory.path, mapped), JailFile(qmp, Access.OWN),
                 JailFile(console, Access.OWN)]  # fmt: skip
 
-    def _limits(self, spec: VMSpec) -> CgroupLimits:
+    def _limits(self, spec: VMSpec, memory: _Memory) -> CgroupLimits:
         lim = spec.limits
-        memory_mib = lim.memory_max_mib or spec.memory_mib + VMM_OVERHEAD_MIB
+        memory_mib = lim.memory_max_mib or _memory_cap_mib(spec.memory_mib, memory.shared)
         return CgroupLimits(
             memory_bytes=memory_mib << 20,
             pids=lim.pids_max or DEFAULT_PIDS,
@@ -479,7 +483,7 @@ class QemuDriver:
                     cgroup = await asyncio.to_thread(
                         self._cgroups.create,
                         self.cgroup_name(f"{VMM_NAME_PREFIX}{vm_id}"),
-                        self._limits(spec),
+                        self._limits(spec, memory),
                     )
                     await asyncio.to_thread(cgroup.add, proc.pid)
                 # Connected means QEMU is running inside the jail: the jail may be let go.
@@ -840,6 +844,18 @@ async def _stopped_on_failure(
     except BaseException:
         await asyncio.shield(vm.stop())
         raise
+
+
+def _memory_cap_mib(guest_mib: int, shared: bool) -> int:
+    """What a VMM's cgroup may hold. A VMM owning its memory file holds the guest's RAM once
+    (the file's tmpfs pages) besides its own overhead. One mapping a base file privately can
+    be charged for the guest's RAM three times over, each bounded by the guest's size: its
+    private copies of the pages the guest wrote; the pages tmpfs allocates in the base file
+    where the guest touched a hole (a private mapping of a sparse tmpfs file fills the hole
+    before copying it, and the filled page stays in the file, unreclaimable without swap); and
+    while it saves changed pages, the stream it writes into tmpfs scratch (`save_delta`).
+    A cap of guest + overhead killed such VMMs once their guest had written most of its RAM."""
+    return (1 if shared else 3) * guest_mib + VMM_OVERHEAD_MIB
 
 
 def _memory_dir(spec: VMSpec) -> Path:

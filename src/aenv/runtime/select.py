@@ -24,7 +24,7 @@ from aenv.runtime.cgroups import CgroupManager
 from aenv.runtime.driver import Driver
 from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
 from aenv.runtime.jail import JailConfig
-from aenv.runtime.qemu import Accel, QemuConfig, QemuDriver
+from aenv.runtime.qemu import TCG_TB_MIB, Accel, QemuConfig, QemuDriver
 
 KVM_DEVICE = Path("/dev/kvm")
 INIT_STARTED = "Run /bin/busybox as init process"
@@ -114,16 +114,21 @@ def driver_for(
     cgroups: CgroupManager | None,
     firecracker: FirecrackerConfig,
     jail: JailConfig | None,
+    tb_size_mib: int = TCG_TB_MIB,
 ) -> Driver:
     """The driver of the selected backend; `cgroups` holds QEMU's VMMs (Firecracker's config
-    names its own cgroup parent and its jailer); `jail` None runs QEMU's VMMs unconfined."""
+    names its own cgroup parent and its jailer); `jail` None runs QEMU's VMMs unconfined;
+    `tb_size_mib` is QEMU's TCG translation cache."""
     if selection.backend is Backend.FIRECRACKER:
         return FirecrackerDriver(firecracker)
-    return qemu_driver(selection, cgroups=cgroups, jail=jail)
+    return qemu_driver(selection, cgroups=cgroups, jail=jail, tb_size_mib=tb_size_mib)
 
 
 def qemu_driver(
-    selection: Selection, cgroups: CgroupManager | None = None, jail: JailConfig | None = None
+    selection: Selection,
+    cgroups: CgroupManager | None = None,
+    jail: JailConfig | None = None,
+    tb_size_mib: int = TCG_TB_MIB,
 ) -> QemuDriver:
     """The QEMU driver for a qemu selection (the firecracker driver is built by its package);
     `jail` None runs its VMMs unconfined."""
@@ -134,4 +139,5 @@ def qemu_driver(
         accel = "tcg"
     else:
         raise ValueError(f"{selection.backend} is not a qemu backend")
-    return QemuDriver(QemuConfig(accel=accel, jail=jail), cgroups=cgroups)
+    config = QemuConfig(accel=accel, jail=jail, tb_size_mib=tb_size_mib)
+    return QemuDriver(config, cgroups=cgroups)

@@ -126,14 +126,19 @@ def driver(cgroups: CgroupManager) -> QemuDriver:
 
 
 async def boot_template(
-    driver: QemuDriver, images: Images, places: Places, nets: NetnsPool, upper_mib: int = 1024
+    driver: QemuDriver,
+    images: Images,
+    places: Places,
+    nets: NetnsPool,
+    upper_mib: int = 1024,
+    memory_mib: int = 256,
 ) -> tuple[VM, str]:
     workdir = places.vm_dir()
     upper = await layers.new_upper(workdir / "upper.img", upper_mib)
     net = nets.create()
     spec = VMSpec(
         vcpus=1,
-        memory_mib=256,
+        memory_mib=memory_mib,
         kernel=images.kernel.bzimage,
         initrd=images.initrd,
         cmdline=kernel_cmdline(GUEST_NET, hostname="sandbox"),

@@ -1,6 +1,7 @@
 """Pauses of restored VMs save only the memory the guest changed (`aenv.runtime.ramdelta`), on
-real VMs: chains of pause and restore in several orders, a live process across 20 cycles, and
-the stream filter's refusal of what it does not know."""
+real VMs: chains of pause and restore in several orders, a live process across 20 cycles, a
+clone whose guest writes most of its RAM (its VMM's memory cap), and the stream filter's refusal
+of what it does not know."""
 
 from __future__ import annotations
 
@@ -14,11 +15,22 @@ import pytest
 from aenv.config import Config
 from aenv.orchestrator.repository import open_archive
 from aenv.runtime import ramdelta
-from aenv.runtime.qemu import QemuVM
-from tests.runtime.qemu_vm.conftest import TEMPLATE_MEMORY, Fleet, Places, Template
-from tests.runtime.qemu_vm.netns import agent
+from aenv.runtime.driver import Snapshot
+from aenv.runtime.qemu import QemuDriver, QemuVM
+from tests.runtime.qemu_vm.conftest import (
+    TEMPLATE_MEMORY,
+    Fleet,
+    Images,
+    Places,
+    Template,
+    boot_template,
+)
+from tests.runtime.qemu_vm.netns import NetnsPool, agent, wait_ready
 
 MIB = 1 << 20
+ROOMY_MIB = 512
+# Most of the roomy guest's RAM: pages its template never touched, so holes in the base file.
+FILL_MIB = 320
 
 
 def _size(path: Path) -> int:
@@ -124,6 +136,47 @@ async def test_twenty_cycles_keep_a_live_process_and_do_not_grow(
     await vm.stop()
 
 
+@pytest.fixture(scope="module")
+async def roomy_template(
+    driver: QemuDriver, images: Images, places: Places, nets: NetnsPool
+) -> Snapshot:
+    """A template whose guest has far more RAM than it touched while booting: its memory file
+    is mostly holes, as a real `base` template's is."""
+    vm, netns = await boot_template(driver, images, places, nets, memory_mib=ROOMY_MIB)
+    try:
+        await wait_ready(netns)
+        return await vm.snapshot(places.snapshot_target(), keep_running=False)
+    finally:
+        await vm.stop()
+
+
+async def test_a_resumed_clone_whose_guest_writes_most_of_its_memory_keeps_running(
+    fleet: Fleet, roomy_template: Snapshot, places: Places
+) -> None:
+    """What killed VMMs (issue 18): a clone maps its base file privately, and each page the guest
+    writes where that file has a hole costs the VMM's cgroup a page of the file (tmpfs fills the
+    hole, unreclaimable) besides its private copy. Restore, pause (changed pages), restore that
+    pause, then the guest fills most of its RAM: the VMM must keep running, and so must it
+    through a pause of all that and a restore of the pause."""
+    vm, _ = await fleet.restore(roomy_template)
+    paused = await vm.snapshot(places.snapshot_target(), keep_running=False)
+    vm, netns = await fleet.restore(paused)
+    fill = (
+        f"mount -o remount,size=90% /dev/shm && yes 0123456789abcdef | head -c {FILL_MIB}M "
+        "> /dev/shm/fill && wc -c < /dev/shm/fill"
+    )
+    done = await _sh(netns, fill, limit_s=300)
+    assert (done["rc"], done["stdout"].strip()) == (0, str(FILL_MIB * MIB)), done
+    assert vm.state.value == "running"
+    again = await vm.snapshot(places.snapshot_target(), keep_running=False)
+    assert _size(again.state_file) > FILL_MIB * MIB
+    vm, netns = await fleet.restore(again)
+    # The file's size and its last MiB (the pages the guest wrote last) came back.
+    check = "wc -c < /dev/shm/fill; tail -c 1M /dev/shm/fill | tr -d '\\n0-9a-f' | wc -c"
+    assert (await _sh(netns, check))["stdout"].split() == [str(FILL_MIB * MIB), "0"]
+    await vm.stop()
+
+
 def test_filter_refuses_what_it_does_not_know(tmp_path: Path) -> None:
     with pytest.raises(ramdelta.StreamFormatError, match="not a QEMU migration stream"):
         ramdelta.filter_stream(memoryview(b"nope" + bytes(64)), b"mem", set())
@@ -141,7 +194,6 @@ def test_changed_pages_needs_the_mapping(tmp_path: Path) -> None:
         ramdelta.changed_pages(os.getpid(), tmp_path / "absent")
 
 
-async def _sh(netns: str, script: str) -> Any:
-    return await agent(
-        netns, "POST", "/run", body=json.dumps({"argv": ["sh", "-c", script]}).encode()
-    )
+async def _sh(netns: str, script: str, limit_s: float = 30.0) -> Any:
+    body = json.dumps({"argv": ["sh", "-c", script], "timeout": limit_s}).encode()
+    return await agent(netns, "POST", "/run", body=body, limit_s=limit_s + 5)

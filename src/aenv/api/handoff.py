@@ -1,0 +1,57 @@
+"""Moving a paused sandbox between the nodes of a cluster, for gateways only: `release` gives a
+sandbox up (paused first, its checkpoint in the shared repository), `adopt` takes one another
+node released or lost (see docs/cluster.md, "State follows the sandbox").
+
+The routes answer only calls a gateway made through the internal API (`api.internal`): to a
+user's key they do not exist (404), so no client can move or inject sandboxes.
+"""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+
+from aenv.api.errors import APIError, call_lifecycle
+from aenv.api.internal import caller
+from aenv.api.requests import check_query
+from aenv.orchestrator.catalog import record_from_json, record_to_json
+from aenv.orchestrator.lifecycle import Orchestrator
+
+RELEASE = "/cluster/sandboxes/{sandbox_id}/release"
+ADOPT = "/cluster/adopt"
+RECORD_TYPE = "application/json"
+
+
+class HandoffRoutes:
+    def __init__(self, orchestrator: Orchestrator) -> None:
+        self.orc = orchestrator
+
+    def routes(self) -> list[Route]:
+        return [
+            Route(RELEASE, self.release, methods=["POST"]),
+            Route(ADOPT, self.adopt, methods=["POST"]),
+        ]
+
+    async def release(self, request: Request) -> Response:
+        """The released sandbox's record (`catalog.record_to_json`), 409 when it cannot move."""
+        _gateway_only(request)
+        sandbox_id = request.path_params["sandbox_id"]
+        record = await call_lifecycle(self.orc.release(sandbox_id), sandbox_id)
+        return Response(record_to_json(record), media_type=RECORD_TYPE)
+
+    async def adopt(self, request: Request) -> Response:
+        """Takes the record in the body; answers it as adopted (or as already held here)."""
+        _gateway_only(request)
+        try:
+            record = record_from_json((await request.body()).decode())
+        except (ValueError, KeyError, TypeError) as e:
+            raise APIError(400, f"not a sandbox record: {e!r}") from e
+        adopted = await call_lifecycle(self.orc.adopt(record), record.id)
+        return Response(record_to_json(adopted), media_type=RECORD_TYPE)
+
+
+def _gateway_only(request: Request) -> None:
+    check_query(request)
+    if caller(request.scope.get("state", {})) is None:
+        raise APIError(404, f"{request.url.path} not found")
