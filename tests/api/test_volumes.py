@@ -171,13 +171,3 @@ async def test_the_cli_manages_volumes(tmp_path: Path) -> None:
         assert code == 0 and out.strip() == volume_id and node.orchestrator.volumes.list() == []
         code, _, err = await _aenv(api, "delete", volume_id)
         assert code == 1 and "404" in err
-
-
-async def test_the_volume_content_api_is_refused_by_name(tmp_path: Path) -> None:
-    async with double_node(tmp_path) as node, served(node) as api:
-        volume = await AsyncVolume.create("v", **_opts(api))
-        with pytest.raises(VolumeException, match="volume content API is not supported here"):
-            await volume.write_file("/x", "data", api_url=str(api.base_url))
-        with pytest.raises(VolumeException, match="volume content API is not supported here"):
-            await volume.list("/", api_url=str(api.base_url))
-        assert list(node.orchestrator.volumes.directory(volume.volume_id).iterdir()) == []
