@@ -196,7 +196,7 @@ class Orchestrator:
         # Told which sandboxes come and go (a cluster node's agent), see `residency`.
         self.residency: list[ResidencyListener] = []
         self.metrics = MetricsHistory()
-        self.volumes = VolumeStore(catalog, config.paths.volumes)
+        self.volumes = VolumeStore(catalog, config.paths.volumes, driver.no_shares)
 
     # -- start-up and shutdown ------------------------------------------------------------
 
