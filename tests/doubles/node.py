@@ -68,7 +68,7 @@ class DoubleNode:
 async def double_node(home: Path, **settings: Any) -> AsyncIterator[DoubleNode]:
     """A started node with template `base`; on exit every sandbox is killed and the node
     closed (the test then checks nothing leaked)."""
-    config = Config(home=home, pause_on_shutdown=False, **settings)
+    config = Config(home=home, **{"pause_on_shutdown": False, **settings})
     paths = config.paths
     slots = DoubleSlots()
     driver = DoubleDriver(slots)
