@@ -26,7 +26,7 @@ run: install
 	$(VENV)/bin/aenv server
 
 test: install
-	$(PY) -m pytest -ra $(PYTEST_ARGS)
+	$(PY) -m pytest -ra --durations=25 $(PYTEST_ARGS)
 
 # The tests that need no root, VM or aenv server (the orchestrator, saved states, builds and API
 # routes run on the doubles in tests/doubles/): under a minute. Checked to pass with no
