@@ -293,6 +293,7 @@ class DoubleVM:
     async def stop(self) -> None:
         if self._state is VMState.STOPPED:
             return
+        await self.driver.step("stop")
         self._state = VMState.STOPPED
         await self._server.shutdown()
         self.driver.running.pop(self._id, None)

@@ -65,12 +65,14 @@ class DoubleNode:
 
 
 @asynccontextmanager
-async def double_node(home: Path, **settings: Any) -> AsyncIterator[DoubleNode]:
-    """A started node with template `base`; on exit every sandbox is killed and the node
-    closed (the test then checks nothing leaked)."""
+async def double_node(
+    home: Path, slots: DoubleSlots | None = None, **settings: Any
+) -> AsyncIterator[DoubleNode]:
+    """A started node with template `base` (on `slots`, new double slots by default); on exit
+    every sandbox is killed and the node closed (the test then checks nothing leaked)."""
     config = Config(home=home, **{"pause_on_shutdown": False, **settings})
     paths = config.paths
-    slots = DoubleSlots()
+    slots = slots or DoubleSlots()
     driver = DoubleDriver(slots)
     templates = TemplateStore(paths.templates, home / "shm")
     templates.load()

@@ -5,10 +5,12 @@ half-way (`driver.hold`) and failures by injecting them (`driver.fail_next`)."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Collection
 from pathlib import Path
 
 import pytest
 
+from aenv.network import Slot
 from aenv.orchestrator.kinds import SaveMode
 from aenv.orchestrator.lifecycle import (
     CapacityReached,
@@ -19,6 +21,7 @@ from aenv.orchestrator.lifecycle import (
 )
 from aenv.orchestrator.states import SandboxState
 from tests.doubles.node import TEMPLATE_FILES, assert_clean, double_node, eventually
+from tests.doubles.slots import DoubleSlots
 
 
 async def test_create_restores_the_template_and_inits_envd(tmp_path: Path) -> None:
@@ -222,6 +225,40 @@ async def test_a_host_under_its_reserve_refuses_creates_and_saves(tmp_path: Path
             assert node.row(record.id).state is SandboxState.RUNNING  # left as it was
             assert [r.id for r in node.catalog.list()] == [record.id]
         await node.orchestrator.kill(record.id)
+        assert_clean(node)
+
+
+class ReclaimingSlots(DoubleSlots):
+    """Double slots that reclaim as the real pool does once a slot's acquiring task has ended:
+    every slot handed out that the holder does not keep is destroyed. A second release of a
+    slot fails, as it does in the real pool (whose index may have been handed out again)."""
+
+    async def reclaim_leaked(self, kept: Collection[Slot]) -> list[str]:
+        keep = {slot.netns for slot in kept}
+        leaked = [slot for netns, slot in self.in_use.items() if netns not in keep]
+        for slot in leaked:
+            await self.release(slot)
+        return [slot.netns for slot in leaked]
+
+    async def release(self, slot: Slot) -> None:
+        if slot.netns not in self.in_use:
+            raise ValueError(f"slot {slot.netns} released twice")
+        await super().release(slot)
+
+
+async def test_reconcile_leaves_the_slot_of_a_vm_being_stopped(tmp_path: Path) -> None:
+    # A kill takes the sandbox out of the live VMs and then stops its VMM (which can take a
+    # while); a reconciliation in between once released its slot as leaked, and the kill's own
+    # release then failed (a 500 for the DELETE).
+    async with double_node(tmp_path, slots=ReclaimingSlots()) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        held = node.driver.hold("stop")
+        kill = asyncio.create_task(node.orchestrator.kill(record.id))
+        await held.reached.wait()
+        await node.orchestrator.reconcile()
+        assert len(node.slots.in_use) == 1  # still the stopping VM's
+        held.release()
+        assert await kill
         assert_clean(node)
 
 

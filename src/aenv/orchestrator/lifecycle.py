@@ -176,6 +176,9 @@ class Orchestrator:
         self.slots = slots
         self.templates = templates
         self._live: dict[str, _Live] = {}
+        # Slots of VMs being stopped (out of `_live` already, not released yet): still held,
+        # so the reconciler must not take them for leaked and release them a second time.
+        self._stopping: dict[int, Slot] = {}
         self._locks = KeyedLocks()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._admission = asyncio.Semaphore(config.max_concurrent_creates)
@@ -557,7 +560,8 @@ class Orchestrator:
             await asyncio.to_thread(self.driver.reap_unowned)
         await asyncio.to_thread(reap_strays, self.config.home)
         if isinstance(self.slots, SlotReclaimer):
-            await self.slots.reclaim_leaked([live.slot for live in self._live.values()])
+            held = [live.slot for live in self._live.values()] + list(self._stopping.values())
+            await self.slots.reclaim_leaked(held)
 
     def _started(self, record: SandboxRecord, live: _Live) -> None:
         self._schedule_expiry(record)
@@ -596,11 +600,15 @@ class Orchestrator:
 
     async def _stop(self, sandbox_id: str, live: _Live) -> None:
         live.planned_exit = True
-        for listener in self.vm_stopped:
-            listener(sandbox_id, live.vm.id)
-        with contextlib.suppress(DriverError):
-            await live.vm.stop()
-        await self.slots.release(live.slot)
+        self._stopping[live.slot.index] = live.slot
+        try:
+            for listener in self.vm_stopped:
+                listener(sandbox_id, live.vm.id)
+            with contextlib.suppress(DriverError):
+                await live.vm.stop()
+            await self.slots.release(live.slot)
+        finally:
+            del self._stopping[live.slot.index]
 
     def _live_of(self, sandbox_id: str) -> _Live:
         """The VM of a sandbox whose row says it runs (the caller holds its lock). Raises
