@@ -162,7 +162,9 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
     # VMMs of a previous server that died live on as orphans: reclaim them, and the cgroups, jails
     # and files of its Firecracker VMs (whichever driver runs now), before anything new.
     swept = await sweep(
-        cgroups, reclaimers=[FirecrackerDriver(firecracker_config(config, cgroups))]
+        cgroups,
+        home=config.home,
+        reclaimers=[FirecrackerDriver(firecracker_config(config, cgroups))],
     )
     if swept.killed:
         progress(f"killed {len(swept.killed)} VMMs a previous run left behind")

@@ -19,6 +19,7 @@ from e2b.exceptions import SandboxException, VolumeException
 
 from aenv.orchestrator.catalog import Catalog
 from aenv.orchestrator.kinds import SaveMode
+from aenv.runtime.firecracker.driver import NO_SHARES
 from tests.api.test_routes import KEY, error, served
 from tests.doubles.driver import DoubleVM
 from tests.doubles.node import DoubleNode, double_node
@@ -173,11 +174,23 @@ async def test_the_cli_manages_volumes(tmp_path: Path) -> None:
         assert code == 1 and "404" in err
 
 
-async def test_the_volume_content_api_is_refused_by_name(tmp_path: Path) -> None:
-    async with double_node(tmp_path) as node, served(node) as api:
-        volume = await AsyncVolume.create("v", **_opts(api))
-        with pytest.raises(VolumeException, match="volume content API is not supported here"):
-            await volume.write_file("/x", "data", api_url=str(api.base_url))
-        with pytest.raises(VolumeException, match="volume content API is not supported here"):
-            await volume.list("/", api_url=str(api.base_url))
-        assert list(node.orchestrator.volumes.directory(volume.volume_id).iterdir()) == []
+async def test_a_node_without_shared_filesystems_refuses_mounts_by_name(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as first:
+        first.driver.shares_refused = NO_SHARES  # the double plays a Firecracker node
+        node = first.reopen()
+        await node.orchestrator.start()
+        try:
+            async with served(node) as api:
+                await api.post("/volumes", json={"name": "v"})
+                body = {"templateID": "base", "volumeMounts": [{"name": "v", "path": "/mnt/v"}]}
+                problem = error(await api.post("/v2/sandboxes", json=body), 400)
+                assert problem.startswith("volumeMounts: volumes cannot be mounted on this node")
+                assert NO_SHARES in problem
+                with pytest.raises(SandboxException, match="volumeMounts: volumes cannot"):
+                    await AsyncSandbox.create("base", volume_mounts={"/mnt/v": "v"}, **_opts(api))
+                assert node.catalog.list() == [] and node.driver.running == {}
+                plain = await api.post("/v2/sandboxes", json={"templateID": "base"})
+                assert plain.status_code == 201, plain.text
+        finally:
+            await node.orchestrator.close()
+            node.catalog.close()

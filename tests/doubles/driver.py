@@ -95,6 +95,8 @@ class DoubleDriver:
         self.calls: collections.Counter[str] = collections.Counter()
         self._failures: collections.Counter[str] = collections.Counter()
         self._holds: dict[str, Hold] = {}
+        # What `no_shares` answers: set it to play a driver without shares (Firecracker).
+        self.shares_refused: str | None = None
 
     @property
     def name(self) -> str:
@@ -118,6 +120,10 @@ class DoubleDriver:
         if self._failures[operation] > 0:
             self._failures[operation] -= 1
             raise _ERRORS[operation](f"{operation} failed (injected)")
+
+    @property
+    def no_shares(self) -> str | None:
+        return self.shares_refused
 
     def kernel_image(self, kernel: KernelImages) -> Path:
         return kernel.bzimage

@@ -70,7 +70,7 @@ async def double_node(
 ) -> AsyncIterator[DoubleNode]:
     """A started node with template `base` (on `slots`, new double slots by default); on exit
     every sandbox is killed and the node closed (the test then checks nothing leaked)."""
-    config = Config(home=home, pause_on_shutdown=False, **settings)
+    config = Config(home=home, **{"pause_on_shutdown": False, **settings})
     paths = config.paths
     slots = slots or DoubleSlots()
     driver = DoubleDriver(slots)

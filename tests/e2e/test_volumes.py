@@ -31,6 +31,7 @@ def test_volumes_with_the_sdk_across_a_restart() -> None:
         with server_in_namespace(home) as server:
             suite(server, "volumes/test_shared.py")
             suite(server, "volumes/test_js_sdk.py")
+            suite(server, "volumes/test_content.py")
             server.stop()
             server.start()
             suite(server, "volumes/test_after_restart.py")

@@ -111,7 +111,7 @@ def test_the_jail_is_on_unless_configured_off(tmp_path: Path) -> None:
         load(env={**env, "AENV_JAIL": "maybe"})
 
 
-async def test_the_sweep_finds_and_kills_a_jailed_orphan() -> None:
+async def test_the_sweep_finds_and_kills_a_jailed_orphan(tmp_path: Path) -> None:
     if not Path("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists():
         pytest.skip("no cgroup v1 memory hierarchy on this host")
     tag = f"aenv-jailtest{os.getpid()}-"
@@ -119,7 +119,10 @@ async def test_the_sweep_finds_and_kills_a_jailed_orphan() -> None:
     group = stale.create("qemu-x", CgroupLimits(256 << 20, 32, 1.0))
     # The child starts a jailed QEMU and exits: the QEMU is re-parented, as after a crash.
     out = subprocess.run(
-        [sys.executable, str(CHILD), f"{tag}vm"], capture_output=True, text=True, check=True
+        [sys.executable, str(CHILD), f"{tag}vm", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        check=True,
     )
     pid = int(out.stdout)
     try:
@@ -130,7 +133,7 @@ async def test_the_sweep_finds_and_kills_a_jailed_orphan() -> None:
                 pytest.skip("orphans are re-parented to a subreaper here, not to init")
             time.sleep(0.05)
         assert jail_problems(pid, []) == []
-        report = await sweep(current, prefix=tag)
+        report = await sweep(current, prefix=tag, home=tmp_path)
         assert report.killed == (pid,)
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
         assert stale.names() == []

@@ -16,45 +16,6 @@ from aenv.runtime.cgroups import CgroupLimits, detect
 from aenv.runtime.sweep import our_vmms, reap_strays, sweep
 
 
-def start_orphan(name: str) -> int:
-    """A QEMU whose parent shell exits at once, so it is re-parented like after a server crash."""
-    out = subprocess.run(
-        ["sh", "-c", f"qemu-system-x86_64 -M microvm -S -display none -nodefaults "
-                     f"-name {name} >/dev/null 2>&1 & echo $!"],
-        capture_output=True, text=True, check=True,
-    ).stdout  # fmt: skip
-    return int(out)
-
-
-async def test_sweep_reclaims_orphans() -> None:
-    if not Path("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists():
-        pytest.skip("no cgroup v1 memory hierarchy on this host")
-    tag = f"aenv-sweeptest-{secrets.token_hex(3)}"
-    stale = detect(f"{tag}-old")
-    current = detect(f"{tag}-new")
-    group = stale.create("qemu-x", CgroupLimits(256 << 20, 32, 1.0))
-    pid = start_orphan(f"{tag}-vm")
-    try:
-        group.add(pid)
-        deadline = time.monotonic() + 5
-        while psutil.Process(pid).ppid() != 1:
-            if time.monotonic() > deadline:
-                pytest.skip("orphans are re-parented to a subreaper here, not to init")
-            time.sleep(0.05)
-        report = await sweep(current, prefix=tag)
-        assert report.killed == (pid,)
-        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
-        assert stale.names() == []
-        assert any(p.name == "qemu-x" for p in report.cgroups_removed)
-    finally:
-        with contextlib.suppress(psutil.NoSuchProcess):
-            psutil.Process(pid).kill()
-        with contextlib.suppress(Exception):
-            group.remove()
-        stale.remove_parent()
-        current.remove_parent()
-
-
 def start_qemu(name: str, home: Path, *, orphan: bool) -> int:
     """A QEMU like ours whose command line names a file under `home`; an `orphan` one's parent
     shell exits at once (as after a server kill -9), the other stays this process's child."""
@@ -64,6 +25,51 @@ def start_qemu(name: str, home: Path, *, orphan: bool) -> int:
         return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid
     script = " ".join(argv) + " >/dev/null 2>&1 & echo $!"
     return int(subprocess.run(["sh", "-c", script], capture_output=True, text=True).stdout)
+
+
+def _running(pids: set[int], tag: str) -> None:
+    """Waits until every pid runs QEMU (not a shell any more)."""
+    deadline = time.monotonic() + 10
+    while {v.pid for v in our_vmms(tag)} != pids:
+        assert time.monotonic() < deadline, our_vmms(tag)
+        time.sleep(0.05)
+
+
+async def test_sweep_reclaims_this_nodes_orphans_only(tmp_path: Path) -> None:
+    if not Path("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists():
+        pytest.skip("no cgroup v1 memory hierarchy on this host")
+    tag = f"aenv-sw-{secrets.token_hex(3)}"
+    home, other = tmp_path / "n", tmp_path / "o"  # QMP socket paths stay under 108 bytes
+    home.mkdir()
+    other.mkdir()
+    stale = detect(f"{tag}-old")
+    current = detect(f"{tag}-new")
+    group = stale.create("qemu-x", CgroupLimits(256 << 20, 32, 1.0))
+    pid = start_qemu(f"{tag}-vm", home, orphan=True)
+    # Another node's orphan on the same machine: its own start-up sweep's, not ours.
+    foreign = start_qemu(f"{tag}-f", other, orphan=True)
+    try:
+        _running({pid, foreign}, tag)
+        group.add(pid)
+        deadline = time.monotonic() + 5
+        while psutil.Process(pid).ppid() != 1:
+            if time.monotonic() > deadline:
+                pytest.skip("orphans are re-parented to a subreaper here, not to init")
+            time.sleep(0.05)
+        report = await sweep(current, prefix=tag, home=home)
+        assert report.killed == (pid,)
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+        assert [v.pid for v in our_vmms(tag)] == [foreign]
+        assert stale.names() == []
+        assert any(p.name == "qemu-x" for p in report.cgroups_removed)
+    finally:
+        for leftover in (pid, foreign):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(leftover).kill()
+        with contextlib.suppress(Exception):
+            group.remove()
+        stale.remove_parent()
+        current.remove_parent()
 
 
 def test_strays_of_this_node_are_killed_and_nothing_else(tmp_path: Path) -> None:
@@ -76,10 +82,7 @@ def test_strays_of_this_node_are_killed_and_nothing_else(tmp_path: Path) -> None
     child = start_qemu(f"{tag}-child", home, orphan=False)
     foreign = start_qemu(f"{tag}-foreign", other, orphan=True)
     try:
-        deadline = time.monotonic() + 10  # until all three run QEMU (not a shell any more)
-        while {v.pid for v in our_vmms(tag)} != {stray, child, foreign}:
-            assert time.monotonic() < deadline, our_vmms(tag)
-            time.sleep(0.05)
+        _running({stray, child, foreign}, tag)
         killed = reap_strays(home, prefix=tag)
         assert [v.pid for v in killed] == [stray]
         assert not psutil.pid_exists(stray) or psutil.Process(stray).status() == "zombie"

@@ -28,7 +28,8 @@ from aenv.api.sandboxes import SandboxRoutes
 from aenv.api.snapshots import SnapshotRoutes
 from aenv.api.teams import ROUTES as TEAM_ROUTES
 from aenv.api.templates import TemplateRoutes
-from aenv.api.volumes import CONTENT_PREFIX, VolumeRoutes
+from aenv.api.volume_content import PREFIX as CONTENT_PREFIX
+from aenv.api.volumes import VolumeRoutes
 from aenv.config import Config
 from aenv.orchestrator.build_egress import BuildEgress
 from aenv.orchestrator.builds import Builder, ImageBooter

@@ -6,11 +6,7 @@ A volume that sandboxes still mount is not deleted: 409 naming them (E2B's spec 
 for it; deleting the files under a running guest would be worse).
 
 E2B's volume content API (`/volumecontent/{volumeID}/...`: files of a volume without a sandbox)
-is refused with a 400 naming it. Serving it safely needs more than path checks: guests create
-symlinks in volumes, and a host-side reader running as root must never follow one out of the
-volume, also not when a guest swaps a directory for a link between the check and the open
-(`openat2` with `RESOLVE_BENEATH`, which Python does not expose, or a confined helper process).
-`CONTENT_PREFIX` is exempt from the API key gate: the SDK sends the volume's token there.
+is `api.volume_content`'s.
 """
 
 from __future__ import annotations
@@ -25,6 +21,7 @@ from starlette.routing import Route
 from aenv.api.errors import APIError, not_found
 from aenv.api.models import NewVolume, SandboxVolumeMount
 from aenv.api.requests import check_query, parse_body
+from aenv.api.volume_content import VolumeContentRoutes
 from aenv.orchestrator.catalog import SandboxRecord, VolumeMount, VolumeNameTaken, VolumeRecord
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.volumes import BadMount, VolumeInUse, VolumeNotFound, VolumeStore
@@ -48,17 +45,6 @@ def mounts_body(store: VolumeStore, record: SandboxRecord) -> list[dict[str, str
     ]
 
 
-CONTENT_PREFIX = "/volumecontent/"
-
-
-async def _content_refused(_: Request) -> Response:
-    raise APIError(
-        400,
-        "the volume content API is not supported here: mount the volume into a sandbox "
-        "(volumeMounts) and use the sandbox's files API",
-    )
-
-
 class VolumeRoutes:
     def __init__(self, orchestrator: Orchestrator) -> None:
         self.orc = orchestrator
@@ -70,12 +56,7 @@ class VolumeRoutes:
             Route("/volumes", self.create, methods=["POST"]),
             Route("/volumes/{volume_id}", self.info, methods=["GET"]),
             Route("/volumes/{volume_id}", self.delete, methods=["DELETE"]),
-            Route(
-                CONTENT_PREFIX + "{rest:path}",
-                _content_refused,
-                methods=["GET", "PUT", "POST", "PATCH", "DELETE"],
-                include_in_schema=False,
-            ),
+            *VolumeContentRoutes(self.orc).routes(),
         ]
 
     def _with_token(self, volume: VolumeRecord) -> dict[str, Any]:

@@ -217,7 +217,7 @@ class Orchestrator:
         # Told which sandboxes come and go (a cluster node's agent), see `residency`.
         self.residency: list[ResidencyListener] = []
         self.metrics = MetricsHistory()
-        self.volumes = VolumeStore(catalog, config.paths.volumes)
+        self.volumes = VolumeStore(catalog, config.paths.volumes, driver.no_shares)
 
     # -- start-up and shutdown ------------------------------------------------------------
 
@@ -884,6 +884,22 @@ class Orchestrator:
             listener(sandbox_id, live.vm.id)
         await self._stop_vm(live.vm, live.slot)
 
+    def _live_of(self, sandbox_id: str) -> _Live:
+        """The VM of a sandbox whose row says it runs (the caller holds its lock). Raises
+        `SandboxNotFound` when it has none (its VM vanished between reconcile passes): the
+        sandbox is gone for its users, as when its VMM exits, and is removed once the lock is
+        free, with whatever of its VM and slot is left."""
+        live = self._live.get(sandbox_id)
+        if live is None:
+            log.warning("sandbox %s: running without a VM; removing it", sandbox_id)
+            self._spawn(self._remove_vanished(sandbox_id))
+            raise SandboxNotFound(sandbox_id)
+        return live
+
+    async def _remove_vanished(self, sandbox_id: str) -> None:
+        await self.kill(sandbox_id)
+        await self.reconcile()
+
     def _lock(self, sandbox_id: str) -> contextlib.AbstractAsyncContextManager[None]:
         return self._locks.hold(sandbox_id)
 
@@ -923,7 +939,7 @@ class Orchestrator:
                     await self._envd(record).wait_healthy(5.0)
                 except EnvdUnavailable as e:
                     raise GuestUnhealthy(f"sandbox {sandbox_id}: envd is not answering") from e
-            live = self._live[sandbox_id]
+            live = self._live_of(sandbox_id)
             sandbox_dir = self._dirs(sandbox_id)[0]
             seq = record.checkpoint_seq + 1
             target = checkpoints.pause_dir(sandbox_dir, seq)
@@ -1112,7 +1128,7 @@ class Orchestrator:
 
     def _envd(self, record: SandboxRecord) -> EnvdClient:
         """A live sandbox's envd (the caller holds its lock, so the VM is there)."""
-        live = self._live[record.id]
+        live = self._live_of(record.id)
         return EnvdClient(self._client, str(live.slot.address), record.envd_access_token)
 
     # -- snapshots and forks ----------------------------------------------------------------
@@ -1317,7 +1333,7 @@ class Orchestrator:
         """Checkpoint a running sandbox without stopping it: its disks are sealed in its own
         directory (the VM continues on top of them), state and memory (with `mode` FULL)
         go to `dest`, and the sealed disks are flattened into `dest`."""
-        live = self._live[record.id]
+        live = self._live_of(record.id)
         seq = record.checkpoint_seq + 1
         staging = checkpoints.staging_dir(self._dirs(record.id)[0], seq)
         self.catalog.transition(record.id, [SandboxState.RUNNING], SandboxState.SNAPSHOTTING)

@@ -72,9 +72,11 @@ def mount_tag(index: int) -> str:
 
 
 class VolumeStore:
-    def __init__(self, catalog: Catalog, root: Path) -> None:
+    def __init__(self, catalog: Catalog, root: Path, no_shares: str | None = None) -> None:
+        """`no_shares`: why the node's VMs cannot mount volumes (its driver's), if they cannot."""
         self.catalog = catalog
         self.root = root
+        self.no_shares = no_shares
 
     def directory(self, volume_id: str) -> Path:
         return self.root / volume_id
@@ -132,6 +134,8 @@ class VolumeStore:
             resolved.append(VolumeMount(self.named(name).id, normal))
         if len(resolved) > MAX_MOUNTS:
             raise BadMount(f"at most {MAX_MOUNTS} volumes can be mounted into one sandbox")
+        if resolved and self.no_shares:
+            raise BadMount(f"volumes cannot be mounted on this node: {self.no_shares}")
         return tuple(resolved)
 
     def shares(self, mounts: Iterable[VolumeMount]) -> tuple[Share, ...]:

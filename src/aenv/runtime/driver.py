@@ -251,6 +251,12 @@ class Driver(Protocol):
     @property
     def name(self) -> str: ...
 
+    @property
+    def no_shares(self) -> str | None:
+        """Why this driver's VMs cannot mount shares (`VMSpec.shares`), or None when they can:
+        callers refuse volume mounts with it before any VM starts."""
+        ...
+
     async def boot(self, spec: VMSpec) -> VM:
         """Cold-boot a VM (template builds only: sandboxes are restored snapshots)."""
         ...

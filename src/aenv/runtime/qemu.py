@@ -194,6 +194,10 @@ class QemuDriver:
         vm.run_state = VMState.RUNNING
         return vm
 
+    @property
+    def no_shares(self) -> str | None:
+        return None  # virtio-9p
+
     def kernel_image(self, kernel: KernelImages) -> Path:
         return kernel.bzimage
 

@@ -5,9 +5,11 @@ re-parented to init. Our VMMs are recognised by their command line, whichever dr
 QEMU by `-name aenv-<vm id>` (`QemuDriver`), Firecracker by `--id aenv-fc-<vm id>` next to
 `--api-sock` (`FirecrackerDriver`; the jailer carries the same `--id` and execs Firecracker, and so
 does `nsenter` when it puts Firecracker into a sandbox's network namespace). At startup, before
-starting any VM, a node kills the orphans among them, removes the VMM cgroups left under sibling
-parents named `aenv-*`, and lets each `Reclaimer` (the Firecracker driver) remove what else its VMs
-leave: jails, their cgroups, and the driver's files in a VM's working directory. Network
+starting any VM, a node kills the orphans among them that are its own (their command line names
+a file under its data directory, or they run there: other nodes on the machine keep theirs),
+removes the VMM cgroups left under sibling parents named `aenv-*`, and lets each `Reclaimer` (the
+Firecracker driver) remove what else its VMs leave: jails, their cgroups, and the driver's files
+in a VM's working directory. Network
 namespaces, disk layers and the catalog are swept by their own owners.
 
 While a node runs, its reconciler ends what no one owns: `reap_unowned`, VMMs of this process
@@ -131,13 +133,14 @@ def orphaned_vmms(prefix: str = VMM_NAME_PREFIX) -> list[psutil.Process]:
 
 
 def _sweep(
-    cgroups: CgroupManager | None, prefix: str, reclaimers: Sequence[Reclaimer]
+    cgroups: CgroupManager | None, prefix: str, reclaimers: Sequence[Reclaimer], home: Path
 ) -> SweepReport:
     found = our_vmms(prefix)
+    roots = _roots(home)
     killed: list[Vmm] = []
     procs: list[psutil.Process] = []
     for vmm in found:
-        if not vmm.orphaned:
+        if not vmm.orphaned or not _under(vmm, roots):
             continue
         with contextlib.suppress(psutil.NoSuchProcess):
             proc = psutil.Process(vmm.pid)
@@ -147,7 +150,7 @@ def _sweep(
     _gone, alive = psutil.wait_procs(procs, timeout=10)
     for proc in alive:
         log.warning("orphaned VMM %d survived SIGKILL", proc.pid)
-    live = {vmm.name for vmm in found if not vmm.orphaned}
+    live = {vmm.name for vmm in found} - {vmm.name for vmm in killed}
     removed = cgroups.sweep_stale(prefix) if cgroups is not None else []
     leftovers: list[Path] = []
     for reclaimer in reclaimers:
@@ -166,9 +169,11 @@ async def sweep(
     cgroups: CgroupManager | None,
     prefix: str = VMM_NAME_PREFIX,
     *,
+    home: Path,
     reclaimers: Sequence[Reclaimer] = (),
 ) -> SweepReport:
-    return await asyncio.to_thread(_sweep, cgroups, prefix, reclaimers)
+    """The start-up sweep of the node whose data directory is `home`."""
+    return await asyncio.to_thread(_sweep, cgroups, prefix, reclaimers, home)
 
 
 def reap_unowned(
@@ -217,7 +222,7 @@ def reap_strays(home: Path, prefix: str = VMM_NAME_PREFIX) -> list[Vmm]:
     node's when its command line names a file under `home` or it runs there (a jail's root).
     Returns what was killed. Blocking: run it in a thread."""
     me = os.getpid()
-    roots = {str(home).rstrip("/") + "/", str(home.resolve()).rstrip("/") + "/"}
+    roots = _roots(home)
     strays: list[Vmm] = []
     procs: list[psutil.Process] = []
     for vmm in our_vmms(prefix):
@@ -238,6 +243,10 @@ def reap_strays(home: Path, prefix: str = VMM_NAME_PREFIX) -> list[Vmm]:
             [v.name for v in strays],
         )
     return strays
+
+
+def _roots(home: Path) -> set[str]:
+    return {str(home).rstrip("/") + "/", str(home.resolve()).rstrip("/") + "/"}
 
 
 def _under(vmm: Vmm, roots: Collection[str]) -> bool:

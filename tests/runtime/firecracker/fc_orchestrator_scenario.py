@@ -34,6 +34,8 @@ from pathlib import Path
 import httpx
 import pytest
 
+from aenv.api.app import create_api
+from aenv.api.keys import KeyStore
 from aenv.config import Config
 from aenv.guest.cmdline import GuestNet
 from aenv.network import NetworkConfig, SlotPool
@@ -48,6 +50,7 @@ from aenv.orchestrator.tags import TagStore
 from aenv.orchestrator.templates import BuildRequest, Template, TemplateStore, build_template
 from aenv.runtime.cgroups import CgroupManager
 from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
+from aenv.runtime.firecracker.driver import NO_SHARES
 from aenv.runtime.firecracker.jailer import JailerConfig
 from aenv.runtime.firecracker.mounts import mounts_under
 from aenv.runtime.qcow2 import is_qcow2
@@ -58,6 +61,7 @@ from tests.runtime.firecracker.fc_support import alive
 REPO = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
 ENVD_PORT = 49983
+API_KEY = "e2b_" + "fc" * 20
 NOTE = "/home/user/note.txt"
 
 IN_NETNS = "AENV_TEST_FC_NETNS"
@@ -325,6 +329,31 @@ async def test_a_qcow2_never_reaches_firecracker(
             await node.orchestrator.create(request())
         assert node.orchestrator.list() == []
         assert upper.is_file()
+    finally:
+        await node.close()
+
+
+async def test_volume_mounts_are_refused_by_name(
+    world: tuple[Config, FirecrackerDriver, SlotPool, GuestImages],
+) -> None:
+    """Firecracker has no shared-filesystem device: a create with `volumeMounts` answers 400
+    naming the field and the reason through the node's API, before any VM starts."""
+    config, driver, slots, _ = world
+    node = await start_node(config, driver, slots)
+    keys = KeyStore(config.home / "api-keys.json")
+    keys.add(API_KEY, "test")
+    transport = httpx.ASGITransport(app=create_api(node.orchestrator, config, keys))
+    try:
+        async with httpx.AsyncClient(
+            transport=transport, base_url="http://node", headers={"X-API-KEY": API_KEY}
+        ) as api:
+            assert (await api.post("/volumes", json={"name": "v"})).status_code == 201
+            body = {"templateID": "base", "volumeMounts": [{"name": "v", "path": "/mnt/v"}]}
+            refused = await api.post("/v2/sandboxes", json=body)
+            assert refused.status_code == 400, refused.text
+            message = refused.json()["message"]
+            assert message.startswith("volumeMounts: ") and NO_SHARES in message
+        assert node.orchestrator.list() == [] and doubles_in(config.home.parent) == []
     finally:
         await node.close()
 

@@ -177,7 +177,7 @@ async def test_sweep_reclaims_firecrackers_a_killed_server_left(
         # Without the node's own cgroup manager (whose sibling sweep would also catch groups
         # named like these here): everything below is the Firecracker reclaimer's work.
         fc_groups = set(fc_cgroups.names())
-        report = await sweep(None, prefix=tag, reclaimers=[restarted])
+        report = await sweep(None, prefix=tag, home=root, reclaimers=[restarted])
 
         assert sorted(report.killed) == sorted(vms.values())
         assert not any(alive(pid) for pid in vms.values())
@@ -196,7 +196,7 @@ async def test_sweep_reclaims_firecrackers_a_killed_server_left(
         }
         assert {p.name for p in report.leftovers_removed} >= fc_groups
         # A second sweep finds nothing.
-        again = await sweep(None, prefix=tag, reclaimers=[restarted])
+        again = await sweep(None, prefix=tag, home=root, reclaimers=[restarted])
         assert again.killed == () and again.leftovers_removed == ()
     finally:
         with contextlib.suppress(ProcessLookupError):

@@ -72,6 +72,7 @@ from aenv.runtime.sweep import Vmm
 from aenv.storage import layers
 
 GUEST_IFACE = "eth0"
+NO_SHARES = "Firecracker has no shared-filesystem device (virtio-9p or virtiofs)"
 _DRIVE_ID = re.compile(m.DEVICE_ID_PATTERN)
 
 
@@ -164,6 +165,10 @@ class FirecrackerDriver:
         )
 
     # --- boot ------------------------------------------------------------------------------------
+
+    @property
+    def no_shares(self) -> str | None:
+        return NO_SHARES
 
     def kernel_image(self, kernel: d.KernelImages) -> Path:
         # Firecracker loads an uncompressed ELF kernel only (x86_64).
@@ -442,10 +447,7 @@ def _remove(paths: set[Path]) -> None:
 
 def _check_spec(spec: d.VMSpec) -> None:
     if spec.shares:
-        raise d.BootError(
-            "Firecracker has no shared-filesystem device (virtio-9p or virtiofs): "
-            "volume mounts need the qemu driver"
-        )
+        raise d.BootError(NO_SHARES)
     if not spec.kernel.is_file():
         raise d.BootError(f"kernel not found: {spec.kernel}")
     if spec.initrd is not None and not spec.initrd.is_file():
