@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from server_ns import bench_server, client_env, describe, run_client
+from server_ns import bench_server, client_env, describe, entry, report, run_client
 from summary import summary_ms
 
 RUNS = 100
@@ -104,12 +104,8 @@ def main() -> None:
         with simulated_internet(server.netns, Certificates.make(Path(scratch))):
             result = run_client(server, [sys.executable, __file__, "--client"], timeout=3600)
         machine = describe(server)
-    doc = {"benchmark": "egress_vm", "date": time.strftime("%Y-%m-%d"), **machine, **result}
-    print(json.dumps(doc, indent=2))
+    report("egress_vm", **machine, **result)
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--client"]:
-        client()
-    else:
-        main()
+    entry(main, client)

@@ -19,7 +19,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from server_ns import bench_server, client_env, describe, log, run_client, vmm_processes
+from server_ns import (
+    bench_server,
+    client_env,
+    describe,
+    entry,
+    log,
+    report,
+    run_client,
+    vmm_processes,
+)
 
 N = int(os.environ.get("AENV_BENCH_IDLE_N", "8"))
 WINDOW_S = float(os.environ.get("AENV_BENCH_IDLE_S", "10"))
@@ -89,11 +98,8 @@ def main() -> None:
     with bench_server() as server:
         result = run_client(server, [sys.executable, __file__, "--client"], timeout=1800)
         machine = describe(server)
-    print(json.dumps({"benchmark": "idle", "date": time.strftime("%Y-%m-%d"), **machine, **result}))
+    report("idle", **machine, **result)
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--client"]:
-        client()
-    else:
-        main()
+    entry(main, client)

@@ -28,7 +28,17 @@ import time
 from typing import Any
 
 from server import create_and_run, kill_all
-from server_ns import BASE, bench_server, client_env, describe, log, run_client, wait_until
+from server_ns import (
+    BASE,
+    bench_server,
+    client_env,
+    describe,
+    entry,
+    log,
+    report,
+    run_client,
+    wait_until,
+)
 from summary import summary_ms
 
 
@@ -131,23 +141,16 @@ def main() -> None:
             runs[name] = run_client(server, [sys.executable, __file__, "--client"], timeout=3600)
             machine = describe(server)
     p50 = {k: runs[k]["sequential"]["create_to_first_command_ms"]["median"] for k in runs}
-    doc = {
-        "benchmark": "pool",
-        "date": time.strftime("%Y-%m-%d"),
+    sustained = [runs[run]["sustained"]["creates_per_s"] for run in ("hit", "miss")]
+    report(
+        "pool",
         **machine,
-        "pool_max": POOL_MAX,
+        pool_max=POOL_MAX,
         **runs,
-        "ratio_hit_over_miss_p50": round(p50["hit"] / p50["miss"], 3),
-        "ratio_sustained_creates_per_s": round(
-            runs["hit"]["sustained"]["creates_per_s"] / runs["miss"]["sustained"]["creates_per_s"],
-            3,
-        ),
-    }
-    print(json.dumps(doc, indent=2))
+        ratio_hit_over_miss_p50=round(p50["hit"] / p50["miss"], 3),
+        ratio_sustained_creates_per_s=round(sustained[0] / sustained[1], 3),
+    )
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--client"]:
-        client()
-    else:
-        main()
+    entry(main, client)

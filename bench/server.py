@@ -51,8 +51,10 @@ from server_ns import (
     client_env,
     describe,
     dir_size,
+    entry,
     files_mib,
     log,
+    report,
     run_client,
     unarchived_pauses,
     wait_until,
@@ -640,17 +642,8 @@ def main() -> None:
     with bench_server(env) as server:
         result = run_client(server, [sys.executable, __file__, "--client"], timeout=5400)
         machine = describe(server)
-    doc = {
-        "benchmark": "server",
-        "date": time.strftime("%Y-%m-%d"),
-        **machine,
-        **result,
-    }
-    print(json.dumps(doc, indent=2))
+    report("server", **machine, **result)
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--client"]:
-        client()
-    else:
-        main()
+    entry(main, client)

@@ -73,6 +73,21 @@ def bench_server(env: Mapping[str, str] | None = None) -> Iterator[Any]:
         shutil.rmtree(scratch, ignore_errors=True)
 
 
+def report(benchmark: str, **fields: Any) -> None:
+    """Print a benchmark's JSON document on stdout: its name, today's date, then `fields`."""
+    doc = {"benchmark": benchmark, "date": time.strftime("%Y-%m-%d"), **fields}
+    print(json.dumps(doc, indent=2))
+
+
+def entry(main: Callable[[], None], client: Callable[[], None]) -> None:
+    """A server benchmark's entry point: `--client` runs its half inside the server's namespace
+    (which `run_client` starts), anything else its `main`."""
+    if sys.argv[1:2] == ["--client"]:
+        client()
+    else:
+        main()
+
+
 def run_client(server: Any, argv: list[str], timeout: float) -> dict[str, Any]:
     """Run `argv` inside the server's namespace: its stderr (progress) passes through, its
     stdout must be one JSON document, returned. Fails early, with the end of the server's log,

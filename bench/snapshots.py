@@ -47,8 +47,10 @@ from server_ns import (
     client_env,
     describe,
     dir_size,
+    entry,
     files_mib,
     log,
+    report,
     run_client,
     unarchived_pauses,
     wait_until,
@@ -312,17 +314,8 @@ def main() -> None:
     with bench_server({"AENV_SANDBOX_MEMORY_MB": GUEST_MIB}) as server:
         result = run_client(server, [sys.executable, __file__, "--client"], timeout=3600)
         machine = describe(server)
-    doc = {
-        "benchmark": "snapshots",
-        "date": time.strftime("%Y-%m-%d"),
-        **machine,
-        **result,
-    }
-    print(json.dumps(doc, indent=2))
+    report("snapshots", **machine, **result)
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--client"]:
-        client()
-    else:
-        main()
+    entry(main, client)

@@ -37,7 +37,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from server_ns import bench_server, client_env, describe, dir_size, log, run_client
+from server_ns import bench_server, client_env, describe, dir_size, entry, log, report, run_client
 from summary import summary_ms
 
 from aenv.config import Paths
@@ -334,18 +334,8 @@ def main() -> None:
     with bench_server() as server:
         result = run_client(server, [sys.executable, __file__, "--client"], timeout=3600)
         machine = describe(server)
-    doc = {
-        "benchmark": "templates",
-        "date": time.strftime("%Y-%m-%d"),
-        **machine,
-        "pull": pulls,
-        **result,
-    }
-    print(json.dumps(doc, indent=2))
+    report("templates", **machine, pull=pulls, **result)
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--client"]:
-        client()
-    else:
-        main()
+    entry(main, client)

@@ -16,10 +16,9 @@ import json
 import os
 import statistics
 import sys
-import time
 from typing import Any
 
-from server_ns import bench_server, client_env, describe, log, run_client
+from server_ns import bench_server, client_env, describe, entry, log, report, run_client
 
 RUNS = int(os.environ.get("AENV_BENCH_RUNS", "5"))
 MIB = int(os.environ.get("AENV_BENCH_VOLUME_MIB", "64"))
@@ -91,12 +90,8 @@ def main() -> None:
     with bench_server() as server:
         result = run_client(server, [sys.executable, __file__, "--client"], timeout=3600)
         machine = describe(server)
-    doc = {"benchmark": "volumes", "date": time.strftime("%Y-%m-%d"), **machine, **result}
-    print(json.dumps(doc, indent=2))
+    report("volumes", **machine, **result)
 
 
 if __name__ == "__main__":
-    if sys.argv[1:2] == ["--client"]:
-        client()
-    else:
-        main()
+    entry(main, client)
