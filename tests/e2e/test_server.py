@@ -64,13 +64,15 @@ def _run_inner_suite(home: Path) -> None:
         server.stop()
         server.start()
         suite(server, "restart/test_after_shutdown.py")
-        # kill -9 while creates, deletes, pauses, then snapshots are in flight: after the restart
-        # the node reports only what runs or is paused, and nothing of the cut-short work is
-        # left (restart/in_flight.py).
-        for work in ("creates", "deletes", "pauses", "snapshots"):
+        # kill -9 while creates, deletes, pauses, snapshots, then a template build are in flight:
+        # after the restart the node reports only what runs or is paused, nothing of the
+        # cut-short work is left (restart/in_flight.py), and the build is reported failed and
+        # then builds.
+        for work in ("creates", "deletes", "pauses", "snapshots", "builds"):
             print(crash_during(server, work))
             server.start()
             suite(server, "restart/test_nothing_stale.py")
+        suite(server, "restart/test_after_build_crash.py")
         # A full node refuses creates with 429: restarted with room for two more, then without.
         server.stop()
         server.env["AENV_MAX_SANDBOXES"] = str(len(catalog_states(home) or {}) + 2)

@@ -1,12 +1,14 @@
-"""kill -9 of the server while creates, deletes, pauses or snapshots are in flight.
+"""kill -9 of the server while creates, deletes, pauses, snapshots or a template build are in
+flight.
 
 Two halves. The client (`python -m tests.e2e.restart.in_flight WORK`, run inside the server's
-namespace) starts several creates at once, or makes sandboxes and then deletes, pauses or
-snapshots them all at once. The outer side (`crash_during`, called by test_server.py from the
-root namespace) starts that client and watches the server's catalog and processes: the moment VMs
-are being restored for creates still in state `creating`, a sandbox being deleted is in state
-`killing` or gone, or one is `pausing` or `snapshotting`, it SIGKILLs the server. The caller
-restarts it and runs test_nothing_stale.py.
+namespace) starts several creates at once, makes sandboxes and then deletes, pauses or
+snapshots them all at once, or builds a template whose RUN step takes minutes. The outer side
+(`crash_during`, called by test_server.py from the root namespace) starts that client and
+watches the server's catalog and processes: the moment VMs are being restored for creates still
+in state `creating`, a sandbox being deleted is in state `killing` or gone, one is `pausing` or
+`snapshotting`, or the build's VM runs, it SIGKILLs the server. The caller restarts it and runs
+test_nothing_stale.py (and test_after_build_crash.py after a build).
 """
 
 from __future__ import annotations
@@ -27,10 +29,12 @@ from e2b import Sandbox
 from aenv.config import Paths
 from tests.e2e.server_ns import REPO, ServerNs, in_netns
 from tests.e2e.vmm_procs import vmm_pids
+from tests.support.http_wait import wait_until_up
 
 BASE = "http://127.0.0.1:3000"
 SANDBOXES = 3
 IN_FLIGHT_FILE = "in-flight-ops.json"
+BUILD_NAME = "cut-short"
 MARKER = "/home/user/marker"
 
 
@@ -61,8 +65,25 @@ def _write_marker(sandbox_id: str) -> None:
     Sandbox.connect(sandbox_id).files.write(MARKER, sandbox_id)
 
 
+def _build() -> None:
+    """Build template BUILD_NAME with a RUN step that outlasts the server; the build's end is
+    never seen (the server dies under it)."""
+    from e2b import Template
+
+    assert wait_until_up(f"{BASE}/health", 1200), "the server did not come up"
+    os.environ.update(E2B_API_KEY=_key()["X-API-KEY"], E2B_API_URL=BASE)
+    os.environ.pop("E2B_DEBUG", None)
+    template = Template().from_template("base").run_cmd("sleep 600")
+    Path(os.environ["AENV_HOME"], IN_FLIGHT_FILE).write_text(json.dumps({"builds": [BUILD_NAME]}))
+    with contextlib.suppress(Exception):
+        Template.build(template, alias=BUILD_NAME)
+
+
 def _client(work: str) -> None:
     create = ("POST", "/v2/sandboxes", {"templateID": "base", "timeout": 600})
+    if work == "builds":
+        _build()
+        return
     if work == "creates":
         _concurrently([create] * SANDBOXES)
         return
@@ -118,6 +139,20 @@ def in_flight_ids(home: Path) -> dict[str, list[str]]:
     return ids
 
 
+def _build_vm_runs(home: Path) -> bool:
+    """A build's VM is up (and about to run, or running, its long RUN step)."""
+    try:
+        db = sqlite3.connect(f"file:{Paths(home).catalog}?mode=ro", uri=True, timeout=1)
+        try:
+            rows = db.execute("SELECT id FROM sandboxes WHERE internal AND state = 'running'")
+            ids = [i for (i,) in rows.fetchall()]
+        finally:
+            db.close()
+    except sqlite3.OperationalError:
+        return False
+    return any(vmm_pids(i) for i in ids)
+
+
 def _ops_started(home: Path) -> bool:
     states = catalog_states(home)
     if states is None:
@@ -130,12 +165,12 @@ def _ops_started(home: Path) -> bool:
 
 
 def crash_during(server: ServerNs, work: str, timeout: float = 600) -> str:
-    """Start `work` ("creates", "deletes", "pauses" or "snapshots") and SIGKILL the server while
-    it is under way.
+    """Start `work` ("creates", "deletes", "pauses", "snapshots" or "builds") and SIGKILL the
+    server while it is under way.
     Returns what the catalog held at that moment (for the failure message of the next check)."""
     home = server.home
     (home / IN_FLIGHT_FILE).unlink(missing_ok=True)
-    ready = _creates_restoring if work == "creates" else _ops_started
+    ready = {"creates": _creates_restoring, "builds": _build_vm_runs}.get(work, _ops_started)
     client = subprocess.Popen(
         in_netns(server.netns, sys.executable, "-m", "tests.e2e.restart.in_flight", work),
         cwd=REPO, env=server.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -149,6 +184,8 @@ def crash_during(server: ServerNs, work: str, timeout: float = 600) -> str:
             time.sleep(0.005)
         server.kill_9()
         at_crash = f"{work} in flight at the kill: {catalog_states(home)}"
+        if work == "builds":
+            client.kill()  # it has nothing to say: the build's end is never answered
         client.wait(timeout=120)
     finally:
         if client.poll() is None:
