@@ -1,7 +1,10 @@
 // The npm `e2b` SDK's volumes against a real aenv server (issue 15): a volume created, listed and
-// mounted by two sandboxes that see each other's writes, refused while mounted, then destroyed.
-// Prints one JSON object.
+// mounted by two sandboxes that see each other's writes, its files read and written through the
+// volume content API while mounted, refused while mounted, then destroyed. Prints one JSON object.
 import { Sandbox, Volume } from 'e2b'
+
+// The content API is served by the node itself (E2B serves it on its own host).
+process.env.E2B_VOLUME_API_URL ??= process.env.E2B_API_URL
 
 const out = {}
 // A create with volumes boots a VM (not a restore): under emulation on a busy host that can take
@@ -18,6 +21,10 @@ const b = await Sandbox.create({
 try {
   await a.files.write('/mnt/js/from-a', 'written by js a')
   out.readInB = await b.files.read('/mnt/js/from-a')
+  out.readByApi = await volume.readFile('/from-a')
+  await volume.writeFile('/from-api', 'written by the js api')
+  out.apiWriteInA = await a.files.read('/mnt/js/from-api')
+  out.apiList = (await volume.list('/')).map((e) => e.name).sort()
   out.info = (await Sandbox.getInfo(a.sandboxId)).volumeMounts
   try {
     await Volume.destroy(volume.volumeId)

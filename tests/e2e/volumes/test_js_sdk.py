@@ -10,6 +10,9 @@ def test_npm_sdk_volumes() -> None:
     assert run_node_script("server_volumes.mjs", timeout=600) == {
         "listed": True,
         "readInB": "written by js a",
+        "readByApi": "written by js a",
+        "apiWriteInA": "written by the js api",
+        "apiList": ["from-a", "from-api"],
         "info": [{"name": "js-shared", "path": "/mnt/js"}],
         "destroyWhileMounted": "refused",
         "destroyed": True,
