@@ -866,15 +866,7 @@ class Orchestrator:
             record = self.catalog.transition(sandbox_id, KILLABLE, SandboxState.KILLING)
             if record is None:
                 return False
-            self._cancel_timer(sandbox_id)
-            await self._settling.cancel(sandbox_id)
-            await self.saved.cancel_push(sandbox_id)
-            live = self._live.pop(sandbox_id, None)
-            if live is not None:
-                await self._stop(sandbox_id, live)
-            await self._reclaim_files(sandbox_id)
-            await self.saved.drop_archived(self.catalog.get(sandbox_id) or record)
-            self.catalog.delete(sandbox_id)
+            await self._forget_locked(sandbox_id, drop_archived=record)
         if not record.internal:
             await tell(self.residency, lambda r: r.sandbox_gone(sandbox_id), f"{sandbox_id} left")
         await self.saved.collect()
@@ -1110,7 +1102,11 @@ class Orchestrator:
         await self.saved.collect()
         return True
 
-    async def _forget_locked(self, sandbox_id: str) -> None:
+    async def _forget_locked(
+        self, sandbox_id: str, *, drop_archived: SandboxRecord | None = None
+    ) -> None:
+        """Stop a sandbox's VM and remove its files and row; with `drop_archived` (its record as
+        the caller last saw it) also its copy in the repository."""
         self._cancel_timer(sandbox_id)
         await self._settling.cancel(sandbox_id)
         await self.saved.cancel_push(sandbox_id)
@@ -1118,6 +1114,8 @@ class Orchestrator:
         if live is not None:
             await self._stop(sandbox_id, live)
         await self._reclaim_files(sandbox_id)
+        if drop_archived is not None:
+            await self.saved.drop_archived(self.catalog.get(sandbox_id) or drop_archived)
         self.catalog.delete(sandbox_id)
 
     async def endpoint_for_traffic(self, sandbox_id: str) -> GuestEndpoint:
