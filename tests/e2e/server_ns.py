@@ -22,6 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aenv.config import Paths
+from aenv.runtime.sweep import reap_strays
 from tests.support.process_group import stop_group
 
 REPO = Path(__file__).resolve().parents[2]
@@ -144,5 +145,8 @@ def server_in_namespace(
         server.stop()
         time.sleep(0.2)
         _cleanup(host_ns)
+        # VMMs a server killed with kill -9 (and not restarted) left: jailed ones run in
+        # namespaces of their own, where the namespace cleanup does not reach them.
+        reap_strays(home)
         # Template and sandbox memory lives on tmpfs, outside the data dir the caller removes.
         shutil.rmtree(Paths(home).memory, ignore_errors=True)
