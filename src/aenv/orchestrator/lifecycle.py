@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+from connectrpc.errors import ConnectError
 
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
@@ -1505,7 +1506,7 @@ async def _warm_up(envd: EnvdClient, user: str) -> None:
     shell = GuestShell(envd)
     try:
         await shell.warm_up(user)
-    except StepFailed as e:
+    except (StepFailed, ConnectError, httpx.HTTPError) as e:
         log.info("pooled VM not warmed up: %s", e)
     finally:
         await shell.close()
