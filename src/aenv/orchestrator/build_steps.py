@@ -170,6 +170,16 @@ class GuestShell:
             raise StepFailed(f"writing {path} into the VM: {response.status_code} {response.text}")
 
 
+async def warm_up(envd: EnvdClient, user: str) -> None:
+    """`GuestShell.warm_up` in a guest that has no shell open yet (a template just booted, a
+    pooled VM just restored)."""
+    shell = GuestShell(envd)
+    try:
+        await shell.warm_up(user)
+    finally:
+        await shell.close()
+
+
 async def _follow(stream: AsyncIterator[pb.StartResponse], output: OutputSink | None) -> int:
     pending = {"stdout": b"", "stderr": b""}
 

@@ -43,7 +43,7 @@ from aenv.orchestrator import checkpoints, consoles, detach, metrics_history, wa
 from aenv.orchestrator.admission import HostMemory, MemoryBudget, Refusal
 from aenv.orchestrator.archive import Archive
 from aenv.orchestrator.background import PerSandbox
-from aenv.orchestrator.build_steps import GuestShell, StepFailed
+from aenv.orchestrator.build_steps import StepFailed, warm_up
 from aenv.orchestrator.catalog import Catalog, SandboxRecord, VolumeMount
 from aenv.orchestrator.envd_client import EnvdClient, EnvdUnavailable
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
@@ -1503,10 +1503,7 @@ async def _warm_up(envd: EnvdClient, user: str) -> None:
     before any create takes it: a new VMM has translated none of that guest code under TCG,
     which made the first command of a sandbox ≈ 2x its later ones. Nothing of it is kept in
     the guest but what `/init` then replaces. A template without that user is not warmed."""
-    shell = GuestShell(envd)
     try:
-        await shell.warm_up(user)
+        await warm_up(envd, user)
     except (StepFailed, ConnectError, httpx.HTTPError) as e:
         log.info("pooled VM not warmed up: %s", e)
-    finally:
-        await shell.close()

@@ -26,7 +26,7 @@ from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.guest.cmdline import GuestNet, kernel_cmdline
 from aenv.network import SlotProvider
-from aenv.orchestrator.build_steps import GuestShell
+from aenv.orchestrator.build_steps import warm_up
 from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.images import GuestImages
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
@@ -265,11 +265,7 @@ async def build_template(
             envd = EnvdClient(http, str(slot.address))
             await envd.wait_healthy(BOOT_READY_TIMEOUT)
             envd = await envd.init(new_token=token, env_vars={}, hostname="sandbox", timeout=30)
-            shell = GuestShell(envd)
-            try:
-                await shell.warm_up("user")
-            finally:
-                await shell.close()
+            await warm_up(envd, "user")
         snap_dir = final_dir / "snapshot"
         snap_dir.mkdir()
         snapshot = await vm.snapshot(
