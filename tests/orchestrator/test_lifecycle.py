@@ -163,6 +163,27 @@ async def test_admission_queue_and_capacity(tmp_path: Path) -> None:
         await node.orchestrator.create(node.request())  # room again
 
 
+async def test_creates_racing_for_the_last_place_win_it_once(tmp_path: Path) -> None:
+    # The checks before joining the queue await (host reserve, memory): creates started
+    # together must still see each other, for the node's cap and for a key's.
+    async with double_node(tmp_path, max_sandboxes=3, key_max_sandboxes=2) as node:
+        orc = node.orchestrator
+        await orc.create(node.request())
+        racing = [orc.create(node.request()) for _ in range(4)]
+        results = await asyncio.gather(*racing, return_exceptions=True)
+        assert sum(isinstance(r, CapacityReached) for r in results) == 2
+        assert len(orc.list()) == 3
+        for record in orc.list():
+            await orc.kill(record.id)
+        results = await asyncio.gather(
+            *(orc.create(node.request(owner="key-a")) for _ in range(3)), return_exceptions=True
+        )
+        assert sum(isinstance(r, CapacityReached) for r in results) == 1
+        for record in orc.list():
+            await orc.kill(record.id)
+        assert_clean(node)
+
+
 async def test_expiry_auto_pauses(tmp_path: Path) -> None:
     async with double_node(tmp_path) as node:
         request = node.request(auto_pause=True, auto_pause_mode=SaveMode.FILESYSTEM)

@@ -195,12 +195,13 @@ class Orchestrator:
         self._locks = KeyedLocks()
         self._timers: dict[str, asyncio.TimerHandle] = {}
         self._admission = asyncio.Semaphore(config.max_concurrent_creates)
-        self._queued_by: collections.Counter[str | None] = collections.Counter()
         # Disk of the creates admitted and not finished: their layers have not grown yet.
         self._disk_pending_mb = 0
-        # Creates queued or starting, and their guest RAM: their rows hold no VM yet.
+        # Creates queued or starting, their guest RAM and owners: their rows (if any yet, in
+        # state creating) hold no VM yet.
         self._starting = 0
         self._starting_mb = 0
+        self._starting_by: collections.Counter[str | None] = collections.Counter()
         self._last_create = 0.0  # time.monotonic() when the latest create ended
         self.stats = CreateStats()
         self.pools = WarmPools(config.pool_max)
@@ -356,26 +357,31 @@ class Orchestrator:
     async def _admitted_create(
         self, request: CreateRequest, base: Template, parent: SandboxRecord | None
     ) -> SandboxRecord:
-        # Rows exist from the moment a create is admitted; the queue holds the rest. Checking and
-        # joining the queue happen without an await in between, so the cap is exact.
-        held = self.catalog.count(frozenset(SandboxState)) + self.stats.queued
-        if held >= self.config.max_sandboxes:
-            self.stats.refused[Refusal.SANDBOXES] += 1
-            raise CapacityReached(f"this node holds its maximum of {held} sandboxes")
         short = await asyncio.to_thread(self._reserve().shortfall)
         if short is not None:
             self.stats.refused[Refusal.DISK if "disk" in short else Refusal.MEMORY] += 1
             raise CapacityReached(f"no new sandboxes: {short}")
-        owner = request.owner
+        need_mb = request.size[1] if request.size else (parent or base).memory_mb
+        await self._admit_memory(need_mb)
+        # Rows exist from the moment a create is admitted; the queue holds the rest. Counting
+        # and joining the queue happen with no await in between (after the checks above, which
+        # await), so concurrent creates see each other and the caps are exact.
+        self._check_counts(request.owner)
+        return await self._queued_create(request, base, parent, need_mb)
+
+    def _check_counts(self, owner: str | None) -> None:
+        """Raises CapacityReached when the node holds `max_sandboxes` or `owner` runs
+        `key_max_sandboxes` (queued creates included)."""
+        held = self.catalog.count(frozenset(SandboxState) - {SandboxState.CREATING}) + self._starting
+        if held >= self.config.max_sandboxes:
+            self.stats.refused[Refusal.SANDBOXES] += 1
+            raise CapacityReached(f"this node holds its maximum of {held} sandboxes")
         if owner is not None and self._running_of(owner) >= self.config.key_max_sandboxes:
             self.stats.refused[Refusal.KEY] += 1
             raise CapacityReached(
                 "You have reached the maximum number of concurrent sandboxes for this API key "
                 f"({self.config.key_max_sandboxes})"
             )
-        need_mb = request.size[1] if request.size else (parent or base).memory_mb
-        await self._admit_memory(need_mb)
-        return await self._queued_create(request, base, parent, need_mb)
 
     async def _memory_refusal(
         self, need_mb: int, *, pooling: bool = False
@@ -416,28 +422,28 @@ class Orchestrator:
     async def _queued_create(
         self, request: CreateRequest, base: Template, parent: SandboxRecord | None, need_mb: int
     ) -> SandboxRecord:
+        owner = request.owner
         self._starting += 1
         self._starting_mb += need_mb
+        self._starting_by[owner] += 1
         try:
             return await self._queued_create_counted(request, base, parent)
         finally:
             self._starting -= 1
             self._starting_mb -= need_mb
+            self._starting_by[owner] -= 1
+            if not self._starting_by[owner]:
+                del self._starting_by[owner]
             self._last_create = time.monotonic()
 
     async def _queued_create_counted(
         self, request: CreateRequest, base: Template, parent: SandboxRecord | None
     ) -> SandboxRecord:
-        owner = request.owner
         self.stats.queued += 1
-        self._queued_by[owner] += 1
         try:
             await self._admission.acquire()
         finally:
             self.stats.queued -= 1
-            self._queued_by[owner] -= 1
-            if not self._queued_by[owner]:
-                del self._queued_by[owner]
         disk_mb = (parent or base).disk_size_mb
         try:
             # Checked once admitted, not in the queue: disks are thin, so a queued create
@@ -481,13 +487,14 @@ class Orchestrator:
             raise OperationFailed(f"cannot {what}: {short}")
 
     def _running_of(self, owner: str) -> int:
-        """Sandboxes of `owner` that are not paused, and its creates waiting for admission."""
+        """Sandboxes of `owner` that are not paused, and its creates under way (queued or
+        starting: a starting one's row, in state creating, is not counted twice)."""
         running = [
             r
             for r in self.catalog.list()
             if r.owner == owner and r.state.public not in (None, "paused")
         ]
-        return len(running) + self._queued_by[owner]
+        return len(running) + self._starting_by[owner]
 
     async def _create(
         self, request: CreateRequest, base: Template, parent: SandboxRecord | None
