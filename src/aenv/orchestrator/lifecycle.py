@@ -372,7 +372,8 @@ class Orchestrator:
     def _check_counts(self, owner: str | None) -> None:
         """Raises CapacityReached when the node holds `max_sandboxes` or `owner` runs
         `key_max_sandboxes` (queued creates included)."""
-        held = self.catalog.count(frozenset(SandboxState) - {SandboxState.CREATING}) + self._starting
+        made = self.catalog.count(frozenset(SandboxState) - {SandboxState.CREATING})
+        held = made + self._starting
         if held >= self.config.max_sandboxes:
             self.stats.refused[Refusal.SANDBOXES] += 1
             raise CapacityReached(f"this node holds its maximum of {held} sandboxes")
