@@ -191,7 +191,7 @@ async def test_batch_metrics_give_the_running_sandboxes_asked_for(tmp_path: Path
         asked = ",".join([*ids, "unknown"])
         found = (await api.get("/sandboxes/metrics", params={"sandbox_ids": asked})).json()
         assert set(found["sandboxes"]) == set(ids[:2])  # not the paused one, nor the unknown
-        assert found["sandboxes"][ids[0]]["cpuUsedPct"] == 1.5  # what the double envd says
+        assert found["sandboxes"][ids[0]]["memUsed"] == 100 << 20  # what the double envd says
         error(await api.get("/sandboxes/metrics"), 400)
 
 

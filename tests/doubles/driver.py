@@ -16,6 +16,7 @@ import collections
 import dataclasses
 import json
 import secrets
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,7 @@ from aenv.runtime import export, qcow2
 from aenv.runtime.driver import (
     VM,
     BootError,
+    CPUTime,
     Disk,
     DriverError,
     IncompatibleSnapshotError,
@@ -234,6 +236,10 @@ class DoubleVM:
         self._state = VMState.RUNNING
         self._exited = asyncio.Event()
         self._seq = 0
+        # The VMM's CPU time: nothing runs on the host for a double, so a test says what the
+        # guest did by adding to it.
+        self.cpu_seconds = 0.0
+        self._started = time.time()
         config = uvicorn.Config(envd_app(guest), lifespan="off", log_level="warning")
         config.load()
         self._server = uvicorn.Server(config)
@@ -307,4 +313,9 @@ class DoubleVM:
         await self._exited.wait()
 
     async def stats(self) -> VMStats:
-        return VMStats(cpu_seconds=0.0, rss_bytes=0, pss_bytes=0, disk_bytes=0)
+        return VMStats(cpu_seconds=self.cpu_seconds, rss_bytes=0, pss_bytes=0, disk_bytes=0)
+
+    def cpu_time(self) -> CPUTime:
+        if self._state is VMState.STOPPED:
+            raise DriverError(f"VM {self._id} is stopped")
+        return CPUTime(self.cpu_seconds, self._started)

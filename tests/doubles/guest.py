@@ -48,6 +48,7 @@ class Guest:
     # What the newest `/init` asked to mount ({"tag", "path"} each).
     volume_mounts: list[dict[str, str]] = field(default_factory=list)
     syncs: int = 0
+    metrics_asked: int = 0  # `/metrics` requests answered
     runs: list[tuple[str, str]] = field(default_factory=list)  # (user, command)
 
     def write(self, path: str, content: str) -> None:
@@ -59,7 +60,7 @@ class Guest:
     def memory(self) -> dict[str, Any]:
         """What a full save keeps besides the disk."""
         state = asdict(self)
-        for transient in ("disk", "inits", "syncs", "runs"):
+        for transient in ("disk", "inits", "syncs", "runs", "metrics_asked"):
             del state[transient]
         return state
 
@@ -142,6 +143,7 @@ def envd_app(guest: Guest) -> ASGIApp:
     async def metrics(request: Request) -> Response:
         if not authorized(request):
             return unauthorized()
+        guest.metrics_asked += 1
         sample = {"ts": 0, "cpu_count": 1, "cpu_used_pct": 1.5, "mem_total": 512 << 20}
         sample |= {"mem_used": 100 << 20, "disk_used": 1 << 20, "disk_total": 2 << 30}
         return JSONResponse(sample)

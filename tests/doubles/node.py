@@ -60,8 +60,12 @@ class DoubleNode:
 
     def guest(self, sandbox_id: str) -> Any:
         """The running guest of a sandbox (its `Guest`)."""
+        return self.vm(sandbox_id).guest
+
+    def vm(self, sandbox_id: str) -> Any:
+        """The running VM of a sandbox (its `DoubleVM`)."""
         endpoint = self.orchestrator.guest_endpoint(sandbox_id)
-        return self.driver.running[endpoint.incarnation].guest
+        return self.driver.running[endpoint.incarnation]
 
 
 @asynccontextmanager

@@ -327,7 +327,7 @@ class SandboxRoutes:
         stale = latest is None or now - latest.ts >= history.interval
         if record.state.public == "running" and start <= int(now) <= end and stale:
             try:
-                history.add(record.id, await self.orc.guest_metrics(record.id))
+                await self.orc.sample_now(record.id)
             except (SandboxNotFound, EnvdUnavailable) as e:
                 raise APIError(502, f"metrics unavailable: {e}") from e
         return JSONResponse([_metric(s) for s in history.between(record.id, start, end)])
@@ -346,11 +346,16 @@ class SandboxRoutes:
         return JSONResponse({"sandboxes": found})
 
     async def _current_sample(self, sandbox_id: str) -> dict[str, Any] | None:
+        """The newest sample of the history when it is younger than the sampling interval,
+        else one taken now."""
         record = self.orc.catalog.get(sandbox_id)
         if record is None or record.state.public != "running":
             return None
+        latest = self.orc.metrics.latest(sandbox_id)
+        if latest is not None and time.time() - latest.ts < self.orc.metrics.interval:
+            return _metric(latest)
         try:
-            return _metric(Sample(time.time(), await self.orc.guest_metrics(sandbox_id)))
+            return _metric(await self.orc.sample_now(sandbox_id))
         except (SandboxNotFound, EnvdUnavailable):
             return None  # stopped meanwhile, or its envd does not answer
 

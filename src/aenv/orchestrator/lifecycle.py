@@ -58,6 +58,7 @@ from aenv.orchestrator.volumes import VolumeStore, guest_mounts
 from aenv.orchestrator.warm import Pooled, WarmPools
 from aenv.runtime.driver import (
     VM,
+    CPUTime,
     Driver,
     DriverError,
     NetAttachment,
@@ -126,6 +127,15 @@ class CreateStats:
     succeeded: int = 0
     failed: int = 0
     refused: collections.Counter[Refusal] = dataclasses.field(default_factory=collections.Counter)
+
+
+def _cpu_times(vms: Mapping[str, VM]) -> dict[str, CPUTime]:
+    """The VMM CPU time of each VM still running (in a thread: one small /proc read each)."""
+    found = {}
+    for sandbox_id, vm in vms.items():
+        with contextlib.suppress(DriverError):
+            found[sandbox_id] = vm.cpu_time()
+    return found
 
 
 @dataclass
@@ -816,19 +826,42 @@ class Orchestrator:
             await self.sample_metrics()
 
     async def sample_metrics(self) -> None:
-        """One round of the metrics history: a sample of every running sandbox; the history of
-        sandboxes that are gone is dropped. A guest that does not answer misses this round."""
+        """One round of the metrics history: a sample of every running sandbox (its VMM's CPU
+        read on the host, its guest asked only when `MetricsHistory.needs_guest` says so); the
+        history of sandboxes that are gone is dropped. A guest that does not answer when asked
+        misses this round."""
         records = self.catalog.list()
         running = [r.id for r in records if r.state is SandboxState.RUNNING and not r.internal]
+        readings = await asyncio.to_thread(_cpu_times, self._vms_of(running))
         gate = asyncio.Semaphore(metrics_history.CONCURRENCY)
 
-        async def sample(sandbox_id: str) -> None:
-            async with gate:
-                with contextlib.suppress(SandboxNotFound, EnvdUnavailable):
-                    self.metrics.add(sandbox_id, await self.guest_metrics(sandbox_id))
+        async def sample(sandbox_id: str, cpu: CPUTime) -> None:
+            with contextlib.suppress(SandboxNotFound, EnvdUnavailable):
+                await self._sample(sandbox_id, cpu, gate)
 
-        await asyncio.gather(*(sample(i) for i in running))
+        await asyncio.gather(*(sample(i, cpu) for i, cpu in readings.items()))
         self.metrics.keep_only([r.id for r in records])
+
+    async def sample_now(self, sandbox_id: str) -> metrics_history.Sample:
+        """A sample of a running sandbox taken now and added to its history. Raises
+        `SandboxNotFound` when it has no VM, `EnvdUnavailable` when its guest must be asked and
+        does not answer."""
+        readings = await asyncio.to_thread(_cpu_times, self._vms_of([sandbox_id]))
+        if sandbox_id not in readings:
+            raise SandboxNotFound(sandbox_id)
+        return await self._sample(sandbox_id, readings[sandbox_id], None)
+
+    async def _sample(
+        self, sandbox_id: str, cpu: CPUTime, gate: asyncio.Semaphore | None
+    ) -> metrics_history.Sample:
+        guest = None
+        if self.metrics.needs_guest(sandbox_id, cpu):
+            async with gate or contextlib.nullcontext():
+                guest = await self.guest_metrics(sandbox_id)
+        return self.metrics.record(sandbox_id, cpu, guest)
+
+    def _vms_of(self, sandbox_ids: builtins.list[str]) -> dict[str, VM]:
+        return {i: live.vm for i in sandbox_ids if (live := self._live.get(i)) is not None}
 
     async def reconcile(self) -> None:
         """End what the catalog does not own: a live VM whose sandbox is not running any more

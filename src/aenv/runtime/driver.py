@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+import psutil
+
 from aenv import atomic
 
 SNAPSHOT_MANIFEST = "snapshot.json"
@@ -201,6 +203,28 @@ class VMStats:
     disk_bytes: int
 
 
+@dataclass(frozen=True)
+class CPUTime:
+    """CPU time one VMM process has used since it started. `started` (Unix seconds) tells two
+    processes apart: a reading with another `started` is of another VMM (e.g. after a resume)."""
+
+    seconds: float
+    started: float
+
+
+def process_cpu_time(pid: int) -> CPUTime:
+    """The CPU time of process `pid`: one read of its /proc stat file, nothing else (no memory
+    accounting, unlike `VM.stats`). Raises `DriverError` when the process is gone."""
+    try:
+        proc = psutil.Process(pid)
+        with proc.oneshot():
+            times = proc.cpu_times()
+            started = proc.create_time()
+    except psutil.Error as exc:
+        raise DriverError(f"VMM process {pid}: {exc}") from exc
+    return CPUTime(times.user + times.system, started)
+
+
 @runtime_checkable
 class VM(Protocol):
     """A running or paused VM owned by a driver."""
@@ -242,6 +266,11 @@ class VM(Protocol):
         ...
 
     async def stats(self) -> VMStats: ...
+
+    def cpu_time(self) -> CPUTime:
+        """The VMM's CPU time so far, cheap enough to read for every VM every few seconds
+        (callers batch it off the event loop). Raises `DriverError` when the VM is stopped."""
+        ...
 
 
 @runtime_checkable

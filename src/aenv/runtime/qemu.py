@@ -52,6 +52,7 @@ from aenv.runtime.cgroups import Cgroup, CgroupLimits, CgroupManager
 from aenv.runtime.driver import (
     VM,
     BootError,
+    CPUTime,
     Disk,
     DriverError,
     IncompatibleSnapshotError,
@@ -64,6 +65,7 @@ from aenv.runtime.driver import (
     VMSpec,
     VMState,
     VMStats,
+    process_cpu_time,
 )
 from aenv.runtime.jail import SECCOMP, Access, Jail, JailConfig, JailFile, UidPool, host_binary
 from aenv.runtime.qmp import Monitor, MonitorError
@@ -816,6 +818,10 @@ class QemuVM:
     async def stats(self) -> VMStats:
         self._require(VMState.RUNNING, VMState.PAUSED)
         return await asyncio.to_thread(self._stats)
+
+    def cpu_time(self) -> CPUTime:
+        self._require(VMState.RUNNING, VMState.PAUSED)
+        return process_cpu_time(self.proc.pid)
 
     def _stats(self) -> VMStats:
         proc = psutil.Process(self.proc.pid)

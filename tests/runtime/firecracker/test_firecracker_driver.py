@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -66,6 +67,7 @@ async def test_boot_configures_every_device_and_confines_the_process(
         stats = await vm.stats()
         assert stats.rss_bytes > 0 and stats.pss_bytes > 0 and stats.cpu_seconds >= 0
         assert stats.disk_bytes > 0  # the writable upper has one written block
+        assert vm.cpu_time().seconds >= 0 and vm.cpu_time().started <= time.time()
 
         requests = await received(vm)
         order = [(r["method"], r["path"]) for r in requests if r["method"] != "GET"]

@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 
 from aenv.runtime import qcow2
 from aenv.runtime.cgroups import CgroupManager
-from aenv.runtime.driver import RestoreError, Snapshot, VMState
+from aenv.runtime.driver import DriverError, RestoreError, Snapshot, VMState
 from aenv.runtime.qemu import QemuDriver, QemuVM
 from aenv.runtime.sweep import orphaned_vmms, reap_strays
 from tests.doubles.node import eventually
@@ -54,6 +55,8 @@ async def test_restore_keeps_memory_and_disk(fleet: Fleet, template: Template) -
     assert state["hits"] == 2  # the template answered one GET (readiness) before its snapshot
     stats = await vm.stats()
     assert stats.cpu_seconds > 0 and 0 < stats.pss_bytes <= stats.rss_bytes
+    cpu = vm.cpu_time()  # the cheap reading the metrics sampler takes every round
+    assert cpu.seconds >= stats.cpu_seconds and cpu.started <= time.time()
     # PID 1 (tini) reaps orphans re-parented to it.
     await agent(netns, "POST", "/orphan")
     await asyncio.sleep(2)
@@ -61,6 +64,8 @@ async def test_restore_keeps_memory_and_disk(fleet: Fleet, template: Template) -
     await vm.stop()
     await vm.stop()  # idempotent
     assert vm.state is VMState.STOPPED
+    with pytest.raises(DriverError):
+        vm.cpu_time()
 
 
 async def test_clones_share_the_past_and_diverge(fleet: Fleet, template: Template) -> None:

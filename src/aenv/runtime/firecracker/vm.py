@@ -172,6 +172,11 @@ class FirecrackerVM:
         disks = [disk.path for disk in self.spec.disks if not disk.read_only]
         return await asyncio.to_thread(_read_stats, pid, disks)
 
+    def cpu_time(self) -> d.CPUTime:
+        self._require_live()
+        assert self.process is not None
+        return d.process_cpu_time(self.process.pid)
+
     # --- Firecracker extras ----------------------------------------------------------------------
 
     async def balloon_stats(self) -> m.BalloonStats:
