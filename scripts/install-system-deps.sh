@@ -3,7 +3,7 @@
 # everything is already installed.
 set -eu
 PKGS="python3 python3-venv python3-dev gcc make git iproute2 nftables e2fsprogs \
-  qemu-system-x86 qemu-utils busybox-static debootstrap cpio zstd patchelf nodejs npm util-linux tini binutils \
+  qemu-system-x86 qemu-utils busybox-static debootstrap cpio zstd patchelf nodejs npm util-linux binutils \
   debian-archive-keyring docker-registry skopeo umoci apache2-utils musl-tools \
   redis-server"
 missing=""

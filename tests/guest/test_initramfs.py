@@ -43,7 +43,7 @@ async def test_initramfs_from_the_debian_kernel() -> None:
         ["cpio", "-t", "--quiet"], input=gzip.decompress(initrd.read_bytes()),
         capture_output=True, check=True,
     ).stdout.decode().split()  # fmt: skip
-    assert {"init", "stage2", "bin/busybox", "modules.order"} <= set(listing)
+    assert {"init", "stage2", "bin/busybox", "bin/aenv-init", "modules.order"} <= set(listing)
     order = (initrd.parent / "modules.order").read_text().split()
     assert order.index("virtio_ring.ko") < order.index("virtio.ko") < order.index("virtio_blk.ko")
     assert order.index("crc32c_generic.ko") < order.index("ext4.ko")

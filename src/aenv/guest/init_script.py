@@ -3,9 +3,10 @@
 Stage 1 (`/init` of the initramfs) loads modules, assembles the root filesystem as an overlay of
 the read-only template base and the sandbox's writable layer, configures the network, mounts the
 envd bundle, then `switch_root`s to stage 2, which it leaves on a tmpfs at `/run/aenv` together
-with busybox and tini: the template image need not contain a shell. In the real root PID 1 is
-tini, because busybox sh does not reap orphans re-parented to it (checked: they stay zombies);
-tini runs stage 2, which mounts the API filesystems and starts envd, restarting it if it dies.
+with busybox and `aenv-init`: the template image need not contain a shell. In the real root PID
+1 is `aenv-init` (`aenv.guest.pid1`), because busybox sh does not reap orphans re-parented to it
+(checked: they stay zombies); it runs stage 2, which mounts the API filesystems and starts envd,
+restarting it if it dies.
 """
 
 from __future__ import annotations
@@ -69,10 +70,10 @@ fi
 mkdir -p /newroot/run /newroot/dev /newroot/proc /newroot/sys
 mount -t tmpfs -o mode=0755,nosuid,nodev tmpfs /newroot/run
 mkdir -p /newroot/run/aenv
-cp /bin/busybox /bin/tini /stage2 /newroot/run/aenv/
+cp /bin/busybox /bin/aenv-init /stage2 /newroot/run/aenv/
 umount /proc /sys
 mount --move /dev /newroot/dev
-exec switch_root /newroot /run/aenv/tini -- /run/aenv/busybox sh /run/aenv/stage2
+exec switch_root /newroot /run/aenv/aenv-init -- /run/aenv/busybox sh /run/aenv/stage2
 """
 
 STAGE2 = f"""BB=/run/aenv/busybox

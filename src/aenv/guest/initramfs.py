@@ -1,5 +1,5 @@
-"""The initramfs: busybox-static, tini, the kernel modules our init needs (dependencies first), and
-our init.
+"""The initramfs: busybox-static, our PID 1 (`aenv.guest.pid1`), the kernel modules our init
+needs (dependencies first), and our init scripts.
 
 Module dependencies come from each module's `.modinfo` section (the Debian package ships no
 modules.dep, and the host may have no kmod), so the load order is computed, not hand-listed:
@@ -18,13 +18,13 @@ from pathlib import Path
 
 from elftools.elf.elffile import ELFFile
 
+from aenv.guest import pid1
 from aenv.guest.cache import cached_dir
 from aenv.guest.init_script import STAGE1, STAGE2
 from aenv.guest.kernel import Kernel
 from aenv.guest.proc import BuildError, run
 
 BUSYBOX = Path("/bin/busybox")
-TINI = Path("/usr/bin/tini-static")  # Debian's `tini`: a static init that reaps zombies
 # What our init mounts and talks through. crc32c_generic is a soft dependency of ext4 (checksums are
 # looked up through the crypto API at mount time, which cannot modprobe without modules.dep).
 # virtio_balloon and virtio_rng (the Debian file is virtio-rng.ko) drive Firecracker's balloon
@@ -50,25 +50,25 @@ async def build_initramfs(
     kernel: Kernel,
     cache: Path,
     busybox: Path = BUSYBOX,
-    tini: Path = TINI,
     modules: Iterable[str] = MODULES,
 ) -> Path:
     """Return an `initrd.cpio.gz` for `kernel` cached in `cache` (rebuilt when any input
     changes)."""
     wanted = tuple(modules)
     bb_hash = await asyncio.to_thread(_sha256, busybox)
-    tini_hash = await asyncio.to_thread(_sha256, tini)
     inputs = {
         "kernel": kernel.version,
         "modules": wanted,
         "busybox": bb_hash,
-        "tini": tini_hash,
+        "pid1": [pid1.source_hash(), await pid1.compiler_version()],
         "init": hashlib.sha256((STAGE1 + STAGE2).encode()).hexdigest(),
     }
 
     async def build(tmp: Path) -> None:
         stage = tmp / "stage"
-        order = await asyncio.to_thread(_stage_tree, stage, kernel, busybox, tini, wanted)
+        init = await pid1.build_pid1(tmp)
+        order = await asyncio.to_thread(_stage_tree, stage, kernel, busybox, init, wanted)
+        init.unlink()
         raw = tmp / "initrd.cpio"
         # Sorted names make the archive reproducible; -R 0:0 makes everything root's.
         out = shlex.quote(str(raw))
@@ -105,7 +105,7 @@ def module_order(deps: Mapping[str, tuple[str, ...]], wanted: Iterable[str]) -> 
 
 
 def _stage_tree(
-    stage: Path, kernel: Kernel, busybox: Path, tini: Path, wanted: tuple[str, ...]
+    stage: Path, kernel: Kernel, busybox: Path, init: Path, wanted: tuple[str, ...]
 ) -> list[str]:
     index = {p.name.removesuffix(".ko"): p for p in kernel.modules.rglob("*.ko")}
     deps: dict[str, tuple[str, ...]] = {}
@@ -123,7 +123,7 @@ def _stage_tree(
     for sub in ("bin", "dev", "proc", "sys", "modules"):
         (stage / sub).mkdir(parents=True)
     shutil.copy2(busybox, stage / "bin" / "busybox")
-    shutil.copy2(tini, stage / "bin" / "tini")
+    shutil.copy2(init, stage / "bin" / pid1.NAME)
     for name in order:
         src = index.get(name) or index[name.replace("_", "-")]
         shutil.copy2(src, stage / "modules" / src.name)

@@ -57,7 +57,7 @@ async def test_restore_keeps_memory_and_disk(fleet: Fleet, template: Template) -
     assert stats.cpu_seconds > 0 and 0 < stats.pss_bytes <= stats.rss_bytes
     cpu = vm.cpu_time()  # the cheap reading the metrics sampler takes every round
     assert cpu.seconds >= stats.cpu_seconds and cpu.started <= time.time()
-    # PID 1 (tini) reaps orphans re-parented to it.
+    # PID 1 (aenv-init) reaps orphans re-parented to it.
     await agent(netns, "POST", "/orphan")
     await asyncio.sleep(2)
     assert (await agent(netns, path="/zombies"))["zombies"] == 0
