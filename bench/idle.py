@@ -5,9 +5,15 @@ daemons run on an emulated CPU. The bench starts a real server (bench/server_ns.
 AENV_BENCH_IDLE_N sandboxes (default 8) from `base`, lets them settle, and samples their VMMs'
 CPU time over AENV_BENCH_IDLE_S seconds (default 10). Baseline in the same run: one sandbox
 spinning a shell loop (`while :; do :; done`), i.e. what one busy guest costs; the ratio says
-how many idle sandboxes cost as much as one busy one. Technique off in the same run: N more
-idle sandboxes with the guest's proactive compaction switched back on (`vm.compaction_proactiveness`
-= 20, the kernel's default, which our init sets to 0). Prints JSON.
+how many idle sandboxes cost as much as one busy one. Techniques off in the same run, N more
+idle sandboxes each:
+- proactive compaction: the guest's `vm.compaction_proactiveness` back at 20 (the kernel's
+  default, which our init sets to 0);
+- host-side metrics: the server reads an idle sandbox's CPU from its VMM and asks its envd for
+  `/metrics` once a minute (`orchestrator/metrics_history.py`); these get what every sandbox got
+  before, an envd `GET /metrics` every `INTERVAL` seconds (sent here by the client).
+Also the guest's timer interrupts a second (`LOC` of /proc/interrupts over 10 s, in an idle
+sandbox after the window). Prints JSON.
 """
 
 from __future__ import annotations
@@ -15,6 +21,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -30,10 +37,14 @@ from server_ns import (
     vmm_processes,
 )
 
+from aenv.orchestrator.metrics_history import INTERVAL
+
 N = int(os.environ.get("AENV_BENCH_IDLE_N", "8"))
 WINDOW_S = float(os.environ.get("AENV_BENCH_IDLE_S", "10"))
 SETTLE_S = 5.0
 COMPACTION_ON = "echo 20 > /proc/sys/vm/compaction_proactiveness"
+LOC_S = 10
+TIMER_IRQS = f"grep LOC /proc/interrupts; sleep {LOC_S}; grep LOC /proc/interrupts"
 
 
 def vmm_cpu_seconds(home: Path) -> dict[int, float]:
@@ -48,6 +59,23 @@ def vmm_cpu_seconds(home: Path) -> dict[int, float]:
             continue
         found[proc.pid] = times.user + times.system
     return found
+
+
+def ask_metrics(sandboxes: list[Any], done: threading.Event) -> None:
+    """What the metrics sampler did before it read CPU on the host: an envd `GET /metrics` to
+    each sandbox every `INTERVAL` seconds."""
+    while not done.wait(INTERVAL):
+        for sbx in sandboxes:
+            sbx._envd_api.get("/metrics").raise_for_status()
+
+
+def timer_irqs_per_s(output: str) -> float:
+    """Local timer interrupts a second from two `LOC` lines of /proc/interrupts `LOC_S` apart
+    (summed over the guest's CPUs)."""
+    first, second = (
+        [int(v) for v in line.split()[1:] if v.isdigit()] for line in output.strip().splitlines()
+    )
+    return round((sum(second) - sum(first)) / LOC_S, 1)
 
 
 def client() -> None:
@@ -65,21 +93,31 @@ def client() -> None:
     compacting = [Sandbox.create(timeout=600) for _ in range(N)]
     for sbx in compacting:
         sbx.commands.run(COMPACTION_ON, user="root")
-    log(f"{2 * N} idle sandboxes and one busy one; settling {SETTLE_S:.0f} s")
+    compacting_pids = set(vmm_cpu_seconds(home)) - busy_pids - idle_pids
+    asked = [Sandbox.create(timeout=600) for _ in range(N)]
+    done = threading.Event()
+    asking = threading.Thread(target=ask_metrics, args=(asked, done), daemon=True)
+    asking.start()
+    log(f"{3 * N} idle sandboxes and one busy one; settling {SETTLE_S:.0f} s")
     time.sleep(SETTLE_S)
     start = vmm_cpu_seconds(home)
     time.sleep(WINDOW_S)
     end = vmm_cpu_seconds(home)
-    for sbx in [busy, *idle, *compacting]:
+    done.set()
+    asking.join()
+    irqs = timer_irqs_per_s(idle[0].commands.run(TIMER_IRQS).stdout)
+    for sbx in [busy, *idle, *compacting, *asked]:
         sbx.kill()
     used = {pid: (end[pid] - start[pid]) / WINDOW_S for pid in start if pid in end}
     idle_cores = [c for pid, c in used.items() if pid in idle_pids]
-    compacting_cores = [
-        c for pid, c in used.items() if pid not in idle_pids and pid not in busy_pids
+    compacting_cores = [c for pid, c in used.items() if pid in compacting_pids]
+    asked_cores = [
+        c for pid, c in used.items() if pid not in idle_pids | compacting_pids | busy_pids
     ]
     busy_cores = [c for pid, c in used.items() if pid in busy_pids]
     per_idle = sum(idle_cores) / len(idle_cores)
     per_compacting = sum(compacting_cores) / len(compacting_cores)
+    per_asked = sum(asked_cores) / len(asked_cores)
     result: dict[str, Any] = {
         "idle_sandboxes": len(idle_cores),
         "window_s": WINDOW_S,
@@ -90,6 +128,9 @@ def client() -> None:
         "idle_sandboxes_per_core": round(1 / per_idle) if per_idle else None,
         "proactive_compaction_on_cores_per_sandbox": round(per_compacting, 4),
         "ratio_compaction_off_to_on": round(per_idle / max(per_compacting, 1e-9), 3),
+        "envd_metrics_every_interval_cores_per_sandbox": round(per_asked, 4),
+        "ratio_host_metrics_to_envd_every_interval": round(per_idle / max(per_asked, 1e-9), 3),
+        "guest_timer_irqs_per_s": irqs,
     }
     print(json.dumps(result))
 
