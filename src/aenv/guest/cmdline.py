@@ -27,6 +27,9 @@ _BASE = (
     # every 0.5 s checking the TSC) and no soft-lockup watchdog (an hrtimer per CPU).
     "tsc=reliable",
     "nowatchdog",
+    # No pressure stall information: its averaging work runs every 2 s (bench/wakeups.py), and
+    # nothing in a sandbox reads /proc/pressure.
+    "psi=0",
 )
 
 
