@@ -177,7 +177,26 @@ class QemuDriver:
             version = match.group(1) if match else "unknown"
             cpu = "max" if self.config.accel == "tcg" else f"host:{_host_cpu_model()}"
             self._compat = f"qemu-{version}/{self.config.accel}/{cpu}"
-        return self._compat
+        return f"{self._compat}/{_machine(self.config.accel)}"
+
+    async def compat_on(self, machine: str) -> str:
+        """The `compat` of a snapshot taken on `machine` (a VM restored on an older one keeps it,
+        and so do its snapshots)."""
+        current = await self.compat()
+        return current if machine == _machine(self.config.accel) else str(self._compat)
+
+    async def _machine_of(self, snapshot: Snapshot) -> str:
+        """The machine `snapshot` was taken on, which its restore must have: ours, or the one
+        of snapshots whose `compat` names none (taken before machines were named there)."""
+        current = await self.compat()
+        if snapshot.driver == self.name and snapshot.compat == current:
+            return _machine(self.config.accel)
+        if snapshot.driver == self.name and snapshot.compat == self._compat:
+            return UNNAMED_MACHINE
+        raise IncompatibleSnapshotError(
+            f"snapshot from {snapshot.driver} ({snapshot.compat}) cannot be restored by "
+            f"{self.name} ({current})"
+        )
 
     async def boot(self, spec: VMSpec) -> VM:
         missing = [p for p in (spec.kernel, spec.initrd, *(d.path for d in spec.disks)) if p]
@@ -190,7 +209,7 @@ class QemuDriver:
         spec = dataclasses.replace(spec, cmdline=cmdline)
         vm_id = secrets.token_hex(8)
         memory = _Memory(_memory_dir(spec) / f"{vm_id}.mem", shared=True, owned=True)
-        vm = await self._launch(vm_id, spec, memory, BootError, incoming=False)
+        vm = await self._launch(vm_id, spec, memory, BootError, machine=None)
         async with _stopped_on_failure(vm, BootError, "boot failed"):
             await vm.monitor.execute("cont")
         vm.run_state = VMState.RUNNING
@@ -288,7 +307,7 @@ class QemuDriver:
 
     async def _restore_vm(self, snapshot: Snapshot, target: RestoreSpec) -> QemuVM:
         """A VMM holding `snapshot`'s state, its vCPUs not started yet."""
-        await self._check(snapshot)
+        machine = await self._check(snapshot)
         if target.shares:
             raise RestoreError("a restored VM has its snapshot's devices: shares need a boot")
         if not await asyncio.to_thread(target.workdir.is_dir):
@@ -317,7 +336,7 @@ class QemuDriver:
         else:
             memory = _Memory(_memory_dir(spec) / f"{vm_id}.mem", shared=True, owned=True)
         try:
-            vm = await self._launch(vm_id, spec, memory, RestoreError, incoming=True)
+            vm = await self._launch(vm_id, spec, memory, RestoreError, machine=machine)
         except BaseException:
             _unlink(created)
             raise
@@ -344,23 +363,28 @@ class QemuDriver:
             raise errors[0]
         return vms
 
-    async def _check(self, snapshot: Snapshot) -> None:
+    async def _check(self, snapshot: Snapshot) -> str:
+        """Raises unless `snapshot` can be restored here; returns the machine to restore it on."""
         if not snapshot.machine_state:
             raise RestoreError("a filesystem-only snapshot cannot be restored: boot its disks")
-        if snapshot.driver != self.name or snapshot.compat != await self.compat():
-            raise IncompatibleSnapshotError(
-                f"snapshot from {snapshot.driver} ({snapshot.compat}) cannot be restored by "
-                f"{self.name} ({await self.compat()})"
-            )
+        machine = await self._machine_of(snapshot)
         files = [snapshot.state_file, snapshot.spec.kernel, *snapshot.disks.values()]
         files += [p for p in (snapshot.memory_file, snapshot.spec.initrd) if p]
         files += [d.path for d in snapshot.spec.disks if d.read_only]
         missing = [p for p in files if not await asyncio.to_thread(p.is_file)]
         if missing:
             raise RestoreError(f"snapshot is missing file(s): {', '.join(map(str, missing))}")
+        return machine
 
     def _argv(
-        self, vm_id: str, spec: VMSpec, memory: _Memory, qmp: Path, console: Path, tap_fd: int
+        self,
+        vm_id: str,
+        spec: VMSpec,
+        memory: _Memory,
+        qmp: Path,
+        console: Path,
+        tap_fd: int,
+        machine: str,
     ) -> list[str]:
         accel = "kvm" if self.config.accel == "kvm" else f"tcg,tb-size={self.config.tb_size_mib}"
         shared_memory = "on" if memory.shared else "off"
@@ -369,7 +393,7 @@ class QemuDriver:
             str(host_binary(self.config.binary)) if jailed else self.config.binary,
             "-name", f"{VMM_NAME_PREFIX}{vm_id}",  # lets the sweeps recognise our VMMs
             "-accel", accel,
-            "-M", "microvm,x-option-roms=off,rtc=on,memory-backend=mem",
+            "-M", f"{machine},memory-backend=mem",
             "-cpu", "max" if self.config.accel == "tcg" else "host",
             "-smp", str(spec.vcpus),
             "-m", f"{spec.memory_mib}M",
@@ -456,8 +480,10 @@ class QemuDriver:
         memory: _Memory,
         error: type[DriverError],
         *,
-        incoming: bool,
+        machine: str | None,
     ) -> QemuVM:
+        """A QEMU process for `spec`, its vCPUs not started: a boot on our machine when
+        `machine` is None, else waiting for an incoming state taken on `machine`."""
         if not await asyncio.to_thread(spec.workdir.is_dir):
             raise error(f"workdir {spec.workdir} does not exist")
         qmp_path = spec.workdir / f"qmp.{vm_id}.sock"
@@ -472,10 +498,12 @@ class QemuDriver:
         try:
             if spec.net is not None:
                 tap_fd = await open_tap(spec.net.netns, spec.net.tap)
+            fd = -1 if tap_fd is None else tap_fd
+            on = machine or _machine(self.config.accel)
             argv = await asyncio.to_thread(
-                self._argv, vm_id, spec, memory, qmp_path, console, -1 if tap_fd is None else tap_fd
+                self._argv, vm_id, spec, memory, qmp_path, console, fd, on
             )
-            if incoming:
+            if machine is not None:
                 argv += ["-incoming", "defer"]
             await monitor.listen()
             async with contextlib.AsyncExitStack() as held:
@@ -515,6 +543,7 @@ class QemuDriver:
         vm = QemuVM(
             vm_id=vm_id,
             driver=self,
+            machine=on,
             spec=spec,
             proc=proc,
             monitor=monitor,
@@ -563,6 +592,7 @@ class QemuVM:
         *,
         vm_id: str,
         driver: QemuDriver,
+        machine: str,
         spec: VMSpec,
         proc: asyncio.subprocess.Process,
         monitor: Monitor,
@@ -574,6 +604,7 @@ class QemuVM:
     ) -> None:
         self._id = vm_id
         self._driver = driver
+        self.machine = machine
         self.spec = spec
         self.proc = proc
         self.monitor = monitor
@@ -684,7 +715,7 @@ class QemuVM:
             await qcow2.flatten_if_deep(dest)
         snap = Snapshot(
             driver=self._driver.name,
-            compat=await self._driver.compat(),
+            compat=await self._driver.compat_on(self.machine),
             spec=spec,
             state_file=state_file,
             memory_file=memory_file,
@@ -866,6 +897,19 @@ def _memory_cap_mib(guest_mib: int, shared: bool) -> int:
     while it saves changed pages, the stream it writes into tmpfs scratch (`save_delta`).
     A cap of guest + overhead killed such VMMs once their guest had written most of its RAM."""
     return (1 if shared else 3) * guest_mib + VMM_OVERHEAD_MIB
+
+
+UNNAMED_MACHINE = "microvm,x-option-roms=off,rtc=on"  # of snapshots whose compat names none
+
+
+def _machine(accel: str) -> str:
+    """The machine and its devices; a snapshot restores only on the same (its `compat` names
+    them). Under TCG without the PIT: nothing in the guest uses it (the local APIC is its
+    timer), yet QEMU emulated its default 18.2 Hz square wave, waking every VMM's main loop
+    36 times a second (most of an idle sandbox's host CPU once the guest itself was quiet,
+    docs/density.md). Under KVM the PIT is in the kernel and costs the host no wakeups."""
+    pit = ",pit=off" if accel == "tcg" else ""
+    return f"microvm,x-option-roms=off,rtc=on{pit}"
 
 
 def _memory_dir(spec: VMSpec) -> Path:
