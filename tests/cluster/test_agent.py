@@ -16,6 +16,7 @@ from aenv.cluster.holders import FileKind, FileRef, Holders
 from aenv.cluster.parked import Parked, ParkedSandbox
 from aenv.cluster.registry import Capacity, NodeRegistry
 from aenv.cluster.routing import Routes
+from aenv.cluster.saved import SavedRecords
 from aenv.cluster.store import ClusterUnavailable
 from tests.cluster.shared import SECRET
 from tests.support.redis_server import RedisServer
@@ -29,6 +30,7 @@ class Node:
     templates: set[str] = field(default_factory=lambda: {"base"})
     snapshots: set[str] = field(default_factory=set)
     parked: dict[str, str] = field(default_factory=dict)
+    saved: dict[str, str] = field(default_factory=dict)
 
     async def state(self) -> NodeState:
         capacity = Capacity(2, 4096, 2048, running=len(self.sandboxes), paused=0)
@@ -38,6 +40,7 @@ class Node:
             set(self.templates),
             set(self.snapshots),
             dict(self.parked),
+            dict(self.saved),
         )
 
     async def forget(self, sandbox_id: str) -> None:
@@ -232,3 +235,22 @@ async def test_a_node_back_from_a_partition_lets_go_of_moved_sandboxes(
     routes = Routes(client)
     assert [await routes.lookup(s) for s in ("sbx1", "sbx2", "sbx3")] == ["n2", "n1", "n1"]
     assert await Parked(client).get("sbx1") is None
+
+
+async def test_snapshots_in_the_repository_are_published_and_withdrawn(
+    client: aioredis.Redis,
+) -> None:
+    first = '{"template_id": "snap1", "aliases": ["one"], "created_at": 5}'
+    node = Node(saved={"snap1": first})
+    agent = NodeAgent(client, "n1", "10.0.0.1:3000", node, SECRET, ttl=30)
+    saved = SavedRecords(client)
+    assert await agent.beat()
+    found = await saved.find("one:latest")
+    assert found is not None and found.template_id == "snap1" and found.record == first
+    # A wipe of Redis is rebuilt by the next beat.
+    await client.flushall()
+    assert await agent.beat()
+    assert [r.template_id for r in await saved.all()] == ["snap1"]
+    node.saved = {}  # deleted on the node
+    assert not await agent.beat()
+    assert await saved.all() == [] and await saved.find("one") is None

@@ -7,8 +7,10 @@ callers without the cluster token, and a gateway with another secret does not st
 
 On the same cluster (one boot of two nodes is most of the time), with one S3 repository for
 both: a paused sandbox whose node is drained (`aenv node drain`) resumes on the other node with
-its files; creates avoid the draining node (`aenv nodes` shows it); after a `kill -9` of a node,
-its paused sandbox resumes on the survivor and its running one answers 404."""
+its files; a snapshot made on the drained node starts a sandbox on the other (which pulls it from
+the repository), is listed once and deleted from both; creates avoid the draining node (`aenv
+nodes` shows it); after a `kill -9` of a node, its paused sandbox resumes on the survivor and its
+running one answers 404."""
 
 from __future__ import annotations
 
@@ -26,6 +28,7 @@ import pytest
 from aenv.cluster.parked import Parked
 from aenv.cluster.registry import NodeRegistry
 from aenv.cluster.routing import Routes
+from aenv.cluster.saved import SavedRecords
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import connect
 from aenv.config import Paths
@@ -73,7 +76,8 @@ async def sandboxes_move(
     c: Cluster, registry: NodeRegistry, routes: Routes, parked: Parked
 ) -> None:
     kept = "kept across nodes"
-    sandbox_id = sdk(c, "park", kept, script=MOVES)["id"]
+    parked_one = sdk(c, "park", kept, script=MOVES)
+    sandbox_id, snapshot_id = parked_one["id"], parked_one["snapshot"]
     first = await routes.lookup(sandbox_id)
     assert first in NODES
     other = next(n for n in NODES if n != first)
@@ -89,6 +93,7 @@ async def sandboxes_move(
     assert sdk(c, "resume", sandbox_id, script=MOVES) == {"file": kept, "echo": "moved\n"}
     assert await routes.lookup(sandbox_id) == other
     assert await parked.get(sandbox_id) is None
+    await snapshots_travel(c, routes, SavedRecords(parked.client), snapshot_id, other, kept)
     running = sdk(c, "create", script=MOVES)["id"]
     assert await routes.lookup(running) == other  # not on the draining node
 
@@ -112,6 +117,32 @@ async def sandboxes_move(
     assert await routes.lookup(sandbox_id) == first
     assert sdk(c, "gone", running, script=MOVES)["gone"] is True
     assert sdk(c, "kill", sandbox_id)["killed"] == [True]
+
+
+async def snapshots_travel(
+    c: Cluster, routes: Routes, saved: SavedRecords, snapshot_id: str, other: str, kept: str
+) -> None:
+    """A snapshot made on the draining node: a sandbox from it (by name) starts on `other`."""
+
+    async def stored() -> bool:
+        return await saved.find(snapshot_id) is not None
+
+    await until(stored, "the snapshot never reached the repository")
+    child = sdk(c, "from-snapshot", "travels", script=MOVES)
+    assert child["file"] == kept
+    assert await routes.lookup(child["id"]) == other
+    # Both nodes hold it now: listed once.
+    assert sdk(c, "snapshots", script=MOVES)["ids"] == [snapshot_id]
+    assert sdk(c, "delete-snapshot", snapshot_id, script=MOVES) == {"deleted": True}
+    assert sdk(c, "snapshots", script=MOVES)["ids"] == []
+
+    async def withdrawn() -> bool:
+        # A heartbeat that read its node's snapshots before the delete may publish it again
+        # once; the next one withdraws it.
+        return await saved.find(snapshot_id) is None
+
+    await until(withdrawn, "the deleted snapshot stayed published")
+    assert sdk(c, "kill", child["id"])["killed"] == [True]
 
 
 async def test_two_nodes_behind_a_gateway_with_the_sdk(redis: RedisServer) -> None:

@@ -1,7 +1,11 @@
 """Runs in the gateway's namespace with the official e2b SDK pointed at the gateway (E2B_API_URL,
 E2B_SANDBOX_URL, E2B_API_KEY), for sandboxes that move between nodes. Prints one JSON line:
 
-- `park TEXT`: a new sandbox with TEXT in a file, paused; its id.
+- `park TEXT`: a new sandbox with TEXT in a file, snapshotted (named `travels`) and paused; its
+  id and the snapshot's.
+- `from-snapshot REF`: a new sandbox from the snapshot; its id and the file's TEXT.
+- `snapshots`: the ids of every snapshot, page by page (one per page).
+- `delete-snapshot ID`: whether it was deleted.
 - `create`: a new running sandbox; its id.
 - `pause ID`: pauses it.
 - `resume ID`: connects (resumes it wherever the gateway puts it); the file's TEXT and a
@@ -22,8 +26,22 @@ FILE = "/home/user/moved.txt"
 def park(text: str) -> dict[str, object]:
     sandbox = Sandbox.create("base", timeout=600, metadata={"suite": "moves"})
     sandbox.files.write(FILE, text)
+    snapshot = sandbox.create_snapshot(name="travels")
     assert sandbox.pause() is True
-    return {"id": sandbox.sandbox_id}
+    return {"id": sandbox.sandbox_id, "snapshot": snapshot.snapshot_id}
+
+
+def from_snapshot(ref: str) -> dict[str, object]:
+    sandbox = Sandbox.create(ref, timeout=600, metadata={"suite": "moves"})
+    return {"id": sandbox.sandbox_id, "file": sandbox.files.read(FILE)}
+
+
+def snapshots() -> dict[str, object]:
+    paginator = Sandbox.list_snapshots(limit=1)
+    ids: list[str] = []
+    while paginator.has_next:
+        ids += [s.snapshot_id for s in paginator.next_items()]
+    return {"ids": ids}
 
 
 def create() -> dict[str, object]:
@@ -47,6 +65,12 @@ if __name__ == "__main__":
     command, *args = sys.argv[1:]
     if command == "park":
         result = park(args[0])
+    elif command == "from-snapshot":
+        result = from_snapshot(args[0])
+    elif command == "snapshots":
+        result = snapshots()
+    elif command == "delete-snapshot":
+        result = {"deleted": Sandbox.delete_snapshot(args[0])}
     elif command == "create":
         result = create()
     elif command == "pause":
