@@ -10,11 +10,13 @@ both: a paused sandbox whose node is drained (`aenv node drain`) resumes on the 
 its files; a snapshot made on the drained node starts a sandbox on the other (which pulls it from
 the repository), is listed once and deleted from both; creates avoid the draining node (`aenv
 nodes` shows it); after a `kill -9` of a node, its paused sandbox resumes on the survivor and its
-running one answers 404."""
+running one answers 404, and is listed paused before; with two gateways, one killed with
+`kill -9`, the other serves the same sandboxes and new ones."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import shutil
 import sys
@@ -33,7 +35,7 @@ from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import connect
 from aenv.config import Paths
 from aenv.orchestrator.images import prepare_images
-from tests.cluster.cluster_ns import Cluster, cluster
+from tests.cluster.cluster_ns import GATEWAY_PORT, Cluster, Gateway, cluster
 from tests.cluster.shared import SECRET
 from tests.support.guest import GUEST_CACHE, MIRROR
 from tests.support.redis_server import RedisServer
@@ -46,14 +48,18 @@ MOVES = str(Path(__file__).parent / "sdk" / "moves.py")
 NODES = ["node-a", "node-b"]
 
 
-def sdk(c: Cluster, *args: str, script: str = SCRIPT) -> dict[str, Any]:
+def sdk(
+    c: Cluster, *args: str, script: str = SCRIPT, gateway: Gateway | None = None
+) -> dict[str, Any]:
+    """A run of an SDK script against `gateway` (the cluster's first by default)."""
+    gateway = gateway or c.gateway
     env = {
-        "E2B_API_URL": c.gateway.url,
-        "E2B_SANDBOX_URL": c.gateway.url,
-        "E2B_API_KEY": c.gateway.api_key,
+        "E2B_API_URL": gateway.url,
+        "E2B_SANDBOX_URL": gateway.url,
+        "E2B_API_KEY": gateway.api_key,
     }
-    code, out = c.gateway.run([sys.executable, script, *args], env=env)
-    assert code == 0, out + c.gateway.log.read_text()[-3000:]
+    code, out = gateway.run([sys.executable, script, *args], env=env)
+    assert code == 0, out + gateway.log.read_text()[-3000:]
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
 
@@ -113,10 +119,27 @@ async def sandboxes_move(
         return [n.node_id for n in await registry.live()] == [first]
 
     await until(lapsed, "the killed node's lease never lapsed")
+    # Listed paused, as on one node, though its node is gone (the list moves it to `first`).
+    assert sdk(c, "listed", script=MOVES)["listed"] == [[sandbox_id, "paused"]]
     assert sdk(c, "resume", sandbox_id, script=MOVES) == {"file": kept, "echo": "moved\n"}
     assert await routes.lookup(sandbox_id) == first
     assert sdk(c, "gone", running, script=MOVES)["gone"] is True
-    assert sdk(c, "kill", sandbox_id)["killed"] == [True]
+
+    # Two gateways; one killed: the other serves the same sandbox and new ones.
+    second = dataclasses.replace(
+        c.gateway, log=c.gateway.log.with_name("gateway-2.log"), proc=None, port=GATEWAY_PORT + 1
+    )
+    second.start()
+    try:
+        second.wait_ready()
+        c.gateway.kill_9()
+        assert sdk(c, "resume", sandbox_id, script=MOVES, gateway=second)["file"] == kept
+        made = sdk(c, "create", "1", "0", gateway=second)
+        assert made["outputs"] == ["hello 0\n"] and made["listed"] == made["ids"]
+        gone = sdk(c, "kill", sandbox_id, *made["ids"], gateway=second)
+        assert gone == {"killed": [True, True], "listed": []}
+    finally:
+        second.stop()
 
 
 async def snapshots_travel(

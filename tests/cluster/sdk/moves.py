@@ -11,6 +11,7 @@ E2B_SANDBOX_URL, E2B_API_KEY), for sandboxes that move between nodes. Prints one
 - `resume ID`: connects (resumes it wherever the gateway puts it); the file's TEXT and a
   command's output.
 - `gone ID`: whether connecting to it is refused as not found.
+- `listed`: this suite's sandboxes as `Sandbox.list` gives them, with their states.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from __future__ import annotations
 import json
 import sys
 
-from e2b import NotFoundException, Sandbox
+from e2b import NotFoundException, Sandbox, SandboxQuery
 
 FILE = "/home/user/moved.txt"
 
@@ -53,6 +54,14 @@ def resume(sandbox_id: str) -> dict[str, object]:
     return {"file": sandbox.files.read(FILE), "echo": sandbox.commands.run("echo moved").stdout}
 
 
+def listed() -> dict[str, object]:
+    pages = Sandbox.list(query=SandboxQuery(metadata={"suite": "moves"}))
+    seen: list[list[str]] = []
+    while pages.has_next:
+        seen += [[s.sandbox_id, s.state.value] for s in pages.next_items()]
+    return {"listed": sorted(seen)}
+
+
 def gone(sandbox_id: str) -> dict[str, object]:
     try:
         Sandbox.connect(sandbox_id, timeout=600)
@@ -71,6 +80,8 @@ if __name__ == "__main__":
         result = snapshots()
     elif command == "delete-snapshot":
         result = {"deleted": Sandbox.delete_snapshot(args[0])}
+    elif command == "listed":
+        result = listed()
     elif command == "create":
         result = create()
     elif command == "pause":
