@@ -27,6 +27,10 @@ the same resumed on the other node after its own is drained (`aenv node drain`: 
 waits for the upload; the connect moves it and pulls the checkpoint), alternating nodes. Bytes
 moved: the apparent size of the sandbox's directory on the node it moved to, after the resume
 (the pulled copy, its images included).
+
+`python bench/cluster.py creates`: the same two nodes behind a gateway: creates per second of
+batches of concurrent `Sandbox.create` through the gateway with one node drained, against both
+nodes, alternating, in one run (CPU-bound under TCG on one machine: both nodes share its cores).
 """
 
 from __future__ import annotations
@@ -290,6 +294,72 @@ async def resume(scratch: Path, samples: int = 3) -> dict[str, Any]:
     }
 
 
+# Runs in the gateway's namespace: N concurrent creates, timed, then killed; the seconds.
+CREATES_CLIENT = """
+import json, sys, time
+from concurrent.futures import ThreadPoolExecutor
+from e2b import Sandbox
+count = int(sys.argv[1])
+start = time.perf_counter()
+with ThreadPoolExecutor(count) as pool:
+    made = list(pool.map(lambda _: Sandbox.create("base", timeout=600), range(count)))
+spent = time.perf_counter() - start
+for sandbox in made:
+    sandbox.kill()
+print(json.dumps(spent))
+"""
+
+
+async def creates(scratch: Path, batch: int = 4, rounds: int = 3) -> dict[str, Any]:
+    from aenv.config import Paths
+    from aenv.orchestrator.images import prepare_images
+    from tests.cluster.cluster_ns import cluster
+    from tests.support.guest import GUEST_CACHE, MIRROR
+
+    nodes = ["node-a", "node-b"]
+    for node_id in nodes:
+        await prepare_images(Paths(scratch / node_id).cache, GUEST_CACHE, MIRROR)
+    (scratch / "redis").mkdir()
+    with redis_server(scratch / "redis") as server:
+        client = connect(server.url)
+        registry = NodeRegistry(client, SECRET)
+        settings = {"AENV_REDIS_URL": server.unix_url, "AENV_CLUSTER_SECRET": SECRET.value}
+        with cluster(scratch, nodes, settings) as c:
+            while len(await registry.live()) < len(nodes):
+                await asyncio.sleep(0.5)
+            await client.aclose()
+            c.gateway.start()
+            c.gateway.wait_ready()
+            env = {
+                "E2B_API_URL": c.gateway.url,
+                "E2B_SANDBOX_URL": c.gateway.url,
+                "E2B_API_KEY": c.gateway.api_key,
+            }
+
+            def run(*argv: str) -> Any:
+                code, out = c.gateway.run([sys.executable, *argv], env=env, timeout=1800)
+                if code != 0:
+                    raise RuntimeError(out)
+                return json.loads(out.strip().splitlines()[-1]) if argv[0] == "-c" else None
+
+            run("-c", CREATES_CLIENT, str(batch))  # warm-up: both nodes' pools and caches
+            one: list[float] = []
+            two: list[float] = []
+            for _ in range(rounds):
+                run("-m", "aenv.cli", "node", "drain", "node-b")
+                one.append(batch / run("-c", CREATES_CLIENT, str(batch)))
+                run("-m", "aenv.cli", "node", "undrain", "node-b")
+                two.append(batch / run("-c", CREATES_CLIENT, str(batch)))
+    one_rate, two_rate = sorted(one)[len(one) // 2], sorted(two)[len(two) // 2]
+    return {
+        "batch": batch,
+        "rounds": rounds,
+        "creates_per_s_one_node": [round(r, 3) for r in one],
+        "creates_per_s_two_nodes": [round(r, 3) for r in two],
+        "two_over_one_median": round(two_rate / one_rate, 2),
+    }
+
+
 CREATES = 500
 
 
@@ -385,6 +455,13 @@ def main() -> None:
     if sys.argv[1:] == ["gateway-cpu"]:
         with tempfile.TemporaryDirectory(prefix="aenv-bench-gwcpu-") as tmp:
             print(json.dumps(gateway_cpu(Path(tmp)), indent=2))
+        return
+    if sys.argv[1:] == ["creates"]:
+        scratch = Path(tempfile.mkdtemp(prefix="aenv-bench-creates-"))
+        try:
+            print(json.dumps(asyncio.run(creates(scratch)), indent=2))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         return
     if sys.argv[1:] == ["resume"]:
         scratch = Path(tempfile.mkdtemp(prefix="aenv-bench-resume-"))
