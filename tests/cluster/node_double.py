@@ -2,15 +2,18 @@
 and list route over a real catalog, and create and adopt routes that accept or refuse as the
 test says (an adopted record goes into the catalog, as a node's `adopt` does), and a release
 route that gives a sandbox up (paused, as a node's `release` leaves it). Its snapshots are
-listed by the real route; it adopts and deletes them as a node's routes do.
+listed by the real route; it adopts and deletes them as a node's routes do. Its forks start as
+many children as the test gives it room for and refuse the rest for capacity, and it snapshots
+a sandbox on demand (the test publishes the snapshot, as a node's agent would once uploaded).
 Booting VMs is what `test_gateway_cluster.py` does; these tests are about the gateway's choices."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -70,6 +73,10 @@ class NodeDouble:
     adopt_answers: list[int] = field(default_factory=list)  # as `create_answers`, 200 after
     unreleasable: set[str] = field(default_factory=set)  # sandboxes whose release is refused
     snapshots: dict[str, Template] = field(default_factory=dict)
+    create_bodies: list[dict[str, Any]] = field(default_factory=list)
+    fork_room: int = 100  # children a fork may start here; the others are refused (429)
+    # Called with each snapshot taken here, as its upload would end.
+    on_snapshot: Callable[[Template], Awaitable[None]] | None = None
 
     def add(self, sandbox_id: str, started_at: float, **metadata: str) -> None:
         self.catalog.insert(
@@ -98,6 +105,8 @@ class NodeDouble:
                 Route("/cluster/adopt", self.adopt, methods=["POST"]),
                 Route("/cluster/sandboxes/{sandbox_id}/release", self.release, methods=["POST"]),
                 Route("/snapshots", saved.list_snapshots, methods=["GET"]),
+                Route("/sandboxes/{sandbox_id}/fork", self.fork, methods=["POST"]),
+                Route("/sandboxes/{sandbox_id}/snapshots", self.snapshot, methods=["POST"]),
                 Route("/cluster/templates", self.adopt_template, methods=["POST"]),
                 Route("/templates/{template_id}", self.delete_template, methods=["DELETE"]),
             ],
@@ -107,6 +116,7 @@ class NodeDouble:
 
     async def create(self, request: Request) -> Response:
         self.creates_seen.append(request.state.api_key.id)
+        self.create_bodies.append(await request.json())
         status = self.create_answers.pop(0) if self.create_answers else 201
         if status != 201:
             raise APIError(status, f"{self.name} refuses")
@@ -146,3 +156,22 @@ class NodeDouble:
         if self.snapshots.pop(template_id, None) is None:
             raise APIError(404, f"template '{template_id}' not found")
         return Response(status_code=204)
+
+    async def fork(self, request: Request) -> Response:
+        count = (await request.json()).get("count", 1)
+        entries: list[dict[str, Any]] = []
+        for index in range(count):
+            if index < self.fork_room:
+                child = f"{self.name}child{len(self.catalog.list())}"
+                self.add(child, time.time())
+                entries.append({"sandbox": {"sandboxID": child, "node": self.name}})
+            else:
+                entries.append({"error": {"code": 429, "message": f"{self.name} is full"}})
+        return JSONResponse(entries, status_code=201)
+
+    async def snapshot(self, request: Request) -> Response:
+        made = snapshot(f"snapof{request.path_params['sandbox_id']}", time.time())
+        self.snapshots[made.template_id] = made
+        if self.on_snapshot is not None:
+            await self.on_snapshot(made)
+        return JSONResponse({"snapshotID": made.template_id, "names": []}, status_code=201)

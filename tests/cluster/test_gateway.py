@@ -31,7 +31,7 @@ from aenv.gateway.evacuate import Released, evacuate
 from aenv.gateway.nodes import NodeClient
 from aenv.orchestrator.catalog import Archived, Catalog, record_to_json
 from aenv.orchestrator.states import SandboxState
-from aenv.orchestrator.templates import template_to_json
+from aenv.orchestrator.templates import Template, template_to_json
 from tests.cluster.node_double import NodeDouble, snapshot
 from tests.cluster.shared import SECRET
 from tests.proxy.support import serve
@@ -280,6 +280,41 @@ async def test_a_create_from_another_nodes_snapshot_adopts_it_first(
         assert http.post("/sandboxes", json={"templateID": "snapone"}).status_code == 201
     assert b.snapshots == {}
     assert len(a.creates_seen) == 2
+
+
+async def test_a_fork_too_big_for_its_node_spills_over_to_another(
+    setup: Setup, client: aioredis.Redis, redis: RedisServer
+) -> None:
+    a, b = setup.nodes["a"], setup.nodes["b"]
+    a.add("sbparent", 1000.0)
+    await Routes(client).assign("sbparent", "a")
+    saved = SavedRecords(client)
+
+    async def stored(made: Template) -> None:
+        # On the node double's own event loop: a client of its own.
+        own = connect(redis.url)
+        try:
+            await SavedRecords(own).publish(SavedRecord.of(template_to_json(made)))
+        finally:
+            await own.aclose()
+
+    a.on_snapshot = stored
+    a.fork_room = 1
+    a.create_answers = [429, 429]  # full for creates too
+    with setup.client() as http:
+        forked = http.post("/sandboxes/sbparent/fork", json={"count": 3, "timeout": 60})
+    assert forked.status_code == 201, forked.text
+    assert [e["sandbox"]["node"] for e in forked.json()] == ["a", "b", "b"]
+    assert [body["templateID"] for body in b.create_bodies] == ["snapofsbparent"] * 2
+    assert all(body["timeout"] == 60 for body in b.create_bodies)
+    # The snapshot served its purpose: deleted on both nodes, withdrawn.
+    assert a.snapshots == {} and b.snapshots == {} and await saved.all() == []
+    # A fork that fits stays on the parent's node, no snapshot taken.
+    a.fork_room = 100
+    with setup.client() as http:
+        fits = http.post("/sandboxes/sbparent/fork", json={"count": 2})
+    assert [e["sandbox"]["node"] for e in fits.json()] == ["a", "a"]
+    assert len(b.create_bodies) == 2
 
 
 async def test_snapshots_are_listed_once_across_nodes_and_deleted_everywhere(

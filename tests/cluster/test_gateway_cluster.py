@@ -10,7 +10,8 @@ both: a paused sandbox whose node is drained (`aenv node drain`) resumes on the 
 its files; a snapshot made on the drained node starts a sandbox on the other (which pulls it from
 the repository), is listed once and deleted from both; creates avoid the draining node (`aenv
 nodes` shows it); after a `kill -9` of a node, its paused sandbox resumes on the survivor and its
-running one answers 404, and is listed paused before; with two gateways, one killed with
+running one answers 404, and is listed paused before; a fork too big for its node starts the
+rest of its children on the other; with two gateways, one killed with
 `kill -9`, the other serves the same sandboxes and new ones."""
 
 from __future__ import annotations
@@ -113,6 +114,13 @@ async def sandboxes_move(
     await until(published, "the paused sandbox was never published")
     code, out = c.gateway.run([sys.executable, "-m", "aenv.cli", "node", "undrain", first])
     assert code == 0, out
+    # `other` holds two of its three: one child fits there, the rest start on `first` from a
+    # snapshot of the parent through the repository.
+    children = sdk(c, "fork", running, "3", script=MOVES)["children"]
+    assert [file for _, file in children] == ["forked state"] * 3, children
+    homes = [await routes.lookup(child) for child, _ in children]
+    assert sorted(str(h) for h in homes) == sorted([other, first, first]), homes
+    assert sdk(c, "kill", *(child for child, _ in children))["killed"] == [True] * 3
     c.nodes[other].kill_9()
 
     async def lapsed() -> bool:
@@ -179,6 +187,8 @@ async def test_two_nodes_behind_a_gateway_with_the_sdk(redis: RedisServer) -> No
         "AENV_CLUSTER_SECRET": SECRET.value,
         # Longer than a create: routes must appear through the orchestrator's hook, not a beat.
         "AENV_HEARTBEAT_INTERVAL": "3",
+        # Small, so that a fork spills over to the other node.
+        "AENV_MAX_SANDBOXES": "3",
         "AENV_LEASE_TTL": "15",
     }
     try:

@@ -13,7 +13,8 @@
 - Redis unreachable is a 503 with a JSON error, for as long as it lasts.
 - A create from a snapshot another node made has the chosen node adopt its record first
   (`aenv.cluster.saved`): the node pulls its files from the shared repository.
-- Templates and snapshots are answered across nodes (`saved`).
+- Templates and snapshots are answered across nodes (`saved`); forks spill over to other
+  nodes when the parent's lacks room (`forks`).
 - Every other route of a node is a 501 here for now, naming it.
 """
 
@@ -37,6 +38,7 @@ from aenv.cluster.placement import candidates
 from aenv.cluster.registry import NodeReport
 from aenv.cluster.saved import SavedRecord
 from aenv.cluster.store import ClusterUnavailable
+from aenv.gateway.forks import Forks
 from aenv.gateway.handoff import Handoff
 from aenv.gateway.listing import merge, page_limit
 from aenv.gateway.nodes import Answer, NodeClient, NodeFailed, NodeUnreachable
@@ -62,9 +64,10 @@ class ControlPlane:
             Route("/v2/sandboxes", self.create, methods=["POST"]),
             Route("/sandboxes", self.list_v1, methods=["GET"]),
             Route("/v2/sandboxes", self.list_v2, methods=["GET"]),
+            Route("/sandboxes/{sandbox_id}/fork", Forks(self).fork, methods=["POST"]),
             Route("/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
             Route("/v2/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
-            *SavedRoutes(self.directory, self._call_on).routes(),
+            *SavedRoutes(self.directory, self.call_on).routes(),
             Route("/{rest:path}", self.not_served, methods=_SANDBOX_METHODS),
         ]
 
@@ -82,7 +85,11 @@ class ControlPlane:
         return Response(status_code=204)
 
     async def create(self, request: Request) -> Response:
-        body = await request.body()
+        return _respond(await self.place(request, request.url.path, await request.body()))
+
+    async def place(self, request: Request, path: str, body: bytes) -> Answer:
+        """A create (`POST path` with `body`) on the first node that takes it, for the client
+        of `request`. Raises `APIError` 429 naming every node's refusal."""
         ref = _template_of(body)
         saved = await self.directory.saved.find(ref) if ref else None
         nodes = await self.directory.placeable()
@@ -95,14 +102,14 @@ class ControlPlane:
                     if refused is not None:
                         refusals.append(refused)
                         continue
-                answer = await self._call(request, node, body)
+                answer = await self.call_on(request, node, "POST", path, body)
             except NodeUnreachable as error:
                 refusals.append(str(error))
                 continue
             if answer.status == 429 or answer.status >= 500:
                 refusals.append(f"node {node.node_id}: {answer.status} {_message(answer)}")
                 continue
-            return _respond(answer)
+            return answer
         why = "; ".join(refusals) or "no live node in the cluster"
         raise APIError(429, f"no node can take the sandbox: {why}")
 
@@ -123,16 +130,21 @@ class ControlPlane:
         if match is None:
             return await self.not_served(request)
         sandbox_id = match.group(1)
-        node = await self.directory.node_of(sandbox_id)
-        if node is None:
-            node = await self.handoff.move(sandbox_id)
-        if node is None:
-            raise not_found(f"sandbox '{sandbox_id}'")
+        node = await self.node_of(sandbox_id)
         try:
             answer = await self._call(request, node, await request.body())
         except NodeUnreachable as error:
             raise APIError(502, f"the node of sandbox '{sandbox_id}' is unreachable") from error
         return _respond(answer)
+
+    async def node_of(self, sandbox_id: str) -> NodeReport:
+        """The live node of the sandbox, moved to one first if its own is gone; else 404."""
+        node = await self.directory.node_of(sandbox_id)
+        if node is None:
+            node = await self.handoff.move(sandbox_id)
+        if node is None:
+            raise not_found(f"sandbox '{sandbox_id}'")
+        return node
 
     async def list_v1(self, request: Request) -> Response:
         await self._move_lost()
@@ -178,9 +190,9 @@ class ControlPlane:
 
     async def _call(self, request: Request, node: NodeReport, body: bytes) -> Answer:
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-        return await self._call_on(request, node, request.method, target, body)
+        return await self.call_on(request, node, request.method, target, body)
 
-    async def _call_on(
+    async def call_on(
         self, request: Request, node: NodeReport, method: str, target: str, body: bytes
     ) -> Answer:
         """`method target` on the node, for the client's request (its key, its headers)."""

@@ -11,6 +11,8 @@ E2B_SANDBOX_URL, E2B_API_KEY), for sandboxes that move between nodes. Prints one
 - `resume ID`: connects (resumes it wherever the gateway puts it); the file's TEXT and a
   command's output.
 - `gone ID`: whether connecting to it is refused as not found.
+- `fork ID COUNT`: writes TEXT into the sandbox, forks it COUNT times; each child's id and the
+  file it read (or its error), then the children are killed.
 - `listed`: this suite's sandboxes as `Sandbox.list` gives them, with their states.
 """
 
@@ -54,6 +56,18 @@ def resume(sandbox_id: str) -> dict[str, object]:
     return {"file": sandbox.files.read(FILE), "echo": sandbox.commands.run("echo moved").stdout}
 
 
+def fork(sandbox_id: str, count: int) -> dict[str, object]:
+    Sandbox.connect(sandbox_id, timeout=600).files.write(FILE, "forked state")
+    children = Sandbox.fork(sandbox_id, count=count, timeout=600)
+    seen: list[list[str]] = []
+    for child in children:
+        if isinstance(child, Sandbox):
+            seen.append([child.sandbox_id, child.files.read(FILE)])
+        else:
+            seen.append(["", repr(child)])
+    return {"children": seen}
+
+
 def listed() -> dict[str, object]:
     pages = Sandbox.list(query=SandboxQuery(metadata={"suite": "moves"}))
     seen: list[list[str]] = []
@@ -80,6 +94,8 @@ if __name__ == "__main__":
         result = snapshots()
     elif command == "delete-snapshot":
         result = {"deleted": Sandbox.delete_snapshot(args[0])}
+    elif command == "fork":
+        result = fork(args[0], int(args[1]))
     elif command == "listed":
         result = listed()
     elif command == "create":
