@@ -113,6 +113,17 @@ async def test_a_create_no_node_takes_is_429_naming_why(setup: Setup) -> None:
     assert "node a: 503 a refuses" in message and "node b: 429 b refuses" in message
 
 
+async def test_a_node_not_holding_a_held_template_is_a_refusal(setup: Setup) -> None:
+    """A snapshot not in the repository yet is its maker's only: another node's 404 for it
+    must not be the answer when the maker is merely full."""
+    setup.nodes["a"].create_answers = [429]
+    setup.nodes["b"].create_answers = [404]
+    with setup.client() as http:
+        answer = http.post("/sandboxes", json={"templateID": "base"})
+    assert answer.status_code == 429
+    assert "node b: 404 b refuses" in answer.json()["message"]
+
+
 async def test_a_create_leaves_draining_nodes_out(setup: Setup, client: aioredis.Redis) -> None:
     await Drains(client).drain("a")  # the template's holder
     with setup.client() as http:

@@ -106,7 +106,10 @@ class ControlPlane:
             except NodeUnreachable as error:
                 refusals.append(str(error))
                 continue
-            if answer.status == 429 or answer.status >= 500:
+            # A node without the files of a template others hold does not know it yet (a
+            # snapshot not in the repository yet): a refusal, not the answer.
+            unheld = answer.status == 404 and holders and node.node_id not in holders
+            if answer.status == 429 or answer.status >= 500 or unheld:
                 refusals.append(f"node {node.node_id}: {answer.status} {_message(answer)}")
                 continue
             return answer
