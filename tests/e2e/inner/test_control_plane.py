@@ -63,6 +63,20 @@ def test_metrics_come_from_inside_the_guest() -> None:
         sandbox.kill()
 
 
+def test_the_guest_is_set_up_to_sleep_when_idle() -> None:
+    """What keeps an idle guest from waking (docs/density.md, "Idle CPU"), in the real template:
+    our PID 1, our init's sysctls and the kernel command line."""
+    sandbox = Sandbox.create(timeout=120)
+    try:
+        read = "cat /proc/1/comm /proc/sys/vm/stat_interval /proc/sys/vm/compaction_proactiveness"
+        assert sandbox.commands.run(read).stdout.split() == ["aenv-init", "10", "0"]
+        probe = "/proc/sys/net/ipv4/neigh/default/interval_probe_time_ms"
+        assert sandbox.commands.run(f"cat {probe}").stdout.strip() == "3600000"
+        assert "psi=0" in sandbox.commands.run("cat /proc/cmdline").stdout.split()
+    finally:
+        sandbox.kill()
+
+
 def test_prometheus_metrics_count_creates(server: str) -> None:
     sandbox = Sandbox.create(timeout=60)
     try:
