@@ -1,15 +1,18 @@
-"""JavaScript, TypeScript and R through the unmodified SDK's `run_code(language=...)`, with the
-kernels the template installs (tslab's jslab and tslab, Debian's IRkernel) run for real."""
+"""JavaScript, TypeScript, R and Java through the unmodified SDK's `run_code(language=...)`,
+with the kernels the template installs (tslab's jslab and tslab, Debian's IRkernel, JJava)
+run for real."""
 
 from __future__ import annotations
 
 import pytest
+from e2b import SandboxException
 from e2b_code_interpreter import Sandbox
 
 
-@pytest.mark.parametrize("language", ["js", "javascript"])
-def test_javascript_state_output_env_and_errors(sandbox: Sandbox, language: str) -> None:
-    sandbox.run_code("var kept = 41;", language=language)
+def test_javascript_state_output_env_and_errors(sandbox: Sandbox) -> None:
+    language = "js"
+    # Both of the SDK's names reach the same context.
+    sandbox.run_code("var kept = 41;", language="javascript")
     execution = sandbox.run_code('console.log("hi"); kept + 1', language=language)
     assert execution.error is None, execution.logs
     # tslab shows a cell's value on stdout.
@@ -48,11 +51,23 @@ def test_r_results_env_and_errors(sandbox: Sandbox) -> None:
     assert error is not None and "boom" in error.value
 
 
-def test_contexts_name_the_language(sandbox: Sandbox) -> None:
-    for alias, language in (("js", "javascript"), ("ts", "typescript"), ("r", "r")):
-        context = sandbox.create_code_context(language=alias)
-        try:
-            assert context.language == language
-            assert sandbox.run_code("1", context=context).error is None
-        finally:
-            sandbox.remove_code_context(context)
+def test_java_state_results_and_errors(sandbox: Sandbox) -> None:
+    sandbox.run_code("int kept = 41;", language="java")
+    execution = sandbox.run_code('System.out.println("hi");\nkept + 1', language="java")
+    assert execution.logs.stdout == ["hi\n"]
+    assert execution.text == "42"
+    error = sandbox.run_code('throw new IllegalStateException("bad")', language="java").error
+    assert error is not None and "IllegalStateException" in error.value
+    assert sandbox.run_code("kept", language="java").text == "41"
+
+
+def test_java_refuses_env_vars_it_cannot_set(sandbox: Sandbox) -> None:
+    with pytest.raises(SandboxException, match="java cannot set env vars"):
+        sandbox.run_code("1", language="java", envs={"AENV_CI_TEST": "x"})
+
+
+def test_default_contexts_name_their_language(sandbox: Sandbox) -> None:
+    for code, language in (("1", "js"), ("1", "ts"), ("1", "r"), ("1", "java")):
+        assert sandbox.run_code(code, language=language).error is None
+    languages = {c.language for c in sandbox.list_code_contexts()}
+    assert {"javascript", "typescript", "r", "java"} <= languages

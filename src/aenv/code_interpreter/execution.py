@@ -54,7 +54,7 @@ async def run(context: Context, code: str, env: Mapping[str, str]) -> AsyncItera
             if context.kind.reseed is not None:
                 await run_silently(context.client, context.kind.reseed)
             context.incarnation = now
-        if env:
+        if env and context.kind.set_env is not None:
             await run_silently(context.client, context.kind.set_env(env))
         msg_id = context.client.execute(
             code, store_history=True, allow_stdin=False, stop_on_error=False
@@ -68,7 +68,7 @@ async def run(context: Context, code: str, env: Mapping[str, str]) -> AsyncItera
             if failure is not None:
                 seen.append(failure)
                 yield events.line(failure)
-        if env:
+        if env and context.kind.restore_env is not None:
             await run_silently(context.client, context.kind.restore_env(_previous(env)))
         finished = True
         yield events.line(events.END)
@@ -88,7 +88,7 @@ async def _recover(context: Context, msg_id: str | None, env: Mapping[str, str])
         if msg_id is not None:
             await context.manager.interrupt_kernel()
             await asyncio.wait_for(_finished(context, msg_id), _INTERRUPT_WAIT_S)
-        if env:
+        if env and context.kind.restore_env is not None:
             await run_silently(context.client, context.kind.restore_env(_previous(env)))
     except (RuntimeError, TimeoutError, OSError) as e:
         log.warning("context %s: recovery after a dropped execution failed: %s", context.id, e)

@@ -21,8 +21,9 @@ class Language:
     kernel: str  # its kernelspec's name
     startup: str | None
     reseed: str | None
-    set_env: Callable[[Mapping[str, str]], str]
-    restore_env: Callable[[Previous], str]
+    # None: the kernel cannot change its own env vars, and an execution with some is refused.
+    set_env: Callable[[Mapping[str, str]], str] | None
+    restore_env: Callable[[Previous], str] | None
     # How long the kernel aborts what it is sent after an error: the context waits that long.
     after_error_s: float = 0.0
 
@@ -88,7 +89,7 @@ def _r_restore(previous: Previous) -> str:
 
 # The SDKs' language names. A language is served where its kernel is installed: the template
 # installs Python's (ipykernel), Bash's (bash_kernel), JavaScript's and TypeScript's (tslab's
-# jslab and tslab) and R's (IRkernel).
+# jslab and tslab), R's (IRkernel) and Java's (JJava, on Debian's JDK).
 LANGUAGES = {
     "python": Language("python3", STARTUP_CODE, RESEED_CODE, _python_set, _python_restore),
     # Bash 5.1+ draws SRANDOM from the guest's RNG, which the node reseeds in every clone.
@@ -103,6 +104,10 @@ LANGUAGES = {
         _r_set,
         _r_restore,
     ),
+    # JJava runs cells in the kernel's JVM, whose System.getenv() is fixed at its start.
+    # Reseeding: `new Random()` seeds itself from the clock; Math.random's shared generator,
+    # once drawn from, would repeat in clones, and JShell code cannot reach it to reseed it.
+    "java": Language("java", None, None, None, None),
 }
 
 # Other names the SDKs document for a language (`run_code(language="js")`).
