@@ -2,4 +2,15 @@
 `network/` (by test_network.py) and `volumes/` (by test_volumes.py) run inside the server's
 namespace."""
 
+from typing import Any
+
+from tests.e2e.timings import STAGES
+
 collect_ignore = ["inner", "restart", "old_sdk", "network", "volumes"]
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    if STAGES:
+        terminalreporter.section("end-to-end stages (wall time, then their slowest tests)")
+        for stage in STAGES:
+            terminalreporter.write_line(stage)

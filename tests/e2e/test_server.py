@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from importlib.metadata import version
 from pathlib import Path
 
@@ -20,6 +21,7 @@ import pytest
 from aenv.config import Paths
 from aenv.orchestrator import warm
 from aenv.orchestrator.images import prepare_images
+from tests.e2e import timings
 from tests.e2e.restart.in_flight import catalog_states, crash_during
 from tests.e2e.server_ns import REPO, ServerNs, server_in_namespace
 from tests.e2e.vmm_procs import node_vmm_pids
@@ -35,10 +37,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 def test_e2b_sdk_against_server() -> None:
     # A short path: VMM control sockets live under the data dir and AF_UNIX caps paths at 107.
     scratch = Path(tempfile.mkdtemp(prefix="aenv-e2e-"))
+    start = time.monotonic()
     try:
         _run_inner_suite(scratch / "home")
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
+        timings.record("test_server.py in all", time.monotonic() - start, "")
 
 
 def _run_inner_suite(home: Path) -> None:
@@ -69,8 +73,10 @@ def _run_inner_suite(home: Path) -> None:
         # cut-short work is left (restart/in_flight.py), and the build is reported failed and
         # then builds.
         for work in ("creates", "deletes", "pauses", "snapshots", "builds"):
+            start = time.monotonic()
             print(crash_during(server, work))
             server.start()
+            timings.record(f"crash during {work}, restart", time.monotonic() - start, "")
             suite(server, "restart/test_nothing_stale.py")
         suite(server, "restart/test_after_build_crash.py")
         # A full node refuses creates with 429: restarted with room for two more, then without.
@@ -137,10 +143,13 @@ def _old_sdk_venv() -> str:
 
 
 def suite(server: ServerNs, path: str, python: str = sys.executable) -> None:
+    start = time.monotonic()
     code, output = server.run(
         python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+        "--durations=5", "--durations-min=5",
         "--rootdir", str(REPO), str(REPO / "tests" / "e2e" / path),
         timeout=1700,
     )  # fmt: skip
+    timings.record(path, time.monotonic() - start, output)
     log = server.log.read_text(errors="replace")
     assert code == 0, f"{path} failed:\n{output[-20000:]}\n--- server log ---\n{log[-10000:]}"
