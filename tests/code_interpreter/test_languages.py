@@ -24,6 +24,8 @@ def test_javascript_state_output_env_and_errors(sandbox: Sandbox) -> None:
     thrown = sandbox.run_code('throw new RangeError("too far")', language=language).error
     assert thrown is not None
     assert (thrown.name, thrown.value) == ("RangeError", "too far")
+    plain = sandbox.run_code('throw new Error("plain")', language=language).error
+    assert plain is not None and (plain.name, plain.value) == ("Error", "plain")
     # tslab drops what reaches it just after an error: the next cell still runs.
     assert sandbox.run_code("kept", language=language).logs.stdout == ["41\n"]
 

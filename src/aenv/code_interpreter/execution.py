@@ -34,7 +34,7 @@ log = logging.getLogger(__name__)
 _POLL_S = 1.0
 # How long an interrupted cell may take to end before the context is handed on regardless.
 _INTERRUPT_WAIT_S = 30.0
-_THROWN = re.compile(r"^([A-Za-z_$][\w$]*(?:Error|Exception)): (.*)$", re.MULTILINE)
+_THROWN = re.compile(r"^((?:[A-Za-z_$][\w$]*)?(?:Error|Exception)): (.*)$", re.MULTILINE)
 # How long the reply to an execution may lag its last output (the kernel is idle by then).
 _REPLY_WAIT_S = 10.0
 _recoveries: set[asyncio.Task[None]] = set()
