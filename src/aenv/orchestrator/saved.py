@@ -153,7 +153,7 @@ class SavedStates:
         if self.archive is None:
             return
         try:
-            manifest_id = await self.archive.push_directory(
+            manifest_id = await self.archive.push_snapshot(
                 Path(template.snapshot_dir),
                 name=f"{template.kind}-{template.template_id}",
                 metadata={"template": template.template_id, "build": template.build_id},
