@@ -230,6 +230,8 @@ class Config(BaseModel):
     # Build code-interpreter-v1 (the code interpreter SDKs' template) in the background when
     # the node starts without it (aenv/publish.py). Its pip and apt steps need the registries.
     publish_code_interpreter: bool = True
+    # The definition it builds; unset: the one in the package (aenv/code_interpreter).
+    code_interpreter_definition: Path | None = None
     # Density (docs/density.md). KSM: the node starts the host's ksmd with this tuning (pages
     # scanned every `ksm_sleep_ms`) and puts the host's settings back when it stops; it merges
     # the pages restored guests wrote alike. Off by default: it costs host CPU.

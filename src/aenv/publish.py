@@ -44,21 +44,22 @@ async def publish_when_serving(
     serving: Callable[[], bool], config: Config, templates: TemplateStore
 ) -> None:
     """Build code-interpreter-v1 once `serving()` says the API answers, unless it exists."""
-    definition = _definition(DEFINITION)
+    path = config.code_interpreter_definition or DEFINITION
+    definition = _definition(path)
     name = str(definition["name"])
     with contextlib.suppress(TemplateNotFound):
         templates.get(name)
         return
     url = own_api_url(config)
     if url is None:
-        log.warning("not publishing %s behind TLS: run `aenv template build %s`", name, DEFINITION)
+        log.warning("not publishing %s behind TLS: run `aenv template build %s`", name, path)
         return
     api_key = config.paths.api_key.read_text().strip()
     # uvicorn sets a flag once it listens, with no event to wait on.
     while not serving():  # noqa: ASYNC110
         await asyncio.sleep(_SERVING_POLL_S)
     log.info("publishing %s in the background (`aenv template ls` shows it when ready)", name)
-    build = _template(definition, DEFINITION.parent)
+    build = _template(definition, path.parent)
     try:
         info = await asyncio.to_thread(
             Template.build,

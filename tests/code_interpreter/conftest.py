@@ -19,6 +19,7 @@ import httpx
 import pytest
 from e2b_code_interpreter import Sandbox
 
+from tests.support.js import ensure_tslab
 from tests.support.ports import free_port
 
 _START_TIMEOUT_S = 60.0
@@ -29,26 +30,36 @@ def server_cwd(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("ci-home")
 
 
-def _bash_kernelspec(path: Path) -> Path:
-    """A Jupyter data dir with bash_kernel's spec, as the template's `bash_kernel.install`
-    writes it into its venv."""
-    spec = path / "kernels" / "bash"
+def _kernelspec(path: Path, name: str, argv: list[str], language: str) -> None:
+    spec = path / "kernels" / name
     spec.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "bash_kernel", "-f", "{connection_file}"]
-    kernel = {"argv": argv, "display_name": "Bash", "language": "bash"}
+    kernel = {"argv": argv, "display_name": name, "language": language}
     (spec / "kernel.json").write_text(json.dumps(kernel))
+
+
+def _kernelspecs(path: Path) -> Path:
+    """A Jupyter data dir with the kernelspecs the template writes into its venv: bash_kernel's
+    (`bash_kernel.install`) and tslab's JavaScript and TypeScript ones (`tslab install`). R's
+    comes with Debian's r-cran-irkernel, in the system's Jupyter path."""
+    argv = [sys.executable, "-m", "bash_kernel", "-f", "{connection_file}"]
+    _kernelspec(path, "bash", argv, "bash")
+    tslab = ensure_tslab()
+    if tslab is not None:
+        argv = [str(tslab), "kernel", "--config-path", "{connection_file}"]
+        _kernelspec(path, "jslab", [*argv, "--js"], "javascript")
+        _kernelspec(path, "tslab", argv, "typescript")
     return path
 
 
 @contextmanager
 def running_server(cwd: Path, prefix: Sequence[str] = ()) -> Iterator[tuple[str, int]]:
-    """The server's URL and pid, with the Python and Bash kernels; `prefix` runs it under
-    another command (`unshare`, say)."""
+    """The server's URL and pid, with the Python, Bash, JavaScript, TypeScript and R kernels;
+    `prefix` runs it under another command (`unshare`, say)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [*prefix, sys.executable, "-m", "aenv.code_interpreter"]
     args = ["--host", "127.0.0.1", "--port", str(port), "--cwd", str(cwd)]
-    env = {**os.environ, "JUPYTER_PATH": str(_bash_kernelspec(cwd / ".jupyter"))}
+    env = {**os.environ, "JUPYTER_PATH": str(_kernelspecs(cwd / ".jupyter"))}
     process = subprocess.Popen([*command, *args], env=env)
     try:
         deadline = time.monotonic() + _START_TIMEOUT_S

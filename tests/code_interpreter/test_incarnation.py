@@ -55,3 +55,20 @@ def test_a_new_hostname_reseeds_and_keeps_state(server: tuple[Sandbox, int]) -> 
     sandbox.run_code(SEEDED)
     _rename(pid, "aenv-clone-2")
     assert _draw(sandbox) not in (repeated, first_clone)
+
+
+def test_r_and_javascript_draw_afresh_in_a_clone(server: tuple[Sandbox, int]) -> None:
+    sandbox, pid = server
+    seeded = "set.seed(7); y <- 1; runif(1)"
+    repeated = sandbox.run_code(seeded, language="r").results[0].text
+    assert sandbox.run_code(seeded, language="r").results[0].text == repeated
+    native = "console.log(Math.random.toString().includes('[native code]'))"
+    assert sandbox.run_code(native, language="js").logs.stdout == ["true\n"]
+    sandbox.run_code("set.seed(7)", language="r")
+    _rename(pid, "aenv-clone-r-js")
+    assert sandbox.run_code("runif(1)", language="r").results[0].text != repeated
+    assert sandbox.run_code("y + 1", language="r").results[0].text == "[1] 2"
+    # V8 cannot be reseeded: Math.random draws from the guest's RNG in a clone.
+    assert sandbox.run_code(native, language="js").logs.stdout == ["false\n"]
+    draw = sandbox.run_code("console.log(Math.random())", language="js").logs.stdout
+    assert 0 <= float(draw[0]) < 1

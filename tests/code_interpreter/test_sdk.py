@@ -112,7 +112,8 @@ def test_timeout_interrupts_the_kernel(sandbox: Sandbox) -> None:
 
 
 def test_unsupported_language_is_refused(sandbox: Sandbox) -> None:
-    with pytest.raises(SandboxException, match="not supported; supported: python, bash"):
+    supported = "python, bash, javascript, typescript, r, java"
+    with pytest.raises(SandboxException, match=f'not supported; supported: {supported}"'):
         sandbox.run_code("1", language="cobol")
 
 

@@ -13,6 +13,7 @@ from e2b import Template
 
 import aenv.code_interpreter
 from aenv.cli.templates import _definition, _template
+from tests.support.js import TSLAB_VERSION
 
 DIRECTORY = Path(aenv.code_interpreter.__file__).parent
 DEFINITION = DIRECTORY / "template.yaml"
@@ -33,6 +34,13 @@ def test_definition_builds_the_server_and_the_data_stack() -> None:
     assert any("bash_kernel.install" in " ".join(s["args"]) for s in build["steps"])
     for package in ("jupyter_client", "ipykernel", "bash_kernel", "numpy", "pandas", "matplotlib"):
         assert f"\n{package}>=" in requirements
+    # The other languages' kernels, as the host's tests install them (tests/support/js.py,
+    # scripts/install-system-deps.sh, pyproject.toml).
+    commands = " ".join(" ".join(s["args"]) for s in build["steps"] if s["type"] == "RUN")
+    for package in ("nodejs", "npm", "r-base-core", "r-cran-irkernel", "openjdk-17-jdk-headless"):
+        assert f" {package}" in commands
+    assert f"tslab@{TSLAB_VERSION}" in commands and "tslab install" in commands
+    assert "\njjava==" in requirements
 
 
 @pytest.mark.parametrize(

@@ -86,8 +86,22 @@ def _run_inner_suite(home: Path) -> None:
         suite(server, "restart/test_capacity.py")
         server.stop()
         del server.env["AENV_MAX_SANDBOXES"]
+        _publish_at_start(server)
         _warm_pools(server)
         server.start()
+
+
+def _publish_at_start(server: ServerNs) -> None:
+    """Publishing code-interpreter-v1 at the start, on a stand-in definition that builds in
+    seconds (restart/test_publish.py); off again afterwards, as the other suites expect."""
+    server.env["AENV_PUBLISH_CODE_INTERPRETER"] = "true"
+    definition = REPO / "tests" / "e2e" / "restart" / "publish" / "template.yaml"
+    server.env["AENV_CODE_INTERPRETER_DEFINITION"] = str(definition)
+    server.start()
+    suite(server, "restart/test_publish.py")
+    server.stop()
+    server.env["AENV_PUBLISH_CODE_INTERPRETER"] = "false"
+    del server.env["AENV_CODE_INTERPRETER_DEFINITION"]
 
 
 def _warm_pools(server: ServerNs) -> None:

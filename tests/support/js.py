@@ -11,6 +11,8 @@ from pathlib import Path
 
 JS_DIR = Path(__file__).resolve().parents[1] / "js"
 E2B_VERSION = "2.51.0"
+# As src/aenv/code_interpreter/template.yaml installs it.
+TSLAB_VERSION = "1.0.22"
 CLI_DIR = JS_DIR / "cli"
 
 
@@ -48,6 +50,26 @@ def ensure_npm_cli() -> Path | None:
             check=True,
             timeout=600,
         )
+    return executable
+
+
+def ensure_tslab() -> Path | None:
+    """tslab, the JavaScript and TypeScript Jupyter kernels, installed as the code interpreter
+    template installs it (`npm install -g`, its own dependencies nested under it, where it
+    finds the Node.js types) into build/tslab: its executable, or None without node and npm."""
+    npm = shutil.which("npm")
+    if shutil.which("node") is None or npm is None:
+        return None
+    prefix = JS_DIR.parents[1] / "build" / "tslab"
+    executable = prefix / "bin" / "tslab"
+    package = prefix / "lib" / "node_modules" / "tslab" / "package.json"
+    if not package.exists() or json.loads(package.read_text())["version"] != TSLAB_VERSION:
+        subprocess.run(
+            [npm, "install", "--global", "--prefix", str(prefix), f"tslab@{TSLAB_VERSION}",
+             "--no-audit", "--no-fund", "--loglevel=error"],
+            check=True,
+            timeout=600,
+        )  # fmt: skip
     return executable
 
 

@@ -1,8 +1,8 @@
 """`aenv template ls`, `rm`, `build` and `logs`: the node's sandbox templates.
 
-`build` reads a small E2B-style definition (YAML or JSON, see README "Template builds") and
-builds it with the `e2b` SDK's `Template`, as any client would; paths in COPY steps are relative
-to the definition's directory.
+`build` reads a small E2B-style definition (YAML or JSON, see README "Template builds") or a
+Dockerfile (`aenv.cli.dockerfile`) and builds it with the `e2b` SDK's `Template`, as any client
+would; paths in COPY steps are relative to the file's directory.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from e2b.template.main import TemplateBuilder, TemplateFinal
 from rich.console import Console
 from rich.table import Table
 
+from aenv.cli.dockerfile import UnsupportedDockerfile, is_dockerfile, template_from_dockerfile
 from aenv.cli.node import HomeOption, JsonOption, call, console, fail, node
 
 LOG_POLL_SECONDS = 0.5
@@ -132,12 +133,21 @@ def build(
     json_out: JsonOption = False,
     home: HomeOption = None,
 ) -> None:
-    """Build a template from a definition FILE, streaming its logs; prints the template ID."""
-    definition = _definition(file)
+    """Build a template from a definition FILE or a Dockerfile, streaming its logs; prints the
+    template ID."""
+    template: TemplateBuilder | TemplateFinal
+    if is_dockerfile(file):
+        definition: dict[str, Any] = {}
+        try:
+            template = template_from_dockerfile(file)
+        except (OSError, UnsupportedDockerfile) as e:
+            fail(str(e))
+    else:
+        definition = _definition(file)
+        template = _template(definition, file.resolve().parent)
     name = name or definition.get("name")
     if not name:
         fail("no template name: give --name or a `name` in the definition")
-    template = _template(definition, file.resolve().parent)
     target = node(home)
     try:
         info = Template.build(

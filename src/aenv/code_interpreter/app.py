@@ -99,6 +99,8 @@ def create_app(table: ContextTable) -> Starlette:
             context = table.get(body.context_id)
         else:
             context = await table.default(body.language)
+        if body.env_vars and context.kind.set_env is None:
+            raise HttpError(400, f"env_vars: {context.language} cannot set env vars per execution")
         stream = execution.run(context, body.code, body.env_vars or {})
         return StreamingResponse(stream, media_type="application/x-ndjson")
 

@@ -4,7 +4,7 @@
    into another sandbox (a fork) gets fresh randomness first (`incarnation`).
 2. The execution's env vars, if any, are set in the kernel's `os.environ`.
 3. The code runs; the kernel's IOPub messages answering this request become events, until
-   the kernel goes idle (or dies).
+   the kernel goes idle (or dies), and then an error its reply alone reports.
 4. The env vars are put back as the kernel started with them and the lock is released.
 
 A client that goes away mid-run (the SDKs' `timeout`, a dropped connection) cancels the stream:
@@ -21,6 +21,7 @@ import contextlib
 import logging
 import os
 import queue
+import re
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -33,6 +34,9 @@ log = logging.getLogger(__name__)
 _POLL_S = 1.0
 # How long an interrupted cell may take to end before the context is handed on regardless.
 _INTERRUPT_WAIT_S = 30.0
+_THROWN = re.compile(r"^((?:[A-Za-z_$][\w$]*)?(?:Error|Exception)): (.*)$", re.MULTILINE)
+# How long the reply to an execution may lag its last output (the kernel is idle by then).
+_REPLY_WAIT_S = 10.0
 _recoveries: set[asyncio.Task[None]] = set()
 
 
@@ -50,17 +54,26 @@ async def run(context: Context, code: str, env: Mapping[str, str]) -> AsyncItera
             if context.kind.reseed is not None:
                 await run_silently(context.client, context.kind.reseed)
             context.incarnation = now
-        if env:
+        if env and context.kind.set_env is not None:
             await run_silently(context.client, context.kind.set_env(env))
         msg_id = context.client.execute(
             code, store_history=True, allow_stdin=False, stop_on_error=False
         )
+        seen: list[events.Event] = []
         async for event in _outputs(context, msg_id):
+            seen.append(event)
             yield events.line(event)
-        if env:
+        if not any(e["type"] == "error" for e in seen):
+            failure = await _reply_error(context, msg_id, seen)
+            if failure is not None:
+                seen.append(failure)
+                yield events.line(failure)
+        if env and context.kind.restore_env is not None:
             await run_silently(context.client, context.kind.restore_env(_previous(env)))
         finished = True
         yield events.line(events.END)
+        if any(e["type"] == "error" for e in seen):
+            await asyncio.sleep(context.kind.after_error_s)
     finally:
         if finished:
             context.lock.release()
@@ -75,7 +88,7 @@ async def _recover(context: Context, msg_id: str | None, env: Mapping[str, str])
         if msg_id is not None:
             await context.manager.interrupt_kernel()
             await asyncio.wait_for(_finished(context, msg_id), _INTERRUPT_WAIT_S)
-        if env:
+        if env and context.kind.restore_env is not None:
             await run_silently(context.client, context.kind.restore_env(_previous(env)))
     except (RuntimeError, TimeoutError, OSError) as e:
         log.warning("context %s: recovery after a dropped execution failed: %s", context.id, e)
@@ -108,6 +121,34 @@ async def _outputs(context: Context, msg_id: str) -> AsyncIterator[events.Event]
                 yield events.error(content["ename"], content["evalue"], content["traceback"])
             case "status" if content["execution_state"] == "idle":
                 return
+
+
+async def _reply_error(
+    context: Context, msg_id: str, seen: list[events.Event]
+) -> events.Event | None:
+    """The error of an execution that the kernel reported only in its reply: tslab sends no
+    IOPub error, only a reply with status "error" after writing the message to stderr."""
+    while True:
+        try:
+            reply: dict[str, Any] = await context.client.get_shell_msg(timeout=_REPLY_WAIT_S)
+        except queue.Empty:
+            return None
+        # Replies to earlier requests (interrupted cells, say) nobody waited for.
+        if reply["parent_header"].get("msg_id") == msg_id:
+            break
+    content = reply["content"]
+    if content["status"] == "abort":
+        return events.error("ExecutionAborted", "the kernel did not run the code", [])
+    if content["status"] != "error":
+        return None
+    stderr = "".join(e["text"] for e in seen if e["type"] == "stderr").strip()
+    if "ename" in content:
+        return events.error(content["ename"], content["evalue"], content["traceback"])
+    # Node prints an uncaught exception's stack, whose first "Name: message" line names it; a
+    # type error has no such line and is all value.
+    thrown = _THROWN.search(stderr)
+    name, value = thrown.groups() if thrown else ("Error", stderr)
+    return events.error(name, value, [stderr])
 
 
 async def _finished(context: Context, msg_id: str) -> None:

@@ -19,7 +19,7 @@ from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 
 from aenv.code_interpreter import incarnation
-from aenv.code_interpreter.languages import LANGUAGES, Language
+from aenv.code_interpreter.languages import ALIASES, LANGUAGES, Language
 
 # A kernel imports IPython and ipykernel first: seconds natively, a minute or more in a
 # guest under TCG, several on a busy host.
@@ -140,6 +140,7 @@ class ContextTable:
 
     def _language(self, language: str | None) -> str:
         name = (language or "python").lower()
+        name = ALIASES.get(name, name)
         if name not in self.languages:
             raise UnsupportedLanguage(
                 f"language {language!r} is not supported; supported: {', '.join(self.languages)}"

@@ -4,6 +4,7 @@ env vars of one execution, set and put back, in the kernel's own language."""
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -20,8 +21,11 @@ class Language:
     kernel: str  # its kernelspec's name
     startup: str | None
     reseed: str | None
-    set_env: Callable[[Mapping[str, str]], str]
-    restore_env: Callable[[Previous], str]
+    # None: the kernel cannot change its own env vars, and an execution with some is refused.
+    set_env: Callable[[Mapping[str, str]], str] | None
+    restore_env: Callable[[Previous], str] | None
+    # How long the kernel aborts what it is sent after an error: the context waits that long.
+    after_error_s: float = 0.0
 
 
 def _python_set(env: Mapping[str, str]) -> str:
@@ -46,10 +50,65 @@ def _bash_restore(previous: Previous) -> str:
     )
 
 
+def _js_set(env: Mapping[str, str]) -> str:
+    # `void`: tslab prints a silent cell's value on its own stdout.
+    return f"void Object.assign(process.env, {json.dumps(dict(env))});"
+
+
+def _js_restore(previous: Previous) -> str:
+    return " ".join(
+        f"void delete process.env[{json.dumps(name)}];"
+        if value is None
+        else f"process.env[{json.dumps(name)}] = {json.dumps(value)};"
+        for name, value in previous.items()
+    )
+
+
+# V8 seeds Math.random once per process and offers no way to reseed it: in a clone it is
+# replaced by draws from the guest's RNG, which the node reseeds in every clone.
+_JS_RESEED = (
+    'Math.random = ((c) => () => c.randomBytes(4).readUInt32BE(0) / 4294967296)(require("crypto"));'
+)
+
+
+def _r_set(env: Mapping[str, str]) -> str:
+    # A JSON string is an R string literal too (R reads \", \\, \n and \uXXXX alike).
+    # Backquoted: an env var's name may start with '_', an R name may not.
+    pairs = ", ".join(f"`{name}` = {json.dumps(value)}" for name, value in env.items())
+    return f"invisible(Sys.setenv({pairs}))"
+
+
+def _r_restore(previous: Previous) -> str:
+    return "; ".join(
+        f"invisible(Sys.unsetenv({json.dumps(name)}))"
+        if value is None
+        else f"invisible(Sys.setenv(`{name}` = {json.dumps(value)}))"
+        for name, value in previous.items()
+    )
+
+
 # The SDKs' language names. A language is served where its kernel is installed: the template
-# installs Python's (ipykernel) and Bash's (bash_kernel).
+# installs Python's (ipykernel), Bash's (bash_kernel), JavaScript's and TypeScript's (tslab's
+# jslab and tslab), R's (IRkernel) and Java's (JJava, on Debian's JDK).
 LANGUAGES = {
     "python": Language("python3", STARTUP_CODE, RESEED_CODE, _python_set, _python_restore),
     # Bash 5.1+ draws SRANDOM from the guest's RNG, which the node reseeds in every clone.
     "bash": Language("bash", None, "RANDOM=$SRANDOM", _bash_set, _bash_restore),
+    # tslab drops the requests that reach it within 200 ms of an error.
+    "javascript": Language("jslab", None, _JS_RESEED, _js_set, _js_restore, after_error_s=0.3),
+    "typescript": Language("tslab", None, _JS_RESEED, _js_set, _js_restore, after_error_s=0.3),
+    "r": Language(
+        "ir",
+        None,
+        'set.seed(readBin("/dev/urandom", "integer", 1L))',
+        _r_set,
+        _r_restore,
+    ),
+    # JJava runs cells in the kernel's JVM, whose System.getenv() is fixed at its start.
+    # Reseeding: `new Random()` seeds itself from the clock; Math.random's shared generator,
+    # once drawn from, would repeat in clones, and JShell code cannot reach it to reseed it.
+    "java": Language("java", None, None, None, None),
 }
+
+# Other names the SDKs document for a language (`run_code(language="js")`).
+ALIASES = {"js": "javascript", "ts": "typescript"}

@@ -283,6 +283,54 @@ def test_build_from_an_image(tmp_path: Path) -> None:
     assert name not in _names()
 
 
+DOCKERFILE = """\
+FROM {image}
+ARG WHO=builder
+ENV GREETING="hello" \\
+    PLACE=dockerfile
+COPY app /srv/www
+WORKDIR /srv/www
+RUN echo "$GREETING from $WHO in $PWD as $(busybox id -un)" > /tmp/built.txt
+USER user
+RUN echo "$PLACE $(busybox id -un) $(cat hello.txt)" > /tmp/env.txt
+EXPOSE 8000
+"""
+
+
+def test_build_from_a_dockerfile(tmp_path: Path) -> None:
+    """`Template.from_dockerfile`: the SDK turns FROM into the image (from a registry on
+    loopback), ARG and ENV into ENV steps, COPY, WORKDIR, USER and RUN into theirs; all of
+    them apply in order, and the start command set after it serves."""
+    layout = Layout(tmp_path / "layout")
+    layout.add("v1", busybox_image())
+    name = _name("dockerfile")
+    context = _context(tmp_path)
+    with run_registry(tmp_path / "registry") as registry:
+        ref = f"{registry.host}/test/busybox:v1"
+        push(layout, "v1", ref)
+        template = (
+            Template(file_context_path=str(context))
+            .from_dockerfile(DOCKERFILE.format(image=ref))
+            .set_start_cmd(
+                "busybox httpd -f -p 8000 -h /srv/www",
+                "busybox wget -q -O /dev/null http://127.0.0.1:8000/hello.txt",
+            )
+        )
+        try:
+            Template.build(template, alias=name)
+            sandbox = Sandbox.create(name, timeout=120)
+            try:
+                built = sandbox.files.read("/tmp/built.txt")
+                assert built == "hello from builder in /srv/www as root\n"
+                env = sandbox.files.read("/tmp/env.txt")
+                assert env == "dockerfile user hello from the build context\n"
+                _serves_hello_on_8000(sandbox)
+            finally:
+                sandbox.kill()
+        finally:
+            _delete(name)
+
+
 def test_build_cache_keeps_only_the_newest_layers() -> None:
     """The server runs with `build_cache_layers` = 3 here and the builds above saved more step
     layers than that: the oldest are gone, files and all, and the newest still serve."""
