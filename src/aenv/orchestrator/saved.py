@@ -92,6 +92,8 @@ class SavedStates:
                 stale = build.is_dir() and str(build) != template.snapshot_dir
                 if stale and str(build) not in in_use:
                     await asyncio.to_thread(shutil.rmtree, build, True)
+                    memory = self.templates.build_memory_dir(template.template_id, build.name)
+                    await asyncio.to_thread(shutil.rmtree, memory, True)
 
     @contextlib.contextmanager
     def pin(self, directory: Path) -> Iterator[None]:

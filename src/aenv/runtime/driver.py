@@ -276,12 +276,16 @@ class Driver(Protocol):
         keeps the snapshot's MAC at `target.net`'s location."""
         ...
 
-    async def export(self, snapshot: Snapshot, dest: Path, *, move: bool) -> Snapshot:
+    async def export(
+        self, snapshot: Snapshot, dest: Path, *, move: bool, memory_dir: Path | None = None
+    ) -> Snapshot:
         """Make `dest` (existing, empty) a self-contained copy of `snapshot` and return it (its
         manifest written there): every writable drive as one standalone sealed image in this
         driver's format, whatever chain of layers it was. `move` takes the state and memory
         files over (they must then belong to nobody else); otherwise they are shared, which is
-        safe because saved files are never written again. `snapshot` stays usable."""
+        safe because saved files are never written again. `snapshot` stays usable. The memory
+        file goes into `memory_dir` (existing; tmpfs, since restores map it) when given, else
+        into `dest`: a directory that is the export's own all the same."""
         ...
 
     async def load_saved(self, directory: Path) -> Snapshot:

@@ -6,13 +6,15 @@ What `research/feasibility.md` measured, applied:
   has to write device state (~60 KiB); restored VMs map the snapshot's file `share=off`, so clean
   pages are shared by every clone through the page cache and writes stay private.
 - A VM whose memory is such a private mapping cannot be saved that way (its RAM is not "shared" to
-  QEMU). Its pauses keep the file it maps as their memory and carry only the pages the guest
+  QEMU). Its saves keep the file it maps as their memory and carry only the pages the guest
   changed in the state stream (`ramdelta`: found through the mapping's page map, the rest of
-  QEMU's stream filtered out); restores map that file and load the changed pages over it. Its
-  snapshots and fork checkpoints, which are exported into directories of their own, carry all
-  of the RAM in the stream (`Snapshot.memory_file is None`); restores of those load it into a
-  fresh file of their own. `detach_memory` turns such a snapshot into the mapped kind by
-  loading it (without running the guest) and saving it again.
+  QEMU's stream filtered out); restores map that file and load the changed pages over it.
+  Pauses name the mapped file itself; snapshots and fork checkpoints, which outlive the
+  sandbox and whose files are moved into directories of their own, get a hard link to it.
+  (A stream the filter does not understand is kept whole: it loads over the base all the
+  same.) `detach_memory` turns a state whose RAM travels in the stream with no memory file
+  (`Snapshot.memory_file is None`, as earlier versions saved snapshots) into the
+  mapped kind by loading it (without running the guest) and saving it again.
 - Snapshot = stop, freeze writable disks (`blockdev-snapshot`: the current top becomes a
   sealed layer), migrate to the state file with the bandwidth cap lifted (7.2 defaults to
   32 MiB/s), then either continue or quit.
@@ -230,14 +232,18 @@ class QemuDriver:
         vm.owned_files += created
         return vm
 
-    async def export(self, snapshot: Snapshot, dest: Path, *, move: bool) -> Snapshot:
+    async def export(
+        self, snapshot: Snapshot, dest: Path, *, move: bool, memory_dir: Path | None = None
+    ) -> Snapshot:
         """Each writable drive's chain flattened into one standalone `<drive_id>.qcow2`."""
 
         async def flatten(drive_id: str, source: Path) -> Path:
             return await qcow2.flatten_to(source, dest / f"{drive_id}.qcow2")
 
         try:
-            return await export.export(snapshot, dest, move=move, disk=flatten)
+            return await export.export(
+                snapshot, dest, move=move, disk=flatten, memory_dir=memory_dir
+            )
         except (layers.LayerError, OSError) as exc:
             raise SnapshotError(f"cannot export the saved state to {dest}: {exc}") from exc
 
@@ -675,9 +681,14 @@ class QemuVM:
             memory_file = self.memory.path
             await self._quit()
         else:
-            # Snapshots and fork checkpoints are exported with their files moved into a
-            # directory of their own, which must not take the base away: the RAM goes whole.
-            await self.save_state(state_file, ignore_shared=False)
+            # Only what changed since the memory file it maps, as a pause. Snapshots and fork
+            # checkpoints outlive the base's owner and are exported with their files moved:
+            # the snapshot gets the base as a hard link of its own (no bytes written; the
+            # file is never written again), copied only when `memory_dir` is elsewhere.
+            await self.save_delta(state_file)
+            memory_file = target.memory_dir / "memory"
+            made.append(memory_file)
+            await export.place(self.memory.path, memory_file, move=False)
         for dest in sealed.values():
             await qcow2.flatten_if_deep(dest)
         snap = Snapshot(
