@@ -4,6 +4,7 @@ a crash mid-pause, and what goes from the local disk and the snapshot repository
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,30 @@ async def test_repository_copies_go_with_what_they_copy(tmp_path: Path) -> None:
         report = await archive.repository.gc(grace=0)
         assert report.chunks_deleted > 0 and report.chunks_referenced == 0
         assert_clean(node)
+
+
+async def test_a_snapshot_keeps_its_memory_on_tmpfs_and_in_its_repository_copy(
+    tmp_path: Path,
+) -> None:
+    """A snapshot's memory file lives beside the templates' (tmpfs), outside its directory: the
+    repository copy carries it all the same, so a node that lost both restores from the copy;
+    a newer build under the same name takes the older build's memory with it."""
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        node.guest(record.id).write("/state", "snapped")
+        first = await node.orchestrator.snapshot(record.id, name="kept")
+        first_memory = node.templates.build_memory_dir(first.template_id, first.build_id)
+        saved = first.snapshot()
+        assert saved.memory_file == first_memory / "memory"
+        assert saved.memory_file.parent != Path(first.snapshot_dir)
+        snap = await node.orchestrator.snapshot(record.id, name="kept")
+        assert snap.template_id == first.template_id and not first_memory.exists()
+        await eventually(
+            lambda: (node.templates.by_id(snap.template_id) or snap).manifest_id is not None
+        )
+        await node.orchestrator.kill(record.id)
+        shutil.rmtree(snap.snapshot_dir)
+        shutil.rmtree(node.templates.build_memory_dir(snap.template_id, snap.build_id))
+        child, _ = await node.orchestrator.create(node.request(template="kept"))
+        assert node.guest(child.id).read("/state") == "snapped"
+        await node.orchestrator.kill(child.id)
