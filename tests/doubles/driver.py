@@ -214,7 +214,12 @@ class DoubleDriver:
         return list(vms)
 
     async def detach_memory(
-        self, snapshot: Snapshot, target: SnapshotTarget, place: RestoreSpec
+        self,
+        snapshot: Snapshot,
+        target: SnapshotTarget,
+        place: RestoreSpec,
+        *,
+        flatten: bool = False,
     ) -> Snapshot:
         return snapshot  # the memory is a file already
 

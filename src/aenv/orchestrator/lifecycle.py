@@ -1208,7 +1208,9 @@ class Orchestrator:
         else:
             # Refused before the checkpoint: a fork that cannot fit changes nothing.
             await self._check_disk(count * parent.disk_size_mb)
-            # With more than one child, detaching the memory once beats each child parsing it.
+            # With more than one child, detaching the memory once beats each child parsing
+            # it; a checkpoint of changed pages over a memory file is not detached: each child
+            # loads only those pages.
             base = await self._checkpoint(
                 source,
                 new_sandbox_id(),
@@ -1319,7 +1321,11 @@ class Orchestrator:
                 else:
                     raise InvalidState(sandbox_id, record.state, "snapshot")
                 if detach_memory and mode is SaveMode.FULL:
-                    saved = await self.detacher.detach_in_place(saved, dest)
+                    # Templates are restored by every sandbox: one memory file that all of
+                    # them share beats each loading the pages the build changed.
+                    saved = await self.detacher.detach_in_place(
+                        saved, dest, flatten=kind is TemplateKind.TEMPLATE
+                    )
             except BaseException:
                 for partial in (dest, memory_dir):
                     await asyncio.to_thread(shutil.rmtree, partial, True)

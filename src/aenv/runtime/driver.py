@@ -300,13 +300,20 @@ class Driver(Protocol):
         ...
 
     async def detach_memory(
-        self, snapshot: Snapshot, target: SnapshotTarget, place: RestoreSpec
+        self,
+        snapshot: Snapshot,
+        target: SnapshotTarget,
+        place: RestoreSpec,
+        *,
+        flatten: bool = False,
     ) -> Snapshot:
         """`snapshot` with its guest memory as a file in `target.memory_dir` (state into
         `target.directory`) if it travels inside the state file; `snapshot` itself otherwise.
         Restores map a memory file but must parse a stream, so this makes a saved state that will
-        be restored (perhaps many times) cheap to restore. The guest does not run meanwhile;
-        `place` hosts whatever the driver needs to load the state."""
+        be restored (perhaps many times) cheap to restore. With `flatten`, a state saved as
+        changes over a memory file is made one file too (restores then share all of its pages,
+        and load none). The guest does not run meanwhile; `place` hosts whatever the driver
+        needs to load the state."""
         ...
 
 

@@ -258,17 +258,55 @@ class QemuDriver:
         return vm
 
     async def detach_memory(
-        self, snapshot: Snapshot, target: SnapshotTarget, place: RestoreSpec
+        self,
+        snapshot: Snapshot,
+        target: SnapshotTarget,
+        place: RestoreSpec,
+        *,
+        flatten: bool = False,
     ) -> Snapshot:
         """The same saved VM with its RAM moved out of the state stream into a memory file
         (`target.memory_dir/memory`, state in `target.directory/state`), so that restores map it
-        instead of parsing it: a clone's checkpoint restores as fast as a template then. The
-        guest never runs meanwhile; `place` is where the loading VMM lives (it needs a tap like
-        any restore, and loads the memory into `place.memory_dir`, which should be tmpfs: a
-        shared mapping of a file on a disk filesystem fills 3x slower than one on tmpfs plus a
-        copy). Disks are untouched and shared with `snapshot`."""
-        if snapshot.memory_file is not None or not snapshot.machine_state:
+        instead of parsing it: a clone's checkpoint restores as fast as a template then. With
+        `flatten`, also a state that carries changed pages over its memory file: the file and
+        the pages become one file, which restores share entirely (a template's). The guest
+        never runs meanwhile; `place` is where the loading VMM lives (it needs a tap like any
+        restore, and loads the memory into `place.memory_dir`, which should be tmpfs: a shared
+        mapping of a file on a disk filesystem fills 3x slower than one on tmpfs plus a copy).
+        Disks are untouched and shared with `snapshot`."""
+        if not snapshot.machine_state or (snapshot.memory_file is not None and not flatten):
             return snapshot
+        if snapshot.memory_file is None:
+            return await self._detach(snapshot, target, place)
+        # A VMM cannot load pages into a block it shares with its file: one loads the layered
+        # state and saves all of its RAM into a stream, which the next loads into a file.
+        whole = await self._whole_stream(snapshot, place)
+        try:
+            detached = await self._detach(whole, target, place)
+        finally:
+            await asyncio.to_thread(_unlink, [whole.state_file])
+        return detached
+
+    async def _whole_stream(self, snapshot: Snapshot, place: RestoreSpec) -> Snapshot:
+        """`snapshot` with all of its RAM in a state stream of its own (in `place.memory_dir`)
+        and no memory file: loaded and saved again, its manifest not written."""
+        vm = await self._restore_vm(snapshot, place)
+        stream = _memory_dir(vm.spec) / f"{vm.id}.whole"
+        try:
+            await vm.save_state(stream, ignore_shared=False)
+        except (MonitorError, OSError) as exc:
+            _unlink([stream])
+            raise SnapshotError(f"cannot flatten memory: {exc}; {_tail(vm.stderr_log)}") from exc
+        except BaseException:
+            _unlink([stream])
+            raise
+        finally:
+            await asyncio.shield(vm.stop())
+        return dataclasses.replace(snapshot, state_file=stream, memory_file=None)
+
+    async def _detach(
+        self, snapshot: Snapshot, target: SnapshotTarget, place: RestoreSpec
+    ) -> Snapshot:
         vm = await self._restore_vm(snapshot, place)
         made: list[Path] = []
         try:

@@ -371,7 +371,12 @@ class FirecrackerDriver:
         return vms
 
     async def detach_memory(
-        self, snapshot: d.Snapshot, target: d.SnapshotTarget, place: d.RestoreSpec
+        self,
+        snapshot: d.Snapshot,
+        target: d.SnapshotTarget,
+        place: d.RestoreSpec,
+        *,
+        flatten: bool = False,
     ) -> d.Snapshot:
         # Firecracker always writes guest memory as its own file (`mem_file_path`).
         return snapshot
