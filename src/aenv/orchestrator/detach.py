@@ -7,6 +7,9 @@ file. `Detacher` has the driver turn such a state into the mapped kind without r
 (`Driver.detach_memory`), its state written into `<dir>/detached/` and its memory beside the
 first form's files; restores then map that memory file like a template's. Pauses do it in the
 background after they return; fork checkpoints and template builds before their first restore.
+A state saved as the pages changed over a memory file needs no detach to restore quickly; a
+finished template's is flattened all the same (`flatten`), so that its sandboxes share all of
+its memory instead of each loading those pages.
 
 `adopt` switches a saved directory over to its detached form by atomically replacing its
 `snapshot.json`: a crash before that leaves the first form in use (and `tidy` removes what the
