@@ -19,6 +19,18 @@ doubles (`tests/cluster/node_double.py`: the real internal gate over a catalog, 
 VMs, so only the gateway's own work is measured) and a real redis-server: the gateway process's
 CPU time (user + system, from /proc) per create (`POST /sandboxes`: placement reads, the
 forward, the answer), over its CPU time per `GET /health` (one Redis read) in the same run.
+
+`python bench/cluster.py resume`: two real nodes sharing an S3 repository (moto's server) behind
+a real gateway, the SDK in the gateway's namespace: one sandbox (with 16 MiB of fresh data
+written) resumed on the node it paused on (`Sandbox.connect` + `commands.run("true")`), against
+the same resumed on the other node after its own is drained (`aenv node drain`: the release
+waits for the upload; the connect moves it and pulls the checkpoint), alternating nodes. Bytes
+moved: the apparent size of the sandbox's directory on the node it moved to, after the resume
+(the pulled copy, its images included).
+
+`python bench/cluster.py creates`: the same two nodes behind a gateway: creates per second of
+batches of concurrent `Sandbox.create` through the gateway with one node drained, against both
+nodes, alternating, in one run (CPU-bound under TCG on one machine: both nodes share its cores).
 """
 
 from __future__ import annotations
@@ -187,6 +199,167 @@ async def proxy(scratch: Path, samples: int = 200) -> dict[str, Any]:
     }
 
 
+# Runs in the gateway's namespace: `make` (a sandbox with fresh data, paused; its id),
+# `resume ID` (seconds to connect and run a command), `pause ID`.
+RESUME_CLIENT = """
+import json, sys, time
+from e2b import Sandbox
+command, *args = sys.argv[1:]
+if command == "make":
+    sandbox = Sandbox.create("base", timeout=3600)
+    sandbox.commands.run("head -c 16777216 /dev/urandom > /home/user/data")
+    sandbox.pause()
+    print(json.dumps(sandbox.sandbox_id))
+elif command == "resume":
+    start = time.perf_counter()
+    Sandbox.connect(args[0], timeout=3600).commands.run("true")
+    print(json.dumps(time.perf_counter() - start))
+else:
+    print(json.dumps(Sandbox.pause(args[0])))
+"""
+
+
+async def resume(scratch: Path, samples: int = 3) -> dict[str, Any]:
+    import subprocess
+
+    from aenv.config import Paths
+    from aenv.orchestrator.images import prepare_images
+    from tests.cluster.cluster_ns import cluster
+    from tests.support.guest import GUEST_CACHE, MIRROR
+
+    nodes = ["node-a", "node-b"]
+    for node_id in nodes:
+        await prepare_images(Paths(scratch / node_id).cache, GUEST_CACHE, MIRROR)
+    (scratch / "redis").mkdir()
+    with redis_server(scratch / "redis") as server:
+        client = connect(server.url)
+        registry, routes = NodeRegistry(client, SECRET), Routes(client)
+        settings = {
+            "AENV_REDIS_URL": server.unix_url,
+            "AENV_CLUSTER_SECRET": SECRET.value,
+            "AENV_HEARTBEAT_INTERVAL": "2",
+        }
+        with cluster(scratch, nodes, settings, shared_repository=True) as c:
+            while len(await registry.live()) < len(nodes):
+                await asyncio.sleep(0.5)
+            c.gateway.start()
+            c.gateway.wait_ready()
+            env = {
+                "E2B_API_URL": c.gateway.url,
+                "E2B_SANDBOX_URL": c.gateway.url,
+                "E2B_API_KEY": c.gateway.api_key,
+            }
+
+            def client_run(*args: str) -> Any:
+                argv = [sys.executable, "-c", RESUME_CLIENT, *args]
+                code, out = c.gateway.run(argv, env=env, timeout=1800)
+                if code != 0:
+                    raise RuntimeError(out)
+                return json.loads(out.strip().splitlines()[-1])
+
+            def aenv(*args: str) -> None:
+                code, out = c.gateway.run([sys.executable, "-m", "aenv.cli", *args])
+                if code != 0:
+                    raise RuntimeError(out)
+
+            sandbox_id = client_run("make")
+            same: list[float] = []
+            for _ in range(samples):
+                same.append(client_run("resume", sandbox_id))
+                client_run("pause", sandbox_id)
+            other: list[float] = []
+            moved: list[int] = []
+            for _ in range(samples):
+                node = await routes.lookup(sandbox_id)
+                assert node is not None
+                aenv("node", "drain", node)
+                other.append(client_run("resume", sandbox_id))
+                target = await routes.lookup(sandbox_id)
+                assert target is not None and target != node
+                du = subprocess.run(
+                    ["du", "-sb", str(Paths(scratch / target).sandboxes / sandbox_id)],
+                    capture_output=True, text=True, check=True,
+                )  # fmt: skip
+                moved.append(int(du.stdout.split()[0]))
+                aenv("node", "undrain", node)
+                client_run("pause", sandbox_id)
+            await client.aclose()
+    same_ms, other_ms = summary_ms(same), summary_ms(other)
+    return {
+        "samples": samples,
+        "resume_same_node_ms": same_ms,
+        "resume_other_node_ms": other_ms,
+        "other_over_same_p50": round(other_ms["median"] / same_ms["median"], 2),
+        "bytes_moved_per_resume": moved,
+    }
+
+
+# Runs in the gateway's namespace: N concurrent creates, timed, then killed; the seconds.
+CREATES_CLIENT = """
+import json, sys, time
+from concurrent.futures import ThreadPoolExecutor
+from e2b import Sandbox
+count = int(sys.argv[1])
+start = time.perf_counter()
+with ThreadPoolExecutor(count) as pool:
+    made = list(pool.map(lambda _: Sandbox.create("base", timeout=600), range(count)))
+spent = time.perf_counter() - start
+for sandbox in made:
+    sandbox.kill()
+print(json.dumps(spent))
+"""
+
+
+async def creates(scratch: Path, batch: int = 4, rounds: int = 3) -> dict[str, Any]:
+    from aenv.config import Paths
+    from aenv.orchestrator.images import prepare_images
+    from tests.cluster.cluster_ns import cluster
+    from tests.support.guest import GUEST_CACHE, MIRROR
+
+    nodes = ["node-a", "node-b"]
+    for node_id in nodes:
+        await prepare_images(Paths(scratch / node_id).cache, GUEST_CACHE, MIRROR)
+    (scratch / "redis").mkdir()
+    with redis_server(scratch / "redis") as server:
+        client = connect(server.url)
+        registry = NodeRegistry(client, SECRET)
+        settings = {"AENV_REDIS_URL": server.unix_url, "AENV_CLUSTER_SECRET": SECRET.value}
+        with cluster(scratch, nodes, settings) as c:
+            while len(await registry.live()) < len(nodes):
+                await asyncio.sleep(0.5)
+            await client.aclose()
+            c.gateway.start()
+            c.gateway.wait_ready()
+            env = {
+                "E2B_API_URL": c.gateway.url,
+                "E2B_SANDBOX_URL": c.gateway.url,
+                "E2B_API_KEY": c.gateway.api_key,
+            }
+
+            def run(*argv: str) -> Any:
+                code, out = c.gateway.run([sys.executable, *argv], env=env, timeout=1800)
+                if code != 0:
+                    raise RuntimeError(out)
+                return json.loads(out.strip().splitlines()[-1]) if argv[0] == "-c" else None
+
+            run("-c", CREATES_CLIENT, str(batch))  # warm-up: both nodes' pools and caches
+            one: list[float] = []
+            two: list[float] = []
+            for _ in range(rounds):
+                run("-m", "aenv.cli", "node", "drain", "node-b")
+                one.append(batch / run("-c", CREATES_CLIENT, str(batch)))
+                run("-m", "aenv.cli", "node", "undrain", "node-b")
+                two.append(batch / run("-c", CREATES_CLIENT, str(batch)))
+    one_rate, two_rate = sorted(one)[len(one) // 2], sorted(two)[len(two) // 2]
+    return {
+        "batch": batch,
+        "rounds": rounds,
+        "creates_per_s_one_node": [round(r, 3) for r in one],
+        "creates_per_s_two_nodes": [round(r, 3) for r in two],
+        "two_over_one_median": round(two_rate / one_rate, 2),
+    }
+
+
 CREATES = 500
 
 
@@ -282,6 +455,20 @@ def main() -> None:
     if sys.argv[1:] == ["gateway-cpu"]:
         with tempfile.TemporaryDirectory(prefix="aenv-bench-gwcpu-") as tmp:
             print(json.dumps(gateway_cpu(Path(tmp)), indent=2))
+        return
+    if sys.argv[1:] == ["creates"]:
+        scratch = Path(tempfile.mkdtemp(prefix="aenv-bench-creates-"))
+        try:
+            print(json.dumps(asyncio.run(creates(scratch)), indent=2))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return
+    if sys.argv[1:] == ["resume"]:
+        scratch = Path(tempfile.mkdtemp(prefix="aenv-bench-resume-"))
+        try:
+            print(json.dumps(asyncio.run(resume(scratch)), indent=2))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
         return
     if sys.argv[1:] == ["proxy"]:
         scratch = Path(tempfile.mkdtemp(prefix="aenv-bench-gw-"))

@@ -43,10 +43,11 @@ class Gateway:
     log: Path
     env: dict[str, str]
     proc: subprocess.Popen[bytes] | None = None
+    port: int = GATEWAY_PORT
 
     @property
     def url(self) -> str:
-        return f"http://127.0.0.1:{GATEWAY_PORT}"
+        return f"http://127.0.0.1:{self.port}"
 
     @property
     def api_key(self) -> str:
@@ -56,7 +57,7 @@ class Gateway:
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
                 in_netns(self.netns, sys.executable, "-m", "aenv.cli", "gateway",
-                         "--port", str(GATEWAY_PORT), "--host", "127.0.0.1"),
+                         "--port", str(self.port), "--host", "127.0.0.1"),
                 env={**self.env, **settings}, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True,
             )  # fmt: skip
@@ -71,6 +72,12 @@ class Gateway:
 
     def stop(self) -> None:
         stop_group(self.proc, grace_s=30)
+
+    def kill_9(self) -> None:
+        """SIGKILL the gateway, as a crash would end it."""
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
 
     def run(
         self, argv: list[str], env: Mapping[str, str] = {}, timeout: float = 600

@@ -1,15 +1,19 @@
 """A node's control plane without VMs, for gateway tests: the real internal gate, API-key gate
 and list route over a real catalog, and create and adopt routes that accept or refuse as the
 test says (an adopted record goes into the catalog, as a node's `adopt` does), and a release
-route that gives a sandbox up (paused, as a node's `release` leaves it).
+route that gives a sandbox up (paused, as a node's `release` leaves it). Its snapshots are
+listed by the real route; it adopts and deletes them as a node's routes do. Its forks start as
+many children as the test gives it room for and refuse the rest for capacity, and it snapshots
+a sandbox on demand (the test publishes the snapshot, as a node's agent would once uploaded).
 Booting VMs is what `test_gateway_cluster.py` does; these tests are about the gateway's choices."""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 from starlette.applications import Starlette
 from starlette.requests import Request
@@ -23,23 +27,39 @@ from aenv.api.keys import KeyStore
 from aenv.api.limits import RateLimiter
 from aenv.api.metrics import NodeMetrics
 from aenv.api.sandboxes import SandboxRoutes
+from aenv.api.snapshots import SnapshotRoutes
 from aenv.cluster.internal import InternalGate
 from aenv.config import load
 from aenv.network.settings import SandboxNetwork
 from aenv.orchestrator.catalog import Catalog, SandboxRecord, record_from_json, record_to_json
-from aenv.orchestrator.kinds import SaveMode
+from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.states import SandboxState
+from aenv.orchestrator.templates import Template, template_from_json, template_to_json
 from aenv.orchestrator.volumes import VolumeStore
 from tests.cluster.shared import SECRET
 
 
 @dataclass
 class _CatalogOnly:
-    """What the list route reads of the orchestrator: its catalog and volumes."""
+    """What the list routes read of the orchestrator: its catalog, volumes and snapshots."""
 
     catalog: Catalog
     volumes: VolumeStore
+    saved: dict[str, Template]
+
+    def snapshots(self) -> list[Template]:
+        return list(self.saved.values())
+
+
+def snapshot(template_id: str, created_at: float, *names: str) -> Template:
+    """A snapshot's record as a node keeps it, its copy in the repository."""
+    return Template(
+        template_id=template_id, build_id="b1", aliases=names, cpu_count=1, memory_mb=256,
+        disk_size_mb=1024, envd_version="0.1", envd_access_token="tok", created_at=created_at,
+        snapshot_dir=f"/nowhere/{template_id}/b1", kind=TemplateKind.SNAPSHOT,
+        source_sandbox_id="sbsource", manifest_id=f"m-{template_id}",
+    )  # fmt: skip
 
 
 @dataclass
@@ -52,6 +72,11 @@ class NodeDouble:
     creates_seen: list[str] = field(default_factory=list)  # the callers' key ids
     adopt_answers: list[int] = field(default_factory=list)  # as `create_answers`, 200 after
     unreleasable: set[str] = field(default_factory=set)  # sandboxes whose release is refused
+    snapshots: dict[str, Template] = field(default_factory=dict)
+    create_bodies: list[dict[str, Any]] = field(default_factory=list)
+    fork_room: int = 100  # children a fork may start here; the others are refused (429)
+    # Called with each snapshot taken here, as its upload would end.
+    on_snapshot: Callable[[Template], Awaitable[None]] | None = None
 
     def add(self, sandbox_id: str, started_at: float, **metadata: str) -> None:
         self.catalog.insert(
@@ -66,11 +91,12 @@ class NodeDouble:
 
     def app(self, keys: KeyStore) -> ASGIApp:
         config = load({"home": self.home})
-        routes = SandboxRoutes(
-            cast(Orchestrator, _CatalogOnly(self.catalog, VolumeStore(self.catalog, self.home))),
-            config,
-            cast(NodeMetrics, None),
+        orchestrator = cast(
+            Orchestrator,
+            _CatalogOnly(self.catalog, VolumeStore(self.catalog, self.home), self.snapshots),
         )
+        routes = SandboxRoutes(orchestrator, config, cast(NodeMetrics, None))
+        saved = SnapshotRoutes(orchestrator, config)
         app = Starlette(
             routes=[
                 Route("/sandboxes", self.create, methods=["POST"]),
@@ -78,6 +104,11 @@ class NodeDouble:
                 Route("/sandboxes/{sandbox_id}", self.detail, methods=["GET"]),
                 Route("/cluster/adopt", self.adopt, methods=["POST"]),
                 Route("/cluster/sandboxes/{sandbox_id}/release", self.release, methods=["POST"]),
+                Route("/snapshots", saved.list_snapshots, methods=["GET"]),
+                Route("/sandboxes/{sandbox_id}/fork", self.fork, methods=["POST"]),
+                Route("/sandboxes/{sandbox_id}/snapshots", self.snapshot, methods=["POST"]),
+                Route("/cluster/templates", self.adopt_template, methods=["POST"]),
+                Route("/templates/{template_id}", self.delete_template, methods=["DELETE"]),
             ],
             exception_handlers=JSON_ERRORS,
         )
@@ -85,6 +116,7 @@ class NodeDouble:
 
     async def create(self, request: Request) -> Response:
         self.creates_seen.append(request.state.api_key.id)
+        self.create_bodies.append(await request.json())
         status = self.create_answers.pop(0) if self.create_answers else 201
         if status != 201:
             raise APIError(status, f"{self.name} refuses")
@@ -113,3 +145,33 @@ class NodeDouble:
             raise APIError(409, f"{sandbox_id} cannot move")
         self.catalog.delete(sandbox_id)
         return Response(record_to_json(record), media_type="application/json")
+
+    async def adopt_template(self, request: Request) -> Response:
+        template = template_from_json((await request.body()).decode())
+        self.snapshots[template.template_id] = template
+        return Response(template_to_json(template), media_type="application/json")
+
+    async def delete_template(self, request: Request) -> Response:
+        template_id = request.path_params["template_id"]
+        if self.snapshots.pop(template_id, None) is None:
+            raise APIError(404, f"template '{template_id}' not found")
+        return Response(status_code=204)
+
+    async def fork(self, request: Request) -> Response:
+        count = (await request.json()).get("count", 1)
+        entries: list[dict[str, Any]] = []
+        for index in range(count):
+            if index < self.fork_room:
+                child = f"{self.name}child{len(self.catalog.list())}"
+                self.add(child, time.time())
+                entries.append({"sandbox": {"sandboxID": child, "node": self.name}})
+            else:
+                entries.append({"error": {"code": 429, "message": f"{self.name} is full"}})
+        return JSONResponse(entries, status_code=201)
+
+    async def snapshot(self, request: Request) -> Response:
+        made = snapshot(f"snapof{request.path_params['sandbox_id']}", time.time())
+        self.snapshots[made.template_id] = made
+        if self.on_snapshot is not None:
+            await self.on_snapshot(made)
+        return JSONResponse({"snapshotID": made.template_id, "names": []}, status_code=201)

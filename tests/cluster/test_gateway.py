@@ -1,6 +1,7 @@
 """The gateway's control plane against a real redis-server and node doubles served on loopback
 (`node_double`): placement with affinity and retries, draining nodes left out, forwarding by
-route, paused sandboxes of a lost node moved to another, merged pages, and Redis being down.
+route, paused sandboxes of a lost node moved to another, merged pages, snapshots of other and lost
+nodes (created from, listed, deleted), and Redis being down.
 The same over real nodes and the SDK is `test_gateway_cluster.py`."""
 
 from __future__ import annotations
@@ -23,13 +24,15 @@ from aenv.cluster.holders import FileKind, FileRef, Holders
 from aenv.cluster.parked import Parked
 from aenv.cluster.registry import Capacity, NodeRegistry, NodeReport
 from aenv.cluster.routing import Routes
+from aenv.cluster.saved import SavedRecord, SavedRecords
 from aenv.cluster.store import connect
 from aenv.gateway.app import Gateway
 from aenv.gateway.evacuate import Released, evacuate
 from aenv.gateway.nodes import NodeClient
 from aenv.orchestrator.catalog import Archived, Catalog, record_to_json
 from aenv.orchestrator.states import SandboxState
-from tests.cluster.node_double import NodeDouble
+from aenv.orchestrator.templates import Template, template_to_json
+from tests.cluster.node_double import NodeDouble, snapshot
 from tests.cluster.shared import SECRET
 from tests.proxy.support import serve
 from tests.support.ports import free_port
@@ -110,6 +113,17 @@ async def test_a_create_no_node_takes_is_429_naming_why(setup: Setup) -> None:
     assert "node a: 503 a refuses" in message and "node b: 429 b refuses" in message
 
 
+async def test_a_node_not_holding_a_held_template_is_a_refusal(setup: Setup) -> None:
+    """A snapshot not in the repository yet is its maker's only: another node's 404 for it
+    must not be the answer when the maker is merely full."""
+    setup.nodes["a"].create_answers = [429]
+    setup.nodes["b"].create_answers = [404]
+    with setup.client() as http:
+        answer = http.post("/sandboxes", json={"templateID": "base"})
+    assert answer.status_code == 429
+    assert "node b: 404 b refuses" in answer.json()["message"]
+
+
 async def test_a_create_leaves_draining_nodes_out(setup: Setup, client: aioredis.Redis) -> None:
     await Drains(client).drain("a")  # the template's holder
     with setup.client() as http:
@@ -149,6 +163,23 @@ async def test_a_paused_sandbox_of_a_lost_node_moves_to_another(
     assert await parked.get("sbmoved") is None
     held = setup.nodes["b"].catalog.get("sbmoved")
     assert held is not None and held.state is SandboxState.PAUSED
+
+
+async def test_a_lost_nodes_paused_sandbox_is_listed_paused(
+    setup: Setup, client: aioredis.Redis
+) -> None:
+    parked = Parked(client)
+    await parked.publish("gone", "sblost", _paused_record(setup, "sblost"))
+    await parked.publish("a", "sbkept", '{"id": "sbkept"}')  # a live node's: not moved
+    setup.nodes["b"].add("sbrunning", 2000.0)
+    with setup.client() as http:
+        listed = http.get("/v2/sandboxes", params={"state": "paused"})
+        everything = http.get("/v2/sandboxes")
+    assert listed.status_code == 200, listed.text
+    assert [(s["sandboxID"], s["state"]) for s in listed.json()] == [("sblost", "paused")]
+    assert [s["sandboxID"] for s in everything.json()] == ["sbrunning", "sblost"]
+    assert await parked.get("sblost") is None and await parked.lost({"a", "b"}) == set()
+    assert (await parked.get("sbkept")) is not None
 
 
 async def test_sandbox_traffic_moves_a_lost_nodes_paused_sandbox_too(
@@ -226,11 +257,115 @@ async def test_calls_for_a_sandbox_go_to_its_node(setup: Setup, client: aioredis
 
 async def test_routes_the_gateway_does_not_serve_yet_are_501_naming_them(setup: Setup) -> None:
     with setup.client() as http:
-        answer = http.get("/templates")
+        answer = http.get("/api-keys")
         metrics = http.get("/sandboxes/metrics", params={"sandbox_ids": "a"})
+        volume = http.post("/volumes", json={"name": "v"})
+        build = http.post("/v3/templates", json={"alias": "t"})
     assert answer.status_code == 501
-    assert answer.json()["message"].startswith("GET /templates is not served by the cluster")
+    assert answer.json()["message"].startswith("GET /api-keys is not served by the cluster")
     assert metrics.status_code == 501
+    # Refused with the reason, as JSON.
+    assert volume.status_code == 501
+    assert "volumes cannot follow a sandbox across nodes" in volume.json()["message"]
+    assert build.status_code == 501
+    assert "template builds are not placed across nodes" in build.json()["message"]
+
+
+async def test_a_create_from_another_nodes_snapshot_adopts_it_first(
+    setup: Setup, client: aioredis.Redis
+) -> None:
+    a, b = setup.nodes["a"], setup.nodes["b"]
+    made = snapshot("snapone", 1000.0, "mine")
+    a.snapshots[made.template_id] = made
+    await SavedRecords(client).publish(SavedRecord.of(template_to_json(made)))
+    await Holders(NodeRegistry(client, SECRET)).add("a", FileRef(FileKind.SNAPSHOT, "snapone"))
+    a.create_answers = [429]  # its maker is full: b adopts it, by its name
+    with setup.client() as http:
+        answer = http.post("/sandboxes", json={"templateID": "mine:latest"})
+    assert answer.status_code == 201, answer.text
+    assert answer.json()["node"] == "b"
+    assert b.snapshots["snapone"] == made
+    # A holder is not asked to adopt it.
+    b.snapshots.clear()
+    with setup.client() as http:
+        assert http.post("/sandboxes", json={"templateID": "snapone"}).status_code == 201
+    assert b.snapshots == {}
+    assert len(a.creates_seen) == 2
+
+
+async def test_a_fork_too_big_for_its_node_spills_over_to_another(
+    setup: Setup, client: aioredis.Redis, redis: RedisServer
+) -> None:
+    a, b = setup.nodes["a"], setup.nodes["b"]
+    a.add("sbparent", 1000.0)
+    await Routes(client).assign("sbparent", "a")
+    saved = SavedRecords(client)
+
+    async def stored(made: Template) -> None:
+        # On the node double's own event loop: a client of its own.
+        own = connect(redis.url)
+        try:
+            await SavedRecords(own).publish(SavedRecord.of(template_to_json(made)))
+        finally:
+            await own.aclose()
+
+    a.on_snapshot = stored
+    a.fork_room = 1
+    a.create_answers = [429, 429]  # full for creates too
+    with setup.client() as http:
+        forked = http.post("/sandboxes/sbparent/fork", json={"count": 3, "timeout": 60})
+    assert forked.status_code == 201, forked.text
+    assert [e["sandbox"]["node"] for e in forked.json()] == ["a", "b", "b"]
+    assert [body["templateID"] for body in b.create_bodies] == ["snapofsbparent"] * 2
+    assert all(body["timeout"] == 60 for body in b.create_bodies)
+    # The snapshot served its purpose: deleted on both nodes, withdrawn.
+    assert a.snapshots == {} and b.snapshots == {} and await saved.all() == []
+    # A fork that fits stays on the parent's node, no snapshot taken.
+    a.fork_room = 100
+    with setup.client() as http:
+        fits = http.post("/sandboxes/sbparent/fork", json={"count": 2})
+    assert [e["sandbox"]["node"] for e in fits.json()] == ["a", "a"]
+    assert len(b.create_bodies) == 2
+
+
+async def test_snapshots_are_listed_once_across_nodes_and_deleted_everywhere(
+    setup: Setup, client: aioredis.Redis
+) -> None:
+    a, b = setup.nodes["a"], setup.nodes["b"]
+    shared, fresh = snapshot("snapshared", 1000.0, "s"), snapshot("snapfresh", 3000.0)
+    lost = snapshot("snaplost", 2000.0)  # made by a node that is gone: only its record is left
+    a.snapshots |= {"snapshared": shared, "snapfresh": fresh}
+    b.snapshots["snapshared"] = shared
+    for made in (shared, lost):
+        await SavedRecords(client).publish(SavedRecord.of(template_to_json(made)))
+    with setup.client() as http:
+        listed = http.get("/snapshots")
+        first = http.get("/snapshots", params={"limit": 2})
+        rest = http.get(
+            "/snapshots", params={"limit": 2, "nextToken": first.headers["X-Next-Token"]}
+        )
+        named = http.get("/snapshots", params={"name": "s"})
+        bad = http.get("/snapshots", params={"limit": 0})
+    assert listed.status_code == 200, listed.text
+    # Newest first; one not in the repository yet is the newest.
+    assert [s["snapshotID"] for s in listed.json()] == ["snapfresh", "snaplost", "snapshared"]
+    assert [s["snapshotID"] for s in first.json() + rest.json()] == [
+        "snapfresh", "snaplost", "snapshared",
+    ]  # fmt: skip
+    assert "X-Next-Token" not in rest.headers
+    assert named.json() == [{"snapshotID": "snapshared", "names": ["s"]}]
+    assert bad.status_code == 400 and bad.json()["code"] == 400
+
+    with setup.client() as http:
+        deleted = http.delete("/templates/snapshared")
+        lost_deleted = http.delete("/templates/snaplost")
+        unknown = http.delete("/templates/nosuch")
+        after = http.get("/snapshots")
+    assert deleted.status_code == 204 and lost_deleted.status_code == 204
+    assert "snapshared" not in a.snapshots and "snapshared" not in b.snapshots
+    assert await SavedRecords(client).all() == []
+    assert unknown.status_code == 404 and unknown.json()["code"] == 404
+    assert [s["snapshotID"] for s in after.json()] == ["snapfresh"]
 
 
 async def test_the_list_pages_over_every_node_in_order(setup: Setup) -> None:

@@ -7,12 +7,17 @@ callers without the cluster token, and a gateway with another secret does not st
 
 On the same cluster (one boot of two nodes is most of the time), with one S3 repository for
 both: a paused sandbox whose node is drained (`aenv node drain`) resumes on the other node with
-its files; creates avoid the draining node (`aenv nodes` shows it); after a `kill -9` of a node,
-its paused sandbox resumes on the survivor and its running one answers 404."""
+its files; a snapshot made on the drained node starts a sandbox on the other (which pulls it from
+the repository), is listed once and deleted from both; creates avoid the draining node (`aenv
+nodes` shows it); after a `kill -9` of a node, its paused sandbox resumes on the survivor and its
+running one answers 404, and is listed paused before; a fork too big for its node starts the
+rest of its children on the other; with two gateways, one killed with
+`kill -9`, the other serves the same sandboxes and new ones."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import shutil
 import sys
@@ -26,11 +31,12 @@ import pytest
 from aenv.cluster.parked import Parked
 from aenv.cluster.registry import NodeRegistry
 from aenv.cluster.routing import Routes
+from aenv.cluster.saved import SavedRecords
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import connect
 from aenv.config import Paths
 from aenv.orchestrator.images import prepare_images
-from tests.cluster.cluster_ns import Cluster, cluster
+from tests.cluster.cluster_ns import GATEWAY_PORT, Cluster, Gateway, cluster
 from tests.cluster.shared import SECRET
 from tests.support.guest import GUEST_CACHE, MIRROR
 from tests.support.redis_server import RedisServer
@@ -43,14 +49,18 @@ MOVES = str(Path(__file__).parent / "sdk" / "moves.py")
 NODES = ["node-a", "node-b"]
 
 
-def sdk(c: Cluster, *args: str, script: str = SCRIPT) -> dict[str, Any]:
+def sdk(
+    c: Cluster, *args: str, script: str = SCRIPT, gateway: Gateway | None = None
+) -> dict[str, Any]:
+    """A run of an SDK script against `gateway` (the cluster's first by default)."""
+    gateway = gateway or c.gateway
     env = {
-        "E2B_API_URL": c.gateway.url,
-        "E2B_SANDBOX_URL": c.gateway.url,
-        "E2B_API_KEY": c.gateway.api_key,
+        "E2B_API_URL": gateway.url,
+        "E2B_SANDBOX_URL": gateway.url,
+        "E2B_API_KEY": gateway.api_key,
     }
-    code, out = c.gateway.run([sys.executable, script, *args], env=env)
-    assert code == 0, out + c.gateway.log.read_text()[-3000:]
+    code, out = gateway.run([sys.executable, script, *args], env=env)
+    assert code == 0, out + gateway.log.read_text()[-3000:]
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
 
@@ -73,7 +83,8 @@ async def sandboxes_move(
     c: Cluster, registry: NodeRegistry, routes: Routes, parked: Parked
 ) -> None:
     kept = "kept across nodes"
-    sandbox_id = sdk(c, "park", kept, script=MOVES)["id"]
+    parked_one = sdk(c, "park", kept, script=MOVES)
+    sandbox_id, snapshot_id = parked_one["id"], parked_one["snapshot"]
     first = await routes.lookup(sandbox_id)
     assert first in NODES
     other = next(n for n in NODES if n != first)
@@ -89,6 +100,7 @@ async def sandboxes_move(
     assert sdk(c, "resume", sandbox_id, script=MOVES) == {"file": kept, "echo": "moved\n"}
     assert await routes.lookup(sandbox_id) == other
     assert await parked.get(sandbox_id) is None
+    await snapshots_travel(c, routes, SavedRecords(parked.client), snapshot_id, other, kept)
     running = sdk(c, "create", script=MOVES)["id"]
     assert await routes.lookup(running) == other  # not on the draining node
 
@@ -102,16 +114,66 @@ async def sandboxes_move(
     await until(published, "the paused sandbox was never published")
     code, out = c.gateway.run([sys.executable, "-m", "aenv.cli", "node", "undrain", first])
     assert code == 0, out
+    # `other` holds two of its three: one child fits there, the rest start on `first` from a
+    # snapshot of the parent through the repository.
+    children = sdk(c, "fork", running, "3", script=MOVES)["children"]
+    assert [file for _, file in children] == ["forked state"] * 3, children
+    homes = [await routes.lookup(child) for child, _ in children]
+    assert sorted(str(h) for h in homes) == sorted([other, first, first]), homes
+    assert sdk(c, "kill", *(child for child, _ in children))["killed"] == [True] * 3
     c.nodes[other].kill_9()
 
     async def lapsed() -> bool:
         return [n.node_id for n in await registry.live()] == [first]
 
     await until(lapsed, "the killed node's lease never lapsed")
+    # Listed paused, as on one node, though its node is gone (the list moves it to `first`).
+    assert sdk(c, "listed", script=MOVES)["listed"] == [[sandbox_id, "paused"]]
     assert sdk(c, "resume", sandbox_id, script=MOVES) == {"file": kept, "echo": "moved\n"}
     assert await routes.lookup(sandbox_id) == first
     assert sdk(c, "gone", running, script=MOVES)["gone"] is True
-    assert sdk(c, "kill", sandbox_id)["killed"] == [True]
+
+    # Two gateways; one killed: the other serves the same sandbox and new ones.
+    second = dataclasses.replace(
+        c.gateway, log=c.gateway.log.with_name("gateway-2.log"), proc=None, port=GATEWAY_PORT + 1
+    )
+    second.start()
+    try:
+        second.wait_ready()
+        c.gateway.kill_9()
+        assert sdk(c, "resume", sandbox_id, script=MOVES, gateway=second)["file"] == kept
+        made = sdk(c, "create", "1", "0", gateway=second)
+        assert made["outputs"] == ["hello 0\n"] and made["listed"] == made["ids"]
+        gone = sdk(c, "kill", sandbox_id, *made["ids"], gateway=second)
+        assert gone == {"killed": [True, True], "listed": []}
+    finally:
+        second.stop()
+
+
+async def snapshots_travel(
+    c: Cluster, routes: Routes, saved: SavedRecords, snapshot_id: str, other: str, kept: str
+) -> None:
+    """A snapshot made on the draining node: a sandbox from it (by name) starts on `other`."""
+
+    async def stored() -> bool:
+        return await saved.find(snapshot_id) is not None
+
+    await until(stored, "the snapshot never reached the repository")
+    child = sdk(c, "from-snapshot", "travels", script=MOVES)
+    assert child["file"] == kept
+    assert await routes.lookup(child["id"]) == other
+    # Both nodes hold it now: listed once.
+    assert sdk(c, "snapshots", script=MOVES)["ids"] == [snapshot_id]
+    assert sdk(c, "delete-snapshot", snapshot_id, script=MOVES) == {"deleted": True}
+    assert sdk(c, "snapshots", script=MOVES)["ids"] == []
+
+    async def withdrawn() -> bool:
+        # A heartbeat that read its node's snapshots before the delete may publish it again
+        # once; the next one withdraws it.
+        return await saved.find(snapshot_id) is None
+
+    await until(withdrawn, "the deleted snapshot stayed published")
+    assert sdk(c, "kill", child["id"])["killed"] == [True]
 
 
 async def test_two_nodes_behind_a_gateway_with_the_sdk(redis: RedisServer) -> None:
@@ -125,6 +187,8 @@ async def test_two_nodes_behind_a_gateway_with_the_sdk(redis: RedisServer) -> No
         "AENV_CLUSTER_SECRET": SECRET.value,
         # Longer than a create: routes must appear through the orchestrator's hook, not a beat.
         "AENV_HEARTBEAT_INTERVAL": "3",
+        # Small, so that a fork spills over to the other node.
+        "AENV_MAX_SANDBOXES": "3",
         "AENV_LEASE_TTL": "15",
     }
     try:

@@ -1,6 +1,7 @@
 """Moving a paused sandbox between the nodes of a cluster, for gateways only: `release` gives a
 sandbox up (paused first, its checkpoint in the shared repository), `adopt` takes one another
-node released or lost (see docs/cluster.md, "State follows the sandbox").
+node released or lost (see docs/cluster.md, "State follows the sandbox"); `adopt_template` takes a
+snapshot another node made, stored in the shared repository, so sandboxes start from it here.
 
 The routes answer only calls a gateway made through the internal API (`api.internal`): to a
 user's key they do not exist (404), so no client can move or inject sandboxes.
@@ -16,10 +17,12 @@ from aenv.api.errors import APIError, call_lifecycle
 from aenv.api.internal import caller
 from aenv.api.requests import check_query
 from aenv.orchestrator.catalog import record_from_json, record_to_json
-from aenv.orchestrator.lifecycle import Orchestrator
+from aenv.orchestrator.lifecycle import OperationFailed, Orchestrator
+from aenv.orchestrator.templates import template_from_json, template_to_json
 
 RELEASE = "/cluster/sandboxes/{sandbox_id}/release"
 ADOPT = "/cluster/adopt"
+ADOPT_TEMPLATE = "/cluster/templates"
 RECORD_TYPE = "application/json"
 
 
@@ -31,6 +34,7 @@ class HandoffRoutes:
         return [
             Route(RELEASE, self.release, methods=["POST"]),
             Route(ADOPT, self.adopt, methods=["POST"]),
+            Route(ADOPT_TEMPLATE, self.adopt_template, methods=["POST"]),
         ]
 
     async def release(self, request: Request) -> Response:
@@ -49,6 +53,20 @@ class HandoffRoutes:
             raise APIError(400, f"not a sandbox record: {e!r}") from e
         adopted = await call_lifecycle(self.orc.adopt(record), record.id)
         return Response(record_to_json(adopted), media_type=RECORD_TYPE)
+
+    async def adopt_template(self, request: Request) -> Response:
+        """Takes the template record (`templates.template_to_json`) in the body; answers it as
+        recorded here. 409 when it cannot be (no repository, no stored copy)."""
+        _gateway_only(request)
+        try:
+            template = template_from_json((await request.body()).decode())
+        except (ValueError, KeyError, TypeError) as e:
+            raise APIError(400, f"not a template record: {e!r}") from e
+        try:
+            adopted = await self.orc.adopt_template(template)
+        except OperationFailed as e:
+            raise APIError(409, str(e)) from e
+        return Response(template_to_json(adopted), media_type=RECORD_TYPE)
 
 
 def _gateway_only(request: Request) -> None:

@@ -9,7 +9,8 @@ Redis being down never stops the node: the agent records the error and tries aga
 It also publishes the node's paused sandboxes whose checkpoints are in the shared repository
 (`parked`), so another node can resume them if this one dies, and before writing routes it lets
 go of any sandbox whose route another node holds: that sandbox moved while this node was cut
-off, and it must not run twice (`StateSource.forget`).
+off, and it must not run twice (`StateSource.forget`). Snapshots whose copies are in the
+repository are published too (`saved`), for any node to start sandboxes from.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from aenv.cluster.registry import (
     WrongClusterSecret,
 )
 from aenv.cluster.routing import Routes
+from aenv.cluster.saved import SavedRecord, SavedRecords
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import ClusterUnavailable, Keys, guarded
 
@@ -49,6 +51,8 @@ class NodeState:
     snapshots: Set[str]
     # Paused sandboxes whose newest checkpoint is in the shared repository: id -> record JSON.
     parked: Mapping[str, str] = field(default_factory=dict)
+    # Snapshots whose copy is in the shared repository: id -> template record JSON.
+    saved: Mapping[str, str] = field(default_factory=dict)
 
     @property
     def files(self) -> set[FileRef]:
@@ -97,12 +101,14 @@ class NodeAgent:
         self.routes = Routes(client, self.registry.keys)
         self.holders = Holders(self.registry)
         self.parked = Parked(client, self.registry.keys)
+        self.saved = SavedRecords(client, self.registry.keys)
         # The data set the node's routes and files were last written into in full, and what
         # they were after the last beat.
         self._published: tuple[str, str] | None = None
         self._sandboxes: set[str] = set()
         self._files: set[FileRef] = set()
         self._parked: dict[str, str] = {}
+        self._saved: dict[str, str] = {}
         self._status = AgentStatus(connected=False, error=None, republishes=0)
 
     @property
@@ -129,10 +135,12 @@ class NodeAgent:
                 await self.routes.replace(self.node_id, state.sandboxes)
                 await self.holders.replace(self.node_id, state.files)
                 self._parked = {}
+                self._saved = {}
                 self._published = generation
             else:
                 await self._write_changes(state)
             await self._write_parked(state.parked)
+            await self._write_saved(state.saved)
             self._sandboxes, self._files = set(state.sandboxes), state.files
         except ClusterUnavailable as error:
             self._failed(error)
@@ -197,7 +205,9 @@ class NodeAgent:
             return state
         parked = {i: r for i, r in state.parked.items() if i not in moved}
         kept = set(state.sandboxes) - moved
-        return NodeState(state.capacity, kept, state.templates, state.snapshots, parked)
+        return NodeState(
+            state.capacity, kept, state.templates, state.snapshots, parked, state.saved
+        )
 
     async def _write_parked(self, parked: Mapping[str, str]) -> None:
         for sandbox_id in self._parked.keys() - parked.keys():
@@ -206,6 +216,15 @@ class NodeAgent:
             if self._parked.get(sandbox_id) != record:
                 await self.parked.publish(self.node_id, sandbox_id, record)
         self._parked = dict(parked)
+
+    async def _write_saved(self, saved: Mapping[str, str]) -> None:
+        for template_id in self._saved.keys() - saved.keys():
+            gone = SavedRecord.of(self._saved[template_id])
+            await self.saved.withdraw(template_id, gone.names)
+        for template_id, record in saved.items():
+            if self._saved.get(template_id) != record:
+                await self.saved.publish(SavedRecord.of(record))
+        self._saved = dict(saved)
 
     async def _run_id(self) -> str:
         async with guarded(self.client, "reading the server's run id"):

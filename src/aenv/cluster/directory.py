@@ -1,5 +1,6 @@
 """A gateway's read side of the cluster state: which live node a sandbox is on, which nodes are
-live, which hold a template's files, and whether the gateway's secret is the cluster's.
+live, which hold a template's files, which snapshots any node can start from, and whether the
+gateway's secret is the cluster's.
 
 A node counts only while its lease is current: its report expires with the lease, so a sandbox
 routed to a node that stopped heartbeating is not found, never proxied to a dead address.
@@ -16,6 +17,7 @@ from aenv.cluster.holders import FileKind, FileRef, Holders
 from aenv.cluster.parked import Parked
 from aenv.cluster.registry import NodeRegistry, NodeReport, WrongClusterSecret
 from aenv.cluster.routing import Routes
+from aenv.cluster.saved import SavedRecords
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import guarded
 
@@ -40,6 +42,7 @@ class Directory:
         self.routes = Routes(client, self.registry.keys)
         self.holders = Holders(self.registry)
         self.parked = Parked(client, self.registry.keys)
+        self.saved = SavedRecords(client, self.registry.keys)
         self.drains = Drains(client, self.registry.keys)
 
     async def node_of(self, sandbox_id: str) -> NodeReport | None:
@@ -60,6 +63,11 @@ class Directory:
 
     async def template_holders(self, template_id: str) -> set[str]:
         return await self.holders.of(FileRef(FileKind.TEMPLATE, template_id))
+
+    async def file_holders(self, template_id: str) -> set[str]:
+        """The nodes holding the files of a template or snapshot of this id."""
+        snapshot = await self.holders.of(FileRef(FileKind.SNAPSHOT, template_id))
+        return await self.template_holders(template_id) | snapshot
 
     async def check_secret(self) -> None:
         """Raises `WrongClusterSecret` when the cluster's nodes registered with another secret

@@ -6,31 +6,46 @@ agent, every heartbeat), and withdraws it when that stops being so; a sandbox re
 drain is published by nobody (`released`), so no node withdraws it. When a sandbox's node is gone
 or gave it up, a gateway claims the move (`claim`: one gateway at a time), has another node adopt
 the record, and removes it here (`remove`): the adopting node holds the truth from then on.
+Each publisher's records are indexed (`Keys.parked_by`, `lost`), so a gateway finds the paused
+sandboxes of a lost node without scanning every key.
 """
 
 from __future__ import annotations
 
-from collections.abc import Awaitable
+from collections.abc import Awaitable, Set
 from dataclasses import dataclass
 from typing import cast
 
 import redis.asyncio as aioredis
 
-from aenv.cluster.store import Keys, guarded
+from aenv.cluster.store import Keys, guarded, members
 
-# KEYS: the parked hash. ARGV: node id. Only the publishing node's own entry goes.
+# KEYS: the parked hash, the node's parked-by set. ARGV: node id, sandbox id. Only the
+# publishing node's own entry goes.
 _WITHDRAW = """
 if redis.call('HGET', KEYS[1], 'node') ~= ARGV[1] then return 0 end
 redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], ARGV[2])
 return 1
 """
 
 
-# KEYS: the parked hash. ARGV: node id, record. A released record (no publisher) is left alone:
-# its node gave it up, and a heartbeat that read the node's catalog before must not take it back.
+# KEYS: the parked hash, the node's parked-by set, the parked-nodes set. ARGV: node id, record,
+# sandbox id. A released record (no publisher) is left alone: its node gave it up, and a
+# heartbeat that read the node's catalog before must not take it back.
 _PUBLISH = """
 if redis.call('HGET', KEYS[1], 'node') == '' then return 0 end
 redis.call('HSET', KEYS[1], 'node', ARGV[1], 'record', ARGV[2])
+redis.call('SADD', KEYS[2], ARGV[3])
+redis.call('SADD', KEYS[3], ARGV[1])
+return 1
+"""
+
+# KEYS: the parked hash, the parked-by key prefix. ARGV: sandbox id.
+_REMOVE = """
+local node = redis.call('HGET', KEYS[1], 'node')
+redis.call('DEL', KEYS[1])
+if node then redis.call('SREM', KEYS[2] .. node, ARGV[1]) end
 return 1
 """
 
@@ -48,23 +63,37 @@ class Parked:
         self.keys = keys or Keys()
         self._withdraw = client.register_script(_WITHDRAW)
         self._publish = client.register_script(_PUBLISH)
+        self._remove = client.register_script(_REMOVE)
 
     async def publish(self, node_id: str, sandbox_id: str, record: str) -> bool:
         """Publishes the record as `node_id`'s unless it was released; True if it did."""
         async with guarded(self.client, f"publishing paused sandbox {sandbox_id}"):
-            keys = [self.keys.parked(sandbox_id)]
-            return bool(await self._publish(keys, [node_id, record]))
+            keys = [
+                self.keys.parked(sandbox_id),
+                self.keys.parked_by(node_id),
+                self.keys.parked_nodes,
+            ]
+            return bool(await self._publish(keys, [node_id, record, sandbox_id]))
 
     async def released(self, sandbox_id: str, record: str) -> None:
         """A record its node gave up (a drain): no node withdraws it, an adopter removes it."""
-        async with guarded(self.client, f"publishing released sandbox {sandbox_id}"):
+        doing = f"publishing released sandbox {sandbox_id}"
+        async with guarded(self.client, doing):
             key = self.keys.parked(sandbox_id)
-            await self.client.hset(key, mapping={"node": "", "record": record})
+            before = await cast("Awaitable[str | None]", self.client.hget(key, "node"))
+        async with guarded(self.client, doing), self.client.pipeline(transaction=True) as pipe:
+            if before:  # published by its node until now
+                pipe.srem(self.keys.parked_by(before), sandbox_id)
+            pipe.hset(self.keys.parked(sandbox_id), mapping={"node": "", "record": record})
+            pipe.sadd(self.keys.parked_by(""), sandbox_id)
+            pipe.sadd(self.keys.parked_nodes, "")
+            await pipe.execute()
 
     async def withdraw(self, node_id: str, sandbox_id: str) -> bool:
         """Removes the record if `node_id` published it; True if it did."""
         async with guarded(self.client, f"withdrawing paused sandbox {sandbox_id}"):
-            return bool(await self._withdraw([self.keys.parked(sandbox_id)], [node_id]))
+            keys = [self.keys.parked(sandbox_id), self.keys.parked_by(node_id)]
+            return bool(await self._withdraw(keys, [node_id, sandbox_id]))
 
     async def get(self, sandbox_id: str) -> ParkedSandbox | None:
         async with guarded(self.client, f"reading paused sandbox {sandbox_id}"):
@@ -76,7 +105,20 @@ class Parked:
 
     async def remove(self, sandbox_id: str) -> None:
         async with guarded(self.client, f"removing paused sandbox {sandbox_id}"):
-            await self.client.delete(self.keys.parked(sandbox_id))
+            # The script names the publisher's set: the prefix and the publisher read there.
+            keys = [self.keys.parked(sandbox_id), self.keys.parked_by("")]
+            await self._remove(keys, [sandbox_id])
+
+    async def lost(self, live: Set[str]) -> set[str]:
+        """The ids of parked sandboxes whose publisher is not in `live` (released ones too)."""
+        async with guarded(self.client, "finding the paused sandboxes of lost nodes"):
+            publishers = await members(self.client, self.keys.parked_nodes)
+            found: set[str] = set()
+            # Node ids stay in the index (a few bytes each): removing one could race its
+            # next publication.
+            for node_id in publishers - live:
+                found |= await members(self.client, self.keys.parked_by(node_id))
+        return found
 
     async def claim(self, sandbox_id: str, who: str, ttl: float) -> bool:
         """Whether `who` may move the sandbox now; the claim lapses after `ttl` seconds."""

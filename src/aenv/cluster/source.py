@@ -1,6 +1,7 @@
 """A node's state for its heartbeats, read from its own catalog, template store and host: the
 sandboxes it holds, those of them any node could resume (paused, their newest checkpoint in the
-shared repository), the templates and snapshots whose files it has, and its capacity."""
+shared repository), the templates and snapshots whose files it has (and the snapshots stored in
+that repository), and its capacity."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from aenv.cluster.registry import Capacity
 from aenv.orchestrator.catalog import Catalog, SandboxRecord, record_to_json
 from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.states import SandboxState
-from aenv.orchestrator.templates import TemplateStore
+from aenv.orchestrator.templates import TemplateStore, template_to_json
 
 # Sandboxes on their way in or out still live here: a route must reach them until they are gone.
 _PAUSED = {SandboxState.PAUSED, SandboxState.PAUSING}
@@ -48,12 +49,14 @@ class CatalogSource:
             running=len(records) - paused,
             paused=paused,
         )
+        snapshots = self.templates.list(TemplateKind.SNAPSHOT)
         return NodeState(
             capacity,
             {r.id for r in records},
             {t.template_id for t in self.templates.list(TemplateKind.TEMPLATE)},
-            {t.template_id for t in self.templates.list(TemplateKind.SNAPSHOT)},
+            {t.template_id for t in snapshots},
             {r.id: record_to_json(r) for r in records if _parked(r)},
+            {t.template_id: template_to_json(t) for t in snapshots if t.manifest_id is not None},
         )
 
 

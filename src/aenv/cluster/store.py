@@ -79,6 +79,27 @@ class Keys:
         node publishing it, or none once released, and the record), for another node to adopt."""
         return f"{self.prefix}:parked:{sandbox_id}"
 
+    @property
+    def saved(self) -> str:
+        """Snapshots stored in the shared repository (a hash: id -> template record), for any
+        node to start sandboxes from."""
+        return f"{self.prefix}:saved"
+
+    @property
+    def saved_names(self) -> str:
+        """The names of those snapshots (a hash: name -> id)."""
+        return f"{self.prefix}:saved-names"
+
+    def parked_by(self, node_id: str) -> str:
+        """The ids of the sandboxes a node published as parked ("" for released ones): how a
+        gateway finds a lost node's paused sandboxes to list them."""
+        return f"{self.prefix}:parked-by:{node_id}"
+
+    @property
+    def parked_nodes(self) -> str:
+        """The node ids with a `parked_by` set."""
+        return f"{self.prefix}:parked-nodes"
+
     def moving(self, sandbox_id: str) -> str:
         """The gateway moving a sandbox to another node now; expires if that gateway dies."""
         return f"{self.prefix}:moving:{sandbox_id}"

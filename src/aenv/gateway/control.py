@@ -8,8 +8,13 @@
   parked (paused, its checkpoint in the shared repository) is moved to another node first
   (`handoff`); else E2B's 404.
 - Creates go to nodes that are not draining.
-- Lists ask every live node and merge (`listing`).
+- Lists ask every live node and merge (`listing`). Paused sandboxes of lost nodes (and those a
+  drain released) are moved to a live node first, so they are listed, paused, as on one node.
 - Redis unreachable is a 503 with a JSON error, for as long as it lasts.
+- A create from a snapshot another node made has the chosen node adopt its record first
+  (`aenv.cluster.saved`): the node pulls its files from the shared repository.
+- Templates and snapshots are answered across nodes (`saved`); forks spill over to other
+  nodes when the parent's lacks room (`forks`).
 - Every other route of a node is a 501 here for now, naming it.
 """
 
@@ -17,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import re
 
 from starlette.requests import Request
@@ -24,18 +30,25 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.errors import APIError, not_found
+from aenv.api.handoff import ADOPT_TEMPLATE
 from aenv.api.internal import CURSORS_HEADER
 from aenv.cluster.directory import Directory
+from aenv.cluster.internal import CLUSTER_CALLER
 from aenv.cluster.placement import candidates
 from aenv.cluster.registry import NodeReport
+from aenv.cluster.saved import SavedRecord
 from aenv.cluster.store import ClusterUnavailable
+from aenv.gateway.forks import Forks
 from aenv.gateway.handoff import Handoff
 from aenv.gateway.listing import merge, page_limit
 from aenv.gateway.nodes import Answer, NodeClient, NodeFailed, NodeUnreachable
+from aenv.gateway.saved import SavedRoutes
 
 # `/sandboxes/{id}...` and `/v2/sandboxes/{id}...`, but not `/sandboxes/metrics`.
 _SANDBOX_PATH = re.compile(r"/(?:v2/)?sandboxes/(?!metrics(?:/|$))([^/]+)(?:/.*)?")
 _SANDBOX_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+log = logging.getLogger("aenv.gateway")
 
 
 class ControlPlane:
@@ -51,8 +64,10 @@ class ControlPlane:
             Route("/v2/sandboxes", self.create, methods=["POST"]),
             Route("/sandboxes", self.list_v1, methods=["GET"]),
             Route("/v2/sandboxes", self.list_v2, methods=["GET"]),
+            Route("/sandboxes/{sandbox_id}/fork", Forks(self).fork, methods=["POST"]),
             Route("/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
             Route("/v2/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
+            *SavedRoutes(self.directory, self.call_on).routes(),
             Route("/{rest:path}", self.not_served, methods=_SANDBOX_METHODS),
         ]
 
@@ -61,7 +76,7 @@ class ControlPlane:
         raise APIError(
             501,
             f"{request.method} {request.url.path} is not served by the cluster gateway yet "
-            "(templates, snapshots, API keys, batch metrics): call a node for it",
+            "(API keys, batch metrics, teams): call a node for it",
         )
 
     async def health(self, _: Request) -> Response:
@@ -70,52 +85,97 @@ class ControlPlane:
         return Response(status_code=204)
 
     async def create(self, request: Request) -> Response:
-        body = await request.body()
+        return _respond(await self.place(request, request.url.path, await request.body()))
+
+    async def place(self, request: Request, path: str, body: bytes) -> Answer:
+        """A create (`POST path` with `body`) on the first node that takes it, for the client
+        of `request`. Raises `APIError` 429 naming every node's refusal."""
+        ref = _template_of(body)
+        saved = await self.directory.saved.find(ref) if ref else None
         nodes = await self.directory.placeable()
-        holders = await self.directory.template_holders(_template_of(body))
+        holders = await self.directory.file_holders(saved.template_id if saved else ref)
         refusals: list[str] = []
         for node in candidates(nodes, holders):
             try:
-                answer = await self._call(request, node, body)
+                if saved is not None and node.node_id not in holders:
+                    refused = await self._adopt_template(node, saved)
+                    if refused is not None:
+                        refusals.append(refused)
+                        continue
+                answer = await self.call_on(request, node, "POST", path, body)
             except NodeUnreachable as error:
                 refusals.append(str(error))
                 continue
-            if answer.status == 429 or answer.status >= 500:
+            # A node without the files of a template others hold does not know it yet (a
+            # snapshot not in the repository yet): a refusal, not the answer.
+            unheld = answer.status == 404 and holders and node.node_id not in holders
+            if answer.status == 429 or answer.status >= 500 or unheld:
                 refusals.append(f"node {node.node_id}: {answer.status} {_message(answer)}")
                 continue
-            return _respond(answer)
+            return answer
         why = "; ".join(refusals) or "no live node in the cluster"
         raise APIError(429, f"no node can take the sandbox: {why}")
+
+    async def _adopt_template(self, node: NodeReport, saved: SavedRecord) -> str | None:
+        """Has the node record a snapshot it lacks; the refusal, if it refused."""
+        try:
+            answer = await self.nodes.call(
+                node, "POST", ADOPT_TEMPLATE, caller=CLUSTER_CALLER, body=saved.record.encode()
+            )
+        except NodeFailed as error:
+            return str(error)
+        if answer.status != 200:
+            return f"node {node.node_id}: {answer.status} {_message(answer)}"
+        return None
 
     async def sandbox(self, request: Request) -> Response:
         match = _SANDBOX_PATH.fullmatch(request.url.path)
         if match is None:
             return await self.not_served(request)
         sandbox_id = match.group(1)
-        node = await self.directory.node_of(sandbox_id)
-        if node is None:
-            node = await self.handoff.move(sandbox_id)
-        if node is None:
-            raise not_found(f"sandbox '{sandbox_id}'")
+        node = await self.node_of(sandbox_id)
         try:
             answer = await self._call(request, node, await request.body())
         except NodeUnreachable as error:
             raise APIError(502, f"the node of sandbox '{sandbox_id}' is unreachable") from error
         return _respond(answer)
 
+    async def node_of(self, sandbox_id: str) -> NodeReport:
+        """The live node of the sandbox, moved to one first if its own is gone; else 404."""
+        node = await self.directory.node_of(sandbox_id)
+        if node is None:
+            node = await self.handoff.move(sandbox_id)
+        if node is None:
+            raise not_found(f"sandbox '{sandbox_id}'")
+        return node
+
     async def list_v1(self, request: Request) -> Response:
+        await self._move_lost()
         answers = await self._ask_all(request)
         merged = [s for a in answers for s in json.loads(a.body)]
         merged.sort(key=lambda s: (s["startedAt"], s["sandboxID"]))
         return JSONResponse(merged)
 
     async def list_v2(self, request: Request) -> Response:
+        await self._move_lost()
         answers = await self._ask_all(request)
         q = request.query_params
         ascending = q.get("order", "desc").lower() == "asc"
         page = merge(answers, page_limit(q.get("limit")), ascending)
         headers = {} if page.next_token is None else {"X-Next-Token": page.next_token}
         return JSONResponse(page.sandboxes, headers=headers)
+
+    async def _move_lost(self) -> None:
+        """Moves every parked sandbox whose node is gone onto a live one (a record insert there,
+        no VM). One no node takes is left parked and not listed; a connect to it says why."""
+        live = {n.node_id for n in await self.directory.live()}
+        lost = sorted(await self.directory.parked.lost(live))
+        moves = await asyncio.gather(*(self.handoff.move(i) for i in lost), return_exceptions=True)
+        for sandbox_id, moved in zip(lost, moves, strict=True):
+            if isinstance(moved, ClusterUnavailable):
+                raise moved
+            if isinstance(moved, BaseException):
+                log.warning("paused sandbox %s of a lost node not moved: %s", sandbox_id, moved)
 
     async def _ask_all(self, request: Request) -> list[Answer]:
         """Every live node's answer to the request; the first refusal is the client's answer
@@ -133,10 +193,16 @@ class ControlPlane:
 
     async def _call(self, request: Request, node: NodeReport, body: bytes) -> Answer:
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        return await self.call_on(request, node, request.method, target, body)
+
+    async def call_on(
+        self, request: Request, node: NodeReport, method: str, target: str, body: bytes
+    ) -> Answer:
+        """`method target` on the node, for the client's request (its key, its headers)."""
         try:
             return await self.nodes.call(
                 node,
-                request.method,
+                method,
                 target,
                 caller=request.state.api_key.id,
                 headers=request.scope["headers"],

@@ -71,15 +71,43 @@ class Archive:
             await asyncio.to_thread(shutil.rmtree, staging, True)
 
     async def push_directory(
-        self, directory: Path, *, name: str, metadata: Mapping[str, str]
+        self,
+        directory: Path,
+        *,
+        name: str,
+        metadata: Mapping[str, str],
+        recorded: Path | None = None,
     ) -> str:
-        """Store an already self-contained snapshot directory; returns its manifest id."""
+        """Store an already self-contained snapshot directory; returns its manifest id. A
+        copy staged elsewhere is `recorded` as the directory its paths name."""
         manifest = await self.repository.put_tree(
             directory,
             name=name,
-            metadata={**metadata, "directory": str(directory), "home": str(self.home)},
+            metadata={
+                **metadata,
+                "directory": str(recorded or directory),
+                "home": str(self.home),
+            },
         )
         return manifest.id
+
+    async def push_snapshot(
+        self, directory: Path, *, name: str, metadata: Mapping[str, str]
+    ) -> str:
+        """Store a self-contained snapshot (a template or snapshot's build) in place; returns
+        its manifest id. A `portable` copy also takes the read-only files it names, staged
+        beside it (its files linked, its manifest rewritten), so the local one stays as is."""
+        if not self.portable:
+            return await self.push_directory(directory, name=name, metadata=metadata)
+        staging = directory.parent / f".{directory.name}.push"
+        await asyncio.to_thread(shutil.rmtree, staging, True)
+        try:
+            await asyncio.to_thread(_stage_portable, directory, staging)
+            return await self.push_directory(
+                staging, name=name, metadata=metadata, recorded=directory
+            )
+        finally:
+            await asyncio.to_thread(shutil.rmtree, staging, True)
 
     async def pull(self, manifest_id: str, dest: Path, driver: Driver) -> Snapshot:
         """Materialise a stored snapshot at `dest` (where it was exported from), replacing any
@@ -135,6 +163,25 @@ def _relocate(manifest: Path, moves: Mapping[str, str]) -> None:
         return value
 
     manifest.write_text(json.dumps(move(json.loads(manifest.read_text())), indent=2))
+
+
+def _stage_portable(directory: Path, staging: Path) -> None:
+    """`directory`'s files linked into `staging`, and the read-only files its snapshot names
+    taken in; the staged manifest names them as if under `directory`. Blocking."""
+    shutil.copytree(directory, staging, copy_function=_link_or_copy)
+    manifest = staging / SNAPSHOT_MANIFEST
+    # Rewritten below: its own inode, not the local snapshot's.
+    manifest.unlink()
+    shutil.copyfile(directory / SNAPSHOT_MANIFEST, manifest)
+    _take_images(staging)
+    _relocate(manifest, {str(staging): str(directory)})
+
+
+def _link_or_copy(source: str, target: str) -> None:
+    try:
+        os.link(source, target)
+    except OSError:  # another filesystem
+        shutil.copyfile(source, target)
 
 
 def _take_images(staging: Path) -> None:

@@ -1100,6 +1100,27 @@ class Orchestrator:
         await tell(self.residency, lambda r: r.sandbox_routed(record.id), f"{record.id} came")
         return adopted
 
+    async def adopt_template(self, template: Template) -> Template:
+        """Take a snapshot another node made, whose copy is in the shared repository: it is
+        recorded here under this node's directories, and the first sandbox started from it
+        pulls its files. The same build held already is left as it is. Raises
+        `OperationFailed` without a repository or a copy to pull."""
+        if self.saved.archive is None:
+            raise OperationFailed(f"cannot adopt {template.template_id}: no repository here")
+        if template.manifest_id is None or template.kind is not TemplateKind.SNAPSHOT:
+            raise OperationFailed(
+                f"cannot adopt {template.template_id}: only snapshots stored in the "
+                "repository move between nodes"
+            )
+        existing = self.templates.by_id(template.template_id)
+        if existing is not None and existing.build_id == template.build_id:
+            return existing
+        build_dir = self.templates.directory / template.template_id / template.build_id
+        adopted = dataclasses.replace(template, snapshot_dir=str(build_dir), deleted=False)
+        await asyncio.to_thread(build_dir.parent.mkdir, parents=True, exist_ok=True)
+        await asyncio.to_thread(self.templates.save, adopted)
+        return adopted
+
     async def forget(self, sandbox_id: str) -> bool:
         """Drop a sandbox that lives on another node now (this node was cut off while it
         moved): its VM stops and its files go here, its repository copy stays (the other

@@ -163,7 +163,7 @@ class SavedStates:
         try:
             saved = await self.driver.load_saved(directory)
             if saved.memory_file is None or saved.memory_file.parent == directory:
-                manifest_id = await self.archive.push_directory(
+                manifest_id = await self.archive.push_snapshot(
                     directory, name=name, metadata=metadata
                 )
             else:

@@ -172,6 +172,19 @@ class TemplateStore:
         return True
 
 
+def template_to_json(template: Template) -> str:
+    """The record another node adopts the template from (`template_from_json`)."""
+    return json.dumps(asdict(template))
+
+
+def template_from_json(text: str) -> Template:
+    """Raises ValueError, KeyError or TypeError for what is not a template record."""
+    raw = json.loads(text)
+    if not isinstance(raw, dict):
+        raise ValueError("a template record is a JSON object")
+    return _from_json(raw)
+
+
 def _from_json(raw: dict[str, Any]) -> Template:
     """A template from its `template.json`, also as earlier versions wrote it: `memory` (a
     bool) instead of `save_mode`, and kind `layer` for both build layers and image bases."""

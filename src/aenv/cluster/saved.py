@@ -1,0 +1,83 @@
+"""Snapshots any node can start sandboxes from: their records, published in Redis by the nodes
+that hold them, whose files are in the cluster's shared snapshot repository.
+
+A node publishes each snapshot whose copy reached the repository (its agent, every heartbeat)
+and withdraws it when it deletes it. The record outlives its node: a gateway placing a create
+from a snapshot on a node that lacks it has the node adopt the record first
+(`api.handoff.ADOPT_TEMPLATE`), and the node pulls the files. Names map to ids in a second hash,
+so a create may name a snapshot as E2B allows.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from typing import cast
+
+import redis.asyncio as aioredis
+
+from aenv.cluster.store import Keys, guarded
+
+
+@dataclass(frozen=True)
+class SavedRecord:
+    template_id: str
+    names: tuple[str, ...]
+    created_at: float
+    source_sandbox_id: str | None
+    record: str  # `aenv.orchestrator.templates.template_to_json`
+
+    @classmethod
+    def of(cls, record: str) -> SavedRecord:
+        raw = json.loads(record)
+        return cls(
+            raw["template_id"],
+            tuple(raw.get("aliases", ())),
+            float(raw.get("created_at", 0.0)),
+            raw.get("source_sandbox_id"),
+            record,
+        )
+
+
+class SavedRecords:
+    def __init__(self, client: aioredis.Redis, keys: Keys | None = None) -> None:
+        self.client = client
+        self.keys = keys or Keys()
+
+    async def publish(self, record: SavedRecord) -> None:
+        doing = f"publishing snapshot {record.template_id}"
+        async with guarded(self.client, doing), self.client.pipeline(transaction=True) as pipe:
+            pipe.hset(self.keys.saved, record.template_id, record.record)
+            for name in record.names:
+                pipe.hset(self.keys.saved_names, name, record.template_id)
+            await pipe.execute()
+
+    async def withdraw(self, template_id: str, names: tuple[str, ...] = ()) -> None:
+        doing = f"withdrawing snapshot {template_id}"
+        async with guarded(self.client, doing), self.client.pipeline(transaction=True) as pipe:
+            pipe.hdel(self.keys.saved, template_id)
+            if names:
+                pipe.hdel(self.keys.saved_names, *names)
+            await pipe.execute()
+
+    async def find(self, ref: str) -> SavedRecord | None:
+        """By id, or by name (`name:tag` as a create may give it)."""
+        name = ref.split(":", 1)[0]
+        async with guarded(self.client, f"reading snapshot {ref}"):
+            record = await cast("Awaitable[str | None]", self.client.hget(self.keys.saved, name))
+            if record is None:
+                template_id = await cast(
+                    "Awaitable[str | None]", self.client.hget(self.keys.saved_names, name)
+                )
+                if template_id is None:
+                    return None
+                record = await cast(
+                    "Awaitable[str | None]", self.client.hget(self.keys.saved, template_id)
+                )
+        return None if record is None else SavedRecord.of(record)
+
+    async def all(self) -> list[SavedRecord]:
+        async with guarded(self.client, "listing snapshots"):
+            records = await cast("Awaitable[dict[str, str]]", self.client.hgetall(self.keys.saved))
+        return [SavedRecord.of(r) for r in records.values()]

@@ -1,0 +1,159 @@
+"""Forks whose children do not all fit on the parent's node: the rest start on other nodes.
+
+The parent's node forks first: its children start from a local checkpoint, the cheapest way.
+When it refuses children for capacity (429 entries, or the whole fork 429), the gateway snapshots
+the parent on its node, waits until the snapshot's copy is in the shared repository (its record
+published, `aenv.cluster.saved`), and creates the missing children from it with the parent's
+metadata, placed as creates are (a node that lacks the snapshot adopts it and pulls it). The
+snapshot is deleted afterwards; nodes keep its files while children use them. A child started
+this way has the parent's state and metadata, but not its create-time env vars (a snapshot
+carries none); its entry is where the refused one was. When the snapshot cannot be taken or
+stored, the node's answer stands.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any, Protocol
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+
+from aenv.api.errors import APIError
+from aenv.api.models import DEFAULT_TIMEOUT_V2
+from aenv.cluster.directory import Directory
+from aenv.cluster.registry import NodeReport
+from aenv.gateway.nodes import Answer, NodeUnreachable
+
+# Longer than a snapshot's upload under load (its memory, disks and images, hashed).
+STORED_WAIT = 600.0
+_POLL = 0.5
+
+
+class Control(Protocol):
+    """What a fork needs of the control plane."""
+
+    directory: Directory
+
+    async def node_of(self, sandbox_id: str) -> NodeReport: ...
+
+    async def place(self, request: Request, path: str, body: bytes) -> Answer: ...
+
+    async def call_on(
+        self, request: Request, node: NodeReport, method: str, target: str, body: bytes
+    ) -> Answer: ...
+
+
+class Forks:
+    def __init__(self, control: Control, stored_wait: float = STORED_WAIT) -> None:
+        self.control = control
+        self.stored_wait = stored_wait
+
+    async def fork(self, request: Request) -> Response:
+        sandbox_id = request.path_params["sandbox_id"]
+        node = await self.control.node_of(sandbox_id)
+        body = await request.body()
+        target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
+        answer = await self.control.call_on(request, node, "POST", target, body)
+        entries = _entries(answer, body)
+        short = [i for i, e in enumerate(entries) if e.get("error", {}).get("code") == 429]
+        if not short:
+            return _respond(answer)
+        spilled = await self._elsewhere(request, node, sandbox_id, len(short), _timeout(body))
+        if spilled is None:
+            return _respond(answer)
+        for index, entry in zip(short, spilled, strict=True):
+            entries[index] = entry
+        return JSONResponse(entries, status_code=201)
+
+    async def _elsewhere(
+        self, request: Request, node: NodeReport, sandbox_id: str, count: int, timeout: int
+    ) -> list[dict[str, Any]] | None:
+        """`count` children from a snapshot of the parent, placed as creates; None when no
+        snapshot reached the repository."""
+        taken = await self.control.call_on(
+            request, node, "POST", f"/sandboxes/{sandbox_id}/snapshots", b"{}"
+        )
+        if taken.status != 201:
+            return None
+        snapshot_id = str(json.loads(taken.body)["snapshotID"])
+        try:
+            if not await self._stored(snapshot_id):
+                return None
+            info = await self.control.call_on(request, node, "GET", f"/sandboxes/{sandbox_id}", b"")
+            metadata = json.loads(info.body).get("metadata") or {} if info.status == 200 else {}
+            create = {"templateID": snapshot_id, "timeout": timeout, "metadata": metadata}
+            return [await self._child(request, json.dumps(create).encode()) for _ in range(count)]
+        finally:
+            await self._drop(request, snapshot_id)
+
+    async def _child(self, request: Request, body: bytes) -> dict[str, Any]:
+        try:
+            made = await self.control.place(request, "/sandboxes", body)
+        except APIError as error:
+            return {"error": {"code": error.status, "message": error.message}}
+        parsed = json.loads(made.body)
+        if made.status != 201:
+            return {"error": {"code": made.status, "message": parsed.get("message", "")}}
+        return {"sandbox": parsed}
+
+    async def _stored(self, snapshot_id: str) -> bool:
+        deadline = time.monotonic() + self.stored_wait
+        while await self.control.directory.saved.find(snapshot_id) is None:
+            if time.monotonic() > deadline:
+                return False
+            await asyncio.sleep(_POLL)
+        return True
+
+    async def _drop(self, request: Request, snapshot_id: str) -> None:
+        """The snapshot deleted on every live node and withdrawn; a node that cannot be
+        reached keeps it until deleted through a gateway."""
+        for live in await self.control.directory.live():
+            try:
+                await self.control.call_on(
+                    request, live, "DELETE", f"/templates/{snapshot_id}", b""
+                )
+            except (NodeUnreachable, APIError):
+                continue
+        await self.control.directory.saved.withdraw(snapshot_id)
+
+
+def _entries(answer: Answer, body: bytes) -> list[dict[str, Any]]:
+    """The fork's entries: the node's, or one refusal per child when it refused them all."""
+    if answer.status == 201:
+        parsed = json.loads(answer.body)
+        return parsed if isinstance(parsed, list) else []
+    if answer.status != 429:
+        return []
+    refusal = json.loads(answer.body)
+    error = {
+        "code": 429,
+        "message": refusal.get("message", "") if isinstance(refusal, dict) else "",
+    }
+    return [{"error": error} for _ in range(_count(body))]
+
+
+def _fields(body: bytes) -> dict[str, Any]:
+    """The fork's body as far as the gateway reads it; the node validated it already."""
+    try:
+        parsed = json.loads(body or b"{}")
+    except ValueError:
+        return {}
+    return parsed if isinstance(parsed, dict) else {}
+
+
+def _count(body: bytes) -> int:
+    count = _fields(body).get("count", 1)
+    return count if isinstance(count, int) else 1
+
+
+def _timeout(body: bytes) -> int:
+    timeout = _fields(body).get("timeout")
+    return timeout if isinstance(timeout, int) else DEFAULT_TIMEOUT_V2
+
+
+def _respond(answer: Answer) -> Response:
+    headers = dict((n.lower(), v) for n, v in answer.headers)
+    return Response(answer.body, status_code=answer.status, media_type=headers.get("content-type"))

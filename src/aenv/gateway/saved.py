@@ -1,0 +1,204 @@
+"""Templates and snapshots across a cluster's nodes, as one node answers them.
+
+- Snapshots are listed from every live node and from the records of those stored in the shared
+  repository (`aenv.cluster.saved`), so a dead node's snapshots are still listed, and a
+  snapshot several nodes hold is listed once. Newest first; `sandboxID` and `name` filter,
+  `limit` and `nextToken` page the merged list, as on a node.
+- Templates are listed from every live node, once each; a template is read (`GET`, `PATCH`, its
+  alias) on the first live node that knows it.
+- A delete goes to every live node (each drops its copy, the last one the repository's) and
+  withdraws the published record; 404 when no node and no record knew it.
+- Template builds and volumes are refused with the reason (`not_across_nodes`): a build's
+  calls and a volume's files are one node's, and nothing places them across nodes yet.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
+from urllib.parse import urlencode
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from aenv.api.errors import APIError, not_found
+from aenv.api.requests import check_query
+from aenv.api.sandboxes import MAX_PAGE
+from aenv.cluster.directory import Directory
+from aenv.cluster.registry import NodeReport
+from aenv.cluster.saved import SavedRecord
+from aenv.gateway.nodes import Answer, NodeUnreachable
+
+# A call on one node for the client's request: method, path and query, body.
+NodeCall = Callable[[Request, NodeReport, str, str, bytes], Awaitable[Answer]]
+
+_BUILDS = (
+    "template builds are not placed across nodes yet (a build's uploads, start, status and "
+    "logs must reach one node): build on a node, then snapshot a sandbox of it to use it on "
+    "every node"
+)
+_VOLUMES = (
+    "volumes cannot follow a sandbox across nodes yet (a volume's files live on one node's "
+    "disk, and sandboxes move between nodes): use volumes with a single node (`aenv server`)"
+)
+
+
+class SavedRoutes:
+    def __init__(self, directory: Directory, call: NodeCall) -> None:
+        self.directory = directory
+        self.call = call
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/snapshots", self.list_snapshots, methods=["GET"]),
+            Route("/templates", self.list_templates, methods=["GET"]),
+            Route("/v2/templates", self.list_templates, methods=["GET"]),
+            Route("/templates/aliases/{alias}", self.first_knowing, methods=["GET"]),
+            Route("/templates/{template_id}", self.first_knowing, methods=["GET", "PATCH"]),
+            Route("/v2/templates/{template_id}", self.first_knowing, methods=["PATCH"]),
+            Route("/templates/{template_id}", self.delete, methods=["DELETE"]),
+            Route("/v3/templates", self.builds, methods=["POST"]),
+            Route("/templates/{rest:path}", self.builds, methods=["GET", "POST", "PUT", "DELETE"]),
+            Route("/v2/templates/{rest:path}", self.builds, methods=["POST", "GET"]),
+            Route("/volumes", self.volumes, methods=["GET", "POST"]),
+            Route("/volumes/{rest:path}", self.volumes, methods=["GET", "POST", "PUT", "PATCH",
+                                                                 "DELETE"]),
+        ]  # fmt: skip
+
+    async def builds(self, request: Request) -> Response:
+        raise APIError(501, f"{request.method} {request.url.path}: {_BUILDS}")
+
+    async def volumes(self, request: Request) -> Response:
+        raise APIError(501, f"{request.method} {request.url.path}: {_VOLUMES}")
+
+    async def list_snapshots(self, request: Request) -> Response:
+        check_query(request, {"sandboxID", "name", "limit", "nextToken"})
+        q = request.query_params
+        limit = _limit(q.get("limit"))
+        filters = {k: q[k] for k in ("sandboxID", "name") if k in q}
+        listed = await asyncio.gather(
+            *(self._node_snapshots(request, n, filters) for n in await self.directory.live())
+        )
+        records = [r for r in await self.directory.saved.all() if _matches(r, filters)]
+        order = {r.template_id: r.created_at for r in records}
+        found: dict[str, dict[str, Any]] = {}
+        for entries in listed:
+            for entry in entries:
+                found.setdefault(entry["snapshotID"], entry)
+        for record in records:
+            found.setdefault(record.template_id, _snapshot(record))
+        # Not stored in the repository yet: the newest, so first.
+        ids = sorted(found, key=lambda i: (order.get(i, float("inf")), i), reverse=True)
+        if token := q.get("nextToken"):
+            if token not in ids:
+                raise APIError(400, "invalid nextToken")
+            ids = ids[ids.index(token) + 1 :]
+        page = ids[:limit]
+        headers = {"X-Next-Token": page[-1]} if len(ids) > limit else {}
+        return JSONResponse([found[i] for i in page], headers=headers)
+
+    async def list_templates(self, request: Request) -> Response:
+        check_query(request)
+        found: dict[str, dict[str, Any]] = {}
+        for answer in await self._everywhere(request, request.url.path):
+            if answer.status != 200:
+                return _passed(answer)
+            for entry in json.loads(answer.body):
+                found.setdefault(entry["templateID"], entry)
+        return JSONResponse(sorted(found.values(), key=lambda t: t.get("createdAt", "")))
+
+    async def first_knowing(self, request: Request) -> Response:
+        """The answer of the first live node that knows the template (not a 404)."""
+        body = await request.body()
+        last: Answer | None = None
+        for node in await self.directory.live():
+            last = await self._on(request, node, _target(request), body)
+            if last.status != 404:
+                return _passed(last)
+        if last is None:
+            raise APIError(503, "no live node in the cluster")
+        return _passed(last)
+
+    async def delete(self, request: Request) -> Response:
+        ref = request.path_params["template_id"]
+        answers = await self._everywhere(request, _target(request))
+        for answer in answers:
+            if answer.status not in (204, 404):
+                return _passed(answer)
+        record = await self.directory.saved.find(ref)
+        if record is not None:
+            await self.directory.saved.withdraw(record.template_id, record.names)
+        if record is None and all(a.status == 404 for a in answers):
+            raise not_found(f"template '{ref}'")
+        return Response(status_code=204)
+
+    async def _node_snapshots(
+        self, request: Request, node: NodeReport, filters: dict[str, str]
+    ) -> list[dict[str, Any]]:
+        """Every page of the node's snapshots matching `filters`."""
+        entries: list[dict[str, Any]] = []
+        query = dict(filters)
+        while True:
+            answer = await self._on(request, node, f"/snapshots?{urlencode(query)}", b"")
+            if answer.status != 200:
+                raise APIError(answer.status, _message(answer))
+            entries += json.loads(answer.body)
+            token = dict((n.lower(), v) for n, v in answer.headers).get("x-next-token")
+            if token is None:
+                return entries
+            query["nextToken"] = token
+
+    async def _everywhere(self, request: Request, target: str) -> list[Answer]:
+        body = await request.body()
+        nodes = await self.directory.live()
+        return list(await asyncio.gather(*(self._on(request, n, target, body) for n in nodes)))
+
+    async def _on(self, request: Request, node: NodeReport, target: str, body: bytes) -> Answer:
+        try:
+            return await self.call(request, node, request.method, target, body)
+        except NodeUnreachable as error:
+            raise APIError(502, str(error)) from error
+
+
+def _passed(answer: Answer) -> Response:
+    return Response(
+        answer.body,
+        status_code=answer.status,
+        media_type=dict((n.lower(), v) for n, v in answer.headers).get("content-type"),
+    )
+
+
+def _target(request: Request) -> str:
+    return request.url.path + (f"?{request.url.query}" if request.url.query else "")
+
+
+def _limit(value: str | None) -> int:
+    try:
+        limit = int(value or MAX_PAGE)
+    except ValueError as e:
+        raise APIError(400, "limit must be an integer") from e
+    if not 1 <= limit <= MAX_PAGE:
+        raise APIError(400, f"limit must be between 1 and {MAX_PAGE}")
+    return limit
+
+
+def _matches(record: SavedRecord, filters: dict[str, str]) -> bool:
+    if "sandboxID" in filters and record.source_sandbox_id != filters["sandboxID"]:
+        return False
+    name = filters.get("name", "").split(":", 1)[0]
+    return not name or name in (*record.names, record.template_id)
+
+
+def _snapshot(record: SavedRecord) -> dict[str, Any]:
+    return {"snapshotID": record.template_id, "names": list(record.names) or [record.template_id]}
+
+
+def _message(answer: Answer) -> str:
+    try:
+        parsed = json.loads(answer.body)
+    except ValueError:
+        return answer.body[:200].decode(errors="replace")
+    return str(parsed.get("message", "")) if isinstance(parsed, dict) else ""
