@@ -6,7 +6,7 @@ Each run, on sandboxes freshly created from the `base` template:
 - sandbox A: `pause()`; what the pause wrote (the sandbox's `pause-*` checkpoint dirs under
   `$AENV_HOME/sandboxes/<id>/`: device state with RAM, sealed disk layers); resume, which is
   `Sandbox.connect()` of the paused sandbox, and the first `commands.run("true")` after it;
-- sandbox B: `create_snapshot()` while it runs (and the snapshot's size on disk), then
+- sandbox B: `create_snapshot()` while it runs (and the MiB it wrote), then
   `fork(count=16)`: all 16 children created (total, and per child = total / 16).
 
 After a pause or a snapshot the server copies it to the snapshot repository in the background;
@@ -110,7 +110,7 @@ def one_run(home: Path, run: int) -> dict[str, Any]:
     b.commands.run("true")
     samples["snapshot"], info = timed(b.create_snapshot)
     snapshot_at = time.perf_counter()
-    samples["snapshot_size"] = dir_size(Paths(home).templates / info.snapshot_id)
+    samples["snapshot_size"] = snapshot_written_mib(home, info.snapshot_id)
     template_file = Paths(home).templates / info.snapshot_id / "template.json"
     wait_until(lambda: json.loads(template_file.read_text()).get("manifest_id") is not None, 600)
     samples["snapshot_durable"] = time.perf_counter() - snapshot_at
@@ -137,11 +137,23 @@ def snapshot_and_wait(home: Path, sandbox: Any) -> tuple[float, float]:
     from e2b import Sandbox
 
     took, info = timed(sandbox.create_snapshot)
-    written = dir_size(Paths(home).templates / info.snapshot_id)["allocated_mib"]
+    written = snapshot_written_mib(home, info.snapshot_id)
     template_file = Paths(home).templates / info.snapshot_id / "template.json"
     wait_until(lambda: json.loads(template_file.read_text()).get("manifest_id") is not None, 600)
     Sandbox.delete_snapshot(info.snapshot_id)
     return took, written
+
+
+def snapshot_written_mib(home: Path, snapshot_id: str) -> float:
+    """MiB a snapshot wrote: its directory, and its memory file on tmpfs unless that is a hard
+    link to the file it was saved over (a changed-pages snapshot links its base: no bytes)."""
+    paths = Paths(home)
+    written = dir_size(paths.templates / snapshot_id)["allocated_mib"]
+    for memory in (paths.memory / snapshot_id).glob("*/memory"):
+        st = memory.stat()
+        if st.st_nlink == 1:
+            written += st.st_blocks * 512 / 2**20
+    return round(written, 2)
 
 
 def pause_and_measure(home: Path, sandbox: Any) -> tuple[float, float]:
@@ -292,7 +304,7 @@ def client() -> None:
         "allocated_mib": summary_ms([r["pause_written"]["allocated_mib"] for r in runs], 1),
         "first_run_files_mib": runs[0]["pause_written"]["files_mib"],
     }
-    result["snapshot_size_mib"] = summary_ms([r["snapshot_size"]["allocated_mib"] for r in runs], 1)
+    result["snapshot_size_mib"] = summary_ms([r["snapshot_size"] for r in runs], 1)
     seqs = [sequences(home, i + 1) for i in range(RUNS)]
     for name in seqs[0]:
         values = [s[name] for s in seqs]

@@ -160,13 +160,15 @@ class DoubleDriver:
         )
         return await self._boot(spec)
 
-    async def export(self, snapshot: Snapshot, dest: Path, *, move: bool) -> Snapshot:
+    async def export(
+        self, snapshot: Snapshot, dest: Path, *, move: bool, memory_dir: Path | None = None
+    ) -> Snapshot:
         async def place(drive_id: str, source: Path) -> Path:
             image = dest / f"{drive_id}.img"
             await export.place(source, image, move=move)
             return image
 
-        return await export.export(snapshot, dest, move=move, disk=place)
+        return await export.export(snapshot, dest, move=move, disk=place, memory_dir=memory_dir)
 
     async def load_saved(self, directory: Path) -> Snapshot:
         return await asyncio.to_thread(export.load, directory, NAME)
@@ -214,7 +216,12 @@ class DoubleDriver:
         return list(vms)
 
     async def detach_memory(
-        self, snapshot: Snapshot, target: SnapshotTarget, place: RestoreSpec
+        self,
+        snapshot: Snapshot,
+        target: SnapshotTarget,
+        place: RestoreSpec,
+        *,
+        flatten: bool = False,
     ) -> Snapshot:
         return snapshot  # the memory is a file already
 

@@ -4,6 +4,7 @@ a crash mid-pause, and what goes from the local disk and the snapshot repository
 from __future__ import annotations
 
 import asyncio
+import shutil
 from pathlib import Path
 
 import pytest
@@ -145,3 +146,72 @@ async def test_repository_copies_go_with_what_they_copy(tmp_path: Path) -> None:
         report = await archive.repository.gc(grace=0)
         assert report.chunks_deleted > 0 and report.chunks_referenced == 0
         assert_clean(node)
+
+
+async def test_a_snapshot_keeps_its_memory_on_tmpfs_and_in_its_repository_copy(
+    tmp_path: Path,
+) -> None:
+    """A snapshot's memory file lives beside the templates' (tmpfs), outside its directory: the
+    repository copy carries it all the same, so a node that lost both restores from the copy;
+    a newer build under the same name takes the older build's memory with it."""
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        node.guest(record.id).write("/state", "snapped")
+        first = await node.orchestrator.snapshot(record.id, name="kept")
+        first_memory = node.templates.build_memory_dir(first.template_id, first.build_id)
+        saved = first.snapshot()
+        assert saved.memory_file == first_memory / "memory"
+        assert saved.memory_file.parent != Path(first.snapshot_dir)
+        snap = await node.orchestrator.snapshot(record.id, name="kept")
+        assert snap.template_id == first.template_id and not first_memory.exists()
+        await eventually(
+            lambda: (node.templates.by_id(snap.template_id) or snap).manifest_id is not None
+        )
+        await node.orchestrator.kill(record.id)
+        shutil.rmtree(snap.snapshot_dir)
+        shutil.rmtree(node.templates.build_memory_dir(snap.template_id, snap.build_id))
+        child, _ = await node.orchestrator.create(node.request(template="kept"))
+        assert node.guest(child.id).read("/state") == "snapped"
+        await node.orchestrator.kill(child.id)
+
+
+async def test_a_crash_mid_snapshot_leaves_no_memory_file_behind(tmp_path: Path) -> None:
+    """kill -9 of the server while a new build of a named snapshot is written: after the
+    restart, the half-written build (its directory, and its memory file on tmpfs) is gone and
+    the previous build still restores."""
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        node.guest(record.id).write("/state", "first")
+        first = await node.orchestrator.snapshot(record.id, name="kept")
+        await eventually(  # its upload, which stages a copy beside it, is over
+            lambda: (node.templates.by_id(first.template_id) or first).manifest_id is not None
+        )
+        node.guest(record.id).write("/state", "lost with the crash")
+        held = node.driver.hold("snapshot")
+        second = asyncio.create_task(node.orchestrator.snapshot(record.id, name="kept"))
+        try:
+            await held.reached.wait()
+            builds = node.templates.directory / first.template_id
+            (partial,) = [
+                b for b in builds.iterdir() if b.is_dir() and str(b) != first.snapshot_dir
+            ]
+            memory = node.templates.build_memory_dir(first.template_id, partial.name)
+            (memory / "memory").write_text("what the save had written when the server died")
+            # The server dies here: nothing of it runs on, its VMMs go with it.
+            for vm in list(node.driver.running.values()):
+                await vm.stop()
+            for slot in list(node.slots.in_use.values()):
+                await node.slots.release(slot)
+            restarted = node.reopen()
+            await restarted.orchestrator.start()
+            try:
+                assert not partial.exists() and not memory.exists()
+                child, _ = await restarted.orchestrator.create(restarted.request(template="kept"))
+                assert restarted.guest(child.id).read("/state") == "first"
+                await restarted.orchestrator.kill(child.id)
+            finally:
+                await restarted.orchestrator.close()
+                restarted.catalog.close()
+        finally:
+            second.cancel()  # the dead server's task, which never ran on
+            await asyncio.gather(second, return_exceptions=True)

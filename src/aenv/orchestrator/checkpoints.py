@@ -11,7 +11,9 @@ absolute path, so they stay until the sandbox is killed; only the state and memo
 checkpoints older than the newest are removed.
 
 Snapshots and fork checkpoints outlive the sandbox they came from, so they are *exported*
-(`Driver.export`): a directory that depends on nothing of the sandbox any more.
+(`Driver.export`): a directory that depends on nothing of the sandbox any more, and a memory
+file on tmpfs beside the templates' (`TemplateStore.build_memory_dir`; for a sandbox restored
+from a memory file, a hard link to that file, with the pages it changed in the state).
 """
 
 from __future__ import annotations

@@ -7,6 +7,9 @@ file. `Detacher` has the driver turn such a state into the mapped kind without r
 (`Driver.detach_memory`), its state written into `<dir>/detached/` and its memory beside the
 first form's files; restores then map that memory file like a template's. Pauses do it in the
 background after they return; fork checkpoints and template builds before their first restore.
+A state saved as the pages changed over a memory file needs no detach to restore quickly; a
+finished template's is flattened all the same (`flatten`), so that its sandboxes share all of
+its memory instead of each loading those pages.
 
 `adopt` switches a saved directory over to its detached form by atomically replacing its
 `snapshot.json`: a crash before that leaves the first form in use (and `tidy` removes what the
@@ -57,10 +60,14 @@ class Detacher:
         for parent in (self.scratch, self.memory_scratch):
             shutil.rmtree(parent, ignore_errors=True)
 
-    async def detach(self, snapshot: Snapshot, directory: Path) -> Snapshot | None:
+    async def detach(
+        self, snapshot: Snapshot, directory: Path, *, flatten: bool = False
+    ) -> Snapshot | None:
         """The detached form of `snapshot` (saved in `directory`), written next to it but not
-        adopted; None when there is nothing to do or it failed (the first form still works)."""
-        if snapshot.memory_file is not None or not snapshot.machine_state:
+        adopted; None when there is nothing to do or it failed (the first form still works).
+        With `flatten`, a state of changed pages over a memory file becomes one memory file
+        too (`Driver.detach_memory`)."""
+        if not snapshot.machine_state or (snapshot.memory_file is not None and not flatten):
             return None
         start = time.perf_counter()
         staging = directory / DETACHED
@@ -72,8 +79,11 @@ class Detacher:
             net = NetAttachment(slot.netns, slot.guest.tap, slot.guest.mac) if slot else None
             place = RestoreSpec(workdir=work, net=net, memory_dir=memory)
             detached = await self.driver.detach_memory(
-                snapshot, SnapshotTarget(staging, directory), place
+                snapshot, SnapshotTarget(staging, directory), place, flatten=flatten
             )
+            if detached is snapshot:  # the driver had nothing to do
+                await asyncio.to_thread(discard, directory)
+                return None
             log.info("detached the memory of %s in %.0f ms", directory, _ms_since(start))
             return detached
         except (DriverError, OSError) as e:
@@ -89,12 +99,19 @@ class Detacher:
             if slot is not None:
                 await self.slots.release(slot)
 
-    async def detach_in_place(self, snapshot: Snapshot, directory: Path) -> Snapshot:
-        """Detach and adopt at once, for a directory nothing restores from yet."""
-        detached = await self.detach(snapshot, directory)
+    async def detach_in_place(
+        self, snapshot: Snapshot, directory: Path, *, flatten: bool = False
+    ) -> Snapshot:
+        """Detach and adopt at once, for a directory nothing restores from yet. A memory file
+        of the first form kept elsewhere (on tmpfs) goes too."""
+        detached = await self.detach(snapshot, directory, flatten=flatten)
         if detached is None:
             return snapshot
         await asyncio.to_thread(adopt, directory, detached)
+        replaced = snapshot.memory_file
+        if replaced is not None and replaced != detached.memory_file:
+            with contextlib.suppress(FileNotFoundError):
+                await asyncio.to_thread(replaced.unlink)
         return detached
 
 

@@ -1262,7 +1262,9 @@ class Orchestrator:
         else:
             # Refused before the checkpoint: a fork that cannot fit changes nothing.
             await self._check_disk(count * parent.disk_size_mb)
-            # With more than one child, detaching the memory once beats each child parsing it.
+            # With more than one child, detaching the memory once beats each child parsing
+            # it; a checkpoint of changed pages over a memory file is not detached: each child
+            # loads only those pages.
             base = await self._checkpoint(
                 source,
                 new_sandbox_id(),
@@ -1339,16 +1341,19 @@ class Orchestrator:
         mode: SaveMode,
         detach_memory: bool,
     ) -> Template:
+        # Its memory file on tmpfs, as a template's: restores map it.
+        memory_dir = self.templates.build_memory_dir(template_id, dest.name)
         async with self._lock(sandbox_id):
             record = self.get(sandbox_id)
             mode = _save_mode(record, mode)
             await self._check_reserve(f"save sandbox {sandbox_id}")
             await asyncio.to_thread(dest.mkdir, parents=True)
+            await asyncio.to_thread(memory_dir.mkdir, parents=True)
             try:
                 if record.state is SandboxState.RUNNING:
                     if mode is SaveMode.FILESYSTEM:
                         await self._envd(record).sync()
-                    saved = await self._save_running(record, dest, mode)
+                    saved = await self._save_running(record, dest, memory_dir, mode)
                 elif record.state is SandboxState.PAUSED:
                     if mode is SaveMode.FILESYSTEM and record.checkpoint_mode is SaveMode.FULL:
                         # Its disks lack what the guest had not written back when it paused.
@@ -1360,7 +1365,9 @@ class Orchestrator:
                         )
                     try:
                         paused = await self.saved.paused_checkpoint(record)
-                        saved = await self.driver.export(paused, dest, move=False)
+                        saved = await self.driver.export(
+                            paused, dest, move=False, memory_dir=memory_dir
+                        )
                     except _FAILURES as e:
                         raise OperationFailed(f"snapshot of {sandbox_id} failed: {e}") from e
                     if record.checkpoint_mode is SaveMode.FILESYSTEM:
@@ -1368,9 +1375,14 @@ class Orchestrator:
                 else:
                     raise InvalidState(sandbox_id, record.state, "snapshot")
                 if detach_memory and mode is SaveMode.FULL:
-                    saved = await self.detacher.detach_in_place(saved, dest)
+                    # Templates are restored by every sandbox: one memory file that all of
+                    # them share beats each loading the pages the build changed.
+                    saved = await self.detacher.detach_in_place(
+                        saved, dest, flatten=kind is TemplateKind.TEMPLATE
+                    )
             except BaseException:
-                await asyncio.to_thread(shutil.rmtree, dest, True)
+                for partial in (dest, memory_dir):
+                    await asyncio.to_thread(shutil.rmtree, partial, True)
                 raise
         template = Template(
             template_id=template_id,
@@ -1392,10 +1404,13 @@ class Orchestrator:
             self._spawn(self.saved.push_template(template))
         return template
 
-    async def _save_running(self, record: SandboxRecord, dest: Path, mode: SaveMode) -> Snapshot:
+    async def _save_running(
+        self, record: SandboxRecord, dest: Path, memory_dir: Path, mode: SaveMode
+    ) -> Snapshot:
         """Checkpoint a running sandbox without stopping it: its disks are sealed in its own
-        directory (the VM continues on top of them), state and memory (with `mode` FULL)
-        go to `dest`, and the sealed disks are flattened into `dest`."""
+        directory (the VM continues on top of them), its state (with `mode` FULL) goes to
+        `dest` and its memory file to `memory_dir`, and the sealed disks are flattened into
+        `dest`."""
         live = self._live_of(record.id)
         seq = record.checkpoint_seq + 1
         staging = checkpoints.staging_dir(self._dirs(record.id)[0], seq)
@@ -1403,7 +1418,7 @@ class Orchestrator:
         try:
             await asyncio.to_thread(staging.mkdir)
             snap = await live.vm.snapshot(
-                SnapshotTarget(staging, staging), keep_running=True, machine_state=mode.memory
+                SnapshotTarget(staging, memory_dir), keep_running=True, machine_state=mode.memory
             )
         except _FAILURES as e:
             await asyncio.to_thread(shutil.rmtree, staging, True)
@@ -1415,7 +1430,7 @@ class Orchestrator:
                 SandboxState.RUNNING,
                 checkpoint_seq=seq,
             )
-        return await self.driver.export(snap, dest, move=True)
+        return await self.driver.export(snap, dest, move=True, memory_dir=memory_dir)
 
     async def delete_template(self, template_id: str) -> None:
         """Delete a template or snapshot for users; its files go once no sandbox uses them."""

@@ -25,7 +25,7 @@ from aenv.orchestrator.catalog import Archived, Catalog, SandboxRecord
 from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.templates import Template, TemplateStore
-from aenv.runtime.driver import Driver, RestoreError, Snapshot
+from aenv.runtime.driver import Driver, DriverError, RestoreError, Snapshot
 from aenv.storage.repository import RepositoryError
 
 log = logging.getLogger("aenv.orchestrator")
@@ -92,6 +92,8 @@ class SavedStates:
                 stale = build.is_dir() and str(build) != template.snapshot_dir
                 if stale and str(build) not in in_use:
                     await asyncio.to_thread(shutil.rmtree, build, True)
+                    memory = self.templates.build_memory_dir(template.template_id, build.name)
+                    await asyncio.to_thread(shutil.rmtree, memory, True)
 
     @contextlib.contextmanager
     def pin(self, directory: Path) -> Iterator[None]:
@@ -149,16 +151,28 @@ class SavedStates:
         return await self.archive.pull(archived.manifest, dest, self.driver)
 
     async def push_template(self, template: Template) -> None:
-        """Upload a snapshot's (self-contained) directory; the template then names the copy."""
+        """Upload a snapshot's directory; the template then names the copy. A memory file kept
+        on tmpfs, outside the directory, goes into the copy too: the snapshot is exported into
+        a staging directory beside it first (`archive.push_checkpoint`)."""
         if self.archive is None:
             return
+        directory = Path(template.snapshot_dir)
+        name = f"{template.kind}-{template.template_id}"
+        metadata = {"template": template.template_id, "build": template.build_id}
+        staging = directory.with_name(f"{directory.name}.upload")
         try:
-            manifest_id = await self.archive.push_snapshot(
-                Path(template.snapshot_dir),
-                name=f"{template.kind}-{template.template_id}",
-                metadata={"template": template.template_id, "build": template.build_id},
-            )
-        except (OSError, RepositoryError) as e:
+            saved = await self.driver.load_saved(directory)
+            if saved.memory_file is None or saved.memory_file.parent == directory:
+                manifest_id = await self.archive.push_snapshot(
+                    directory, name=name, metadata=metadata
+                )
+            else:
+                await asyncio.to_thread(shutil.rmtree, staging, True)  # a crash's leftover
+                with self.pin(staging):
+                    manifest_id = await self.archive.push_checkpoint(
+                        saved, staging, self.driver, name=name, metadata=metadata
+                    )
+        except (OSError, RepositoryError, DriverError) as e:
             current = self.templates.by_id(template.template_id)
             if self._superseded(template) or (current is not None and current.deleted):
                 log.info("upload of %s stopped: it was deleted meanwhile", template.template_id)

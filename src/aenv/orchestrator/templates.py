@@ -159,6 +159,10 @@ class TemplateStore:
                 removed.append(entry.name)
         return removed
 
+    def build_memory_dir(self, template_id: str, build_id: str) -> Path:
+        """Where a saved build (a snapshot's, a fork checkpoint's) keeps its memory file."""
+        return self.memory_dir / template_id / build_id
+
     def delete(self, template_id: str) -> bool:
         template = self._templates.pop(template_id, None)
         if template is None:

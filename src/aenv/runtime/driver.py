@@ -305,12 +305,16 @@ class Driver(Protocol):
         keeps the snapshot's MAC at `target.net`'s location."""
         ...
 
-    async def export(self, snapshot: Snapshot, dest: Path, *, move: bool) -> Snapshot:
+    async def export(
+        self, snapshot: Snapshot, dest: Path, *, move: bool, memory_dir: Path | None = None
+    ) -> Snapshot:
         """Make `dest` (existing, empty) a self-contained copy of `snapshot` and return it (its
         manifest written there): every writable drive as one standalone sealed image in this
         driver's format, whatever chain of layers it was. `move` takes the state and memory
         files over (they must then belong to nobody else); otherwise they are shared, which is
-        safe because saved files are never written again. `snapshot` stays usable."""
+        safe because saved files are never written again. `snapshot` stays usable. The memory
+        file goes into `memory_dir` (existing; tmpfs, since restores map it) when given, else
+        into `dest`: a directory that is the export's own all the same."""
         ...
 
     async def load_saved(self, directory: Path) -> Snapshot:
@@ -325,13 +329,20 @@ class Driver(Protocol):
         ...
 
     async def detach_memory(
-        self, snapshot: Snapshot, target: SnapshotTarget, place: RestoreSpec
+        self,
+        snapshot: Snapshot,
+        target: SnapshotTarget,
+        place: RestoreSpec,
+        *,
+        flatten: bool = False,
     ) -> Snapshot:
         """`snapshot` with its guest memory as a file in `target.memory_dir` (state into
         `target.directory`) if it travels inside the state file; `snapshot` itself otherwise.
         Restores map a memory file but must parse a stream, so this makes a saved state that will
-        be restored (perhaps many times) cheap to restore. The guest does not run meanwhile;
-        `place` hosts whatever the driver needs to load the state."""
+        be restored (perhaps many times) cheap to restore. With `flatten`, a state saved as
+        changes over a memory file is made one file too (restores then share all of its pages,
+        and load none). The guest does not run meanwhile; `place` hosts whatever the driver
+        needs to load the state."""
         ...
 
 

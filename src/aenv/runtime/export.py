@@ -1,10 +1,11 @@
 """The format-independent half of `Driver.export` and `Driver.load_saved`, shared by the drivers.
 
 An exported saved state is a directory holding the state file (`state`), the memory file
-(`memory`, when the guest memory is a file of its own), one sealed image per writable drive (made
-by the driver, in its format) and `snapshot.json`, written last: a directory without it never
-finished exporting. State and memory files are never written again once saved, so an export that
-keeps the source (`move=False`) hard-links them instead of copying.
+(`memory`, when the guest memory is a file of its own; or in a memory directory of the caller's
+choosing, on tmpfs, since restores map it), one sealed image per writable drive (made by the
+driver, in its format) and `snapshot.json`, written last: a directory without it never finished
+exporting. State and memory files are never written again once saved, so an export that keeps
+the source (`move=False`) hard-links them instead of copying.
 """
 
 from __future__ import annotations
@@ -26,15 +27,24 @@ MEMORY = "memory"
 DiskExport = Callable[[str, Path], Awaitable[Path]]
 
 
-async def export(snapshot: Snapshot, dest: Path, *, move: bool, disk: DiskExport) -> Snapshot:
+async def export(
+    snapshot: Snapshot,
+    dest: Path,
+    *,
+    move: bool,
+    disk: DiskExport,
+    memory_dir: Path | None = None,
+) -> Snapshot:
     """Fill `dest` (existing, empty) with `snapshot`'s state and memory (moved when `move`, else
-    linked) and `disk`'s image of every writable drive; returns the exported snapshot."""
+    linked; the memory into `memory_dir` when given) and `disk`'s image of every writable drive;
+    returns the exported snapshot."""
     state = dest / STATE
     await place(snapshot.state_file, state, move=move)
     memory = None
     if snapshot.memory_file is not None:
-        memory = dest / MEMORY
-        await place(snapshot.memory_file, memory, move=move)
+        memory = (memory_dir or dest) / MEMORY
+        if snapshot.memory_file != memory:  # saved there already
+            await place(snapshot.memory_file, memory, move=move)
     disks = {drive_id: await disk(drive_id, path) for drive_id, path in snapshot.disks.items()}
     exported = dataclasses.replace(snapshot, state_file=state, memory_file=memory, disks=disks)
     await asyncio.to_thread(exported.save_manifest, dest)

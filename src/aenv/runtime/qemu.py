@@ -6,13 +6,15 @@ What `research/feasibility.md` measured, applied:
   has to write device state (~60 KiB); restored VMs map the snapshot's file `share=off`, so clean
   pages are shared by every clone through the page cache and writes stay private.
 - A VM whose memory is such a private mapping cannot be saved that way (its RAM is not "shared" to
-  QEMU). Its pauses keep the file it maps as their memory and carry only the pages the guest
+  QEMU). Its saves keep the file it maps as their memory and carry only the pages the guest
   changed in the state stream (`ramdelta`: found through the mapping's page map, the rest of
-  QEMU's stream filtered out); restores map that file and load the changed pages over it. Its
-  snapshots and fork checkpoints, which are exported into directories of their own, carry all
-  of the RAM in the stream (`Snapshot.memory_file is None`); restores of those load it into a
-  fresh file of their own. `detach_memory` turns such a snapshot into the mapped kind by
-  loading it (without running the guest) and saving it again.
+  QEMU's stream filtered out); restores map that file and load the changed pages over it.
+  Pauses name the mapped file itself; snapshots and fork checkpoints, which outlive the
+  sandbox and whose files are moved into directories of their own, get a hard link to it.
+  (A stream the filter does not understand is kept whole: it loads over the base all the
+  same.) `detach_memory` turns a state whose RAM travels in the stream with no memory file
+  (`Snapshot.memory_file is None`, as earlier versions saved snapshots) into the
+  mapped kind by loading it (without running the guest) and saving it again.
 - Snapshot = stop, freeze writable disks (`blockdev-snapshot`: the current top becomes a
   sealed layer), migrate to the state file with the bandwidth cap lifted (7.2 defaults to
   32 MiB/s), then either continue or quit.
@@ -251,14 +253,18 @@ class QemuDriver:
         vm.owned_files += created
         return vm
 
-    async def export(self, snapshot: Snapshot, dest: Path, *, move: bool) -> Snapshot:
+    async def export(
+        self, snapshot: Snapshot, dest: Path, *, move: bool, memory_dir: Path | None = None
+    ) -> Snapshot:
         """Each writable drive's chain flattened into one standalone `<drive_id>.qcow2`."""
 
         async def flatten(drive_id: str, source: Path) -> Path:
             return await qcow2.flatten_to(source, dest / f"{drive_id}.qcow2")
 
         try:
-            return await export.export(snapshot, dest, move=move, disk=flatten)
+            return await export.export(
+                snapshot, dest, move=move, disk=flatten, memory_dir=memory_dir
+            )
         except (layers.LayerError, OSError) as exc:
             raise SnapshotError(f"cannot export the saved state to {dest}: {exc}") from exc
 
@@ -273,17 +279,55 @@ class QemuDriver:
         return vm
 
     async def detach_memory(
-        self, snapshot: Snapshot, target: SnapshotTarget, place: RestoreSpec
+        self,
+        snapshot: Snapshot,
+        target: SnapshotTarget,
+        place: RestoreSpec,
+        *,
+        flatten: bool = False,
     ) -> Snapshot:
         """The same saved VM with its RAM moved out of the state stream into a memory file
         (`target.memory_dir/memory`, state in `target.directory/state`), so that restores map it
-        instead of parsing it: a clone's checkpoint restores as fast as a template then. The
-        guest never runs meanwhile; `place` is where the loading VMM lives (it needs a tap like
-        any restore, and loads the memory into `place.memory_dir`, which should be tmpfs: a
-        shared mapping of a file on a disk filesystem fills 3x slower than one on tmpfs plus a
-        copy). Disks are untouched and shared with `snapshot`."""
-        if snapshot.memory_file is not None or not snapshot.machine_state:
+        instead of parsing it: a clone's checkpoint restores as fast as a template then. With
+        `flatten`, also a state that carries changed pages over its memory file: the file and
+        the pages become one file, which restores share entirely (a template's). The guest
+        never runs meanwhile; `place` is where the loading VMM lives (it needs a tap like any
+        restore, and loads the memory into `place.memory_dir`, which should be tmpfs: a shared
+        mapping of a file on a disk filesystem fills 3x slower than one on tmpfs plus a copy).
+        Disks are untouched and shared with `snapshot`."""
+        if not snapshot.machine_state or (snapshot.memory_file is not None and not flatten):
             return snapshot
+        if snapshot.memory_file is None:
+            return await self._detach(snapshot, target, place)
+        # A VMM cannot load pages into a block it shares with its file: one loads the layered
+        # state and saves all of its RAM into a stream, which the next loads into a file.
+        whole = await self._whole_stream(snapshot, place)
+        try:
+            detached = await self._detach(whole, target, place)
+        finally:
+            await asyncio.to_thread(_unlink, [whole.state_file])
+        return detached
+
+    async def _whole_stream(self, snapshot: Snapshot, place: RestoreSpec) -> Snapshot:
+        """`snapshot` with all of its RAM in a state stream of its own (in `place.memory_dir`)
+        and no memory file: loaded and saved again, its manifest not written."""
+        vm = await self._restore_vm(snapshot, place)
+        stream = _memory_dir(vm.spec) / f"{vm.id}.whole"
+        try:
+            await vm.save_state(stream, ignore_shared=False)
+        except (MonitorError, OSError) as exc:
+            _unlink([stream])
+            raise SnapshotError(f"cannot flatten memory: {exc}; {_tail(vm.stderr_log)}") from exc
+        except BaseException:
+            _unlink([stream])
+            raise
+        finally:
+            await asyncio.shield(vm.stop())
+        return dataclasses.replace(snapshot, state_file=stream, memory_file=None)
+
+    async def _detach(
+        self, snapshot: Snapshot, target: SnapshotTarget, place: RestoreSpec
+    ) -> Snapshot:
         vm = await self._restore_vm(snapshot, place)
         made: list[Path] = []
         try:
@@ -708,9 +752,14 @@ class QemuVM:
             memory_file = self.memory.path
             await self._quit()
         else:
-            # Snapshots and fork checkpoints are exported with their files moved into a
-            # directory of their own, which must not take the base away: the RAM goes whole.
-            await self.save_state(state_file, ignore_shared=False)
+            # Only what changed since the memory file it maps, as a pause. Snapshots and fork
+            # checkpoints outlive the base's owner and are exported with their files moved:
+            # the snapshot gets the base as a hard link of its own (no bytes written; the
+            # file is never written again), copied only when `memory_dir` is elsewhere.
+            await self.save_delta(state_file)
+            memory_file = target.memory_dir / "memory"
+            made.append(memory_file)
+            await export.place(self.memory.path, memory_file, move=False)
         for dest in sealed.values():
             await qcow2.flatten_if_deep(dest)
         snap = Snapshot(

@@ -10,7 +10,7 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Coroutine
+from collections.abc import AsyncIterator, Coroutine
 from pathlib import Path
 from typing import Any
 
@@ -98,8 +98,10 @@ async def test_snapshot_of_a_clone_keeps_running_and_restores(
     vm, netns = await fleet.restore(template.snapshot)
     await agent(netns, "POST", "/?memory=second&note=second-note")
     snap = await vm.snapshot(places.snapshot_target(), keep_running=True)
-    # A clone maps the template's memory privately, so its RAM travels in the state file.
-    assert snap.memory_file is None
+    # A clone maps the template's memory privately: the snapshot is the pages it changed over
+    # a link to that file (see test_ramdelta.py).
+    assert snap.memory_file is not None and template.snapshot.memory_file is not None
+    assert snap.memory_file.stat().st_ino == template.snapshot.memory_file.stat().st_ino
     assert vm.state is VMState.RUNNING
     await agent(netns, "POST", "/?memory=after&note=after-note")
     assert (await agent(netns))["note"] == "after-note"
@@ -114,9 +116,9 @@ async def test_snapshot_of_a_clone_keeps_running_and_restores(
     child, child_netns = await fleet.restore(snap)
     state = await agent(child_netns)
     assert (state["memory"], state["note"]) == ("second", "second-note")
-    # The child's own snapshot uses its own shared memory file: device state only again.
+    # The child's pause is changed pages over the same base again: one layer, not two.
     grandchild_snap = await child.snapshot(places.snapshot_target(), keep_running=False)
-    assert grandchild_snap.memory_file is not None
+    assert grandchild_snap.memory_file == snap.memory_file
     assert child.state is VMState.STOPPED
     grandchild, gc_netns = await fleet.restore(grandchild_snap)
     assert (await agent(gc_netns))["note"] == "second-note"
@@ -142,17 +144,21 @@ async def test_detached_memory_restores_like_a_template(
 ) -> None:
     vm, netns = await fleet.restore(template.snapshot)
     await agent(netns, "POST", "/?memory=detach-me&note=detach-note")
-    # A clone's snapshot (its pauses keep only changed pages, see test_ramdelta.py) carries
-    # its RAM in the state stream.
-    stream = await vm.snapshot(places.snapshot_target(), keep_running=True)
+    # A clone's snapshot (see test_ramdelta.py) is the pages it changed over its memory file:
+    # detached only when asked to flatten it, into a file of its own.
+    layered = await vm.snapshot(places.snapshot_target(), keep_running=True)
     await vm.stop()
-    assert stream.memory_file is None
+    assert layered.memory_file is not None
+    assert await fleet.driver.detach_memory(layered, places.snapshot_target(), fleet.target()) is (
+        layered
+    )
     target = places.snapshot_target()
-    detached = await fleet.driver.detach_memory(stream, target, fleet.target())
+    detached = await fleet.driver.detach_memory(layered, target, fleet.target(), flatten=True)
     assert detached.memory_file == target.memory_dir / "memory"
-    assert detached.disks == stream.disks
-    # Device state only: the RAM left the stream for the memory file.
-    assert detached.state_file.stat().st_size < stream.state_file.stat().st_size // 50
+    assert detached.memory_file.stat().st_ino != layered.memory_file.stat().st_ino
+    assert detached.disks == layered.disks
+    # Device state only: the changed pages left the stream for the memory file.
+    assert detached.state_file.stat().st_size < layered.state_file.stat().st_size // 10
     assert Snapshot.load_manifest(target.directory) == detached
     assert await fleet.driver.detach_memory(detached, places.snapshot_target(), fleet.target()) is (
         detached
@@ -233,21 +239,37 @@ async def _loading(vm_task: asyncio.Task[object], state_file: Path) -> None:
     raise AssertionError("the restore ended before it could be cancelled")
 
 
+@pytest.fixture(scope="module")
+async def big_stream(
+    driver: QemuDriver, places: Places, nets: NetnsPool, template: Template
+) -> AsyncIterator[Snapshot]:
+    """A clone's snapshot with 64 MiB of changed pages in its stream: loading them takes a
+    while."""
+    fleet = Fleet(driver, places, nets)
+    try:
+        vm, netns = await fleet.restore(template.snapshot)
+        script = "yes 0123456789abcdef | head -c 64M > /dev/shm/fill"
+        fill = json.dumps({"argv": ["sh", "-c", script]}).encode()
+        assert (await agent(netns, "POST", "/run", body=fill, limit_s=60))["rc"] == 0
+        stream = await vm.snapshot(places.snapshot_target(), keep_running=True)
+    finally:
+        await fleet.stop_all()
+    assert stream.state_file.stat().st_size > 64 << 20
+    yield stream
+
+
 @pytest.mark.parametrize("operation", ["restore", "detach_memory"])
 async def test_cancelling_a_restore_stops_its_vmm(
-    fleet: Fleet, template: Template, places: Places, operation: str
+    fleet: Fleet, big_stream: Snapshot, places: Places, operation: str
 ) -> None:
     # A kill cancels a pause's memory detach mid-restore; a client gone cancels a create.
-    vm, netns = await fleet.restore(template.snapshot)
-    await agent(netns, "POST", "/?memory=cancel-me&note=cancel-me")
-    stream = await vm.snapshot(places.snapshot_target(), keep_running=True)
-    await vm.stop()
-    assert stream.memory_file is None  # the RAM is in the stream: loading it takes a while
+    stream = big_stream
     work: Coroutine[Any, Any, object]
     if operation == "restore":
         work = fleet.driver.restore(stream, fleet.target())
     else:
-        work = fleet.driver.detach_memory(stream, places.snapshot_target(), fleet.target())
+        target = places.snapshot_target()
+        work = fleet.driver.detach_memory(stream, target, fleet.target(), flatten=True)
     task = asyncio.ensure_future(work)
     await _loading(task, stream.state_file)
     task.cancel()

@@ -31,6 +31,7 @@ MIB = 1 << 20
 ROOMY_MIB = 512
 # Most of the roomy guest's RAM: pages its template never touched, so holes in the base file.
 FILL_MIB = 320
+WRITE_MIB = 24  # what a clone writes before a snapshot: 1/10 of the test guest's RAM
 
 
 def _size(path: Path) -> int:
@@ -56,6 +57,34 @@ async def test_pause_of_a_clone_writes_what_changed(
     assert (await agent(other_netns))["memory"] == TEMPLATE_MEMORY
     await other.stop()
     await clone.stop()
+
+
+async def test_a_snapshot_of_a_running_clone_writes_what_changed(
+    fleet: Fleet, template: Template, places: Places
+) -> None:
+    """A snapshot that keeps the clone running (what snapshots and fork checkpoints do) writes
+    the pages the guest changed, however much RAM it had touched since its base: after the
+    guest writes 24 MiB, the state grows by those 24 MiB (and little more) and its memory
+    file is the base's own bytes, linked. Four clones of it and the source all go on."""
+    vm, netns = await fleet.restore(template.snapshot)
+    await agent(netns, "POST", "/?memory=snapped&note=snapped-note")
+    assert isinstance(vm, QemuVM)
+    idle = await vm.snapshot(places.snapshot_target(), keep_running=True)
+    assert idle.memory_file is not None and template.snapshot.memory_file is not None
+    assert idle.memory_file.stat().st_ino == template.snapshot.memory_file.stat().st_ino
+    idle_bytes = _size(idle.state_file)
+    assert 0 < idle_bytes < 16 * MIB
+    fill = f"yes 0123456789abcdef | head -c {WRITE_MIB}M > /dev/shm/w && wc -c < /dev/shm/w"
+    assert (await _sh(netns, fill))["stdout"].strip() == str(WRITE_MIB * MIB)
+    wrote = await vm.snapshot(places.snapshot_target(), keep_running=True)
+    grown = _size(wrote.state_file) - idle_bytes
+    assert WRITE_MIB * MIB <= grown < (WRITE_MIB + 8) * MIB, grown
+    assert (await agent(netns))["memory"] == "snapped"  # the source runs on
+    for _, clone_netns in await fleet.restore_many(wrote, 4):
+        state = await agent(clone_netns)
+        assert (state["memory"], state["note"]) == ("snapped", "snapped-note")
+        check = await _sh(clone_netns, "wc -c < /dev/shm/w")
+        assert check["stdout"].strip() == str(WRITE_MIB * MIB)
 
 
 async def test_a_changed_pages_pause_restores_from_the_repository(
@@ -86,8 +115,9 @@ async def test_a_changed_pages_pause_restores_from_the_repository(
 async def test_chains_of_pause_restore_and_full_saves(
     fleet: Fleet, template: Template, places: Places
 ) -> None:
-    """pause -> restore -> pause (the delta is against the same base, not stacked) -> full
-    snapshot of the restored VM -> its clone paused again over that snapshot's own memory."""
+    """pause -> restore -> pause (the delta is against the same base, not stacked) -> snapshot
+    of the restored VM, kept running (a delta over a link to the base) -> its clone paused
+    again over that link."""
     vm, netns = await fleet.restore(template.snapshot)
     await agent(netns, "POST", "/?memory=one&note=one")
     first = await vm.snapshot(places.snapshot_target(), keep_running=False)
@@ -99,17 +129,19 @@ async def test_chains_of_pause_restore_and_full_saves(
     vm, netns = await fleet.restore(second)
     assert (await agent(netns))["memory"] == "two"
     full = await vm.snapshot(places.snapshot_target(), keep_running=True)
-    assert full.memory_file is None and vm.state.value == "running"
+    assert full.memory_file is not None and first.memory_file is not None
+    assert vm.state.value == "running"
+    assert full.memory_file.stat().st_ino == first.memory_file.stat().st_ino
     await agent(netns, "POST", "/?memory=three&note=three")
     third = await vm.snapshot(places.snapshot_target(), keep_running=False)
     vm, netns = await fleet.restore(third)
     assert (await agent(netns))["memory"] == "three"
     await vm.stop()
-    # The full snapshot restores into a file of its own; its pause is device state only.
+    # The snapshot's clone maps the link; its pause is a delta over the link.
     child, child_netns = await fleet.restore(full)
     assert (await agent(child_netns))["memory"] == "two"
     own = await child.snapshot(places.snapshot_target(), keep_running=False)
-    assert own.memory_file is not None and own.memory_file != template.snapshot.memory_file
+    assert own.memory_file == full.memory_file
     grandchild, gc_netns = await fleet.restore(own)
     assert (await agent(gc_netns))["memory"] == "two"
     await grandchild.stop()

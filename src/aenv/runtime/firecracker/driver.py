@@ -371,12 +371,19 @@ class FirecrackerDriver:
         return vms
 
     async def detach_memory(
-        self, snapshot: d.Snapshot, target: d.SnapshotTarget, place: d.RestoreSpec
+        self,
+        snapshot: d.Snapshot,
+        target: d.SnapshotTarget,
+        place: d.RestoreSpec,
+        *,
+        flatten: bool = False,
     ) -> d.Snapshot:
         # Firecracker always writes guest memory as its own file (`mem_file_path`).
         return snapshot
 
-    async def export(self, snapshot: d.Snapshot, dest: Path, *, move: bool) -> d.Snapshot:
+    async def export(
+        self, snapshot: d.Snapshot, dest: Path, *, move: bool, memory_dir: Path | None = None
+    ) -> d.Snapshot:
         """Sealed images are standalone raw files already: each is moved or linked like the
         state and memory files, as `disk-<drive_id>.img`."""
 
@@ -386,7 +393,7 @@ class FirecrackerDriver:
             return image
 
         try:
-            return await export.export(snapshot, dest, move=move, disk=place)
+            return await export.export(snapshot, dest, move=move, disk=place, memory_dir=memory_dir)
         except FAILURES as exc:
             raise d.SnapshotError(f"cannot export the saved state to {dest}: {exc}") from exc
 
