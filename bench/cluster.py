@@ -42,7 +42,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -456,24 +456,16 @@ def main() -> None:
         with tempfile.TemporaryDirectory(prefix="aenv-bench-gwcpu-") as tmp:
             print(json.dumps(gateway_cpu(Path(tmp)), indent=2))
         return
-    if sys.argv[1:] == ["creates"]:
-        scratch = Path(tempfile.mkdtemp(prefix="aenv-bench-creates-"))
+    # Each of these runs real nodes in a scratch directory of its own.
+    on_nodes: dict[str, Callable[[Path], Coroutine[Any, Any, dict[str, Any]]]] = {
+        "creates": creates,
+        "resume": resume,
+        "proxy": proxy,
+    }
+    if len(sys.argv) == 2 and sys.argv[1] in on_nodes:
+        scratch = Path(tempfile.mkdtemp(prefix=f"aenv-bench-{sys.argv[1]}-"))
         try:
-            print(json.dumps(asyncio.run(creates(scratch)), indent=2))
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        return
-    if sys.argv[1:] == ["resume"]:
-        scratch = Path(tempfile.mkdtemp(prefix="aenv-bench-resume-"))
-        try:
-            print(json.dumps(asyncio.run(resume(scratch)), indent=2))
-        finally:
-            shutil.rmtree(scratch, ignore_errors=True)
-        return
-    if sys.argv[1:] == ["proxy"]:
-        scratch = Path(tempfile.mkdtemp(prefix="aenv-bench-gw-"))
-        try:
-            print(json.dumps(asyncio.run(proxy(scratch)), indent=2))
+            print(json.dumps(asyncio.run(on_nodes[sys.argv[1]](scratch)), indent=2))
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
         return
