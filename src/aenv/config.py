@@ -65,7 +65,7 @@ class Paths:
         oci-rootfs/            ext4 root filesystems made from OCI images
         chunks/                repository chunk cache (LRU, `repository_cache_mb`)
     /dev/shm/aenv-<hash of $AENV_HOME>/
-      templates/<id>/          saved guest memory every restore maps (tmpfs)
+      <template id>/           saved guest memory every restore maps (tmpfs)
       sandboxes/<id>/          a sandbox's guest memory
       detach/                  memory detaching's scratch memory
     ```

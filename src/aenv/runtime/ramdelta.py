@@ -15,8 +15,9 @@ loads the stream: the pages it carries are written, every other page is the base
 The delta is always against the base memory file, not against the previous save: a VM restored
 from base + delta holds the delta's pages as anonymous pages again, so its next save carries
 them plus whatever changed since. A chain never grows deeper than one layer (no flattening is
-needed); the layer grows only with what the guest changed, and a save that carries most of the
-RAM (`mostly_changed`) is worth detaching into a memory file of its own (`detach.py`).
+needed); the layer grows only with what the guest changed. A template build's final state is
+flattened into a memory file of its own (`detach.py`, `flatten`), so its sandboxes start from a
+base with no changed pages to load.
 
 Stream format (QEMU 7.2, `migration/savevm.c` and `ram.c`): after the header and the
 configuration section come the iterative "ram" section's START, PART and END sections, each a
