@@ -69,6 +69,7 @@ SAMPLE = 0.05
 SETTLE_S = 10.0
 MIB = 1 << 20
 TRIM = "sync; echo 3 > /proc/sys/vm/drop_caches"
+TRIM_COST_MIB = 40
 
 
 def available_mib() -> float:
@@ -321,7 +322,13 @@ def client() -> None:
                 break
         if mode == "default" and sandboxes:
             result["cpu_by_thread"] = thread_cpu(home)
-            result["trim"] = trim(sandboxes, home, baseline, pool)
+            # A trim costs memory here (+30 MiB a guest, docs/density.md): near the floor it
+            # would run the host out of memory.
+            room = available_mib() - FLOOR_MB
+            if room > TRIM_COST_MIB * len(sandboxes):
+                result["trim"] = trim(sandboxes, home, baseline, pool)
+            else:
+                result["trim"] = {"skipped": f"{room:.0f} MiB above the floor: too little"}
             log(f"trim: {json.dumps(result['trim'])}")
             result["ksm"] = ksm_window(sandboxes, home, baseline)
             log(f"ksm: {json.dumps(result['ksm'])}")
