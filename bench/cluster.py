@@ -36,16 +36,17 @@ nodes, alternating, in one run (CPU-bound under TCG on one machine: both nodes s
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import random
 import shutil
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -57,6 +58,9 @@ from aenv.cluster.routing import Routes
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import connect
 from tests.support.redis_server import redis_server
+
+if TYPE_CHECKING:
+    from tests.cluster.cluster_ns import Cluster
 
 NODES = 100
 SANDBOXES_PER_NODE = 300
@@ -161,35 +165,67 @@ print(json.dumps(spent))
 """
 
 
-async def proxy(scratch: Path, samples: int = 200) -> dict[str, Any]:
+@dataclass
+class OnCluster:
+    """Real nodes behind a started gateway (bench `proxy`, `resume`, `creates`)."""
+
+    nodes: Cluster
+    routes: Routes
+    env: dict[str, str]  # the SDK pointed at the gateway
+
+    def run(self, *argv: str) -> str:
+        """`argv` in the gateway's namespace with `env`: its output; raises when it fails."""
+        code, out = self.nodes.gateway.run(list(argv), env=self.env, timeout=1800)
+        if code != 0:
+            raise RuntimeError(out)
+        return out
+
+
+def last_json(out: str) -> Any:
+    return json.loads(out.strip().splitlines()[-1])
+
+
+@contextlib.asynccontextmanager
+async def on_cluster(
+    scratch: Path,
+    nodes: list[str],
+    settings: dict[str, str] | None = None,
+    shared_repository: bool = False,
+) -> AsyncIterator[OnCluster]:
+    """Real nodes `nodes` (homes under `scratch`) on a real Redis, every one registered, and
+    their gateway started."""
     from aenv.config import Paths
     from aenv.orchestrator.images import prepare_images
     from tests.cluster.cluster_ns import cluster
     from tests.support.guest import GUEST_CACHE, MIRROR
 
-    await prepare_images(Paths(scratch / "node-a").cache, GUEST_CACHE, MIRROR)
+    for node_id in nodes:
+        await prepare_images(Paths(scratch / node_id).cache, GUEST_CACHE, MIRROR)
     (scratch / "redis").mkdir()
     with redis_server(scratch / "redis") as server:
         client = connect(server.url)
-        registry = NodeRegistry(client, SECRET)
-        settings = {"AENV_REDIS_URL": server.unix_url, "AENV_CLUSTER_SECRET": SECRET.value}
-        with cluster(scratch, ["node-a"], settings) as c:
-            while not await registry.live():
-                await asyncio.sleep(0.5)
+        try:
+            registry = NodeRegistry(client, SECRET)
+            every = {"AENV_REDIS_URL": server.unix_url, "AENV_CLUSTER_SECRET": SECRET.value}
+            with cluster(scratch, nodes, every | (settings or {}), shared_repository) as c:
+                while len(await registry.live()) < len(nodes):
+                    await asyncio.sleep(0.5)
+                c.gateway.start()
+                c.gateway.wait_ready()
+                env = {
+                    "E2B_API_URL": c.gateway.url,
+                    "E2B_SANDBOX_URL": c.gateway.url,
+                    "E2B_API_KEY": c.gateway.api_key,
+                }
+                yield OnCluster(c, Routes(client), env)
+        finally:
             await client.aclose()
-            c.gateway.start()
-            c.gateway.wait_ready()
-            env = {
-                "E2B_API_URL": c.gateway.url,
-                "E2B_SANDBOX_URL": c.gateway.url,
-                "E2B_API_KEY": c.gateway.api_key,
-            }
-            node_url = f"http://{c.addresses['node-a']}"
-            argv = [sys.executable, "-c", PROXY_CLIENT, node_url, str(samples)]
-            code, out = c.gateway.run(argv, env=env, timeout=1800)
-            if code != 0:
-                raise RuntimeError(out)
-    spent = json.loads(out.strip().splitlines()[-1])
+
+
+async def proxy(scratch: Path, samples: int = 200) -> dict[str, Any]:
+    async with on_cluster(scratch, ["node-a"]) as on:
+        node_url = f"http://{on.nodes.addresses['node-a']}"
+        spent = last_json(on.run(sys.executable, "-c", PROXY_CLIENT, node_url, str(samples)))
     through, direct = summary_ms(spent["gateway"]), summary_ms(spent["direct"])
     return {
         "commands_run_true_through_gateway_ms": through,
@@ -223,67 +259,37 @@ async def resume(scratch: Path, samples: int = 3) -> dict[str, Any]:
     import subprocess
 
     from aenv.config import Paths
-    from aenv.orchestrator.images import prepare_images
-    from tests.cluster.cluster_ns import cluster
-    from tests.support.guest import GUEST_CACHE, MIRROR
 
-    nodes = ["node-a", "node-b"]
-    for node_id in nodes:
-        await prepare_images(Paths(scratch / node_id).cache, GUEST_CACHE, MIRROR)
-    (scratch / "redis").mkdir()
-    with redis_server(scratch / "redis") as server:
-        client = connect(server.url)
-        registry, routes = NodeRegistry(client, SECRET), Routes(client)
-        settings = {
-            "AENV_REDIS_URL": server.unix_url,
-            "AENV_CLUSTER_SECRET": SECRET.value,
-            "AENV_HEARTBEAT_INTERVAL": "2",
-        }
-        with cluster(scratch, nodes, settings, shared_repository=True) as c:
-            while len(await registry.live()) < len(nodes):
-                await asyncio.sleep(0.5)
-            c.gateway.start()
-            c.gateway.wait_ready()
-            env = {
-                "E2B_API_URL": c.gateway.url,
-                "E2B_SANDBOX_URL": c.gateway.url,
-                "E2B_API_KEY": c.gateway.api_key,
-            }
+    beat = {"AENV_HEARTBEAT_INTERVAL": "2"}
+    async with on_cluster(scratch, ["node-a", "node-b"], beat, shared_repository=True) as on:
 
-            def client_run(*args: str) -> Any:
-                argv = [sys.executable, "-c", RESUME_CLIENT, *args]
-                code, out = c.gateway.run(argv, env=env, timeout=1800)
-                if code != 0:
-                    raise RuntimeError(out)
-                return json.loads(out.strip().splitlines()[-1])
+        def client_run(*args: str) -> Any:
+            return last_json(on.run(sys.executable, "-c", RESUME_CLIENT, *args))
 
-            def aenv(*args: str) -> None:
-                code, out = c.gateway.run([sys.executable, "-m", "aenv.cli", *args])
-                if code != 0:
-                    raise RuntimeError(out)
+        def aenv(*args: str) -> None:
+            on.run(sys.executable, "-m", "aenv.cli", *args)
 
-            sandbox_id = client_run("make")
-            same: list[float] = []
-            for _ in range(samples):
-                same.append(client_run("resume", sandbox_id))
-                client_run("pause", sandbox_id)
-            other: list[float] = []
-            moved: list[int] = []
-            for _ in range(samples):
-                node = await routes.lookup(sandbox_id)
-                assert node is not None
-                aenv("node", "drain", node)
-                other.append(client_run("resume", sandbox_id))
-                target = await routes.lookup(sandbox_id)
-                assert target is not None and target != node
-                du = subprocess.run(
-                    ["du", "-sb", str(Paths(scratch / target).sandboxes / sandbox_id)],
-                    capture_output=True, text=True, check=True,
-                )  # fmt: skip
-                moved.append(int(du.stdout.split()[0]))
-                aenv("node", "undrain", node)
-                client_run("pause", sandbox_id)
-            await client.aclose()
+        sandbox_id = client_run("make")
+        same: list[float] = []
+        for _ in range(samples):
+            same.append(client_run("resume", sandbox_id))
+            client_run("pause", sandbox_id)
+        other: list[float] = []
+        moved: list[int] = []
+        for _ in range(samples):
+            node = await on.routes.lookup(sandbox_id)
+            assert node is not None
+            aenv("node", "drain", node)
+            other.append(client_run("resume", sandbox_id))
+            target = await on.routes.lookup(sandbox_id)
+            assert target is not None and target != node
+            du = subprocess.run(
+                ["du", "-sb", str(Paths(scratch / target).sandboxes / sandbox_id)],
+                capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            moved.append(int(du.stdout.split()[0]))
+            aenv("node", "undrain", node)
+            client_run("pause", sandbox_id)
     same_ms, other_ms = summary_ms(same), summary_ms(other)
     return {
         "samples": samples,
@@ -311,45 +317,24 @@ print(json.dumps(spent))
 
 
 async def creates(scratch: Path, batch: int = 4, rounds: int = 3) -> dict[str, Any]:
-    from aenv.config import Paths
-    from aenv.orchestrator.images import prepare_images
-    from tests.cluster.cluster_ns import cluster
-    from tests.support.guest import GUEST_CACHE, MIRROR
+    async with on_cluster(scratch, ["node-a", "node-b"]) as on:
 
-    nodes = ["node-a", "node-b"]
-    for node_id in nodes:
-        await prepare_images(Paths(scratch / node_id).cache, GUEST_CACHE, MIRROR)
-    (scratch / "redis").mkdir()
-    with redis_server(scratch / "redis") as server:
-        client = connect(server.url)
-        registry = NodeRegistry(client, SECRET)
-        settings = {"AENV_REDIS_URL": server.unix_url, "AENV_CLUSTER_SECRET": SECRET.value}
-        with cluster(scratch, nodes, settings) as c:
-            while len(await registry.live()) < len(nodes):
-                await asyncio.sleep(0.5)
-            await client.aclose()
-            c.gateway.start()
-            c.gateway.wait_ready()
-            env = {
-                "E2B_API_URL": c.gateway.url,
-                "E2B_SANDBOX_URL": c.gateway.url,
-                "E2B_API_KEY": c.gateway.api_key,
-            }
+        def rate() -> float:
+            return batch / float(
+                last_json(on.run(sys.executable, "-c", CREATES_CLIENT, str(batch)))
+            )
 
-            def run(*argv: str) -> Any:
-                code, out = c.gateway.run([sys.executable, *argv], env=env, timeout=1800)
-                if code != 0:
-                    raise RuntimeError(out)
-                return json.loads(out.strip().splitlines()[-1]) if argv[0] == "-c" else None
+        def aenv(*args: str) -> None:
+            on.run(sys.executable, "-m", "aenv.cli", *args)
 
-            run("-c", CREATES_CLIENT, str(batch))  # warm-up: both nodes' pools and caches
-            one: list[float] = []
-            two: list[float] = []
-            for _ in range(rounds):
-                run("-m", "aenv.cli", "node", "drain", "node-b")
-                one.append(batch / run("-c", CREATES_CLIENT, str(batch)))
-                run("-m", "aenv.cli", "node", "undrain", "node-b")
-                two.append(batch / run("-c", CREATES_CLIENT, str(batch)))
+        rate()  # warm-up: both nodes' pools and caches
+        one: list[float] = []
+        two: list[float] = []
+        for _ in range(rounds):
+            aenv("node", "drain", "node-b")
+            one.append(rate())
+            aenv("node", "undrain", "node-b")
+            two.append(rate())
     one_rate, two_rate = sorted(one)[len(one) // 2], sorted(two)[len(two) // 2]
     return {
         "batch": batch,
