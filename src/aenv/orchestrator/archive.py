@@ -92,14 +92,13 @@ class Archive:
         return manifest.id
 
     async def push_snapshot(
-        self, directory: Path, *, name: str, metadata: Mapping[str, str]
+        self, directory: Path, staging: Path, *, name: str, metadata: Mapping[str, str]
     ) -> str:
         """Store a self-contained snapshot (a template or snapshot's build) in place; returns
-        its manifest id. A `portable` copy also takes the read-only files it names, staged
-        beside it (its files linked, its manifest rewritten), so the local one stays as is."""
+        its manifest id. A `portable` copy also takes the read-only files it names, staged in
+        `staging` (its files linked, its manifest rewritten), so the local one stays as is."""
         if not self.portable:
             return await self.push_directory(directory, name=name, metadata=metadata)
-        staging = directory.parent / f".{directory.name}.push"
         await asyncio.to_thread(shutil.rmtree, staging, True)
         try:
             await asyncio.to_thread(_stage_portable, directory, staging)

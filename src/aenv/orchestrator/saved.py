@@ -162,13 +162,14 @@ class SavedStates:
         staging = directory.with_name(f"{directory.name}.upload")
         try:
             saved = await self.driver.load_saved(directory)
-            if saved.memory_file is None or saved.memory_file.parent == directory:
-                manifest_id = await self.archive.push_snapshot(
-                    directory, name=name, metadata=metadata
-                )
-            else:
-                await asyncio.to_thread(shutil.rmtree, staging, True)  # a crash's leftover
-                with self.pin(staging):
+            await asyncio.to_thread(shutil.rmtree, staging, True)  # a crash's leftover
+            # Pinned: `collect` would take the staged copy for a stale build of the template.
+            with self.pin(staging):
+                if saved.memory_file is None or saved.memory_file.parent == directory:
+                    manifest_id = await self.archive.push_snapshot(
+                        directory, staging, name=name, metadata=metadata
+                    )
+                else:
                     manifest_id = await self.archive.push_checkpoint(
                         saved, staging, self.driver, name=name, metadata=metadata
                     )
