@@ -57,6 +57,25 @@ def test_env_vars_last_one_execution(sandbox: Sandbox) -> None:
     assert sandbox.run_code(code).logs.stdout == ["None\n"]
 
 
+def test_env_vars_the_kernel_cannot_set_are_an_error_not_a_broken_stream(
+    sandbox: Sandbox,
+) -> None:
+    refusing = (
+        "import os\n"
+        "class Refusing(dict):\n"
+        "    def update(self, *args, **kwargs): raise OSError('no env here')\n"
+        "kept, os.environ = os.environ, Refusing(os.environ)"
+    )
+    assert sandbox.run_code(refusing).error is None
+    try:
+        failed = sandbox.run_code("1", envs={"AENV_CI_TEST": "yes"})
+    finally:
+        sandbox.run_code("os.environ = kept")
+    assert failed.error is not None and failed.error.name == "ExecutionSetupError"
+    assert "no env here" in failed.error.value
+    assert sandbox.run_code("1 + 1").text == "2"  # the context was released
+
+
 def test_rich_results(sandbox: Sandbox) -> None:
     code = (
         "from IPython.display import HTML, Markdown, display\n"
@@ -142,6 +161,7 @@ def test_bash(sandbox: Sandbox) -> None:
         ("/execute", {"code": "1", "context_id": "c", "language": "python"}, "not both"),
         ("/contexts", {"cwd": "/nonexistent/dir"}, "cannot start a kernel"),
         ("/execute", {"code": "1", "env_vars": {"A B": "1"}}, "not an env var name: 'A B'"),
+        ("/execute", {"code": "1", "env_vars": {"A": "a\0"}}, "'A' holds a NUL byte"),
     ],
 )
 def test_bad_input_gets_json_errors(server_url: str, path: str, body: object, message: str) -> None:

@@ -41,6 +41,9 @@ class ExecuteRequest(BaseModel):
         bad = [name for name in env or {} if not ENV_NAME.fullmatch(name)]
         if bad:
             raise ValueError(f"not an env var name: {bad[0]!r}")
+        # No process environment can hold a NUL byte.
+        if nul := [name for name, value in (env or {}).items() if "\0" in value]:
+            raise ValueError(f"the value of {nul[0]!r} holds a NUL byte")
         return env
 
 

@@ -2,7 +2,9 @@
 
 1. The context's lock is taken: its kernel runs one execution at a time. A kernel cloned
    into another sandbox (a fork) gets fresh randomness first (`incarnation`).
-2. The execution's env vars, if any, are set in the kernel's `os.environ`.
+2. The execution's env vars, if any, are set in the kernel's `os.environ`. If that (or the
+   reseed) fails, the stream is one `ExecutionSetupError` error and its end: the response
+   has begun by then, so an HTTP error is no longer possible.
 3. The code runs; the kernel's IOPub messages answering this request become events, until
    the kernel goes idle (or dies), and then an error its reply alone reports.
 4. The env vars are put back as the kernel started with them and the lock is released.
@@ -50,12 +52,18 @@ async def run(context: Context, code: str, env: Mapping[str, str]) -> AsyncItera
     finished = False
     msg_id: str | None = None
     try:
-        if context.incarnation != (now := incarnation.current()):
-            if context.kind.reseed is not None:
-                await run_silently(context.client, context.kind.reseed)
-            context.incarnation = now
-        if env and context.kind.set_env is not None:
-            await run_silently(context.client, context.kind.set_env(env))
+        try:
+            await _prepare(context, env)
+        except (RuntimeError, TimeoutError) as e:
+            # The response has begun (200, streaming): the failure can only be an event.
+            yield events.line(events.error("ExecutionSetupError", str(e), []))
+            try:
+                await _restore(context, env)
+            except (RuntimeError, TimeoutError) as again:
+                log.warning("context %s: env vars not put back: %s", context.id, again)
+            finished = True
+            yield events.line(events.END)
+            return
         msg_id = context.client.execute(
             code, store_history=True, allow_stdin=False, stop_on_error=False
         )
@@ -68,8 +76,7 @@ async def run(context: Context, code: str, env: Mapping[str, str]) -> AsyncItera
             if failure is not None:
                 seen.append(failure)
                 yield events.line(failure)
-        if env and context.kind.restore_env is not None:
-            await run_silently(context.client, context.kind.restore_env(_previous(env)))
+        await _restore(context, env)
         finished = True
         yield events.line(events.END)
         if any(e["type"] == "error" for e in seen):
@@ -83,13 +90,27 @@ async def run(context: Context, code: str, env: Mapping[str, str]) -> AsyncItera
             task.add_done_callback(_recoveries.discard)
 
 
+async def _prepare(context: Context, env: Mapping[str, str]) -> None:
+    """Fresh randomness in a kernel cloned into another sandbox, then the execution's env."""
+    if context.incarnation != (now := incarnation.current()):
+        if context.kind.reseed is not None:
+            await run_silently(context.client, context.kind.reseed)
+        context.incarnation = now
+    if env and context.kind.set_env is not None:
+        await run_silently(context.client, context.kind.set_env(env))
+
+
+async def _restore(context: Context, env: Mapping[str, str]) -> None:
+    if env and context.kind.restore_env is not None:
+        await run_silently(context.client, context.kind.restore_env(_previous(env)))
+
+
 async def _recover(context: Context, msg_id: str | None, env: Mapping[str, str]) -> None:
     try:
         if msg_id is not None:
             await context.manager.interrupt_kernel()
             await asyncio.wait_for(_finished(context, msg_id), _INTERRUPT_WAIT_S)
-        if env and context.kind.restore_env is not None:
-            await run_silently(context.client, context.kind.restore_env(_previous(env)))
+        await _restore(context, env)
     except (RuntimeError, TimeoutError, OSError) as e:
         log.warning("context %s: recovery after a dropped execution failed: %s", context.id, e)
     finally:
