@@ -23,7 +23,7 @@ from starlette.types import ASGIApp
 
 from aenv.api.app import JSON_ERRORS, APIKeyGate
 from aenv.api.errors import APIError
-from aenv.api.keys import KeyStore
+from aenv.api.keys import KeyStore, LocalKeys
 from aenv.api.limits import RateLimiter
 from aenv.api.metrics import NodeMetrics
 from aenv.api.sandboxes import SandboxRoutes
@@ -112,7 +112,7 @@ class NodeDouble:
             ],
             exception_handlers=JSON_ERRORS,
         )
-        return InternalGate(APIKeyGate(app, keys, RateLimiter(1000, 1000)), SECRET)
+        return InternalGate(APIKeyGate(app, LocalKeys(keys), RateLimiter(1000, 1000)), SECRET)
 
     async def create(self, request: Request) -> Response:
         self.creates_seen.append(request.state.api_key.id)

@@ -21,11 +21,13 @@ from aenv.api.limits import RateLimiter
 from aenv.cluster.directory import Directory
 from aenv.cluster.drain import Drains
 from aenv.cluster.holders import FileKind, FileRef, Holders
+from aenv.cluster.keys import ClusterKeys, sync_keys
 from aenv.cluster.parked import Parked
 from aenv.cluster.registry import Capacity, NodeRegistry, NodeReport
 from aenv.cluster.routing import Routes
 from aenv.cluster.saved import SavedRecord, SavedRecords
 from aenv.cluster.store import connect
+from aenv.config import Paths
 from aenv.gateway.app import Gateway
 from aenv.gateway.evacuate import Released, evacuate
 from aenv.gateway.nodes import NodeClient
@@ -45,6 +47,8 @@ class Setup:
     key: str
     key_id: str
     nodes: dict[str, NodeDouble]
+    keys: ClusterKeys
+    home: Paths  # the gateway's, where it keeps its copy of the cluster's keys
 
     def client(self) -> httpx.Client:
         return httpx.Client(base_url=self.url, headers={"X-API-Key": self.key}, timeout=30)
@@ -65,8 +69,8 @@ def doubles(tmp_path: Path) -> Iterator[dict[str, NodeDouble]]:
 async def setup(
     tmp_path: Path, redis: RedisServer, client: aioredis.Redis, doubles: dict[str, NodeDouble]
 ) -> AsyncIterator[Setup]:
-    gateway_keys = KeyStore(tmp_path / "gateway-keys.json")
-    record, value = gateway_keys.create("user")
+    gateway_keys = ClusterKeys(client)
+    record, value = await gateway_keys.new("user")
     node_keys = KeyStore(tmp_path / "node-keys.json")
     node_keys.create("node")
     registry = NodeRegistry(client, SECRET)
@@ -80,14 +84,16 @@ async def setup(
             )
             await registry.heartbeat(secrets.token_hex(8), report, ttl=60)
         await Holders(registry).add("a", FileRef(FileKind.TEMPLATE, "base"))
+        # The gateway's own client: it serves on a loop of its own.
+        gateway_client = connect(redis.url, timeout=0.5)
         gateway = Gateway(
-            Directory(connect(redis.url, timeout=0.5), SECRET),
+            Directory(gateway_client, SECRET),
             SECRET,
-            gateway_keys,
+            ClusterKeys(gateway_client),
             RateLimiter(1000, 1000),
         )
         url = stack.enter_context(serve(gateway, free_port()))
-        yield Setup(url, value, record.id, doubles)
+        yield Setup(url, value, record.id, doubles, gateway_keys, Paths(tmp_path / "gateway"))
 
 
 async def test_a_create_goes_to_the_holder_first_and_to_another_node_when_refused(
@@ -257,12 +263,12 @@ async def test_calls_for_a_sandbox_go_to_its_node(setup: Setup, client: aioredis
 
 async def test_routes_the_gateway_does_not_serve_yet_are_501_naming_them(setup: Setup) -> None:
     with setup.client() as http:
-        answer = http.get("/api-keys")
+        answer = http.get("/teams")
         metrics = http.get("/sandboxes/metrics", params={"sandbox_ids": "a"})
         volume = http.post("/volumes", json={"name": "v"})
         build = http.post("/v3/templates", json={"alias": "t"})
     assert answer.status_code == 501
-    assert answer.json()["message"].startswith("GET /api-keys is not served by the cluster")
+    assert answer.json()["message"].startswith("GET /teams is not served by the cluster")
     assert metrics.status_code == 501
     # Refused with the reason, as JSON.
     assert volume.status_code == 501
@@ -401,14 +407,21 @@ async def test_a_bad_list_query_is_the_nodes_400(setup: Setup) -> None:
 
 
 async def test_redis_down_is_503_until_it_is_back(setup: Setup, redis: RedisServer) -> None:
+    setup.home.home.mkdir()
+    assert not await sync_keys(setup.keys, setup.home)  # the gateway's copy of the keys
     redis.stop()
     with setup.client() as http:
         down = http.get("/v2/sandboxes")
         health = http.get("/health")
         data = http.get("/files", headers={"E2b-Sandbox-Id": "abc", "E2b-Sandbox-Port": "49983"})
         redis.start()
+        # Restarted without its data: the keys are back once the gateway syncs them.
+        lost = http.get("/v2/sandboxes")
+        assert not await sync_keys(setup.keys, setup.home)
         back = http.get("/v2/sandboxes")
     assert down.status_code == 503 and "unavailable" in down.json()["message"]
+    assert down.json()["code"] == 503
+    assert lost.status_code == 401
     assert health.status_code == 503
     assert data.status_code == 503 and data.json()["code"] == 503
     # An empty Redis (restarted without its data) has no live node until they heartbeat again.

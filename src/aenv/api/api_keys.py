@@ -1,5 +1,6 @@
-"""E2B's API key routes (`/api-keys`): list, create, rename and revoke the node's keys. Anyone
-holding a key of the node may manage its keys: a node has one team, its operator's."""
+"""E2B's API key routes (`/api-keys`): list, create, rename and revoke the keys of a node (or of
+a cluster, through a gateway). Anyone holding a key may manage the keys: a node or a cluster has
+one team, its operator's."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.errors import APIError, not_found
-from aenv.api.keys import KEY_PREFIX, ApiKey, KeyStore, LastKey
+from aenv.api.keys import KEY_PREFIX, ApiKey, KeyBook, LastKey
 from aenv.api.requests import check_query, parse_body
 from aenv.api.sandboxes import rfc3339
 
@@ -43,7 +44,7 @@ def team_api_key(key: ApiKey) -> dict[str, Any]:
 
 
 class ApiKeyRoutes:
-    def __init__(self, keys: KeyStore) -> None:
+    def __init__(self, keys: KeyBook) -> None:
         self.keys = keys
 
     def routes(self) -> list[Route]:
@@ -56,12 +57,12 @@ class ApiKeyRoutes:
 
     async def list(self, request: Request) -> Response:
         check_query(request)
-        return JSONResponse([team_api_key(key) for key in self.keys.list()])
+        return JSONResponse([team_api_key(key) for key in await self.keys.keys()])
 
     async def create(self, request: Request) -> Response:
         check_query(request)
         body = await parse_body(request, KeyName)
-        key, value = self.keys.create(body.name)
+        key, value = await self.keys.new(body.name)
         return JSONResponse({**team_api_key(key), "key": value}, status_code=201)
 
     async def rename(self, request: Request) -> Response:
@@ -69,7 +70,7 @@ class ApiKeyRoutes:
         body = await parse_body(request, KeyName)
         key_id = request.path_params["api_key_id"]
         try:
-            self.keys.rename(key_id, body.name)
+            await self.keys.rename(key_id, body.name)
         except KeyError as e:
             raise not_found(f"API key '{key_id}'") from e
         return Response(status_code=200)
@@ -78,7 +79,7 @@ class ApiKeyRoutes:
         check_query(request)
         key_id = request.path_params["api_key_id"]
         try:
-            self.keys.revoke(key_id)
+            await self.keys.revoke(key_id)
         except KeyError as e:
             raise not_found(f"API key '{key_id}'") from e
         except LastKey as e:

@@ -16,7 +16,7 @@ from aenv.api.builds import BuildRoutes
 from aenv.api.errors import APIError
 from aenv.api.handoff import HandoffRoutes
 from aenv.api.internal import caller, caller_key
-from aenv.api.keys import KeyStore
+from aenv.api.keys import KeyBook, KeyStore, LocalKeys
 from aenv.api.limits import RateLimiter, retry_after
 from aenv.api.logs import LogRoutes
 from aenv.api.metrics import NodeMetrics
@@ -49,7 +49,7 @@ class APIKeyGate:
     `api.internal`) was authenticated and rate-limited there: it acts as the key the gateway
     names."""
 
-    def __init__(self, app: ASGIApp, keys: KeyStore, limiter: RateLimiter) -> None:
+    def __init__(self, app: ASGIApp, keys: KeyBook, limiter: RateLimiter) -> None:
         self.app = app
         self.keys = keys
         self.limiter = limiter
@@ -69,7 +69,7 @@ class APIKeyGate:
             bearer = headers.get(b"authorization", b"").decode("latin-1")
             if given is None and bearer.lower().startswith("bearer "):
                 given = bearer[7:]
-            key = self.keys.verify(given)
+            key = await self.keys.find(given)
             if key is None:
                 message = "Invalid API key" if given else "Missing API key: send X-API-KEY"
                 await APIError(401, message).response()(scope, receive, send)
@@ -116,6 +116,7 @@ def create_api(
     keys: KeyStore,
     boot_image: ImageBooter | None = None,
 ) -> ASGIApp:
+    book = LocalKeys(keys)
     metrics = NodeMetrics(orchestrator)
     builder = Builder(
         orchestrator,
@@ -138,7 +139,7 @@ def create_api(
         *SnapshotRoutes(orchestrator, config).routes(),
         *NodeRoutes(orchestrator).routes(),
         *LogRoutes(orchestrator).routes(),
-        *ApiKeyRoutes(keys).routes(),
+        *ApiKeyRoutes(book).routes(),
         *VolumeRoutes(orchestrator).routes(),
         *TEAM_ROUTES,
     ]
@@ -147,4 +148,4 @@ def create_api(
     # Not described: no client can call them, only a cluster's gateways (`api.handoff`).
     routes += HandoffRoutes(orchestrator).routes()
     app = Starlette(routes=routes, exception_handlers=JSON_ERRORS)
-    return APIKeyGate(app, keys, RateLimiter(config.key_requests_per_s, config.key_request_burst))
+    return APIKeyGate(app, book, RateLimiter(config.key_requests_per_s, config.key_request_burst))

@@ -11,6 +11,10 @@ operator's copy, which `aenv auth` and the CLI read; the node itself never reads
 data directory from before this store (only that file) has its key imported, hashed, at start,
 so clients keep working after the upgrade. Keys are created, renamed, listed and revoked through
 E2B's `/api-keys` routes (and `aenv keys`); the node's last key cannot be revoked.
+
+The API-key gate and routes read keys through `KeyBook`, which is asynchronous so that a
+cluster's gateways can keep theirs in Redis (`aenv.cluster.keys`); `LocalKeys` is this store
+behind it.
 """
 
 from __future__ import annotations
@@ -22,8 +26,10 @@ import json
 import os
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from aenv import atomic
 from aenv.config import Paths
@@ -124,6 +130,11 @@ class KeyStore:
         del self._keys[key_id]
         self._save()
 
+    def replace(self, keys: Sequence[ApiKey]) -> None:
+        """Holds exactly `keys` from now on: a gateway's copy of the cluster's keys."""
+        self._keys = {key.id: key for key in keys}
+        self._save()
+
     def _used(self, key: ApiKey) -> ApiKey:
         now = time.time()
         used = self._keys[key.id] = dataclasses.replace(key, last_used=now)
@@ -135,6 +146,52 @@ class KeyStore:
     def _save(self) -> None:
         entries = [dataclasses.asdict(key) for key in self.list()]
         atomic.write_text(self.path, json.dumps(entries, indent=2))
+
+
+class KeyBook(Protocol):
+    """Where the API-key gate and E2B's `/api-keys` routes find keys."""
+
+    async def find(self, given: str | None) -> ApiKey | None:
+        """The key `given` is, or None; records its use."""
+        ...
+
+    async def keys(self) -> list[ApiKey]:
+        """Every key, oldest first."""
+        ...
+
+    async def new(self, name: str) -> tuple[ApiKey, str]:
+        """A new key: its record and its value (shown this once, never stored)."""
+        ...
+
+    async def rename(self, key_id: str, name: str) -> ApiKey:
+        """Raises KeyError for an unknown id."""
+        ...
+
+    async def revoke(self, key_id: str) -> None:
+        """Raises KeyError for an unknown id, LastKey for the only one."""
+        ...
+
+
+class LocalKeys:
+    """A node's `KeyStore` as a `KeyBook`."""
+
+    def __init__(self, store: KeyStore) -> None:
+        self.store = store
+
+    async def find(self, given: str | None) -> ApiKey | None:
+        return self.store.verify(given)
+
+    async def keys(self) -> list[ApiKey]:
+        return self.store.list()
+
+    async def new(self, name: str) -> tuple[ApiKey, str]:
+        return self.store.create(name)
+
+    async def rename(self, key_id: str, name: str) -> ApiKey:
+        return self.store.rename(key_id, name)
+
+    async def revoke(self, key_id: str) -> None:
+        self.store.revoke(key_id)
 
 
 def open_keys(paths: Paths) -> tuple[KeyStore, bool]:
@@ -152,8 +209,13 @@ def open_keys(paths: Paths) -> tuple[KeyStore, bool]:
     if store.list():
         return store, False
     value = new_api_key()
-    fd = os.open(key_file, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "w") as f:
-        f.write(value + "\n")
+    write_key_file(key_file, value)
     store.add(value, "default")
     return store, True
+
+
+def write_key_file(path: Path, value: str) -> None:
+    """The operator's copy of a generated key (mode 0600), which `aenv auth` and the CLI read."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(value + "\n")

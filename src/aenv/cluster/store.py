@@ -105,6 +105,21 @@ class Keys:
         return f"{self.prefix}:moving:{sandbox_id}"
 
     @property
+    def api_keys(self) -> str:
+        """The cluster's API keys (a hash: SHA-256 of the value -> the key's record, JSON)."""
+        return f"{self.prefix}:api-keys"
+
+    @property
+    def api_key_ids(self) -> str:
+        """The same keys by id (a hash: id -> digest)."""
+        return f"{self.prefix}:api-key-ids"
+
+    @property
+    def api_key_used(self) -> str:
+        """When each key was last used (a hash: id -> UNIX time)."""
+        return f"{self.prefix}:api-key-used"
+
+    @property
     def draining(self) -> str:
         """The ids of nodes that take no new sandboxes."""
         return f"{self.prefix}:draining"

@@ -1,8 +1,10 @@
 """The gateway's ASGI app: data-plane traffic (anything `aenv.proxy.routing` says names a
 sandbox) to `dataplane`, the rest to the control plane (`control`) behind the gateway's API keys.
 
-The gateway checks API keys and rate limits itself, from its own key store, and calls nodes with
-the cluster token and the id of the key it checked. Call `aclose()` when the server stops.
+The gateway checks API keys and rate limits itself, from the cluster's keys in Redis
+(`aenv.cluster.keys`), serves E2B's `/api-keys` routes over them, and calls nodes with the
+cluster token and the id of the key it checked. Rate limits are counted by each gateway on its
+own. Redis not answering a key check is a 503. Call `aclose()` when the server stops.
 """
 
 from __future__ import annotations
@@ -10,11 +12,13 @@ from __future__ import annotations
 from starlette.applications import Starlette
 from starlette.types import Receive, Scope, Send
 
+from aenv.api.api_keys import ApiKeyRoutes
 from aenv.api.app import JSON_ERRORS, APIKeyGate
-from aenv.api.keys import KeyStore
+from aenv.api.keys import KeyBook
 from aenv.api.limits import RateLimiter
 from aenv.cluster.directory import Directory
 from aenv.cluster.secret import ClusterSecret
+from aenv.cluster.store import ClusterUnavailable
 from aenv.gateway.control import EXCEPTION_HANDLERS, ControlPlane
 from aenv.gateway.dataplane import DataPlane
 from aenv.gateway.handoff import Handoff
@@ -28,7 +32,7 @@ class Gateway:
         self,
         directory: Directory,
         secret: ClusterSecret,
-        keys: KeyStore,
+        keys: KeyBook,
         limiter: RateLimiter,
         domain: str | None = None,
     ) -> None:
@@ -38,7 +42,8 @@ class Gateway:
         self.data = DataPlane(directory, secret, handoff)
         control = ControlPlane(directory, self.nodes, handoff)
         app = Starlette(
-            routes=control.routes(), exception_handlers={**EXCEPTION_HANDLERS, **JSON_ERRORS}
+            routes=[*ApiKeyRoutes(keys).routes(), *control.routes()],
+            exception_handlers={**EXCEPTION_HANDLERS, **JSON_ERRORS},
         )
         self.control = APIKeyGate(app, keys, limiter)
 
@@ -59,6 +64,13 @@ class Gateway:
             await _answer(bad_route(error.message), scope, send)
         except ProxyError as error:
             await _answer(error, scope, send)
+        except ClusterUnavailable as error:
+            # From the key check, which runs before the control plane's own error handlers.
+            await _answer(
+                ProxyError(503, {"code": 503, "message": f"the cluster is unavailable: {error}"}),
+                scope,
+                send,
+            )
 
 
 async def _answer(error: ProxyError, scope: Scope, send: Send) -> None:

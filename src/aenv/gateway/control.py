@@ -76,7 +76,7 @@ class ControlPlane:
         raise APIError(
             501,
             f"{request.method} {request.url.path} is not served by the cluster gateway yet "
-            "(API keys, batch metrics, teams): call a node for it",
+            "(batch metrics, teams): call a node for it",
         )
 
     async def health(self, _: Request) -> Response:

@@ -3,19 +3,20 @@ the server until SIGINT or SIGTERM."""
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import uvicorn
 
-from aenv.api.keys import open_keys
 from aenv.api.limits import RateLimiter
 from aenv.cluster.directory import Directory
+from aenv.cluster.keys import ClusterKeys, sync_keys
 from aenv.cluster.membership import cluster_access
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import ClusterUnavailable, connect
-from aenv.config import Config
+from aenv.config import Config, Paths
 from aenv.gateway.app import Gateway
 from aenv.serving import uvicorn_config
 
@@ -46,14 +47,43 @@ async def run_gateway(
         except ClusterUnavailable as error:
             progress(f"starting without the cluster store, answering 503 until it is back: {error}")
         config.home.mkdir(parents=True, exist_ok=True, mode=0o700)
-        keys, created = open_keys(config.paths)
-        if created:
-            progress(f"generated an API key; it is in {config.paths.api_key} (mode 0600)")
+        keys = ClusterKeys(client)
+        synced = await _sync(keys, config.paths, progress, quiet=False)
+        syncing = asyncio.create_task(_keep_keys(keys, config.paths, progress, quiet=not synced))
         limiter = RateLimiter(config.key_requests_per_s, config.key_request_burst)
         gateway = Gateway(directory, settings.secret, keys, limiter, config.domain)
         try:
             await uvicorn.Server(uvicorn_config(gateway, config)).serve()
         finally:
+            syncing.cancel()
             await gateway.aclose()
     finally:
         await client.aclose()
+
+
+# How often a gateway refreshes its copy of the cluster's keys, and restores them into a Redis
+# found without any.
+KEYS_SYNC_S = 5.0
+
+
+async def _keep_keys(
+    keys: ClusterKeys, paths: Paths, progress: Callable[[str], None], quiet: bool
+) -> None:
+    """`sync_keys` every `KEYS_SYNC_S` until the gateway stops."""
+    while True:
+        await asyncio.sleep(KEYS_SYNC_S)
+        quiet = not await _sync(keys, paths, progress, quiet)
+
+
+async def _sync(
+    keys: ClusterKeys, paths: Paths, progress: Callable[[str], None], quiet: bool
+) -> bool:
+    """One `sync_keys`; False while Redis is down (said once unless `quiet`)."""
+    try:
+        if await sync_keys(keys, paths):
+            progress(f"generated the cluster's first API key; it is in {paths.api_key}")
+    except ClusterUnavailable as error:
+        if not quiet:
+            progress(f"the cluster's API keys are not synced, retrying: {error}")
+        return False
+    return True
