@@ -8,9 +8,11 @@ repository in one bucket there, reached over its own link.
 
 from __future__ import annotations
 
+import itertools
 import os
 import secrets
 import signal
+import string
 import subprocess
 import sys
 import time
@@ -108,6 +110,19 @@ class Cluster:
         return httpx.Response(int(status), content=body.encode())
 
 
+# Every node this process starts, in any cluster: slot namespaces and links are host-wide names,
+# so two clusters at once (a test's and a benchmark's, say) must not share one.
+_NODES_STARTED = itertools.count()
+_DIGITS = string.digits + string.ascii_lowercase
+
+
+def _slot_prefix() -> str:
+    """The next node's network prefix: the process's own (`PREFIX`, 9 characters) and two more,
+    within the 11 a slot's interface names leave (`<prefix>-255` in 15)."""
+    high, low = divmod(next(_NODES_STARTED), len(_DIGITS))
+    return f"{PREFIX}{_DIGITS[high]}{_DIGITS[low]}"
+
+
 def _sh(*argv: str) -> None:
     subprocess.run(argv, check=True, capture_output=True)
 
@@ -174,7 +189,7 @@ def cluster(
     gateway = Gateway(gateway_ns, scratch / "gateway", scratch / "gateway.log", {
         **os.environ, **settings, "AENV_HOME": str(scratch / "gateway"), "PYTHONUNBUFFERED": "1",
     })  # fmt: skip
-    slot_prefixes = [f"{PREFIX}{chr(ord('a') + i)}" for i in range(len(node_ids))]
+    slot_prefixes = [_slot_prefix() for _ in node_ids]
     try:
         _sh("ip", "-n", gateway_ns, "link", "set", "lo", "up")
         with ExitStack() as stack:

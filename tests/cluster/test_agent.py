@@ -254,3 +254,21 @@ async def test_snapshots_in_the_repository_are_published_and_withdrawn(
     node.saved = {}  # deleted on the node
     assert not await agent.beat()
     assert await saved.all() == [] and await saved.find("one") is None
+
+
+async def test_a_node_whose_lease_lapsed_writes_back_routes_a_gateway_dropped(
+    client: aioredis.Redis,
+) -> None:
+    """n1 stalled past its lease; a gateway, finding sbx1 on no live node and not parked, dropped
+    its route. n1 still runs it: its next beat takes the lease anew and routes it again."""
+    node = Node(sandboxes={"sbx1", "sbx2"})
+    agent = NodeAgent(client, "n1", "10.0.0.1:3000", node, SECRET, ttl=30)
+    assert await agent.beat()
+    routes = Routes(client)
+    assert not await routes.clear_lost("sbx1", "n1")  # its lease is current: kept
+    await client.delete(NodeRegistry(client, SECRET).keys.lease("n1"))  # as if it lapsed
+    assert await routes.clear_lost("sbx1", "n1")
+    assert await routes.lookup("sbx1") is None and await routes.of_node("n1") == {"sbx2"}
+    assert await agent.beat()
+    assert await routes.lookup("sbx1") == "n1" and await routes.of_node("n1") == {"sbx1", "sbx2"}
+    assert not await agent.beat()

@@ -250,15 +250,21 @@ async def test_a_drained_node_is_emptied_into_parked_records(
 
 async def test_calls_for_a_sandbox_go_to_its_node(setup: Setup, client: aioredis.Redis) -> None:
     setup.nodes["b"].add("sbonb", 1000.0)
-    await Routes(client).assign("sbonb", "b")
+    routes = Routes(client)
+    await routes.assign("sbonb", "b")
+    await routes.assign("lost", "gone")  # a running sandbox of a node whose lease lapsed
     with setup.client() as http:
         found = http.get("/sandboxes/sbonb")
         unrouted = http.get("/sandboxes/nosuch")
         keyless = httpx.get(f"{setup.url}/sandboxes/sbonb")
+        lost = http.delete("/sandboxes/lost")
     assert found.status_code == 200 and found.json() == {"sandboxID": "sbonb", "node": "b"}
     assert unrouted.status_code == 404
     assert unrouted.json() == {"code": 404, "message": "sandbox 'nosuch' not found"}
     assert keyless.status_code == 401
+    # Gone with its node, not parked: 404, and its route goes; a live node's stays.
+    assert lost.status_code == 404
+    assert await routes.lookup("lost") is None and await routes.lookup("sbonb") == "b"
 
 
 async def test_routes_the_gateway_does_not_serve_yet_are_501_naming_them(setup: Setup) -> None:

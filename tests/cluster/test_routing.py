@@ -43,3 +43,16 @@ async def test_replace_makes_a_nodes_routes_exact(client: aioredis.Redis) -> Non
     await routes.replace("n1", [])
     assert await routes.of_node("n1") == set()
     assert await routes.lookup("kept") is None
+
+
+async def test_a_lost_route_goes_only_while_its_node_has_no_lease(client: aioredis.Redis) -> None:
+    routes = Routes(client)
+    await routes.assign("sb1", "n1")
+    await client.set(routes.keys.lease("n1"), "token")
+    assert not await routes.clear_lost("sb1", "n1")
+    await client.delete(routes.keys.lease("n1"))
+    await routes.assign("sb2", "n2")  # moved since the caller looked: not n1's to drop
+    assert not await routes.clear_lost("sb2", "n1")
+    assert await routes.clear_lost("sb1", "n1")
+    assert await routes.lookup("sb1") is None and await routes.lookup("sb2") == "n2"
+    assert await routes.of_node("n1") == set()

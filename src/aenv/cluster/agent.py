@@ -3,7 +3,8 @@
 The node is the source of truth. Each heartbeat renews the lease with a fresh report and
 writes what changed in the node's sandboxes and files since the last one. When the Redis data set
 is not the one the agent last published into (its epoch key changed or vanished, or its server's
-run id changed), or a write failed while Redis was down, it republishes them as a whole instead.
+run id changed), or a write failed while Redis was down, or its lease had lapsed (gateways may
+have dropped its routes meanwhile), it republishes them as a whole instead.
 Redis being down never stops the node: the agent records the error and tries again next beat.
 
 It also publishes the node's paused sandboxes whose checkpoints are in the shared repository
@@ -130,7 +131,9 @@ class NodeAgent:
             lease = await self.registry.heartbeat(self.token, report, self.ttl)
             state = await self._let_go_of_moved(state)
             generation = (lease.epoch, await self._run_id())
-            republish = generation != self._published
+            # A lease taken anew follows a lapse, in which gateways may have dropped routes of
+            # this node's sandboxes (`Routes.clear_lost`): they are written back whole.
+            republish = generation != self._published or lease.fresh
             if republish:
                 await self.routes.replace(self.node_id, state.sandboxes)
                 await self.holders.replace(self.node_id, state.files)

@@ -53,6 +53,12 @@ class Directory:
             return None
         return await self.registry.report(node_id)
 
+    async def unroute_lost(self, sandbox_id: str) -> bool:
+        """Drops the sandbox's route if it points at a node whose lease is gone; True if it
+        did. Call it only once the sandbox is known not to be parked: it is lost then."""
+        node_id = await self.routes.lookup(sandbox_id)
+        return node_id is not None and await self.routes.clear_lost(sandbox_id, node_id)
+
     async def live(self) -> list[NodeReport]:
         return await self.registry.live()
 

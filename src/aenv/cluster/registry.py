@@ -20,8 +20,9 @@ from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import Keys, guarded, members
 
 # KEYS: lease, node, nodes, epoch, secret. ARGV: token, report, ttl ms, node id, candidate
-# epoch, secret fingerprint. Returns {1, epoch} when renewed, {0, other token} when another
-# process holds the id, {-1, ''} when the cluster was formed with another secret.
+# epoch, secret fingerprint. Returns {1, epoch, 1 if the lease was taken anew (none was held)}
+# when renewed, {0, other token} when another process holds the id, {-1, ''} when the cluster
+# was formed with another secret.
 _HEARTBEAT = """
 local check = redis.call('GET', KEYS[5])
 if check and check ~= ARGV[6] then return {-1, ''} end
@@ -32,7 +33,7 @@ redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 redis.call('SADD', KEYS[3], ARGV[4])
 redis.call('SET', KEYS[4], ARGV[5], 'NX')
 redis.call('SET', KEYS[5], ARGV[6], 'NX')
-return {1, redis.call('GET', KEYS[4])}
+return {1, redis.call('GET', KEYS[4]), owner and 0 or 1}
 """
 
 # KEYS: lease, node, nodes. ARGV: token, node id. Releases the id only for its holder.
@@ -95,6 +96,9 @@ class Lease:
 
     node_id: str
     epoch: str
+    # No lease was held before this heartbeat: the node's first, or one after its lease lapsed
+    # (cut off, or paused too long), while gateways may have dropped its routes.
+    fresh: bool = False
 
 
 class NodeRegistry:
@@ -126,7 +130,7 @@ class NodeRegistry:
             node_id,
         ]
         async with guarded(self.client, f"renewing the lease of node {node_id}"):
-            renewed, value = await self._heartbeat(
+            renewed, value, *fresh = await self._heartbeat(
                 keys, [*args, secrets.token_hex(16), self.secret.fingerprint]
             )
         if renewed == -1:
@@ -136,7 +140,7 @@ class NodeRegistry:
             )
         if not renewed:
             raise NodeIdTaken(f"node id {node_id} is held by another live process ({value})")
-        return Lease(node_id, str(value))
+        return Lease(node_id, str(value), fresh == [1])
 
     async def release(self, token: str, node_id: str) -> bool:
         """Gives the id up at shutdown (only if `token` holds it); True if it did."""

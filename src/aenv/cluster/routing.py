@@ -1,5 +1,6 @@
-"""Sandbox -> node routing: which node runs or keeps a sandbox, set on create, cleared on kill,
-looked up by id with one GET.
+"""Sandbox -> node routing: which node runs or keeps a sandbox, set on create, cleared on kill
+(or by a gateway once the node's lease is gone and the sandbox was not parked), looked up by id
+with one GET.
 
 Each node also keeps the set of sandbox ids routed to it, so its entries can be replaced as a
 whole when it republishes (see `agent`).
@@ -32,6 +33,16 @@ redis.call('DEL', KEYS[1])
 return 1
 """
 
+# KEYS: route, the node's set, the node's lease. ARGV: sandbox id, node id. Only while the node
+# holds no lease: a node back in time keeps its routes.
+_CLEAR_LOST = """
+if redis.call('EXISTS', KEYS[3]) == 1 then return 0 end
+if redis.call('GET', KEYS[1]) ~= ARGV[2] then return 0 end
+redis.call('DEL', KEYS[1])
+redis.call('SREM', KEYS[2], ARGV[1])
+return 1
+"""
+
 
 class Routes:
     def __init__(self, client: aioredis.Redis, keys: Keys | None = None) -> None:
@@ -39,6 +50,7 @@ class Routes:
         self.keys = keys or Keys()
         self._set = client.register_script(_SET)
         self._clear = client.register_script(_CLEAR)
+        self._clear_lost = client.register_script(_CLEAR_LOST)
 
     async def assign(self, sandbox_id: str, node_id: str) -> None:
         async with guarded(self.client, f"routing sandbox {sandbox_id}"):
@@ -48,6 +60,14 @@ class Routes:
         """Removes the route if it still points at `node_id`; True if it did."""
         async with guarded(self.client, f"unrouting sandbox {sandbox_id}"):
             return bool(await self._clear(*self._clear_args(sandbox_id, node_id)))
+
+    async def clear_lost(self, sandbox_id: str, node_id: str) -> bool:
+        """Removes the route if it still points at `node_id` and that node's lease is gone (a
+        gateway's cleanup of a sandbox lost with its node); True if it did. The node writes it
+        back if it returns with the sandbox (its agent republishes on a lease taken anew)."""
+        keys, args = self._clear_args(sandbox_id, node_id)
+        async with guarded(self.client, f"unrouting lost sandbox {sandbox_id}"):
+            return bool(await self._clear_lost([*keys, self.keys.lease(node_id)], args))
 
     async def lookup(self, sandbox_id: str) -> str | None:
         """The node id the sandbox is routed to, or None."""

@@ -6,7 +6,7 @@
   exist there, and a retry could make a second one.
 - Calls naming a sandbox go to the live node it is routed to. One without a live node that is
   parked (paused, its checkpoint in the shared repository) is moved to another node first
-  (`handoff`); else E2B's 404.
+  (`handoff`); else E2B's 404, and a route left to a node whose lease is gone is removed.
 - Creates go to nodes that are not draining.
 - Lists ask every live node and merge (`listing`). Paused sandboxes of lost nodes (and those a
   drain released) are moved to a live node first, so they are listed, paused, as on one node.
@@ -146,6 +146,8 @@ class ControlPlane:
         if node is None:
             node = await self.handoff.move(sandbox_id)
         if node is None:
+            # Not parked either: a route left to a dead node goes, the sandbox went with it.
+            await self.directory.unroute_lost(sandbox_id)
             raise not_found(f"sandbox '{sandbox_id}'")
         return node
 

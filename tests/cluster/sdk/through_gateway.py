@@ -1,14 +1,17 @@
 """Runs in the gateway's namespace with the official e2b SDK pointed at the gateway (E2B_API_URL,
 E2B_SANDBOX_URL, E2B_API_KEY): `create N PAUSE` makes N sandboxes, PAUSE seconds apart, and uses
-each one's commands and files; `kill ID...` kills them. Prints one JSON line of what it saw."""
+each one's commands and files; `kill ID...` kills them; `burst N` asks for N sandboxes at once
+(the ids made and the errors, by SDK exception and status). Prints one JSON line of what it
+saw."""
 
 from __future__ import annotations
 
 import json
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 
-from e2b import Sandbox, SandboxQuery
+from e2b import RateLimitException, Sandbox, SandboxQuery
 
 
 def listed(tag: str) -> list[str]:
@@ -37,7 +40,27 @@ def kill(ids: list[str]) -> dict[str, object]:
     return {"killed": killed, "listed": listed("gateway")}
 
 
+def burst(count: int) -> dict[str, object]:
+    def one(_: int) -> str:
+        try:
+            return Sandbox.create("base", timeout=600, metadata={"suite": "burst"}).sandbox_id
+        except RateLimitException:
+            return "429"
+        except Exception as error:
+            return f"{type(error).__name__}: {error}"
+
+    with ThreadPoolExecutor(count) as pool:
+        answers = list(pool.map(one, range(count)))
+    made = [a for a in answers if a != "429" and ":" not in a]
+    return {"ids": made, "errors": sorted(a for a in answers if a not in made)}
+
+
 if __name__ == "__main__":
     command, *args = sys.argv[1:]
-    result = create(int(args[0]), float(args[1])) if command == "create" else kill(args)
+    if command == "create":
+        result = create(int(args[0]), float(args[1]))
+    elif command == "burst":
+        result = burst(int(args[0]))
+    else:
+        result = kill(args)
     print(json.dumps(result))
