@@ -31,6 +31,11 @@ moved: the apparent size of the sandbox's directory on the node it moved to, aft
 `python bench/cluster.py creates`: the same two nodes behind a gateway: creates per second of
 batches of concurrent `Sandbox.create` through the gateway with one node drained, against both
 nodes, alternating, in one run (CPU-bound under TCG on one machine: both nodes share its cores).
+
+`python bench/cluster.py burst [COUNT]`: three real nodes behind a gateway: COUNT (200 by
+default) `Sandbox.create` at once through the gateway with two nodes drained, then with all
+three, in one run: creates per second (sandboxes started over the burst's time), and how many
+failed, by SDK exception (429s included: a node at capacity), then every started one killed.
 """
 
 from __future__ import annotations
@@ -345,6 +350,61 @@ async def creates(scratch: Path, batch: int = 4, rounds: int = 3) -> dict[str, A
     }
 
 
+# Runs in the gateway's namespace: N creates at once; their time, count and failures, then the
+# started ones killed.
+BURST_CLIENT = """
+import collections, json, sys, time
+from concurrent.futures import ThreadPoolExecutor
+from e2b import Sandbox
+count = int(sys.argv[1])
+def one(_):
+    try:
+        return Sandbox.create("base", timeout=600, request_timeout=1800)
+    except Exception as error:
+        return type(error).__name__
+start = time.perf_counter()
+with ThreadPoolExecutor(count) as pool:
+    made = list(pool.map(one, range(count)))
+spent = time.perf_counter() - start
+started = [s for s in made if not isinstance(s, str)]
+with ThreadPoolExecutor(16) as pool:
+    list(pool.map(lambda s: s.kill(), started))
+failed = collections.Counter(s for s in made if isinstance(s, str))
+print(json.dumps({"seconds": spent, "started": len(started), "failed": failed}))
+"""
+
+
+async def burst(scratch: Path, count: int = 200) -> dict[str, Any]:
+    nodes = ["node-a", "node-b", "node-c"]
+    async with on_cluster(scratch, nodes) as on:
+
+        def once() -> dict[str, Any]:
+            result: dict[str, Any] = last_json(
+                on.run(sys.executable, "-c", BURST_CLIENT, str(count))
+            )
+            result["creates_per_s"] = round(result["started"] / result["seconds"], 3)
+            result["seconds"] = round(result["seconds"], 1)
+            return result
+
+        def aenv(*args: str) -> None:
+            on.run(sys.executable, "-m", "aenv.cli", *args)
+
+        for node in nodes[1:]:
+            aenv("node", "drain", node)
+        one = once()
+        for node in nodes[1:]:
+            aenv("node", "undrain", node)
+        three = once()
+        leaked = {node: sorted(await on.routes.of_node(node)) for node in nodes}
+    return {
+        "count": count,
+        "one_node": one,
+        "three_nodes": three,
+        "three_over_one_creates_per_s": round(three["creates_per_s"] / one["creates_per_s"], 2),
+        "routes_left": leaked,
+    }
+
+
 CREATES = 500
 
 
@@ -447,6 +507,14 @@ def main() -> None:
         "resume": resume,
         "proxy": proxy,
     }
+    if sys.argv[1:2] == ["burst"]:
+        scratch = Path(tempfile.mkdtemp(prefix="aenv-bench-burst-"))
+        try:
+            count = int(sys.argv[2]) if len(sys.argv) > 2 else 200
+            print(json.dumps(asyncio.run(burst(scratch, count)), indent=2))
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
+        return
     if len(sys.argv) == 2 and sys.argv[1] in on_nodes:
         scratch = Path(tempfile.mkdtemp(prefix=f"aenv-bench-{sys.argv[1]}-"))
         try:

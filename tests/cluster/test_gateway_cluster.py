@@ -39,6 +39,7 @@ from aenv.orchestrator.images import prepare_images
 from tests.cluster.cluster_ns import GATEWAY_PORT, Cluster, Gateway, cluster
 from tests.cluster.shared import SECRET
 from tests.support.guest import GUEST_CACHE, MIRROR
+from tests.support.js import JS_DIR, ensure_npm_sdk
 from tests.support.redis_server import RedisServer
 
 # Two nodes build their first template under TCG side by side: minutes on a loaded machine.
@@ -46,23 +47,84 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 SCRIPT = str(Path(__file__).parent / "sdk" / "through_gateway.py")
 MOVES = str(Path(__file__).parent / "sdk" / "moves.py")
+NPM_SCRIPT = str(JS_DIR / "cluster_gateway.mjs")
 NODES = ["node-a", "node-b"]
 
 
 def sdk(
-    c: Cluster, *args: str, script: str = SCRIPT, gateway: Gateway | None = None
+    c: Cluster,
+    *args: str,
+    script: str = SCRIPT,
+    gateway: Gateway | None = None,
+    key: str | None = None,
+    runner: str = sys.executable,
 ) -> dict[str, Any]:
-    """A run of an SDK script against `gateway` (the cluster's first by default)."""
+    """A run of an SDK script (by `runner`: Python's, or node for the npm SDK) against `gateway`
+    (the cluster's first by default) with `key` (the gateway's first by default)."""
     gateway = gateway or c.gateway
     env = {
         "E2B_API_URL": gateway.url,
         "E2B_SANDBOX_URL": gateway.url,
-        "E2B_API_KEY": gateway.api_key,
+        "E2B_API_KEY": key or gateway.api_key,
     }
-    code, out = gateway.run([sys.executable, script, *args], env=env)
+    code, out = gateway.run([runner, script, *args], env=env)
     assert code == 0, out + gateway.log.read_text()[-3000:]
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
+
+
+def api(gateway: Gateway, method: str, path: str, key: str, body: str = "") -> tuple[int, Any]:
+    """One call to the gateway's API (curl in its namespace): the status and the JSON body."""
+    data = ["-H", "Content-Type: application/json", "-d", body] if body else []
+    code, out = gateway.run(
+        ["curl", "-s", "-w", "\n%{http_code}", "-X", method, "-H", f"X-API-Key: {key}", *data,
+         f"{gateway.url}{path}"]
+    )  # fmt: skip
+    assert code == 0, out
+    text, status = out.rsplit("\n", 1)
+    return int(status), json.loads(text) if text else None
+
+
+async def a_burst_past_capacity(c: Cluster, routes: Routes) -> None:
+    """8 creates at once against 2 nodes of 3 sandboxes each: 6 start, 3 on each node, the
+    other 2 are 429 (no 5xx, no other error), and killing the 6 leaves nothing behind."""
+    burst = sdk(c, "burst", "8")
+    assert burst["errors"] == ["429", "429"], burst
+    homes = [await routes.lookup(sandbox_id) for sandbox_id in burst["ids"]]
+    assert sorted(str(h) for h in homes) == sorted(NODES * 3), homes
+    assert sdk(c, "kill", *burst["ids"])["killed"] == [True] * 6
+    assert [await routes.lookup(i) for i in burst["ids"]] == [None] * 6
+    assert [await routes.of_node(n) for n in NODES] == [set(), set()]
+    listed = c.internal(NODES[0], "/internal/v2/sandboxes", SECRET.bearer).json()
+    assert listed == []
+
+
+def keys_across_gateways(c: Cluster, second: Gateway) -> None:
+    """A key made through one gateway works through the other (an SDK create and command)
+    until it is revoked there; then the first refuses it too."""
+    status, made = api(c.gateway, "POST", "/api-keys", c.gateway.api_key, '{"name": "second"}')
+    assert status == 201, made
+    used = sdk(c, "create", "1", "0", gateway=second, key=made["key"])
+    assert used["outputs"] == ["hello 0\n"]
+    assert sdk(c, "kill", *used["ids"], gateway=second)["killed"] == [True]
+    assert api(second, "DELETE", f"/api-keys/{made['id']}", second.api_key)[0] == 204
+    status, refused = api(c.gateway, "GET", "/v2/sandboxes", made["key"])
+    assert (status, refused) == (401, {"code": 401, "message": "Invalid API key"})
+    assert api(second, "GET", "/v2/sandboxes", "e2b_" + "0" * 40)[0] == 401
+
+
+def the_npm_sdk(c: Cluster) -> None:
+    """The npm SDK through the gateway: create, command, files, pause, connect, kill."""
+    assert sdk(c, script=NPM_SCRIPT, runner="node") == {
+        "run": "js through the gateway\n",
+        "read": "kept by js",
+        "paused": True,
+        "stateWhilePaused": "paused",
+        "readAfterResume": "kept by js",
+        "runAfterResume": "resumed\n",
+        "killed": True,
+        "gone": True,
+    }
 
 
 def aenv(c: Cluster, *args: str) -> Any:
@@ -140,6 +202,7 @@ async def sandboxes_move(
     second.start()
     try:
         second.wait_ready()
+        keys_across_gateways(c, second)
         c.gateway.kill_9()
         assert sdk(c, "resume", sandbox_id, script=MOVES, gateway=second)["file"] == kept
         made = sdk(c, "create", "1", "0", gateway=second)
@@ -177,6 +240,8 @@ async def snapshots_travel(
 
 
 async def test_two_nodes_behind_a_gateway_with_the_sdk(redis: RedisServer) -> None:
+    # The gateway's namespace has no route to the npm registry: installed from here.
+    assert ensure_npm_sdk() is not None, "node and npm are needed for the npm SDK"
     scratch = Path(tempfile.mkdtemp(prefix="aenv-cluster-gw-"))
     for node_id in NODES:
         await prepare_images(Paths(scratch / node_id).cache, GUEST_CACHE, MIRROR)
@@ -232,6 +297,8 @@ async def test_two_nodes_behind_a_gateway_with_the_sdk(redis: RedisServer) -> No
             gone = sdk(c, "kill", *ids)
             assert gone == {"killed": [True, True], "listed": []}
             assert [await routes.lookup(sandbox_id) for sandbox_id in ids] == [None, None]
+            await a_burst_past_capacity(c, routes)
+            the_npm_sdk(c)
 
             await sandboxes_move(c, registry, routes, Parked(client))
     finally:
