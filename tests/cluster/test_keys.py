@@ -6,12 +6,14 @@ and the SDK is in `test_gateway_cluster.py`."""
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 import stat
 from collections.abc import AsyncIterator
 from contextlib import ExitStack
 from dataclasses import dataclass
 from pathlib import Path
+from unittest.mock import ANY
 
 import httpx
 import pytest
@@ -168,3 +170,22 @@ def test_redis_down_makes_a_key_check_a_503(pair: Pair, redis: RedisServer) -> N
         down = http.get("/api-keys")
     assert down.status_code == 503 and down.json()["code"] == 503
     assert "unavailable" in down.json()["message"]
+
+
+async def test_a_mounted_key_file_is_the_clusters_first_key(
+    tmp_path: Path, client: aioredis.Redis
+) -> None:
+    """As the Kubernetes manifests run gateways: each with the same key file from a Secret."""
+    keys = ClusterKeys(client)
+    value = "e2b_" + "5" * 40
+    homes = [Paths(tmp_path / name) for name in ("one", "two")]
+    for home in homes:
+        home.home.mkdir()
+        home.api_key.write_text(value + "\n")
+    assert not await sync_keys(keys, homes[0])  # no key made: the file's is the first
+    assert not await sync_keys(keys, homes[1])
+    (only,) = await keys.keys()
+    assert await keys.find(value) == dataclasses.replace(only, last_used=ANY)
+    await client.flushall()
+    assert not await sync_keys(keys, homes[1])  # its copy and its file: one key, the same
+    assert [k.id for k in await keys.keys()] == [only.id]

@@ -20,6 +20,7 @@ import dataclasses
 import json
 import time
 from collections.abc import Awaitable
+from pathlib import Path
 from typing import cast
 
 import redis.asyncio as aioredis
@@ -139,9 +140,10 @@ class ClusterKeys:
 
 async def sync_keys(book: ClusterKeys, paths: Paths) -> bool:
     """Keeps this gateway's copy of the cluster's keys (`paths.api_keys`) and gives a cluster
-    without keys (a new one, or a Redis wiped) that copy back, else a new key whose value goes to
-    `paths.api_key` (0600), as `aenv server` does. True when it made a key. Raises
-    `ClusterUnavailable`."""
+    without keys (a new one, or a Redis wiped) that copy back, with the operator's key in
+    `paths.api_key` (a key file a deployment mounts, or the one a gateway generated); with
+    neither, a new key whose value goes there (0600), as `aenv server` does. True when it made
+    a key. Raises `ClusterUnavailable`."""
     copy = KeyStore(paths.api_keys)
     # Without when each was last used: the copy changes only with the keys.
     current = [dataclasses.replace(key, last_used=None) for key in await book.keys()]
@@ -149,13 +151,23 @@ async def sync_keys(book: ClusterKeys, paths: Paths) -> bool:
         if current != copy.list():
             copy.replace(current)
         return False
+    given = _read(paths.api_key)
     kept = copy.list()
+    if given and all(key.digest != digest(given) for key in kept):
+        kept.append(ApiKey.of(given, "default"))
     value = None if kept else new_api_key()
     seeded = await book.seed(kept if value is None else [ApiKey.of(value, "default")])
     if seeded and value is not None:
         write_key_file(paths.api_key, value)
         return True
     return False
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text().strip()
+    except FileNotFoundError:
+        return ""
 
 
 def _record(key: ApiKey) -> str:
