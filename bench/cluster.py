@@ -35,7 +35,8 @@ nodes, alternating, in one run (CPU-bound under TCG on one machine: both nodes s
 `python bench/cluster.py burst [COUNT]`: three real nodes behind a gateway: COUNT (200 by
 default) `Sandbox.create` at once through the gateway with two nodes drained, then with all
 three, in one run: creates per second (sandboxes started over the burst's time), and how many
-failed, by SDK exception (429s included: a node at capacity), then every started one killed.
+failed, by SDK exception and message (429s included: a node at capacity), then every started
+one killed.
 """
 
 from __future__ import annotations
@@ -361,7 +362,7 @@ def one(_):
     try:
         return Sandbox.create("base", timeout=600, request_timeout=1800)
     except Exception as error:
-        return type(error).__name__
+        return f"{type(error).__name__}: {str(error)[:160]}"
 start = time.perf_counter()
 with ThreadPoolExecutor(count) as pool:
     made = list(pool.map(one, range(count)))
