@@ -7,8 +7,12 @@ and the SDK is in `test_gateway_cluster.py`."""
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import secrets
 import stat
+import subprocess
+import sys
 from collections.abc import AsyncIterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -189,3 +193,23 @@ async def test_a_mounted_key_file_is_the_clusters_first_key(
     await client.flushall()
     assert not await sync_keys(keys, homes[1])  # its copy and its file: one key, the same
     assert [k.id for k in await keys.keys()] == [only.id]
+
+
+def test_aenv_keys_through_one_gateway_manages_every_gateways_keys(
+    pair: Pair, tmp_path: Path
+) -> None:
+    def aenv_keys(url: str, *args: str) -> str:
+        env = {**os.environ, "E2B_API_URL": url, "E2B_API_KEY": pair.key}
+        done = subprocess.run(
+            [sys.executable, "-m", "aenv.cli", "keys", *args, "--home", str(tmp_path / "cli")],
+            env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+        return done.stdout
+
+    one, other = pair.urls
+    made = json.loads(aenv_keys(one, "create", "from-cli", "--json"))
+    listed = json.loads(aenv_keys(other, "list", "--json"))
+    assert {k["id"]: k["name"] for k in listed}[made["id"]] == "from-cli"
+    with _http(other, made["key"]) as http:
+        assert http.get("/v2/sandboxes").status_code == 200
