@@ -5,6 +5,8 @@ route that gives a sandbox up (paused, as a node's `release` leaves it). Its sna
 listed by the real route; it adopts and deletes them as a node's routes do. Its forks start as
 many children as the test gives it room for and refuse the rest for capacity, and it snapshots
 a sandbox on demand (the test publishes the snapshot, as a node's agent would once uploaded).
+Its template build routes are a node's own (`aenv.api.builds`) over a real builder, short of
+starting a build (which boots a VM).
 Booting VMs is what `test_gateway_cluster.py` does; these tests are about the gateway's choices."""
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from aenv.api.app import JSON_ERRORS, APIKeyGate
+from aenv.api.builds import BuildRoutes
 from aenv.api.errors import APIError
 from aenv.api.keys import KeyStore
 from aenv.api.limits import RateLimiter
@@ -31,22 +34,31 @@ from aenv.api.snapshots import SnapshotRoutes
 from aenv.cluster.internal import InternalGate
 from aenv.config import load
 from aenv.network.settings import SandboxNetwork
+from aenv.orchestrator.builds import Builder
 from aenv.orchestrator.catalog import Catalog, SandboxRecord, record_from_json, record_to_json
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.states import SandboxState
-from aenv.orchestrator.templates import Template, template_from_json, template_to_json
+from aenv.orchestrator.tags import TagStore
+from aenv.orchestrator.templates import (
+    Template,
+    TemplateStore,
+    template_from_json,
+    template_to_json,
+)
 from aenv.orchestrator.volumes import VolumeStore
 from tests.cluster.shared import SECRET
 
 
 @dataclass
 class _CatalogOnly:
-    """What the list routes read of the orchestrator: its catalog, volumes and snapshots."""
+    """What the list and build routes read of the orchestrator: its catalog, volumes,
+    snapshots and template store."""
 
     catalog: Catalog
     volumes: VolumeStore
     saved: dict[str, Template]
+    templates: TemplateStore
 
     def snapshots(self) -> list[Template]:
         return list(self.saved.values())
@@ -77,6 +89,7 @@ class NodeDouble:
     fork_room: int = 100  # children a fork may start here; the others are refused (429)
     # Called with each snapshot taken here, as its upload would end.
     on_snapshot: Callable[[Template], Awaitable[None]] | None = None
+    builder: Builder | None = None  # set by `app`
 
     def add(self, sandbox_id: str, started_at: float, **metadata: str) -> None:
         self.catalog.insert(
@@ -91,9 +104,15 @@ class NodeDouble:
 
     def app(self, keys: KeyStore) -> ASGIApp:
         config = load({"home": self.home})
+        templates = TemplateStore(config.paths.templates, self.home / "template-memory")
         orchestrator = cast(
             Orchestrator,
-            _CatalogOnly(self.catalog, VolumeStore(self.catalog, self.home), self.snapshots),
+            _CatalogOnly(
+                self.catalog, VolumeStore(self.catalog, self.home), self.snapshots, templates
+            ),
+        )
+        self.builder = Builder(
+            orchestrator, TagStore(config.paths.template_tags), config.paths, ready_timeout=1
         )
         routes = SandboxRoutes(orchestrator, config, cast(NodeMetrics, None))
         saved = SnapshotRoutes(orchestrator, config)
@@ -109,6 +128,7 @@ class NodeDouble:
                 Route("/sandboxes/{sandbox_id}/snapshots", self.snapshot, methods=["POST"]),
                 Route("/cluster/templates", self.adopt_template, methods=["POST"]),
                 Route("/templates/{template_id}", self.delete_template, methods=["DELETE"]),
+                *BuildRoutes(self.builder).routes(),
             ],
             exception_handlers=JSON_ERRORS,
         )

@@ -1,11 +1,13 @@
 """The gateway's control plane against a real redis-server and node doubles served on loopback
 (`node_double`): placement with affinity and retries, draining nodes left out, forwarding by
 route, paused sandboxes of a lost node moved to another, merged pages, snapshots of other and lost
-nodes (created from, listed, deleted), and Redis being down.
+nodes (created from, listed, deleted), template builds followed to their node (and ended when
+it dies), and Redis being down.
 The same over real nodes and the SDK is `test_gateway_cluster.py`."""
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
@@ -18,6 +20,7 @@ import redis.asyncio as aioredis
 
 from aenv.api.keys import KeyStore
 from aenv.api.limits import RateLimiter
+from aenv.cluster.builds import BuildPlaces
 from aenv.cluster.directory import Directory
 from aenv.cluster.drain import Drains
 from aenv.cluster.holders import FileKind, FileRef, Holders
@@ -25,11 +28,12 @@ from aenv.cluster.parked import Parked
 from aenv.cluster.registry import Capacity, NodeRegistry, NodeReport
 from aenv.cluster.routing import Routes
 from aenv.cluster.saved import SavedRecord, SavedRecords
-from aenv.cluster.store import connect
+from aenv.cluster.store import Keys, connect
 from aenv.gateway.app import Gateway
 from aenv.gateway.evacuate import Released, evacuate
 from aenv.gateway.nodes import NodeClient
 from aenv.orchestrator.catalog import Archived, Catalog, record_to_json
+from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.templates import Template, template_to_json
 from tests.cluster.node_double import NodeDouble, snapshot
@@ -260,15 +264,70 @@ async def test_routes_the_gateway_does_not_serve_yet_are_501_naming_them(setup: 
         answer = http.get("/api-keys")
         metrics = http.get("/sandboxes/metrics", params={"sandbox_ids": "a"})
         volume = http.post("/volumes", json={"name": "v"})
-        build = http.post("/v3/templates", json={"alias": "t"})
     assert answer.status_code == 501
     assert answer.json()["message"].startswith("GET /api-keys is not served by the cluster")
     assert metrics.status_code == 501
     # Refused with the reason, as JSON.
     assert volume.status_code == 501
     assert "volumes cannot follow a sandbox across nodes" in volume.json()["message"]
-    assert build.status_code == 501
-    assert "template builds are not placed across nodes" in build.json()["message"]
+
+
+async def test_a_builds_calls_follow_it_to_its_node_and_end_when_it_dies(
+    setup: Setup, client: aioredis.Redis
+) -> None:
+    files_hash = "ab" * 32
+    with setup.client() as http:
+        requested = http.post("/v3/templates", json={"name": "web"})
+        assert requested.status_code == 202, requested.text
+        template_id, build_id = requested.json()["templateID"], requested.json()["buildID"]
+        node_id = await BuildPlaces(client).node_of(template_id)
+        assert node_id in setup.nodes
+        builder = setup.nodes[node_id].builder
+        assert builder is not None and builder.get(template_id, build_id) is not None
+        other = next(n for name, n in setup.nodes.items() if name != node_id).builder
+        assert other is not None and other.builds_of(template_id) == []
+
+        # The upload is sent to the gateway with the client's key, and streams to the node.
+        files = http.get(f"/templates/{template_id}/files/{files_hash}")
+        assert files.status_code == 201, files.text
+        upload = files.json()
+        assert upload == {
+            "present": False,
+            "url": f"{setup.url}/templates/{template_id}/files/{files_hash}",
+            "headers": {"x-api-key": setup.key},
+        }
+        chunks = [b"x" * 65536] * 8
+        put = http.put(upload["url"], content=iter(chunks), headers=upload["headers"])
+        assert put.status_code == 201, put.text
+        assert builder.files_path(files_hash).read_bytes() == b"".join(chunks)
+        again = http.get(f"/templates/{template_id}/files/{files_hash}")
+        assert again.json() == {"present": True}
+        status = http.get(f"/templates/{template_id}/builds/{build_id}/status")
+        assert status.status_code == 200 and status.json()["status"] == "waiting"
+        assert http.get(f"/templates/{template_id}/builds/{build_id}/logs").status_code == 200
+
+        # Its node's lease lapses: the status poll ends in an error naming it.
+        keys = Keys()
+        await client.delete(keys.lease(node_id), keys.node(node_id))
+        ended = http.get(f"/templates/{template_id}/builds/{build_id}/status")
+        assert ended.status_code == 200
+        assert ended.json()["status"] == "error"
+        assert f"node {node_id}, which ran this build, is gone" in ended.json()["reason"]["message"]
+        start = http.post(f"/v2/templates/{template_id}/builds/{build_id}", json={})
+        assert start.status_code == 503
+        assert start.json()["message"].startswith(f"node {node_id}, which runs the build")
+        # Had it finished and published its template, the build is ready.
+        built = dataclasses.replace(
+            snapshot(template_id, 1000.0, "web"), kind=TemplateKind.TEMPLATE, build_id=build_id
+        )
+        await SavedRecords(client).publish(SavedRecord.of(template_to_json(built)))
+        ready = http.get(f"/templates/{template_id}/builds/{build_id}/status")
+        assert ready.json()["status"] == "ready"
+        # Built templates are not snapshots.
+        assert http.get("/snapshots").json() == []
+        unknown = http.get(f"/templates/nosuch/files/{files_hash}")
+        assert unknown.status_code == 404
+        assert unknown.json()["message"] == "no build of template 'nosuch' in this cluster"
 
 
 async def test_a_create_from_another_nodes_snapshot_adopts_it_first(

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
+from aenv.cluster.builds import BuildPlaces
 from aenv.cluster.drain import Drains
 from aenv.cluster.holders import FileKind, FileRef, Holders
 from aenv.cluster.parked import Parked
@@ -44,6 +45,7 @@ class Directory:
         self.parked = Parked(client, self.registry.keys)
         self.saved = SavedRecords(client, self.registry.keys)
         self.drains = Drains(client, self.registry.keys)
+        self.builds = BuildPlaces(client, self.registry.keys)
 
     async def node_of(self, sandbox_id: str) -> NodeReport | None:
         """The live node the sandbox is routed to, or None (no route, or its node's lease

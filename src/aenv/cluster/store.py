@@ -104,6 +104,10 @@ class Keys:
         """The gateway moving a sandbox to another node now; expires if that gateway dies."""
         return f"{self.prefix}:moving:{sandbox_id}"
 
+    def build(self, template_id: str) -> str:
+        """The node running the builds of a template (`aenv.cluster.builds`)."""
+        return f"{self.prefix}:build:{template_id}"
+
     @property
     def draining(self) -> str:
         """The ids of nodes that take no new sandboxes."""

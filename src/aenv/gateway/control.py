@@ -13,8 +13,9 @@
 - Redis unreachable is a 503 with a JSON error, for as long as it lasts.
 - A create from a snapshot another node made has the chosen node adopt its record first
   (`aenv.cluster.saved`): the node pulls its files from the shared repository.
-- Templates and snapshots are answered across nodes (`saved`); forks spill over to other
-  nodes when the parent's lacks room (`forks`).
+- Templates and snapshots are answered across nodes (`saved`), template builds placed and
+  routed to their node (`builds`); forks spill over to other nodes when the parent's lacks
+  room (`forks`).
 - Every other route of a node is a 501 here for now, naming it.
 """
 
@@ -38,6 +39,7 @@ from aenv.cluster.placement import candidates
 from aenv.cluster.registry import NodeReport
 from aenv.cluster.saved import SavedRecord
 from aenv.cluster.store import ClusterUnavailable
+from aenv.gateway.builds import BuildRoutes
 from aenv.gateway.forks import Forks
 from aenv.gateway.handoff import Handoff
 from aenv.gateway.listing import merge, page_limit
@@ -58,6 +60,7 @@ class ControlPlane:
         self.handoff = handoff
 
     def routes(self) -> list[Route]:
+        saved = SavedRoutes(self.directory, self.call_on)
         return [
             Route("/health", self.health, methods=["GET"]),
             Route("/sandboxes", self.create, methods=["POST"]),
@@ -67,7 +70,8 @@ class ControlPlane:
             Route("/sandboxes/{sandbox_id}/fork", Forks(self).fork, methods=["POST"]),
             Route("/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
             Route("/v2/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
-            *SavedRoutes(self.directory, self.call_on).routes(),
+            *BuildRoutes(self, saved.first_knowing).routes(),
+            *saved.routes(),
             Route("/{rest:path}", self.not_served, methods=_SANDBOX_METHODS),
         ]
 
@@ -98,7 +102,7 @@ class ControlPlane:
         for node in candidates(nodes, holders):
             try:
                 if saved is not None and node.node_id not in holders:
-                    refused = await self._adopt_template(node, saved)
+                    refused = await self.adopt_template(node, saved)
                     if refused is not None:
                         refusals.append(refused)
                         continue
@@ -116,7 +120,7 @@ class ControlPlane:
         why = "; ".join(refusals) or "no live node in the cluster"
         raise APIError(429, f"no node can take the sandbox: {why}")
 
-    async def _adopt_template(self, node: NodeReport, saved: SavedRecord) -> str | None:
+    async def adopt_template(self, node: NodeReport, saved: SavedRecord) -> str | None:
         """Has the node record a snapshot it lacks; the refusal, if it refused."""
         try:
             answer = await self.nodes.call(

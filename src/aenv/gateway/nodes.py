@@ -7,7 +7,7 @@ instead (`dataplane`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import AsyncIterable, Iterable
 from dataclasses import dataclass
 
 import httpx
@@ -63,9 +63,10 @@ class NodeClient:
         *,
         caller: str,
         headers: Iterable[tuple[bytes, bytes]] = (),
-        body: bytes = b"",
+        body: bytes | AsyncIterable[bytes] = b"",
     ) -> Answer:
-        """`method target` (path and query) on `node`, for the API key id `caller`."""
+        """`method target` (path and query) on `node`, for the API key id `caller`; a `body`
+        given as chunks streams to the node (an upload), the answer is read whole."""
         address = NodeAddress.of(node.address)
         sent = [
             (n.decode("latin-1"), v.decode("latin-1"))

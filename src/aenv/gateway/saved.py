@@ -8,8 +8,10 @@
   alias) on the first live node that knows it.
 - A delete goes to every live node (each drops its copy, the last one the repository's) and
   withdraws the published record; 404 when no node and no record knew it.
-- Template builds and volumes are refused with the reason (`not_across_nodes`): a build's
-  calls and a volume's files are one node's, and nothing places them across nodes yet.
+- Template builds are placed and routed by `aenv.gateway.builds`; a finished build is published
+  like a snapshot, but only snapshots are listed here.
+- Volumes are refused with the reason: a volume's files are one node's, and nothing places
+  them across nodes yet.
 """
 
 from __future__ import annotations
@@ -35,11 +37,6 @@ from aenv.gateway.nodes import Answer, NodeUnreachable
 # A call on one node for the client's request: method, path and query, body.
 NodeCall = Callable[[Request, NodeReport, str, str, bytes], Awaitable[Answer]]
 
-_BUILDS = (
-    "template builds are not placed across nodes yet (a build's uploads, start, status and "
-    "logs must reach one node): build on a node, then snapshot a sandbox of it to use it on "
-    "every node"
-)
 _VOLUMES = (
     "volumes cannot follow a sandbox across nodes yet (a volume's files live on one node's "
     "disk, and sandboxes move between nodes): use volumes with a single node (`aenv server`)"
@@ -60,16 +57,10 @@ class SavedRoutes:
             Route("/templates/{template_id}", self.first_knowing, methods=["GET", "PATCH"]),
             Route("/v2/templates/{template_id}", self.first_knowing, methods=["PATCH"]),
             Route("/templates/{template_id}", self.delete, methods=["DELETE"]),
-            Route("/v3/templates", self.builds, methods=["POST"]),
-            Route("/templates/{rest:path}", self.builds, methods=["GET", "POST", "PUT", "DELETE"]),
-            Route("/v2/templates/{rest:path}", self.builds, methods=["POST", "GET"]),
             Route("/volumes", self.volumes, methods=["GET", "POST"]),
             Route("/volumes/{rest:path}", self.volumes, methods=["GET", "POST", "PUT", "PATCH",
                                                                  "DELETE"]),
         ]  # fmt: skip
-
-    async def builds(self, request: Request) -> Response:
-        raise APIError(501, f"{request.method} {request.url.path}: {_BUILDS}")
 
     async def volumes(self, request: Request) -> Response:
         raise APIError(501, f"{request.method} {request.url.path}: {_VOLUMES}")
@@ -82,7 +73,11 @@ class SavedRoutes:
         listed = await asyncio.gather(
             *(self._node_snapshots(request, n, filters) for n in await self.directory.live())
         )
-        records = [r for r in await self.directory.saved.all() if _matches(r, filters)]
+        records = [
+            r
+            for r in await self.directory.saved.all()
+            if r.kind == "snapshot" and _matches(r, filters)
+        ]
         order = {r.template_id: r.created_at for r in records}
         found: dict[str, dict[str, Any]] = {}
         for entries in listed:
@@ -105,7 +100,7 @@ class SavedRoutes:
         found: dict[str, dict[str, Any]] = {}
         for answer in await self._everywhere(request, request.url.path):
             if answer.status != 200:
-                return _passed(answer)
+                return passed(answer)
             for entry in json.loads(answer.body):
                 found.setdefault(entry["templateID"], entry)
         return JSONResponse(sorted(found.values(), key=lambda t: t.get("createdAt", "")))
@@ -115,19 +110,19 @@ class SavedRoutes:
         body = await request.body()
         last: Answer | None = None
         for node in await self.directory.live():
-            last = await self._on(request, node, _target(request), body)
+            last = await self._on(request, node, target_of(request), body)
             if last.status != 404:
-                return _passed(last)
+                return passed(last)
         if last is None:
             raise APIError(503, "no live node in the cluster")
-        return _passed(last)
+        return passed(last)
 
     async def delete(self, request: Request) -> Response:
         ref = request.path_params["template_id"]
-        answers = await self._everywhere(request, _target(request))
+        answers = await self._everywhere(request, target_of(request))
         for answer in answers:
             if answer.status not in (204, 404):
-                return _passed(answer)
+                return passed(answer)
         record = await self.directory.saved.find(ref)
         if record is not None:
             await self.directory.saved.withdraw(record.template_id, record.names)
@@ -144,7 +139,7 @@ class SavedRoutes:
         while True:
             answer = await self._on(request, node, f"/snapshots?{urlencode(query)}", b"")
             if answer.status != 200:
-                raise APIError(answer.status, _message(answer))
+                raise APIError(answer.status, message(answer))
             entries += json.loads(answer.body)
             token = dict((n.lower(), v) for n, v in answer.headers).get("x-next-token")
             if token is None:
@@ -163,7 +158,7 @@ class SavedRoutes:
             raise APIError(502, str(error)) from error
 
 
-def _passed(answer: Answer) -> Response:
+def passed(answer: Answer) -> Response:
     return Response(
         answer.body,
         status_code=answer.status,
@@ -171,7 +166,7 @@ def _passed(answer: Answer) -> Response:
     )
 
 
-def _target(request: Request) -> str:
+def target_of(request: Request) -> str:
     return request.url.path + (f"?{request.url.query}" if request.url.query else "")
 
 
@@ -196,7 +191,7 @@ def _snapshot(record: SavedRecord) -> dict[str, Any]:
     return {"snapshotID": record.template_id, "names": list(record.names) or [record.template_id]}
 
 
-def _message(answer: Answer) -> str:
+def message(answer: Answer) -> str:
     try:
         parsed = json.loads(answer.body)
     except ValueError:
