@@ -6,13 +6,15 @@ orchestrator tells the node agent, no heartbeat waited for). A node's internal A
 callers without the cluster token, and a gateway with another secret does not start.
 
 On the same cluster (one boot of two nodes is most of the time), with one S3 repository for
-both: a paused sandbox whose node is drained (`aenv node drain`) resumes on the other node with
-its files; a snapshot made on the drained node starts a sandbox on the other (which pulls it from
-the repository), is listed once and deleted from both; creates avoid the draining node (`aenv
-nodes` shows it); after a `kill -9` of a node, its paused sandbox resumes on the survivor and its
-running one answers 404, and is listed paused before; a fork too big for its node starts the
-rest of its children on the other; with two gateways, one killed with
-`kill -9`, the other serves the same sandboxes and new ones."""
+both: a template built with `Template.build` through the gateway on one node starts a sandbox,
+with the build's files, on the other while the builder is drained; a paused sandbox whose node
+is drained (`aenv node drain`) resumes on the other node with its files; a snapshot made on the
+drained node starts a sandbox on the other (which pulls it from the repository), is listed once
+and deleted from both; creates avoid the draining node (`aenv nodes` shows it); after a `kill
+-9` of a node, its paused sandbox resumes on the survivor and its running one answers 404, and
+is listed paused before; a fork too big for its node starts the rest of its children on the
+other; with two gateways, one killed with `kill -9`, the other serves the same sandboxes and new
+ones."""
 
 from __future__ import annotations
 
@@ -27,7 +29,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
+from aenv.cluster.builds import BuildPlaces
+from aenv.cluster.drain import Drains
 from aenv.cluster.parked import Parked
 from aenv.cluster.registry import NodeRegistry
 from aenv.cluster.routing import Routes
@@ -46,6 +51,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 SCRIPT = str(Path(__file__).parent / "sdk" / "through_gateway.py")
 MOVES = str(Path(__file__).parent / "sdk" / "moves.py")
+BUILDS = str(Path(__file__).parent / "sdk" / "builds.py")
 NODES = ["node-a", "node-b"]
 
 
@@ -150,6 +156,34 @@ async def sandboxes_move(
         second.stop()
 
 
+async def templates_travel(c: Cluster, scratch: Path, client: aioredis.Redis) -> None:
+    """`Template.build` through the gateway runs on one node; with that node drained, a sandbox
+    from the template starts on the other (which adopts it and pulls it from the repository)."""
+    context = scratch / "build-context"
+    (context / "app").mkdir(parents=True)
+    (context / "app" / "hello.txt").write_text("copied through the gateway\n")
+    built = sdk(c, "build", "cluster-built", str(context), script=BUILDS)
+    builder = await BuildPlaces(client).node_of(built["templateID"])
+    assert builder in NODES
+    saved = SavedRecords(client)
+
+    async def published() -> bool:
+        record = await saved.find("cluster-built")
+        return record is not None and record.build_id == built["buildID"]
+
+    # Ready means stored in the repository; its node publishes it with its next heartbeat.
+    await until(published, "the built template was never published", timeout=30)
+    drains = Drains(client)
+    await drains.drain(builder)
+    try:
+        made = sdk(c, "from-template", "cluster-built", script=BUILDS)
+    finally:
+        await drains.undrain(builder)
+    assert made["files"] == "built by a cluster node\ncopied through the gateway\n"
+    assert await Routes(client).lookup(made["id"]) not in (None, builder)
+    assert sdk(c, "kill", made["id"])["killed"] == [True]
+
+
 async def snapshots_travel(
     c: Cluster, routes: Routes, saved: SavedRecords, snapshot_id: str, other: str, kept: str
 ) -> None:
@@ -233,6 +267,7 @@ async def test_two_nodes_behind_a_gateway_with_the_sdk(redis: RedisServer) -> No
             assert gone == {"killed": [True, True], "listed": []}
             assert [await routes.lookup(sandbox_id) for sandbox_id in ids] == [None, None]
 
+            await templates_travel(c, scratch, client)
             await sandboxes_move(c, registry, routes, Parked(client))
     finally:
         await client.aclose()
