@@ -6,7 +6,8 @@ listed by the real route; it adopts and deletes them as a node's routes do. Its 
 many children as the test gives it room for and refuse the rest for capacity, and it snapshots
 a sandbox on demand (the test publishes the snapshot, as a node's agent would once uploaded).
 Its template build routes are a node's own (`aenv.api.builds`) over a real builder, short of
-starting a build (which boots a VM).
+starting a build (which boots a VM); its volume routes (and their content API) are a node's own
+over a real volume store.
 Booting VMs is what `test_gateway_cluster.py` does; these tests are about the gateway's choices."""
 
 from __future__ import annotations
@@ -31,8 +32,9 @@ from aenv.api.limits import RateLimiter
 from aenv.api.metrics import NodeMetrics
 from aenv.api.sandboxes import SandboxRoutes
 from aenv.api.snapshots import SnapshotRoutes
+from aenv.api.volumes import VolumeRoutes
 from aenv.cluster.internal import InternalGate
-from aenv.config import load
+from aenv.config import Config, load
 from aenv.network.settings import SandboxNetwork
 from aenv.orchestrator.builds import Builder
 from aenv.orchestrator.catalog import Catalog, SandboxRecord, record_from_json, record_to_json
@@ -52,13 +54,14 @@ from tests.cluster.shared import SECRET
 
 @dataclass
 class _CatalogOnly:
-    """What the list and build routes read of the orchestrator: its catalog, volumes,
-    snapshots and template store."""
+    """What the list, build and volume routes read of the orchestrator: its catalog, volumes,
+    snapshots, template store and configuration."""
 
     catalog: Catalog
     volumes: VolumeStore
     saved: dict[str, Template]
     templates: TemplateStore
+    config: Config
 
     def snapshots(self) -> list[Template]:
         return list(self.saved.values())
@@ -108,7 +111,11 @@ class NodeDouble:
         orchestrator = cast(
             Orchestrator,
             _CatalogOnly(
-                self.catalog, VolumeStore(self.catalog, self.home), self.snapshots, templates
+                self.catalog,
+                VolumeStore(self.catalog, config.paths.volumes),
+                self.snapshots,
+                templates,
+                config,
             ),
         )
         self.builder = Builder(
@@ -129,6 +136,7 @@ class NodeDouble:
                 Route("/cluster/templates", self.adopt_template, methods=["POST"]),
                 Route("/templates/{template_id}", self.delete_template, methods=["DELETE"]),
                 *BuildRoutes(self.builder).routes(),
+                *VolumeRoutes(orchestrator).routes(),
             ],
             exception_handlers=JSON_ERRORS,
         )

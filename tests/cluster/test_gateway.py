@@ -2,7 +2,7 @@
 (`node_double`): placement with affinity and retries, draining nodes left out, forwarding by
 route, paused sandboxes of a lost node moved to another, merged pages, snapshots of other and lost
 nodes (created from, listed, deleted), template builds followed to their node (and ended when
-it dies), and Redis being down.
+it dies), volumes and the creates mounting them kept on their node, and Redis being down.
 The same over real nodes and the SDK is `test_gateway_cluster.py`."""
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from aenv.cluster.registry import Capacity, NodeRegistry, NodeReport
 from aenv.cluster.routing import Routes
 from aenv.cluster.saved import SavedRecord, SavedRecords
 from aenv.cluster.store import Keys, connect
+from aenv.cluster.volumes import VolumePlaces
 from aenv.gateway.app import Gateway
 from aenv.gateway.evacuate import Released, evacuate
 from aenv.gateway.nodes import NodeClient
@@ -263,13 +264,9 @@ async def test_routes_the_gateway_does_not_serve_yet_are_501_naming_them(setup: 
     with setup.client() as http:
         answer = http.get("/api-keys")
         metrics = http.get("/sandboxes/metrics", params={"sandbox_ids": "a"})
-        volume = http.post("/volumes", json={"name": "v"})
     assert answer.status_code == 501
     assert answer.json()["message"].startswith("GET /api-keys is not served by the cluster")
     assert metrics.status_code == 501
-    # Refused with the reason, as JSON.
-    assert volume.status_code == 501
-    assert "volumes cannot follow a sandbox across nodes" in volume.json()["message"]
 
 
 async def test_a_builds_calls_follow_it_to_its_node_and_end_when_it_dies(
@@ -472,3 +469,62 @@ async def test_redis_down_is_503_until_it_is_back(setup: Setup, redis: RedisServ
     assert data.status_code == 503 and data.json()["code"] == 503
     # An empty Redis (restarted without its data) has no live node until they heartbeat again.
     assert back.status_code == 200 and back.json() == []
+
+
+async def test_a_volume_stays_on_its_node_with_the_sandboxes_that_mount_it(
+    setup: Setup, client: aioredis.Redis
+) -> None:
+    places = VolumePlaces(client)
+    with setup.client() as http:
+        made = http.post("/volumes", json={"name": "data"})
+        assert made.status_code == 201, made.text
+        volume_id, token = made.json()["volumeID"], made.json()["token"]
+        place = await places.find("data")
+        assert place is not None and place.volume_id == volume_id
+        home, other = (
+            setup.nodes[place.node_id],
+            next(n for name, n in setup.nodes.items() if name != place.node_id),
+        )
+        taken = http.post("/volumes", json={"name": "data"})
+        assert taken.status_code == 400
+        assert taken.json()["message"] == "a volume named 'data' already exists"
+        assert [v["volumeID"] for v in http.get("/volumes").json()] == [volume_id]
+
+        # Its files, by its token, on its node: streamed there and back.
+        content = f"/volumecontent/{volume_id}/file"
+        bearer = {"Authorization": f"Bearer {token}"}
+        put = http.put(content, params={"path": "/a.txt"}, content=b"kept", headers=bearer)
+        assert put.status_code in (200, 201), put.text
+        assert (home.home / "volumes" / volume_id / "a.txt").read_bytes() == b"kept"
+        got = httpx.get(f"{setup.url}{content}", params={"path": "/a.txt"}, headers=bearer)
+        assert got.status_code == 200 and got.content == b"kept"
+        wrong = httpx.get(f"{setup.url}{content}", params={"path": "/a.txt"})
+        assert wrong.status_code == 401
+        unknown = httpx.get(f"{setup.url}/volumecontent/nosuch/file", params={"path": "/a"})
+        assert unknown.status_code == 401
+
+        # Creates that mount it go to its node only, or say why not, naming it.
+        mount = {"templateID": "base", "volumeMounts": [{"name": "data", "path": "/mnt"}]}
+        for _ in range(3):
+            assert http.post("/sandboxes", json=mount).json()["node"] == place.node_id
+        assert other.create_bodies == []
+        home.create_answers = [429]
+        full = http.post("/sandboxes", json=mount)
+        assert full.status_code == 429
+        lives = f"volume 'data' lives on node {place.node_id}"
+        assert full.json()["message"].startswith(f"{lives}, which has no room")
+        await Drains(client).drain(place.node_id)
+        draining = http.post("/sandboxes", json=mount)
+        assert draining.status_code == 409 and lives in draining.json()["message"]
+        await Drains(client).undrain(place.node_id)
+        assert other.create_bodies == []
+
+        # Its record lost (a Redis wipe): found again on the nodes.
+        await client.delete(Keys().volume(volume_id), Keys().volume_names)
+        assert http.get(f"/volumes/{volume_id}").json()["name"] == "data"
+        assert await places.find("data") == place
+
+        await client.delete(Keys().lease(place.node_id), Keys().node(place.node_id))
+        gone = http.post("/sandboxes", json=mount)
+        assert gone.status_code == 503 and gone.json()["message"] == f"{lives}, which is gone"
+        assert http.get(f"/volumes/{volume_id}").status_code == 503

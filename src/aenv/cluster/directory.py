@@ -21,6 +21,7 @@ from aenv.cluster.routing import Routes
 from aenv.cluster.saved import SavedRecords
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import guarded
+from aenv.cluster.volumes import VolumePlaces
 
 
 @dataclass(frozen=True)
@@ -46,6 +47,7 @@ class Directory:
         self.saved = SavedRecords(client, self.registry.keys)
         self.drains = Drains(client, self.registry.keys)
         self.builds = BuildPlaces(client, self.registry.keys)
+        self.volumes = VolumePlaces(client, self.registry.keys)
 
     async def node_of(self, sandbox_id: str) -> NodeReport | None:
         """The live node the sandbox is routed to, or None (no route, or its node's lease

@@ -108,6 +108,15 @@ class Keys:
         """The node running the builds of a template (`aenv.cluster.builds`)."""
         return f"{self.prefix}:build:{template_id}"
 
+    def volume(self, volume_id: str) -> str:
+        """The node holding a volume's files (`aenv.cluster.volumes`)."""
+        return f"{self.prefix}:volume:{volume_id}"
+
+    @property
+    def volume_names(self) -> str:
+        """Volume name -> id (a hash); "" while a gateway creates it."""
+        return f"{self.prefix}:volume-names"
+
     @property
     def draining(self) -> str:
         """The ids of nodes that take no new sandboxes."""

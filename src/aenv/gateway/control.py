@@ -7,15 +7,16 @@
 - Calls naming a sandbox go to the live node it is routed to. One without a live node that is
   parked (paused, its checkpoint in the shared repository) is moved to another node first
   (`handoff`); else E2B's 404.
-- Creates go to nodes that are not draining.
+- Creates go to nodes that are not draining; a create mounting volumes goes to their node
+  (`volumes`).
 - Lists ask every live node and merge (`listing`). Paused sandboxes of lost nodes (and those a
   drain released) are moved to a live node first, so they are listed, paused, as on one node.
 - Redis unreachable is a 503 with a JSON error, for as long as it lasts.
 - A create from a snapshot another node made has the chosen node adopt its record first
   (`aenv.cluster.saved`): the node pulls its files from the shared repository.
 - Templates and snapshots are answered across nodes (`saved`), template builds placed and
-  routed to their node (`builds`); forks spill over to other nodes when the parent's lacks
-  room (`forks`).
+  routed to their node (`builds`), volumes kept on theirs (`volumes`); forks spill over to
+  other nodes when the parent's lacks room (`forks`).
 - Every other route of a node is a 501 here for now, naming it.
 """
 
@@ -45,6 +46,7 @@ from aenv.gateway.handoff import Handoff
 from aenv.gateway.listing import merge, page_limit
 from aenv.gateway.nodes import Answer, NodeClient, NodeFailed, NodeUnreachable
 from aenv.gateway.saved import SavedRoutes
+from aenv.gateway.volumes import VolumeRoutes
 
 # `/sandboxes/{id}...` and `/v2/sandboxes/{id}...`, but not `/sandboxes/metrics`.
 _SANDBOX_PATH = re.compile(r"/(?:v2/)?sandboxes/(?!metrics(?:/|$))([^/]+)(?:/.*)?")
@@ -58,6 +60,7 @@ class ControlPlane:
         self.directory = directory
         self.nodes = nodes
         self.handoff = handoff
+        self.volumes = VolumeRoutes(self)
 
     def routes(self) -> list[Route]:
         saved = SavedRoutes(self.directory, self.call_on)
@@ -72,6 +75,7 @@ class ControlPlane:
             Route("/v2/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
             *BuildRoutes(self, saved.first_knowing).routes(),
             *saved.routes(),
+            *self.volumes.routes(),
             Route("/{rest:path}", self.not_served, methods=_SANDBOX_METHODS),
         ]
 
@@ -89,7 +93,9 @@ class ControlPlane:
         return Response(status_code=204)
 
     async def create(self, request: Request) -> Response:
-        return _respond(await self.place(request, request.url.path, await request.body()))
+        path, body = request.url.path, await request.body()
+        answer = await self.volumes.create_sandbox(request, path, body)
+        return _respond(answer or await self.place(request, path, body))
 
     async def place(self, request: Request, path: str, body: bytes) -> Answer:
         """A create (`POST path` with `body`) on the first node that takes it, for the client

@@ -10,8 +10,6 @@
   withdraws the published record; 404 when no node and no record knew it.
 - Template builds are placed and routed by `aenv.gateway.builds`; a finished build is published
   like a snapshot, but only snapshots are listed here.
-- Volumes are refused with the reason: a volume's files are one node's, and nothing places
-  them across nodes yet.
 """
 
 from __future__ import annotations
@@ -37,11 +35,6 @@ from aenv.gateway.nodes import Answer, NodeUnreachable
 # A call on one node for the client's request: method, path and query, body.
 NodeCall = Callable[[Request, NodeReport, str, str, bytes], Awaitable[Answer]]
 
-_VOLUMES = (
-    "volumes cannot follow a sandbox across nodes yet (a volume's files live on one node's "
-    "disk, and sandboxes move between nodes): use volumes with a single node (`aenv server`)"
-)
-
 
 class SavedRoutes:
     def __init__(self, directory: Directory, call: NodeCall) -> None:
@@ -57,13 +50,7 @@ class SavedRoutes:
             Route("/templates/{template_id}", self.first_knowing, methods=["GET", "PATCH"]),
             Route("/v2/templates/{template_id}", self.first_knowing, methods=["PATCH"]),
             Route("/templates/{template_id}", self.delete, methods=["DELETE"]),
-            Route("/volumes", self.volumes, methods=["GET", "POST"]),
-            Route("/volumes/{rest:path}", self.volumes, methods=["GET", "POST", "PUT", "PATCH",
-                                                                 "DELETE"]),
-        ]  # fmt: skip
-
-    async def volumes(self, request: Request) -> Response:
-        raise APIError(501, f"{request.method} {request.url.path}: {_VOLUMES}")
+        ]
 
     async def list_snapshots(self, request: Request) -> Response:
         check_query(request, {"sandboxID", "name", "limit", "nextToken"})
