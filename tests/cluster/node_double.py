@@ -37,7 +37,13 @@ from aenv.cluster.internal import InternalGate
 from aenv.config import Config, load
 from aenv.network.settings import SandboxNetwork
 from aenv.orchestrator.builds import Builder
-from aenv.orchestrator.catalog import Catalog, SandboxRecord, record_from_json, record_to_json
+from aenv.orchestrator.catalog import (
+    Catalog,
+    SandboxRecord,
+    VolumeMount,
+    record_from_json,
+    record_to_json,
+)
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.states import SandboxState
@@ -94,7 +100,13 @@ class NodeDouble:
     on_snapshot: Callable[[Template], Awaitable[None]] | None = None
     builder: Builder | None = None  # set by `app`
 
-    def add(self, sandbox_id: str, started_at: float, **metadata: str) -> None:
+    def add(
+        self,
+        sandbox_id: str,
+        started_at: float,
+        volume_mounts: tuple[VolumeMount, ...] = (),
+        **metadata: str,
+    ) -> None:
         self.catalog.insert(
             SandboxRecord(
                 id=sandbox_id, template_id="base", state=SandboxState.RUNNING, cpu_count=1,
@@ -102,6 +114,7 @@ class NodeDouble:
                 end_at=started_at + 300, metadata=metadata, env_vars={},
                 envd_access_token="tok", restored_from="/t/base", timeout=300,
                 auto_pause_mode=SaveMode.FILESYSTEM, network=SandboxNetwork(),
+                volume_mounts=volume_mounts,
             )
         )  # fmt: skip
 
@@ -154,9 +167,12 @@ class NodeDouble:
 
     async def detail(self, request: Request) -> Response:
         sandbox_id = request.path_params["sandbox_id"]
-        if self.catalog.get(sandbox_id) is None:
+        record = self.catalog.get(sandbox_id)
+        if record is None:
             raise APIError(404, f"sandbox '{sandbox_id}' not found")
-        return JSONResponse({"sandboxID": sandbox_id, "node": self.name})
+        mounts = [{"name": m.volume_id, "path": m.path} for m in record.volume_mounts]
+        body = {"sandboxID": sandbox_id, "node": self.name}
+        return JSONResponse({**body, "volumeMounts": mounts} if mounts else body)
 
     async def adopt(self, request: Request) -> Response:
         status = self.adopt_answers.pop(0) if self.adopt_answers else 200

@@ -33,7 +33,8 @@ from aenv.cluster.volumes import VolumePlaces
 from aenv.gateway.app import Gateway
 from aenv.gateway.evacuate import Released, evacuate
 from aenv.gateway.nodes import NodeClient
-from aenv.orchestrator.catalog import Archived, Catalog, record_to_json
+from aenv.orchestrator.builds import BuildStatus
+from aenv.orchestrator.catalog import Archived, Catalog, VolumeMount, record_to_json
 from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.templates import Template, template_to_json
@@ -302,6 +303,14 @@ async def test_a_builds_calls_follow_it_to_its_node_and_end_when_it_dies(
         status = http.get(f"/templates/{template_id}/builds/{build_id}/status")
         assert status.status_code == 200 and status.json()["status"] == "waiting"
         assert http.get(f"/templates/{template_id}/builds/{build_id}/logs").status_code == 200
+        # Seen ready: its node holds the template from then on, before its next heartbeat.
+        build = builder.get(template_id, build_id)
+        assert build is not None
+        build.status = BuildStatus.READY
+        status = http.get(f"/templates/{template_id}/builds/{build_id}/status")
+        assert status.json()["status"] == "ready"
+        holders = Holders(NodeRegistry(client, SECRET))
+        assert await holders.of(FileRef(FileKind.TEMPLATE, template_id)) == {node_id}
 
         # Its node's lease lapses: the status poll ends in an error naming it.
         keys = Keys()
@@ -382,6 +391,22 @@ async def test_a_fork_too_big_for_its_node_spills_over_to_another(
         fits = http.post("/sandboxes/sbparent/fork", json={"count": 2})
     assert [e["sandbox"]["node"] for e in fits.json()] == ["a", "a"]
     assert len(b.create_bodies) == 2
+
+
+async def test_a_fork_of_a_sandbox_with_volumes_stays_on_its_node(
+    setup: Setup, client: aioredis.Redis
+) -> None:
+    """Its children must mount its volumes, which live on its node: no spill-over."""
+    a, b = setup.nodes["a"], setup.nodes["b"]
+    a.add("sbvol", 1000.0, volume_mounts=(VolumeMount("volone", "/mnt"),))
+    await Routes(client).assign("sbvol", "a")
+    a.fork_room = 1
+    with setup.client() as http:
+        forked = http.post("/sandboxes/sbvol/fork", json={"count": 2})
+    assert forked.status_code == 201, forked.text
+    assert forked.json()[0]["sandbox"]["node"] == "a"
+    assert forked.json()[1] == {"error": {"code": 429, "message": "a is full"}}
+    assert a.snapshots == {} and b.create_bodies == []
 
 
 async def test_snapshots_are_listed_once_across_nodes_and_deleted_everywhere(

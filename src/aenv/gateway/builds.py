@@ -16,7 +16,9 @@
   first live node that knows the template.
 
 A finished build is stored in the shared repository and published by its node like a snapshot
-(`aenv.cluster.saved`), so a create from it works on every node.
+(`aenv.cluster.saved`), so a create from it works on every node. The status poll that sees it
+ready records its node as holding it at once, so a create right after goes there first (and
+another node's 404 for it is a refusal), before the node's next heartbeat publishes it.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from starlette.routing import Route
 
 from aenv.api.errors import APIError
 from aenv.cluster.directory import Directory
+from aenv.cluster.holders import FileKind, FileRef
 from aenv.cluster.placement import candidates
 from aenv.cluster.registry import NodeReport
 from aenv.cluster.saved import SavedRecord
@@ -126,9 +129,16 @@ class BuildRoutes:
         node = await self.directory.registry.report(node_id)
         if node is not None:
             try:
-                return passed(await self._call(request, node, b""))
+                answer = await self._call(request, node, b"")
             except NodeUnreachable:
                 pass
+            else:
+                if answer.status == 200 and json.loads(answer.body).get("status") == "ready":
+                    # Its node's next heartbeat says so too; a create right away needs it now.
+                    await self.directory.holders.add(
+                        node.node_id, FileRef(FileKind.TEMPLATE, template_id)
+                    )
+                return passed(answer)
         published = await self.directory.saved.find(template_id)
         if published is not None and published.build_id == build_id:
             return JSONResponse(_status(template_id, build_id, "ready"))
