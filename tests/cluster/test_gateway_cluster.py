@@ -7,14 +7,15 @@ callers without the cluster token, and a gateway with another secret does not st
 
 On the same cluster (one boot of two nodes is most of the time), with one S3 repository for
 both: a template built with `Template.build` through the gateway on one node starts a sandbox,
-with the build's files, on the other while the builder is drained; a paused sandbox whose node
-is drained (`aenv node drain`) resumes on the other node with its files; a snapshot made on the
-drained node starts a sandbox on the other (which pulls it from the repository), is listed once
-and deleted from both; creates avoid the draining node (`aenv nodes` shows it); after a `kill
--9` of a node, its paused sandbox resumes on the survivor and its running one answers 404, and
-is listed paused before; a fork too big for its node starts the rest of its children on the
-other; with two gateways, one killed with `kill -9`, the other serves the same sandboxes and new
-ones."""
+with the build's files, on the other while the builder is drained; a volume created through the
+gateway, written by a sandbox, is read by a sandbox created through a second gateway, both on
+the volume's node; a paused sandbox whose node is drained (`aenv node drain`) resumes on the
+other node with its files; a snapshot made on the drained node starts a sandbox on the other
+(which pulls it from the repository), is listed once and deleted from both; creates avoid the
+draining node (`aenv nodes` shows it); after a `kill -9` of a node, its paused sandbox resumes
+on the survivor and its running one answers 404, and is listed paused before; a fork too big for
+its node starts the rest of its children on the other; with two gateways, one killed with `kill
+-9`, the other serves the same sandboxes and new ones."""
 
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ from aenv.cluster.routing import Routes
 from aenv.cluster.saved import SavedRecords
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import connect
+from aenv.cluster.volumes import VolumePlaces
 from aenv.config import Paths
 from aenv.orchestrator.images import prepare_images
 from tests.cluster.cluster_ns import GATEWAY_PORT, Cluster, Gateway, cluster
@@ -52,6 +54,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 SCRIPT = str(Path(__file__).parent / "sdk" / "through_gateway.py")
 MOVES = str(Path(__file__).parent / "sdk" / "moves.py")
 BUILDS = str(Path(__file__).parent / "sdk" / "builds.py")
+VOLUMES = str(Path(__file__).parent / "sdk" / "volumes.py")
 NODES = ["node-a", "node-b"]
 
 
@@ -184,6 +187,31 @@ async def templates_travel(c: Cluster, scratch: Path, client: aioredis.Redis) ->
     assert sdk(c, "kill", made["id"])["killed"] == [True]
 
 
+async def volumes_stay(c: Cluster, client: aioredis.Redis) -> None:
+    """A volume created through one gateway, written by a sandbox, is read by a sandbox created
+    through a second gateway: both on the volume's node. (Volume sandboxes cold-boot: two are
+    kept; pause and resume change no route, and `test_gateway.py` covers the refusals.)"""
+    second = dataclasses.replace(
+        c.gateway, log=c.gateway.log.with_name("gateway-v.log"), proc=None, port=GATEWAY_PORT + 2
+    )
+    second.start()
+    try:
+        second.wait_ready()
+        wrote = sdk(c, "write", "cluster-data", "kept-on-its-node", script=VOLUMES)
+        assert wrote["read"] == "kept-on-its-node\n"
+        place = await VolumePlaces(client).find("cluster-data")
+        assert place is not None and place.volume_id == wrote["volume"]
+        read = sdk(c, "read", "cluster-data", script=VOLUMES, gateway=second)
+        assert read["read"] == "kept-on-its-node\n"
+        routes = Routes(client)
+        assert [await routes.lookup(s) for s in (wrote["id"], read["id"])] == [place.node_id] * 2
+        gone = sdk(c, "destroy", place.volume_id, wrote["id"], read["id"], script=VOLUMES)
+        assert gone == {"killed": [True, True], "destroyed": True}
+        assert await VolumePlaces(client).find("cluster-data") is None
+    finally:
+        second.stop()
+
+
 async def snapshots_travel(
     c: Cluster, routes: Routes, saved: SavedRecords, snapshot_id: str, other: str, kept: str
 ) -> None:
@@ -268,6 +296,7 @@ async def test_two_nodes_behind_a_gateway_with_the_sdk(redis: RedisServer) -> No
             assert [await routes.lookup(sandbox_id) for sandbox_id in ids] == [None, None]
 
             await templates_travel(c, scratch, client)
+            await volumes_stay(c, client)
             await sandboxes_move(c, registry, routes, Parked(client))
     finally:
         await client.aclose()
