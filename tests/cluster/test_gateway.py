@@ -553,3 +553,23 @@ async def test_a_volume_stays_on_its_node_with_the_sandboxes_that_mount_it(
         gone = http.post("/sandboxes", json=mount)
         assert gone.status_code == 503 and gone.json()["message"] == f"{lives}, which is gone"
         assert http.get(f"/volumes/{volume_id}").status_code == 503
+
+
+async def test_a_rebuild_goes_to_the_templates_holder_or_adopts_it_first(
+    setup: Setup, client: aioredis.Redis
+) -> None:
+    a = setup.nodes["a"]
+    built = dataclasses.replace(snapshot("tplweb", 1000.0, "web"), kind=TemplateKind.TEMPLATE)
+    await SavedRecords(client).publish(SavedRecord.of(template_to_json(built)))
+    await Holders(NodeRegistry(client, SECRET)).add("b", FileRef(FileKind.TEMPLATE, "tplweb"))
+    builds = BuildPlaces(client)
+    with setup.client() as http:
+        first = http.post("/v3/templates", json={"name": "web:v2"})
+        assert first.status_code == 202, first.text
+        assert await builds.node_of(first.json()["templateID"]) == "b"
+        assert a.snapshots == {}  # a holder is not asked to adopt it
+        await Drains(client).drain("b")
+        second = http.post("/v3/templates", json={"name": "web"})
+        assert second.status_code == 202, second.text
+    assert await builds.node_of(second.json()["templateID"]) == "a"
+    assert a.snapshots["tplweb"] == built  # adopted before the build was asked of it
