@@ -32,6 +32,7 @@ from aenv.api.limits import RateLimiter
 from aenv.api.metrics import NodeMetrics
 from aenv.api.sandboxes import SandboxRoutes
 from aenv.api.snapshots import SnapshotRoutes
+from aenv.api.templates import TemplateRoutes
 from aenv.api.volumes import VolumeRoutes
 from aenv.cluster.internal import InternalGate
 from aenv.config import Config, load
@@ -149,6 +150,7 @@ class NodeDouble:
                 Route("/cluster/templates", self.adopt_template, methods=["POST"]),
                 Route("/templates/{template_id}", self.delete_template, methods=["DELETE"]),
                 *BuildRoutes(self.builder).routes(),
+                Route("/templates", TemplateRoutes(orchestrator).list, methods=["GET"]),
                 *VolumeRoutes(orchestrator).routes(),
             ],
             exception_handlers=JSON_ERRORS,

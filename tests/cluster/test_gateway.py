@@ -555,7 +555,7 @@ async def test_a_volume_stays_on_its_node_with_the_sandboxes_that_mount_it(
         assert http.get(f"/volumes/{volume_id}").status_code == 503
 
 
-async def test_a_rebuild_goes_to_the_templates_holder_or_adopts_it_first(
+async def test_a_rebuild_goes_to_the_templates_holder_or_adopts_it_first_and_it_is_listed(
     setup: Setup, client: aioredis.Redis
 ) -> None:
     a = setup.nodes["a"]
@@ -571,5 +571,11 @@ async def test_a_rebuild_goes_to_the_templates_holder_or_adopts_it_first(
         await Drains(client).drain("b")
         second = http.post("/v3/templates", json={"name": "web"})
         assert second.status_code == 202, second.text
+        # Listed from its published record though no node lists it (a's adopted copy is in
+        # the double's snapshots, not its template store).
+        listed = http.get("/templates")
+        assert listed.status_code == 200, listed.text
+        assert [t["templateID"] for t in listed.json()] == ["tplweb"]
+        assert listed.json()[0]["names"] == ["web"]
     assert await builds.node_of(second.json()["templateID"]) == "a"
     assert a.snapshots["tplweb"] == built  # adopted before the build was asked of it

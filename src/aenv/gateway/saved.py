@@ -4,8 +4,9 @@
   repository (`aenv.cluster.saved`), so a dead node's snapshots are still listed, and a
   snapshot several nodes hold is listed once. Newest first; `sandboxID` and `name` filter,
   `limit` and `nextToken` page the merged list, as on a node.
-- Templates are listed from every live node, once each; a template is read (`GET`, `PATCH`, its
-  alias) on the first live node that knows it.
+- Templates are listed from every live node, once each, with the published built templates no
+  live node lists (their nodes are gone, their copies are not); a template is read (`GET`,
+  `PATCH`, its alias) on the first live node that knows it.
 - A delete goes to every live node (each drops its copy, the last one the repository's) and
   withdraws the published record; 404 when no node and no record knew it.
 - Template builds are placed and routed by `aenv.gateway.builds`; a finished build is published
@@ -27,10 +28,12 @@ from starlette.routing import Route
 from aenv.api.errors import APIError, not_found
 from aenv.api.requests import check_query
 from aenv.api.sandboxes import MAX_PAGE
+from aenv.api.templates import template_body
 from aenv.cluster.directory import Directory
 from aenv.cluster.registry import NodeReport
 from aenv.cluster.saved import SavedRecord
 from aenv.gateway.nodes import Answer, NodeUnreachable
+from aenv.orchestrator.templates import template_from_json
 
 # A call on one node for the client's request: method, path and query, body.
 NodeCall = Callable[[Request, NodeReport, str, str, bytes], Awaitable[Answer]]
@@ -90,6 +93,10 @@ class SavedRoutes:
                 return passed(answer)
             for entry in json.loads(answer.body):
                 found.setdefault(entry["templateID"], entry)
+        # Built templates whose nodes are gone are still started from their published copy.
+        for record in await self.directory.saved.all():
+            if record.kind == "template" and record.template_id not in found:
+                found[record.template_id] = template_body(template_from_json(record.record))
         return JSONResponse(sorted(found.values(), key=lambda t: t.get("createdAt", "")))
 
     async def first_knowing(self, request: Request) -> Response:
