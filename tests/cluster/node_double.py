@@ -5,6 +5,9 @@ route that gives a sandbox up (paused, as a node's `release` leaves it). Its sna
 listed by the real route; it adopts and deletes them as a node's routes do. Its forks start as
 many children as the test gives it room for and refuse the rest for capacity, and it snapshots
 a sandbox on demand (the test publishes the snapshot, as a node's agent would once uploaded).
+Its template build routes are a node's own (`aenv.api.builds`) over a real builder, short of
+starting a build (which boots a VM); its volume routes (and their content API) are a node's own
+over a real volume store.
 Booting VMs is what `test_gateway_cluster.py` does; these tests are about the gateway's choices."""
 
 from __future__ import annotations
@@ -22,31 +25,50 @@ from starlette.routing import Route
 from starlette.types import ASGIApp
 
 from aenv.api.app import JSON_ERRORS, APIKeyGate
+from aenv.api.builds import BuildRoutes
 from aenv.api.errors import APIError
 from aenv.api.keys import KeyStore, LocalKeys
 from aenv.api.limits import RateLimiter
 from aenv.api.metrics import NodeMetrics
 from aenv.api.sandboxes import SandboxRoutes
 from aenv.api.snapshots import SnapshotRoutes
+from aenv.api.templates import TemplateRoutes
+from aenv.api.volumes import VolumeRoutes
 from aenv.cluster.internal import InternalGate
-from aenv.config import load
+from aenv.config import Config, load
 from aenv.network.settings import SandboxNetwork
-from aenv.orchestrator.catalog import Catalog, SandboxRecord, record_from_json, record_to_json
+from aenv.orchestrator.builds import Builder
+from aenv.orchestrator.catalog import (
+    Catalog,
+    SandboxRecord,
+    VolumeMount,
+    record_from_json,
+    record_to_json,
+)
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.states import SandboxState
-from aenv.orchestrator.templates import Template, template_from_json, template_to_json
+from aenv.orchestrator.tags import TagStore
+from aenv.orchestrator.templates import (
+    Template,
+    TemplateStore,
+    template_from_json,
+    template_to_json,
+)
 from aenv.orchestrator.volumes import VolumeStore
 from tests.cluster.shared import SECRET
 
 
 @dataclass
 class _CatalogOnly:
-    """What the list routes read of the orchestrator: its catalog, volumes and snapshots."""
+    """What the list, build and volume routes read of the orchestrator: its catalog, volumes,
+    snapshots, template store and configuration."""
 
     catalog: Catalog
     volumes: VolumeStore
     saved: dict[str, Template]
+    templates: TemplateStore
+    config: Config
 
     def snapshots(self) -> list[Template]:
         return list(self.saved.values())
@@ -77,8 +99,15 @@ class NodeDouble:
     fork_room: int = 100  # children a fork may start here; the others are refused (429)
     # Called with each snapshot taken here, as its upload would end.
     on_snapshot: Callable[[Template], Awaitable[None]] | None = None
+    builder: Builder | None = None  # set by `app`
 
-    def add(self, sandbox_id: str, started_at: float, **metadata: str) -> None:
+    def add(
+        self,
+        sandbox_id: str,
+        started_at: float,
+        volume_mounts: tuple[VolumeMount, ...] = (),
+        **metadata: str,
+    ) -> None:
         self.catalog.insert(
             SandboxRecord(
                 id=sandbox_id, template_id="base", state=SandboxState.RUNNING, cpu_count=1,
@@ -86,14 +115,25 @@ class NodeDouble:
                 end_at=started_at + 300, metadata=metadata, env_vars={},
                 envd_access_token="tok", restored_from="/t/base", timeout=300,
                 auto_pause_mode=SaveMode.FILESYSTEM, network=SandboxNetwork(),
+                volume_mounts=volume_mounts,
             )
         )  # fmt: skip
 
     def app(self, keys: KeyStore) -> ASGIApp:
         config = load({"home": self.home})
+        templates = TemplateStore(config.paths.templates, self.home / "template-memory")
         orchestrator = cast(
             Orchestrator,
-            _CatalogOnly(self.catalog, VolumeStore(self.catalog, self.home), self.snapshots),
+            _CatalogOnly(
+                self.catalog,
+                VolumeStore(self.catalog, config.paths.volumes),
+                self.snapshots,
+                templates,
+                config,
+            ),
+        )
+        self.builder = Builder(
+            orchestrator, TagStore(config.paths.template_tags), config.paths, ready_timeout=1
         )
         routes = SandboxRoutes(orchestrator, config, cast(NodeMetrics, None))
         saved = SnapshotRoutes(orchestrator, config)
@@ -109,6 +149,9 @@ class NodeDouble:
                 Route("/sandboxes/{sandbox_id}/snapshots", self.snapshot, methods=["POST"]),
                 Route("/cluster/templates", self.adopt_template, methods=["POST"]),
                 Route("/templates/{template_id}", self.delete_template, methods=["DELETE"]),
+                *BuildRoutes(self.builder).routes(),
+                Route("/templates", TemplateRoutes(orchestrator).list, methods=["GET"]),
+                *VolumeRoutes(orchestrator).routes(),
             ],
             exception_handlers=JSON_ERRORS,
         )
@@ -126,9 +169,12 @@ class NodeDouble:
 
     async def detail(self, request: Request) -> Response:
         sandbox_id = request.path_params["sandbox_id"]
-        if self.catalog.get(sandbox_id) is None:
+        record = self.catalog.get(sandbox_id)
+        if record is None:
             raise APIError(404, f"sandbox '{sandbox_id}' not found")
-        return JSONResponse({"sandboxID": sandbox_id, "node": self.name})
+        mounts = [{"name": m.volume_id, "path": m.path} for m in record.volume_mounts]
+        body = {"sandboxID": sandbox_id, "node": self.name}
+        return JSONResponse({**body, "volumeMounts": mounts} if mounts else body)
 
     async def adopt(self, request: Request) -> Response:
         status = self.adopt_answers.pop(0) if self.adopt_answers else 200

@@ -1,11 +1,13 @@
 """The gateway's control plane against a real redis-server and node doubles served on loopback
 (`node_double`): placement with affinity and retries, draining nodes left out, forwarding by
 route, paused sandboxes of a lost node moved to another, merged pages, snapshots of other and lost
-nodes (created from, listed, deleted), and Redis being down.
+nodes (created from, listed, deleted), template builds followed to their node (and ended when
+it dies), volumes and the creates mounting them kept on their node, and Redis being down.
 The same over real nodes and the SDK is `test_gateway_cluster.py`."""
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
@@ -18,6 +20,7 @@ import redis.asyncio as aioredis
 
 from aenv.api.keys import KeyStore
 from aenv.api.limits import RateLimiter
+from aenv.cluster.builds import BuildPlaces
 from aenv.cluster.directory import Directory
 from aenv.cluster.drain import Drains
 from aenv.cluster.holders import FileKind, FileRef, Holders
@@ -26,12 +29,15 @@ from aenv.cluster.parked import Parked
 from aenv.cluster.registry import Capacity, NodeRegistry, NodeReport
 from aenv.cluster.routing import Routes
 from aenv.cluster.saved import SavedRecord, SavedRecords
-from aenv.cluster.store import connect
+from aenv.cluster.store import Keys, connect
+from aenv.cluster.volumes import VolumePlaces
 from aenv.config import Paths
 from aenv.gateway.app import Gateway
 from aenv.gateway.evacuate import Released, evacuate
 from aenv.gateway.nodes import NodeClient
-from aenv.orchestrator.catalog import Archived, Catalog, record_to_json
+from aenv.orchestrator.builds import BuildStatus
+from aenv.orchestrator.catalog import Archived, Catalog, VolumeMount, record_to_json
+from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.templates import Template, template_to_json
 from tests.cluster.node_double import NodeDouble, snapshot
@@ -271,16 +277,75 @@ async def test_routes_the_gateway_does_not_serve_yet_are_501_naming_them(setup: 
     with setup.client() as http:
         answer = http.get("/teams")
         metrics = http.get("/sandboxes/metrics", params={"sandbox_ids": "a"})
-        volume = http.post("/volumes", json={"name": "v"})
-        build = http.post("/v3/templates", json={"alias": "t"})
     assert answer.status_code == 501
     assert answer.json()["message"].startswith("GET /teams is not served by the cluster")
     assert metrics.status_code == 501
-    # Refused with the reason, as JSON.
-    assert volume.status_code == 501
-    assert "volumes cannot follow a sandbox across nodes" in volume.json()["message"]
-    assert build.status_code == 501
-    assert "template builds are not placed across nodes" in build.json()["message"]
+
+
+async def test_a_builds_calls_follow_it_to_its_node_and_end_when_it_dies(
+    setup: Setup, client: aioredis.Redis
+) -> None:
+    files_hash = "ab" * 32
+    with setup.client() as http:
+        requested = http.post("/v3/templates", json={"name": "web"})
+        assert requested.status_code == 202, requested.text
+        template_id, build_id = requested.json()["templateID"], requested.json()["buildID"]
+        node_id = await BuildPlaces(client).node_of(template_id)
+        assert node_id in setup.nodes
+        builder = setup.nodes[node_id].builder
+        assert builder is not None and builder.get(template_id, build_id) is not None
+        other = next(n for name, n in setup.nodes.items() if name != node_id).builder
+        assert other is not None and other.builds_of(template_id) == []
+
+        # The upload is sent to the gateway with the client's key, and streams to the node.
+        files = http.get(f"/templates/{template_id}/files/{files_hash}")
+        assert files.status_code == 201, files.text
+        upload = files.json()
+        assert upload == {
+            "present": False,
+            "url": f"{setup.url}/templates/{template_id}/files/{files_hash}",
+            "headers": {"x-api-key": setup.key},
+        }
+        chunks = [b"x" * 65536] * 8
+        put = http.put(upload["url"], content=iter(chunks), headers=upload["headers"])
+        assert put.status_code == 201, put.text
+        assert builder.files_path(files_hash).read_bytes() == b"".join(chunks)
+        again = http.get(f"/templates/{template_id}/files/{files_hash}")
+        assert again.json() == {"present": True}
+        status = http.get(f"/templates/{template_id}/builds/{build_id}/status")
+        assert status.status_code == 200 and status.json()["status"] == "waiting"
+        assert http.get(f"/templates/{template_id}/builds/{build_id}/logs").status_code == 200
+        # Seen ready: its node holds the template from then on, before its next heartbeat.
+        build = builder.get(template_id, build_id)
+        assert build is not None
+        build.status = BuildStatus.READY
+        status = http.get(f"/templates/{template_id}/builds/{build_id}/status")
+        assert status.json()["status"] == "ready"
+        holders = Holders(NodeRegistry(client, SECRET))
+        assert await holders.of(FileRef(FileKind.TEMPLATE, template_id)) == {node_id}
+
+        # Its node's lease lapses: the status poll ends in an error naming it.
+        keys = Keys()
+        await client.delete(keys.lease(node_id), keys.node(node_id))
+        ended = http.get(f"/templates/{template_id}/builds/{build_id}/status")
+        assert ended.status_code == 200
+        assert ended.json()["status"] == "error"
+        assert f"node {node_id}, which ran this build, is gone" in ended.json()["reason"]["message"]
+        start = http.post(f"/v2/templates/{template_id}/builds/{build_id}", json={})
+        assert start.status_code == 503
+        assert start.json()["message"].startswith(f"node {node_id}, which runs the build")
+        # Had it finished and published its template, the build is ready.
+        built = dataclasses.replace(
+            snapshot(template_id, 1000.0, "web"), kind=TemplateKind.TEMPLATE, build_id=build_id
+        )
+        await SavedRecords(client).publish(SavedRecord.of(template_to_json(built)))
+        ready = http.get(f"/templates/{template_id}/builds/{build_id}/status")
+        assert ready.json()["status"] == "ready"
+        # Built templates are not snapshots.
+        assert http.get("/snapshots").json() == []
+        unknown = http.get(f"/templates/nosuch/files/{files_hash}")
+        assert unknown.status_code == 404
+        assert unknown.json()["message"] == "no build of template 'nosuch' in this cluster"
 
 
 async def test_a_create_from_another_nodes_snapshot_adopts_it_first(
@@ -338,6 +403,22 @@ async def test_a_fork_too_big_for_its_node_spills_over_to_another(
         fits = http.post("/sandboxes/sbparent/fork", json={"count": 2})
     assert [e["sandbox"]["node"] for e in fits.json()] == ["a", "a"]
     assert len(b.create_bodies) == 2
+
+
+async def test_a_fork_of_a_sandbox_with_volumes_stays_on_its_node(
+    setup: Setup, client: aioredis.Redis
+) -> None:
+    """Its children must mount its volumes, which live on its node: no spill-over."""
+    a, b = setup.nodes["a"], setup.nodes["b"]
+    a.add("sbvol", 1000.0, volume_mounts=(VolumeMount("volone", "/mnt"),))
+    await Routes(client).assign("sbvol", "a")
+    a.fork_room = 1
+    with setup.client() as http:
+        forked = http.post("/sandboxes/sbvol/fork", json={"count": 2})
+    assert forked.status_code == 201, forked.text
+    assert forked.json()[0]["sandbox"]["node"] == "a"
+    assert forked.json()[1] == {"error": {"code": 429, "message": "a is full"}}
+    assert a.snapshots == {} and b.create_bodies == []
 
 
 async def test_snapshots_are_listed_once_across_nodes_and_deleted_everywhere(
@@ -432,3 +513,88 @@ async def test_redis_down_is_503_until_it_is_back(setup: Setup, redis: RedisServ
     assert data.status_code == 503 and data.json()["code"] == 503
     # An empty Redis (restarted without its data) has no live node until they heartbeat again.
     assert back.status_code == 200 and back.json() == []
+
+
+async def test_a_volume_stays_on_its_node_with_the_sandboxes_that_mount_it(
+    setup: Setup, client: aioredis.Redis
+) -> None:
+    places = VolumePlaces(client)
+    with setup.client() as http:
+        made = http.post("/volumes", json={"name": "data"})
+        assert made.status_code == 201, made.text
+        volume_id, token = made.json()["volumeID"], made.json()["token"]
+        place = await places.find("data")
+        assert place is not None and place.volume_id == volume_id
+        home, other = (
+            setup.nodes[place.node_id],
+            next(n for name, n in setup.nodes.items() if name != place.node_id),
+        )
+        taken = http.post("/volumes", json={"name": "data"})
+        assert taken.status_code == 400
+        assert taken.json()["message"] == "a volume named 'data' already exists"
+        assert [v["volumeID"] for v in http.get("/volumes").json()] == [volume_id]
+
+        # Its files, by its token, on its node: streamed there and back.
+        content = f"/volumecontent/{volume_id}/file"
+        bearer = {"Authorization": f"Bearer {token}"}
+        put = http.put(content, params={"path": "/a.txt"}, content=b"kept", headers=bearer)
+        assert put.status_code in (200, 201), put.text
+        assert (home.home / "volumes" / volume_id / "a.txt").read_bytes() == b"kept"
+        got = httpx.get(f"{setup.url}{content}", params={"path": "/a.txt"}, headers=bearer)
+        assert got.status_code == 200 and got.content == b"kept"
+        wrong = httpx.get(f"{setup.url}{content}", params={"path": "/a.txt"})
+        assert wrong.status_code == 401
+        unknown = httpx.get(f"{setup.url}/volumecontent/nosuch/file", params={"path": "/a"})
+        assert unknown.status_code == 401
+
+        # Creates that mount it go to its node only, or say why not, naming it.
+        mount = {"templateID": "base", "volumeMounts": [{"name": "data", "path": "/mnt"}]}
+        for _ in range(3):
+            assert http.post("/sandboxes", json=mount).json()["node"] == place.node_id
+        assert other.create_bodies == []
+        home.create_answers = [429]
+        full = http.post("/sandboxes", json=mount)
+        assert full.status_code == 429
+        lives = f"volume 'data' lives on node {place.node_id}"
+        assert full.json()["message"].startswith(f"{lives}, which has no room")
+        await Drains(client).drain(place.node_id)
+        draining = http.post("/sandboxes", json=mount)
+        assert draining.status_code == 409 and lives in draining.json()["message"]
+        await Drains(client).undrain(place.node_id)
+        assert other.create_bodies == []
+
+        # Its record lost (a Redis wipe): found again on the nodes.
+        await client.delete(Keys().volume(volume_id), Keys().volume_names)
+        assert http.get(f"/volumes/{volume_id}").json()["name"] == "data"
+        assert await places.find("data") == place
+
+        await client.delete(Keys().lease(place.node_id), Keys().node(place.node_id))
+        gone = http.post("/sandboxes", json=mount)
+        assert gone.status_code == 503 and gone.json()["message"] == f"{lives}, which is gone"
+        assert http.get(f"/volumes/{volume_id}").status_code == 503
+
+
+async def test_a_rebuild_goes_to_the_templates_holder_or_adopts_it_first_and_it_is_listed(
+    setup: Setup, client: aioredis.Redis
+) -> None:
+    a = setup.nodes["a"]
+    built = dataclasses.replace(snapshot("tplweb", 1000.0, "web"), kind=TemplateKind.TEMPLATE)
+    await SavedRecords(client).publish(SavedRecord.of(template_to_json(built)))
+    await Holders(NodeRegistry(client, SECRET)).add("b", FileRef(FileKind.TEMPLATE, "tplweb"))
+    builds = BuildPlaces(client)
+    with setup.client() as http:
+        first = http.post("/v3/templates", json={"name": "web:v2"})
+        assert first.status_code == 202, first.text
+        assert await builds.node_of(first.json()["templateID"]) == "b"
+        assert a.snapshots == {}  # a holder is not asked to adopt it
+        await Drains(client).drain("b")
+        second = http.post("/v3/templates", json={"name": "web"})
+        assert second.status_code == 202, second.text
+        # Listed from its published record though no node lists it (a's adopted copy is in
+        # the double's snapshots, not its template store).
+        listed = http.get("/templates")
+        assert listed.status_code == 200, listed.text
+        assert [t["templateID"] for t in listed.json()] == ["tplweb"]
+        assert listed.json()[0]["names"] == ["web"]
+    assert await builds.node_of(second.json()["templateID"]) == "a"
+    assert a.snapshots["tplweb"] == built  # adopted before the build was asked of it

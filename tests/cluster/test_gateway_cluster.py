@@ -6,13 +6,16 @@ orchestrator tells the node agent, no heartbeat waited for). A node's internal A
 callers without the cluster token, and a gateway with another secret does not start.
 
 On the same cluster (one boot of two nodes is most of the time), with one S3 repository for
-both: a paused sandbox whose node is drained (`aenv node drain`) resumes on the other node with
-its files; a snapshot made on the drained node starts a sandbox on the other (which pulls it from
-the repository), is listed once and deleted from both; creates avoid the draining node (`aenv
-nodes` shows it); after a `kill -9` of a node, its paused sandbox resumes on the survivor and its
-running one answers 404, and is listed paused before; a fork too big for its node starts the
-rest of its children on the other; with two gateways, one killed with
-`kill -9`, the other serves the same sandboxes and new ones."""
+both: a template built with `Template.build` through the gateway on one node starts a sandbox,
+with the build's files, on the other while the builder is drained; a volume created through the
+gateway, written by a sandbox, is read by a sandbox created through a second gateway, both on
+the volume's node; a paused sandbox whose node is drained (`aenv node drain`) resumes on the
+other node with its files; a snapshot made on the drained node starts a sandbox on the other
+(which pulls it from the repository), is listed once and deleted from both; creates avoid the
+draining node (`aenv nodes` shows it); after a `kill -9` of a node, its paused sandbox resumes
+on the survivor and its running one answers 404, and is listed paused before; a fork too big for
+its node starts the rest of its children on the other; with two gateways, one killed with `kill
+-9`, the other serves the same sandboxes and new ones."""
 
 from __future__ import annotations
 
@@ -27,13 +30,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import redis.asyncio as aioredis
 
+from aenv.cluster.builds import BuildPlaces
+from aenv.cluster.drain import Drains
 from aenv.cluster.parked import Parked
 from aenv.cluster.registry import NodeRegistry
 from aenv.cluster.routing import Routes
 from aenv.cluster.saved import SavedRecords
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import connect
+from aenv.cluster.volumes import VolumePlaces
 from aenv.config import Paths
 from aenv.orchestrator.images import prepare_images
 from tests.cluster.cluster_ns import GATEWAY_PORT, Cluster, Gateway, cluster
@@ -48,6 +55,8 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 SCRIPT = str(Path(__file__).parent / "sdk" / "through_gateway.py")
 MOVES = str(Path(__file__).parent / "sdk" / "moves.py")
 NPM_SCRIPT = str(JS_DIR / "cluster_gateway.mjs")
+BUILDS = str(Path(__file__).parent / "sdk" / "builds.py")
+VOLUMES = str(Path(__file__).parent / "sdk" / "volumes.py")
 NODES = ["node-a", "node-b"]
 
 
@@ -213,6 +222,59 @@ async def sandboxes_move(
         second.stop()
 
 
+async def templates_travel(c: Cluster, scratch: Path, client: aioredis.Redis) -> None:
+    """`Template.build` through the gateway runs on one node; with that node drained, a sandbox
+    from the template starts on the other (which adopts it and pulls it from the repository)."""
+    context = scratch / "build-context"
+    (context / "app").mkdir(parents=True)
+    (context / "app" / "hello.txt").write_text("copied through the gateway\n")
+    built = sdk(c, "build", "cluster-built", str(context), script=BUILDS)
+    builder = await BuildPlaces(client).node_of(built["templateID"])
+    assert builder in NODES
+    saved = SavedRecords(client)
+
+    async def published() -> bool:
+        record = await saved.find("cluster-built")
+        return record is not None and record.build_id == built["buildID"]
+
+    # Ready means stored in the repository; its node publishes it with its next heartbeat.
+    await until(published, "the built template was never published", timeout=30)
+    drains = Drains(client)
+    await drains.drain(builder)
+    try:
+        made = sdk(c, "from-template", "cluster-built", script=BUILDS)
+    finally:
+        await drains.undrain(builder)
+    assert made["files"] == "built by a cluster node\ncopied through the gateway\n"
+    assert await Routes(client).lookup(made["id"]) not in (None, builder)
+    assert sdk(c, "kill", made["id"])["killed"] == [True]
+
+
+async def volumes_stay(c: Cluster, client: aioredis.Redis) -> None:
+    """A volume created through one gateway, written by a sandbox, is read by a sandbox created
+    through a second gateway: both on the volume's node. (Volume sandboxes cold-boot: two are
+    kept; pause and resume change no route, and `test_gateway.py` covers the refusals.)"""
+    second = dataclasses.replace(
+        c.gateway, log=c.gateway.log.with_name("gateway-v.log"), proc=None, port=GATEWAY_PORT + 2
+    )
+    second.start()
+    try:
+        second.wait_ready()
+        wrote = sdk(c, "write", "cluster-data", "kept-on-its-node", script=VOLUMES)
+        assert wrote["read"] == "kept-on-its-node\n"
+        place = await VolumePlaces(client).find("cluster-data")
+        assert place is not None and place.volume_id == wrote["volume"]
+        read = sdk(c, "read", "cluster-data", script=VOLUMES, gateway=second)
+        assert read["read"] == "kept-on-its-node\n"
+        routes = Routes(client)
+        assert [await routes.lookup(s) for s in (wrote["id"], read["id"])] == [place.node_id] * 2
+        gone = sdk(c, "destroy", place.volume_id, wrote["id"], read["id"], script=VOLUMES)
+        assert gone == {"killed": [True, True], "destroyed": True}
+        assert await VolumePlaces(client).find("cluster-data") is None
+    finally:
+        second.stop()
+
+
 async def snapshots_travel(
     c: Cluster, routes: Routes, saved: SavedRecords, snapshot_id: str, other: str, kept: str
 ) -> None:
@@ -300,6 +362,8 @@ async def test_two_nodes_behind_a_gateway_with_the_sdk(redis: RedisServer) -> No
             await a_burst_past_capacity(c, routes)
             the_npm_sdk(c)
 
+            await templates_travel(c, scratch, client)
+            await volumes_stay(c, client)
             await sandboxes_move(c, registry, routes, Parked(client))
     finally:
         await client.aclose()

@@ -115,3 +115,22 @@ async def test_old_cached_layers_are_dropped(tmp_path: Path) -> None:
             if t.kind is TemplateKind.BUILD_LAYER and not t.deleted
         ]
         assert len(layers) == 1
+
+
+async def test_a_build_is_stored_in_the_repository_before_it_is_ready(tmp_path: Path) -> None:
+    """In a cluster, ready means any node can start it: another node adopts the stored copy."""
+    shared = str(tmp_path / "repository")
+    cluster = "redis://127.0.0.1:1/0"  # a cluster node's copies carry their images; never dialled
+    async with (
+        double_node(tmp_path / "a", redis_url=cluster, repository=shared) as a,
+        double_node(tmp_path / "b", redis_url=cluster, repository=shared) as b,
+    ):
+        build = await run(builder(a), "app", STEPS)
+        assert build.status is BuildStatus.READY, build.reason
+        template = a.templates.get("app")
+        assert template.manifest_id is not None
+        assert any("Stored in the snapshot repository" in e.message for e in build.logs)
+        adopted = await b.orchestrator.adopt_template(template)
+        assert adopted.snapshot_dir.startswith(str(b.config.home))
+        record, _ = await b.orchestrator.create(b.request(template="app"))
+        assert b.guest(record.id).env["GREETING"] == "hi"

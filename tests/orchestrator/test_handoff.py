@@ -88,7 +88,7 @@ async def test_a_snapshot_made_on_one_node_starts_sandboxes_on_another(tmp_path:
         record, _ = await a.orchestrator.create(a.request())
         a.guest(record.id).write("/data", "snapped")
         made = await a.orchestrator.snapshot(record.id, name="travels")
-        with pytest.raises(OperationFailed, match="only snapshots stored in the repository"):
+        with pytest.raises(OperationFailed, match="only snapshots and built templates stored"):
             await b.orchestrator.adopt_template(made)  # not uploaded yet
         while (stored := a.orchestrator.templates.by_id(made.template_id)) is None or (
             stored.manifest_id is None

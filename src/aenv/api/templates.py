@@ -29,7 +29,8 @@ _WITH_BUILDS = (
 )
 
 
-def _template(t: Template) -> dict[str, Any]:
+def template_body(t: Template) -> dict[str, Any]:
+    """A template as `GET /templates` lists it (also a gateway, for published ones)."""
     return {
         "templateID": t.template_id,
         "buildID": t.build_id,
@@ -88,7 +89,7 @@ class TemplateRoutes:
 
     async def list(self, request: Request) -> Response:
         check_query(request)
-        return JSONResponse([_template(t) for t in self.store.list()])
+        return JSONResponse([template_body(t) for t in self.store.list()])
 
     async def alias(self, request: Request) -> Response:
         check_query(request)
@@ -117,7 +118,7 @@ class TemplateRoutes:
         token = request.query_params.get("nextToken")
         if token not in (None, template.build_id):
             raise APIError(400, "invalid nextToken")
-        body = _template(template)
+        body = template_body(template)
         builds = [] if token else [_build(template)]
         return JSONResponse(
             {k: body[k] for k in _WITH_BUILDS} | {"builds": builds},
@@ -130,7 +131,7 @@ class TemplateRoutes:
         template = self._template(request)
         if body.public:
             raise APIError(400, "public templates are not supported here")
-        return JSONResponse({"names": _template(template)["names"]})
+        return JSONResponse({"names": template_body(template)["names"]})
 
     async def delete(self, request: Request) -> Response:
         check_query(request)

@@ -10,8 +10,8 @@ Redis being down never stops the node: the agent records the error and tries aga
 It also publishes the node's paused sandboxes whose checkpoints are in the shared repository
 (`parked`), so another node can resume them if this one dies, and before writing routes it lets
 go of any sandbox whose route another node holds: that sandbox moved while this node was cut
-off, and it must not run twice (`StateSource.forget`). Snapshots whose copies are in the
-repository are published too (`saved`), for any node to start sandboxes from.
+off, and it must not run twice (`StateSource.forget`). Snapshots and built templates whose
+copies are in the repository are published too (`saved`), for any node to start sandboxes from.
 """
 
 from __future__ import annotations

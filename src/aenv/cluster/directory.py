@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
+from aenv.cluster.builds import BuildPlaces
 from aenv.cluster.drain import Drains
 from aenv.cluster.holders import FileKind, FileRef, Holders
 from aenv.cluster.parked import Parked
@@ -20,6 +21,7 @@ from aenv.cluster.routing import Routes
 from aenv.cluster.saved import SavedRecords
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import guarded
+from aenv.cluster.volumes import VolumePlaces
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,8 @@ class Directory:
         self.parked = Parked(client, self.registry.keys)
         self.saved = SavedRecords(client, self.registry.keys)
         self.drains = Drains(client, self.registry.keys)
+        self.builds = BuildPlaces(client, self.registry.keys)
+        self.volumes = VolumePlaces(client, self.registry.keys)
 
     async def node_of(self, sandbox_id: str) -> NodeReport | None:
         """The live node the sandbox is routed to, or None (no route, or its node's lease

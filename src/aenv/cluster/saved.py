@@ -1,9 +1,9 @@
-"""Snapshots any node can start sandboxes from: their records, published in Redis by the nodes
-that hold them, whose files are in the cluster's shared snapshot repository.
+"""Snapshots and built templates any node can start sandboxes from: their records, published in
+Redis by the nodes that hold them, whose files are in the cluster's shared snapshot repository.
 
-A node publishes each snapshot whose copy reached the repository (its agent, every heartbeat)
-and withdraws it when it deletes it. The record outlives its node: a gateway placing a create
-from a snapshot on a node that lacks it has the node adopt the record first
+A node publishes each snapshot or built template whose copy reached the repository (its agent,
+every heartbeat) and withdraws it when it deletes it. The record outlives its node: a gateway
+placing a create from one on a node that lacks it has the node adopt the record first
 (`api.handoff.ADOPT_TEMPLATE`), and the node pulls the files. Names map to ids in a second hash,
 so a create may name a snapshot as E2B allows.
 """
@@ -27,6 +27,8 @@ class SavedRecord:
     created_at: float
     source_sandbox_id: str | None
     record: str  # `aenv.orchestrator.templates.template_to_json`
+    kind: str = "snapshot"  # `aenv.orchestrator.kinds.TemplateKind`
+    build_id: str = ""
 
     @classmethod
     def of(cls, record: str) -> SavedRecord:
@@ -37,6 +39,8 @@ class SavedRecord:
             float(raw.get("created_at", 0.0)),
             raw.get("source_sandbox_id"),
             record,
+            str(raw.get("kind", "snapshot")),
+            str(raw.get("build_id", "")),
         )
 
 

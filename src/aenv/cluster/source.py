@@ -1,7 +1,7 @@
 """A node's state for its heartbeats, read from its own catalog, template store and host: the
 sandboxes it holds, those of them any node could resume (paused, their newest checkpoint in the
-shared repository), the templates and snapshots whose files it has (and the snapshots stored in
-that repository), and its capacity."""
+shared repository), the templates and snapshots whose files it has (and the snapshots and built
+templates stored in that repository), and its capacity."""
 
 from __future__ import annotations
 
@@ -50,13 +50,18 @@ class CatalogSource:
             paused=paused,
         )
         snapshots = self.templates.list(TemplateKind.SNAPSHOT)
+        built = self.templates.list(TemplateKind.TEMPLATE)
         return NodeState(
             capacity,
             {r.id for r in records},
-            {t.template_id for t in self.templates.list(TemplateKind.TEMPLATE)},
+            {t.template_id for t in built},
             {t.template_id for t in snapshots},
             {r.id: record_to_json(r) for r in records if _parked(r)},
-            {t.template_id: template_to_json(t) for t in snapshots if t.manifest_id is not None},
+            {
+                t.template_id: template_to_json(t)
+                for t in (*snapshots, *built)
+                if t.manifest_id is not None
+            },
         )
 
 

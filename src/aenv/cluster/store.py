@@ -104,6 +104,19 @@ class Keys:
         """The gateway moving a sandbox to another node now; expires if that gateway dies."""
         return f"{self.prefix}:moving:{sandbox_id}"
 
+    def build(self, template_id: str) -> str:
+        """The node running the builds of a template (`aenv.cluster.builds`)."""
+        return f"{self.prefix}:build:{template_id}"
+
+    def volume(self, volume_id: str) -> str:
+        """The node holding a volume's files (`aenv.cluster.volumes`)."""
+        return f"{self.prefix}:volume:{volume_id}"
+
+    @property
+    def volume_names(self) -> str:
+        """Volume name -> id (a hash); "" while a gateway creates it."""
+        return f"{self.prefix}:volume-names"
+
     @property
     def api_keys(self) -> str:
         """The cluster's API keys (a hash: SHA-256 of the value -> the key's record, JSON)."""

@@ -7,14 +7,16 @@
 - Calls naming a sandbox go to the live node it is routed to. One without a live node that is
   parked (paused, its checkpoint in the shared repository) is moved to another node first
   (`handoff`); else E2B's 404, and a route left to a node whose lease is gone is removed.
-- Creates go to nodes that are not draining.
+- Creates go to nodes that are not draining; a create mounting volumes goes to their node
+  (`volumes`).
 - Lists ask every live node and merge (`listing`). Paused sandboxes of lost nodes (and those a
   drain released) are moved to a live node first, so they are listed, paused, as on one node.
 - Redis unreachable is a 503 with a JSON error, for as long as it lasts.
 - A create from a snapshot another node made has the chosen node adopt its record first
   (`aenv.cluster.saved`): the node pulls its files from the shared repository.
-- Templates and snapshots are answered across nodes (`saved`); forks spill over to other
-  nodes when the parent's lacks room (`forks`).
+- Templates and snapshots are answered across nodes (`saved`), template builds placed and
+  routed to their node (`builds`), volumes kept on theirs (`volumes`); forks spill over to
+  other nodes when the parent's lacks room (`forks`).
 - Every other route of a node is a 501 here for now, naming it.
 """
 
@@ -38,11 +40,13 @@ from aenv.cluster.placement import candidates
 from aenv.cluster.registry import NodeReport
 from aenv.cluster.saved import SavedRecord
 from aenv.cluster.store import ClusterUnavailable
+from aenv.gateway.builds import BuildRoutes
 from aenv.gateway.forks import Forks
 from aenv.gateway.handoff import Handoff
 from aenv.gateway.listing import merge, page_limit
 from aenv.gateway.nodes import Answer, NodeClient, NodeFailed, NodeUnreachable
 from aenv.gateway.saved import SavedRoutes
+from aenv.gateway.volumes import VolumeRoutes
 
 # `/sandboxes/{id}...` and `/v2/sandboxes/{id}...`, but not `/sandboxes/metrics`.
 _SANDBOX_PATH = re.compile(r"/(?:v2/)?sandboxes/(?!metrics(?:/|$))([^/]+)(?:/.*)?")
@@ -56,8 +60,10 @@ class ControlPlane:
         self.directory = directory
         self.nodes = nodes
         self.handoff = handoff
+        self.volumes = VolumeRoutes(self)
 
     def routes(self) -> list[Route]:
+        saved = SavedRoutes(self.directory, self.call_on)
         return [
             Route("/health", self.health, methods=["GET"]),
             Route("/sandboxes", self.create, methods=["POST"]),
@@ -67,7 +73,9 @@ class ControlPlane:
             Route("/sandboxes/{sandbox_id}/fork", Forks(self).fork, methods=["POST"]),
             Route("/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
             Route("/v2/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
-            *SavedRoutes(self.directory, self.call_on).routes(),
+            *BuildRoutes(self, saved.first_knowing).routes(),
+            *saved.routes(),
+            *self.volumes.routes(),
             Route("/{rest:path}", self.not_served, methods=_SANDBOX_METHODS),
         ]
 
@@ -85,7 +93,9 @@ class ControlPlane:
         return Response(status_code=204)
 
     async def create(self, request: Request) -> Response:
-        return _respond(await self.place(request, request.url.path, await request.body()))
+        path, body = request.url.path, await request.body()
+        answer = await self.volumes.create_sandbox(request, path, body)
+        return _respond(answer or await self.place(request, path, body))
 
     async def place(self, request: Request, path: str, body: bytes) -> Answer:
         """A create (`POST path` with `body`) on the first node that takes it, for the client
@@ -98,7 +108,7 @@ class ControlPlane:
         for node in candidates(nodes, holders):
             try:
                 if saved is not None and node.node_id not in holders:
-                    refused = await self._adopt_template(node, saved)
+                    refused = await self.adopt_template(node, saved)
                     if refused is not None:
                         refusals.append(refused)
                         continue
@@ -116,7 +126,7 @@ class ControlPlane:
         why = "; ".join(refusals) or "no live node in the cluster"
         raise APIError(429, f"no node can take the sandbox: {why}")
 
-    async def _adopt_template(self, node: NodeReport, saved: SavedRecord) -> str | None:
+    async def adopt_template(self, node: NodeReport, saved: SavedRecord) -> str | None:
         """Has the node record a snapshot it lacks; the refusal, if it refused."""
         try:
             answer = await self.nodes.call(

@@ -72,7 +72,12 @@ class Forks:
         self, request: Request, node: NodeReport, sandbox_id: str, count: int, timeout: int
     ) -> list[dict[str, Any]] | None:
         """`count` children from a snapshot of the parent, placed as creates; None when no
-        snapshot reached the repository."""
+        snapshot reached the repository, or the parent mounts volumes (its children must mount
+        them too, and they live on the parent's node)."""
+        info = await self.control.call_on(request, node, "GET", f"/sandboxes/{sandbox_id}", b"")
+        parent = json.loads(info.body) if info.status == 200 else {}
+        if parent.get("volumeMounts"):
+            return None
         taken = await self.control.call_on(
             request, node, "POST", f"/sandboxes/{sandbox_id}/snapshots", b"{}"
         )
@@ -82,8 +87,7 @@ class Forks:
         try:
             if not await self._stored(snapshot_id):
                 return None
-            info = await self.control.call_on(request, node, "GET", f"/sandboxes/{sandbox_id}", b"")
-            metadata = json.loads(info.body).get("metadata") or {} if info.status == 200 else {}
+            metadata = parent.get("metadata") or {}
             create = {"templateID": snapshot_id, "timeout": timeout, "metadata": metadata}
             return [await self._child(request, json.dumps(create).encode()) for _ in range(count)]
         finally:

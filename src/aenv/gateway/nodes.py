@@ -7,7 +7,7 @@ instead (`dataplane`).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import AsyncIterable, Iterable
 from dataclasses import dataclass
 
 import httpx
@@ -63,22 +63,53 @@ class NodeClient:
         *,
         caller: str,
         headers: Iterable[tuple[bytes, bytes]] = (),
-        body: bytes = b"",
+        body: bytes | AsyncIterable[bytes] = b"",
     ) -> Answer:
-        """`method target` (path and query) on `node`, for the API key id `caller`."""
+        """`method target` (path and query) on `node`, for the API key id `caller`; a `body`
+        given as chunks streams to the node (an upload), the answer is read whole."""
+        response = await self.open(node, method, target, caller=caller, headers=headers, body=body)
+        try:
+            content = await response.aread()
+        except httpx.HTTPError as error:
+            raise NodeFailed(f"node {node.node_id} at {node.address}: {error!r}") from error
+        finally:
+            await response.aclose()
+        return Answer(response.status_code, answer_headers(response), content)
+
+    async def open(
+        self,
+        node: NodeReport,
+        method: str,
+        target: str,
+        *,
+        caller: str | None,
+        headers: Iterable[tuple[bytes, bytes]] = (),
+        body: bytes | AsyncIterable[bytes] = b"",
+        bearer: bool = False,
+    ) -> httpx.Response:
+        """As `call`, with the answer's body left to stream (the caller closes it). With
+        `bearer` the client's `Authorization` goes through (a volume's token, which the node
+        checks), and without a `caller` the node sees no API key (routes open without one)."""
         address = NodeAddress.of(node.address)
+        dropped = _DROPPED - {b"authorization"} if bearer else _DROPPED
         sent = [
             (n.decode("latin-1"), v.decode("latin-1"))
             for n, v in end_to_end(list(headers))
-            if n not in _DROPPED
+            if n not in dropped
         ]
-        sent += [(TOKEN_HEADER, self._secret.bearer), (CALLER_HEADER, caller)]
+        sent.append((TOKEN_HEADER, self._secret.bearer))
+        if caller is not None:
+            sent.append((CALLER_HEADER, caller))
         url = f"http://{address.host}:{address.port}{PREFIX}{target}"
+        request = self._http.build_request(method, url, headers=sent, content=body)
         try:
-            response = await self._http.request(method, url, headers=sent, content=body)
+            return await self._http.send(request, stream=True)
         except (httpx.ConnectError, httpx.ConnectTimeout) as error:
             raise NodeUnreachable(f"node {node.node_id} at {node.address}: {error!r}") from error
         except httpx.HTTPError as error:
             raise NodeFailed(f"node {node.node_id} at {node.address}: {error!r}") from error
-        kept = [(n, v) for n, v in response.headers.multi_items() if n not in _RESPONSE_DROPPED]
-        return Answer(response.status_code, kept, response.content)
+
+
+def answer_headers(response: httpx.Response) -> list[tuple[str, str]]:
+    """A node's answer headers the client gets (not those the gateway's server sets)."""
+    return [(n, v) for n, v in response.headers.multi_items() if n not in _RESPONSE_DROPPED]

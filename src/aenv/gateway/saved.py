@@ -4,12 +4,13 @@
   repository (`aenv.cluster.saved`), so a dead node's snapshots are still listed, and a
   snapshot several nodes hold is listed once. Newest first; `sandboxID` and `name` filter,
   `limit` and `nextToken` page the merged list, as on a node.
-- Templates are listed from every live node, once each; a template is read (`GET`, `PATCH`, its
-  alias) on the first live node that knows it.
+- Templates are listed from every live node, once each, with the published built templates no
+  live node lists (their nodes are gone, their copies are not); a template is read (`GET`,
+  `PATCH`, its alias) on the first live node that knows it.
 - A delete goes to every live node (each drops its copy, the last one the repository's) and
   withdraws the published record; 404 when no node and no record knew it.
-- Template builds and volumes are refused with the reason (`not_across_nodes`): a build's
-  calls and a volume's files are one node's, and nothing places them across nodes yet.
+- Template builds are placed and routed by `aenv.gateway.builds`; a finished build is published
+  like a snapshot, but only snapshots are listed here.
 """
 
 from __future__ import annotations
@@ -27,23 +28,15 @@ from starlette.routing import Route
 from aenv.api.errors import APIError, not_found
 from aenv.api.requests import check_query
 from aenv.api.sandboxes import MAX_PAGE
+from aenv.api.templates import template_body
 from aenv.cluster.directory import Directory
 from aenv.cluster.registry import NodeReport
 from aenv.cluster.saved import SavedRecord
 from aenv.gateway.nodes import Answer, NodeUnreachable
+from aenv.orchestrator.templates import template_from_json
 
 # A call on one node for the client's request: method, path and query, body.
 NodeCall = Callable[[Request, NodeReport, str, str, bytes], Awaitable[Answer]]
-
-_BUILDS = (
-    "template builds are not placed across nodes yet (a build's uploads, start, status and "
-    "logs must reach one node): build on a node, then snapshot a sandbox of it to use it on "
-    "every node"
-)
-_VOLUMES = (
-    "volumes cannot follow a sandbox across nodes yet (a volume's files live on one node's "
-    "disk, and sandboxes move between nodes): use volumes with a single node (`aenv server`)"
-)
 
 
 class SavedRoutes:
@@ -60,19 +53,7 @@ class SavedRoutes:
             Route("/templates/{template_id}", self.first_knowing, methods=["GET", "PATCH"]),
             Route("/v2/templates/{template_id}", self.first_knowing, methods=["PATCH"]),
             Route("/templates/{template_id}", self.delete, methods=["DELETE"]),
-            Route("/v3/templates", self.builds, methods=["POST"]),
-            Route("/templates/{rest:path}", self.builds, methods=["GET", "POST", "PUT", "DELETE"]),
-            Route("/v2/templates/{rest:path}", self.builds, methods=["POST", "GET"]),
-            Route("/volumes", self.volumes, methods=["GET", "POST"]),
-            Route("/volumes/{rest:path}", self.volumes, methods=["GET", "POST", "PUT", "PATCH",
-                                                                 "DELETE"]),
-        ]  # fmt: skip
-
-    async def builds(self, request: Request) -> Response:
-        raise APIError(501, f"{request.method} {request.url.path}: {_BUILDS}")
-
-    async def volumes(self, request: Request) -> Response:
-        raise APIError(501, f"{request.method} {request.url.path}: {_VOLUMES}")
+        ]
 
     async def list_snapshots(self, request: Request) -> Response:
         check_query(request, {"sandboxID", "name", "limit", "nextToken"})
@@ -82,7 +63,11 @@ class SavedRoutes:
         listed = await asyncio.gather(
             *(self._node_snapshots(request, n, filters) for n in await self.directory.live())
         )
-        records = [r for r in await self.directory.saved.all() if _matches(r, filters)]
+        records = [
+            r
+            for r in await self.directory.saved.all()
+            if r.kind == "snapshot" and _matches(r, filters)
+        ]
         order = {r.template_id: r.created_at for r in records}
         found: dict[str, dict[str, Any]] = {}
         for entries in listed:
@@ -105,9 +90,13 @@ class SavedRoutes:
         found: dict[str, dict[str, Any]] = {}
         for answer in await self._everywhere(request, request.url.path):
             if answer.status != 200:
-                return _passed(answer)
+                return passed(answer)
             for entry in json.loads(answer.body):
                 found.setdefault(entry["templateID"], entry)
+        # Built templates whose nodes are gone are still started from their published copy.
+        for record in await self.directory.saved.all():
+            if record.kind == "template" and record.template_id not in found:
+                found[record.template_id] = template_body(template_from_json(record.record))
         return JSONResponse(sorted(found.values(), key=lambda t: t.get("createdAt", "")))
 
     async def first_knowing(self, request: Request) -> Response:
@@ -115,19 +104,19 @@ class SavedRoutes:
         body = await request.body()
         last: Answer | None = None
         for node in await self.directory.live():
-            last = await self._on(request, node, _target(request), body)
+            last = await self._on(request, node, target_of(request), body)
             if last.status != 404:
-                return _passed(last)
+                return passed(last)
         if last is None:
             raise APIError(503, "no live node in the cluster")
-        return _passed(last)
+        return passed(last)
 
     async def delete(self, request: Request) -> Response:
         ref = request.path_params["template_id"]
-        answers = await self._everywhere(request, _target(request))
+        answers = await self._everywhere(request, target_of(request))
         for answer in answers:
             if answer.status not in (204, 404):
-                return _passed(answer)
+                return passed(answer)
         record = await self.directory.saved.find(ref)
         if record is not None:
             await self.directory.saved.withdraw(record.template_id, record.names)
@@ -144,7 +133,7 @@ class SavedRoutes:
         while True:
             answer = await self._on(request, node, f"/snapshots?{urlencode(query)}", b"")
             if answer.status != 200:
-                raise APIError(answer.status, _message(answer))
+                raise APIError(answer.status, message(answer))
             entries += json.loads(answer.body)
             token = dict((n.lower(), v) for n, v in answer.headers).get("x-next-token")
             if token is None:
@@ -163,7 +152,7 @@ class SavedRoutes:
             raise APIError(502, str(error)) from error
 
 
-def _passed(answer: Answer) -> Response:
+def passed(answer: Answer) -> Response:
     return Response(
         answer.body,
         status_code=answer.status,
@@ -171,7 +160,7 @@ def _passed(answer: Answer) -> Response:
     )
 
 
-def _target(request: Request) -> str:
+def target_of(request: Request) -> str:
     return request.url.path + (f"?{request.url.query}" if request.url.query else "")
 
 
@@ -196,7 +185,7 @@ def _snapshot(record: SavedRecord) -> dict[str, Any]:
     return {"snapshotID": record.template_id, "names": list(record.names) or [record.template_id]}
 
 
-def _message(answer: Answer) -> str:
+def message(answer: Answer) -> str:
     try:
         parsed = json.loads(answer.body)
     except ValueError:

@@ -8,7 +8,9 @@ RUN or COPY step its state is saved as a hidden build-layer template keyed by (p
 files hash): a later build whose first steps match starts from the newest such layer instead of
 re-running them. A build's log is kept in memory, in order, and read by offset while the build
 runs (the E2B status route, `aenv template logs`); each build's record (status, reason, log)
-is written to `$AENV_HOME/builds/` when it starts and ends, so it outlives a restart.
+is written to `$AENV_HOME/builds/` when it starts and ends, so it outlives a restart. With a
+snapshot repository, a finished build is uploaded there before it is ready, so in a cluster
+every node can start sandboxes from it once it is (`aenv.cluster.saved`).
 """
 
 from __future__ import annotations
@@ -353,6 +355,12 @@ class Builder:
             await self.orc.kill(record.id)
         template = dataclasses.replace(_with_state(saved, state), build_id=build.build_id)
         await asyncio.to_thread(self.orc.templates.save, template)
+        # Ready means usable: in a cluster, by every node (the copy is what they pull).
+        await self.orc.saved.push_template(template)
+        stored = await asyncio.to_thread(self.orc.templates.by_id, template.template_id)
+        if stored is not None and stored.manifest_id is not None:
+            build.log(f"Stored in the snapshot repository as {stored.manifest_id}")
+            return stored
         return template
 
     async def _image_base(self, spec: BuildSpec, build: Build) -> Template:

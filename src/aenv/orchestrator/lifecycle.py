@@ -1134,16 +1134,17 @@ class Orchestrator:
         return adopted
 
     async def adopt_template(self, template: Template) -> Template:
-        """Take a snapshot another node made, whose copy is in the shared repository: it is
-        recorded here under this node's directories, and the first sandbox started from it
-        pulls its files. The same build held already is left as it is. Raises
+        """Take a snapshot or built template another node made, whose copy is in the shared
+        repository: it is recorded here under this node's directories, and the first sandbox
+        started from it pulls its files. The same build held already is left as it is. Raises
         `OperationFailed` without a repository or a copy to pull."""
         if self.saved.archive is None:
             raise OperationFailed(f"cannot adopt {template.template_id}: no repository here")
-        if template.manifest_id is None or template.kind is not TemplateKind.SNAPSHOT:
+        movable = (TemplateKind.SNAPSHOT, TemplateKind.TEMPLATE)
+        if template.manifest_id is None or template.kind not in movable:
             raise OperationFailed(
-                f"cannot adopt {template.template_id}: only snapshots stored in the "
-                "repository move between nodes"
+                f"cannot adopt {template.template_id}: only snapshots and built templates "
+                "stored in the repository move between nodes"
             )
         existing = self.templates.by_id(template.template_id)
         if existing is not None and existing.build_id == template.build_id:
