@@ -225,7 +225,9 @@ def cycles(home: Path) -> dict[str, Any]:
 
     sandbox = Sandbox.create(timeout=3600)
     sandbox.files.write("/home/user/kept", "kept across cycles")
-    pid = sandbox.commands.run("sleep 100000", background=True).pid
+    # timeout=0: the SDK's default 60 s bounds the process's life (envd kills it then), which
+    # ended an earlier 100-cycle run at cycle 50 with a lost process that was only that.
+    pid = sandbox.commands.run("sleep 100000", background=True, timeout=0).pid
     pauses: list[float] = []
     resumes: list[float] = []
     written: list[float] = []

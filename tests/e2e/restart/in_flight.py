@@ -1,14 +1,15 @@
 """kill -9 of the server while creates, deletes, pauses, snapshots or a template build are in
-flight.
+flight, or while the pause of a resumed sandbox writes the pages it changed.
 
 Two halves. The client (`python -m tests.e2e.restart.in_flight WORK`, run inside the server's
-namespace) starts several creates at once, makes sandboxes and then deletes, pauses or
-snapshots them all at once, or builds a template whose RUN step takes minutes. The outer side
-(`crash_during`, called by test_server.py from the root namespace) starts that client and
-watches the server's catalog and processes: the moment VMs are being restored for creates still
-in state `creating`, a sandbox being deleted is in state `killing` or gone, one is `pausing` or
-`snapshotting`, or the build's VM runs, it SIGKILLs the server. The caller restarts it and runs
-test_nothing_stale.py (and test_after_build_crash.py after a build).
+namespace) starts several creates at once, makes sandboxes (and pauses and resumes them, for
+repauses) and then deletes, pauses or snapshots them all at once, or builds a template whose RUN
+step takes minutes. The outer side (`crash_during`, called by test_server.py from the root
+namespace) starts that client and watches the server's catalog and processes: the moment VMs
+are being restored for creates still in state `creating`, a sandbox being deleted is in state
+`killing` or gone, one is `pausing` or `snapshotting` (for repauses: its checkpoint's state
+file is being written), or the build's VM runs, it SIGKILLs the server. The caller restarts it
+and runs test_nothing_stale.py (and test_after_build_crash.py after a build).
 """
 
 from __future__ import annotations
@@ -94,6 +95,10 @@ def _client(work: str) -> None:
         ids.append(response.json()["sandboxID"])
         # What a cut-short pause or snapshot must keep (test_nothing_stale.py reads it back).
         _write_marker(ids[-1])
+        if work == "repauses":  # resumed once: its next pause saves what changed since
+            for step, body in (("pause", None), ("resume", {"timeout": 600})):
+                url = f"{BASE}/sandboxes/{ids[-1]}/{step}"
+                httpx.post(url, json=body, headers=_key(), timeout=300).raise_for_status()
     Path(os.environ["AENV_HOME"], IN_FLIGHT_FILE).write_text(json.dumps({work: ids}))
     method, path = _REQUESTS[work]
     _concurrently([(method, path.format(id=sandbox_id), None) for sandbox_id in ids])
@@ -102,12 +107,14 @@ def _client(work: str) -> None:
 _REQUESTS = {
     "deletes": ("DELETE", "/sandboxes/{id}"),
     "pauses": ("POST", "/sandboxes/{id}/pause"),
+    "repauses": ("POST", "/sandboxes/{id}/pause"),
     "snapshots": ("POST", "/sandboxes/{id}/snapshots"),
 }
 # The catalog state a sandbox is in while each kind of work on it is under way.
 _UNDER_WAY = {
     "deletes": ("killing", "gone"),
     "pauses": ("pausing",),
+    "repauses": ("pausing",),
     "snapshots": ("snapshotting",),
 }
 
@@ -164,13 +171,33 @@ def _ops_started(home: Path) -> bool:
     )
 
 
+def _saves_streaming(home: Path) -> bool:
+    """A repause is writing its state: the checkpoint's `state` file has the first of the
+    changed pages QEMU streams through the filter, and no manifest yet."""
+    states = catalog_states(home) or {}
+    for sandbox_id in in_flight_ids(home).get("repauses", []):
+        if states.get(sandbox_id) != "pausing":
+            continue
+        for checkpoint in (Paths(home).sandboxes / sandbox_id).glob("pause-*"):
+            with contextlib.suppress(FileNotFoundError):
+                state = (checkpoint / "state").stat().st_size
+                if state > 0 and not (checkpoint / "snapshot.json").exists():
+                    return True
+    return False
+
+
 def crash_during(server: ServerNs, work: str, timeout: float = 600) -> str:
-    """Start `work` ("creates", "deletes", "pauses", "snapshots" or "builds") and SIGKILL the
-    server while it is under way.
+    """Start `work` ("creates", "deletes", "pauses", "repauses", "snapshots" or "builds") and
+    SIGKILL the server while it is under way: a repause (the pause of a sandbox paused and
+    resumed before, which saves only the pages it changed since) while its state streams in.
     Returns what the catalog held at that moment (for the failure message of the next check)."""
     home = server.home
     (home / IN_FLIGHT_FILE).unlink(missing_ok=True)
-    ready = {"creates": _creates_restoring, "builds": _build_vm_runs}.get(work, _ops_started)
+    ready = {
+        "creates": _creates_restoring,
+        "builds": _build_vm_runs,
+        "repauses": _saves_streaming,
+    }.get(work, _ops_started)
     client = subprocess.Popen(
         in_netns(server.netns, sys.executable, "-m", "tests.e2e.restart.in_flight", work),
         cwd=REPO, env=server.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
