@@ -1,15 +1,16 @@
 """kill -9 of the server while creates, deletes, pauses, snapshots or a template build are in
-flight, or while the pause of a resumed sandbox writes the pages it changed.
+flight, or while the pause or snapshot of a resumed sandbox writes the pages it changed.
 
 Two halves. The client (`python -m tests.e2e.restart.in_flight WORK`, run inside the server's
 namespace) starts several creates at once, makes sandboxes (and pauses and resumes them, for
-repauses) and then deletes, pauses or snapshots them all at once, or builds a template whose RUN
-step takes minutes. The outer side (`crash_during`, called by test_server.py from the root
-namespace) starts that client and watches the server's catalog and processes: the moment VMs
-are being restored for creates still in state `creating`, a sandbox being deleted is in state
-`killing` or gone, one is `pausing` or `snapshotting` (for repauses: its checkpoint's state
-file is being written), or the build's VM runs, it SIGKILLs the server. The caller restarts it
-and runs test_nothing_stale.py (and test_after_build_crash.py after a build).
+repauses and resnapshots) and then deletes, pauses or snapshots them all at once, or builds a
+template whose RUN step takes minutes. The outer side (`crash_during`, called by test_server.py
+from the root namespace) starts that client and watches the server's catalog and processes:
+the moment VMs are being restored for creates still in state `creating`, a sandbox being
+deleted is in state `killing` or gone, one is `pausing` or `snapshotting` (for repauses and
+resnapshots: its new state file is being written), or the build's VM runs, it SIGKILLs the
+server. The caller restarts it and runs test_nothing_stale.py (and test_after_build_crash.py
+after a build).
 """
 
 from __future__ import annotations
@@ -95,7 +96,7 @@ def _client(work: str) -> None:
         ids.append(response.json()["sandboxID"])
         # What a cut-short pause or snapshot must keep (test_nothing_stale.py reads it back).
         _write_marker(ids[-1])
-        if work == "repauses":  # resumed once: its next pause saves what changed since
+        if work in _RESUMED_FIRST:  # resumed once: its next save writes what changed since
             for step, body in (("pause", None), ("resume", {"timeout": 600})):
                 url = f"{BASE}/sandboxes/{ids[-1]}/{step}"
                 httpx.post(url, json=body, headers=_key(), timeout=300).raise_for_status()
@@ -108,6 +109,7 @@ _REQUESTS = {
     "deletes": ("DELETE", "/sandboxes/{id}"),
     "pauses": ("POST", "/sandboxes/{id}/pause"),
     "repauses": ("POST", "/sandboxes/{id}/pause"),
+    "resnapshots": ("POST", "/sandboxes/{id}/snapshots"),
     "snapshots": ("POST", "/sandboxes/{id}/snapshots"),
 }
 # The catalog state a sandbox is in while each kind of work on it is under way.
@@ -116,7 +118,10 @@ _UNDER_WAY = {
     "pauses": ("pausing",),
     "repauses": ("pausing",),
     "snapshots": ("snapshotting",),
+    "resnapshots": ("snapshotting",),
 }
+# Works on sandboxes paused and resumed first, cut while their save streams its state.
+_RESUMED_FIRST = ("repauses", "resnapshots")
 
 
 # -- the outer side -----------------------------------------------------------------------
@@ -172,24 +177,34 @@ def _ops_started(home: Path) -> bool:
 
 
 def _saves_streaming(home: Path) -> bool:
-    """A repause is writing its state: the checkpoint's `state` file has the first of the
-    changed pages QEMU streams through the filter, and no manifest yet."""
+    """A repause or resnapshot is writing its state: a new pause checkpoint's or snapshot
+    build's `state` file has the first of the changed pages QEMU streams through the filter,
+    and no manifest yet."""
+    ids = in_flight_ids(home)
     states = catalog_states(home) or {}
-    for sandbox_id in in_flight_ids(home).get("repauses", []):
-        if states.get(sandbox_id) != "pausing":
-            continue
-        for checkpoint in (Paths(home).sandboxes / sandbox_id).glob("pause-*"):
-            with contextlib.suppress(FileNotFoundError):
-                state = (checkpoint / "state").stat().st_size
-                if state > 0 and not (checkpoint / "snapshot.json").exists():
-                    return True
+    state_files = [
+        state
+        for work in _RESUMED_FIRST
+        for sandbox_id in ids.get(work, [])
+        if states.get(sandbox_id) in _UNDER_WAY[work]
+        for state in (
+            (Paths(home).sandboxes / sandbox_id).glob("pause-*/state")
+            if work == "repauses"
+            else Paths(home).templates.glob("*/*/state")  # a snapshot's build directory
+        )
+    ]
+    for state in state_files:
+        with contextlib.suppress(FileNotFoundError):
+            if state.stat().st_size > 0 and not (state.parent / "snapshot.json").exists():
+                return True
     return False
 
 
 def crash_during(server: ServerNs, work: str, timeout: float = 600) -> str:
-    """Start `work` ("creates", "deletes", "pauses", "repauses", "snapshots" or "builds") and
-    SIGKILL the server while it is under way: a repause (the pause of a sandbox paused and
-    resumed before, which saves only the pages it changed since) while its state streams in.
+    """Start `work` ("creates", "deletes", "pauses", "repauses", "snapshots", "resnapshots" or
+    "builds") and SIGKILL the server while it is under way: a repause or resnapshot (the save
+    of a sandbox paused and resumed before, which writes only the pages it changed since) while
+    its state streams in.
     Returns what the catalog held at that moment (for the failure message of the next check)."""
     home = server.home
     (home / IN_FLIGHT_FILE).unlink(missing_ok=True)
@@ -197,6 +212,7 @@ def crash_during(server: ServerNs, work: str, timeout: float = 600) -> str:
         "creates": _creates_restoring,
         "builds": _build_vm_runs,
         "repauses": _saves_streaming,
+        "resnapshots": _saves_streaming,
     }.get(work, _ops_started)
     client = subprocess.Popen(
         in_netns(server.netns, sys.executable, "-m", "tests.e2e.restart.in_flight", work),
