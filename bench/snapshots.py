@@ -20,7 +20,8 @@ longer fresh (`sequences`):
 - a resumed sandbox whose guest then writes 16 / 64 / 256 MiB into its tmpfs: `create_snapshot()`
   and `pause()` after that;
 - AENV_BENCH_CYCLES (100) pause/connect cycles of one sandbox with a process started before the
-  first: checked alive at every resume, with a file's content; first / last cycle and bytes.
+  first: checked alive at every resume, with a file's content; first / last tenth, and the 1st,
+  middle (50th of 100) and last cycle's pause, resume and bytes as they were.
 Every save reports the bytes it wrote (allocated MiB of what it left on disk) next to its time.
 
 Baseline: the plain `Sandbox.create()` of A and B, measured in the same run; ratios are medians
@@ -224,7 +225,9 @@ def cycles(home: Path) -> dict[str, Any]:
 
     sandbox = Sandbox.create(timeout=3600)
     sandbox.files.write("/home/user/kept", "kept across cycles")
-    pid = sandbox.commands.run("sleep 100000", background=True).pid
+    # timeout=0: the SDK's default 60 s bounds the process's life (envd kills it then), which
+    # ended an earlier 100-cycle run at cycle 50 with a lost process that was only that.
+    pid = sandbox.commands.run("sleep 100000", background=True, timeout=0).pid
     pauses: list[float] = []
     resumes: list[float] = []
     written: list[float] = []
@@ -246,9 +249,19 @@ def cycles(home: Path) -> dict[str, Any]:
     sandbox.kill()
     log(f"{CYCLES} cycles: resume first {resumes[0] * 1000:.0f} ms, last {resumes[-1] * 1000:.0f}")
     tenth = max(1, CYCLES // 10)
+    # The 1st, the middle and the last cycle as they were, next to the medians.
+    marks = sorted({1, (CYCLES + 1) // 2, CYCLES} & set(range(1, len(resumes) + 1)))
     return {
         "cycles": len(resumes),
         **lost,
+        "at_cycle": {
+            str(n): {
+                "pause_ms": round(pauses[n - 1] * 1000, 1),
+                "resume_ms": round(resumes[n - 1] * 1000, 1),
+                "pause_written_mib": written[n - 1],
+            }
+            for n in marks
+        },
         "pause_ms": summary_ms(pauses),
         "resume_ms": summary_ms(resumes),
         "first_tenth_resume_median_ms": round(statistics.median(resumes[:tenth]) * 1000, 1),

@@ -68,11 +68,12 @@ def _run_inner_suite(home: Path) -> None:
         server.stop()
         server.start()
         suite(server, "restart/test_after_shutdown.py")
-        # kill -9 while creates, deletes, pauses, snapshots, then a template build are in flight:
-        # after the restart the node reports only what runs or is paused, nothing of the
-        # cut-short work is left (restart/in_flight.py), and the build is reported failed and
-        # then builds.
-        for work in ("creates", "deletes", "pauses", "snapshots", "builds"):
+        # kill -9 while creates, deletes, pauses, snapshots, the pauses and snapshots of
+        # resumed sandboxes (mid-stream), then a template build are in flight: after the
+        # restart the node reports only what runs or is paused, nothing of the cut-short work
+        # is left (restart/in_flight.py), and the build is reported failed and then builds.
+        works = ("creates", "deletes", "pauses", "repauses", "snapshots", "resnapshots", "builds")
+        for work in works:
             start = time.monotonic()
             print(crash_during(server, work))
             server.start()

@@ -49,10 +49,14 @@ class Monitor:
         QEMU then reads or writes the file itself, with no helper process or pipe between)."""
         fd = os.open(path, flags | os.O_CLOEXEC, 0o600)  # guest state: private
         try:
-            self._client.send_fd_scm(fd)
-            await self.execute("getfd", fdname=name)
+            await self.pass_fd(name, fd)
         finally:
             os.close(fd)
+
+    async def pass_fd(self, name: str, fd: int) -> None:
+        """Hand QEMU a duplicate of open file `fd` as fd `name`; `fd` stays ours to close."""
+        self._client.send_fd_scm(fd)
+        await self.execute("getfd", fdname=name)
 
     async def wait_migration(self, proc: asyncio.subprocess.Process, limit_s: float) -> None:
         """Outgoing migration: until `query-migrate` reports completed."""

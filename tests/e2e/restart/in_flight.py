@@ -1,14 +1,16 @@
 """kill -9 of the server while creates, deletes, pauses, snapshots or a template build are in
-flight.
+flight, or while the pause or snapshot of a resumed sandbox writes the pages it changed.
 
 Two halves. The client (`python -m tests.e2e.restart.in_flight WORK`, run inside the server's
-namespace) starts several creates at once, makes sandboxes and then deletes, pauses or
-snapshots them all at once, or builds a template whose RUN step takes minutes. The outer side
-(`crash_during`, called by test_server.py from the root namespace) starts that client and
-watches the server's catalog and processes: the moment VMs are being restored for creates still
-in state `creating`, a sandbox being deleted is in state `killing` or gone, one is `pausing` or
-`snapshotting`, or the build's VM runs, it SIGKILLs the server. The caller restarts it and runs
-test_nothing_stale.py (and test_after_build_crash.py after a build).
+namespace) starts several creates at once, makes sandboxes (and pauses and resumes them, for
+repauses and resnapshots) and then deletes, pauses or snapshots them all at once, or builds a
+template whose RUN step takes minutes. The outer side (`crash_during`, called by test_server.py
+from the root namespace) starts that client and watches the server's catalog and processes:
+the moment VMs are being restored for creates still in state `creating`, a sandbox being
+deleted is in state `killing` or gone, one is `pausing` or `snapshotting` (for repauses and
+resnapshots: its new state file is being written), or the build's VM runs, it SIGKILLs the
+server. The caller restarts it and runs test_nothing_stale.py (and test_after_build_crash.py
+after a build).
 """
 
 from __future__ import annotations
@@ -94,6 +96,10 @@ def _client(work: str) -> None:
         ids.append(response.json()["sandboxID"])
         # What a cut-short pause or snapshot must keep (test_nothing_stale.py reads it back).
         _write_marker(ids[-1])
+        if work in _RESUMED_FIRST:  # resumed once: its next save writes what changed since
+            for step, body in (("pause", None), ("resume", {"timeout": 600})):
+                url = f"{BASE}/sandboxes/{ids[-1]}/{step}"
+                httpx.post(url, json=body, headers=_key(), timeout=300).raise_for_status()
     Path(os.environ["AENV_HOME"], IN_FLIGHT_FILE).write_text(json.dumps({work: ids}))
     method, path = _REQUESTS[work]
     _concurrently([(method, path.format(id=sandbox_id), None) for sandbox_id in ids])
@@ -102,14 +108,20 @@ def _client(work: str) -> None:
 _REQUESTS = {
     "deletes": ("DELETE", "/sandboxes/{id}"),
     "pauses": ("POST", "/sandboxes/{id}/pause"),
+    "repauses": ("POST", "/sandboxes/{id}/pause"),
+    "resnapshots": ("POST", "/sandboxes/{id}/snapshots"),
     "snapshots": ("POST", "/sandboxes/{id}/snapshots"),
 }
 # The catalog state a sandbox is in while each kind of work on it is under way.
 _UNDER_WAY = {
     "deletes": ("killing", "gone"),
     "pauses": ("pausing",),
+    "repauses": ("pausing",),
     "snapshots": ("snapshotting",),
+    "resnapshots": ("snapshotting",),
 }
+# Works on sandboxes paused and resumed first, cut while their save streams its state.
+_RESUMED_FIRST = ("repauses", "resnapshots")
 
 
 # -- the outer side -----------------------------------------------------------------------
@@ -164,13 +176,44 @@ def _ops_started(home: Path) -> bool:
     )
 
 
+def _saves_streaming(home: Path) -> bool:
+    """A repause or resnapshot is writing its state: a new pause checkpoint's or snapshot
+    build's `state` file has the first of the changed pages QEMU streams through the filter,
+    and no manifest yet."""
+    ids = in_flight_ids(home)
+    states = catalog_states(home) or {}
+    state_files = [
+        state
+        for work in _RESUMED_FIRST
+        for sandbox_id in ids.get(work, [])
+        if states.get(sandbox_id) in _UNDER_WAY[work]
+        for state in (
+            (Paths(home).sandboxes / sandbox_id).glob("pause-*/state")
+            if work == "repauses"
+            else Paths(home).templates.glob("*/*/state")  # a snapshot's build directory
+        )
+    ]
+    for state in state_files:
+        with contextlib.suppress(FileNotFoundError):
+            if state.stat().st_size > 0 and not (state.parent / "snapshot.json").exists():
+                return True
+    return False
+
+
 def crash_during(server: ServerNs, work: str, timeout: float = 600) -> str:
-    """Start `work` ("creates", "deletes", "pauses", "snapshots" or "builds") and SIGKILL the
-    server while it is under way.
+    """Start `work` ("creates", "deletes", "pauses", "repauses", "snapshots", "resnapshots" or
+    "builds") and SIGKILL the server while it is under way: a repause or resnapshot (the save
+    of a sandbox paused and resumed before, which writes only the pages it changed since) while
+    its state streams in.
     Returns what the catalog held at that moment (for the failure message of the next check)."""
     home = server.home
     (home / IN_FLIGHT_FILE).unlink(missing_ok=True)
-    ready = {"creates": _creates_restoring, "builds": _build_vm_runs}.get(work, _ops_started)
+    ready = {
+        "creates": _creates_restoring,
+        "builds": _build_vm_runs,
+        "repauses": _saves_streaming,
+        "resnapshots": _saves_streaming,
+    }.get(work, _ops_started)
     client = subprocess.Popen(
         in_netns(server.netns, sys.executable, "-m", "tests.e2e.restart.in_flight", work),
         cwd=REPO, env=server.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,

@@ -58,7 +58,7 @@ def test_sandboxes_cut_in_a_pause_or_snapshot_are_whole_or_gone() -> None:
     """A sandbox whose pause or snapshot the crash cut short is either still there and works
     (a paused one resumes with its files) or cleanly reported gone; never half of either."""
     listed = {s.sandbox_id: s.state.value for s in Sandbox.list().next_items()}
-    for work in ("pauses", "snapshots"):
+    for work in ("pauses", "repauses", "snapshots", "resnapshots"):
         for sandbox_id in in_flight_ids(HOME).get(work, []):
             if sandbox_id not in listed:
                 with pytest.raises(NotFoundException):
