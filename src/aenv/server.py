@@ -221,6 +221,7 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
     api = create_api(orchestrator, config, keys, boot_image)
     proxy = SandboxProxy(_Resolver(orchestrator), domain=config.domain, control_plane=api)
     orchestrator.vm_stopped.append(proxy.end_run)  # a stopped VM's streams end at once
+    orchestrator.hibernation.traffic = proxy  # idle hibernation waits for quiet traffic
     ksm = await _ksm(config, progress)
     return Node(config, keys, catalog, slots, orchestrator, cgroups, proxy, ksm)
 

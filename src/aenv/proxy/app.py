@@ -112,6 +112,10 @@ class SandboxProxy:
         except ProxyError as exc:
             await _answer(exc, scope, send)
 
+    def quiet_since(self, sandbox_id: str) -> float | None:
+        """See `Runs.quiet_since` (idle hibernation asks)."""
+        return self._runs.quiet_since(sandbox_id)
+
     def end_run(self, sandbox_id: str, incarnation: str) -> None:
         """A sandbox's VM stopped: end every exchange with that run of it now."""
         self._runs.end((sandbox_id, incarnation))
