@@ -700,9 +700,17 @@ class Orchestrator:
         """Make a pooled VM the sandbox's: its egress rules on the slot, then envd `/init`.
         None when the pooled VM failed (it is gone; the caller restores a new one)."""
         try:
+            start = time.perf_counter()
             await self._apply_egress(pooled.slot, _NO_EGRESS, record.network.egress)
+            egress = time.perf_counter()
             envd = EnvdClient(self._client, str(pooled.slot.address), base.envd_access_token)
             await self._init_envd(record, envd)
+            log.info(
+                "pool hit %s: egress %.1f ms, /init %.1f ms",
+                record.id,
+                (egress - start) * 1000,
+                (time.perf_counter() - egress) * 1000,
+            )
         except (*_FAILURES, OperationFailed) as e:
             log.warning("pooled VM %s failed at its take, restoring anew: %s", record.id, e)
             await self._discard(pooled)
