@@ -432,6 +432,7 @@ class QemuDriver:
         console: Path,
         tap_fd: int,
         machine: str,
+        incoming: bool,
     ) -> list[str]:
         accel = "kvm" if self.config.accel == "kvm" else f"tcg,tb-size={self.config.tb_size_mib}"
         shared_memory = "on" if memory.shared else "off"
@@ -456,12 +457,14 @@ class QemuDriver:
             "-chardev", f"file,id=con,path={_opt(console)},append=on",
             "-serial", "chardev:con",
             "-qmp", f"unix:{_opt(qmp)}",
-            "-kernel", str(spec.kernel),
-            "-append", spec.cmdline,
             "-S",
         ]  # fmt: skip
-        if spec.initrd:
-            argv += ["-initrd", str(spec.initrd)]
+        if not incoming:
+            # A restored guest booted long ago: QEMU would hold a copy of the kernel and
+            # initrd for the firmware (fw_cfg) all its life, ≈ 11 MiB a VMM, never read again.
+            argv += ["-kernel", str(spec.kernel), "-append", spec.cmdline]
+            if spec.initrd:
+                argv += ["-initrd", str(spec.initrd)]
         if jailed:
             argv += ["-sandbox", SECCOMP]
         for disk in spec.disks:
@@ -548,7 +551,7 @@ class QemuDriver:
             fd = -1 if tap_fd is None else tap_fd
             on = machine or _machine(self.config.accel)
             argv = await asyncio.to_thread(
-                self._argv, vm_id, spec, memory, qmp_path, console, fd, on
+                self._argv, vm_id, spec, memory, qmp_path, console, fd, on, machine is not None
             )
             if machine is not None:
                 argv += ["-incoming", "defer"]
