@@ -6,7 +6,8 @@ command, then left idle:
 - hibernated (once every sandbox is, per the catalog): VMMs left, the host memory used, and what
   each sandbox holds on disk (its checkpoint and disk layer) and on tmpfs;
 - a wake: `commands.run("true")` on each hibernated sandbox (restore + `/init` + the command),
-  against a second `true` in the same, awake sandbox; p50 of each.
+  against a second `true` right after in the same, awake sandbox; p50 of each (one sandbox
+  at a time, the second before the sandbox can hibernate again).
 Memory figures are host-wide (MemAvailable) and so move with other work on the host; the VMM
 count and the disk are the node's own. Prints one JSON document.
 
@@ -92,8 +93,10 @@ def client() -> None:
         disk = dir_size(paths.sandboxes)
         tmpfs = dir_size(paths.memory / "sandboxes")
         # One at a time: the latency a request sees, not the host's queue.
-        wakes = [timed(lambda s=s: s.commands.run("true")) for s in sandboxes]
-        seconds = [timed(lambda s=s: s.commands.run("true")) for s in sandboxes]
+        wakes, seconds = [], []
+        for sandbox in sandboxes:
+            wakes.append(timed(lambda s=sandbox: s.commands.run("true")))
+            seconds.append(timed(lambda s=sandbox: s.commands.run("true")))
         list(pool.map(lambda s: s.kill(), sandboxes))
     print(
         json.dumps(
