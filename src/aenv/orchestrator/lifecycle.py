@@ -1060,8 +1060,14 @@ class Orchestrator:
 
     async def hibernate_idle(self) -> None:
         """One look for idle sandboxes (`hibernation.Hibernation.due`): each is hibernated
-        unless its guest still runs a command, which starts its idle clock again."""
-        running = [r.id for r in self.catalog.list([SandboxState.RUNNING]) if not r.internal]
+        unless its guest still runs a command, which starts its idle clock again. Sandboxes
+        that mount volumes are left alone: their save keeps only the filesystem (`_save_mode`),
+        which would not be transparent."""
+        running = [
+            r.id
+            for r in self.catalog.list([SandboxState.RUNNING])
+            if not r.internal and not r.volume_mounts
+        ]
         self.hibernation.keep_only(running)
         for sandbox_id in self.hibernation.due(running):
             try:
@@ -1082,9 +1088,7 @@ class Orchestrator:
                 return
             if sandbox_id not in self.hibernation.due([sandbox_id]):
                 return  # traffic came while envd was asked
-            await self._pause_locked(
-                record, _save_mode(record, SaveMode.FULL), SandboxState.HIBERNATED
-            )
+            await self._pause_locked(record, SaveMode.FULL, SandboxState.HIBERNATED)
             log.info("sandbox %s hibernated", sandbox_id)
 
     async def wake(self, sandbox_id: str) -> None:
