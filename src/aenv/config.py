@@ -244,8 +244,6 @@ class Config(BaseModel):
     hibernate_after: int = 0
     # QEMU under TCG: each VMM's translation cache, in MiB (a bound on what it may grow to).
     tcg_tb_mib: int = 64
-    # glibc malloc arenas in each QEMU VMM (`MALLOC_ARENA_MAX`); 0 keeps glibc's default.
-    vmm_malloc_arena_max: int = 0
     # Every VMM runs jailed (README: Threat model). Off is for benchmarks and debugging only.
     jail: bool = True
     # Jailed VMMs: `jail_uid_base` is their group; each VMM has one of the `jail_uid_count`

@@ -119,7 +119,6 @@ async def _driver(
         firecracker=firecracker,
         jail=jail_config(config),
         tb_size_mib=config.tcg_tb_mib,
-        malloc_arena_max=config.vmm_malloc_arena_max,
     )
 
 

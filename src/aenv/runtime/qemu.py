@@ -41,7 +41,7 @@ import re
 import secrets
 import signal
 import weakref
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -105,9 +105,6 @@ class QemuConfig:
     discard: bool = True
     # TCG only: the translation cache's size (`-accel tcg,tb-size=`), in MiB.
     tb_size_mib: int = TCG_TB_MIB
-    # glibc's malloc arenas in a VMM (`MALLOC_ARENA_MAX`); 0 leaves glibc's default (8 per
-    # core). Each QEMU thread that allocates (vCPU, I/O workers, RCU) otherwise gets its own.
-    malloc_arena_max: int = 0
 
 
 def host_tsc_khz(cpuinfo: str | None = None) -> int:
@@ -560,11 +557,7 @@ class QemuDriver:
                 if jail is not None:
                     argv = await self._confine(held, jail, argv, spec, memory, qmp_path, console)
                 proc = await _spawn(
-                    argv,
-                    stderr_log,
-                    tap_fd,
-                    env=self._vmm_env(clean=jail is not None),
-                    shares=bool(spec.shares),
+                    argv, stderr_log, tap_fd, clean_env=jail is not None, shares=bool(spec.shares)
                 )
                 if self._cgroups is not None:
                     # Placed before the guest runs (-S): vCPU threads and helpers inherit it.
@@ -626,16 +619,6 @@ class QemuDriver:
         await asyncio.to_thread(_touch, made)
         files = await asyncio.to_thread(self._jail_files, spec, memory, qmp, console)
         return [*await held.enter_async_context(jail.assemble(files)), *argv]
-
-    def _vmm_env(self, *, clean: bool) -> dict[str, str] | None:
-        """A VMM's environment: a jailed one gets none of the server's (it may hold
-        credentials); both get the malloc tuning. None: the server's, unchanged."""
-        tuning = {}
-        if self.config.malloc_arena_max > 0:
-            tuning["MALLOC_ARENA_MAX"] = str(self.config.malloc_arena_max)
-        if clean:
-            return {**_JAIL_ENV, **tuning}
-        return {**os.environ, **tuning} if tuning else None
 
     def _new_jail(self) -> Jail | None:
         if self.config.jail is None or self._uids is None:
@@ -991,12 +974,7 @@ def _host_cpu_model() -> str:
 
 
 async def _spawn(
-    argv: Sequence[str],
-    stderr_log: Path,
-    tap_fd: int | None,
-    *,
-    env: Mapping[str, str] | None,
-    shares: bool,
+    argv: Sequence[str], stderr_log: Path, tap_fd: int | None, *, clean_env: bool, shares: bool
 ) -> asyncio.subprocess.Process:
     with stderr_log.open("wb") as err:
         return await asyncio.create_subprocess_exec(
@@ -1006,7 +984,8 @@ async def _spawn(
             stderr=err,
             start_new_session=True,  # one process group: kill takes any helper too
             pass_fds=() if tap_fd is None else (tap_fd,),
-            env=env,
+            # A jailed VMM gets none of the server's environment (it may hold credentials).
+            env=_JAIL_ENV if clean_env else None,
             # Files a VMM creates in a share get exactly `SHARE_FILE_MODES` (see `_argv`).
             umask=0 if shares else -1,
         )

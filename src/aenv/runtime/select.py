@@ -115,20 +115,13 @@ def driver_for(
     firecracker: FirecrackerConfig,
     jail: JailConfig | None,
     tb_size_mib: int = TCG_TB_MIB,
-    malloc_arena_max: int = 0,
 ) -> Driver:
     """The driver of the selected backend; `cgroups` holds QEMU's VMMs (Firecracker's config
     names its own cgroup parent and its jailer); `jail` None runs QEMU's VMMs unconfined;
-    `tb_size_mib` is QEMU's TCG translation cache, `malloc_arena_max` its VMMs' malloc arenas."""
+    `tb_size_mib` is QEMU's TCG translation cache."""
     if selection.backend is Backend.FIRECRACKER:
         return FirecrackerDriver(firecracker)
-    return qemu_driver(
-        selection,
-        cgroups=cgroups,
-        jail=jail,
-        tb_size_mib=tb_size_mib,
-        malloc_arena_max=malloc_arena_max,
-    )
+    return qemu_driver(selection, cgroups=cgroups, jail=jail, tb_size_mib=tb_size_mib)
 
 
 def qemu_driver(
@@ -136,7 +129,6 @@ def qemu_driver(
     cgroups: CgroupManager | None = None,
     jail: JailConfig | None = None,
     tb_size_mib: int = TCG_TB_MIB,
-    malloc_arena_max: int = 0,
 ) -> QemuDriver:
     """The QEMU driver for a qemu selection (the firecracker driver is built by its package);
     `jail` None runs its VMMs unconfined."""
@@ -147,7 +139,5 @@ def qemu_driver(
         accel = "tcg"
     else:
         raise ValueError(f"{selection.backend} is not a qemu backend")
-    config = QemuConfig(
-        accel=accel, jail=jail, tb_size_mib=tb_size_mib, malloc_arena_max=malloc_arena_max
-    )
+    config = QemuConfig(accel=accel, jail=jail, tb_size_mib=tb_size_mib)
     return QemuDriver(config, cgroups=cgroups)
