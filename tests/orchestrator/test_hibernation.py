@@ -22,8 +22,13 @@ class OpenExchange:
         return None
 
 
-async def hibernated(node: DoubleNode, sandbox_id: str) -> None:
+def enable(node: DoubleNode) -> None:
+    """Hibernation on with a tiny `after`, and no background looks (the node's config has it
+    off): the test takes them."""
     node.orchestrator.hibernation.after = AFTER
+
+
+async def hibernated(node: DoubleNode, sandbox_id: str) -> None:
     time.sleep(AFTER)  # the idle clock of a sandbox just created passes `after`
     await node.orchestrator.hibernate_idle()
     assert node.row(sandbox_id).state is SandboxState.HIBERNATED
@@ -31,6 +36,7 @@ async def hibernated(node: DoubleNode, sandbox_id: str) -> None:
 
 async def test_idle_sandbox_hibernates_and_its_next_request_wakes_it(tmp_path: Path) -> None:
     async with double_node(tmp_path) as node:
+        enable(node)
         orc = node.orchestrator
         record, _ = await orc.create(node.request())
         node.guest(record.id).write("/home/user/note", "in memory")
@@ -50,10 +56,10 @@ async def test_idle_sandbox_hibernates_and_its_next_request_wakes_it(tmp_path: P
 
 async def test_a_running_command_or_open_exchange_keeps_it_awake(tmp_path: Path) -> None:
     async with double_node(tmp_path) as node:
+        enable(node)
         orc = node.orchestrator
         busy, _ = await orc.create(node.request())
         node.guest(busy.id).running.append(42)
-        orc.hibernation.after = AFTER
         time.sleep(AFTER)
         await orc.hibernate_idle()
         assert node.row(busy.id).state is SandboxState.RUNNING
@@ -71,6 +77,7 @@ async def test_hibernated_sandbox_pauses_for_good_times_out_and_is_killed(
     tmp_path: Path,
 ) -> None:
     async with double_node(tmp_path) as node:
+        enable(node)
         orc = node.orchestrator
         paused, _ = await orc.create(node.request())
         ends, _ = await orc.create(node.request())

@@ -57,8 +57,10 @@ class Hibernation:
         return max(0.5, min(self.after / 4, 15.0))
 
     def awake(self, sandbox_id: str) -> None:
-        """The sandbox started running (or was found busy): its idle clock starts again."""
-        self._since[sandbox_id] = time.monotonic()
+        """The sandbox started running (or was found busy): its idle clock starts again.
+        Nothing is kept while hibernation is off (no look would ever drop it)."""
+        if self.enabled:
+            self._since[sandbox_id] = time.monotonic()
 
     def keep_only(self, sandbox_ids: Iterable[str]) -> None:
         keep = set(sandbox_ids)
