@@ -81,8 +81,10 @@ RAM_BLOCK = "mem"  # the guest RAM's backend id, hence its RAM block's name in s
 MIGRATE_BANDWIDTH = 100 << 30  # bytes/s: effectively unlimited
 VMM_OVERHEAD_MIB = 192  # QEMU heap + TCG translation cache (bounded by tb-size below)
 # TCG translation cache per VMM, in MiB. QEMU 7.2 defaults to 1 GiB (of which an idle guest
-# fills a few MiB); a bound keeps a guest that runs much code from holding more.
-TCG_TB_MIB = 64
+# fills a few MiB); a bound keeps a guest that runs much code from holding more. 48 holds an
+# agent-like workload's code as 64 did (same latency) for 16 MiB less a used sandbox; 32 is
+# too small (the workload 3x slower): bench/vmm_memory.py, docs/density.md.
+TCG_TB_MIB = 48
 # How a VM's 9p shares (volumes) store files. mapped-xattr: the guest's owner and mode live in
 # extended attributes, so guests see and change them as on any filesystem (a jailed VMM could
 # not chown the host files). On the host every file is readable and writable by all (fmode,
