@@ -299,7 +299,12 @@ def client() -> None:
                 want = TB_N - len(sandboxes)
             # A step must not cross the floor: sandboxes grow after their create (first
             # commands, page copies), so a step is sized by what the last ones cost, with room.
-            each = 1.5 * (steps[-1]["host_used_per_sandbox_mib"] if steps else 64)
+            # On a shared host the MemAvailable drop can be negative (other jobs freed memory):
+            # never size a step by less than what the node's own VMMs hold.
+            last = steps[-1] if steps else {}
+            each = 1.5 * max(
+                last.get("host_used_per_sandbox_mib", 64), last.get("vmm_uss_mib_median", 64)
+            )
             want = min(want, int((available_mib() - FLOOR_MB) / each))
             if want <= 0:
                 stopped = f"host available memory near {FLOOR_MB} MiB"
