@@ -19,9 +19,10 @@ step just taken (technique off):
 - KSM for AENV_BENCH_DENSITY_KSM_S (60 s; the host's setting restored after): pages merged and
   host memory after.
 Phase "small_tb": a second server whose VMMs have a AENV_BENCH_DENSITY_TB_MIB MiB TCG
-translation cache instead of 64 (default 16: with 8, envd's start in the template build thrashes
-the cache), with AENV_BENCH_DENSITY_TB_N (10) sandboxes; compared with the default phase's step
-of the same size: VMM USS and `commands.run("true")` latency.
+translation cache instead of the node's default (`TCG_TB_MIB`) (default 16: with 8, envd's
+start in the template build thrashes the cache), with AENV_BENCH_DENSITY_TB_N (10) sandboxes;
+compared with the default phase's step of the same size: VMM USS and `commands.run("true")`
+latency.
 
 The 400-sandbox run (quiet machine): `sudo .venv/bin/python bench/density.py` (defaults);
 a moderate one: `AENV_BENCH_DENSITY_MAX=40 AENV_BENCH_DENSITY_STEP=10 ...`; `--plot run.json`
@@ -55,6 +56,7 @@ from server_ns import (
 
 from aenv.config import Paths
 from aenv.runtime.ksm import Ksm, KsmSettings, merged_pages
+from aenv.runtime.qemu import TCG_TB_MIB
 
 MAX = int(os.environ.get("AENV_BENCH_DENSITY_MAX", "400"))
 STEP = int(os.environ.get("AENV_BENCH_DENSITY_STEP", "50"))
@@ -297,7 +299,12 @@ def client() -> None:
                 want = TB_N - len(sandboxes)
             # A step must not cross the floor: sandboxes grow after their create (first
             # commands, page copies), so a step is sized by what the last ones cost, with room.
-            each = 1.5 * (steps[-1]["host_used_per_sandbox_mib"] if steps else 64)
+            # On a shared host the MemAvailable drop can be negative (other jobs freed memory):
+            # never size a step by less than what the node's own VMMs hold.
+            last = steps[-1] if steps else {}
+            each = 1.5 * max(
+                last.get("host_used_per_sandbox_mib", 64), last.get("vmm_uss_mib_median", 64)
+            )
             want = min(want, int((available_mib() - FLOOR_MB) / each))
             if want <= 0:
                 stopped = f"host available memory near {FLOOR_MB} MiB"
@@ -386,7 +393,8 @@ def plot(default: dict[str, Any], small: dict[str, Any]) -> None:
     fig, (mem, cpu) = plt.subplots(1, 2, figsize=(11, 4.2))
     steps, tb_steps = default["steps"], small["steps"]
     xs = [s["sandboxes"] for s in steps]
-    mem.plot(xs, [uss_sum(s) for s in steps], "o-", label="VMMs' USS, all off (64 MiB TB)")
+    default_tb = f"{default.get('tcg_tb_mib', TCG_TB_MIB)} MiB TB"
+    mem.plot(xs, [uss_sum(s) for s in steps], "o-", label=f"VMMs' USS, all off ({default_tb})")
     mem.plot(xs, [s["host_used_mib"] for s in steps], ".--", label="host-wide used (noisy)")
     top = xs[-1] if xs else 0
     for key, label, marker in (("trim", "+ page-cache trim", "s"), ("ksm", "+ KSM", "^")):
@@ -398,7 +406,7 @@ def plot(default: dict[str, Any], small: dict[str, Any]) -> None:
     mem.set_xlabel("idle sandboxes held (512 MiB guests; nominal 512 MiB each)")
     mem.set_ylabel("memory, MiB")
     mem.legend(fontsize=8)
-    cpu.plot(xs, [s["idle_cores"] for s in steps], "o-", label="64 MiB TB")
+    cpu.plot(xs, [s["idle_cores"] for s in steps], "o-", label=default_tb)
     cpu.plot(tb_x, [s["idle_cores"] for s in tb_steps], "x", label=tb_label.split(", ")[1])
     cpu.set_xlabel("idle sandboxes held")
     cpu.set_ylabel("host CPU of the VMMs, cores")
@@ -409,7 +417,7 @@ def plot(default: dict[str, Any], small: dict[str, Any]) -> None:
 
 
 def main() -> None:
-    default = phase("default", 64, MAX)
+    default = phase("default", TCG_TB_MIB, MAX)
     try:
         small = phase("small_tb", TB_MIB, TB_N)
     except RuntimeError as error:  # the default phase's figures are still worth printing

@@ -7,6 +7,10 @@ on (`AENV_POOL_MAX` = AENV_BENCH_POOL_MAX).
   on, each run waits (untimed) until the pool holds a VM, so every timed create is a hit: the
   steady state of a node whose pool keeps up with its creates. The ratio hit / miss is the
   figure; the server's own hit and miss counters confirm what each run was;
+- where a sequential create's time goes: `Sandbox.create()` returned, then the first command,
+  then a second one in the same sandbox (what a command costs once the sandbox's connection
+  and guest code are warm), and from the server's log its take of a pooled VM: the egress
+  rules put on its slot and envd `/init`;
 - creates per second sustained: a few workers each looping create + `run("true")` + kill for a
   while, with the pool's hits and misses over that time (a pool refills only once creates
   paused for a second, so creates back to back miss and take today's path).
@@ -25,6 +29,7 @@ import statistics
 import sys
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from server import create_and_run, kill_all
@@ -69,21 +74,49 @@ def delta(before: dict[str, float], after: dict[str, float]) -> dict[str, float]
     return {k: after[k] - before[k] for k in before}
 
 
+def second_command(sandbox_id: str) -> float:
+    """Seconds a second `commands.run("true")` in the sandbox takes."""
+    from e2b import Sandbox
+
+    sbx = Sandbox.connect(sandbox_id)
+    start = time.perf_counter()
+    sbx.commands.run("true")
+    return time.perf_counter() - start
+
+
+def takes_ms(home: Path) -> dict[str, Any]:
+    """The server log's pooled-VM takes: egress rules and envd `/init`, ms each."""
+    text = (home / "server.log").read_text(errors="replace")
+    found = re.findall(r"pool hit \S+: egress (\S+) ms, /init (\S+) ms", text)
+    if not found:
+        return {}
+    return {
+        "egress_ms": summary_ms([float(e) / 1000 for e, _ in found]),
+        "init_ms": summary_ms([float(i) / 1000 for _, i in found]),
+    }
+
+
 def sequential(pooled: bool) -> dict[str, Any]:
     before = pool_counts()
-    creates, totals = [], []
+    creates, firsts, seconds, totals = [], [], [], []
     for _ in range(CREATE_RUNS):
         if pooled:
             wait_until(lambda: metric("aenv_pool_vms") >= 1, 300)
         sandbox_id, created, total = create_and_run()
         creates.append(created)
+        firsts.append(total - created)
         totals.append(total)
+        seconds.append(second_command(sandbox_id))
         kill_all([sandbox_id])
     log(f"  create to first command median {statistics.median(totals) * 1000:.0f} ms")
     return {
         "runs": CREATE_RUNS,
         "create_ms": summary_ms(creates),
+        "first_command_ms": summary_ms(firsts),
+        "second_command_ms": summary_ms(seconds),
         "create_to_first_command_ms": summary_ms(totals),
+        "take": takes_ms(Path(os.environ["AENV_HOME"])),
+        "load_average": os.getloadavg(),
         "pool": delta(before, pool_counts()),
     }
 

@@ -238,8 +238,12 @@ class Config(BaseModel):
     ksm: bool = False
     ksm_pages_to_scan: int = 1000
     ksm_sleep_ms: int = 20
+    # Idle hibernation: a running sandbox with no data-plane traffic and no command running
+    # for this many seconds is paused behind the API's back and woken by its next request
+    # (docs/density.md). 0 (the default) turns it off: it stops background processes.
+    hibernate_after: int = 0
     # QEMU under TCG: each VMM's translation cache, in MiB (a bound on what it may grow to).
-    tcg_tb_mib: int = 64
+    tcg_tb_mib: int = 48
     # Every VMM runs jailed (README: Threat model). Off is for benchmarks and debugging only.
     jail: bool = True
     # Jailed VMMs: `jail_uid_base` is their group; each VMM has one of the `jail_uid_count`

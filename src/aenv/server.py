@@ -27,7 +27,7 @@ from aenv.network.dns import host_resolver
 from aenv.orchestrator.catalog import Catalog
 from aenv.orchestrator.images import GuestImages, prepare_images
 from aenv.orchestrator.kinds import TemplateKind
-from aenv.orchestrator.lifecycle import Orchestrator, SandboxNotFound
+from aenv.orchestrator.lifecycle import OperationFailed, Orchestrator, SandboxNotFound
 from aenv.orchestrator.repository import open_archive
 from aenv.orchestrator.templates import (
     BuildRequest,
@@ -40,6 +40,7 @@ from aenv.orchestrator.templates import (
 from aenv.proxy.app import SandboxProxy
 from aenv.proxy.resolver import SandboxNotFound as ProxyNotFound
 from aenv.proxy.resolver import SandboxPaused as ProxyPaused
+from aenv.proxy.resolver import SandboxUnavailable as ProxyUnavailable
 from aenv.proxy.resolver import Upstream
 from aenv.runtime.cgroups import CgroupManager, CgroupV1, detect
 from aenv.runtime.driver import Driver
@@ -221,6 +222,7 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
     api = create_api(orchestrator, config, keys, boot_image)
     proxy = SandboxProxy(_Resolver(orchestrator), domain=config.domain, control_plane=api)
     orchestrator.vm_stopped.append(proxy.end_run)  # a stopped VM's streams end at once
+    orchestrator.hibernation.traffic = proxy  # idle hibernation waits for quiet traffic
     ksm = await _ksm(config, progress)
     return Node(config, keys, catalog, slots, orchestrator, cgroups, proxy, ksm)
 
@@ -265,6 +267,8 @@ class _Resolver:
             if self._orchestrator.is_paused(sandbox_id):
                 raise ProxyPaused(sandbox_id) from e
             raise ProxyNotFound(sandbox_id) from e
+        except OperationFailed as e:  # an auto-resume or a wake that failed
+            raise ProxyUnavailable(sandbox_id, str(e)) from e
         record = endpoint.record
         return Upstream(
             endpoint.host,

@@ -50,6 +50,8 @@ class Guest:
     syncs: int = 0
     metrics_asked: int = 0  # `/metrics` requests answered
     runs: list[tuple[str, str]] = field(default_factory=list)  # (user, command)
+    # Pids of commands envd runs (`process.Process/List`); tests set them.
+    running: list[int] = field(default_factory=list)
 
     def write(self, path: str, content: str) -> None:
         self.written[path] = content
@@ -80,10 +82,21 @@ COMMANDS = "/var/log/double-commands"
 # The generated Protocol is untyped (its module is excluded from type checks); subclassing it
 # keeps its UNIMPLEMENTED answers for the methods the double leaves out.
 class _Processes(Process):  # type: ignore[misc]
-    """`process.Process/Start` of the double: records the command, answers start, output, end."""
+    """`process.Process/Start` of the double: records the command, answers start, output, end;
+    `List` answers the guest's `running` pids."""
 
     def __init__(self, guest: Guest) -> None:
         self.guest = guest
+
+    async def list(
+        self, request: pb.ListRequest, ctx: RequestContext[pb.ListRequest, pb.ListResponse]
+    ) -> pb.ListResponse:
+        if (
+            self.guest.token is not None
+            and ctx.request_headers.get(TOKEN_HEADER) != self.guest.token
+        ):
+            raise ConnectError(Code.UNAUTHENTICATED, "unauthorized")
+        return pb.ListResponse(processes=[pb.ProcessInfo(pid=pid) for pid in self.guest.running])
 
     async def start(
         self, request: pb.StartRequest, ctx: RequestContext[pb.StartRequest, pb.StartResponse]

@@ -89,6 +89,7 @@ def _run_inner_suite(home: Path) -> None:
         del server.env["AENV_MAX_SANDBOXES"]
         _publish_at_start(server)
         _warm_pools(server)
+        _hibernation(server)
         server.start()
 
 
@@ -120,6 +121,15 @@ def _warm_pools(server: ServerNs) -> None:
     sandboxes = Paths(server.home).sandboxes
     assert not list(sandboxes.glob(f"*/{warm.MARKER}")), "pooled VMs' files outlived the stop"
     del server.env["AENV_POOL_MAX"]
+
+
+def _hibernation(server: ServerNs) -> None:
+    """Idle hibernation on, after 2 s (restart/test_hibernation.py)."""
+    server.env["AENV_HIBERNATE_AFTER"] = "2"
+    server.start()
+    suite(server, "restart/test_hibernation.py")
+    server.stop()
+    del server.env["AENV_HIBERNATE_AFTER"]
 
 
 def _old_sdk_venv() -> str:

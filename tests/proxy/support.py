@@ -20,7 +20,7 @@ from starlette.routing import Route, WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 from starlette.websockets import WebSocket, WebSocketDisconnect
 
-from aenv.proxy import SandboxNotFound, SandboxPaused, Upstream
+from aenv.proxy import SandboxNotFound, SandboxPaused, SandboxUnavailable, Upstream
 from tests.support.ports import free_port
 
 # Long enough for a loaded machine; it only keeps a broken proxy from hanging the suite.
@@ -34,6 +34,8 @@ class FakeSandbox:
     ports: dict[int, int]
     traffic_access_token: str | None = None
     paused: bool = False
+    # Set: the resolver cannot wake it (`SandboxUnavailable` with this reason).
+    unavailable: str | None = None
     incarnation: str = ""
     mask_request_host: str | None = None
 
@@ -51,6 +53,8 @@ class DictResolver:
             raise SandboxNotFound(sandbox_id)
         if sandbox.paused:
             raise SandboxPaused(sandbox_id)
+        if sandbox.unavailable is not None:
+            raise SandboxUnavailable(sandbox_id, sandbox.unavailable)
         local = sandbox.ports.get(port, self.closed_port)
         return Upstream(
             "127.0.0.1",

@@ -150,6 +150,19 @@ async def test_paused_sandbox(proxy_url: str, resolver: DictResolver) -> None:
     assert "paused" in r.json()["message"]
 
 
+async def test_sandbox_that_cannot_be_woken(proxy_url: str, resolver: DictResolver) -> None:
+    """A failed wake (or auto-resume) is a JSON 503 naming the reason, not a traceback."""
+    resolver.sandboxes["sleepysandbox0000001"] = FakeSandbox({}, unavailable="restore failed")
+    try:
+        async with httpx.AsyncClient() as client:
+            r = await client.get(f"{proxy_url}/", headers=routed("sleepysandbox0000001"))
+    finally:
+        del resolver.sandboxes["sleepysandbox0000001"]
+    assert r.status_code == 503
+    assert r.json()["code"] == 503 and r.json()["sandboxId"] == "sleepysandbox0000001"
+    assert "restore failed" in r.json()["message"]
+
+
 async def test_traffic_access_token(
     proxy_url: str, resolver: DictResolver, sandbox_id: str
 ) -> None:

@@ -110,3 +110,25 @@ async def test_a_websocket_is_closed(proxy: tuple[SandboxProxy, str]) -> None:
                 while True:
                     await websocket.recv()
     assert closed.value.rcvd is not None and closed.value.rcvd.code == 1011
+
+
+async def test_quiet_since_is_none_while_a_stream_is_open(
+    proxy: tuple[SandboxProxy, str], run_probe: Probe
+) -> None:
+    """What idle hibernation asks: an open stream keeps a sandbox busy; once it ends, the
+    sandbox has been quiet since then."""
+    app, address = proxy
+    assert app.quiet_since(SANDBOX) == 0.0  # no exchange yet
+    async with (
+        httpx.AsyncClient(timeout=WAIT) as client,
+        client.stream("GET", f"http://{address}/endless", headers=HEADERS) as response,
+    ):
+        await anext(response.aiter_bytes())
+        assert app.quiet_since(SANDBOX) is None
+    await _when(run_probe.endless_disconnected)
+    for _ in range(100):  # the proxy sees the client go when its next write fails
+        if app.quiet_since(SANDBOX) is not None:
+            break
+        await asyncio.sleep(0.05)
+    ended = app.quiet_since(SANDBOX)
+    assert ended is not None and ended > 0.0

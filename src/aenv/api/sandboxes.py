@@ -47,7 +47,7 @@ from aenv.orchestrator.lifecycle import (
     SandboxNotFound,
 )
 from aenv.orchestrator.metrics_history import Sample
-from aenv.orchestrator.states import with_public
+from aenv.orchestrator.states import LIVE, with_public
 from aenv.orchestrator.templates import TemplateNotFound
 from aenv.orchestrator.volumes import VolumeNotFound
 
@@ -325,7 +325,8 @@ class SandboxRoutes:
         now = time.time()
         latest = history.latest(record.id)
         stale = latest is None or now - latest.ts >= history.interval
-        if record.state.public == "running" and start <= int(now) <= end and stale:
+        # A hibernated sandbox has no VM to sample (and is not woken for it): its history only.
+        if record.state in LIVE and start <= int(now) <= end and stale:
             try:
                 await self.orc.sample_now(record.id)
             except (SandboxNotFound, EnvdUnavailable) as e:

@@ -39,7 +39,7 @@ from aenv.envd import ENVD_VERSION
 from aenv.ids import new_access_token, new_sandbox_id
 from aenv.network import EgressPolicy, NftError, Slot, SlotProvider, SlotReclaimer
 from aenv.network.settings import SandboxNetwork, SlotEgress
-from aenv.orchestrator import checkpoints, consoles, detach, metrics_history, warm
+from aenv.orchestrator import checkpoints, consoles, detach, hibernation, metrics_history, warm
 from aenv.orchestrator.admission import HostMemory, MemoryBudget, Refusal
 from aenv.orchestrator.archive import Archive
 from aenv.orchestrator.background import PerSandbox
@@ -52,7 +52,7 @@ from aenv.orchestrator.metrics_history import MetricsHistory
 from aenv.orchestrator.reserve import HostReserve
 from aenv.orchestrator.residency import ResidencyListener, tell
 from aenv.orchestrator.saved import SavedStates
-from aenv.orchestrator.states import KILLABLE, LIVE, SAVED, SandboxState
+from aenv.orchestrator.states import ASLEEP, KILLABLE, LIVE, SAVED, SandboxState
 from aenv.orchestrator.templates import BOOT_READY_TIMEOUT, Template, TemplateStore
 from aenv.orchestrator.volumes import VolumeStore, guest_mounts
 from aenv.orchestrator.warm import Pooled, WarmPools
@@ -230,6 +230,8 @@ class Orchestrator:
         # Told which sandboxes come and go (a cluster node's agent), see `residency`.
         self.residency: list[ResidencyListener] = []
         self.metrics = MetricsHistory()
+        # Idle hibernation; the server gives it the proxy's view of the traffic.
+        self.hibernation = hibernation.Hibernation(config.hibernate_after)
         self.volumes = VolumeStore(catalog, config.paths.volumes, driver.no_shares)
 
     # -- start-up and shutdown ------------------------------------------------------------
@@ -268,6 +270,8 @@ class Orchestrator:
         self._spawn(self.saved.collect_repository())
         self._spawn(self._housekeeping())
         self._spawn(self._sample_forever())
+        if self.hibernation.enabled:
+            self._spawn(self._hibernate_forever())
         if self.pools.enabled:
             self._refiller = asyncio.get_running_loop().create_task(self._refill_forever())
 
@@ -291,7 +295,7 @@ class Orchestrator:
             await asyncio.gather(self._refiller, return_exceptions=True)
         for pooled in self.pools.drain():
             await self._discard(pooled)
-        running = [r.id for r in self.catalog.list([SandboxState.RUNNING])]
+        running = [r.id for r in self.catalog.list([SandboxState.RUNNING, *ASLEEP])]
         await asyncio.gather(*(self._park(sandbox_id) for sandbox_id in running))
         for sandbox_id in list(self._live):
             await self.kill(sandbox_id)
@@ -696,9 +700,17 @@ class Orchestrator:
         """Make a pooled VM the sandbox's: its egress rules on the slot, then envd `/init`.
         None when the pooled VM failed (it is gone; the caller restores a new one)."""
         try:
+            start = time.perf_counter()
             await self._apply_egress(pooled.slot, _NO_EGRESS, record.network.egress)
+            egress = time.perf_counter()
             envd = EnvdClient(self._client, str(pooled.slot.address), base.envd_access_token)
             await self._init_envd(record, envd)
+            log.info(
+                "pool hit %s: egress %.1f ms, /init %.1f ms",
+                record.id,
+                (egress - start) * 1000,
+                (time.perf_counter() - egress) * 1000,
+            )
         except (*_FAILURES, OperationFailed) as e:
             log.warning("pooled VM %s failed at its take, restoring anew: %s", record.id, e)
             await self._discard(pooled)
@@ -783,6 +795,7 @@ class Orchestrator:
             try:
                 await envd.wait_healthy(RESTORE_READY_TIMEOUT)
                 await _warm_up(envd, template.default_user or "user")
+                await _rehearse_init(envd, template, sandbox_id)
             except BaseException:
                 await self._stop_vm(vm, slot)
                 raise
@@ -889,6 +902,7 @@ class Orchestrator:
 
     def _started(self, record: SandboxRecord, live: _Live) -> None:
         self._schedule_expiry(record)
+        self.hibernation.awake(record.id)
         self._spawn(self._watch_vmm(record.id, live))
 
     async def _watch_vmm(self, sandbox_id: str, live: _Live) -> None:
@@ -963,9 +977,12 @@ class Orchestrator:
            On failure the checkpoint is removed and the sandbox runs on (PAUSING -> RUNNING).
         4. Free the slot; PAUSING -> PAUSED with the new `checkpoint_seq` and `checkpoint_mode`.
         5. Prune older checkpoints; detach and upload this one in the background.
-        A sandbox with volumes saves its filesystem only (`_save_mode`)."""
+        A sandbox with volumes saves its filesystem only (`_save_mode`). A hibernated sandbox is
+        saved already: its checkpoint becomes the pause's."""
         async with self._lock(sandbox_id):
             record = self.get(sandbox_id)
+            if record.state is SandboxState.HIBERNATED:
+                return await self._pause_hibernated(record)
             if record.state is not SandboxState.RUNNING:
                 raise InvalidState(sandbox_id, record.state, "pause")
             mode = _save_mode(record, mode)
@@ -975,43 +992,127 @@ class Orchestrator:
                     await self._envd(record).wait_healthy(5.0)
                 except EnvdUnavailable as e:
                     raise GuestUnhealthy(f"sandbox {sandbox_id}: envd is not answering") from e
-            live = self._live_of(sandbox_id)
-            sandbox_dir = self._dirs(sandbox_id)[0]
-            seq = record.checkpoint_seq + 1
-            target = checkpoints.pause_dir(sandbox_dir, seq)
-            self.catalog.transition(sandbox_id, [SandboxState.RUNNING], SandboxState.PAUSING)
+            return await self._pause_locked(record, mode, SandboxState.PAUSED)
+
+    async def _pause_locked(
+        self, record: SandboxRecord, mode: SaveMode, to: SandboxState
+    ) -> SandboxRecord:
+        """Steps 2-5 of `pause` (the caller holds the lock, the sandbox runs), ending in `to`:
+        PAUSED, or HIBERNATED, whose timeout keeps running and whose checkpoint stays local
+        (it is detached and uploaded only if the sandbox is then paused for good)."""
+        sandbox_id = record.id
+        live = self._live_of(sandbox_id)
+        sandbox_dir = self._dirs(sandbox_id)[0]
+        seq = record.checkpoint_seq + 1
+        target = checkpoints.pause_dir(sandbox_dir, seq)
+        self.catalog.transition(sandbox_id, [SandboxState.RUNNING], SandboxState.PAUSING)
+        if to is SandboxState.PAUSED:
             self._cancel_timer(sandbox_id)
-            live.planned_exit = True
-            try:
-                if mode is SaveMode.FILESYSTEM:
-                    await self._envd(record).sync()
-                await asyncio.to_thread(target.mkdir)
-                saved = await live.vm.snapshot(
-                    SnapshotTarget(target, target), keep_running=False, machine_state=mode.memory
-                )
-            except _FAILURES as e:
-                await asyncio.to_thread(shutil.rmtree, target, True)
-                live.planned_exit = False
-                restored = self.catalog.transition(
-                    sandbox_id, [SandboxState.PAUSING], SandboxState.RUNNING
-                )
-                if restored is not None:
-                    self._schedule_expiry(restored)
-                raise OperationFailed(f"pause of sandbox {sandbox_id} failed: {e}") from e
-            self._live.pop(sandbox_id, None)
-            await self._stop(sandbox_id, live)
-            paused = self.catalog.transition(
-                sandbox_id,
-                [SandboxState.PAUSING],
-                SandboxState.PAUSED,
-                checkpoint_seq=seq,
-                checkpoint_mode=mode,
+        live.planned_exit = True
+        try:
+            if mode is SaveMode.FILESYSTEM:
+                await self._envd(record).sync()
+            await asyncio.to_thread(target.mkdir)
+            saved = await live.vm.snapshot(
+                SnapshotTarget(target, target), keep_running=False, machine_state=mode.memory
             )
-            assert paused is not None
-            await self._settling.cancel(sandbox_id)  # an earlier pause's: uploads stay in order
-            await asyncio.to_thread(checkpoints.prune_pauses, sandbox_dir, seq)
+        except _FAILURES as e:
+            await asyncio.to_thread(shutil.rmtree, target, True)
+            live.planned_exit = False
+            restored = self.catalog.transition(
+                sandbox_id, [SandboxState.PAUSING], SandboxState.RUNNING
+            )
+            if restored is not None:
+                self._schedule_expiry(restored)
+            raise OperationFailed(f"pause of sandbox {sandbox_id} failed: {e}") from e
+        self._live.pop(sandbox_id, None)
+        await self._stop(sandbox_id, live)
+        paused = self.catalog.transition(
+            sandbox_id,
+            [SandboxState.PAUSING],
+            to,
+            checkpoint_seq=seq,
+            checkpoint_mode=mode,
+        )
+        assert paused is not None
+        await self._settling.cancel(sandbox_id)  # an earlier pause's: uploads stay in order
+        await asyncio.to_thread(checkpoints.prune_pauses, sandbox_dir, seq)
+        if to is SandboxState.PAUSED:
             self._settling.start(sandbox_id, self._settle_pause(paused, seq, saved))
-            return paused
+        return paused
+
+    async def _pause_hibernated(self, record: SandboxRecord) -> SandboxRecord:
+        """A pause of a hibernated sandbox (the caller holds the lock): its checkpoint is the
+        pause's, detached and uploaded as a pause's; its timeout stops."""
+        paused = self.catalog.transition(record.id, [SandboxState.HIBERNATED], SandboxState.PAUSED)
+        assert paused is not None
+        self._cancel_timer(record.id)
+        saved = await self.saved.paused_checkpoint(paused)
+        self._settling.start(record.id, self._settle_pause(paused, paused.checkpoint_seq, saved))
+        return paused
+
+    # -- idle hibernation -----------------------------------------------------------------
+
+    async def _hibernate_forever(self) -> None:
+        while True:
+            await asyncio.sleep(self.hibernation.interval)
+            await self.hibernate_idle()
+
+    async def hibernate_idle(self) -> None:
+        """One look for idle sandboxes (`hibernation.Hibernation.due`): each is hibernated
+        unless its guest still runs a command, which starts its idle clock again. Sandboxes
+        that mount volumes are left alone: their save keeps only the filesystem (`_save_mode`),
+        which would not be transparent."""
+        running = [
+            r.id
+            for r in self.catalog.list([SandboxState.RUNNING])
+            if not r.internal and not r.volume_mounts
+        ]
+        self.hibernation.keep_only(running)
+        for sandbox_id in self.hibernation.due(running):
+            try:
+                await self._hibernate(sandbox_id)
+            except (SandboxNotFound, EnvdUnavailable, OperationFailed) as e:
+                log.info("sandbox %s not hibernated: %s", sandbox_id, e)
+                self.hibernation.awake(sandbox_id)
+
+    async def _hibernate(self, sandbox_id: str) -> None:
+        async with self._lock(sandbox_id):
+            record = self.catalog.get(sandbox_id)
+            if record is None or record.state is not SandboxState.RUNNING:
+                return
+            if sandbox_id not in self.hibernation.due([sandbox_id]):
+                return  # traffic came while it waited for the lock
+            if await hibernation.guest_runs_commands(self._envd(record)):
+                self.hibernation.awake(sandbox_id)
+                return
+            if sandbox_id not in self.hibernation.due([sandbox_id]):
+                return  # traffic came while envd was asked
+            await self._pause_locked(record, SaveMode.FULL, SandboxState.HIBERNATED)
+            log.info("sandbox %s hibernated", sandbox_id)
+
+    async def wake(self, sandbox_id: str) -> None:
+        """Restore a hibernated sandbox from its checkpoint, its timeout as it was. Raises
+        `OperationFailed` when that fails (it stays hibernated)."""
+        async with self._lock(sandbox_id):
+            record = self.catalog.get(sandbox_id)
+            if record is None or record.state is not SandboxState.HIBERNATED:
+                return
+            waking = self.catalog.transition(
+                sandbox_id, [SandboxState.HIBERNATED], SandboxState.WAKING
+            )
+            assert waking is not None
+            cold = waking.checkpoint_mode is SaveMode.FILESYSTEM
+            try:
+                live = await self._launch_checkpoint(waking, cold)
+            except _FAILURES as e:
+                self.catalog.transition(sandbox_id, [SandboxState.WAKING], SandboxState.HIBERNATED)
+                raise OperationFailed(f"wake of sandbox {sandbox_id} failed: {e}") from e
+            running = self.catalog.transition(
+                sandbox_id, [SandboxState.WAKING], SandboxState.RUNNING
+            )
+            assert running is not None
+            self._started(running, live)
 
     async def _settle_pause(self, record: SandboxRecord, seq: int, saved: Snapshot) -> None:
         """After a pause returns: detach the checkpoint's memory, so the resume maps it rather
@@ -1095,7 +1196,7 @@ class Orchestrator:
         if record.volume_mounts:
             # Volumes are directories of this node: elsewhere its mounts would find nothing.
             raise InvalidState(sandbox_id, record.state, "move", "it mounts volumes of this node")
-        if record.state is SandboxState.RUNNING:
+        if record.state in (SandboxState.RUNNING, *ASLEEP):
             await self.pause(sandbox_id)
         settling = self._settling.get(sandbox_id)
         if settling is not None:
@@ -1183,11 +1284,18 @@ class Orchestrator:
         self.catalog.delete(sandbox_id)
 
     async def endpoint_for_traffic(self, sandbox_id: str) -> GuestEndpoint:
-        """The proxy's lookup: a paused sandbox that asked for `autoResume` is resumed first."""
+        """The proxy's lookup: a paused sandbox that asked for `autoResume` is resumed first,
+        a hibernated one woken."""
+        self.hibernation.awake(sandbox_id)  # before any await: a hibernation checks it last
         record = self.catalog.get(sandbox_id)
+        if record is not None and record.state is SandboxState.PAUSING:
+            async with self._lock(sandbox_id):  # a pause or hibernation under way: its end
+                record = self.catalog.get(sandbox_id)
         if record is not None and record.auto_resume and record.state.public == "paused":
             with contextlib.suppress(InvalidState):
                 await self.resume(sandbox_id, record.timeout)
+        elif record is not None and record.state in ASLEEP:
+            await self.wake(sandbox_id)
         return self.guest_endpoint(sandbox_id)
 
     def _envd(self, record: SandboxRecord) -> EnvdClient:
@@ -1325,6 +1433,7 @@ class Orchestrator:
     ) -> Template:
         """Save the sandbox's current state as template `template_id` (a new build of it), its
         memory detached into a file first when `detach_memory` (see detach.py)."""
+        await self.wake(sandbox_id)  # a hibernated sandbox is saved as it runs
         build_id = secrets.token_hex(8)
         dest = self.templates.directory / template_id / build_id
         with self.saved.pin(dest):
@@ -1460,7 +1569,7 @@ class Orchestrator:
         slot refused the change: the old rules then stay, in the slot and in the catalog."""
         async with self._lock(sandbox_id):
             record = self.get(sandbox_id)
-            if record.state not in (SandboxState.RUNNING, SandboxState.PAUSED):
+            if record.state not in (SandboxState.RUNNING, SandboxState.PAUSED, *ASLEEP):
                 raise InvalidState(sandbox_id, record.state, "change the network of")
             network = dataclasses.replace(
                 record.network,
@@ -1493,7 +1602,7 @@ class Orchestrator:
         updated = self.catalog.update(sandbox_id, end_at=time.time() + timeout)
         if updated is None:
             raise SandboxNotFound(sandbox_id)
-        if record.state in LIVE:
+        if record.state in LIVE | ASLEEP:  # a hibernated sandbox's timeout runs on
             self._schedule_expiry(updated)
         return updated
 
@@ -1574,6 +1683,22 @@ def _sandbox_env(record: SandboxRecord) -> dict[str, str]:
 def _traffic_token(network: SandboxNetwork) -> str | None:
     """A sandbox whose ports are not public gets a token of its own (forks too)."""
     return None if network.allow_public_traffic else new_access_token()
+
+
+async def _rehearse_init(envd: EnvdClient, template: Template, sandbox_id: str) -> None:
+    """Run `/init` once in a pooled VM as its take will (its future id, the template's env and
+    token), so that the take's `/init` runs guest code TCG has translated already: a restored
+    guest's first `/init` was most of a pool hit's create (40-80 ms of 90, bench/pool.py).
+    The take's `/init` then replaces all of it (env, token, entropy, clock)."""
+    env = {**template.env_vars, "E2B_SANDBOX": "true", "E2B_SANDBOX_ID": sandbox_id}
+    await envd.init(
+        new_token=template.envd_access_token,
+        env_vars={**env, "E2B_TEMPLATE_ID": template.template_id},
+        hostname=sandbox_id,
+        timeout=RESTORE_READY_TIMEOUT,
+        default_user=template.default_user,
+        default_workdir=template.default_workdir,
+    )
 
 
 async def _warm_up(envd: EnvdClient, user: str) -> None:

@@ -8,12 +8,19 @@ CREATING ------> RUNNING <------> SNAPSHOTTING
                  |     ^
                  v     | (the pause failed)
                  PAUSING ------> PAUSED <------> RESUMING ------> RUNNING
-                                        (failed)
+                    |       (failed)  ^
+                    v                 |  (a pause, or its timeout with autoPause)
+                 HIBERNATED ----------+
+                    ^    |
+          (failed)  |    v
+                    WAKING ------> RUNNING
 any state but KILLING ------> KILLING (then the row is deleted)
 ```
 
-A pause or resume that fails goes back where it started. A restart takes a sandbox caught
-mid-pause or mid-resume to PAUSED.
+A pause or resume that fails goes back where it started. HIBERNATED is a pause the node took
+on its own (idle hibernation, see hibernation.py): the VM is stopped and its checkpoint saved,
+but for the API the sandbox runs, and its next request wakes it (WAKING). A restart takes a
+sandbox caught mid-pause, mid-resume, hibernated or waking to PAUSED.
 """
 
 from __future__ import annotations
@@ -29,6 +36,8 @@ class SandboxState(enum.StrEnum):
     PAUSED = "paused"
     RESUMING = "resuming"
     SNAPSHOTTING = "snapshotting"
+    HIBERNATED = "hibernated"
+    WAKING = "waking"
     KILLING = "killing"
 
     @property
@@ -51,7 +60,9 @@ TRANSITIONS: Mapping[SandboxState, frozenset[SandboxState]] = {
     _S.CREATING: frozenset({_S.RUNNING, _S.KILLING}),
     _S.RUNNING: frozenset({_S.PAUSING, _S.SNAPSHOTTING, _S.KILLING}),
     _S.SNAPSHOTTING: frozenset({_S.RUNNING, _S.KILLING}),
-    _S.PAUSING: frozenset({_S.PAUSED, _S.RUNNING, _S.KILLING}),
+    _S.PAUSING: frozenset({_S.PAUSED, _S.HIBERNATED, _S.RUNNING, _S.KILLING}),
+    _S.HIBERNATED: frozenset({_S.WAKING, _S.PAUSED, _S.KILLING}),
+    _S.WAKING: frozenset({_S.RUNNING, _S.HIBERNATED, _S.KILLING}),
     _S.PAUSED: frozenset({_S.RESUMING, _S.KILLING}),
     _S.RESUMING: frozenset({_S.RUNNING, _S.PAUSED, _S.KILLING}),
     _S.KILLING: frozenset(),
@@ -65,7 +76,7 @@ def check_transition(allowed_from: frozenset[SandboxState], to: SandboxState) ->
         raise IllegalTransition(f"no move from {', '.join(illegal)} to {to.value}")
 
 
-_PUBLIC_RUNNING = frozenset({_S.RUNNING, _S.SNAPSHOTTING, _S.PAUSING})
+_PUBLIC_RUNNING = frozenset({_S.RUNNING, _S.SNAPSHOTTING, _S.PAUSING, _S.HIBERNATED, _S.WAKING})
 _PUBLIC_PAUSED = frozenset({_S.PAUSED, _S.RESUMING})
 
 
@@ -80,4 +91,6 @@ KILLABLE = frozenset(s for s in SandboxState if _S.KILLING in TRANSITIONS[s])
 # States in which the sandbox's VM runs.
 LIVE = frozenset({_S.RUNNING, _S.SNAPSHOTTING, _S.PAUSING})
 # States a restart finds a saved checkpoint in (it takes them to PAUSED).
-SAVED = frozenset({_S.PAUSED, _S.PAUSING, _S.RESUMING})
+SAVED = frozenset({_S.PAUSED, _S.PAUSING, _S.RESUMING, _S.HIBERNATED, _S.WAKING})
+# States of a sandbox the node hibernated (it runs for the API; its next request wakes it).
+ASLEEP = frozenset({_S.HIBERNATED, _S.WAKING})

@@ -2,7 +2,13 @@
 headers, by host `{port}-{id}.{domain}` or by `/proxy/{id}/{port}/...` (see `app`)."""
 
 from aenv.proxy.app import SandboxProxy
-from aenv.proxy.resolver import Resolver, SandboxNotFound, SandboxPaused, Upstream
+from aenv.proxy.resolver import (
+    Resolver,
+    SandboxNotFound,
+    SandboxPaused,
+    SandboxUnavailable,
+    Upstream,
+)
 from aenv.proxy.routing import RoutingError, Target, route
 
 __all__ = [
@@ -11,6 +17,7 @@ __all__ = [
     "SandboxNotFound",
     "SandboxPaused",
     "SandboxProxy",
+    "SandboxUnavailable",
     "Target",
     "Upstream",
     "route",

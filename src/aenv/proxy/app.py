@@ -25,11 +25,18 @@ from aenv.proxy.errors import (
     deny_websocket,
     sandbox_not_found,
     sandbox_paused,
+    sandbox_unavailable,
     send_http,
 )
 from aenv.proxy.headers import masked
 from aenv.proxy.http import IDLE_TIMEOUT, HttpForwarder
-from aenv.proxy.resolver import Resolver, SandboxNotFound, SandboxPaused, Upstream
+from aenv.proxy.resolver import (
+    Resolver,
+    SandboxNotFound,
+    SandboxPaused,
+    SandboxUnavailable,
+    Upstream,
+)
 from aenv.proxy.routing import RoutingError, Target, route
 from aenv.proxy.runs import Runs
 from aenv.proxy.websocket import forward_websocket
@@ -92,6 +99,8 @@ class SandboxProxy:
                 raise sandbox_not_found(exc.sandbox_id) from exc
             except SandboxPaused as exc:
                 raise sandbox_paused(exc.sandbox_id) from exc
+            except SandboxUnavailable as exc:
+                raise sandbox_unavailable(exc.sandbox_id, exc.reason) from exc
             check_traffic_token(target, upstream, scope["headers"])
             host = request_host(target, upstream)
             if host is not None:
@@ -111,6 +120,10 @@ class SandboxProxy:
                     # An HTTP answer under way ends incomplete: uvicorn drops the connection.
         except ProxyError as exc:
             await _answer(exc, scope, send)
+
+    def quiet_since(self, sandbox_id: str) -> float | None:
+        """See `Runs.quiet_since` (idle hibernation asks)."""
+        return self._runs.quiet_since(sandbox_id)
 
     def end_run(self, sandbox_id: str, incarnation: str) -> None:
         """A sandbox's VM stopped: end every exchange with that run of it now."""

@@ -43,6 +43,11 @@ def sandbox_paused(sandbox_id: str) -> ProxyError:
     return ProxyError(502, {"sandboxId": sandbox_id, "message": message, "code": 502})
 
 
+def sandbox_unavailable(sandbox_id: str, reason: str) -> ProxyError:
+    message = f"The sandbox could not be started to take this request: {reason}"
+    return ProxyError(503, {"sandboxId": sandbox_id, "message": message, "code": 503})
+
+
 def port_closed(sandbox_id: str, port: int) -> ProxyError:
     message = "The sandbox is running but port is not open"
     return ProxyError(502, {"sandboxId": sandbox_id, "message": message, "port": port, "code": 502})

@@ -3,8 +3,8 @@
 The orchestrator implements `Resolver`; the proxy never reads the catalog or the network slots
 itself. A resolver may do work before answering (resume a paused sandbox on traffic, wait for a
 transition): the proxy awaits `resolve` per request and needs no change when that arrives. It
-raises `SandboxNotFound` or `SandboxPaused` instead of returning; a port with nothing listening
-is not its concern, the proxy finds out when it connects.
+raises `SandboxNotFound`, `SandboxPaused` or `SandboxUnavailable` instead of returning; a port
+with nothing listening is not its concern, the proxy finds out when it connects.
 """
 
 from __future__ import annotations
@@ -50,9 +50,19 @@ class SandboxPaused(ResolveError):
     """The sandbox exists but is paused and the resolver did not resume it."""
 
 
+class SandboxUnavailable(ResolveError):
+    """The sandbox exists but could not be made to take traffic now (a resume or a wake from
+    hibernation failed); `reason` says why. It is left as it was: a later request tries again."""
+
+    def __init__(self, sandbox_id: str, reason: str) -> None:
+        super().__init__(sandbox_id)
+        self.reason = reason
+
+
 class Resolver(Protocol):
     async def resolve(self, sandbox_id: str, port: int) -> Upstream:
-        """The upstream for `port` of `sandbox_id`; raises `SandboxNotFound` or `SandboxPaused`.
+        """The upstream for `port` of `sandbox_id`; raises `SandboxNotFound`,
+        `SandboxPaused` or `SandboxUnavailable`.
         Called once per HTTP request and per WebSocket, so it should answer from memory when the
         sandbox is running."""
         ...

@@ -5,12 +5,17 @@ exchange and WebSocket to it at once: a guest that is gone never answers, not ev
 reset, so without this each one would wait for the idle timeout or the client's own deadline.
 The proxy then answers what had no answer yet as a sandbox that was not found (the SDKs say the
 sandbox is not running any more) and drops the rest.
+
+`quiet_since` tells idle hibernation whether a sandbox has an exchange open, and when its
+latest one started or ended.
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -41,6 +46,16 @@ class Exchange:
 @dataclass
 class Runs:
     _exchanges: dict[Run, set[Exchange]] = field(default_factory=dict)
+    # Per sandbox id: exchanges open (any run), and when the latest started or ended.
+    _open: collections.Counter[str] = field(default_factory=collections.Counter)
+    _latest: dict[str, float] = field(default_factory=dict)
+
+    def quiet_since(self, sandbox_id: str) -> float | None:
+        """None while an exchange with `sandbox_id` is open; else the `time.monotonic()` when
+        the latest started or ended (0.0 when none did)."""
+        if self._open[sandbox_id] > 0:
+            return None
+        return self._latest.get(sandbox_id, 0.0)
 
     @contextlib.contextmanager
     def track(self, run: Run) -> Iterator[Exchange]:
@@ -49,9 +64,16 @@ class Runs:
         assert task is not None
         exchange = Exchange(task)
         self._exchanges.setdefault(run, set()).add(exchange)
+        sandbox_id = run[0]
+        self._open[sandbox_id] += 1
+        self._latest[sandbox_id] = time.monotonic()
         try:
             yield exchange
         finally:
+            self._open[sandbox_id] -= 1
+            if self._open[sandbox_id] <= 0:
+                del self._open[sandbox_id]
+            self._latest[sandbox_id] = time.monotonic()
             exchanges = self._exchanges.get(run)
             if exchanges is not None:
                 exchanges.discard(exchange)
@@ -61,6 +83,7 @@ class Runs:
     def end(self, run: Run) -> int:
         """Cancel every exchange with `run`; returns how many there were."""
         exchanges = self._exchanges.pop(run, set())
+        self._latest.pop(run[0], None)  # the next run's clock starts with it
         for exchange in exchanges:
             exchange.ended = True
             exchange.task.cancel()

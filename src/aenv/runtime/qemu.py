@@ -85,8 +85,10 @@ RAM_BLOCK = "mem"  # the guest RAM's backend id, hence its RAM block's name in s
 MIGRATE_BANDWIDTH = 100 << 30  # bytes/s: effectively unlimited
 VMM_OVERHEAD_MIB = 192  # QEMU heap + TCG translation cache (bounded by tb-size below)
 # TCG translation cache per VMM, in MiB. QEMU 7.2 defaults to 1 GiB (of which an idle guest
-# fills a few MiB); a bound keeps a guest that runs much code from holding more.
-TCG_TB_MIB = 64
+# fills a few MiB); a bound keeps a guest that runs much code from holding more. 48 holds an
+# agent-like workload's code as 64 did (same latency) for 16 MiB less a used sandbox; 32 is
+# too small (the workload 3x slower): bench/vmm_memory.py, docs/density.md.
+TCG_TB_MIB = 48
 # How a VM's 9p shares (volumes) store files. mapped-xattr: the guest's owner and mode live in
 # extended attributes, so guests see and change them as on any filesystem (a jailed VMM could
 # not chown the host files). On the host every file is readable and writable by all (fmode,
@@ -435,6 +437,7 @@ class QemuDriver:
         console: Path,
         tap_fd: int,
         machine: str,
+        incoming: bool,
     ) -> list[str]:
         accel = "kvm" if self.config.accel == "kvm" else f"tcg,tb-size={self.config.tb_size_mib}"
         shared_memory = "on" if memory.shared else "off"
@@ -459,12 +462,14 @@ class QemuDriver:
             "-chardev", f"file,id=con,path={_opt(console)},append=on",
             "-serial", "chardev:con",
             "-qmp", f"unix:{_opt(qmp)}",
-            "-kernel", str(spec.kernel),
-            "-append", spec.cmdline,
             "-S",
         ]  # fmt: skip
-        if spec.initrd:
-            argv += ["-initrd", str(spec.initrd)]
+        if not incoming:
+            # A restored guest booted long ago: QEMU would hold a copy of the kernel and
+            # initrd for the firmware (fw_cfg) all its life, ≈ 11 MiB a VMM, never read again.
+            argv += ["-kernel", str(spec.kernel), "-append", spec.cmdline]
+            if spec.initrd:
+                argv += ["-initrd", str(spec.initrd)]
         if jailed:
             argv += ["-sandbox", SECCOMP]
         for disk in spec.disks:
@@ -551,7 +556,7 @@ class QemuDriver:
             fd = -1 if tap_fd is None else tap_fd
             on = machine or _machine(self.config.accel)
             argv = await asyncio.to_thread(
-                self._argv, vm_id, spec, memory, qmp_path, console, fd, on
+                self._argv, vm_id, spec, memory, qmp_path, console, fd, on, machine is not None
             )
             if machine is not None:
                 argv += ["-incoming", "defer"]
