@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import statistics
 import subprocess
 import sys
@@ -27,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
+from server_ns import wait_until
 from summary import summary_ms
 
 from tests.support.envd_process import envd_in_throwaway_root
@@ -95,12 +98,22 @@ def bench_local() -> dict[str, object]:
     return {"where": "local processes", **result}
 
 
-def create_to_first_result(runs: int) -> list[float]:
-    """Seconds from `Sandbox.create()` to the first `run_code` result, per sandbox."""
+def pool_vms() -> float:
+    """The node's pooled VMs ready (its `/metrics`), summed over templates."""
+    text = httpx.get(f"{os.environ['E2B_API_URL']}/metrics", timeout=5).text
+    return sum(float(m.group(1)) for m in re.finditer(r"^aenv_pool_vms\{.*\} (\S+)$", text, re.M))
+
+
+def create_to_first_result(runs: int, pooled: bool) -> list[float]:
+    """Seconds from `Sandbox.create()` to the first `run_code` result, per sandbox; with
+    `pooled`, each create waits until the node's warm pool holds a VM (a create spaced from
+    the last, as a refill needs: back-to-back creates all miss by design)."""
     from e2b_code_interpreter import Sandbox
 
     samples = []
     for _ in range(runs):
+        if pooled:
+            wait_until(lambda: pool_vms() >= 1, 300)
         start = time.perf_counter()
         sandbox = Sandbox.create(timeout=600)
         try:
@@ -158,10 +171,10 @@ def fork_vs_create(count: int) -> dict[str, object]:
     }
 
 
-def bench_node(create_runs: int, forks: int) -> dict[str, object]:
+def bench_node(create_runs: int, forks: int, pooled: bool) -> dict[str, object]:
     from e2b_code_interpreter import Sandbox
 
-    firsts = create_to_first_result(create_runs)
+    firsts = create_to_first_result(create_runs, pooled)
     sandbox = Sandbox.create(timeout=600)
     try:
         result = compare(lambda: sandbox.run_code("1+1"), lambda: sandbox.commands.run("true"))
@@ -170,8 +183,9 @@ def bench_node(create_runs: int, forks: int) -> dict[str, object]:
     return {
         "where": "code-interpreter-v1 sandboxes",
         "create_to_first_result_ms": summary_ms(firsts),
+        "warm_pool": pooled,
         **result,
-        "fork_vs_create": fork_vs_create(forks),
+        **({"fork_vs_create": fork_vs_create(forks)} if forks else {}),
     }
 
 
@@ -179,9 +193,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--node", action="store_true", help="against the SDK's node")
     parser.add_argument("--create-runs", type=int, default=5, help="--node: creates timed")
-    parser.add_argument("--forks", type=int, default=16, help="--node: children of the fork")
+    parser.add_argument("--forks", type=int, default=16, help="--node: fork children, 0: none")
+    parser.add_argument("--pooled", action="store_true", help="--node: creates on pool hits")
     args = parser.parse_args()
-    result = bench_node(args.create_runs, args.forks) if args.node else bench_local()
+    result = bench_node(args.create_runs, args.forks, args.pooled) if args.node else bench_local()
     print(json.dumps(result, indent=2))
 
 
