@@ -33,27 +33,19 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.errors import APIError
-from aenv.cluster.directory import Directory
 from aenv.cluster.holders import FileKind, FileRef
 from aenv.cluster.placement import candidates
 from aenv.cluster.registry import NodeReport
 from aenv.cluster.saved import SavedRecord
-from aenv.gateway.nodes import Answer, NodeClient, NodeFailed, NodeUnreachable
+from aenv.gateway.nodes import Answer, NodeCalls, NodeFailed, NodeUnreachable
 from aenv.gateway.saved import message, passed, target_of
 
 _BUILD = "/templates/{template_id}/builds/{build_id}"
 _FILES = "/templates/{template_id}/files/{hash}"
 
 
-class Control(Protocol):
+class Control(NodeCalls, Protocol):
     """What builds need of the control plane (`aenv.gateway.control.ControlPlane`)."""
-
-    directory: Directory
-    nodes: NodeClient
-
-    async def call_on(
-        self, request: Request, node: NodeReport, method: str, target: str, body: bytes
-    ) -> Answer: ...
 
     async def adopt_template(self, node: NodeReport, saved: SavedRecord) -> str | None: ...
 

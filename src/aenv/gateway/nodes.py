@@ -9,10 +9,12 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterable, Iterable
 from dataclasses import dataclass
+from typing import Protocol
 
 import httpx
+from starlette.requests import Request
 
-from aenv.cluster.directory import NodeAddress
+from aenv.cluster.directory import Directory, NodeAddress
 from aenv.cluster.internal import CALLER_HEADER, PREFIX, TOKEN_HEADER
 from aenv.cluster.registry import NodeReport
 from aenv.cluster.secret import ClusterSecret
@@ -113,3 +115,15 @@ class NodeClient:
 def answer_headers(response: httpx.Response) -> list[tuple[str, str]]:
     """A node's answer headers the client gets (not those the gateway's server sets)."""
     return [(n, v) for n, v in response.headers.multi_items() if n not in _RESPONSE_DROPPED]
+
+
+class NodeCalls(Protocol):
+    """What routes placing calls on nodes (builds, volumes) need of the control plane
+    (`aenv.gateway.control.ControlPlane`)."""
+
+    directory: Directory
+    nodes: NodeClient
+
+    async def call_on(
+        self, request: Request, node: NodeReport, method: str, target: str, body: bytes
+    ) -> Answer: ...

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any, Protocol
+from typing import Any
 
 from starlette.background import BackgroundTask
 from starlette.requests import Request
@@ -25,29 +25,17 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from aenv.api.errors import APIError, not_found
-from aenv.cluster.directory import Directory
 from aenv.cluster.placement import candidates
 from aenv.cluster.registry import NodeReport
 from aenv.cluster.volumes import VolumePlace
-from aenv.gateway.nodes import Answer, NodeClient, NodeUnreachable, answer_headers
+from aenv.gateway.nodes import Answer, NodeCalls, NodeUnreachable, answer_headers
 from aenv.gateway.saved import message, passed, target_of
 
 _CONTENT_METHODS = ["GET", "PUT", "PATCH", "POST", "DELETE"]
 
 
-class Control(Protocol):
-    """What volumes need of the control plane (`aenv.gateway.control.ControlPlane`)."""
-
-    directory: Directory
-    nodes: NodeClient
-
-    async def call_on(
-        self, request: Request, node: NodeReport, method: str, target: str, body: bytes
-    ) -> Answer: ...
-
-
 class VolumeRoutes:
-    def __init__(self, control: Control) -> None:
+    def __init__(self, control: NodeCalls) -> None:
         self.control = control
         self.directory = control.directory
 
