@@ -30,7 +30,7 @@ from aenv.api.errors import APIError
 from aenv.api.keys import KeyStore, LocalKeys
 from aenv.api.limits import RateLimiter
 from aenv.api.metrics import NodeMetrics
-from aenv.api.sandboxes import SandboxRoutes
+from aenv.api.sandboxes import SandboxRoutes, batch_metrics_ids
 from aenv.api.snapshots import SnapshotRoutes
 from aenv.api.templates import TemplateRoutes
 from aenv.api.volumes import VolumeRoutes
@@ -141,6 +141,7 @@ class NodeDouble:
             routes=[
                 Route("/sandboxes", self.create, methods=["POST"]),
                 Route("/v2/sandboxes", routes.list_v2, methods=["GET"]),
+                Route("/sandboxes/metrics", self.metrics, methods=["GET"]),
                 Route("/sandboxes/{sandbox_id}", self.detail, methods=["GET"]),
                 Route("/cluster/adopt", self.adopt, methods=["POST"]),
                 Route("/cluster/sandboxes/{sandbox_id}/release", self.release, methods=["POST"]),
@@ -166,6 +167,17 @@ class NodeDouble:
         sandbox_id = f"{self.name}sb{len(self.creates_seen)}"
         self.add(sandbox_id, time.time())
         return JSONResponse({"sandboxID": sandbox_id, "node": self.name}, status_code=201)
+
+    async def metrics(self, request: Request) -> Response:
+        """A sample naming this node for each running sandbox here, as a node leaves out the
+        others."""
+        ids = batch_metrics_ids(request)
+        found = {
+            i: {"node": self.name}
+            for i in ids
+            if (r := self.catalog.get(i)) and r.state.public == "running"
+        }
+        return JSONResponse({"sandboxes": found})
 
     async def detail(self, request: Request) -> Response:
         sandbox_id = request.path_params["sandbox_id"]

@@ -276,10 +276,27 @@ async def test_calls_for_a_sandbox_go_to_its_node(setup: Setup, client: aioredis
 async def test_routes_the_gateway_does_not_serve_yet_are_501_naming_them(setup: Setup) -> None:
     with setup.client() as http:
         answer = http.get("/teams")
-        metrics = http.get("/sandboxes/metrics", params={"sandbox_ids": "a"})
     assert answer.status_code == 501
     assert answer.json()["message"].startswith("GET /teams is not served by the cluster")
-    assert metrics.status_code == 501
+
+
+async def test_batch_metrics_ask_each_sandboxs_node(setup: Setup, client: aioredis.Redis) -> None:
+    routes = Routes(client)
+    for node, sandbox_id in (("a", "sbma"), ("b", "sbmb"), ("b", "sbmb2")):
+        setup.nodes[node].add(sandbox_id, 1000.0)
+        await routes.assign(sandbox_id, node)
+    await routes.assign("sblost", "gone")  # its node's lease lapsed
+    with setup.client() as http:
+        ids = "sbma,sbmb,sbmb2,sblost,nosuch,sbma"
+        found = http.get("/sandboxes/metrics", params={"sandbox_ids": ids})
+        empty = http.get("/sandboxes/metrics", params={"sandbox_ids": ""})
+        extra = http.get("/sandboxes/metrics", params={"sandbox_ids": "sbma", "x": "1"})
+    assert found.status_code == 200, found.text
+    assert found.json() == {
+        "sandboxes": {"sbma": {"node": "a"}, "sbmb": {"node": "b"}, "sbmb2": {"node": "b"}}
+    }
+    assert (empty.status_code, extra.status_code) == (400, 400)
+    assert "between 1 and 100" in empty.json()["message"]
 
 
 async def test_a_builds_calls_follow_it_to_its_node_and_end_when_it_dies(

@@ -337,11 +337,7 @@ class SandboxRoutes:
         """`SandboxesWithMetrics`: the current sample of each running sandbox among
         `sandbox_ids`; unknown, paused and unanswering ones are left out, as E2B leaves out
         what is not running."""
-        check_query(request, {"sandbox_ids"})
-        wanted = request.query_params.get("sandbox_ids", "").split(",")
-        ids = list(dict.fromkeys(i for i in wanted if i))
-        if not 1 <= len(ids) <= MAX_PAGE:
-            raise APIError(400, f"sandbox_ids must name between 1 and {MAX_PAGE} sandboxes")
+        ids = batch_metrics_ids(request)
         samples = await asyncio.gather(*(self._current_sample(i) for i in ids))
         found = {i: sample for i, sample in zip(ids, samples, strict=True) if sample is not None}
         return JSONResponse({"sandboxes": found})
@@ -359,6 +355,16 @@ class SandboxRoutes:
             return _metric(await self.orc.sample_now(sandbox_id))
         except (SandboxNotFound, EnvdUnavailable):
             return None  # stopped meanwhile, or its envd does not answer
+
+
+def batch_metrics_ids(request: Request) -> list[str]:
+    """The sandboxes a `/sandboxes/metrics` request names, once each; 400 for a bad query."""
+    check_query(request, {"sandbox_ids"})
+    wanted = request.query_params.get("sandbox_ids", "").split(",")
+    ids = list(dict.fromkeys(i for i in wanted if i))
+    if not 1 <= len(ids) <= MAX_PAGE:
+        raise APIError(400, f"sandbox_ids must name between 1 and {MAX_PAGE} sandboxes")
+    return ids
 
 
 def _metric(taken: Sample) -> dict[str, Any]:

@@ -26,6 +26,8 @@ import asyncio
 import json
 import logging
 import re
+from typing import Any
+from urllib.parse import urlencode
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -34,6 +36,7 @@ from starlette.routing import Route
 from aenv.api.errors import APIError, not_found
 from aenv.api.handoff import ADOPT_TEMPLATE
 from aenv.api.internal import CURSORS_HEADER
+from aenv.api.sandboxes import batch_metrics_ids
 from aenv.cluster.directory import Directory
 from aenv.cluster.internal import CLUSTER_CALLER
 from aenv.cluster.placement import candidates
@@ -70,6 +73,7 @@ class ControlPlane:
             Route("/v2/sandboxes", self.create, methods=["POST"]),
             Route("/sandboxes", self.list_v1, methods=["GET"]),
             Route("/v2/sandboxes", self.list_v2, methods=["GET"]),
+            Route("/sandboxes/metrics", self.batch_metrics, methods=["GET"]),
             Route("/sandboxes/{sandbox_id}/fork", Forks(self).fork, methods=["POST"]),
             Route("/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
             Route("/v2/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
@@ -84,7 +88,7 @@ class ControlPlane:
         raise APIError(
             501,
             f"{request.method} {request.url.path} is not served by the cluster gateway yet "
-            "(batch metrics, teams): call a node for it",
+            "(teams): call a node for it",
         )
 
     async def health(self, _: Request) -> Response:
@@ -149,6 +153,36 @@ class ControlPlane:
         except NodeUnreachable as error:
             raise APIError(502, f"the node of sandbox '{sandbox_id}' is unreachable") from error
         return _respond(answer)
+
+    async def batch_metrics(self, request: Request) -> Response:
+        """E2B's `/sandboxes/metrics`: each named sandbox's node asked for its own, merged. One
+        on no live node (or an unreachable one) is left out, as a node leaves out what is not
+        running."""
+        ids = batch_metrics_ids(request)
+        nodes = await asyncio.gather(*(self.directory.node_of(i) for i in ids))
+        by_node: dict[str, tuple[NodeReport, list[str]]] = {}
+        for sandbox_id, node in zip(ids, nodes, strict=True):
+            if node is not None:
+                by_node.setdefault(node.node_id, (node, []))[1].append(sandbox_id)
+        found = await asyncio.gather(
+            *(self._node_metrics(request, node, its) for node, its in by_node.values())
+        )
+        return JSONResponse({"sandboxes": {k: v for f in found for k, v in f.items()}})
+
+    async def _node_metrics(
+        self, request: Request, node: NodeReport, sandbox_ids: list[str]
+    ) -> dict[str, Any]:
+        target = "/sandboxes/metrics?" + urlencode({"sandbox_ids": ",".join(sandbox_ids)})
+        try:
+            answer = await self.call_on(request, node, "GET", target, b"")
+        except (NodeUnreachable, APIError) as error:
+            log.warning("metrics of node %s left out: %s", node.node_id, error)
+            return {}
+        if answer.status != 200:
+            log.warning("metrics of node %s left out: %d", node.node_id, answer.status)
+            return {}
+        sandboxes: dict[str, Any] = json.loads(answer.body)["sandboxes"]
+        return sandboxes
 
     async def node_of(self, sandbox_id: str) -> NodeReport:
         """The live node of the sandbox, moved to one first if its own is gone; else 404."""
