@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Awaitable, Callable
-from typing import Any, Protocol
+from typing import Any
 from urllib.parse import unquote
 
 from starlette.requests import Request
@@ -34,24 +34,16 @@ from starlette.routing import Route
 
 from aenv.api.errors import APIError
 from aenv.cluster.holders import FileKind, FileRef
-from aenv.cluster.placement import candidates
 from aenv.cluster.registry import NodeReport
-from aenv.cluster.saved import SavedRecord
 from aenv.gateway.nodes import Answer, NodeCalls, NodeFailed, NodeUnreachable
-from aenv.gateway.saved import message, passed, target_of
+from aenv.gateway.saved import passed, target_of
 
 _BUILD = "/templates/{template_id}/builds/{build_id}"
 _FILES = "/templates/{template_id}/files/{hash}"
 
 
-class Control(NodeCalls, Protocol):
-    """What builds need of the control plane (`aenv.gateway.control.ControlPlane`)."""
-
-    async def adopt_template(self, node: NodeReport, saved: SavedRecord) -> str | None: ...
-
-
 class BuildRoutes:
-    def __init__(self, control: Control, first_knowing: Callable[[Request], Awaitable[Response]]):
+    def __init__(self, control: NodeCalls, first_knowing: Callable[[Request], Awaitable[Response]]):
         self.control = control
         self.directory = control.directory
         self.first_knowing = first_knowing
@@ -73,27 +65,13 @@ class BuildRoutes:
         name = _name_of(body)
         saved = await self.directory.saved.find(name) if name else None
         holders = await self.directory.file_holders(saved.template_id) if saved else set()
-        refusals: list[str] = []
-        for node in candidates(await self.directory.placeable(), holders):
-            if saved is not None and node.node_id not in holders:
-                refused = await self.control.adopt_template(node, saved)
-                if refused is not None:
-                    refusals.append(refused)
-                    continue
-            try:
-                answer = await self.control.call_on(request, node, "POST", target_of(request), body)
-            except NodeUnreachable as error:
-                refusals.append(str(error))
-                continue
-            if answer.status == 429 or answer.status >= 500:
-                refusals.append(f"node {node.node_id}: {answer.status} {message(answer)}")
-                continue
-            if answer.status == 202:
-                template_id = json.loads(answer.body)["templateID"]
-                await self.directory.builds.place(template_id, node.node_id)
-            return passed(answer)
-        why = "; ".join(refusals) or "no live node in the cluster"
-        raise APIError(429, f"no node can take the build: {why}")
+        node, answer = await self.control.first_taker(
+            request, target_of(request), body, "the build", saved, holders
+        )
+        if answer.status == 202:
+            template_id = json.loads(answer.body)["templateID"]
+            await self.directory.builds.place(template_id, node.node_id)
+        return passed(answer)
 
     async def files(self, request: Request) -> Response:
         answer = await self._on_build_node(request, await request.body())

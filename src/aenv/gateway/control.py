@@ -26,6 +26,7 @@ import asyncio
 import json
 import logging
 import re
+from collections.abc import Collection
 from typing import Any
 from urllib.parse import urlencode
 
@@ -47,7 +48,7 @@ from aenv.gateway.builds import BuildRoutes
 from aenv.gateway.forks import Forks
 from aenv.gateway.handoff import Handoff
 from aenv.gateway.listing import merge, page_limit
-from aenv.gateway.nodes import Answer, NodeClient, NodeFailed, NodeUnreachable
+from aenv.gateway.nodes import Answer, NodeClient, NodeFailed, NodeUnreachable, message
 from aenv.gateway.saved import SavedRoutes
 from aenv.gateway.volumes import VolumeRoutes
 
@@ -106,10 +107,30 @@ class ControlPlane:
         of `request`. Raises `APIError` 429 naming every node's refusal."""
         ref = _template_of(body)
         saved = await self.directory.saved.find(ref) if ref else None
-        nodes = await self.directory.placeable()
         holders = await self.directory.file_holders(saved.template_id if saved else ref)
+        # A node without the files of a template others hold does not know it yet (a
+        # snapshot not in the repository yet): its 404 is a refusal, not the answer.
+        _, answer = await self.first_taker(
+            request, path, body, "the sandbox", saved, holders, unheld_refuses=True
+        )
+        return answer
+
+    async def first_taker(
+        self,
+        request: Request,
+        path: str,
+        body: bytes,
+        what: str,
+        saved: SavedRecord | None = None,
+        holders: Collection[str] = (),
+        unheld_refuses: bool = False,
+    ) -> tuple[NodeReport, Answer]:
+        """`POST path` with `body` on the first placeable node that takes it (`holders` first;
+        one lacking `saved` adopts it first), for the client of `request`: the node and its
+        answer. A 429 or 5xx (and with `unheld_refuses` a non-holder's 404) is a refusal;
+        `APIError` 429 names every node's, and `what` the thing placed."""
         refusals: list[str] = []
-        for node in candidates(nodes, holders):
+        for node in candidates(await self.directory.placeable(), holders):
             try:
                 if saved is not None and node.node_id not in holders:
                     refused = await self.adopt_template(node, saved)
@@ -120,15 +141,18 @@ class ControlPlane:
             except NodeUnreachable as error:
                 refusals.append(str(error))
                 continue
-            # A node without the files of a template others hold does not know it yet (a
-            # snapshot not in the repository yet): a refusal, not the answer.
-            unheld = answer.status == 404 and holders and node.node_id not in holders
+            unheld = (
+                unheld_refuses
+                and answer.status == 404
+                and bool(holders)
+                and node.node_id not in holders
+            )
             if answer.status == 429 or answer.status >= 500 or unheld:
-                refusals.append(f"node {node.node_id}: {answer.status} {_message(answer)}")
+                refusals.append(f"node {node.node_id}: {answer.status} {message(answer)}")
                 continue
-            return answer
+            return node, answer
         why = "; ".join(refusals) or "no live node in the cluster"
-        raise APIError(429, f"no node can take the sandbox: {why}")
+        raise APIError(429, f"no node can take {what}: {why}")
 
     async def adopt_template(self, node: NodeReport, saved: SavedRecord) -> str | None:
         """Has the node record a snapshot it lacks; the refusal, if it refused."""
@@ -139,7 +163,7 @@ class ControlPlane:
         except NodeFailed as error:
             return str(error)
         if answer.status != 200:
-            return f"node {node.node_id}: {answer.status} {_message(answer)}"
+            return f"node {node.node_id}: {answer.status} {message(answer)}"
         return None
 
     async def sandbox(self, request: Request) -> Response:
@@ -294,11 +318,3 @@ def _template_of(body: bytes) -> str:
         return ""
     value = parsed.get("templateID") if isinstance(parsed, dict) else None
     return value if isinstance(value, str) else ""
-
-
-def _message(answer: Answer) -> str:
-    try:
-        parsed = json.loads(answer.body)
-    except ValueError:
-        return answer.body[:200].decode(errors="replace")
-    return str(parsed.get("message", "")) if isinstance(parsed, dict) else ""

@@ -7,7 +7,8 @@ instead (`dataplane`).
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterable, Iterable
+import json
+from collections.abc import AsyncIterable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -17,6 +18,7 @@ from starlette.requests import Request
 from aenv.cluster.directory import Directory, NodeAddress
 from aenv.cluster.internal import CALLER_HEADER, PREFIX, TOKEN_HEADER
 from aenv.cluster.registry import NodeReport
+from aenv.cluster.saved import SavedRecord
 from aenv.cluster.secret import ClusterSecret
 from aenv.proxy.headers import end_to_end
 
@@ -117,6 +119,15 @@ def answer_headers(response: httpx.Response) -> list[tuple[str, str]]:
     return [(n, v) for n, v in response.headers.multi_items() if n not in _RESPONSE_DROPPED]
 
 
+def message(answer: Answer) -> str:
+    """The `message` of a node's JSON error, else the start of its body."""
+    try:
+        parsed = json.loads(answer.body)
+    except ValueError:
+        return answer.body[:200].decode(errors="replace")
+    return str(parsed.get("message", "")) if isinstance(parsed, dict) else ""
+
+
 class NodeCalls(Protocol):
     """What routes placing calls on nodes (builds, volumes) need of the control plane
     (`aenv.gateway.control.ControlPlane`)."""
@@ -127,3 +138,14 @@ class NodeCalls(Protocol):
     async def call_on(
         self, request: Request, node: NodeReport, method: str, target: str, body: bytes
     ) -> Answer: ...
+
+    async def first_taker(
+        self,
+        request: Request,
+        path: str,
+        body: bytes,
+        what: str,
+        saved: SavedRecord | None = None,
+        holders: Collection[str] = (),
+        unheld_refuses: bool = False,
+    ) -> tuple[NodeReport, Answer]: ...

@@ -32,7 +32,7 @@ from aenv.api.templates import template_body
 from aenv.cluster.directory import Directory
 from aenv.cluster.registry import NodeReport
 from aenv.cluster.saved import SavedRecord
-from aenv.gateway.nodes import Answer, NodeUnreachable
+from aenv.gateway.nodes import Answer, NodeUnreachable, message
 from aenv.orchestrator.templates import template_from_json
 
 # A call on one node for the client's request: method, path and query, body.
@@ -183,11 +183,3 @@ def _matches(record: SavedRecord, filters: dict[str, str]) -> bool:
 
 def _snapshot(record: SavedRecord) -> dict[str, Any]:
     return {"snapshotID": record.template_id, "names": list(record.names) or [record.template_id]}
-
-
-def message(answer: Answer) -> str:
-    try:
-        parsed = json.loads(answer.body)
-    except ValueError:
-        return answer.body[:200].decode(errors="replace")
-    return str(parsed.get("message", "")) if isinstance(parsed, dict) else ""

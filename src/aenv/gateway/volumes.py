@@ -25,11 +25,10 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from aenv.api.errors import APIError, not_found
-from aenv.cluster.placement import candidates
 from aenv.cluster.registry import NodeReport
 from aenv.cluster.volumes import VolumePlace
-from aenv.gateway.nodes import Answer, NodeCalls, NodeUnreachable, answer_headers
-from aenv.gateway.saved import message, passed, target_of
+from aenv.gateway.nodes import Answer, NodeCalls, NodeUnreachable, answer_headers, message
+from aenv.gateway.saved import passed, target_of
 
 _CONTENT_METHODS = ["GET", "PUT", "PATCH", "POST", "DELETE"]
 
@@ -64,25 +63,14 @@ class VolumeRoutes:
             raise APIError(400, f"a volume named '{name}' already exists")
         made = False
         try:
-            refusals: list[str] = []
-            for node in candidates(await self.directory.placeable(), ()):
-                try:
-                    answer = await self.control.call_on(request, node, "POST", "/volumes", body)
-                except NodeUnreachable as error:
-                    refusals.append(str(error))
-                    continue
-                if answer.status == 429 or answer.status >= 500:
-                    refusals.append(f"node {node.node_id}: {answer.status} {message(answer)}")
-                    continue
-                if answer.status == 201:
-                    volume = json.loads(answer.body)
-                    await self.directory.volumes.record(
-                        volume["volumeID"], volume["name"], node.node_id
-                    )
-                    made = True
-                return passed(answer)
-            why = "; ".join(refusals) or "no live node in the cluster"
-            raise APIError(429, f"no node can take the volume: {why}")
+            node, answer = await self.control.first_taker(request, "/volumes", body, "the volume")
+            if answer.status == 201:
+                volume = json.loads(answer.body)
+                await self.directory.volumes.record(
+                    volume["volumeID"], volume["name"], node.node_id
+                )
+                made = True
+            return passed(answer)
         finally:
             if name and not made:
                 await self.directory.volumes.unreserve(name)
