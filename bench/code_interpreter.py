@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -29,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import httpx
-from server_ns import wait_until
+from server_ns import metric, wait_until
 from summary import summary_ms
 
 from tests.support.envd_process import envd_in_throwaway_root
@@ -98,12 +97,6 @@ def bench_local() -> dict[str, object]:
     return {"where": "local processes", **result}
 
 
-def pool_vms() -> float:
-    """The node's pooled VMs ready (its `/metrics`), summed over templates."""
-    text = httpx.get(f"{os.environ['E2B_API_URL']}/metrics", timeout=5).text
-    return sum(float(m.group(1)) for m in re.finditer(r"^aenv_pool_vms\{.*\} (\S+)$", text, re.M))
-
-
 def create_to_first_result(runs: int, pooled: bool) -> list[float]:
     """Seconds from `Sandbox.create()` to the first `run_code` result, per sandbox; with
     `pooled`, each create waits until the node's warm pool holds a VM (a create spaced from
@@ -114,7 +107,7 @@ def create_to_first_result(runs: int, pooled: bool) -> list[float]:
     for run in range(runs + pooled):
         # A pool is sized to the template's recent creates: the first, untimed, asks for it.
         if pooled and run > 0:
-            wait_until(lambda: pool_vms() >= 1, 300)
+            wait_until(lambda: metric("aenv_pool_vms", os.environ["E2B_API_URL"]) >= 1, 300)
         start = time.perf_counter()
         sandbox = Sandbox.create(timeout=600)
         try:

@@ -34,12 +34,12 @@ from typing import Any
 
 from server import create_and_run, kill_all
 from server_ns import (
-    BASE,
     bench_server,
     client_env,
     describe,
     entry,
     log,
+    metric,
     report,
     run_client,
     wait_until,
@@ -55,15 +55,6 @@ POOL_MAX = int(setting("POOL_MAX", 2))
 CREATE_RUNS = int(setting("CREATE_RUNS", 20))
 SUSTAIN_S = setting("SUSTAIN_S", 60)
 SUSTAIN_WORKERS = int(setting("SUSTAIN_WORKERS", 2))
-
-
-def metric(name: str) -> float:
-    """A metric of the server, summed over its labels."""
-    import httpx
-
-    text = httpx.get(f"{BASE}/metrics", timeout=5).text
-    pattern = rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$"
-    return sum(float(m.group(1)) for m in re.finditer(pattern, text, re.MULTILINE))
 
 
 def pool_counts() -> dict[str, float]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import re
 import shutil
 import sqlite3
 import subprocess
@@ -183,6 +184,15 @@ def files_mib(path: Path) -> dict[str, float]:
         for f in sorted(path.rglob("*"))
         if f.is_file()
     }
+
+
+def metric(name: str, base: str = BASE) -> float:
+    """A metric of the server at `base`, summed over its labels."""
+    import httpx
+
+    text = httpx.get(f"{base}/metrics", timeout=5).text
+    pattern = rf"^{re.escape(name)}(?:{{[^}}]*}})? (\S+)$"
+    return sum(float(m.group(1)) for m in re.finditer(pattern, text, re.MULTILINE))
 
 
 def wait_until(check: Callable[[], bool], timeout: float) -> float:
