@@ -46,6 +46,7 @@ class Paths:
       config.toml              settings (`AENV_CONFIG` points elsewhere)
       api-key                  the first API key's value, the operator's copy (mode 0600)
       api-keys.json            every API key of the node, as SHA-256 digests (mode 0600)
+      damon.json               the node's kdamond while cold reclaim runs (runtime/damon.py)
       catalog.db               the sandbox catalog (SQLite, WAL)
       template-tags.json       template tags
       templates/<id>/          template.json and its builds (saved states: templates,
@@ -85,6 +86,10 @@ class Paths:
     @property
     def api_keys(self) -> Path:
         return self.home / "api-keys.json"
+
+    @property
+    def damon(self) -> Path:
+        return self.home / "damon.json"
 
     @property
     def catalog(self) -> Path:
@@ -238,6 +243,13 @@ class Config(BaseModel):
     ksm: bool = False
     ksm_pages_to_scan: int = 1000
     ksm_sleep_ms: int = 20
+    # Cold-memory reclaim (docs/density.md): the node's kdamond pages out VMM memory not
+    # touched for this many seconds, to the swap the operator configured; at most
+    # `cold_reclaim_mb_per_s` MiB and `cold_reclaim_ms_per_s` ms of the kdamond's time a
+    # second. 0 (the default) turns it off; set, a host that cannot do it refuses to start.
+    cold_reclaim_after: int = 0
+    cold_reclaim_mb_per_s: int = 32
+    cold_reclaim_ms_per_s: int = 20
     # Idle hibernation: a running sandbox with no data-plane traffic and no command running
     # for this many seconds is paused behind the API's back and woken by its next request
     # (docs/density.md). 0 (the default) turns it off: it stops background processes.
@@ -294,6 +306,14 @@ class Config(BaseModel):
     def _tls_pair(self) -> Config:
         if (self.tls_cert is None) != (self.tls_key is None):
             raise ValueError("tls_cert and tls_key go together")
+        return self
+
+    @model_validator(mode="after")
+    def _cold_reclaim_bounds(self) -> Config:
+        if self.cold_reclaim_after < 0:
+            raise ValueError("cold_reclaim_after is seconds, 0 or more")
+        if self.cold_reclaim_mb_per_s < 1 or self.cold_reclaim_ms_per_s < 1:
+            raise ValueError("cold_reclaim_mb_per_s and cold_reclaim_ms_per_s must be 1 or more")
         return self
 
     @property

@@ -8,7 +8,9 @@ The data-plane proxy is the outermost app: requests carrying E2B's sandbox routi
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
+import functools
 import hashlib
 import logging
 import os
@@ -20,7 +22,7 @@ from pathlib import Path
 
 from aenv.api.app import create_api
 from aenv.api.keys import KeyStore, open_keys
-from aenv.config import Config
+from aenv.config import Config, ConfigError
 from aenv.guest.cmdline import GuestNet
 from aenv.network import NetworkConfig, SlotPool
 from aenv.network.dns import host_resolver
@@ -43,6 +45,7 @@ from aenv.proxy.resolver import SandboxPaused as ProxyPaused
 from aenv.proxy.resolver import SandboxUnavailable as ProxyUnavailable
 from aenv.proxy.resolver import Upstream
 from aenv.runtime.cgroups import CgroupManager, CgroupV1, detect
+from aenv.runtime.damon import ColdReclaim, ColdReclaimError, ReclaimSettings, follow, node_targets
 from aenv.runtime.driver import Driver
 from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
 from aenv.runtime.firecracker.host import find_binary
@@ -69,6 +72,8 @@ class Node:
     cgroups: CgroupManager
     app: SandboxProxy
     ksm: Ksm | None = None
+    cold_reclaim: ColdReclaim | None = None
+    following: asyncio.Task[None] | None = None
 
     async def close(self) -> None:
         await self.app.aclose()
@@ -78,6 +83,12 @@ class Node:
         self.catalog.close()
         if self.ksm is not None:
             await asyncio.to_thread(self.ksm.restore)
+        if self.following is not None:
+            self.following.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self.following
+        if self.cold_reclaim is not None:
+            await asyncio.to_thread(self.cold_reclaim.stop)
 
 
 def _guest_net(slots: NetworkConfig) -> GuestNet:
@@ -139,6 +150,44 @@ def _jailed_firecracker(config: Config, cgroups: CgroupManager) -> FirecrackerCo
 
 
 async def start_node(config: Config, progress: Progress = log.info) -> Node:
+    """The node, started; a host that cannot do what the configuration asks (cold reclaim)
+    is refused with a `ConfigError` before anything is made."""
+    reclaim = await _cold_reclaim(config, progress)
+    try:
+        node = await _start_node(config, progress, reclaim)
+    except BaseException:
+        if reclaim is not None:
+            await asyncio.to_thread(reclaim.stop)
+        raise
+    if reclaim is not None:
+        targets = functools.partial(node_targets, config.home)
+        node.following = asyncio.create_task(follow(reclaim, targets))
+    return node
+
+
+async def _cold_reclaim(config: Config, progress: Progress) -> ColdReclaim | None:
+    """The node's kdamond, made (off until VMMs run) when `cold_reclaim_after` is set; a
+    kdamond a killed server of this node left is removed either way."""
+    settings = ReclaimSettings(
+        cold_after_s=config.cold_reclaim_after,
+        bytes_per_s=config.cold_reclaim_mb_per_s << 20,
+        ms_per_s=config.cold_reclaim_ms_per_s,
+    )
+    reclaim = ColdReclaim(settings, config.paths.damon)
+    try:
+        if not config.cold_reclaim_after:
+            await asyncio.to_thread(reclaim.remove_stale)
+            return None
+        operations = await asyncio.to_thread(reclaim.start)
+    except ColdReclaimError as e:
+        raise ConfigError(
+            f"cold_reclaim_after = {config.cold_reclaim_after} cannot be honoured here: {e}"
+        ) from e
+    progress(f"cold reclaim on: {operations} operations, pages idle {settings.cold_after_s} s")
+    return reclaim
+
+
+async def _start_node(config: Config, progress: Progress, reclaim: ColdReclaim | None) -> Node:
     make_private(*_private_dirs(config))
     keys, created = open_keys(config.paths)
     if created:
@@ -219,12 +268,12 @@ async def start_node(config: Config, progress: Progress = log.info) -> Node:
         templates.save(hidden)
         return hidden
 
-    api = create_api(orchestrator, config, keys, boot_image)
+    api = create_api(orchestrator, config, keys, boot_image, cold_reclaim=reclaim)
     proxy = SandboxProxy(_Resolver(orchestrator), domain=config.domain, control_plane=api)
     orchestrator.vm_stopped.append(proxy.end_run)  # a stopped VM's streams end at once
     orchestrator.hibernation.traffic = proxy  # idle hibernation waits for quiet traffic
     ksm = await _ksm(config, progress)
-    return Node(config, keys, catalog, slots, orchestrator, cgroups, proxy, ksm)
+    return Node(config, keys, catalog, slots, orchestrator, cgroups, proxy, ksm, reclaim)
 
 
 async def _ksm(config: Config, progress: Progress) -> Ksm | None:

@@ -35,6 +35,7 @@ from aenv.orchestrator.build_egress import BuildEgress
 from aenv.orchestrator.builds import Builder, ImageBooter
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.tags import TagStore
+from aenv.runtime.damon import ColdReclaim
 
 log = logging.getLogger("aenv.api")
 # Health checks, Prometheus scrapes and the API description carry no secrets and usually no API
@@ -115,9 +116,10 @@ def create_api(
     config: Config,
     keys: KeyStore,
     boot_image: ImageBooter | None = None,
+    cold_reclaim: ColdReclaim | None = None,
 ) -> ASGIApp:
     book = LocalKeys(keys)
-    metrics = NodeMetrics(orchestrator)
+    metrics = NodeMetrics(orchestrator, cold_reclaim=cold_reclaim)
     builder = Builder(
         orchestrator,
         TagStore(config.paths.template_tags),

@@ -1,6 +1,6 @@
 """Prometheus `/metrics` for the node: sandboxes by state, create queue and outcomes, create
 latency as clients see it (queueing included), admission refusals by reason, warm network
-slots, warm pools of VMs, and the host's KSM sharing."""
+slots, warm pools of VMs, the host's KSM sharing, and the node's cold-memory reclaim."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from aenv.orchestrator.admission import Refusal
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.warm import WarmPools
+from aenv.runtime.damon import ColdReclaim
 from aenv.runtime.ksm import Ksm
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -98,11 +99,43 @@ class KsmCollector(Collector):
         )  # fmt: skip
 
 
+class ColdReclaimCollector(Collector):
+    """The node's DAMON `pageout` scheme (`runtime/damon.py`): what it tried and paged out
+    since the node started it."""
+
+    def __init__(self, reclaim: ColdReclaim) -> None:
+        self._reclaim = reclaim
+
+    def collect(self) -> Iterator[Metric]:
+        stats = self._reclaim.stats()  # a sysfs write (refresh) and a few reads
+        yield GaugeMetricFamily(
+            "aenv_cold_reclaim_running", "The node's kdamond is running", value=int(stats.running)
+        )
+        yield CounterMetricFamily(
+            "aenv_cold_reclaim_tried_bytes", "Bytes of cold regions the scheme was applied to",
+            value=stats.tried_bytes,
+        )  # fmt: skip
+        yield CounterMetricFamily(
+            "aenv_cold_reclaim_applied_bytes", "Bytes paged out", value=stats.applied_bytes
+        )
+        yield CounterMetricFamily(
+            "aenv_cold_reclaim_quota_exceeded", "Times the quota stopped the scheme",
+            value=stats.quota_exceeded,
+        )  # fmt: skip
+
+
 class NodeMetrics:
-    def __init__(self, orchestrator: Orchestrator, ksm: Ksm | None = None) -> None:
+    def __init__(
+        self,
+        orchestrator: Orchestrator,
+        ksm: Ksm | None = None,
+        cold_reclaim: ColdReclaim | None = None,
+    ) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_NodeCollector(orchestrator))
         self.registry.register(KsmCollector(ksm or Ksm()))
+        if cold_reclaim is not None:
+            self.registry.register(ColdReclaimCollector(cold_reclaim))
         self.create_seconds = Histogram(
             "aenv_create_seconds",
             "Sandbox create latency seen by clients, queueing included",

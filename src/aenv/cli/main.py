@@ -73,7 +73,11 @@ def server(
     except ConfigError as e:
         console.print(f"[red]configuration error:[/red] {e}")
         raise typer.Exit(2) from e
-    asyncio.run(serve(config))
+    try:
+        asyncio.run(serve(config))
+    except ConfigError as e:  # what the host cannot do, found as the node starts
+        console.print(f"[red]configuration error:[/red] {e}")
+        raise typer.Exit(2) from e
 
 
 async def serve(config: Config, beside: Beside | None = None, gate: Gate | None = None) -> None:

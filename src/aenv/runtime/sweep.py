@@ -222,12 +222,9 @@ def reap_strays(home: Path, prefix: str = VMM_NAME_PREFIX) -> list[Vmm]:
     node's when its command line names a file under `home` or it runs there (a jail's root).
     Returns what was killed. Blocking: run it in a thread."""
     me = os.getpid()
-    roots = _roots(home)
     strays: list[Vmm] = []
     procs: list[psutil.Process] = []
-    for vmm in our_vmms(prefix):
-        if not _under(vmm, roots):
-            continue
+    for vmm in node_vmms(home, prefix):
         with contextlib.suppress(psutil.NoSuchProcess):
             proc = psutil.Process(vmm.pid)
             if any(parent.pid == me for parent in proc.parents()):
@@ -243,6 +240,13 @@ def reap_strays(home: Path, prefix: str = VMM_NAME_PREFIX) -> list[Vmm]:
             [v.name for v in strays],
         )
     return strays
+
+
+def node_vmms(home: Path, prefix: str = VMM_NAME_PREFIX) -> list[Vmm]:
+    """The running VMMs of the node whose data directory is `home` (their command line names a
+    file under it, or they run there), whichever server process started them."""
+    roots = _roots(home)
+    return [vmm for vmm in our_vmms(prefix) if _under(vmm, roots)]
 
 
 def _roots(home: Path) -> set[str]:
