@@ -49,6 +49,7 @@ import enum
 import json
 import logging
 import math
+import os
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -167,7 +168,7 @@ def probe(root: Path = SYSFS, proc: Path = PROC, zswap: Path = ZSWAP) -> HostFac
     zswap_on = zswap.read_text().strip() == "Y" if zswap.is_file() else None
     if not (root / "kdamonds" / "nr_kdamonds").is_file():
         return HostFacts(False, (), None, None, swap, zswap_on)
-    sysfs = _Sysfs(root)
+    sysfs = DamonSysfs(root)
     kdamonds = tuple(_kdamond(sysfs, i) for i in range(int(sysfs.read("kdamonds/nr_kdamonds"))))
     operations: tuple[str, ...] | None = None
     ops_filters: bool | None = None
@@ -186,7 +187,7 @@ def _swap_bytes(swaps: Path) -> int:
     return sum(int(line.split()[2]) * 1024 for line in lines if line.strip())
 
 
-def _kdamond(sysfs: _Sysfs, index: int) -> Kdamond:
+def _kdamond(sysfs: DamonSysfs, index: int) -> Kdamond:
     base = f"kdamonds/{index}"
     running = sysfs.read(f"{base}/state") == "on"
     pid = int(sysfs.read(f"{base}/pid")) if running else None
@@ -196,8 +197,9 @@ def _kdamond(sysfs: _Sysfs, index: int) -> Kdamond:
     return Kdamond(index, running, pid, operations)
 
 
-class _Sysfs:
-    """Reads and writes of DAMON's sysfs files, relative to its `admin` directory."""
+class DamonSysfs:
+    """Reads and writes of DAMON's sysfs files, relative to its `admin` directory. Every write
+    goes through `put`, one `write(2)` of the value as the kernel takes it."""
 
     def __init__(self, root: Path) -> None:
         self.root = root
@@ -207,9 +209,18 @@ class _Sysfs:
 
     def write(self, name: str, value: str | int) -> None:
         try:
-            (self.root / name).write_text(str(value))
+            self.put(self.root / name, str(value))
         except OSError as exc:
             raise ColdReclaimError(f"cannot write {value!r} to DAMON's {name}: {exc}") from exc
+
+    def put(self, path: Path, value: str) -> None:
+        # Not `Path.write_text`: it opens with O_CREAT, and a sysfs file that is not there
+        # must fail rather than be made (a plain directory in tests would take it).
+        fd = os.open(path, os.O_WRONLY | os.O_TRUNC)
+        try:
+            os.write(fd, value.encode())
+        finally:
+            os.close(fd)
 
 
 @dataclass(frozen=True)
@@ -239,11 +250,15 @@ class ColdReclaim:
     INDEX = 0
 
     def __init__(
-        self, settings: ReclaimSettings, record: Path, root: Path = SYSFS, proc: Path = PROC
+        self,
+        settings: ReclaimSettings,
+        record: Path,
+        sysfs: DamonSysfs | None = None,
+        proc: Path = PROC,
     ) -> None:
         self.settings = settings
         self.record = record
-        self.sysfs = _Sysfs(root)
+        self.sysfs = sysfs or DamonSysfs(SYSFS)
         self.proc = proc
         self.operations: Operations | None = None
         self._targets: tuple[VmmTarget, ...] = ()
