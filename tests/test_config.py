@@ -127,3 +127,11 @@ def test_paths_under_home(tmp_path: Path) -> None:
 def test_repository_directory(tmp_path: Path, setting: str, expected: str | None) -> None:
     directory = Config(home=tmp_path, repository=setting).repository_dir
     assert directory == (None if expected is None else tmp_path / expected)
+
+
+def test_cold_reclaim_is_off_by_default_and_bounded(tmp_path: Path) -> None:
+    assert load(env={"AENV_HOME": str(tmp_path)}).cold_reclaim_after == 0
+    with pytest.raises(ConfigError, match="cold_reclaim_after is seconds"):
+        load(env={"AENV_HOME": str(tmp_path), "AENV_COLD_RECLAIM_AFTER": "-1"})
+    with pytest.raises(ConfigError, match="cold_reclaim_mb_per_s"):
+        load(env={"AENV_HOME": str(tmp_path), "AENV_COLD_RECLAIM_MB_PER_S": "0"})

@@ -5,17 +5,23 @@ left, and only that one. No root, no VM, nothing written outside the temporary d
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
+from aenv.api.metrics import ColdReclaimCollector
 from aenv.runtime.damon import (
     ColdReclaim,
     ColdReclaimError,
     Operations,
     ReclaimSettings,
     VmmTarget,
+    follow,
     memcg_of,
     probe,
     system_ram,
@@ -311,3 +317,48 @@ def test_memcg_and_system_ram_parsing(tmp_path: Path, proc: Path) -> None:
     assert memcg_of(43, proc) == "/system.slice/aenv/vm-b"
     assert memcg_of(44, proc) is None
     assert system_ram(proc / "iomem")[0] == (0x1000, 0x9FC00)
+
+
+async def test_the_follower_gives_the_kdamond_the_vmms_of_the_moment(
+    tmp_path: Path, proc: Path, zswap: Path
+) -> None:
+    kernel = _kernel(tmp_path)
+    reclaim = _reclaim(kernel, proc, tmp_path / "damon.json")
+    reclaim.start(zswap)
+    kernel.live_pids |= {101, 102}
+    vmms = [VmmTarget(101, "/a/1")]
+    task = asyncio.create_task(follow(reclaim, lambda: list(vmms), interval_s=0.01))
+    try:
+        await _until(lambda: reclaim.targets == (VmmTarget(101, "/a/1"),))
+        assert kernel.running()
+        vmms.append(VmmTarget(102, "/a/2"))
+        await _until(lambda: len(reclaim.targets) == 2)
+        assert kernel.writes[-1] == ("kdamonds/0/state", "commit")
+        vmms.clear()
+        await _until(lambda: not kernel.running())
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def _until(check: Callable[[], bool]) -> None:
+    for _ in range(500):  # bounds a broken follower; nothing is timed
+        if check():
+            return
+        await asyncio.sleep(0.01)
+    raise AssertionError("the follower did not get there")
+
+
+def test_metrics_export_the_schemes_figures(tmp_path: Path, proc: Path, zswap: Path) -> None:
+    kernel = _kernel(tmp_path)
+    reclaim = _reclaim(kernel, proc, tmp_path / "damon.json")
+    reclaim.start(zswap)
+    kernel.live_pids |= {101}
+    reclaim.update([VmmTarget(101, "/a/1")])
+    registry = CollectorRegistry()
+    registry.register(ColdReclaimCollector(reclaim))
+    text = generate_latest(registry).decode()
+    assert "aenv_cold_reclaim_running 1.0" in text
+    assert "aenv_cold_reclaim_tried_bytes_total 8192.0" in text
+    assert "aenv_cold_reclaim_applied_bytes_total 4096.0" in text
