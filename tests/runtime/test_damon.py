@@ -228,6 +228,9 @@ def test_stats_add_up_across_restarts(tmp_path: Path, proc: Path, zswap: Path) -
     reclaim.update([VmmTarget(101, "/a/1")])  # on again: the kernel's stats start at 0
     again = reclaim.stats()
     assert (again.tried_bytes, again.applied_bytes, again.applied_regions) == (24576, 12288, 3)
+    kernel.stop_by_itself()  # its VMMs exited: its figures go with it, as they were last read
+    reclaim.update([VmmTarget(101, "/a/1")])
+    assert reclaim.stats().applied_bytes == 12288 + 4096
 
 
 def test_refusals_name_every_reason_and_write_nothing(tmp_path: Path, proc: Path) -> None:

@@ -50,6 +50,7 @@ import json
 import logging
 import math
 import os
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -264,6 +265,9 @@ class ColdReclaim:
         self._targets: tuple[VmmTarget, ...] = ()
         self._before = dict.fromkeys(_STATS, 0)  # totals of the kdamond's earlier runs
         self._last = dict.fromkeys(_STATS, 0)
+        # One writer at a time: the follower's update in its thread, the metrics' refresh, and
+        # the shutdown's stop (the update of a cancelled follower may still be running).
+        self._lock = threading.RLock()
 
     @property
     def targets(self) -> tuple[VmmTarget, ...]:
@@ -359,7 +363,11 @@ class ColdReclaim:
         filters (paddr), then `commit` to the running kdamond, switch it on if it is off, or
         off when there is no VMM left. A VMM that exited meanwhile makes the kernel refuse the
         commit (`ColdReclaimError`): the caller tries again with the VMMs of the moment."""
-        targets = tuple(sorted(set(targets), key=lambda t: t.pid))
+        with self._lock:
+            if self.operations is not None:
+                self._update(tuple(sorted(set(targets), key=lambda t: t.pid)))
+
+    def _update(self, targets: tuple[VmmTarget, ...]) -> None:
         running = self._running()
         if not targets:
             if running:
@@ -373,6 +381,9 @@ class ColdReclaim:
         if running:
             self.sysfs.write(f"{self._base}/state", "commit")
         else:
+            # A kdamond that stopped by itself took its figures along: they are counted.
+            self._before = {n: self._before[n] + self._last[n] for n in _STATS}
+            self._last = dict.fromkeys(_STATS, 0)
             self.sysfs.write(f"{self._base}/state", "on")
             self._save_record()
         self._targets = targets
@@ -400,12 +411,15 @@ class ColdReclaim:
 
     def stats(self) -> ReclaimStats:
         """The scheme's figures (asks the running kdamond to refresh them first)."""
-        running = self._running()
-        if running:
-            with contextlib.suppress(ColdReclaimError):  # it stopped just now: last figures
-                self.sysfs.write(f"{self._base}/state", "update_schemes_stats")
-                self._last = {n: int(self.sysfs.read(f"{self._scheme}/stats/{n}")) for n in _STATS}
-        total = {n: self._before[n] + self._last[n] for n in _STATS}
+        with self._lock:
+            running = self._running()
+            if running:
+                with contextlib.suppress(ColdReclaimError):  # it stopped just now: last figures
+                    self.sysfs.write(f"{self._base}/state", "update_schemes_stats")
+                    self._last = {
+                        n: int(self.sysfs.read(f"{self._scheme}/stats/{n}")) for n in _STATS
+                    }
+            total = {n: self._before[n] + self._last[n] for n in _STATS}
         return ReclaimStats(
             running,
             total["sz_tried"],
@@ -418,14 +432,15 @@ class ColdReclaim:
     def stop(self) -> None:
         """Switch the node's kdamond off and remove it (its directory, with `nr_kdamonds`), and
         the record. Idempotent."""
-        if self.operations is None:
-            return
-        if self._running():
-            self._switch_off()
-        with contextlib.suppress(ColdReclaimError):  # someone else's kdamond runs: next start
-            self.sysfs.write("kdamonds/nr_kdamonds", 0)
-            self.record.unlink(missing_ok=True)
-        self.operations = None
+        with self._lock:
+            if self.operations is None:
+                return
+            if self._running():
+                self._switch_off()
+            with contextlib.suppress(ColdReclaimError):  # another's kdamond runs: next start
+                self.sysfs.write("kdamonds/nr_kdamonds", 0)
+                self.record.unlink(missing_ok=True)
+            self.operations = None
 
     def _switch_off(self) -> None:
         self.stats()  # its figures so far, before a restart sets them to zero
