@@ -34,7 +34,7 @@ test: install
 FAST_TESTS := tests/test_atomic.py tests/test_config.py tests/orchestrator tests/api tests/cli \
 	tests/storage/test_layers.py tests/storage/test_repository_cache.py \
 	tests/guest/test_cache.py tests/network/test_units.py tests/runtime/test_qemu_config.py \
-	tests/runtime/test_qcow2.py \
+	tests/runtime/test_qcow2.py tests/runtime/test_damon.py \
 	tests/runtime/firecracker/test_firecracker_models.py \
 	tests/runtime/firecracker/test_firecracker_host.py \
 	tests/runtime/firecracker/test_firecracker_memfile.py \
