@@ -1,20 +1,26 @@
 """Cold reclaim on this very host, read only: the probe says exactly why it cannot run here,
 checked against what the host shows by other means (`swapon`, the kdamonds' own files), and a
 server asked for `cold_reclaim_after` refuses to start with that message, before it makes
-anything. Nothing under /sys/kernel/mm/damon is written: the host's kdamond stays as it is."""
+anything; the node finds its own VMM processes (stopped QEMUs, no guest) and their memory
+cgroups, what its kdamond would target. Nothing under /sys/kernel/mm/damon is written: the
+host's kdamond stays as it is."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import secrets
 import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 
 from aenv.config import Paths
-from aenv.runtime.damon import SYSFS, probe
+from aenv.runtime.damon import SYSFS, VmmTarget, memcg_of, node_targets, probe
+from tests.runtime.test_sweep import _running, start_qemu
 from tests.support.ports import free_port
 
 
@@ -89,3 +95,25 @@ def test_a_server_asked_for_cold_reclaim_refuses_to_start_here(tmp_path: Path) -
     assert not home.exists()
     assert not Paths(home).memory.exists()
     assert _kdamonds_state() == before
+
+
+def test_the_node_targets_its_own_vmms_with_their_memory_cgroup(tmp_path: Path) -> None:
+    # Not `aenv-`: other nodes' sweeps on this machine must not take these for theirs.
+    tag = f"damontest-{secrets.token_hex(3)}"
+    home, other = tmp_path / "node", tmp_path / "other-node"
+    home.mkdir()
+    other.mkdir()
+    mine = start_qemu(f"{tag}-mine", home, orphan=False)
+    foreign = start_qemu(f"{tag}-foreign", other, orphan=False)
+    try:
+        _running({mine, foreign}, tag)
+        # A child stays in its parent's cgroups (no driver moved this one).
+        own = memcg_of(os.getpid())
+        assert own is not None
+        assert node_targets(home, prefix=tag) == [VmmTarget(mine, own)]
+    finally:
+        for pid in (mine, foreign):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(pid).kill()
+            with contextlib.suppress(ChildProcessError):
+                os.waitpid(pid, 0)

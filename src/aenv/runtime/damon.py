@@ -56,7 +56,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aenv import atomic
-from aenv.runtime.sweep import node_vmms
+from aenv.runtime.sweep import VMM_NAME_PREFIX, node_vmms
 
 log = logging.getLogger(__name__)
 
@@ -528,11 +528,11 @@ def memcg_of(pid: int, proc: Path = PROC) -> str | None:
     return unified
 
 
-def node_targets(home: Path, proc: Path = PROC) -> list[VmmTarget]:
+def node_targets(home: Path, proc: Path = PROC, prefix: str = VMM_NAME_PREFIX) -> list[VmmTarget]:
     """The VMM processes of the node whose data directory is `home`, with their memory
     cgroups. Blocking."""
     found = []
-    for vmm in node_vmms(home):
+    for vmm in node_vmms(home, prefix):
         memcg = memcg_of(vmm.pid, proc)
         if memcg is not None:
             found.append(VmmTarget(vmm.pid, memcg))
