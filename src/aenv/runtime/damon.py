@@ -125,18 +125,13 @@ class HostFacts:
         """The operations the node would use, and why (a sentence)."""
         if self.operations is None:
             return None, "the kernel's operations are known once the node's kdamond exists"
-        if Operations.VADDR in self.operations:
-            return Operations.VADDR, "vaddr: each VMM process is a target"
-        missing = "no vaddr operations (CONFIG_DAMON_VADDR)"
-        if Operations.PADDR in self.operations and self.ops_filters is not False:
-            return Operations.PADDR, f"{missing}: paddr, filtered to the VMMs' memory cgroups"
-        return None, f"{missing}, and no paddr operations with memcg allow filters"
+        return choose(self.operations, self.ops_filters)
 
-    def refusals(self, ours: int | None = None) -> list[str]:
-        """Every reason cold reclaim cannot run here; `ours` is the node's own kdamond."""
-        if not self.sysfs:
-            return ["this kernel has no DAMON sysfs interface (CONFIG_DAMON_SYSFS)"]
+    def refusals(self) -> list[str]:
+        """Every reason cold reclaim cannot run here."""
         reasons: list[str] = []
+        if not self.sysfs:
+            reasons.append("this kernel has no DAMON sysfs interface (CONFIG_DAMON_SYSFS)")
         if self.swap_bytes == 0:
             zswap = "zswap is on" if self.zswap else "zswap is off"
             reasons.append(
@@ -148,8 +143,6 @@ class HostFacts:
         if operations is None and self.operations is not None:
             reasons.append(why)
         for kdamond in self.kdamonds:
-            if kdamond.index == ours:
-                continue
             if kdamond.running:
                 reasons.append(
                     f"another DAMON user's kdamond {kdamond.index} (pid {kdamond.pid}) is "
@@ -161,6 +154,17 @@ class HostFacts:
                     "nr_kdamonds, which drops every kdamond's settings"
                 )
         return reasons
+
+
+def choose(available: Sequence[str], ops_filters: bool | None) -> tuple[Operations | None, str]:
+    """vaddr when the kernel has it, else paddr with memcg allow filters (`ops_filters`; None:
+    not known yet), else none; and why, in a sentence."""
+    if Operations.VADDR in available:
+        return Operations.VADDR, "vaddr: each VMM process is a target"
+    missing = "no vaddr operations (CONFIG_DAMON_VADDR)"
+    if Operations.PADDR in available and ops_filters is not False:
+        return Operations.PADDR, f"{missing}: paddr, filtered to the VMMs' memory cgroups"
+    return None, f"{missing}, and no paddr operations with memcg allow filters"
 
 
 def probe(root: Path = SYSFS, proc: Path = PROC, zswap: Path = ZSWAP) -> HostFacts:
@@ -311,8 +315,7 @@ class ColdReclaim:
         self.sysfs.write(f"{self._context}/schemes/nr_schemes", 1)
         available = self.sysfs.read(f"{self._context}/avail_operations").split()
         ops_filters = (self.sysfs.root / self._scheme / "ops_filters").is_dir()
-        facts = HostFacts(True, (), tuple(available), ops_filters, 1, None)
-        operations, why = facts.choice()
+        operations, why = choose(available, ops_filters)
         if operations is None:
             raise ColdReclaimError(why)
         ctx = self._context
