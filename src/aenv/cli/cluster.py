@@ -76,6 +76,9 @@ def node(
         # The node has shut down again (its sandboxes paused or killed, as configured).
         console.print(f"[red]cannot join the cluster:[/red] {e}")
         raise typer.Exit(1) from e
+    except ConfigError as e:  # what the host cannot do, found as the node starts
+        console.print(f"[red]configuration error:[/red] {e}")
+        raise typer.Exit(2) from e
 
 
 @asynccontextmanager
