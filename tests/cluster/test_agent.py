@@ -12,6 +12,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from aenv.cluster.agent import NodeAgent, NodeState
+from aenv.cluster.builds import BuildPlaces
 from aenv.cluster.holders import FileKind, FileRef, Holders
 from aenv.cluster.parked import Parked, ParkedSandbox
 from aenv.cluster.registry import Capacity, NodeRegistry
@@ -31,6 +32,7 @@ class Node:
     snapshots: set[str] = field(default_factory=set)
     parked: dict[str, str] = field(default_factory=dict)
     saved: dict[str, str] = field(default_factory=dict)
+    builds: set[str] = field(default_factory=set)
 
     async def state(self) -> NodeState:
         capacity = Capacity(2, 4096, 2048, running=len(self.sandboxes), paused=0)
@@ -41,6 +43,7 @@ class Node:
             set(self.snapshots),
             dict(self.parked),
             dict(self.saved),
+            set(self.builds),
         )
 
     async def forget(self, sandbox_id: str) -> None:
@@ -272,3 +275,23 @@ async def test_a_node_whose_lease_lapsed_writes_back_routes_a_gateway_dropped(
     assert await agent.beat()
     assert await routes.lookup("sbx1") == "n1" and await routes.of_node("n1") == {"sbx1", "sbx2"}
     assert not await agent.beat()
+
+
+async def test_builds_in_progress_are_found_again_after_a_wipe(client: aioredis.Redis) -> None:
+    """The node records its builds where no node is recorded: after a wipe its build of tpl1 is
+    found on it again, and a build of tpl2 a gateway placed on n2 since is left there."""
+    node = Node(builds={"tpl1"})
+    agent = NodeAgent(client, "n1", "10.0.0.1:3000", node, SECRET, ttl=30)
+    builds = BuildPlaces(client)
+    assert await agent.beat()
+    assert await builds.node_of("tpl1") == "n1"
+    await client.flushall()
+    await builds.place("tpl2", "n2")
+    node.builds.add("tpl2")
+    assert await agent.beat()
+    assert [await builds.node_of(t) for t in ("tpl1", "tpl2")] == ["n1", "n2"]
+    # Between republishes a beat writes only the builds new since the last one.
+    await client.delete(builds.keys.build("tpl1"))
+    node.builds = {"tpl1", "tpl3"}
+    assert not await agent.beat()
+    assert [await builds.node_of(t) for t in ("tpl1", "tpl3")] == [None, "n1"]

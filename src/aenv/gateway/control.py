@@ -15,7 +15,8 @@
 - A create from a snapshot another node made has the chosen node adopt its record first
   (`aenv.cluster.saved`): the node pulls its files from the shared repository.
 - Templates and snapshots are answered across nodes (`saved`), template builds placed and
-  routed to their node (`builds`), volumes kept on theirs (`volumes`); forks spill over to
+  routed to their node (`builds`), tags kept on every node holding the template (`tags`),
+  volumes kept on theirs (`volumes`); forks spill over to
   other nodes when the parent's lacks room (`forks`).
 - Every other route of a node is a 501 here for now, naming it.
 """
@@ -50,6 +51,7 @@ from aenv.gateway.handoff import Handoff
 from aenv.gateway.listing import merge, page_limit
 from aenv.gateway.nodes import Answer, NodeClient, NodeFailed, NodeUnreachable, message
 from aenv.gateway.saved import SavedRoutes
+from aenv.gateway.tags import TagRoutes
 from aenv.gateway.volumes import VolumeRoutes
 
 # `/sandboxes/{id}...` and `/v2/sandboxes/{id}...`, but not `/sandboxes/metrics`.
@@ -60,7 +62,12 @@ log = logging.getLogger("aenv.gateway")
 
 
 class ControlPlane:
-    def __init__(self, directory: Directory, nodes: NodeClient, handoff: Handoff) -> None:
+    def __init__(
+        self,
+        directory: Directory,
+        nodes: NodeClient,
+        handoff: Handoff,
+    ) -> None:
         self.directory = directory
         self.nodes = nodes
         self.handoff = handoff
@@ -79,6 +86,8 @@ class ControlPlane:
             Route("/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
             Route("/v2/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
             *BuildRoutes(self, saved.first_knowing).routes(),
+            # Before the template routes: `/templates/tags` is not a template id.
+            *TagRoutes(saved).routes(),
             *saved.routes(),
             *self.volumes.routes(),
             Route("/{rest:path}", self.not_served, methods=_SANDBOX_METHODS),
@@ -158,7 +167,7 @@ class ControlPlane:
         """Has the node record a snapshot it lacks; the refusal, if it refused."""
         try:
             answer = await self.nodes.call(
-                node, "POST", ADOPT_TEMPLATE, caller=CLUSTER_CALLER, body=saved.record.encode()
+                node, "POST", ADOPT_TEMPLATE, caller=CLUSTER_CALLER, body=saved.published.encode()
             )
         except NodeFailed as error:
             return str(error)
