@@ -15,6 +15,7 @@ from aenv.cluster.agent import NodeAgent, NodeState
 from aenv.cluster.builds import BuildPlaces
 from aenv.cluster.holders import FileKind, FileRef, Holders
 from aenv.cluster.parked import Parked, ParkedSandbox
+from aenv.cluster.quota import KeyLimitReached, KeyQuota
 from aenv.cluster.registry import Capacity, NodeRegistry
 from aenv.cluster.routing import Routes
 from aenv.cluster.saved import SavedRecords
@@ -33,6 +34,7 @@ class Node:
     parked: dict[str, str] = field(default_factory=dict)
     saved: dict[str, str] = field(default_factory=dict)
     builds: set[str] = field(default_factory=set)
+    owners: dict[str, set[str]] = field(default_factory=dict)  # key id -> running sandboxes
 
     async def state(self) -> NodeState:
         capacity = Capacity(2, 4096, 2048, running=len(self.sandboxes), paused=0)
@@ -49,6 +51,9 @@ class Node:
     async def forget(self, sandbox_id: str) -> None:
         self.sandboxes.discard(sandbox_id)
         self.parked.pop(sandbox_id, None)
+
+    async def running_by_key(self) -> dict[str, set[str]]:
+        return {key: set(ids) for key, ids in self.owners.items()}
 
 
 async def snapshot_of(client: aioredis.Redis, node_ids: list[str]) -> dict[str, object]:
@@ -295,3 +300,34 @@ async def test_builds_in_progress_are_found_again_after_a_wipe(client: aioredis.
     node.builds = {"tpl1", "tpl3"}
     assert not await agent.beat()
     assert [await builds.node_of(t) for t in ("tpl1", "tpl3")] == [None, "n1"]
+
+
+async def test_a_keys_sandboxes_are_counted_across_nodes(client: aioredis.Redis) -> None:
+    """k1 runs two sandboxes on n1 and one on n2: with a limit of 4 one create may start, a
+    second at once is refused; a kill on n1 frees a slot at once (its residency event), a node
+    lost frees its sandboxes' slots, and a wipe is counted again by the next beats."""
+    n1 = Node(sandboxes={"a", "b"}, owners={"k1": {"a", "b"}, "k2": {"c"}})
+    n2 = Node(sandboxes={"d"}, owners={"k1": {"d"}})
+    agents = [
+        NodeAgent(client, f"n{i}", f"10.0.0.{i}:3000", node, SECRET, ttl=30)
+        for i, node in ((1, n1), (2, n2))
+    ]
+    for agent in agents:
+        await agent.beat()
+    quota = KeyQuota(client)
+    first = await quota.reserve("k1", 4)
+    with pytest.raises(KeyLimitReached, match=r"concurrent E2B sandboxes \(4\).* holds 4"):
+        await quota.reserve("k1", 4)
+    assert await quota.reserve("k2", 2)  # each key its own count
+    n1.owners["k1"].discard("a")
+    await agents[0].sandbox_gone("a")
+    second = await quota.reserve("k1", 4)
+    await quota.release("k1", first)
+    await quota.release("k1", second)
+    await agents[1].close()  # n2 gone: its sandbox no longer counts
+    for _ in range(3):
+        await quota.reserve("k1", 4)
+    await client.flushall()
+    await agents[0].beat()
+    with pytest.raises(KeyLimitReached, match="holds 1"):
+        await quota.reserve("k1", 1)

@@ -27,6 +27,7 @@ from aenv.cluster.drain import Drains
 from aenv.cluster.holders import FileKind, FileRef, Holders
 from aenv.cluster.keys import ClusterKeys, sync_keys
 from aenv.cluster.parked import Parked
+from aenv.cluster.quota import KeyQuota
 from aenv.cluster.registry import Capacity, NodeRegistry, NodeReport
 from aenv.cluster.routing import Routes
 from aenv.cluster.saved import SavedRecord, SavedRecords
@@ -711,3 +712,34 @@ async def test_tags_reach_every_holder_and_the_published_record(
     adopter = setup.nodes[made.json()["node"]]
     assert adopter.builder is not None and adopter.snapshots["tplgone"] == gone
     assert adopter.builder.tags.builds("tplgone") == {"stable": "b9"}
+
+
+async def test_a_create_past_the_keys_cluster_wide_limit_is_e2bs_429(
+    setup: Setup, redis: RedisServer, client: aioredis.Redis
+) -> None:
+    """With 2 sandboxes at most per key, counted across nodes: a key holding one on each node
+    is refused by a gateway (E2B's message); once a node's count drops, the create goes on."""
+    quota = KeyQuota(client)
+    await quota.publish("a", {setup.key_id: {"sba1"}}, ttl=60)
+    await quota.publish("b", {setup.key_id: {"sbb1"}, "other": {"sbb2"}}, ttl=60)
+    gateway_client = connect(redis.url, timeout=0.5)
+    gateway = Gateway(
+        Directory(gateway_client, SECRET),
+        SECRET,
+        ClusterKeys(gateway_client),
+        RateLimiter(1000, 1000),
+        key_max_sandboxes=2,
+    )
+    with serve(gateway, port := free_port()):
+        headers = {"X-API-Key": setup.key}
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=headers) as http:
+            refused = await http.post("/sandboxes", json={"templateID": "base"})
+            assert refused.status_code == 429, refused.text
+            message = refused.json()["message"]
+            assert message.startswith("you have reached the maximum number of concurrent E2B")
+            assert [n.creates_seen for n in setup.nodes.values()] == [[], []]
+            await quota.publish("b", {"other": {"sbb2"}}, ttl=60)  # killed there
+            made = await http.post("/sandboxes", json={"templateID": "base"})
+            assert made.status_code == 201, made.text
+    # The create's reservation is gone with its answer (the node counts its sandbox itself).
+    assert await client.hlen(Keys().key_creates(setup.key_id)) == 0

@@ -2,7 +2,7 @@
 host: the sandboxes it holds, those of them any node could resume (paused, their newest
 checkpoint in the shared repository), the templates and snapshots whose files it has (and the
 snapshots and built templates stored in that repository, with their tags), the templates it is
-building, and its capacity."""
+building, its running sandboxes per API key, and its capacity."""
 
 from __future__ import annotations
 
@@ -69,6 +69,13 @@ class CatalogSource:
             },
             set() if self.builder is None else self.builder.unfinished_templates(),
         )
+
+    async def running_by_key(self) -> dict[str, set[str]]:
+        running: dict[str, set[str]] = {}
+        for r in self.catalog.list():
+            if r.owner is not None and not r.internal and r.state.public == "running":
+                running.setdefault(r.owner, set()).add(r.id)
+        return running
 
     def _tags(self, template_id: str) -> dict[str, str]:
         return {} if self.builder is None else self.builder.tags.builds(template_id)

@@ -8,7 +8,8 @@
   parked (paused, its checkpoint in the shared repository) is moved to another node first
   (`handoff`); else E2B's 404, and a route left to a node whose lease is gone is removed.
 - Creates go to nodes that are not draining; a create mounting volumes goes to their node
-  (`volumes`).
+  (`volumes`). A create first reserves a slot of its API key's limit of sandboxes at once,
+  counted across the cluster (`aenv.cluster.quota`): past it, E2B's 429.
 - Lists ask every live node and merge (`listing`). Paused sandboxes of lost nodes (and those a
   drain released) are moved to a live node first, so they are listed, paused, as on one node.
 - Redis unreachable is a 503 with a JSON error, for as long as it lasts.
@@ -42,9 +43,11 @@ from aenv.api.sandboxes import batch_metrics_ids
 from aenv.cluster.directory import Directory
 from aenv.cluster.internal import CLUSTER_CALLER
 from aenv.cluster.placement import candidates
+from aenv.cluster.quota import KeyLimitReached
 from aenv.cluster.registry import NodeReport
 from aenv.cluster.saved import SavedRecord
 from aenv.cluster.store import ClusterUnavailable
+from aenv.config import Config
 from aenv.gateway.builds import BuildRoutes
 from aenv.gateway.forks import Forks
 from aenv.gateway.handoff import Handoff
@@ -67,10 +70,12 @@ class ControlPlane:
         directory: Directory,
         nodes: NodeClient,
         handoff: Handoff,
+        key_max_sandboxes: int = Config().key_max_sandboxes,
     ) -> None:
         self.directory = directory
         self.nodes = nodes
         self.handoff = handoff
+        self.key_max_sandboxes = key_max_sandboxes
         self.volumes = VolumeRoutes(self)
 
     def routes(self) -> list[Route]:
@@ -108,8 +113,20 @@ class ControlPlane:
 
     async def create(self, request: Request) -> Response:
         path, body = request.url.path, await request.body()
-        answer = await self.volumes.create_sandbox(request, path, body)
-        return _respond(answer or await self.place(request, path, body))
+        key_id = request.state.api_key.id
+        quota = self.directory.quota
+        try:
+            token = await quota.reserve(key_id, self.key_max_sandboxes)
+        except KeyLimitReached as error:
+            raise APIError(429, str(error)) from error
+        try:
+            answer = await self.volumes.create_sandbox(request, path, body)
+            return _respond(answer or await self.place(request, path, body))
+        finally:
+            try:
+                await quota.release(key_id, token)
+            except ClusterUnavailable as error:
+                log.warning("reservation %s of key %s lapses on its own: %s", token, key_id, error)
 
     async def place(self, request: Request, path: str, body: bytes) -> Answer:
         """A create (`POST path` with `body`) on the first node that takes it, for the client
