@@ -201,23 +201,21 @@ async def a_build_running_on(
 
 
 async def a_build_lost_with_its_node(
-    c: Cluster, client: aioredis.Redis, build: RunningBuild, lost: str, scratch: Path
+    c: Cluster, client: aioredis.Redis, build: RunningBuild, lost: str
 ) -> None:
-    """Its node was killed mid-build: the SDK's build ends with the error naming the node, no
-    sandbox starts from the half-built template, and a rebuild on the survivor works."""
+    """Its node was killed mid-build: the SDK's build ends with the error naming the node, and
+    no sandbox starts from the half-built template. (A rebuild placed on another node is
+    `test_gateway.py`'s: a real one here would cost a whole build and upload of CI time.)"""
     try:
         await asyncio.to_thread(build.proc.wait, 300)
     finally:
         stop_group(build.proc, grace_s=5)
     ended = json.loads(build.out.read_text().strip().splitlines()[-1])
     assert f"node {lost}, which ran this build, is gone" in ended.get("error", ""), ended
-    assert await SavedRecords(client).find(DOOMED) is None
+    saved = SavedRecords(client)
+    assert await saved.find(DOOMED) is None and await saved.find(build.template_id) is None
     refused = sdk(c, "try-create", DOOMED, script=BUILDS)
     assert "error" in refused and "not found" in refused["error"].lower(), refused
-    rebuilt = sdk(c, "build", DOOMED, str(scratch / "build-context"), script=BUILDS)
-    assert rebuilt["templateID"] != build.template_id
-    # Ready means stored: a sandbox from it is what `templates_travel` shows.
-    assert await BuildPlaces(client).node_of(rebuilt["templateID"]) not in (None, lost)
 
 
 async def sandboxes_move(
@@ -274,7 +272,7 @@ async def sandboxes_move(
     assert sdk(c, "resume", sandbox_id, script=MOVES) == {"file": kept, "echo": "moved\n"}
     assert await routes.lookup(sandbox_id) == first
     assert sdk(c, "gone", running, script=MOVES)["gone"] is True
-    await a_build_lost_with_its_node(c, parked.client, doomed, other, scratch)
+    await a_build_lost_with_its_node(c, parked.client, doomed, other)
 
     # Two gateways; one killed: the other serves the same sandbox and new ones.
     second = dataclasses.replace(
