@@ -20,12 +20,13 @@ from dataclasses import dataclass
 from ipaddress import IPv4Network
 from pathlib import Path
 
-from aenv.api.app import create_api
+from aenv.api.app import create_api, node_builder
 from aenv.api.keys import KeyStore, open_keys
 from aenv.config import Config, ConfigError
 from aenv.guest.cmdline import GuestNet
 from aenv.network import NetworkConfig, SlotPool
 from aenv.network.dns import host_resolver
+from aenv.orchestrator.builds import Builder
 from aenv.orchestrator.catalog import Catalog
 from aenv.orchestrator.images import GuestImages, prepare_images
 from aenv.orchestrator.kinds import TemplateKind
@@ -71,6 +72,7 @@ class Node:
     orchestrator: Orchestrator
     cgroups: CgroupManager
     app: SandboxProxy
+    builder: Builder
     ksm: Ksm | None = None
     cold_reclaim: ColdReclaim | None = None
     following: asyncio.Task[None] | None = None
@@ -268,12 +270,13 @@ async def _start_node(config: Config, progress: Progress, reclaim: ColdReclaim |
         templates.save(hidden)
         return hidden
 
-    api = create_api(orchestrator, config, keys, boot_image, cold_reclaim=reclaim)
+    builder = node_builder(orchestrator, config, boot_image)
+    api = create_api(orchestrator, config, keys, builder, cold_reclaim=reclaim)
     proxy = SandboxProxy(_Resolver(orchestrator), domain=config.domain, control_plane=api)
     orchestrator.vm_stopped.append(proxy.end_run)  # a stopped VM's streams end at once
     orchestrator.hibernation.traffic = proxy  # idle hibernation waits for quiet traffic
     ksm = await _ksm(config, progress)
-    return Node(config, keys, catalog, slots, orchestrator, cgroups, proxy, ksm, reclaim)
+    return Node(config, keys, catalog, slots, orchestrator, cgroups, proxy, builder, ksm, reclaim)
 
 
 async def _ksm(config: Config, progress: Progress) -> Ksm | None:

@@ -50,6 +50,19 @@ def test_an_older_node_s_key_file_keeps_working(tmp_path: Path) -> None:
     assert len(again.list()) == 1
 
 
+def test_a_revoked_default_key_stays_revoked_after_a_restart(tmp_path: Path) -> None:
+    paths = Paths(tmp_path)
+    store, _ = open_keys(paths)
+    first = paths.api_key.read_text().strip()
+    _, second = store.create("ci")
+    store.revoke(store.list()[0].id)
+    reopened, created = open_keys(paths)  # the key file still holds the revoked value
+    assert not created
+    assert reopened.verify(first) is None
+    assert reopened.verify(second) is not None
+    assert [k.name for k in reopened.list()] == ["ci"]
+
+
 def test_a_first_start_generates_a_key(tmp_path: Path) -> None:
     paths = Paths(tmp_path)
     store, created = open_keys(paths)

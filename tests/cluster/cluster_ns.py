@@ -81,6 +81,17 @@ class Gateway:
         self.proc.kill()
         self.proc.wait()
 
+    def spawn(
+        self, argv: list[str], out: Path, env: Mapping[str, str] = {}
+    ) -> subprocess.Popen[bytes]:
+        """A client command in the gateway's namespace, left running, its output into `out`;
+        the caller ends it (`stop_group`)."""
+        with out.open("ab") as log:
+            return subprocess.Popen(
+                in_netns(self.netns, *argv), env={**self.env, **env}, stdout=log,
+                stderr=subprocess.STDOUT, start_new_session=True,
+            )  # fmt: skip
+
     def run(
         self, argv: list[str], env: Mapping[str, str] = {}, timeout: float = 600
     ) -> tuple[int, str]:

@@ -6,7 +6,8 @@ listed by the real route; it adopts and deletes them as a node's routes do. Its 
 many children as the test gives it room for and refuse the rest for capacity, and it snapshots
 a sandbox on demand (the test publishes the snapshot, as a node's agent would once uploaded).
 Its template build routes are a node's own (`aenv.api.builds`) over a real builder, short of
-starting a build (which boots a VM); its volume routes (and their content API) are a node's own
+starting a build (which boots a VM), and an adopted template's tags go into its tag store, as a
+node's `adopt_template` keeps them; its volume routes (and their content API) are a node's own
 over a real volume store.
 Booting VMs is what `test_gateway_cluster.py` does; these tests are about the gateway's choices."""
 
@@ -48,7 +49,7 @@ from aenv.orchestrator.catalog import (
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.states import SandboxState
-from aenv.orchestrator.tags import TagStore
+from aenv.orchestrator.tags import TagStore, without_tags
 from aenv.orchestrator.templates import (
     Template,
     TemplateStore,
@@ -100,6 +101,7 @@ class NodeDouble:
     # Called with each snapshot taken here, as its upload would end.
     on_snapshot: Callable[[Template], Awaitable[None]] | None = None
     builder: Builder | None = None  # set by `app`
+    templates: TemplateStore | None = None  # set by `app`
 
     def add(
         self,
@@ -122,6 +124,7 @@ class NodeDouble:
     def app(self, keys: KeyStore) -> ASGIApp:
         config = load({"home": self.home})
         templates = TemplateStore(config.paths.templates, self.home / "template-memory")
+        self.templates = templates
         orchestrator = cast(
             Orchestrator,
             _CatalogOnly(
@@ -137,6 +140,7 @@ class NodeDouble:
         )
         routes = SandboxRoutes(orchestrator, config, cast(NodeMetrics, None))
         saved = SnapshotRoutes(orchestrator, config)
+        templates_api = TemplateRoutes(orchestrator)
         app = Starlette(
             routes=[
                 Route("/sandboxes", self.create, methods=["POST"]),
@@ -149,9 +153,12 @@ class NodeDouble:
                 Route("/sandboxes/{sandbox_id}/fork", self.fork, methods=["POST"]),
                 Route("/sandboxes/{sandbox_id}/snapshots", self.snapshot, methods=["POST"]),
                 Route("/cluster/templates", self.adopt_template, methods=["POST"]),
-                Route("/templates/{template_id}", self.delete_template, methods=["DELETE"]),
+                # Before the template routes, as on a node: `/templates/tags` is not an id.
                 *BuildRoutes(self.builder).routes(),
-                Route("/templates", TemplateRoutes(orchestrator).list, methods=["GET"]),
+                Route("/templates/{template_id}", self.delete_template, methods=["DELETE"]),
+                Route("/templates", templates_api.list, methods=["GET"]),
+                Route("/templates/aliases/{alias}", templates_api.alias, methods=["GET"]),
+                Route("/templates/{template_id}", templates_api.get, methods=["GET"]),
                 *VolumeRoutes(orchestrator).routes(),
             ],
             exception_handlers=JSON_ERRORS,
@@ -205,9 +212,18 @@ class NodeDouble:
         return Response(record_to_json(record), media_type="application/json")
 
     async def adopt_template(self, request: Request) -> Response:
-        template = template_from_json((await request.body()).decode())
+        record, tags = without_tags((await request.body()).decode())
+        template = template_from_json(record)
         self.snapshots[template.template_id] = template
+        assert self.builder is not None
+        self.builder.tags.take(template.template_id, tags)
         return Response(template_to_json(template), media_type="application/json")
+
+    def holds(self, template: Template) -> None:
+        """Has the template's files, as after building or pulling it."""
+        assert self.templates is not None
+        (self.templates.directory / template.template_id).mkdir(parents=True)
+        self.templates.save(template)
 
     async def delete_template(self, request: Request) -> Response:
         template_id = request.path_params["template_id"]

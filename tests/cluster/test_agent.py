@@ -12,8 +12,10 @@ import pytest
 import redis.asyncio as aioredis
 
 from aenv.cluster.agent import NodeAgent, NodeState
+from aenv.cluster.builds import BuildPlaces
 from aenv.cluster.holders import FileKind, FileRef, Holders
 from aenv.cluster.parked import Parked, ParkedSandbox
+from aenv.cluster.quota import KeyLimitReached, KeyQuota
 from aenv.cluster.registry import Capacity, NodeRegistry
 from aenv.cluster.routing import Routes
 from aenv.cluster.saved import SavedRecords
@@ -31,6 +33,8 @@ class Node:
     snapshots: set[str] = field(default_factory=set)
     parked: dict[str, str] = field(default_factory=dict)
     saved: dict[str, str] = field(default_factory=dict)
+    builds: set[str] = field(default_factory=set)
+    owners: dict[str, set[str]] = field(default_factory=dict)  # key id -> running sandboxes
 
     async def state(self) -> NodeState:
         capacity = Capacity(2, 4096, 2048, running=len(self.sandboxes), paused=0)
@@ -41,11 +45,15 @@ class Node:
             set(self.snapshots),
             dict(self.parked),
             dict(self.saved),
+            set(self.builds),
         )
 
     async def forget(self, sandbox_id: str) -> None:
         self.sandboxes.discard(sandbox_id)
         self.parked.pop(sandbox_id, None)
+
+    async def running_by_key(self) -> dict[str, set[str]]:
+        return {key: set(ids) for key, ids in self.owners.items()}
 
 
 async def snapshot_of(client: aioredis.Redis, node_ids: list[str]) -> dict[str, object]:
@@ -272,3 +280,54 @@ async def test_a_node_whose_lease_lapsed_writes_back_routes_a_gateway_dropped(
     assert await agent.beat()
     assert await routes.lookup("sbx1") == "n1" and await routes.of_node("n1") == {"sbx1", "sbx2"}
     assert not await agent.beat()
+
+
+async def test_builds_in_progress_are_found_again_after_a_wipe(client: aioredis.Redis) -> None:
+    """The node records its builds where no node is recorded: after a wipe its build of tpl1 is
+    found on it again, and a build of tpl2 a gateway placed on n2 since is left there."""
+    node = Node(builds={"tpl1"})
+    agent = NodeAgent(client, "n1", "10.0.0.1:3000", node, SECRET, ttl=30)
+    builds = BuildPlaces(client)
+    assert await agent.beat()
+    assert await builds.node_of("tpl1") == "n1"
+    await client.flushall()
+    await builds.place("tpl2", "n2")
+    node.builds.add("tpl2")
+    assert await agent.beat()
+    assert [await builds.node_of(t) for t in ("tpl1", "tpl2")] == ["n1", "n2"]
+    # Between republishes a beat writes only the builds new since the last one.
+    await client.delete(builds.keys.build("tpl1"))
+    node.builds = {"tpl1", "tpl3"}
+    assert not await agent.beat()
+    assert [await builds.node_of(t) for t in ("tpl1", "tpl3")] == [None, "n1"]
+
+
+async def test_a_keys_sandboxes_are_counted_across_nodes(client: aioredis.Redis) -> None:
+    """k1 runs two sandboxes on n1 and one on n2: with a limit of 4 one create may start, a
+    second at once is refused; a kill on n1 frees a slot at once (its residency event), a node
+    lost frees its sandboxes' slots, and a wipe is counted again by the next beats."""
+    n1 = Node(sandboxes={"a", "b"}, owners={"k1": {"a", "b"}, "k2": {"c"}})
+    n2 = Node(sandboxes={"d"}, owners={"k1": {"d"}})
+    agents = [
+        NodeAgent(client, f"n{i}", f"10.0.0.{i}:3000", node, SECRET, ttl=30)
+        for i, node in ((1, n1), (2, n2))
+    ]
+    for agent in agents:
+        await agent.beat()
+    quota = KeyQuota(client)
+    first = await quota.reserve("k1", 4)
+    with pytest.raises(KeyLimitReached, match=r"concurrent E2B sandboxes \(4\).* holds 4"):
+        await quota.reserve("k1", 4)
+    assert await quota.reserve("k2", 2)  # each key its own count
+    n1.owners["k1"].discard("a")
+    await agents[0].sandbox_gone("a")
+    second = await quota.reserve("k1", 4)
+    await quota.release("k1", first)
+    await quota.release("k1", second)
+    await agents[1].close()  # n2 gone: its sandbox no longer counts
+    for _ in range(3):
+        await quota.reserve("k1", 4)
+    await client.flushall()
+    await agents[0].beat()
+    with pytest.raises(KeyLimitReached, match="holds 1"):
+        await quota.reserve("k1", 1)

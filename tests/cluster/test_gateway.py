@@ -20,15 +20,18 @@ import redis.asyncio as aioredis
 
 from aenv.api.keys import KeyStore
 from aenv.api.limits import RateLimiter
+from aenv.cluster.agent import NodeAgent
 from aenv.cluster.builds import BuildPlaces
 from aenv.cluster.directory import Directory
 from aenv.cluster.drain import Drains
 from aenv.cluster.holders import FileKind, FileRef, Holders
 from aenv.cluster.keys import ClusterKeys, sync_keys
 from aenv.cluster.parked import Parked
+from aenv.cluster.quota import KeyQuota
 from aenv.cluster.registry import Capacity, NodeRegistry, NodeReport
 from aenv.cluster.routing import Routes
 from aenv.cluster.saved import SavedRecord, SavedRecords
+from aenv.cluster.source import CatalogSource
 from aenv.cluster.store import Keys, connect
 from aenv.cluster.volumes import VolumePlaces
 from aenv.config import Paths
@@ -365,6 +368,38 @@ async def test_a_builds_calls_follow_it_to_its_node_and_end_when_it_dies(
         assert unknown.json()["message"] == "no build of template 'nosuch' in this cluster"
 
 
+async def test_a_build_in_progress_is_followed_again_after_a_redis_wipe(
+    setup: Setup, client: aioredis.Redis
+) -> None:
+    """Redis is wiped during a build; the nodes' next heartbeats (real agents over the doubles'
+    catalogs, template stores and builders) record the build's node again, so its calls, not
+    only its status, reach it."""
+    registry = NodeRegistry(client, SECRET)
+    addresses = {name: (await registry.report(name)) for name in setup.nodes}
+    setup.home.home.mkdir()
+    assert not await sync_keys(setup.keys, setup.home)  # the gateway's copy of the keys
+    with setup.client() as http:
+        requested = http.post("/v3/templates", json={"name": "api"})
+        assert requested.status_code == 202, requested.text
+        template_id, build_id = requested.json()["templateID"], requested.json()["buildID"]
+        node_id = await BuildPlaces(client).node_of(template_id)
+        await client.flushall()
+        assert not await sync_keys(setup.keys, setup.home)  # the keys given back
+        for name, node in setup.nodes.items():
+            report = addresses[name]
+            assert node.builder is not None and node.templates is not None and report
+            source = CatalogSource(node.catalog, node.templates, builder=node.builder)
+            agent = NodeAgent(client, name, report.address, source, SECRET, ttl=60)
+            assert await agent.beat()
+        assert await BuildPlaces(client).node_of(template_id) == node_id
+        build = f"/templates/{template_id}/builds/{build_id}"
+        status = http.get(f"{build}/status")
+        assert status.status_code == 200 and status.json()["status"] == "waiting"
+        assert http.get(f"{build}/logs").status_code == 200
+        files = http.get(f"/templates/{template_id}/files/{'cd' * 32}")
+        assert files.status_code == 201 and files.json()["present"] is False
+
+
 async def test_a_create_from_another_nodes_snapshot_adopts_it_first(
     setup: Setup, client: aioredis.Redis
 ) -> None:
@@ -613,5 +648,98 @@ async def test_a_rebuild_goes_to_the_templates_holder_or_adopts_it_first_and_it_
         assert listed.status_code == 200, listed.text
         assert [t["templateID"] for t in listed.json()] == ["tplweb"]
         assert listed.json()[0]["names"] == ["web"]
+        # Read from it too, as no node answers for it.
+        info = http.get("/templates/tplweb")
+        assert info.status_code == 200, info.text
+        assert info.json()["names"] == ["web"]
+        assert [b["buildID"] for b in info.json()["builds"]] == [built.build_id]
+        alias = http.get("/templates/aliases/web")
+        assert alias.json() == {"templateID": "tplweb", "public": False}
+        assert http.get("/templates/tplweb?limit=0").status_code == 400
+        assert http.get("/templates/nosuch").status_code == 404
     assert await builds.node_of(second.json()["templateID"]) == "a"
     assert a.snapshots["tplweb"] == built  # adopted before the build was asked of it
+
+
+async def test_tags_reach_every_holder_and_the_published_record(
+    setup: Setup, client: aioredis.Redis
+) -> None:
+    """Both nodes hold `tagged`: a tag given through the gateway is on both and in its
+    published record, which a node adopting a template takes with it; a template whose nodes
+    are gone has its tags changed and listed from its record."""
+    tagged = dataclasses.replace(
+        snapshot("tpltagged", 1000.0, "tagged"), kind=TemplateKind.TEMPLATE, build_id="b7"
+    )
+    gone = dataclasses.replace(
+        snapshot("tplgone", 1000.0, "gone"), kind=TemplateKind.TEMPLATE, build_id="b9"
+    )
+    records = SavedRecords(client)
+    for template in (tagged, gone):
+        await records.publish(SavedRecord.of(template_to_json(template)))
+    holders = Holders(NodeRegistry(client, SECRET))
+    for node in setup.nodes.values():
+        node.holds(tagged)
+        await holders.add(node.name, FileRef(FileKind.TEMPLATE, "tpltagged"))
+    tag_stores = [n.builder.tags for n in setup.nodes.values() if n.builder is not None]
+    with setup.client() as http:
+        given = http.post("/templates/tags", json={"target": "tagged:latest", "tags": ["v1"]})
+        assert given.status_code == 201, given.text
+        assert given.json() == {"tags": ["v1"], "buildID": "b7"}
+        assert [store.builds("tpltagged") for store in tag_stores] == [{"v1": "b7"}] * 2
+        published = await records.find("tagged")
+        assert published is not None and published.tags == {"v1": "b7"}
+        listed = http.get("/templates/tpltagged/tags")
+        assert [(t["tag"], t["buildID"]) for t in listed.json()] == [("v1", "b7")]
+        bad = http.post("/templates/tags", json={"target": "tagged", "tags": ["no/slash"]})
+        assert bad.status_code == 400
+        unknown = http.post("/templates/tags", json={"target": "nosuch", "tags": ["v1"]})
+        assert unknown.status_code == 404
+        body = {"name": "tagged", "tags": ["v1"]}
+        removed = http.request("DELETE", "/templates/tags", json=body)
+        assert removed.status_code == 204, removed.text
+        assert [store.builds("tpltagged") for store in tag_stores] == [{}] * 2
+        assert (await records.find("tagged")) == SavedRecord.of(template_to_json(tagged))
+
+        # No live node holds `gone`: tagged in its record, listed from it, adopted with it.
+        given = http.post("/templates/tags", json={"target": "gone", "tags": ["stable"]})
+        assert given.status_code == 201, given.text
+        assert given.json() == {"tags": ["stable"], "buildID": "b9"}
+        listed = http.get("/templates/tplgone/tags")
+        assert listed.status_code == 200, listed.text
+        assert [(t["tag"], t["buildID"]) for t in listed.json()] == [("stable", "b9")]
+        made = http.post("/sandboxes", json={"templateID": "gone:stable"})
+        assert made.status_code == 201, made.text
+    adopter = setup.nodes[made.json()["node"]]
+    assert adopter.builder is not None and adopter.snapshots["tplgone"] == gone
+    assert adopter.builder.tags.builds("tplgone") == {"stable": "b9"}
+
+
+async def test_a_create_past_the_keys_cluster_wide_limit_is_e2bs_429(
+    setup: Setup, redis: RedisServer, client: aioredis.Redis
+) -> None:
+    """With 2 sandboxes at most per key, counted across nodes: a key holding one on each node
+    is refused by a gateway (E2B's message); once a node's count drops, the create goes on."""
+    quota = KeyQuota(client)
+    await quota.publish("a", {setup.key_id: {"sba1"}}, ttl=60)
+    await quota.publish("b", {setup.key_id: {"sbb1"}, "other": {"sbb2"}}, ttl=60)
+    gateway_client = connect(redis.url, timeout=0.5)
+    gateway = Gateway(
+        Directory(gateway_client, SECRET),
+        SECRET,
+        ClusterKeys(gateway_client),
+        RateLimiter(1000, 1000),
+        key_max_sandboxes=2,
+    )
+    with serve(gateway, port := free_port()):
+        headers = {"X-API-Key": setup.key}
+        async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=headers) as http:
+            refused = await http.post("/sandboxes", json={"templateID": "base"})
+            assert refused.status_code == 429, refused.text
+            message = refused.json()["message"]
+            assert message.startswith("you have reached the maximum number of concurrent E2B")
+            assert [n.creates_seen for n in setup.nodes.values()] == [[], []]
+            await quota.publish("b", {"other": {"sbb2"}}, ttl=60)  # killed there
+            made = await http.post("/sandboxes", json={"templateID": "base"})
+            assert made.status_code == 201, made.text
+    # The create's reservation is gone with its answer (the node counts its sandbox itself).
+    assert await client.hlen(Keys().key_creates(setup.key_id)) == 0

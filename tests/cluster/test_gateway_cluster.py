@@ -22,10 +22,13 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import json
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +50,7 @@ from tests.cluster.cluster_ns import GATEWAY_PORT, Cluster, Gateway, cluster
 from tests.cluster.shared import SECRET
 from tests.support.guest import GUEST_CACHE, MIRROR
 from tests.support.js import JS_DIR, ensure_npm_sdk
+from tests.support.process_group import stop_group
 from tests.support.redis_server import RedisServer
 
 # Two nodes build their first template under TCG side by side: minutes on a loaded machine.
@@ -60,6 +64,12 @@ VOLUMES = str(Path(__file__).parent / "sdk" / "volumes.py")
 NODES = ["node-a", "node-b"]
 
 
+def sdk_env(gateway: Gateway, key: str | None = None) -> dict[str, str]:
+    """The SDK's settings for `gateway`, with `key` (the gateway's first by default)."""
+    url = gateway.url
+    return {"E2B_API_URL": url, "E2B_SANDBOX_URL": url, "E2B_API_KEY": key or gateway.api_key}
+
+
 def sdk(
     c: Cluster,
     *args: str,
@@ -71,12 +81,7 @@ def sdk(
     """A run of an SDK script (by `runner`: Python's, or node for the npm SDK) against `gateway`
     (the cluster's first by default) with `key` (the gateway's first by default)."""
     gateway = gateway or c.gateway
-    env = {
-        "E2B_API_URL": gateway.url,
-        "E2B_SANDBOX_URL": gateway.url,
-        "E2B_API_KEY": key or gateway.api_key,
-    }
-    code, out = gateway.run([runner, script, *args], env=env)
+    code, out = gateway.run([runner, script, *args], env=sdk_env(gateway, key))
     assert code == 0, out + gateway.log.read_text()[-3000:]
     result: dict[str, Any] = json.loads(out.strip().splitlines()[-1])
     return result
@@ -150,8 +155,71 @@ async def until(check: Any, what: str, timeout: float = 300) -> None:
         await asyncio.sleep(0.5)
 
 
+@dataclass
+class RunningBuild:
+    """A `Template.build` left running in the gateway's namespace, its output in `out`."""
+
+    proc: subprocess.Popen[bytes]
+    out: Path
+    template_id: str
+
+
+DOOMED = "lost-with-its-node"
+
+
+async def a_build_running_on(
+    c: Cluster, client: aioredis.Redis, node: str, elsewhere: str, scratch: Path
+) -> RunningBuild:
+    """`Template.build` through the gateway, placed on `node` (`elsewhere` drained meanwhile),
+    running its hour-long step."""
+    out = scratch / "doomed-build.out"
+    drains = Drains(client)
+    await drains.drain(elsewhere)
+    proc = c.gateway.spawn([sys.executable, BUILDS, "doomed", DOOMED], out, sdk_env(c.gateway))
+    try:
+        try:
+            created = re.compile(r"Template created with ID: ([^,]+),")
+
+            async def placed() -> bool:
+                return created.search(out.read_text()) is not None
+
+            await until(placed, "the build was never placed")
+        finally:
+            await drains.undrain(elsewhere)
+        found = created.search(out.read_text())
+        assert found is not None
+        assert await BuildPlaces(client).node_of(found[1]) == node
+
+        async def stepping() -> bool:
+            return "] RUN sleep 3600" in out.read_text()
+
+        await until(stepping, "the build never ran its step")
+    except BaseException:
+        stop_group(proc, grace_s=5)
+        raise
+    return RunningBuild(proc, out, found[1])
+
+
+async def a_build_lost_with_its_node(
+    c: Cluster, client: aioredis.Redis, build: RunningBuild, lost: str
+) -> None:
+    """Its node was killed mid-build: the SDK's build ends with the error naming the node, and
+    no sandbox starts from the half-built template. (A rebuild placed on another node is
+    `test_gateway.py`'s: a real one here would cost a whole build and upload of CI time.)"""
+    try:
+        await asyncio.to_thread(build.proc.wait, 300)
+    finally:
+        stop_group(build.proc, grace_s=5)
+    ended = json.loads(build.out.read_text().strip().splitlines()[-1])
+    assert f"node {lost}, which ran this build, is gone" in ended.get("error", ""), ended
+    saved = SavedRecords(client)
+    assert await saved.find(DOOMED) is None and await saved.find(build.template_id) is None
+    refused = sdk(c, "try-create", DOOMED, script=BUILDS)
+    assert "error" in refused and "not found" in refused["error"].lower(), refused
+
+
 async def sandboxes_move(
-    c: Cluster, registry: NodeRegistry, routes: Routes, parked: Parked
+    c: Cluster, registry: NodeRegistry, routes: Routes, parked: Parked, scratch: Path
 ) -> None:
     kept = "kept across nodes"
     parked_one = sdk(c, "park", kept, script=MOVES)
@@ -192,6 +260,7 @@ async def sandboxes_move(
     homes = [await routes.lookup(child) for child, _ in children]
     assert sorted(str(h) for h in homes) == sorted([other, first, first]), homes
     assert sdk(c, "kill", *(child for child, _ in children))["killed"] == [True] * 3
+    doomed = await a_build_running_on(c, parked.client, other, first, scratch)
     c.nodes[other].kill_9()
 
     async def lapsed() -> bool:
@@ -203,6 +272,7 @@ async def sandboxes_move(
     assert sdk(c, "resume", sandbox_id, script=MOVES) == {"file": kept, "echo": "moved\n"}
     assert await routes.lookup(sandbox_id) == first
     assert sdk(c, "gone", running, script=MOVES)["gone"] is True
+    await a_build_lost_with_its_node(c, parked.client, doomed, other)
 
     # Two gateways; one killed: the other serves the same sandbox and new ones.
     second = dataclasses.replace(
@@ -364,7 +434,7 @@ async def test_two_nodes_behind_a_gateway_with_the_sdk(redis: RedisServer) -> No
 
             await templates_travel(c, scratch, client)
             await volumes_stay(c, client)
-            await sandboxes_move(c, registry, routes, Parked(client))
+            await sandboxes_move(c, registry, routes, Parked(client), scratch)
     finally:
         await client.aclose()
         shutil.rmtree(scratch, ignore_errors=True)

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from aenv.cluster.saved import SavedRecord
+from aenv.cluster.source import CatalogSource
 from aenv.orchestrator.build_steps import StepType
 from aenv.orchestrator.builds import Build, Builder, BuildSpec, BuildStatus, Step
 from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.tags import TagStore
+from aenv.orchestrator.templates import template_from_json
 from tests.doubles.guest import COMMANDS
 from tests.doubles.node import DoubleNode, double_node, eventually
 
@@ -29,8 +32,10 @@ def spec(*steps: tuple[StepType, tuple[str, ...]]) -> BuildSpec:
 
 async def run(builds: Builder, name: str, build_spec: BuildSpec) -> Build:
     build = builds.request(name, [])
+    assert build.template_id in builds.unfinished_templates()
     builds.start(build, build_spec)
     await eventually(lambda: build.status in (BuildStatus.READY, BuildStatus.ERROR))
+    assert build.template_id not in builds.unfinished_templates()
     return build
 
 
@@ -125,11 +130,21 @@ async def test_a_build_is_stored_in_the_repository_before_it_is_ready(tmp_path: 
         double_node(tmp_path / "a", redis_url=cluster, repository=shared) as a,
         double_node(tmp_path / "b", redis_url=cluster, repository=shared) as b,
     ):
-        build = await run(builder(a), "app", STEPS)
+        builds = builder(a)
+        build = await run(builds, "app", STEPS)
         assert build.status is BuildStatus.READY, build.reason
         template = a.templates.get("app")
         assert template.manifest_id is not None
         assert any("Stored in the snapshot repository" in e.message for e in build.logs)
+        # Published with its tags, which the node adopting it keeps (`api.handoff`).
+        builds.tags.assign(template.template_id, ["v1"], build.build_id)
+        state = await CatalogSource(a.catalog, a.templates, builder=builds).state()
+        published = SavedRecord.of(state.saved[template.template_id])
+        assert published.tags == {"latest": build.build_id, "v1": build.build_id}
+        assert template_from_json(published.record) == template
+        theirs = TagStore(b.config.paths.template_tags)
+        theirs.take(template.template_id, published.tags)
+        assert theirs.builds(template.template_id) == published.tags
         adopted = await b.orchestrator.adopt_template(template)
         assert adopted.snapshot_dir.startswith(str(b.config.home))
         record, _ = await b.orchestrator.create(b.request(template="app"))

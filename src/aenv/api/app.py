@@ -111,16 +111,11 @@ async def _unexpected(_: Request, exc: Exception) -> Response:
 JSON_ERRORS = {APIError: _api_error, HTTPException: _http_error, Exception: _unexpected}
 
 
-def create_api(
-    orchestrator: Orchestrator,
-    config: Config,
-    keys: KeyStore,
-    boot_image: ImageBooter | None = None,
-    cold_reclaim: ColdReclaim | None = None,
-) -> ASGIApp:
-    book = LocalKeys(keys)
-    metrics = NodeMetrics(orchestrator, cold_reclaim=cold_reclaim)
-    builder = Builder(
+def node_builder(
+    orchestrator: Orchestrator, config: Config, boot_image: ImageBooter | None = None
+) -> Builder:
+    """The node's template builder, as configured."""
+    return Builder(
         orchestrator,
         TagStore(config.paths.template_tags),
         config.paths,
@@ -131,6 +126,18 @@ def create_api(
             config.build_egress, config.build_ca_bundle, config.debian_mirror
         ),
     )
+
+
+def create_api(
+    orchestrator: Orchestrator,
+    config: Config,
+    keys: KeyStore,
+    builder: Builder | None = None,
+    cold_reclaim: ColdReclaim | None = None,
+) -> ASGIApp:
+    book = LocalKeys(keys)
+    metrics = NodeMetrics(orchestrator, cold_reclaim=cold_reclaim)
+    builder = builder or node_builder(orchestrator, config)
     routes = [
         Route("/health", _health, methods=["GET"]),
         Route("/metrics", metrics.endpoint, methods=["GET"]),
@@ -148,6 +155,6 @@ def create_api(
     # Last: it describes every route above.
     routes.append(OpenAPIDocument(routes, _OPEN_PATHS).route)
     # Not described: no client can call them, only a cluster's gateways (`api.handoff`).
-    routes += HandoffRoutes(orchestrator).routes()
+    routes += HandoffRoutes(orchestrator, builder.tags).routes()
     app = Starlette(routes=routes, exception_handlers=JSON_ERRORS)
     return APIKeyGate(app, book, RateLimiter(config.key_requests_per_s, config.key_request_burst))

@@ -105,7 +105,7 @@ def _entry(entry: LogEntry) -> dict[str, Any]:
     return body
 
 
-def _check_tags(tags: list[str]) -> None:
+def check_tags(tags: list[str]) -> None:
     bad = [t for t in tags if not TAG.match(t)]
     if bad:
         raise APIError(400, f"invalid tags {bad}: letters, digits, '.', '_', '-'")
@@ -173,7 +173,7 @@ class BuildRoutes:
             raise APIError(
                 400, f"invalid name '{alias}': lower-case letters, digits, '.', '_', '-'"
             )
-        _check_tags([*body.tags, *([tag] if tag else [])])
+        check_tags([*body.tags, *([tag] if tag else [])])
         if body.memory_mb is not None and body.memory_mb % 2:
             raise APIError(400, "memoryMB must be an even number")
         build = self.builder.request(name, body.tags, body.cpu_count, body.memory_mb)
@@ -318,7 +318,7 @@ class BuildRoutes:
         check_query(request)
         body = await parse_body(request, AssignTagsBody)
         name, tag = split_name(body.target)
-        _check_tags(body.tags)
+        check_tags(body.tags)
         try:
             template = self.store.get(name)
         except TemplateNotFound as e:

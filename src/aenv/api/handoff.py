@@ -1,7 +1,8 @@
 """Moving a paused sandbox between the nodes of a cluster, for gateways only: `release` gives a
 sandbox up (paused first, its checkpoint in the shared repository), `adopt` takes one another
 node released or lost (see docs/cluster.md, "State follows the sandbox"); `adopt_template` takes a
-snapshot another node made, stored in the shared repository, so sandboxes start from it here.
+snapshot or built template another node made, stored in the shared repository, so sandboxes
+start from it here, with the tags its holders gave it.
 
 The routes answer only calls a gateway made through the internal API (`api.internal`): to a
 user's key they do not exist (404), so no client can move or inject sandboxes.
@@ -18,6 +19,7 @@ from aenv.api.internal import caller
 from aenv.api.requests import check_query
 from aenv.orchestrator.catalog import record_from_json, record_to_json
 from aenv.orchestrator.lifecycle import OperationFailed, Orchestrator
+from aenv.orchestrator.tags import TagStore, without_tags
 from aenv.orchestrator.templates import template_from_json, template_to_json
 
 RELEASE = "/cluster/sandboxes/{sandbox_id}/release"
@@ -27,8 +29,9 @@ RECORD_TYPE = "application/json"
 
 
 class HandoffRoutes:
-    def __init__(self, orchestrator: Orchestrator) -> None:
+    def __init__(self, orchestrator: Orchestrator, tags: TagStore | None = None) -> None:
         self.orc = orchestrator
+        self.tags = tags
 
     def routes(self) -> list[Route]:
         return [
@@ -55,17 +58,21 @@ class HandoffRoutes:
         return Response(record_to_json(adopted), media_type=RECORD_TYPE)
 
     async def adopt_template(self, request: Request) -> Response:
-        """Takes the template record (`templates.template_to_json`) in the body; answers it as
-        recorded here. 409 when it cannot be (no repository, no stored copy)."""
+        """Takes the template record with its tags (`tags.with_tags`) in the body; answers it
+        as recorded here (the tags kept beside it). 409 when it cannot be (no repository, no
+        stored copy)."""
         _gateway_only(request)
         try:
-            template = template_from_json((await request.body()).decode())
+            record, builds = without_tags((await request.body()).decode())
+            template = template_from_json(record)
         except (ValueError, KeyError, TypeError) as e:
             raise APIError(400, f"not a template record: {e!r}") from e
         try:
             adopted = await self.orc.adopt_template(template)
         except OperationFailed as e:
             raise APIError(409, str(e)) from e
+        if self.tags is not None and builds:
+            self.tags.take(adopted.template_id, builds)
         return Response(template_to_json(adopted), media_type=RECORD_TYPE)
 
 

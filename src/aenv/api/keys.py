@@ -8,8 +8,9 @@ is hashed and compared with every stored digest in constant time.
 
 The first start generates a key and writes its value once to `$AENV_HOME/api-key` (0600): the
 operator's copy, which `aenv auth` and the CLI read; the node itself never reads it again. A
-data directory from before this store (only that file) has its key imported, hashed, at start,
-so clients keep working after the upgrade. Keys are created, renamed, listed and revoked through
+data directory from before this store (only that file) has its key imported, hashed, at its
+first start with this store, so clients keep working after the upgrade; later starts leave the
+file alone, so a revoked key stays revoked. Keys are created, renamed, listed and revoked through
 E2B's `/api-keys` routes (and `aenv keys`); the node's last key cannot be revoked.
 
 The API-key gate and routes read keys through `KeyBook`, which is asynchronous so that a
@@ -195,16 +196,19 @@ class LocalKeys:
 
 
 def open_keys(paths: Paths) -> tuple[KeyStore, bool]:
-    """The node's key store, importing the key of an older node's key file (`paths.api_key`),
-    or generating a first key (its value written there, 0600) when there is none. Returns the
-    store and whether a key was generated."""
+    """The node's key store, importing the key of an older node's key file (`paths.api_key`)
+    when there is no store yet, or generating a first key (its value written there, 0600) when
+    there is none. Returns the store and whether a key was generated."""
+    # Once the store exists it alone says which keys are valid: the key file is only the
+    # operator's copy, so a key revoked through the API stays revoked after a restart.
+    upgrading = not paths.api_keys.exists()
     store = KeyStore(paths.api_keys)
     key_file = paths.api_key
     try:
-        legacy = key_file.read_text().strip()
+        legacy = key_file.read_text().strip() if upgrading else ""
     except FileNotFoundError:
         legacy = ""
-    if legacy and store.verify(legacy) is None:
+    if legacy:
         store.add(legacy, "default")
     if store.list():
         return store, False

@@ -3,6 +3,7 @@ delete."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
 
@@ -66,6 +67,25 @@ def _build(t: Template) -> dict[str, Any]:
     }
 
 
+def with_builds(t: Template, query: Mapping[str, str]) -> dict[str, Any]:
+    """`TemplateWithBuilds` (also a gateway's, for a published template no live node holds): a
+    template here is its one current build, paged as E2B pages builds (`limit`, then
+    `nextToken` is the last build given)."""
+    limit = query.get("limit", str(MAX_PAGE))
+    if not limit.isdigit() or not 1 <= int(limit) <= MAX_PAGE:
+        raise APIError(400, f"limit must be between 1 and {MAX_PAGE}")
+    token = query.get("nextToken")
+    if token not in (None, t.build_id):
+        raise APIError(400, "invalid nextToken")
+    body = template_body(t)
+    return {k: body[k] for k in _WITH_BUILDS} | {"builds": [] if token else [_build(t)]}
+
+
+def alias_body(t: Template) -> dict[str, Any]:
+    """What `GET /templates/aliases/{alias}` answers for the template."""
+    return {"templateID": t.template_id, "public": False}
+
+
 class TemplateUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     public: bool | None = None
@@ -98,7 +118,7 @@ class TemplateRoutes:
             template = self.store.get(alias)
         except TemplateNotFound as e:
             raise not_found(f"template alias '{alias}'") from e
-        return JSONResponse({"templateID": template.template_id, "public": False})
+        return JSONResponse(alias_body(template))
 
     def _template(self, request: Request) -> Template:
         ref = unquote(request.path_params["template_id"])
@@ -108,21 +128,8 @@ class TemplateRoutes:
             raise not_found(f"template '{ref}'") from e
 
     async def get(self, request: Request) -> Response:
-        """`TemplateWithBuilds`: a template here is its one current build, paged as E2B pages
-        builds (`limit`, then `nextToken` is the last build given)."""
         check_query(request, {"limit", "nextToken"})
-        template = self._template(request)
-        limit = request.query_params.get("limit", str(MAX_PAGE))
-        if not limit.isdigit() or not 1 <= int(limit) <= MAX_PAGE:
-            raise APIError(400, f"limit must be between 1 and {MAX_PAGE}")
-        token = request.query_params.get("nextToken")
-        if token not in (None, template.build_id):
-            raise APIError(400, "invalid nextToken")
-        body = template_body(template)
-        builds = [] if token else [_build(template)]
-        return JSONResponse(
-            {k: body[k] for k in _WITH_BUILDS} | {"builds": builds},
-        )
+        return JSONResponse(with_builds(self._template(request), request.query_params))
 
     async def update(self, request: Request) -> Response:
         """`TemplateUpdateRequest`: every template of a node is its own; none is made public."""

@@ -87,7 +87,12 @@ async def _member(settings: NodeSettings, running: Node) -> AsyncIterator[None]:
     from aenv.cluster.source import CatalogSource
 
     orchestrator = running.orchestrator
-    source = CatalogSource(running.catalog, orchestrator.templates, orchestrator.forget)
+    source = CatalogSource(
+        running.catalog,
+        orchestrator.templates,
+        orchestrator.forget,
+        running.builder,
+    )
     async with membership(settings, source) as agent:
         running.orchestrator.residency.append(agent)
         try:

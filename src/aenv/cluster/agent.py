@@ -12,11 +12,16 @@ It also publishes the node's paused sandboxes whose checkpoints are in the share
 go of any sandbox whose route another node holds: that sandbox moved while this node was cut
 off, and it must not run twice (`StateSource.forget`). Snapshots and built templates whose
 copies are in the repository are published too (`saved`), for any node to start sandboxes from.
+The templates with a build in progress here are recorded as built here (`builds`) where no node
+is, so a build's calls still find this node after a Redis wipe. The node's running sandboxes per
+API key are written with every beat and at once on a create or kill (`quota`), so a key's limit
+is counted across the cluster.
 """
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import secrets
 from collections.abc import Awaitable, Mapping, Set
@@ -25,8 +30,10 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 
+from aenv.cluster.builds import BuildPlaces
 from aenv.cluster.holders import FileKind, FileRef, Holders
 from aenv.cluster.parked import Parked
+from aenv.cluster.quota import KeyQuota
 from aenv.cluster.registry import (
     Capacity,
     NodeIdTaken,
@@ -52,8 +59,11 @@ class NodeState:
     snapshots: Set[str]
     # Paused sandboxes whose newest checkpoint is in the shared repository: id -> record JSON.
     parked: Mapping[str, str] = field(default_factory=dict)
-    # Snapshots whose copy is in the shared repository: id -> template record JSON.
+    # Snapshots and built templates whose copy is in the shared repository: id -> the record
+    # they are published with (`tags.with_tags`).
     saved: Mapping[str, str] = field(default_factory=dict)
+    # Templates with a build waiting or running here.
+    builds: Set[str] = frozenset()
 
     @property
     def files(self) -> set[FileRef]:
@@ -66,6 +76,10 @@ class StateSource(Protocol):
     """Where the agent reads the node's state on every heartbeat."""
 
     async def state(self) -> NodeState: ...
+
+    async def running_by_key(self) -> Mapping[str, Set[str]]:
+        """The running sandboxes here per API key (owner) id, as the key's limit counts them."""
+        ...
 
     async def forget(self, sandbox_id: str) -> None:
         """Drop a sandbox that another node holds now (stopped, its files removed here)."""
@@ -103,6 +117,10 @@ class NodeAgent:
         self.holders = Holders(self.registry)
         self.parked = Parked(client, self.registry.keys)
         self.saved = SavedRecords(client, self.registry.keys)
+        self.builds = BuildPlaces(client, self.registry.keys)
+        self.quota = KeyQuota(client, self.registry.keys)
+        # One count per key written at a time: a beat's must not overwrite a create's newer one.
+        self._counting = asyncio.Lock()
         # The data set the node's routes and files were last written into in full, and what
         # they were after the last beat.
         self._published: tuple[str, str] | None = None
@@ -110,6 +128,7 @@ class NodeAgent:
         self._files: set[FileRef] = set()
         self._parked: dict[str, str] = {}
         self._saved: dict[str, str] = {}
+        self._builds: set[str] = set()
         self._status = AgentStatus(connected=False, error=None, republishes=0)
 
     @property
@@ -144,7 +163,12 @@ class NodeAgent:
                 await self._write_changes(state)
             await self._write_parked(state.parked)
             await self._write_saved(state.saved)
+            await self.builds.claim(
+                state.builds - (set() if republish else self._builds), self.node_id
+            )
+            await self._count_by_key()
             self._sandboxes, self._files = set(state.sandboxes), state.files
+            self._builds = set(state.builds)
         except ClusterUnavailable as error:
             self._failed(error)
             raise
@@ -158,10 +182,12 @@ class NodeAgent:
         """Records now, not at the next beat, that the sandbox lives here (created, resumed);
         never raises for Redis being down: the next heartbeat republishes."""
         await self._best_effort(self.routes.assign(sandbox_id, self.node_id))
+        await self._best_effort(self._count_by_key())
 
     async def sandbox_gone(self, sandbox_id: str) -> None:
         """Records that the sandbox no longer lives here (killed); best effort as above."""
         await self._best_effort(self.routes.clear(sandbox_id, self.node_id))
+        await self._best_effort(self._count_by_key())
 
     async def run(self, interval: float) -> None:
         """Heartbeats every `interval` seconds until cancelled."""
@@ -208,9 +234,13 @@ class NodeAgent:
             return state
         parked = {i: r for i, r in state.parked.items() if i not in moved}
         kept = set(state.sandboxes) - moved
-        return NodeState(
-            state.capacity, kept, state.templates, state.snapshots, parked, state.saved
-        )
+        return dataclasses.replace(state, sandboxes=kept, parked=parked)
+
+    async def _count_by_key(self) -> None:
+        """Writes the node's running sandboxes per API key (`aenv.cluster.quota`), read now."""
+        async with self._counting:
+            running = await self.source.running_by_key()
+            await self.quota.publish(self.node_id, running, self.ttl)
 
     async def _write_parked(self, parked: Mapping[str, str]) -> None:
         for sandbox_id in self._parked.keys() - parked.keys():

@@ -16,6 +16,7 @@ from aenv.cluster.builds import BuildPlaces
 from aenv.cluster.drain import Drains
 from aenv.cluster.holders import FileKind, FileRef, Holders
 from aenv.cluster.parked import Parked
+from aenv.cluster.quota import KeyQuota
 from aenv.cluster.registry import NodeRegistry, NodeReport, WrongClusterSecret
 from aenv.cluster.routing import Routes
 from aenv.cluster.saved import SavedRecords
@@ -48,6 +49,7 @@ class Directory:
         self.drains = Drains(client, self.registry.keys)
         self.builds = BuildPlaces(client, self.registry.keys)
         self.volumes = VolumePlaces(client, self.registry.keys)
+        self.quota = KeyQuota(client, self.registry.keys)
 
     async def node_of(self, sandbox_id: str) -> NodeReport | None:
         """The live node the sandbox is routed to, or None (no route, or its node's lease

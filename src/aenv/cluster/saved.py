@@ -6,18 +6,22 @@ every heartbeat) and withdraws it when it deletes it. The record outlives its no
 placing a create from one on a node that lacks it has the node adopt the record first
 (`api.handoff.ADOPT_TEMPLATE`), and the node pulls the files. Names map to ids in a second hash,
 so a create may name a snapshot as E2B allows.
+
+A published record is the template's record with its tags (`tags.with_tags`), so a node
+adopting it later, or a gateway once its nodes are gone, knows the tags its holders gave it.
 """
 
 from __future__ import annotations
 
 import json
-from collections.abc import Awaitable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Mapping
+from dataclasses import dataclass, field
 from typing import cast
 
 import redis.asyncio as aioredis
 
 from aenv.cluster.store import Keys, guarded
+from aenv.orchestrator.tags import with_tags, without_tags
 
 
 @dataclass(frozen=True)
@@ -29,9 +33,11 @@ class SavedRecord:
     record: str  # `aenv.orchestrator.templates.template_to_json`
     kind: str = "snapshot"  # `aenv.orchestrator.kinds.TemplateKind`
     build_id: str = ""
+    tags: Mapping[str, str] = field(default_factory=dict)  # tag -> build id
 
     @classmethod
-    def of(cls, record: str) -> SavedRecord:
+    def of(cls, published: str) -> SavedRecord:
+        record, tags = without_tags(published)
         raw = json.loads(record)
         return cls(
             raw["template_id"],
@@ -41,7 +47,13 @@ class SavedRecord:
             record,
             str(raw.get("kind", "snapshot")),
             str(raw.get("build_id", "")),
+            tags,
         )
+
+    @property
+    def published(self) -> str:
+        """The record as published and adopted: with its tags."""
+        return with_tags(self.record, self.tags)
 
 
 class SavedRecords:
@@ -52,7 +64,7 @@ class SavedRecords:
     async def publish(self, record: SavedRecord) -> None:
         doing = f"publishing snapshot {record.template_id}"
         async with guarded(self.client, doing), self.client.pipeline(transaction=True) as pipe:
-            pipe.hset(self.keys.saved, record.template_id, record.record)
+            pipe.hset(self.keys.saved, record.template_id, record.published)
             for name in record.names:
                 pipe.hset(self.keys.saved_names, name, record.template_id)
             await pipe.execute()

@@ -1,7 +1,8 @@
-"""A node's state for its heartbeats, read from its own catalog, template store and host: the
-sandboxes it holds, those of them any node could resume (paused, their newest checkpoint in the
-shared repository), the templates and snapshots whose files it has (and the snapshots and built
-templates stored in that repository), and its capacity."""
+"""A node's state for its heartbeats, read from its own catalog, template store, builder and
+host: the sandboxes it holds, those of them any node could resume (paused, their newest
+checkpoint in the shared repository), the templates and snapshots whose files it has (and the
+snapshots and built templates stored in that repository, with their tags), the templates it is
+building, its running sandboxes per API key, and its capacity."""
 
 from __future__ import annotations
 
@@ -11,9 +12,11 @@ import psutil
 
 from aenv.cluster.agent import NodeState
 from aenv.cluster.registry import Capacity
+from aenv.orchestrator.builds import Builder
 from aenv.orchestrator.catalog import Catalog, SandboxRecord, record_to_json
 from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.states import SandboxState
+from aenv.orchestrator.tags import with_tags
 from aenv.orchestrator.templates import TemplateStore, template_to_json
 
 # Sandboxes on their way in or out still live here: a route must reach them until they are gone.
@@ -28,10 +31,12 @@ class CatalogSource:
         catalog: Catalog,
         templates: TemplateStore,
         forget: Callable[[str], Awaitable[object]] | None = None,
+        builder: Builder | None = None,
     ) -> None:
         self.catalog = catalog
         self.templates = templates
         self._forget = forget
+        self.builder = builder
 
     async def forget(self, sandbox_id: str) -> None:
         if self._forget is not None:
@@ -58,11 +63,22 @@ class CatalogSource:
             {t.template_id for t in snapshots},
             {r.id: record_to_json(r) for r in records if _parked(r)},
             {
-                t.template_id: template_to_json(t)
+                t.template_id: with_tags(template_to_json(t), self._tags(t.template_id))
                 for t in (*snapshots, *built)
                 if t.manifest_id is not None
             },
+            set() if self.builder is None else self.builder.unfinished_templates(),
         )
+
+    async def running_by_key(self) -> dict[str, set[str]]:
+        running: dict[str, set[str]] = {}
+        for r in self.catalog.list():
+            if r.owner is not None and not r.internal and r.state.public == "running":
+                running.setdefault(r.owner, set()).add(r.id)
+        return running
+
+    def _tags(self, template_id: str) -> dict[str, str]:
+        return {} if self.builder is None else self.builder.tags.builds(template_id)
 
 
 def _parked(record: SandboxRecord) -> bool:

@@ -132,6 +132,15 @@ class Keys:
         """When each key was last used (a hash: id -> UNIX time)."""
         return f"{self.prefix}:api-key-used"
 
+    def node_keys(self, node_id: str) -> str:
+        """A node's running sandboxes per API key (a hash: key id -> ids; `aenv.cluster.quota`);
+        expires with the node's lease."""
+        return f"{self.prefix}:node-keys:{node_id}"
+
+    def key_creates(self, key_id: str) -> str:
+        """An API key's creates under way through gateways (a hash: token -> when it lapses)."""
+        return f"{self.prefix}:key-creates:{key_id}"
+
     @property
     def draining(self) -> str:
         """The ids of nodes that take no new sandboxes."""

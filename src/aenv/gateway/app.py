@@ -4,7 +4,8 @@ sandbox) to `dataplane`, the rest to the control plane (`control`) behind the ga
 The gateway checks API keys and rate limits itself, from the cluster's keys in Redis
 (`aenv.cluster.keys`), serves E2B's `/api-keys` routes over them, and calls nodes with the
 cluster token and the id of the key it checked. Rate limits are counted by each gateway on its
-own. Redis not answering a key check is a 503. Call `aclose()` when the server stops.
+own; a key's sandboxes at once across the cluster (`aenv.cluster.quota`). Redis not answering
+a key check is a 503. Call `aclose()` when the server stops.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from aenv.api.limits import RateLimiter
 from aenv.cluster.directory import Directory
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import ClusterUnavailable
+from aenv.config import Config
 from aenv.gateway.control import EXCEPTION_HANDLERS, ControlPlane
 from aenv.gateway.dataplane import DataPlane
 from aenv.gateway.handoff import Handoff
@@ -35,12 +37,13 @@ class Gateway:
         keys: KeyBook,
         limiter: RateLimiter,
         domain: str | None = None,
+        key_max_sandboxes: int = Config().key_max_sandboxes,
     ) -> None:
         self.domain = domain
         self.nodes = NodeClient(secret)
         handoff = Handoff(directory, self.nodes)
         self.data = DataPlane(directory, secret, handoff)
-        control = ControlPlane(directory, self.nodes, handoff)
+        control = ControlPlane(directory, self.nodes, handoff, key_max_sandboxes)
         app = Starlette(
             routes=[*ApiKeyRoutes(keys).routes(), *control.routes()],
             exception_handlers={**EXCEPTION_HANDLERS, **JSON_ERRORS},

@@ -11,9 +11,9 @@
 - A build whose node is gone (its lease lapsed, or it cannot be reached) answers its status
   as `error` with the reason, so the SDK's poll ends instead of hanging; one the node finished
   and published answers `ready`. Its other calls are a 503 naming the node.
-- Without a record (Redis wiped, or the record expired) a status is answered by the first live
-  node that knows the template, and the build's other calls are a 404; tags are answered by the
-  first live node that knows the template.
+- Without a record (it expired, or Redis was wiped and the build's node has not heartbeated
+  since: its agent records its builds in progress again) a status is answered by the first
+  live node that knows the template, and the build's other calls are a 404.
 
 A finished build is stored in the shared repository and published by its node like a snapshot
 (`aenv.cluster.saved`), so a create from it works on every node. The status poll that sees it
@@ -56,8 +56,6 @@ class BuildRoutes:
             Route("/v2" + _BUILD, self.forward, methods=["POST"]),
             Route(_BUILD + "/status", self.status, methods=["GET"]),
             Route(_BUILD + "/logs", self.forward, methods=["GET"]),
-            Route("/templates/tags", self.first_knowing, methods=["POST", "DELETE"]),
-            Route("/templates/{template_id}/tags", self.first_knowing, methods=["GET"]),
         ]
 
     async def request(self, request: Request) -> Response:

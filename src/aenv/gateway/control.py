@@ -8,14 +8,16 @@
   parked (paused, its checkpoint in the shared repository) is moved to another node first
   (`handoff`); else E2B's 404, and a route left to a node whose lease is gone is removed.
 - Creates go to nodes that are not draining; a create mounting volumes goes to their node
-  (`volumes`).
+  (`volumes`). A create first reserves a slot of its API key's limit of sandboxes at once,
+  counted across the cluster (`aenv.cluster.quota`): past it, E2B's 429.
 - Lists ask every live node and merge (`listing`). Paused sandboxes of lost nodes (and those a
   drain released) are moved to a live node first, so they are listed, paused, as on one node.
 - Redis unreachable is a 503 with a JSON error, for as long as it lasts.
 - A create from a snapshot another node made has the chosen node adopt its record first
   (`aenv.cluster.saved`): the node pulls its files from the shared repository.
 - Templates and snapshots are answered across nodes (`saved`), template builds placed and
-  routed to their node (`builds`), volumes kept on theirs (`volumes`); forks spill over to
+  routed to their node (`builds`), tags kept on every node holding the template (`tags`),
+  volumes kept on theirs (`volumes`); forks spill over to
   other nodes when the parent's lacks room (`forks`).
 - Every other route of a node is a 501 here for now, naming it.
 """
@@ -41,15 +43,18 @@ from aenv.api.sandboxes import batch_metrics_ids
 from aenv.cluster.directory import Directory
 from aenv.cluster.internal import CLUSTER_CALLER
 from aenv.cluster.placement import candidates
+from aenv.cluster.quota import KeyLimitReached
 from aenv.cluster.registry import NodeReport
 from aenv.cluster.saved import SavedRecord
 from aenv.cluster.store import ClusterUnavailable
+from aenv.config import Config
 from aenv.gateway.builds import BuildRoutes
 from aenv.gateway.forks import Forks
 from aenv.gateway.handoff import Handoff
 from aenv.gateway.listing import merge, page_limit
 from aenv.gateway.nodes import Answer, NodeClient, NodeFailed, NodeUnreachable, message
 from aenv.gateway.saved import SavedRoutes
+from aenv.gateway.tags import TagRoutes
 from aenv.gateway.volumes import VolumeRoutes
 
 # `/sandboxes/{id}...` and `/v2/sandboxes/{id}...`, but not `/sandboxes/metrics`.
@@ -60,10 +65,17 @@ log = logging.getLogger("aenv.gateway")
 
 
 class ControlPlane:
-    def __init__(self, directory: Directory, nodes: NodeClient, handoff: Handoff) -> None:
+    def __init__(
+        self,
+        directory: Directory,
+        nodes: NodeClient,
+        handoff: Handoff,
+        key_max_sandboxes: int = Config().key_max_sandboxes,
+    ) -> None:
         self.directory = directory
         self.nodes = nodes
         self.handoff = handoff
+        self.key_max_sandboxes = key_max_sandboxes
         self.volumes = VolumeRoutes(self)
 
     def routes(self) -> list[Route]:
@@ -79,6 +91,8 @@ class ControlPlane:
             Route("/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
             Route("/v2/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
             *BuildRoutes(self, saved.first_knowing).routes(),
+            # Before the template routes: `/templates/tags` is not a template id.
+            *TagRoutes(saved).routes(),
             *saved.routes(),
             *self.volumes.routes(),
             Route("/{rest:path}", self.not_served, methods=_SANDBOX_METHODS),
@@ -99,8 +113,20 @@ class ControlPlane:
 
     async def create(self, request: Request) -> Response:
         path, body = request.url.path, await request.body()
-        answer = await self.volumes.create_sandbox(request, path, body)
-        return _respond(answer or await self.place(request, path, body))
+        key_id = request.state.api_key.id
+        quota = self.directory.quota
+        try:
+            token = await quota.reserve(key_id, self.key_max_sandboxes)
+        except KeyLimitReached as error:
+            raise APIError(429, str(error)) from error
+        try:
+            answer = await self.volumes.create_sandbox(request, path, body)
+            return _respond(answer or await self.place(request, path, body))
+        finally:
+            try:
+                await quota.release(key_id, token)
+            except ClusterUnavailable as error:
+                log.warning("reservation %s of key %s lapses on its own: %s", token, key_id, error)
 
     async def place(self, request: Request, path: str, body: bytes) -> Answer:
         """A create (`POST path` with `body`) on the first node that takes it, for the client
@@ -158,7 +184,7 @@ class ControlPlane:
         """Has the node record a snapshot it lacks; the refusal, if it refused."""
         try:
             answer = await self.nodes.call(
-                node, "POST", ADOPT_TEMPLATE, caller=CLUSTER_CALLER, body=saved.record.encode()
+                node, "POST", ADOPT_TEMPLATE, caller=CLUSTER_CALLER, body=saved.published.encode()
             )
         except NodeFailed as error:
             return str(error)

@@ -6,11 +6,13 @@
   `limit` and `nextToken` page the merged list, as on a node.
 - Templates are listed from every live node, once each, with the published built templates no
   live node lists (their nodes are gone, their copies are not); a template is read (`GET`,
-  `PATCH`, its alias) on the first live node that knows it.
+  `PATCH`, its alias) on the first live node that knows it, and one no live node knows is
+  read (`GET`, its alias) from its published record, as it is listed.
 - A delete goes to every live node (each drops its copy, the last one the repository's) and
   withdraws the published record; 404 when no node and no record knew it.
-- Template builds are placed and routed by `aenv.gateway.builds`; a finished build is published
-  like a snapshot, but only snapshots are listed here.
+- Template builds are placed and routed by `aenv.gateway.builds`, their tags kept on every
+  node by `aenv.gateway.tags`; a finished build is published like a snapshot, but only
+  snapshots are listed here.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import unquote, urlencode
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -28,12 +30,12 @@ from starlette.routing import Route
 from aenv.api.errors import APIError, not_found
 from aenv.api.requests import check_query
 from aenv.api.sandboxes import MAX_PAGE
-from aenv.api.templates import template_body
+from aenv.api.templates import alias_body, template_body, with_builds
 from aenv.cluster.directory import Directory
 from aenv.cluster.registry import NodeReport
 from aenv.cluster.saved import SavedRecord
 from aenv.gateway.nodes import Answer, NodeUnreachable, message
-from aenv.orchestrator.templates import template_from_json
+from aenv.orchestrator.templates import Template, template_from_json
 
 # A call on one node for the client's request: method, path and query, body.
 NodeCall = Callable[[Request, NodeReport, str, str, bytes], Awaitable[Answer]]
@@ -49,8 +51,9 @@ class SavedRoutes:
             Route("/snapshots", self.list_snapshots, methods=["GET"]),
             Route("/templates", self.list_templates, methods=["GET"]),
             Route("/v2/templates", self.list_templates, methods=["GET"]),
-            Route("/templates/aliases/{alias}", self.first_knowing, methods=["GET"]),
-            Route("/templates/{template_id}", self.first_knowing, methods=["GET", "PATCH"]),
+            Route("/templates/aliases/{alias}", self.alias, methods=["GET"]),
+            Route("/templates/{template_id}", self.get, methods=["GET"]),
+            Route("/templates/{template_id}", self.first_knowing, methods=["PATCH"]),
             Route("/v2/templates/{template_id}", self.first_knowing, methods=["PATCH"]),
             Route("/templates/{template_id}", self.delete, methods=["DELETE"]),
         ]
@@ -88,7 +91,7 @@ class SavedRoutes:
     async def list_templates(self, request: Request) -> Response:
         check_query(request)
         found: dict[str, dict[str, Any]] = {}
-        for answer in await self._everywhere(request, request.url.path):
+        for answer in await self.everywhere(request, request.url.path):
             if answer.status != 200:
                 return passed(answer)
             for entry in json.loads(answer.body):
@@ -101,19 +104,47 @@ class SavedRoutes:
 
     async def first_knowing(self, request: Request) -> Response:
         """The answer of the first live node that knows the template (not a 404)."""
+        return passed(known(await self.first_answer(request)))
+
+    async def get(self, request: Request) -> Response:
+        check_query(request, {"limit", "nextToken"})
+        ref = unquote(request.path_params["template_id"])
+        return await self._known_or_published(
+            request, ref, lambda t: with_builds(t, request.query_params)
+        )
+
+    async def alias(self, request: Request) -> Response:
+        check_query(request)
+        ref = unquote(request.path_params["alias"])
+        return await self._known_or_published(request, ref, alias_body)
+
+    async def _known_or_published(
+        self, request: Request, ref: str, body: Callable[[Template], dict[str, Any]]
+    ) -> Response:
+        """The first live node's answer that knows the template, else its published record's
+        (its nodes are gone, its copy in the repository is not: creates from it still work)."""
+        answer = await self.first_answer(request)
+        if answer is not None and answer.status != 404:
+            return passed(answer)
+        record = await self.directory.saved.find(ref)
+        if record is None:
+            return passed(known(answer))
+        return JSONResponse(body(template_from_json(record.record)))
+
+    async def first_answer(self, request: Request) -> Answer | None:
+        """The answer of the first live node that knows the template, else the last 404;
+        None without a live node."""
         body = await request.body()
         last: Answer | None = None
         for node in await self.directory.live():
             last = await self._on(request, node, target_of(request), body)
             if last.status != 404:
-                return passed(last)
-        if last is None:
-            raise APIError(503, "no live node in the cluster")
-        return passed(last)
+                return last
+        return last
 
     async def delete(self, request: Request) -> Response:
         ref = request.path_params["template_id"]
-        answers = await self._everywhere(request, target_of(request))
+        answers = await self.everywhere(request, target_of(request))
         for answer in answers:
             if answer.status not in (204, 404):
                 return passed(answer)
@@ -140,7 +171,8 @@ class SavedRoutes:
                 return entries
             query["nextToken"] = token
 
-    async def _everywhere(self, request: Request, target: str) -> list[Answer]:
+    async def everywhere(self, request: Request, target: str) -> list[Answer]:
+        """The request's answer from every live node."""
         body = await request.body()
         nodes = await self.directory.live()
         return list(await asyncio.gather(*(self._on(request, n, target, body) for n in nodes)))
@@ -158,6 +190,13 @@ def passed(answer: Answer) -> Response:
         status_code=answer.status,
         media_type=dict((n.lower(), v) for n, v in answer.headers).get("content-type"),
     )
+
+
+def known(answer: Answer | None) -> Answer:
+    """The answer; 503 when there was none, without a live node."""
+    if answer is None:
+        raise APIError(503, "no live node in the cluster")
+    return answer
 
 
 def target_of(request: Request) -> str:

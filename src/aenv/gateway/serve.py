@@ -51,7 +51,9 @@ async def run_gateway(
         synced = await _sync(keys, config.paths, progress, quiet=False)
         syncing = asyncio.create_task(_keep_keys(keys, config.paths, progress, quiet=not synced))
         limiter = RateLimiter(config.key_requests_per_s, config.key_request_burst)
-        gateway = Gateway(directory, settings.secret, keys, limiter, config.domain)
+        gateway = Gateway(
+            directory, settings.secret, keys, limiter, config.domain, config.key_max_sandboxes
+        )
         try:
             await uvicorn.Server(uvicorn_config(gateway, config)).serve()
         finally:

@@ -260,6 +260,12 @@ class Builder:
         found = [b for b in self.builds_of(alias) if b.status in running]
         return found[-1] if found else None
 
+    def unfinished_templates(self) -> set[str]:
+        """The ids of the templates with a build waiting or running here: a cluster node
+        publishes them, so the gateways find these builds again after a Redis wipe."""
+        running = (BuildStatus.WAITING, BuildStatus.BUILDING)
+        return {b.template_id for b in self._builds.values() if b.status in running}
+
     def builds_of(self, template_id: str) -> list[Build]:
         return [b for b in self._builds.values() if template_id in (b.template_id, b.name)]
 
