@@ -33,6 +33,7 @@ chain (`chain` leaves states over `MAX_BYTES` out, as they are that or most of t
 
 from __future__ import annotations
 
+import contextlib
 import mmap
 import os
 from collections.abc import Callable, Sequence
@@ -75,7 +76,10 @@ class Chain:
 
     def close(self) -> None:
         for layer in self.layers:
-            layer.data.close()
+            # A filter thread still comparing (its save failed or was cancelled) holds a view:
+            # the map then closes when the thread lets it go.
+            with contextlib.suppress(BufferError):
+                layer.data.close()
 
     def holding_pages(self) -> tuple[Path, ...]:
         """The states that carry pages of the block: a state with none (a template's, a
