@@ -1,5 +1,5 @@
-"""Switching a saved directory to its detached form, and what a crash at each step leaves.
-(Detaching itself, with real VMs, is tested in tests/runtime/qemu_vm and tests/e2e.)"""
+"""Switching a saved directory to its detached (or merged) form, and what a crash at each step
+leaves. (Detaching itself, with real VMs, is tested in tests/runtime/qemu_vm and tests/e2e.)"""
 
 from __future__ import annotations
 
@@ -10,6 +10,10 @@ import pytest
 
 from aenv.orchestrator import checkpoints, detach
 from aenv.runtime.driver import Snapshot, VMSpec
+from aenv.runtime.qemu import QemuConfig, QemuDriver
+from aenv.runtime.ramdelta import PAGE
+from tests.doubles.slots import DoubleSlots
+from tests.runtime.test_ramlayers import layered, pages_of
 
 
 def _stream_form(directory: Path) -> Snapshot:
@@ -210,3 +214,28 @@ def test_a_crash_during_a_merge_keeps_the_layered_form(tmp_path: Path) -> None:
     assert Snapshot.load_manifest(top) == saved[-1]
     assert not (top / detach.DETACHED).exists()
     assert all(s.state_file.is_file() for s in saved)
+
+
+async def test_a_deep_chain_is_merged_and_adopted_as_one_state(tmp_path: Path) -> None:
+    """`Detacher.merge` with the QEMU driver's merge of real stream layouts: the merged form
+    is written beside the layered one, adopted like a detached form, and its pages are the
+    chain's, newest first."""
+    directory = checkpoints.pause_dir(tmp_path, 1)
+    directory.mkdir()
+    snap = layered(directory, detach.MERGE_DEPTH + 1)
+    snap.save_manifest()
+    detacher = detach.Detacher(
+        QemuDriver(QemuConfig(jail=None)), DoubleSlots(), tmp_path / "w", tmp_path / "m"
+    )
+    assert (
+        await detacher.merge(dataclasses.replace(snap, layers=snap.layers[1:]), directory) is None
+    )
+    merged = await detacher.merge(snap, directory)
+    assert merged is not None and merged.state_file.parent == directory / detach.DETACHED
+    assert Snapshot.load_manifest(directory) == snap  # not adopted yet
+    detach.adopt(directory, merged)
+    assert Snapshot.load_manifest(directory) == merged and not snap.state_file.exists()
+    assert pages_of(merged.state_file.read_bytes()) == {
+        0: bytes([100 + detach.MERGE_DEPTH]) * PAGE,
+        **{i + 1: bytes([i + 1]) * PAGE for i in range(detach.MERGE_DEPTH + 1)},
+    }

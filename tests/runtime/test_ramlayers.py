@@ -13,6 +13,8 @@ from pathlib import Path
 import pytest
 
 from aenv.runtime import ramdelta, ramlayers
+from aenv.runtime.driver import Snapshot, VMSpec
+from aenv.runtime.qemu import QemuConfig, QemuDriver
 from aenv.runtime.ramdelta import PAGE
 
 BLOCK = b"mem"
@@ -24,7 +26,7 @@ def _page(fill: int) -> bytes:
     return bytes([fill]) * PAGE
 
 
-def _stream(pages: dict[int, bytes | None], devices: bytes = DEVICES) -> bytes:
+def stream(pages: dict[int, bytes | None], devices: bytes = DEVICES) -> bytes:
     """A stream with `pages` (None: a zero page) split over a PART and the END section, a
     second RAM block's page among them, and `devices` after."""
     be64 = struct.Struct(">Q").pack
@@ -51,7 +53,7 @@ def _stream(pages: dict[int, bytes | None], devices: bytes = DEVICES) -> bytes:
     return b"".join([*out, devices, b"\x00"])
 
 
-def _pages(data: bytes) -> dict[int, bytes]:
+def pages_of(data: bytes) -> dict[int, bytes]:
     index = ramdelta.index_stream(memoryview(data), BLOCK)
     return {
         page: _page(-1 - at) if at < 0 else data[at : at + PAGE] for page, at in index.pages.items()
@@ -82,11 +84,11 @@ def _compose(paths: list[Path]) -> bytes:
 
 
 def test_a_chain_composes_into_one_stream_newest_page_first(tmp_path: Path) -> None:
-    first = _write(tmp_path / "1", _stream({0: _page(1), 1: _page(2), 2: None, 9: _page(9)}))
-    second = _write(tmp_path / "2", _stream({1: _page(3), 3: _page(4)}, devices=b"\x04second"))
-    third = _write(tmp_path / "3", _stream({9: None, 4: _page(5)}, devices=b"\x04third"))
+    first = _write(tmp_path / "1", stream({0: _page(1), 1: _page(2), 2: None, 9: _page(9)}))
+    second = _write(tmp_path / "2", stream({1: _page(3), 3: _page(4)}, devices=b"\x04second"))
+    third = _write(tmp_path / "3", stream({9: None, 4: _page(5)}, devices=b"\x04third"))
     composed = _compose([first, second, third])
-    assert _pages(composed) == {
+    assert pages_of(composed) == {
         0: _page(1),
         1: _page(3),
         2: _page(0),
@@ -101,23 +103,23 @@ def test_a_chain_composes_into_one_stream_newest_page_first(tmp_path: Path) -> N
 
 
 def test_a_save_over_a_chain_keeps_only_what_differs_from_it(tmp_path: Path) -> None:
-    first = _write(tmp_path / "1", _stream({0: _page(1), 1: _page(2), 2: None}))
-    second = _write(tmp_path / "2", _stream({1: _page(3), 3: _page(4)}))
+    first = _write(tmp_path / "1", stream({0: _page(1), 1: _page(2), 2: None}))
+    second = _write(tmp_path / "2", stream({1: _page(3), 3: _page(4)}))
     chain = ramlayers.Chain([first, second], BLOCK)
     try:
         # The VM's next stream: pages 0, 1 and 2 as the chain had them, 3 rewritten, 5 new,
         # and page 2 as a whole page of zeros where the chain had a zero record.
-        now = _stream({0: _page(1), 1: _page(3), 2: _page(0), 3: _page(8), 5: _page(6)})
+        now = stream({0: _page(1), 1: _page(3), 2: _page(0), 3: _page(8), 5: _page(6)})
         changed = frozenset({3, 5}).union(chain.where)
         kept, stats = ramdelta.filter_stream(memoryview(now), BLOCK, changed, chain.same)
         assert chain.holding_pages() == (first, second)
     finally:
         chain.close()
     saved = b"".join(bytes(p) for p in kept)
-    assert stats.pages_kept == 2 and _pages(saved) == {3: _page(8), 5: _page(6)}
+    assert stats.pages_kept == 2 and pages_of(saved) == {3: _page(8), 5: _page(6)}
     # Restored as the chain plus the save, every page is what the VM had.
     third = _write(tmp_path / "3", saved)
-    assert _pages(_compose([first, second, third])) == {
+    assert pages_of(_compose([first, second, third])) == {
         0: _page(1),
         1: _page(3),
         2: _page(0),
@@ -127,8 +129,8 @@ def test_a_save_over_a_chain_keeps_only_what_differs_from_it(tmp_path: Path) -> 
 
 
 def test_states_without_pages_are_no_layers(tmp_path: Path) -> None:
-    devices_only = _write(tmp_path / "template", _stream({}))
-    delta = _write(tmp_path / "delta", _stream({1: _page(1)}))
+    devices_only = _write(tmp_path / "template", stream({}))
+    delta = _write(tmp_path / "delta", stream({1: _page(1)}))
     chain = ramlayers.Chain([devices_only, delta], BLOCK)
     try:
         assert chain.holding_pages() == (delta,)
@@ -137,7 +139,7 @@ def test_states_without_pages_are_no_layers(tmp_path: Path) -> None:
 
 
 def test_chains_stop_at_their_depth_and_at_half_the_ram(tmp_path: Path) -> None:
-    states = [_write(tmp_path / str(i), _stream({i: _page(i)})) for i in range(ramlayers.MAX_DEPTH)]
+    states = [_write(tmp_path / str(i), stream({i: _page(i)})) for i in range(ramlayers.MAX_DEPTH)]
     roomy = 1 << 30
     assert ramlayers.chain(states[:2], states[2], roomy) == tuple(states[:3])
     assert ramlayers.chain(states[:-1], states[-1], roomy) == ()
@@ -145,10 +147,39 @@ def test_chains_stop_at_their_depth_and_at_half_the_ram(tmp_path: Path) -> None:
 
 
 def test_a_chain_cut_short_is_refused(tmp_path: Path) -> None:
-    whole = _stream({0: _page(1), 1: _page(2)})
+    whole = stream({0: _page(1), 1: _page(2)})
     first = _write(tmp_path / "1", whole[: len(whole) // 2])
-    second = _write(tmp_path / "2", _stream({3: _page(3)}))
+    second = _write(tmp_path / "2", stream({3: _page(3)}))
     with pytest.raises(ramdelta.StreamFormatError, match="ends inside"):
         _compose([first, second])
     with pytest.raises(ramdelta.StreamFormatError, match="not a QEMU migration stream"):
         ramlayers.Chain([_write(tmp_path / "bad", b"nope" + bytes(64))], BLOCK)
+
+
+def layered(directory: Path, count: int) -> Snapshot:
+    """A state over `count` - 1 older ones in `directory`, page i holding fill i + 1 in state
+    i and page 0 rewritten by each."""
+    states = [
+        _write(directory / f"state-{i}", stream({0: _page(100 + i), i + 1: _page(i + 1)}))
+        for i in range(count)
+    ]
+    spec = VMSpec(vcpus=1, memory_mib=256, kernel=Path("/k"), cmdline="", workdir=directory)
+    return Snapshot(
+        driver="qemu",
+        compat="x",
+        spec=spec,
+        state_file=states[-1],
+        memory_file=directory / "memory",
+        disks={},
+        layers=tuple(states[:-1]),
+    )
+
+
+async def test_merging_layers_writes_the_chain_as_one_state(tmp_path: Path) -> None:
+    snap = layered(tmp_path, 3)
+    out = tmp_path / "merged"
+    out.mkdir()
+    merged = await QemuDriver(QemuConfig(jail=None)).merge_layers(snap, out)
+    assert merged.layers == () and merged.state_file == out / "state"
+    expected = {0: _page(102), 1: _page(1), 2: _page(2), 3: _page(3)}
+    assert pages_of(merged.state_file.read_bytes()) == expected
