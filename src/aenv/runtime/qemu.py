@@ -459,7 +459,7 @@ class QemuDriver:
         await vm.monitor.wait_incoming(vm.proc, self.config.migrate_timeout_s)
         try:
             older = await asyncio.shield(composing)
-        except ramdelta.StreamFormatError as exc:
+        except ValueError as exc:  # a StreamFormatError, or a layer that is empty
             raise OSError(f"cannot compose the memory layers: {exc}") from exc
         log.info("restored VM %s from %d states, %d pages of older ones", vm.id, len(states), older)
 
