@@ -151,7 +151,9 @@ def snapshot_written_mib(home: Path, snapshot_id: str) -> float:
     file on tmpfs unless that is a hard link to the file it was saved over (a changed-pages
     snapshot links its base: no bytes)."""
     paths = Paths(home)
-    written = dir_size(paths.templates / snapshot_id)["allocated_mib"]
+    # Its builds, not the `<build>.upload` copy its repository upload may be staging already.
+    builds = [d for d in (paths.templates / snapshot_id).iterdir() if d.suffix != ".upload"]
+    written = sum(dir_size(build)["allocated_mib"] for build in builds)
     for layer in (paths.templates / snapshot_id).glob("*/layer-*"):
         st = layer.stat()
         if st.st_nlink > 1:
