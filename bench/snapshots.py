@@ -146,10 +146,18 @@ def snapshot_and_wait(home: Path, sandbox: Any) -> tuple[float, float]:
 
 
 def snapshot_written_mib(home: Path, snapshot_id: str) -> float:
-    """MiB a snapshot wrote: its directory, and its memory file on tmpfs unless that is a hard
-    link to the file it was saved over (a changed-pages snapshot links its base: no bytes)."""
+    """MiB a snapshot wrote: its directory but for the older memory layers linked into it (a
+    layered state lies over the states its sandbox was restored from: no bytes), and its memory
+    file on tmpfs unless that is a hard link to the file it was saved over (a changed-pages
+    snapshot links its base: no bytes)."""
     paths = Paths(home)
-    written = dir_size(paths.templates / snapshot_id)["allocated_mib"]
+    # Its builds, not the `<build>.upload` copy its repository upload may be staging already.
+    builds = [d for d in (paths.templates / snapshot_id).iterdir() if d.suffix != ".upload"]
+    written = sum(dir_size(build)["allocated_mib"] for build in builds)
+    for layer in (paths.templates / snapshot_id).glob("*/layer-*"):
+        st = layer.stat()
+        if st.st_nlink > 1:
+            written -= st.st_blocks * 512 / 2**20
     for memory in (paths.memory / snapshot_id).glob("*/memory"):
         st = memory.stat()
         if st.st_nlink == 1:
@@ -267,6 +275,8 @@ def cycles(home: Path) -> dict[str, Any]:
         "first_tenth_resume_median_ms": round(statistics.median(resumes[:tenth]) * 1000, 1),
         "last_tenth_resume_median_ms": round(statistics.median(resumes[-tenth:]) * 1000, 1),
         "pause_written_mib": summary_ms(written, 1),
+        # Every cycle's: layers over the last save, and every few a delta against the base.
+        "pause_written_mib_each": written,
         "first_tenth_pause_mib": round(statistics.median(written[:tenth]), 2),
         "last_tenth_pause_mib": round(statistics.median(written[-tenth:]), 2),
     }

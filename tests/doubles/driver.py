@@ -225,6 +225,9 @@ class DoubleDriver:
     ) -> Snapshot:
         return snapshot  # the memory is a file already
 
+    async def merge_layers(self, snapshot: Snapshot, directory: Path) -> Snapshot:
+        return snapshot  # saved whole: no layers
+
     async def _start(self, spec: VMSpec, guest: Guest) -> DoubleVM:
         if spec.net is None or spec.net.netns not in self.slots.sockets:
             raise BootError("no network slot to serve envd on")

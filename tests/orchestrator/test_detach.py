@@ -1,5 +1,5 @@
-"""Switching a saved directory to its detached form, and what a crash at each step leaves.
-(Detaching itself, with real VMs, is tested in tests/runtime/qemu_vm and tests/e2e.)"""
+"""Switching a saved directory to its detached (or merged) form, and what a crash at each step
+leaves. (Detaching itself, with real VMs, is tested in tests/runtime/qemu_vm and tests/e2e.)"""
 
 from __future__ import annotations
 
@@ -10,6 +10,10 @@ import pytest
 
 from aenv.orchestrator import checkpoints, detach
 from aenv.runtime.driver import Snapshot, VMSpec
+from aenv.runtime.qemu import QemuConfig, QemuDriver
+from aenv.runtime.ramdelta import PAGE
+from tests.doubles.slots import DoubleSlots
+from tests.runtime.test_ramlayers import layered, pages_of
 
 
 def _stream_form(directory: Path) -> Snapshot:
@@ -130,8 +134,108 @@ def test_pruning_keeps_the_memory_a_newer_checkpoint_lies_over(tmp_path: Path) -
     delta = dataclasses.replace(base, state_file=new / "state", disks={})
     delta.save_manifest(new)
     checkpoints.prune_pauses(tmp_path, 2)
-    assert (old / "memory").is_file()
-    assert not (old / "snapshot.json").exists() and not base.state_file.exists()
+    assert (old / "memory").is_file() and not base.state_file.exists()
     assert checkpoints.latest_pause(tmp_path) == (2, delta)
     checkpoints.prune_pauses(tmp_path, 2)  # again, as after a restart: still there
     assert (old / "memory").is_file()
+    # Once no newer checkpoint lies over it, the older one goes but for its disk layers.
+    newer = checkpoints.pause_dir(tmp_path, 3)
+    newer.mkdir()
+    _stream_form(newer)
+    checkpoints.prune_pauses(tmp_path, 3)
+    assert sorted(p.name for p in old.iterdir()) == ["upper.qcow2"]
+
+
+def _layered(directory: Path, below: tuple[Path, ...]) -> Snapshot:
+    """A state of changed pages over a template's memory file and the older states `below`."""
+    (directory / "state").write_bytes(b"device state and pages changed since " + bytes(len(below)))
+    spec = VMSpec(vcpus=1, memory_mib=256, kernel=Path("/k"), cmdline="", workdir=directory)
+    snap = Snapshot(
+        driver="qemu",
+        compat="x",
+        spec=spec,
+        state_file=directory / "state",
+        memory_file=Path("/templates/base/memory"),
+        disks={},
+        layers=below,
+    )
+    snap.save_manifest()
+    return snap
+
+
+def _pauses(tmp_path: Path, count: int) -> list[Snapshot]:
+    """`count` pauses, each a layer over all the ones before, pruned as pauses are."""
+    saved: list[Snapshot] = []
+    for seq in range(1, count + 1):
+        directory = checkpoints.pause_dir(tmp_path, seq)
+        directory.mkdir()
+        below = (*saved[-1].layers, saved[-1].state_file) if saved else ()
+        saved.append(_layered(directory, below))
+        checkpoints.prune_pauses(tmp_path, seq)
+    return saved
+
+
+def test_pruning_keeps_the_states_a_newer_checkpoint_lies_over(tmp_path: Path) -> None:
+    saved = _pauses(tmp_path, 3)
+    assert all(s.state_file.is_file() for s in saved)
+    assert checkpoints.latest_pause(tmp_path) == (3, saved[-1])
+
+
+def test_a_merged_chain_frees_the_states_below_it_at_the_next_prune(tmp_path: Path) -> None:
+    saved = _pauses(tmp_path, 3)
+    top = checkpoints.pause_dir(tmp_path, 3)
+    (top / detach.DETACHED).mkdir()
+    (top / detach.DETACHED / "state").write_bytes(b"the three states as one")
+    merged = dataclasses.replace(saved[-1], state_file=top / detach.DETACHED / "state", layers=())
+    detach.adopt(top, merged)
+    assert not saved[-1].state_file.exists()
+    checkpoints.prune_pauses(tmp_path, 3)  # what the next pause or a restart does
+    assert not saved[0].state_file.exists() and not saved[1].state_file.exists()
+    assert checkpoints.latest_pause(tmp_path) == (3, merged)
+    # A pause over the merged state keeps it; the one after frees it.
+    fourth = checkpoints.pause_dir(tmp_path, 4)
+    fourth.mkdir()
+    _layered(fourth, (merged.state_file,))
+    checkpoints.prune_pauses(tmp_path, 4)
+    assert merged.state_file.is_file()
+    fifth = checkpoints.pause_dir(tmp_path, 5)
+    fifth.mkdir()
+    _layered(fifth, ())
+    checkpoints.prune_pauses(tmp_path, 5)
+    assert not merged.state_file.exists() and not (top / "snapshot.json").exists()
+
+
+def test_a_crash_during_a_merge_keeps_the_layered_form(tmp_path: Path) -> None:
+    saved = _pauses(tmp_path, 3)
+    top = checkpoints.pause_dir(tmp_path, 3)
+    (top / detach.DETACHED).mkdir()
+    (top / detach.DETACHED / "state").write_bytes(b"half of the merged stat")  # cut here
+    checkpoints.prune_pauses(tmp_path, 3)  # the restart
+    assert Snapshot.load_manifest(top) == saved[-1]
+    assert not (top / detach.DETACHED).exists()
+    assert all(s.state_file.is_file() for s in saved)
+
+
+async def test_a_deep_chain_is_merged_and_adopted_as_one_state(tmp_path: Path) -> None:
+    """`Detacher.merge` with the QEMU driver's merge of real stream layouts: the merged form
+    is written beside the layered one, adopted like a detached form, and its pages are the
+    chain's, newest first."""
+    directory = checkpoints.pause_dir(tmp_path, 1)
+    directory.mkdir()
+    snap = layered(directory, detach.MERGE_DEPTH + 1)
+    snap.save_manifest()
+    detacher = detach.Detacher(
+        QemuDriver(QemuConfig(jail=None)), DoubleSlots(), tmp_path / "w", tmp_path / "m"
+    )
+    assert (
+        await detacher.merge(dataclasses.replace(snap, layers=snap.layers[1:]), directory) is None
+    )
+    merged = await detacher.merge(snap, directory)
+    assert merged is not None and merged.state_file.parent == directory / detach.DETACHED
+    assert Snapshot.load_manifest(directory) == snap  # not adopted yet
+    detach.adopt(directory, merged)
+    assert Snapshot.load_manifest(directory) == merged and not snap.state_file.exists()
+    assert pages_of(merged.state_file.read_bytes()) == {
+        0: bytes([100 + detach.MERGE_DEPTH]) * PAGE,
+        **{i + 1: bytes([i + 1]) * PAGE for i in range(detach.MERGE_DEPTH + 1)},
+    }

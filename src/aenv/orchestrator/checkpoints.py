@@ -5,7 +5,11 @@ writes a checkpoint `pause-<n>/` there (device state, memory, sealed disk layers
 last: a checkpoint without it never completed and is ignored); its memory may later be detached
 into a file (`detach.py`). A driver may save only the memory the guest changed over the memory
 file it was restored from (`runtime/ramdelta.py`): that file, a template's or an older
-checkpoint's, is then the checkpoint's `memory_file` and stays while the checkpoint does.
+checkpoint's, is then the checkpoint's `memory_file` and stays while the checkpoint does; and
+it may save only what changed since the states it was restored from, as a layer over them
+(`Snapshot.layers`: older checkpoints' states, or a snapshot's), which stay as long too (an
+older checkpoint's manifest stays while it names one; a merge of the chain frees them,
+`detach.Detacher.merge`).
 A driver's sealed disk layers may stack on the previous checkpoint's (or the template's) by
 absolute path, so they stay until the sandbox is killed; only the state and memory of
 checkpoints older than the newest are removed.
@@ -61,14 +65,15 @@ def latest_pause(sandbox_dir: Path) -> tuple[int, Snapshot] | None:
 
 def prune_pauses(sandbox_dir: Path, keep: int) -> None:
     """Free the state and memory of the checkpoints before `keep` (their disk layers may still
-    be below `keep`'s and stay, and so does an older memory file that `keep`'s changed pages
-    lie over), and remove those after it: a crash left them incomplete."""
+    be below `keep`'s and stay, and so do an older memory file and the older states that
+    `keep`'s changed pages lie over), and remove those after it: a crash left them incomplete."""
     kept = pause_dir(sandbox_dir, keep)
     detach.tidy(kept)
     try:
-        base = Snapshot.load_manifest(kept).memory_file
+        snapshot = Snapshot.load_manifest(kept)
+        needed = {*snapshot.layers, *filter(None, [snapshot.memory_file])}
     except RestoreError:
-        base = None
+        needed = set()
     for entry in sandbox_dir.glob("pause-*"):
         match = _PAUSE.match(entry.name)
         if not match or int(match.group(1)) == keep:
@@ -76,22 +81,25 @@ def prune_pauses(sandbox_dir: Path, keep: int) -> None:
         if int(match.group(1)) > keep:
             shutil.rmtree(entry, ignore_errors=True)
         else:
-            _free(entry, base)
+            _free(entry, needed)
 
 
-def _free(checkpoint: Path, base: Path | None) -> None:
-    """Remove a checkpoint's state and memory (unless its memory is `base`, which a newer
-    checkpoint needs), keeping its disk layers; the manifest goes last, so a crash in between
-    leaves something this can finish later."""
+def _free(checkpoint: Path, needed: set[Path]) -> None:
+    """Remove a checkpoint's state and memory (but those in `needed`, which a newer checkpoint
+    lies over), keeping its disk layers. The manifest goes last, and stays while it names a
+    needed file, so that a later prune (or one after a crash in between) can free it."""
     detach.tidy(checkpoint)
     try:
         snapshot = Snapshot.load_manifest(checkpoint)
     except RestoreError:
         return  # freed before
-    for path in (snapshot.state_file, snapshot.memory_file):
-        if path is not None and path.parent == checkpoint and path != base:
-            with contextlib.suppress(FileNotFoundError):
-                path.unlink()
+    files = (snapshot.state_file, snapshot.memory_file)
+    own = {p for p in files if p is not None and checkpoint in p.parents}
+    for path in own - needed:
+        with contextlib.suppress(FileNotFoundError):
+            path.unlink()
+    if own & needed:
+        return  # the manifest stays: it names what a newer checkpoint needs
     detach.discard(checkpoint)
     with contextlib.suppress(FileNotFoundError):
         (checkpoint / SNAPSHOT_MANIFEST).unlink()

@@ -9,7 +9,9 @@ first form's files; restores then map that memory file like a template's. Pauses
 background after they return; fork checkpoints and template builds before their first restore.
 A state saved as the pages changed over a memory file needs no detach to restore quickly; a
 finished template's is flattened all the same (`flatten`), so that its sandboxes share all of
-its memory instead of each loading those pages.
+its memory instead of each loading those pages. A state saved in memory layers over older
+states (`Snapshot.layers`) has its chain merged into one state in the background once it is
+`MERGE_DEPTH` deep (`merge`), written and adopted like a detached form.
 
 `adopt` switches a saved directory over to its detached form by atomically replacing its
 `snapshot.json`: a crash before that leaves the first form in use (and `tidy` removes what the
@@ -41,6 +43,11 @@ from aenv.runtime.driver import (
 log = logging.getLogger("aenv.orchestrator")
 
 DETACHED = "detached"
+# A pause checkpoint lying over this many older states or more has them merged in the
+# background (`Detacher.merge`), so restores compose few states and older pauses' states can
+# go. A driver also caps a chain itself at each save (the sandbox may be resumed before the
+# merge has run: a resume cancels it).
+MERGE_DEPTH = 3
 
 
 class Detacher:
@@ -99,6 +106,36 @@ class Detacher:
             if slot is not None:
                 await self.slots.release(slot)
 
+    async def merge(self, snapshot: Snapshot, directory: Path) -> Snapshot | None:
+        """The form of `snapshot` (saved in `directory`) whose memory layers are merged into
+        one state (`Driver.merge_layers`), written into `directory/detached/` but not adopted
+        (as a detached form: `adopt`, `discard` and `tidy` apply); None when its chain is
+        shorter than `MERGE_DEPTH` or the merge failed (the layered form still works)."""
+        if len(snapshot.layers) < MERGE_DEPTH:
+            return None
+        start = time.perf_counter()
+        staging = directory / DETACHED
+        try:
+            await asyncio.to_thread(_fresh_dirs, staging)
+            merged = await self.driver.merge_layers(snapshot, staging)
+            if merged is snapshot:  # the driver keeps no layers
+                await asyncio.to_thread(discard, directory)
+                return None
+        except (DriverError, OSError) as e:
+            log.warning("could not merge the memory layers of %s: %s", directory, e)
+            await asyncio.to_thread(discard, directory)
+            return None
+        except BaseException:
+            await asyncio.to_thread(discard, directory)
+            raise
+        log.info(
+            "merged %d memory layers of %s in %.0f ms",
+            len(snapshot.layers),
+            directory,
+            _ms_since(start),
+        )
+        return merged
+
     async def detach_in_place(
         self, snapshot: Snapshot, directory: Path, *, flatten: bool = False
     ) -> Snapshot:
@@ -147,7 +184,12 @@ def tidy(directory: Path) -> None:
 def _remove_unnamed(directory: Path, current: Snapshot) -> None:
     """Remove the files directly in `directory` that `current` does not name: what is left of
     the form it replaced (its disks are shared by both forms and named)."""
-    named = {current.state_file, *current.disks.values(), directory / SNAPSHOT_MANIFEST}
+    named = {
+        current.state_file,
+        *current.disks.values(),
+        *current.layers,
+        directory / SNAPSHOT_MANIFEST,
+    }
     if current.memory_file is not None:
         named.add(current.memory_file)
     for entry in directory.iterdir():

@@ -1125,6 +1125,8 @@ class Orchestrator:
         directory = checkpoints.pause_dir(self._dirs(record.id)[0], seq)
         try:
             detached = await self.detacher.detach(saved, directory)
+            if detached is None:
+                detached = await self.detacher.merge(saved, directory)
             if detached is not None:
                 async with self._lock(record.id):
                     current = self.catalog.get(record.id)

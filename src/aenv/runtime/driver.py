@@ -152,7 +152,10 @@ class Snapshot:
     `state_file` (a driver's choice, e.g. when the source's memory was itself a private mapping).
     `compat` names what a restoring VMM must match (driver, VMM version, accelerator, CPU model).
     Without `machine_state` only the disks were saved (`state_file` is empty): such a snapshot
-    cannot be restored, only booted from its disks."""
+    cannot be restored, only booted from its disks. `layers` are older saved states (oldest
+    first) that `state_file` lies over: each holds the pages changed over the one before, the
+    first over `memory_file`; they are never written again and are shared by every state
+    that names them (a driver's choice, as `memory_file` is)."""
 
     driver: str
     compat: str
@@ -161,6 +164,7 @@ class Snapshot:
     memory_file: Path | None
     disks: Mapping[str, Path]
     machine_state: bool = True
+    layers: tuple[Path, ...] = ()
 
     def save_manifest(self, directory: Path | None = None) -> Path:
         """Write `snapshot.json` into `directory` (default: next to the state file), so the
@@ -345,6 +349,13 @@ class Driver(Protocol):
         needs to load the state."""
         ...
 
+    async def merge_layers(self, snapshot: Snapshot, directory: Path) -> Snapshot:
+        """`snapshot` with the older states it lies over (`Snapshot.layers`) and its own state
+        merged into one state file in `directory` (existing, ours; the manifest not written),
+        so that restores read one state and the older ones are needed no more; `snapshot`
+        itself when it has no layers. No VM runs."""
+        ...
+
 
 def _spec_to_dict(spec: VMSpec) -> dict[str, Any]:
     return {
@@ -399,6 +410,7 @@ def _snapshot_to_dict(snap: Snapshot) -> dict[str, Any]:
         "memory_file": str(snap.memory_file) if snap.memory_file else None,
         "disks": {k: str(v) for k, v in snap.disks.items()},
         "machine_state": snap.machine_state,
+        "layers": [str(p) for p in snap.layers],
     }
 
 
@@ -411,4 +423,5 @@ def _snapshot_from_dict(raw: Mapping[str, Any]) -> Snapshot:
         memory_file=Path(raw["memory_file"]) if raw["memory_file"] else None,
         disks={str(k): Path(v) for k, v in raw["disks"].items()},
         machine_state=bool(raw.get("machine_state", True)),
+        layers=tuple(Path(p) for p in raw.get("layers", ())),
     )

@@ -2,7 +2,8 @@
 
 An exported saved state is a directory holding the state file (`state`), the memory file
 (`memory`, when the guest memory is a file of its own; or in a memory directory of the caller's
-choosing, on tmpfs, since restores map it), one sealed image per writable drive (made by the
+choosing, on tmpfs, since restores map it), the older states the state lies over (`layer-1`,
+..., when the driver saves memory in layers), one sealed image per writable drive (made by the
 driver, in its format) and `snapshot.json`, written last: a directory without it never finished
 exporting. State and memory files are never written again once saved, so an export that keeps
 the source (`move=False`) hard-links them instead of copying.
@@ -21,6 +22,7 @@ from aenv.storage import layers
 
 STATE = "state"
 MEMORY = "memory"
+LAYER = "layer-"  # + 1, 2, ...: the older states the state lies over, oldest first
 
 # Seals drive `drive_id`'s chain of layers, ending in `source`, as one image in the export
 # directory and returns its path.
@@ -46,7 +48,14 @@ async def export(
         if snapshot.memory_file != memory:  # saved there already
             await place(snapshot.memory_file, memory, move=move)
     disks = {drive_id: await disk(drive_id, path) for drive_id, path in snapshot.disks.items()}
-    exported = dataclasses.replace(snapshot, state_file=state, memory_file=memory, disks=disks)
+    layers = tuple(dest / f"{LAYER}{i}" for i in range(1, len(snapshot.layers) + 1))
+    for src, layer in zip(snapshot.layers, layers, strict=True):
+        if src != layer:  # exported there already
+            # Linked even with `move`: the states a newer one lies over are their owners'.
+            await place(src, layer, move=False)
+    exported = dataclasses.replace(
+        snapshot, state_file=state, memory_file=memory, disks=disks, layers=layers
+    )
     await asyncio.to_thread(exported.save_manifest, dest)
     return exported
 
@@ -74,6 +83,7 @@ def load(directory: Path, driver: str) -> Snapshot:
     files += [d.path for d in snapshot.spec.disks if d.read_only]
     if snapshot.memory_file is not None:
         files.append(snapshot.memory_file)
+    files += snapshot.layers
     missing = [str(p) for p in files if not p.is_file()]
     if missing:
         raise RestoreError(f"the saved state in {directory} lacks {', '.join(missing)}")

@@ -53,7 +53,7 @@ from typing import Literal
 import psutil
 
 from aenv.network.tap import open_tap
-from aenv.runtime import export, qcow2, ramdelta
+from aenv.runtime import export, qcow2, ramdelta, ramlayers
 from aenv.runtime.cgroups import Cgroup, CgroupLimits, CgroupManager
 from aenv.runtime.driver import (
     VM,
@@ -316,6 +316,28 @@ class QemuDriver:
             await asyncio.to_thread(_unlink, [whole.state_file])
         return detached
 
+    async def merge_layers(self, snapshot: Snapshot, directory: Path) -> Snapshot:
+        """The chain composed as a restore would load it (`ramlayers.compose_into`), written
+        into `directory/state`: one delta over the base memory file."""
+        if not snapshot.layers:
+            return snapshot
+        state_file = directory / export.STATE
+        states = (*snapshot.layers, snapshot.state_file)
+
+        def merge() -> None:
+            with open(state_file, "wb") as out:
+                ramlayers.compose_into(states, RAM_BLOCK.encode(), out.fileno())
+
+        try:
+            await asyncio.to_thread(merge)
+        except (OSError, ValueError) as exc:  # StreamFormatError is a ValueError
+            await asyncio.to_thread(_unlink, [state_file])
+            raise SnapshotError(f"cannot merge the memory layers: {exc}") from exc
+        except BaseException:
+            await asyncio.to_thread(_unlink, [state_file])
+            raise
+        return dataclasses.replace(snapshot, state_file=state_file, layers=())
+
     async def _whole_stream(self, snapshot: Snapshot, place: RestoreSpec) -> Snapshot:
         """`snapshot` with all of its RAM in a state stream of its own (in `place.memory_dir`)
         and no memory file: loaded and saved again, its manifest not written."""
@@ -331,7 +353,7 @@ class QemuDriver:
             raise
         finally:
             await asyncio.shield(vm.stop())
-        return dataclasses.replace(snapshot, state_file=stream, memory_file=None)
+        return dataclasses.replace(snapshot, state_file=stream, memory_file=None, layers=())
 
     async def _detach(
         self, snapshot: Snapshot, target: SnapshotTarget, place: RestoreSpec
@@ -399,10 +421,47 @@ class QemuDriver:
                     "migrate-set-capabilities",
                     capabilities=[{"capability": "x-ignore-shared", "state": True}],
                 )
-            await vm.monitor.pass_file("state", snapshot.state_file, os.O_RDONLY)
-            await vm.monitor.execute("migrate-incoming", uri="fd:state")
-            await vm.monitor.wait_incoming(vm.proc, self.config.migrate_timeout_s)
+                vm.ram_layers = await asyncio.to_thread(
+                    ramlayers.chain, snapshot.layers, snapshot.state_file, spec.memory_mib << 20
+                )
+            if snapshot.layers:
+                await self._load_layers(vm, snapshot)
+            else:
+                await vm.monitor.pass_file("state", snapshot.state_file, os.O_RDONLY)
+                await vm.monitor.execute("migrate-incoming", uri="fd:state")
+                await vm.monitor.wait_incoming(vm.proc, self.config.migrate_timeout_s)
         return vm
+
+    async def _load_layers(self, vm: QemuVM, snapshot: Snapshot) -> None:
+        """QEMU loads a layered state as one stream that `ramlayers.compose_into` writes into a
+        pipe: the chain is never written whole. A composition that fails ends the stream short,
+        so QEMU refuses it and the restore fails (`RestoreError`)."""
+        states = (*snapshot.layers, snapshot.state_file)
+        read, write = os.pipe2(os.O_CLOEXEC)
+        with contextlib.suppress(OSError):  # beyond the user's pipe quota: the default size
+            fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, ramdelta.PIPE_BUFFER)
+
+        def compose() -> int:
+            try:
+                return ramlayers.compose_into(states, RAM_BLOCK.encode(), write)
+            finally:
+                os.close(write)
+
+        composing = asyncio.ensure_future(asyncio.to_thread(compose))
+        # Not awaited when the load fails: a writer blocked on a full pipe ends only when the
+        # VMM (the read end) is stopped, after this returns.
+        composing.add_done_callback(lambda task: task.cancelled() or task.exception())
+        try:
+            await vm.monitor.pass_fd("state", read)
+        finally:
+            os.close(read)  # QEMU holds the only read end now
+        await vm.monitor.execute("migrate-incoming", uri="fd:state")
+        await vm.monitor.wait_incoming(vm.proc, self.config.migrate_timeout_s)
+        try:
+            older = await asyncio.shield(composing)
+        except ValueError as exc:  # a StreamFormatError, or a layer that is empty
+            raise OSError(f"cannot compose the memory layers: {exc}") from exc
+        log.info("restored VM %s from %d states, %d pages of older ones", vm.id, len(states), older)
 
     async def restore_many(self, snapshot: Snapshot, targets: Sequence[RestoreSpec]) -> list[VM]:
         results = await asyncio.gather(
@@ -423,6 +482,7 @@ class QemuDriver:
         files = [snapshot.state_file, snapshot.spec.kernel, *snapshot.disks.values()]
         files += [p for p in (snapshot.memory_file, snapshot.spec.initrd) if p]
         files += [d.path for d in snapshot.spec.disks if d.read_only]
+        files += snapshot.layers
         missing = [p for p in files if not await asyncio.to_thread(p.is_file)]
         if missing:
             raise RestoreError(f"snapshot is missing file(s): {', '.join(map(str, missing))}")
@@ -670,6 +730,9 @@ class QemuVM:
         self.stderr_log = stderr_log
         self.run_state = VMState.PAUSED
         self.owned_files: list[Path] = []  # private writable layers created for this VM
+        # The saved states whose memory this VM was restored from over its mapped file, oldest
+        # first: its next save keeps only what differs from them (`ramlayers`).
+        self.ram_layers: tuple[Path, ...] = ()
         self._lock = asyncio.Lock()
         self._generation = 0
 
@@ -745,6 +808,7 @@ class QemuVM:
         state_file = target.directory / "state"
         made.append(state_file)
         memory_file: Path | None = None
+        ram_layers: tuple[Path, ...] = ()
         if not machine_state:  # disks only: an empty state file marks it
             await asyncio.to_thread(state_file.write_bytes, b"")
             if not keep_running:
@@ -759,7 +823,7 @@ class QemuVM:
                 await self.hand_over_memory(memory_file)
         elif not keep_running:
             # Only what changed since the memory file it maps; that file stays the base.
-            await self.save_delta(state_file)
+            ram_layers = await self.save_layered(state_file)
             memory_file = self.memory.path
             await self._quit()
         else:
@@ -767,7 +831,7 @@ class QemuVM:
             # checkpoints outlive the base's owner and are exported with their files moved:
             # the snapshot gets the base as a hard link of its own (no bytes written; the
             # file is never written again), copied only when `memory_dir` is elsewhere.
-            await self.save_delta(state_file)
+            ram_layers = await self.save_layered(state_file)
             memory_file = target.memory_dir / "memory"
             made.append(memory_file)
             await export.place(self.memory.path, memory_file, move=False)
@@ -781,6 +845,7 @@ class QemuVM:
             memory_file=memory_file,
             disks=sealed,
             machine_state=machine_state,
+            layers=ram_layers,
         )
         await asyncio.to_thread(snap.save_manifest)
         return snap
@@ -803,7 +868,28 @@ class QemuVM:
         await self.monitor.execute("migrate", uri="fd:state")
         await self.monitor.wait_migration(self.proc, self._driver.config.migrate_timeout_s)
 
-    async def save_delta(self, state_file: Path) -> ramdelta.DeltaStats | None:
+    async def save_layered(self, state_file: Path) -> tuple[Path, ...]:
+        """`save_delta` over the states this VM was restored from (`ram_layers`): returns the
+        layers the new state lies over (`Snapshot.layers`), `()` when it is a delta against the
+        base (no chain, one that cannot be read any more, or a stream kept whole)."""
+        parent: ramlayers.Chain | None = None
+        if self.ram_layers:
+            try:
+                parent = await asyncio.to_thread(
+                    ramlayers.Chain, self.ram_layers, RAM_BLOCK.encode()
+                )
+            except (OSError, ValueError) as exc:  # StreamFormatError is a ValueError
+                log.warning("saving VM %s against its base: its layers: %s", self._id, exc)
+        try:
+            stats = await self.save_delta(state_file, parent)
+            return parent.holding_pages() if parent is not None and stats is not None else ()
+        finally:
+            if parent is not None:
+                parent.close()
+
+    async def save_delta(
+        self, state_file: Path, parent: ramlayers.Chain | None = None
+    ) -> ramdelta.DeltaStats | None:
         """Write the (stopped) VM's device state and the pages it changed in its privately
         mapped memory file as a migration stream into `state_file` (see `ramdelta`). Once this
         driver's QEMU has shown that the filter understands its streams, QEMU migrates into a
@@ -812,12 +898,17 @@ class QemuVM:
         filter does not understand is kept whole (None), which restores all the same."""
         started = time.perf_counter()
         keep = await asyncio.to_thread(ramdelta.changed_pages, self.proc.pid, self.memory.path)
+        same: ramdelta.Same | None = None
+        if parent is not None:
+            # The chain's pages too: one the VMM gave back to its file (a discard) differs.
+            keep = keep.union(parent.where)
+            same = parent.same
         mapped = time.perf_counter()
         stats: ramdelta.DeltaStats | None
         if self._driver.streams_understood:
-            stats = await self._save_through_filter(state_file, keep)
+            stats = await self._save_through_filter(state_file, keep, same)
         else:
-            stats = await self._save_then_filter(state_file, keep)
+            stats = await self._save_then_filter(state_file, keep, same)
             self._driver.streams_understood = stats is not None
         if stats is not None:
             log.info(
@@ -831,7 +922,7 @@ class QemuVM:
         return stats
 
     async def _save_through_filter(
-        self, state_file: Path, keep: frozenset[int]
+        self, state_file: Path, keep: frozenset[int], same: ramdelta.Same | None
     ) -> ramdelta.DeltaStats:
         """QEMU migrates into a pipe; `ramdelta.filter_pipe` writes the changed pages' records
         into `state_file` as they come. A stream it does not understand fails the save (it was
@@ -841,7 +932,7 @@ class QemuVM:
         with contextlib.suppress(OSError):  # beyond the user's pipe quota: the default size
             fcntl.fcntl(write, fcntl.F_SETPIPE_SZ, ramdelta.PIPE_BUFFER)
         filtering = asyncio.ensure_future(
-            asyncio.to_thread(ramdelta.filter_pipe, read, state_file, RAM_BLOCK, keep)
+            asyncio.to_thread(ramdelta.filter_pipe, read, state_file, RAM_BLOCK, keep, same)
         )
 
         def done(task: asyncio.Future[ramdelta.DeltaStats]) -> None:
@@ -873,14 +964,14 @@ class QemuVM:
             raise
 
     async def _save_then_filter(
-        self, state_file: Path, keep: frozenset[int]
+        self, state_file: Path, keep: frozenset[int], same: ramdelta.Same | None
     ) -> ramdelta.DeltaStats | None:
         scratch = _memory_dir(self.spec) / f"{self._id}.stream"
         try:
             await self.save_state(scratch, ignore_shared=True)
             try:
                 return await asyncio.to_thread(
-                    ramdelta.filter_file, scratch, state_file, RAM_BLOCK, keep
+                    ramdelta.filter_file, scratch, state_file, RAM_BLOCK, keep, same
                 )
             except ramdelta.StreamFormatError as exc:
                 log.warning("saving VM %s with all of its RAM: %s", self._id, exc)

@@ -25,19 +25,21 @@ stream that turns out not to be understood cannot be kept whole (it is gone), so
 first save goes through scratch (`filter_file`), and only a QEMU whose stream was understood
 migrates into the pipe (`QemuVM.save_delta`).
 
-The delta is always against the base memory file, not against the previous save: a VM restored
-from base + delta holds the delta's pages as anonymous pages again, so its next save carries
-them plus whatever changed since. A chain never grows deeper than one layer (no flattening is
-needed); the layer grows only with what the guest changed. A template build's final state is
-flattened into a memory file of its own (`detach.py`, `flatten`), so its sandboxes start from a
-base with no changed pages to load.
+The changed pages are those since the base memory file. A VM restored from base + delta holds
+the delta's pages as anonymous pages again, so its next save would carry them again plus what
+changed since: `ramlayers` has the filter also drop the records whose content equals what the
+states it was restored from hold (`Same`), so a save holds what changed since the last one, as
+a layer over those states. A template build's final state is flattened into a memory file of
+its own (`detach.py`, `flatten`), so its sandboxes start from a base with no changed pages to
+load.
 
 Stream format (QEMU 7.2, `migration/savevm.c` and `ram.c`): after the header and the
 configuration section come the iterative "ram" section's START, PART and END sections, each a
 run of records `be64 offset|flags [byte len + block name unless CONTINUE] [payload]` ending in an
 EOS record and a footer; then every device's FULL section and EOF, which are copied as they are.
 Anything else makes `filter_stream` raise `StreamFormatError`, and the caller keeps the stream
-unfiltered (always valid).
+unfiltered (always valid). `index_stream` reads the same layout (where each page's record is),
+for comparing with a layer and composing a chain of them (`ramlayers`).
 """
 
 from __future__ import annotations
@@ -116,10 +118,18 @@ def _mapping(pid: int, memory_file: Path) -> tuple[int, int]:
     raise FileNotFoundError(f"process {pid} does not map {memory_file}")
 
 
-def filter_file(src: Path, dest: Path, block: str, keep: Collection[int]) -> DeltaStats:
+# Whether the record of page `page` (its payload: a whole page, or a zero page's fill byte when
+# the bool is True) holds what the state the VM was restored from holds there: then it is
+# dropped like an unchanged page (`ramlayers.Parent.same`).
+Same = Callable[[int, memoryview, bool], bool]
+
+
+def filter_file(
+    src: Path, dest: Path, block: str, keep: Collection[int], same: Same | None = None
+) -> DeltaStats:
     """`filter_stream` from file `src` into a new file `dest`. Blocking."""
     with open(src, "rb") as f, mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ) as data:
-        parts, stats = filter_stream(memoryview(data), block.encode(), keep)
+        parts, stats = filter_stream(memoryview(data), block.encode(), keep, same)
         with open(dest, "wb") as out:
             out.writelines(parts)
         for part in parts:  # slices of the map pin it until released
@@ -128,7 +138,9 @@ def filter_file(src: Path, dest: Path, block: str, keep: Collection[int]) -> Del
     return stats
 
 
-def filter_pipe(src: int, dest: Path, block: str, keep: Collection[int]) -> DeltaStats:
+def filter_pipe(
+    src: int, dest: Path, block: str, keep: Collection[int], same: Same | None = None
+) -> DeltaStats:
     """`filter_stream` from the read end `src` of a pipe into a new file `dest`, as the stream
     arrives: QEMU writes into the pipe while this keeps the changed pages' records, so neither
     the whole stream nor a second pass over it is paid for. Reads until the pipe's end and
@@ -137,7 +149,7 @@ def filter_pipe(src: int, dest: Path, block: str, keep: Collection[int]) -> Delt
     view = memoryview(buf)
     filled = 0
     ended = False
-    parser = _Filter(block.encode(), keep)
+    parser = _Filter(block.encode(), keep, same)
     try:
         with open(dest, "wb") as out:
             while not ended:
@@ -164,12 +176,13 @@ def filter_pipe(src: int, dest: Path, block: str, keep: Collection[int]) -> Delt
 
 
 def filter_stream(
-    data: memoryview, block: bytes, keep: Collection[int]
+    data: memoryview, block: bytes, keep: Collection[int], same: Same | None = None
 ) -> tuple[list[memoryview | bytes], DeltaStats]:
     """The migration stream `data` without the RAM records of block `block` whose page index is
-    not in `keep`; returned as pieces to write in order. Records of other blocks stay."""
+    not in `keep`, nor those `same` says the parent state holds already; returned as pieces to
+    write in order. Records of other blocks stay."""
     out: list[memoryview | bytes] = []
-    parser = _Filter(block, keep)
+    parser = _Filter(block, keep, same)
     parser.parse(data, True, out.append)
     return out, parser.stats()
 
@@ -188,9 +201,10 @@ class _More(Exception):
 class _Filter:
     """The stream filter, fed the stream in consecutive buffers (`parse`), one or many."""
 
-    def __init__(self, block: bytes, keep: Collection[int]) -> None:
+    def __init__(self, block: bytes, keep: Collection[int], same: Same | None = None) -> None:
         self.block = block
         self.keep = keep
+        self.same = same
         self.wanted = sorted(keep)
         self.stage = _Stage.PREAMBLE
         self.section_id = 0
@@ -313,7 +327,13 @@ class _Filter:
             self.current = current
             self.careful = max(0, self.careful - (end - pos))
             offset = word & ~_FLAGS_MASK
-            if current == block and offset // PAGE not in keep:
+            if current == block and (
+                offset // PAGE not in keep
+                or (
+                    self.same is not None
+                    and self.same(offset // PAGE, data[head:end], not flags & _PAGE)
+                )
+            ):
                 pos = end
                 continue
             if current == block:
@@ -397,3 +417,81 @@ def _skip_block_list(data: memoryview, pos: int, total: int) -> int:
     if seen != total:
         raise StreamFormatError("the RAM block list does not add up")
     return pos
+
+
+@dataclass(frozen=True)
+class StreamIndex:
+    """Where a complete stream's RAM records of one block lie: for each page index, the
+    position of its payload (a whole page), or -1 - the fill byte of a zero page (the last
+    record of a page wins, as when QEMU loads it); and `records_at`, the end of the START
+    section's block list, where more records of the block may be put."""
+
+    pages: dict[int, int]
+    records_at: int
+
+
+def index_stream(data: memoryview, block: bytes) -> StreamIndex:
+    """The `StreamIndex` of the whole stream `data` for block `block`; `StreamFormatError`
+    unless it is laid out as `filter_stream` expects and complete."""
+    try:
+        return _index(data, block)
+    except (_More, struct.error, IndexError):
+        raise StreamFormatError("the stream ends inside its RAM section") from None
+
+
+def _index(data: memoryview, block: bytes) -> StreamIndex:
+    if bytes(data[:4]) != _MAGIC:
+        raise StreamFormatError("not a QEMU migration stream")
+    pos, section_id = _section_header(data, _find_ram_start(data))
+    pages: dict[int, int] = {}
+    records_at = -1
+    current: bytes | None = None
+    while True:
+        (word,) = _BE64.unpack_from(data, pos)
+        flags = word & _FLAGS_MASK
+        if flags & ~_KNOWN:
+            raise StreamFormatError(f"RAM record flags {flags:#x} at {pos}")
+        head = pos + 8
+        if flags & _MEM_SIZE:
+            pos = _skip_block_list(data, head, word & ~_FLAGS_MASK)
+            records_at = pos if records_at < 0 else records_at
+            continue
+        if flags & _EOS:
+            pos = _next_section(data, head, section_id)
+            if pos < 0:
+                break
+            continue
+        if not flags & _CONTINUE:
+            current = bytes(data[head + 1 : head + 1 + data[head]])
+            head += 1 + data[head]
+        if current is None or not flags & (_PAGE | _ZERO):
+            raise StreamFormatError(f"RAM record at {pos} is not a page of a named block")
+        if current == block:
+            pages[word // PAGE] = head if flags & _PAGE else -1 - data[head]
+        pos = head + (PAGE if flags & _PAGE else 1)
+        if pos > len(data):
+            raise _More
+    if records_at < 0:
+        raise StreamFormatError("the stream has no RAM block list")
+    return StreamIndex(pages, records_at)
+
+
+def _next_section(data: memoryview, pos: int, section_id: int) -> int:
+    """Past the footer at `pos` of RAM section `section_id`: where the records of its next
+    section start, or -1 after its last."""
+    if data[pos] != _FOOTER or _BE32.unpack_from(data, pos + 1)[0] != section_id:
+        raise StreamFormatError(f"no footer of the RAM section at {pos}")
+    if data[pos + 5] not in (_SECTION_PART, _SECTION_END):
+        return -1
+    if _BE32.unpack_from(data, pos + 6)[0] != section_id:
+        raise StreamFormatError(f"a section other than RAM's at {pos + 5} before its end")
+    return pos + 10
+
+
+def page_record(page: int, payload: bytes | memoryview, block: bytes | None) -> bytes:
+    """A RAM record of page `page`: a whole page, or a zero page when `payload` is its one fill
+    byte; naming `block`, or continuing the previous record's block when None."""
+    flags = _PAGE if len(payload) == PAGE else _ZERO
+    if block is None:
+        return _BE64.pack(page * PAGE | flags | _CONTINUE) + bytes(payload)
+    return _BE64.pack(page * PAGE | flags) + bytes([len(block)]) + block + bytes(payload)

@@ -116,9 +116,10 @@ async def test_snapshot_of_a_clone_keeps_running_and_restores(
     child, child_netns = await fleet.restore(snap)
     state = await agent(child_netns)
     assert (state["memory"], state["note"]) == ("second", "second-note")
-    # The child's pause is changed pages over the same base again: one layer, not two.
+    # The child's pause is changed pages over the same base file, layered on the snapshot.
     grandchild_snap = await child.snapshot(places.snapshot_target(), keep_running=False)
     assert grandchild_snap.memory_file == snap.memory_file
+    assert grandchild_snap.layers == (snap.state_file,)
     assert child.state is VMState.STOPPED
     grandchild, gc_netns = await fleet.restore(grandchild_snap)
     assert (await agent(gc_netns))["note"] == "second-note"

@@ -381,6 +381,10 @@ class FirecrackerDriver:
         # Firecracker always writes guest memory as its own file (`mem_file_path`).
         return snapshot
 
+    async def merge_layers(self, snapshot: d.Snapshot, directory: Path) -> d.Snapshot:
+        # Its memory is a whole file (a diff snapshot is merged into it at once): no layers.
+        return snapshot
+
     async def export(
         self, snapshot: d.Snapshot, dest: Path, *, move: bool, memory_dir: Path | None = None
     ) -> d.Snapshot:
