@@ -1584,7 +1584,8 @@ class Orchestrator:
         token = record.envd_access_token
         snapshot = await self.saved.paused_checkpoint(record)
         try:
-            return await self._launch(record, snapshot, current_token=token, cold=cold)
+            async with self.saved.push_held(record, snapshot):
+                return await self._launch(record, snapshot, current_token=token, cold=cold)
         except RestoreError:
             if self.saved.archive is None:
                 raise
