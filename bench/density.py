@@ -355,6 +355,8 @@ def phase(mode: str, tb_mib: int, limit: int) -> dict[str, Any]:
         result = run_client(server, [sys.executable, __file__, "--client"], timeout=7200)
         result["machine"] = describe(server)
     result["tcg_tb_mib"] = tb_mib
+    # The node's `ksm` setting comes from the environment the bench runs in (AENV_KSM).
+    result["ksm_during_climb"] = os.environ.get("AENV_KSM", "").lower() in ("1", "true", "yes")
     return result
 
 
@@ -394,7 +396,8 @@ def plot(default: dict[str, Any], small: dict[str, Any]) -> None:
     steps, tb_steps = default["steps"], small["steps"]
     xs = [s["sandboxes"] for s in steps]
     default_tb = f"{default.get('tcg_tb_mib', TCG_TB_MIB)} MiB TB"
-    mem.plot(xs, [uss_sum(s) for s in steps], "o-", label=f"VMMs' USS, all off ({default_tb})")
+    climb = "KSM on" if default.get("ksm_during_climb") else "all off"
+    mem.plot(xs, [uss_sum(s) for s in steps], "o-", label=f"VMMs' USS, {climb} ({default_tb})")
     mem.plot(xs, [s["host_used_mib"] for s in steps], ".--", label="host-wide used (noisy)")
     top = xs[-1] if xs else 0
     for key, label, marker in (("trim", "+ page-cache trim", "s"), ("ksm", "+ KSM", "^")):

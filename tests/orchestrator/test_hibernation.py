@@ -6,6 +6,7 @@ and the proxy's view of the traffic are in tests/e2e/restart/test_hibernation.py
 
 from __future__ import annotations
 
+import asyncio
 import time
 from pathlib import Path
 
@@ -98,3 +99,51 @@ async def test_hibernated_sandbox_pauses_for_good_times_out_and_is_killed(
         assert await orc.kill(killed.id)
         assert await orc.kill(paused.id)
         assert_clean(node)
+
+
+async def test_shutdown_during_a_hibernation_or_pause_keeps_the_sandbox_paused(
+    tmp_path: Path,
+) -> None:
+    """A graceful shutdown while a hibernation and a user's pause are saving waits for them: the
+    user's pause stays paused (pause-on-shutdown on or off), the hibernated sandbox is paused
+    like a running one (or killed like one when pause-on-shutdown is off)."""
+    for pause_on_shutdown in (True, False):
+        async with double_node(
+            tmp_path / str(pause_on_shutdown), pause_on_shutdown=pause_on_shutdown
+        ) as node:
+            enable(node)
+            orc = node.orchestrator
+            first, _ = await orc.create(node.request())
+            second, _ = await orc.create(node.request())
+            for record in (first, second):
+                node.guest(record.id).write("/home/user/note", record.id)
+            time.sleep(AFTER)
+            held = node.driver.hold("snapshot")
+            hibernating = asyncio.create_task(orc.hibernate_idle())
+            await held.reached.wait()
+            # The look hibernates one at a time: the other is paused by its user meanwhile.
+            dozing, pausing = sorted(
+                (first, second), key=lambda r: node.row(r.id).state is not SandboxState.PAUSING
+            )
+            assert node.row(dozing.id).state is SandboxState.PAUSING
+            user_pause = asyncio.create_task(orc.pause(pausing.id))
+            closing = asyncio.create_task(orc.close())
+            await asyncio.sleep(0.05)
+            held.release()
+            await asyncio.gather(hibernating, user_pause, closing)
+            assert node.row(pausing.id).state is SandboxState.PAUSED
+            kept = [pausing]
+            if pause_on_shutdown:
+                assert node.row(dozing.id).state is SandboxState.PAUSED
+                kept.append(dozing)
+            else:  # hibernated is running for the API: killed like the running ones
+                assert node.catalog.get(dozing.id) is None
+
+            restarted = node.reopen()
+            await restarted.orchestrator.start()
+            for record in kept:
+                resumed, _ = await restarted.orchestrator.resume(record.id, 60)
+                assert resumed.state is SandboxState.RUNNING
+                assert restarted.guest(record.id).read("/home/user/note") == record.id
+                assert await restarted.orchestrator.kill(record.id)
+            await restarted.orchestrator.close()

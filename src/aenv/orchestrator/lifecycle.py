@@ -296,7 +296,10 @@ class Orchestrator:
             await asyncio.gather(self._refiller, return_exceptions=True)
         for pooled in self.pools.drain():
             await self._discard(pooled)
-        running = [r.id for r in self.catalog.list([SandboxState.RUNNING, *ASLEEP])]
+        # PAUSING too: a pause or hibernation under way ends before its sandbox is parked.
+        running = [
+            r.id for r in self.catalog.list([SandboxState.RUNNING, SandboxState.PAUSING, *ASLEEP])
+        ]
         await asyncio.gather(*(self._park(sandbox_id) for sandbox_id in running))
         for sandbox_id in list(self._live):
             await self.kill(sandbox_id)
@@ -310,9 +313,11 @@ class Orchestrator:
         await self._client.aclose()
 
     async def _park(self, sandbox_id: str) -> None:
-        record = self.catalog.get(sandbox_id)
-        internal = record is not None and record.internal
-        if self.config.pause_on_shutdown and not internal:
+        async with self._lock(sandbox_id):  # a pause or hibernation under way ends first
+            record = self.catalog.get(sandbox_id)
+        if record is None or record.state is SandboxState.PAUSED:
+            return
+        if self.config.pause_on_shutdown and not record.internal:
             with contextlib.suppress(SandboxNotFound, InvalidState, OperationFailed):
                 await self.pause(sandbox_id)
                 return
