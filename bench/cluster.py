@@ -362,7 +362,7 @@ def one(_):
     try:
         return Sandbox.create("base", timeout=600, request_timeout=1800)
     except Exception as error:
-        return f"{type(error).__name__}: {str(error)[:160]}"
+        return f"{type(error).__name__}: {str(error)[:600]}"
 start = time.perf_counter()
 with ThreadPoolExecutor(count) as pool:
     made = list(pool.map(one, range(count)))

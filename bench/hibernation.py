@@ -120,7 +120,13 @@ def client() -> None:
 
 
 def main() -> None:
-    env = {"AENV_SANDBOX_MEMORY_MB": str(GUEST_MB), "AENV_HIBERNATE_AFTER": str(AFTER)}
+    env = {
+        "AENV_SANDBOX_MEMORY_MB": str(GUEST_MB),
+        "AENV_HIBERNATE_AFTER": str(AFTER),
+        # Hibernated sandboxes count as held: the node and the key must admit all N.
+        "AENV_MAX_SANDBOXES": str(N + 8),
+        "AENV_KEY_MAX_SANDBOXES": str(N + 8),
+    }
     with bench_server(env) as server:
         result = run_client(server, [sys.executable, __file__, "--client"], 3600)
         machine = describe(server)
