@@ -23,6 +23,8 @@ longer fresh (`sequences`):
   first: checked alive at every resume, with a file's content; first / last tenth, and the 1st,
   middle (50th of 100) and last cycle's pause, resume and bytes as they were.
 Every save reports the bytes it wrote (allocated MiB of what it left on disk) next to its time.
+Where the time of a connect at once, a snapshot and a fork of the resumed sandbox goes is read
+from the server's step log lines (`server_steps.py`): per run, the median of each step.
 
 Baseline: the plain `Sandbox.create()` of A and B, measured in the same run; ratios are medians
 over that baseline's median. min / median / max (and p99) over AENV_BENCH_RUNS runs (5);
@@ -34,6 +36,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import statistics
 import sys
 import time
@@ -56,6 +59,7 @@ from server_ns import (
     unarchived_pauses,
     wait_until,
 )
+from server_steps import LogStretch
 from summary import summary_ms
 
 from aenv.config import Paths
@@ -66,6 +70,7 @@ CYCLES = int(os.environ.get("AENV_BENCH_CYCLES", "100"))
 # What the guest writes before the saves of the write sequence (AENV_BENCH_WRITES_MIB="" skips).
 WRITES_MIB = [int(m) for m in os.environ.get("AENV_BENCH_WRITES_MIB", "16,64,256").split(",") if m]
 GUEST_MIB = os.environ.get("AENV_BENCH_GUEST_MIB", "512")
+_QUEUED = re.compile(r"create from \S+: (?P<queued>\d+) ms in the queue")
 TARGETS_MS = {"pause": 200, "resume": 300, "snapshot": 300, "fork_total": 4000}
 
 
@@ -179,17 +184,25 @@ def kill_all(sandboxes: list[Any]) -> None:
         list(pool.map(lambda c: c.kill(), sandboxes))
 
 
-def sequences(home: Path, run: int) -> dict[str, Any]:
-    """The sequences of issue 18 (see the module docstring), one pass."""
+def sequences(home: Path, run: int, steps: dict[str, Any]) -> dict[str, Any]:
+    """The sequences of issue 18 (see the module docstring), one pass; the server's step
+    timings of some into `steps`."""
     from e2b import Sandbox
 
     out: dict[str, Any] = {}
+    server_log = home / "server.log"
     for name, delay in (("connect_at_once", 0.0), ("connect_after_2s", 2.0)):
         sandbox = Sandbox.create(timeout=600)
         sandbox.commands.run("true")
         out[f"pause_before_{name}"], _ = pause_and_measure(home, sandbox)
         time.sleep(delay)
+        stretch = LogStretch(server_log)
         out[name], sandbox = timed(partial(Sandbox.connect, sandbox.sandbox_id, timeout=600))
+        steps[name] = {
+            "resume": stretch.steps("resume of"),
+            "sandbox": stretch.steps("started sandbox"),
+            "vm": stretch.steps("restored VM"),
+        }
         out[f"first_command_after_{name}"] = timed(partial(sandbox.commands.run, "true"))[0]
         sandbox.kill()
     # Resumed three times, then snapshot and fork.
@@ -198,8 +211,22 @@ def sequences(home: Path, run: int) -> dict[str, Any]:
         pause_and_measure(home, sandbox)
         sandbox = Sandbox.connect(sandbox.sandbox_id, timeout=600)
         sandbox.commands.run("true")
+    stretch = LogStretch(server_log)
     out["resumed3_snapshot"], out["resumed3_snapshot_mib"] = snapshot_and_wait(home, sandbox)
+    steps["resumed3_snapshot"] = {
+        "checkpoint": stretch.steps("checkpoint of"),
+        "vm": stretch.steps("snapshot of VM"),
+        "save": stretch.saves(),
+    }
+    stretch = LogStretch(server_log)
     out["resumed3_fork_total"], children = timed(lambda: sandbox.fork(count=FORKS, timeout=600))
+    steps["resumed3_fork"] = {
+        "fork": stretch.forks(),
+        "checkpoint": stretch.steps("checkpoint of"),
+        "children": stretch.steps("started sandbox"),
+        "vms": stretch.steps("restored VM"),
+        "queued": stretch.figures(_QUEUED),
+    }
     failed = [c for c in children if not isinstance(c, Sandbox)]
     kill_all([c for c in children if isinstance(c, Sandbox)] + [sandbox])
     if failed:
@@ -328,7 +355,8 @@ def client() -> None:
         "first_run_files_mib": runs[0]["pause_written"]["files_mib"],
     }
     result["snapshot_size_mib"] = summary_ms([r["snapshot_size"] for r in runs], 1)
-    seqs = [sequences(home, i + 1) for i in range(RUNS)]
+    steps: list[dict[str, Any]] = [{} for _ in range(RUNS)]
+    seqs = [sequences(home, i + 1, steps[i]) for i in range(RUNS)]
     for name in seqs[0]:
         values = [s[name] for s in seqs]
         if name.endswith("_mib"):
@@ -338,6 +366,7 @@ def client() -> None:
                 "ms": summary_ms(values),
                 "ratio_to_create": round(statistics.median(values) / base, 3),
             }
+    result["server_steps_ms"] = steps
     if CYCLES:
         result["cycles"] = cycles(home)
     print(json.dumps(result))

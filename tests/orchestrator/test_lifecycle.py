@@ -115,6 +115,27 @@ async def test_failed_resume_goes_back_to_paused(tmp_path: Path) -> None:
         assert node.guest(record.id).read("/data") == "kept"
 
 
+async def test_a_resume_right_after_a_pause_falls_back_to_that_pauses_copy(
+    tmp_path: Path,
+) -> None:
+    """The resume stops the upload of the checkpoint it restores (it would share the cores);
+    when the local restore then fails, the upload starts again and the fallback restores from
+    the copy of that checkpoint, not from the older copy the row still names."""
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        node.guest(record.id).write("/data", "one")
+        await node.orchestrator.pause(record.id)
+        await eventually(lambda: node.row(record.id).archived is not None)
+        await node.orchestrator.resume(record.id, 60)
+        node.guest(record.id).write("/data", "two")
+        await node.orchestrator.pause(record.id)
+        node.driver.fail_next("restore")  # the local checkpoint, at once
+        await node.orchestrator.resume(record.id, 60)
+        assert node.guest(record.id).read("/data") == "two"
+        archived = node.row(record.id).archived
+        assert archived is not None and archived.seq == 2
+
+
 async def test_pause_racing_kill_runs_one_after_the_other(tmp_path: Path) -> None:
     async with double_node(tmp_path) as node:
         record, _ = await node.orchestrator.create(node.request())

@@ -70,6 +70,7 @@ from aenv.runtime.driver import (
 )
 from aenv.runtime.sweep import Reaper, reap_strays
 from aenv.storage.repository import RepositoryError
+from aenv.timing import Steps
 
 log = logging.getLogger("aenv.orchestrator")
 
@@ -460,10 +461,14 @@ class Orchestrator:
         self, request: CreateRequest, base: Template, parent: SandboxRecord | None
     ) -> SandboxRecord:
         self.stats.queued += 1
+        queued = time.perf_counter()
         try:
             await self._admission.acquire()
         finally:
             self.stats.queued -= 1
+        waited_ms = (time.perf_counter() - queued) * 1000
+        if waited_ms >= 1:  # only creates that found the admission full
+            log.info("create from %s: %.0f ms in the queue", base.template_id, waited_ms)
         disk_mb = (parent or base).disk_size_mb
         try:
             # Checked once admitted, not in the queue: disks are thin, so a queued create
@@ -599,15 +604,24 @@ class Orchestrator:
         A sandbox with volumes is always booted: a restored VM has no device to mount them by.
         On failure nothing of the VM or slot is left; the sandbox's files are the caller's.
         Raises `VolumeNotFound` when a volume it mounts was deleted (nothing started)."""
+        steps = Steps()
         shares = self.volumes.shares(record.volume_mounts)
         vm, slot, envd = await self._start_vm(
-            record.id, snapshot, record.network.egress, current_token, cold or bool(shares), shares
+            record.id,
+            snapshot,
+            record.network.egress,
+            current_token,
+            cold or bool(shares),
+            shares,
+            steps,
         )
         try:
             await self._init_envd(record, envd)
         except BaseException:
             await self._stop_vm(vm, slot)
             raise
+        steps.mark("/init")
+        log.info("started sandbox %s on VM %s: %s", record.id, vm.id, steps)
         live = _Live(vm, slot)
         self._live[record.id] = live
         return live
@@ -620,14 +634,18 @@ class Orchestrator:
         current_token: str | None,
         cold: bool,
         shares: tuple[Share, ...] = (),
+        steps: Steps | None = None,
     ) -> tuple[VM, Slot, EnvdClient]:
         """A VM in the sandbox's directories from `snapshot` (restored, or `cold`-booted from
         its disks alone) on a new slot given `egress`, and the client of its envd. On failure
-        nothing of the VM or slot is left; the files are the caller's."""
+        nothing of the VM or slot is left; the files are the caller's. The time of each step
+        goes into `steps`."""
+        steps = steps or Steps()
         workdir, memory_dir = self._dirs(sandbox_id)
         await asyncio.to_thread(workdir.mkdir, parents=True, exist_ok=True)
         await asyncio.to_thread(memory_dir.mkdir, parents=True, exist_ok=True)
         slot = await self.slots.acquire(egress=egress.enabled, policy=egress.policy)
+        steps.mark("slot")
         vm: VM | None = None
         try:
             net = NetAttachment(slot.netns, slot.guest.tap, slot.guest.mac)
@@ -639,6 +657,7 @@ class Orchestrator:
                 await envd.wait_healthy(BOOT_READY_TIMEOUT)
             else:
                 vm = await self.driver.restore(snapshot, place)
+            steps.mark("cold boot" if cold else "restore")
         except BaseException:
             if vm is not None:
                 with contextlib.suppress(DriverError):
@@ -1159,15 +1178,19 @@ class Orchestrator:
                 sandbox_id, [SandboxState.PAUSED], SandboxState.RESUMING
             )
             assert resuming is not None
+            steps = Steps()
             # A detach still under way would be discarded once the sandbox runs, and meanwhile
             # its VMM competes with this restore for the CPU: stop it (the upload still starts).
             await self._settling.cancel(sandbox_id)
+            steps.mark("settling")
             cold = SaveMode.FILESYSTEM in (mode, record.checkpoint_mode)
             try:
                 live = await self._launch_checkpoint(resuming, cold)
             except _FAILURES as e:
                 self.catalog.transition(sandbox_id, [SandboxState.RESUMING], SandboxState.PAUSED)
                 raise OperationFailed(f"resume of sandbox {sandbox_id} failed: {e}") from e
+            steps.mark("launch")
+            log.info("resume of sandbox %s: %s", sandbox_id, steps)
             running = self.catalog.transition(
                 sandbox_id,
                 [SandboxState.RESUMING],
@@ -1460,7 +1483,9 @@ class Orchestrator:
     ) -> Template:
         # Its memory file on tmpfs, as a template's: restores map it.
         memory_dir = self.templates.build_memory_dir(template_id, dest.name)
+        steps = Steps()
         async with self._lock(sandbox_id):
+            steps.mark("lock")
             record = self.get(sandbox_id)
             mode = _save_mode(record, mode)
             await self._check_reserve(f"save sandbox {sandbox_id}")
@@ -1470,7 +1495,7 @@ class Orchestrator:
                 if record.state is SandboxState.RUNNING:
                     if mode is SaveMode.FILESYSTEM:
                         await self._envd(record).sync()
-                    saved = await self._save_running(record, dest, memory_dir, mode)
+                    saved = await self._save_running(record, dest, memory_dir, mode, steps)
                 elif record.state is SandboxState.PAUSED:
                     if mode is SaveMode.FILESYSTEM and record.checkpoint_mode is SaveMode.FULL:
                         # Its disks lack what the guest had not written back when it paused.
@@ -1497,6 +1522,7 @@ class Orchestrator:
                     saved = await self.detacher.detach_in_place(
                         saved, dest, flatten=kind is TemplateKind.TEMPLATE
                     )
+                    steps.mark("detach")
             except BaseException:
                 for partial in (dest, memory_dir):
                     await asyncio.to_thread(shutil.rmtree, partial, True)
@@ -1517,17 +1543,19 @@ class Orchestrator:
             save_mode=mode,
         )
         await asyncio.to_thread(self.templates.save, template)
+        steps.mark("template")
+        log.info("checkpoint of %s as %s: %s", sandbox_id, kind, steps)
         if kind is TemplateKind.SNAPSHOT:
             self._spawn(self.saved.push_template(template))
         return template
 
     async def _save_running(
-        self, record: SandboxRecord, dest: Path, memory_dir: Path, mode: SaveMode
+        self, record: SandboxRecord, dest: Path, memory_dir: Path, mode: SaveMode, steps: Steps
     ) -> Snapshot:
         """Checkpoint a running sandbox without stopping it: its disks are sealed in its own
         directory (the VM continues on top of them), its state (with `mode` FULL) goes to
         `dest` and its memory file to `memory_dir`, and the sealed disks are flattened into
-        `dest`."""
+        `dest`. The time of each step goes into `steps`."""
         live = self._live_of(record.id)
         seq = record.checkpoint_seq + 1
         staging = checkpoints.staging_dir(self._dirs(record.id)[0], seq)
@@ -1547,7 +1575,10 @@ class Orchestrator:
                 SandboxState.RUNNING,
                 checkpoint_seq=seq,
             )
-        return await self.driver.export(snap, dest, move=True, memory_dir=memory_dir)
+        steps.mark("save")
+        exported = await self.driver.export(snap, dest, move=True, memory_dir=memory_dir)
+        steps.mark("export")
+        return exported
 
     async def delete_template(self, template_id: str) -> None:
         """Delete a template or snapshot for users; its files go once no sandbox uses them."""
@@ -1560,7 +1591,8 @@ class Orchestrator:
         token = record.envd_access_token
         snapshot = await self.saved.paused_checkpoint(record)
         try:
-            return await self._launch(record, snapshot, current_token=token, cold=cold)
+            async with self.saved.push_held(record, snapshot):
+                return await self._launch(record, snapshot, current_token=token, cold=cold)
         except RestoreError:
             if self.saved.archive is None:
                 raise

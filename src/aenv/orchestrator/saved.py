@@ -15,7 +15,7 @@ import contextlib
 import dataclasses
 import logging
 import shutil
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from aenv.orchestrator import checkpoints
@@ -53,6 +53,26 @@ class SavedStates:
 
     async def cancel_push(self, sandbox_id: str) -> None:
         await self._pushes.cancel(sandbox_id)
+
+    @contextlib.asynccontextmanager
+    async def push_held(self, record: SandboxRecord, checkpoint: Snapshot) -> AsyncIterator[None]:
+        """Stop the upload of `record`'s checkpoint `checkpoint` while the block restores
+        it: exporting and hashing it took the two cores that a resume right after its pause
+        needs. A restore that succeeds leaves it stopped: the sandbox runs again, and a running
+        sandbox's copy is never restored (its next pause uploads its own; a crash reclaims a
+        running sandbox). One that fails starts it again when the repository has no copy of
+        this checkpoint yet (also when the resume came before the upload had started), since
+        the fallback to the repository's copy needs it."""
+        await self.cancel_push(record.id)
+        try:
+            yield
+        except BaseException:
+            seq = record.checkpoint_seq
+            current = self.catalog.get(record.id)
+            archived = current.archived if current is not None else None
+            if self._pushes.get(record.id) is None and (archived is None or archived.seq != seq):
+                self.push_checkpoint(record, seq, checkpoint)
+            raise
 
     async def wait_push(self, sandbox_id: str) -> None:
         """Until the sandbox's checkpoint upload under way, if any, has ended."""

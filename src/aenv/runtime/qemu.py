@@ -77,6 +77,7 @@ from aenv.runtime.jail import SECCOMP, Access, Jail, JailConfig, JailFile, UidPo
 from aenv.runtime.qmp import Monitor, MonitorError
 from aenv.runtime.sweep import VMM_NAME_PREFIX, reap_unowned
 from aenv.storage import layers
+from aenv.timing import Steps
 
 log = logging.getLogger("aenv.runtime")
 
@@ -280,10 +281,13 @@ class QemuDriver:
         return await asyncio.to_thread(export.load, directory, self.name)
 
     async def restore(self, snapshot: Snapshot, target: RestoreSpec) -> VM:
-        vm = await self._restore_vm(snapshot, target)
+        steps = Steps()
+        vm = await self._restore_vm(snapshot, target, steps)
         async with _stopped_on_failure(vm, RestoreError, "restore failed"):
             await vm.monitor.execute("cont")
         vm.run_state = VMState.RUNNING
+        steps.mark("cont")
+        log.info("restored VM %s: %s", vm.id, steps)
         return vm
 
     async def detach_memory(
@@ -379,8 +383,12 @@ class QemuDriver:
         await asyncio.to_thread(detached.save_manifest)
         return detached
 
-    async def _restore_vm(self, snapshot: Snapshot, target: RestoreSpec) -> QemuVM:
-        """A VMM holding `snapshot`'s state, its vCPUs not started yet."""
+    async def _restore_vm(
+        self, snapshot: Snapshot, target: RestoreSpec, steps: Steps | None = None
+    ) -> QemuVM:
+        """A VMM holding `snapshot`'s state, its vCPUs not started yet (the time of each step
+        into `steps`)."""
+        steps = steps or Steps()
         machine = await self._check(snapshot)
         if target.shares:
             raise RestoreError("a restored VM has its snapshot's devices: shares need a boot")
@@ -397,6 +405,7 @@ class QemuDriver:
             disks, created = await _writable_tops(snapshot, target.workdir, vm_id)
         except (layers.LayerError, KeyError) as exc:
             raise RestoreError(f"cannot create writable layers: {exc}") from exc
+        steps.mark("check+tops")
         spec = dataclasses.replace(
             snapshot.spec,
             workdir=target.workdir,
@@ -410,7 +419,7 @@ class QemuDriver:
         else:
             memory = _Memory(_memory_dir(spec) / f"{vm_id}.mem", shared=True, owned=True)
         try:
-            vm = await self._launch(vm_id, spec, memory, RestoreError, machine=machine)
+            vm = await self._launch(vm_id, spec, memory, RestoreError, machine=machine, steps=steps)
         except BaseException:
             _unlink(created)
             raise
@@ -430,6 +439,7 @@ class QemuDriver:
                 await vm.monitor.pass_file("state", snapshot.state_file, os.O_RDONLY)
                 await vm.monitor.execute("migrate-incoming", uri="fd:state")
                 await vm.monitor.wait_incoming(vm.proc, self.config.migrate_timeout_s)
+        steps.mark("incoming")
         return vm
 
     async def _load_layers(self, vm: QemuVM, snapshot: Snapshot) -> None:
@@ -596,9 +606,12 @@ class QemuDriver:
         error: type[DriverError],
         *,
         machine: str | None,
+        steps: Steps | None = None,
     ) -> QemuVM:
         """A QEMU process for `spec`, its vCPUs not started: a boot on our machine when
-        `machine` is None, else waiting for an incoming state taken on `machine`."""
+        `machine` is None, else waiting for an incoming state taken on `machine`. The time of
+        each step goes into `steps`."""
+        steps = steps or Steps()
         if not await asyncio.to_thread(spec.workdir.is_dir):
             raise error(f"workdir {spec.workdir} does not exist")
         qmp_path = spec.workdir / f"qmp.{vm_id}.sock"
@@ -613,6 +626,7 @@ class QemuDriver:
         try:
             if spec.net is not None:
                 tap_fd = await open_tap(spec.net.netns, spec.net.tap)
+            steps.mark("tap")
             fd = -1 if tap_fd is None else tap_fd
             on = machine or _machine(self.config.accel)
             argv = await asyncio.to_thread(
@@ -624,9 +638,11 @@ class QemuDriver:
             async with contextlib.AsyncExitStack() as held:
                 if jail is not None:
                     argv = await self._confine(held, jail, argv, spec, memory, qmp_path, console)
+                steps.mark("jail")
                 proc = await _spawn(
                     argv, stderr_log, tap_fd, clean_env=jail is not None, shares=bool(spec.shares)
                 )
+                steps.mark("spawn")
                 if self._cgroups is not None:
                     # Placed before the guest runs (-S): vCPU threads and helpers inherit it.
                     cgroup = await asyncio.to_thread(
@@ -635,8 +651,10 @@ class QemuDriver:
                         self._limits(spec, memory),
                     )
                     await asyncio.to_thread(cgroup.add, proc.pid)
+                steps.mark("cgroup")
                 # Connected means QEMU is running inside the jail: the jail may be let go.
                 await monitor.accept(proc, self.config.start_timeout_s)
+                steps.mark("qmp")
         except BaseException as exc:
             if proc is not None and proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
@@ -791,9 +809,11 @@ class QemuVM:
     async def _snapshot(
         self, target: SnapshotTarget, keep_running: bool, made: list[Path], machine_state: bool
     ) -> Snapshot:
+        steps = Steps()
         if self.run_state is VMState.RUNNING:
             await self.monitor.execute("stop")
             self.run_state = VMState.PAUSED
+        steps.mark("stop")
         # vm_stop has drained and flushed every drive, so the files are consistent now.
         spec = self.spec
         sealed: dict[str, Path] = {}
@@ -805,6 +825,7 @@ class QemuVM:
             # From here on the running VM's disks are stacked on the sealed files: keep them
             # even if the rest of the snapshot fails.
             made[:] = [p for p in made if p not in sealed.values()]
+        steps.mark("disks")
         state_file = target.directory / "state"
         made.append(state_file)
         memory_file: Path | None = None
@@ -835,8 +856,10 @@ class QemuVM:
             memory_file = target.memory_dir / "memory"
             made.append(memory_file)
             await export.place(self.memory.path, memory_file, move=False)
+        steps.mark("state")
         for dest in sealed.values():
             await qcow2.flatten_if_deep(dest)
+        steps.mark("flatten")
         snap = Snapshot(
             driver=self._driver.name,
             compat=await self._driver.compat_on(self.machine),
@@ -848,6 +871,8 @@ class QemuVM:
             layers=ram_layers,
         )
         await asyncio.to_thread(snap.save_manifest)
+        steps.mark("manifest")
+        log.info("snapshot of VM %s: %s", self._id, steps)
         return snap
 
     async def save_state(self, state_file: Path, *, ignore_shared: bool) -> None:
