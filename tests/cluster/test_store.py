@@ -35,3 +35,20 @@ async def test_a_pool_that_never_hands_out_a_connection_fails_clearly(
         held.cancel()
         await asyncio.gather(held, return_exceptions=True)
         await client.aclose()
+
+
+async def test_more_commands_at_once_than_the_pool_holds_wait_their_turn(
+    redis: RedisServer,
+) -> None:
+    """A burst past the pool's size (a gateway under 200 creates) waits for connections instead
+    of failing with redis-py's "Too many connections"."""
+    client = store.connect(redis.url)
+    try:
+        count = store.POOL_SIZE * 3
+        pops = [
+            cast("Coroutine[Any, Any, object]", client.blpop([f"empty-{i}"], timeout=0.2))
+            for i in range(count)
+        ]
+        assert await asyncio.gather(*pops) == [None] * count
+    finally:
+        await client.aclose()

@@ -147,21 +147,31 @@ class Keys:
         return f"{self.prefix}:draining"
 
 
+# Connections one client keeps to Redis: requests beyond it wait for one to come free. redis-py's
+# default pool refuses the 101st concurrent command outright ("Too many connections"), which a
+# burst of 200 creates through one gateway reached.
+POOL_SIZE = 64
+
+
 def connect(url: str, timeout: float = 2.0) -> aioredis.Redis:
     """A client for `url` (redis://, rediss:// or unix://); it connects on first use.
 
     The socket timeout bounds how long a node waits on a Redis that hangs, so a heartbeat fails
     clearly instead of stalling the node. A pooled connection to a Redis that restarted fails
     once: the client retries on a new one, which is safe because every write here is idempotent.
+    At most `POOL_SIZE` commands are in flight; more wait their turn (bounded by `guarded`).
     """
-    return aioredis.Redis.from_url(
+    pool = aioredis.BlockingConnectionPool.from_url(
         url,
+        max_connections=POOL_SIZE,
+        timeout=DEADLINE,
         decode_responses=True,
         socket_timeout=timeout,
         socket_connect_timeout=timeout,
         retry=Retry(ExponentialBackoff(cap=timeout / 2, base=0.02), retries=2),
         retry_on_error=[exceptions.ConnectionError, exceptions.TimeoutError],
     )
+    return aioredis.Redis.from_pool(pool)
 
 
 def describe(client: aioredis.Redis) -> str:
