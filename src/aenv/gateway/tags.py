@@ -50,12 +50,10 @@ class TagRoutes:
         body = await parse_body(request, AssignTagsBody)
         check_tags(body.tags)
         name, tag = split_name(body.target)
-        answers = await self.saved.everywhere(request, target_of(request))
-        if (refusal := _refusal(answers)) is not None:
-            return passed(refusal)
-        held, record = _held(answers), await self.records.find(name)
-        if record is None:
-            return passed(held) if held is not None else _unknown(answers, name)
+        changed = await self._everywhere(request, name)
+        if isinstance(changed, Response):
+            return changed
+        held, record = changed
         if held is not None:
             build_id = str(json.loads(held.body)["buildID"])
         else:
@@ -70,12 +68,10 @@ class TagRoutes:
         await request.body()  # kept for the nodes: parsing alone would consume the stream
         body = await parse_body(request, DeleteTagsBody)
         name, _ = split_name(body.name)
-        answers = await self.saved.everywhere(request, target_of(request))
-        if (refusal := _refusal(answers)) is not None:
-            return passed(refusal)
-        held, record = _held(answers), await self.records.find(name)
-        if record is None:
-            return passed(held) if held is not None else _unknown(answers, name)
+        changed = await self._everywhere(request, name)
+        if isinstance(changed, Response):
+            return changed
+        _, record = changed
         kept = {t: b for t, b in record.tags.items() if t not in body.tags}
         await self._republish(record, kept)
         return Response(status_code=204)
@@ -93,6 +89,20 @@ class TagRoutes:
         created = rfc3339(record.created_at)
         tags = [{"tag": t, "buildID": b, "createdAt": created} for t, b in record.tags.items()]
         return JSONResponse(tags)
+
+    async def _everywhere(
+        self, request: Request, name: str
+    ) -> tuple[Answer | None, SavedRecord] | Response:
+        """The tag change sent to every live node: a holder's answer (None if no live node holds
+        the template) and the template's published record; or the client's answer already (a
+        node's refusal, or the template has no record)."""
+        answers = await self.saved.everywhere(request, target_of(request))
+        if (refusal := _refusal(answers)) is not None:
+            return passed(refusal)
+        held, record = _held(answers), await self.records.find(name)
+        if record is None:
+            return passed(held) if held is not None else _unknown(answers, name)
+        return held, record
 
     async def _republish(self, record: SavedRecord, tags: dict[str, str]) -> None:
         await self.records.publish(dataclasses.replace(record, tags=tags))
