@@ -65,6 +65,14 @@ def _reclaim(kernel: KernelDouble, proc: Path, record: Path) -> ColdReclaim:
     return ColdReclaim(SETTINGS, record, kernel, proc)
 
 
+def _following_one_vmm(kernel: KernelDouble, proc: Path, record: Path, zswap: Path) -> None:
+    """A node's kdamond started and following VMM 101, then left as a kill -9 leaves it."""
+    killed = _reclaim(kernel, proc, record)
+    killed.start(zswap)
+    kernel.live_pids |= {101}
+    killed.update([VmmTarget(101, "/a/1")])
+
+
 def _setup_writes(ops: str) -> list[tuple[str, str]]:
     c = "kdamonds/0/contexts/0"
     return [
@@ -276,10 +284,7 @@ def test_a_killed_servers_kdamond_is_removed_at_the_next_start(
 ) -> None:
     kernel = _kernel(tmp_path)
     record = tmp_path / "damon.json"
-    killed = _reclaim(kernel, proc, record)
-    killed.start(zswap)
-    kernel.live_pids |= {101}
-    killed.update([VmmTarget(101, "/a/1")])  # then kill -9: no stop
+    _following_one_vmm(kernel, proc, record, zswap)
     kernel.writes.clear()
     _reclaim(kernel, proc, record).remove_stale()
     assert kernel.writes == [("kdamonds/0/state", "off"), ("kdamonds/nr_kdamonds", "0")]
@@ -291,10 +296,7 @@ def test_a_kdamond_that_is_not_the_recorded_one_is_left_alone(
 ) -> None:
     kernel = _kernel(tmp_path)
     record = tmp_path / "damon.json"
-    killed = _reclaim(kernel, proc, record)
-    killed.start(zswap)
-    kernel.live_pids |= {101}
-    killed.update([VmmTarget(101, "/a/1")])
+    _following_one_vmm(kernel, proc, record, zswap)
     # Since then: the kdamond was switched off and on by someone (another thread, pid).
     kernel.put(kernel.root / "kdamonds/0/state", "off")
     kernel.put(kernel.root / "kdamonds/0/state", "on")
