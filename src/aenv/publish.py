@@ -5,8 +5,9 @@
 It runs in the background once the node serves, so neither `base` nor the node's readiness
 waits for it; it builds through the node's own template API with the `e2b` SDK, exactly as
 `aenv template build` does, so its log is a build's log (`aenv template logs`) and its steps
-are cached layers a later try reuses. Until it is ready, creating a sandbox of it answers E2B's
-"has no ready build" (404). A failed build is logged and tried again at the next start.
+are cached layers a later try reuses. Its build is reserved before the node serves, so from
+the first request until it is ready, creating a sandbox of it answers E2B's "has no ready
+build" (404). A failed build is logged and tried again at the next start.
 """
 
 from __future__ import annotations
@@ -15,7 +16,9 @@ import asyncio
 import contextlib
 import logging
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from e2b import Template
 from e2b.exceptions import BuildException, FileUploadException, TemplateException
@@ -23,6 +26,7 @@ from e2b.exceptions import BuildException, FileUploadException, TemplateExceptio
 import aenv.code_interpreter
 from aenv.cli.templates import _definition, _template
 from aenv.config import Config
+from aenv.orchestrator.builds import Build, Builder
 from aenv.orchestrator.templates import TemplateNotFound, TemplateStore
 
 log = logging.getLogger(__name__)
@@ -40,40 +44,63 @@ def own_api_url(config: Config) -> str | None:
     return f"http://{host}:{config.port}"
 
 
-async def publish_when_serving(
-    serving: Callable[[], bool], config: Config, templates: TemplateStore
-) -> None:
-    """Build code-interpreter-v1 once `serving()` says the API answers, unless it exists."""
-    path = config.code_interpreter_definition or DEFINITION
-    definition = _definition(path)
-    name = str(definition["name"])
-    with contextlib.suppress(TemplateNotFound):
-        templates.get(name)
-        return
-    url = own_api_url(config)
-    if url is None:
-        log.warning("not publishing %s behind TLS: run `aenv template build %s`", name, path)
-        return
-    api_key = config.paths.api_key.read_text().strip()
-    # uvicorn sets a flag once it listens, with no event to wait on.
-    while not serving():  # noqa: ASYNC110
-        await asyncio.sleep(_SERVING_POLL_S)
-    log.info("publishing %s in the background (`aenv template ls` shows it when ready)", name)
-    build = _template(definition, path.parent)
-    try:
-        info = await asyncio.to_thread(
-            Template.build,
-            build,
-            name,
-            cpu_count=definition.get("cpuCount"),
-            memory_mb=definition.get("memoryMB"),
-            api_key=api_key,
-            api_url=url,
-        )
-    except (BuildException, FileUploadException, TemplateException) as e:
-        log.warning("publishing %s failed (retried at the next start): %s", name, e)
-        return
-    except Exception as e:  # the node serves on whatever broke here (a stop mid-build, say)
-        log.warning("publishing %s stopped (retried at the next start): %r", name, e)
-        return
-    log.info("published %s (template %s)", name, info.template_id)
+@dataclass(frozen=True)
+class Publication:
+    """code-interpreter-v1's build, reserved before the node serves (`reserve`) and run through
+    the node's own API once it does (`run`)."""
+
+    definition: dict[str, Any]
+    path: Path
+    url: str
+    api_key: str
+    builder: Builder
+    build: Build
+
+    @classmethod
+    def reserve(
+        cls, config: Config, templates: TemplateStore, builder: Builder
+    ) -> Publication | None:
+        """The publication to run, its build already waiting so that creates answer "has no
+        ready build" from the first request on; None when the template exists (or behind TLS)."""
+        path = config.code_interpreter_definition or DEFINITION
+        definition = _definition(path)
+        name = str(definition["name"])
+        with contextlib.suppress(TemplateNotFound):
+            templates.get(name)
+            return None
+        url = own_api_url(config)
+        if url is None:
+            log.warning("not publishing %s behind TLS: run `aenv template build %s`", name, path)
+            return None
+        api_key = config.paths.api_key.read_text().strip()
+        return cls(definition, path, url, api_key, builder, builder.reserve(name))
+
+    async def run(self, serving: Callable[[], bool]) -> None:
+        """Build once `serving()` says the API answers."""
+        name = self.build.name
+        try:
+            # uvicorn sets a flag once it listens, with no event to wait on.
+            while not serving():  # noqa: ASYNC110
+                await asyncio.sleep(_SERVING_POLL_S)
+            log.info(
+                "publishing %s in the background (`aenv template ls` shows it when ready)", name
+            )
+            info = await asyncio.to_thread(
+                Template.build,
+                _template(self.definition, self.path.parent),
+                name,
+                cpu_count=self.definition.get("cpuCount"),
+                memory_mb=self.definition.get("memoryMB"),
+                api_key=self.api_key,
+                api_url=self.url,
+            )
+        except (BuildException, FileUploadException, TemplateException) as e:
+            log.warning("publishing %s failed (retried at the next start): %s", name, e)
+            return
+        except Exception as e:  # the node serves on whatever broke here (a stop mid-build, say)
+            log.warning("publishing %s stopped (retried at the next start): %r", name, e)
+            return
+        finally:
+            # A no-op once the SDK's request has taken the reserved build over.
+            self.builder.abandon(self.build, "publishing stopped before the build was requested")
+        log.info("published %s (template %s)", name, info.template_id)

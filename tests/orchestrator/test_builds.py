@@ -149,3 +149,27 @@ async def test_a_build_is_stored_in_the_repository_before_it_is_ready(tmp_path: 
         assert adopted.snapshot_dir.startswith(str(b.config.home))
         record, _ = await b.orchestrator.create(b.request(template="app"))
         assert b.guest(record.id).env["GREETING"] == "hi"
+
+
+async def test_a_reserved_build_is_taken_over_by_the_next_request(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        builds = builder(node)
+        reserved = builds.reserve("app")
+        assert builds.unfinished("app") is reserved  # creates hear "has no ready build"
+        taken = builds.request("app", ["v1"], cpu_count=2)
+        assert taken is reserved and (taken.tags, taken.cpu_count) == (("v1",), 2)
+        builds.abandon(reserved, "too late")  # taken over: nothing to end
+        assert reserved.status is BuildStatus.WAITING and reserved.reason is None
+        assert builds.request("app", []) is not reserved  # reserved once, taken once
+        builds.start(taken, STEPS)
+        await eventually(lambda: taken.status is BuildStatus.READY)
+
+
+async def test_a_reserved_build_never_requested_ends_in_error(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        builds = builder(node)
+        reserved = builds.reserve("app")
+        builds.abandon(reserved, "publishing stopped before the build was requested")
+        assert reserved.status is BuildStatus.ERROR and builds.unfinished("app") is None
+        assert "publishing stopped" in str(reserved.reason)
+        assert builder(node).builds_of("app")[0].status is BuildStatus.ERROR  # recorded

@@ -86,7 +86,7 @@ async def serve(config: Config, beside: Beside | None = None, gate: Gate | None 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per envd call is noise
     # The server's imports are heavy; other commands skip them.
-    from aenv.publish import publish_when_serving
+    from aenv.publish import Publication
     from aenv.server import start_node
     from aenv.serving import uvicorn_config
 
@@ -101,8 +101,9 @@ async def serve(config: Config, beside: Beside | None = None, gate: Gate | None 
     console.print(f"[green]serving[/green] {config.scheme}://{config.host}:{config.port}")
     publishing = None
     if config.publish_code_interpreter:
-        serving = publish_when_serving(lambda: uv.started, config, node.orchestrator.templates)
-        publishing = asyncio.create_task(serving)
+        publication = Publication.reserve(config, node.orchestrator.templates, node.builder)
+        if publication is not None:
+            publishing = asyncio.create_task(publication.run(lambda: uv.started))
     try:
         async with beside(node) if beside else nullcontext():
             await uv.serve()

@@ -194,6 +194,7 @@ class Builder:
         self._builds: dict[str, Build] = {}  # by build id, oldest first
         self._tasks: set[asyncio.Task[None]] = set()  # held: running builds are not collected
         self._image_locks: dict[str, asyncio.Lock] = {}
+        self._reserved: dict[str, Build] = {}  # by name: see `reserve`
         self._load_records()
 
     def _load_records(self) -> None:
@@ -222,6 +223,12 @@ class Builder:
         sandboxes get `cpu_count` vCPUs and `memory_mb` of memory (default: the base's)."""
         alias, tag = split_name(name)
         tags = [*tags, tag] if tag else tags
+        reserved = self._reserved.pop(alias, None)
+        if reserved is not None and reserved.status is BuildStatus.WAITING:
+            reserved.tags = tuple(dict.fromkeys(tags or ["latest"]))
+            reserved.cpu_count, reserved.memory_mb = cpu_count, memory_mb
+            self._record(reserved)
+            return reserved
         template_id = next(
             (b.template_id for b in self._builds.values() if b.name == alias),
             None,
@@ -245,6 +252,25 @@ class Builder:
             (self.records_dir / f"{old.build_id}.json").unlink(missing_ok=True)
         self._record(build)
         return build
+
+    def reserve(self, name: str) -> Build:
+        """A waiting build of `name` that the next `request` for it takes over: the node
+        announces a build it is about to ask its own API for, so that a create in between
+        hears "has no ready build" rather than "not found". `abandon` ends it if that request
+        never comes."""
+        build = self.request(name, [])
+        self._reserved[build.name] = build
+        return build
+
+    def abandon(self, build: Build, reason: str) -> None:
+        """End a reserved build that no request took over, in `error` with `reason`."""
+        if self._reserved.get(build.name) is not build:
+            return
+        del self._reserved[build.name]
+        build.reason = BuildError(reason)
+        build.log(f"Build failed: {reason}", level="error")
+        build.status = BuildStatus.ERROR
+        self._record(build)
 
     def get(self, template_id: str, build_id: str) -> Build | None:
         build = self._builds.get(build_id)
