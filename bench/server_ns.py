@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from aenv.config import Paths
+from aenv.config import Config, Paths
 
 REPO = Path(__file__).resolve().parents[1]
 if str(REPO) not in sys.path:
@@ -57,7 +57,15 @@ def bench_server(env: Mapping[str, str] | None = None) -> Iterator[Any]:
         asyncio.run(prepare_images(Paths(home).cache, GUEST_CACHE, MIRROR))
         # Also in os.environ, for the bench's own client in the namespace.
         os.environ.update(env or {})
-        with server_in_namespace(home, settings=env or {}) as server:
+        # The node's own defaults, not the e2e suite's economy of 2-4 ready network slots:
+        # a fork x16 or a burst would build slots on the spot in the server.
+        fields = Config.model_fields
+        settings = {
+            "AENV_WARM_SLOTS_LOW": str(fields["warm_slots_low"].default),
+            "AENV_WARM_SLOTS_HIGH": str(fields["warm_slots_high"].default),
+            **(env or {}),
+        }
+        with server_in_namespace(home, settings=settings) as server:
             try:
                 yield server
             finally:

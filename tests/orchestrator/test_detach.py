@@ -239,3 +239,28 @@ async def test_a_deep_chain_is_merged_and_adopted_as_one_state(tmp_path: Path) -
         0: bytes([100 + detach.MERGE_DEPTH]) * PAGE,
         **{i + 1: bytes([i + 1]) * PAGE for i in range(detach.MERGE_DEPTH + 1)},
     }
+
+
+async def test_a_fork_checkpoint_in_layers_is_merged_before_its_children_restore(
+    tmp_path: Path,
+) -> None:
+    """`detach_in_place` (fork checkpoints): a state in layers, of any depth, is merged and
+    adopted at once, so the children load one state rather than each composing the chain."""
+    parent, directory = tmp_path / "parent", tmp_path / "fork"
+    parent.mkdir()
+    directory.mkdir()
+    chain = layered(parent, 2)  # the parent's older state stays where it is
+    top = directory / "state"
+    chain.state_file.rename(top)
+    snap = dataclasses.replace(
+        chain, state_file=top, spec=dataclasses.replace(chain.spec, workdir=directory)
+    )
+    snap.save_manifest(directory)
+    detacher = detach.Detacher(
+        QemuDriver(QemuConfig(jail=None)), DoubleSlots(), tmp_path / "w", tmp_path / "m"
+    )
+    merged = await detacher.detach_in_place(snap, directory)
+    assert merged.layers == () and Snapshot.load_manifest(directory) == merged
+    assert not snap.state_file.exists() and all(p.is_file() for p in snap.layers)
+    expected = {0: bytes([101]) * PAGE, 1: bytes([1]) * PAGE, 2: bytes([2]) * PAGE}
+    assert pages_of(merged.state_file.read_bytes()) == expected

@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import logging
 import re
+import socket
 from pathlib import Path
 
 from pyroute2 import IPRoute
@@ -173,9 +174,9 @@ class SlotManager:
                 for key, value in _SLOT_SYSCTLS.items():
                     _sysctl(key, value)
                 with IPRoute() as ns:
-                    ns.link("set", index=ns.link_lookup(ifname="lo")[0], state="up")
+                    ns.link("set", index=socket.if_nametoindex("lo"), state="up")
                     ns.link("add", ifname=guest.tap, kind="tuntap", mode="tap", ifr={"no_pi": True})
-                    tap = ns.link_lookup(ifname=guest.tap)[0]
+                    tap = socket.if_nametoindex(guest.tap)
                     ns.link("set", index=tap, address=guest.gateway_mac, state="up")
                     ns.addr(
                         "add",
@@ -206,7 +207,7 @@ class SlotManager:
                         "add", index=outer, address=str(slot.host_ip), prefixlen=SLOT_PREFIXLEN
                     )
                     host.link("set", index=outer, state="up")
-                    inner = ns.link_lookup(ifname=rules.SLOT_UPLINK)[0]
+                    inner = socket.if_nametoindex(rules.SLOT_UPLINK)
                     ns.addr("add", index=inner, address=str(slot.address), prefixlen=SLOT_PREFIXLEN)
                     ns.link("set", index=inner, state="up")
                     _set_default_route(ns, slot, egress)

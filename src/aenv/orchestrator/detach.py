@@ -11,7 +11,8 @@ A state saved as the pages changed over a memory file needs no detach to restore
 finished template's is flattened all the same (`flatten`), so that its sandboxes share all of
 its memory instead of each loading those pages. A state saved in memory layers over older
 states (`Snapshot.layers`) has its chain merged into one state in the background once it is
-`MERGE_DEPTH` deep (`merge`), written and adopted like a detached form.
+`MERGE_DEPTH` deep (`merge`), written and adopted like a detached form; a fork checkpoint's
+at once, before its children restore from it.
 
 `adopt` switches a saved directory over to its detached form by atomically replacing its
 `snapshot.json`: a crash before that leaves the first form in use (and `tidy` removes what the
@@ -106,12 +107,14 @@ class Detacher:
             if slot is not None:
                 await self.slots.release(slot)
 
-    async def merge(self, snapshot: Snapshot, directory: Path) -> Snapshot | None:
+    async def merge(
+        self, snapshot: Snapshot, directory: Path, depth: int = MERGE_DEPTH
+    ) -> Snapshot | None:
         """The form of `snapshot` (saved in `directory`) whose memory layers are merged into
         one state (`Driver.merge_layers`), written into `directory/detached/` but not adopted
         (as a detached form: `adopt`, `discard` and `tidy` apply); None when its chain is
-        shorter than `MERGE_DEPTH` or the merge failed (the layered form still works)."""
-        if len(snapshot.layers) < MERGE_DEPTH:
+        shorter than `depth` or the merge failed (the layered form still works)."""
+        if not snapshot.layers or len(snapshot.layers) < depth:
             return None
         start = time.perf_counter()
         staging = directory / DETACHED
@@ -140,7 +143,15 @@ class Detacher:
         self, snapshot: Snapshot, directory: Path, *, flatten: bool = False
     ) -> Snapshot:
         """Detach and adopt at once, for a directory nothing restores from yet. A memory file
-        of the first form kept elsewhere (on tmpfs) goes too."""
+        of the first form kept elsewhere (on tmpfs) goes too. A state in memory layers that is
+        not flattened has them merged instead: each of its restores (a fork's children) would
+        otherwise compose the chain again, in the server, while the others start."""
+        if snapshot.layers and not flatten:
+            merged = await self.merge(snapshot, directory, depth=1)
+            if merged is None:
+                return snapshot
+            await asyncio.to_thread(adopt, directory, merged)
+            return merged
         detached = await self.detach(snapshot, directory, flatten=flatten)
         if detached is None:
             return snapshot

@@ -1403,7 +1403,7 @@ class Orchestrator:
             await self._check_disk(count * parent.disk_size_mb)
             # With more than one child, detaching the memory once beats each child parsing
             # it; a checkpoint of changed pages over a memory file is not detached: each child
-            # loads only those pages.
+            # loads only those pages (in memory layers: merged once, not composed per child).
             base = await self._checkpoint(
                 source,
                 new_sandbox_id(),
