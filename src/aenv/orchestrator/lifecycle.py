@@ -1592,12 +1592,36 @@ class Orchestrator:
         snapshot = await self.saved.paused_checkpoint(record)
         try:
             async with self.saved.push_held(record, snapshot):
+                snapshot = await self._merged_before_restore(record, snapshot)
                 return await self._launch(record, snapshot, current_token=token, cold=cold)
         except RestoreError:
             if self.saved.archive is None:
                 raise
         snapshot = await self.saved.paused_checkpoint(record, pull=True)
         return await self._launch(record, snapshot, current_token=token, cold=cold)
+
+    async def _merged_before_restore(self, record: SandboxRecord, snapshot: Snapshot) -> Snapshot:
+        """The sandbox's local checkpoint with a chain of memory layers `MERGE_DEPTH` deep
+        merged into one state first (`Detacher.merge`, adopted at once): the restore would
+        compose the chain all the same, and the sandbox then lies over that one state, so
+        its next pauses stay small layers. Without this, a sandbox resumed right after each
+        pause (which stops the background merge) reached the chain's cap every few pauses,
+        where a save writes all it changed since its base. The layered form when the merge
+        fails, or for a copy pulled from the repository."""
+        if len(snapshot.layers) < detach.MERGE_DEPTH:
+            return snapshot
+        directory = checkpoints.pause_dir(self._dirs(record.id)[0], record.checkpoint_seq)
+        try:
+            current = await asyncio.to_thread(Snapshot.load_manifest, directory)
+        except RestoreError:
+            return snapshot
+        if current != snapshot:
+            return snapshot
+        merged = await self.detacher.merge(snapshot, directory)
+        if merged is None:
+            return snapshot
+        await asyncio.to_thread(detach.adopt, directory, merged)
+        return merged
 
     # -- network --------------------------------------------------------------------------
 

@@ -13,6 +13,8 @@ import pytest
 from e2b import Sandbox, SandboxQuery, SandboxState
 
 from aenv.config import Paths
+from aenv.orchestrator import checkpoints
+from aenv.orchestrator.detach import DETACHED, MERGE_DEPTH
 from tests.e2e.inner.conftest import BASE
 
 # A counter that lives only in a shell's memory; the file shows its latest value (replaced
@@ -105,6 +107,16 @@ def test_resume_from_detached_memory_keeps_files_and_processes(sandbox: Sandbox)
     assert counter in {p.pid for p in again.commands.list()}
 
 
+def _pause_layers(sandbox_id: str) -> tuple[int, bool]:
+    """How many memory layers the sandbox's newest pause lies over, and whether it is a delta
+    against the base (no layers, and not the merged form of a chain)."""
+    sandbox_dir = Paths(Path(os.environ["AENV_HOME"])).sandboxes / sandbox_id
+    found = checkpoints.latest_pause(sandbox_dir)
+    assert found is not None
+    saved = found[1]
+    return len(saved.layers), not saved.layers and saved.state_file.parent.name != DETACHED
+
+
 def test_ten_pause_resume_cycles_lose_nothing(sandbox: Sandbox) -> None:
     _start_counter(sandbox)
     last = 0
@@ -116,6 +128,12 @@ def test_ten_pause_resume_cycles_lose_nothing(sandbox: Sandbox) -> None:
         assert value > last, f"cycle {cycle}: counter went from {last} to {value}"
         last = value
         assert sbx.pause() is True
+        # Resumed at once, the chain is merged by the resumes (never by the background merge,
+        # which the connect stops): no pause lies over more, none past the first saves all
+        # it changed since the base again.
+        depth, against_base = _pause_layers(sandbox.sandbox_id)
+        assert depth <= MERGE_DEPTH, f"cycle {cycle}: a pause over {depth} layers"
+        assert cycle < 2 or not against_base, f"cycle {cycle}: a delta against the base"
         sbx = Sandbox.connect(sandbox.sandbox_id, timeout=120)
     for cycle in range(10):
         assert sbx.files.read(f"/home/user/cycle-{cycle}.txt") == f"written in cycle {cycle}"
