@@ -45,9 +45,8 @@ log = logging.getLogger("aenv.orchestrator")
 
 DETACHED = "detached"
 # A pause checkpoint lying over this many older states or more has them merged in the
-# background (`Detacher.merge`), so restores compose few states and older pauses' states can
-# go. A driver also caps a chain itself at each save (the sandbox may be resumed before the
-# merge has run: a resume cancels it).
+# background (`Detacher.merge`), or by its resume if that comes first (which stops the
+# background one), so restores compose few states and older pauses' states can go.
 MERGE_DEPTH = 3
 
 

@@ -14,9 +14,10 @@ state records the chain as its `layers`, so a state is base + L1 + ... + Ln.
 Flattening: `QemuDriver.merge_layers` writes a chain composed (below) into one state, a delta
 against the base with no layers, without running the guest; the orchestrator does it in the
 background for a pause checkpoint once its chain is deep (`detach.Detacher.merge`, adopted
-atomically like a detached form). A sandbox resumed at once after each pause cancels that
-merge, so the driver caps chains too: a save over `MAX_DEPTH` states keeps every changed page,
-a delta against the base again (what the merge would hold, written by the save itself).
+atomically like a detached form), and before the restore when a resume comes first (it stops
+the background merge); fork checkpoints are merged before their children restore. The driver
+caps chains too, for whatever else lies over a deep chain: a save over `MAX_DEPTH` states keeps
+every changed page, a delta against the base again (what a merge would hold).
 
 Why no hash index beside each layer: the layers are small (a few MiB of records), so indexing
 them at a save or a restore (`ramdelta.index_stream`, a walk over their records) costs a few
