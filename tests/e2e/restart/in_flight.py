@@ -28,6 +28,7 @@ from pathlib import Path
 import httpx
 from e2b import Sandbox
 
+from aenv import atomic
 from aenv.config import Paths
 from tests.e2e.server_ns import REPO, ServerNs, in_netns
 from tests.e2e.vmm_procs import vmm_pids
@@ -61,6 +62,11 @@ def _concurrently(calls: list[tuple[str, str, dict[str, object] | None]]) -> Non
         thread.join()
 
 
+def _record_in_flight(work: str, ids: list[str]) -> None:
+    # Replaced whole: the outer side reads it over and over while it waits (`in_flight_ids`).
+    atomic.write_text(Path(os.environ["AENV_HOME"], IN_FLIGHT_FILE), json.dumps({work: ids}))
+
+
 def _write_marker(sandbox_id: str) -> None:
     os.environ.update(E2B_API_KEY=_key()["X-API-KEY"], E2B_API_URL=BASE, E2B_SANDBOX_URL=BASE)
     os.environ.pop("E2B_DEBUG", None)
@@ -76,7 +82,7 @@ def _build() -> None:
     os.environ.update(E2B_API_KEY=_key()["X-API-KEY"], E2B_API_URL=BASE)
     os.environ.pop("E2B_DEBUG", None)
     template = Template().from_template("base").run_cmd("sleep 600")
-    Path(os.environ["AENV_HOME"], IN_FLIGHT_FILE).write_text(json.dumps({"builds": [BUILD_NAME]}))
+    _record_in_flight("builds", [BUILD_NAME])
     with contextlib.suppress(Exception):
         Template.build(template, alias=BUILD_NAME)
 
@@ -100,7 +106,7 @@ def _client(work: str) -> None:
             for step, body in (("pause", None), ("resume", {"timeout": 600})):
                 url = f"{BASE}/sandboxes/{ids[-1]}/{step}"
                 httpx.post(url, json=body, headers=_key(), timeout=300).raise_for_status()
-    Path(os.environ["AENV_HOME"], IN_FLIGHT_FILE).write_text(json.dumps({work: ids}))
+    _record_in_flight(work, ids)
     method, path = _REQUESTS[work]
     _concurrently([(method, path.format(id=sandbox_id), None) for sandbox_id in ids])
 
