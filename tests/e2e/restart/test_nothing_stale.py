@@ -11,6 +11,7 @@ import os
 import re
 import sqlite3
 import subprocess
+import time
 from contextlib import closing
 from pathlib import Path
 
@@ -89,6 +90,15 @@ def test_sandboxes_cut_in_a_pause_or_snapshot_are_whole_or_gone() -> None:
                 sandbox.kill()
 
 
+def _uploaded(sandbox_id: str) -> bool:
+    """The repository holds the sandbox's newest checkpoint."""
+    with closing(sqlite3.connect(f"file:{Paths(HOME).catalog}?mode=ro", uri=True)) as db:
+        row = db.execute(
+            "SELECT archive_seq = checkpoint_seq FROM sandboxes WHERE id = ?", (sandbox_id,)
+        ).fetchone()
+    return bool(row and row[0])
+
+
 def _assert_whole(sandbox: Sandbox) -> None:
     """The marker on its disk, the process it ran, and the bytes only its memory held."""
     assert sandbox.files.read(MARKER) == sandbox.sandbox_id
@@ -100,9 +110,15 @@ def _assert_whole(sandbox: Sandbox) -> None:
 def test_sandboxes_cut_in_a_merge_resume_whole_and_pause_again() -> None:
     """The crash cut the merge of these paused sandboxes' memory layers (or came after some
     had finished and been adopted): each is still paused, in its layered form or its merged
-    one, resumes with its files, process and memory, and pauses and resumes again."""
+    one, its checkpoint reaches the repository (the upload the crash kept from starting),
+    and it resumes with its files, process and memory, and pauses and resumes again."""
     listed = {s.sandbox_id: s.state.value for s in Sandbox.list().next_items()}
-    for sandbox_id in in_flight_ids(HOME).get("merges", []):
+    ids = in_flight_ids(HOME).get("merges", [])
+    deadline = time.monotonic() + 120
+    while not all(_uploaded(i) for i in ids):
+        assert time.monotonic() < deadline, "the restart did not upload the paused checkpoints"
+        time.sleep(0.2)
+    for sandbox_id in ids:
         assert listed.get(sandbox_id) == "paused", f"{sandbox_id} is {listed.get(sandbox_id)}"
         sandbox = Sandbox.connect(sandbox_id, timeout=120)
         try:
