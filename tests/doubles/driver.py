@@ -163,6 +163,8 @@ class DoubleDriver:
     async def export(
         self, snapshot: Snapshot, dest: Path, *, move: bool, memory_dir: Path | None = None
     ) -> Snapshot:
+        await self.step("export")
+
         async def place(drive_id: str, source: Path) -> Path:
             image = dest / f"{drive_id}.img"
             await export.place(source, image, move=move)

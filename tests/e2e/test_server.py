@@ -69,10 +69,14 @@ def _run_inner_suite(home: Path) -> None:
         server.start()
         suite(server, "restart/test_after_shutdown.py")
         # kill -9 while creates, deletes, pauses, snapshots, the pauses and snapshots of
-        # resumed sandboxes (mid-stream), then a template build are in flight: after the
-        # restart the node reports only what runs or is paused, nothing of the cut-short work
-        # is left (restart/in_flight.py), and the build is reported failed and then builds.
-        works = ("creates", "deletes", "pauses", "repauses", "snapshots", "resnapshots", "builds")
+        # resumed sandboxes (mid-stream), the background merges of paused sandboxes' memory
+        # layers (mid-write), then a template build are in flight: after the restart the node
+        # reports only what runs or is paused, nothing of the cut-short work is left
+        # (restart/in_flight.py), and the build is reported failed and then builds.
+        works = (
+            "creates", "deletes", "pauses", "repauses", "snapshots", "resnapshots", "merges",
+            "builds",
+        )  # fmt: skip
         for work in works:
             start = time.monotonic()
             print(crash_during(server, work))

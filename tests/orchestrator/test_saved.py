@@ -1,5 +1,6 @@
 """Saved states on the double driver: snapshots, forks (some children failing), start-up after
-a crash mid-pause, and what goes from the local disk and the snapshot repository when."""
+a crash mid-pause or before a pause's upload, and what goes from the local disk and the
+snapshot repository when."""
 
 from __future__ import annotations
 
@@ -73,6 +74,40 @@ async def test_startup_after_a_half_written_pause(tmp_path: Path) -> None:
         assert not checkpoints.pause_dir(sandbox_dir, 2).exists()
         await restarted.orchestrator.resume(record.id, 60)
         assert restarted.guest(record.id).read("/kept") == "first pause"
+        await restarted.orchestrator.close()
+        restarted.catalog.close()
+        assert_clean(restarted)
+
+
+async def test_startup_uploads_a_checkpoint_a_crash_kept_from_the_repository(
+    tmp_path: Path,
+) -> None:
+    """A kill -9 after a pause returned but before its upload ended (during its detach or
+    merge, or the upload itself): the restart uploads that checkpoint, over what the cut
+    upload had staged, and a resume can fall back to the copy."""
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        node.guest(record.id).write("/kept", "paused")
+        held = node.driver.hold("export")
+        await node.orchestrator.pause(record.id)
+        await held.reached.wait()
+        # The server dies here: no copy, and the upload's staging directory stays.
+        await node.orchestrator.saved.cancel_push(record.id)
+        staging = checkpoints.archive_dir(node.config.paths.sandboxes / record.id, 1)
+        staging.mkdir()
+        (staging / "state").write_text("half-staged")
+        assert node.row(record.id).archived is None
+
+        restarted = node.reopen()
+        await restarted.orchestrator.start()
+        await eventually(lambda: restarted.row(record.id).archived is not None)
+        archived = restarted.row(record.id).archived
+        assert archived is not None and archived.seq == 1
+        assert not staging.exists()
+        restarted.driver.fail_next("restore")  # the local checkpoint: the copy is restored
+        await restarted.orchestrator.resume(record.id, 60)
+        assert restarted.guest(record.id).read("/kept") == "paused"
+        assert await restarted.orchestrator.kill(record.id)
         await restarted.orchestrator.close()
         restarted.catalog.close()
         assert_clean(restarted)

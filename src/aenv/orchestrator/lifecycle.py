@@ -250,14 +250,20 @@ class Orchestrator:
             if record.state in SAVED:
                 found = await asyncio.to_thread(checkpoints.latest_pause, sandbox_dir)
                 if found is not None:
-                    seq = found[0]
+                    seq, snapshot = found
                     await asyncio.to_thread(checkpoints.prune_pauses, sandbox_dir, seq)
-                    self.catalog.transition(
+                    paused = self.catalog.transition(
                         record.id,
                         [record.state],
                         SandboxState.PAUSED,
                         checkpoint_seq=seq,
                     )
+                    # A pause's upload starts once its detach or merge has ended, a hibernated
+                    # sandbox's never: a crash before then left no copy of this checkpoint.
+                    if paused is not None and (
+                        paused.archived is None or paused.archived.seq != seq
+                    ):
+                        self.saved.push_checkpoint(paused, seq, snapshot)
                     continue
             log.warning("reclaiming sandbox %s left in state %s", record.id, record.state)
             await self._reclaim_files(record.id)

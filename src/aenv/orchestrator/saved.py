@@ -133,6 +133,7 @@ class SavedStates:
 
         async def push() -> None:
             staging = checkpoints.archive_dir(self.sandboxes_dir / record.id, seq)
+            await asyncio.to_thread(shutil.rmtree, staging, True)  # a crash's leftover
             manifest_id = await archive.push_checkpoint(
                 saved,
                 staging,

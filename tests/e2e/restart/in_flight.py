@@ -1,16 +1,17 @@
 """kill -9 of the server while creates, deletes, pauses, snapshots or a template build are in
-flight, or while the pause or snapshot of a resumed sandbox writes the pages it changed.
+flight, while the pause or snapshot of a resumed sandbox writes the pages it changed, or while
+the background merge of a paused sandbox's memory layers writes the merged state.
 
 Two halves. The client (`python -m tests.e2e.restart.in_flight WORK`, run inside the server's
 namespace) starts several creates at once, makes sandboxes (and pauses and resumes them, for
-repauses and resnapshots) and then deletes, pauses or snapshots them all at once, or builds a
-template whose RUN step takes minutes. The outer side (`crash_during`, called by test_server.py
-from the root namespace) starts that client and watches the server's catalog and processes:
-the moment VMs are being restored for creates still in state `creating`, a sandbox being
-deleted is in state `killing` or gone, one is `pausing` or `snapshotting` (for repauses and
-resnapshots: its new state file is being written), or the build's VM runs, it SIGKILLs the
-server. The caller restarts it and runs test_nothing_stale.py (and test_after_build_crash.py
-after a build).
+repauses, resnapshots and merges) and then deletes, pauses or snapshots them all at once, or
+builds a template whose RUN step takes minutes. The outer side (`crash_during`, called by
+test_server.py from the root namespace) starts that client and watches the server's catalog,
+processes and files: the moment VMs are being restored for creates still in state `creating`,
+a sandbox being deleted is in state `killing` or gone, one is `pausing` or `snapshotting` (for
+repauses and resnapshots: its new state file is being written), a merge has written part of
+its state, or the build's VM runs, it SIGKILLs the server. The caller restarts it and runs
+test_nothing_stale.py (and test_after_build_crash.py after a build).
 """
 
 from __future__ import annotations
@@ -28,7 +29,10 @@ from pathlib import Path
 import httpx
 from e2b import Sandbox
 
+from aenv import atomic
 from aenv.config import Paths
+from aenv.orchestrator.detach import DETACHED, MERGE_DEPTH
+from aenv.runtime.driver import RestoreError, Snapshot
 from tests.e2e.server_ns import REPO, ServerNs, in_netns
 from tests.e2e.vmm_procs import vmm_pids
 from tests.support.http_wait import wait_until_up
@@ -38,6 +42,16 @@ SANDBOXES = 3
 IN_FLIGHT_FILE = "in-flight-ops.json"
 BUILD_NAME = "cut-short"
 MARKER = "/home/user/marker"
+# What a sandbox cut in a merge holds besides the marker, for its resume to show: a process
+# alive since before its pauses, and random bytes that only guest memory holds (tmpfs), with
+# their checksum on its disk. The merge writes every page of the chain into one file: these
+# MiB make it last long enough for the kill to land in it (~0.1 s alone on a busy machine,
+# ~20 ms for an idle sandbox's few MiB) and keep the chain under half the guest's RAM
+# (`ramlayers.chain`), still a layered one.
+PROCESS_PID = "/home/user/process.pid"
+FILL = "/dev/shm/fill"
+FILL_SUM = "/home/user/fill.sha256"
+FILL_MIB = 16
 
 
 # -- the client, inside the namespace -----------------------------------------------------
@@ -61,10 +75,33 @@ def _concurrently(calls: list[tuple[str, str, dict[str, object] | None]]) -> Non
         thread.join()
 
 
-def _write_marker(sandbox_id: str) -> None:
+def _record_in_flight(work: str, ids: list[str]) -> None:
+    # Replaced whole: the outer side reads it over and over while it waits (`in_flight_ids`).
+    atomic.write_text(Path(os.environ["AENV_HOME"], IN_FLIGHT_FILE), json.dumps({work: ids}))
+
+
+def _prepare(sandbox_id: str, work: str) -> None:
+    """What a cut-short pause, snapshot or merge must keep (test_nothing_stale.py reads it)."""
     os.environ.update(E2B_API_KEY=_key()["X-API-KEY"], E2B_API_URL=BASE, E2B_SANDBOX_URL=BASE)
     os.environ.pop("E2B_DEBUG", None)
-    Sandbox.connect(sandbox_id).files.write(MARKER, sandbox_id)
+    sandbox = Sandbox.connect(sandbox_id)
+    sandbox.files.write(MARKER, sandbox_id)
+    if work == "merges":
+        fill = f"head -c {FILL_MIB}M /dev/urandom > {FILL} && sha256sum {FILL} > {FILL_SUM}"
+        sandbox.commands.run(fill, timeout=300)
+        pid = sandbox.commands.run("sleep 86400", background=True, timeout=0).pid
+        sandbox.files.write(PROCESS_PID, str(pid))
+
+
+def _outlive_the_server(seconds: float = 120) -> None:
+    """Wait until the server is killed: a merge starts after the pause has answered."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"{BASE}/health", timeout=5)
+        except httpx.HTTPError:
+            return
+        time.sleep(0.2)
 
 
 def _build() -> None:
@@ -76,7 +113,7 @@ def _build() -> None:
     os.environ.update(E2B_API_KEY=_key()["X-API-KEY"], E2B_API_URL=BASE)
     os.environ.pop("E2B_DEBUG", None)
     template = Template().from_template("base").run_cmd("sleep 600")
-    Path(os.environ["AENV_HOME"], IN_FLIGHT_FILE).write_text(json.dumps({"builds": [BUILD_NAME]}))
+    _record_in_flight("builds", [BUILD_NAME])
     with contextlib.suppress(Exception):
         Template.build(template, alias=BUILD_NAME)
 
@@ -94,19 +131,21 @@ def _client(work: str) -> None:
         response = httpx.post(BASE + create[1], json=create[2], headers=_key(), timeout=120)
         response.raise_for_status()
         ids.append(response.json()["sandboxID"])
-        # What a cut-short pause or snapshot must keep (test_nothing_stale.py reads it back).
-        _write_marker(ids[-1])
-        if work in _RESUMED_FIRST:  # resumed once: its next save writes what changed since
+        _prepare(ids[-1], work)
+        for _ in range(_CYCLES.get(work, 0)):
             for step, body in (("pause", None), ("resume", {"timeout": 600})):
                 url = f"{BASE}/sandboxes/{ids[-1]}/{step}"
                 httpx.post(url, json=body, headers=_key(), timeout=300).raise_for_status()
-    Path(os.environ["AENV_HOME"], IN_FLIGHT_FILE).write_text(json.dumps({work: ids}))
+    _record_in_flight(work, ids)
     method, path = _REQUESTS[work]
     _concurrently([(method, path.format(id=sandbox_id), None) for sandbox_id in ids])
+    if work == "merges":
+        _outlive_the_server()
 
 
 _REQUESTS = {
     "deletes": ("DELETE", "/sandboxes/{id}"),
+    "merges": ("POST", "/sandboxes/{id}/pause"),
     "pauses": ("POST", "/sandboxes/{id}/pause"),
     "repauses": ("POST", "/sandboxes/{id}/pause"),
     "resnapshots": ("POST", "/sandboxes/{id}/snapshots"),
@@ -122,6 +161,9 @@ _UNDER_WAY = {
 }
 # Works on sandboxes paused and resumed first, cut while their save streams its state.
 _RESUMED_FIRST = ("repauses", "resnapshots")
+# Pause/resume cycles before the work: its save then lies over that many older states (each
+# save's layer). For merges, as many as make the last pause's chain deep enough to be merged.
+_CYCLES = {"repauses": 1, "resnapshots": 1, "merges": MERGE_DEPTH}
 
 
 # -- the outer side -----------------------------------------------------------------------
@@ -200,11 +242,38 @@ def _saves_streaming(home: Path) -> bool:
     return False
 
 
+def _merges_writing(home: Path) -> dict[Path, int]:
+    """{merged state: its size} of the merges under way for the merges' sandboxes: a pause
+    checkpoint's `detached/state` with bytes in it that its manifest does not name yet."""
+    writing = {}
+    for sandbox_id in in_flight_ids(home).get("merges", []):
+        for state in (Paths(home).sandboxes / sandbox_id).glob(f"pause-*/{DETACHED}/state"):
+            try:
+                size = state.stat().st_size
+                adopted = Snapshot.load_manifest(state.parent.parent).state_file == state
+            except (FileNotFoundError, RestoreError):
+                continue  # pruned meanwhile
+            if size > 0 and not adopted:
+                writing[state] = size
+    return writing
+
+
+def _merge_written(home: Path) -> bool:
+    """Every pause of the merges' sandboxes has ended (so none is cut mid-save, as repauses
+    are) and a merge is writing."""
+    if not _merges_writing(home):
+        return False
+    states = catalog_states(home) or {}
+    return all(states.get(i) == "paused" for i in in_flight_ids(home)["merges"])
+
+
 def crash_during(server: ServerNs, work: str, timeout: float = 600) -> str:
-    """Start `work` ("creates", "deletes", "pauses", "repauses", "snapshots", "resnapshots" or
-    "builds") and SIGKILL the server while it is under way: a repause or resnapshot (the save
-    of a sandbox paused and resumed before, which writes only the pages it changed since) while
-    its state streams in.
+    """Start `work` ("creates", "deletes", "pauses", "repauses", "snapshots", "resnapshots",
+    "merges" or "builds") and SIGKILL the server while it is under way: a repause or
+    resnapshot (the save of a sandbox paused and resumed before, which writes only the pages
+    it changed since) while its state streams in; merges (the background merge of the memory
+    layers of sandboxes paused over a chain MERGE_DEPTH deep) while a merged state is being
+    written, which is checked again once the server is dead.
     Returns what the catalog held at that moment (for the failure message of the next check)."""
     home = server.home
     (home / IN_FLIGHT_FILE).unlink(missing_ok=True)
@@ -213,6 +282,7 @@ def crash_during(server: ServerNs, work: str, timeout: float = 600) -> str:
         "builds": _build_vm_runs,
         "repauses": _saves_streaming,
         "resnapshots": _saves_streaming,
+        "merges": _merge_written,
     }.get(work, _ops_started)
     client = subprocess.Popen(
         in_netns(server.netns, sys.executable, "-m", "tests.e2e.restart.in_flight", work),
@@ -227,6 +297,12 @@ def crash_during(server: ServerNs, work: str, timeout: float = 600) -> str:
             time.sleep(0.005)
         server.kill_9()
         at_crash = f"{work} in flight at the kill: {catalog_states(home)}"
+        if work == "merges":
+            # Seen mid-write a moment before the kill, so a miss needs a merge to end within
+            # that moment: the fill makes one last far longer.
+            cut = _merges_writing(home)
+            assert cut, f"every merge ended before the kill landed; {at_crash}"
+            at_crash += f"; merged states cut short (bytes written): {cut}"
         if work == "builds":
             client.kill()  # it has nothing to say: the build's end is never answered
         client.wait(timeout=120)

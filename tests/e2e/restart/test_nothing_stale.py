@@ -1,8 +1,9 @@
 """After a kill -9 of the server and a restart (see in_flight.py): the node reports only what
 really runs (or is paused), and nothing of anything else is left: no VMM process, sandbox or
-memory directory, catalog row in a passing state, or network slot beyond the warm pool. A
-sandbox cut in a pause or snapshot is whole or gone, every listed snapshot starts, and new
-creates work."""
+memory directory, catalog row in a passing state, network slot beyond the warm pool, or state
+of a detach or merge that no checkpoint uses. A sandbox cut in a pause or snapshot is whole or
+gone; one whose memory layers were being merged resumes whole, and pauses and resumes again;
+every listed snapshot starts, and new creates work."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import os
 import re
 import sqlite3
 import subprocess
+import time
 from contextlib import closing
 from pathlib import Path
 
@@ -18,8 +20,10 @@ import pytest
 from e2b import NotFoundException, Sandbox
 
 from aenv.config import Paths
+from aenv.orchestrator.detach import DETACHED
+from aenv.runtime.driver import RestoreError, Snapshot
 from tests.e2e.inner.conftest import BASE
-from tests.e2e.restart.in_flight import MARKER, in_flight_ids
+from tests.e2e.restart.in_flight import FILL_SUM, MARKER, PROCESS_PID, in_flight_ids
 from tests.e2e.vmm_procs import vmm_pids, vmm_sandbox_ids
 
 HOME = Path(os.environ["AENV_HOME"])
@@ -37,6 +41,20 @@ def _catalog_states() -> set[str]:
         return {state for (state,) in db.execute("SELECT state FROM sandboxes")}
 
 
+def _unused_forms() -> list[Path]:
+    """Detached or merged forms (`pause-*/detached/`) whose checkpoint's manifest names
+    another state: what a detach or merge cut short wrote."""
+    unused = []
+    for form in Paths(HOME).sandboxes.glob(f"*/pause-*/{DETACHED}"):
+        try:
+            in_use = Snapshot.load_manifest(form.parent).state_file.parent == form
+        except RestoreError:
+            in_use = False
+        if not in_use:
+            unused.append(form)
+    return unused
+
+
 def test_only_what_really_runs_is_reported_and_nothing_else_is_left() -> None:
     listed = {s.sandbox_id: s.state.value for s in Sandbox.list().next_items()}
     running = {i for i, state in listed.items() if state == "running"}
@@ -52,6 +70,7 @@ def test_only_what_really_runs_is_reported_and_nothing_else_is_left() -> None:
     assert len(_slot_namespaces()) <= len(running) + warm
     # Deletes in flight at the crash: none of them came back.
     assert not set(in_flight_ids(HOME).get("deletes", [])) & set(listed)
+    assert not _unused_forms(), "a cut-short detach or merge left its state"
 
 
 def test_sandboxes_cut_in_a_pause_or_snapshot_are_whole_or_gone() -> None:
@@ -69,6 +88,46 @@ def test_sandboxes_cut_in_a_pause_or_snapshot_are_whole_or_gone() -> None:
                 assert sandbox.files.read(MARKER) == sandbox_id
             finally:
                 sandbox.kill()
+
+
+def _uploaded(sandbox_id: str) -> bool:
+    """The repository holds the sandbox's newest checkpoint."""
+    with closing(sqlite3.connect(f"file:{Paths(HOME).catalog}?mode=ro", uri=True)) as db:
+        row = db.execute(
+            "SELECT archive_seq = checkpoint_seq FROM sandboxes WHERE id = ?", (sandbox_id,)
+        ).fetchone()
+    return bool(row and row[0])
+
+
+def _assert_whole(sandbox: Sandbox) -> None:
+    """The marker on its disk, the process it ran, and the bytes only its memory held."""
+    assert sandbox.files.read(MARKER) == sandbox.sandbox_id
+    pid = int(sandbox.files.read(PROCESS_PID))
+    assert pid in {p.pid for p in sandbox.commands.list()}, "its process is gone"
+    sandbox.commands.run(f"sha256sum -c {FILL_SUM}", timeout=120)  # raises when they differ
+
+
+def test_sandboxes_cut_in_a_merge_resume_whole_and_pause_again() -> None:
+    """The crash cut the merge of these paused sandboxes' memory layers (or came after some
+    had finished and been adopted): each is still paused, in its layered form or its merged
+    one, its checkpoint reaches the repository (the upload the crash kept from starting),
+    and it resumes with its files, process and memory, and pauses and resumes again."""
+    listed = {s.sandbox_id: s.state.value for s in Sandbox.list().next_items()}
+    ids = in_flight_ids(HOME).get("merges", [])
+    deadline = time.monotonic() + 120
+    while not all(_uploaded(i) for i in ids):
+        assert time.monotonic() < deadline, "the restart did not upload the paused checkpoints"
+        time.sleep(0.2)
+    for sandbox_id in ids:
+        assert listed.get(sandbox_id) == "paused", f"{sandbox_id} is {listed.get(sandbox_id)}"
+        sandbox = Sandbox.connect(sandbox_id, timeout=120)
+        try:
+            _assert_whole(sandbox)
+            assert sandbox.pause() is True
+            sandbox = Sandbox.connect(sandbox_id, timeout=120)
+            _assert_whole(sandbox)
+        finally:
+            sandbox.kill()
 
 
 def test_every_listed_snapshot_starts() -> None:
