@@ -222,10 +222,10 @@ class Builder:
         existing template gets a new build under its id), tagged `tags` once ready; its
         sandboxes get `cpu_count` vCPUs and `memory_mb` of memory (default: the base's)."""
         alias, tag = split_name(name)
-        tags = [*tags, tag] if tag else tags
+        named = tuple(dict.fromkeys([*tags, tag] if tag else tags or ["latest"]))
         reserved = self._reserved.pop(alias, None)
         if reserved is not None and reserved.status is BuildStatus.WAITING:
-            reserved.tags = tuple(dict.fromkeys(tags or ["latest"]))
+            reserved.tags = named
             reserved.cpu_count, reserved.memory_mb = cpu_count, memory_mb
             self._record(reserved)
             return reserved
@@ -239,7 +239,7 @@ class Builder:
             template_id=template_id or new_sandbox_id(),
             build_id=str(uuid.uuid4()),
             name=alias,
-            tags=tuple(dict.fromkeys(tags or ["latest"])),
+            tags=named,
             created_at=time.time(),
             cpu_count=cpu_count,
             memory_mb=memory_mb,

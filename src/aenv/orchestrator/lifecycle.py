@@ -1617,11 +1617,7 @@ class Orchestrator:
         if len(snapshot.layers) < detach.MERGE_DEPTH:
             return snapshot
         directory = checkpoints.pause_dir(self._dirs(record.id)[0], record.checkpoint_seq)
-        try:
-            current = await asyncio.to_thread(Snapshot.load_manifest, directory)
-        except RestoreError:
-            return snapshot
-        if current != snapshot:
+        if snapshot.state_file.parent != directory:  # a copy pulled from the repository
             return snapshot
         merged = await self.detacher.merge(snapshot, directory)
         if merged is None:
