@@ -133,9 +133,12 @@ def create_app(table: ContextTable) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        # The default Python kernel starts with the server: a template saved with the server
-        # running holds a warm kernel, and the first run_code does not wait for one.
+        # The default Python kernel, then a spare, start with the server: a template saved with
+        # the server running holds them warm, and neither the first run_code nor the first
+        # create_code_context waits for a kernel.
         await table.default("python")
+        table.spares.fill()
+        await table.spares.ready()
         try:
             yield
         finally:

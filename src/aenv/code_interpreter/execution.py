@@ -28,7 +28,8 @@ from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 from aenv.code_interpreter import events, incarnation
-from aenv.code_interpreter.kernels import Context, run_silently
+from aenv.code_interpreter.kernel import run_silently
+from aenv.code_interpreter.kernels import Context
 
 log = logging.getLogger(__name__)
 

@@ -3,27 +3,31 @@
 A context is what the SDKs create, list, restart and remove; the first context of each
 language is its default, which code without a context runs in. Each context runs one
 execution at a time (`lock`): a kernel's output is only told apart by the request it answers,
-and the SDKs expect one cell's output per stream.
+and the SDKs expect one cell's output per stream. A new Python context takes the spare kernel
+(`spares`) when there is one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import errno
+import os
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
 
 from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.kernelspec import KernelSpecManager
 from jupyter_client.manager import AsyncKernelManager
 
 from aenv.code_interpreter import incarnation
+from aenv.code_interpreter import kernel as kernels
+from aenv.code_interpreter.kernel import Kernel, run_silently
 from aenv.code_interpreter.languages import ALIASES, LANGUAGES, Language
+from aenv.code_interpreter.spares import Spares
 
-# A kernel imports IPython and ipykernel first: seconds natively, a minute or more in a
-# guest under TCG, several on a busy host.
-_READY_TIMEOUT_S = 600.0
+# Only Python keeps a spare: it is the language most contexts are made for, and a spare costs
+# a kernel's memory in every sandbox.
+SPARE_LANGUAGES = ("python",)
 
 
 class ContextNotFound(KeyError):
@@ -43,7 +47,7 @@ class Context:
     client: AsyncKernelClient
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
     # The sandbox its kernel last ran in (`incarnation`).
-    incarnation: str = field(default_factory=incarnation.current)
+    incarnation: str = ""
 
     def to_json(self) -> dict[str, str]:
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
@@ -52,40 +56,23 @@ class Context:
     def kind(self) -> Language:
         return LANGUAGES[self.language]
 
-
-async def _start(language: str, cwd: str) -> tuple[AsyncKernelManager, AsyncKernelClient]:
-    manager = AsyncKernelManager(kernel_name=LANGUAGES[language].kernel)
-    await manager.start_kernel(cwd=cwd)
-    client = manager.client()
-    client.start_channels()
-    try:
-        await client.wait_for_ready(timeout=_READY_TIMEOUT_S)
-        await _set_up(client, LANGUAGES[language])
-    except BaseException:
-        client.stop_channels()
-        await manager.shutdown_kernel(now=True)
-        raise
-    return manager, client
-
-
-async def _set_up(client: AsyncKernelClient, language: Language) -> None:
-    if language.startup is not None:
-        await run_silently(client, language.startup)
-
-
-async def run_silently(client: AsyncKernelClient, code: str) -> None:
-    """Run `code` without output, history or an execution count, and wait until it is done."""
-    reply: dict[str, Any] = await client.execute_interactive(
-        code, silent=True, store_history=False, allow_stdin=False, timeout=_READY_TIMEOUT_S
-    )
-    if reply["content"]["status"] != "ok":
-        raise RuntimeError(f"kernel set-up failed: {reply['content'].get('evalue')}")
+    @property
+    def kernel(self) -> Kernel:
+        return Kernel(self.manager, self.client, self.incarnation)
 
 
 def installed_languages() -> tuple[str, ...]:
     """The languages whose kernel is installed here (Jupyter's kernel search path)."""
     specs = KernelSpecManager().find_kernel_specs()
     return tuple(name for name, language in LANGUAGES.items() if language.kernel in specs)
+
+
+def _enterable(cwd: str) -> None:
+    """OSError unless the kernel (this server's user) can work in `cwd`."""
+    if not os.path.isdir(cwd):
+        raise FileNotFoundError(errno.ENOENT, os.strerror(errno.ENOENT), cwd)
+    if not os.access(cwd, os.X_OK):
+        raise PermissionError(errno.EACCES, os.strerror(errno.EACCES), cwd)
 
 
 class ContextTable:
@@ -95,6 +82,10 @@ class ContextTable:
         self._contexts: dict[str, Context] = {}
         self._defaults: dict[str, str] = {}  # language -> id of its default context
         self._creating = asyncio.Lock()
+        self.spares = Spares(
+            [name for name in SPARE_LANGUAGES if name in self.languages],
+            lambda language: kernels.start(language, default_cwd),
+        )
 
     def list(self) -> list[Context]:
         return list(self._contexts.values())
@@ -109,10 +100,31 @@ class ContextTable:
         """A new context with a fresh kernel. UnsupportedLanguage for a language no kernel runs;
         OSError when `cwd` is not a directory."""
         language = self._language(language)
-        manager, client = await _start(language, cwd or self.default_cwd)
-        context = Context(str(uuid.uuid4()), language, cwd or self.default_cwd, manager, client)
+        cwd = cwd or self.default_cwd
+        kernel = await self._spare(language, cwd) or await kernels.start(language, cwd)
+        context = Context(
+            str(uuid.uuid4()),
+            language,
+            cwd,
+            kernel.manager,
+            kernel.client,
+            incarnation=kernel.incarnation,
+        )
         self._contexts[context.id] = context
         return context
+
+    async def _spare(self, language: str, cwd: str) -> Kernel | None:
+        _enterable(cwd)
+        kernel = await self.spares.take(language)
+        if kernel is None or cwd == self.default_cwd:
+            return kernel
+        try:
+            await run_silently(kernel.client, f"__import__('os').chdir({cwd!r})")
+        except (RuntimeError, TimeoutError):
+            # Whatever kept it out, a kernel started in `cwd` says it better.
+            await kernel.stop()
+            return None
+        return kernel
 
     async def default(self, language: str | None) -> Context:
         """The language's default context, started on first use."""
@@ -130,13 +142,13 @@ class ContextTable:
         context = self.get(context_id)
         async with context.lock:
             await context.manager.restart_kernel(now=True)
-            await context.client.wait_for_ready(timeout=_READY_TIMEOUT_S)
-            await _set_up(context.client, context.kind)
+            await context.client.wait_for_ready(timeout=kernels.READY_TIMEOUT_S)
+            await kernels.set_up(context.client, context.language)
             context.incarnation = incarnation.current()
 
     async def remove(self, context_id: str) -> None:
         context = self._contexts.pop(self.get(context_id).id)
-        await _stop(context)
+        await context.kernel.stop()
 
     def _language(self, language: str | None) -> str:
         name = (language or "python").lower()
@@ -149,10 +161,5 @@ class ContextTable:
 
     async def close(self) -> None:
         contexts, self._contexts = list(self._contexts.values()), {}
-        await asyncio.gather(*(_stop(c) for c in contexts), return_exceptions=True)
-
-
-async def _stop(context: Context) -> None:
-    context.client.stop_channels()
-    with contextlib.suppress(RuntimeError):
-        await context.manager.shutdown_kernel(now=True)
+        stops = [c.kernel.stop() for c in contexts]
+        await asyncio.gather(self.spares.close(), *stops, return_exceptions=True)

@@ -58,13 +58,21 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         .set_envs({"PYTHONPATH": "/opt/aenv-ci/site:/opt/aenv-ci/src"})
         .set_start_cmd(
             "python3 -m aenv.code_interpreter --cwd /home/user",
-            # One long readyCmd: the server is ready once its first kernel is, which under TCG
-            # may take longer than this suite's build_ready_timeout.
-            "timeout 600 sh -c 'until curl -sf http://127.0.0.1:49999/health; do sleep 1; done'",
+            # One long readyCmd: the server is ready once its default and spare kernels are,
+            # which under TCG may take longer than this suite's build_ready_timeout.
+            "timeout 900 sh -c 'until curl -sf http://127.0.0.1:49999/health; do sleep 1; done'",
         )
     )
-    # Its log shows in the test's output if the build fails.
-    Template.build(definition, alias=name, on_build_logs=lambda entry: print(entry.message))
+    # Its log shows in the test's output if the build fails. As much memory as the real
+    # template (this server's guests have 256 MiB): in less, two kernels and the server push
+    # their own code out of the guest's page cache, and under TCG every page read back is
+    # translated again (minutes of a busy guest per cell).
+    Template.build(
+        definition,
+        alias=name,
+        memory_mb=1024,
+        on_build_logs=lambda entry: print(entry.message),
+    )
     try:
         yield name
     finally:
@@ -90,8 +98,8 @@ def test_run_code_streams_state_errors_and_contexts(sandbox: Sandbox) -> None:
     assert [m.line for m in lines] == ["hi\n"]
     error = sandbox.run_code("undefined_name").error
     assert error is not None and error.name == "NameError"
-    # A new kernel starts in seconds natively, in over a minute under TCG.
-    context = sandbox.create_code_context(cwd="/tmp", request_timeout=300)
+    # The template holds a spare kernel: no kernel start (minutes under TCG) is waited for.
+    context = sandbox.create_code_context(cwd="/tmp")
     assert sandbox.run_code("import os; os.getcwd()", context=context).text == "'/tmp'"
     assert sandbox.run_code("import os; os.getcwd()").text == "'/home/user'"
     assert sandbox.run_code("import getpass; getpass.getuser()").text == "'user'"

@@ -1,0 +1,62 @@
+"""One Jupyter kernel: started in a directory and set up for its language, told to run code
+silently, stopped."""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+from jupyter_client.asynchronous.client import AsyncKernelClient
+from jupyter_client.manager import AsyncKernelManager
+
+from aenv.code_interpreter import incarnation
+from aenv.code_interpreter.languages import LANGUAGES
+
+# A kernel imports IPython and ipykernel first: seconds natively, a minute or more in a
+# guest under TCG, several on a busy host.
+READY_TIMEOUT_S = 600.0
+
+
+@dataclass
+class Kernel:
+    manager: AsyncKernelManager
+    client: AsyncKernelClient
+    # The sandbox it started in (`incarnation`).
+    incarnation: str = field(default_factory=lambda: incarnation.current())
+
+    async def stop(self) -> None:
+        self.client.stop_channels()
+        with contextlib.suppress(RuntimeError):
+            await self.manager.shutdown_kernel(now=True)
+
+
+async def start(language: str, cwd: str) -> Kernel:
+    """A ready kernel of `language` in `cwd`. OSError when `cwd` is no directory it can enter,
+    TimeoutError when it does not start in time."""
+    manager = AsyncKernelManager(kernel_name=LANGUAGES[language].kernel)
+    await manager.start_kernel(cwd=cwd)
+    kernel = Kernel(manager, manager.client())
+    kernel.client.start_channels()
+    try:
+        await kernel.client.wait_for_ready(timeout=READY_TIMEOUT_S)
+        await set_up(kernel.client, language)
+    except BaseException:
+        await kernel.stop()
+        raise
+    return kernel
+
+
+async def set_up(client: AsyncKernelClient, language: str) -> None:
+    startup = LANGUAGES[language].startup
+    if startup is not None:
+        await run_silently(client, startup)
+
+
+async def run_silently(client: AsyncKernelClient, code: str) -> None:
+    """Run `code` without output, history or an execution count, and wait until it is done."""
+    reply: dict[str, Any] = await client.execute_interactive(
+        code, silent=True, store_history=False, allow_stdin=False, timeout=READY_TIMEOUT_S
+    )
+    if reply["content"]["status"] != "ok":
+        raise RuntimeError(f"kernel set-up failed: {reply['content'].get('evalue')}")

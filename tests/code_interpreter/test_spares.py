@@ -1,0 +1,95 @@
+"""The spare Python kernel: a new context takes it instead of waiting for a kernel to start,
+in the directory it asks for, and a new spare starts; a spare taken in a clone is reseeded."""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+from e2b_code_interpreter import Sandbox
+
+from aenv.code_interpreter import execution, incarnation
+from aenv.code_interpreter.kernels import ContextTable
+from tests.code_interpreter.conftest import running_server
+
+_REFILL_TIMEOUT_S = 120.0
+
+
+def _kernels(server_pid: int) -> set[int]:
+    children = psutil.Process(server_pid).children()
+    return {p.pid for p in children if "ipykernel_launcher" in " ".join(p.cmdline())}
+
+
+def test_a_new_context_takes_the_spare_and_another_starts(tmp_path: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    with running_server(tmp_path) as (url, pid):
+        sandbox = Sandbox.create(debug=True, sandbox_url=url)
+        # The default kernel and the spare, both ready before the server answered.
+        started = _kernels(pid)
+        assert len(started) == 2
+        context = sandbox.create_code_context(cwd=str(work))
+        getpid = "import os; (os.getpid(), os.getcwd())"
+        text = sandbox.run_code(getpid, context=context).text
+        assert text is not None
+        kernel_pid, cwd = text.strip("()").split(", ")
+        assert int(kernel_pid) in started
+        assert cwd == repr(str(work))
+        # The default context is the other one of the two, still in the server's directory.
+        text = sandbox.run_code(getpid).text
+        assert text is not None and text.endswith(f"{str(tmp_path)!r})")
+        _wait_for_kernels(pid, 3)
+        # The next context takes the refill, in the default directory, and another starts.
+        refill = _kernels(pid) - started
+        second = sandbox.create_code_context()
+        text = sandbox.run_code(getpid, context=second).text
+        assert text == f"({refill.pop()}, {str(tmp_path)!r})"
+        _wait_for_kernels(pid, 4)
+
+
+def _wait_for_kernels(server_pid: int, count: int) -> None:
+    deadline = time.monotonic() + _REFILL_TIMEOUT_S
+    while len(_kernels(server_pid)) < count:
+        assert time.monotonic() < deadline, "no new spare started"
+        time.sleep(0.5)
+
+
+async def test_a_spare_taken_in_another_sandbox_is_reseeded(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(incarnation, "current", lambda: "template-vm")
+    table = ContextTable(str(tmp_path))
+    try:
+        table.spares.fill()
+        await table.spares.ready()
+        # Restored as a clone: the node gave the sandbox another hostname.
+        monkeypatch.setattr(incarnation, "current", lambda: "clone-1")
+        context = await table.create()
+        assert context.incarnation == "template-vm"
+        lines = [json.loads(line) async for line in execution.run(context, "1 + 1", {})]
+        assert any(line.get("text") == "2" for line in lines), lines
+        assert context.incarnation == "clone-1"
+    finally:
+        await table.close()
+
+
+async def test_a_directory_the_kernel_cannot_enter_is_refused_and_the_spare_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(incarnation, "current", lambda: "at-spare-start")
+    table = ContextTable(str(tmp_path))
+    try:
+        table.spares.fill()
+        await table.spares.ready()
+        monkeypatch.setattr(incarnation, "current", lambda: "later")
+        with pytest.raises(FileNotFoundError):
+            await table.create(cwd=str(tmp_path / "missing"))
+        assert table.list() == []
+        # The spare is still there for the next context.
+        context = await table.create(cwd=str(tmp_path))
+        assert (context.cwd, context.incarnation) == (str(tmp_path), "at-spare-start")
+    finally:
+        await table.close()
