@@ -25,8 +25,9 @@ $(STAMP): pyproject.toml scripts/install-system-deps.sh
 run: install
 	$(VENV)/bin/aenv server
 
+# Two pytest processes side by side (scripts/test.sh); with PYTEST_ARGS, one run of those.
 test: install
-	$(PY) -m pytest -ra --durations=25 $(PYTEST_ARGS)
+	PY=$(PY) ./scripts/test.sh $(PYTEST_ARGS)
 
 # The tests that need no root, VM or aenv server (the orchestrator, saved states, builds and API
 # routes run on the doubles in tests/doubles/): under a minute. Checked to pass with no
