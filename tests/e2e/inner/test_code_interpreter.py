@@ -19,8 +19,9 @@ from e2b_code_interpreter import OutputMessage, Sandbox
 from tests.e2e.inner.test_template_build import _delete
 from tests.support.ci_wheels import PROJECT, WHEELS
 
-# The build unpacks 17 MB of wheels and starts a kernel under TCG: 76 s of setup and 297 s
-# of the longest test on a usual host, 383 and 607 s on a slow one.
+# The build unpacks 17 MB of wheels and starts two kernels under TCG: 295 s of setup on a
+# slow host, 424 s with another suite beside it. (Unpacked and compiled here, the 116 MB of
+# files took longer to copy in than the guest takes to unpack and compile the wheels.)
 pytestmark = pytest.mark.timeout(1800)
 
 # The guest has Python but no pip: a wheel is a zip archive, unpacked onto PYTHONPATH. Then

@@ -22,9 +22,11 @@ COMMANDS = 1000
 
 
 async def _create_all(count: int) -> list[AsyncSandbox]:
-    # Creates beyond the node's admission limit queue on the server: give them time.
+    # Creates beyond the node's admission limit queue on the server: give them time. The
+    # sandboxes live as long as the test may (`make test` runs another suite beside this one:
+    # 1000 commands took 10 minutes there once, and sandboxes that time out mid-test vanish).
     results = await asyncio.gather(
-        *(AsyncSandbox.create(timeout=600, request_timeout=900) for _ in range(count)),
+        *(AsyncSandbox.create(timeout=1800, request_timeout=900) for _ in range(count)),
         return_exceptions=True,
     )
     created = [r for r in results if isinstance(r, AsyncSandbox)]
@@ -52,7 +54,7 @@ async def _commands() -> None:
     sandboxes = await _create_all(COMMAND_SANDBOXES)
     try:
         runs = [
-            sandboxes[i % COMMAND_SANDBOXES].commands.run(f"echo {i}", timeout=600)
+            sandboxes[i % COMMAND_SANDBOXES].commands.run(f"echo {i}", timeout=1500)
             for i in range(COMMANDS)
         ]
         results = await asyncio.gather(*runs)
