@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import psutil
@@ -57,39 +58,35 @@ def _wait_for_kernels(server_pid: int, count: int) -> None:
         time.sleep(0.5)
 
 
-async def test_a_spare_taken_in_another_sandbox_is_reseeded(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+@pytest.fixture
+async def table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterator[ContextTable]:
+    """A context table whose spare started in the sandbox `template-vm`, restored as `clone-1`
+    (the node gave the sandbox another hostname)."""
     monkeypatch.setattr(incarnation, "current", lambda: "template-vm")
     table = ContextTable(str(tmp_path))
     try:
         table.spares.fill()
         await table.spares.ready()
-        # Restored as a clone: the node gave the sandbox another hostname.
         monkeypatch.setattr(incarnation, "current", lambda: "clone-1")
-        context = await table.create()
-        assert context.incarnation == "template-vm"
-        lines = [json.loads(line) async for line in execution.run(context, "1 + 1", {})]
-        assert any(line.get("text") == "2" for line in lines), lines
-        assert context.incarnation == "clone-1"
+        yield table
     finally:
         await table.close()
+
+
+async def test_a_spare_taken_in_another_sandbox_is_reseeded(table: ContextTable) -> None:
+    context = await table.create()
+    assert context.incarnation == "template-vm"
+    lines = [json.loads(line) async for line in execution.run(context, "1 + 1", {})]
+    assert any(line.get("text") == "2" for line in lines), lines
+    assert context.incarnation == "clone-1"
 
 
 async def test_a_directory_the_kernel_cannot_enter_is_refused_and_the_spare_kept(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    table: ContextTable, tmp_path: Path
 ) -> None:
-    monkeypatch.setattr(incarnation, "current", lambda: "at-spare-start")
-    table = ContextTable(str(tmp_path))
-    try:
-        table.spares.fill()
-        await table.spares.ready()
-        monkeypatch.setattr(incarnation, "current", lambda: "later")
-        with pytest.raises(FileNotFoundError):
-            await table.create(cwd=str(tmp_path / "missing"))
-        assert table.list() == []
-        # The spare is still there for the next context.
-        context = await table.create(cwd=str(tmp_path))
-        assert (context.cwd, context.incarnation) == (str(tmp_path), "at-spare-start")
-    finally:
-        await table.close()
+    with pytest.raises(FileNotFoundError):
+        await table.create(cwd=str(tmp_path / "missing"))
+    assert table.list() == []
+    # The spare is still there for the next context.
+    context = await table.create(cwd=str(tmp_path))
+    assert (context.cwd, context.incarnation) == (str(tmp_path), "template-vm")
