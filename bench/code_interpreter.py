@@ -2,7 +2,8 @@
 both through the official SDKs and measured in the same run.
 
 Default: our server (`python -m aenv.code_interpreter`) and envd as local processes (envd in
-the tests' throwaway root), so the figures are the servers' own costs without a VM. With
+the tests' throwaway root), so the figures are the servers' own costs without a VM; and
+`create_code_context()` taking the server's spare kernel vs starting one (`--no-spare`). With
 `--node`, both run in one `code-interpreter-v1` sandbox of the node the SDK's environment
 names (`E2B_API_URL`/`E2B_DOMAIN`, `E2B_API_KEY`), and the node is measured too:
 `Sandbox.create()` to the first `run_code` result (p50), and `--forks` children of a sandbox
@@ -36,6 +37,9 @@ from tests.support.ports import free_port
 
 RUNS = 200
 WARM_UP = 5
+CONTEXT_RUNS = 5
+# A kernel starts in a second or two natively: by then the spare taken last is replaced.
+CONTEXT_SPACING_S = 10.0
 # The dataframe forks carry and fresh sandboxes load again.
 ROWS, COLUMNS = 200_000, 10
 LOAD = (
@@ -56,11 +60,11 @@ def timed(fn: Callable[[], object], runs: int = RUNS) -> list[float]:
 
 
 @contextmanager
-def local_code_interpreter() -> Iterator[str]:
+def local_code_interpreter(*extra: str) -> Iterator[str]:
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="aenv-bench-ci-") as cwd:
-        args = ["--host", "127.0.0.1", "--port", str(port), "--cwd", cwd]
+        args = ["--host", "127.0.0.1", "--port", str(port), "--cwd", cwd, *extra]
         process = subprocess.Popen([sys.executable, "-m", "aenv.code_interpreter", *args])
         try:
             while True:
@@ -85,6 +89,33 @@ def compare(run_code: Callable[[], object], run_true: Callable[[], object]) -> d
     }
 
 
+def contexts(url: str) -> list[float]:
+    """Seconds per `create_code_context()`, each once the last one's spare refill is ready."""
+    from e2b_code_interpreter import Sandbox
+
+    sandbox = Sandbox.create(debug=True, sandbox_url=url)
+    samples = []
+    for _ in range(CONTEXT_RUNS):
+        time.sleep(CONTEXT_SPACING_S)
+        start = time.perf_counter()
+        context = sandbox.create_code_context()
+        samples.append(time.perf_counter() - start)
+        sandbox.remove_code_context(context)
+    return samples
+
+
+def bench_contexts() -> dict[str, object]:
+    with local_code_interpreter() as url:
+        spare = contexts(url)
+    with local_code_interpreter("--no-spare") as url:
+        started = contexts(url)
+    return {
+        "spare_ms": summary_ms(spare),
+        "no_spare_ms": summary_ms(started),
+        "ratio_p50": round(statistics.median(spare) / statistics.median(started), 3),
+    }
+
+
 def bench_local() -> dict[str, object]:
     from e2b import Sandbox as EnvdSandbox
     from e2b_code_interpreter import Sandbox
@@ -94,7 +125,7 @@ def bench_local() -> dict[str, object]:
         envd = EnvdSandbox.create(debug=True, sandbox_url=envd_url)
         assert interpreter.run_code("1+1").text == "2"
         result = compare(lambda: interpreter.run_code("1+1"), lambda: envd.commands.run("true"))
-    return {"where": "local processes", **result}
+    return {"where": "local processes", **result, "create_code_context": bench_contexts()}
 
 
 def create_to_first_result(runs: int, pooled: bool) -> list[float]:

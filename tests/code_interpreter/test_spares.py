@@ -90,3 +90,20 @@ async def test_a_directory_the_kernel_cannot_enter_is_refused_and_the_spare_kept
     # The spare is still there for the next context.
     context = await table.create(cwd=str(tmp_path))
     assert (context.cwd, context.incarnation) == (str(tmp_path), "template-vm")
+
+
+async def test_without_spares_a_context_starts_its_own_kernel(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    table = ContextTable(str(tmp_path), spares=False)
+    try:
+        table.spares.fill()
+        await table.spares.ready()
+        monkeypatch.setattr(incarnation, "current", lambda: "at-create")
+        context = await table.create(cwd=str(tmp_path))
+        # Started for this context, in its directory: not a spare made before.
+        assert context.incarnation == "at-create"
+        lines = [json.loads(line) async for line in execution.run(context, "1 + 1", {})]
+        assert any(line.get("text") == "2" for line in lines), lines
+    finally:
+        await table.close()

@@ -76,14 +76,15 @@ def _enterable(cwd: str) -> None:
 
 
 class ContextTable:
-    def __init__(self, default_cwd: str) -> None:
+    def __init__(self, default_cwd: str, spares: bool = True) -> None:
+        """`spares`: keep a spare kernel of each `SPARE_LANGUAGES` (`spares`)."""
         self.default_cwd = default_cwd
         self.languages = installed_languages()
         self._contexts: dict[str, Context] = {}
         self._defaults: dict[str, str] = {}  # language -> id of its default context
         self._creating = asyncio.Lock()
         self.spares = Spares(
-            [name for name in SPARE_LANGUAGES if name in self.languages],
+            [name for name in SPARE_LANGUAGES if spares and name in self.languages],
             lambda language: kernels.start(language, default_cwd),
         )
 
