@@ -1,4 +1,5 @@
-"""The startup sweep kills orphaned VMMs and removes the cgroups they leave."""
+"""The startup sweep kills the VMMs a previous run of the node left (orphaned or still held by
+another parent) and removes the cgroups they leave."""
 
 from __future__ import annotations
 
@@ -16,14 +17,17 @@ from aenv.runtime.cgroups import CgroupLimits, detect
 from aenv.runtime.sweep import our_vmms, reap_strays, sweep
 
 
-def start_qemu(name: str, home: Path, *, orphan: bool) -> int:
+def start_qemu(name: str, home: Path, *, orphan: bool, held: bool = False) -> int:
     """A QEMU like ours whose command line names a file under `home`; an `orphan` one's parent
-    shell exits at once (as after a server kill -9), the other stays this process's child."""
+    shell exits at once (as after a server kill -9), the other stays this process's child. A
+    `held` orphan keeps a parent that is not this process: a shell, itself orphaned, waiting."""
     argv = ["qemu-system-x86_64", "-M", "microvm", "-S", "-display", "none", "-nodefaults",
             "-name", name, "-qmp", f"unix:{home}/qmp.{name}.sock,server=on,wait=off"]  # fmt: skip
     if not orphan:
         return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid
     script = " ".join(argv) + " >/dev/null 2>&1 & echo $!"
+    if held:
+        script = f"sh -c '{' '.join(argv)} >/dev/null 2>&1 & echo $!; exec >&- 2>&-; wait' &"
     return int(subprocess.run(["sh", "-c", script], capture_output=True, text=True).stdout)
 
 
@@ -91,6 +95,36 @@ def test_strays_of_this_node_are_killed_and_nothing_else(tmp_path: Path) -> None
     finally:
         for pid in (stray, child, foreign):
             with contextlib.suppress(psutil.NoSuchProcess):
+                psutil.Process(pid).kill()
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(child, 0)
+
+
+async def test_the_startup_sweep_kills_this_nodes_vmms_whose_parent_lives_on(
+    tmp_path: Path,
+) -> None:
+    # Not `aenv-`: other nodes' start-up sweeps on this machine would kill these too.
+    tag = f"sweeptest-{secrets.token_hex(3)}"
+    home, other = tmp_path / "node", tmp_path / "other-node"
+    home.mkdir()
+    other.mkdir()
+    # A previous server's VMM still held by a live parent that is not this process (a helper
+    # of a server being torn down, a subreaper), and one of this process.
+    kept = start_qemu(f"{tag}-held", home, orphan=True, held=True)
+    child = start_qemu(f"{tag}-child", home, orphan=False)
+    foreign = start_qemu(f"{tag}-foreign", other, orphan=True, held=True)
+    try:
+        _running({kept, child, foreign}, tag)
+        assert psutil.Process(kept).ppid() not in (1, os.getpid())
+        report = await sweep(None, prefix=tag, home=home)
+        assert report.killed == (kept,)
+        assert {v.pid for v in our_vmms(tag)} == {child, foreign}
+    finally:
+        for pid in (kept, child, foreign):
+            with contextlib.suppress(psutil.NoSuchProcess):
+                for parent in psutil.Process(pid).parents()[:1]:
+                    if parent.pid not in (1, os.getpid()):
+                        parent.kill()
                 psutil.Process(pid).kill()
         with contextlib.suppress(ChildProcessError):
             os.waitpid(child, 0)

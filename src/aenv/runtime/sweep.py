@@ -5,8 +5,8 @@ re-parented to init. Our VMMs are recognised by their command line, whichever dr
 QEMU by `-name aenv-<vm id>` (`QemuDriver`), Firecracker by `--id aenv-fc-<vm id>` next to
 `--api-sock` (`FirecrackerDriver`; the jailer carries the same `--id` and execs Firecracker, and so
 does `nsenter` when it puts Firecracker into a sandbox's network namespace). At startup, before
-starting any VM, a node kills the orphans among them that are its own (their command line names
-a file under its data directory, or they run there: other nodes on the machine keep theirs),
+starting any VM, a node kills those that are its own (their command line names a file under its
+data directory, or they run there: other nodes on the machine keep theirs), orphaned or not,
 removes the VMM cgroups left under sibling parents named `aenv-*`, and lets each `Reclaimer` (the
 Firecracker driver) remove what else its VMs leave: jails, their cgroups, and the driver's files
 in a VM's working directory. Network
@@ -137,13 +137,19 @@ def _sweep(
 ) -> SweepReport:
     found = our_vmms(prefix)
     roots = _roots(home)
+    me = os.getpid()
     killed: list[Vmm] = []
     procs: list[psutil.Process] = []
     for vmm in found:
-        if not vmm.orphaned or not _under(vmm, roots):
+        if not _under(vmm, roots):
             continue
         with contextlib.suppress(psutil.NoSuchProcess):
             proc = psutil.Process(vmm.pid)
+            # Orphaned or not: a VMM of a killed server may still have a parent for a moment
+            # (a helper that starts it and exits, a server that is still being torn down) or
+            # for good (a subreaper); this process has started none yet.
+            if any(parent.pid == me for parent in proc.parents()):
+                continue
             proc.kill()
             procs.append(proc)
             killed.append(vmm)
@@ -157,7 +163,8 @@ def _sweep(
         leftovers += reclaimer.reclaim_leftovers(prefix, killed, live)
     if killed or removed or leftovers:
         log.warning(
-            "startup sweep: killed %d orphaned VMMs, removed %d cgroups and %d other leftovers",
+            "startup sweep: killed %d VMMs a previous run left, removed %d cgroups and %d other"
+            " leftovers",
             len(killed),
             len(removed),
             len(leftovers),
