@@ -75,10 +75,10 @@ async def table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
 
 async def test_a_spare_taken_in_another_sandbox_is_reseeded(table: ContextTable) -> None:
     context = await table.create()
-    assert context.incarnation == "template-vm"
+    assert context.kernel.incarnation == "template-vm"
     lines = [json.loads(line) async for line in execution.run(context, "1 + 1", {})]
     assert any(line.get("text") == "2" for line in lines), lines
-    assert context.incarnation == "clone-1"
+    assert context.kernel.incarnation == "clone-1"
 
 
 async def test_a_directory_the_kernel_cannot_enter_is_refused_and_the_spare_kept(
@@ -89,7 +89,7 @@ async def test_a_directory_the_kernel_cannot_enter_is_refused_and_the_spare_kept
     assert table.list() == []
     # The spare is still there for the next context.
     context = await table.create(cwd=str(tmp_path))
-    assert (context.cwd, context.incarnation) == (str(tmp_path), "template-vm")
+    assert (context.cwd, context.kernel.incarnation) == (str(tmp_path), "template-vm")
 
 
 async def test_without_spares_a_context_starts_its_own_kernel(
@@ -102,7 +102,7 @@ async def test_without_spares_a_context_starts_its_own_kernel(
         monkeypatch.setattr(incarnation, "current", lambda: "at-create")
         context = await table.create(cwd=str(tmp_path))
         # Started for this context, in its directory: not a spare made before.
-        assert context.incarnation == "at-create"
+        assert context.kernel.incarnation == "at-create"
         lines = [json.loads(line) async for line in execution.run(context, "1 + 1", {})]
         assert any(line.get("text") == "2" for line in lines), lines
     finally:

@@ -65,7 +65,7 @@ async def run(context: Context, code: str, env: Mapping[str, str]) -> AsyncItera
             finished = True
             yield events.line(events.END)
             return
-        msg_id = context.client.execute(
+        msg_id = context.kernel.client.execute(
             code, store_history=True, allow_stdin=False, stop_on_error=False
         )
         seen: list[events.Event] = []
@@ -93,23 +93,23 @@ async def run(context: Context, code: str, env: Mapping[str, str]) -> AsyncItera
 
 async def _prepare(context: Context, env: Mapping[str, str]) -> None:
     """Fresh randomness in a kernel cloned into another sandbox, then the execution's env."""
-    if context.incarnation != (now := incarnation.current()):
+    if context.kernel.incarnation != (now := incarnation.current()):
         if context.kind.reseed is not None:
-            await run_silently(context.client, context.kind.reseed)
-        context.incarnation = now
+            await run_silently(context.kernel.client, context.kind.reseed)
+        context.kernel.incarnation = now
     if env and context.kind.set_env is not None:
-        await run_silently(context.client, context.kind.set_env(env))
+        await run_silently(context.kernel.client, context.kind.set_env(env))
 
 
 async def _restore(context: Context, env: Mapping[str, str]) -> None:
     if env and context.kind.restore_env is not None:
-        await run_silently(context.client, context.kind.restore_env(_previous(env)))
+        await run_silently(context.kernel.client, context.kind.restore_env(_previous(env)))
 
 
 async def _recover(context: Context, msg_id: str | None, env: Mapping[str, str]) -> None:
     try:
         if msg_id is not None:
-            await context.manager.interrupt_kernel()
+            await context.kernel.manager.interrupt_kernel()
             await asyncio.wait_for(_finished(context, msg_id), _INTERRUPT_WAIT_S)
         await _restore(context, env)
     except (RuntimeError, TimeoutError, OSError) as e:
@@ -121,9 +121,9 @@ async def _recover(context: Context, msg_id: str | None, env: Mapping[str, str])
 async def _outputs(context: Context, msg_id: str) -> AsyncIterator[events.Event]:
     while True:
         try:
-            msg: dict[str, Any] = await context.client.get_iopub_msg(timeout=_POLL_S)
+            msg: dict[str, Any] = await context.kernel.client.get_iopub_msg(timeout=_POLL_S)
         except queue.Empty:
-            if not await context.manager.is_alive():
+            if not await context.kernel.manager.is_alive():
                 yield events.error("DeadKernelError", "the kernel died; restart the context", [])
                 return
             continue
@@ -152,7 +152,7 @@ async def _reply_error(
     IOPub error, only a reply with status "error" after writing the message to stderr."""
     while True:
         try:
-            reply: dict[str, Any] = await context.client.get_shell_msg(timeout=_REPLY_WAIT_S)
+            reply: dict[str, Any] = await context.kernel.client.get_shell_msg(timeout=_REPLY_WAIT_S)
         except queue.Empty:
             return None
         # Replies to earlier requests (interrupted cells, say) nobody waited for.

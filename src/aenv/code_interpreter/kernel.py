@@ -1,5 +1,5 @@
-"""One Jupyter kernel: started in a directory and set up for its language, told to run code
-silently, stopped."""
+"""One Jupyter kernel: started in a directory and set up for its language, restarted, told to
+run code silently, stopped."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ READY_TIMEOUT_S = 600.0
 class Kernel:
     manager: AsyncKernelManager
     client: AsyncKernelClient
-    # The sandbox it started in (`incarnation`).
+    # The sandbox it started in, then the one it last ran code in (`incarnation`).
     incarnation: str = field(default_factory=lambda: incarnation.current())
 
     async def stop(self) -> None:
@@ -39,18 +39,25 @@ async def start(language: str, cwd: str) -> Kernel:
     kernel = Kernel(manager, manager.client())
     kernel.client.start_channels()
     try:
-        await kernel.client.wait_for_ready(timeout=READY_TIMEOUT_S)
-        await set_up(kernel.client, language)
+        await _ready(kernel, language)
     except BaseException:
         await kernel.stop()
         raise
     return kernel
 
 
-async def set_up(client: AsyncKernelClient, language: str) -> None:
+async def restart(kernel: Kernel, language: str) -> None:
+    """A fresh process for `kernel`, set up again: its state is gone."""
+    await kernel.manager.restart_kernel(now=True)
+    await _ready(kernel, language)
+    kernel.incarnation = incarnation.current()
+
+
+async def _ready(kernel: Kernel, language: str) -> None:
+    await kernel.client.wait_for_ready(timeout=READY_TIMEOUT_S)
     startup = LANGUAGES[language].startup
     if startup is not None:
-        await run_silently(client, startup)
+        await run_silently(kernel.client, startup)
 
 
 async def run_silently(client: AsyncKernelClient, code: str) -> None:

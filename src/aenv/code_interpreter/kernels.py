@@ -15,11 +15,8 @@ import os
 import uuid
 from dataclasses import dataclass, field
 
-from jupyter_client.asynchronous.client import AsyncKernelClient
 from jupyter_client.kernelspec import KernelSpecManager
-from jupyter_client.manager import AsyncKernelManager
 
-from aenv.code_interpreter import incarnation
 from aenv.code_interpreter import kernel as kernels
 from aenv.code_interpreter.kernel import Kernel, run_silently
 from aenv.code_interpreter.languages import ALIASES, LANGUAGES, Language
@@ -43,11 +40,8 @@ class Context:
     id: str
     language: str
     cwd: str
-    manager: AsyncKernelManager
-    client: AsyncKernelClient
+    kernel: Kernel
     lock: asyncio.Lock = field(default_factory=asyncio.Lock)
-    # The sandbox its kernel last ran in (`incarnation`).
-    incarnation: str = ""
 
     def to_json(self) -> dict[str, str]:
         return {"id": self.id, "language": self.language, "cwd": self.cwd}
@@ -55,10 +49,6 @@ class Context:
     @property
     def kind(self) -> Language:
         return LANGUAGES[self.language]
-
-    @property
-    def kernel(self) -> Kernel:
-        return Kernel(self.manager, self.client, self.incarnation)
 
 
 def installed_languages() -> tuple[str, ...]:
@@ -103,14 +93,7 @@ class ContextTable:
         language = self._language(language)
         cwd = cwd or self.default_cwd
         kernel = await self._spare(language, cwd) or await kernels.start(language, cwd)
-        context = Context(
-            str(uuid.uuid4()),
-            language,
-            cwd,
-            kernel.manager,
-            kernel.client,
-            incarnation=kernel.incarnation,
-        )
+        context = Context(str(uuid.uuid4()), language, cwd, kernel)
         self._contexts[context.id] = context
         return context
 
@@ -142,10 +125,7 @@ class ContextTable:
         """A fresh kernel for the context: its state is gone, its id and directory stay."""
         context = self.get(context_id)
         async with context.lock:
-            await context.manager.restart_kernel(now=True)
-            await context.client.wait_for_ready(timeout=kernels.READY_TIMEOUT_S)
-            await kernels.set_up(context.client, context.language)
-            context.incarnation = incarnation.current()
+            await kernels.restart(context.kernel, context.language)
 
     async def remove(self, context_id: str) -> None:
         context = self._contexts.pop(self.get(context_id).id)

@@ -14,8 +14,8 @@ namespaces, disk layers and the catalog are swept by their own owners.
 
 While a node runs, its reconciler ends what no one owns: `reap_unowned`, VMMs of this process
 that no VM object stands for; `reap_strays`, VMMs of this node (their command line names its data
-directory) that another, dead, server process started, which the start-up sweep misses when a
-subreaper rather than init adopted them.
+directory) that another, dead, server process started and that appeared after the start-up
+sweep (one the previous server was still starting, say).
 """
 
 from __future__ import annotations
@@ -137,25 +137,10 @@ def _sweep(
 ) -> SweepReport:
     found = our_vmms(prefix)
     roots = _roots(home)
-    me = os.getpid()
-    killed: list[Vmm] = []
-    procs: list[psutil.Process] = []
-    for vmm in found:
-        if not _under(vmm, roots):
-            continue
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc = psutil.Process(vmm.pid)
-            # Orphaned or not: a VMM of a killed server may still have a parent for a moment
-            # (a helper that starts it and exits, a server that is still being torn down) or
-            # for good (a subreaper); this process has started none yet.
-            if any(parent.pid == me for parent in proc.parents()):
-                continue
-            proc.kill()
-            procs.append(proc)
-            killed.append(vmm)
-    _gone, alive = psutil.wait_procs(procs, timeout=10)
-    for proc in alive:
-        log.warning("orphaned VMM %d survived SIGKILL", proc.pid)
+    # Orphaned or not: a VMM of a killed server may still have a parent for a moment (a helper
+    # that starts it and exits, a server that is still being torn down) or for good (a
+    # subreaper); this process has started none yet.
+    killed = _kill_unstarted([vmm for vmm in found if _under(vmm, roots)])
     live = {vmm.name for vmm in found} - {vmm.name for vmm in killed}
     removed = cgroups.sweep_stale(prefix) if cgroups is not None else []
     leftovers: list[Path] = []
@@ -224,22 +209,11 @@ def reap_unowned(
 
 def reap_strays(home: Path, prefix: str = VMM_NAME_PREFIX) -> list[Vmm]:
     """Kill the VMMs of the node whose data directory is `home` that this process did not start:
-    a previous server of the node left them when it was killed, whether they were re-parented to
-    init (which the startup sweep also finds) or to a subreaper (which it does not). A VMM is the
+    a previous server of the node left them when it was killed (the startup sweep kills those
+    running when it runs; the reconciler calls this for any that appear later). A VMM is the
     node's when its command line names a file under `home` or it runs there (a jail's root).
     Returns what was killed. Blocking: run it in a thread."""
-    me = os.getpid()
-    strays: list[Vmm] = []
-    procs: list[psutil.Process] = []
-    for vmm in node_vmms(home, prefix):
-        with contextlib.suppress(psutil.NoSuchProcess):
-            proc = psutil.Process(vmm.pid)
-            if any(parent.pid == me for parent in proc.parents()):
-                continue  # ours, even behind a wrapper that forks
-            proc.kill()
-            procs.append(proc)
-            strays.append(vmm)
-    psutil.wait_procs(procs, timeout=10)
+    strays = _kill_unstarted(node_vmms(home, prefix))
     if strays:
         log.warning(
             "killed %d VMMs of this node that no server of it runs any more: %s",
@@ -247,6 +221,26 @@ def reap_strays(home: Path, prefix: str = VMM_NAME_PREFIX) -> list[Vmm]:
             [v.name for v in strays],
         )
     return strays
+
+
+def _kill_unstarted(vmms: list[Vmm]) -> list[Vmm]:
+    """Kill those of `vmms` that this process did not start (itself, or behind a wrapper that
+    forks), and wait for them; returns those killed."""
+    me = os.getpid()
+    killed: list[Vmm] = []
+    procs: list[psutil.Process] = []
+    for vmm in vmms:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            proc = psutil.Process(vmm.pid)
+            if any(parent.pid == me for parent in proc.parents()):
+                continue
+            proc.kill()
+            procs.append(proc)
+            killed.append(vmm)
+    _gone, alive = psutil.wait_procs(procs, timeout=10)
+    for proc in alive:
+        log.warning("VMM %d survived SIGKILL", proc.pid)
+    return killed
 
 
 def node_vmms(home: Path, prefix: str = VMM_NAME_PREFIX) -> list[Vmm]:
