@@ -23,6 +23,7 @@ from pathlib import Path
 
 from aenv.config import Paths
 from aenv.runtime.sweep import reap_strays
+from tests.e2e.vmm_procs import SERVER_PID
 from tests.support.process_group import stop_group
 
 REPO = Path(__file__).resolve().parents[2]
@@ -69,8 +70,9 @@ class ServerNs:
         """Run a client command in the namespace; stops early if the server dies."""
         assert self.proc is not None
         with tempfile.TemporaryFile() as out:
+            env = {**self.env, SERVER_PID: str(self.proc.pid)}  # nsenter execs the server
             client = subprocess.Popen(
-                in_netns(self.netns, *argv), env=self.env, stdout=out, stderr=subprocess.STDOUT
+                in_netns(self.netns, *argv), env=env, stdout=out, stderr=subprocess.STDOUT
             )
             deadline = time.monotonic() + timeout
             while client.poll() is None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
+from aenv.subprocesses import tied
+
 
 class BuildError(RuntimeError):
     """A guest build step failed."""
@@ -12,7 +14,7 @@ class BuildError(RuntimeError):
 
 async def run(*argv: str | Path, cwd: Path | None = None, env: dict[str, str] | None = None) -> str:
     proc = await asyncio.create_subprocess_exec(
-        *[str(a) for a in argv],
+        *tied(argv),
         cwd=cwd,
         env=env,
         stdin=asyncio.subprocess.DEVNULL,

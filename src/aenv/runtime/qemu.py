@@ -77,6 +77,7 @@ from aenv.runtime.jail import SECCOMP, Access, Jail, JailConfig, JailFile, UidPo
 from aenv.runtime.qmp import Monitor, MonitorError
 from aenv.runtime.sweep import VMM_NAME_PREFIX, reap_unowned
 from aenv.storage import layers
+from aenv.subprocesses import tied
 from aenv.timing import Steps
 
 log = logging.getLogger("aenv.runtime")
@@ -1223,7 +1224,7 @@ def _unlink(paths: Sequence[Path]) -> None:
 
 async def _copy_sparse(src: Path, dest: Path) -> None:
     proc = await asyncio.create_subprocess_exec(
-        "cp", "--sparse=always", str(src), str(dest), stderr=asyncio.subprocess.PIPE
+        *tied(["cp", "--sparse=always", src, dest]), stderr=asyncio.subprocess.PIPE
     )
     _, err = await proc.communicate()
     if proc.returncode != 0:

@@ -10,7 +10,8 @@ data directory, or they run there: other nodes on the machine keep theirs), orph
 removes the VMM cgroups left under sibling parents named `aenv-*`, and lets each `Reclaimer` (the
 Firecracker driver) remove what else its VMs leave: jails, their cgroups, and the driver's files
 in a VM's working directory. Network
-namespaces, disk layers and the catalog are swept by their own owners.
+namespaces, disk layers and the catalog are swept by their own owners. The helper programs a
+server runs (`qemu-img`, `cp`) need no sweep: they die with it (`aenv.subprocesses`).
 
 While a node runs, its reconciler ends what no one owns: `reap_unowned`, VMMs of this process
 that no VM object stands for; `reap_strays`, VMMs of this node (their command line names its data

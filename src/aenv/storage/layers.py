@@ -18,6 +18,7 @@ from pathlib import Path
 
 from aenv.guest.cmdline import UPPER_LABEL
 from aenv.guest.rootfs import make_ext4
+from aenv.subprocesses import tied
 
 DEFAULT_UPPER_MIB = 2048
 
@@ -29,7 +30,7 @@ class LayerError(RuntimeError):
 async def run_tool(*argv: str | Path) -> str:
     """Run a disk tool; its stdout, or `LayerError` with the end of its stderr."""
     proc = await asyncio.create_subprocess_exec(
-        *[str(a) for a in argv],
+        *tied(argv),
         stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,

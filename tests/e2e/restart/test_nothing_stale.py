@@ -24,7 +24,7 @@ from aenv.orchestrator.detach import DETACHED
 from aenv.runtime.driver import RestoreError, Snapshot
 from tests.e2e.inner.conftest import BASE
 from tests.e2e.restart.in_flight import FILL_SUM, MARKER, PROCESS_PID, in_flight_ids
-from tests.e2e.vmm_procs import vmm_pids, vmm_sandbox_ids
+from tests.e2e.vmm_procs import strays, vmm_pids
 
 HOME = Path(os.environ["AENV_HOME"])
 
@@ -60,7 +60,8 @@ def test_only_what_really_runs_is_reported_and_nothing_else_is_left() -> None:
     running = {i for i, state in listed.items() if state == "running"}
     for sandbox_id in running:
         assert vmm_pids(sandbox_id), f"{sandbox_id} is listed as running without a VMM"
-    assert vmm_sandbox_ids(HOME) <= running, "orphaned VMMs survived the restart"
+    stray = {i: lines for i, lines in strays(HOME).items() if i not in running}
+    assert not stray, f"processes of the killed server survived the restart: {stray}"
     assert _catalog_states() <= {"running", "paused"}, "rows of cut-short work remain"
     for directory in (Paths(HOME).sandboxes, Paths(HOME).memory / "sandboxes"):
         left = {p.name for p in directory.iterdir()} if directory.exists() else set()
