@@ -25,10 +25,24 @@ def start_qemu(name: str, home: Path, *, orphan: bool, held: bool = False) -> in
             "-name", name, "-qmp", f"unix:{home}/qmp.{name}.sock,server=on,wait=off"]  # fmt: skip
     if not orphan:
         return subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid
-    script = " ".join(argv) + " >/dev/null 2>&1 & echo $!"
     if held:
         script = f"sh -c '{' '.join(argv)} >/dev/null 2>&1 & echo $!; exec >&- 2>&-; wait' &"
+    else:
+        script = " ".join(argv) + " >/dev/null 2>&1 & echo $!"
     return int(subprocess.run(["sh", "-c", script], capture_output=True, text=True).stdout)
+
+
+def _stop(pids: tuple[int, ...], child: int) -> None:
+    """Kill what a test started: the QEMUs, the shell holding a `held` one, and reap `child`
+    (this process's own)."""
+    for pid in pids:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            for parent in psutil.Process(pid).parents()[:1]:
+                if parent.pid not in (1, os.getpid()):
+                    parent.kill()
+            psutil.Process(pid).kill()
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(child, 0)
 
 
 def _running(pids: set[int], tag: str) -> None:
@@ -93,11 +107,7 @@ def test_strays_of_this_node_are_killed_and_nothing_else(tmp_path: Path) -> None
         assert {v.pid for v in our_vmms(tag)} == {child, foreign}
         assert reap_strays(home, prefix=tag) == []
     finally:
-        for pid in (stray, child, foreign):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                psutil.Process(pid).kill()
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(child, 0)
+        _stop((stray, child, foreign), child)
 
 
 async def test_the_startup_sweep_kills_this_nodes_vmms_whose_parent_lives_on(
@@ -120,11 +130,4 @@ async def test_the_startup_sweep_kills_this_nodes_vmms_whose_parent_lives_on(
         assert report.killed == (kept,)
         assert {v.pid for v in our_vmms(tag)} == {child, foreign}
     finally:
-        for pid in (kept, child, foreign):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                for parent in psutil.Process(pid).parents()[:1]:
-                    if parent.pid not in (1, os.getpid()):
-                        parent.kill()
-                psutil.Process(pid).kill()
-        with contextlib.suppress(ChildProcessError):
-            os.waitpid(child, 0)
+        _stop((kept, child, foreign), child)

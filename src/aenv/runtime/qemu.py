@@ -77,7 +77,6 @@ from aenv.runtime.jail import SECCOMP, Access, Jail, JailConfig, JailFile, UidPo
 from aenv.runtime.qmp import Monitor, MonitorError
 from aenv.runtime.sweep import VMM_NAME_PREFIX, reap_unowned
 from aenv.storage import layers
-from aenv.subprocesses import tied
 from aenv.timing import Steps
 
 log = logging.getLogger("aenv.runtime")
@@ -372,7 +371,7 @@ class QemuDriver:
             memory_file = target.memory_dir / "memory"
             made.append(memory_file)
             await vm.hand_over_memory(memory_file)
-        except (MonitorError, OSError) as exc:
+        except (MonitorError, layers.LayerError, OSError) as exc:
             _unlink(made)
             raise SnapshotError(f"cannot detach memory: {exc}; {_tail(vm.stderr_log)}") from exc
         except BaseException:
@@ -840,7 +839,7 @@ class QemuVM:
             memory_file = target.memory_dir / "memory"
             made.append(memory_file)
             if keep_running:
-                await _copy_sparse(self.memory.path, memory_file)
+                await layers.sparse_copy(self.memory.path, memory_file)
             else:
                 await self.hand_over_memory(memory_file)
         elif not keep_running:
@@ -1001,7 +1000,7 @@ class QemuVM:
                 )
             except ramdelta.StreamFormatError as exc:
                 log.warning("saving VM %s with all of its RAM: %s", self._id, exc)
-                await _move(scratch, state_file)
+                await export.place(scratch, state_file, move=True)
                 return None
         finally:
             await asyncio.to_thread(_unlink, [scratch])
@@ -1009,7 +1008,7 @@ class QemuVM:
     async def hand_over_memory(self, dest: Path) -> None:
         """Quit QEMU and give its (shared, owned) memory file the name `dest`."""
         await self._quit()
-        await _move(self.memory.path, dest)
+        await export.place(self.memory.path, dest, move=True)
         self.memory = dataclasses.replace(self.memory, owned=False)
 
     async def _seal(self, disk: Disk, directory: Path, made: list[Path]) -> Path:
@@ -1220,20 +1219,3 @@ def _unlink(paths: Sequence[Path]) -> None:
     for p in paths:
         with contextlib.suppress(FileNotFoundError):
             p.unlink()
-
-
-async def _copy_sparse(src: Path, dest: Path) -> None:
-    proc = await asyncio.create_subprocess_exec(
-        *tied(["cp", "--sparse=always", src, dest]), stderr=asyncio.subprocess.PIPE
-    )
-    _, err = await proc.communicate()
-    if proc.returncode != 0:
-        raise OSError(f"cp {src} {dest}: {err.decode().strip()}")
-
-
-async def _move(src: Path, dest: Path) -> None:
-    try:
-        await asyncio.to_thread(os.replace, src, dest)
-    except OSError:
-        await _copy_sparse(src, dest)
-        await asyncio.to_thread(src.unlink)
