@@ -16,32 +16,29 @@ from aenv.runtime.sweep import VMM_NAME_PREFIX, our_vmms, vmm_identity
 SERVER_PID = "AENV_E2E_SERVER_PID"
 
 
-def vmm_pids(sandbox_id: str) -> list[int]:
-    marker = f"/sandboxes/{sandbox_id}/".encode()
-    pids = []
+def _cmdlines() -> Iterator[tuple[int, bytes]]:
+    """(pid, raw command line) of every process still there when read."""
     for entry in Path("/proc").iterdir():
         if entry.name.isdigit():
             try:
-                if marker in (entry / "cmdline").read_bytes():
-                    pids.append(int(entry.name))
+                yield int(entry.name), (entry / "cmdline").read_bytes()
             except OSError:
                 continue
-    return pids
+
+
+def vmm_pids(sandbox_id: str) -> list[int]:
+    marker = f"/sandboxes/{sandbox_id}/".encode()
+    return [pid for pid, cmdline in _cmdlines() if marker in cmdline]
 
 
 def _naming_sandboxes(home: Path) -> Iterator[tuple[int, list[str], set[str]]]:
     """(pid, command line, the sandboxes whose files it names) of every process naming some."""
     marker = re.compile(re.escape(f"{home}/sandboxes/").encode() + rb"([^/\x00]+)/")
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                cmdline = (entry / "cmdline").read_bytes()
-            except OSError:
-                continue
-            ids = {m.group(1).decode() for m in marker.finditer(cmdline)}
-            if ids:
-                argv = [a.decode(errors="replace") for a in cmdline.split(b"\x00") if a]
-                yield int(entry.name), argv, ids
+    for pid, cmdline in _cmdlines():
+        ids = {m.group(1).decode() for m in marker.finditer(cmdline)}
+        if ids:
+            argv = [a.decode(errors="replace") for a in cmdline.split(b"\x00") if a]
+            yield pid, argv, ids
 
 
 def vmm_sandbox_ids(home: Path) -> set[str]:
