@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import secrets
 import subprocess
 from pathlib import Path
@@ -53,7 +54,7 @@ def test_v2_single_directory(tmp_path: Path) -> None:
 def test_real_hierarchy_limits_and_cleanup() -> None:
     if not Path("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists():
         pytest.skip("no cgroup v1 memory hierarchy on this host")
-    manager = detect(f"aenv-test-{secrets.token_hex(3)}")
+    manager = detect(f"aenv-test-{secrets.token_hex(3)}-{os.getpid()}")
     group = manager.create("probe", CgroupLimits(64 << 20, 8, 0.5))
     try:
         proc = subprocess.Popen(["sleep", "30"])
@@ -78,10 +79,22 @@ def test_sweep_removes_only_empty_stale_groups(tmp_path: Path) -> None:
     busy.mkdir()
     (busy / "cgroup.procs").write_text("42")  # a real busy group refuses rmdir like this
     (own / "unrelated" / "x").mkdir(parents=True)
+    # Another live node's parent, its VMM's group made and not filled yet; and a dead one's.
+    live = own / f"aenv-{os.getppid()}" / "qemu-c"
+    live.mkdir(parents=True)
+    dead = own / f"aenv-{_dead_pid()}" / "qemu-d"
+    dead.mkdir(parents=True)
     manager = CgroupV2("aenv-new", tmp_path, proc_cgroup="0::/svc\n")
     removed = manager.sweep_stale("aenv-")
-    assert removed == [own / "aenv-old" / "qemu-a"]
+    assert sorted(removed) == sorted([own / "aenv-old" / "qemu-a", dead, dead.parent])
     assert busy.is_dir() and (own / "unrelated" / "x").is_dir() and (own / "aenv-new").is_dir()
+    assert live.is_dir()
+
+
+def _dead_pid() -> int:
+    proc = subprocess.Popen(["true"])
+    proc.wait()
+    return proc.pid
 
 
 def test_remove_stale_by_name_in_every_hierarchy(tmp_path: Path) -> None:

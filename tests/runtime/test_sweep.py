@@ -56,7 +56,8 @@ def _running(pids: set[int], tag: str) -> None:
 async def test_sweep_reclaims_this_nodes_orphans_only(tmp_path: Path) -> None:
     if not Path("/sys/fs/cgroup/memory/memory.limit_in_bytes").exists():
         pytest.skip("no cgroup v1 memory hierarchy on this host")
-    tag = f"aenv-sw-{secrets.token_hex(3)}"
+    # Not `aenv-`: the start-up sweeps of nodes on this machine would remove the group too.
+    tag = f"sweepcg-{secrets.token_hex(3)}"
     home, other = tmp_path / "n", tmp_path / "o"  # QMP socket paths stay under 108 bytes
     home.mkdir()
     other.mkdir()

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
+import psutil
+
 CGROUP_ROOT = Path("/sys/fs/cgroup")
 CPU_PERIOD_US = 100_000
 
@@ -55,7 +57,10 @@ class CgroupManager(Protocol):
 
     def sweep_stale(self, prefix: str) -> list[Path]:
         """Remove empty groups under sibling parents named `prefix*` (left by a killed process
-        that used another parent name), and those parents once empty. Busy groups stay."""
+        that used another parent name), and those parents once empty. Busy groups stay, and so
+        does a parent whose name ends in `-<pid>` of a process that still runs: another live
+        node's (on a machine running several, a VMM's group is empty between its creation and
+        the VMM's start)."""
         ...
 
     def remove_stale(self, name: str) -> list[Path]:
@@ -228,6 +233,8 @@ def _sweep(own_parents: Iterable[Path], prefix: str) -> list[Path]:
         for parent in own.parent.iterdir():
             if not parent.is_dir() or not parent.name.startswith(prefix) or parent == own:
                 continue
+            if _owner_runs(parent.name):
+                continue
             for group in [p for p in parent.iterdir() if p.is_dir()]:
                 with contextlib.suppress(OSError):
                     group.rmdir()
@@ -236,6 +243,11 @@ def _sweep(own_parents: Iterable[Path], prefix: str) -> list[Path]:
                 parent.rmdir()
                 removed.append(parent)
     return removed
+
+
+def _owner_runs(parent: str) -> bool:
+    pid = parent.rpartition("-")[2]
+    return pid.isdigit() and psutil.pid_exists(int(pid))
 
 
 def _remove_named(bases: Iterable[Path], name: str) -> list[Path]:

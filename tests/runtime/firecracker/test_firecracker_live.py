@@ -69,7 +69,7 @@ def shm() -> Iterator[Path]:
 
 @pytest.fixture(scope="module")
 def live_cgroups() -> Iterator[CgroupManager]:
-    manager = detect(f"aenv-fc-live-{secrets.token_hex(3)}")
+    manager = detect(f"aenv-fc-live-{secrets.token_hex(3)}-{os.getpid()}")
     yield manager
     assert manager.names() == [], "a VMM cgroup was left behind"
     manager.remove_parent()

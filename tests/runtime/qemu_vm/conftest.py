@@ -112,7 +112,7 @@ def nets() -> Iterator[NetnsPool]:
 
 @pytest.fixture(scope="session")
 def cgroups() -> Iterator[CgroupManager]:
-    manager = detect(f"aenv-test-{secrets.token_hex(3)}")
+    manager = detect(f"aenv-test-{secrets.token_hex(3)}-{os.getpid()}")
     try:
         yield manager
     finally:
