@@ -18,7 +18,14 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    PositiveInt,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 DEFAULT_HOME = Path("/var/lib/aenv")
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
@@ -178,7 +185,11 @@ class Config(BaseModel):
     sandbox_memory_mb: int = 512
     sandbox_disk_mb: int = 2048
     # Creates running at once; more wait in a queue instead of failing.
-    max_concurrent_creates: int = 8
+    max_concurrent_creates: PositiveInt = 8
+    # Uploads to the snapshot repository at once (pause checkpoints, snapshots); more wait.
+    # Each exports and hashes a whole state: unbounded, a restart or a burst of pauses would
+    # spend every core on them while users resume.
+    max_concurrent_uploads: PositiveInt = 2
     max_sandboxes: int = 256
     # Per API key: sandboxes running at once (creates and forks past it answer 429), and
     # control-plane requests a second on average and at once.

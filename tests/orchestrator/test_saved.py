@@ -113,6 +113,27 @@ async def test_startup_uploads_a_checkpoint_a_crash_kept_from_the_repository(
         assert_clean(restarted)
 
 
+async def test_uploads_wait_for_a_free_slot(tmp_path: Path) -> None:
+    """Past `max_concurrent_uploads`, checkpoint uploads queue (a restart or a burst of pauses
+    would otherwise spend every core exporting) and each still ends with its copy."""
+    async with double_node(tmp_path, max_concurrent_uploads=1) as node:
+        first, _ = await node.orchestrator.create(node.request())
+        second, _ = await node.orchestrator.create(node.request())
+        held = node.driver.hold("export")
+        try:
+            await node.orchestrator.pause(first.id)
+            await held.reached.wait()
+            await node.orchestrator.pause(second.id)
+            await asyncio.sleep(0.3)  # time for it to reach the export, were it let
+            assert node.driver.calls["export"] == 1  # the second waits for the slot
+            assert node.row(second.id).archived is None
+        finally:
+            held.release()
+        await eventually(lambda: all(node.row(r.id).archived for r in (first, second)))
+        assert node.driver.calls["export"] == 2
+        await node.orchestrator.resume(second.id, 60)
+
+
 async def test_restart_reclaims_sandboxes_that_were_running(tmp_path: Path) -> None:
     async with double_node(tmp_path) as node:
         record, _ = await node.orchestrator.create(node.request())

@@ -31,7 +31,9 @@ def saved(tmp_path: Path) -> Iterator[SavedStates]:
     templates = TemplateStore(config.paths.templates, tmp_path / "memory")
     templates.load()
     try:
-        yield SavedStates(catalog, templates, config.paths.sandboxes, archive, QemuDriver())
+        yield SavedStates(
+            catalog, templates, config.paths.sandboxes, archive, QemuDriver(), max_uploads=2
+        )
     finally:
         archive.close()
         catalog.close()

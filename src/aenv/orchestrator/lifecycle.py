@@ -220,7 +220,14 @@ class Orchestrator:
         self._refiller: asyncio.Task[None] | None = None
         self._client = httpx.AsyncClient()
         self._tasks: set[asyncio.Task[None]] = set()
-        self.saved = SavedStates(catalog, templates, config.paths.sandboxes, archive, driver)
+        self.saved = SavedStates(
+            catalog,
+            templates,
+            config.paths.sandboxes,
+            archive,
+            driver,
+            max_uploads=config.max_concurrent_uploads,
+        )
         self.detacher = detach.Detacher(
             driver, slots, config.paths.detach, templates.memory_dir / "detach"
         )

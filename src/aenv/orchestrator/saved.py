@@ -39,6 +39,8 @@ class SavedStates:
         sandboxes_dir: Path,
         archive: Archive | None,
         driver: Driver,
+        *,
+        max_uploads: int,
     ) -> None:
         self.catalog = catalog
         self.driver = driver
@@ -46,6 +48,7 @@ class SavedStates:
         self.sandboxes_dir = sandboxes_dir
         self.archive = archive
         self._pushes = PerSandbox("checkpoint upload")
+        self._upload_slots = asyncio.Semaphore(max_uploads)
         # Saved-state directories an operation is writing or about to start sandboxes from:
         # not garbage even while no sandbox row names them yet.
         self._pinned: set[str] = set()
@@ -133,14 +136,15 @@ class SavedStates:
 
         async def push() -> None:
             staging = checkpoints.archive_dir(self.sandboxes_dir / record.id, seq)
-            await asyncio.to_thread(shutil.rmtree, staging, True)  # a crash's leftover
-            manifest_id = await archive.push_checkpoint(
-                saved,
-                staging,
-                self.driver,
-                name=f"sandbox-{record.id}-{seq}",
-                metadata={"sandbox": record.id},
-            )
+            async with self._upload_slots:
+                await asyncio.to_thread(shutil.rmtree, staging, True)  # a crash's leftover
+                manifest_id = await archive.push_checkpoint(
+                    saved,
+                    staging,
+                    self.driver,
+                    name=f"sandbox-{record.id}-{seq}",
+                    metadata={"sandbox": record.id},
+                )
             current = self.catalog.get(record.id)
             if current is None or current.state is SandboxState.KILLING:
                 await archive.drop(manifest_id)
@@ -186,14 +190,15 @@ class SavedStates:
             await asyncio.to_thread(shutil.rmtree, staging, True)  # a crash's leftover
             # Pinned: `collect` would take the staged copy for a stale build of the template.
             with self.pin(staging):
-                if saved.memory_file is None or saved.memory_file.parent == directory:
-                    manifest_id = await self.archive.push_snapshot(
-                        directory, staging, name=name, metadata=metadata
-                    )
-                else:
-                    manifest_id = await self.archive.push_checkpoint(
-                        saved, staging, self.driver, name=name, metadata=metadata
-                    )
+                async with self._upload_slots:
+                    if saved.memory_file is None or saved.memory_file.parent == directory:
+                        manifest_id = await self.archive.push_snapshot(
+                            directory, staging, name=name, metadata=metadata
+                        )
+                    else:
+                        manifest_id = await self.archive.push_checkpoint(
+                            saved, staging, self.driver, name=name, metadata=metadata
+                        )
         except (OSError, RepositoryError, DriverError) as e:
             current = self.templates.by_id(template.template_id)
             if self._superseded(template) or (current is not None and current.deleted):
