@@ -7,8 +7,12 @@ The same over real nodes and the SDK is `test_gateway_cluster.py`."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import json
 import secrets
+import socket
+import threading
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -344,8 +348,19 @@ async def test_a_builds_calls_follow_it_to_its_node_and_end_when_it_dies(
         holders = Holders(NodeRegistry(client, SECRET))
         assert await holders.of(FileRef(FileKind.TEMPLATE, template_id)) == {node_id}
 
-        # Its node's lease lapses: the status poll ends in an error naming it.
+        # Its node is killed as it answers a poll (the connection drops, no answer): the poll
+        # ends in an error naming it, not in a transport error.
         keys = Keys()
+        stored = await client.get(keys.node(node_id))
+        assert stored is not None
+        report = json.loads(stored)
+        with _dropping_listener() as dropping:
+            await client.set(keys.node(node_id), json.dumps({**report, "address": dropping}))
+            cut = http.get(f"/templates/{template_id}/builds/{build_id}/status")
+        assert cut.status_code == 200 and cut.json()["status"] == "error", cut.text
+        assert f"node {node_id}, which ran this build, is gone" in cut.json()["reason"]["message"]
+
+        # Its node's lease lapses: the status poll ends in an error naming it.
         await client.delete(keys.lease(node_id), keys.node(node_id))
         ended = http.get(f"/templates/{template_id}/builds/{build_id}/status")
         assert ended.status_code == 200
@@ -366,6 +381,30 @@ async def test_a_builds_calls_follow_it_to_its_node_and_end_when_it_dies(
         unknown = http.get(f"/templates/nosuch/files/{files_hash}")
         assert unknown.status_code == 404
         assert unknown.json()["message"] == "no build of template 'nosuch' in this cluster"
+
+
+@contextlib.contextmanager
+def _dropping_listener() -> Iterator[str]:
+    """An address whose server takes each connection and closes it unanswered."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(0.1)  # accept() wakes to see `stop`
+    stop = threading.Event()
+
+    def drop() -> None:
+        while not stop.is_set():
+            with contextlib.suppress(OSError):
+                conn, _ = listener.accept()
+                conn.recv(65536)  # the request arrived; the answer never comes
+                conn.close()
+
+    thread = threading.Thread(target=drop, daemon=True)
+    thread.start()
+    try:
+        yield f"127.0.0.1:{listener.getsockname()[1]}"
+    finally:
+        stop.set()
+        listener.close()
+        thread.join(5)
 
 
 async def test_a_build_in_progress_is_followed_again_after_a_redis_wipe(

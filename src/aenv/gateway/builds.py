@@ -97,8 +97,8 @@ class BuildRoutes:
         node = await self.directory.registry.report(node_id)
         if node is not None:
             try:
-                answer = await self._call(request, node, b"")
-            except NodeUnreachable:
+                answer = await self._ask(request, node, b"")
+            except (NodeUnreachable, NodeFailed):  # a read: the node is gone or going
                 pass
             else:
                 if answer.status == 200 and json.loads(answer.body).get("status") == "ready":
@@ -131,16 +131,19 @@ class BuildRoutes:
 
     async def _call(self, request: Request, node: NodeReport, body: Any) -> Answer:
         try:
-            return await self.control.nodes.call(
-                node,
-                request.method,
-                target_of(request),
-                caller=request.state.api_key.id,
-                headers=request.scope["headers"],
-                body=body,
-            )
+            return await self._ask(request, node, body)
         except NodeFailed as error:
             raise APIError(502, str(error), should_retry=False) from error
+
+    async def _ask(self, request: Request, node: NodeReport, body: Any) -> Answer:
+        return await self.control.nodes.call(
+            node,
+            request.method,
+            target_of(request),
+            caller=request.state.api_key.id,
+            headers=request.scope["headers"],
+            body=body,
+        )
 
 
 def _status(template_id: str, build_id: str, status: str, reason: str = "") -> dict[str, Any]:

@@ -318,13 +318,17 @@ class Builder:
             await self._trim_cache()
             build.log(f"Template {template.template_id} ready ({time.monotonic() - started:.1f} s)")
             self.tags.assign(template.template_id, list(build.tags), build.build_id)
-            build.status = BuildStatus.READY
-            await asyncio.to_thread(self._record, build)
+            await self._end(build, BuildStatus.READY)
             return
         build.reason = reason
         build.log(f"Build failed: {reason}", level="error", step=reason.step)
-        build.status = BuildStatus.ERROR
-        await asyncio.to_thread(self._record, build)
+        await self._end(build, BuildStatus.ERROR)
+
+    async def _end(self, build: Build, status: BuildStatus) -> None:
+        """Record the build's end, then show it: whoever sees it ended (a client polling, a
+        builder started after a restart) finds its record complete."""
+        await asyncio.to_thread(self._record, dataclasses.replace(build, status=status))
+        build.status = status
 
     async def _build(self, build: Build, spec: BuildSpec) -> Template:
         base = await self._image_base(spec, build) if spec.from_image else self._base(spec)
