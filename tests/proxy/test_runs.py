@@ -6,6 +6,7 @@ orchestrator."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import socket
 from collections.abc import AsyncIterator, Iterator
 
@@ -84,18 +85,37 @@ async def test_an_answer_under_way_is_cut(
 ) -> None:
     app, address = proxy
     url = f"http://{address}/endless"
-    async with (
-        httpx.AsyncClient(timeout=WAIT) as client,
-        client.stream("GET", url, headers=HEADERS) as response,
-    ):
-        assert response.status_code == 200
-        chunks = response.aiter_bytes()
-        await anext(chunks)
-        app.end_run(SANDBOX, RUN)
-        with pytest.raises(httpx.RemoteProtocolError):
-            async for _ in chunks:
-                pass
-    await _when(run_probe.endless_disconnected)
+    logged = _Records()
+    logging.getLogger("uvicorn.error").addHandler(logged)
+    try:
+        async with (
+            httpx.AsyncClient(timeout=WAIT) as client,
+            client.stream("GET", url, headers=HEADERS) as response,
+        ):
+            assert response.status_code == 200
+            chunks = response.aiter_bytes()
+            await anext(chunks)
+            app.end_run(SANDBOX, RUN)
+            with pytest.raises(httpx.RemoteProtocolError):
+                async for _ in chunks:
+                    pass
+        await _when(run_probe.endless_disconnected)
+        async with asyncio.timeout(WAIT):
+            while app.quiet_since(SANDBOX) is None:
+                await asyncio.sleep(0.01)
+    finally:
+        logging.getLogger("uvicorn.error").removeHandler(logged)
+    # Cut on purpose: not logged as an application error by uvicorn.
+    assert [r.getMessage() for r in logged.records if "ASGI callable" in r.getMessage()] == []
+
+
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.DEBUG)
+        self.records: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.records.append(record)
 
 
 async def test_a_websocket_is_closed(proxy: tuple[SandboxProxy, str]) -> None:

@@ -18,6 +18,7 @@ import contextlib
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from aenv.proxy import cuts
 from aenv.proxy.access import check_route, check_traffic_token, request_host
 from aenv.proxy.errors import (
     ProxyError,
@@ -64,6 +65,7 @@ class SandboxProxy:
         self._control_plane = control_plane
         self._connect_timeout = connect_timeout
         self._runs = Runs()
+        cuts.quiet_uvicorn()  # the answers it cuts on purpose are not application errors
         self._http = HttpForwarder(
             connect_timeout=connect_timeout,
             keepalive_expiry=keepalive_expiry,
@@ -118,6 +120,7 @@ class SandboxProxy:
                         with contextlib.suppress(OSError, RuntimeError):
                             await send({"type": "websocket.close", "code": 1011})
                     # An HTTP answer under way ends incomplete: uvicorn drops the connection.
+                    cuts.cut()
         except ProxyError as exc:
             await _answer(exc, scope, send)
 

@@ -21,6 +21,7 @@ from collections.abc import AsyncIterator
 
 from starlette.types import Receive, Scope, Send
 
+from aenv.proxy import cuts
 from aenv.proxy.client import Pool, Response, UpstreamError
 from aenv.proxy.errors import idle_timeout, port_closed
 from aenv.proxy.headers import request_headers, response_headers
@@ -161,6 +162,7 @@ class HttpForwarder:
             if not idle.answered:
                 raise idle_timeout(target.sandbox_id, target.port, idle.seconds) from exc
             # Headers are out: ending the response incomplete makes uvicorn drop the client.
+            cuts.cut()
         except asyncio.CancelledError:
             if not watch.gone:
                 raise
@@ -196,6 +198,7 @@ async def _respond(
         # Headers are out: the only way left to signal the failure is to end the response
         # incomplete, which makes uvicorn drop the client connection.
         log.warning("sandbox %s port %d: response cut: %s", target.sandbox_id, target.port, exc)
+        cuts.cut()
         return
     watch.finished = True
     await send({"type": "http.response.body", "body": b"", "more_body": False})
