@@ -81,12 +81,12 @@ async def test_an_unanswered_request_ends_as_sandbox_not_found(
 
 
 async def test_an_answer_under_way_is_cut(
-    proxy: tuple[SandboxProxy, str], run_probe: Probe
+    proxy: tuple[SandboxProxy, str], run_probe: Probe, caplog: pytest.LogCaptureFixture
 ) -> None:
     app, address = proxy
     url = f"http://{address}/endless"
-    logged = _Records()
-    logging.getLogger("uvicorn.error").addHandler(logged)
+    # uvicorn's loggers do not propagate to the root, where caplog listens.
+    logging.getLogger("uvicorn.error").addHandler(caplog.handler)
     try:
         async with (
             httpx.AsyncClient(timeout=WAIT) as client,
@@ -104,18 +104,9 @@ async def test_an_answer_under_way_is_cut(
             while app.quiet_since(SANDBOX) is None:
                 await asyncio.sleep(0.01)
     finally:
-        logging.getLogger("uvicorn.error").removeHandler(logged)
+        logging.getLogger("uvicorn.error").removeHandler(caplog.handler)
     # Cut on purpose: not logged as an application error by uvicorn.
-    assert [r.getMessage() for r in logged.records if "ASGI callable" in r.getMessage()] == []
-
-
-class _Records(logging.Handler):
-    def __init__(self) -> None:
-        super().__init__(logging.DEBUG)
-        self.records: list[logging.LogRecord] = []
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.records.append(record)
+    assert [r.getMessage() for r in caplog.records if "ASGI callable" in r.getMessage()] == []
 
 
 async def test_a_websocket_is_closed(proxy: tuple[SandboxProxy, str]) -> None:

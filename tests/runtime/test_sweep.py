@@ -32,17 +32,18 @@ def start_qemu(name: str, home: Path, *, orphan: bool, held: bool = False) -> in
     return int(subprocess.run(["sh", "-c", script], capture_output=True, text=True).stdout)
 
 
-def _stop(pids: tuple[int, ...], child: int) -> None:
+def _stop(pids: tuple[int, ...], child: int | None = None) -> None:
     """Kill what a test started: the QEMUs, the shell holding a `held` one, and reap `child`
-    (this process's own)."""
+    (this process's own, if it started one)."""
     for pid in pids:
         with contextlib.suppress(psutil.NoSuchProcess):
             for parent in psutil.Process(pid).parents()[:1]:
                 if parent.pid not in (1, os.getpid()):
                     parent.kill()
             psutil.Process(pid).kill()
-    with contextlib.suppress(ChildProcessError):
-        os.waitpid(child, 0)
+    if child is not None:
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(child, 0)
 
 
 def _running(pids: set[int], tag: str) -> None:
@@ -82,9 +83,7 @@ async def test_sweep_reclaims_this_nodes_orphans_only(tmp_path: Path) -> None:
         assert stale.names() == []
         assert any(p.name == "qemu-x" for p in report.cgroups_removed)
     finally:
-        for leftover in (pid, foreign):
-            with contextlib.suppress(psutil.NoSuchProcess):
-                psutil.Process(leftover).kill()
+        _stop((pid, foreign))
         with contextlib.suppress(Exception):
             group.remove()
         stale.remove_parent()

@@ -119,8 +119,9 @@ class SandboxProxy:
                     if scope["type"] == "websocket":
                         with contextlib.suppress(OSError, RuntimeError):
                             await send({"type": "websocket.close", "code": 1011})
-                    # An HTTP answer under way ends incomplete: uvicorn drops the connection.
-                    cuts.cut()
+                    else:
+                        # An HTTP answer under way ends incomplete: uvicorn drops the connection.
+                        cuts.cut()
         except ProxyError as exc:
             await _answer(exc, scope, send)
 
