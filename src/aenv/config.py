@@ -266,7 +266,7 @@ class Config(BaseModel):
     # (docs/density.md). 0 (the default) turns it off: it stops background processes.
     hibernate_after: int = 0
     # QEMU under TCG: each VMM's translation cache, in MiB (a bound on what it may grow to).
-    tcg_tb_mib: int = 48
+    tcg_tb_mib: PositiveInt = 128
     # Every VMM runs jailed (README: Threat model). Off is for benchmarks and debugging only.
     jail: bool = True
     # Jailed VMMs: `jail_uid_base` is their group; each VMM has one of the `jail_uid_count`

@@ -84,12 +84,17 @@ log = logging.getLogger("aenv.runtime")
 Accel = Literal["kvm", "tcg"]
 RAM_BLOCK = "mem"  # the guest RAM's backend id, hence its RAM block's name in streams
 MIGRATE_BANDWIDTH = 100 << 30  # bytes/s: effectively unlimited
-VMM_OVERHEAD_MIB = 192  # QEMU heap + TCG translation cache (bounded by tb-size below)
+# QEMU's own memory besides the guest's and the translation cache: heap, device state, buffers,
+# libraries and the cache's bookkeeping (25-35 MiB measured, docs/density.md), with room.
+VMM_OVERHEAD_MIB = 144
 # TCG translation cache per VMM, in MiB. QEMU 7.2 defaults to 1 GiB (of which an idle guest
-# fills a few MiB); a bound keeps a guest that runs much code from holding more. 48 holds an
-# agent-like workload's code as 64 did (same latency) for 16 MiB less a used sandbox; 32 is
-# too small (the workload 3x slower): bench/vmm_memory.py, docs/density.md.
-TCG_TB_MIB = 48
+# fills a few MiB); a bound keeps a guest that runs much code from holding more. When it is
+# full QEMU drops all of it and translates the guest's code again: 32 made an agent-like
+# workload 3x slower, and 48 (the default until 2026-12-05) still cost a used sandbox 9% more
+# host CPU than 128 on shells and Python starts (bench/guest_cpu.py), 18% over a longer run of
+# SDK commands (docs/benchmarks.md). A fresh sandbox uses 22-26 MiB whatever the bound; a used
+# one fills it (docs/density.md).
+TCG_TB_MIB = 128
 # How a VM's 9p shares (volumes) store files. mapped-xattr: the guest's owner and mode live in
 # extended attributes, so guests see and change them as on any filesystem (a jailed VMM could
 # not chown the host files). On the host every file is readable and writable by all (fmode,
@@ -151,6 +156,7 @@ class QemuDriver:
         self.config = config or QemuConfig()
         self._cgroups = cgroups
         self._compat: str | None = None
+        self._platforms = _platforms(self.config.accel)
         self._uids = UidPool(self.config.jail) if self.config.jail is not None else None
         # Every VM handed out and still referenced by someone: a VMM whose VM object is gone
         # without a stop has no owner left (see `sweep.reap_unowned`).
@@ -179,6 +185,11 @@ class QemuDriver:
 
     async def compat(self) -> str:
         """What a snapshot must have been taken with to be restorable here."""
+        return await self.compat_on(self._platforms[0])
+
+    async def compat_on(self, platform: Platform) -> str:
+        """The `compat` of a snapshot taken on `platform` (a VM restored on an older one keeps
+        it, and so do its snapshots)."""
         if self._compat is None:
             proc = await asyncio.create_subprocess_exec(
                 self.config.binary, "--version", stdout=asyncio.subprocess.PIPE
@@ -186,27 +197,21 @@ class QemuDriver:
             out, _ = await proc.communicate()
             match = re.search(r"version (\S+)", out.decode())
             version = match.group(1) if match else "unknown"
-            cpu = "max" if self.config.accel == "tcg" else f"host:{_host_cpu_model()}"
-            self._compat = f"qemu-{version}/{self.config.accel}/{cpu}"
-        return f"{self._compat}/{_machine(self.config.accel)}"
+            self._compat = f"qemu-{version}/{self.config.accel}"
+        cpu = platform.cpu if self.config.accel == "tcg" else f"host:{_host_cpu_model()}"
+        named = "" if platform.machine == UNNAMED_MACHINE else f"/{platform.machine}"
+        return f"{self._compat}/{cpu}{named}"
 
-    async def compat_on(self, machine: str) -> str:
-        """The `compat` of a snapshot taken on `machine` (a VM restored on an older one keeps it,
-        and so do its snapshots)."""
-        current = await self.compat()
-        return current if machine == _machine(self.config.accel) else str(self._compat)
-
-    async def _machine_of(self, snapshot: Snapshot) -> str:
-        """The machine `snapshot` was taken on, which its restore must have: ours, or the one
-        of snapshots whose `compat` names none (taken before machines were named there)."""
-        current = await self.compat()
-        if snapshot.driver == self.name and snapshot.compat == current:
-            return _machine(self.config.accel)
-        if snapshot.driver == self.name and snapshot.compat == self._compat:
-            return UNNAMED_MACHINE
+    async def _platform_of(self, snapshot: Snapshot) -> Platform:
+        """The platform `snapshot` was taken on, which its restore must have: ours, or an
+        older one this driver still restores (see `_platforms`)."""
+        if snapshot.driver == self.name:
+            for platform in self._platforms:
+                if snapshot.compat == await self.compat_on(platform):
+                    return platform
         raise IncompatibleSnapshotError(
             f"snapshot from {snapshot.driver} ({snapshot.compat}) cannot be restored by "
-            f"{self.name} ({current})"
+            f"{self.name} ({await self.compat()})"
         )
 
     async def boot(self, spec: VMSpec) -> VM:
@@ -220,7 +225,7 @@ class QemuDriver:
         spec = dataclasses.replace(spec, cmdline=cmdline)
         vm_id = secrets.token_hex(8)
         memory = _Memory(_memory_dir(spec) / f"{vm_id}.mem", shared=True, owned=True)
-        vm = await self._launch(vm_id, spec, memory, BootError, machine=None)
+        vm = await self._launch(vm_id, spec, memory, BootError, platform=None)
         async with _stopped_on_failure(vm, BootError, "boot failed"):
             await vm.monitor.execute("cont")
         vm.run_state = VMState.RUNNING
@@ -389,7 +394,7 @@ class QemuDriver:
         """A VMM holding `snapshot`'s state, its vCPUs not started yet (the time of each step
         into `steps`)."""
         steps = steps or Steps()
-        machine = await self._check(snapshot)
+        platform = await self._check(snapshot)
         if target.shares:
             raise RestoreError("a restored VM has its snapshot's devices: shares need a boot")
         if not await asyncio.to_thread(target.workdir.is_dir):
@@ -419,7 +424,9 @@ class QemuDriver:
         else:
             memory = _Memory(_memory_dir(spec) / f"{vm_id}.mem", shared=True, owned=True)
         try:
-            vm = await self._launch(vm_id, spec, memory, RestoreError, machine=machine, steps=steps)
+            vm = await self._launch(
+                vm_id, spec, memory, RestoreError, platform=platform, steps=steps
+            )
         except BaseException:
             _unlink(created)
             raise
@@ -484,11 +491,11 @@ class QemuDriver:
             raise errors[0]
         return vms
 
-    async def _check(self, snapshot: Snapshot) -> str:
-        """Raises unless `snapshot` can be restored here; returns the machine to restore it on."""
+    async def _check(self, snapshot: Snapshot) -> Platform:
+        """Raises unless `snapshot` can be restored here; returns the platform to restore it on."""
         if not snapshot.machine_state:
             raise RestoreError("a filesystem-only snapshot cannot be restored: boot its disks")
-        machine = await self._machine_of(snapshot)
+        platform = await self._platform_of(snapshot)
         files = [snapshot.state_file, snapshot.spec.kernel, *snapshot.disks.values()]
         files += [p for p in (snapshot.memory_file, snapshot.spec.initrd) if p]
         files += [d.path for d in snapshot.spec.disks if d.read_only]
@@ -496,7 +503,7 @@ class QemuDriver:
         missing = [p for p in files if not await asyncio.to_thread(p.is_file)]
         if missing:
             raise RestoreError(f"snapshot is missing file(s): {', '.join(map(str, missing))}")
-        return machine
+        return platform
 
     def _argv(
         self,
@@ -506,7 +513,7 @@ class QemuDriver:
         qmp: Path,
         console: Path,
         tap_fd: int,
-        machine: str,
+        platform: Platform,
         incoming: bool,
     ) -> list[str]:
         accel = "kvm" if self.config.accel == "kvm" else f"tcg,tb-size={self.config.tb_size_mib}"
@@ -516,8 +523,8 @@ class QemuDriver:
             str(host_binary(self.config.binary)) if jailed else self.config.binary,
             "-name", f"{VMM_NAME_PREFIX}{vm_id}",  # lets the sweeps recognise our VMMs
             "-accel", accel,
-            "-M", f"{machine},memory-backend=mem",
-            "-cpu", "max" if self.config.accel == "tcg" else "host",
+            "-M", f"{platform.machine},memory-backend=mem",
+            "-cpu", platform.cpu,
             "-smp", str(spec.vcpus),
             "-m", f"{spec.memory_mib}M",
             "-object",
@@ -591,7 +598,8 @@ class QemuDriver:
 
     def _limits(self, spec: VMSpec, memory: _Memory) -> CgroupLimits:
         lim = spec.limits
-        memory_mib = lim.memory_max_mib or _memory_cap_mib(spec.memory_mib, memory.shared)
+        tb_mib = self.config.tb_size_mib if self.config.accel == "tcg" else 0
+        memory_mib = lim.memory_max_mib or _memory_cap_mib(spec.memory_mib, memory.shared, tb_mib)
         return CgroupLimits(
             memory_bytes=memory_mib << 20,
             pids=lim.pids_max or DEFAULT_PIDS,
@@ -605,11 +613,11 @@ class QemuDriver:
         memory: _Memory,
         error: type[DriverError],
         *,
-        machine: str | None,
+        platform: Platform | None,
         steps: Steps | None = None,
     ) -> QemuVM:
-        """A QEMU process for `spec`, its vCPUs not started: a boot on our machine when
-        `machine` is None, else waiting for an incoming state taken on `machine`. The time of
+        """A QEMU process for `spec`, its vCPUs not started: a boot on our platform when
+        `platform` is None, else waiting for an incoming state taken on `platform`. The time of
         each step goes into `steps`."""
         steps = steps or Steps()
         if not await asyncio.to_thread(spec.workdir.is_dir):
@@ -628,11 +636,11 @@ class QemuDriver:
                 tap_fd = await open_tap(spec.net.netns, spec.net.tap)
             steps.mark("tap")
             fd = -1 if tap_fd is None else tap_fd
-            on = machine or _machine(self.config.accel)
+            on = platform or self._platforms[0]
             argv = await asyncio.to_thread(
-                self._argv, vm_id, spec, memory, qmp_path, console, fd, on, machine is not None
+                self._argv, vm_id, spec, memory, qmp_path, console, fd, on, platform is not None
             )
-            if machine is not None:
+            if platform is not None:
                 argv += ["-incoming", "defer"]
             await monitor.listen()
             async with contextlib.AsyncExitStack() as held:
@@ -676,7 +684,7 @@ class QemuDriver:
         vm = QemuVM(
             vm_id=vm_id,
             driver=self,
-            machine=on,
+            platform=on,
             spec=spec,
             proc=proc,
             monitor=monitor,
@@ -725,7 +733,7 @@ class QemuVM:
         *,
         vm_id: str,
         driver: QemuDriver,
-        machine: str,
+        platform: Platform,
         spec: VMSpec,
         proc: asyncio.subprocess.Process,
         monitor: Monitor,
@@ -737,7 +745,7 @@ class QemuVM:
     ) -> None:
         self._id = vm_id
         self._driver = driver
-        self.machine = machine
+        self.platform = platform
         self.spec = spec
         self.proc = proc
         self.monitor = monitor
@@ -862,7 +870,7 @@ class QemuVM:
         steps.mark("flatten")
         snap = Snapshot(
             driver=self._driver.name,
-            compat=await self._driver.compat_on(self.machine),
+            compat=await self._driver.compat_on(self.platform),
             spec=spec,
             state_file=state_file,
             memory_file=memory_file,
@@ -1134,20 +1142,49 @@ async def _stopped_on_failure(
         raise
 
 
-def _memory_cap_mib(guest_mib: int, shared: bool) -> int:
+def _memory_cap_mib(guest_mib: int, shared: bool, tb_mib: int) -> int:
     """What a VMM's cgroup may hold. A VMM owning its memory file holds the guest's RAM once
-    (the file's tmpfs pages) besides its own overhead. One mapping a base file privately can
-    be charged for the guest's RAM three times over, each bounded by the guest's size: its
-    private copies of the pages the guest wrote; the pages tmpfs allocates in the base file
-    where the guest touched a hole (a private mapping of a sparse tmpfs file fills the hole
-    before copying it, and the filled page stays in the file, unreclaimable without swap); and
-    while it saves changed pages, the stream it writes into tmpfs scratch (`save_delta`: the
-    first such save of a server; later ones stream through a pipe, but any VMM may be first).
+    (the file's tmpfs pages) besides its own overhead and translation cache (`tb_mib`). One
+    mapping a base file privately can be charged for the guest's RAM three times over, each
+    bounded by the guest's size: its private copies of the pages the guest wrote; the pages
+    tmpfs allocates in the base file where the guest touched a hole (a private mapping of a
+    sparse tmpfs file fills the hole before copying it, and the filled page stays in the file,
+    unreclaimable without swap); and while it saves changed pages, the stream it writes into
+    tmpfs scratch (`save_delta`: the first such save of a server; later ones stream through a
+    pipe, but any VMM may be first).
     A cap of guest + overhead killed such VMMs once their guest had written most of its RAM."""
-    return (1 if shared else 3) * guest_mib + VMM_OVERHEAD_MIB
+    return (1 if shared else 3) * guest_mib + VMM_OVERHEAD_MIB + tb_mib
 
 
 UNNAMED_MACHINE = "microvm,x-option-roms=off,rtc=on"  # of snapshots whose compat names none
+# The CPU of TCG guests: all TCG emulates, but 4-level paging. Given LA57 the guest kernel uses
+# 5-level page tables: one more level for every page walk of the emulated MMU, and TCG walks on
+# every miss of its software TLB, which it flushes whole at every address-space switch. The
+# same guest work costs 6% less host CPU without it (bench/guest_cpu.py), 14% over a longer
+# run of SDK commands on one sandbox (docs/benchmarks.md). Guests keep 128 TiB of user space.
+TCG_CPU = "max,la57=off"
+LEGACY_TCG_CPU = "max"  # of snapshots taken before 2026-12-05
+
+
+@dataclass(frozen=True)
+class Platform:
+    """What the state of a VM depends on besides its spec: the CPU model its VMM emulates (or
+    passes through) and the machine with its devices. A snapshot restores only on the platform
+    it was taken on (its `compat` names it), so a driver keeps restoring older ones."""
+
+    cpu: str
+    machine: str
+
+
+def _platforms(accel: str) -> tuple[Platform, ...]:
+    """The platforms `accel` restores, newest (the one it boots) first."""
+    if accel != "tcg":
+        return (Platform("host", _machine(accel)), Platform("host", UNNAMED_MACHINE))
+    return (
+        Platform(TCG_CPU, _machine(accel)),
+        Platform(LEGACY_TCG_CPU, _machine(accel)),
+        Platform(LEGACY_TCG_CPU, UNNAMED_MACHINE),
+    )
 
 
 def _machine(accel: str) -> str:

@@ -15,7 +15,7 @@ from aenv.runtime.driver import (
     Snapshot,
     VMSpec,
 )
-from aenv.runtime.qemu import UNNAMED_MACHINE, QemuDriver
+from aenv.runtime.qemu import Platform, QemuDriver
 from tests.runtime.qemu_vm.conftest import Places, Template
 from tests.runtime.qemu_vm.netns import NetnsPool
 
@@ -100,12 +100,17 @@ async def test_snapshot_from_another_driver(
     ):
         with pytest.raises(IncompatibleSnapshotError):
             await driver.restore(snap, RestoreSpec(workdir=places.vm_dir(), net=nets.create()))
-    # A snapshot whose compat names no machine was taken before machines were named there: it
-    # restores on the machine of that time, whatever ours is now.
-    base, _, ours = (await driver.compat()).rpartition("/")
-    assert template.snapshot.compat.endswith(f"/{ours}")
-    legacy = dataclasses.replace(template.snapshot, compat=base)
-    assert await driver._machine_of(legacy) == UNNAMED_MACHINE
+    # Snapshots taken on an older platform (before the machine was named in `compat`, before
+    # TCG guests lost 5-level paging) restore on that platform, whatever ours is now; a
+    # platform no driver ever had is refused.
+    assert template.snapshot.compat == await driver.compat()
+    for platform in driver._platforms:
+        older = dataclasses.replace(template.snapshot, compat=await driver.compat_on(platform))
+        assert await driver._platform_of(older) == platform
+    never = Platform(driver._platforms[0].cpu, "pc")
+    unknown = dataclasses.replace(template.snapshot, compat=await driver.compat_on(never))
+    with pytest.raises(IncompatibleSnapshotError):
+        await driver._platform_of(unknown)
 
 
 async def test_snapshot_manifest_round_trip(template: Template, tmp_path: Path) -> None:
