@@ -156,6 +156,7 @@ class QemuDriver:
         self.config = config or QemuConfig()
         self._cgroups = cgroups
         self._compat: str | None = None
+        self._host_cpu = "host"  # under KVM, named with the host's model in `compat`
         self._platforms = _platforms(self.config.accel)
         self._uids = UidPool(self.config.jail) if self.config.jail is not None else None
         # Every VM handed out and still referenced by someone: a VMM whose VM object is gone
@@ -197,8 +198,10 @@ class QemuDriver:
             out, _ = await proc.communicate()
             match = re.search(r"version (\S+)", out.decode())
             version = match.group(1) if match else "unknown"
+            if self.config.accel == "kvm":
+                self._host_cpu = f"host:{await asyncio.to_thread(_host_cpu_model)}"
             self._compat = f"qemu-{version}/{self.config.accel}"
-        cpu = platform.cpu if self.config.accel == "tcg" else f"host:{_host_cpu_model()}"
+        cpu = platform.cpu if self.config.accel == "tcg" else self._host_cpu
         named = "" if platform.machine == UNNAMED_MACHINE else f"/{platform.machine}"
         return f"{self._compat}/{cpu}{named}"
 
