@@ -66,9 +66,9 @@ class Paths:
       volumes/<id>/            a volume's files, shared by the sandboxes that mount it
       jailer/                  Firecracker's jailer chroots (Firecracker hosts only)
       cache/
-        guest/                 guest build cache: kernel, initramfs, rootfs (`guest_cache`)
+        guest/                 guest build cache: kernel, initramfs, rootfs, the envd bundle
+                               (`guest_cache`)
         images/                published guest images, content-addressed
-        envd/                  the envd bundle
         oci/                   OCI blob cache
         oci-rootfs/            ext4 root filesystems made from OCI images
         chunks/                repository chunk cache (LRU, `repository_cache_mb`)

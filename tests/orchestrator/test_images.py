@@ -126,6 +126,7 @@ class FakeBuilds:
         return BaseRootfs(tree=self.root / "tree", image=self.root / "rootfs.ext4")
 
     def build_bundle(self, out: Path) -> Path:
+        assert out == self.guest_cache / "envd"  # shared by every node of the guest cache
         return self.root / "envd" / "aenv-envd"
 
     async def build_envd_drive(self, bundle: Path, image: Path) -> Path:
@@ -185,6 +186,17 @@ async def test_rebuilt_images_get_new_files_and_old_ones_stay(
     # The saved VM still finds exactly the bytes it was saved with.
     reloaded = Snapshot.load_manifest(tmp_path / "templates" / "snap" / "build")
     assert {p: p.read_bytes() for p in referenced(reloaded)} == contents
+
+
+async def test_the_envd_bundle_is_built_in_the_shared_guest_cache(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    builds = FakeBuilds(tmp_path / "guest", monkeypatch)
+    cache = tmp_path / "cache"
+    for stale in ("envd", "envd-build"):  # where an older version built it, per node
+        (cache / stale / "sub").mkdir(parents=True)
+    await prepare_images(cache, builds.guest_cache, MIRROR)  # FakeBuilds checks where
+    assert sorted(p.name for p in cache.iterdir()) == ["images"]
 
 
 def images_named(directory: Path, tag: str) -> GuestImages:

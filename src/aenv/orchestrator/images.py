@@ -60,13 +60,17 @@ class GuestImages:
 
 async def prepare_images(cache: Path, guest_cache: Path, mirror: str) -> GuestImages:
     """The images under `cache`, built from the guest build cache `guest_cache` (the base root
-    filesystem bootstrapped from Debian `mirror`)."""
+    filesystem bootstrapped from Debian `mirror`). The envd bundle is built there too, so nodes
+    sharing a guest cache build it once (47 s of CPU, a venv and PyInstaller, each time)."""
     kernel = await fetch_kernel(guest_cache)
     initrd, rootfs, bundle = await asyncio.gather(
         build_initramfs(kernel, guest_cache),
         build_base_rootfs(guest_cache, mirror),
-        asyncio.to_thread(build_bundle, cache / "envd"),
+        asyncio.to_thread(build_bundle, guest_cache / "envd"),
     )
+    if guest_cache.resolve() != cache.resolve():
+        for stale in ("envd", "envd-build"):  # where versions before 2026-12-05 built it
+            await asyncio.to_thread(shutil.rmtree, cache / stale, True)
     store = cache / IMAGES_DIR
     store.mkdir(parents=True, exist_ok=True)
     bzimage, vmlinux, initrd_image, rootfs_image = await asyncio.gather(
