@@ -25,14 +25,14 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from jail import Places, log, template  # noqa: E402
+from jail import Places, log, run_in_guest, template  # noqa: E402
 from summary import summary_ms  # noqa: E402
 from vm_env import vm_env  # noqa: E402
 
 from aenv.runtime.driver import VM, Snapshot  # noqa: E402
 from aenv.runtime.qemu import QemuConfig, QemuDriver, QemuVM  # noqa: E402
 from aenv.storage import layers  # noqa: E402
-from tests.runtime.qemu_vm.netns import agent, wait_ready  # noqa: E402
+from tests.runtime.qemu_vm.netns import wait_ready  # noqa: E402
 
 RUNS = int(os.environ.get("AENV_BENCH_RUNS", "6"))
 WRITE_MIB = 64
@@ -41,10 +41,7 @@ TIMES = ("running", "first_command", "write", "delete", "write_zeros")
 
 
 async def guest(netns: str, script: str) -> None:
-    body = json.dumps({"argv": ["sh", "-c", script], "timeout": 300}).encode()
-    result = await agent(netns, "POST", "/run", body=body, limit_s=320)
-    if result["rc"] != 0:
-        raise RuntimeError(f"{script}: {result}")
+    await run_in_guest(netns, ["sh", "-c", script], timeout_s=300)
 
 
 def allocated_mib(vm: VM) -> float:

@@ -23,12 +23,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-import psutil
-
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from jail import Places, log, template  # noqa: E402
+from jail import Places, log, run_in_guest, template, vmm_cpu  # noqa: E402
 from vm_env import vm_env  # noqa: E402
 
 from aenv.runtime.driver import Snapshot  # noqa: E402
@@ -40,7 +38,7 @@ from aenv.runtime.qemu import (  # noqa: E402
     QemuDriver,
     QemuVM,
 )
-from tests.runtime.qemu_vm.netns import agent, wait_ready  # noqa: E402
+from tests.runtime.qemu_vm.netns import wait_ready  # noqa: E402
 
 RUNS = int(os.environ.get("AENV_BENCH_RUNS", "3"))
 IMPORTS = "import asyncio, json, http.server, email.parser, ssl, sqlite3, decimal, unittest"
@@ -50,18 +48,6 @@ STEPS = {
     "python_300k": ["python3", "-c", "x = 0\nfor i in range(300_000): x += i"],
     "imports_3": ["sh", "-c", f"for i in 1 2 3; do python3 -c '{IMPORTS}'; done"],
 }
-
-
-async def guest(netns: str, argv: list[str]) -> None:
-    body = json.dumps({"argv": argv, "timeout": 600}).encode()
-    result = await agent(netns, "POST", "/run", body=body, limit_s=620)
-    if result["rc"] != 0:
-        raise RuntimeError(f"{argv}: {result}")
-
-
-def vmm_cpu(vm: QemuVM) -> float:
-    times = psutil.Process(vm.proc.pid).cpu_times()
-    return float(times.user + times.system)
 
 
 async def one_run(driver: QemuDriver, p: Places, snap: Snapshot) -> dict[str, float]:
@@ -74,11 +60,11 @@ async def one_run(driver: QemuDriver, p: Places, snap: Snapshot) -> dict[str, fl
     try:
         await wait_ready(netns)
         for argv in STEPS.values():  # a used sandbox: its caches hold what it ran
-            await guest(netns, argv)
+            await run_in_guest(netns, argv, timeout_s=600)
         total = vmm_cpu(vm)
         for step, argv in STEPS.items():
             cpu, began = vmm_cpu(vm), time.perf_counter()
-            await guest(netns, argv)
+            await run_in_guest(netns, argv, timeout_s=600)
             out[f"{step}_ms"] = (time.perf_counter() - began) * 1000
             out[f"{step}_cpu_ms"] = (vmm_cpu(vm) - cpu) * 1000
         out["all_steps_cpu_ms"] = (vmm_cpu(vm) - total) * 1000

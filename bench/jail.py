@@ -91,6 +91,20 @@ async def template(driver: QemuDriver, p: Places, images: dict[str, Path]) -> Sn
         await vm.stop()
 
 
+async def run_in_guest(netns: str, argv: list[str], timeout_s: float) -> None:
+    """Run `argv` in the guest through the agent; raises unless it exits 0."""
+    body = json.dumps({"argv": argv, "timeout": timeout_s}).encode()
+    result = await agent(netns, "POST", "/run", body=body, limit_s=timeout_s + 20)
+    if result["rc"] != 0:
+        raise RuntimeError(f"{argv}: {result}")
+
+
+def vmm_cpu(vm: QemuVM) -> float:
+    """The host CPU (user + system) the VMM has spent so far, in seconds."""
+    times = psutil.Process(vm.proc.pid).cpu_times()
+    return float(times.user + times.system)
+
+
 async def one_run(driver: QemuDriver, p: Places, snap: Snapshot) -> dict[str, float]:
     target = p.target()
     assert target.net is not None
@@ -105,8 +119,7 @@ async def one_run(driver: QemuDriver, p: Places, snap: Snapshot) -> dict[str, fl
         out["first_command"] = time.perf_counter() - start
         out["cpu_host"] = host_cpu() - cpu0
         assert isinstance(vm, QemuVM)
-        times = psutil.Process(vm.proc.pid).cpu_times()
-        out["cpu_vmm"] = times.user + times.system
+        out["cpu_vmm"] = vmm_cpu(vm)
         stops = []
         for _ in range(STOPS):
             stop = time.perf_counter()

@@ -1154,8 +1154,8 @@ def _memory_cap_mib(guest_mib: int, shared: bool, tb_mib: int) -> int:
     sparse tmpfs file fills the hole before copying it, and the filled page stays in the file,
     unreclaimable without swap); and while it saves changed pages, the stream it writes into
     tmpfs scratch (`save_delta`: the first such save of a server; later ones stream through a
-    pipe, but any VMM may be first).
-    A cap of guest + overhead killed such VMMs once their guest had written most of its RAM."""
+    pipe, but any VMM may be first). A cap of guest + overhead killed such VMMs once their guest
+    had written most of its RAM."""
     return (1 if shared else 3) * guest_mib + VMM_OVERHEAD_MIB + tb_mib
 
 
