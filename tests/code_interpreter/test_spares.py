@@ -1,8 +1,11 @@
 """The spare Python kernel: a new context takes it instead of waiting for a kernel to start,
-in the directory it asks for, and a new spare starts; a spare taken in a clone is reseeded."""
+in the directory it asks for, and a new spare starts; a spare taken in a clone is reseeded; a
+start cancelled (a server closing) leaves no kernel process behind."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator
@@ -13,6 +16,7 @@ import pytest
 from e2b_code_interpreter import Sandbox
 
 from aenv.code_interpreter import execution, incarnation
+from aenv.code_interpreter.kernel import start as start_kernel
 from aenv.code_interpreter.kernels import ContextTable
 from tests.code_interpreter.conftest import running_server
 
@@ -107,3 +111,25 @@ async def test_without_spares_a_context_starts_its_own_kernel(
         assert any(line.get("text") == "2" for line in lines), lines
     finally:
         await table.close()
+
+
+async def test_a_start_cancelled_after_its_process_launched_leaves_no_process(
+    tmp_path: Path,
+) -> None:
+    """What a server closing does to a spare still starting: the kernel's process is gone."""
+    me = psutil.Process()
+    before = set(_kernels(me.pid))
+    start = asyncio.create_task(start_kernel("python", str(tmp_path)))
+    # The launch runs in the event loop; this task runs at the first await after it, which
+    # is still inside jupyter_client's start.
+    while not (launched := _kernels(me.pid) - before):
+        await asyncio.sleep(0)
+    (pid,) = launched
+    try:
+        start.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await start
+        assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    finally:
+        with contextlib.suppress(psutil.NoSuchProcess):
+            psutil.Process(pid).kill()

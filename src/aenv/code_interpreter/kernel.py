@@ -35,7 +35,14 @@ async def start(language: str, cwd: str) -> Kernel:
     """A ready kernel of `language` in `cwd`. OSError when `cwd` is no directory it can enter,
     TimeoutError when it does not start in time."""
     manager = AsyncKernelManager(kernel_name=LANGUAGES[language].kernel)
-    await manager.start_kernel(cwd=cwd)
+    try:
+        await manager.start_kernel(cwd=cwd)
+    except BaseException:
+        # Cancelled (a spare's start when the server closes) after its process was launched:
+        # jupyter_client awaits again before it returns, and would leave the process running.
+        if manager.has_kernel:
+            await manager.shutdown_kernel(now=True)
+        raise
     kernel = Kernel(manager, manager.client())
     kernel.client.start_channels()
     try:
