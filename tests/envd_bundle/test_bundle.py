@@ -11,9 +11,9 @@ import httpx
 import pytest
 from e2b import Sandbox
 
-from aenv.envd_bundle import PREFIX, build_bundle
+from aenv.envd_bundle import PREFIX
 from tests.support.envd_process import serve_in_throwaway_root
-from tests.support.guest import GUEST_CACHE
+from tests.support.guest import envd_bundle
 from tests.support.ports import free_port
 from tests.support.rootfs import busybox_root, debian_minbase
 
@@ -22,7 +22,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 @pytest.fixture(scope="module")
 def bundle() -> Path:
-    return build_bundle(GUEST_CACHE / "envd").parent  # the test servers' bundle: built once
+    return envd_bundle()
 
 
 @pytest.fixture(params=["debian-minbase", "busybox"])

@@ -3,10 +3,11 @@ envd bundle runs from /opt/aenv, and user `user` reads and writes its home throu
 holds for a musl (Alpine-like) image without glibc: envd brings its own glibc and loader, and the
 image's musl programs run through it.
 
-Slow (a QEMU boot); uses the envd bundle from `make envd-bundle` and is skipped without it."""
+Slow (a QEMU boot); uses the test servers' envd bundle (`tests.support.guest.envd_bundle`)."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import json
 import re
@@ -36,8 +37,8 @@ from tests.runtime.qemu_vm.conftest import (  # noqa: F401 - session fixtures us
     places,
 )
 from tests.runtime.qemu_vm.netns import NetnsPool, http
-from tests.runtime.qemu_vm.test_envd_in_guest import BUNDLE, wait_healthy
-from tests.support.guest import GUEST_CACHE
+from tests.runtime.qemu_vm.test_envd_in_guest import wait_healthy
+from tests.support.guest import GUEST_CACHE, envd_bundle
 
 pytestmark = pytest.mark.slow
 
@@ -53,14 +54,12 @@ async def booted(
 ) -> AsyncIterator[str]:
     """Publish `image`, make it a guest rootfs, boot it with the envd bundle and yield the netns
     once envd is healthy; the VM is stopped however the body ends."""
-    if not BUNDLE.is_file():
-        pytest.skip(f"no envd bundle at {BUNDLE} (make envd-bundle)")
     kernel = await fetch_kernel(GUEST_CACHE)
     initrd = await build_initramfs(kernel, GUEST_CACHE)
     rootfs = await rootfs_from_image(
         publish(image), tmp_path / "rootfs.ext4", cache=tmp_path / "oci"
     )
-    drive = await build_envd_drive(BUNDLE.parent, tmp_path / "envd.ext4")
+    drive = await build_envd_drive(await asyncio.to_thread(envd_bundle), tmp_path / "envd.ext4")
     base = BaseRootfs(tree=tmp_path, image=rootfs.image)
     vm, netns = await boot_template(driver, Images(kernel, initrd, base, drive), places, nets)
     try:

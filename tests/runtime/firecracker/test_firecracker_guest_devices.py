@@ -6,30 +6,27 @@ never `acpi=off`."""
 
 from __future__ import annotations
 
-import os
+import asyncio
 from dataclasses import replace
 from pathlib import Path
 
-import pytest
 from elftools.elf.elffile import ELFFile
 
 from aenv.guest.cmdline import GuestNet, kernel_cmdline
 from aenv.guest.initramfs import MODULES
+from aenv.guest.kernel import fetch_kernel
 from aenv.runtime import driver as d
 from aenv.runtime.firecracker import FirecrackerDriver
 from aenv.runtime.firecracker.vm import FirecrackerVM
-from tests.runtime.firecracker.conftest import REPO
 from tests.runtime.firecracker.fc_peer import RECORD_PATH
+from tests.support.guest import GUEST_CACHE
 
 
 def _extracted_kernel() -> Path:
-    """The root of the Debian kernel package the guest images use, as the image build extracted
-    it (`build/guest-cache` in the repository, or `AENV_GUEST_CACHE`)."""
-    cache = Path(os.environ.get("AENV_GUEST_CACHE", REPO / "build" / "guest-cache"))
-    roots = sorted(cache.glob("kernel-*/root"))
-    if not roots or not list(roots[-1].glob("boot/config-*")):
-        pytest.skip(f"no extracted guest kernel under {cache} (built by the guest image tests)")
-    return roots[-1]
+    """The root of the Debian kernel package the guest images use, as the image build extracts
+    it into the shared guest cache (built here if no suite has yet)."""
+    kernel = asyncio.run(fetch_kernel(GUEST_CACHE))
+    return kernel.bzimage.parent.parent
 
 
 def _config(root: Path) -> dict[str, str]:

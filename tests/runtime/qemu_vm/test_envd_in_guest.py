@@ -2,8 +2,8 @@
 restore envd's `/init` (host entropy) makes clones of one snapshot draw different random numbers.
 Without it they do not: two clones read the same sequence of kernel UUIDs (observed here).
 
-The envd bundle is built by `make envd-bundle` (cached under build/envd); the build takes minutes
-the first time, so the test uses an existing bundle and is skipped without one.
+The envd bundle is the test servers' (`tests.support.guest.envd_bundle`): built by the first
+suite that needs it (minutes), then shared.
 """
 
 from __future__ import annotations
@@ -21,11 +21,11 @@ import pytest
 from aenv.guest.bundle import build_envd_drive
 from aenv.runtime.driver import Snapshot
 from aenv.runtime.qemu import QemuDriver
-from tests.runtime.qemu_vm.conftest import REPO, Fleet, Images, Places, boot_template
+from tests.runtime.qemu_vm.conftest import Fleet, Images, Places, boot_template
 from tests.runtime.qemu_vm.netns import NetnsPool, http
+from tests.support.guest import envd_bundle
 
 pytestmark = pytest.mark.slow
-BUNDLE = REPO / "build" / "envd" / "aenv-envd"
 UUID = "/files?path=/proc/sys/kernel/random/uuid"
 
 
@@ -52,9 +52,8 @@ async def kernel_uuid(netns: str) -> str:
 async def envd_snapshot(
     driver: QemuDriver, images: Images, places: Places, nets: NetnsPool
 ) -> AsyncIterator[Snapshot]:
-    if not BUNDLE.is_file():
-        pytest.skip(f"no envd bundle at {BUNDLE} (make envd-bundle)")
-    drive = await build_envd_drive(BUNDLE.parent, places.vm_dir() / "envd.ext4")
+    bundle = await asyncio.to_thread(envd_bundle)
+    drive = await build_envd_drive(bundle, places.vm_dir() / "envd.ext4")
     real = Images(images.kernel, images.initrd, images.rootfs, drive)
     vm, netns = await boot_template(driver, real, places, nets)
     try:
