@@ -25,7 +25,7 @@ from tests.e2e import timings
 from tests.e2e.restart.in_flight import catalog_states, crash_during
 from tests.e2e.server_ns import REPO, ServerNs, server_in_namespace
 from tests.e2e.vmm_procs import node_vmm_pids
-from tests.support.ci_wheels import ensure_code_interpreter_wheels
+from tests.support.ci_wheels import ensure_code_interpreter_site
 from tests.support.guest import GUEST_CACHE, MIRROR
 from tests.support.js import ensure_npm_sdk
 
@@ -53,7 +53,7 @@ def _run_inner_suite(home: Path) -> None:
     # (cached) and install the npm SDK from here.
     asyncio.run(prepare_images(Paths(home).cache, GUEST_CACHE, MIRROR))
     ensure_npm_sdk()
-    ensure_code_interpreter_wheels()
+    ensure_code_interpreter_site()
     old_sdk_python = _old_sdk_venv()
     with server_in_namespace(home) as server:
         suite(server, "inner")

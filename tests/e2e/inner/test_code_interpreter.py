@@ -1,8 +1,8 @@
 """Our code interpreter server in a VM, driven by the unmodified `e2b-code-interpreter` SDK
 through the node's proxy on port 49999: the template is code-interpreter-v1's recipe with the
-server's requirements carried in as wheels (this namespace has no route to PyPI; the real
-template, src/aenv/code_interpreter/template.yaml, installs them with pip and adds the data
-stack), its server started by the template's start command and saved running."""
+server's requirements carried in unpacked and compiled (this namespace has no route to PyPI;
+the real template, src/aenv/code_interpreter/template.yaml, installs them with pip and adds the
+data stack), its server started by the template's start command and saved running."""
 
 from __future__ import annotations
 
@@ -17,25 +17,20 @@ from e2b import Template, TimeoutException
 from e2b_code_interpreter import OutputMessage, Sandbox
 
 from tests.e2e.inner.test_template_build import _delete
-from tests.support.ci_wheels import PROJECT, WHEELS
+from tests.support.ci_wheels import PROJECT, SITE, SITE_DIR
 
-# The build unpacks 17 MB of wheels and starts two kernels under TCG: 295 s of setup on a
-# slow host, 424 s with another suite beside it. (Unpacked and compiled here, the 116 MB of
-# files took longer to copy in than the guest takes to unpack and compile the wheels.)
+# The build unpacks the server's requirements and starts two kernels under TCG: minutes of setup
+# on a slow host, more with another suite beside it.
 pytestmark = pytest.mark.timeout(1800)
 
-# The guest has Python but no pip: a wheel is a zip archive, unpacked onto PYTHONPATH. Then
-# compiled, as pip would: the server's user cannot write bytecode there, and compiling IPython
-# on every kernel start takes minutes under TCG.
-UNPACK = (
-    "python3 -c \"import glob, zipfile; [zipfile.ZipFile(w).extractall('/opt/aenv-ci/site')"
-    " for w in sorted(glob.glob('/opt/aenv-ci/wheels/*.whl'))]\" && rm -rf /opt/aenv-ci/wheels"
-    " && python3 -m compileall -q /opt/aenv-ci/site"
-)
+# The guest has Python but no pip: its requirements come unpacked and compiled, as one archive
+# (tests/support/ci_wheels.py). Compiled, as pip would: the server's user cannot write bytecode
+# there, and compiling IPython on every kernel start takes minutes under TCG.
+UNPACK = f"tar -xzf /opt/aenv-ci/{SITE.name} -C /opt/aenv-ci && rm /opt/aenv-ci/{SITE.name}"
 
 
 def _context(tmp_path: Path) -> Path:
-    shutil.copytree(WHEELS, tmp_path / "wheels", ignore=shutil.ignore_patterns(".complete"))
+    shutil.copy(SITE, tmp_path / SITE.name)
     package = tmp_path / "aenv"
     package.mkdir()
     (package / "__init__.py").write_text('"""The code interpreter server only."""\n')
@@ -52,11 +47,11 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     definition = (
         Template(file_context_path=str(context))
         .from_template("base")
-        .copy("wheels", "/opt/aenv-ci/wheels/", user="root")
+        .copy(SITE.name, "/opt/aenv-ci/", user="root")
         .run_cmd(UNPACK, user="root")
         .copy("aenv", "/opt/aenv-ci/src/aenv/", user="root")
         .run_cmd("python3 -m compileall -q /opt/aenv-ci/src", user="root")
-        .set_envs({"PYTHONPATH": "/opt/aenv-ci/site:/opt/aenv-ci/src"})
+        .set_envs({"PYTHONPATH": f"/opt/aenv-ci/{SITE_DIR}:/opt/aenv-ci/src"})
         .set_start_cmd(
             "python3 -m aenv.code_interpreter --cwd /home/user",
             # One long readyCmd: the server is ready once its default and spare kernels are,
