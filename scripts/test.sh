@@ -6,6 +6,10 @@
 set -u
 PY=${PY:-.venv/bin/python}
 ARGS="-ra --durations=25"
+# The project's own bytecode, written once: where PYTHONDONTWRITEBYTECODE is set (as on these
+# machines) every Python process the tests start (servers, CLI calls, envds, SDK scripts) would
+# compile what it imports of src/ and tests/ again, ≈ 1 s of CPU for a server's imports.
+"$PY" -m compileall -q src tests > /dev/null || exit 1
 if [ $# -gt 0 ]; then
     exec "$PY" -m pytest $ARGS "$@"
 fi
