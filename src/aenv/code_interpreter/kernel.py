@@ -41,7 +41,8 @@ async def start(language: str, cwd: str) -> Kernel:
         # Cancelled (a spare's start when the server closes) after its process was launched:
         # jupyter_client awaits again before it returns, and would leave the process running.
         if manager.has_kernel:
-            await manager.shutdown_kernel(now=True)
+            with contextlib.suppress(RuntimeError):  # as `Kernel.stop`: the first error stands
+                await manager.shutdown_kernel(now=True)
         raise
     kernel = Kernel(manager, manager.client())
     kernel.client.start_channels()
