@@ -118,7 +118,7 @@ async def test_a_start_cancelled_after_its_process_launched_leaves_no_process(
 ) -> None:
     """What a server closing does to a spare still starting: the kernel's process is gone."""
     me = psutil.Process()
-    before = set(_kernels(me.pid))
+    before = _kernels(me.pid)
     start = asyncio.create_task(start_kernel("python", str(tmp_path)))
     # The launch runs in the event loop; this task runs at the first await after it, which
     # is still inside jupyter_client's start.

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from aenv.config import DEFAULT_MIRROR
 from aenv.envd_bundle import build_bundle
+from aenv.orchestrator.images import envd_bundle_dir
 
 PROJECT = Path(__file__).resolve().parents[2]
 GUEST_CACHE = Path(os.environ.get("AENV_GUEST_CACHE", str(PROJECT / "build" / "guest-cache")))
@@ -17,6 +18,6 @@ MIRROR = os.environ.get("AENV_DEBIAN_MIRROR", DEFAULT_MIRROR)
 
 
 def envd_bundle() -> Path:
-    """The envd bundle's directory, where the test servers build theirs (`guest_cache/envd`,
-    `aenv.orchestrator.images`): built on first use, then shared; concurrent builders wait."""
-    return build_bundle(GUEST_CACHE / "envd").parent
+    """The envd bundle's directory, where the test servers build theirs (`envd_bundle_dir`):
+    built on first use, then shared; concurrent builders wait."""
+    return build_bundle(envd_bundle_dir(GUEST_CACHE)).parent

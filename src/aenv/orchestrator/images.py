@@ -58,6 +58,12 @@ class GuestImages:
         return dataclasses.replace(self, kernel=kernel)
 
 
+def envd_bundle_dir(guest_cache: Path) -> Path:
+    """Where the envd bundle is built: in the guest build cache, so that the nodes (and test
+    servers) sharing one build it once."""
+    return guest_cache / "envd"
+
+
 async def prepare_images(cache: Path, guest_cache: Path, mirror: str) -> GuestImages:
     """The images under `cache`, built from the guest build cache `guest_cache` (the base root
     filesystem bootstrapped from Debian `mirror`). The envd bundle is built there too, so nodes
@@ -66,7 +72,7 @@ async def prepare_images(cache: Path, guest_cache: Path, mirror: str) -> GuestIm
     initrd, rootfs, bundle = await asyncio.gather(
         build_initramfs(kernel, guest_cache),
         build_base_rootfs(guest_cache, mirror),
-        asyncio.to_thread(build_bundle, guest_cache / "envd"),
+        asyncio.to_thread(build_bundle, envd_bundle_dir(guest_cache)),
     )
     if guest_cache.resolve() != cache.resolve():
         for stale in ("envd", "envd-build"):  # where versions before 2026-12-05 built it
