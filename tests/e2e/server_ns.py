@@ -86,6 +86,12 @@ class ServerNs:
             out.seek(0)
             return client.returncode, out.read().decode(errors="replace")
 
+    def failure(self, what: str, output: str) -> str:
+        """The message of a failed client `what`: its output's end, then the server log's. CI
+        shows the head of a long failure, so the pytest inside runs with `--tb=short`."""
+        log = self.log.read_text(errors="replace")
+        return f"{what} failed:\n{output[-12000:]}\n--- server log ---\n{log[-10000:]}"
+
 
 def _namespaces(prefix: str) -> list[str]:
     out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout

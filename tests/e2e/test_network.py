@@ -60,10 +60,8 @@ def test_network_rules_and_tls_with_the_sdk(monkeypatch: pytest.MonkeyPatch) -> 
 
 def _suite(server: ServerNs, resolv_conf: Path) -> None:
     pytest_argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
-                   "--rootdir", str(REPO), str(REPO / "tests" / "e2e" / "network")]  # fmt: skip
+                   "--tb=short", "--rootdir", str(REPO),
+                   str(REPO / "tests" / "e2e" / "network")]  # fmt: skip
     script = f"mount --bind {resolv_conf} /etc/resolv.conf && exec {shlex.join(pytest_argv)}"
     code, output = server.run("unshare", "--mount", "sh", "-c", script, timeout=1700)
-    log = server.log.read_text(errors="replace")
-    assert code == 0, (
-        f"network suite failed:\n{output[-20000:]}\n--- server log ---\n{log[-10000:]}"
-    )
+    assert code == 0, server.failure("network suite", output)

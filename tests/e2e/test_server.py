@@ -163,11 +163,10 @@ def _old_sdk_venv() -> str:
 def suite(server: ServerNs, path: str, python: str = sys.executable) -> None:
     start = time.monotonic()
     code, output = server.run(
-        python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
+        python, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x", "--tb=short",
         "--durations=5", "--durations-min=5",
         "--rootdir", str(REPO), str(REPO / "tests" / "e2e" / path),
         timeout=4800,
     )  # fmt: skip
     timings.record(path, time.monotonic() - start, output)
-    log = server.log.read_text(errors="replace")
-    assert code == 0, f"{path} failed:\n{output[-20000:]}\n--- server log ---\n{log[-10000:]}"
+    assert code == 0, server.failure(path, output)

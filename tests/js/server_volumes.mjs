@@ -8,13 +8,13 @@ process.env.E2B_VOLUME_API_URL ??= process.env.E2B_API_URL
 
 const out = {}
 // A create with volumes boots a VM (not a restore): under emulation on a busy host that can take
-// longer than the SDK's default request timeout.
+// longer than the SDK's default request timeout, and each sandbox must outlive the others' boots.
 const requestTimeoutMs = 300_000
 const volume = await Volume.create('js-shared')
 out.listed = (await Volume.list()).some((v) => v.volumeId === volume.volumeId && v.name === 'js-shared')
-const a = await Sandbox.create({ timeoutMs: 120_000, requestTimeoutMs, volumeMounts: { '/mnt/js': volume } })
+const a = await Sandbox.create({ timeoutMs: 900_000, requestTimeoutMs, volumeMounts: { '/mnt/js': volume } })
 const b = await Sandbox.create({
-  timeoutMs: 120_000,
+  timeoutMs: 900_000,
   requestTimeoutMs,
   volumeMounts: { '/mnt/js': 'js-shared' },
 })

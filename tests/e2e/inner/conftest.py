@@ -13,6 +13,10 @@ from aenv.config import Paths
 from tests.support.http_wait import wait_until_up
 
 BASE = "http://127.0.0.1:3000"
+# A sandbox timeout (seconds) for tests whose steps are slow: a create with volumes boots a VM
+# (≈ 30 s here, several times that on a slow CI host), and a sandbox whose timeout passes while
+# the test still uses it is killed under its open command streams.
+LIFETIME = 900
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -12,7 +12,7 @@ import pytest
 from e2b import Sandbox, Volume, VolumeException
 from e2b.volume.types import VolumeFileType
 
-from tests.e2e.inner.conftest import BASE
+from tests.e2e.inner.conftest import BASE, LIFETIME
 
 _PLANT = """set -e
 cd /mnt/v
@@ -34,7 +34,7 @@ def _volume_api(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_a_guest_and_the_api_share_files_and_hostile_entries_are_refused() -> None:
     volume = Volume.create("hostile")
-    sandbox = Sandbox.create(timeout=120, volume_mounts={"/mnt/v": volume})
+    sandbox = Sandbox.create(timeout=LIFETIME, volume_mounts={"/mnt/v": volume})
     host_name = Path("/etc/hostname").read_bytes()
     try:
         volume.make_dir("/made", uid=1000, gid=1000, mode=0o750)

@@ -8,13 +8,15 @@ from __future__ import annotations
 import pytest
 from e2b import Sandbox, SandboxException, Volume, VolumeException
 
+from tests.e2e.inner.conftest import LIFETIME
+
 USER_FILE = "/mnt/data/from-a"
 
 
 def test_two_sandboxes_share_a_volume_that_outlives_them() -> None:
     volume = Volume.create("shared")
-    a = Sandbox.create(timeout=120, volume_mounts={"/mnt/data": volume})
-    b = Sandbox.create(timeout=120, volume_mounts={"/mnt/data": "shared"})
+    a = Sandbox.create(timeout=LIFETIME, volume_mounts={"/mnt/data": volume})
+    b = Sandbox.create(timeout=LIFETIME, volume_mounts={"/mnt/data": "shared"})
     try:
         assert "9p" in a.commands.run("grep ' /mnt/data ' /proc/mounts").stdout
         # A command as the default user, and envd's file API, on the same files.
@@ -29,7 +31,7 @@ def test_two_sandboxes_share_a_volume_that_outlives_them() -> None:
     finally:
         a.kill()
         b.kill()
-    c = Sandbox.create(timeout=120, volume_mounts={"/data": volume})
+    c = Sandbox.create(timeout=LIFETIME, volume_mounts={"/data": volume})
     try:
         assert c.files.read("/data/from-a") == "hello from a\n"
     finally:
@@ -40,16 +42,16 @@ def test_two_sandboxes_share_a_volume_that_outlives_them() -> None:
 
 def test_pause_resume_and_fork_keep_the_volume_mounted() -> None:
     volume = Volume.create("kept")
-    sandbox = Sandbox.create(timeout=120, volume_mounts={"/kept": volume})
+    sandbox = Sandbox.create(timeout=LIFETIME, volume_mounts={"/kept": volume})
     children: list[Sandbox] = []
     try:
         sandbox.files.write("/kept/note", "before the pause")
         sandbox.files.write("/home/user/own", "on the sandbox's disk")
         sandbox.pause()
-        resumed = Sandbox.connect(sandbox.sandbox_id, timeout=120)
+        resumed = Sandbox.connect(sandbox.sandbox_id, timeout=LIFETIME)
         assert resumed.files.read("/kept/note") == "before the pause"
         assert resumed.files.read("/home/user/own") == "on the sandbox's disk"
-        (child,) = resumed.fork(count=1, timeout=120)
+        (child,) = resumed.fork(count=1, timeout=LIFETIME)
         assert isinstance(child, Sandbox), child
         children.append(child)
         child.files.write("/kept/from-child", "child")
