@@ -8,6 +8,10 @@ once it is on the host), drops the guest's page cache, then reads the file back 
 guest's clock times both. The baseline is the guest's disk: ratios are the volume's median
 throughput over the disk's (target >= 0.5). AENV_BENCH_RUNS runs (5). Prints one JSON
 document on stdout; progress goes to stderr.
+
+Then what a volume costs a create, in the same run: `Sandbox.create` with one volume against
+one without (the baseline; alternated, AENV_BENCH_RUNS each), and the sequence that still boots
+(a mounted volume cannot be saved with the guest's memory): pause, then connect at once.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from typing import Any
 
 from server_ns import bench_server, client_env, describe, entry, log, report, run_client
@@ -72,6 +77,9 @@ def client() -> None:
             log(f"run {i + 1}: {json.dumps({k: round(v[-1], 1) for k, v in samples.items()})}")
     finally:
         sandbox.kill()
+    try:
+        creates = create_times(volume)
+    finally:
         Volume.destroy(volume.volume_id)
     medians = {k: statistics.median(v) for k, v in samples.items()}
     result: dict[str, Any] = {
@@ -82,8 +90,33 @@ def client() -> None:
         "ratio_write": round(medians["volume_write"] / medians["disk_write"], 3),
         "ratio_read": round(medians["volume_read"] / medians["disk_read"], 3),
         "target_ratio": TARGET_RATIO,
+        "create_ms": {k: summary(v) for k, v in creates.items()},
+        "create_ratio_volume_over_plain": round(
+            statistics.median(creates["with_volume"]) / statistics.median(creates["plain"]), 2
+        ),
     }
     print(json.dumps(result))
+
+
+def create_times(volume: Any) -> dict[str, list[float]]:
+    """Milliseconds of creates without and with `volume` mounted, and of a connect right
+    after a pause of the one with it."""
+    from e2b import Sandbox
+
+    times: dict[str, list[float]] = {"plain": [], "with_volume": [], "pause_then_connect": []}
+    for i in range(RUNS):
+        for name, mounts in (("plain", {}), ("with_volume", {VOLUME_DIR: volume})):
+            start = time.perf_counter()
+            sandbox = Sandbox.create(timeout=600, volume_mounts=mounts)
+            times[name].append((time.perf_counter() - start) * 1000)
+            if mounts:
+                sandbox.pause()
+                start = time.perf_counter()
+                sandbox = Sandbox.connect(sandbox.sandbox_id, timeout=600)
+                times["pause_then_connect"].append((time.perf_counter() - start) * 1000)
+            sandbox.kill()
+        log(f"create run {i + 1}: {json.dumps({k: round(v[-1]) for k, v in times.items()})}")
+    return times
 
 
 def main() -> None:

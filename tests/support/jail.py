@@ -10,6 +10,7 @@ from pathlib import Path
 
 SYSTEM = Path("/usr")  # read-only system files every jail shows
 LINKS = {"bin", "sbin", "lib", "lib32", "lib64", "libx32"}  # usrmerge links to /usr
+PROC = Path("/proc")
 
 
 def status(pid: int) -> dict[str, str]:
@@ -18,12 +19,13 @@ def status(pid: int) -> dict[str, str]:
 
 
 def visible_files(pid: int) -> list[Path]:
-    """Every non-directory the process's root shows, as paths inside it, except /usr's."""
+    """Every non-directory the process's root shows, as paths inside it, except /usr's and
+    /proc's."""
     root = Path(f"/proc/{pid}/root")
     found = []
     for directory, dirs, files in os.walk(root):
         inside = Path("/") / Path(directory).relative_to(root)
-        if inside == SYSTEM:
+        if inside in (SYSTEM, PROC):
             dirs.clear()
             continue
         found += [inside / name for name in files]
@@ -41,8 +43,9 @@ def _cgroups(pid: int) -> dict[str, str]:
     return found
 
 
-def jail_problems(pid: int, allowed: Sequence[Path]) -> list[str]:
-    """What makes `pid` not jailed; its root may show files under `allowed` (and /usr, /dev)."""
+def jail_problems(pid: int, allowed: Sequence[Path], *, shares: bool = False) -> list[str]:
+    """What makes `pid` not jailed; its root may show files under `allowed` (and /usr, /dev).
+    A VMM that serves `shares` has a /proc, which must show its own processes alone."""
     st = status(pid)
     problems = []
     if "0" in st["Uid"].split() or "0" in st["Gid"].split():
@@ -62,10 +65,24 @@ def jail_problems(pid: int, allowed: Sequence[Path]) -> list[str]:
         if os.readlink(f"/proc/{pid}/ns/{ns}") == os.readlink(f"/proc/self/ns/{ns}"):
             problems.append(f"shares the host's {ns} namespace")
     root = Path(f"/proc/{pid}/root")
-    if (root / "etc").exists() or (root / "root").exists() or (root / "proc").exists():
-        problems.append("its root shows /etc, /root or /proc")
+    if (root / "etc").exists() or (root / "root").exists():
+        problems.append("its root shows /etc or /root")
+    if (root / "proc").exists() and not shares:
+        problems.append("its root shows /proc")
+    if shares and not {"hidepid=invisible", "subset=pid"} <= (options := _proc_options(pid)):
+        problems.append(f"its /proc is mounted with {sorted(options)}")
     for path in visible_files(pid):
         ok = [Path("/dev"), *allowed]
         if not any(path.is_relative_to(a) for a in ok) and str(path)[1:] not in LINKS:
             problems.append(f"its root shows {path}")
     return problems
+
+
+def _proc_options(pid: int) -> set[str]:
+    """The mount and superblock options of the /proc in `pid`'s root (hidepid=invisible shows
+    a process only to its own uid; subset=pid hides the system files)."""
+    for line in Path(f"/proc/{pid}/mountinfo").read_text().splitlines():
+        fields, _, after = line.partition(" - ")
+        if fields.split()[4] == "/proc" and after.split()[0] == "proc":
+            return {*fields.split()[5].split(","), *after.split()[2].split(",")}
+    return set()

@@ -614,7 +614,8 @@ class Orchestrator:
     ) -> _Live:
         """Start a VM for `record` from `snapshot` (restored, or `cold`-booted from its disks
         alone) on a new network slot, and hand envd the sandbox's token, env and fresh entropy.
-        A sandbox with volumes is always booted: a restored VM has no device to mount them by.
+        A sandbox with volumes is restored when `snapshot` has enough share slots (templates
+        built since they came), else booted: a restored VM has only its snapshot's devices.
         On failure nothing of the VM or slot is left; the sandbox's files are the caller's.
         Raises `VolumeNotFound` when a volume it mounts was deleted (nothing started)."""
         steps = Steps()
@@ -624,7 +625,7 @@ class Orchestrator:
             snapshot,
             record.network.egress,
             current_token,
-            cold or bool(shares),
+            cold or len(shares) > snapshot.spec.share_slots,
             shares,
             steps,
         )
@@ -710,7 +711,8 @@ class Orchestrator:
     ) -> bool:
         """Whether a create can run on a pooled VM: one restored from a built template's full
         state, as it is. Snapshots and forks are restored once each, so a pool would only
-        hold their memory longer; resized, volume-mounting and build VMs are booted."""
+        hold their memory longer; resized and build VMs are booted, and a VM that mounts
+        volumes has them as its VMM's devices from its start."""
         return (
             self.pools.enabled
             and parent is None

@@ -23,7 +23,7 @@ from pathlib import Path
 
 from aenv.ids import new_access_token
 from aenv.orchestrator.catalog import Catalog, SandboxRecord, VolumeMount, VolumeRecord
-from aenv.runtime.driver import Share
+from aenv.runtime.driver import Share, share_tag
 from aenv.runtime.jail import SHARED_DIR_MODE
 
 NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
@@ -64,11 +64,6 @@ def check_mount_path(path: str) -> str:
     if normal == "/" or any(normal == s or normal.startswith(s + "/") for s in _SYSTEM):
         raise BadMount(f"volume mount path '{path}' would hide the guest's system files")
     return normal
-
-
-def mount_tag(index: int) -> str:
-    """The guest-visible name of a sandbox's `index`-th volume device."""
-    return f"aenv-vol{index}"
 
 
 class VolumeStore:
@@ -141,11 +136,11 @@ class VolumeStore:
     def shares(self, mounts: Iterable[VolumeMount]) -> tuple[Share, ...]:
         """The driver's view of `mounts`; raises `VolumeNotFound` for a volume deleted since."""
         return tuple(
-            Share(mount_tag(i), self.directory(self.get(m.volume_id).id))
+            Share(share_tag(i), self.directory(self.get(m.volume_id).id))
             for i, m in enumerate(mounts)
         )
 
 
 def guest_mounts(mounts: tuple[VolumeMount, ...]) -> list[dict[str, str]]:
     """What envd's `/init` is told to mount: each device's tag and its guest path."""
-    return [{"tag": mount_tag(i), "path": m.path} for i, m in enumerate(mounts)]
+    return [{"tag": share_tag(i), "path": m.path} for i, m in enumerate(mounts)]

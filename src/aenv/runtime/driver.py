@@ -90,10 +90,18 @@ class Share:
     """A host directory the guest can mount read-write by `tag` (a volume). Several VMs may
     share one directory at once and see each other's writes. A VM with shares cannot be
     snapshotted with its memory (the device state of a mounted share cannot be saved), and
-    drivers whose VMM has no shared-filesystem device refuse them (`BootError`)."""
+    drivers whose VMM has no shared-filesystem device refuse them (`BootError`). The `i`-th
+    share of a VM is named `share_tag(i)`."""
 
     tag: str
     path: Path
+
+
+def share_tag(index: int) -> str:
+    """The tag of a VM's `index`-th share device. Fixed: a guest reads its devices' tags once,
+    when it boots, so a VM restored from a snapshot taken with share slots (`VMSpec.share_slots`)
+    finds its shares under the tags its snapshot's devices had."""
+    return f"aenv-vol{index}"
 
 
 @dataclass(frozen=True)
@@ -133,6 +141,10 @@ class VMSpec:
     memory_dir: Path | None = None
     limits: Limits = field(default_factory=Limits)
     shares: tuple[Share, ...] = ()
+    # Share devices the VM has whether or not anything is shared (an unused one exports an
+    # empty read-only directory). A restored VM has exactly its snapshot's devices, so a
+    # snapshot taken with slots restores VMs with up to that many shares; without, they boot.
+    share_slots: int = 0
 
 
 @dataclass(frozen=True)
@@ -191,7 +203,7 @@ class RestoreSpec:
     net: NetAttachment | None = None
     memory_dir: Path | None = None
     limits: Limits = field(default_factory=Limits)
-    # Only `boot_saved` attaches shares: a restored VM has exactly its snapshot's devices.
+    # At most the snapshot's `spec.share_slots` on a restore (`boot_saved` adds devices).
     shares: tuple[Share, ...] = ()
 
 
@@ -380,6 +392,7 @@ def _spec_to_dict(spec: VMSpec) -> dict[str, Any]:
             "pids_max": spec.limits.pids_max,
             "cpu_cores": spec.limits.cpu_cores,
         },
+        "share_slots": spec.share_slots,
     }
 
 
@@ -398,6 +411,7 @@ def _spec_from_dict(raw: Mapping[str, Any]) -> VMSpec:
         net=NetAttachment(str(net["netns"]), str(net["tap"]), str(net["mac"])) if net else None,
         memory_dir=Path(raw["memory_dir"]) if raw["memory_dir"] else None,
         limits=Limits(**raw["limits"]),
+        share_slots=int(raw.get("share_slots", 0)),  # none in manifests written before
     )
 
 

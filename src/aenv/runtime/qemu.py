@@ -72,6 +72,7 @@ from aenv.runtime.driver import (
     VMState,
     VMStats,
     process_cpu_time,
+    share_tag,
 )
 from aenv.runtime.jail import SECCOMP, Access, Jail, JailConfig, JailFile, UidPool, host_binary
 from aenv.runtime.qmp import Monitor, MonitorError
@@ -101,6 +102,13 @@ TCG_TB_MIB = 128
 # dmode; the VMM runs with umask 0): the VMMs of other sandboxes, each with its own uid, share
 # them, while the volumes directory (0700, root) keeps host users out.
 SHARE_FILE_MODES = "security_model=mapped-xattr,fmode=0666,dmode=0777"
+# Share devices every booted VM gets (`VMSpec.share_slots`), so that sandboxes restored from its
+# snapshots can mount that many volumes: a create with volumes is a restore, not a boot. QEMU
+# refuses to save a VM while a 9p export is mounted, not while one is only present. Each slot
+# is a virtio-mmio device of its own (microvm has 24 with its second IOAPIC).
+SHARE_SLOTS = 4
+# What an unused share slot exports: empty, read-only, the same for every VMM (root's, 0755).
+EMPTY_SHARE = Path("/run/aenv/empty-share")
 DEFAULT_PIDS = 64
 _JAIL_ENV = {"PATH": "/usr/bin:/bin"}
 
@@ -117,6 +125,8 @@ class QemuConfig:
     discard: bool = True
     # TCG only: the translation cache's size (`-accel tcg,tb-size=`), in MiB.
     tb_size_mib: int = TCG_TB_MIB
+    # Share devices of every booted VM (see `SHARE_SLOTS`).
+    share_slots: int = SHARE_SLOTS
 
 
 def host_tsc_khz(cpuinfo: str | None = None) -> int:
@@ -222,10 +232,12 @@ class QemuDriver:
         missing = [p for p in missing if not await asyncio.to_thread(p.is_file)]
         if missing:
             raise BootError(f"missing file(s): {', '.join(map(str, missing))}")
+        _check_share_tags(spec, BootError)
         cmdline = spec.cmdline
         if self.config.accel == "tcg" and "tsc_early_khz=" not in cmdline:
             cmdline += f" tsc_early_khz={await asyncio.to_thread(host_tsc_khz)}"
-        spec = dataclasses.replace(spec, cmdline=cmdline)
+        slots = max(spec.share_slots, self.config.share_slots, len(spec.shares))
+        spec = dataclasses.replace(spec, cmdline=cmdline, share_slots=slots)
         vm_id = secrets.token_hex(8)
         memory = _Memory(_memory_dir(spec) / f"{vm_id}.mem", shared=True, owned=True)
         vm = await self._launch(vm_id, spec, memory, BootError, platform=None)
@@ -398,8 +410,12 @@ class QemuDriver:
         into `steps`)."""
         steps = steps or Steps()
         platform = await self._check(snapshot)
-        if target.shares:
-            raise RestoreError("a restored VM has its snapshot's devices: shares need a boot")
+        slots = snapshot.spec.share_slots
+        if len(target.shares) > slots:
+            raise RestoreError(
+                f"a restored VM has its snapshot's devices ({slots} share slots): "
+                f"{len(target.shares)} shares need a boot"
+            )
         if not await asyncio.to_thread(target.workdir.is_dir):
             raise RestoreError(f"workdir {target.workdir} does not exist")
         net = snapshot.spec.net
@@ -421,7 +437,9 @@ class QemuDriver:
             net=net,
             limits=target.limits,
             disks=tuple(disks),
+            shares=target.shares,
         )
+        _check_share_tags(spec, RestoreError)
         if snapshot.memory_file is not None:
             memory = _Memory(snapshot.memory_file, shared=False, owned=False)
         else:
@@ -565,10 +583,14 @@ class QemuDriver:
                 "-netdev", f"tap,id=net0,fd={tap_fd}",
                 "-device", f"virtio-net-device,netdev=net0,mac={spec.net.mac}",
             ]  # fmt: skip
-        for i, share in enumerate(spec.shares):
+        for i in range(spec.share_slots):
+            if i < len(spec.shares):
+                fsdev = f"path={_opt(spec.shares[i].path)},{SHARE_FILE_MODES}"
+            else:
+                fsdev = f"path={_opt(_empty_share())},security_model=none,readonly=on"
             argv += [
-                "-fsdev", f"local,id=fs{i},path={_opt(share.path)},{SHARE_FILE_MODES}",
-                "-device", f"virtio-9p-device,fsdev=fs{i},mount_tag={share.tag}",
+                "-fsdev", f"local,id=fs{i},{fsdev}",
+                "-device", f"virtio-9p-device,fsdev=fs{i},mount_tag={share_tag(i)}",
             ]  # fmt: skip
         return argv
 
@@ -595,6 +617,8 @@ class QemuDriver:
                 files.append(JailFile(below.pop(0), Access.OWN))
             files += [JailFile(p, Access.READ) for p in below]
         files += [JailFile(share.path, Access.SHARED_DIR) for share in spec.shares]
+        if spec.share_slots > len(spec.shares):
+            files.append(JailFile(EMPTY_SHARE, Access.READ))
         mapped = Access.OWN if memory.owned else Access.SHARED_WRITE
         return [*files, JailFile(memory.path, mapped), JailFile(qmp, Access.OWN),
                 JailFile(console, Access.OWN)]  # fmt: skip
@@ -809,6 +833,7 @@ class QemuVM:
                 if self.state is not VMState.STOPPED and was_running:
                     with contextlib.suppress(MonitorError):
                         await self.monitor.execute("cont")
+                        self.run_state = VMState.RUNNING
                 raise SnapshotError(f"snapshot failed: {exc}; {_tail(self.stderr_log)}") from exc
             if keep_running and was_running:
                 await self.monitor.execute("cont")
@@ -1143,6 +1168,19 @@ async def _stopped_on_failure(
     except BaseException:
         await asyncio.shield(vm.stop())
         raise
+
+
+def _check_share_tags(spec: VMSpec, error: type[DriverError]) -> None:
+    """Shares must carry their slots' tags (`share_tag`): the guest knows its devices by them."""
+    wrong = [s.tag for i, s in enumerate(spec.shares) if s.tag != share_tag(i)]
+    if wrong:
+        raise error(f"share tags {wrong} are not their slots' ({share_tag(0)}, ...)")
+
+
+def _empty_share() -> Path:
+    """`EMPTY_SHARE`, made if missing (blocking)."""
+    EMPTY_SHARE.mkdir(mode=0o755, parents=True, exist_ok=True)
+    return EMPTY_SHARE
 
 
 def _memory_cap_mib(guest_mib: int, shared: bool, tb_mib: int) -> int:

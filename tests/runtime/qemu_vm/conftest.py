@@ -23,7 +23,15 @@ from aenv.guest.initramfs import build_initramfs
 from aenv.guest.kernel import Kernel, fetch_kernel
 from aenv.guest.rootfs import BaseRootfs, build_base_rootfs
 from aenv.runtime.cgroups import CgroupManager, detect
-from aenv.runtime.driver import VM, Disk, RestoreSpec, Snapshot, SnapshotTarget, VMSpec
+from aenv.runtime.driver import (
+    VM,
+    Disk,
+    RestoreSpec,
+    Share,
+    Snapshot,
+    SnapshotTarget,
+    VMSpec,
+)
 from aenv.runtime.qemu import Accel, QemuConfig, QemuDriver, QemuVM
 from aenv.storage import layers
 from tests.runtime.qemu_vm.agent import build_agent_bundle
@@ -60,7 +68,8 @@ class Places:
     def check_jailed(self, driver: QemuDriver, vm: VM) -> VM:
         assert isinstance(vm, QemuVM)
         if driver.config.jail is not None:
-            assert jail_problems(vm.proc.pid, self.jail_roots()) == []
+            shares = bool(vm.spec.shares)
+            assert jail_problems(vm.proc.pid, self.jail_roots(), shares=shares) == []
         return vm
 
     def vm_dir(self) -> Path:
@@ -183,13 +192,18 @@ class Fleet:
         self.nets = nets
         self.vms: list[VM] = []
 
-    def target(self) -> RestoreSpec:
+    def target(self, shares: tuple[Share, ...] = ()) -> RestoreSpec:
         return RestoreSpec(
-            workdir=self.places.vm_dir(), net=self.nets.create(), memory_dir=self.places.shm
+            workdir=self.places.vm_dir(),
+            net=self.nets.create(),
+            memory_dir=self.places.shm,
+            shares=shares,
         )
 
-    async def restore(self, snapshot: Snapshot) -> tuple[VM, str]:
-        target = self.target()
+    async def restore(
+        self, snapshot: Snapshot, shares: tuple[Share, ...] = ()
+    ) -> tuple[VM, str]:
+        target = self.target(shares)
         vm = await self.driver.restore(snapshot, target)
         self.vms.append(vm)
         self.places.check_jailed(self.driver, vm)
