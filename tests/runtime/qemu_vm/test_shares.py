@@ -58,7 +58,7 @@ async def test_a_mounted_share_blocks_saving_until_unmounted(
     shares = (Share(share_tag(0), volume(places, "blocks")),)
     vm, netns = await fleet.restore(template.snapshot, shares)
     assert (await sh(netns, f"mkdir -p /mnt/v && {MOUNT} {share_tag(0)} /mnt/v"))["rc"] == 0
-    with pytest.raises(SnapshotError, match="(?i)9p|virtfs|migrat"):
+    with pytest.raises(SnapshotError, match=r"(?i)9p|virtfs|migrat"):
         await vm.snapshot(places.snapshot_target(), keep_running=True)
     assert vm.state.value == "running"
     assert (await sh(netns, "echo still-running > /mnt/v/after"))["rc"] == 0
