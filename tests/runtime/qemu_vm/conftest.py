@@ -200,9 +200,7 @@ class Fleet:
             shares=shares,
         )
 
-    async def restore(
-        self, snapshot: Snapshot, shares: tuple[Share, ...] = ()
-    ) -> tuple[VM, str]:
+    async def restore(self, snapshot: Snapshot, shares: tuple[Share, ...] = ()) -> tuple[VM, str]:
         target = self.target(shares)
         vm = await self.driver.restore(snapshot, target)
         self.vms.append(vm)
