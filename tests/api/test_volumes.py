@@ -1,12 +1,15 @@
 """Volumes over a node on doubles, served on loopback and driven by the unmodified Python SDK:
 create, list, info and delete with E2B's shapes; bad input answered with JSON errors and nothing
-changed; `volumeMounts` on create reaching the driver (a share per volume, always a boot) and
-the guest's `/init`; pause, fork and snapshot of a sandbox with volumes saving its filesystem
-only. The mounts themselves, in real guests, are tested in tests/e2e/volumes."""
+changed; `volumeMounts` on create reaching the driver (a share per volume, restored into a
+share slot) and the guest's `/init`; pause, fork and snapshot of a sandbox with volumes have
+its guest release them and keep its memory, and save its filesystem only when a volume is in
+use or the VM has no share slots. The mounts themselves, in real guests, are tested in
+tests/e2e/volumes."""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import os
 import sys
@@ -124,11 +127,18 @@ async def test_mounts_reach_the_driver_and_the_guest(tmp_path: Path) -> None:
         assert await AsyncVolume.destroy(volume.volume_id, **_opts(api)) is True
 
 
-async def test_pause_fork_and_snapshot_save_the_filesystem_and_remount(tmp_path: Path) -> None:
+async def _with_volume(node: DoubleNode, api: Any) -> str:
+    await api.post("/volumes", json={"name": "v"})
+    body = {"templateID": "base", "volumeMounts": [{"name": "v", "path": "/v"}]}
+    return str((await api.post("/v2/sandboxes", json=body)).json()["sandboxID"])
+
+
+async def test_pause_fork_and_snapshot_release_the_volumes_and_keep_memory(
+    tmp_path: Path,
+) -> None:
     async with double_node(tmp_path) as node, served(node) as api:
-        await api.post("/volumes", json={"name": "v"})
-        body = {"templateID": "base", "volumeMounts": [{"name": "v", "path": "/v"}]}
-        sandbox_id = (await api.post("/v2/sandboxes", json=body)).json()["sandboxID"]
+        sandbox_id = await _with_volume(node, api)
+        boots = node.driver.calls["boot"]
         forked = await api.post(f"/sandboxes/{sandbox_id}/fork", json={"count": 1})
         assert forked.status_code == 201, forked.text
         child = forked.json()[0]["sandbox"]["sandboxID"]
@@ -137,15 +147,54 @@ async def test_pause_fork_and_snapshot_save_the_filesystem_and_remount(tmp_path:
             == node.orchestrator.get(sandbox_id).volume_mounts
         )
         assert _vm(node, child).guest.volume_mounts == [{"tag": "aenv-vol0", "path": "/v"}]
+        assert _vm(node, child).guest.volumes_mounted
+        # The source unmounted its volume for the save, and mounted it again after.
+        source = _vm(node, sandbox_id).guest
+        assert source.volume_releases == 1 and source.volumes_mounted
         snap = await api.post(f"/sandboxes/{sandbox_id}/snapshots", json={})
         assert snap.status_code == 201, snap.text
-        assert node.templates.get(snap.json()["snapshotID"]).save_mode is SaveMode.FILESYSTEM
+        assert node.templates.get(snap.json()["snapshotID"]).save_mode is SaveMode.FULL
+        assert source.volume_releases == 2 and source.volumes_mounted
         assert (await api.post(f"/sandboxes/{sandbox_id}/pause")).status_code == 204
-        assert node.orchestrator.get(sandbox_id).checkpoint_mode is SaveMode.FILESYSTEM
+        assert node.orchestrator.get(sandbox_id).checkpoint_mode is SaveMode.FULL
         resumed = await api.post(f"/sandboxes/{sandbox_id}/connect", json={"timeout": 60})
         assert resumed.status_code == 201, resumed.text
+        guest = _vm(node, sandbox_id).guest
+        assert guest.volume_mounts == [{"tag": "aenv-vol0", "path": "/v"}]
+        assert guest.volumes_mounted and _vm(node, sandbox_id).spec.shares
+        assert node.driver.calls["boot"] == boots  # every start a restore
+
+
+async def test_a_volume_in_use_saves_the_filesystem_and_a_failed_save_remounts(
+    tmp_path: Path,
+) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        sandbox_id = await _with_volume(node, api)
+        guest = _vm(node, sandbox_id).guest
+        node.driver.fail_next("snapshot")
+        assert (await api.post(f"/sandboxes/{sandbox_id}/pause")).status_code >= 500
+        assert node.orchestrator.get(sandbox_id).state.value == "running"
+        assert guest.volume_releases == 1 and guest.volumes_mounted
+        guest.volumes_busy = True
+        assert (await api.post(f"/sandboxes/{sandbox_id}/pause")).status_code == 204
+        assert node.orchestrator.get(sandbox_id).checkpoint_mode is SaveMode.FILESYSTEM
+        assert guest.syncs == 1  # flushed for the filesystem save
+        boots = node.driver.calls["boot"]
+        resumed = await api.post(f"/sandboxes/{sandbox_id}/connect", json={"timeout": 60})
+        assert resumed.status_code == 201, resumed.text
+        assert node.driver.calls["boot"] == boots + 1
         assert _vm(node, sandbox_id).guest.volume_mounts == [{"tag": "aenv-vol0", "path": "/v"}]
-        assert _vm(node, sandbox_id).spec.shares
+
+
+async def test_a_vm_booted_without_share_slots_saves_the_filesystem(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        sandbox_id = await _with_volume(node, api)
+        vm = _vm(node, sandbox_id)
+        # As a VM an older version booted: its devices are its shares alone.
+        vm.spec = dataclasses.replace(vm.spec, share_slots=0)
+        assert (await api.post(f"/sandboxes/{sandbox_id}/pause")).status_code == 204
+        assert node.orchestrator.get(sandbox_id).checkpoint_mode is SaveMode.FILESYSTEM
+        assert vm.guest.volume_releases == 0
 
 
 async def _aenv(api: Any, *args: str) -> tuple[int, str, str]:

@@ -99,6 +99,9 @@ class DoubleDriver:
         self._holds: dict[str, Hold] = {}
         # What `no_shares` answers: set it to play a driver without shares (Firecracker).
         self.shares_refused: str | None = None
+        # Share devices of every booted VM, as QEMU's (`VMSpec.share_slots`); 0 plays VMs
+        # booted before share slots came.
+        self.share_slots = 4
 
     @property
     def name(self) -> str:
@@ -133,6 +136,10 @@ class DoubleDriver:
     async def boot(self, spec: VMSpec) -> VM:
         await self.step("boot")
         return await self._boot(spec)
+
+    def _with_slots(self, spec: VMSpec) -> VMSpec:
+        slots = max(spec.share_slots, self.share_slots, len(spec.shares))
+        return dataclasses.replace(spec, share_slots=slots)
 
     async def boot_saved(self, snapshot: Snapshot, target: RestoreSpec) -> VM:
         await self.step("boot")
@@ -182,13 +189,13 @@ class DoubleDriver:
                 raise BootError(f"disk {disk.drive_id}: no file {disk.path}")
             if not disk.read_only:
                 files |= await read_disk(disk.path)
-        return await self._start(spec, Guest.booted(files))
+        return await self._start(self._with_slots(spec), Guest.booted(files))
 
     async def restore(self, snapshot: Snapshot, target: RestoreSpec) -> VM:
         await self.step("restore")
         if snapshot.driver != NAME:
             raise IncompatibleSnapshotError(f"a {snapshot.driver} snapshot")
-        if target.shares:
+        if len(target.shares) > snapshot.spec.share_slots:
             raise RestoreError("a restored VM has its snapshot's devices: shares need a boot")
         if not snapshot.machine_state or snapshot.memory_file is None:
             raise RestoreError("a filesystem-only snapshot cannot be restored, only booted")
@@ -201,7 +208,11 @@ class DoubleDriver:
         except (OSError, ValueError) as e:
             raise RestoreError(f"unreadable snapshot: {e}") from e
         spec = dataclasses.replace(
-            snapshot.spec, workdir=target.workdir, net=target.net, memory_dir=target.memory_dir
+            snapshot.spec,
+            workdir=target.workdir,
+            net=target.net,
+            memory_dir=target.memory_dir,
+            shares=target.shares,
         )
         return await self._start(spec, Guest.restored(memory, files))
 
@@ -269,6 +280,10 @@ class DoubleVM:
     def console_log(self) -> Path:
         return self.spec.workdir / f"console-{self._id}.log"
 
+    @property
+    def share_slots(self) -> int:
+        return self.spec.share_slots
+
     async def start(self, sock: Any) -> None:
         await self._server.startup(sockets=[sock])
         self.console_log.write_text(f"double VM {self._id} up\n")
@@ -285,7 +300,7 @@ class DoubleVM:
         await self.driver.step("snapshot")
         if self._state is VMState.STOPPED:
             raise SnapshotError(f"VM {self._id} is not running")
-        if machine_state and self.spec.shares:
+        if machine_state and self.guest.volumes_mounted:
             raise SnapshotError("QEMU cannot save a mounted 9p share's state")
         self._seq += 1
         disks = {}

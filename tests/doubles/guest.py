@@ -45,8 +45,12 @@ class Guest:
     disk: dict[str, str] = field(default_factory=dict)
     # Not saved: what this run of the guest was asked (the tests read it).
     inits: int = 0
-    # What the newest `/init` asked to mount ({"tag", "path"} each).
+    # What the newest `/init` asked to mount ({"tag", "path"} each), and whether they are
+    # mounted (not since a release); tests set `volumes_busy` to play a volume in use.
     volume_mounts: list[dict[str, str]] = field(default_factory=list)
+    volumes_mounted: bool = False
+    volumes_busy: bool = False
+    volume_releases: int = 0
     syncs: int = 0
     metrics_asked: int = 0  # `/metrics` requests answered
     runs: list[tuple[str, str]] = field(default_factory=list)  # (user, command)
@@ -62,7 +66,7 @@ class Guest:
     def memory(self) -> dict[str, Any]:
         """What a full save keeps besides the disk."""
         state = asdict(self)
-        for transient in ("disk", "inits", "syncs", "runs", "metrics_asked"):
+        for transient in ("disk", "inits", "syncs", "runs", "metrics_asked", "volume_releases"):
             del state[transient]
         return state
 
@@ -142,6 +146,7 @@ def envd_app(guest: Guest) -> ASGIApp:
         guest.default_user = body.get("defaultUser", guest.default_user)
         guest.default_workdir = body.get("defaultWorkdir", guest.default_workdir)
         guest.volume_mounts = body.get("volumeMounts", [])
+        guest.volumes_mounted = bool(guest.volume_mounts)
         guest.inits += 1
         return Response(status_code=204)
 
@@ -151,6 +156,21 @@ def envd_app(guest: Guest) -> ASGIApp:
         guest.disk.update(guest.written)
         guest.written.clear()
         guest.syncs += 1
+        return Response(status_code=204)
+
+    async def release_volumes(request: Request) -> Response:
+        if not authorized(request):
+            return unauthorized()
+        if guest.volumes_busy:
+            return JSONResponse({"code": 409, "message": "volume busy"}, status_code=409)
+        guest.volumes_mounted = False
+        guest.volume_releases += 1
+        return Response(status_code=204)
+
+    async def mount_volumes(request: Request) -> Response:
+        if not authorized(request):
+            return unauthorized()
+        guest.volumes_mounted = True
         return Response(status_code=204)
 
     async def metrics(request: Request) -> Response:
@@ -186,6 +206,8 @@ def envd_app(guest: Guest) -> ASGIApp:
             Route("/health", health, methods=["GET"]),
             Route("/init", init, methods=["POST"]),
             Route("/sync", sync, methods=["POST"]),
+            Route("/aenv/volumes/release", release_volumes, methods=["POST"]),
+            Route("/aenv/volumes/mount", mount_volumes, methods=["POST"]),
             Route("/metrics", metrics, methods=["GET"]),
             Route("/envs", envs, methods=["GET"]),
             Route("/files", read_file, methods=["GET"]),

@@ -370,6 +370,8 @@ def create_app(settings: Settings) -> ASGIApp:
             Route("/files", partial(files.download, settings=settings), methods=["GET"]),
             Route("/files", partial(files.upload, settings=settings), methods=["POST"]),
             Route("/aenv/copy", copy.copy, methods=["POST"]),
+            Route("/aenv/volumes/release", system.release_volumes, methods=["POST"]),
+            Route("/aenv/volumes/mount", system.mount_volumes, methods=["POST"]),
         ],
         lifespan=lifespan,
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},

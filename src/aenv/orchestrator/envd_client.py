@@ -122,6 +122,34 @@ class EnvdClient:
         if response.status_code != 204:
             raise EnvdUnavailable(f"envd /sync answered {response.status_code}: {response.text}")
 
+    async def release_volumes(self, mounts: Sequence[Mapping[str, str]]) -> bool:
+        """Have the guest unmount its volumes before a save with memory; False when one is in
+        use (all stay mounted)."""
+        return await self._volumes("release", mounts)
+
+    async def mount_volumes(self, mounts: Sequence[Mapping[str, str]]) -> None:
+        """Have the guest mount its volumes again after `release_volumes`."""
+        if not await self._volumes("mount", mounts):
+            raise EnvdUnavailable("envd /aenv/volumes/mount answered 409")
+
+    async def _volumes(self, action: str, mounts: Sequence[Mapping[str, str]]) -> bool:
+        try:
+            response = await self.http.post(
+                f"{self.url}/aenv/volumes/{action}",
+                json={"volumeMounts": [dict(m) for m in mounts]},
+                headers=self.headers(),
+                timeout=30.0,
+            )
+        except httpx.TransportError as e:
+            raise EnvdUnavailable(f"envd at {self.url} unreachable: {e!r}") from e
+        if response.status_code == 409:
+            return False
+        if response.status_code != 204:
+            raise EnvdUnavailable(
+                f"envd /aenv/volumes/{action} answered {response.status_code}: {response.text}"
+            )
+        return True
+
     async def metrics(self) -> dict[str, float]:
         """envd's current resource sample from inside the guest (CPU, memory, disk)."""
         try:

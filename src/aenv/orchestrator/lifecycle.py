@@ -26,7 +26,7 @@ import logging
 import secrets
 import shutil
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -1016,15 +1016,15 @@ class Orchestrator:
            On failure the checkpoint is removed and the sandbox runs on (PAUSING -> RUNNING).
         4. Free the slot; PAUSING -> PAUSED with the new `checkpoint_seq` and `checkpoint_mode`.
         5. Prune older checkpoints; detach and upload this one in the background.
-        A sandbox with volumes saves its filesystem only (`_save_mode`). A hibernated sandbox is
-        saved already: its checkpoint becomes the pause's."""
+        A sandbox with volumes has its guest unmount them first (`_volumes_released`); when one
+        is in use, only its filesystem is saved. A hibernated sandbox is saved already: its
+        checkpoint becomes the pause's."""
         async with self._lock(sandbox_id):
             record = self.get(sandbox_id)
             if record.state is SandboxState.HIBERNATED:
                 return await self._pause_hibernated(record)
             if record.state is not SandboxState.RUNNING:
                 raise InvalidState(sandbox_id, record.state, "pause")
-            mode = _save_mode(record, mode)
             await self._check_reserve(f"pause sandbox {sandbox_id}")
             if require_healthy:
                 try:
@@ -1049,12 +1049,13 @@ class Orchestrator:
             self._cancel_timer(sandbox_id)
         live.planned_exit = True
         try:
-            if mode is SaveMode.FILESYSTEM:
-                await self._envd(record).sync()
-            await asyncio.to_thread(target.mkdir)
-            saved = await live.vm.snapshot(
-                SnapshotTarget(target, target), keep_running=False, machine_state=mode.memory
-            )
+            async with self._volumes_released(record, live, mode, keep_running=False) as mode:
+                if mode is SaveMode.FILESYSTEM:
+                    await self._envd(record).sync()
+                await asyncio.to_thread(target.mkdir)
+                saved = await live.vm.snapshot(
+                    SnapshotTarget(target, target), keep_running=False, machine_state=mode.memory
+                )
         except _FAILURES as e:
             await asyncio.to_thread(shutil.rmtree, target, True)
             live.planned_exit = False
@@ -1100,8 +1101,8 @@ class Orchestrator:
     async def hibernate_idle(self) -> None:
         """One look for idle sandboxes (`hibernation.Hibernation.due`): each is hibernated
         unless its guest still runs a command, which starts its idle clock again. Sandboxes
-        that mount volumes are left alone: their save keeps only the filesystem (`_save_mode`),
-        which would not be transparent."""
+        that mount volumes are left alone: a volume in use would make their save keep only the
+        filesystem (`_volumes_released`), which would not be transparent."""
         running = [
             r.id
             for r in self.catalog.list([SandboxState.RUNNING])
@@ -1502,15 +1503,17 @@ class Orchestrator:
         async with self._lock(sandbox_id):
             steps.mark("lock")
             record = self.get(sandbox_id)
-            mode = _save_mode(record, mode)
             await self._check_reserve(f"save sandbox {sandbox_id}")
             await asyncio.to_thread(dest.mkdir, parents=True)
             await asyncio.to_thread(memory_dir.mkdir, parents=True)
             try:
                 if record.state is SandboxState.RUNNING:
-                    if mode is SaveMode.FILESYSTEM:
-                        await self._envd(record).sync()
-                    saved = await self._save_running(record, dest, memory_dir, mode, steps)
+                    live = self._live_of(record.id)
+                    released = self._volumes_released(record, live, mode, keep_running=True)
+                    async with released as mode:
+                        if mode is SaveMode.FILESYSTEM:
+                            await self._envd(record).sync()
+                        saved = await self._save_running(record, dest, memory_dir, mode, steps)
                 elif record.state is SandboxState.PAUSED:
                     if mode is SaveMode.FILESYSTEM and record.checkpoint_mode is SaveMode.FULL:
                         # Its disks lack what the guest had not written back when it paused.
@@ -1563,6 +1566,37 @@ class Orchestrator:
         if kind is TemplateKind.SNAPSHOT:
             self._spawn(self.saved.push_template(template))
         return template
+
+    @contextlib.asynccontextmanager
+    async def _volumes_released(
+        self, record: SandboxRecord, live: _Live, mode: SaveMode, *, keep_running: bool
+    ) -> AsyncIterator[SaveMode]:
+        """Around a save of running `record` with `mode`: yields the mode the save can have.
+        QEMU saves no mounted 9p device, so a guest with volumes unmounts them first (envd
+        covers their paths meanwhile, see `aenv.envd.mounts`), and mounts them again after a
+        save it runs on (`keep_running`) or one that failed. When one is in use, or the VM has
+        fewer share slots than volumes (booted before they came; a restore of its state could
+        not attach them), the save keeps only the filesystem: the volumes are on the host, and
+        mounted again at the next boot."""
+        if not (record.volume_mounts and mode.memory):
+            yield mode
+            return
+        mounts = guest_mounts(record.volume_mounts)
+        envd = self._envd(record)
+        if live.vm.share_slots < len(mounts) or not await envd.release_volumes(mounts):
+            log.info("sandbox %s: volumes stay mounted, its filesystem alone is saved", record.id)
+            yield SaveMode.FILESYSTEM
+            return
+        try:
+            yield mode
+        except BaseException:
+            try:
+                await envd.mount_volumes(mounts)
+            except EnvdUnavailable:  # the save's failure is what its caller reports
+                log.exception("sandbox %s: volumes not mounted again", record.id)
+            raise
+        if keep_running:
+            await envd.mount_volumes(mounts)
 
     async def _save_running(
         self, record: SandboxRecord, dest: Path, memory_dir: Path, mode: SaveMode, steps: Steps
@@ -1735,13 +1769,6 @@ class Orchestrator:
             except OperationFailed:
                 log.exception("auto-pause of %s failed; killing it", record.id)
         await self.kill(record.id)
-
-
-def _save_mode(record: SandboxRecord, asked: SaveMode) -> SaveMode:
-    """What saving `record` can keep: a guest that mounts volumes has 9p devices, whose state
-    QEMU cannot save while mounted, so only its filesystem is saved (its volumes are outside
-    it, on the host, and are mounted again when it boots)."""
-    return SaveMode.FILESYSTEM if record.volume_mounts else asked
 
 
 def _sandbox_env(record: SandboxRecord) -> dict[str, str]:

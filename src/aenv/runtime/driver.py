@@ -256,6 +256,11 @@ class VM(Protocol):
         """The guest's serial console output (for diagnostics)."""
         ...
 
+    @property
+    def share_slots(self) -> int:
+        """How many shares the VM's saved states can be restored with (`VMSpec.share_slots`)."""
+        ...
+
     async def pause(self) -> None:
         """Stop the vCPUs; memory and devices stay as they are."""
         ...

@@ -803,6 +803,10 @@ class QemuVM:
     def console_log(self) -> Path:
         return self._console
 
+    @property
+    def share_slots(self) -> int:
+        return self.spec.share_slots
+
     def _require(self, *states: VMState) -> None:
         if self.state not in states:
             raise DriverError(f"VM {self._id} is {self.state.value}")

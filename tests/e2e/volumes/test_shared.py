@@ -1,12 +1,13 @@
 """Volumes in real guests, with the unmodified Python SDK: one volume mounted by two sandboxes
 at once, each seeing the other's writes; its files outlive both and reach a third sandbox, and
-its forks, and survive its pause; mounted, it cannot be deleted. Leaves volume `kept` with a
-file for test_after_restart.py."""
+its forks, and survive its pause, which keeps the sandbox's processes unless a volume is in
+use; mounted, it cannot be deleted. Leaves volume `kept` with a file for
+test_after_restart.py."""
 
 from __future__ import annotations
 
 import pytest
-from e2b import Sandbox, SandboxException, Volume, VolumeException
+from e2b import CommandExitException, Sandbox, SandboxException, Volume, VolumeException
 
 from tests.e2e.inner.conftest import LIFETIME
 
@@ -40,22 +41,38 @@ def test_two_sandboxes_share_a_volume_that_outlives_them() -> None:
     assert [v.name for v in Volume.list()] == []
 
 
-def test_pause_resume_and_fork_keep_the_volume_mounted() -> None:
+def test_pause_resume_and_fork_keep_the_volume_and_the_processes() -> None:
     volume = Volume.create("kept")
     sandbox = Sandbox.create(timeout=LIFETIME, volume_mounts={"/kept": volume})
     children: list[Sandbox] = []
     try:
         sandbox.files.write("/kept/note", "before the pause")
         sandbox.files.write("/home/user/own", "on the sandbox's disk")
+        sleeper = sandbox.commands.run("sleep 3600", background=True).pid
+        alive = f"grep -q 3600 /proc/{sleeper}/cmdline"  # fails once the process is gone
         sandbox.pause()
         resumed = Sandbox.connect(sandbox.sandbox_id, timeout=LIFETIME)
         assert resumed.files.read("/kept/note") == "before the pause"
         assert resumed.files.read("/home/user/own") == "on the sandbox's disk"
+        # Saved with its memory (the guest unmounted the volume for the save): its process
+        # lives on, and the volume is mounted again where it was.
+        resumed.commands.run(alive)
+        assert "9p" in resumed.commands.run("grep ' /kept ' /proc/mounts").stdout
         (child,) = resumed.fork(count=1, timeout=LIFETIME)
         assert isinstance(child, Sandbox), child
         children.append(child)
+        child.commands.run(alive)
         child.files.write("/kept/from-child", "child")
         assert resumed.files.read("/kept/from-child") == "child"
+        # A volume in use (the working directory of a process) cannot be unmounted: the pause
+        # saves the filesystem alone, and the sandbox boots again with its files.
+        resumed.commands.run("cd /kept && exec sleep 3600", background=True)
+        resumed.pause()
+        again = Sandbox.connect(sandbox.sandbox_id, timeout=LIFETIME)
+        assert again.files.read("/kept/from-child") == "child"
+        assert again.files.read("/home/user/own") == "on the sandbox's disk"
+        with pytest.raises(CommandExitException):
+            again.commands.run(alive)
     finally:
         for s in [sandbox, *children]:
             s.kill()

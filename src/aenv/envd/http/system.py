@@ -1,4 +1,6 @@
-"""envd's plain HTTP routes besides `/files`: `/health`, `/init`, `/envs`, `/metrics`.
+"""envd's plain HTTP routes besides `/files`: `/health`, `/init`, `/envs`, `/metrics`, and
+ours: `/sync`, `/aenv/volumes/release` and `/aenv/volumes/mount` (around a save with memory of
+a sandbox with volumes, see `aenv.envd.mounts`).
 
 `POST /init` is how the host configures a sandbox after every boot or restore: env vars, access
 token, default user and workdir, the clock, the hostname (also in `/etc/hosts`), the volumes to
@@ -17,6 +19,7 @@ import shutil
 import socket
 import struct
 import time
+from collections.abc import Callable
 from datetime import datetime
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -26,7 +29,7 @@ from starlette.responses import JSONResponse, Response
 from aenv.envd import hosts
 from aenv.envd.auth import TOKEN_HEADER, tokens_equal
 from aenv.envd.http.files import json_error
-from aenv.envd.mounts import GuestMount, mount_all
+from aenv.envd.mounts import GuestMount, VolumeBusy, mount_all, release_all
 from aenv.envd.settings import Settings
 from aenv.envd.users import UnknownUserError, User
 
@@ -50,6 +53,12 @@ class InitRequest(BaseModel):
     volume_mounts: list[GuestMount] | None = Field(default=None, alias="volumeMounts")
 
 
+class VolumesRequest(BaseModel):
+    model_config = ConfigDict(populate_by_name=True, extra="forbid")
+
+    volume_mounts: list[GuestMount] = Field(alias="volumeMounts")
+
+
 def reseed_rng(seed: bytes) -> None:
     """Credit `seed` to the kernel pool and force the CRNG to reseed from it now."""
     with open("/dev/urandom", "wb") as dev:
@@ -66,6 +75,31 @@ async def sync(_: Request) -> Response:
     """Flush the guest's dirty pages to its disks: the host calls this before it saves only the
     filesystem of a sandbox (a filesystem-only pause or snapshot), which drops the memory."""
     await asyncio.to_thread(os.sync)
+    return Response(status_code=204)
+
+
+async def release_volumes(request: Request) -> Response:
+    """Unmount the sandbox's volumes before a save with memory: 204, or 409 when one is in use
+    (then all stay mounted)."""
+    return await _volumes(request, release_all)
+
+
+async def mount_volumes(request: Request) -> Response:
+    """Mount the sandbox's volumes again (in place of what `release_volumes` left)."""
+    return await _volumes(request, mount_all)
+
+
+async def _volumes(request: Request, apply: Callable[[list[GuestMount]], None]) -> Response:
+    try:
+        body = VolumesRequest.model_validate_json(await request.body() or b"{}")
+    except ValidationError as e:
+        return json_error(400, f"invalid volumes request: {e.errors(include_url=False)}")
+    try:
+        await asyncio.to_thread(apply, body.volume_mounts)
+    except VolumeBusy as e:
+        return json_error(409, e.strerror or str(e))
+    except OSError as e:
+        return json_error(500, e.strerror or str(e))
     return Response(status_code=204)
 
 

@@ -102,6 +102,10 @@ class FirecrackerVM:
         return self.workdir / "console.log"
 
     @property
+    def share_slots(self) -> int:
+        return 0  # Firecracker has no shared-filesystem device
+
+    @property
     def vsock_path(self) -> Path | None:
         """Where the host connects to the guest's vsock (`CONNECT <port>`), if configured."""
         if self._config.vsock_cid is None:
