@@ -1,8 +1,9 @@
 """Idle hibernation's lifecycle on the double driver and slots: an idle sandbox is saved and
 stopped but runs for the API, its next request wakes it as it was, a running command or an open
-exchange keeps it awake, and a hibernated sandbox can be paused, killed or time out. The looks
-for idle sandboxes are taken by the test (`hibernate_idle`), with a tiny `after`. The real VMs
-and the proxy's view of the traffic are in tests/e2e/restart/test_hibernation.py."""
+exchange keeps it awake (so does a volume in use), and a hibernated sandbox can be paused,
+killed or time out. The looks for idle sandboxes are taken by the test (`hibernate_idle`),
+with a tiny `after`. The real VMs and the proxy's view of the traffic are in
+tests/e2e/restart/test_hibernation.py."""
 
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import asyncio
 import time
 from pathlib import Path
 
+from aenv.orchestrator.catalog import VolumeMount
+from aenv.orchestrator.kinds import SaveMode
 from aenv.orchestrator.states import SandboxState
 from tests.doubles.node import DoubleNode, assert_clean, double_node, eventually
 
@@ -72,6 +75,27 @@ async def test_a_running_command_or_open_exchange_keeps_it_awake(tmp_path: Path)
         assert node.row(busy.id).state is SandboxState.RUNNING
         orc.hibernation.traffic = None
         await hibernated(node, busy.id)
+
+
+async def test_volumes_are_released_to_hibernate_unless_one_is_in_use(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        enable(node)
+        orc = node.orchestrator
+        volume = await orc.volumes.create("data")
+        mounts = (VolumeMount(volume.id, "/data"),)
+        busy, _ = await orc.create(node.request(volume_mounts=mounts))
+        node.guest(busy.id).volumes_busy = True
+        time.sleep(AFTER)
+        await orc.hibernate_idle()
+        # Its save would keep only the filesystem: it runs on, its volume mounted.
+        assert node.row(busy.id).state is SandboxState.RUNNING
+        assert node.guest(busy.id).volumes_mounted
+        node.guest(busy.id).volumes_busy = False
+        await hibernated(node, busy.id)
+        assert node.row(busy.id).checkpoint_mode is SaveMode.FULL
+        await orc.endpoint_for_traffic(busy.id)
+        assert node.guest(busy.id).volumes_mounted  # mounted again at the wake's `/init`
+        assert await orc.kill(busy.id)
 
 
 async def test_hibernated_sandbox_pauses_for_good_times_out_and_is_killed(

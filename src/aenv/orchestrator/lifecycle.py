@@ -90,6 +90,10 @@ _NO_EGRESS = SlotEgress(enabled=False, policy=EgressPolicy())
 _FAILURES = (DriverError, EnvdUnavailable, OSError, RepositoryError)
 
 
+class VolumeInUse(RuntimeError):
+    """A save that must keep the memory met a volume the guest could not unmount."""
+
+
 class SandboxNotFound(LookupError):
     def __init__(self, sandbox_id: str) -> None:
         super().__init__(f"sandbox {sandbox_id} not found")
@@ -1038,7 +1042,8 @@ class Orchestrator:
     ) -> SandboxRecord:
         """Steps 2-5 of `pause` (the caller holds the lock, the sandbox runs), ending in `to`:
         PAUSED, or HIBERNATED, whose timeout keeps running and whose checkpoint stays local
-        (it is detached and uploaded only if the sandbox is then paused for good)."""
+        (it is detached and uploaded only if the sandbox is then paused for good). A
+        hibernation must keep the memory: a volume in use fails it (`OperationFailed`)."""
         sandbox_id = record.id
         live = self._live_of(sandbox_id)
         sandbox_dir = self._dirs(sandbox_id)[0]
@@ -1049,14 +1054,18 @@ class Orchestrator:
             self._cancel_timer(sandbox_id)
         live.planned_exit = True
         try:
-            async with self._volumes_released(record, live, mode, keep_running=False) as mode:
+            hibernating = to is SandboxState.HIBERNATED
+            released = self._volumes_released(
+                record, live, mode, keep_running=False, memory_required=hibernating
+            )
+            async with released as mode:
                 if mode is SaveMode.FILESYSTEM:
                     await self._envd(record).sync()
                 await asyncio.to_thread(target.mkdir)
                 saved = await live.vm.snapshot(
                     SnapshotTarget(target, target), keep_running=False, machine_state=mode.memory
                 )
-        except _FAILURES as e:
+        except (*_FAILURES, VolumeInUse) as e:
             await asyncio.to_thread(shutil.rmtree, target, True)
             live.planned_exit = False
             restored = self.catalog.transition(
@@ -1100,14 +1109,10 @@ class Orchestrator:
 
     async def hibernate_idle(self) -> None:
         """One look for idle sandboxes (`hibernation.Hibernation.due`): each is hibernated
-        unless its guest still runs a command, which starts its idle clock again. Sandboxes
-        that mount volumes are left alone: a volume in use would make their save keep only the
-        filesystem (`_volumes_released`), which would not be transparent."""
-        running = [
-            r.id
-            for r in self.catalog.list([SandboxState.RUNNING])
-            if not r.internal and not r.volume_mounts
-        ]
+        unless its guest still runs a command, or holds a volume in use (its save would keep
+        only the filesystem, see `_volumes_released`), either of which starts its idle clock
+        again."""
+        running = [r.id for r in self.catalog.list([SandboxState.RUNNING]) if not r.internal]
         self.hibernation.keep_only(running)
         for sandbox_id in self.hibernation.due(running):
             try:
@@ -1569,7 +1574,13 @@ class Orchestrator:
 
     @contextlib.asynccontextmanager
     async def _volumes_released(
-        self, record: SandboxRecord, live: _Live, mode: SaveMode, *, keep_running: bool
+        self,
+        record: SandboxRecord,
+        live: _Live,
+        mode: SaveMode,
+        *,
+        keep_running: bool,
+        memory_required: bool = False,
     ) -> AsyncIterator[SaveMode]:
         """Around a save of running `record` with `mode`: yields the mode the save can have.
         QEMU saves no mounted 9p device, so a guest with volumes unmounts them first (envd
@@ -1577,13 +1588,15 @@ class Orchestrator:
         save it runs on (`keep_running`) or one that failed. When one is in use, or the VM has
         fewer share slots than volumes (booted before they came; a restore of its state could
         not attach them), the save keeps only the filesystem: the volumes are on the host, and
-        mounted again at the next boot."""
+        mounted again at the next boot. With `memory_required`, that raises `VolumeInUse`."""
         if not (record.volume_mounts and mode.memory):
             yield mode
             return
         mounts = guest_mounts(record.volume_mounts)
         envd = self._envd(record)
         if live.vm.share_slots < len(mounts) or not await envd.release_volumes(mounts):
+            if memory_required:
+                raise VolumeInUse(f"sandbox {record.id}: a volume is in use")
             log.info("sandbox %s: volumes stay mounted, its filesystem alone is saved", record.id)
             yield SaveMode.FILESYSTEM
             return
