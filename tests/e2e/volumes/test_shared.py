@@ -1,7 +1,7 @@
 """Volumes in real guests, with the unmodified Python SDK: one volume mounted by two sandboxes
 at once, each seeing the other's writes; its files outlive both and reach a third sandbox, and
 its forks, and survive its pause, which keeps the sandbox's processes unless a volume is in
-use; mounted, it cannot be deleted. Leaves volume `kept` with a file for
+use (a snapshot of it carries no volume); mounted, it cannot be deleted. Leaves volume `kept` with a file for
 test_after_restart.py."""
 
 from __future__ import annotations
@@ -64,6 +64,13 @@ def test_pause_resume_and_fork_keep_the_volume_and_the_processes() -> None:
         child.commands.run(alive)
         child.files.write("/kept/from-child", "child")
         assert resumed.files.read("/kept/from-child") == "child"
+        # A snapshot carries no volume: a sandbox from it has a plain directory at the path
+        # (and the process, restored with the memory).
+        info = resumed.create_snapshot()
+        bare = Sandbox.create(info.snapshot_id, timeout=LIFETIME)
+        children.append(bare)
+        assert bare.commands.run("grep ' /kept ' /proc/mounts || echo none").stdout == "none\n"
+        bare.commands.run(alive)
         # A volume in use (the working directory of a process) cannot be unmounted: the pause
         # saves the filesystem alone, and the sandbox boots again with its files.
         resumed.commands.run("cd /kept && exec sleep 3600", background=True)

@@ -138,6 +138,8 @@ async def init(request: Request, settings: Settings) -> Response:
             hosts.set_hostname(body.hostname)
         if body.volume_mounts:
             await asyncio.to_thread(mount_all, body.volume_mounts)
+        else:  # only removes placeholders a save left (restored from a snapshot with volumes)
+            mount_all([])
     except OSError as e:
         return json_error(500, f"error applying init: {e}")
     if body.env_vars is not None:
