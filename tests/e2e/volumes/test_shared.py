@@ -1,8 +1,8 @@
 """Volumes in real guests, with the unmodified Python SDK: one volume mounted by two sandboxes
 at once, each seeing the other's writes; its files outlive both and reach a third sandbox, and
 its forks, and survive its pause, which keeps the sandbox's processes unless a volume is in
-use (a snapshot of it carries no volume); mounted, it cannot be deleted. Leaves volume `kept` with a file for
-test_after_restart.py."""
+use (a snapshot of it carries no volume); mounted, it cannot be deleted. Leaves volume
+`kept` with a file for test_after_restart.py."""
 
 from __future__ import annotations
 
