@@ -122,3 +122,14 @@ def create_times(volume: Any) -> dict[str, list[float]]:
             sandbox.kill()
         log(f"create run {i + 1}: {json.dumps({k: round(v[-1]) for k, v in times.items()})}")
     return times
+
+
+def main() -> None:
+    with bench_server() as server:
+        result = run_client(server, [sys.executable, __file__, "--client"], timeout=3600)
+        machine = describe(server)
+    report("volumes", **machine, **result)
+
+
+if __name__ == "__main__":
+    entry(main, client)
