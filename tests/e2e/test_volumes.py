@@ -1,6 +1,10 @@
 """End-to-end volumes: a real `aenv server` booting real VMs that mount volumes over virtio-9p,
 driven by the unmodified e2b SDKs (Python and npm) from inside the server's namespace
-(`volumes/`), across a graceful restart of the server."""
+(`volumes/`), across a graceful restart of the server.
+
+The same server runs the exhaustion suite (`inner/test_exhaustion.py`), which needs a server but
+not test_server.py's: it balances the two lanes of `make test` (its hostile guests keep a core
+busy for minutes)."""
 
 from __future__ import annotations
 
@@ -14,7 +18,7 @@ import pytest
 from aenv.config import Paths
 from aenv.orchestrator.images import prepare_images
 from tests.e2e.server_ns import server_in_namespace
-from tests.e2e.test_server import suite
+from tests.e2e.test_server import EXHAUSTION, suite
 from tests.support.guest import GUEST_CACHE, MIRROR
 from tests.support.js import ensure_npm_sdk
 
@@ -32,6 +36,7 @@ def test_volumes_with_the_sdk_across_a_restart() -> None:
             suite(server, "volumes/test_shared.py")
             suite(server, "volumes/test_js_sdk.py")
             suite(server, "volumes/test_content.py")
+            suite(server, EXHAUSTION)
             server.stop()
             server.start()
             suite(server, "volumes/test_after_restart.py")

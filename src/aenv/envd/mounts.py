@@ -7,7 +7,9 @@ unmounted and its path covered by an empty read-only tmpfs, a *placeholder*, so 
 process writes there meanwhile fails (EROFS) rather than landing on the root filesystem under
 the mount point. A volume something holds (an open file, a working directory) cannot be
 unmounted: the release then mounts back what it had released and raises `VolumeBusy`, and the
-host saves the filesystem only. `mount_all` (at `/init` after the restore, or on the source
+host saves the filesystem only. A holder that goes away by itself is waited for a moment (a
+file envd has just served is closed after its last byte is sent, when the client may already
+ask for the save). `mount_all` (at `/init` after the restore, or on the source
 after its save) puts each volume back in place of its placeholder, and removes placeholders at
 paths it is not asked to mount (a sandbox created from the snapshot of one with volumes mounts
 only those its own create asks for). A path where the volume is mounted already is left alone.
@@ -22,6 +24,7 @@ import ctypes
 import errno
 import os
 import re
+import time
 from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict
@@ -34,6 +37,8 @@ OPTIONS = f"trans=virtio,version=9p2000.L,msize={MSIZE},cache=none"
 PLACEHOLDER = "aenv-released"
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _PLACEHOLDER_FLAGS = _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+# How long an unmount retries a volume in use before the release gives up.
+BUSY_WAIT = 1.0
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -76,7 +81,7 @@ def release_all(mounts: list[GuestMount]) -> None:
     try:
         for path, source in reversed(_tops().items()):
             if source in tags:
-                _umount(path, f"volume {source}")
+                _umount_when_free(path, f"volume {source}")
                 released.append(GuestMount(tag=source, path=path))
         for mount in mounts:
             if mount.path not in _tops() or _tops()[mount.path] != PLACEHOLDER:
@@ -107,6 +112,19 @@ def _mount(source: str, target: str, fstype: str, flags: int, data: str, what: s
     if _libc.mount(source.encode(), target.encode(), fstype.encode(), flags, data.encode()):
         err = ctypes.get_errno()
         raise MountError(err, f"cannot mount {what} at {target}: {os.strerror(err)}")
+
+
+def _umount_when_free(target: str, what: str) -> None:
+    deadline = time.monotonic() + BUSY_WAIT
+    delay = 0.01
+    while True:
+        try:
+            return _umount(target, what)
+        except VolumeBusy:
+            if time.monotonic() + delay > deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.2)
 
 
 def _umount(target: str, what: str) -> None:
