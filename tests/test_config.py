@@ -135,3 +135,10 @@ def test_cold_reclaim_is_off_by_default_and_bounded(tmp_path: Path) -> None:
         load(env={"AENV_HOME": str(tmp_path), "AENV_COLD_RECLAIM_AFTER": "-1"})
     with pytest.raises(ConfigError, match="cold_reclaim_mb_per_s"):
         load(env={"AENV_HOME": str(tmp_path), "AENV_COLD_RECLAIM_MB_PER_S": "0"})
+
+
+def test_share_slots_are_bounded(tmp_path: Path) -> None:
+    assert load(env={"AENV_HOME": str(tmp_path)}).share_slots == 4
+    assert load(env={"AENV_HOME": str(tmp_path), "AENV_SHARE_SLOTS": "0"}).share_slots == 0
+    with pytest.raises(ConfigError, match="share_slots"):
+        load(env={"AENV_HOME": str(tmp_path), "AENV_SHARE_SLOTS": "17"})

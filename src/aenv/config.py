@@ -28,6 +28,7 @@ from pydantic import (
 )
 
 DEFAULT_HOME = Path("/var/lib/aenv")
+MAX_SHARE_SLOTS = 16
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 # What template builds may reach by default: the registries of pip, npm and apt (Debian), by
 # the names their clients use.
@@ -267,6 +268,11 @@ class Config(BaseModel):
     hibernate_after: int = 0
     # QEMU under TCG: each VMM's translation cache, in MiB (a bound on what it may grow to).
     tcg_tb_mib: PositiveInt = 128
+    # QEMU: share devices (virtio-9p) of every VM booted, unused ones over an empty read-only
+    # directory, so that sandboxes restored from its snapshots mount up to this many volumes
+    # (README: Volumes). 0: no VMM serves 9p unless its sandbox mounts volumes, whose creates
+    # then boot. At most 16 (each is a virtio-mmio device; microvm has 24).
+    share_slots: int = 4
     # Every VMM runs jailed (README: Threat model). Off is for benchmarks and debugging only.
     jail: bool = True
     # Jailed VMMs: `jail_uid_base` is their group; each VMM has one of the `jail_uid_count`
@@ -304,6 +310,13 @@ class Config(BaseModel):
     def _empty_is_none(cls, value: object) -> object:
         """An empty env var (`AENV_DOMAIN=`) means unset, as in a shell."""
         return None if value == "" else value
+
+    @field_validator("share_slots")
+    @classmethod
+    def _share_slots(cls, value: int) -> int:
+        if not 0 <= value <= MAX_SHARE_SLOTS:
+            raise ValueError(f"must be between 0 and {MAX_SHARE_SLOTS}")
+        return value
 
     @field_validator("network_private_allowed", "network_internal", "build_egress", mode="before")
     @classmethod

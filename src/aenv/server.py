@@ -133,6 +133,7 @@ async def _driver(
         firecracker=firecracker,
         jail=jail_config(config),
         tb_size_mib=config.tcg_tb_mib,
+        share_slots=config.share_slots,
     )
 
 

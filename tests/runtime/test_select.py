@@ -28,6 +28,8 @@ async def test_forced_backend(tmp_path: Path) -> None:
     chosen = await select_backend("qemu-tcg", kernel=tmp_path / "k", initrd=tmp_path / "i")
     assert chosen == Selection(Backend.QEMU_TCG, "forced by configuration")
     assert qemu_driver(chosen).config.accel == "tcg"
+    assert qemu_driver(chosen).config.share_slots == 4
+    assert qemu_driver(chosen, share_slots=0).config.share_slots == 0
     with pytest.raises(ValueError):
         qemu_driver(Selection(Backend.FIRECRACKER, "x"))
 

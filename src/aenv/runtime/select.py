@@ -24,7 +24,7 @@ from aenv.runtime.cgroups import CgroupManager
 from aenv.runtime.driver import Driver
 from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
 from aenv.runtime.jail import JailConfig
-from aenv.runtime.qemu import TCG_TB_MIB, Accel, QemuConfig, QemuDriver
+from aenv.runtime.qemu import SHARE_SLOTS, TCG_TB_MIB, Accel, QemuConfig, QemuDriver
 
 KVM_DEVICE = Path("/dev/kvm")
 INIT_STARTED = "Run /bin/busybox as init process"
@@ -115,13 +115,16 @@ def driver_for(
     firecracker: FirecrackerConfig,
     jail: JailConfig | None,
     tb_size_mib: int = TCG_TB_MIB,
+    share_slots: int = SHARE_SLOTS,
 ) -> Driver:
     """The driver of the selected backend; `cgroups` holds QEMU's VMMs (Firecracker's config
     names its own cgroup parent and its jailer); `jail` None runs QEMU's VMMs unconfined;
-    `tb_size_mib` is QEMU's TCG translation cache."""
+    `tb_size_mib` is QEMU's TCG translation cache, `share_slots` its VMs' share devices."""
     if selection.backend is Backend.FIRECRACKER:
         return FirecrackerDriver(firecracker)
-    return qemu_driver(selection, cgroups=cgroups, jail=jail, tb_size_mib=tb_size_mib)
+    return qemu_driver(
+        selection, cgroups=cgroups, jail=jail, tb_size_mib=tb_size_mib, share_slots=share_slots
+    )
 
 
 def qemu_driver(
@@ -129,6 +132,7 @@ def qemu_driver(
     cgroups: CgroupManager | None = None,
     jail: JailConfig | None = None,
     tb_size_mib: int = TCG_TB_MIB,
+    share_slots: int = SHARE_SLOTS,
 ) -> QemuDriver:
     """The QEMU driver for a qemu selection (the firecracker driver is built by its package);
     `jail` None runs its VMMs unconfined."""
@@ -139,5 +143,5 @@ def qemu_driver(
         accel = "tcg"
     else:
         raise ValueError(f"{selection.backend} is not a qemu backend")
-    config = QemuConfig(accel=accel, jail=jail, tb_size_mib=tb_size_mib)
+    config = QemuConfig(accel=accel, jail=jail, tb_size_mib=tb_size_mib, share_slots=share_slots)
     return QemuDriver(config, cgroups=cgroups)
