@@ -12,7 +12,9 @@ file envd has just served is closed after its last byte is sent, when the client
 ask for the save). `mount_all` (at `/init` after the restore, or on the source
 after its save) puts each volume back in place of its placeholder, and removes placeholders at
 paths it is not asked to mount (a sandbox created from the snapshot of one with volumes mounts
-only those its own create asks for). A path where the volume is mounted already is left alone.
+only those its own create asks for); placeholders are detached, so one a process entered
+during the save does not stand in the way. A path where the volume is mounted already is left
+alone.
 
 mount(2) and umount2(2) are called directly: a process start costs ≈ 0.5 s in a guest under
 emulation, on the path of every pause of a sandbox with volumes.
@@ -37,6 +39,7 @@ OPTIONS = f"trans=virtio,version=9p2000.L,msize={MSIZE},cache=none"
 PLACEHOLDER = "aenv-released"
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _PLACEHOLDER_FLAGS = _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+_MNT_DETACH = 2
 # How long an unmount retries a volume in use before the release gives up.
 BUSY_WAIT = 1.0
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -61,13 +64,13 @@ def mount_all(mounts: list[GuestMount]) -> None:
     wanted = {m.path for m in mounts}
     for path, source in _tops().items():
         if source == PLACEHOLDER and path not in wanted:
-            _umount(path, "placeholder")
+            _detach(path)
     for mount in mounts:
         top = _tops().get(mount.path)
         if top == mount.tag:
             continue
         if top == PLACEHOLDER:
-            _umount(mount.path, "placeholder")
+            _detach(mount.path)
         os.makedirs(mount.path, exist_ok=True)
         _mount(mount.tag, mount.path, "9p", 0, OPTIONS, f"volume {mount.tag}")
 
@@ -127,8 +130,14 @@ def _umount_when_free(target: str, what: str) -> None:
         delay = min(delay * 2, 0.2)
 
 
-def _umount(target: str, what: str) -> None:
-    if _libc.umount2(target.encode(), 0):
+def _detach(placeholder: str) -> None:
+    """Remove a placeholder even when a process is in it (one that entered it during a save
+    keeps it as its working directory, empty and read-only, when the volume comes back)."""
+    _umount(placeholder, "placeholder", _MNT_DETACH)
+
+
+def _umount(target: str, what: str, flags: int = 0) -> None:
+    if _libc.umount2(target.encode(), flags):
         err = ctypes.get_errno()
         message = f"cannot unmount {what} at {target}: {os.strerror(err)}"
         raise (VolumeBusy if err == errno.EBUSY else MountError)(err, message)

@@ -73,7 +73,9 @@ def test_pause_resume_and_fork_keep_the_volume_and_the_processes() -> None:
         bare.commands.run(alive)
         # A volume in use (the working directory of a process) cannot be unmounted: the pause
         # saves the filesystem alone, and the sandbox boots again with its files.
-        resumed.commands.run("cd /kept && exec sleep 3600", background=True)
+        holding = "cd /kept && touch /tmp/holding && exec sleep 3600"
+        resumed.commands.run(holding, background=True)
+        resumed.commands.run("while [ ! -e /tmp/holding ]; do sleep 0.05; done", timeout=120)
         resumed.pause()
         again = Sandbox.connect(sandbox.sandbox_id, timeout=LIFETIME)
         assert again.files.read("/kept/from-child") == "child"
