@@ -9,8 +9,9 @@ does rather than a fresh one's 22 MiB. Then, per setting:
   libraries and other files; the median of each over the VMMs, private (USS) and PSS;
 - latency: every sandbox runs `true` and the workload once more; p50 of each.
 Settings (AENV_BENCH_VMM_SETTINGS, names from `SETTINGS`, the first the baseline; default
-all): translation cache 48 (the default), 64 and 32 MiB. Ratios are against the baseline of
-the same run. (MALLOC_ARENA_MAX=2 in the VMMs' environment was measured with it too, on
+all): translation cache 128 (the default since 2026-12-05), 48, 64 and 32 MiB; no share slots
+(`share_slots` 0: the VMM has no 9p device, which 4 are by default). Ratios are against the
+baseline of the same run. (MALLOC_ARENA_MAX=2 in the VMMs' environment was measured with it too, on
 2026-12-04, and saved nothing: docs/density.md.)
 
 `.venv/bin/python bench/vmm_memory.py > vmm_memory.json` (as root, as every server bench).
@@ -45,6 +46,8 @@ WORKLOAD = (
     "for i in 1 2 3; do date +%s%N; done | sort | tail -1",
 )
 SETTINGS: dict[str, dict[str, str]] = {
+    "tb128": {"AENV_TCG_TB_MIB": "128"},
+    "slots0": {"AENV_SHARE_SLOTS": "0"},
     "tb48": {"AENV_TCG_TB_MIB": "48"},
     "tb64": {"AENV_TCG_TB_MIB": "64"},
     "tb32": {"AENV_TCG_TB_MIB": "32"},
