@@ -138,7 +138,7 @@ def test_cold_reclaim_is_off_by_default_and_bounded(tmp_path: Path) -> None:
 
 
 def test_share_slots_are_bounded(tmp_path: Path) -> None:
-    assert load(env={"AENV_HOME": str(tmp_path)}).share_slots == 4
+    assert load(env={"AENV_HOME": str(tmp_path)}).share_slots == 2
     assert load(env={"AENV_HOME": str(tmp_path), "AENV_SHARE_SLOTS": "0"}).share_slots == 0
     with pytest.raises(ConfigError, match="share_slots"):
         load(env={"AENV_HOME": str(tmp_path), "AENV_SHARE_SLOTS": "17"})

@@ -272,7 +272,7 @@ class Config(BaseModel):
     # directory, so that sandboxes restored from its snapshots mount up to this many volumes
     # (README: Volumes). 0: no VMM serves 9p unless its sandbox mounts volumes, whose creates
     # then boot. At most 16 (each is a virtio-mmio device; microvm has 24).
-    share_slots: int = 4
+    share_slots: int = 2
     # Every VMM runs jailed (README: Threat model). Off is for benchmarks and debugging only.
     jail: bool = True
     # Jailed VMMs: `jail_uid_base` is their group; each VMM has one of the `jail_uid_count`

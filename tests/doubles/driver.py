@@ -101,7 +101,7 @@ class DoubleDriver:
         self.shares_refused: str | None = None
         # Share devices of every booted VM, as QEMU's (`VMSpec.share_slots`); 0 plays VMs
         # booted before share slots came.
-        self.share_slots = 4
+        self.share_slots = 2
 
     @property
     def name(self) -> str:

@@ -10,7 +10,7 @@ from aenv.guest.initramfs import build_initramfs
 from aenv.guest.kernel import fetch_kernel
 from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
 from aenv.runtime.jail import JailConfig
-from aenv.runtime.qemu import QemuDriver
+from aenv.runtime.qemu import SHARE_SLOTS, QemuDriver
 from aenv.runtime.select import (
     Backend,
     Selection,
@@ -28,7 +28,7 @@ async def test_forced_backend(tmp_path: Path) -> None:
     chosen = await select_backend("qemu-tcg", kernel=tmp_path / "k", initrd=tmp_path / "i")
     assert chosen == Selection(Backend.QEMU_TCG, "forced by configuration")
     assert qemu_driver(chosen).config.accel == "tcg"
-    assert qemu_driver(chosen).config.share_slots == 4
+    assert qemu_driver(chosen).config.share_slots == SHARE_SLOTS
     assert qemu_driver(chosen, share_slots=0).config.share_slots == 0
     with pytest.raises(ValueError):
         qemu_driver(Selection(Backend.FIRECRACKER, "x"))
