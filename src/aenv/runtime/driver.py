@@ -88,8 +88,8 @@ class Disk:
 @dataclass(frozen=True)
 class Share:
     """A host directory the guest can mount read-write by `tag` (a volume). Several VMs may
-    share one directory at once and see each other's writes. A VM with shares cannot be
-    snapshotted with its memory (the device state of a mounted share cannot be saved), and
+    share one directory at once and see each other's writes. A VM cannot be snapshotted with
+    its memory while its guest has a share mounted (QEMU saves no mounted 9p device), and
     drivers whose VMM has no shared-filesystem device refuse them (`BootError`). The `i`-th
     share of a VM is named `share_tag(i)`."""
 

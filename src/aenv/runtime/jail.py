@@ -26,7 +26,8 @@ What a VMM sees, and may do with it (each file bind-mounted at its own host path
 - read-only: `/usr` (QEMU, its libraries and firmware) and the usrmerge links to it, the
   `/dev` nodes null, zero, full, random, urandom (and kvm under KVM);
 - read (`Access.READ`, owner root, group `gid` with read): the kernel, the initrd, read-only
-  disks (template base, envd bundle) and every layer below a writable disk's top;
+  disks (template base, envd bundle), every layer below a writable disk's top, and the empty
+  directory that unused share slots export (`qemu.EMPTY_SHARE`);
 - read and write, shared (`Access.SHARED_WRITE`, owner root, group `gid` with read and write):
   the memory file of the snapshot it was restored from. It maps it privately and never writes
   to it, but QEMU 7.2 opens every `memory-backend-file` read-write (read-only opening with a
