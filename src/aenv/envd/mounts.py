@@ -86,8 +86,9 @@ def release_all(mounts: list[GuestMount]) -> None:
             if source in tags:
                 _umount_when_free(path, f"volume {source}")
                 released.append(GuestMount(tag=source, path=path))
+        tops = _tops()
         for mount in mounts:
-            if mount.path not in _tops() or _tops()[mount.path] != PLACEHOLDER:
+            if tops.get(mount.path) != PLACEHOLDER:
                 os.makedirs(mount.path, exist_ok=True)
                 options = "size=4k,mode=0555"
                 _mount(PLACEHOLDER, mount.path, "tmpfs", _PLACEHOLDER_FLAGS, options, "placeholder")

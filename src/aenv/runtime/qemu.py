@@ -584,11 +584,12 @@ class QemuDriver:
                 "-netdev", f"tap,id=net0,fd={tap_fd}",
                 "-device", f"virtio-net-device,netdev=net0,mac={spec.net.mac}",
             ]  # fmt: skip
+        empty = _empty_share() if spec.share_slots > len(spec.shares) else None
         for i in range(spec.share_slots):
             if i < len(spec.shares):
                 fsdev = f"path={_opt(spec.shares[i].path)},{SHARE_FILE_MODES}"
             else:
-                fsdev = f"path={_opt(_empty_share())},security_model=none,readonly=on"
+                fsdev = f"path={_opt(empty)},security_model=none,readonly=on"
             argv += [
                 "-fsdev", f"local,id=fs{i},{fsdev}",
                 "-device", f"virtio-9p-device,fsdev=fs{i},mount_tag={share_tag(i)}",
