@@ -4,7 +4,7 @@ driven by the unmodified e2b SDKs (Python and npm) from inside the server's name
 
 The same server runs the exhaustion suite (`inner/test_exhaustion.py`), which needs a server but
 not test_server.py's: it balances the two lanes of `make test` (its hostile guests keep a core
-busy for minutes)."""
+busy for a minute)."""
 
 from __future__ import annotations
 
