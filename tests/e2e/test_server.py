@@ -31,7 +31,7 @@ from tests.support.js import ensure_npm_sdk
 
 OLD_SDK = "2.45.1"
 # Run against test_volumes.py's server, in the other lane of `make test`: its hostile guests
-# keep a core busy for minutes, and this lane is the longer one.
+# keep the cores busy for a minute, and this lane is the longer one.
 EXHAUSTION = "inner/test_exhaustion.py"
 
 # Safety nets, not time budgets: every stage's guests run under TCG, whose speed follows the
