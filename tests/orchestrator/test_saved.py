@@ -12,9 +12,9 @@ import pytest
 
 from aenv.orchestrator import checkpoints
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
-from aenv.orchestrator.lifecycle import CreateFailed, InvalidState
+from aenv.orchestrator.lifecycle import CreateFailed, InvalidState, OperationFailed
 from aenv.orchestrator.states import SandboxState
-from tests.doubles.node import assert_clean, double_node, eventually
+from tests.doubles.node import DoubleNode, assert_clean, double_node, eventually
 
 
 async def test_fork_where_some_children_fail(tmp_path: Path) -> None:
@@ -108,6 +108,71 @@ async def test_startup_uploads_a_checkpoint_a_crash_kept_from_the_repository(
         await restarted.orchestrator.resume(record.id, 60)
         assert restarted.guest(record.id).read("/kept") == "paused"
         assert await restarted.orchestrator.kill(record.id)
+        await restarted.orchestrator.close()
+        restarted.catalog.close()
+        assert_clean(restarted)
+
+
+async def _paused_twice_second_copy_missing(node: DoubleNode) -> str:
+    """A sandbox paused twice ("one", then "two") whose second checkpoint has no repository
+    copy (its upload never ran) while the first's copy is still there."""
+    record, _ = await node.orchestrator.create(node.request())
+    node.guest(record.id).write("/data", "one")
+    await node.orchestrator.pause(record.id)
+    await eventually(lambda: node.row(record.id).archived is not None)
+    await node.orchestrator.resume(record.id, 60)
+    node.guest(record.id).write("/data", "two")
+    held = node.driver.hold("export")
+    await node.orchestrator.pause(record.id)
+    await held.reached.wait()
+    await node.orchestrator.saved.cancel_push(record.id)
+    archived = node.row(record.id).archived
+    assert archived is not None and (archived.seq, node.row(record.id).checkpoint_seq) == (1, 2)
+    return record.id
+
+
+async def test_a_lost_checkpoint_is_not_replaced_by_an_older_one(tmp_path: Path) -> None:
+    """The newest checkpoint is gone from the disk and the repository holds only the one
+    before it: the resume fails saying so, and the sandbox stays paused at its checkpoint
+    (before, it came back with "one" without a word)."""
+    async with double_node(tmp_path) as node:
+        sandbox_id = await _paused_twice_second_copy_missing(node)
+        shutil.rmtree(checkpoints.pause_dir(node.config.paths.sandboxes / sandbox_id, 2))
+        with pytest.raises(OperationFailed, match="only checkpoint 1, an older state"):
+            await node.orchestrator.resume(sandbox_id, 60)
+        row = node.row(sandbox_id)
+        assert (row.state, row.checkpoint_seq) == (SandboxState.PAUSED, 2)
+        assert node.driver.running == {} and node.slots.in_use == {}
+        assert await node.orchestrator.kill(sandbox_id)
+
+
+async def test_startup_keeps_a_checkpoint_whose_files_are_gone_but_copied(tmp_path: Path) -> None:
+    """A paused sandbox's files are gone from the disk (a replaced disk, say) but its
+    checkpoint is in the repository: the restart keeps it paused, and it resumes from the
+    copy. One whose newest checkpoint is gone and has no copy, only the copy of the one
+    before: it stays paused, at the checkpoint its row names, and cannot be resumed (rather
+    than coming back older, or vanishing)."""
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        node.guest(record.id).write("/data", "copied")
+        await node.orchestrator.pause(record.id)
+        await eventually(lambda: node.row(record.id).archived is not None)
+        older = await _paused_twice_second_copy_missing(node)
+        sandboxes = node.config.paths.sandboxes
+        shutil.rmtree(sandboxes / record.id)
+        shutil.rmtree(checkpoints.pause_dir(sandboxes / older, 2))
+
+        restarted = node.reopen()
+        await restarted.orchestrator.start()
+        for sandbox_id, seq in ((record.id, 1), (older, 2)):
+            row = restarted.row(sandbox_id)
+            assert (row.state, row.checkpoint_seq) == (SandboxState.PAUSED, seq)
+        await restarted.orchestrator.resume(record.id, 60)
+        assert restarted.guest(record.id).read("/data") == "copied"
+        with pytest.raises(OperationFailed, match="an older state"):
+            await restarted.orchestrator.resume(older, 60)
+        for sandbox_id in (record.id, older):
+            assert await restarted.orchestrator.kill(sandbox_id)
         await restarted.orchestrator.close()
         restarted.catalog.close()
         assert_clean(restarted)

@@ -257,25 +257,8 @@ class Orchestrator:
         # (re-parented to a subreaper, not to init): they would write to the files reclaimed here.
         await asyncio.to_thread(reap_strays, self.config.home)
         for record in self.catalog.list():
-            sandbox_dir = self._dirs(record.id)[0]
-            if record.state in SAVED:
-                found = await asyncio.to_thread(checkpoints.latest_pause, sandbox_dir)
-                if found is not None:
-                    seq, snapshot = found
-                    await asyncio.to_thread(checkpoints.prune_pauses, sandbox_dir, seq)
-                    paused = self.catalog.transition(
-                        record.id,
-                        [record.state],
-                        SandboxState.PAUSED,
-                        checkpoint_seq=seq,
-                    )
-                    # A pause's upload starts once its detach or merge has ended, a hibernated
-                    # sandbox's never: a crash before then left no copy of this checkpoint.
-                    if paused is not None and (
-                        paused.archived is None or paused.archived.seq != seq
-                    ):
-                        self.saved.push_checkpoint(paused, seq, snapshot)
-                    continue
+            if record.state in SAVED and await self._recover_saved(record):
+                continue
             log.warning("reclaiming sandbox %s left in state %s", record.id, record.state)
             await self._reclaim_files(record.id)
             await self.saved.drop_archived(record)
@@ -304,6 +287,40 @@ class Orchestrator:
                 log.warning("removing pooled VM %s left by the previous run", directory.name)
                 for path in self._dirs(directory.name):
                     shutil.rmtree(path, ignore_errors=True)
+
+    async def _recover_saved(self, record: SandboxRecord) -> bool:
+        """Whether a sandbox the previous process left saved (or mid-save) stays, paused.
+
+        One caught mid-pause falls back to its newest complete checkpoint, which is at least
+        the one its row names. One whose named checkpoint is gone from this disk stays paused
+        at it when the repository holds a copy (a resume pulls it back), and also when only
+        an older checkpoint is left, here or there: its resume then fails saying so, rather
+        than bringing back an older state without a word. With nothing left, it is
+        reclaimed."""
+        sandbox_dir = self._dirs(record.id)[0]
+        found = await asyncio.to_thread(checkpoints.latest_pause, sandbox_dir)
+        if found is not None and found[0] >= record.checkpoint_seq:
+            seq, snapshot = found
+            await asyncio.to_thread(checkpoints.prune_pauses, sandbox_dir, seq)
+            paused = self.catalog.transition(
+                record.id, [record.state], SandboxState.PAUSED, checkpoint_seq=seq
+            )
+            # A pause's upload starts once its detach or merge has ended, a hibernated
+            # sandbox's never: a crash before then left no copy of this checkpoint.
+            if paused is not None and (paused.archived is None or paused.archived.seq != seq):
+                self.saved.push_checkpoint(paused, seq, snapshot)
+            return True
+        if found is None and record.archived is None:
+            return False
+        copied = record.archived is not None and record.archived.seq == record.checkpoint_seq
+        log.warning(
+            "sandbox %s: its checkpoint %d is not on this disk; %s",
+            record.id,
+            record.checkpoint_seq,
+            "a resume pulls its repository copy" if copied else "it cannot be resumed",
+        )
+        self.catalog.transition(record.id, [record.state], SandboxState.PAUSED)
+        return True
 
     async def close(self) -> None:
         """Graceful shutdown: pooled VMs are stopped; running sandboxes are paused (resumable

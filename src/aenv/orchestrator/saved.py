@@ -156,14 +156,17 @@ class SavedStates:
         self._pushes.start(record.id, push())
 
     async def paused_checkpoint(self, record: SandboxRecord, *, pull: bool = False) -> Snapshot:
-        """A paused sandbox's newest checkpoint: the local one when complete (and `pull` is not
-        asked for), else the repository's copy of it, pulled back."""
+        """A paused sandbox's checkpoint, the one its row names (`checkpoint_seq`): the local one
+        when usable (and `pull` is not asked for), else the repository's copy of it, pulled
+        back. Never an older checkpoint, here or in the repository: resuming one would drop
+        what the sandbox did since without a word, so `RestoreError` says so instead (the
+        files stay as they are)."""
         sandbox_dir = self.sandboxes_dir / record.id
-        found = await asyncio.to_thread(checkpoints.latest_pause, sandbox_dir)
-        archived = (self.catalog.get(record.id) or record).archived
-        if found is not None and not pull:
+        seq = record.checkpoint_seq
+        if not pull:
             with contextlib.suppress(RestoreError):
-                return await self.driver.load_saved(checkpoints.pause_dir(sandbox_dir, found[0]))
+                return await self.driver.load_saved(checkpoints.pause_dir(sandbox_dir, seq))
+        archived = (self.catalog.get(record.id) or record).archived
         push = self._pushes.get(record.id)
         if push is not None:  # its upload is under way: the copy is about to exist
             await asyncio.gather(push, return_exceptions=True)
@@ -171,8 +174,13 @@ class SavedStates:
             archived = current.archived if current else None
         if self.archive is None or archived is None:
             raise RestoreError(f"sandbox {record.id} has no usable checkpoint")
+        if archived.seq != seq:
+            raise RestoreError(
+                f"sandbox {record.id}: its checkpoint {seq} is unusable, and the repository "
+                f"holds only checkpoint {archived.seq}, an older state; not resuming that"
+            )
         log.warning("sandbox %s: pulling its checkpoint from the repository", record.id)
-        dest = checkpoints.archive_dir(sandbox_dir, archived.seq)
+        dest = checkpoints.archive_dir(sandbox_dir, seq)
         return await self.archive.pull(archived.manifest, dest, self.driver)
 
     async def push_template(self, template: Template) -> None:
