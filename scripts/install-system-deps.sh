@@ -5,7 +5,7 @@ set -eu
 PKGS="python3 python3-venv python3-dev gcc make git iproute2 nftables e2fsprogs \
   qemu-system-x86 qemu-utils busybox-static debootstrap cpio zstd patchelf nodejs npm util-linux binutils \
   debian-archive-keyring docker-registry skopeo umoci apache2-utils musl-tools \
-  redis-server r-base-core r-cran-irkernel openjdk-17-jdk-headless"
+  redis-server r-base-core r-cran-irkernel openjdk-17-jdk-headless microsocks"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"

@@ -5,12 +5,14 @@ tests/e2e/network."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import httpx
 import pytest
 
 from aenv.network import EgressPolicy, NftError, Slot
+from aenv.network.socks import SocksProxy
 from aenv.orchestrator.states import SandboxState
 from tests.api.test_routes import error, served
 from tests.doubles.node import DoubleNode, double_node
@@ -59,6 +61,42 @@ async def test_rules_at_create_update_pause_and_fork(tmp_path: Path) -> None:
         error(await api.put("/sandboxes/nosuchsandbox0000000/network", json={}), 404)
 
 
+async def test_an_egress_proxy_reaches_the_slot_and_its_password_is_never_shown(
+    tmp_path: Path,
+) -> None:
+    proxy = {"address": "proxy.example.com:1080", "username": "u", "password": "secret"}
+    async with double_node(tmp_path) as node, served(node) as api:
+        sandbox_id = await create(api, network={"denyOut": ["8.8.8.8"], "egressProxy": proxy})
+        tunnel = SocksProxy("proxy.example.com", 1080, "u", "secret")
+        assert slot_of(node, sandbox_id) == (
+            True,
+            EgressPolicy.parse(deny=["8.8.8.8"], proxy=tunnel),
+        )
+        info = (await api.get(f"/sandboxes/{sandbox_id}")).json()["network"]
+        assert info["egressProxy"] == {"address": "proxy.example.com:1080", "username": "u"}
+        assert "secret" not in json.dumps(info)
+
+        # Paused and resumed: the proxy comes with the sandbox (and with its children).
+        assert (await api.post(f"/sandboxes/{sandbox_id}/pause")).status_code == 204
+        assert (await api.post(f"/sandboxes/{sandbox_id}/connect", json={})).status_code == 201
+        assert slot_of(node, sandbox_id)[1].proxy == tunnel
+        forked = await api.post(f"/sandboxes/{sandbox_id}/fork", json={"count": 1})
+        assert slot_of(node, forked.json()[0]["sandbox"]["sandboxID"])[1].proxy == tunnel
+
+        # An update replaces it, one that leaves it out ends the tunneling (E2B's semantics).
+        url = f"/sandboxes/{sandbox_id}/network"
+        other = {"address": "10.0.0.1:1"}
+        assert (await api.put(url, json={"egressProxy": other})).status_code == 204
+        assert slot_of(node, sandbox_id)[1].proxy == SocksProxy("10.0.0.1", 1)
+        assert (await api.put(url, json={"denyOut": ["8.8.8.8"]})).status_code == 204
+        assert slot_of(node, sandbox_id)[1].proxy is None
+        info = (await api.get(f"/sandboxes/{sandbox_id}")).json()["network"]
+        assert "egressProxy" not in info
+        # TLS off is no TLS: accepted.
+        off = {"address": "p:1", "tls": {"enabled": False}}
+        assert (await api.put(url, json={"egressProxy": off})).status_code == 204
+
+
 async def test_a_slot_that_refuses_the_change_leaves_everything_as_it_was(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -105,7 +143,13 @@ async def test_private_traffic_gets_a_token_of_its_own(tmp_path: Path) -> None:
         ({"denyOut": ["example.com"]}, "network.denyOut"),
         ({"denyOut": ["::/0"]}, "IPv4"),
         ({"rules": {"a.com": [{"transform": {"headers": {"x": "y"}}}]}}, "network.rules"),
-        ({"egressProxy": {"address": "p:1"}}, "network.egressProxy"),
+        ({"egressProxy": {"address": "p"}}, "network.egressProxy"),
+        ({"egressProxy": {"address": "p:65536"}}, "network.egressProxy"),
+        ({"egressProxy": {"address": "[::1]:1080"}}, "network.egressProxy"),
+        ({"egressProxy": {"address": "p:1", "password": "x"}}, "network.egressProxy"),
+        ({"egressProxy": {"address": "p:1", "username": "u" * 256}}, "network.egressProxy"),
+        ({"egressProxy": {"address": "p:1", "tls": {"enabled": True}}}, "egressProxy.tls"),
+        ({"egressProxy": {"address": "p:1", "via": "x"}}, "via"),
         ({"dnsServers": ["1.1.1.1"]}, "network.dnsServers"),
         ({"httpsPorts": [3000]}, "network.httpsPorts"),
         ({"maskRequestHost": "a\r\nb"}, "network.maskRequestHost"),

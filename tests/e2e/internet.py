@@ -1,8 +1,9 @@
 """A simulated internet for end-to-end network tests: a namespace of its own, joined to the
 server's namespace by a veth and made its default route, with web servers on public-looking
 addresses (documentation ranges, routed nowhere), a resolver for their names and for the
-node's domain (`NODE_DOMAIN`, every name at the server's loopback address), and addresses
-sandboxes must never reach (cloud metadata, a private host). No packet leaves the machine: the
+node's domain (`NODE_DOMAIN`, every name at the server's loopback address), addresses
+sandboxes must never reach (cloud metadata, a private host) and a SOCKS5 proxy (`SOCKS_IP`).
+No packet leaves the machine: the
 server's namespace has no other way out. A test CA (`Certificates`) signs the internet's HTTPS
 certificates and the node's.
 
@@ -33,6 +34,8 @@ import dns.rdatatype
 import dns.rrset
 import trustme
 
+from tests.support.socks_server import socks_server
+
 REPO = Path(__file__).resolve().parents[2]
 
 UPLINK_IP = "203.0.113.1"
@@ -42,6 +45,11 @@ PUBLIC = ("198.51.100.10", "198.51.100.20")
 # Unreachable from any sandbox whatever its rules (network/reserved.py).
 INTERNAL = ("169.254.169.254", "10.250.0.9")
 RESOLVER_IP = "198.51.100.53"
+# A SOCKS5 server (tests/support/socks_server.py) for sandboxes' own egress proxy; its
+# connections leave from its own address, and it resolves `allowed.test` elsewhere than the
+# resolver does (PUBLIC[1]), so a test sees that a name went through it as a name.
+SOCKS_IP = "198.51.100.80"
+SOCKS_NAMES = {"allowed.test": PUBLIC[1]}
 NODE_DOMAIN = "aenv.test"
 # The internet's hosts; the node's names resolve to the server's loopback address (the clients
 # run in the server's namespace).
@@ -96,7 +104,7 @@ def _wire(server_ns: str, netns: str) -> None:
     _ip("-n", server_ns, "link", "add", "uplink", "type", "veth", "peer", "eth0", "netns", netns)
     _ip("-n", server_ns, "addr", "add", f"{UPLINK_IP}/30", "dev", "uplink")
     _ip("-n", netns, "addr", "add", f"{GATEWAY_IP}/30", "dev", "eth0")
-    for address in (*PUBLIC, *INTERNAL, RESOLVER_IP):
+    for address in (*PUBLIC, *INTERNAL, RESOLVER_IP, SOCKS_IP):
         _ip("-n", netns, "addr", "add", f"{address}/32", "dev", "lo")
     _ip("-n", server_ns, "link", "set", "uplink", "up")
     _ip("-n", netns, "link", "set", "eth0", "up")
@@ -117,7 +125,8 @@ def simulated_internet(server_ns: str, certificates: Certificates) -> Iterator[I
             stdout=subprocess.PIPE, cwd=REPO,
         )  # fmt: skip
         assert web.stdout is not None and web.stdout.readline() == b"ready\n"
-        yield inet
+        with socks_server(inet.netns, SOCKS_IP, SOCKS_IP, SOCKS_NAMES):
+            yield inet
     finally:
         if web is not None:
             web.kill()

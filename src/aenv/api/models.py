@@ -60,6 +60,21 @@ class _Body(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="forbid")
 
 
+class EgressProxyTls(_Body):
+    enabled: bool = False
+    server_name: str | None = Field(default=None, alias="serverName")
+    ca_cert: str | None = Field(default=None, alias="caCert")
+
+
+class EgressProxyBody(_Body):
+    """`network.egressProxy`: a SOCKS5 proxy as `host:port`, optional RFC 1929 credentials."""
+
+    address: str
+    username: str | None = None
+    password: str | None = None
+    tls: EgressProxyTls | None = None
+
+
 class Egress(BaseModel):
     """Egress fields shared by a create's `network` and `PUT /sandboxes/{id}/network`. Every
     key the SDKs send is declared, and unknown keys are refused: a firewall rule accepted and
@@ -69,7 +84,7 @@ class Egress(BaseModel):
     allow_out: list[str] | None = Field(default=None, alias="allowOut")
     deny_out: list[str] | None = Field(default=None, alias="denyOut")
     rules: dict[str, Any] | None = None
-    egress_proxy: dict[str, Any] | None = Field(default=None, alias="egressProxy")
+    egress_proxy: EgressProxyBody | None = Field(default=None, alias="egressProxy")
     dns_servers: list[str] | None = Field(default=None, alias="dnsServers")
 
 

@@ -2,8 +2,9 @@
 `PUT /sandboxes/{id}/network` body, and to the `network` object of the sandbox's info.
 
 What this node does not implement is refused with a 400 naming the field, never accepted and
-ignored: header transform `rules`, `egressProxy`, `dnsServers` (DNS is the slot's own
+ignored: header transform `rules`, TLS to an `egressProxy`, `dnsServers` (DNS is the slot's own
 forwarder, see network/dns.py), `httpsPorts`, and keys the SDKs do not send (models.Egress).
+An `egressProxy`'s password is never shown back (as in E2B).
 """
 
 from __future__ import annotations
@@ -12,14 +13,14 @@ import re
 from typing import Any
 
 from aenv.api.errors import APIError
-from aenv.api.models import Egress, NetworkConfig, NetworkUpdate
+from aenv.api.models import Egress, EgressProxyBody, NetworkConfig, NetworkUpdate
 from aenv.network.domains import is_address, normalise
 from aenv.network.settings import SandboxNetwork
+from aenv.network.socks import SocksProxy
 
 # Body field -> what it would need, for the 400 message.
 _NOT_IMPLEMENTED = {
     "rules": "header transform rules",
-    "egressProxy": "egress proxies",
     "dnsServers": "DNS servers for domain rules",
     "httpsPorts": "HTTPS to sandbox ports",
 }
@@ -50,12 +51,24 @@ def _destinations(field: str, entries: list[str] | None) -> tuple[str, ...]:
     return tuple(entries or ())
 
 
+def _socks_proxy(body: EgressProxyBody | None) -> SocksProxy | None:
+    if body is None:
+        return None
+    if body.tls is not None and body.tls.enabled:
+        raise APIError(400, "network.egressProxy.tls: TLS to the proxy is not supported")
+    try:
+        return SocksProxy.parse(body.address, body.username, body.password)
+    except ValueError as e:
+        raise APIError(400, f"network.egressProxy: {e}") from e
+
+
 def _network(allow_internet: bool, body: Egress, **ingress: Any) -> SandboxNetwork:
     _refuse_unimplemented(body)
     allow_out = _destinations("allowOut", body.allow_out)
     deny_out = _destinations("denyOut", body.deny_out)
+    proxy = _socks_proxy(body.egress_proxy)
     try:
-        return SandboxNetwork(allow_internet, allow_out, deny_out, **ingress)
+        return SandboxNetwork(allow_internet, allow_out, deny_out, egress_proxy=proxy, **ingress)
     except ValueError as e:  # IPv6 (guests have none), or names without a deny of everything
         raise APIError(400, f"network: {e}") from e
 
@@ -90,4 +103,7 @@ def network_info(network: SandboxNetwork) -> dict[str, Any]:
     }
     if network.mask_request_host is not None:
         info["maskRequestHost"] = network.mask_request_host
+    if (proxy := network.egress_proxy) is not None:
+        shown = {"address": proxy.address, "username": proxy.username}
+        info["egressProxy"] = {k: v for k, v in shown.items() if v is not None}
     return info

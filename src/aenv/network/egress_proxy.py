@@ -1,4 +1,5 @@
-"""Domain egress rules: a slot's TCP connections judged by the name they ask for.
+"""A slot's egress proxy: its TCP connections judged by the name they ask for (domain rules),
+and tunneled through the sandbox's own SOCKS5 proxy when it has one.
 
 How it works, per slot whose policy names domains (E2B's `allowOut: ["example.com"]`):
 
@@ -17,6 +18,12 @@ How it works, per slot whose policy names domains (E2B's `allowOut: ["example.co
 4. DNS queries go to the slot's `dns.DnsForwarder`, started and stopped with the proxy, which
    answers only for allowed names.
 
+With a SOCKS5 proxy (E2B's `egressProxy`, `socks`), the slot table also redirects the new TCP
+connections the address lists let through (set `proxied`). Those are tunneled at once, without
+waiting for a first byte (SSH and SMTP servers speak first), to the address the guest dialled;
+a connection allowed by name is tunneled to that name, which the SOCKS proxy resolves. The
+tunnel starts from the host, not the slot; nothing goes out directly while a proxy is set.
+
 The name is what the client claims, as in E2B: a client that resolves a name itself and sends
 it to another address reaches that address. Addresses are still judged: the reserved ranges
 are never reachable.
@@ -34,8 +41,10 @@ from ipaddress import IPv4Address, IPv4Network
 from aenv.network import netns
 from aenv.network.dns import DnsForwarder
 from aenv.network.domains import DomainRules
+from aenv.network.policy import EgressPolicy
 from aenv.network.slot import Slot
 from aenv.network.sniff import Need, requested_name
+from aenv.network.socks import open_tunnel
 
 log = logging.getLogger(__name__)
 
@@ -93,32 +102,35 @@ async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
         writer.close()
 
 
-class DomainProxy:
-    """The proxy of one slot. `rules` may be replaced at any time; connections already relayed
+class EgressProxy:
+    """The proxy of one slot. `policy` may be replaced at any time; connections already relayed
     keep going (E2B judges a connection when it starts)."""
 
     def __init__(
         self,
         slot: Slot,
-        rules: DomainRules,
+        policy: EgressPolicy,
         denied: tuple[IPv4Network, ...],
         dns_upstream: IPv4Address,
+        host_netns: str | None,
     ) -> None:
         self.slot = slot
-        self._rules = rules
+        self._policy = policy
+        self._rules = DomainRules(policy.domains)
         self._denied = denied
-        self._dns = DnsForwarder(slot, rules, dns_upstream)
+        self._host_netns = host_netns
+        self._dns = DnsForwarder(slot, self._rules, dns_upstream)
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
-    def rules(self) -> DomainRules:
-        return self._rules
+    def policy(self) -> EgressPolicy:
+        return self._policy
 
-    @rules.setter
-    def rules(self, rules: DomainRules) -> None:
-        self._rules = rules
-        self._dns.rules = rules
+    @policy.setter
+    def policy(self, policy: EgressPolicy) -> None:
+        self._policy = policy
+        self._rules = self._dns.rules = DomainRules(policy.domains)
 
     async def start(self) -> None:
         gateway = str(self.slot.guest.gateway)
@@ -144,24 +156,49 @@ class DomainProxy:
         self._tasks.add(task)
         try:
             await self._serve(reader, writer)
-        except (OSError, TimeoutError):
-            pass
+        except (OSError, TimeoutError) as e:
+            # Debug, not info: a guest decides how often this happens.
+            log.debug("slot %s: connection ended: %s", self.slot.netns, e)
         finally:
             self._tasks.discard(task)
             writer.close()
 
-    def _allowed(self, name: str | None, address: IPv4Address) -> bool:
-        if name is None or not self.rules.allows(name):
-            return False
-        return not any(address in network for network in self._denied)
-
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         address, port = original_destination(writer.get_extra_info("socket"))
-        head, name = await asyncio.wait_for(_head(reader), _HEAD_TIMEOUT_S)
-        if not self._allowed(name, address):
-            # Debug, not info: a guest decides how often this happens.
-            log.debug("slot %s: refused %s (%s:%d)", self.slot.netns, name, address, port)
+        policy, rules = self._policy, self._rules
+        if any(address in network for network in self._denied):
+            log.debug("slot %s: refused %s:%d (reserved)", self.slot.netns, address, port)
             return
+        head, name = b"", None
+        # Allowed by address only with a SOCKS proxy: the slot table sends nothing else here.
+        if policy.proxy is None or not policy.admits(address):
+            head, name = await asyncio.wait_for(_head(reader), _HEAD_TIMEOUT_S)
+            if name is None or not rules.allows(name):
+                log.debug("slot %s: refused %s (%s:%d)", self.slot.netns, name, address, port)
+                return
+        if policy.proxy is not None:
+            up_reader, up_writer = await open_tunnel(
+                policy.proxy,
+                name or str(address),
+                port,
+                denied=self._denied,
+                host_netns=self._host_netns,
+                timeout=_CONNECT_TIMEOUT_S,
+            )
+        else:
+            up_reader, up_writer = await self._direct(address, port)
+        try:
+            up_writer.write(head)
+            await asyncio.gather(_relay(reader, up_writer), _relay(up_reader, writer))
+        finally:
+            up_writer.close()
+            with contextlib.suppress(OSError):
+                await up_writer.wait_closed()
+
+    async def _direct(
+        self, address: IPv4Address, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to the destination from the slot namespace, as the guest's would be."""
         sock = await netns.run_in(self.slot.netns, _outgoing)
         try:
             loop = asyncio.get_running_loop()
@@ -171,11 +208,4 @@ class DomainProxy:
         except BaseException:
             sock.close()
             raise
-        up_reader, up_writer = await asyncio.open_connection(sock=sock, limit=_CHUNK)
-        try:
-            up_writer.write(head)
-            await asyncio.gather(_relay(reader, up_writer), _relay(up_reader, writer))
-        finally:
-            up_writer.close()
-            with contextlib.suppress(OSError):
-                await up_writer.wait_closed()
+        return await asyncio.open_connection(sock=sock, limit=_CHUNK)

@@ -35,8 +35,7 @@ from pyroute2.netlink.rtnl.ndmsg import NUD_PERMANENT
 from aenv.network import netns, nft, rules
 from aenv.network.addressing import SLOT_PREFIXLEN, AddressPlan
 from aenv.network.config import NetworkConfig
-from aenv.network.domains import DomainRules
-from aenv.network.egress_proxy import DomainProxy
+from aenv.network.egress_proxy import EgressProxy
 from aenv.network.policy import EgressPolicy
 from aenv.network.slot import Slot
 
@@ -80,8 +79,8 @@ class SlotManager:
         self._denied = config.denied
         self._slots: dict[int, Slot] = {}
         self._policies: dict[int, EgressPolicy] = {}
-        # The domain proxies of slots whose policy names domains.
-        self._proxies: dict[int, DomainProxy] = {}
+        # The egress proxies of slots whose policy names domains or a SOCKS5 proxy.
+        self._proxies: dict[int, EgressProxy] = {}
         # Per slot: changes to one slot's egress apply in the order they were asked for.
         self._locks: dict[int, asyncio.Lock] = {}
         self._orphans: set[asyncio.Future[None]] = set()
@@ -151,7 +150,7 @@ class SlotManager:
         self._slots[index] = slot
         self._policies[index] = initial
         self._locks[index] = asyncio.Lock()
-        if initial.domains:
+        if initial.needs_proxy:
             try:
                 await self._start_proxy(slot, initial)
             except BaseException:
@@ -277,18 +276,18 @@ class SlotManager:
             if policy == old:
                 return
             # The proxy is up before connections are redirected to it, and down only after.
-            if policy.domains:
+            if policy.needs_proxy:
                 await self._start_proxy(slot, policy)
             try:
                 await netns.run_in(slot.netns, lambda: nft.apply(rules.set_policy(old, policy)))
             except BaseException:
-                if old.domains:
-                    await self._start_proxy(slot, old)  # gives the old names back
+                if old.needs_proxy:
+                    await self._start_proxy(slot, old)  # gives the old policy back
                 else:
                     await self._stop_proxy(slot)
                 raise
             self._policies[slot.index] = policy
-            if not policy.domains:
+            if not policy.needs_proxy:
                 await self._stop_proxy(slot)
 
     async def _stop_proxy(self, slot: Slot) -> None:
@@ -297,13 +296,14 @@ class SlotManager:
             await proxy.close()
 
     async def _start_proxy(self, slot: Slot, policy: EgressPolicy) -> None:
-        """Start the slot's domain proxy, or give the running one the new names."""
+        """Start the slot's egress proxy, or give the running one the new policy."""
         proxy = self._proxies.get(slot.index)
         if proxy is not None:
-            proxy.rules = DomainRules(policy.domains)
+            proxy.policy = policy
             return
-        rules = DomainRules(policy.domains)
-        proxy = DomainProxy(slot, rules, self._denied, self.config.dns_upstream)
+        proxy = EgressProxy(
+            slot, policy, self._denied, self.config.dns_upstream, self.config.host_netns
+        )
         await proxy.start()
         self._proxies[slot.index] = proxy
 

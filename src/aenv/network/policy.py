@@ -2,18 +2,20 @@
 
 Semantics follow E2B: with no lists everything is allowed; `deny` blocks its destinations unless
 `allow` also covers them (allow wins). Domain names may only be allowed; a TCP connection that no
-address rule allows is then judged by the name it asks for (`egress_proxy`). The policy applies
-only while the slot's egress is on, and never opens the host: the host-side rules drop slot
-traffic to the host whatever the policy says.
+address rule allows is then judged by the name it asks for (`egress_proxy`). With a `proxy`
+(the sandbox's own SOCKS5 proxy, `socks`), every TCP connection the lists and names allow is
+tunneled through it. The policy applies only while the slot's egress is on, and never opens the
+host: the host-side rules drop slot traffic to the host whatever the policy says.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
-from ipaddress import IPv4Network, collapse_addresses, ip_network
+from ipaddress import IPv4Address, IPv4Network, collapse_addresses, ip_network
 
 from aenv.network.domains import is_address, normalise
+from aenv.network.socks import SocksProxy
 
 
 def _normalise(networks: Iterable[IPv4Network]) -> tuple[IPv4Network, ...]:
@@ -27,14 +29,28 @@ class EgressPolicy:
     deny: tuple[IPv4Network, ...] = ()
     # Allowed names (`example.com`, `*.example.com`), canonical and sorted.
     domains: tuple[str, ...] = ()
+    proxy: SocksProxy | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allow", _normalise(self.allow))
         object.__setattr__(self, "deny", _normalise(self.deny))
         object.__setattr__(self, "domains", tuple(sorted({normalise(d) for d in self.domains})))
 
+    @property
+    def needs_proxy(self) -> bool:
+        """Whether the slot's egress proxy must run: to judge names, or to tunnel."""
+        return bool(self.domains) or self.proxy is not None
+
+    def admits(self, address: IPv4Address) -> bool:
+        """Whether the address lists let a connection to `address` through (names aside)."""
+        if any(address in network for network in self.allow):
+            return True
+        return not any(address in network for network in self.deny)
+
     @classmethod
-    def parse(cls, allow: Iterable[str] = (), deny: Iterable[str] = ()) -> EgressPolicy:
+    def parse(
+        cls, allow: Iterable[str] = (), deny: Iterable[str] = (), proxy: SocksProxy | None = None
+    ) -> EgressPolicy:
         """From strings such as `1.1.1.1`, `8.8.8.0/24` or (allow only) `*.example.com`;
         anything else is a ValueError."""
 
@@ -50,4 +66,4 @@ class EgressPolicy:
         entries = list(allow)
         names = [entry for entry in entries if not is_address(entry)]
         addresses = [entry for entry in entries if is_address(entry)]
-        return cls(tuple(networks(addresses)), tuple(networks(deny)), tuple(names))
+        return cls(tuple(networks(addresses)), tuple(networks(deny)), tuple(names), proxy)

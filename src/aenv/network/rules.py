@@ -15,7 +15,9 @@ Two tables, both static, so no slot ever needs a rule handle or a per-slot host 
   applies the slot's `EgressPolicy` from two sets, `allow` and `deny`. When the policy names
   domains, the set `sniffed` holds 0.0.0.0/0, the guest's new TCP connections to addresses
   `allow` does not cover are redirected to the slot's `egress_proxy` and its DNS queries to the
-  slot's `dns` forwarder. It dies with the
+  slot's `dns` forwarder. With a SOCKS5 proxy the set `proxied` holds 0.0.0.0/0 too, and the
+  new TCP connections the address sets let through (and none to a reserved range, which stay
+  refused below) are redirected to the same proxy, which tunnels them. It dies with the
   namespace, so teardown needs no nft call.
 
 Whether a slot has egress at all is decided by its routing, not here (see `manager`).
@@ -73,6 +75,7 @@ _REJECT: Expr = {"reject": {"type": "icmpx", "expr": "admin-prohibited"}}
 _POLICY_SETS = ("allow", "deny")
 _DENIED = "denied"
 _SNIFFED = "sniffed"
+_PROXIED = "proxied"
 _EVERYTHING = IPv4Network("0.0.0.0/0")
 _ESTABLISHED = _ct("state", ["established", "related"])
 
@@ -152,9 +155,12 @@ def slot_table(
     to_guest = (_is("iifname", up), _is("oifname", tap))
     from_guest = (_is("iifname", tap), _is("oifname", up))
     guests_own = (*from_guest, _ip("saddr", guest.ip.ip))
+    guest_tcp = (_is("iifname", tap), _ip("saddr", guest.ip.ip), _is("l4proto", "tcp"))
+    new_tcp = (*guest_tcp, _ip("daddr", f"@{_DENIED}", op="!="))
+    to_proxy = {"redirect": {"port": PROXY_PORT}}
     return [
         {"add": {"table": _table(t)}},
-        *(_policy_set(name) for name in (_DENIED, _SNIFFED, *_POLICY_SETS)),
+        *(_policy_set(name) for name in (_DENIED, _SNIFFED, _PROXIED, *_POLICY_SETS)),
         _elements(_DENIED, denied),
         *set_policy(EgressPolicy(), policy),
         _chain(t, "prerouting"),
@@ -165,15 +171,18 @@ def slot_table(
             _is("iifname", up),
             {"dnat": {"family": "ip", "addr": str(guest.ip.ip)}},
         ),
+        # Tunneled: what `allow` covers, and what `deny` does not; never a reserved range.
+        *(
+            _rule(t, "prerouting", *new_tcp, _ip("daddr", f"@{_PROXIED}"), judged, to_proxy)
+            for judged in (_ip("daddr", "@allow"), _ip("daddr", "@deny", op="!="))
+        ),
         _rule(
             t,
             "prerouting",
-            _is("iifname", tap),
-            _ip("saddr", guest.ip.ip),
-            _is("l4proto", "tcp"),
+            *guest_tcp,
             _ip("daddr", f"@{_SNIFFED}"),
             _ip("daddr", "@allow", op="!="),
-            {"redirect": {"port": PROXY_PORT}},
+            to_proxy,
         ),
         _rule(
             t,
@@ -228,9 +237,11 @@ def set_policy(old: EgressPolicy, new: EgressPolicy) -> list[Command]:
             commands.append({"flush": {"set": spec}})
         if after:
             commands.append(_elements(name, after))
-    if bool(old.domains) != bool(new.domains):
-        spec = {"family": "inet", "table": SLOT_TABLE, "name": _SNIFFED}
-        commands.append(
-            _elements(_SNIFFED, (_EVERYTHING,)) if new.domains else {"flush": {"set": spec}}
-        )
+    for name, was_on, on in (
+        (_SNIFFED, bool(old.domains), bool(new.domains)),
+        (_PROXIED, old.proxy is not None, new.proxy is not None),
+    ):
+        if was_on != on:
+            spec = {"family": "inet", "table": SLOT_TABLE, "name": name}
+            commands.append(_elements(name, (_EVERYTHING,)) if on else {"flush": {"set": spec}})
     return commands

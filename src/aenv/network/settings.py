@@ -1,8 +1,9 @@
 """A sandbox's network settings as E2B defines them, and the slot configuration they mean.
 
 E2B's knobs: `allow_internet_access`, `network.allowOut` / `denyOut` (IPs, CIDRs and, to
-allow, domain names; allow wins over deny), `allowPublicTraffic` (ingress only with the traffic
-access token) and `maskRequestHost`. They belong to the sandbox, not to its slot: they are
+allow, domain names; allow wins over deny), `egressProxy` (a SOCKS5 proxy the allowed TCP is
+tunneled through), `allowPublicTraffic` (ingress only with the traffic access token) and
+`maskRequestHost`. They belong to the sandbox, not to its slot: they are
 stored with it, applied to every slot it runs in (create, resume, fork children) and replaced
 at runtime by `PUT /sandboxes/{id}/network`.
 
@@ -20,6 +21,7 @@ from ipaddress import IPv4Network
 from typing import Any
 
 from aenv.network.policy import EgressPolicy
+from aenv.network.socks import SocksProxy
 
 ALL_TRAFFIC = "0.0.0.0/0"
 
@@ -43,6 +45,7 @@ class SandboxNetwork:
     deny_out: tuple[str, ...] = ()
     allow_public_traffic: bool = True
     mask_request_host: str | None = None
+    egress_proxy: SocksProxy | None = None
     # Derived, for the slot; not part of the stored form.
     egress: SlotEgress = field(init=False, repr=False, compare=False)
 
@@ -56,6 +59,7 @@ class SandboxNetwork:
             "deny_out": list(self.deny_out),
             "allow_public_traffic": self.allow_public_traffic,
             "mask_request_host": self.mask_request_host,
+            "egress_proxy": self.egress_proxy.to_json() if self.egress_proxy else None,
         }
 
     @classmethod
@@ -66,11 +70,14 @@ class SandboxNetwork:
             deny_out=tuple(data.get("deny_out", ())),
             allow_public_traffic=bool(data.get("allow_public_traffic", True)),
             mask_request_host=data.get("mask_request_host"),
+            egress_proxy=SocksProxy.from_json(proxy)
+            if (proxy := data.get("egress_proxy"))
+            else None,
         )
 
 
 def _slot_egress(network: SandboxNetwork) -> SlotEgress:
-    allowed = EgressPolicy.parse(allow=network.allow_out, deny=network.deny_out)
+    allowed = EgressPolicy.parse(network.allow_out, network.deny_out, network.egress_proxy)
     deny = allowed.deny if network.allow_internet else (IPv4Network(ALL_TRAFFIC),)
     denies_all = IPv4Network(ALL_TRAFFIC) in deny
     if allowed.domains and not denies_all:
@@ -79,4 +86,4 @@ def _slot_egress(network: SandboxNetwork) -> SlotEgress:
             "in deny out to block all other traffic."
         )
     enabled = bool(allowed.allow) or bool(allowed.domains) or not denies_all
-    return SlotEgress(enabled, EgressPolicy(allowed.allow, deny, allowed.domains))
+    return SlotEgress(enabled, EgressPolicy(allowed.allow, deny, allowed.domains, allowed.proxy))

@@ -1714,6 +1714,7 @@ class Orchestrator:
                 allow_internet=rules.allow_internet,
                 allow_out=rules.allow_out,
                 deny_out=rules.deny_out,
+                egress_proxy=rules.egress_proxy,
             )
             live = self._live.get(sandbox_id)
             if live is not None:

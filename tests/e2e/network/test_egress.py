@@ -1,7 +1,8 @@
 """Egress rules with the unmodified SDK against real VMs, traffic to the simulated internet
 (tests/e2e/internet.py): allow and deny lists at create, `update_network` apply and clear,
 rules kept across pause/resume and inherited by forks, internal ranges refused whatever the
-rules, and what is not implemented refused with a 400 naming the field."""
+rules, a sandbox's own SOCKS5 proxy (`egress_proxy`), and what is not implemented refused with
+a 400 naming the field."""
 
 from __future__ import annotations
 
@@ -13,10 +14,15 @@ import httpx
 import pytest
 from e2b import Sandbox
 from e2b.exceptions import InvalidArgumentException, SandboxException
-from e2b.sandbox.sandbox_api import SandboxNetworkOpts
+from e2b.sandbox.sandbox_api import (
+    SandboxEgressProxyOpts,
+    SandboxNetworkOpts,
+    SandboxNetworkUpdate,
+)
 
-from tests.e2e.internet import INTERNAL, PUBLIC
+from tests.e2e.internet import INTERNAL, PUBLIC, SOCKS_IP, SOCKS_NAMES
 from tests.e2e.network.conftest import API
+from tests.support.socks_server import PASSWORD, PORT, USER
 
 A, B = PUBLIC
 REFUSED: list[tuple[SandboxNetworkOpts, str]] = [
@@ -26,6 +32,8 @@ REFUSED: list[tuple[SandboxNetworkOpts, str]] = [
     ({"deny_out": ["2001:db8::/32"]}, "IPv4"),
     ({"rules": {"example.com": [{"transform": {"headers": {"X": "y"}}}]}}, "network.rules"),
     ({"mask_request_host": "bad host"}, "maskRequestHost"),
+    ({"egress_proxy": {"address": "proxy.test:1080", "tls": True}}, "egressProxy.tls"),
+    ({"egress_proxy": {"address": "proxy.test"}}, "egressProxy"),
 ]
 
 
@@ -137,3 +145,45 @@ def test_domain_rules_for_http_https_and_dns(sandboxes: list[Sandbox]) -> None:
     sandbox.update_network({})
     assert fetch(f"--resolve other.test:443:{A} https://other.test/") == A
     assert fetch(f"http://{B}/") == B
+
+
+def test_an_egress_proxy_tunnels_what_the_rules_allow(sandboxes: list[Sandbox]) -> None:
+    proxy: SandboxEgressProxyOpts = {
+        "address": f"{SOCKS_IP}:{PORT}",
+        "username": USER,
+        "password": PASSWORD,
+    }
+    sandbox = Sandbox.create(timeout=300, network={"deny_out": [B], "egress_proxy": proxy})
+    sandboxes.append(sandbox)
+    assert reached(sandbox, A, B) == {A}
+    network = sandbox.get_info().network
+    assert network is not None
+    assert network["egress_proxy"] == {"address": f"{SOCKS_IP}:{PORT}", "username": USER}
+
+    # A name the rules allow reaches the proxy as a name, and the proxy resolves it: to another
+    # address than the sandbox's resolver gave.
+    named: SandboxNetworkUpdate = {
+        "allow_out": ["allowed.test"],
+        "deny_out": ["0.0.0.0/0"],
+        "egress_proxy": proxy,
+    }
+    sandbox.update_network(named)
+    assert SOCKS_NAMES["allowed.test"] == B
+
+    def fetch(url: str) -> str:
+        return sandbox.commands.run(f"curl -s -m 5 {url} || true").stdout.strip()
+
+    assert fetch("http://allowed.test/") == B
+    assert fetch(f"http://{A}/") == ""
+
+    # Fails closed: refused credentials do not send the traffic out directly.
+    sandbox.update_network({"egress_proxy": {**proxy, "password": "wrong"}})
+    assert reached(sandbox, A, B) == set()
+
+    # Kept across pause and resume; an update without it sends traffic out directly again.
+    sandbox.update_network(named)
+    assert sandbox.pause() is True
+    sandbox = Sandbox.connect(sandbox.sandbox_id, timeout=300)
+    assert fetch("http://allowed.test/") == B
+    sandbox.update_network({"allow_out": ["allowed.test"], "deny_out": ["0.0.0.0/0"]})
+    assert fetch("http://allowed.test/") == A

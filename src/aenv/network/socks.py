@@ -1,0 +1,188 @@
+"""A sandbox's own SOCKS5 proxy (E2B's `network.egressProxy`, "bring your own proxy"): the
+upstream its slot's egress proxy tunnels the guest's TCP connections through.
+
+The tunnel is opened from the host (the network config's host namespace), after the slot's
+allow/deny judgement, so nothing runs in the guest and the guest can neither see the proxy nor
+route around it. It fails closed: a proxy that cannot be reached, refuses the credentials or
+the destination, or does not speak SOCKS5 fails the guest's connection; nothing falls back to a
+direct one. The proxy's host name is resolved at each dial and the address pinned for that
+connection; an address in the node's denied ranges (private, link-local, the slots' own
+network: `reserved`) is refused, as E2B refuses internal proxies, unless the operator opened
+that range to slots.
+
+A destination the guest reached by name (a domain `allowOut` rule) is passed on as that name
+(RFC 1928 ATYP domain), so the proxy resolves it; one allowed by address, as the address.
+Credentials follow RFC 1929. The protocol is socksio's (sans-I/O) over our own streams: the
+socket has to be made in the host namespace, which proxy client libraries do not allow for.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import socket
+from dataclasses import dataclass
+from ipaddress import IPv4Address, IPv4Network, ip_address
+from typing import Any
+
+from socksio import ProtocolError, socks5
+
+from aenv.network import netns
+
+_HOST = re.compile(
+    r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?"
+)
+_MAX_CREDENTIAL = 255  # bytes, RFC 1929
+# A SOCKS5 command reply: version, code, reserved, address type, then the bound address.
+_ADDRESS_LENGTH = {b"\x01": 4, b"\x04": 16}
+
+
+class TunnelError(OSError):
+    """The proxy could not be reached or refused the tunnel."""
+
+
+@dataclass(frozen=True)
+class SocksProxy:
+    """Where a sandbox's TCP egress is tunneled. Raises ValueError for an address that is not
+    `host:port` (an IPv4 address or a host name) and for credentials RFC 1929 cannot carry."""
+
+    host: str
+    port: int
+    username: str | None = None
+    password: str | None = None
+
+    def __post_init__(self) -> None:
+        if not 0 < self.port < 65536:
+            raise ValueError(f"port {self.port} is out of range")
+        if not _is_ipv4(self.host) and not _HOST.fullmatch(self.host):
+            raise ValueError(f"{self.host!r} is not an IPv4 address or a host name")
+        if self.password is not None and self.username is None:
+            raise ValueError("a password needs a username")
+        for name, value in (("username", self.username), ("password", self.password)):
+            if value is not None and not 0 < len(value.encode()) <= _MAX_CREDENTIAL:
+                raise ValueError(f"{name} must be 1 to {_MAX_CREDENTIAL} bytes")
+
+    @classmethod
+    def parse(
+        cls, address: str, username: str | None = None, password: str | None = None
+    ) -> SocksProxy:
+        host, sep, port = address.rpartition(":")
+        if not sep or not port.isdigit():
+            raise ValueError(f"{address!r} is not host:port")
+        return cls(host, int(port), username, password)
+
+    @property
+    def address(self) -> str:
+        return f"{self.host}:{self.port}"
+
+    def to_json(self) -> dict[str, Any]:
+        return {"address": self.address, "username": self.username, "password": self.password}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any]) -> SocksProxy:
+        return cls.parse(data["address"], data.get("username"), data.get("password"))
+
+
+def _is_ipv4(host: str) -> bool:
+    try:
+        return isinstance(ip_address(host), IPv4Address)
+    except ValueError:
+        return False
+
+
+def _outgoing() -> socket.socket:
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setblocking(False)
+    return sock
+
+
+async def _pinned_address(proxy: SocksProxy, denied: tuple[IPv4Network, ...]) -> IPv4Address:
+    loop = asyncio.get_running_loop()
+    try:
+        found = await loop.getaddrinfo(
+            proxy.host, proxy.port, family=socket.AF_INET, type=socket.SOCK_STREAM
+        )
+    except OSError as e:
+        raise TunnelError(f"proxy {proxy.host} does not resolve: {e}") from e
+    address = IPv4Address(found[0][4][0])
+    if any(address in network for network in denied):
+        raise TunnelError(f"proxy {proxy.host} is at {address}, a range slots may not reach")
+    return address
+
+
+async def open_tunnel(
+    proxy: SocksProxy,
+    destination: str,
+    port: int,
+    *,
+    denied: tuple[IPv4Network, ...],
+    host_netns: str | None,
+    timeout: float,
+) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    """A stream to `destination` (an IPv4 address or a name) and `port` through `proxy`,
+    connected and past the SOCKS5 handshake. `TunnelError` when any step fails."""
+    address = await _pinned_address(proxy, denied)
+    sock = await netns.run_in(host_netns, _outgoing)
+    loop = asyncio.get_running_loop()
+    try:
+        await asyncio.wait_for(loop.sock_connect(sock, (str(address), proxy.port)), timeout)
+    except (OSError, TimeoutError) as e:
+        sock.close()
+        raise TunnelError(f"proxy {proxy.address} cannot be reached: {e}") from e
+    except BaseException:
+        sock.close()
+        raise
+    reader, writer = await asyncio.open_connection(sock=sock)
+    try:
+        await asyncio.wait_for(_handshake(proxy, destination, port, reader, writer), timeout)
+    except (OSError, TimeoutError, ProtocolError, asyncio.IncompleteReadError) as e:
+        writer.close()
+        raise TunnelError(f"proxy {proxy.address} refused {destination}:{port}: {e}") from e
+    except BaseException:
+        writer.close()
+        raise
+    return reader, writer
+
+
+async def _handshake(
+    proxy: SocksProxy,
+    destination: str,
+    port: int,
+    reader: asyncio.StreamReader,
+    writer: asyncio.StreamWriter,
+) -> None:
+    connection = socks5.SOCKS5Connection()
+
+    async def exchange(request: Any, reply_size: int | None = None) -> Any:
+        connection.send(request)
+        writer.write(connection.data_to_send())
+        await writer.drain()
+        if reply_size is not None:
+            return connection.receive_data(await reader.readexactly(reply_size))
+        head = await reader.readexactly(4)
+        if head[3:4] == b"\x03":  # a bound address given as a name: its length comes first
+            length = await reader.readexactly(1)
+            rest = length + await reader.readexactly(length[0] + 2)
+        else:
+            rest = await reader.readexactly(_ADDRESS_LENGTH.get(head[3:4], 4) + 2)
+        return connection.receive_data(head + rest)
+
+    methods = [socks5.SOCKS5AuthMethod.NO_AUTH_REQUIRED]
+    if proxy.username is not None:
+        methods.insert(0, socks5.SOCKS5AuthMethod.USERNAME_PASSWORD)
+    chosen = await exchange(socks5.SOCKS5AuthMethodsRequest(methods), 2)
+    if chosen.method not in methods:
+        raise TunnelError(f"no acceptable authentication method ({chosen.method.name})")
+    if chosen.method is socks5.SOCKS5AuthMethod.USERNAME_PASSWORD:
+        assert proxy.username is not None
+        credentials = socks5.SOCKS5UsernamePasswordRequest(
+            proxy.username.encode(), (proxy.password or "").encode()
+        )
+        if not (await exchange(credentials, 2)).success:
+            raise TunnelError("the credentials were refused")
+    command = socks5.SOCKS5CommandRequest.from_address(
+        socks5.SOCKS5Command.CONNECT, (destination, port)
+    )
+    reply = await exchange(command)
+    if reply.reply_code is not socks5.SOCKS5ReplyCode.SUCCEEDED:
+        raise TunnelError(f"the proxy answered {reply.reply_code.name}")
