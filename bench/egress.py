@@ -1,8 +1,10 @@
-"""Domain egress rules (bench/network.py runs this part with `--part egress`): the same
-downloads and connections from a guest with no rules and with domain rules, in one run.
+"""Egress rules and proxies (bench/network.py runs this part with `--part egress`): the same
+downloads and connections from a guest with no rules, with domain rules, and through a SOCKS5
+proxy of its own (`egressProxy`, a real microsocks in the "internet"), in one run.
 
-- a 256 MiB HTTP download: throughput through the slot's domain proxy over the direct path;
-- connection setup (connect to first byte of a small response), median and p99, both paths;
+- a 256 MiB HTTP download: throughput through the slot's egress proxy (judging names, or
+  tunneling to the SOCKS5 proxy) over the direct path;
+- connection setup (connect to first byte of a small response), median and p99, each path;
 - the slot side of `update_network`: `set_policy` alternating between address rules and
   domain rules (the domain proxy and DNS forwarder start and stop each time).
 
@@ -25,14 +27,21 @@ from pathlib import Path
 from summary import summary_ms
 
 from aenv.network import EgressPolicy, Slot, SlotPool, netns
+from aenv.network.socks import SocksProxy
 from tests.network.conftest import INET_IP, World, new_world
 from tests.network.fakeguest import FakeGuest
+from tests.support import socks_server
 
 FILE_MIB = 256
 SMALL_RUNS = 200
 POLICY_RUNS = 100
 DOMAINS = EgressPolicy.parse(allow=["files.test"], deny=["0.0.0.0/0"])
 ADDRESSES = EgressPolicy.parse(allow=[INET_IP], deny=["0.0.0.0/0"])
+SOCKS_IP = "198.51.100.80"
+TUNNELED = EgressPolicy(
+    proxy=SocksProxy(SOCKS_IP, socks_server.PORT, socks_server.USER, socks_server.PASSWORD)
+)
+PATHS = {"direct": EgressPolicy(), "domain_rules": DOMAINS, "socks_proxy": TUNNELED}
 
 
 def _guest_process(slot: Slot, ready: multiprocessing.synchronize.Event) -> None:
@@ -65,12 +74,12 @@ def _wait_listening(ns: str) -> None:
 
 
 async def _paths(pool: SlotPool, slot: Slot, guest_ns: str) -> dict[str, object]:
-    """Download and connection setup, direct then through the domain proxy."""
+    """Download and connection setup on each path; ratios and overheads against direct."""
     big, small = f"http://{INET_IP}:8000/big", f"http://{INET_IP}:8000/small"
     result: dict[str, object] = {}
     speeds: dict[str, float] = {}
     setups: dict[str, list[float]] = {}
-    for name, policy in (("direct", EgressPolicy()), ("domain_rules", DOMAINS)):
+    for name, policy in PATHS.items():
         await pool.set_policy(slot, policy)
         speeds[name] = await asyncio.to_thread(_curl, guest_ns, big, "%{speed_download}")
         setups[name] = [
@@ -79,9 +88,11 @@ async def _paths(pool: SlotPool, slot: Slot, guest_ns: str) -> dict[str, object]
         ]
         result[f"download_{name}_mib_s"] = round(speeds[name] / 2**20, 1)
         result[f"setup_{name}_ms"] = summary_ms(setups[name])
-    result["download_ratio"] = round(speeds["domain_rules"] / speeds["direct"], 3)
     median = {name: statistics.median(samples) for name, samples in setups.items()}
-    result["setup_overhead_median_ms"] = round((median["domain_rules"] - median["direct"]) * 1e3, 3)
+    for name in ("domain_rules", "socks_proxy"):
+        result[f"download_ratio_{name}"] = round(speeds[name] / speeds["direct"], 3)
+        overhead = (median[name] - median["direct"]) * 1e3
+        result[f"setup_overhead_{name}_median_ms"] = round(overhead, 3)
     return result
 
 
@@ -126,9 +137,13 @@ def run() -> dict[str, object]:
              "--bind", INET_IP, "--directory", files, "8000"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
+        subprocess.run(
+            ["ip", "-n", world.inet, "addr", "add", f"{SOCKS_IP}/32", "dev", "lo"], check=True
+        )
         try:
             _wait_listening(world.inet)
-            return asyncio.run(_bench(world))
+            with socks_server.socks_server(world.inet, SOCKS_IP, SOCKS_IP, {}):
+                return asyncio.run(_bench(world))
         finally:
             web.terminate()
             web.wait()

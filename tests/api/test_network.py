@@ -10,6 +10,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+import trustme
 
 from aenv.network import EgressPolicy, NftError, Slot
 from aenv.network.socks import SocksProxy
@@ -17,6 +18,7 @@ from aenv.orchestrator.states import SandboxState
 from tests.api.test_routes import error, served
 from tests.doubles.node import DoubleNode, double_node
 
+CA_PEM = trustme.CA().cert_pem.bytes().decode()
 RULES = {"allowOut": ["1.1.1.1", "*.example.com"], "denyOut": ["0.0.0.0/0"]}
 
 
@@ -92,9 +94,20 @@ async def test_an_egress_proxy_reaches_the_slot_and_its_password_is_never_shown(
         assert slot_of(node, sandbox_id)[1].proxy is None
         info = (await api.get(f"/sandboxes/{sandbox_id}")).json()["network"]
         assert "egressProxy" not in info
-        # TLS off is no TLS: accepted.
+        # TLS: its server name shown, its CA certificates not; off is no TLS.
+        tls = {"enabled": True, "serverName": "socks.example.com", "caCert": CA_PEM}
+        assert (await api.put(url, json={"egressProxy": {**other, "tls": tls}})).status_code == 204
+        assert slot_of(node, sandbox_id)[1].proxy == SocksProxy(
+            "10.0.0.1", 1, tls=True, server_name="socks.example.com", ca_cert=CA_PEM
+        )
+        info = (await api.get(f"/sandboxes/{sandbox_id}")).json()["network"]
+        assert info["egressProxy"] == {
+            "address": "10.0.0.1:1",
+            "tls": {"enabled": True, "serverName": "socks.example.com"},
+        }
         off = {"address": "p:1", "tls": {"enabled": False}}
         assert (await api.put(url, json={"egressProxy": off})).status_code == 204
+        assert slot_of(node, sandbox_id)[1].proxy == SocksProxy("p", 1)
 
 
 async def test_a_slot_that_refuses_the_change_leaves_everything_as_it_was(
@@ -148,7 +161,8 @@ async def test_private_traffic_gets_a_token_of_its_own(tmp_path: Path) -> None:
         ({"egressProxy": {"address": "[::1]:1080"}}, "network.egressProxy"),
         ({"egressProxy": {"address": "p:1", "password": "x"}}, "network.egressProxy"),
         ({"egressProxy": {"address": "p:1", "username": "u" * 256}}, "network.egressProxy"),
-        ({"egressProxy": {"address": "p:1", "tls": {"enabled": True}}}, "egressProxy.tls"),
+        ({"egressProxy": {"address": "p:1", "tls": {"enabled": True, "caCert": "x"}}}, "CA"),
+        ({"egressProxy": {"address": "p:1", "tls": {"serverName": "p"}}}, "need tls"),
         ({"egressProxy": {"address": "p:1", "via": "x"}}, "via"),
         ({"dnsServers": ["1.1.1.1"]}, "network.dnsServers"),
         ({"httpsPorts": [3000]}, "network.httpsPorts"),

@@ -3,15 +3,20 @@ real SOCKS5 server (microsocks) in the "internet" namespace: what the address li
 through it (a server that speaks first included), what they deny does not, names allowed by a
 domain rule reach the proxy as names (it resolves them), reserved ranges stay closed, a proxy
 that refuses the credentials or sits in a reserved range fails the connection rather than
-letting it out directly, and the proxy is set and removed live (its tunnels end with it)."""
+letting it out directly, TLS to the proxy (verified, never plaintext instead), and the proxy is
+set and removed live (its tunnels end with it)."""
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import ssl
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from functools import partial
 
 import pytest
+import trustme
 
 from aenv.network import EgressPolicy, Slot, SlotPool
 from aenv.network.socks import SocksProxy
@@ -140,3 +145,59 @@ async def test_the_proxy_is_set_and_removed_live(pool: SlotPool, boot: Boot) -> 
     assert not await probes.echo(tunneled)
     for conn in (direct, tunneled):
         conn[1].close()
+
+
+TLS_PORT = 1443
+
+
+async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    with contextlib.suppress(OSError):
+        while data := await reader.read(65536):
+            writer.write(data)
+            await writer.drain()
+    writer.close()
+
+
+@pytest.fixture
+async def tls_front(world: World) -> AsyncIterator[trustme.CA]:
+    """TLS on SOCKS_IP:TLS_PORT in front of the plaintext SOCKS server, with a certificate for
+    `socks.test` from the CA it yields."""
+    ca = trustme.CA()
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("socks.test").configure_cert(context)
+
+    async def front(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        sock = await probes.ns_socket(world.inet)
+        await asyncio.get_running_loop().sock_connect(sock, (SOCKS_IP, PORT))
+        up_reader, up_writer = await asyncio.open_connection(sock=sock)
+        await asyncio.gather(_pipe(reader, up_writer), _pipe(up_reader, writer))
+
+    sock = await probes.ns_socket(world.inet)
+    sock.bind((SOCKS_IP, TLS_PORT))
+    server = await asyncio.start_server(front, sock=sock, ssl=context)
+    yield ca
+    server.close()
+
+
+@pytest.mark.usefixtures("socks", "greeters")
+async def test_tls_to_the_proxy_is_verified_and_never_falls_back(
+    pool: SlotPool, boot: Boot, tls_front: trustme.CA
+) -> None:
+    ca_cert = tls_front.cert_pem.bytes().decode()
+    stranger = trustme.CA().cert_pem.bytes().decode()
+    over_tls = partial(SocksProxy, SOCKS_IP, username=USER, password=PASSWORD, tls=True)
+
+    async def probe(proxy: SocksProxy) -> str | None:
+        guest = await boot(await pool.acquire(policy=EgressPolicy(proxy=proxy)))
+        return await probes.probe(guest.netns, INET_IP, GREETING_PORT, timeout=2)
+
+    assert await probe(over_tls(TLS_PORT, server_name="socks.test", ca_cert=ca_cert)) == (
+        f"one {SOCKS_IP}"
+    )
+    for proxy in (
+        over_tls(TLS_PORT, server_name="socks.test", ca_cert=stranger),
+        over_tls(TLS_PORT, ca_cert=ca_cert),  # the certificate names socks.test, not the address
+        over_tls(PORT, server_name="socks.test", ca_cert=ca_cert),  # a plaintext proxy
+        SocksProxy(SOCKS_IP, TLS_PORT, USER, PASSWORD),  # plaintext to the TLS port
+    ):
+        assert await probe(proxy) is None, proxy

@@ -2,9 +2,9 @@
 `PUT /sandboxes/{id}/network` body, and to the `network` object of the sandbox's info.
 
 What this node does not implement is refused with a 400 naming the field, never accepted and
-ignored: header transform `rules`, TLS to an `egressProxy`, `dnsServers` (DNS is the slot's own
+ignored: header transform `rules`, `dnsServers` (DNS is the slot's own
 forwarder, see network/dns.py), `httpsPorts`, and keys the SDKs do not send (models.Egress).
-An `egressProxy`'s password is never shown back (as in E2B).
+An `egressProxy`'s password and CA certificates are never shown back (as in E2B).
 """
 
 from __future__ import annotations
@@ -54,10 +54,16 @@ def _destinations(field: str, entries: list[str] | None) -> tuple[str, ...]:
 def _socks_proxy(body: EgressProxyBody | None) -> SocksProxy | None:
     if body is None:
         return None
-    if body.tls is not None and body.tls.enabled:
-        raise APIError(400, "network.egressProxy.tls: TLS to the proxy is not supported")
+    tls = body.tls
     try:
-        return SocksProxy.parse(body.address, body.username, body.password)
+        return SocksProxy.parse(
+            body.address,
+            username=body.username,
+            password=body.password,
+            tls=tls is not None and tls.enabled,
+            server_name=tls.server_name if tls else None,
+            ca_cert=tls.ca_cert if tls else None,
+        )
     except ValueError as e:
         raise APIError(400, f"network.egressProxy: {e}") from e
 
@@ -104,6 +110,12 @@ def network_info(network: SandboxNetwork) -> dict[str, Any]:
     if network.mask_request_host is not None:
         info["maskRequestHost"] = network.mask_request_host
     if (proxy := network.egress_proxy) is not None:
-        shown = {"address": proxy.address, "username": proxy.username}
-        info["egressProxy"] = {k: v for k, v in shown.items() if v is not None}
+        shown: dict[str, Any] = {"address": proxy.address}
+        if proxy.username is not None:
+            shown["username"] = proxy.username
+        if proxy.tls:
+            shown["tls"] = {"enabled": True}
+            if proxy.server_name is not None:
+                shown["tls"]["serverName"] = proxy.server_name
+        info["egressProxy"] = shown
     return info

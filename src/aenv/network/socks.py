@@ -12,8 +12,12 @@ that range to slots.
 
 A destination the guest reached by name (a domain `allowOut` rule) is passed on as that name
 (RFC 1928 ATYP domain), so the proxy resolves it; one allowed by address, as the address.
-Credentials follow RFC 1929. The protocol is socksio's (sans-I/O) over our own streams: the
-socket has to be made in the host namespace, which proxy client libraries do not allow for.
+Credentials follow RFC 1929. With `tls`, the hop to the proxy runs in TLS (1.2 or newer, the
+certificate always verified against the system's trust store or the sandbox's own CA
+certificates, for `server_name` or the address's host), and the handshake, credentials and
+tunneled bytes inside it; a failure never falls back to plaintext. The protocol is socksio's
+(sans-I/O) over our own streams: the socket has to be made in the host namespace, which proxy
+client libraries do not allow for.
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from __future__ import annotations
 import asyncio
 import re
 import socket
+import ssl
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, ip_address
 from typing import Any
@@ -33,6 +38,7 @@ _HOST = re.compile(
     r"(?=.{1,253}$)[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?(\.[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?)*\.?"
 )
 _MAX_CREDENTIAL = 255  # bytes, RFC 1929
+_MAX_CA_CERT = 8192  # bytes, as E2B takes
 # A SOCKS5 command reply: version, code, reserved, address type, then the bound address.
 _ADDRESS_LENGTH = {b"\x01": 4, b"\x04": 16}
 
@@ -44,14 +50,26 @@ class TunnelError(OSError):
 @dataclass(frozen=True)
 class SocksProxy:
     """Where a sandbox's TCP egress is tunneled. Raises ValueError for an address that is not
-    `host:port` (an IPv4 address or a host name) and for credentials RFC 1929 cannot carry."""
+    `host:port` (an IPv4 address or a host name), for credentials RFC 1929 cannot carry, and
+    for TLS settings without `tls` or that do not load (`ca_cert` is PEM)."""
 
     host: str
     port: int
     username: str | None = None
     password: str | None = None
+    tls: bool = False
+    server_name: str | None = None
+    ca_cert: str | None = None
 
     def __post_init__(self) -> None:
+        if (self.server_name is not None or self.ca_cert is not None) and not self.tls:
+            raise ValueError("server_name and ca_cert need tls")
+        if self.server_name is not None and not _HOST.fullmatch(self.server_name):
+            raise ValueError(f"server name {self.server_name!r} is not a host name")
+        if self.ca_cert is not None and len(self.ca_cert.encode()) > _MAX_CA_CERT:
+            raise ValueError(f"the CA certificates exceed {_MAX_CA_CERT} bytes")
+        if self.tls:
+            self.tls_context()
         if not 0 < self.port < 65536:
             raise ValueError(f"port {self.port} is out of range")
         if not _is_ipv4(self.host) and not _HOST.fullmatch(self.host):
@@ -63,24 +81,36 @@ class SocksProxy:
                 raise ValueError(f"{name} must be 1 to {_MAX_CREDENTIAL} bytes")
 
     @classmethod
-    def parse(
-        cls, address: str, username: str | None = None, password: str | None = None
-    ) -> SocksProxy:
+    def parse(cls, address: str, **options: Any) -> SocksProxy:
+        """From `host:port` and the other fields by name."""
         host, sep, port = address.rpartition(":")
         if not sep or not port.isdigit():
             raise ValueError(f"{address!r} is not host:port")
-        return cls(host, int(port), username, password)
+        return cls(host, int(port), **options)
 
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
 
+    def tls_context(self) -> ssl.SSLContext:
+        """How the hop to the proxy is verified: the system's trust store, or `ca_cert` alone."""
+        context = ssl.create_default_context()
+        if self.ca_cert is not None:
+            context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+            try:
+                context.load_verify_locations(cadata=self.ca_cert)
+            except (ssl.SSLError, ValueError) as e:
+                raise ValueError(f"the CA certificates do not load: {e}") from e
+        context.minimum_version = ssl.TLSVersion.TLSv1_2
+        return context
+
     def to_json(self) -> dict[str, Any]:
-        return {"address": self.address, "username": self.username, "password": self.password}
+        fields = ("username", "password", "tls", "server_name", "ca_cert")
+        return {"address": self.address, **{name: getattr(self, name) for name in fields}}
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SocksProxy:
-        return cls.parse(data["address"], data.get("username"), data.get("password"))
+        return cls.parse(**data)
 
 
 def _is_ipv4(host: str) -> bool:
@@ -132,7 +162,16 @@ async def open_tunnel(
     except BaseException:
         sock.close()
         raise
-    reader, writer = await asyncio.open_connection(sock=sock)
+    try:
+        reader, writer = await asyncio.open_connection(
+            sock=sock,
+            ssl=proxy.tls_context() if proxy.tls else None,
+            server_hostname=(proxy.server_name or proxy.host) if proxy.tls else None,
+            ssl_handshake_timeout=timeout if proxy.tls else None,
+        )
+    except OSError as e:  # ssl.SSLError included: never plaintext instead
+        sock.close()
+        raise TunnelError(f"TLS to proxy {proxy.address} failed: {e}") from e
     try:
         await asyncio.wait_for(_handshake(proxy, destination, port, reader, writer), timeout)
     except (OSError, TimeoutError, ProtocolError, asyncio.IncompleteReadError) as e:

@@ -32,7 +32,6 @@ REFUSED: list[tuple[SandboxNetworkOpts, str]] = [
     ({"deny_out": ["2001:db8::/32"]}, "IPv4"),
     ({"rules": {"example.com": [{"transform": {"headers": {"X": "y"}}}]}}, "network.rules"),
     ({"mask_request_host": "bad host"}, "maskRequestHost"),
-    ({"egress_proxy": {"address": "proxy.test:1080", "tls": True}}, "egressProxy.tls"),
     ({"egress_proxy": {"address": "proxy.test"}}, "egressProxy"),
 ]
 
@@ -176,9 +175,17 @@ def test_an_egress_proxy_tunnels_what_the_rules_allow(sandboxes: list[Sandbox]) 
     assert fetch("http://allowed.test/") == B
     assert fetch(f"http://{A}/") == ""
 
-    # Fails closed: refused credentials do not send the traffic out directly.
+    # Fails closed: refused credentials do not send the traffic out directly, nor does TLS to
+    # a proxy that speaks plaintext. The CA certificate is not shown back, the server name is.
     sandbox.update_network({"egress_proxy": {**proxy, "password": "wrong"}})
     assert reached(sandbox, A, B) == set()
+    ca = Path(os.environ["SSL_CERT_FILE"]).read_text()
+    tls: SandboxEgressProxyOpts = {**proxy, "tls": {"server_name": "socks.test", "ca_cert": ca}}
+    sandbox.update_network({"egress_proxy": tls})
+    assert reached(sandbox, A, B) == set()
+    network = sandbox.get_info().network
+    assert network is not None
+    assert network["egress_proxy"].get("tls") == {"server_name": "socks.test"}
 
     # Kept across pause and resume; an update without it sends traffic out directly again.
     sandbox.update_network(named)
