@@ -1,9 +1,10 @@
 // The npm `e2b` SDK's network options against a real aenv server reached by its domain alone
 // (E2B_DOMAIN, E2B_API_KEY and NODE_EXTRA_CA_CERTS set by the caller), with the simulated
-// internet's two web servers at the addresses given as arguments. Prints one JSON object.
+// internet's two web servers at the addresses given as arguments, then its SOCKS5 proxy's
+// address, username and password. Prints one JSON object.
 import { Sandbox } from 'e2b'
 
-const [A, B] = process.argv.slice(2)
+const [A, B, SOCKS, USER, PASSWORD] = process.argv.slice(2)
 
 async function reached(sbx) {
   const got = []
@@ -27,6 +28,12 @@ try {
   out.updated = await reached(sbx)
   await sbx.updateNetwork({})
   out.cleared = await reached(sbx)
+  const proxy = { address: SOCKS, username: USER, password: PASSWORD }
+  await sbx.updateNetwork({ denyOut: [B], egressProxy: proxy })
+  out.proxied = await reached(sbx)
+  out.proxyInfo = (await sbx.getInfo()).network.egressProxy
+  await sbx.updateNetwork({ egressProxy: { ...proxy, password: 'wrong' } })
+  out.refused = await reached(sbx)
 } finally {
   await sbx.kill()
 }
