@@ -329,4 +329,5 @@ class _Resolver:
             record.traffic_access_token,
             endpoint.incarnation,
             record.network.mask_request_host,
+            port in record.network.https_ports,
         )

@@ -132,6 +132,18 @@ async def test_a_slot_that_refuses_the_change_leaves_everything_as_it_was(
         assert (node.row(sandbox_id).network, slot_of(node, sandbox_id)) == before
 
 
+async def test_https_ports_are_kept_shown_and_inherited(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        sandbox_id = await create(api, network={"httpsPorts": [8443, 3000, 8443]})
+        info = (await api.get(f"/sandboxes/{sandbox_id}")).json()["network"]
+        assert info["httpsPorts"] == [3000, 8443]
+        forked = await api.post(f"/sandboxes/{sandbox_id}/fork", json={"count": 1})
+        child = forked.json()[0]["sandbox"]["sandboxID"]
+        assert node.row(child).network.https_ports == (3000, 8443)
+        plain = await create(api)
+        assert "httpsPorts" not in (await api.get(f"/sandboxes/{plain}")).json()["network"]
+
+
 async def test_private_traffic_gets_a_token_of_its_own(tmp_path: Path) -> None:
     async with double_node(tmp_path) as node, served(node) as api:
         private = {"allowPublicTraffic": False, "maskRequestHost": "localhost:${PORT}"}
@@ -165,7 +177,8 @@ async def test_private_traffic_gets_a_token_of_its_own(tmp_path: Path) -> None:
         ({"egressProxy": {"address": "p:1", "tls": {"serverName": "p"}}}, "need tls"),
         ({"egressProxy": {"address": "p:1", "via": "x"}}, "via"),
         ({"dnsServers": ["1.1.1.1"]}, "network.dnsServers"),
-        ({"httpsPorts": [3000]}, "network.httpsPorts"),
+        ({"httpsPorts": [49983]}, "network.httpsPorts"),
+        ({"httpsPorts": [0]}, "network.httpsPorts"),
         ({"maskRequestHost": "a\r\nb"}, "network.maskRequestHost"),
         ({"somethingNew": 1}, "somethingNew"),
     ],

@@ -11,6 +11,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import uvicorn
 from starlette.applications import Starlette
@@ -38,6 +39,7 @@ class FakeSandbox:
     unavailable: str | None = None
     incarnation: str = ""
     mask_request_host: str | None = None
+    https_ports: frozenset[int] = frozenset()
 
 
 @dataclass
@@ -62,13 +64,15 @@ class DictResolver:
             sandbox.traffic_access_token,
             sandbox.incarnation,
             sandbox.mask_request_host,
+            port in sandbox.https_ports,
         )
 
 
 @contextmanager
-def serve(app: object, port: int) -> Iterator[str]:
+def serve(app: object, port: int, tls: tuple[Path, Path] | None = None) -> Iterator[str]:
     """Serve the ASGI `app` with uvicorn (uvloop, httptools, as in production) on
-    127.0.0.1:`port` in a thread of its own; yields the base URL, stops the server after."""
+    127.0.0.1:`port` in a thread of its own, over TLS with `tls` (certificate and key files);
+    yields the base URL, stops the server after."""
     config = uvicorn.Config(
         app,  # type: ignore[arg-type]
         host="127.0.0.1",
@@ -77,6 +81,8 @@ def serve(app: object, port: int) -> Iterator[str]:
         http="httptools",
         log_level="warning",
         server_header=False,
+        ssl_certfile=tls[0] if tls else None,
+        ssl_keyfile=tls[1] if tls else None,
     )
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
@@ -89,7 +95,7 @@ def serve(app: object, port: int) -> Iterator[str]:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"server on port {port} did not start")
             time.sleep(0.01)
-        yield f"http://127.0.0.1:{port}"
+        yield f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     finally:
         server.should_exit = True
         thread.join(WAIT)

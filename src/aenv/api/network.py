@@ -3,7 +3,7 @@
 
 What this node does not implement is refused with a 400 naming the field, never accepted and
 ignored: header transform `rules`, `dnsServers` (DNS is the slot's own
-forwarder, see network/dns.py), `httpsPorts`, and keys the SDKs do not send (models.Egress).
+forwarder, see network/dns.py), and keys the SDKs do not send (models.Egress).
 An `egressProxy`'s password and CA certificates are never shown back (as in E2B).
 """
 
@@ -14,6 +14,7 @@ from typing import Any
 
 from aenv.api.errors import APIError
 from aenv.api.models import Egress, EgressProxyBody, NetworkConfig, NetworkUpdate
+from aenv.envd import ENVD_PORT
 from aenv.network.domains import is_address, normalise
 from aenv.network.settings import SandboxNetwork
 from aenv.network.socks import SocksProxy
@@ -22,7 +23,6 @@ from aenv.network.socks import SocksProxy
 _NOT_IMPLEMENTED = {
     "rules": "header transform rules",
     "dnsServers": "DNS servers for domain rules",
-    "httpsPorts": "HTTPS to sandbox ports",
 }
 # A host name or address with an optional port; `${PORT}` may stand for the port. It becomes a
 # request header, so nothing that could end or extend one (whitespace, control characters).
@@ -92,7 +92,17 @@ def create_network(
         body,
         allow_public_traffic=body.allow_public_traffic is not False,
         mask_request_host=mask,
+        https_ports=_https_ports(body.https_ports or []),
     )
+
+
+def _https_ports(ports: list[int]) -> tuple[int, ...]:
+    for port in ports:
+        if not 0 < port < 65536:
+            raise APIError(400, f"network.httpsPorts: {port} is not a port")
+        if port == ENVD_PORT:  # the SDKs speak plain HTTP to envd
+            raise APIError(400, f"network.httpsPorts: {port} is envd's port")
+    return tuple(sorted(set(ports)))
 
 
 def updated_network(body: NetworkUpdate) -> SandboxNetwork:
@@ -109,6 +119,8 @@ def network_info(network: SandboxNetwork) -> dict[str, Any]:
     }
     if network.mask_request_host is not None:
         info["maskRequestHost"] = network.mask_request_host
+    if network.https_ports:
+        info["httpsPorts"] = list(network.https_ports)
     if (proxy := network.egress_proxy) is not None:
         shown: dict[str, Any] = {"address": proxy.address}
         if proxy.username is not None:

@@ -3,7 +3,8 @@
 E2B's knobs: `allow_internet_access`, `network.allowOut` / `denyOut` (IPs, CIDRs and, to
 allow, domain names; allow wins over deny), `egressProxy` (a SOCKS5 proxy the allowed TCP is
 tunneled through), `allowPublicTraffic` (ingress only with the traffic access token) and
-`maskRequestHost`. They belong to the sandbox, not to its slot: they are
+`maskRequestHost` and `httpsPorts` (ports whose service speaks HTTPS: the data-plane proxy
+reaches them over TLS). They belong to the sandbox, not to its slot: they are
 stored with it, applied to every slot it runs in (create, resume, fork children) and replaced
 at runtime by `PUT /sandboxes/{id}/network`.
 
@@ -46,6 +47,7 @@ class SandboxNetwork:
     allow_public_traffic: bool = True
     mask_request_host: str | None = None
     egress_proxy: SocksProxy | None = None
+    https_ports: tuple[int, ...] = ()
     # Derived, for the slot; not part of the stored form.
     egress: SlotEgress = field(init=False, repr=False, compare=False)
 
@@ -60,6 +62,7 @@ class SandboxNetwork:
             "allow_public_traffic": self.allow_public_traffic,
             "mask_request_host": self.mask_request_host,
             "egress_proxy": self.egress_proxy.to_json() if self.egress_proxy else None,
+            "https_ports": list(self.https_ports),
         }
 
     @classmethod
@@ -73,6 +76,7 @@ class SandboxNetwork:
             egress_proxy=SocksProxy.from_json(proxy)
             if (proxy := data.get("egress_proxy"))
             else None,
+            https_ports=tuple(data.get("https_ports", ())),
         )
 
 

@@ -10,11 +10,16 @@ does only what a reverse proxy needs: forward already-validated header bytes, fr
 
 Backpressure: a response buffers at most `_HIGH_WATER` bytes before the socket stops being read;
 request body writes wait while the transport's write buffer is full.
+
+A port whose service speaks HTTPS (E2B's `httpsPorts`) is reached over TLS (`BACKEND_TLS`):
+encrypted, not authenticated, since a sandbox's certificate is its own (often self-signed) and
+the hop is the node's own link to the slot.
 """
 
 from __future__ import annotations
 
 import asyncio
+import ssl
 from collections import deque
 from collections.abc import AsyncIterable, AsyncIterator
 from typing import cast
@@ -22,6 +27,16 @@ from typing import cast
 import httptools
 
 _HIGH_WATER = 1 << 20
+
+
+def _backend_tls() -> ssl.SSLContext:
+    context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
+    context.check_hostname = False
+    context.verify_mode = ssl.CERT_NONE
+    return context
+
+
+BACKEND_TLS = _backend_tls()
 # Requests that may be sent again on a fresh connection when a pooled one turns out to have been
 # closed by the server before it answered (RFC 9110 9.2.2); only without a body, so nothing of
 # the client's is consumed twice.
@@ -296,9 +311,11 @@ class Pool:
         body: AsyncIterable[bytes] | None,
         *,
         chunked: bool,
+        tls: bool = False,
     ) -> Response:
         """Send a request (headers already end-to-end, with their framing header) and wait for
-        the response headers. Raises `UpstreamError` when the upstream does not answer."""
+        the response headers, over TLS with `tls` (the same for every request to one `origin`).
+        Raises `UpstreamError` when the upstream does not answer."""
         head = b"".join(
             [method, b" ", target, b" HTTP/1.1\r\n"]
             + [b"%s: %s\r\n" % header for header in headers]
@@ -306,7 +323,7 @@ class Pool:
         )
         retry = body is None and method in _RETRYABLE
         while True:
-            conn, reused = await self._checkout(origin)
+            conn, reused = await self._checkout(origin, tls)
             try:
                 conn.start(method)
                 conn.write(head)
@@ -343,7 +360,7 @@ class Pool:
                 conn.close()
         self._idle.clear()
 
-    async def _checkout(self, origin: Origin) -> tuple[_Connection, bool]:
+    async def _checkout(self, origin: Origin, tls: bool) -> tuple[_Connection, bool]:
         loop = asyncio.get_running_loop()
         idle = self._idle.get(origin)
         now = loop.time()
@@ -355,7 +372,9 @@ class Pool:
         conn = _Connection(origin)
         try:
             async with asyncio.timeout(self._connect_timeout):
-                await loop.create_connection(lambda: conn, origin[0], origin[1])
+                await loop.create_connection(
+                    lambda: conn, origin[0], origin[1], ssl=BACKEND_TLS if tls else None
+                )
         except (OSError, TimeoutError) as exc:
             raise UpstreamError(f"cannot connect to {origin[0]}:{origin[1]}: {exc!r}") from exc
         return conn, False

@@ -145,6 +145,7 @@ class HttpForwarder:
                     headers,
                     _body(receive, watch, idle) if has_body else None,
                     chunked=chunked,
+                    tls=upstream.tls,
                 )
                 try:
                     await _respond(response, send, watch, target, idle)

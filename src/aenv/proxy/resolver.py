@@ -25,13 +25,18 @@ class Upstream:
     never sent a request after the resume.
 
     `mask_request_host`, when set, replaces the `Host` clients sent on every port but envd's,
-    with `${PORT}` in it standing for the port (E2B's `maskRequestHost`)."""
+    with `${PORT}` in it standing for the port (E2B's `maskRequestHost`).
+
+    `tls`: the service on the port speaks HTTPS itself (E2B's `httpsPorts`); the proxy still
+    ends the client's TLS, and reaches the port over TLS of its own without verifying the
+    sandbox's certificate (self-signed ones work, as in E2B)."""
 
     host: str
     port: int
     traffic_access_token: str | None = None
     incarnation: str = ""
     mask_request_host: str | None = None
+    tls: bool = False
 
 
 class ResolveError(Exception):

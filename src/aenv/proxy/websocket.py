@@ -17,6 +17,7 @@ from starlette.types import Receive, Scope, Send
 from websockets.asyncio.client import ClientConnection, connect
 from websockets.exceptions import ConnectionClosed, InvalidHandshake, InvalidStatus
 
+from aenv.proxy.client import BACKEND_TLS
 from aenv.proxy.errors import port_closed
 from aenv.proxy.headers import response_headers, websocket_headers
 from aenv.proxy.resolver import Upstream
@@ -53,7 +54,8 @@ async def forward_websocket(
     if scope.get("query_string"):
         path += "?" + scope["query_string"].decode("latin-1")
     # The URI carries the client's Host so the sandbox sees it; `host`/`port` say where to dial.
-    uri = f"ws://{host or f'{upstream.host}:{upstream.port}'}{path}"
+    scheme = "wss" if upstream.tls else "ws"
+    uri = f"{scheme}://{host or f'{upstream.host}:{upstream.port}'}{path}"
     try:
         peer = await _NoRedirects(
             uri,
@@ -63,6 +65,7 @@ async def forward_websocket(
             subprotocols=scope.get("subprotocols") or None,
             user_agent_header=None,
             proxy=None,
+            ssl=BACKEND_TLS if upstream.tls else None,
             # Loopback to the slot: compressing there only costs CPU. The client's side is
             # compressed or not as the client and uvicorn agree.
             compression=None,
