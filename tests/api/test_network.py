@@ -132,6 +132,23 @@ async def test_a_slot_that_refuses_the_change_leaves_everything_as_it_was(
         assert (node.row(sandbox_id).network, slot_of(node, sandbox_id)) == before
 
 
+async def test_dns_servers_reach_the_slot_and_an_update_replaces_them(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        sandbox_id = await create(api, network={**RULES, "dnsServers": ["9.9.9.9", "1.1.1.1"]})
+        expected = EgressPolicy.parse(
+            RULES["allowOut"], RULES["denyOut"], dns_servers=["9.9.9.9", "1.1.1.1"]
+        )
+        assert slot_of(node, sandbox_id) == (True, expected)
+        info = (await api.get(f"/sandboxes/{sandbox_id}")).json()["network"]
+        assert info["dnsServers"] == ["9.9.9.9", "1.1.1.1"]
+        url = f"/sandboxes/{sandbox_id}/network"
+        assert (await api.put(url, json={**RULES, "dnsServers": []})).status_code == 204
+        assert slot_of(node, sandbox_id)[1].dns_servers == ()
+        assert (await api.put(url, json=RULES)).status_code == 204  # left out: the node's
+        assert slot_of(node, sandbox_id)[1].dns_servers is None
+        assert "dnsServers" not in (await api.get(f"/sandboxes/{sandbox_id}")).json()["network"]
+
+
 async def test_https_ports_are_kept_shown_and_inherited(tmp_path: Path) -> None:
     async with double_node(tmp_path) as node, served(node) as api:
         sandbox_id = await create(api, network={"httpsPorts": [8443, 3000, 8443]})
@@ -176,7 +193,10 @@ async def test_private_traffic_gets_a_token_of_its_own(tmp_path: Path) -> None:
         ({"egressProxy": {"address": "p:1", "tls": {"enabled": True, "caCert": "x"}}}, "CA"),
         ({"egressProxy": {"address": "p:1", "tls": {"serverName": "p"}}}, "need tls"),
         ({"egressProxy": {"address": "p:1", "via": "x"}}, "via"),
-        ({"dnsServers": ["1.1.1.1"]}, "network.dnsServers"),
+        ({"dnsServers": ["1.1.1.1"]}, "dnsServers"),  # without domain rules
+        ({**RULES, "dnsServers": ["example.com"]}, "network.dnsServers"),
+        ({**RULES, "dnsServers": ["1.1.1.0/24"]}, "network.dnsServers"),
+        ({**RULES, "dnsServers": ["1.1.1.1"] * 9}, "network.dnsServers"),
         ({"httpsPorts": [49983]}, "network.httpsPorts"),
         ({"httpsPorts": [0]}, "network.httpsPorts"),
         ({"maskRequestHost": "a\r\nb"}, "network.maskRequestHost"),

@@ -9,6 +9,7 @@ import socket
 import ssl
 import subprocess
 from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
 from ipaddress import IPv4Address
 from typing import cast
 
@@ -150,7 +151,10 @@ def test_domain_rules_and_names() -> None:
 
 
 class _Resolver(asyncio.DatagramProtocol):
-    """The internet's resolver: every name is at INET_IP."""
+    """The internet's resolver: every name is at `answer` (INET_IP)."""
+
+    def __init__(self, answer: str = INET_IP) -> None:
+        self.answer = answer
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # The selector loop's datagram transport does not subclass DatagramTransport.
@@ -160,7 +164,7 @@ class _Resolver(asyncio.DatagramProtocol):
         query = dns.message.from_wire(data)
         response = dns.message.make_response(query)
         name = query.question[0].name
-        response.answer.append(dns.rrset.from_text(name, 60, "IN", "A", INET_IP))
+        response.answer.append(dns.rrset.from_text(name, 60, "IN", "A", self.answer))
         self.transport.sendto(response.to_wire(), addr)
 
 
@@ -207,6 +211,45 @@ async def test_dns_answers_only_allowed_names(
         assert await _resolve(guest, "other.test") is None
     finally:
         transport.close()
+
+
+async def test_a_sandbox_names_its_own_resolvers(
+    world: World, make_pool: MakePool, boot: Boot
+) -> None:
+    """`dnsServers`: asked in order instead of the node's, never one in a reserved range (its
+    answer would show), none at all answers REFUSED."""
+    own, reserved = INET_OTHER_IP, INTERNAL_IPS[1]
+    transports = []
+    for address, answer in ((RESOLVER_IP, INET_IP), (own, "203.0.113.77"), (reserved, "6.6.6.6")):
+        sock = await netns.run_in(
+            world.inet, lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        )
+        if address == RESOLVER_IP:  # the others are on the internet's loopback already
+            _add_address(world.inet, address)
+        sock.bind((address, 53))
+        transport, _ = await asyncio.get_running_loop().create_datagram_endpoint(
+            partial(_Resolver, answer), sock=sock
+        )
+        transports.append(transport)
+    try:
+        pool = await make_pool(dns_upstream=IPv4Address(RESOLVER_IP))
+        policy = EgressPolicy.parse(allow=ALLOW, deny=DENY_ALL, dns_servers=[reserved, own])
+        guest = await boot(await pool.acquire(policy=policy))
+        assert await _resolve(guest, "allowed.test") == ("NOERROR", ["203.0.113.77"])
+        assert await _resolve(guest, "other.test") == ("NXDOMAIN", [])
+        # A resolver that does not answer: the next one is asked.
+        silent = "192.0.2.99"
+        await pool.set_policy(
+            guest.slot, EgressPolicy.parse(ALLOW, DENY_ALL, dns_servers=[silent, own])
+        )
+        assert await _resolve(guest, "allowed.test") == ("NOERROR", ["203.0.113.77"])
+        await pool.set_policy(guest.slot, EgressPolicy.parse(ALLOW, DENY_ALL, dns_servers=[]))
+        assert await _resolve(guest, "allowed.test") == ("REFUSED", [])
+        await pool.set_policy(guest.slot, EgressPolicy.parse(allow=ALLOW, deny=DENY_ALL))
+        assert await _resolve(guest, "allowed.test") == ("NOERROR", [INET_IP])
+    finally:
+        for transport in transports:
+            transport.close()
 
 
 def _add_address(ns: str, address: str) -> None:

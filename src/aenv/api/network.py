@@ -2,14 +2,14 @@
 `PUT /sandboxes/{id}/network` body, and to the `network` object of the sandbox's info.
 
 What this node does not implement is refused with a 400 naming the field, never accepted and
-ignored: header transform `rules`, `dnsServers` (DNS is the slot's own
-forwarder, see network/dns.py), and keys the SDKs do not send (models.Egress).
+ignored: header transform `rules` and keys the SDKs do not send (models.Egress).
 An `egressProxy`'s password and CA certificates are never shown back (as in E2B).
 """
 
 from __future__ import annotations
 
 import re
+from ipaddress import IPv4Address
 from typing import Any
 
 from aenv.api.errors import APIError
@@ -19,10 +19,10 @@ from aenv.network.domains import is_address, normalise
 from aenv.network.settings import SandboxNetwork
 from aenv.network.socks import SocksProxy
 
+MAX_DNS_SERVERS = 8
 # Body field -> what it would need, for the 400 message.
 _NOT_IMPLEMENTED = {
     "rules": "header transform rules",
-    "dnsServers": "DNS servers for domain rules",
 }
 # A host name or address with an optional port; `${PORT}` may stand for the port. It becomes a
 # request header, so nothing that could end or extend one (whitespace, control characters).
@@ -68,13 +68,34 @@ def _socks_proxy(body: EgressProxyBody | None) -> SocksProxy | None:
         raise APIError(400, f"network.egressProxy: {e}") from e
 
 
+def _dns_servers(servers: list[str] | None) -> tuple[str, ...] | None:
+    if servers is None:
+        return None
+    if len(servers) > MAX_DNS_SERVERS:
+        raise APIError(400, f"network.dnsServers: at most {MAX_DNS_SERVERS}")
+    for server in servers:
+        try:
+            IPv4Address(server)
+        except ValueError:
+            raise APIError(400, f"network.dnsServers: {server!r} is not an IPv4 address") from None
+    return tuple(servers)
+
+
 def _network(allow_internet: bool, body: Egress, **ingress: Any) -> SandboxNetwork:
     _refuse_unimplemented(body)
     allow_out = _destinations("allowOut", body.allow_out)
     deny_out = _destinations("denyOut", body.deny_out)
     proxy = _socks_proxy(body.egress_proxy)
+    resolvers = _dns_servers(body.dns_servers)
     try:
-        return SandboxNetwork(allow_internet, allow_out, deny_out, egress_proxy=proxy, **ingress)
+        return SandboxNetwork(
+            allow_internet,
+            allow_out,
+            deny_out,
+            egress_proxy=proxy,
+            dns_servers=resolvers,
+            **ingress,
+        )
     except ValueError as e:  # IPv6 (guests have none), or names without a deny of everything
         raise APIError(400, f"network: {e}") from e
 
@@ -121,6 +142,8 @@ def network_info(network: SandboxNetwork) -> dict[str, Any]:
         info["maskRequestHost"] = network.mask_request_host
     if network.https_ports:
         info["httpsPorts"] = list(network.https_ports)
+    if network.dns_servers is not None:
+        info["dnsServers"] = list(network.dns_servers)
     if (proxy := network.egress_proxy) is not None:
         shown: dict[str, Any] = {"address": proxy.address}
         if proxy.username is not None:

@@ -7,7 +7,9 @@ any other name is answered NXDOMAIN, so a sandbox neither learns addresses it ma
 leaks names through DNS. Messages are read and written with dnspython.
 
 The node's resolver is, unless configured, the host's own (`host_resolver`): names resolve
-for a slot as they do for the host.
+for a slot as they do for the host. A sandbox may name its own resolvers (E2B's `dnsServers`):
+they are asked in order, the next when one does not answer in time; one in a range slots may
+not reach (`reserved`) is never asked, and an empty list answers every query REFUSED.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import socket
-from ipaddress import IPv4Address, ip_address
+from ipaddress import IPv4Address, IPv4Network, ip_address
 from pathlib import Path
 from typing import cast
 
@@ -82,12 +84,19 @@ class _Server(asyncio.DatagramProtocol):
 
 
 class DnsForwarder:
-    """The forwarder of one slot; `rules` may be replaced at any time."""
+    """The forwarder of one slot; `rules` and `upstreams` may be replaced at any time."""
 
-    def __init__(self, slot: Slot, rules: DomainRules, upstream: IPv4Address) -> None:
+    def __init__(
+        self,
+        slot: Slot,
+        rules: DomainRules,
+        upstreams: tuple[IPv4Address, ...],
+        denied: tuple[IPv4Network, ...],
+    ) -> None:
         self.slot = slot
         self.rules = rules
-        self._upstream = (str(upstream), DNS_PORT)
+        self.upstreams = upstreams
+        self._denied = denied
         self._transport: asyncio.DatagramTransport | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -122,21 +131,27 @@ class DnsForwarder:
         name = query.question[0].name.to_text(omit_final_dot=True)
         if not self.rules.allows(name):
             return _reply(query, dns.rcode.NXDOMAIN)
-        try:
-            return await asyncio.wait_for(self._forward(data, query.id), _UPSTREAM_TIMEOUT_S)
-        except (OSError, TimeoutError):
-            log.debug("slot %s: no answer from %s for %s", self.slot.netns, self._upstream, name)
-            return _reply(query, dns.rcode.SERVFAIL)
+        upstreams = [u for u in self.upstreams if not any(u in n for n in self._denied)]
+        if not self.upstreams:
+            return _reply(query, dns.rcode.REFUSED)
+        timeout = _UPSTREAM_TIMEOUT_S / max(len(upstreams), 1)
+        for upstream in upstreams:
+            try:
+                return await asyncio.wait_for(self._forward(data, query.id, upstream), timeout)
+            except (OSError, TimeoutError):
+                log.debug("slot %s: no answer from %s for %s", self.slot.netns, upstream, name)
+        return _reply(query, dns.rcode.SERVFAIL)
 
-    async def _forward(self, data: bytes, query_id: int) -> bytes:
+    async def _forward(self, data: bytes, query_id: int, upstream: IPv4Address) -> bytes:
         sock = await netns.run_in(self.slot.netns, _udp)
         loop = asyncio.get_running_loop()
+        address = (str(upstream), DNS_PORT)
         try:
-            await loop.sock_sendto(sock, data, self._upstream)
+            await loop.sock_sendto(sock, data, address)
             while True:
                 reply, source = await loop.sock_recvfrom(sock, _MAX_MESSAGE)
                 # Only the resolver's answer to this query, not a spoofed or stray datagram.
-                if source == self._upstream and reply[:2] == query_id.to_bytes(2, "big"):
+                if source == address and reply[:2] == query_id.to_bytes(2, "big"):
                     return reply
         finally:
             sock.close()

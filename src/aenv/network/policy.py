@@ -30,6 +30,9 @@ class EgressPolicy:
     # Allowed names (`example.com`, `*.example.com`), canonical and sorted.
     domains: tuple[str, ...] = ()
     proxy: SocksProxy | None = None
+    # The resolvers the slot's DNS forwarder asks for allowed names (E2B's `dnsServers`), in
+    # order; None: the node's.
+    dns_servers: tuple[IPv4Address, ...] | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allow", _normalise(self.allow))
@@ -49,7 +52,11 @@ class EgressPolicy:
 
     @classmethod
     def parse(
-        cls, allow: Iterable[str] = (), deny: Iterable[str] = (), proxy: SocksProxy | None = None
+        cls,
+        allow: Iterable[str] = (),
+        deny: Iterable[str] = (),
+        proxy: SocksProxy | None = None,
+        dns_servers: Iterable[str] | None = None,
     ) -> EgressPolicy:
         """From strings such as `1.1.1.1`, `8.8.8.0/24` or (allow only) `*.example.com`;
         anything else is a ValueError."""
@@ -66,4 +73,7 @@ class EgressPolicy:
         entries = list(allow)
         names = [entry for entry in entries if not is_address(entry)]
         addresses = [entry for entry in entries if is_address(entry)]
-        return cls(tuple(networks(addresses)), tuple(networks(deny)), tuple(names), proxy)
+        resolvers = None if dns_servers is None else tuple(map(IPv4Address, dns_servers))
+        return cls(
+            tuple(networks(addresses)), tuple(networks(deny)), tuple(names), proxy, resolvers
+        )

@@ -3,6 +3,7 @@
 E2B's knobs: `allow_internet_access`, `network.allowOut` / `denyOut` (IPs, CIDRs and, to
 allow, domain names; allow wins over deny), `egressProxy` (a SOCKS5 proxy the allowed TCP is
 tunneled through), `allowPublicTraffic` (ingress only with the traffic access token) and
+`dnsServers` (the resolvers a sandbox with domain rules gets its answers from),
 `maskRequestHost` and `httpsPorts` (ports whose service speaks HTTPS: the data-plane proxy
 reaches them over TLS). They belong to the sandbox, not to its slot: they are
 stored with it, applied to every slot it runs in (create, resume, fork children) and replaced
@@ -47,6 +48,7 @@ class SandboxNetwork:
     allow_public_traffic: bool = True
     mask_request_host: str | None = None
     egress_proxy: SocksProxy | None = None
+    dns_servers: tuple[str, ...] | None = None
     https_ports: tuple[int, ...] = ()
     # Derived, for the slot; not part of the stored form.
     egress: SlotEgress = field(init=False, repr=False, compare=False)
@@ -63,6 +65,7 @@ class SandboxNetwork:
             "mask_request_host": self.mask_request_host,
             "egress_proxy": self.egress_proxy.to_json() if self.egress_proxy else None,
             "https_ports": list(self.https_ports),
+            "dns_servers": None if self.dns_servers is None else list(self.dns_servers),
         }
 
     @classmethod
@@ -77,11 +80,14 @@ class SandboxNetwork:
             if (proxy := data.get("egress_proxy"))
             else None,
             https_ports=tuple(data.get("https_ports", ())),
+            dns_servers=None if data.get("dns_servers") is None else tuple(data["dns_servers"]),
         )
 
 
 def _slot_egress(network: SandboxNetwork) -> SlotEgress:
-    allowed = EgressPolicy.parse(network.allow_out, network.deny_out, network.egress_proxy)
+    allowed = EgressPolicy.parse(
+        network.allow_out, network.deny_out, network.egress_proxy, network.dns_servers
+    )
     deny = allowed.deny if network.allow_internet else (IPv4Network(ALL_TRAFFIC),)
     denies_all = IPv4Network(ALL_TRAFFIC) in deny
     if allowed.domains and not denies_all:
@@ -89,5 +95,8 @@ def _slot_egress(network: SandboxNetwork) -> SlotEgress:
             "When specifying allowed domains in allow out, you must include 'ALL_TRAFFIC' "
             "in deny out to block all other traffic."
         )
+    if network.dns_servers is not None and not allowed.domains:
+        raise ValueError("dnsServers are the resolvers of domain rules: allowOut names none")
     enabled = bool(allowed.allow) or bool(allowed.domains) or not denies_all
-    return SlotEgress(enabled, EgressPolicy(allowed.allow, deny, allowed.domains, allowed.proxy))
+    policy = EgressPolicy(allowed.allow, deny, allowed.domains, allowed.proxy, allowed.dns_servers)
+    return SlotEgress(enabled, policy)

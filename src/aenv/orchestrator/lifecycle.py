@@ -1715,6 +1715,7 @@ class Orchestrator:
                 allow_out=rules.allow_out,
                 deny_out=rules.deny_out,
                 egress_proxy=rules.egress_proxy,
+                dns_servers=rules.dns_servers,
             )
             live = self._live.get(sandbox_id)
             if live is not None:

@@ -20,7 +20,7 @@ from e2b.sandbox.sandbox_api import (
     SandboxNetworkUpdate,
 )
 
-from tests.e2e.internet import INTERNAL, PUBLIC, SOCKS_IP, SOCKS_NAMES
+from tests.e2e.internet import INTERNAL, PUBLIC, RESOLVER_IP, SOCKS_IP, SOCKS_NAMES
 from tests.e2e.network.conftest import API
 from tests.support.socks_server import PASSWORD, PORT, USER
 
@@ -194,3 +194,26 @@ def test_an_egress_proxy_tunnels_what_the_rules_allow(sandboxes: list[Sandbox]) 
     assert fetch("http://allowed.test/") == B
     sandbox.update_network({"allow_out": ["allowed.test"], "deny_out": ["0.0.0.0/0"]})
     assert fetch("http://allowed.test/") == A
+
+
+def test_dns_servers_of_domain_rules(sandboxes: list[Sandbox]) -> None:
+    rules: SandboxNetworkOpts = {
+        "allow_out": ["allowed.test"],
+        "deny_out": ["0.0.0.0/0"],
+        "dns_servers": [],
+    }
+    sandbox = Sandbox.create(timeout=120, network=rules)
+    sandboxes.append(sandbox)
+
+    def lookup() -> str:
+        return sandbox.commands.run("getent hosts allowed.test || true").stdout
+
+    assert lookup() == ""  # no resolver at all
+    # A link-local resolver is never asked; the next one answers.
+    servers = [INTERNAL[0], RESOLVER_IP]
+    sandbox.update_network(
+        {"allow_out": ["allowed.test"], "deny_out": ["0.0.0.0/0"], "dns_servers": servers}
+    )
+    assert A in lookup()
+    network = sandbox.get_info().network
+    assert network is not None and network["dns_servers"] == servers
