@@ -42,24 +42,32 @@ HTTP_CONCURRENCY = 16
 SANDBOX_ID = "benchsandbox00000001"
 ENVD_PORT = 49983
 WEB_PORT = 8000
+# The sandbox's port whose web server speaks HTTPS itself (`httpsPorts`).
+HTTPS_WEB_PORT = 8443
 
 
 def serve_proxy(
-    port: int, envd_port: int, web_port: int, cert: str | None = None, key: str | None = None
+    port: int,
+    envd_port: int,
+    web_port: int,
+    cert: str | None = None,
+    key: str | None = None,
+    https_web_port: int | None = None,
 ) -> None:
-    """The proxy process: one sandbox whose envd and web server are on loopback; HTTPS with a
-    certificate and key."""
+    """The proxy process: one sandbox whose envd and web server are on loopback; HTTPS to its
+    clients with a certificate and key; a second web server over TLS as HTTPS_WEB_PORT."""
     import uvicorn
 
     from aenv.proxy import SandboxNotFound, SandboxProxy, Upstream
 
-    ports = {ENVD_PORT: envd_port, WEB_PORT: web_port}
+    ports = {ENVD_PORT: envd_port, WEB_PORT: web_port, HTTPS_WEB_PORT: https_web_port}
 
     class Resolver:
         async def resolve(self, sandbox_id: str, port: int) -> Upstream:
             if sandbox_id != SANDBOX_ID:
                 raise SandboxNotFound(sandbox_id)
-            return Upstream("127.0.0.1", ports.get(port, port))
+            local = ports.get(port) or port
+            return Upstream("127.0.0.1", local, tls=port == HTTPS_WEB_PORT)
 
     uvicorn.run(
         SandboxProxy(Resolver()),
@@ -74,8 +82,9 @@ def serve_proxy(
     )
 
 
-def serve_web(port: int) -> None:
-    """A minimal web server standing for a user's service in the sandbox."""
+def serve_web(port: int, cert: str | None = None, key: str | None = None) -> None:
+    """A minimal web server standing for a user's service in the sandbox (over TLS with a
+    certificate and key)."""
     import uvicorn
 
     async def app(scope: dict[str, object], receive: object, send: Callable[..., object]) -> None:
@@ -87,7 +96,14 @@ def serve_web(port: int) -> None:
         await send({"type": "http.response.body", "body": b"ok"})  # type: ignore[misc]
 
     uvicorn.run(
-        app, host="127.0.0.1", port=port, loop="uvloop", http="httptools", log_level="warning"
+        app,
+        host="127.0.0.1",
+        port=port,
+        loop="uvloop",
+        http="httptools",
+        log_level="warning",
+        ssl_certfile=cert,
+        ssl_keyfile=key,
     )
 
 
@@ -232,10 +248,13 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    # --proxy PORT ENVD_PORT WEB_PORT [CERT KEY [HTTPS_WEB_PORT]] | --web PORT [CERT KEY]
     if sys.argv[1:2] == ["--proxy"]:
         port, envd_port, web_port = (int(a) for a in sys.argv[2:5])
-        serve_proxy(port, envd_port, web_port, *sys.argv[5:7])
+        cert, key = (sys.argv[5:7] + [""] * 2)[:2]
+        https_web = int(sys.argv[7]) if len(sys.argv) > 7 else None
+        serve_proxy(port, envd_port, web_port, cert or None, key or None, https_web)
     elif sys.argv[1:2] == ["--web"]:
-        serve_web(int(sys.argv[2]))
+        serve_web(int(sys.argv[2]), *sys.argv[3:5])
     else:
         main()

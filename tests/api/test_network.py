@@ -19,6 +19,8 @@ from tests.api.test_routes import error, served
 from tests.doubles.node import DoubleNode, double_node
 
 CA_PEM = trustme.CA().cert_pem.bytes().decode()
+# Public-looking addresses (documentation ranges) for egress proxies: nothing is dialled here.
+PROXY_IP, OTHER_IP = "198.51.100.7", "203.0.113.9"
 RULES = {"allowOut": ["1.1.1.1", "*.example.com"], "denyOut": ["0.0.0.0/0"]}
 
 
@@ -66,16 +68,16 @@ async def test_rules_at_create_update_pause_and_fork(tmp_path: Path) -> None:
 async def test_an_egress_proxy_reaches_the_slot_and_its_password_is_never_shown(
     tmp_path: Path,
 ) -> None:
-    proxy = {"address": "proxy.example.com:1080", "username": "u", "password": "secret"}
+    proxy = {"address": f"{PROXY_IP}:1080", "username": "u", "password": "secret"}
     async with double_node(tmp_path) as node, served(node) as api:
         sandbox_id = await create(api, network={"denyOut": ["8.8.8.8"], "egressProxy": proxy})
-        tunnel = SocksProxy("proxy.example.com", 1080, "u", "secret")
+        tunnel = SocksProxy(PROXY_IP, 1080, "u", "secret")
         assert slot_of(node, sandbox_id) == (
             True,
             EgressPolicy.parse(deny=["8.8.8.8"], proxy=tunnel),
         )
         info = (await api.get(f"/sandboxes/{sandbox_id}")).json()["network"]
-        assert info["egressProxy"] == {"address": "proxy.example.com:1080", "username": "u"}
+        assert info["egressProxy"] == {"address": f"{PROXY_IP}:1080", "username": "u"}
         assert "secret" not in json.dumps(info)
 
         # Paused and resumed: the proxy comes with the sandbox (and with its children).
@@ -87,9 +89,9 @@ async def test_an_egress_proxy_reaches_the_slot_and_its_password_is_never_shown(
 
         # An update replaces it, one that leaves it out ends the tunneling (E2B's semantics).
         url = f"/sandboxes/{sandbox_id}/network"
-        other = {"address": "10.0.0.1:1"}
+        other = {"address": f"{OTHER_IP}:1"}
         assert (await api.put(url, json={"egressProxy": other})).status_code == 204
-        assert slot_of(node, sandbox_id)[1].proxy == SocksProxy("10.0.0.1", 1)
+        assert slot_of(node, sandbox_id)[1].proxy == SocksProxy(OTHER_IP, 1)
         assert (await api.put(url, json={"denyOut": ["8.8.8.8"]})).status_code == 204
         assert slot_of(node, sandbox_id)[1].proxy is None
         info = (await api.get(f"/sandboxes/{sandbox_id}")).json()["network"]
@@ -98,16 +100,16 @@ async def test_an_egress_proxy_reaches_the_slot_and_its_password_is_never_shown(
         tls = {"enabled": True, "serverName": "socks.example.com", "caCert": CA_PEM}
         assert (await api.put(url, json={"egressProxy": {**other, "tls": tls}})).status_code == 204
         assert slot_of(node, sandbox_id)[1].proxy == SocksProxy(
-            "10.0.0.1", 1, tls=True, server_name="socks.example.com", ca_cert=CA_PEM
+            OTHER_IP, 1, tls=True, server_name="socks.example.com", ca_cert=CA_PEM
         )
         info = (await api.get(f"/sandboxes/{sandbox_id}")).json()["network"]
         assert info["egressProxy"] == {
-            "address": "10.0.0.1:1",
+            "address": f"{OTHER_IP}:1",
             "tls": {"enabled": True, "serverName": "socks.example.com"},
         }
-        off = {"address": "p:1", "tls": {"enabled": False}}
+        off = {"address": f"{PROXY_IP}:1", "tls": {"enabled": False}}
         assert (await api.put(url, json={"egressProxy": off})).status_code == 204
-        assert slot_of(node, sandbox_id)[1].proxy == SocksProxy("p", 1)
+        assert slot_of(node, sandbox_id)[1].proxy == SocksProxy(PROXY_IP, 1)
 
 
 async def test_a_slot_that_refuses_the_change_leaves_everything_as_it_was(
@@ -193,6 +195,9 @@ async def test_private_traffic_gets_a_token_of_its_own(tmp_path: Path) -> None:
         ({"egressProxy": {"address": "p:1", "tls": {"enabled": True, "caCert": "x"}}}, "CA"),
         ({"egressProxy": {"address": "p:1", "tls": {"serverName": "p"}}}, "need tls"),
         ({"egressProxy": {"address": "p:1", "via": "x"}}, "via"),
+        # Checked before anything is made, as E2B does: never a proxy slots may not reach.
+        ({"egressProxy": {"address": "10.0.0.1:1080"}}, "a range slots may not reach"),
+        ({"egressProxy": {"address": "localhost:1080"}}, "a range slots may not reach"),
         ({"dnsServers": ["1.1.1.1"]}, "dnsServers"),  # without domain rules
         ({**RULES, "dnsServers": ["example.com"]}, "network.dnsServers"),
         ({**RULES, "dnsServers": ["1.1.1.0/24"]}, "network.dnsServers"),

@@ -9,10 +9,11 @@ import errno
 import itertools
 import random
 import socket
-from ipaddress import IPv4Address
+from ipaddress import IPv4Address, IPv4Network
 
 from aenv.envd import ENVD_PORT
 from aenv.network import EgressPolicy, GuestNetwork, Slot
+from aenv.network.reserved import denied_ranges
 
 _TRIES = 100
 
@@ -27,6 +28,8 @@ class DoubleSlots:
         self.policies: dict[str, EgressPolicy] = {}
         self.acquired = 0
         self._index = itertools.count()
+        # What a node's default network configuration denies (its slot network included).
+        self.denied = denied_ranges(IPv4Network("10.11.0.0/16"))
 
     async def acquire(
         self, *, egress: bool | None = None, policy: EgressPolicy | None = None

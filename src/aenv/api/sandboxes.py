@@ -35,6 +35,7 @@ from aenv.api.requests import check_query, not_supported, parse_body
 from aenv.api.volumes import mounts_body, resolve_mounts
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
+from aenv.network.settings import SandboxNetwork
 from aenv.orchestrator.builds import Build
 from aenv.orchestrator.catalog import PageQuery, SandboxRecord
 from aenv.orchestrator.envd_client import EnvdUnavailable
@@ -43,6 +44,7 @@ from aenv.orchestrator.lifecycle import (
     CapacityReached,
     CreateFailed,
     CreateRequest,
+    InvalidNetwork,
     Orchestrator,
     SandboxNotFound,
 )
@@ -172,8 +174,15 @@ class SandboxRoutes:
             )
         return JSONResponse(made, status_code=201)
 
+    async def _checked(self, network: SandboxNetwork) -> SandboxNetwork:
+        try:
+            await self.orc.check_network(network)
+        except InvalidNetwork as e:
+            raise APIError(400, f"network.egressProxy: {e}") from e
+        return network
+
     async def _start(self, body: NewSandbox, timeout: int, owner: str) -> dict[str, Any]:
-        network = create_network(body.allow_internet_access, body.network)
+        network = await self._checked(create_network(body.allow_internet_access, body.network))
         volume_mounts = resolve_mounts(self.orc.volumes, body.volume_mounts)
         try:
             with self.node_metrics.create_seconds.time():
@@ -307,7 +316,7 @@ class SandboxRoutes:
         """Replace the egress rules of a running or paused sandbox: 204, 404, 409 mid-change."""
         check_query(request)
         body = await parse_body(request, NetworkUpdate)
-        rules = updated_network(body)
+        rules = await self._checked(updated_network(body))
         sandbox_id = request.path_params["sandbox_id"]
         await call_lifecycle(self.orc.set_egress(sandbox_id, rules), sandbox_id)
         return Response(status_code=204)

@@ -14,6 +14,7 @@ import contextlib
 import logging
 from collections import deque
 from collections.abc import Collection
+from ipaddress import IPv4Network
 from typing import Any, Protocol, runtime_checkable
 
 from aenv.network.addressing import SlotsExhausted
@@ -40,6 +41,11 @@ class SlotProvider(Protocol):
 
     async def set_policy(self, slot: Slot, policy: EgressPolicy) -> None: ...
 
+    @property
+    def denied(self) -> tuple[IPv4Network, ...]:
+        """The ranges no slot may reach (`reserved`), whatever its policy."""
+        ...
+
 
 @runtime_checkable
 class SlotReclaimer(Protocol):
@@ -61,6 +67,10 @@ class SlotPool:
         self._wake = asyncio.Event()
         self._idle = asyncio.Event()
         self._refill: asyncio.Task[None] | None = None
+
+    @property
+    def denied(self) -> tuple[IPv4Network, ...]:
+        return self.config.denied
 
     @property
     def ready(self) -> int:

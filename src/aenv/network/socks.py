@@ -126,7 +126,9 @@ def _outgoing() -> socket.socket:
     return sock
 
 
-async def _pinned_address(proxy: SocksProxy, denied: tuple[IPv4Network, ...]) -> IPv4Address:
+async def resolve(proxy: SocksProxy, denied: tuple[IPv4Network, ...]) -> IPv4Address:
+    """The address to dial `proxy` at, now; `TunnelError` when its name does not resolve or
+    the address is in `denied`."""
     loop = asyncio.get_running_loop()
     try:
         found = await loop.getaddrinfo(
@@ -151,7 +153,7 @@ async def open_tunnel(
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A stream to `destination` (an IPv4 address or a name) and `port` through `proxy`,
     connected and past the SOCKS5 handshake. `TunnelError` when any step fails."""
-    address = await _pinned_address(proxy, denied)
+    address = await resolve(proxy, denied)
     sock = await netns.run_in(host_netns, _outgoing)
     loop = asyncio.get_running_loop()
     try:

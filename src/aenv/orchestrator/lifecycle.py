@@ -37,7 +37,7 @@ from connectrpc.errors import ConnectError
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.ids import new_access_token, new_sandbox_id
-from aenv.network import EgressPolicy, NftError, Slot, SlotProvider, SlotReclaimer
+from aenv.network import EgressPolicy, NftError, Slot, SlotProvider, SlotReclaimer, socks
 from aenv.network.settings import SandboxNetwork, SlotEgress
 from aenv.orchestrator import checkpoints, consoles, detach, hibernation, metrics_history, warm
 from aenv.orchestrator.admission import HostMemory, MemoryBudget, Refusal
@@ -118,6 +118,10 @@ class InvalidState(RuntimeError):
         message = f"cannot {operation} sandbox {sandbox_id}: it is {state.value}"
         super().__init__(f"{message} ({hint})" if hint else message)
         self.state = state
+
+
+class InvalidNetwork(ValueError):
+    """Network settings that cannot work, found before anything is made or changed."""
 
 
 class OperationFailed(RuntimeError):
@@ -1699,6 +1703,16 @@ class Orchestrator:
         return merged
 
     # -- network --------------------------------------------------------------------------
+
+    async def check_network(self, network: SandboxNetwork) -> None:
+        """Raise `InvalidNetwork` for settings no slot could honour: an egress proxy whose name
+        does not resolve, or resolves into a range sandboxes may not reach (E2B refuses these
+        before the sandbox exists; the slot's proxy checks again at every connection)."""
+        if network.egress_proxy is not None:
+            try:
+                await socks.resolve(network.egress_proxy, self.slots.denied)
+            except socks.TunnelError as e:
+                raise InvalidNetwork(str(e)) from e
 
     async def set_egress(self, sandbox_id: str, rules: SandboxNetwork) -> SandboxRecord:
         """Replace the sandbox's egress rules by those of `rules` (`PUT /sandboxes/{id}/network`;

@@ -33,6 +33,7 @@ REFUSED: list[tuple[SandboxNetworkOpts, str]] = [
     ({"rules": {"example.com": [{"transform": {"headers": {"X": "y"}}}]}}, "network.rules"),
     ({"mask_request_host": "bad host"}, "maskRequestHost"),
     ({"egress_proxy": {"address": "proxy.test"}}, "egressProxy"),
+    ({"egress_proxy": {"address": f"{INTERNAL[1]}:1080"}}, "a range slots may not reach"),
 ]
 
 
