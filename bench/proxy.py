@@ -56,7 +56,6 @@ def serve_proxy(
 ) -> None:
     """The proxy process: one sandbox whose envd and web server are on loopback; HTTPS to its
     clients with a certificate and key; a second web server over TLS as HTTPS_WEB_PORT."""
-    import uvicorn
 
     from aenv.proxy import SandboxNotFound, SandboxProxy, Upstream
 
@@ -69,23 +68,12 @@ def serve_proxy(
             local = ports.get(port) or port
             return Upstream("127.0.0.1", local, tls=port == HTTPS_WEB_PORT)
 
-    uvicorn.run(
-        SandboxProxy(Resolver()),
-        host="127.0.0.1",
-        port=port,
-        loop="uvloop",
-        http="httptools",
-        log_level="warning",
-        server_header=False,
-        ssl_certfile=cert,
-        ssl_keyfile=key,
-    )
+    _run(SandboxProxy(Resolver()), port, cert, key)
 
 
 def serve_web(port: int, cert: str | None = None, key: str | None = None) -> None:
     """A minimal web server standing for a user's service in the sandbox (over TLS with a
     certificate and key)."""
-    import uvicorn
 
     async def app(scope: dict[str, object], receive: object, send: Callable[..., object]) -> None:
         if scope["type"] != "http":
@@ -95,16 +83,13 @@ def serve_web(port: int, cert: str | None = None, key: str | None = None) -> Non
         )
         await send({"type": "http.response.body", "body": b"ok"})  # type: ignore[misc]
 
-    uvicorn.run(
-        app,
-        host="127.0.0.1",
-        port=port,
-        loop="uvloop",
-        http="httptools",
-        log_level="warning",
-        ssl_certfile=cert,
-        ssl_keyfile=key,
-    )
+    _run(app, port, cert, key)
+
+
+def _run(app: object, port: int, cert: str | None, key: str | None) -> None:
+    from tests.proxy.support import loopback_server
+
+    loopback_server(app, port, (cert, key) if cert and key else None).run()
 
 
 @contextmanager

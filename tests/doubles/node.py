@@ -161,6 +161,18 @@ async def eventually(condition: Callable[[], bool], polls: int = 1000) -> None:
     raise AssertionError("the condition never held")
 
 
+async def resumed_with_a_copy(node: DoubleNode) -> str:
+    """A sandbox whose `/data` was "one" when it was paused (and that checkpoint copied to the
+    repository), resumed, and now "two"; its id."""
+    record, _ = await node.orchestrator.create(node.request())
+    node.guest(record.id).write("/data", "one")
+    await node.orchestrator.pause(record.id)
+    await eventually(lambda: node.row(record.id).archived is not None)
+    await node.orchestrator.resume(record.id, 60)
+    node.guest(record.id).write("/data", "two")
+    return record.id
+
+
 def assert_clean(node: DoubleNode) -> None:
     """Nothing of a removed sandbox is left: no VM, no slot, no files."""
     assert node.driver.running == {}

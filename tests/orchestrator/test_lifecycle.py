@@ -20,7 +20,13 @@ from aenv.orchestrator.lifecycle import (
     SandboxNotFound,
 )
 from aenv.orchestrator.states import SandboxState
-from tests.doubles.node import TEMPLATE_FILES, assert_clean, double_node, eventually
+from tests.doubles.node import (
+    TEMPLATE_FILES,
+    assert_clean,
+    double_node,
+    eventually,
+    resumed_with_a_copy,
+)
 from tests.doubles.slots import DoubleSlots
 
 
@@ -122,17 +128,12 @@ async def test_a_resume_right_after_a_pause_falls_back_to_that_pauses_copy(
     when the local restore then fails, the upload starts again and the fallback restores from
     the copy of that checkpoint, not from the older copy the row still names."""
     async with double_node(tmp_path) as node:
-        record, _ = await node.orchestrator.create(node.request())
-        node.guest(record.id).write("/data", "one")
-        await node.orchestrator.pause(record.id)
-        await eventually(lambda: node.row(record.id).archived is not None)
-        await node.orchestrator.resume(record.id, 60)
-        node.guest(record.id).write("/data", "two")
-        await node.orchestrator.pause(record.id)
+        sandbox_id = await resumed_with_a_copy(node)
+        await node.orchestrator.pause(sandbox_id)
         node.driver.fail_next("restore")  # the local checkpoint, at once
-        await node.orchestrator.resume(record.id, 60)
-        assert node.guest(record.id).read("/data") == "two"
-        archived = node.row(record.id).archived
+        await node.orchestrator.resume(sandbox_id, 60)
+        assert node.guest(sandbox_id).read("/data") == "two"
+        archived = node.row(sandbox_id).archived
         assert archived is not None and archived.seq == 2
 
 

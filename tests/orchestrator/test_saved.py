@@ -14,7 +14,13 @@ from aenv.orchestrator import checkpoints
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.lifecycle import CreateFailed, InvalidState, OperationFailed
 from aenv.orchestrator.states import SandboxState
-from tests.doubles.node import DoubleNode, assert_clean, double_node, eventually
+from tests.doubles.node import (
+    DoubleNode,
+    assert_clean,
+    double_node,
+    eventually,
+    resumed_with_a_copy,
+)
 
 
 async def test_fork_where_some_children_fail(tmp_path: Path) -> None:
@@ -116,19 +122,14 @@ async def test_startup_uploads_a_checkpoint_a_crash_kept_from_the_repository(
 async def _paused_twice_second_copy_missing(node: DoubleNode) -> str:
     """A sandbox paused twice ("one", then "two") whose second checkpoint has no repository
     copy (its upload never ran) while the first's copy is still there."""
-    record, _ = await node.orchestrator.create(node.request())
-    node.guest(record.id).write("/data", "one")
-    await node.orchestrator.pause(record.id)
-    await eventually(lambda: node.row(record.id).archived is not None)
-    await node.orchestrator.resume(record.id, 60)
-    node.guest(record.id).write("/data", "two")
+    sandbox_id = await resumed_with_a_copy(node)
     held = node.driver.hold("export")
-    await node.orchestrator.pause(record.id)
+    await node.orchestrator.pause(sandbox_id)
     await held.reached.wait()
-    await node.orchestrator.saved.cancel_push(record.id)
-    archived = node.row(record.id).archived
-    assert archived is not None and (archived.seq, node.row(record.id).checkpoint_seq) == (1, 2)
-    return record.id
+    await node.orchestrator.saved.cancel_push(sandbox_id)
+    archived = node.row(sandbox_id).archived
+    assert archived is not None and (archived.seq, node.row(sandbox_id).checkpoint_seq) == (1, 2)
+    return sandbox_id
 
 
 async def test_a_lost_checkpoint_is_not_replaced_by_an_older_one(tmp_path: Path) -> None:

@@ -68,11 +68,11 @@ class DictResolver:
         )
 
 
-@contextmanager
-def serve(app: object, port: int, tls: tuple[Path, Path] | None = None) -> Iterator[str]:
-    """Serve the ASGI `app` with uvicorn (uvloop, httptools, as in production) on
-    127.0.0.1:`port` in a thread of its own, over TLS with `tls` (certificate and key files);
-    yields the base URL, stops the server after."""
+def loopback_server(
+    app: object, port: int, tls: tuple[str | Path, str | Path] | None = None
+) -> uvicorn.Server:
+    """uvicorn as in production (uvloop, httptools) for the ASGI `app` on 127.0.0.1:`port`,
+    over TLS with `tls` (certificate and key files)."""
     config = uvicorn.Config(
         app,  # type: ignore[arg-type]
         host="127.0.0.1",
@@ -84,7 +84,14 @@ def serve(app: object, port: int, tls: tuple[Path, Path] | None = None) -> Itera
         ssl_certfile=tls[0] if tls else None,
         ssl_keyfile=tls[1] if tls else None,
     )
-    server = uvicorn.Server(config)
+    return uvicorn.Server(config)
+
+
+@contextmanager
+def serve(app: object, port: int, tls: tuple[Path, Path] | None = None) -> Iterator[str]:
+    """Serve `app` (`loopback_server`) in a thread of its own; yields the base URL, stops the
+    server after."""
+    server = loopback_server(app, port, tls)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
     try:
