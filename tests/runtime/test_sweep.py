@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from aenv.runtime.cgroups import CgroupLimits, detect
-from aenv.runtime.sweep import our_vmms, reap_strays, sweep
+from aenv.runtime.sweep import our_vmms, reap_strays, reap_unowned, sweep
 
 
 def start_qemu(name: str, home: Path, *, orphan: bool, held: bool = False) -> int:
@@ -131,3 +131,29 @@ async def test_the_startup_sweep_kills_this_nodes_vmms_whose_parent_lives_on(
         assert {v.pid for v in our_vmms(tag)} == {child, foreign}
     finally:
         _stop((kept, child, foreign), child)
+
+
+def test_the_reaper_keeps_the_group_of_a_vmm_launched_while_it_runs() -> None:
+    """`reap_unowned` runs in a thread while the node launches VMMs: a launch that begins after
+    the reaper first asked what is owned has a group, still empty, by the time the reaper lists
+    them. It must stay (it was removed under the launch: "cannot write <pid> to cgroup.procs")."""
+    manager = detect(f"aenv-test-{secrets.token_hex(3)}-{os.getpid()}")
+    stale = manager.create("qemu-stale", CgroupLimits(None, None, None))
+    owned: list[str] = []
+    launched: list[object] = []
+
+    def owned_now() -> list[str]:
+        if not launched:  # the launch begins right after the reaper's first question
+            launched.append(manager.create("qemu-launching", CgroupLimits(None, None, None)))
+            answer = list(owned)
+            owned.append("aenv-launching")
+            return answer
+        return list(owned)
+
+    try:
+        reap_unowned(owned_now, manager, lambda name: f"qemu-{name.removeprefix('aenv-')}")
+        assert manager.names() == ["qemu-launching"]
+    finally:
+        for group in (stale, *launched):
+            group.remove()  # type: ignore[attr-defined]
+        manager.remove_parent()

@@ -179,8 +179,14 @@ class QemuDriver:
 
     def owned_vmm_names(self) -> set[str]:
         """The `-name` of every VMM being launched or that some VM object of this driver still
-        stands for."""
-        return {f"{VMM_NAME_PREFIX}{vm_id}" for vm_id in [*self._vms, *self._launching]}
+        stands for. Safe to call from another thread: a launch is in one set or the other at
+        every moment, and a copy taken while the event loop changes them is taken again."""
+        while True:
+            try:
+                ids = [*self._launching.copy(), *self._vms.keys()]
+            except RuntimeError:  # changed size during the copy
+                continue
+            return {f"{VMM_NAME_PREFIX}{vm_id}" for vm_id in ids}
 
     @staticmethod
     def cgroup_name(vmm_name: str) -> str:
@@ -189,7 +195,7 @@ class QemuDriver:
     def reap_unowned(self) -> list[str]:
         """Implements `sweep.Reaper`. Blocking."""
         gc.collect()  # a VM object dropped in a reference cycle is gone only after this
-        return reap_unowned(self.owned_vmm_names(), self._cgroups, self.cgroup_name)
+        return reap_unowned(self.owned_vmm_names, self._cgroups, self.cgroup_name)
 
     @property
     def name(self) -> str:
@@ -703,11 +709,11 @@ class QemuDriver:
             if memory.owned:
                 _unlink([memory.path])
             self._release(jail)
+            self._launching.discard(vm_id)
             if isinstance(exc, Exception):
                 raise error(f"cannot start QEMU: {exc}; {_tail(stderr_log)}") from exc
             raise
         finally:
-            self._launching.discard(vm_id)
             if tap_fd is not None:
                 os.close(tap_fd)
         vm = QemuVM(
@@ -724,6 +730,7 @@ class QemuDriver:
             stderr_log=stderr_log,
         )
         self._vms[vm_id] = vm
+        self._launching.discard(vm_id)  # only now: a reaper thread sees it owned all along
         return vm
 
     async def _confine(

@@ -170,23 +170,26 @@ async def sweep(
 
 
 def reap_unowned(
-    owned: Collection[str],
+    owned: Callable[[], Collection[str]],
     cgroups: CgroupManager | None,
     cgroup_name: Callable[[str], str],
     prefix: str = VMM_NAME_PREFIX,
 ) -> list[str]:
-    """Kill this process's own VMMs whose names are not in `owned` (one that a failed or
+    """Kill this process's own VMMs whose names `owned()` does not give (one that a failed or
     cancelled operation dropped without stopping it), and remove the cgroups, named by
     `cgroup_name`, of those and of any other VMM not owned that is gone. Other processes' VMMs,
     orphans included, are left alone: the startup sweep owns those. Returns the names killed.
-    Blocking: run it in a thread."""
+    Blocking: run it in a thread, while the owner launches VMMs: `owned()` is asked again once
+    the groups are listed, since a VMM launched after the first answer has a group then, empty
+    until its process is placed in it."""
     me = os.getpid()
     killed: list[psutil.Process] = []
     names: list[str] = []
     running: set[str] = set()
+    mine = owned()
     for vmm in our_vmms(prefix):
         running.add(vmm.name)
-        if vmm.name in owned:
+        if vmm.name in mine:
             continue
         with contextlib.suppress(psutil.NoSuchProcess):
             proc = psutil.Process(vmm.pid)
@@ -198,8 +201,9 @@ def reap_unowned(
             names.append(vmm.name)
     psutil.wait_procs(killed, timeout=10)
     if cgroups is not None:
-        wanted = {cgroup_name(name) for name in set(owned) | (running - set(names))}
-        for group in cgroups.names():
+        groups = cgroups.names()
+        wanted = {cgroup_name(name) for name in set(owned()) | (running - set(names))}
+        for group in groups:
             if group not in wanted:
                 with contextlib.suppress(CgroupError):
                     cgroups.remove_stale(group)
