@@ -175,8 +175,9 @@ class EgressProxy:
             log.debug("slot %s: refused %s:%d (reserved)", self.slot.netns, address, port)
             return
         head, name = b"", None
-        # Allowed by address only with a SOCKS proxy: the slot table sends nothing else here.
-        if policy.proxy is None or not policy.admits(address):
+        # Allowed by address: sent here to be tunneled (or by the rule of a proxy an update
+        # has just removed: then it goes out directly, as the policy now says).
+        if not policy.admits(address):
             head, name = await asyncio.wait_for(_head(reader), _HEAD_TIMEOUT_S)
             if name is None or not rules.allows(name):
                 log.debug("slot %s: refused %s (%s:%d)", self.slot.netns, name, address, port)

@@ -176,7 +176,7 @@ async def open_tunnel(
         raise TunnelError(f"TLS to proxy {proxy.address} failed: {e}") from e
     try:
         await asyncio.wait_for(_handshake(proxy, destination, port, reader, writer), timeout)
-    except (OSError, TimeoutError, ProtocolError, asyncio.IncompleteReadError) as e:
+    except (OSError, TimeoutError, ProtocolError, ValueError, asyncio.IncompleteReadError) as e:
         writer.close()
         raise TunnelError(f"proxy {proxy.address} refused {destination}:{port}: {e}") from e
     except BaseException:
