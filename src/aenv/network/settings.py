@@ -2,10 +2,10 @@
 
 E2B's knobs: `allow_internet_access`, `network.allowOut` / `denyOut` (IPs, CIDRs and, to
 allow, domain names; allow wins over deny), `egressProxy` (a SOCKS5 proxy the allowed TCP is
-tunneled through), `allowPublicTraffic` (ingress only with the traffic access token) and
-`dnsServers` (the resolvers a sandbox with domain rules gets its answers from),
-`maskRequestHost` and `httpsPorts` (ports whose service speaks HTTPS: the data-plane proxy
-reaches them over TLS). They belong to the sandbox, not to its slot: they are
+tunneled through), `dnsServers` (the resolvers a sandbox with domain rules gets its answers
+from), `allowPublicTraffic` (ingress only with the traffic access token), `maskRequestHost` and
+`httpsPorts` (ports whose service speaks HTTPS: the data-plane proxy reaches them over TLS).
+They belong to the sandbox, not to its slot: they are
 stored with it, applied to every slot it runs in (create, resume, fork children) and replaced
 at runtime by `PUT /sandboxes/{id}/network`.
 
@@ -70,17 +70,16 @@ class SandboxNetwork:
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SandboxNetwork:
+        proxy, resolvers = data.get("egress_proxy"), data.get("dns_servers")
         return cls(
             allow_internet=bool(data.get("allow_internet", True)),
             allow_out=tuple(data.get("allow_out", ())),
             deny_out=tuple(data.get("deny_out", ())),
             allow_public_traffic=bool(data.get("allow_public_traffic", True)),
             mask_request_host=data.get("mask_request_host"),
-            egress_proxy=SocksProxy.from_json(proxy)
-            if (proxy := data.get("egress_proxy"))
-            else None,
+            egress_proxy=SocksProxy.from_json(proxy) if proxy else None,
             https_ports=tuple(data.get("https_ports", ())),
-            dns_servers=None if data.get("dns_servers") is None else tuple(data["dns_servers"]),
+            dns_servers=None if resolvers is None else tuple(resolvers),
         )
 
 
