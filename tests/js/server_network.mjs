@@ -49,4 +49,10 @@ try {
 } finally {
   await priv.kill()
 }
+const https = await Sandbox.create({ timeoutMs: 60_000, network: { httpsPorts: [8443] } })
+try {
+  out.httpsPorts = (await https.getInfo()).network.httpsPorts
+} finally {
+  await https.kill()
+}
 console.log(JSON.stringify(out))

@@ -102,6 +102,9 @@ async def test_allowed_tcp_goes_through_the_proxy_and_denied_does_not(
     assert await probes.probe(guest.netns, INET_OTHER_IP, GREETING_PORT, timeout=1) is None
     for address in INTERNAL_IPS:
         assert await probes.probe(guest.netns, address, GREETING_PORT, timeout=1) is None
+    # What nft refuses never reaches the slot's proxy; what it sends there is counted.
+    counts = pool.egress_counts
+    assert (counts.tunneled, counts.relayed, counts.refused, counts.failed) == (2, 0, 0, 0)
 
 
 @pytest.mark.usefixtures("socks", "greeters")
@@ -114,6 +117,7 @@ async def test_a_name_allowed_by_a_domain_rule_is_resolved_by_the_proxy(
     # whose server answered (greeting first, then the request's echo).
     assert await _http_from(guest, INET_IP, "allowed.test") == f"other {SOCKS_IP}"
     assert await _http_from(guest, INET_IP, "denied.test") is None
+    assert (pool.egress_counts.tunneled, pool.egress_counts.refused) == (1, 1)
 
 
 @pytest.mark.usefixtures("socks", "greeters")
@@ -126,6 +130,7 @@ async def test_a_proxy_that_refuses_or_is_internal_fails_closed(pool: SlotPool, 
     ):
         guest = await boot(await pool.acquire(policy=EgressPolicy(proxy=proxy)))
         assert await probes.probe(guest.netns, INET_IP, GREETING_PORT, timeout=2) is None, proxy
+    assert (pool.egress_counts.failed, pool.egress_counts.tunneled) == (4, 0)
 
 
 @pytest.mark.usefixtures("socks", "greeters")

@@ -1,6 +1,7 @@
 """Prometheus `/metrics` for the node: sandboxes by state, create queue and outcomes, create
 latency as clients see it (queueing included), admission refusals by reason, warm network
-slots, warm pools of VMs, the host's KSM sharing, and the node's cold-memory reclaim."""
+slots, the slots' egress proxies' connections by outcome, warm pools of VMs, the host's KSM
+sharing, and the node's cold-memory reclaim."""
 
 from __future__ import annotations
 
@@ -53,6 +54,17 @@ class _NodeCollector(Collector):
             "aenv_warm_slots", "Network slots ready in the pool", value=getattr(slots, "ready", 0)
         )
         yield from _pool_metrics(self._orc.pools)
+        # A node's slot pool has them; the doubles' slots do not.
+        egress_counts = getattr(slots, "egress_counts", None)
+        if egress_counts is not None:
+            egress = CounterMetricFamily(
+                "aenv_egress_connections",
+                "Guest connections the slots' egress proxies handled, by outcome",
+                labels=["outcome"],
+            )
+            for outcome in ("relayed", "tunneled", "refused", "failed"):
+                egress.add_metric([outcome], getattr(egress_counts, outcome))
+            yield egress
 
 
 def _pool_metrics(pools: WarmPools) -> Iterator[Metric]:

@@ -36,6 +36,7 @@ import contextlib
 import logging
 import socket
 import struct
+from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 
 from aenv.network import netns
@@ -102,6 +103,19 @@ async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
         writer.close()
 
 
+@dataclass
+class EgressCounts:
+    """What the node's slot proxies did with the connections sent to them, since it started:
+    `relayed` directly, `tunneled` through a sandbox's SOCKS5 proxy, `refused` (a name no rule
+    allows, a reserved range) and `failed` (the destination or the SOCKS5 proxy did not take
+    it: a guest fails closed there, so an operator looks here first)."""
+
+    relayed: int = 0
+    tunneled: int = 0
+    refused: int = 0
+    failed: int = 0
+
+
 class EgressProxy:
     """The proxy of one slot. `policy` may be replaced at any time; connections already relayed
     keep going (E2B judges a connection when it starts)."""
@@ -113,8 +127,10 @@ class EgressProxy:
         denied: tuple[IPv4Network, ...],
         dns_upstream: IPv4Address,
         host_netns: str | None,
+        counts: EgressCounts,
     ) -> None:
         self.slot = slot
+        self._counts = counts
         self._policy = policy
         self._rules = DomainRules(policy.domains)
         self._denied = denied
@@ -173,6 +189,7 @@ class EgressProxy:
         policy, rules = self._policy, self._rules
         if any(address in network for network in self._denied):
             log.debug("slot %s: refused %s:%d (reserved)", self.slot.netns, address, port)
+            self._counts.refused += 1
             return
         head, name = b"", None
         # Allowed by address: sent here to be tunneled (or by the rule of a proxy an update
@@ -181,18 +198,25 @@ class EgressProxy:
             head, name = await asyncio.wait_for(_head(reader), _HEAD_TIMEOUT_S)
             if name is None or not rules.allows(name):
                 log.debug("slot %s: refused %s (%s:%d)", self.slot.netns, name, address, port)
+                self._counts.refused += 1
                 return
-        if policy.proxy is not None:
-            up_reader, up_writer = await open_tunnel(
-                policy.proxy,
-                name or str(address),
-                port,
-                denied=self._denied,
-                host_netns=self._host_netns,
-                timeout=_CONNECT_TIMEOUT_S,
-            )
-        else:
-            up_reader, up_writer = await self._direct(address, port)
+        try:
+            if policy.proxy is not None:
+                up_reader, up_writer = await open_tunnel(
+                    policy.proxy,
+                    name or str(address),
+                    port,
+                    denied=self._denied,
+                    host_netns=self._host_netns,
+                    timeout=_CONNECT_TIMEOUT_S,
+                )
+                self._counts.tunneled += 1
+            else:
+                up_reader, up_writer = await self._direct(address, port)
+                self._counts.relayed += 1
+        except (OSError, TimeoutError):
+            self._counts.failed += 1
+            raise
         try:
             up_writer.write(head)
             await asyncio.gather(_relay(reader, up_writer), _relay(up_reader, writer))

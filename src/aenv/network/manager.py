@@ -35,7 +35,7 @@ from pyroute2.netlink.rtnl.ndmsg import NUD_PERMANENT
 from aenv.network import netns, nft, rules
 from aenv.network.addressing import SLOT_PREFIXLEN, AddressPlan
 from aenv.network.config import NetworkConfig
-from aenv.network.egress_proxy import EgressProxy
+from aenv.network.egress_proxy import EgressCounts, EgressProxy
 from aenv.network.policy import EgressPolicy
 from aenv.network.slot import Slot
 
@@ -81,6 +81,7 @@ class SlotManager:
         self._policies: dict[int, EgressPolicy] = {}
         # The egress proxies of slots whose policy names domains or a SOCKS5 proxy.
         self._proxies: dict[int, EgressProxy] = {}
+        self.egress_counts = EgressCounts()
         # Per slot: changes to one slot's egress apply in the order they were asked for.
         self._locks: dict[int, asyncio.Lock] = {}
         self._orphans: set[asyncio.Future[None]] = set()
@@ -302,7 +303,12 @@ class SlotManager:
             proxy.policy = policy
             return
         proxy = EgressProxy(
-            slot, policy, self._denied, self.config.dns_upstream, self.config.host_netns
+            slot,
+            policy,
+            self._denied,
+            self.config.dns_upstream,
+            self.config.host_netns,
+            self.egress_counts,
         )
         await proxy.start()
         self._proxies[slot.index] = proxy

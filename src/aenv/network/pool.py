@@ -19,6 +19,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from aenv.network.addressing import SlotsExhausted
 from aenv.network.config import NetworkConfig
+from aenv.network.egress_proxy import EgressCounts
 from aenv.network.manager import SlotManager
 from aenv.network.policy import EgressPolicy
 from aenv.network.slot import Slot
@@ -71,6 +72,10 @@ class SlotPool:
     @property
     def denied(self) -> tuple[IPv4Network, ...]:
         return self.config.denied
+
+    @property
+    def egress_counts(self) -> EgressCounts:
+        return self.manager.egress_counts
 
     @property
     def ready(self) -> int:

@@ -1,7 +1,7 @@
 """The npm `e2b` SDK's network options (installed beforehand by test_network.py: this namespace
 has no route to the npm registry): egress rules at create, in the info and by updateNetwork, an
-egress proxy, and private traffic with its token, against the server reached by its domain over
-HTTPS."""
+egress proxy, HTTPS ports, and private traffic with its token, against the server reached by
+its domain over HTTPS."""
 
 from __future__ import annotations
 
@@ -45,4 +45,5 @@ def test_npm_sdk_network_options() -> None:
         "token": True,
         "without": 403,
         "with": 502,
+        "httpsPorts": [8443],
     }
