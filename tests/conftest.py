@@ -13,6 +13,8 @@ from typing import Any
 
 import pytest
 
+pytest_plugins = ["tests.support.terminate"]
+
 _SECONDS: defaultdict[str, float] = defaultdict(float)
 _CPU: defaultdict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
 
