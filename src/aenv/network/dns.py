@@ -131,9 +131,9 @@ class DnsForwarder:
         name = query.question[0].name.to_text(omit_final_dot=True)
         if not self.rules.allows(name):
             return _reply(query, dns.rcode.NXDOMAIN)
-        upstreams = [u for u in self.upstreams if not any(u in n for n in self._denied)]
         if not self.upstreams:
             return _reply(query, dns.rcode.REFUSED)
+        upstreams = [u for u in self.upstreams if not any(u in n for n in self._denied)]
         timeout = _UPSTREAM_TIMEOUT_S / max(len(upstreams), 1)
         for upstream in upstreams:
             try:
