@@ -106,7 +106,10 @@ async def test_sweep_reclaims_firecrackers_a_killed_server_left(
 ) -> None:
     if not (CGROUP_ROOT / "memory" / "memory.limit_in_bytes").exists():
         pytest.skip("no cgroup v1 memory hierarchy on this host (the jailer stand-in needs one)")
-    tag = f"aenv-fcsweep-{secrets.token_hex(3)}"
+    # Not `aenv-*`: every node that starts meanwhile (the other lane of `make test` starts
+    # many) sweeps the empty groups of sibling parents named so, and would take this test's
+    # groups from the reclaimer it checks.
+    tag = f"fcsweep-{secrets.token_hex(3)}"
     root = tmp_path / "run"
     root.mkdir()
     _images(root, shm_dir)
