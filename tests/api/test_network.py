@@ -6,6 +6,10 @@ tests/e2e/network."""
 from __future__ import annotations
 
 import json
+import os
+import secrets
+import subprocess
+from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
@@ -21,6 +25,9 @@ from tests.doubles.node import DoubleNode, double_node
 CA_PEM = trustme.CA().cert_pem.bytes().decode()
 # Public-looking addresses (documentation ranges) for egress proxies: nothing is dialled here.
 PROXY_IP, OTHER_IP = "198.51.100.7", "203.0.113.9"
+# Addresses the node's stand-in host owns (`host_netns`): one on an interface, one in a range
+# routed to the host itself.
+NODE_IP, NODE_RANGE, NODE_RANGE_IP = "198.51.100.99", "192.0.2.0/24", "192.0.2.77"
 RULES = {"allowOut": ["1.1.1.1", "*.example.com"], "denyOut": ["0.0.0.0/0"]}
 
 
@@ -179,6 +186,46 @@ async def test_private_traffic_gets_a_token_of_its_own(tmp_path: Path) -> None:
         assert node.row(sandbox_id).state is SandboxState.RUNNING
 
 
+@pytest.fixture
+def host_netns() -> Iterator[str]:
+    """A namespace standing in for the node's host, owning NODE_IP and NODE_RANGE."""
+    if os.geteuid() != 0:
+        pytest.skip("a host namespace of its own needs root")
+    name = f"aenv-test-apihost-{secrets.token_hex(3)}"
+    subprocess.run(["ip", "netns", "add", name], check=True)
+    try:
+        for args in (
+            ("link", "set", "lo", "up"),
+            ("addr", "add", f"{NODE_IP}/32", "dev", "lo"),
+            ("route", "add", "local", NODE_RANGE, "dev", "lo", "table", "local"),
+        ):
+            subprocess.run(["ip", "-n", name, *args], check=True)
+        yield name
+    finally:
+        subprocess.run(["ip", "netns", "delete", name], check=True)
+
+
+async def test_an_egress_proxy_on_the_node_itself_is_refused(
+    tmp_path: Path, host_netns: str
+) -> None:
+    """Tunnels are dialled from the host: one to an address of its own would reach the node's
+    services (its API), whatever range the address is in."""
+    async with double_node(tmp_path) as node, served(node) as api:
+        node.slots.host_netns = host_netns
+        sandbox_id = await create(api)
+        url = f"/sandboxes/{sandbox_id}/network"
+        for address in (NODE_IP, NODE_RANGE_IP):
+            network = {"egressProxy": {"address": f"{address}:1080"}}
+            refused = await api.post("/sandboxes", json={"templateID": "base", "network": network})
+            assert "an address of the node itself" in error(refused, 400)
+            assert "an address of the node itself" in error(await api.put(url, json=network), 400)
+        assert [record.id for record in node.catalog.list()] == [sandbox_id]
+        assert slot_of(node, sandbox_id)[1].proxy is None
+        # An address the host does not own is still a proxy.
+        other = {"egressProxy": {"address": f"{PROXY_IP}:1080"}}
+        assert (await api.put(url, json=other)).status_code == 204
+
+
 @pytest.mark.parametrize(
     ("network", "named"),
     [
@@ -198,6 +245,10 @@ async def test_private_traffic_gets_a_token_of_its_own(tmp_path: Path) -> None:
         # Checked before anything is made, as E2B does: never a proxy slots may not reach.
         ({"egressProxy": {"address": "10.0.0.1:1080"}}, "a range slots may not reach"),
         ({"egressProxy": {"address": "localhost:1080"}}, "a range slots may not reach"),
+        ({"egressProxy": {"address": "0.0.0.0:1080"}}, "a range slots may not reach"),
+        ({"egressProxy": {"address": "127.0.0.2:1080"}}, "a range slots may not reach"),
+        ({"egressProxy": {"address": "10.11.0.1:1080"}}, "a range slots may not reach"),  # slots
+        ({"egressProxy": {"address": "[::]:1080"}}, "network.egressProxy"),
         ({"dnsServers": ["1.1.1.1"]}, "dnsServers"),  # without domain rules
         ({**RULES, "dnsServers": ["example.com"]}, "network.dnsServers"),
         ({**RULES, "dnsServers": ["1.1.1.0/24"]}, "network.dnsServers"),

@@ -30,6 +30,9 @@ class DoubleSlots:
         self._index = itertools.count()
         # What a node's default network configuration denies (its slot network included).
         self.denied = denied_ranges(IPv4Network("10.11.0.0/16"))
+        # Where the host's own addresses are looked up: this process's namespace unless a test
+        # gives the node a host of its own.
+        self.host_netns: str | None = None
 
     async def acquire(
         self, *, egress: bool | None = None, policy: EgressPolicy | None = None

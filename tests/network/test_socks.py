@@ -37,8 +37,8 @@ GREETING_PORT = 7000
 
 @pytest.fixture
 def socks(world: World) -> Iterator[None]:
-    """microsocks on SOCKS_IP and on one of the reserved addresses; `allowed.test` is
-    INET_OTHER_IP to it (not where the guest dialled)."""
+    """microsocks on SOCKS_IP, on one of the reserved addresses and on the host's own uplink
+    address; `allowed.test` is INET_OTHER_IP to it (not where the guest dialled)."""
     subprocess.run(
         ["ip", "-n", world.inet, "addr", "add", f"{SOCKS_IP}/32", "dev", "lo"], check=True
     )
@@ -46,6 +46,7 @@ def socks(world: World) -> Iterator[None]:
     with (
         socks_server(world.inet, SOCKS_IP, SOCKS_IP, names),
         socks_server(world.inet, INTERNAL_IPS[1], SOCKS_IP, names),
+        socks_server(world.host, HOST_UPLINK_IP, HOST_UPLINK_IP, names),
     ):
         yield
 
@@ -127,10 +128,12 @@ async def test_a_proxy_that_refuses_or_is_internal_fails_closed(pool: SlotPool, 
         SocksProxy(SOCKS_IP, PORT),  # no credentials, which it asks for
         SocksProxy(SOCKS_IP, PORT + 1, USER, PASSWORD),  # nothing listens
         SocksProxy(INTERNAL_IPS[1], PORT, USER, PASSWORD),  # a private range
+        # The host's own address, public: a proxy there would be a service of the node.
+        SocksProxy(HOST_UPLINK_IP, PORT, USER, PASSWORD),
     ):
         guest = await boot(await pool.acquire(policy=EgressPolicy(proxy=proxy)))
         assert await probes.probe(guest.netns, INET_IP, GREETING_PORT, timeout=2) is None, proxy
-    assert (pool.egress_counts.failed, pool.egress_counts.tunneled) == (4, 0)
+    assert (pool.egress_counts.failed, pool.egress_counts.tunneled) == (5, 0)
 
 
 @pytest.mark.usefixtures("socks", "greeters")

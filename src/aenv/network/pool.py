@@ -47,6 +47,12 @@ class SlotProvider(Protocol):
         """The ranges no slot may reach (`reserved`), whatever its policy."""
         ...
 
+    @property
+    def host_netns(self) -> str | None:
+        """The namespace playing the host, where egress proxies' tunnels are dialled from (None:
+        this process's own)."""
+        ...
+
 
 @runtime_checkable
 class SlotReclaimer(Protocol):
@@ -72,6 +78,10 @@ class SlotPool:
     @property
     def denied(self) -> tuple[IPv4Network, ...]:
         return self.config.denied
+
+    @property
+    def host_netns(self) -> str | None:
+        return self.config.host_netns
 
     @property
     def egress_counts(self) -> EgressCounts:

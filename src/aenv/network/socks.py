@@ -8,7 +8,10 @@ the destination, or does not speak SOCKS5 fails the guest's connection; nothing 
 direct one. The proxy's host name is resolved at each dial and the address pinned for that
 connection; an address in the node's denied ranges (private, link-local, the slots' own
 network: `reserved`) is refused, as E2B refuses internal proxies, unless the operator opened
-that range to slots.
+that range to slots. So is an address the host itself owns, whatever its range (a public
+address of an interface, a local route): the tunnel is dialled from the host namespace, where
+such a connection would reach the node's own services (its API, an SSH server). The host's
+addresses are looked up at each dial, as they change with its interfaces.
 
 A destination the guest reached by name (a domain `allowOut` rule) is passed on as that name
 (RFC 1928 ATYP domain), so the proxy resolves it; one allowed by address, as the address.
@@ -31,6 +34,9 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, ip_address
 from typing import Any
 
+from pyroute2 import IPRoute
+from pyroute2.netlink.exceptions import NetlinkError
+from pyroute2.netlink.rtnl import rtypes
 from socksio import ProtocolError, socks5
 
 from aenv.network import netns
@@ -134,9 +140,24 @@ def _outgoing() -> socket.socket:
     return sock
 
 
-async def resolve(proxy: SocksProxy, denied: tuple[IPv4Network, ...]) -> IPv4Address:
-    """The address to dial `proxy` at, now; `TunnelError` when its name does not resolve or
-    the address is in `denied`."""
+def _delivered_locally(address: IPv4Address) -> bool:
+    """Whether the calling thread's namespace keeps a connection to `address` to itself: the
+    kernel's own route lookup, so every address of every interface and every local route count,
+    as they are now."""
+    with IPRoute() as ipr:
+        try:
+            routes = ipr.route("get", dst=str(address))
+        except NetlinkError:  # no route at all: nothing local either
+            return False
+    return any(route["type"] == rtypes["RTN_LOCAL"] for route in routes)
+
+
+async def resolve(
+    proxy: SocksProxy, denied: tuple[IPv4Network, ...], host_netns: str | None
+) -> IPv4Address:
+    """The address to dial `proxy` at, now; `TunnelError` when its name does not resolve, the
+    address is in `denied` or is one of the host's own (in `host_netns`, where tunnels are
+    dialled from)."""
     loop = asyncio.get_running_loop()
     try:
         found = await loop.getaddrinfo(
@@ -147,6 +168,8 @@ async def resolve(proxy: SocksProxy, denied: tuple[IPv4Network, ...]) -> IPv4Add
     address = IPv4Address(found[0][4][0])
     if any(address in network for network in denied):
         raise TunnelError(f"proxy {proxy.host} is at {address}, a range slots may not reach")
+    if await netns.run_in(host_netns, functools.partial(_delivered_locally, address)):
+        raise TunnelError(f"proxy {proxy.host} is at {address}, an address of the node itself")
     return address
 
 
@@ -161,7 +184,7 @@ async def open_tunnel(
 ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
     """A stream to `destination` (an IPv4 address or a name) and `port` through `proxy`,
     connected and past the SOCKS5 handshake. `TunnelError` when any step fails."""
-    address = await resolve(proxy, denied)
+    address = await resolve(proxy, denied, host_netns)
     sock = await netns.run_in(host_netns, _outgoing)
     loop = asyncio.get_running_loop()
     try:

@@ -1706,11 +1706,12 @@ class Orchestrator:
 
     async def check_network(self, network: SandboxNetwork) -> None:
         """Raise `InvalidNetwork` for settings no slot could honour: an egress proxy whose name
-        does not resolve, or resolves into a range sandboxes may not reach (E2B refuses these
-        before the sandbox exists; the slot's proxy checks again at every connection)."""
+        does not resolve, or resolves into a range sandboxes may not reach or to an address of
+        the node itself (E2B refuses these before the sandbox exists; the slot's proxy checks
+        again at every connection)."""
         if network.egress_proxy is not None:
             try:
-                await socks.resolve(network.egress_proxy, self.slots.denied)
+                await socks.resolve(network.egress_proxy, self.slots.denied, self.slots.host_netns)
             except socks.TunnelError as e:
                 raise InvalidNetwork(str(e)) from e
 
