@@ -54,12 +54,14 @@ def test_configuration_errors_are_one_clear_line(
     assert not any(tmp_path.iterdir())
 
 
-def aenv(home: Path, redis_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+def aenv(
+    home: Path, redis_url: str, *args: str, secret: str = SECRET.value
+) -> subprocess.CompletedProcess[str]:
     environment = {k: v for k, v in os.environ.items() if not k.startswith("AENV_")}
     environment |= {
         "AENV_HOME": str(home),
         "AENV_REDIS_URL": redis_url,
-        "AENV_CLUSTER_SECRET": SECRET.value,
+        "AENV_CLUSTER_SECRET": secret,
     }
     command = [sys.executable, "-m", "aenv.cli", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=60, env=environment)
@@ -89,5 +91,21 @@ async def test_nodes_lists_state_capacity_and_load_and_drains(
 
 def test_nodes_without_redis_is_one_clear_line(tmp_path: Path) -> None:
     down = aenv(tmp_path, "redis://127.0.0.1:1", "nodes")
-    assert down.returncode == 1 and "unavailable while listing draining nodes" in down.stderr
+    assert down.returncode == 1 and "unavailable while checking the cluster secret" in down.stderr
     assert "Traceback" not in down.stderr
+
+
+async def test_a_wrong_cluster_secret_changes_nothing(
+    tmp_path: Path, redis: RedisServer, client: aioredis.Redis
+) -> None:
+    registry = NodeRegistry(client, SECRET)
+    capacity = Capacity(cpus=4, memory_mb=8192, memory_free_mb=4096, running=0, paused=0)
+    await registry.heartbeat("n1", NodeReport("n1", "127.0.0.1:9", capacity), 60)
+    await Drains(client).drain("n2")
+    wrong = "another-cluster-secret-0123456789"
+    for args in (("node", "drain", "n1"), ("node", "undrain", "n2"), ("nodes",)):
+        refused = aenv(tmp_path, redis.url, *args, secret=wrong)
+        assert refused.returncode == 1, (args, refused.stdout)
+        assert "differs from the one the cluster's nodes registered with" in refused.stderr
+        assert "Traceback" not in refused.stderr
+    assert await Drains(client).draining() == {"n2"}

@@ -1,6 +1,7 @@
 """`aenv nodes` (the cluster's nodes: state, capacity, load) and `aenv node drain/undrain`, read
 and written in the cluster's Redis with the cluster secret (`AENV_REDIS_URL`,
-`AENV_CLUSTER_SECRET`), as a gateway does."""
+`AENV_CLUSTER_SECRET`), as a gateway does. A secret other than the one the cluster's nodes
+registered with is refused before anything is read or written."""
 
 from __future__ import annotations
 
@@ -31,6 +32,7 @@ def _with_directory(
 ) -> T:
     from aenv.cluster.directory import Directory
     from aenv.cluster.membership import cluster_access
+    from aenv.cluster.registry import WrongClusterSecret
     from aenv.cluster.store import ClusterUnavailable, connect
 
     try:
@@ -42,13 +44,16 @@ def _with_directory(
     async def run() -> T:
         client = connect(url)
         try:
-            return await work(Directory(client, secret), secret)
+            directory = Directory(client, secret)
+            # Before anything is written: a wrong secret must change nothing.
+            await directory.check_secret()
+            return await work(directory, secret)
         finally:
             await client.aclose()
 
     try:
         return asyncio.run(run())
-    except ClusterUnavailable as e:
+    except (ClusterUnavailable, WrongClusterSecret) as e:
         fail(str(e))
 
 
