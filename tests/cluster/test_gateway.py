@@ -335,7 +335,7 @@ async def test_a_builds_calls_follow_it_to_its_node_and_end_when_it_dies(
         assert put.status_code == 201, put.text
         assert builder.files_path(files_hash).read_bytes() == b"".join(chunks)
         again = http.get(f"/templates/{template_id}/files/{files_hash}")
-        assert again.json() == {"present": True}
+        assert again.json() == {**upload, "present": True}
         status = http.get(f"/templates/{template_id}/builds/{build_id}/status")
         assert status.status_code == 200 and status.json()["status"] == "waiting"
         assert http.get(f"/templates/{template_id}/builds/{build_id}/logs").status_code == 200

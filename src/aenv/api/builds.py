@@ -70,6 +70,9 @@ class StepBody(_Body):
     args: list[str] = Field(default_factory=list, max_length=1024)
     files_hash: str | None = Field(default=None, alias="filesHash")
     force: bool = False
+    # The client uploads a COPY step's files again even when their hash is known (the files
+    # route always hands out the upload URL for that); the step then runs uncached too.
+    force_upload: bool | None = Field(default=None, alias="forceUpload")
 
 
 class RegistryBody(_Body):
@@ -199,13 +202,13 @@ class BuildRoutes:
         check_query(request)
         self._known(unquote(request.path_params["template_id"]))
         files_hash = self._hash(request)
-        if await asyncio.to_thread(self.builder.files_path(files_hash).is_file):
-            return JSONResponse({"present": True}, status_code=201)
-        # The upload goes to this server, which wants the API key: the client is told to send
-        # the one it authenticated this request with.
+        present = await asyncio.to_thread(self.builder.files_path(files_hash).is_file)
+        # The URL is handed out also when the files are present, as E2B does: a COPY step with
+        # `forceUpload` uploads them again. The upload goes to this server, which wants the API
+        # key: the client is told to send the one it authenticated this request with.
         key = {k: v for k, v in request.headers.items() if k in ("x-api-key", "authorization")}
         return JSONResponse(
-            {"present": False, "url": str(request.url.replace(query="")), "headers": key},
+            {"present": present, "url": str(request.url.replace(query="")), "headers": key},
             status_code=201,
         )
 
@@ -242,6 +245,8 @@ class BuildRoutes:
                 raise APIError(400, f"step {index}: unknown type '{step.type}'")
             if step.type == "COPY" and not (step.files_hash and FILES_HASH.match(step.files_hash)):
                 raise APIError(400, f"step {index}: COPY needs a filesHash (sha256 hex)")
+            if step.force_upload and step.type != "COPY":
+                raise APIError(400, f"step {index}: forceUpload applies to COPY steps only")
         credentials = None
         if body.from_image_registry is not None:
             registry = body.from_image_registry
@@ -254,7 +259,8 @@ class BuildRoutes:
             from_template=body.from_template,
             from_image=body.from_image,
             steps=tuple(
-                Step(StepType(s.type), tuple(s.args), s.force, s.files_hash) for s in body.steps
+                Step(StepType(s.type), tuple(s.args), s.force or bool(s.force_upload), s.files_hash)
+                for s in body.steps
             ),
             start_cmd=body.start_cmd or None,
             ready_cmd=body.ready_cmd or None,

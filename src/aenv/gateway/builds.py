@@ -76,10 +76,10 @@ class BuildRoutes:
         if answer.status != 201:
             return passed(answer)
         found: dict[str, Any] = json.loads(answer.body)
-        if not found.get("present"):
-            # The node named itself, which clients cannot reach: the upload comes here.
-            key = {k: v for k, v in request.headers.items() if k in ("x-api-key", "authorization")}
-            found |= {"url": str(request.url.replace(query="")), "headers": key}
+        # The node named itself, which clients cannot reach: the upload comes here, also that
+        # of files the node holds (a COPY step with `forceUpload` uploads them again).
+        key = {k: v for k, v in request.headers.items() if k in ("x-api-key", "authorization")}
+        found |= {"url": str(request.url.replace(query="")), "headers": key}
         return JSONResponse(found, status_code=201)
 
     async def upload(self, request: Request) -> Response:
