@@ -95,6 +95,13 @@ async def test_bad_mounts_are_refused_and_start_nothing(tmp_path: Path) -> None:
             ([{"name": "v", "path": "/mnt/../etc"}], "must not contain '..'"),
             ([{"name": "v", "path": "/"}], "would hide the guest's system files"),
             ([{"name": "v", "path": "/proc/x"}], "would hide the guest's system files"),
+            # What normalising gives a system directory or one of its parents is one too.
+            ([{"name": "v", "path": "//etc"}], "would hide the guest's system files"),
+            ([{"name": "v", "path": "///usr/./"}], "would hide the guest's system files"),
+            ([{"name": "v", "path": "/lib64"}], "would hide the guest's system files"),
+            ([{"name": "v", "path": "/var"}], "would hide the guest's system files"),
+            ([{"name": "v", "path": "/root"}], "would hide the guest's system files"),
+            ([{"name": "v", "path": "/opt"}], "would hide the guest's system files"),  # envd's
             ([{"name": "v", "path": "/a"}, {"name": "v", "path": "/a/"}], "two volumes"),
             ([{"name": "v", "path": "/a", "readOnly": True}], "'volumeMounts.0.readOnly'"),
         ]:
@@ -103,6 +110,17 @@ async def test_bad_mounts_are_refused_and_start_nothing(tmp_path: Path) -> None:
         with pytest.raises(SandboxException, match="volume 'missing' not found"):
             await AsyncSandbox.create("base", volume_mounts={"/mnt/a": "missing"}, **_opts(api))
         assert node.catalog.list() == []
+
+
+async def test_mounts_inside_user_and_data_directories_are_allowed(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        await api.post("/volumes", json={"name": "v"})
+        paths = ["/home/user/x", "/mnt/data", "/var/lib/db", "/root/work", "/opt/tool"]
+        for path in paths:
+            body = {"templateID": "base", "volumeMounts": [{"name": "v", "path": path}]}
+            created = await api.post("/v2/sandboxes", json=body)
+            assert created.status_code == 201, created.text
+        assert sorted(r.volume_mounts[0].path for r in node.catalog.list()) == sorted(paths)
 
 
 async def test_mounts_reach_the_driver_and_the_guest(tmp_path: Path) -> None:

@@ -13,13 +13,14 @@ a guest may mount a volume at is decided here (`check_mount_path`).
 from __future__ import annotations
 
 import asyncio
+import fnmatch
 import posixpath
 import re
 import secrets
 import shutil
 import time
 from collections.abc import Iterable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 from aenv.ids import new_access_token
 from aenv.orchestrator.catalog import Catalog, SandboxRecord, VolumeMount, VolumeRecord
@@ -28,8 +29,12 @@ from aenv.runtime.jail import SHARED_DIR_MODE
 
 NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 MAX_MOUNTS = 8
-# Guest paths the guest's own system lives on: a volume over them would hide it.
-_SYSTEM = ("/proc", "/sys", "/dev", "/run", "/opt/aenv", "/etc", "/usr", "/bin", "/sbin", "/lib")
+# The guest's system directories (components are glob patterns: `lib*` is every top-level
+# library directory). A volume at one of them or at a parent hides it (`/opt` hides envd's
+# `/opt/aenv`), and one inside it breaks it as surely (`/etc/ssl`, `/usr/lib`), except under
+# the roomy ones, where a volume only adds a directory (`/var/lib/db`).
+_SYSTEM = ("/bin", "/dev", "/etc", "/lib*", "/opt/aenv", "/proc", "/run", "/sbin", "/sys", "/usr")
+_SYSTEM_ROOMY = ("/boot", "/root", "/var")
 
 
 class VolumeNotFound(LookupError):
@@ -60,9 +65,16 @@ def check_mount_path(path: str) -> str:
         raise BadMount(f"volume mount path '{path}' must be an absolute path")
     if ".." in path.split("/"):
         raise BadMount(f"volume mount path '{path}' must not contain '..'")
-    normal = posixpath.normpath(path)
-    if normal == "/" or any(normal == s or normal.startswith(s + "/") for s in _SYSTEM):
-        raise BadMount(f"volume mount path '{path}' would hide the guest's system files")
+    # POSIX lets a path start with exactly two slashes and normpath keeps them; Linux does not
+    # tell them apart from one.
+    normal = "/" + posixpath.normpath(path).lstrip("/")
+    parts = PurePosixPath(normal).parts
+    for system in (*_SYSTEM, *_SYSTEM_ROOMY):
+        pattern = PurePosixPath(system).parts
+        if all(map(fnmatch.fnmatchcase, parts, pattern)) and (
+            len(parts) <= len(pattern) or system in _SYSTEM
+        ):
+            raise BadMount(f"volume mount path '{path}' would hide the guest's system files")
     return normal
 
 
