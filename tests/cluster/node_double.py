@@ -1,6 +1,7 @@
 """A node's control plane without VMs, for gateway tests: the real internal gate, API-key gate
 and list route over a real catalog, and create and adopt routes that accept or refuse as the
-test says (an adopted record goes into the catalog, as a node's `adopt` does), and a release
+test says (an adopted record goes into the catalog, as a node's `adopt` does; a create from a
+template it does not hold is a 404, as on a node), and a release
 route that gives a sandbox up (paused, as a node's `release` leaves it). Its snapshots are
 listed by the real route; it adopts and deletes them as a node's routes do. Its forks start as
 many children as the test gives it room for and refuse the rest for capacity, and it snapshots
@@ -52,6 +53,7 @@ from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.tags import TagStore, without_tags
 from aenv.orchestrator.templates import (
     Template,
+    TemplateNotFound,
     TemplateStore,
     template_from_json,
     template_to_json,
@@ -167,7 +169,11 @@ class NodeDouble:
 
     async def create(self, request: Request) -> Response:
         self.creates_seen.append(request.state.api_key.id)
-        self.create_bodies.append(await request.json())
+        body = await request.json()
+        self.create_bodies.append(body)
+        ref = str(body.get("templateID", "base"))
+        if not self.knows(ref):
+            raise APIError(404, f"template '{ref}' not found")
         status = self.create_answers.pop(0) if self.create_answers else 201
         if status != 201:
             raise APIError(status, f"{self.name} refuses")
@@ -218,6 +224,21 @@ class NodeDouble:
         assert self.builder is not None
         self.builder.tags.take(template.template_id, tags)
         return Response(template_to_json(template), media_type="application/json")
+
+    def knows(self, ref: str) -> bool:
+        """Whether a create may start from `ref` here, as a node's template store says: `base`
+        (every node has it), or a template or snapshot it holds or adopted, by id or name."""
+        name = ref.split(":", 1)[0]
+        if name == "base" or any(
+            name == t.template_id or name in t.aliases for t in self.snapshots.values()
+        ):
+            return True
+        assert self.templates is not None
+        try:
+            self.templates.get(name)
+        except TemplateNotFound:
+            return False
+        return True
 
     def holds(self, template: Template) -> None:
         """Has the template's files, as after building or pulling it."""

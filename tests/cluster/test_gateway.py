@@ -383,6 +383,44 @@ async def test_a_builds_calls_follow_it_to_its_node_and_end_when_it_dies(
         assert unknown.json()["message"] == "no build of template 'nosuch' in this cluster"
 
 
+async def test_a_create_right_after_a_build_finds_the_node_that_built_it(
+    setup: Setup, client: aioredis.Redis
+) -> None:
+    """The build's node has not heartbeated since (its template is not published, and the
+    gateway knows no holder of the name): a create naming it is not the first node's 404."""
+    with setup.client() as http:
+        requested = http.post("/v3/templates", json={"name": "fresh"})
+        assert requested.status_code == 202, requested.text
+        template_id, build_id = requested.json()["templateID"], requested.json()["buildID"]
+        node_id = await BuildPlaces(client).node_of(template_id)
+        assert node_id is not None
+        builder, other = setup.nodes[node_id], next(n for n in setup.nodes if n != node_id)
+        # The builder reports itself busier, so placement tries the other node first.
+        stored = await client.get(Keys().node(node_id))
+        assert stored is not None
+        report = json.loads(stored)
+        busy = {**report, "capacity": {**report["capacity"], "running": 10}}
+        await client.set(Keys().node(node_id), json.dumps(busy), keepttl=True)
+        # The build ends: the template is in the builder's store, by its name.
+        assert builder.builder is not None
+        build = builder.builder.get(template_id, build_id)
+        assert build is not None
+        build.status = BuildStatus.READY
+        built = snapshot(template_id, 1000.0, "fresh")
+        builder.holds(dataclasses.replace(built, kind=TemplateKind.TEMPLATE, manifest_id=None))
+        status = http.get(f"/templates/{template_id}/builds/{build_id}/status")
+        assert status.json()["status"] == "ready"
+
+        created = http.post("/sandboxes", json={"templateID": "fresh"})
+        assert created.status_code == 201, created.text
+        assert created.json()["node"] == node_id
+        assert [b["templateID"] for b in setup.nodes[other].create_bodies] == ["fresh"]
+        # A template no node has is still the nodes' 404.
+        missing = http.post("/sandboxes", json={"templateID": "nosuch"})
+        assert missing.status_code == 404, missing.text
+        assert missing.json()["message"] == "template 'nosuch' not found"
+
+
 @contextlib.contextmanager
 def _dropping_listener() -> Iterator[str]:
     """An address whose server takes each connection and closes it unanswered."""

@@ -3,7 +3,9 @@
 - Creates are placed (`aenv.cluster.placement`) and tried node by node: a node that refuses
   (429, 5xx) or cannot be reached is skipped, a refusal by all is a 429 as on one node. A node
   that took the request but whose answer was lost is not retried elsewhere: the sandbox may
-  exist there, and a retry could make a second one.
+  exist there, and a retry could make a second one. A node's 404 for a template no node is
+  known to hold is a refusal too (a build that ended a moment ago on another node is published
+  at that node's next heartbeat): only every node's 404 is the answer.
 - Calls naming a sandbox go to the live node it is routed to. One without a live node that is
   parked (paused, its checkpoint in the shared repository) is moved to another node first
   (`handoff`); else E2B's 404, and a route left to a node whose lease is gone is removed.
@@ -154,8 +156,13 @@ class ControlPlane:
         """`POST path` with `body` on the first placeable node that takes it (`holders` first;
         one lacking `saved` adopts it first), for the client of `request`: the node and its
         answer. A 429 or 5xx (and with `unheld_refuses` a non-holder's 404) is a refusal;
-        `APIError` 429 names every node's, and `what` the thing placed."""
+        `APIError` 429 names every node's, and `what` the thing placed.
+
+        With `unheld_refuses` and no holder known, a 404 is a refusal too: the template may
+        have been built on another node a moment ago, which publishes it only at its next
+        heartbeat. When every node answered 404, the first one's is the answer."""
         refusals: list[str] = []
+        not_found: list[tuple[NodeReport, Answer]] = []
         for node in candidates(await self.directory.placeable(), holders):
             try:
                 if saved is not None and node.node_id not in holders:
@@ -167,16 +174,15 @@ class ControlPlane:
             except NodeUnreachable as error:
                 refusals.append(str(error))
                 continue
-            unheld = (
-                unheld_refuses
-                and answer.status == 404
-                and bool(holders)
-                and node.node_id not in holders
-            )
+            unheld = unheld_refuses and answer.status == 404 and node.node_id not in holders
             if answer.status == 429 or answer.status >= 500 or unheld:
                 refusals.append(f"node {node.node_id}: {answer.status} {message(answer)}")
+                if answer.status == 404 and not holders:
+                    not_found.append((node, answer))
                 continue
             return node, answer
+        if not_found and len(not_found) == len(refusals):
+            return not_found[0]
         why = "; ".join(refusals) or "no live node in the cluster"
         raise APIError(429, f"no node can take {what}: {why}")
 
