@@ -142,7 +142,7 @@ class NodeDouble:
         )
         routes = SandboxRoutes(orchestrator, config, cast(NodeMetrics, None))
         saved = SnapshotRoutes(orchestrator, config)
-        templates_api = TemplateRoutes(orchestrator)
+        templates_api = TemplateRoutes(orchestrator, self.builder)
         app = Starlette(
             routes=[
                 Route("/sandboxes", self.create, methods=["POST"]),

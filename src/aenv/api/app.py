@@ -144,7 +144,7 @@ def create_api(
         *SandboxRoutes(orchestrator, config, metrics, builder.unfinished).routes(),
         # Before the template routes: `/templates/tags` is not a template id.
         *BuildRoutes(builder).routes(),
-        *TemplateRoutes(orchestrator).routes(),
+        *TemplateRoutes(orchestrator, builder).routes(),
         *SnapshotRoutes(orchestrator, config).routes(),
         *NodeRoutes(orchestrator).routes(),
         *LogRoutes(orchestrator).routes(),

@@ -15,6 +15,7 @@ from starlette.routing import Route
 from aenv.api.errors import APIError, not_found
 from aenv.api.requests import check_query, parse_body
 from aenv.api.sandboxes import MAX_PAGE, rfc3339
+from aenv.orchestrator.builds import Build, Builder, BuildStatus
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.templates import Template, TemplateNotFound
 
@@ -30,8 +31,10 @@ _WITH_BUILDS = (
 )
 
 
-def template_body(t: Template) -> dict[str, Any]:
-    """A template as `GET /templates` lists it (also a gateway, for published ones)."""
+def template_body(t: Template, latest: Build | None = None) -> dict[str, Any]:
+    """A template as `GET /templates` lists it (also a gateway, for published ones): its
+    files are those of its last ready build; `buildStatus` is its newest build's, as in E2B
+    (a rebuild running or failed shows)."""
     return {
         "templateID": t.template_id,
         "buildID": t.build_id,
@@ -48,7 +51,31 @@ def template_body(t: Template) -> dict[str, Any]:
         "spawnCount": 0,
         "buildCount": 1,
         "envdVersion": t.envd_version,
-        "buildStatus": "ready",
+        "buildStatus": "ready" if latest is None else str(latest.status),
+    }
+
+
+def unbuilt_body(build: Build) -> dict[str, Any]:
+    """A template whose first build is waiting, running or failed: listed with that build's
+    state, so that it does not stay invisible until it is ready (no sandbox starts from it)."""
+    created = rfc3339(build.created_at)
+    return {
+        "templateID": build.template_id,
+        "buildID": build.build_id,
+        "cpuCount": build.cpu_count or 0,
+        "memoryMB": build.memory_mb or 0,
+        "diskSizeMB": 0,
+        "public": False,
+        "aliases": [build.name],
+        "names": [build.name],
+        "createdAt": created,
+        "updatedAt": created,
+        "createdBy": None,
+        "lastSpawnedAt": None,
+        "spawnCount": 0,
+        "buildCount": 0,
+        "envdVersion": "",
+        "buildStatus": str(build.status),
     }
 
 
@@ -92,9 +119,10 @@ class TemplateUpdate(BaseModel):
 
 
 class TemplateRoutes:
-    def __init__(self, orchestrator: Orchestrator) -> None:
+    def __init__(self, orchestrator: Orchestrator, builder: Builder) -> None:
         self.orc = orchestrator
         self.store = orchestrator.templates
+        self.builder = builder
 
     def routes(self) -> list[Route]:
         return [
@@ -109,7 +137,11 @@ class TemplateRoutes:
 
     async def list(self, request: Request) -> Response:
         check_query(request)
-        return JSONResponse([template_body(t) for t in self.store.list()])
+        latest = self.builder.latest()
+        listed = [template_body(t, latest.pop(t.template_id, None)) for t in self.store.list()]
+        # A newest build that is ready without its template: the template was deleted since.
+        listed += [unbuilt_body(b) for b in latest.values() if b.status is not BuildStatus.READY]
+        return JSONResponse(listed)
 
     async def alias(self, request: Request) -> Response:
         check_query(request)

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote
 
+import httpx
 import typer
 import yaml
 from e2b import Template
@@ -38,17 +39,27 @@ def list_templates(json_out: JsonOption = False, home: HomeOption = None) -> Non
     """List templates."""
     with node(home).client() as client:
         templates = call(client, "GET", "/templates").json()
-    if json_out:
-        typer.echo(json.dumps(templates, indent=2))
-        return
-    table = Table("ID", "ALIASES", "VCPUS", "MEMORY MB", "DISK MB", "ENVD", "CREATED", "STATUS")
-    for t in templates:
-        table.add_row(
-            t["templateID"], ",".join(t.get("aliases") or []), str(t["cpuCount"]),
-            str(t["memoryMB"]), str(t["diskSizeMB"]), t.get("envdVersion") or "",
-            t["createdAt"], t.get("buildStatus") or "",
-        )  # fmt: skip
+        if json_out:
+            typer.echo(json.dumps(templates, indent=2))
+            return
+        table = Table("ID", "ALIASES", "VCPUS", "MEMORY MB", "DISK MB", "ENVD", "CREATED", "STATUS")
+        for t in templates:
+            table.add_row(
+                t["templateID"], ",".join(t.get("aliases") or []), str(t["cpuCount"]),
+                str(t["memoryMB"]), str(t["diskSizeMB"]), t.get("envdVersion") or "",
+                t["createdAt"], _status(client, t),
+            )  # fmt: skip
     Console().print(table)
+
+
+def _status(client: httpx.Client, template: dict[str, Any]) -> str:
+    """The newest build's state, with its reason when it failed."""
+    status = str(template.get("buildStatus") or "")
+    if status != "error":
+        return status
+    path = f"/templates/{template['templateID']}/builds/{template['buildID']}/status"
+    reason = call(client, "GET", path, params={"limit": 0}).json().get("reason") or {}
+    return f"error: {reason.get('message', '')}".rstrip(": ")
 
 
 @app.command()

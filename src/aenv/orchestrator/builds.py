@@ -295,6 +295,14 @@ class Builder:
     def builds_of(self, template_id: str) -> list[Build]:
         return [b for b in self._builds.values() if template_id in (b.template_id, b.name)]
 
+    def latest(self) -> dict[str, Build]:
+        """Each template's newest build, by template id: what its listing shows as its state
+        (a template building or failed for the first time has nothing else to show)."""
+        newest: dict[str, Build] = {}
+        for build in self._builds.values():  # oldest first
+            newest[build.template_id] = build
+        return newest
+
     def files_path(self, files_hash: str) -> Path:
         return self.files_dir / files_hash
 
