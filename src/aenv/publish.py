@@ -7,7 +7,7 @@ waits for it; it builds through the node's own template API with the `e2b` SDK, 
 `aenv template build` does, so its log is a build's log (`aenv template logs`) and its steps
 are cached layers a later try reuses. Its build is reserved before the node serves, so from
 the first request until it is ready, creating a sandbox of it answers E2B's "has no ready
-build" (404). A failed build is logged and tried again at the next start.
+build" (404). A failed build is logged and tried again, with backoff, while the node runs.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ log = logging.getLogger(__name__)
 
 DEFINITION = Path(aenv.code_interpreter.__file__).parent / "template.yaml"
 _SERVING_POLL_S = 0.2
+RETRY_FIRST_S = 30.0
+RETRY_MAX_S = 3600.0
 
 
 def own_api_url(config: Config) -> str | None:
@@ -53,6 +55,7 @@ class Publication:
     path: Path
     url: str
     api_key: str
+    templates: TemplateStore
     builder: Builder
     build: Build
 
@@ -73,18 +76,39 @@ class Publication:
             log.warning("not publishing %s behind TLS: run `aenv template build %s`", name, path)
             return None
         api_key = config.paths.api_key.read_text().strip()
-        return cls(definition, path, url, api_key, builder, builder.reserve(name))
+        return cls(definition, path, url, api_key, templates, builder, builder.reserve(name))
 
-    async def run(self, serving: Callable[[], bool]) -> None:
-        """Build once `serving()` says the API answers."""
-        name = self.build.name
+    async def run(self, serving: Callable[[], bool], retry_after: float = RETRY_FIRST_S) -> None:
+        """Build once `serving()` says the API answers. A failed build is tried again while
+        the node runs (a registry down for a while, say): `retry_after` seconds later, then
+        twice as long after each failure, at most `RETRY_MAX_S`; not once the template exists
+        (someone built it meanwhile)."""
         try:
             # uvicorn sets a flag once it listens, with no event to wait on.
             while not serving():  # noqa: ASYNC110
                 await asyncio.sleep(_SERVING_POLL_S)
-            log.info(
-                "publishing %s in the background (`aenv template ls` shows it when ready)", name
-            )
+            delay = retry_after
+            while not await self._build_once():
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, RETRY_MAX_S)
+                if self._exists():
+                    return
+        finally:
+            # A no-op once the SDK's request has taken the reserved build over.
+            self.builder.abandon(self.build, "publishing stopped before the build was requested")
+
+    def _exists(self) -> bool:
+        try:
+            self.templates.get(self.build.name)
+        except TemplateNotFound:
+            return False
+        return True
+
+    async def _build_once(self) -> bool:
+        """One build through the node's API; False when it failed (logged)."""
+        name = self.build.name
+        log.info("publishing %s in the background (`aenv template ls` shows it)", name)
+        try:
             info = await asyncio.to_thread(
                 Template.build,
                 _template(self.definition, self.path.parent),
@@ -95,12 +119,10 @@ class Publication:
                 api_url=self.url,
             )
         except (BuildException, FileUploadException, TemplateException) as e:
-            log.warning("publishing %s failed (retried at the next start): %s", name, e)
-            return
-        except Exception as e:  # the node serves on whatever broke here (a stop mid-build, say)
-            log.warning("publishing %s stopped (retried at the next start): %r", name, e)
-            return
-        finally:
-            # A no-op once the SDK's request has taken the reserved build over.
-            self.builder.abandon(self.build, "publishing stopped before the build was requested")
+            log.warning("publishing %s failed (tried again while the node runs): %s", name, e)
+            return False
+        except Exception as e:  # the node serves on whatever broke here
+            log.warning("publishing %s stopped (tried again while the node runs): %r", name, e)
+            return False
         log.info("published %s (template %s)", name, info.template_id)
+        return True
