@@ -4,11 +4,17 @@ outlive the builder."""
 
 from __future__ import annotations
 
+import hashlib
+import io
+import os
+import tarfile
 from pathlib import Path
+
+from e2b.template.utils import calculate_files_hash, tar_file_stream
 
 from aenv.cluster.saved import SavedRecord
 from aenv.cluster.source import CatalogSource
-from aenv.orchestrator.build_steps import StepType
+from aenv.orchestrator.build_steps import StepType, tar_files_hash
 from aenv.orchestrator.builds import Build, Builder, BuildSpec, BuildStatus, Step
 from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.tags import TagStore
@@ -91,6 +97,39 @@ async def test_failing_step_ends_the_build_in_error(tmp_path: Path) -> None:
         assert [r for r in node.catalog.list() if r.internal] == []
         assert node.driver.running == {}
         assert all(t.template_id != build.template_id for t in node.templates.list_all())
+
+
+async def test_a_copy_with_a_hard_link_to_nothing_fails_its_step(tmp_path: Path) -> None:
+    data = io.BytesIO()
+    with tarfile.open(fileobj=data, mode="w:gz") as tar:
+        tar.addfile(tarfile.TarInfo("a"), io.BytesIO())
+        link = tarfile.TarInfo("b")
+        link.type, link.linkname = tarfile.LNKTYPE, "missing"
+        tar.addfile(link)
+    files_hash = hashlib.sha256(data.getvalue()).hexdigest()
+    async with double_node(tmp_path) as node:
+        builds = builder(node)
+        builds.files_path(files_hash).parent.mkdir(parents=True, exist_ok=True)
+        builds.files_path(files_hash).write_bytes(data.getvalue())
+        copy = Step(StepType.COPY, ("*", "/app/"), files_hash=files_hash)
+        build = await run(builds, "linked", BuildSpec("base", None, (copy,)))
+        assert build.status is BuildStatus.ERROR
+        assert build.reason is not None and build.reason.step == "1"
+        assert "COPY *: b is a hard link to missing, which is not a file" in str(build.reason)
+        assert node.driver.running == {}
+
+
+def test_a_hard_link_hashes_as_the_sdk_hashes_it(tmp_path: Path) -> None:
+    """The SDK archives a file's second name as a hard link (no content) and hashes it as the
+    file: a build must get the same hash, or its COPY fails as a mismatch."""
+    (tmp_path / "a").write_text("hello\n")
+    os.link(tmp_path / "a", tmp_path / "b")
+    with tar_file_stream("*", str(tmp_path), [], False, True) as archive:
+        uploaded = archive.read()
+    with tarfile.open(fileobj=io.BytesIO(uploaded)) as tar:
+        assert tar.getmember("b").islnk()
+    expected = calculate_files_hash("*", "/app/", str(tmp_path), [], False, None)
+    assert tar_files_hash(uploaded, "*", "/app/") == expected
 
 
 async def test_build_records_outlive_the_builder(tmp_path: Path) -> None:

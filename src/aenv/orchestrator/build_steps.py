@@ -14,6 +14,7 @@ import contextlib
 import enum
 import hashlib
 import io
+import posixpath
 import stat
 import tarfile
 from collections.abc import AsyncIterator, Callable, Mapping
@@ -208,11 +209,18 @@ async def _follow(stream: AsyncIterator[pb.StartResponse], output: OutputSink | 
     return exit_code
 
 
+class BadArchive(ValueError):
+    """A COPY archive holds a member the step cannot take; nothing of it was placed."""
+
+
 def tar_files_hash(archive: bytes, src: str, dest: str) -> str:
     """The hash the E2B SDK computes for `COPY src dest` (`calculate_files_hash`: the step,
     then each file's relative path, mode, size and content in archive order), rebuilt from the
-    archive the SDK uploaded, whose members are those files in that order."""
+    archive the SDK uploaded, whose members are those files in that order. `BadArchive` for a
+    hard link to no regular file before it (the SDK archives a second name of a file as a hard
+    link to the first, and hashes it as that file)."""
     digest = hashlib.sha256(f"COPY {src} {dest}".encode())
+    files: dict[str, tarfile.TarInfo] = {}  # regular files so far, by name, as tarfile finds them
     with tarfile.open(fileobj=io.BytesIO(archive), mode="r:*") as tar:
         for member in tar:
             digest.update(member.name.encode())
@@ -224,9 +232,19 @@ def tar_files_hash(archive: bytes, src: str, dest: str) -> str:
             if member.isdir():
                 digest.update(str(stat.S_IFDIR | member.mode).encode())
                 continue
+            content = member
+            if member.islnk():
+                found = files.get(posixpath.normpath(member.linkname))
+                if found is None:
+                    raise BadArchive(
+                        f"{member.name} is a hard link to {member.linkname}, which is not a "
+                        "file of the archive before it"
+                    )
+                content = found
+            files[posixpath.normpath(member.name)] = content
             digest.update(str(stat.S_IFREG | member.mode).encode())
-            digest.update(str(member.size).encode())
-            extracted = tar.extractfile(member)
+            digest.update(str(content.size).encode())
+            extracted = tar.extractfile(content)
             if extracted is not None:
                 with contextlib.closing(extracted):
                     while chunk := extracted.read(1 << 20):

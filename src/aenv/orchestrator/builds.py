@@ -41,6 +41,7 @@ from aenv.network.settings import SandboxNetwork
 from aenv.oci import Credentials, ImageError, rootfs_from_image
 from aenv.orchestrator.build_egress import GUEST_CA, GUEST_CA_DIR, BuildEgress
 from aenv.orchestrator.build_steps import (
+    BadArchive,
     BuildState,
     GuestShell,
     StepFailed,
@@ -541,6 +542,8 @@ class Builder:
             raise StepFailed(f"COPY {src}: files {step.files_hash} were not uploaded") from e
         try:
             computed = await asyncio.to_thread(tar_files_hash, archive, src, dest)
+        except BadArchive as e:
+            raise StepFailed(f"COPY {src}: {e}") from e
         except (OSError, EOFError, ValueError) as e:  # tarfile's errors derive from these
             raise StepFailed(f"COPY {src}: the upload is not a gzip tar archive: {e}") from e
         if computed != step.files_hash:
