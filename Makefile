@@ -5,11 +5,18 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 PROTO_OUT := src/aenv/envd/proto
 STAMP := $(VENV)/.installed
+TEST_STAMP := $(VENV)/.installed-test
+# Editable installs of the project: a node's extras, and the tests' (a comma cannot stand in
+# a `call` argument).
+NODE_EXTRAS := .[host]
+TEST_EXTRAS := .[host,dev]
 
-.PHONY: install system-deps run test test-fast lint bench proto envd-bundle clean
+.PHONY: install install-test system-deps run test test-fast lint bench proto envd-bundle clean
 
-# System packages (apt) and the Python environment with the project in editable mode.
+# What a node needs (`make run`): its system packages (apt) and the Python environment with the
+# project in editable mode. `install-test` adds what only the tests, lint and benchmarks need.
 install: $(STAMP)
+install-test: $(TEST_STAMP)
 
 system-deps:
 	./scripts/install-system-deps.sh
@@ -18,20 +25,29 @@ system-deps:
 # compiled at install, as pip does: where PYTHONDONTWRITEBYTECODE is set, nothing would write it
 # later. uv reads none of pip's configuration: where it cannot be installed or reach an index
 # (one set for pip only), pip installs.
-$(STAMP): pyproject.toml scripts/install-system-deps.sh
-	./scripts/install-system-deps.sh
+define pip_install
 	test -x $(PY) || python3 -m venv $(VENV)
 	{ $(PY) -m pip install -q uv && \
-		$(VENV)/bin/uv pip install --python $(PY) --system-certs --compile-bytecode -q -e '.[host,dev]'; } \
-		|| $(PY) -m pip install -q -e '.[host,dev]'
+		$(VENV)/bin/uv pip install --python $(PY) --system-certs --compile-bytecode -q -e '$(1)'; } \
+		|| $(PY) -m pip install -q -e '$(1)'
+endef
+
+$(STAMP): pyproject.toml scripts/install-system-deps.sh
+	./scripts/install-system-deps.sh
+	$(call pip_install,$(NODE_EXTRAS))
 	touch $(STAMP)
+
+$(TEST_STAMP): $(STAMP)
+	./scripts/install-system-deps.sh test
+	$(call pip_install,$(TEST_EXTRAS))
+	touch $(TEST_STAMP)
 
 # One node on :3000 (API + data plane); the first start builds the `base` template.
 run: install
 	$(VENV)/bin/aenv server
 
 # Two pytest processes side by side (scripts/test.sh); with PYTEST_ARGS, one run of those.
-test: install
+test: install-test
 	PY=$(PY) ./scripts/test.sh $(PYTEST_ARGS)
 
 # The tests that need no root, VM or aenv server (the orchestrator, saved states, builds and API
@@ -48,15 +64,15 @@ FAST_TESTS := tests/test_atomic.py tests/test_config.py tests/orchestrator tests
 	tests/proxy/test_routing.py tests/proxy/test_app.py tests/proxy/test_websocket.py \
 	tests/oci/test_auth.py tests/oci/test_pull.py
 
-test-fast: install
+test-fast: install-test
 	$(PY) -m pytest -q -m "not slow" $(FAST_TESTS) $(PYTEST_ARGS)
 
-lint: install
+lint: install-test
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 	$(VENV)/bin/mypy
 
-bench: install
+bench: install-test
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done
 
 # envd, an interpreter, its libraries and glibc for guests without Python (src/aenv/envd_bundle/);
@@ -64,7 +80,7 @@ bench: install
 envd-bundle: install
 	$(PY) -m aenv.envd_bundle
 
-proto: install
+proto: install-test
 	rm -rf $(PROTO_OUT) && mkdir -p $(PROTO_OUT)
 	$(PY) -m grpc_tools.protoc -Iproto \
 		--plugin=protoc-gen-py=$(VENV)/bin/protoc-gen-py \
