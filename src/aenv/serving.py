@@ -41,6 +41,7 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._in_head = True
         self._head_bytes = 0
         self._heads = 0  # heads completed on this connection
+        self._refused = False  # a head was refused: nothing more of this connection is served
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # asyncio hands stream protocols a Transport; uvicorn's signature says so.
@@ -80,14 +81,40 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         self._in_head = False
         self._head_bytes = 0
         self._heads += 1
+        # Reads are counted only while they hold nothing but head, so a head that arrived
+        # with its end in a read (a whole head in one, up to a read's size) is measured here,
+        # as parsed: its request line and header lines (trailing blanks of values aside).
+        if self._refused or self._parsed_head_bytes() > self.max_head_bytes:
+            self._refuse_head()
+            return
         super().on_headers_complete()
+
+    def on_body(self, body: bytes) -> None:
+        if not self._refused:
+            super().on_body(body)
 
     def on_message_complete(self) -> None:
         self._in_head = True  # what follows is the next request
-        super().on_message_complete()
+        if not self._refused:
+            super().on_message_complete()
+
+    def _should_upgrade(self) -> bool:
+        # A refused head's upgrade is not taken either (uvicorn asks after the parser stops).
+        return not self._refused and super()._should_upgrade()
+
+    def _unsupported_upgrade_warning(self) -> None:
+        if not self._refused:
+            super()._unsupported_upgrade_warning()
+
+    def _parsed_head_bytes(self) -> int:
+        line = len(self.parser.get_method()) + len(self.url) + len(" HTTP/1.1\r\n") + 1
+        return line + sum(len(name) + len(value) + 4 for name, value in self.headers) + 2
 
     def _refuse_head(self) -> None:
         self._head_arrived()
+        if self._refused:
+            return
+        self._refused = True
         message = f"request head larger than {self.max_head_bytes} bytes"
         body = json.dumps({"code": 431, "message": message}).encode()
         self.transport.write(
