@@ -61,7 +61,9 @@ class Paths:
                                snapshots, fork checkpoints, cached build steps, image bases)
       sandboxes/<id>/          a sandbox's VM work dir and pause checkpoints
       builds/<build>.json      template build records (status and logs)
-      build-files/<hash>       files uploaded for template builds' COPY steps
+      build-files/<template>/<hash>
+                               files uploaded for template builds' COPY steps (tar, gzipped
+                               or not); swept a day after their last use
       detach/                  scratch space of memory detaching
       repository/              the snapshot repository when it is a directory (the default)
       volumes/<id>/            a volume's files, shared by the sandboxes that mount it

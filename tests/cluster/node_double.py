@@ -65,13 +65,15 @@ from tests.cluster.shared import SECRET
 @dataclass
 class _CatalogOnly:
     """What the list, build and volume routes read of the orchestrator: its catalog, volumes,
-    snapshots, template store and configuration."""
+    snapshots, template store and configuration; the lists a builder joins."""
 
     catalog: Catalog
     volumes: VolumeStore
     saved: dict[str, Template]
     templates: TemplateStore
     config: Config
+    chores: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
+    template_deleted: list[Callable[[str], None]] = field(default_factory=list)
 
     def snapshots(self) -> list[Template]:
         return list(self.saved.values())

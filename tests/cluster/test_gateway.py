@@ -330,10 +330,10 @@ async def test_a_builds_calls_follow_it_to_its_node_and_end_when_it_dies(
             "url": f"{setup.url}/templates/{template_id}/files/{files_hash}",
             "headers": {"x-api-key": setup.key},
         }
-        chunks = [b"x" * 65536] * 8
+        chunks = [b"\x1f\x8b" + b"x" * 65534] + [b"x" * 65536] * 7  # gzip, by its magic
         put = http.put(upload["url"], content=iter(chunks), headers=upload["headers"])
         assert put.status_code == 201, put.text
-        assert builder.files_path(files_hash).read_bytes() == b"".join(chunks)
+        assert builder.files.path(template_id, files_hash).read_bytes() == b"".join(chunks)
         again = http.get(f"/templates/{template_id}/files/{files_hash}")
         assert again.json() == {**upload, "present": True}
         status = http.get(f"/templates/{template_id}/builds/{build_id}/status")

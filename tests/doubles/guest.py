@@ -4,7 +4,13 @@ The double envd speaks the host-facing part of the protocol the orchestrator and
 use (`/health`, `/init`, `/sync`, `/metrics`, `/envs`, `/files`, and the Connect RPC
 `process.Process/Start`) with envd's token rules, on a real socket. It changes nothing on the
 host (the real envd sets the hostname and the clock, and reseeds the RNG) and runs no commands:
-a command is appended to the guest file `COMMANDS` and exits 0, or N for `exit N`.
+a command is appended to the guest file `COMMANDS` and exits 0, or N for `exit N`; its output
+is `ran <command>`, or for `seq N` the numbers 1 to N, one a line (a log flood). Template builds'
+`/aenv/copy` is answered for an archive the guest holds, and recorded in `copies`.
+
+A file written through `/files` is read as it arrives; one larger than `SMALL_FILE` is kept as
+its size and sha256 (`<N bytes, sha256 HEX>`), so a test of a large upload measures the node,
+not the double.
 
 A guest's files are in two places, as in a real guest: `written` is the page cache (what the
 guest wrote since its last flush), `disk` what reached its disk. A filesystem-only save keeps
@@ -14,6 +20,7 @@ only `disk`; `/sync` moves `written` there first. A full save keeps both (it is 
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from collections.abc import AsyncIterator
 from dataclasses import asdict, dataclass, field
@@ -32,6 +39,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from aenv.envd.auth import TOKEN_HEADER
 from aenv.envd.proto.process import process_pb as pb
 from aenv.envd.proto.process.process_connect import Process, ProcessASGIApplication
+
+SMALL_FILE = 1 << 16
 
 
 @dataclass
@@ -56,6 +65,7 @@ class Guest:
     runs: list[tuple[str, str]] = field(default_factory=list)  # (user, command)
     # Pids of commands envd runs (`process.Process/List`); tests set them.
     running: list[int] = field(default_factory=list)
+    copies: list[dict[str, Any]] = field(default_factory=list)  # `/aenv/copy` requests
 
     def write(self, path: str, content: str) -> None:
         self.written[path] = content
@@ -66,7 +76,16 @@ class Guest:
     def memory(self) -> dict[str, Any]:
         """What a full save keeps besides the disk."""
         state = asdict(self)
-        for transient in ("disk", "inits", "syncs", "runs", "metrics_asked", "volume_releases"):
+        transients = (
+            "disk",
+            "inits",
+            "syncs",
+            "runs",
+            "metrics_asked",
+            "volume_releases",
+            "copies",
+        )
+        for transient in transients:
             del state[transient]
         return state
 
@@ -116,7 +135,11 @@ class _Processes(Process):  # type: ignore[misc]
         if code == 0:
             done = self.guest.read(COMMANDS) or ""
             self.guest.write(COMMANDS, done + command + "\n")
-        output = pb.ProcessEvent.DataEvent(output=Oneof("stdout", f"ran {command}\n".encode()))
+        if command.startswith("seq ") and command[4:].isdigit():
+            printed = "".join(f"{n}\n" for n in range(1, int(command[4:]) + 1))
+        else:
+            printed = f"ran {command}\n"
+        output = pb.ProcessEvent.DataEvent(output=Oneof("stdout", printed.encode()))
         for event in (
             Oneof("start", pb.ProcessEvent.StartEvent(pid=1)),
             Oneof("data", output),
@@ -198,8 +221,23 @@ def envd_app(guest: Guest) -> ASGIApp:
         form = await request.form()
         upload = form["file"]
         assert not isinstance(upload, str)
-        guest.write(request.query_params["path"], (await upload.read()).decode(errors="replace"))
+        digest, size, small = hashlib.sha256(), 0, b""
+        while chunk := await upload.read(1 << 16):
+            digest.update(chunk)
+            size += len(chunk)
+            small = (small + chunk)[: SMALL_FILE + 1]
+        content = small.decode(errors="replace")
+        if size > SMALL_FILE:
+            content = f"<{size} bytes, sha256 {digest.hexdigest()}>"
+        guest.write(request.query_params["path"], content)
         return JSONResponse([{"path": request.query_params["path"]}])
+
+    async def copy(request: Request) -> Response:
+        body = await request.json()
+        if guest.read(body["archive"]) is None:
+            return JSONResponse({"code": 400, "message": "no such archive"}, status_code=400)
+        guest.copies.append(body)
+        return JSONResponse({"placed": [body["dest"]]})
 
     plain = Starlette(
         routes=[
@@ -212,6 +250,7 @@ def envd_app(guest: Guest) -> ASGIApp:
             Route("/envs", envs, methods=["GET"]),
             Route("/files", read_file, methods=["GET"]),
             Route("/files", write_file, methods=["POST"]),
+            Route("/aenv/copy", copy, methods=["POST"]),
         ]
     )
     rpc = ProcessASGIApplication(_Processes(guest))

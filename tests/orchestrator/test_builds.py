@@ -109,10 +109,13 @@ async def test_a_copy_with_a_hard_link_to_nothing_fails_its_step(tmp_path: Path)
     files_hash = hashlib.sha256(data.getvalue()).hexdigest()
     async with double_node(tmp_path) as node:
         builds = builder(node)
-        builds.files_path(files_hash).parent.mkdir(parents=True, exist_ok=True)
-        builds.files_path(files_hash).write_bytes(data.getvalue())
+        build = builds.request("linked", [])
+        uploaded = builds.files.path(build.template_id, files_hash)
+        uploaded.parent.mkdir(parents=True)
+        uploaded.write_bytes(data.getvalue())
         copy = Step(StepType.COPY, ("*", "/app/"), files_hash=files_hash)
-        build = await run(builds, "linked", BuildSpec("base", None, (copy,)))
+        builds.start(build, BuildSpec("base", None, (copy,)))
+        await eventually(lambda: build.status is BuildStatus.ERROR)
         assert build.status is BuildStatus.ERROR
         assert build.reason is not None and build.reason.step == "1"
         assert "COPY *: b is a hard link to missing, which is not a file" in str(build.reason)
@@ -124,11 +127,12 @@ def test_a_hard_link_hashes_as_the_sdk_hashes_it(tmp_path: Path) -> None:
     file: a build must get the same hash, or its COPY fails as a mismatch."""
     (tmp_path / "a").write_text("hello\n")
     os.link(tmp_path / "a", tmp_path / "b")
+    uploaded = tmp_path / "upload.tar.gz"
     with tar_file_stream("*", str(tmp_path), [], False, True) as archive:
-        uploaded = archive.read()
-    with tarfile.open(fileobj=io.BytesIO(uploaded)) as tar:
+        uploaded.write_bytes(archive.read())
+    with tarfile.open(uploaded) as tar:
         assert tar.getmember("b").islnk()
-    expected = calculate_files_hash("*", "/app/", str(tmp_path), [], False, None)
+    expected = calculate_files_hash("*", "/app/", str(tmp_path), ["upload.tar.gz"], False, None)
     assert tar_files_hash(uploaded, "*", "/app/") == expected
 
 

@@ -2,16 +2,15 @@
 request a build, upload the files of its COPY steps, start it, poll its status and logs; tags.
 
 Uploads come back to this server (`PUT /templates/{id}/files/{hash}`, the URL the files route
-hands out) and are kept under `$AENV_HOME/build-files/<hash>`; the build checks them against
+hands out) and are kept under `$AENV_HOME/build-files/<template id>/<hash>`
+(`orchestrator.build_files`, which says what is checked when); the build checks them against
 the hash the SDK computed before it copies them into the VM.
 """
 
 from __future__ import annotations
 
 import asyncio
-import os
 import re
-import secrets
 from typing import Any
 from urllib.parse import unquote
 
@@ -24,6 +23,7 @@ from aenv.api.errors import APIError, not_found
 from aenv.api.requests import check_query, parse_body
 from aenv.api.sandboxes import rfc3339
 from aenv.oci import Credentials
+from aenv.orchestrator.build_files import UploadRefused, declared_sha256
 from aenv.orchestrator.build_steps import StepType
 from aenv.orchestrator.builds import (
     FILES_HASH,
@@ -40,7 +40,6 @@ from aenv.orchestrator.templates import TemplateNotFound
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,127}$")
 TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-MAX_UPLOAD = 4 << 30
 MAX_STEPS = 1000
 MAX_LOG_PAGE = 100
 # Sandbox sizes a build may ask for (E2B's own bounds are per plan).
@@ -200,9 +199,10 @@ class BuildRoutes:
 
     async def files(self, request: Request) -> Response:
         check_query(request)
-        self._known(unquote(request.path_params["template_id"]))
-        files_hash = self._hash(request)
-        present = await asyncio.to_thread(self.builder.files_path(files_hash).is_file)
+        template_id = self._known(unquote(request.path_params["template_id"]))
+        path = self.builder.files.path(template_id, self._hash(request))
+        # Found present, the upload is used: the SDK skips uploading it for a build to come.
+        present = await asyncio.to_thread(self.builder.files.touch, path)
         # The URL is handed out also when the files are present, as E2B does: a COPY step with
         # `forceUpload` uploads them again. The upload goes to this server, which wants the API
         # key: the client is told to send the one it authenticated this request with.
@@ -213,25 +213,23 @@ class BuildRoutes:
         )
 
     async def upload(self, request: Request) -> Response:
-        """The gzip tar of a COPY step's files, stored under its hash (checked when a build uses
-        it: the hash covers the step's paths, which only the build knows)."""
+        """The tar (gzipped or not) of a COPY step's files, stored under its hash; checked
+        against the hash when a build uses it (the hash covers the step's paths, which only the
+        build knows)."""
         check_query(request)
-        self._known(unquote(request.path_params["template_id"]))
+        template_id = self._known(unquote(request.path_params["template_id"]))
         files_hash = self._hash(request)
-        dest = self.builder.files_path(files_hash)
-        await asyncio.to_thread(dest.parent.mkdir, parents=True, exist_ok=True)
-        partial = dest.with_name(f".{files_hash}.{secrets.token_hex(4)}")
-        size = 0
+        length = request.headers.get("content-length")
         try:
-            with partial.open("wb") as out:
-                async for chunk in request.stream():
-                    size += len(chunk)
-                    if size > MAX_UPLOAD:
-                        raise APIError(413, f"upload larger than {MAX_UPLOAD} bytes")
-                    await asyncio.to_thread(out.write, chunk)
-            await asyncio.to_thread(os.replace, partial, dest)
-        finally:
-            await asyncio.to_thread(partial.unlink, True)
+            await self.builder.files.store(
+                template_id,
+                files_hash,
+                request.stream(),
+                int(length) if length is not None and length.isdigit() else None,
+                declared_sha256(dict(request.headers)),
+            )
+        except UploadRefused as e:
+            raise APIError(e.status, str(e)) from e
         return Response(status_code=201)
 
     async def start(self, request: Request) -> Response:

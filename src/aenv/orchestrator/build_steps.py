@@ -13,12 +13,12 @@ import asyncio
 import contextlib
 import enum
 import hashlib
-import io
 import posixpath
 import stat
 import tarfile
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import httpx
 import pyqwest
@@ -159,14 +159,18 @@ class GuestShell:
         placed: list[str] = response.json()["placed"]
         return placed
 
-    async def write(self, path: str, data: bytes) -> None:
-        response = await self.envd.http.post(
-            f"{self.envd.url}/files",
-            params={"path": path, "username": "root"},
-            files={"file": ("upload", data)},
-            headers=self.envd.headers(),
-            timeout=_TIMEOUT,
-        )
+    async def write(self, path: str, data: bytes | Path) -> None:
+        """Write `data`, or the file at that host path, to `path` in the VM; a file is sent as
+        it is read, never held whole in memory."""
+        with contextlib.ExitStack() as stack:
+            content = stack.enter_context(data.open("rb")) if isinstance(data, Path) else data
+            response = await self.envd.http.post(
+                f"{self.envd.url}/files",
+                params={"path": path, "username": "root"},
+                files={"file": ("upload", content)},
+                headers=self.envd.headers(),
+                timeout=_TIMEOUT,
+            )
         if not response.is_success:
             raise StepFailed(f"writing {path} into the VM: {response.status_code} {response.text}")
 
@@ -213,15 +217,16 @@ class BadArchive(ValueError):
     """A COPY archive holds a member the step cannot take; nothing of it was placed."""
 
 
-def tar_files_hash(archive: bytes, src: str, dest: str) -> str:
+def tar_files_hash(archive: Path, src: str, dest: str) -> str:
     """The hash the E2B SDK computes for `COPY src dest` (`calculate_files_hash`: the step,
     then each file's relative path, mode, size and content in archive order), rebuilt from the
     archive the SDK uploaded, whose members are those files in that order. `BadArchive` for a
     hard link to no regular file before it (the SDK archives a second name of a file as a hard
-    link to the first, and hashes it as that file)."""
+    link to the first, and hashes it as that file). The archive is read from its file a chunk
+    at a time (a hard link's content by seeking back). Blocking: run it in a thread."""
     digest = hashlib.sha256(f"COPY {src} {dest}".encode())
     files: dict[str, tarfile.TarInfo] = {}  # regular files so far, by name, as tarfile finds them
-    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:*") as tar:
+    with tarfile.open(archive, mode="r:*") as tar:
         for member in tar:
             digest.update(member.name.encode())
             if member.issym():

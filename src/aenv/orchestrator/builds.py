@@ -40,6 +40,7 @@ from aenv.ids import new_sandbox_id
 from aenv.network.settings import SandboxNetwork
 from aenv.oci import Credentials, ImageError, rootfs_from_image
 from aenv.orchestrator.build_egress import GUEST_CA, GUEST_CA_DIR, BuildEgress
+from aenv.orchestrator.build_files import BuildFiles
 from aenv.orchestrator.build_steps import (
     BadArchive,
     BuildState,
@@ -50,6 +51,7 @@ from aenv.orchestrator.build_steps import (
 )
 from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.lifecycle import CreateRequest, Orchestrator
+from aenv.orchestrator.reserve import HostReserve
 from aenv.orchestrator.tags import TagStore
 from aenv.orchestrator.templates import Template, TemplateNotFound
 
@@ -183,7 +185,11 @@ class Builder:
     ) -> None:
         self.orc = orchestrator
         self.tags = tags
-        self.files_dir = paths.build_files
+        config = orchestrator.config
+        self.files = BuildFiles(
+            paths.build_files,
+            HostReserve(config.home, config.reserve_disk_mb, config.reserve_memory_mb),
+        )
         self.records_dir = paths.builds  # one JSON per build: status and logs survive restarts
         self.oci_cache = paths.oci_cache
         self.rootfs_dir = paths.oci_rootfs
@@ -197,6 +203,8 @@ class Builder:
         self._image_locks: dict[str, asyncio.Lock] = {}
         self._reserved: dict[str, Build] = {}  # by name: see `reserve`
         self._load_records()
+        orchestrator.chores.append(self.sweep)
+        orchestrator.template_deleted.append(self.forget)
 
     def _load_records(self) -> None:
         self.records_dir.mkdir(parents=True, exist_ok=True)
@@ -304,8 +312,17 @@ class Builder:
             newest[build.template_id] = build
         return newest
 
-    def files_path(self, files_hash: str) -> Path:
-        return self.files_dir / files_hash
+    def forget(self, template_id: str) -> None:
+        """What this builder keeps of a deleted template: its uploads, unless a build of it
+        is under way (it may copy them). Blocking: run it in a thread."""
+        if template_id not in self.unfinished_templates():
+            self.files.remove_template(template_id)
+
+    async def sweep(self) -> None:
+        """Housekeeping: uploads unused for a day, and those of deleted templates."""
+        templates = await asyncio.to_thread(self.orc.templates.list_all)
+        deleted = {t.template_id for t in templates if t.deleted}
+        await asyncio.to_thread(self.files.sweep, deleted - self.unfinished_templates())
 
     def start(self, build: Build, spec: BuildSpec) -> None:
         build.status = BuildStatus.BUILDING
@@ -535,23 +552,23 @@ class Builder:
         mode = rest[1] if len(rest) > 1 else ""
         if not step.files_hash or not FILES_HASH.match(step.files_hash):
             raise StepFailed(f"COPY {src}: no valid filesHash")
-        path = self.files_path(step.files_hash)
+        path = self.files.path(build.template_id, step.files_hash)
+        if not await asyncio.to_thread(self.files.touch, path):
+            raise StepFailed(f"COPY {src}: files {step.files_hash} were not uploaded")
         try:
-            archive = await asyncio.to_thread(path.read_bytes)
-        except FileNotFoundError as e:
-            raise StepFailed(f"COPY {src}: files {step.files_hash} were not uploaded") from e
-        try:
-            computed = await asyncio.to_thread(tar_files_hash, archive, src, dest)
+            computed = await asyncio.to_thread(tar_files_hash, path, src, dest)
         except BadArchive as e:
             raise StepFailed(f"COPY {src}: {e}") from e
         except (OSError, EOFError, ValueError) as e:  # tarfile's errors derive from these
+            await asyncio.to_thread(path.unlink, True)  # the SDK uploads it again next time
             raise StepFailed(f"COPY {src}: the upload is not a gzip tar archive: {e}") from e
         if computed != step.files_hash:
+            await asyncio.to_thread(path.unlink, True)
             raise StepFailed(f"COPY {src}: the uploaded files do not match filesHash")
         if mode and not re.fullmatch(r"[0-7]{3,4}", mode):
             raise StepFailed(f"COPY {src}: bad mode {mode!r}")
         staged = f"/tmp/aenv-copy-{step.files_hash}.tar.gz"
-        await shell.write(staged, archive)
+        await shell.write(staged, path)
         if not dest.startswith("/"):  # relative to the workdir, as in a Dockerfile
             dest = f"{state.workdir or '/home/' + state.user}/{dest}"
         for placed in await shell.copy(staged, src, dest, owner, mode or None):

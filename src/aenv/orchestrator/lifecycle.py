@@ -26,7 +26,7 @@ import logging
 import secrets
 import shutil
 import time
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -249,6 +249,12 @@ class Orchestrator:
         # Idle hibernation; the server gives it the proxy's view of the traffic.
         self.hibernation = hibernation.Hibernation(config.hibernate_after)
         self.volumes = VolumeStore(catalog, config.paths.volumes, driver.no_shares)
+        # Run with every reconcile round: the housekeeping of what lives beside the
+        # orchestrator (the template builder's uploads).
+        self.chores: list[Callable[[], Awaitable[None]]] = []
+        # Told the id of each template deleted for users, in a thread (they remove files):
+        # what others keep of it goes with it (the builder's logs and uploads).
+        self.template_deleted: list[Callable[[str], None]] = []
 
     # -- start-up and shutdown ------------------------------------------------------------
 
@@ -887,7 +893,7 @@ class Orchestrator:
 
     async def _housekeeping(self) -> None:
         """For as long as the node runs: keep every live VM's console file bounded, and every
-        `RECONCILE_EVERY` rounds end what no sandbox owns (`reconcile`)."""
+        `RECONCILE_EVERY` rounds end what no sandbox owns (`reconcile`) and run the `chores`."""
         rounds = 0
         while True:
             await asyncio.sleep(consoles.INTERVAL)
@@ -896,6 +902,11 @@ class Orchestrator:
             rounds += 1
             if rounds % RECONCILE_EVERY == 0:
                 await self.reconcile()
+                for chore in list(self.chores):
+                    try:
+                        await chore()
+                    except Exception:  # one failed chore must not end the housekeeping
+                        log.exception("housekeeping chore %s failed", chore)
 
     async def _sample_forever(self) -> None:
         while True:
@@ -1666,6 +1677,8 @@ class Orchestrator:
     async def delete_template(self, template_id: str) -> None:
         """Delete a template or snapshot for users; its files go once no sandbox uses them."""
         self.templates.hide(template_id)
+        for listener in list(self.template_deleted):
+            await asyncio.to_thread(listener, template_id)
         await self.saved.collect()
 
     async def _launch_checkpoint(self, record: SandboxRecord, cold: bool) -> _Live:
