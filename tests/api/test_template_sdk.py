@@ -23,15 +23,18 @@ async def test_copy_with_force_upload_uploads_known_files_again(tmp_path: Path) 
         files = node.config.paths.build_files
 
         def template(force_upload: bool) -> Any:
-            base = AsyncTemplate(file_context_path=context).from_template("base")
+            # The builds fail at their base, before COPY: a build's COPY would remove the
+            # spoiled upload below (it no longer matches its files hash).
+            base = AsyncTemplate(file_context_path=context).from_template("no-such-base")
             return base.copy("app.txt", "/app/", force_upload=True if force_upload else None)
 
-        await AsyncTemplate.build_in_background(template(False), "first", **opts)
-        (stored,) = files.iterdir()
+        await AsyncTemplate.build_in_background(template(False), "app", **opts)
+        (uploads,) = files.iterdir()  # the template's
+        (stored,) = uploads.iterdir()
         # Spoil the stored upload: only an upload made again puts the files back.
         stored.write_bytes(b"spoiled")
-        await AsyncTemplate.build_in_background(template(False), "second", **opts)
+        await AsyncTemplate.build_in_background(template(False), "app", **opts)
         assert stored.read_bytes() == b"spoiled"  # known, so not uploaded without the option
-        await AsyncTemplate.build_in_background(template(True), "third", **opts)
+        await AsyncTemplate.build_in_background(template(True), "app", **opts)
         with tarfile.open(stored) as tar:
             assert "app.txt" in tar.getnames()
