@@ -56,3 +56,18 @@ async def test_a_failed_create_is_retried(tmp_path: Path) -> None:
         retried = await api.post("/v2/sandboxes", json=BODY, headers=headers)
         assert retried.status_code == 201, retried.text
         assert [r.id for r in node.catalog.list()] == [retried.json()["sandboxID"]]
+
+
+async def test_a_key_whose_sandbox_is_gone_starts_a_new_one(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        headers = {"Idempotency-Key": "short-lived"}
+        first = (await api.post("/v2/sandboxes", json=BODY, headers=headers)).json()
+        assert (await api.delete(f"/sandboxes/{first['sandboxID']}")).status_code == 204
+        again = await api.post("/v2/sandboxes", json=BODY, headers=headers)
+        assert again.status_code == 201, again.text
+        assert again.json()["sandboxID"] != first["sandboxID"]
+        assert [r.id for r in node.catalog.list()] == [again.json()["sandboxID"]]
+        # The new one is what the key answers now.
+        replayed = await api.post("/v2/sandboxes", json=BODY, headers=headers)
+        assert replayed.json() == again.json()
+        assert len(node.catalog.list()) == 1

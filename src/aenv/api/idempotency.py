@@ -3,7 +3,9 @@ sandbox per key and API key; a retry within the window, or one sent while the fi
 starting, answers what the first did.
 
 Kept in memory: a key outlives neither the window nor a restart of the server. A create that
-failed is forgotten (nothing was started), so a retry tries again.
+failed is forgotten (nothing was started), so a retry tries again; so is one whose sandbox is
+gone (killed, or timed out): answering with a dead sandbox's id would leave the client nothing
+to use, so a retry starts a new one.
 """
 
 from __future__ import annotations
@@ -33,6 +35,13 @@ class _Entry:
     task: asyncio.Task[Result]
     expires: float = float("inf")  # monotonic; set when the create succeeded
 
+    def made(self) -> Result | None:
+        """What the create answered, once it has succeeded."""
+        task = self.task
+        if not task.done() or task.cancelled() or task.exception() is not None:
+            return None
+        return task.result()
+
 
 def check_key(key: str) -> str:
     if not _KEY.fullmatch(key):
@@ -47,11 +56,20 @@ class IdempotentCreates:
         self._entries: dict[Scope, _Entry] = {}
 
     async def once(
-        self, scope: Scope, request: str, create: Callable[[], Awaitable[Result]]
+        self,
+        scope: Scope,
+        request: str,
+        create: Callable[[], Awaitable[Result]],
+        lives: Callable[[Result], bool],
     ) -> Result:
-        """What `create` answers, run once for `scope` within the window."""
+        """What `create` answers, run once for `scope` within the window and while `lives`
+        says what it made still exists."""
         self._forget_expired()
         entry = self._entries.get(scope)
+        made = None if entry is None else entry.made()
+        if made is not None and not lives(made):
+            del self._entries[scope]
+            entry = None
         if entry is None:
             if len(self._entries) >= self.max_keys:
                 raise APIError(429, f"more than {self.max_keys} idempotency keys in use")

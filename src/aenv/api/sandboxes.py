@@ -170,9 +170,16 @@ class SandboxRoutes:
             scope = (owner, check_key(key))
             request_json = f"{timeout} {body.model_dump_json()}"
             made = await self.creates.once(
-                scope, request_json, lambda: self._start(body, timeout, owner)
+                scope, request_json, lambda: self._start(body, timeout, owner), self._lives
             )
         return JSONResponse(made, status_code=201)
+
+    def _lives(self, made: dict[str, Any]) -> bool:
+        try:
+            self.orc.get(made["sandboxID"])
+        except SandboxNotFound:
+            return False
+        return True
 
     async def _checked(self, network: SandboxNetwork) -> SandboxNetwork:
         try:
