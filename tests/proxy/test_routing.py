@@ -64,6 +64,12 @@ def test_host_routing_with_a_port_in_the_domain() -> None:
     assert route(scope("/", {"Host": host}), "aenv.test:8443") == Target(SID, 8080, "/", b"/")
 
 
+@pytest.mark.parametrize("domain", [None, "aenv.test"])
+def test_localhost_names_are_routed_with_or_without_a_domain(domain: str | None) -> None:
+    host = f"8080-{SID}.localhost:3000"
+    assert route(scope("/", {"Host": host}), domain) == Target(SID, 8080, "/", b"/")
+
+
 def test_header_values_are_trimmed() -> None:
     headers = {"E2b-Sandbox-Id": f" {SID} ", "E2b-Sandbox-Port": " 49983"}
     assert route(scope("/", headers), None) == Target(SID, 49983, "/", b"/")
@@ -75,7 +81,8 @@ def test_header_values_are_trimmed() -> None:
         ("api.aenv.test", "aenv.test"),  # the control plane on the same domain
         ("aenv.test", "aenv.test"),
         (f"8080-{SID}.elsewhere.test", "aenv.test"),
-        (f"8080-{SID}.aenv.test", None),  # host routing off
+        (f"8080-{SID}.aenv.test", None),  # no domain: only `*.localhost`
+        ("api.localhost:3000", None),
         ("localhost:3000", "aenv.test"),
         ("my-app.aenv.test", "aenv.test"),  # no `{port}-` label
     ],

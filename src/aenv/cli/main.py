@@ -129,8 +129,11 @@ def auth(home: Annotated[Path | None, typer.Option(help="data directory")] = Non
         typer.echo(f"export E2B_API_KEY={key}\nexport E2B_DOMAIN={config.domain}")
         return
     base = f"{config.scheme}://localhost:{config.port}"
+    # Without E2B_DOMAIN the SDKs name E2B's cloud in `get_host(port)` and send volume file
+    # calls there: `localhost` names (routed by the node whatever its domain) stay on this host.
     typer.echo(
-        f"export E2B_API_KEY={key}\nexport E2B_API_URL={base}\nexport E2B_SANDBOX_URL={base}"
+        f"export E2B_API_KEY={key}\nexport E2B_API_URL={base}\nexport E2B_SANDBOX_URL={base}\n"
+        f"export E2B_VOLUME_API_URL={base}\nexport E2B_DOMAIN=localhost:{config.port}"
     )
 
 

@@ -9,6 +9,10 @@ control plane and the proxy. Three ways to address a sandbox, tried in this orde
    `{port}-{id}.{domain}`, where both agree (e2b-protocol.md 1.6 A).
 2. Host `{port}-{id}.{domain}`: wildcard DNS (1.6 B), browsers, `sandbox.get_host(port)`. Only
    when the host is a subdomain of the configured domain, so `api.{domain}` stays control plane.
+   `{port}-{id}.localhost` is routed with or without a configured domain: `aenv auth` sets
+   `E2B_DOMAIN=localhost:<port>` so that `get_host` names the node rather than E2B's cloud,
+   and browsers, curl and systemd's resolver map `*.localhost` to loopback with no DNS set-up
+   (RFC 6761). Any client could already reach the same sandbox by headers or path.
 3. Path `/proxy/{id}/{port}/...`: for clients that can set neither headers nor the host. The
    prefix is removed before forwarding.
 """
@@ -24,6 +28,7 @@ from starlette.types import Scope
 SANDBOX_ID_HEADER = "E2b-Sandbox-Id"
 SANDBOX_PORT_HEADER = "E2b-Sandbox-Port"
 PATH_PREFIX = "/proxy/"
+LOOPBACK_DOMAIN = "localhost"
 
 _ID_HEADER = SANDBOX_ID_HEADER.lower().encode()
 _PORT_HEADER = SANDBOX_PORT_HEADER.lower().encode()
@@ -55,7 +60,7 @@ class RoutingError(Exception):
 def route(scope: Scope, domain: str | None) -> Target | None:
     """Classify an HTTP or WebSocket scope: a `Target` for data-plane traffic, `None` for the
     control plane. Raises `RoutingError` when the request names a sandbox badly. `domain` is
-    the sandbox domain for host routing (`None` turns host routing off)."""
+    the sandbox domain for host routing (`None`: only `LOOPBACK_DOMAIN`)."""
     sandbox_id: bytes | None = None
     port: bytes | None = None
     host: bytes | None = None
@@ -76,10 +81,11 @@ def route(scope: Scope, domain: str | None) -> Target | None:
             raise RoutingError(f"Missing header: {SANDBOX_PORT_HEADER}")
         sandbox_id_text = sandbox_id.decode("latin-1").strip()
         return _target(sandbox_id_text, port.decode("latin-1").strip(), path, raw_path)
-    if domain is not None and host is not None:
-        target = _from_host(host.decode("latin-1"), domain, path, raw_path)
-        if target is not None:
-            return target
+    if host is not None:
+        for suffix in (domain, LOOPBACK_DOMAIN):
+            target = _from_host(host.decode("latin-1"), suffix, path, raw_path) if suffix else None
+            if target is not None:
+                return target
     if path.startswith(PATH_PREFIX):
         return _from_path(raw_path)
     return None
