@@ -18,6 +18,7 @@ from starlette.types import ASGIApp
 
 from aenv.cli import (
     cluster,
+    doctor,
     gateway,
     images,
     keys,
@@ -50,6 +51,7 @@ app.add_typer(volumes.app, name="volumes")
 app.add_typer(cluster.app, name="node")
 app.add_typer(gateway.app, name="gateway")
 app.add_typer(nodes.app, name="nodes")
+app.command()(doctor.doctor)
 
 
 @app.command()
