@@ -104,6 +104,11 @@ async def test_keys_through_the_api(node: Node) -> None:
         ("POST", "/api-keys", {"name": ""}, 400, "name"),
         ("POST", "/api-keys", {"name": "x", "scopes": ["all"]}, 400, "scopes"),
         ("POST", "/api-keys", {}, 400, "name"),
+        ("POST", "/api-keys", {"name": "ci\nfake-row"}, 400, "control characters"),
+        ("POST", "/api-keys", {"name": "\x1b[2Jci"}, 400, "name"),
+        ("POST", "/api-keys", {"name": "ci\x7f"}, 400, "name"),
+        ("POST", "/api-keys", {"name": "ci\x9b"}, 400, "name"),
+        ("PATCH", "/api-keys/nope", {"name": "a\x00b"}, 400, "name"),
     ],
 )
 async def test_bad_key_requests(

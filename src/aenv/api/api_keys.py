@@ -4,9 +4,10 @@ one team, its operator's."""
 
 from __future__ import annotations
 
+import re
 from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, StringConstraints
+from pydantic import AfterValidator, BaseModel, ConfigDict, StringConstraints
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
@@ -16,7 +17,21 @@ from aenv.api.keys import KEY_PREFIX, ApiKey, KeyBook, LastKey
 from aenv.api.requests import check_query, parse_body
 from aenv.api.sandboxes import rfc3339
 
-Name = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=200)]
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _printable(name: str) -> str:
+    # Names are shown in terminals (`aenv keys list`) and logs: no C0, DEL or C1 characters.
+    if _CONTROL.search(name):
+        raise ValueError("must not contain control characters")
+    return name
+
+
+Name = Annotated[
+    str,
+    StringConstraints(strip_whitespace=True, min_length=1, max_length=200),
+    AfterValidator(_printable),
+]
 
 
 class KeyName(BaseModel):
