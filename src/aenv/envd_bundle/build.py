@@ -23,10 +23,13 @@ children again). `bench/envd_bundle.py` measures size and start-up.
 Debian's `/usr/bin/python3` is the base interpreter: a pyenv-built one carries DT_RUNPATH in its
 extension modules, which host paths would leak into the bundle (staticx issue #188 is the same
 problem). The build venv and PyInstaller's caches live next to the output (`build/envd-build/`).
+In a read-only guest cache (shared by nodes that may not write it) the bundle is used as it is,
+if it was built from this version's inputs.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import hashlib
 import json
@@ -35,6 +38,8 @@ import shutil
 import subprocess
 import tomllib
 from pathlib import Path
+
+from aenv.guest.cache import CacheReadOnly, read_only
 
 PROJECT = Path(__file__).resolve().parents[3]
 HERE = Path(__file__).resolve().parent
@@ -50,6 +55,7 @@ COLLECT = ("aenv.envd", "uvicorn", "protobuf", "protobuf_ext")
 # Optional uvicorn features envd never uses: WebSockets, auto-reload, .env files, YAML log configs.
 EXCLUDE = ("websockets", "wsproto", "watchfiles", "dotenv", "yaml")
 ELF_MAGIC = b"\x7fELF"
+VENV_STAMP = "aenv-requirements.json"
 
 
 class BundleError(RuntimeError):
@@ -60,6 +66,8 @@ def build_bundle(out: Path = DEFAULT_OUT, *, prefix: str = PREFIX, force: bool =
     """Return `out/aenv-envd`, rebuilding the bundle only when an input changed (dependency
     versions, envd's sources, this recipe, the base interpreter, host glibc, `prefix`)."""
     work = out.with_name(out.name + "-build")
+    if read_only(out.parent):
+        return _prebuilt(out, work, prefix)
     work.mkdir(parents=True, exist_ok=True)
     with (work / "lock").open("w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # concurrent builders (make, tests) wait for each other
@@ -67,7 +75,7 @@ def build_bundle(out: Path = DEFAULT_OUT, *, prefix: str = PREFIX, force: bool =
         key = _inputs_key(venv, prefix)
         stamp = work / "bundle.inputs"
         exe = out / NAME
-        if not force and exe.exists() and stamp.exists() and stamp.read_text() == key:
+        if not force and _current(exe, stamp, key):
             return exe
         stamp.unlink(missing_ok=True)
         tree = _pyinstaller(venv, work)
@@ -77,6 +85,26 @@ def build_bundle(out: Path = DEFAULT_OUT, *, prefix: str = PREFIX, force: bool =
         tree.rename(out)
         stamp.write_text(key)
     return exe
+
+
+def _current(exe: Path, stamp: Path, key: str) -> bool:
+    return exe.exists() and stamp.exists() and stamp.read_text() == key
+
+
+def _prebuilt(out: Path, work: Path, prefix: str) -> Path:
+    """The bundle a read-only cache holds, if it is this version's (`CacheReadOnly` if not).
+    A builder writing it through another mount is waited for (a shared lock)."""
+    lock = work / "lock"
+    with contextlib.ExitStack() as held:
+        if lock.exists():
+            fcntl.flock(held.enter_context(lock.open()), fcntl.LOCK_SH)
+        venv = work / "venv"
+        if not (venv / "bin" / "python").exists() or _venv_wanted() != _venv_stamp(venv):
+            raise CacheReadOnly(out.parent, "envd bundle")
+        exe = out / NAME
+        if not _current(exe, work / "bundle.inputs", _inputs_key(venv, prefix)):
+            raise CacheReadOnly(out.parent, "envd bundle")
+        return exe
 
 
 def _run(*argv: str | Path, env: dict[str, str] | None = None) -> str:
@@ -98,24 +126,33 @@ def _requirements() -> list[str]:
     return [*project["dependencies"], *project["optional-dependencies"]["bundle"]]
 
 
-def _build_venv(venv: Path) -> Path:
-    wanted = json.dumps(
+def _venv_wanted() -> str:
+    """What the build venv's stamp says when it matches the base interpreter and requirements."""
+    return json.dumps(
         {"python": _sha256(BASE_PYTHON.resolve()), "requirements": _requirements()}, indent=1
     )
-    stamp = venv / "aenv-requirements.json"
-    if stamp.exists() and stamp.read_text() == wanted:
+
+
+def _venv_stamp(venv: Path) -> str | None:
+    stamp = venv / VENV_STAMP
+    return stamp.read_text() if stamp.exists() else None
+
+
+def _build_venv(venv: Path) -> Path:
+    wanted = _venv_wanted()
+    if _venv_stamp(venv) == wanted:
         return venv
     shutil.rmtree(venv, ignore_errors=True)
     _run(BASE_PYTHON, "-m", "venv", venv)
     _run(venv / "bin" / "python", "-m", "pip", "install", "-q", *_requirements())
-    stamp.write_text(wanted)
+    (venv / VENV_STAMP).write_text(wanted)
     return venv
 
 
 def _inputs_key(venv: Path, prefix: str) -> str:
     h = hashlib.sha256()
     h.update(prefix.encode())
-    h.update((venv / "aenv-requirements.json").read_bytes())
+    h.update((venv / VENV_STAMP).read_bytes())
     h.update(_run(venv / "bin" / "python", "-m", "pip", "freeze", "--all").encode())
     h.update(_run("ldd", "--version").encode())  # names the host glibc's exact package version
     for root in (PROJECT / "src" / "aenv" / "envd", HERE):

@@ -2,6 +2,8 @@
 
 Builds run in a temporary sibling directory and are renamed into place, so a crash never leaves
 a half-built entry that looks complete; a file lock keeps concurrent builders of one key apart.
+A cache on a read-only filesystem (one node fills it, others share it) is read without locks:
+an entry it lacks is a `CacheReadOnly` error, not a build.
 """
 
 from __future__ import annotations
@@ -14,6 +16,24 @@ import os
 import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
+
+from aenv.config import ConfigError
+
+
+class CacheReadOnly(ConfigError):
+    """A read-only guest cache lacks an entry this node needs; nothing was written."""
+
+    def __init__(self, root: Path, what: str) -> None:
+        super().__init__(
+            f"the guest cache {root} is read-only and holds no {what} for this version: fill it "
+            "where it is writable (start one node with guest_cache set to it there)"
+        )
+
+
+def read_only(root: Path) -> bool:
+    """Whether `root` exists on a filesystem this process cannot write (access(2) says EROFS
+    even to root)."""
+    return root.is_dir() and not os.access(root, os.W_OK)
 
 
 def cache_key(inputs: object) -> str:
@@ -31,6 +51,8 @@ async def cached_dir(
     final = base / f"{name}-{cache_key(inputs)}"
     if final.is_dir():
         return final
+    if read_only(base):
+        raise CacheReadOnly(base, name)
     lock_path = base / f".{final.name}.lock"
     fd = await asyncio.to_thread(_lock, lock_path)
     try:
