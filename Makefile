@@ -53,7 +53,7 @@ test: install-test
 # The tests that need no root, VM or aenv server (the orchestrator, saved states, builds and API
 # routes run on the doubles in tests/doubles/): under a minute. Checked to pass with no
 # capabilities (setpriv --bounding-set=-all). `make test` runs these and everything else.
-FAST_TESTS := tests/test_atomic.py tests/test_config.py tests/orchestrator tests/api tests/cli \
+FAST_TESTS := tests/test_atomic.py tests/test_config.py tests/test_claims.py tests/orchestrator tests/api tests/cli \
 	tests/storage/test_layers.py tests/storage/test_repository_cache.py \
 	tests/guest/test_cache.py tests/network/test_units.py tests/runtime/test_qemu_config.py \
 	tests/runtime/test_qcow2.py tests/runtime/test_damon.py \

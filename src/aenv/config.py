@@ -213,8 +213,12 @@ class Config(BaseModel):
     pool_max: int = 0
     # Longest timeout a client may ask for, in seconds.
     max_timeout: int = 24 * 3600
-    network_prefix: str = "aenv"
-    network_cidr: str = "10.200.0.0/16"
+    # Names (`<prefix>-<n>`: namespaces, host interfaces, the nftables table) and host-side
+    # addresses of the network slots. Unset, they are derived per node (aenv/claims.py), so
+    # that nodes on one host never share them; a node whose settings meet a running node's is
+    # refused.
+    network_prefix: str | None = None
+    network_cidr: IPv4Network | None = None
     # Comma-separated CIDRs. Sandboxes never reach private (10/8, 172.16/12, 192.168/16) or
     # CGNAT (100.64/10) addresses, except those in `network_private_allowed`, nor any in
     # `network_internal` (the cluster's own addresses, say).
@@ -277,10 +281,10 @@ class Config(BaseModel):
     share_slots: int = 2
     # Every VMM runs jailed (README: Threat model). Off is for benchmarks and debugging only.
     jail: bool = True
-    # Jailed VMMs: `jail_uid_base` is their group; each VMM has one of the `jail_uid_count`
-    # uids after it. Give each node on a host a range of its own.
-    jail_uid_base: int = 2_000_000
-    jail_uid_count: int = 65_536
+    # Jailed VMMs: `jail_uid_base` is their group; each VMM has one of the `jail_uid_count` uids
+    # after it. Unset, the base is derived per node as the network settings are.
+    jail_uid_base: PositiveInt | None = None
+    jail_uid_count: PositiveInt = 65_536
     # The guest build cache (kernel, initramfs, base rootfs); default `$AENV_HOME/cache/guest`.
     guest_cache: Path | None = None
     # The Debian mirror the base root filesystem is bootstrapped from.
@@ -306,7 +310,7 @@ class Config(BaseModel):
     @field_validator(
         "domain", "repository_endpoint", "guest_cache", "tls_cert", "tls_key", "redis_url",
         "node_id", "node_address", "cluster_secret", "network_dns", "build_ca_bundle",
-        mode="before",
+        "network_prefix", "network_cidr", "jail_uid_base", mode="before",
     )  # fmt: skip
     @classmethod
     def _empty_is_none(cls, value: object) -> object:

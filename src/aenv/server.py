@@ -17,11 +17,11 @@ import os
 import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
-from ipaddress import IPv4Network
 from pathlib import Path
 
 from aenv.api.app import create_api, node_builder
 from aenv.api.keys import KeyStore, open_keys
+from aenv.claims import Claim, HeldClaim, claim
 from aenv.config import Config, ConfigError
 from aenv.guest.cmdline import GuestNet
 from aenv.network import NetworkConfig, SlotPool
@@ -73,6 +73,7 @@ class Node:
     cgroups: CgroupManager
     app: SandboxProxy
     builder: Builder
+    held: HeldClaim
     ksm: Ksm | None = None
     cold_reclaim: ColdReclaim | None = None
     following: asyncio.Task[None] | None = None
@@ -91,55 +92,66 @@ class Node:
                 await self.following
         if self.cold_reclaim is not None:
             await asyncio.to_thread(self.cold_reclaim.stop)
+        self.held.release()
 
 
 def _guest_net(slots: NetworkConfig) -> GuestNet:
     return GuestNet(address=str(slots.guest.ip), gateway=str(slots.guest.gateway), dns="1.1.1.1")
 
 
-def jail_config(config: Config) -> JailConfig | None:
-    if not config.jail:
+def jail_config(claimed: Claim) -> JailConfig | None:
+    """The jail of the node's VMMs, with the uid range it claimed; None when the jail is off."""
+    if claimed.uid_base is None:
         return None
-    return JailConfig(uid_base=config.jail_uid_base, uid_count=config.jail_uid_count)
+    return JailConfig(uid_base=claimed.uid_base, uid_count=claimed.uid_count)
 
 
-def firecracker_config(config: Config, cgroups: CgroupManager) -> FirecrackerConfig:
+def firecracker_config(
+    config: Config, cgroups: CgroupManager, jail: JailConfig | None
+) -> FirecrackerConfig:
     """The Firecracker driver's settings (the driver and the startup sweep of its leftovers
-    share them): every Firecracker goes through its jailer, unless the jail is off, with a uid
-    of its own from the jail's range, as QEMU's VMMs; its chroots are under the data dir."""
-    if not config.jail:
+    share them): every Firecracker goes through its jailer, unless the jail is off (`jail`
+    None), with a uid of its own from the jail's range, as QEMU's VMMs; its chroots are under
+    the data dir."""
+    if jail is None:
         return FirecrackerConfig()
     jailer = JailerConfig(
         binary=Path("jailer"),
-        uid=config.jail_uid_base,
-        gid=config.jail_uid_base,
+        uid=jail.uid_base,
+        gid=jail.gid,
         chroot_base_dir=config.paths.jailer,
         cgroup_version=1 if isinstance(cgroups, CgroupV1) else 2,
     )
-    return FirecrackerConfig(jailer=jailer, jail_uids=jail_config(config))
+    return FirecrackerConfig(jailer=jailer, jail_uids=jail)
 
 
 async def _driver(
-    config: Config, images: GuestImages, cgroups: CgroupManager, progress: Progress
+    config: Config,
+    images: GuestImages,
+    cgroups: CgroupManager,
+    jail: JailConfig | None,
+    progress: Progress,
 ) -> Driver:
     selection = await select_backend(config.driver, kernel=images.kernel, initrd=images.initrd)
     progress(f"VMM: {selection.backend} ({selection.reason})")
     firecracker = FirecrackerConfig()
     if selection.backend is Backend.FIRECRACKER:
-        firecracker = _jailed_firecracker(config, cgroups)
+        firecracker = _jailed_firecracker(config, cgroups, jail)
     return driver_for(
         selection,
         cgroups=cgroups,
         firecracker=firecracker,
-        jail=jail_config(config),
+        jail=jail,
         tb_size_mib=config.tcg_tb_mib,
         share_slots=config.share_slots,
     )
 
 
-def _jailed_firecracker(config: Config, cgroups: CgroupManager) -> FirecrackerConfig:
+def _jailed_firecracker(
+    config: Config, cgroups: CgroupManager, jail: JailConfig | None
+) -> FirecrackerConfig:
     """`firecracker_config` with the jailer binary found on PATH (refused without it)."""
-    settings = firecracker_config(config, cgroups)
+    settings = firecracker_config(config, cgroups, jail)
     jailer = settings.jailer
     if jailer is None:
         return settings
@@ -153,15 +165,21 @@ def _jailed_firecracker(config: Config, cgroups: CgroupManager) -> FirecrackerCo
 
 
 async def start_node(config: Config, progress: Progress = log.info) -> Node:
-    """The node, started; a host that cannot do what the configuration asks (cold reclaim)
-    is refused with a `ConfigError` before anything is made."""
-    reclaim = await _cold_reclaim(config, progress)
-    try:
-        node = await _start_node(config, progress, reclaim)
-    except BaseException:
+    """The node, started. Refused with a `ConfigError` before anything is made when another
+    live node on the host holds what the configuration asks for (`aenv.claims`) or the host
+    cannot do what it asks (cold reclaim); a start that fails later undoes what it made."""
+    async with contextlib.AsyncExitStack() as undo:
+        held = await asyncio.to_thread(claim, config)
+        undo.callback(held.release)
+        progress(
+            f"network slots {held.claim.network_prefix}-* in {held.claim.network_cidr}"
+            + ("" if held.claim.uid_base is None else f", jail uids from {held.claim.uid_base}")
+        )
+        reclaim = await _cold_reclaim(config, progress)
         if reclaim is not None:
-            await asyncio.to_thread(reclaim.stop)
-        raise
+            undo.push_async_callback(asyncio.to_thread, reclaim.stop)
+        node = await _start_node(config, held, progress, reclaim, undo)
+        undo.pop_all()
     if reclaim is not None:
         targets = functools.partial(node_targets, config.home)
         node.following = asyncio.create_task(follow(reclaim, targets))
@@ -190,15 +208,25 @@ async def _cold_reclaim(config: Config, progress: Progress) -> ColdReclaim | Non
     return reclaim
 
 
-async def _start_node(config: Config, progress: Progress, reclaim: ColdReclaim | None) -> Node:
+async def _start_node(
+    config: Config,
+    held: HeldClaim,
+    progress: Progress,
+    reclaim: ColdReclaim | None,
+    undo: contextlib.AsyncExitStack,
+) -> Node:
+    """`start_node` once the claim is held; what it makes is undone by `undo` if it fails."""
+    claimed = held.claim
+    jail = jail_config(claimed)
     make_private(*_private_dirs(config))
     keys, created = open_keys(config.paths)
     if created:
         progress(f"generated an API key; it is in {config.paths.api_key} (mode 0600)")
     catalog = Catalog(config.paths.catalog)
+    undo.callback(catalog.close)
     net_config = NetworkConfig(
-        prefix=config.network_prefix,
-        slot_network=IPv4Network(config.network_cidr),
+        prefix=claimed.network_prefix,
+        slot_network=claimed.cidr,
         pool_low=config.warm_slots_low,
         pool_high=config.warm_slots_high,
         private_allowed=config.network_private_allowed,
@@ -206,26 +234,29 @@ async def _start_node(config: Config, progress: Progress, reclaim: ColdReclaim |
         dns_upstream=config.network_dns or host_resolver(),
     )
     slots = SlotPool(net_config)
+    undo.push_async_callback(slots.close)
     await slots.start()
     progress("preparing guest images (cached after the first start)...")
     images = await prepare_images(
         config.paths.cache, config.paths.guest_cache, config.debian_mirror
     )
     cgroups = detect(f"aenv-{os.getpid()}")
+    undo.callback(cgroups.remove_parent)
     # VMMs of a previous server that died live on as orphans: reclaim them, and the cgroups, jails
     # and files of its Firecracker VMs (whichever driver runs now), before anything new.
     swept = await sweep(
         cgroups,
         home=config.home,
-        reclaimers=[FirecrackerDriver(firecracker_config(config, cgroups))],
+        reclaimers=[FirecrackerDriver(firecracker_config(config, cgroups, jail))],
     )
     if swept.killed:
         progress(f"killed {len(swept.killed)} VMMs a previous run left behind")
-    driver = await _driver(config, images, cgroups, progress)
+    driver = await _driver(config, images, cgroups, jail, progress)
     images = images.booted_by(driver)
     templates = TemplateStore(config.paths.templates, config.paths.memory)
     templates.load()
     orchestrator = Orchestrator(config, catalog, driver, slots, templates, open_archive(config))
+    undo.push_async_callback(orchestrator.close)
     await orchestrator.start()
     current: Template | None
     try:
@@ -277,7 +308,9 @@ async def _start_node(config: Config, progress: Progress, reclaim: ColdReclaim |
     orchestrator.vm_stopped.append(proxy.end_run)  # a stopped VM's streams end at once
     orchestrator.hibernation.traffic = proxy  # idle hibernation waits for quiet traffic
     ksm = await _ksm(config, progress)
-    return Node(config, keys, catalog, slots, orchestrator, cgroups, proxy, builder, ksm, reclaim)
+    return Node(
+        config, keys, catalog, slots, orchestrator, cgroups, proxy, builder, held, ksm, reclaim
+    )
 
 
 async def _ksm(config: Config, progress: Progress) -> Ksm | None:

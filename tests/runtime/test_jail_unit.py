@@ -15,6 +15,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from aenv.claims import derive
 from aenv.config import ConfigError, load
 from aenv.runtime.cgroups import CgroupLimits, CgroupV1, CgroupV2, detect
 from aenv.runtime.jail import (
@@ -98,15 +99,18 @@ async def test_a_jail_that_cannot_be_built_fails_cleanly(tmp_path: Path) -> None
 
 def test_the_jail_is_on_unless_configured_off(tmp_path: Path) -> None:
     env = {"AENV_HOME": str(tmp_path)}
-    config = load(env=env)
-    assert jail_config(config) == JailConfig()
-    fc = firecracker_config(config, CgroupV2("aenv-x", root=tmp_path, proc_cgroup="0::/"))
-    assert fc.jailer is not None and fc.jail_uids == JailConfig()  # a uid per VM from the range
+    config = load(env={**env, "AENV_JAIL_UID_BASE": "5000"})
+    jail = jail_config(derive(config, [], "net"))
+    assert jail == JailConfig(uid_base=5000)
+    fc = firecracker_config(config, CgroupV2("aenv-x", root=tmp_path, proc_cgroup="0::/"), jail)
+    assert fc.jailer is not None and fc.jail_uids == jail  # a uid per VM from the range
+    assert fc.jailer.uid == fc.jailer.gid == 5000
     assert fc.jailer.chroot_base_dir == tmp_path / "jailer" and fc.jailer.cgroup_version == 2
     v1 = CgroupV1("aenv-x", root=tmp_path, proc_cgroup="")
-    assert (j := firecracker_config(config, v1).jailer) is not None and j.cgroup_version == 1
+    assert (j := firecracker_config(config, v1, jail).jailer) is not None and j.cgroup_version == 1
     off = load(env={**env, "AENV_JAIL": "false"})
-    assert jail_config(off) is None and firecracker_config(off, v1).jailer is None
+    assert jail_config(derive(off, [], "net")) is None
+    assert firecracker_config(off, v1, None).jailer is None
     with pytest.raises(ConfigError):
         load(env={**env, "AENV_JAIL": "maybe"})
 

@@ -139,18 +139,19 @@ async def start_node(config: Config, driver: FirecrackerDriver, slots: SlotPool)
 async def world(
     placement: tuple[str, Path], fc_config: FirecrackerConfig, cgroups: CgroupManager
 ) -> AsyncIterator[tuple[Config, FirecrackerDriver, SlotPool, GuestImages]]:
+    prefix = f"fct{secrets.token_hex(2)}"
     config = Config(
         home=placement[1] / "home",
         driver="firecracker",
         sandbox_memory_mb=8,  # the double writes memory files of this size
         sandbox_disk_mb=64,
-        network_prefix=f"fct{secrets.token_hex(2)}",
+        network_prefix=prefix,
         warm_slots_low=0,
         warm_slots_high=0,
     )
     slots = SlotPool(
         NetworkConfig(
-            prefix=config.network_prefix,
+            prefix=prefix,
             slot_network=next(SLOT_NETWORKS),
             pool_low=0,
             pool_high=0,
