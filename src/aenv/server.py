@@ -45,6 +45,7 @@ from aenv.proxy.resolver import SandboxNotFound as ProxyNotFound
 from aenv.proxy.resolver import SandboxPaused as ProxyPaused
 from aenv.proxy.resolver import SandboxUnavailable as ProxyUnavailable
 from aenv.proxy.resolver import Upstream
+from aenv.proxy.signed import signer
 from aenv.runtime.cgroups import CgroupManager, CgroupV1, detect
 from aenv.runtime.damon import ColdReclaim, ColdReclaimError, ReclaimSettings, follow, node_targets
 from aenv.runtime.driver import Driver
@@ -304,7 +305,14 @@ async def _start_node(
 
     builder = node_builder(orchestrator, config, boot_image)
     api = create_api(orchestrator, config, keys, builder, cold_reclaim=reclaim)
-    proxy = SandboxProxy(_Resolver(orchestrator), domain=config.domain, control_plane=api)
+    proxy = SandboxProxy(
+        _Resolver(orchestrator),
+        domain=config.domain,
+        control_plane=api,
+        signer=lambda signed: signer(
+            signed, ((r.id, r.envd_access_token) for r in orchestrator.catalog.list())
+        ),
+    )
     orchestrator.vm_stopped.append(proxy.end_run)  # a stopped VM's streams end at once
     orchestrator.hibernation.traffic = proxy  # idle hibernation waits for quiet traffic
     ksm = await _ksm(config, progress)

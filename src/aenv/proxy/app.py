@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -40,12 +41,14 @@ from aenv.proxy.resolver import (
 )
 from aenv.proxy.routing import RoutingError, Target, route
 from aenv.proxy.runs import Runs
+from aenv.proxy.signed import SignedFile, envd_target, signed_file
 from aenv.proxy.websocket import forward_websocket
 
 
 class SandboxProxy:
     """ASGI app: data-plane traffic to sandboxes, the rest to `control_plane` (a JSON 404 when
-    there is none). `domain` turns on host routing for `{port}-{id}.{domain}`.
+    there is none). `domain` turns on host routing for `{port}-{id}.{domain}`. `signer` names
+    the sandbox whose envd token signed a `/files` URL that names no sandbox (`proxy.signed`).
 
     It closes its upstream connections on lifespan shutdown; call `aclose()` instead when the
     server runs without lifespan events."""
@@ -59,9 +62,11 @@ class SandboxProxy:
         connect_timeout: float = 10.0,
         keepalive_expiry: float = 4.0,
         idle_timeout: float = IDLE_TIMEOUT,
+        signer: Callable[[SignedFile], str | None] | None = None,
     ) -> None:
         self._resolver = resolver
         self._domain = domain
+        self._signer = signer
         self._control_plane = control_plane
         self._connect_timeout = connect_timeout
         self._runs = Runs()
@@ -84,6 +89,11 @@ class SandboxProxy:
         except RoutingError as exc:
             await _answer(bad_route(exc.message), scope, send)
             return
+        if target is None and self._signer is not None:
+            signed = signed_file(scope)
+            sandbox_id = self._signer(signed) if signed is not None else None
+            if sandbox_id is not None:
+                target = envd_target(sandbox_id, scope)
         if target is not None:
             await self.serve(target, scope, receive, send)
         elif self._control_plane is not None:
