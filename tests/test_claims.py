@@ -101,15 +101,16 @@ def test_a_network_in_another_namespace_is_no_conflict(tmp_path: Path) -> None:
     assert derive(Config.model_validate({"home": tmp_path / "b", **cidr}), live, "net")
 
 
-def test_two_nodes_on_one_home_are_refused(tmp_path: Path) -> None:
+@pytest.mark.parametrize("other", [".", "inner", ".."])
+def test_two_nodes_on_one_home_or_nested_homes_are_refused(tmp_path: Path, other: str) -> None:
     claims = tmp_path / "claims"
     live = claim(Config(home=tmp_path / "a"), claims)
     try:
-        with pytest.raises(ClaimConflict, match="runs on the data directory"):
-            claim(Config(home=tmp_path / "a", network_prefix="other"), claims)
+        with pytest.raises(ClaimConflict, match="give each node a home of its own"):
+            claim(Config(home=tmp_path / "a" / other, network_prefix="other"), claims)
     finally:
         live.release()
-    claim(Config(home=tmp_path / "a"), claims).release()  # given up: free again
+    claim(Config(home=tmp_path / "a" / other), claims).release()  # given up: free again
 
 
 def test_the_claim_of_a_dead_node_is_given_up(tmp_path: Path) -> None:

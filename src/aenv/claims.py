@@ -6,7 +6,8 @@ Each live node holds a claim: a JSON file under `CLAIMS_DIR` locked (flock) by t
 long as it runs. The kernel drops the lock when the process ends, however it ends, so a claim
 whose lock can be taken is stale and is removed. A node starting takes the directory's lock,
 reads the live claims, and is refused (`ClaimConflict`, naming the setting to change) when its
-home, prefix, slot network (in the same network namespace) or uid range meets one of them.
+home (or one inside or around it), prefix, slot network (in the same network namespace) or uid
+range meets one of them.
 Otherwise it writes its own claim before it lets the directory go, so two nodes starting at once
 see each other.
 
@@ -110,10 +111,13 @@ def derive(config: Config, live: Sequence[Claim], netns: str) -> Claim:
     module docstring). Raises `ClaimConflict` when a value meets a live claim."""
     home = config.home.resolve()
     for other in live:
-        if Path(other.home) == home:
+        their_home = Path(other.home)
+        # Nested homes are shared too: a node's sweeps end the VMMs whose files are under its
+        # home (aenv.runtime.sweep).
+        if home.is_relative_to(their_home) or their_home.is_relative_to(home):
             raise ClaimConflict(
-                f"another node (pid {other.pid}) runs on the data directory {home}: "
-                "give each node its own home"
+                f"the node of {their_home} (pid {other.pid}) runs on a data directory that is, "
+                f"contains or is inside {home}: give each node a home of its own"
             )
     seed = _hash(home)
     default = _is_default(home)
