@@ -55,6 +55,7 @@ class Paths:
       api-key                  the first API key's value, the operator's copy (mode 0600)
       api-keys.json            every API key of the node, as SHA-256 digests (mode 0600)
       damon.json               the node's kdamond while cold reclaim runs (runtime/damon.py)
+      cluster-drain.json       whether the node drains, as a cluster member (cluster/drain.py)
       catalog.db               the sandbox catalog (SQLite, WAL)
       template-tags.json       template tags
       templates/<id>/          template.json and its builds (saved states: templates,
@@ -100,6 +101,10 @@ class Paths:
     @property
     def damon(self) -> Path:
         return self.home / "damon.json"
+
+    @property
+    def cluster_drain(self) -> Path:
+        return self.home / "cluster-drain.json"
 
     @property
     def catalog(self) -> Path:

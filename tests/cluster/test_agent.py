@@ -7,12 +7,14 @@ import asyncio
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import pytest
 import redis.asyncio as aioredis
 
 from aenv.cluster.agent import NodeAgent, NodeState
 from aenv.cluster.builds import BuildPlaces
+from aenv.cluster.drain import DrainMemory, Drains
 from aenv.cluster.holders import FileKind, FileRef, Holders
 from aenv.cluster.parked import Parked, ParkedSandbox
 from aenv.cluster.quota import KeyLimitReached, KeyQuota
@@ -102,6 +104,43 @@ async def test_first_beat_publishes_later_ones_renew(client: aioredis.Redis) -> 
     assert agent.status.connected and agent.status.republishes == 1
     await agent.close()
     assert (await snapshot_of(client, ["n1"]))["live"] == []
+
+
+async def test_a_drain_is_the_nodes_own_and_outlives_a_redis_wipe(
+    client: aioredis.Redis, tmp_path: Path
+) -> None:
+    drains = Drains(client)
+    memory = tmp_path / "cluster-drain.json"
+
+    def agent() -> NodeAgent:
+        """The node's agent, as a (re)started node process has it."""
+        return NodeAgent(
+            client, "n1", "127.0.0.1:9", Node(), SECRET, ttl=30, drain=DrainMemory(memory)
+        )
+
+    first = agent()
+    await first.beat()
+    assert not DrainMemory(memory).state.draining
+    await drains.drain("n1")
+    await first.beat()
+    assert DrainMemory(memory).state.draining
+    await client.flushall()
+    await first.beat()
+    assert await drains.draining() == {"n1"}
+    # Undrained while the node was down, in the same data set: the node takes the operator's word.
+    await first.close()
+    await drains.undrain("n1")
+    second = agent()
+    await second.beat()
+    assert not DrainMemory(memory).state.draining
+    await client.flushall()
+    await second.beat()
+    assert await drains.draining() == set()
+    # Drained in a new data set before the node's first beat there: it stays drained.
+    await client.flushall()
+    await drains.drain("n1")
+    await second.beat()
+    assert await drains.draining() == {"n1"} and DrainMemory(memory).state.draining
 
 
 @pytest.mark.parametrize("loss", ["flushall", "restart"])

@@ -4,25 +4,29 @@ and a real redis-server: settings, registration, routes following the catalog, R
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
 
+from aenv.cluster.drain import DrainMemory, Drains
 from aenv.cluster.holders import FileKind, FileRef
 from aenv.cluster.membership import NodeSettings, membership
 from aenv.cluster.registry import NodeIdTaken
 from aenv.cluster.source import CatalogSource
 from aenv.cluster.store import ClusterUnavailable
-from aenv.config import Config, ConfigError
+from aenv.config import Config, ConfigError, Paths
 from tests.cluster.shared import SECRET
 from tests.doubles.node import double_node
 from tests.support.redis_server import RedisServer
 
 
-def settings(url: str, node_id: str = "n1") -> NodeSettings:
-    config = Config(redis_url=url, node_id=node_id, cluster_secret=SECRET.value, port=3999)
+def settings(url: str, home: Path, node_id: str = "n1") -> NodeSettings:
+    config = Config(
+        redis_url=url, node_id=node_id, cluster_secret=SECRET.value, port=3999, home=home
+    )
     return NodeSettings.of(config)
 
 
@@ -64,7 +68,7 @@ def test_settings_defaults() -> None:
 async def test_routes_follow_the_nodes_catalog(tmp_path: Path, redis: RedisServer) -> None:
     async with double_node(tmp_path / "node") as node:
         source = CatalogSource(node.catalog, node.templates)
-        async with membership(settings(redis.url), source) as agent:
+        async with membership(settings(redis.url, tmp_path / "node"), source) as agent:
             [report] = await agent.registry.live()
             assert report.address == "0.0.0.0:3999" and report.templates == ["base"]
             assert await agent.holders.of(FileRef(FileKind.TEMPLATE, "base")) == {"n1"}
@@ -89,9 +93,9 @@ async def test_routes_follow_the_nodes_catalog(tmp_path: Path, redis: RedisServe
 async def test_a_taken_node_id_fails_at_start(tmp_path: Path, redis: RedisServer) -> None:
     async with double_node(tmp_path / "node") as node:
         source = CatalogSource(node.catalog, node.templates)
-        async with membership(settings(redis.url), source):
+        async with membership(settings(redis.url, tmp_path / "node"), source):
             with pytest.raises(NodeIdTaken, match="node id n1 is held by another live process"):
-                async with membership(settings(redis.url), source):
+                async with membership(settings(redis.url, tmp_path / "node"), source):
                     raise AssertionError("a second process joined under the same id")
 
 
@@ -99,8 +103,8 @@ async def test_a_node_starts_and_serves_with_redis_down(tmp_path: Path, redis: R
     redis.stop()
     async with double_node(tmp_path / "node") as node:
         source = CatalogSource(node.catalog, node.templates)
-        fast = settings(redis.url)
-        fast = NodeSettings(fast.redis_url, "n1", fast.address, SECRET, interval=0.05, ttl=30)
+        fast = settings(redis.url, tmp_path / "node")
+        fast = dataclasses.replace(fast, interval=0.05, ttl=30)
         async with membership(fast, source) as agent:
             assert not agent.status.connected
             record, _ = await node.orchestrator.create(node.request())
@@ -112,3 +116,24 @@ async def test_a_node_starts_and_serves_with_redis_down(tmp_path: Path, redis: R
 
             await eventually(routed, "the node never registered once Redis came up")
             await node.orchestrator.kill(record.id)
+
+
+async def test_a_drained_node_stays_drained_when_redis_forgets(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    """Redis restarts without its data: the node marks itself draining again, from its own
+    memory of it (in its data directory, so across its own restarts too)."""
+    fast = dataclasses.replace(settings(redis.url, tmp_path / "node"), interval=0.05)
+    memory = Paths(tmp_path / "node").cluster_drain
+    async with double_node(tmp_path / "node") as node:
+        source = CatalogSource(node.catalog, node.templates)
+        async with membership(fast, source) as agent:
+            await Drains(agent.client).drain("n1")
+
+            async def remembered() -> bool:
+                return DrainMemory(memory).state.draining
+
+            await eventually(remembered, "the node never noted its drain")
+        redis.restart()
+        async with membership(fast, source) as agent:
+            assert await Drains(agent.client).draining() == {"n1"}

@@ -15,7 +15,8 @@ copies are in the repository are published too (`saved`), for any node to start 
 The templates with a build in progress here are recorded as built here (`builds`) where no node
 is, so a build's calls still find this node after a Redis wipe. The node's running sandboxes per
 API key are written with every beat and at once on a create or kill (`quota`), so a key's limit
-is counted across the cluster.
+is counted across the cluster. A drained node remembers it and marks itself draining again in a
+wiped Redis (`drain`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Protocol
 import redis.asyncio as aioredis
 
 from aenv.cluster.builds import BuildPlaces
+from aenv.cluster.drain import DrainMemory, Drains, DrainState
 from aenv.cluster.holders import FileKind, FileRef, Holders
 from aenv.cluster.parked import Parked
 from aenv.cluster.quota import KeyQuota
@@ -105,6 +107,7 @@ class NodeAgent:
         secret: ClusterSecret,
         ttl: float = 15.0,
         keys: Keys | None = None,
+        drain: DrainMemory | None = None,
     ) -> None:
         self.client = client
         self.node_id = node_id
@@ -119,6 +122,8 @@ class NodeAgent:
         self.saved = SavedRecords(client, self.registry.keys)
         self.builds = BuildPlaces(client, self.registry.keys)
         self.quota = KeyQuota(client, self.registry.keys)
+        self.drains = Drains(client, self.registry.keys)
+        self.drain = drain
         # One count per key written at a time: a beat's must not overwrite a create's newer one.
         self._counting = asyncio.Lock()
         # The data set the node's routes and files were last written into in full, and what
@@ -148,6 +153,7 @@ class NodeAgent:
         )
         try:
             lease = await self.registry.heartbeat(self.token, report, self.ttl)
+            await self._keep_drain(lease.epoch)
             state = await self._let_go_of_moved(state)
             generation = (lease.epoch, await self._run_id())
             # A lease taken anew follows a lapse, in which gateways may have dropped routes of
@@ -235,6 +241,19 @@ class NodeAgent:
         parked = {i: r for i, r in state.parked.items() if i not in moved}
         kept = set(state.sandboxes) - moved
         return dataclasses.replace(state, sandboxes=kept, parked=parked)
+
+    async def _keep_drain(self, epoch: str) -> None:
+        """Reads the node's drain from Redis in the data set it last read it in, and marks it
+        draining again in any other (`aenv.cluster.drain`)."""
+        if self.drain is None:
+            return
+        known = self.drain.state
+        draining = await self.drains.is_draining(self.node_id)
+        if known.epoch != epoch and known.draining and not draining:
+            log.warning("node %s drains: marked so again in a new Redis data set", self.node_id)
+            await self.drains.drain(self.node_id)
+            draining = True
+        self.drain.remember(DrainState(draining, epoch))
 
     async def _count_by_key(self) -> None:
         """Writes the node's running sandboxes per API key (`aenv.cluster.quota`), read now."""

@@ -1,10 +1,26 @@
 """Draining: the nodes that take no new sandboxes (`aenv node drain`), in one Redis set that
-placement reads. Emptying a draining node of its sandboxes is the drain command's work."""
+placement reads, and each node's own memory of whether it drains. Emptying a draining node of
+its sandboxes is the drain command's work.
+
+The node is the source of truth here as for its sandboxes: its agent keeps a file saying
+whether it drains and in which Redis data set (epoch) it read that. While the data set is the
+same, the Redis set is the operator's word and the file follows it (a drain or undrain made while
+the node was down included); in a data set the node has not read it from (Redis wiped or
+restarted without its data), the node marks itself draining again, so a drained node never comes
+back `ready` on its own.
+"""
 
 from __future__ import annotations
 
+import json
+from collections.abc import Awaitable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import cast
+
 import redis.asyncio as aioredis
 
+from aenv.atomic import write_text
 from aenv.cluster.store import Keys, guarded, members
 
 
@@ -24,3 +40,37 @@ class Drains:
     async def draining(self) -> set[str]:
         async with guarded(self.client, "listing draining nodes"):
             return await members(self.client, self.keys.draining)
+
+    async def is_draining(self, node_id: str) -> bool:
+        async with guarded(self.client, f"reading whether node {node_id} drains"):
+            found = self.client.sismember(self.keys.draining, node_id)
+            return bool(await cast("Awaitable[int]", found))
+
+
+@dataclass(frozen=True)
+class DrainState:
+    draining: bool
+    epoch: str | None  # the data set it was read in; None: never read
+
+
+class DrainMemory:
+    """A node's file saying whether it drains (see the module docstring)."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        try:
+            raw = json.loads(path.read_text())
+        except FileNotFoundError:
+            raw = {}
+        self._state = DrainState(bool(raw.get("draining", False)), raw.get("epoch"))
+
+    @property
+    def state(self) -> DrainState:
+        return self._state
+
+    def remember(self, state: DrainState) -> None:
+        if state == self._state:
+            return
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        write_text(self.path, json.dumps({"draining": state.draining, "epoch": state.epoch}))
+        self._state = state

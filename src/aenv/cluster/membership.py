@@ -9,8 +9,10 @@ import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 
 from aenv.cluster.agent import NodeAgent, StateSource
+from aenv.cluster.drain import DrainMemory
 from aenv.cluster.secret import ClusterSecret, WeakSecret
 from aenv.cluster.store import ClusterUnavailable, connect
 from aenv.config import Config, ConfigError
@@ -39,6 +41,7 @@ class NodeSettings:
     secret: ClusterSecret
     interval: float
     ttl: float
+    drain_file: Path  # `aenv.cluster.drain.DrainMemory`
 
     @classmethod
     def of(cls, config: Config) -> NodeSettings:
@@ -53,6 +56,7 @@ class NodeSettings:
             secret=secret,
             interval=config.heartbeat_interval,
             ttl=config.lease_ttl,
+            drain_file=config.paths.cluster_drain,
         )
 
 
@@ -65,7 +69,13 @@ async def membership(settings: NodeSettings, source: StateSource) -> AsyncIterat
     """
     client = connect(settings.redis_url)
     agent = NodeAgent(
-        client, settings.node_id, settings.address, source, settings.secret, settings.ttl
+        client,
+        settings.node_id,
+        settings.address,
+        source,
+        settings.secret,
+        settings.ttl,
+        drain=DrainMemory(settings.drain_file),
     )
     try:
         try:
