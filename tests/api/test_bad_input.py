@@ -6,7 +6,7 @@ from urllib.parse import urlencode
 
 import pytest
 
-from aenv.api.models import MAX_METADATA_ENTRIES
+from aenv.api.models import DEFAULT_TIMEOUT_V2, MAX_METADATA_ENTRIES
 from tests.api.conftest import Node
 
 
@@ -23,3 +23,17 @@ async def test_a_metadata_filter_is_bounded(node: Node, route: str) -> None:
     most = urlencode({f"k{n}": "v" for n in range(MAX_METADATA_ENTRIES)})
     response = await node.client.get(route, params={"metadata": most})
     assert (response.status_code, response.json()) == (200, [])
+
+
+async def test_a_fork_timeout_of_null_is_refused(node: Node) -> None:
+    """E2B's `SandboxForkRequest.timeout` is an integer with a default: the SDKs leave it out
+    rather than send null, so a null is a mistake, not a request for the default."""
+    created = await node.client.post("/sandboxes", json={"templateID": "base"})
+    sandbox_id = created.json()["sandboxID"]
+    refused = await node.client.post(f"/sandboxes/{sandbox_id}/fork", json={"timeout": None})
+    assert refused.status_code == 400 and "timeout" in refused.json()["message"]
+    assert [r.id for r in node.orchestrator.list()] == [sandbox_id]
+    forked = await node.client.post(f"/sandboxes/{sandbox_id}/fork", json={})
+    assert forked.status_code == 201, forked.text
+    child = forked.json()[0]["sandbox"]["sandboxID"]
+    assert node.orchestrator.get(child).timeout == DEFAULT_TIMEOUT_V2

@@ -164,7 +164,8 @@ class SnapshotBody(_Body):
 
 
 class ForkBody(_Body):
-    timeout: int | None = Field(default=None, ge=1, le=MAX_SECONDS)
+    # Not nullable in E2B's spec (the SDKs leave it out instead): null is refused, not a default.
+    timeout: int = Field(default=DEFAULT_TIMEOUT_V2, ge=1, le=MAX_SECONDS)
     count: int = Field(default=1, ge=1, le=MAX_FORK)
 
 

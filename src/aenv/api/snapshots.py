@@ -117,12 +117,11 @@ class SnapshotRoutes:
         check_query(request)
         body = await parse_body(request, ForkBody, optional=True)
         sandbox_id = request.path_params["sandbox_id"]
-        timeout = body.timeout or DEFAULT_TIMEOUT_V2
-        if timeout > self.config.max_timeout:
+        if body.timeout > self.config.max_timeout:
             raise APIError(400, f"timeout must be at most {self.config.max_timeout} seconds")
         try:
             children = await call_lifecycle(
-                self.orc.fork(sandbox_id, body.count, timeout, owner=request.state.api_key.id),
+                self.orc.fork(sandbox_id, body.count, body.timeout, owner=request.state.api_key.id),
                 sandbox_id,
             )
         except CapacityReached as e:  # the whole fork, refused before anything started
