@@ -2,12 +2,15 @@
 
 Sandbox ids are `[a-z0-9]{20}`: host-based routing splits `{port}-{id}.{domain}` on `-`, so ids
 never contain one. API keys are `e2b_` + 40 hex digits: SDKs before 2.6x reject other shapes.
+Build ids are UUIDs, as E2B's spec has them (`buildID`, format uuid); those of templates saved
+before, 16 hex digits, stay what they are: they name directories.
 """
 
 from __future__ import annotations
 
 import secrets
 import string
+import uuid
 
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 
@@ -18,6 +21,10 @@ def new_sandbox_id() -> str:
 
 def new_api_key() -> str:
     return "e2b_" + secrets.token_hex(20)
+
+
+def new_build_id() -> str:
+    return str(uuid.uuid4())
 
 
 def new_access_token() -> str:

@@ -184,11 +184,10 @@ class DoubleDriver:
 
     async def _boot(self, spec: VMSpec) -> VM:
         files: dict[str, str] = {}
-        for disk in spec.disks:
+        for disk in spec.disks:  # in order, each layer's files over those below, as restores do
             if not disk.path.is_file():
                 raise BootError(f"disk {disk.drive_id}: no file {disk.path}")
-            if not disk.read_only:
-                files |= await read_disk(disk.path)
+            files |= await read_disk(disk.path)
         return await self._start(self._with_slots(spec), Guest.booted(files))
 
     async def restore(self, snapshot: Snapshot, target: RestoreSpec) -> VM:

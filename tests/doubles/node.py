@@ -16,6 +16,7 @@ import httpx
 
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
+from aenv.ids import new_build_id
 from aenv.network import Slot
 from aenv.orchestrator.catalog import Catalog, SandboxRecord
 from aenv.orchestrator.envd_client import EnvdClient
@@ -138,7 +139,7 @@ async def make_template(
         await slots.release(slot)
     template = Template(
         template_id=template_id,
-        build_id=secrets.token_hex(8),
+        build_id=new_build_id(),
         aliases=(template_id,),
         cpu_count=1,
         memory_mb=512,

@@ -8,19 +8,32 @@ import dataclasses
 import json
 import os
 import secrets
+import uuid
 from pathlib import Path
 
 import pytest
 
 from aenv.config import DEFAULT_MIRROR as MIRROR
+from aenv.config import Config
+from aenv.guest.cmdline import GuestNet
 from aenv.guest.kernel import Kernel
 from aenv.guest.rootfs import BaseRootfs
 from aenv.orchestrator import images
 from aenv.orchestrator.images import GuestImages, prepare_images, publish, tree_digest
-from aenv.orchestrator.templates import TEMPLATE_FILE, Template, TemplateStore, is_stale
+from aenv.orchestrator.templates import (
+    TEMPLATE_FILE,
+    BuildRequest,
+    Template,
+    TemplateStore,
+    build_template,
+    is_stale,
+)
 from aenv.runtime.driver import Disk, Snapshot, VMSpec
 from aenv.runtime.firecracker import FirecrackerDriver
 from aenv.runtime.qemu import QemuDriver
+from tests.doubles.driver import DoubleDriver, write_disk
+from tests.doubles.node import TEMPLATE_FILES
+from tests.doubles.slots import DoubleSlots
 
 
 def rebuild(path: Path, content: bytes) -> None:
@@ -282,3 +295,20 @@ def test_unfinished_saved_states_are_removed(tmp_path: Path, store: TemplateStor
     assert not (store.memory_dir / "half").exists()
     store.load()
     assert store.get("done").template_id == "done"
+
+
+async def test_the_base_template_build_id_is_a_uuid(tmp_path: Path) -> None:
+    """E2B's `buildID` is a UUID (the SDKs and the spec say so): the node's own base template's
+    too, as `build_template` makes it."""
+    slots = DoubleSlots()
+    images = images_named(tmp_path / "images", "a")
+    images.rootfs.parent.mkdir(parents=True)
+    for path in (images.kernel, images.initrd, images.envd_drive):
+        path.write_bytes(b"\0" * 512)
+    write_disk(images.rootfs, TEMPLATE_FILES)
+    store = TemplateStore(tmp_path / "templates", tmp_path / "shm")
+    request = BuildRequest.for_node(Config(home=tmp_path), "base", ("base",))
+    guest = GuestNet(address="10.11.0.2/24", gateway="10.11.0.1")
+    template = await build_template(request, images, DoubleDriver(slots), slots, store, guest)
+    assert str(uuid.UUID(template.build_id)) == template.build_id
+    assert slots.in_use == {}

@@ -36,7 +36,7 @@ from connectrpc.errors import ConnectError
 
 from aenv import atomic
 from aenv.config import Paths
-from aenv.ids import new_sandbox_id
+from aenv.ids import new_build_id, new_sandbox_id
 from aenv.network.settings import SandboxNetwork
 from aenv.oci import Credentials, ImageError, rootfs_from_image
 from aenv.orchestrator.build_egress import GUEST_CA, GUEST_CA_DIR, BuildEgress
@@ -246,7 +246,7 @@ class Builder:
             template_id = self.orc.templates.get(alias).template_id
         build = Build(
             template_id=template_id or new_sandbox_id(),
-            build_id=str(uuid.uuid4()),
+            build_id=new_build_id(),
             name=alias,
             tags=named,
             created_at=time.time(),

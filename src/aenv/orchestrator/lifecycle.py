@@ -23,7 +23,6 @@ import collections
 import contextlib
 import dataclasses
 import logging
-import secrets
 import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
@@ -36,7 +35,7 @@ from connectrpc.errors import ConnectError
 
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
-from aenv.ids import new_access_token, new_sandbox_id
+from aenv.ids import new_access_token, new_build_id, new_sandbox_id
 from aenv.network import EgressPolicy, NftError, Slot, SlotProvider, SlotReclaimer, socks
 from aenv.network.settings import SandboxNetwork, SlotEgress
 from aenv.orchestrator import checkpoints, consoles, detach, hibernation, metrics_history, warm
@@ -1517,7 +1516,7 @@ class Orchestrator:
         """Save the sandbox's current state as template `template_id` (a new build of it), its
         memory detached into a file first when `detach_memory` (see detach.py)."""
         await self.wake(sandbox_id)  # a hibernated sandbox is saved as it runs
-        build_id = secrets.token_hex(8)
+        build_id = new_build_id()
         dest = self.templates.directory / template_id / build_id
         with self.saved.pin(dest):
             return await self._checkpoint_into(

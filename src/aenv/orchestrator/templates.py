@@ -25,6 +25,7 @@ from aenv import atomic
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.guest.cmdline import GuestNet, kernel_cmdline
+from aenv.ids import new_build_id
 from aenv.network import SlotProvider
 from aenv.orchestrator.build_steps import warm_up
 from aenv.orchestrator.envd_client import EnvdClient
@@ -247,7 +248,7 @@ async def build_template(
     `template.json`, written last, is what makes it visible. On failure the directories are
     removed again.
     """
-    build_id = secrets.token_hex(8)
+    build_id = new_build_id()
     final_dir = store.directory / request.template_id
     memory = store.memory_dir / request.template_id
     store.delete(request.template_id)
