@@ -5,6 +5,7 @@ check passes only when the thing it checks answers, and fails when it does not."
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 import subprocess
 import sys
@@ -16,6 +17,8 @@ import dns.message
 import dns.rrset
 import pytest
 
+from aenv import claims
+from aenv.config import load
 from tests.support.ports import free_port
 from tests.support.redis_server import redis_server
 
@@ -63,6 +66,8 @@ def doctor(home: Path, **settings: str) -> subprocess.CompletedProcess[str]:
         "AENV_DRIVER": "qemu-tcg",
         "AENV_BUILD_EGRESS": "pypi.org,registry.npmjs.org",
         "AENV_DEBIAN_MIRROR": "http://deb.debian.org/debian",
+        # Never the host's own resolver: tests send traffic to loopback only.
+        "AENV_NETWORK_DNS": SILENT,
         **settings,
     }
     return subprocess.run(
@@ -103,3 +108,17 @@ def test_a_resolver_that_does_not_answer_and_a_redis_that_is_gone_fail(tmp_path:
     assert _line(done.stdout, "disk").startswith("FAIL")
     # The others still ran.
     assert _line(done.stdout, "memory").startswith("pass")
+
+
+def test_a_prefix_another_running_node_holds_fails(tmp_path: Path) -> None:
+    prefix = f"aenvdr{secrets.token_hex(2)}"
+    held = claims.claim(load({"home": tmp_path / "other", "network_prefix": prefix}))
+    try:
+        clash = doctor(tmp_path / "home", AENV_NETWORK_PREFIX=prefix)
+        free = doctor(tmp_path / "home")
+    finally:
+        held.release()
+    line = _line(clash.stdout, "claims")
+    assert clash.returncode == 1 and line.startswith("FAIL"), clash.stdout
+    assert f"network_prefix {prefix!r} is held" in line and str(tmp_path / "other") in line
+    assert _line(free.stdout, "claims").startswith("pass"), free.stdout

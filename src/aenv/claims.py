@@ -92,7 +92,8 @@ def _hash(home: Path) -> int:
     return int.from_bytes(hashlib.sha256(str(home).encode()).digest()[:8], "big")
 
 
-def _netns() -> str:
+def netns_id() -> str:
+    """This process's network namespace, as claims name it."""
     st = os.stat("/proc/self/ns/net")
     return f"{st.st_dev}:{st.st_ino}"
 
@@ -181,7 +182,7 @@ def claim(config: Config, directory: Path = CLAIMS_DIR) -> HeldClaim:
     directory.mkdir(parents=True, exist_ok=True, mode=0o700)
     with _locked(directory / ".lock"):
         live = list(_live_claims(directory))
-        mine = derive(config, live, _netns())
+        mine = derive(config, live, netns_id())
         path = directory / f"{_hash(Path(mine.home)):016x}.json"
         fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_TRUNC | os.O_CLOEXEC, 0o600)
         try:
@@ -192,6 +193,14 @@ def claim(config: Config, directory: Path = CLAIMS_DIR) -> HeldClaim:
             path.unlink(missing_ok=True)
             raise
         return HeldClaim(mine, path, fd)
+
+
+def live(directory: Path = CLAIMS_DIR) -> list[Claim]:
+    """The claims of the nodes running now (stale ones are removed)."""
+    if not directory.is_dir():
+        return []
+    with _locked(directory / ".lock"):
+        return list(_live_claims(directory))
 
 
 @contextlib.contextmanager

@@ -26,6 +26,7 @@ import dns.rcode
 import dns.rdatatype
 import psutil
 
+from aenv import claims
 from aenv.config import Config
 from aenv.network.dns import host_resolver
 from aenv.runtime import damon
@@ -205,7 +206,33 @@ async def repository(config: Config) -> Result:
     return Result("s3", Outcome.PASS, f"{config.repository} answers")
 
 
-CHECKS: tuple[Check, ...] = (vmm, dns_, disk, memory, ksm, cold_reclaim, redis, repository)
+async def host_share(config: Config) -> Result:
+    """The network prefix, slot network and jail uids this node would take are free of every
+    other node running on the host (`aenv.claims`)."""
+    running = claims.live()
+    home = config.home.resolve()
+    mine = next((c for c in running if Path(c.home) == home), None)
+    if mine is not None:
+        return Result(
+            "claims", Outcome.PASS, f"this home's node runs (pid {mine.pid}): {_held(mine)}"
+        )
+    try:
+        would = claims.derive(config, running, claims.netns_id())
+    except claims.ClaimConflict as e:
+        return Result("claims", Outcome.FAIL, str(e))
+    others = f"{len(running)} other node(s) on this host" if running else "no other node here"
+    return Result("claims", Outcome.PASS, f"{_held(would)} are free ({others})")
+
+
+def _held(claim: claims.Claim) -> str:
+    uids = claim.uids()
+    jail = f"uids {uids.start}-{uids.stop - 1}" if uids else "no jail uids"
+    return f"prefix {claim.network_prefix}, slot network {claim.network_cidr}, {jail}"
+
+
+CHECKS: tuple[Check, ...] = (
+    vmm, dns_, disk, memory, ksm, cold_reclaim, host_share, redis, repository,
+)  # fmt: skip
 
 
 async def examine(config: Config, checks: tuple[Check, ...] = CHECKS) -> list[Result]:
