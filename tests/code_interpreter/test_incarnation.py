@@ -63,12 +63,14 @@ def test_r_and_javascript_draw_afresh_in_a_clone(server: tuple[Sandbox, int]) ->
     repeated = sandbox.run_code(seeded, language="r").results[0].text
     assert sandbox.run_code(seeded, language="r").results[0].text == repeated
     native = "console.log(Math.random.toString().includes('[native code]'))"
-    assert sandbox.run_code(native, language="js").logs.stdout == ["true\n"]
+    # A context of its own: the default one started with the server, under an earlier hostname.
+    js = sandbox.create_code_context(language="js")
+    assert sandbox.run_code(native, context=js).logs.stdout == ["true\n"]
     sandbox.run_code("set.seed(7)", language="r")
     _rename(pid, "aenv-clone-r-js")
     assert sandbox.run_code("runif(1)", language="r").results[0].text != repeated
     assert sandbox.run_code("y + 1", language="r").results[0].text == "[1] 2"
     # V8 cannot be reseeded: Math.random draws from the guest's RNG in a clone.
-    assert sandbox.run_code(native, language="js").logs.stdout == ["false\n"]
-    draw = sandbox.run_code("console.log(Math.random())", language="js").logs.stdout
+    assert sandbox.run_code(native, context=js).logs.stdout == ["false\n"]
+    draw = sandbox.run_code("console.log(Math.random())", context=js).logs.stdout
     assert 0 <= float(draw[0]) < 1

@@ -13,12 +13,14 @@ def test_npm_sdk(server_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
         pytest.skip("node and npm are needed for the npm SDK")
     monkeypatch.setenv("E2B_SANDBOX_URL", server_url)
     assert run_node_script("code_interpreter.mjs", timeout=300) == {
+        "contexts": ["javascript", "python"],
         "text": "42",
         "stdout": ["hi\n"],
         "error": "ZeroDivisionError",
         "png": "PNG",
         "chart": {"type": "bar", "values": [1, 2]},
-        "data": {"columns": ["a"], "index": [0], "data": [[1]]},
+        "data": {"a": [1]},
+        "js": "42",
         "bash": ["3\n"],
         "timeout": "TimeoutError",
         "kept": "41",

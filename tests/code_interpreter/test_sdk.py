@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import base64
-import re
 import time
 from pathlib import Path
 
@@ -11,6 +10,13 @@ import httpx
 import pytest
 from e2b import NotFoundException, SandboxException, TimeoutException
 from e2b_code_interpreter import ExecutionError, OutputMessage, Result, Sandbox
+
+
+def test_a_new_server_lists_python_and_javascript_contexts(sandbox: Sandbox) -> None:
+    # Started with the server, as E2B's are: neither language's first cell waits for a kernel.
+    contexts = sandbox.list_code_contexts()
+    assert sorted(c.language for c in contexts) == ["javascript", "python"]
+    assert {c.cwd for c in contexts} == {sandbox.run_code("import os; os.getcwd()").text}
 
 
 def test_state_and_execution_counts(sandbox: Sandbox) -> None:
@@ -34,7 +40,8 @@ def test_streaming_callbacks(sandbox: Sandbox) -> None:
     assert all(m.error for m in stderr) and not any(m.error for m in stdout)
     # Unix nanoseconds, as the SDK documents.
     assert abs(stdout[0].timestamp / 1e9 - time.time()) < 600
-    assert [r.text for r in results] == ["'done'"]
+    # A string's text without its quotes, as E2B's server gives it.
+    assert [r.text for r in results] == ["done"]
     assert execution.logs.stdout == [m.line for m in stdout]
 
 
@@ -44,8 +51,9 @@ def test_error_has_name_value_and_traceback(sandbox: Sandbox) -> None:
     assert execution.error is not None
     assert execution.error.name == "ZeroDivisionError"
     assert execution.error.value == "division by zero"
-    # Jupyter's traceback, colours included, as E2B's server sends it.
-    assert "return 1 / 0" in re.sub(r"\x1b\[[0-9;]*m", "", execution.error.traceback)
+    # Jupyter's traceback without colours, as E2B's kernels give it.
+    assert "return 1 / 0" in execution.error.traceback
+    assert "\x1b[" not in execution.error.traceback
     assert errors == [execution.error]
     assert sandbox.run_code("1 + 1").text == "2"  # the context goes on
 
@@ -101,7 +109,22 @@ def test_dataframe(sandbox: Sandbox) -> None:
     [frame] = sandbox.run_code(code).results
     assert frame.is_main_result
     assert frame.html is not None and "<table" in frame.html
-    assert frame.data == {"columns": ["a", "b"], "index": [0, 1], "data": [[1, "x"], [2, "y"]]}
+    # A list of values per column, as E2B's server gives a frame's data.
+    assert frame.data == {"a": [1, 2], "b": ["x", "y"]}
+    code = "pd.DataFrame({'t': pd.to_datetime(['2024-01-02', None]), 'n': [0.5, float('nan')]})"
+    [frame] = sandbox.run_code(code).results
+    assert frame.data == {"t": ["2024-01-02T00:00:00", None], "n": [0.5, None]}
+
+
+def test_results_as_e2b_gives_them(sandbox: Sandbox) -> None:
+    execution = sandbox.run_code("import os; os.environ['FOO'] = 'bar'; os.getenv('FOO')")
+    assert execution.text == "bar"
+    assert sandbox.run_code('"it\'s"').text == "it's"
+    # Lists and dicts are JSON results too; their text is not cut short.
+    [listed] = sandbox.run_code("import numpy as np; [1, {'a': np.int64(2)}, *range(2000)]").results
+    assert listed.json == [1, {"a": 2}, *range(2000)]
+    assert listed.text is not None and listed.text.endswith(" 1999]") and "..." not in listed.text
+    assert sandbox.run_code("1 + 1").results[0].json is None
 
 
 def test_contexts(sandbox: Sandbox, server_cwd: Path) -> None:
@@ -110,9 +133,9 @@ def test_contexts(sandbox: Sandbox, server_cwd: Path) -> None:
     context = sandbox.create_code_context(cwd=str(work))
     assert (context.language, context.cwd) == ("python", str(work))
     assert context.id in [c.id for c in sandbox.list_code_contexts()]
-    assert sandbox.run_code("import os; os.getcwd()", context=context).text == repr(str(work))
+    assert sandbox.run_code("import os; os.getcwd()", context=context).text == str(work)
     sandbox.run_code("y = 'mine'", context=context)
-    assert sandbox.run_code("y", context=context).text == "'mine'"
+    assert sandbox.run_code("y", context=context).text == "mine"
     assert sandbox.run_code("'y' in dir()").text == "False"  # the default context's state
     sandbox.restart_code_context(context)
     assert sandbox.run_code("'y' in dir()", context=context).text == "False"
@@ -127,7 +150,7 @@ def test_timeout_interrupts_the_kernel(sandbox: Sandbox) -> None:
     with pytest.raises(TimeoutException):
         sandbox.run_code("import time\nwhile True: time.sleep(0.1)", timeout=2)
     # The loop was interrupted, so the next cell runs; the state was kept.
-    assert sandbox.run_code("kept", timeout=30).text == "'still here'"
+    assert sandbox.run_code("kept", timeout=30).text == "still here"
 
 
 def test_unsupported_language_is_refused(sandbox: Sandbox) -> None:

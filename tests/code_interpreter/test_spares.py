@@ -18,6 +18,7 @@ from e2b_code_interpreter import Sandbox
 from aenv.code_interpreter import execution, incarnation
 from aenv.code_interpreter.kernel import start as start_kernel
 from aenv.code_interpreter.kernels import ContextTable
+from aenv.code_interpreter.sandbox_env import SandboxEnv
 from tests.code_interpreter.conftest import running_server
 
 _REFILL_TIMEOUT_S = 120.0
@@ -80,7 +81,10 @@ async def table(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> AsyncIterato
 async def test_a_spare_taken_in_another_sandbox_is_reseeded(table: ContextTable) -> None:
     context = await table.create()
     assert context.kernel.incarnation == "template-vm"
-    lines = [json.loads(line) async for line in execution.run(context, "1 + 1", {})]
+    lines = [
+        json.loads(line)
+        async for line in execution.run(context, "1 + 1", {}, SandboxEnv(None), None)
+    ]
     assert any(line.get("text") == "2" for line in lines), lines
     assert context.kernel.incarnation == "clone-1"
 
@@ -107,7 +111,10 @@ async def test_without_spares_a_context_starts_its_own_kernel(
         context = await table.create(cwd=str(tmp_path))
         # Started for this context, in its directory: not a spare made before.
         assert context.kernel.incarnation == "at-create"
-        lines = [json.loads(line) async for line in execution.run(context, "1 + 1", {})]
+        lines = [
+            json.loads(line)
+            async for line in execution.run(context, "1 + 1", {}, SandboxEnv(None), None)
+        ]
         assert any(line.get("text") == "2" for line in lines), lines
     finally:
         await table.close()

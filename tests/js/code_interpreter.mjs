@@ -5,6 +5,7 @@ import { Sandbox } from '@e2b/code-interpreter'
 
 const out = {}
 const sbx = await Sandbox.create({ debug: true })
+out.contexts = (await sbx.listCodeContexts()).map((c) => c.language).sort()
 await sbx.runCode('x = 41')
 const stdout = []
 const first = await sbx.runCode("print('hi')\nx + 1", { onStdout: (m) => stdout.push(m.line) })
@@ -18,6 +19,7 @@ const [chart] = figure.results
 out.png = Buffer.from(chart.png, 'base64').subarray(1, 4).toString()
 out.chart = { type: chart.chart?.type, values: chart.chart?.elements.map((e) => e.value) }
 out.data = (await sbx.runCode("import pandas as pd\npd.DataFrame({'a': [1]})")).results[0].data
+out.js = (await sbx.runCode("'4' + 2", { language: 'js' })).text
 const shell = await sbx.createCodeContext({ language: 'bash' })
 out.bash = (await sbx.runCode('echo $((1 + 2))', { context: shell })).logs.stdout
 try {

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
@@ -21,9 +20,10 @@ from starlette.routing import Route
 
 from aenv.code_interpreter import execution
 from aenv.code_interpreter.kernels import ContextNotFound, ContextTable, UnsupportedLanguage
+from aenv.code_interpreter.languages import ENV_NAME
+from aenv.code_interpreter.sandbox_env import SandboxEnv
 
 Model = TypeVar("Model", bound=BaseModel)
-ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 Handler = Callable[[Request], Awaitable[Response]]
 
 
@@ -37,7 +37,6 @@ class ExecuteRequest(BaseModel):
     @field_validator("env_vars")
     @classmethod
     def _names(cls, env: dict[str, str] | None) -> dict[str, str] | None:
-        # Shell names: every kernel's language must be able to set them.
         bad = [name for name in env or {} if not ENV_NAME.fullmatch(name)]
         if bad:
             raise ValueError(f"not an env var name: {bad[0]!r}")
@@ -93,7 +92,12 @@ def _guarded(handler: Handler) -> Handler:
     return guarded
 
 
-def create_app(table: ContextTable) -> Starlette:
+def create_app(
+    table: ContextTable, sandbox_env: SandboxEnv, default_languages: Sequence[str] = ("python",)
+) -> Starlette:
+    """`default_languages`: those whose default context starts with the server (the first one
+    first), so that a template saved with it running holds their kernels warm."""
+
     async def execute(request: Request) -> Response:
         body = await _body(request, ExecuteRequest)
         if body.context_id and body.language:
@@ -104,7 +108,8 @@ def create_app(table: ContextTable) -> Starlette:
             context = await table.default(body.language)
         if body.env_vars and context.kind.set_env is None:
             raise HttpError(400, f"env_vars: {context.language} cannot set env vars per execution")
-        stream = execution.run(context, body.code, body.env_vars or {})
+        token = request.headers.get("X-Access-Token")
+        stream = execution.run(context, body.code, body.env_vars or {}, sandbox_env, token)
         return StreamingResponse(stream, media_type="application/x-ndjson")
 
     async def list_contexts(request: Request) -> Response:
@@ -133,10 +138,12 @@ def create_app(table: ContextTable) -> Starlette:
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette) -> AsyncIterator[None]:
-        # The default Python kernel, then a spare, start with the server: a template saved with
-        # the server running holds them warm, and neither the first run_code nor the first
-        # create_code_context waits for a kernel.
-        await table.default("python")
+        # The default contexts, then a spare, start with the server: a template saved with the
+        # server running holds them warm, and neither a first run_code nor the first
+        # create_code_context waits for a kernel. A language not installed here has none.
+        for language in default_languages:
+            if language in table.languages:
+                await table.default(language)
         table.spares.fill()
         await table.spares.ready()
         try:

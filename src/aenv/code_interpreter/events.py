@@ -4,6 +4,9 @@ Each line is one JSON object with a `type`: `stdout`/`stderr` (`text`, `timestam
 nanoseconds), `result` (one field per format, `data` and `chart`, `is_main_result`, unknown
 formats in `extra`), `error` (`name`, `value`, `traceback`), `number_of_executions`
 (`execution_count`) and a final `end_of_execution`.
+
+A result's `text` is its plain text as E2B's server gives it: a string's repr without its
+quotes (`bar` for `'bar'`), whatever the language.
 """
 
 from __future__ import annotations
@@ -30,6 +33,9 @@ FORMATS = {
 DATA_MIME = "application/vnd.aenv.data+json"
 # And matplotlib figures: their chart (`charts`).
 CHART_MIME = "application/vnd.aenv.chart+json"
+# The metadata key of a display that is the cell's own value: tslab shows that as a display
+# (`tslab_kernel.js`), ipykernel and the others as an `execute_result`.
+MAIN_RESULT = "aenv/main_result"
 
 Event = dict[str, Any]
 
@@ -46,7 +52,9 @@ def result(bundle: Mapping[str, Any], main: bool) -> Event:
     event: Event = {"type": "result", "is_main_result": main}
     extra = {}
     for mime, value in bundle.items():
-        if mime in FORMATS:
+        if mime == "text/plain" and isinstance(value, str):
+            event["text"] = _unquoted(value)
+        elif mime in FORMATS:
             event[FORMATS[mime]] = value
         elif mime == DATA_MIME:
             event["data"] = value
@@ -57,6 +65,12 @@ def result(bundle: Mapping[str, Any], main: bool) -> Event:
     if extra:
         event["extra"] = extra
     return event
+
+
+def _unquoted(text: str) -> str:
+    if len(text) >= 1 and text[0] == text[-1] and text[0] in "'\"":
+        return text[1:-1]
+    return text
 
 
 def error(name: str, value: str, traceback: list[str]) -> Event:

@@ -1,13 +1,15 @@
 """One run of code in a context, streamed as NDJSON lines while the kernel produces them.
 
 1. The context's lock is taken: its kernel runs one execution at a time. A kernel cloned
-   into another sandbox (a fork) gets fresh randomness first (`incarnation`).
-2. The execution's env vars, if any, are set in the kernel's `os.environ`. If that (or the
-   reseed) fails, the stream is one `ExecutionSetupError` error and its end: the response
-   has begun by then, so an HTTP error is no longer possible.
+   into another sandbox (a fork) gets fresh randomness first (`incarnation`), and a kernel
+   new to its sandbox that sandbox's env vars (`sandbox_env`).
+2. The execution's env vars, if any, are set in the kernel (`os.environ` in Python). If that
+   (or the reseed) fails, the stream is one `ExecutionSetupError` error and its end: the
+   response has begun by then, so an HTTP error is no longer possible.
 3. The code runs; the kernel's IOPub messages answering this request become events, until
    the kernel goes idle (or dies), and then an error its reply alone reports.
-4. The env vars are put back as the kernel started with them and the lock is released.
+4. The env vars are put back as the sandbox has them (else as the kernel started with them)
+   and the lock is released.
 
 A client that goes away mid-run (the SDKs' `timeout`, a dropped connection) cancels the stream:
 then a task of its own interrupts the kernel, restores the env vars and releases the lock,
@@ -24,12 +26,14 @@ import logging
 import os
 import queue
 import re
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterable, Mapping
 from typing import Any
 
 from aenv.code_interpreter import events, incarnation
 from aenv.code_interpreter.kernel import run_silently
 from aenv.code_interpreter.kernels import Context
+from aenv.code_interpreter.languages import ENV_NAME
+from aenv.code_interpreter.sandbox_env import SandboxEnv
 
 log = logging.getLogger(__name__)
 
@@ -43,18 +47,30 @@ _REPLY_WAIT_S = 10.0
 _recoveries: set[asyncio.Task[None]] = set()
 
 
-def _previous(names: Mapping[str, str]) -> dict[str, str | None]:
-    # The kernel inherited this server's environment when it started.
-    return {name: os.environ.get(name) for name in names}
+def _started_with(context: Context, name: str) -> str | None:
+    # A kernel inherited this server's environment when it started.
+    return os.environ.get(name) if context.kind.inherits_env else None
 
 
-async def run(context: Context, code: str, env: Mapping[str, str]) -> AsyncIterator[bytes]:
+def _previous(context: Context, names: Iterable[str]) -> dict[str, str | None]:
+    sandbox = context.kernel.sandbox_env
+    return {name: sandbox.get(name, _started_with(context, name)) for name in names}
+
+
+async def run(
+    context: Context,
+    code: str,
+    env: Mapping[str, str],
+    sandbox: SandboxEnv,
+    token: str | None,
+) -> AsyncIterator[bytes]:
+    """`sandbox` gives the sandbox's env vars, asked of envd with the caller's `token`."""
     await context.lock.acquire()
     finished = False
     msg_id: str | None = None
     try:
         try:
-            await _prepare(context, env)
+            await _prepare(context, env, sandbox, token)
         except (RuntimeError, TimeoutError) as e:
             # The response has begun (200, streaming): the failure can only be an event.
             yield events.line(events.error("ExecutionSetupError", str(e), []))
@@ -91,19 +107,42 @@ async def run(context: Context, code: str, env: Mapping[str, str]) -> AsyncItera
             task.add_done_callback(_recoveries.discard)
 
 
-async def _prepare(context: Context, env: Mapping[str, str]) -> None:
-    """Fresh randomness in a kernel cloned into another sandbox, then the execution's env."""
-    if context.kernel.incarnation != (now := incarnation.current()):
+async def _prepare(
+    context: Context, env: Mapping[str, str], sandbox: SandboxEnv, token: str | None
+) -> None:
+    """Fresh randomness in a kernel cloned into another sandbox, the sandbox's env in a kernel
+    new to it, then the execution's env."""
+    kernel = context.kernel
+    if kernel.incarnation != (now := incarnation.current()):
         if context.kind.reseed is not None:
-            await run_silently(context.kernel.client, context.kind.reseed)
-        context.kernel.incarnation = now
+            await run_silently(kernel.client, context.kind.reseed)
+        kernel.incarnation = now
+    if kernel.env_for != now and context.kind.set_env is not None:
+        await _sandbox_env(context, await sandbox.get(token))
+        kernel.env_for = now
     if env and context.kind.set_env is not None:
-        await run_silently(context.kernel.client, context.kind.set_env(env))
+        await run_silently(kernel.client, context.kind.set_env(env))
+
+
+async def _sandbox_env(context: Context, envs: Mapping[str, str]) -> None:
+    """Give the kernel the sandbox's env vars, in place of those of the sandbox it was in."""
+    assert context.kind.set_env is not None and context.kind.restore_env is not None
+    kernel = context.kernel
+    # Names no kernel's language can set are left out (envd takes any name).
+    given = {k: v for k, v in envs.items() if ENV_NAME.fullmatch(k) and "\0" not in v}
+    gone = {k: _started_with(context, k) for k in kernel.sandbox_env if k not in given}
+    if gone:
+        await run_silently(kernel.client, context.kind.restore_env(gone))
+    kernel.sandbox_env = {k: v for k, v in kernel.sandbox_env.items() if k not in gone}
+    if given:
+        await run_silently(kernel.client, context.kind.set_env(given))
+    kernel.sandbox_env = given
 
 
 async def _restore(context: Context, env: Mapping[str, str]) -> None:
     if env and context.kind.restore_env is not None:
-        await run_silently(context.kernel.client, context.kind.restore_env(_previous(env)))
+        previous = _previous(context, env)
+        await run_silently(context.kernel.client, context.kind.restore_env(previous))
 
 
 async def _recover(context: Context, msg_id: str | None, env: Mapping[str, str]) -> None:
@@ -138,7 +177,8 @@ async def _outputs(context: Context, msg_id: str) -> AsyncIterator[events.Event]
             case "execute_result":
                 yield events.result(content["data"], main=True)
             case "display_data":
-                yield events.result(content["data"], main=False)
+                main = content.get("metadata", {}).get(events.MAIN_RESULT) is True
+                yield events.result(content["data"], main=main)
             case "error":
                 yield events.error(content["ename"], content["evalue"], content["traceback"])
             case "status" if content["execution_state"] == "idle":

@@ -24,6 +24,10 @@ class Kernel:
     client: AsyncKernelClient
     # The sandbox it started in, then the one it last ran code in (`incarnation`).
     incarnation: str = field(default_factory=lambda: incarnation.current())
+    # The sandbox whose env vars it was given (`sandbox_env`), None before its first execution,
+    # and those env vars.
+    env_for: str | None = None
+    sandbox_env: dict[str, str] = field(default_factory=dict)
 
     async def stop(self) -> None:
         self.client.stop_channels()
@@ -59,6 +63,7 @@ async def restart(kernel: Kernel, language: str) -> None:
     await kernel.manager.restart_kernel(now=True)
     await _ready(kernel, language)
     kernel.incarnation = incarnation.current()
+    kernel.env_for, kernel.sandbox_env = None, {}
 
 
 async def _ready(kernel: Kernel, language: str) -> None:

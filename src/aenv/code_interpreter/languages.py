@@ -5,6 +5,7 @@ env vars of one execution, set and put back, in the kernel's own language."""
 from __future__ import annotations
 
 import json
+import re
 import shlex
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -14,6 +15,8 @@ from aenv.code_interpreter.startup import STARTUP_CODE
 
 # What an env var was before an execution set it; None: unset.
 Previous = Mapping[str, str | None]
+# Shell names: every kernel's language can set them.
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,9 @@ class Language:
     restore_env: Callable[[Previous], str] | None
     # How long the kernel aborts what it is sent after an error: the context waits that long.
     after_error_s: float = 0.0
+    # Its env vars start as the server's (its process environment); False: they start unset
+    # (Java's system properties).
+    inherits_env: bool = True
 
 
 def _python_set(env: Mapping[str, str]) -> str:
@@ -87,6 +93,24 @@ def _r_restore(previous: Previous) -> str:
     )
 
 
+def _java_set(env: Mapping[str, str]) -> str:
+    # A JSON string is a Java string literal too; its \uXXXX escapes (read before the rest)
+    # are never of a line break (json writes \n and \r).
+    return " ".join(
+        f"System.setProperty({json.dumps(name)}, {json.dumps(value)});"
+        for name, value in env.items()
+    )
+
+
+def _java_restore(previous: Previous) -> str:
+    return " ".join(
+        f"System.clearProperty({json.dumps(name)});"
+        if value is None
+        else f"System.setProperty({json.dumps(name)}, {json.dumps(value)});"
+        for name, value in previous.items()
+    )
+
+
 # The SDKs' language names. A language is served where its kernel is installed: the template
 # installs Python's (ipykernel), Bash's (bash_kernel), JavaScript's and TypeScript's (tslab's
 # jslab and tslab), R's (IRkernel) and Java's (JJava, on Debian's JDK).
@@ -104,10 +128,11 @@ LANGUAGES = {
         _r_set,
         _r_restore,
     ),
-    # JJava runs cells in the kernel's JVM, whose System.getenv() is fixed at its start.
+    # JJava runs cells in the kernel's JVM, whose System.getenv() is fixed at its start: env
+    # vars are system properties (`System.getProperty`), as E2B's Java kernel has them.
     # Reseeding: `new Random()` seeds itself from the clock; Math.random's shared generator,
     # once drawn from, would repeat in clones, and JShell code cannot reach it to reseed it.
-    "java": Language("java", None, None, None, None),
+    "java": Language("java", None, None, _java_set, _java_restore, inherits_env=False),
 }
 
 # Other names the SDKs document for a language (`run_code(language="js")`).

@@ -9,8 +9,12 @@ import uvicorn
 
 from aenv.code_interpreter.app import create_app
 from aenv.code_interpreter.kernels import ContextTable
+from aenv.code_interpreter.languages import LANGUAGES
+from aenv.code_interpreter.sandbox_env import ENVD_URL, SandboxEnv
 
 PORT = 49999
+# E2B's server starts these two.
+DEFAULT_LANGUAGES = "python,javascript"
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -24,7 +28,26 @@ def main(argv: list[str] | None = None) -> None:
         help="keep no spare Python kernel: saves a kernel's memory, and a new context waits"
         " for its kernel to start",
     )
+    parser.add_argument(
+        "--envd-url",
+        default=ENVD_URL,
+        help="where envd tells the sandbox's env vars; empty: nowhere, kernels get none",
+    )
+    parser.add_argument(
+        "--default-contexts",
+        default=DEFAULT_LANGUAGES,
+        help="the languages whose default context starts with the server, comma-separated"
+        " (python first, always): their first cells wait for no kernel start",
+    )
     args = parser.parse_args(argv)
+    languages = ["python", *(n for n in args.default_contexts.split(",") if n and n != "python")]
+    if unknown := [name for name in languages if name not in LANGUAGES]:
+        parser.error(f"--default-contexts: unknown language {unknown[0]!r}")
+    try:
+        sandbox_env = SandboxEnv(args.envd_url or None)
+    except ValueError as e:
+        parser.error(f"--envd-url: {e}")
     logging.basicConfig(level=logging.INFO)
-    app = create_app(ContextTable(args.cwd, spares=not args.no_spare))
+    table = ContextTable(args.cwd, spares=not args.no_spare)
+    app = create_app(table, sandbox_env, languages)
     uvicorn.run(app, host=args.host, port=args.port, log_level="warning")

@@ -1,7 +1,8 @@
-"""What every Python kernel runs once started: a formatter that gives pandas dataframes a
-`data` result (their JSON in pandas' `split` layout: columns, index, rows) beside the HTML
-and text pandas gives them itself, and one that gives matplotlib figures a `chart` (`charts`)
-beside their PNG.
+"""What every Python kernel runs once started, to give results as E2B's kernels do: a formatter
+that gives pandas dataframes a `data` result (a list of values per column, dates in ISO form)
+beside the HTML and text pandas gives them itself, one that gives matplotlib figures a `chart`
+(`charts`) beside their PNG, and one that gives lists and dicts a `json` result. Tracebacks
+come without colours, and long lists' text is not cut short.
 
 The code leaves no names in the user's namespace. Pandas is looked up by name (its classes
 give `pandas` as their module), as are matplotlib's, so a kernel without them starts all the same.
@@ -13,7 +14,7 @@ STARTUP_CODE = f"""
 def _aenv_startup():
     import json
     import sys
-    from IPython.core.formatters import BaseFormatter, catch_format_error
+    from IPython.core.formatters import BaseFormatter, JSONFormatter, catch_format_error
     from traitlets import Unicode
 
     class DataFormatter(BaseFormatter):
@@ -34,8 +35,42 @@ def _aenv_startup():
                 return chart(obj)
             return None
 
+    # Lists and dicts that JSON can hold (numpy's arrays and numbers as lists and numbers),
+    # besides what IPython's gives (objects' `_repr_json_`).
+    class ListsJSONFormatter(JSONFormatter):
+        @catch_format_error
+        def __call__(self, obj):
+            if isinstance(obj, (list, dict)):
+                try:
+                    return json.loads(json.dumps(obj, default=plain, allow_nan=False))
+                except (TypeError, ValueError):
+                    pass
+            return super().__call__(obj)
+
+    def plain(value):
+        if hasattr(value, "tolist"):  # numpy's arrays and scalars
+            return value.tolist()
+        raise TypeError(type(value).__name__)
+
     def frame(df):
-        return json.loads(df.to_json(orient="split", date_format="iso"))
+        # A column's values as Python's: missing ones (NaN, NaT) as null, dates in ISO form,
+        # what JSON cannot hold as its text.
+        columns = {{
+            str(name): [cell(value) for value in values]
+            for name, values in df.to_dict(orient="list").items()
+        }}
+        return json.loads(json.dumps(columns, default=text, allow_nan=False))
+
+    def cell(value):
+        if (isinstance(value, float) and value != value) or type(value).__name__ == "NaTType":
+            return None
+        return value.isoformat() if hasattr(value, "isoformat") else value
+
+    def text(value):
+        try:
+            return plain(value)
+        except TypeError:
+            return str(value)
 
     def chart(figure):
         # Imported on the first figure: matplotlib is slow to import, and not every kernel
@@ -50,7 +85,10 @@ def _aenv_startup():
             return None
 
     shell = get_ipython()
+    shell.colors = "nocolor"
     formatters = shell.display_formatter.formatters
+    formatters["text/plain"].max_seq_length = 0
+    formatters["application/json"] = ListsJSONFormatter(parent=shell.display_formatter)
     formatters[{DATA_MIME!r}] = DataFormatter(parent=shell.display_formatter)
     formatters[{DATA_MIME!r}].for_type_by_name("pandas", "DataFrame", frame)
     formatters[{CHART_MIME!r}] = ChartFormatter(parent=shell.display_formatter)

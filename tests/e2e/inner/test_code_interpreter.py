@@ -96,22 +96,22 @@ def test_run_code_streams_state_errors_and_contexts(sandbox: Sandbox) -> None:
     assert error is not None and error.name == "NameError"
     # The template holds a spare kernel: no kernel start (minutes under TCG) is waited for.
     context = sandbox.create_code_context(cwd="/tmp")
-    assert sandbox.run_code("import os; os.getcwd()", context=context).text == "'/tmp'"
-    assert sandbox.run_code("import os; os.getcwd()").text == "'/home/user'"
-    assert sandbox.run_code("import getpass; getpass.getuser()").text == "'user'"
+    assert sandbox.run_code("import os; os.getcwd()", context=context).text == "/tmp"
+    assert sandbox.run_code("import os; os.getcwd()").text == "/home/user"
+    assert sandbox.run_code("import getpass; getpass.getuser()").text == "user"
     # Commands and code share the sandbox.
     sandbox.commands.run("echo from-a-command > /home/user/note.txt")
-    assert sandbox.run_code("open('note.txt').read()").text == "'from-a-command\\n'"
+    assert sandbox.run_code("open('note.txt').read()").text == "from-a-command\\n"
 
 
 def test_timeout_interrupts_and_state_survives_pause(sandbox: Sandbox) -> None:
     sandbox.run_code("kept = 'still here'")
     with pytest.raises(TimeoutException):
         sandbox.run_code("import time\nwhile True: time.sleep(0.1)", timeout=3)
-    assert sandbox.run_code("kept", timeout=60).text == "'still here'"
+    assert sandbox.run_code("kept", timeout=60).text == "still here"
     assert sandbox.pause() is True
     resumed = Sandbox.connect(sandbox.sandbox_id, timeout=300)
-    assert resumed.run_code("kept + '!'").text == "'still here!'"
+    assert resumed.run_code("kept + '!'").text == "still here!"
 
 
 def test_kernel_state_forks_with_fresh_randomness(sandbox: Sandbox) -> None:
