@@ -27,22 +27,9 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis.errors import Unsatisfiable
 from schemathesis import GenerationMode
-from schemathesis.checks import ignored_auth, not_a_server_error
-from schemathesis.specs.openapi.checks import (
-    content_type_conformance,
-    response_headers_conformance,
-    response_schema_conformance,
-    status_code_conformance,
-)
 
-CHECKS = [
-    not_a_server_error,
-    status_code_conformance,
-    content_type_conformance,
-    response_headers_conformance,
-    response_schema_conformance,
-    ignored_auth,
-]
+from tests.support.api_fuzz import CHECKS
+
 EXAMPLES = int(
     os.environ.get("AENV_TEST_FUZZ_EXAMPLES", "10")
 )  # per operation and mode (valid, invalid input)
