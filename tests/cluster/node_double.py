@@ -1,7 +1,7 @@
 """A node's control plane without VMs, for gateway tests: the real internal gate, API-key gate
 and list route over a real catalog, and create and adopt routes that accept or refuse as the
-test says (an adopted record goes into the catalog, as a node's `adopt` does; a create from a
-template it does not hold is a 404, as on a node), and a release
+test says, or hold until it says so (an adopted record goes into the catalog, as a node's
+`adopt` does; a create from a template it does not hold is a 404, as on a node), and a release
 route that gives a sandbox up (paused, as a node's `release` leaves it). Its snapshots are
 listed by the real route; it adopts and deletes them as a node's routes do. Its forks start as
 many children as the test gives it room for and refuse the rest for capacity, and it snapshots
@@ -14,6 +14,8 @@ Booting VMs is what `test_gateway_cluster.py` does; these tests are about the ga
 
 from __future__ import annotations
 
+import asyncio
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -102,6 +104,8 @@ class NodeDouble:
     snapshots: dict[str, Template] = field(default_factory=dict)
     create_bodies: list[dict[str, Any]] = field(default_factory=list)
     fork_room: int = 100  # children a fork may start here; the others are refused (429)
+    # While set and not open, creates wait for it (taken, not answered: a VM booting).
+    create_gate: threading.Event | None = None
     # Called with each snapshot taken here, as its upload would end.
     on_snapshot: Callable[[Template], Awaitable[None]] | None = None
     builder: Builder | None = None  # set by `app`
@@ -171,15 +175,17 @@ class NodeDouble:
 
     async def create(self, request: Request) -> Response:
         self.creates_seen.append(request.state.api_key.id)
+        sandbox_id = f"{self.name}sb{len(self.creates_seen)}"
         body = await request.json()
         self.create_bodies.append(body)
         ref = str(body.get("templateID", "base"))
         if not self.knows(ref):
             raise APIError(404, f"template '{ref}' not found")
+        if self.create_gate is not None:
+            await asyncio.to_thread(self.create_gate.wait, 60)
         status = self.create_answers.pop(0) if self.create_answers else 201
         if status != 201:
             raise APIError(status, f"{self.name} refuses")
-        sandbox_id = f"{self.name}sb{len(self.creates_seen)}"
         self.add(sandbox_id, time.time())
         return JSONResponse({"sandboxID": sandbox_id, "node": self.name}, status_code=201)
 

@@ -106,6 +106,31 @@ async def test_first_beat_publishes_later_ones_renew(client: aioredis.Redis) -> 
     assert (await snapshot_of(client, ["n1"]))["live"] == []
 
 
+async def test_a_sandbox_counts_in_the_nodes_report_as_it_comes_and_goes(
+    client: aioredis.Redis,
+) -> None:
+    """Placement reads the report: a create's sandbox must count before the next beat."""
+    node = Node()
+    agent = NodeAgent(client, "n1", "127.0.0.1:9", node, SECRET, ttl=30)
+    registry = NodeRegistry(client, SECRET)
+    await agent.beat()
+    node.sandboxes.add("sbx1")
+    await agent.sandbox_routed("sbx1")
+    report = await registry.report("n1")
+    assert report is not None and report.capacity.running == 1
+    node.sandboxes.discard("sbx1")
+    await agent.sandbox_gone("sbx1")
+    report = await registry.report("n1")
+    assert report is not None and report.capacity.running == 0
+    # Another process's lease is not written over.
+    await agent.close()
+    other = NodeAgent(client, "n1", "127.0.0.1:9", Node(sandboxes={"x", "y"}), SECRET, ttl=30)
+    await other.beat()
+    await agent.sandbox_routed("sbx1")
+    report = await registry.report("n1")
+    assert report is not None and report.capacity.running == 2
+
+
 async def test_a_drain_is_the_nodes_own_and_outlives_a_redis_wipe(
     client: aioredis.Redis, tmp_path: Path
 ) -> None:

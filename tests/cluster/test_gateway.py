@@ -7,6 +7,7 @@ The same over real nodes and the SDK is `test_gateway_cluster.py`."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import json
@@ -49,6 +50,7 @@ from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.templates import Template, template_to_json
 from tests.cluster.node_double import NodeDouble, snapshot
 from tests.cluster.shared import SECRET
+from tests.cluster.test_agent import eventually
 from tests.proxy.support import serve
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer
@@ -120,6 +122,41 @@ async def test_a_create_goes_to_the_holder_first_and_to_another_node_when_refuse
     # Each node acted for the key the gateway checked, never seeing the key itself.
     assert setup.nodes["a"].creates_seen == [setup.key_id]
     assert setup.nodes["b"].creates_seen == [setup.key_id]
+
+
+async def test_creates_under_way_spread_over_idle_nodes(
+    setup: Setup, client: aioredis.Redis
+) -> None:
+    """Four creates overlap (each node still booting what it took): they split two and two,
+    though every node's report, as of its last heartbeat, says it runs nothing."""
+    await Holders(NodeRegistry(client, SECRET)).add("b", FileRef(FileKind.TEMPLATE, "base"))
+    # b a shade busier, so that without counting the creates under way all would go to a.
+    stored = await client.get(Keys().node("b"))
+    assert stored is not None
+    report = json.loads(stored)
+    busier = {**report, "capacity": {**report["capacity"], "memory_free_mb": 500}}
+    await client.set(Keys().node("b"), json.dumps(busier), keepttl=True)
+    gate = threading.Event()
+    for node in setup.nodes.values():
+        node.create_gate = gate
+    headers = {"X-API-Key": setup.key}
+    async with httpx.AsyncClient(base_url=setup.url, headers=headers, timeout=30) as http:
+        creates = []
+        for sent in range(1, 5):
+            creates.append(
+                asyncio.create_task(http.post("/sandboxes", json={"templateID": "base"}))
+            )
+
+            async def taken(count: int = sent) -> bool:
+                return sum(len(n.creates_seen) for n in setup.nodes.values()) == count
+
+            await eventually(taken, f"create {sent} never reached a node")
+        gate.set()
+        answers = await asyncio.gather(*creates)
+    assert [a.status_code for a in answers] == [201] * 4
+    assert {name: len(n.creates_seen) for name, n in setup.nodes.items()} == {"a": 2, "b": 2}
+    # Answered: no longer counted as under way.
+    assert await Directory(client, SECRET).creating.counts(["a", "b"]) == {"a": 0, "b": 0}
 
 
 async def test_a_create_no_node_takes_is_429_naming_why(setup: Setup) -> None:

@@ -15,7 +15,8 @@ copies are in the repository are published too (`saved`), for any node to start 
 The templates with a build in progress here are recorded as built here (`builds`) where no node
 is, so a build's calls still find this node after a Redis wipe. The node's running sandboxes per
 API key are written with every beat and at once on a create or kill (`quota`), so a key's limit
-is counted across the cluster. A drained node remembers it and marks itself draining again in a
+is counted across the cluster; its report is written then too, so a new sandbox counts in
+placement at once. A drained node remembers it and marks itself draining again in a
 wiped Redis (`drain`).
 """
 
@@ -144,13 +145,7 @@ class NodeAgent:
         """One heartbeat; True if it republished everything. Raises `ClusterUnavailable` (after
         recording it in `status`), `NodeIdTaken` or `WrongClusterSecret`."""
         state = await self.source.state()
-        report = NodeReport(
-            self.node_id,
-            self.address,
-            state.capacity,
-            sorted(state.templates),
-            sorted(state.snapshots),
-        )
+        report = self._report(state)
         try:
             lease = await self.registry.heartbeat(self.token, report, self.ttl)
             await self._keep_drain(lease.epoch)
@@ -189,11 +184,13 @@ class NodeAgent:
         never raises for Redis being down: the next heartbeat republishes."""
         await self._best_effort(self.routes.assign(sandbox_id, self.node_id))
         await self._best_effort(self._count_by_key())
+        await self._best_effort(self._report_now())
 
     async def sandbox_gone(self, sandbox_id: str) -> None:
         """Records that the sandbox no longer lives here (killed); best effort as above."""
         await self._best_effort(self.routes.clear(sandbox_id, self.node_id))
         await self._best_effort(self._count_by_key())
+        await self._best_effort(self._report_now())
 
     async def run(self, interval: float) -> None:
         """Heartbeats every `interval` seconds until cancelled."""
@@ -241,6 +238,20 @@ class NodeAgent:
         parked = {i: r for i, r in state.parked.items() if i not in moved}
         kept = set(state.sandboxes) - moved
         return dataclasses.replace(state, sandboxes=kept, parked=parked)
+
+    def _report(self, state: NodeState) -> NodeReport:
+        return NodeReport(
+            self.node_id,
+            self.address,
+            state.capacity,
+            sorted(state.templates),
+            sorted(state.snapshots),
+        )
+
+    async def _report_now(self) -> None:
+        """The node's report written now, with its running count as of this change: gateways
+        placing creates read it (a create's sandbox must count before the next beat)."""
+        await self.registry.refresh(self.token, self._report(await self.source.state()))
 
     async def _keep_drain(self, epoch: str) -> None:
         """Reads the node's drain from Redis in the data set it last read it in, and marks it

@@ -2,17 +2,21 @@
 live, which hold a template's files, which snapshots any node can start from, and whether the
 gateway's secret is the cluster's.
 
+Placement counts the creates under way on each node too (`creating`).
+
 A node counts only while its lease is current: its report expires with the lease, so a sandbox
 routed to a node that stopped heartbeating is not found, never proxied to a dead address.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import redis.asyncio as aioredis
 
 from aenv.cluster.builds import BuildPlaces
+from aenv.cluster.creating import Creating
 from aenv.cluster.drain import Drains
 from aenv.cluster.holders import FileKind, FileRef, Holders
 from aenv.cluster.parked import Parked
@@ -50,6 +54,7 @@ class Directory:
         self.builds = BuildPlaces(client, self.registry.keys)
         self.volumes = VolumePlaces(client, self.registry.keys)
         self.quota = KeyQuota(client, self.registry.keys)
+        self.creating = Creating(client, self.registry.keys)
 
     async def node_of(self, sandbox_id: str) -> NodeReport | None:
         """The live node the sandbox is routed to, or None (no route, or its node's lease
@@ -69,9 +74,12 @@ class Directory:
         return await self.registry.live()
 
     async def placeable(self) -> list[NodeReport]:
-        """The live nodes that take new sandboxes (not draining)."""
+        """The live nodes that take new sandboxes (not draining), each with the creates under
+        way on it counted as running (`aenv.cluster.creating`)."""
         draining = await self.drains.draining()
-        return [n for n in await self.registry.live() if n.node_id not in draining]
+        nodes = [n for n in await self.registry.live() if n.node_id not in draining]
+        creating = await self.creating.counts([n.node_id for n in nodes])
+        return [_with_running(n, creating[n.node_id]) for n in nodes]
 
     async def template_holders(self, template_id: str) -> set[str]:
         return await self.holders.of(FileRef(FileKind.TEMPLATE, template_id))
@@ -91,3 +99,10 @@ class Directory:
                 "this gateway's cluster secret differs from the one the cluster's nodes "
                 "registered with (check AENV_CLUSTER_SECRET)"
             )
+
+
+def _with_running(node: NodeReport, more: int) -> NodeReport:
+    if not more:
+        return node
+    capacity = dataclasses.replace(node.capacity, running=node.capacity.running + more)
+    return dataclasses.replace(node, capacity=capacity)

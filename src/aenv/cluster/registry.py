@@ -36,6 +36,14 @@ redis.call('SET', KEYS[5], ARGV[6], 'NX')
 return {1, redis.call('GET', KEYS[4]), owner and 0 or 1}
 """
 
+# KEYS: lease, node. ARGV: token, report. Rewrites the report within the current lease, for its
+# holder only (a lapsed or taken lease waits for the next heartbeat).
+_REFRESH = """
+if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+redis.call('SET', KEYS[2], ARGV[2], 'KEEPTTL')
+return 1
+"""
+
 # KEYS: lease, node, nodes. ARGV: token, node id. Releases the id only for its holder.
 _RELEASE = """
 if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
@@ -112,6 +120,7 @@ class NodeRegistry:
         self.keys = keys or Keys()
         self._heartbeat = client.register_script(_HEARTBEAT)
         self._release = client.register_script(_RELEASE)
+        self._refresh = client.register_script(_REFRESH)
         self._forget = client.register_script(_FORGET)
 
     async def heartbeat(self, token: str, report: NodeReport, ttl: float) -> Lease:
@@ -141,6 +150,13 @@ class NodeRegistry:
         if not renewed:
             raise NodeIdTaken(f"node id {node_id} is held by another live process ({value})")
         return Lease(node_id, str(value), fresh == [1])
+
+    async def refresh(self, token: str, report: NodeReport) -> bool:
+        """Writes `report` now, between heartbeats, if `token` holds the lease; True if it did.
+        A create's new sandbox is counted at once so (`aenv.cluster.creating`)."""
+        keys = [self.keys.lease(report.node_id), self.keys.node(report.node_id)]
+        async with guarded(self.client, f"updating the report of node {report.node_id}"):
+            return bool(await self._refresh(keys, [token, _REPORT.dump_json(report).decode()]))
 
     async def release(self, token: str, node_id: str) -> bool:
         """Gives the id up at shutdown (only if `token` holds it); True if it did."""

@@ -137,6 +137,10 @@ class Keys:
         expires with the node's lease."""
         return f"{self.prefix}:node-keys:{node_id}"
 
+    def node_creates(self, node_id: str) -> str:
+        """The creates gateways sent to a node and await (`aenv.cluster.creating`)."""
+        return f"{self.prefix}:node-creates:{node_id}"
+
     def key_creates(self, key_id: str) -> str:
         """An API key's creates under way through gateways (a hash: token -> when it lapses)."""
         return f"{self.prefix}:key-creates:{key_id}"

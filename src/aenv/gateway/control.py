@@ -170,7 +170,7 @@ class ControlPlane:
                     if refused is not None:
                         refusals.append(refused)
                         continue
-                answer = await self.call_on(request, node, "POST", path, body)
+                answer = await self._counted(request, node, path, body)
             except NodeUnreachable as error:
                 refusals.append(str(error))
                 continue
@@ -185,6 +185,20 @@ class ControlPlane:
             return not_found[0]
         why = "; ".join(refusals) or "no live node in the cluster"
         raise APIError(429, f"no node can take {what}: {why}")
+
+    async def _counted(self, request: Request, node: NodeReport, path: str, body: bytes) -> Answer:
+        """`POST path` on the node, counted as a create under way there while it lasts."""
+        creating = self.directory.creating
+        token = await creating.begin(node.node_id)
+        try:
+            return await self.call_on(request, node, "POST", path, body)
+        finally:
+            try:
+                await creating.end(node.node_id, token)
+            except ClusterUnavailable as error:
+                log.warning(
+                    "create %s on node %s lapses on its own: %s", token, node.node_id, error
+                )
 
     async def adopt_template(self, node: NodeReport, saved: SavedRecord) -> str | None:
         """Has the node record a snapshot it lacks; the refusal, if it refused."""
