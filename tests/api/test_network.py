@@ -186,9 +186,10 @@ async def test_private_traffic_gets_a_token_of_its_own(tmp_path: Path) -> None:
         assert node.row(sandbox_id).state is SandboxState.RUNNING
 
 
-@pytest.fixture
-def host_netns() -> Iterator[str]:
-    """A namespace standing in for the node's host, owning NODE_IP and NODE_RANGE."""
+@pytest.fixture(params=[False, True], ids=["", "nonlocal bind"])
+def host_netns(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A namespace standing in for the node's host, owning NODE_IP and NODE_RANGE; with
+    `ip_nonlocal_bind` set in the second variant (a bind then succeeds for any address)."""
     if os.geteuid() != 0:
         pytest.skip("a host namespace of its own needs root")
     name = f"aenv-test-apihost-{secrets.token_hex(3)}"
@@ -200,6 +201,10 @@ def host_netns() -> Iterator[str]:
             ("route", "add", "local", NODE_RANGE, "dev", "lo", "table", "local"),
         ):
             subprocess.run(["ip", "-n", name, *args], check=True)
+        nonlocal_bind = f"net.ipv4.ip_nonlocal_bind={int(request.param)}"
+        subprocess.run(
+            ["ip", "netns", "exec", name, "sysctl", "-q", "-w", nonlocal_bind], check=True
+        )
         yield name
     finally:
         subprocess.run(["ip", "netns", "delete", name], check=True)

@@ -26,6 +26,7 @@ client libraries do not allow for.
 from __future__ import annotations
 
 import asyncio
+import errno
 import functools
 import re
 import socket
@@ -141,9 +142,17 @@ def _outgoing() -> socket.socket:
 
 
 def _delivered_locally(address: IPv4Address) -> bool:
-    """Whether the calling thread's namespace keeps a connection to `address` to itself: the
-    kernel's own route lookup, so every address of every interface and every local route count,
-    as they are now."""
+    """Whether the calling thread's namespace keeps a connection to `address` to itself: every
+    address of every interface and every local route, as they are now. The kernel binds a
+    socket only to such an address, so a refused bind answers at once (≈ 10 µs, where opening
+    a netlink socket costs ≈ 2 ms of CPU); a bind that succeeds, also possible where
+    `ip_nonlocal_bind` is set, is settled by the route lookup."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as probe:
+        try:
+            probe.bind((str(address), 0))
+        except OSError as e:
+            if e.errno == errno.EADDRNOTAVAIL:
+                return False
     with IPRoute() as ipr:
         try:
             routes = ipr.route("get", dst=str(address))
