@@ -61,7 +61,8 @@ class Paths:
       templates/<id>/          template.json and its builds (saved states: templates,
                                snapshots, fork checkpoints, cached build steps, image bases)
       sandboxes/<id>/          a sandbox's VM work dir and pause checkpoints
-      builds/<build>.json      template build records (status and logs)
+      builds/<build>.json      template build records (status, reason)
+      builds/<build>.log.db    a template build's log (SQLite, capped at `build_log_max_mb`)
       build-files/<template>/<hash>
                                files uploaded for template builds' COPY steps (tar, gzipped
                                or not); swept a day after their last use
@@ -255,6 +256,9 @@ class Config(BaseModel):
     build_ca_bundle: Path | None = Path("/etc/ssl/certs/ca-certificates.crt")
     # Template builds: cached step layers kept (newest first); each holds a VM's memory and disk.
     build_cache_layers: int = 32
+    # Template builds: the most of a build's log kept on disk, in MiB; past it the log keeps its
+    # first and last halves and says how much it dropped between them.
+    build_log_max_mb: PositiveInt = 8
     # Build code-interpreter-v1 (the code interpreter SDKs' template) in the background when
     # the node starts without it (aenv/publish.py). Its pip and apt steps need the registries.
     publish_code_interpreter: bool = True

@@ -6,58 +6,21 @@ day, and with their template."""
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import os
 import time
 import tracemalloc
 from base64 import b64encode
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import httpx
 import pytest
 from e2b.template.utils import calculate_files_hash, tar_file_stream
 
-from aenv.api.app import create_api, node_builder
-from aenv.api.keys import KeyStore
 from aenv.orchestrator.build_files import UNUSED_FOR
-from aenv.orchestrator.builds import Builder
-from tests.api.conftest import API_KEY
-from tests.doubles.node import double_node
+from tests.api.conftest import BuildNode, build, request
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@dataclass
-class BuildNode:
-    client: httpx.AsyncClient
-    builder: Builder
-    context: Path  # the SDK's file context: what COPY steps copy from
-
-
-@pytest.fixture
-def settings() -> dict[str, Any]:
-    return {}
-
-
-@pytest.fixture
-async def node(tmp_path: Path, settings: dict[str, Any]) -> AsyncIterator[BuildNode]:
-    async with double_node(tmp_path / "node", **settings) as doubles:
-        keys = KeyStore(tmp_path / "api-keys.json")
-        keys.add(API_KEY, "test")
-        builder = node_builder(doubles.orchestrator, doubles.config)
-        app = create_api(doubles.orchestrator, doubles.config, keys, builder)
-        async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app),
-            base_url="http://node",
-            headers={"X-API-KEY": API_KEY},
-        ) as client:
-            context = tmp_path / "context"
-            context.mkdir()
-            yield BuildNode(client, builder, context)
 
 
 def archive(context: Path, src: str, dest: str) -> tuple[str, bytes]:
@@ -78,55 +41,30 @@ async def one_chunk(data: bytes) -> AsyncIterator[bytes]:
     yield data
 
 
-async def build(
-    node: BuildNode, ids: tuple[str, str], steps: list[dict[str, Any]]
-) -> dict[str, Any]:
-    """Start the requested build `ids` (template, build) with `steps`; its final status."""
-    template_id, build_id = ids
-    started = await node.client.post(
-        f"/v2/templates/{template_id}/builds/{build_id}",
-        json={"fromTemplate": "base", "steps": steps},
-    )
-    assert started.status_code == 202, started.text
-    for _ in range(3000):
-        status = await node.client.get(f"/templates/{template_id}/builds/{build_id}/status")
-        body: dict[str, Any] = status.json()
-        if body["status"] in ("ready", "error"):
-            return body
-        await asyncio.sleep(0.02)
-    raise AssertionError("the build never ended")
-
-
-async def request(node: BuildNode, name: str) -> tuple[str, str]:
-    """A build of `name` requested, as the SDK does first: (template id, build id)."""
-    requested = (await node.client.post("/v3/templates", json={"name": name})).json()
-    return requested["templateID"], requested["buildID"]
-
-
-async def test_a_large_copy_streams_from_upload_to_the_vm(node: BuildNode) -> None:
+async def test_a_large_copy_streams_from_upload_to_the_vm(build_node: BuildNode) -> None:
     """Upload and build hold a chunk at a time: Python's peak allocation stays far under the
     archive's size (it held the archive whole, several times, in the build)."""
-    data = node.context / "data.bin"
+    data = build_node.context / "data.bin"
     with data.open("wb") as f:
         for _ in range(48):
             f.write(os.urandom(1 << 20))  # incompressible: the archive is as large
-    files_hash = calculate_files_hash("data.bin", "/opt/", str(node.context), [], False, None)
-    tarball = node.context.parent / "upload.tar.gz"
-    with tar_file_stream("data.bin", str(node.context), [], False, True) as tar:
+    files_hash = calculate_files_hash("data.bin", "/opt/", str(build_node.context), [], False, None)
+    tarball = build_node.context.parent / "upload.tar.gz"
+    with tar_file_stream("data.bin", str(build_node.context), [], False, True) as tar:
         tarball.write_bytes(tar.read())
     size = tarball.stat().st_size
-    ids = await request(node, "large")
+    ids = await request(build_node, "large")
     template_id = ids[0]
     url = f"/templates/{template_id}/files/{files_hash}"
     tracemalloc.start()
     try:
-        assert (await node.client.get(url)).json()["present"] is False
-        put = await node.client.put(
+        assert (await build_node.client.get(url)).json()["present"] is False
+        put = await build_node.client.put(
             url, content=chunks_of(tarball), headers={"content-length": str(size)}
         )
         assert put.status_code == 201, put.text
         copy = {"type": "COPY", "args": ["data.bin", "/opt/"], "filesHash": files_hash}
-        status = await build(node, ids, [copy])
+        status = await build(build_node, ids, [copy])
         _, peak = tracemalloc.get_traced_memory()
     finally:
         tracemalloc.stop()
@@ -135,95 +73,95 @@ async def test_a_large_copy_streams_from_upload_to_the_vm(node: BuildNode) -> No
     assert status["status"] == "ready", status
 
 
-async def test_a_copy_uses_the_sdks_files_hash(node: BuildNode) -> None:
-    (node.context / "app").mkdir()
-    (node.context / "app" / "main.py").write_text("print('hi')\n")
-    files_hash, tar = archive(node.context, "app", "/srv/")
-    ids = await request(node, "app")
+async def test_a_copy_uses_the_sdks_files_hash(build_node: BuildNode) -> None:
+    (build_node.context / "app").mkdir()
+    (build_node.context / "app" / "main.py").write_text("print('hi')\n")
+    files_hash, tar = archive(build_node.context, "app", "/srv/")
+    ids = await request(build_node, "app")
     template_id = ids[0]
-    put = await node.client.put(f"/templates/{template_id}/files/{files_hash}", content=tar)
+    put = await build_node.client.put(f"/templates/{template_id}/files/{files_hash}", content=tar)
     assert put.status_code == 201, put.text
     copy = {"type": "COPY", "args": ["app", "/srv/"], "filesHash": files_hash}
-    status = await build(node, ids, [copy])
+    status = await build(build_node, ids, [copy])
     assert status["status"] == "ready", status
-    assert node.builder.files.path(template_id, files_hash).is_file()
+    assert build_node.builder.files.path(template_id, files_hash).is_file()
 
 
 async def test_an_upload_not_matching_its_files_hash_is_removed_by_the_build(
-    node: BuildNode,
+    build_node: BuildNode,
 ) -> None:
     """The SDK's hash covers the step's paths, which the upload does not carry: the build
     checks it, and drops the upload, so that the SDK's next files query asks for it again."""
-    (node.context / "a.txt").write_text("a\n")
-    _, tar = archive(node.context, "a.txt", "/srv/")
+    (build_node.context / "a.txt").write_text("a\n")
+    _, tar = archive(build_node.context, "a.txt", "/srv/")
     wrong = hashlib.sha256(b"other").hexdigest()
-    ids = await request(node, "wrong")
+    ids = await request(build_node, "wrong")
     template_id = ids[0]
     url = f"/templates/{template_id}/files/{wrong}"
-    assert (await node.client.put(url, content=tar)).status_code == 201
-    assert (await node.client.get(url)).json()["present"] is True
+    assert (await build_node.client.put(url, content=tar)).status_code == 201
+    assert (await build_node.client.get(url)).json()["present"] is True
     copy = {"type": "COPY", "args": ["a.txt", "/srv/"], "filesHash": wrong}
-    status = await build(node, ids, [copy])
+    status = await build(build_node, ids, [copy])
     assert status["status"] == "error"
     assert "do not match filesHash" in status["reason"]["message"]
-    assert (await node.client.get(url)).json()["present"] is False
+    assert (await build_node.client.get(url)).json()["present"] is False
 
 
-async def test_uploads_are_checked_as_they_stream(node: BuildNode) -> None:
-    (node.context / "a.txt").write_text("a\n")
-    files_hash, tar = archive(node.context, "a.txt", "/srv/")
-    ids = await request(node, "checked")
+async def test_uploads_are_checked_as_they_stream(build_node: BuildNode) -> None:
+    (build_node.context / "a.txt").write_text("a\n")
+    files_hash, tar = archive(build_node.context, "a.txt", "/srv/")
+    ids = await request(build_node, "checked")
     template_id = ids[0]
     url = f"/templates/{template_id}/files/{files_hash}"
     good = "sha-256=:" + b64encode(hashlib.sha256(tar).digest()).decode() + ":"
     bad = "sha-256=:" + b64encode(hashlib.sha256(b"x").digest()).decode() + ":"
     refused = [
-        await node.client.put(url, content=b"not a tar archive" * 100),
-        await node.client.put(url, content=tar, headers={"content-digest": bad}),
-        await node.client.put(url, content=tar, headers={"repr-digest": "sha-256=:abc:"}),
+        await build_node.client.put(url, content=b"not a tar archive" * 100),
+        await build_node.client.put(url, content=tar, headers={"content-digest": bad}),
+        await build_node.client.put(url, content=tar, headers={"repr-digest": "sha-256=:abc:"}),
     ]
     for response in refused:
         assert response.status_code == 400, response.text
         assert response.json()["code"] == 400
     assert "not a tar" in refused[0].json()["message"]
     assert "sha-256" in refused[1].json()["message"]
-    directory = node.builder.files.path(template_id, files_hash).parent
+    directory = build_node.builder.files.path(template_id, files_hash).parent
     assert list(directory.iterdir()) == []  # nothing kept, not even a partial file
-    accepted = await node.client.put(url, content=tar, headers={"content-digest": good})
+    accepted = await build_node.client.put(url, content=tar, headers={"content-digest": good})
     assert accepted.status_code == 201, accepted.text
     assert [p.name for p in directory.iterdir()] == [files_hash]
 
 
 @pytest.mark.parametrize("settings", [{"reserve_disk_mb": 1 << 40}])
-async def test_an_upload_under_the_disk_reserve_is_refused(node: BuildNode) -> None:
-    (node.context / "a.txt").write_text("a\n")
-    files_hash, tar = archive(node.context, "a.txt", "/srv/")
-    ids = await request(node, "full")
+async def test_an_upload_under_the_disk_reserve_is_refused(build_node: BuildNode) -> None:
+    (build_node.context / "a.txt").write_text("a\n")
+    files_hash, tar = archive(build_node.context, "a.txt", "/srv/")
+    ids = await request(build_node, "full")
     template_id = ids[0]
     url = f"/templates/{template_id}/files/{files_hash}"
-    declared = await node.client.put(url, content=tar)
-    streamed = await node.client.put(url, content=one_chunk(tar))  # chunked: no length
+    declared = await build_node.client.put(url, content=tar)
+    streamed = await build_node.client.put(url, content=one_chunk(tar))  # chunked: no length
     for response in (declared, streamed):
         assert response.status_code == 507, response.text
         assert "reserve_disk_mb" in response.json()["message"]
-    directory = node.builder.files.path(template_id, files_hash).parent
+    directory = build_node.builder.files.path(template_id, files_hash).parent
     assert not directory.exists() or list(directory.iterdir()) == []
 
 
 async def test_unused_uploads_and_deleted_templates_uploads_are_removed(
-    node: BuildNode,
+    build_node: BuildNode,
 ) -> None:
-    (node.context / "a.txt").write_text("a\n")
-    files_hash, tar = archive(node.context, "a.txt", "/srv/")
+    (build_node.context / "a.txt").write_text("a\n")
+    files_hash, tar = archive(build_node.context, "a.txt", "/srv/")
     copy = {"type": "COPY", "args": ["a.txt", "/srv/"], "filesHash": files_hash}
     paths = {}
     for name in ("old", "used", "deleted"):
-        ids = await request(node, name)
+        ids = await request(build_node, name)
         url = f"/templates/{ids[0]}/files/{files_hash}"
-        assert (await node.client.put(url, content=tar)).status_code == 201
-        paths[name] = node.builder.files.path(ids[0], files_hash)
+        assert (await build_node.client.put(url, content=tar)).status_code == 201
+        paths[name] = build_node.builder.files.path(ids[0], files_hash)
         if name != "old":
-            assert (await build(node, ids, [copy]))["status"] == "ready"
+            assert (await build(build_node, ids, [copy]))["status"] == "ready"
     legacy = paths["old"].parent.parent / ("cd" * 32)  # an earlier version's flat upload
     legacy.write_bytes(tar)
     day_ago = time.time() - UNUSED_FOR - 60
@@ -231,10 +169,10 @@ async def test_unused_uploads_and_deleted_templates_uploads_are_removed(
         os.utime(path, (day_ago, day_ago))
     # Found present by the SDK's files query: used again.
     used_url = f"/templates/{paths['used'].parent.name}/files/{files_hash}"
-    assert (await node.client.get(used_url)).json()["present"] is True
-    deleted = await node.client.delete(f"/templates/{paths['deleted'].parent.name}")
+    assert (await build_node.client.get(used_url)).json()["present"] is True
+    deleted = await build_node.client.delete(f"/templates/{paths['deleted'].parent.name}")
     assert deleted.status_code == 204
     assert not paths["deleted"].parent.exists()
-    await node.builder.sweep()
+    await build_node.builder.sweep()
     assert not paths["old"].exists() and not legacy.exists()
     assert paths["used"].is_file()

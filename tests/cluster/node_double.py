@@ -75,7 +75,7 @@ class _CatalogOnly:
     templates: TemplateStore
     config: Config
     chores: list[Callable[[], Awaitable[None]]] = field(default_factory=list)
-    template_deleted: list[Callable[[str], None]] = field(default_factory=list)
+    template_deleted: list[Callable[[str], Awaitable[None]]] = field(default_factory=list)
 
     def snapshots(self) -> list[Template]:
         return list(self.saved.values())

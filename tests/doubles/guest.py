@@ -22,7 +22,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -135,17 +135,30 @@ class _Processes(Process):  # type: ignore[misc]
         if code == 0:
             done = self.guest.read(COMMANDS) or ""
             self.guest.write(COMMANDS, done + command + "\n")
-        if command.startswith("seq ") and command[4:].isdigit():
-            printed = "".join(f"{n}\n" for n in range(1, int(command[4:]) + 1))
-        else:
-            printed = f"ran {command}\n"
-        output = pb.ProcessEvent.DataEvent(output=Oneof("stdout", printed.encode()))
-        for event in (
-            Oneof("start", pb.ProcessEvent.StartEvent(pid=1)),
-            Oneof("data", output),
-            Oneof("end", pb.ProcessEvent.EndEvent(exit_code=code, exited=True)),
-        ):
-            yield pb.StartResponse(event=pb.ProcessEvent(event=event))
+        yield _event(Oneof("start", pb.ProcessEvent.StartEvent(pid=1)))
+        for chunk in _output(command):
+            data = pb.ProcessEvent.DataEvent(output=Oneof("stdout", chunk))
+            yield _event(Oneof("data", data))
+        yield _event(Oneof("end", pb.ProcessEvent.EndEvent(exit_code=code, exited=True)))
+
+
+def _event(event: Oneof[Any, Any]) -> pb.StartResponse:
+    return pb.StartResponse(event=pb.ProcessEvent(event=event))
+
+
+def _output(command: str) -> Iterator[bytes]:
+    """What a command prints, in chunks of at most 64 KiB as envd sends them."""
+    if not (command.startswith("seq ") and command[4:].isdigit()):
+        yield f"ran {command}\n".encode()
+        return
+    chunk = bytearray()
+    for n in range(1, int(command[4:]) + 1):
+        chunk += b"%d\n" % n
+        if len(chunk) >= 1 << 16:
+            yield bytes(chunk)
+            chunk.clear()
+    if chunk:
+        yield bytes(chunk)
 
 
 def envd_app(guest: Guest) -> ASGIApp:

@@ -24,15 +24,14 @@ from aenv.api.requests import check_query, parse_body
 from aenv.api.sandboxes import rfc3339
 from aenv.oci import Credentials
 from aenv.orchestrator.build_files import UploadRefused, declared_sha256
+from aenv.orchestrator.build_logs import LEVELS, LogEntry
 from aenv.orchestrator.build_steps import StepType
 from aenv.orchestrator.builds import (
     FILES_HASH,
-    LEVELS,
     Build,
     Builder,
     BuildSpec,
     BuildStatus,
-    LogEntry,
     Step,
     split_name,
 )
@@ -277,15 +276,13 @@ class BuildRoutes:
         if level is not None and level not in LEVELS:
             raise APIError(400, f"level must be one of {', '.join(LEVELS)}")
         # The SDK counts the entries it got into its next offset, so filter before paging.
-        entries = build.logs
-        if level is not None:
-            entries = [e for e in entries if LEVELS.index(e.level) >= LEVELS.index(level)]
+        entries = build.logs.page(offset, limit, level or LEVELS[0])
         body: dict[str, Any] = {
             "templateID": build.template_id,
             "buildID": build.build_id,
             "status": build.status,
             "logs": [],
-            "logEntries": [_entry(e) for e in entries[offset : offset + limit]],
+            "logEntries": [_entry(e) for e in entries],
         }
         if build.reason is not None:
             body["reason"] = {"message": str(build.reason)}
@@ -295,8 +292,8 @@ class BuildRoutes:
 
     async def logs(self, request: Request) -> Response:
         """`TemplateBuildLogsResponse`: from `cursor` (Unix ms) on, `forward` oldest first or
-        `backward` newest first, at least `level`. Logs live with the build in memory
-        (E2B's `temporary` source); there is no `persistent` store to read."""
+        `backward` newest first, at least `level`. Logs live with the build (E2B's `temporary`
+        source); there is no `persistent` store to read."""
         check_query(request, {"cursor", "limit", "direction", "level", "source"})
         build = self._build(request)
         q = request.query_params
@@ -310,13 +307,10 @@ class BuildRoutes:
             raise APIError(400, f"level must be one of {', '.join(LEVELS)}")
         if q.get("source", "temporary") != "temporary":
             raise APIError(400, "source 'persistent' is not supported here: logs are temporary")
-        entries = [e for e in build.logs if LEVELS.index(e.level) >= LEVELS.index(level)]
-        if cursor >= 0:
-            forward = direction == "forward"
-            entries = [e for e in entries if (e.timestamp * 1000 >= cursor) == forward]
-        if direction == "backward":
-            entries.reverse()
-        return JSONResponse({"logs": [_entry(e) for e in entries[:limit]]})
+        entries = build.logs.around(
+            cursor if cursor >= 0 else None, limit, direction == "backward", level
+        )
+        return JSONResponse({"logs": [_entry(e) for e in entries]})
 
     async def assign_tags(self, request: Request) -> Response:
         check_query(request)

@@ -36,6 +36,7 @@ OutputSink = Callable[[str], None]
 # Steps may take long to answer: a file write or a COPY of a large archive.
 _TIMEOUT = httpx.Timeout(60.0, read=None)
 _NO_ENV: Mapping[str, str] = {}
+MAX_LINE = 1 << 16  # bytes of a command's output line; a longer one is cut into several
 
 
 class StepType(enum.StrEnum):
@@ -191,6 +192,10 @@ async def _follow(stream: AsyncIterator[pb.StartResponse], output: OutputSink | 
     def emit(kind: str, data: bytes, final: bool = False) -> None:
         pending[kind] += data
         *lines, pending[kind] = pending[kind].split(b"\n")
+        # Output without a newline is cut into lines too: held whole, it would grow unbounded.
+        while len(pending[kind]) > MAX_LINE:
+            lines.append(pending[kind][:MAX_LINE])
+            pending[kind] = pending[kind][MAX_LINE:]
         if final and pending[kind]:
             lines.append(pending[kind])
         if output is not None:

@@ -6,9 +6,10 @@ killed rather than paused at shutdown), so building reuses restore, save and cle
 network reaches the package registries and nothing else (`build_egress`). After each
 RUN or COPY step its state is saved as a hidden build-layer template keyed by (parent key, step,
 files hash): a later build whose first steps match starts from the newest such layer instead of
-re-running them. A build's log is kept in memory, in order, and read by offset while the build
-runs (the E2B status route, `aenv template logs`); each build's record (status, reason, log)
-is written to `$AENV_HOME/builds/` when it starts and ends, so it outlives a restart. With a
+re-running them. A build's log goes to disk as it comes, bounded, and is read a page at a time
+(`build_logs`: the E2B status route, `aenv template logs`); each build's record (status,
+reason) is written to `$AENV_HOME/builds/` when it starts and ends, so it outlives a restart.
+Both go with the build's template, or when the build is among the oldest past `MAX_BUILDS`. With a
 snapshot repository, a finished build is uploaded there before it is ready, so in a cluster
 every node can start sandboxes from it once it is (`aenv.cluster.saved`).
 """
@@ -41,6 +42,7 @@ from aenv.network.settings import SandboxNetwork
 from aenv.oci import Credentials, ImageError, rootfs_from_image
 from aenv.orchestrator.build_egress import GUEST_CA, GUEST_CA_DIR, BuildEgress
 from aenv.orchestrator.build_files import BuildFiles
+from aenv.orchestrator.build_logs import BuildLog, LogEntry
 from aenv.orchestrator.build_steps import (
     BadArchive,
     BuildState,
@@ -62,7 +64,6 @@ BUILD_VM_TIMEOUT = 3600
 READY_POLL_SECONDS = 0.5
 MAX_BUILDS = 1000  # builds (with their logs) remembered
 FILES_HASH = re.compile(r"^[0-9a-f]{64}$")
-LEVELS = ("debug", "info", "warn", "error")
 
 
 class BuildStatus(enum.StrEnum):
@@ -100,14 +101,6 @@ class BuildSpec:
     credentials: Credentials | None = None
 
 
-@dataclass(frozen=True)
-class LogEntry:
-    timestamp: float
-    level: str
-    message: str
-    step: str | None = None
-
-
 @dataclass
 class Build:
     template_id: str
@@ -119,8 +112,14 @@ class Build:
     # The sandbox size asked for (`cpuCount`, `memoryMB`); None keeps the base's.
     cpu_count: int | None = None
     memory_mb: int | None = None
-    logs: list[LogEntry] = field(default_factory=list)
     reason: BuildError | None = None
+    # Not part of the record: the log has a file of its own.
+    journal: BuildLog | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def logs(self) -> BuildLog:
+        assert self.journal is not None, "a builder gives each build its log"
+        return self.journal
 
     def log(self, message: str, level: str = "info", step: str | None = None) -> None:
         self.logs.append(LogEntry(time.time(), level, message, step))
@@ -133,31 +132,25 @@ def _build_to_json(build: Build) -> str:
             **{
                 f.name: getattr(build, f.name)
                 for f in dataclasses.fields(build)
-                if f.name not in ("logs", "reason")
+                if f.name not in ("journal", "reason")
             },
-            "logs": [dataclasses.asdict(e) for e in build.logs],
             "reason": None if reason is None else {"message": str(reason), "step": reason.step},
         }
     )
 
 
-def _build_from_json(text: str) -> Build:
+def _build_from_json(text: str) -> tuple[Build, list[LogEntry] | None]:
+    """A build from its record, and the log an earlier version kept in it (None without)."""
     raw = json.loads(text)
     reason = raw.pop("reason")
-    build = Build(
-        **{
-            **raw,
-            "tags": tuple(raw["tags"]),
-            "logs": [LogEntry(**e) for e in raw["logs"]],
-            "status": BuildStatus(raw["status"]),
-        }
-    )
+    inline = raw.pop("logs", None)
+    build = Build(**{**raw, "tags": tuple(raw["tags"]), "status": BuildStatus(raw["status"])})
     if reason is not None:
         build.reason = BuildError(reason["message"], reason["step"])
     if build.status in (BuildStatus.WAITING, BuildStatus.BUILDING):  # the server stopped
         build.reason = BuildError("interrupted: the server restarted during the build")
         build.status = BuildStatus.ERROR
-    return build
+    return build, None if inline is None else [LogEntry(**e) for e in inline]
 
 
 def split_name(name: str) -> tuple[str, str | None]:
@@ -190,7 +183,8 @@ class Builder:
             paths.build_files,
             HostReserve(config.home, config.reserve_disk_mb, config.reserve_memory_mb),
         )
-        self.records_dir = paths.builds  # one JSON per build: status and logs survive restarts
+        self.records_dir = paths.builds  # per build: its record (JSON) and its log (SQLite)
+        self.log_max_bytes = config.build_log_max_mb << 20
         self.oci_cache = paths.oci_cache
         self.rootfs_dir = paths.oci_rootfs
         self.ready_timeout = ready_timeout
@@ -207,18 +201,38 @@ class Builder:
         orchestrator.template_deleted.append(self.forget)
 
     def _load_records(self) -> None:
+        """The builds recorded; a record of an earlier version, its log inline, has the log
+        moved to its own file (capped) and is written again without it."""
         self.records_dir.mkdir(parents=True, exist_ok=True)
         builds = []
         for path in self.records_dir.glob("*.json"):
             try:
-                builds.append(_build_from_json(path.read_text()))
+                build, inline = _build_from_json(path.read_text())
             except (OSError, ValueError, TypeError, KeyError):
                 log.warning("unreadable build record %s", path)
-        for build in sorted(builds, key=lambda b: b.created_at)[-MAX_BUILDS:]:
+                continue
+            build.journal = self._journal(build.build_id)
+            if inline is not None:
+                build.journal.delete()  # a crash between the moves left a partial copy
+                build.journal.extend(inline)
+                build.journal.close()
+                self._record(build)
+            builds.append(build)
+        builds.sort(key=lambda b: b.created_at)
+        for old in builds[:-MAX_BUILDS]:
+            self._remove_record(old)
+        for build in builds[-MAX_BUILDS:]:
             self._builds[build.build_id] = build
+
+    def _journal(self, build_id: str) -> BuildLog:
+        return BuildLog(self.records_dir / f"{build_id}.log.db", self.log_max_bytes)
 
     def _record(self, build: Build) -> None:
         atomic.write_text(self.records_dir / f"{build.build_id}.json", _build_to_json(build))
+
+    def _remove_record(self, build: Build) -> None:
+        (self.records_dir / f"{build.build_id}.json").unlink(missing_ok=True)
+        build.logs.delete()
 
     def request(
         self,
@@ -253,12 +267,13 @@ class Builder:
             cpu_count=cpu_count,
             memory_mb=memory_mb,
         )
+        build.journal = self._journal(build.build_id)
         self._builds[build.build_id] = build
         # Bounded: the oldest builds not running are forgotten (their logs with them).
         idle = [b for b in self._builds.values() if b.status is not BuildStatus.BUILDING]
         for old in idle[: max(0, len(self._builds) - MAX_BUILDS)]:
             del self._builds[old.build_id]
-            (self.records_dir / f"{old.build_id}.json").unlink(missing_ok=True)
+            self._remove_record(old)
         self._record(build)
         return build
 
@@ -279,6 +294,7 @@ class Builder:
         build.reason = BuildError(reason)
         build.log(f"Build failed: {reason}", level="error")
         build.status = BuildStatus.ERROR
+        build.logs.close()
         self._record(build)
 
     def get(self, template_id: str, build_id: str) -> Build | None:
@@ -312,11 +328,17 @@ class Builder:
             newest[build.template_id] = build
         return newest
 
-    def forget(self, template_id: str) -> None:
-        """What this builder keeps of a deleted template: its uploads, unless a build of it
-        is under way (it may copy them). Blocking: run it in a thread."""
-        if template_id not in self.unfinished_templates():
-            self.files.remove_template(template_id)
+    async def forget(self, template_id: str) -> None:
+        """What this builder keeps of a deleted template: its builds' records and logs, and
+        its uploads; nothing while a build of it is under way (it may copy them, and its end
+        makes the template again)."""
+        if template_id in self.unfinished_templates():
+            return
+        for build in self.builds_of(template_id):
+            del self._builds[build.build_id]
+            build.logs.close()
+            await asyncio.to_thread(self._remove_record, build)
+        await asyncio.to_thread(self.files.remove_template, template_id)
 
     async def sweep(self) -> None:
         """Housekeeping: uploads unused for a day, and those of deleted templates."""
@@ -353,6 +375,7 @@ class Builder:
     async def _end(self, build: Build, status: BuildStatus) -> None:
         """Record the build's end, then show it: whoever sees it ended (a client polling, a
         builder started after a restart) finds its record complete."""
+        build.logs.close()
         await asyncio.to_thread(self._record, dataclasses.replace(build, status=status))
         build.status = status
 

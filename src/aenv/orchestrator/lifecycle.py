@@ -251,9 +251,9 @@ class Orchestrator:
         # Run with every reconcile round: the housekeeping of what lives beside the
         # orchestrator (the template builder's uploads).
         self.chores: list[Callable[[], Awaitable[None]]] = []
-        # Told the id of each template deleted for users, in a thread (they remove files):
-        # what others keep of it goes with it (the builder's logs and uploads).
-        self.template_deleted: list[Callable[[str], None]] = []
+        # Told the id of each template deleted for users: what others keep of it goes with it
+        # (the builder's records, logs and uploads).
+        self.template_deleted: list[Callable[[str], Awaitable[None]]] = []
 
     # -- start-up and shutdown ------------------------------------------------------------
 
@@ -1677,7 +1677,7 @@ class Orchestrator:
         """Delete a template or snapshot for users; its files go once no sandbox uses them."""
         self.templates.hide(template_id)
         for listener in list(self.template_deleted):
-            await asyncio.to_thread(listener, template_id)
+            await listener(template_id)
         await self.saved.collect()
 
     async def _launch_checkpoint(self, record: SandboxRecord, cold: bool) -> _Live:
