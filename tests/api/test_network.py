@@ -261,6 +261,9 @@ async def test_an_egress_proxy_on_the_node_itself_is_refused(
         ({**RULES, "dnsServers": ["example.com"]}, "network.dnsServers"),
         ({**RULES, "dnsServers": ["1.1.1.0/24"]}, "network.dnsServers"),
         ({**RULES, "dnsServers": ["1.1.1.1"] * 9}, "network.dnsServers"),
+        # Only the node's resolver may be private: a sandbox's own would never be asked.
+        ({**RULES, "dnsServers": ["1.1.1.1", "10.0.0.2"]}, "network.dnsServers: 10.0.0.2"),
+        ({**RULES, "dnsServers": ["169.254.169.253"]}, "network.dnsServers: 169.254.169.253"),
         ({"httpsPorts": [49983]}, "network.httpsPorts"),
         ({"httpsPorts": [0]}, "network.httpsPorts"),
         ({"maskRequestHost": "a\r\nb"}, "network.maskRequestHost"),

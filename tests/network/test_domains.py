@@ -13,9 +13,11 @@ from functools import partial
 from ipaddress import IPv4Address
 from typing import cast
 
+import dns.edns
 import dns.message
 import dns.rcode
 import dns.rrset
+import dns.update
 import pytest
 import trustme
 
@@ -155,6 +157,7 @@ class _Resolver(asyncio.DatagramProtocol):
 
     def __init__(self, answer: str = INET_IP) -> None:
         self.answer = answer
+        self.queries: list[dns.message.Message] = []  # what it was asked, oldest first
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         # The selector loop's datagram transport does not subclass DatagramTransport.
@@ -162,14 +165,19 @@ class _Resolver(asyncio.DatagramProtocol):
 
     def datagram_received(self, data: bytes, addr: tuple[str | object, int]) -> None:
         query = dns.message.from_wire(data)
+        self.queries.append(query)
         response = dns.message.make_response(query)
         name = query.question[0].name
         response.answer.append(dns.rrset.from_text(name, 60, "IN", "A", self.answer))
         self.transport.sendto(response.to_wire(), addr)
 
 
-async def _resolve(guest: FakeGuest, name: str) -> tuple[str, list[str]] | None:
-    """Ask GUEST_RESOLVER for `name` from the guest: the rcode and addresses, or None."""
+async def _resolve(
+    guest: FakeGuest, name: str | dns.message.Message
+) -> tuple[str, list[str]] | None:
+    """Ask GUEST_RESOLVER for `name` (for its A records, or the query given) from the guest:
+    the rcode and addresses, or None."""
+    query = dns.message.make_query(name, "A") if isinstance(name, str) else name
 
     def make() -> socket.socket:
         sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
@@ -179,9 +187,7 @@ async def _resolve(guest: FakeGuest, name: str) -> tuple[str, list[str]] | None:
     sock = await netns.run_in(guest.netns, make)
     loop = asyncio.get_running_loop()
     try:
-        await loop.sock_sendto(
-            sock, dns.message.make_query(name, "A").to_wire(), (GUEST_RESOLVER, 53)
-        )
+        await loop.sock_sendto(sock, query.to_wire(), (GUEST_RESOLVER, 53))
         data = await asyncio.wait_for(loop.sock_recv(sock, 4096), 2.0)
     except (OSError, TimeoutError):
         return None
@@ -209,6 +215,51 @@ async def test_dns_answers_only_allowed_names(
         # Without domain rules, queries go where the guest sends them (nowhere, here).
         await pool.set_policy(guest.slot, EgressPolicy())
         assert await _resolve(guest, "other.test") is None
+    finally:
+        transport.close()
+
+
+@pytest.mark.usefixtures("web")
+@pytest.mark.parametrize(
+    ("on_host", "resolver"),
+    [(False, "10.250.0.53"), (False, "169.254.169.253"), (True, "127.0.0.53")],
+)
+async def test_the_node_resolver_may_be_private_link_local_or_the_hosts_own(
+    world: World, make_pool: MakePool, boot: Boot, serve: Serve, on_host: bool, resolver: str
+) -> None:
+    """A cloud host's resolver (a VPC's in 10/8, AWS's at 169.254.169.253), or a stub on the
+    host's loopback (systemd's 127.0.0.53), is where no slot may go, yet it is the node's: it
+    is asked from the host, and the guest gets its allowed names and reaches them. It still
+    reaches nothing else there: what the resolver is sent is the guest's question alone, and
+    no other kind of message."""
+    where = world.host if on_host else world.inet
+    sock = await netns.run_in(where, lambda: socket.socket(socket.AF_INET, socket.SOCK_DGRAM))
+    if not on_host:
+        _add_address(where, resolver)
+    sock.bind((resolver, 53))
+    loop = asyncio.get_running_loop()
+    transport, server = await loop.create_datagram_endpoint(_Resolver, sock=sock)
+    await serve(where, resolver, 53, "resolver")  # DNS over TCP
+    try:
+        pool = await make_pool(dns_upstream=IPv4Address(resolver))
+        guest = await boot(await pool.acquire(policy=EgressPolicy.parse(ALLOW, DENY_ALL)))
+        assert await _resolve(guest, "allowed.test") == ("NOERROR", [INET_IP])
+        assert await _resolve(guest, "other.test") == ("NXDOMAIN", [])
+        assert await _get(guest, INET_IP, 80, "allowed.test") == "allowed.test"
+        assert await probes.probe(guest.netns, resolver, 53, timeout=0.5) is None
+
+        extra = dns.message.make_query("allowed.test", "TXT", use_edns=0, payload=1400)
+        extra.use_edns(0, payload=1400, options=[dns.edns.ECSOption("192.0.2.0", 24)])
+        extra.additional.append(dns.rrset.from_text("a.test.", 60, "IN", "TXT", '"guest"'))
+        assert await _resolve(guest, extra) == ("NOERROR", [INET_IP])
+        forwarded = server.queries[-1]
+        assert (forwarded.id, forwarded.question) == (extra.id, extra.question)
+        assert (forwarded.payload, list(forwarded.options), forwarded.additional) == (1400, [], [])
+        update = dns.update.UpdateMessage("allowed.test")
+        update.add("x.allowed.test.", 60, "A", INET_IP)
+        asked = len(server.queries)
+        assert await _resolve(guest, update) == ("NOTIMP", [])
+        assert len(server.queries) == asked
     finally:
         transport.close()
 

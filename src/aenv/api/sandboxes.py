@@ -185,7 +185,7 @@ class SandboxRoutes:
         try:
             await self.orc.check_network(network)
         except InvalidNetwork as e:
-            raise APIError(400, f"network.egressProxy: {e}") from e
+            raise APIError(400, f"network.{e.field}: {e}") from e
         return network
 
     async def _start(self, body: NewSandbox, timeout: int, owner: str) -> dict[str, Any]:

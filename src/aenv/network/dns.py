@@ -2,14 +2,23 @@
 
 The slot table redirects the guest's DNS queries (UDP port 53, whichever resolver it asks) to
 this forwarder on the guest's gateway address, inside the slot namespace. A query for a name the
-rules allow is forwarded to the node's resolver, from the slot namespace, and its answer relayed;
-any other name is answered NXDOMAIN, so a sandbox neither learns addresses it may not use nor
-leaks names through DNS. Messages are read and written with dnspython.
+rules allow is forwarded and its answer relayed; any other name is answered NXDOMAIN, so a
+sandbox neither learns addresses it may not use nor leaks names through DNS. What is forwarded
+is a query the forwarder writes itself, with the guest's question and id (a standard query, no
+options): a guest cannot send the resolver anything else (an update, a notify) through it.
+Messages are read and written with dnspython.
 
-The node's resolver is, unless configured, the host's own (`host_resolver`): names resolve
-for a slot as they do for the host. A sandbox may name its own resolvers (E2B's `dnsServers`):
-they are asked in order, the next when one does not answer in time; one in a range slots may
-not reach (`reserved`) is never asked, and an empty list answers every query REFUSED.
+Where a query goes:
+
+- The node's resolver (configured, else the host's own: `host_resolver`) is the operator's
+  choice and is always asked, from the host namespace, as the host asks it. Cloud hosts
+  resolve through a resolver in a private or link-local range (a VPC's 10.0.0.2, AWS's
+  169.254.169.253), which slots may not reach; the guest still reaches nothing there but
+  answers for its allowed names.
+- A sandbox may name its own resolvers instead (E2B's `dnsServers`): they are asked in order,
+  the next when one does not answer in time, from the slot namespace, as the guest's own
+  traffic leaves. The API refuses one in a range slots may not reach (`reserved`); should one
+  get here anyway it is never asked. An empty list answers every query REFUSED.
 """
 
 from __future__ import annotations
@@ -22,7 +31,9 @@ from pathlib import Path
 from typing import cast
 
 import dns.exception
+import dns.flags
 import dns.message
+import dns.opcode
 import dns.rcode
 
 from aenv.network import netns
@@ -38,8 +49,8 @@ FALLBACK_RESOLVER = IPv4Address("1.1.1.1")
 
 
 def host_resolver(resolv_conf: Path = Path("/etc/resolv.conf")) -> IPv4Address:
-    """The host's first IPv4 nameserver not on loopback, else `FALLBACK_RESOLVER`. A stub
-    resolver on loopback (systemd's 127.0.0.53) cannot be reached from a slot namespace."""
+    """The host's first IPv4 nameserver, else `FALLBACK_RESOLVER`. One on loopback (systemd's
+    stub at 127.0.0.53) serves too: the node's resolver is asked from the host namespace."""
     try:
         lines = resolv_conf.read_text().splitlines()
     except OSError:
@@ -52,7 +63,7 @@ def host_resolver(resolv_conf: Path = Path("/etc/resolv.conf")) -> IPv4Address:
             address = ip_address(fields[1])
         except ValueError:
             continue
-        if isinstance(address, IPv4Address) and not address.is_loopback:
+        if isinstance(address, IPv4Address):
             return address
     return FALLBACK_RESOLVER
 
@@ -84,18 +95,23 @@ class _Server(asyncio.DatagramProtocol):
 
 
 class DnsForwarder:
-    """The forwarder of one slot; `rules` and `upstreams` may be replaced at any time."""
+    """The forwarder of one slot. `rules` and `own` (the sandbox's resolvers, None: the
+    node's) may be replaced at any time."""
 
     def __init__(
         self,
         slot: Slot,
         rules: DomainRules,
-        upstreams: tuple[IPv4Address, ...],
+        own: tuple[IPv4Address, ...] | None,
+        node_resolver: IPv4Address,
+        host_netns: str | None,
         denied: tuple[IPv4Network, ...],
     ) -> None:
         self.slot = slot
         self.rules = rules
-        self.upstreams = upstreams
+        self.own = own
+        self._node = node_resolver
+        self._host_netns = host_netns
         self._denied = denied
         self._transport: asyncio.DatagramTransport | None = None
         self._tasks: set[asyncio.Task[None]] = set()
@@ -120,30 +136,44 @@ class DnsForwarder:
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
+    def _upstreams(self) -> list[tuple[IPv4Address, str | None]]:
+        """Where to ask, in order, each with the namespace to ask it from."""
+        if self.own is None:
+            return [(self._node, self._host_netns)]
+        own = [u for u in self.own if not any(u in n for n in self._denied)]
+        return [(u, self.slot.netns) for u in own]
+
     async def answer(self, data: bytes) -> bytes | None:
         """The reply to the query `data`, or None to drop it (not a query we can read)."""
         try:
             query = dns.message.from_wire(data)
         except dns.exception.DNSException:
             return None
+        if query.opcode() != dns.opcode.QUERY:
+            return _reply(query, dns.rcode.NOTIMP)
         if len(query.question) != 1:
             return _reply(query, dns.rcode.FORMERR)
         name = query.question[0].name.to_text(omit_final_dot=True)
         if not self.rules.allows(name):
             return _reply(query, dns.rcode.NXDOMAIN)
-        if not self.upstreams:
+        if self.own == ():
             return _reply(query, dns.rcode.REFUSED)
-        upstreams = [u for u in self.upstreams if not any(u in n for n in self._denied)]
+        upstreams = self._upstreams()
+        forwarded = _forwarded(query)
         timeout = _UPSTREAM_TIMEOUT_S / max(len(upstreams), 1)
-        for upstream in upstreams:
+        for upstream, namespace in upstreams:
             try:
-                return await asyncio.wait_for(self._forward(data, query.id, upstream), timeout)
+                return await asyncio.wait_for(
+                    self._forward(forwarded, query.id, upstream, namespace), timeout
+                )
             except (OSError, TimeoutError):
                 log.debug("slot %s: no answer from %s for %s", self.slot.netns, upstream, name)
         return _reply(query, dns.rcode.SERVFAIL)
 
-    async def _forward(self, data: bytes, query_id: int, upstream: IPv4Address) -> bytes:
-        sock = await netns.run_in(self.slot.netns, _udp)
+    async def _forward(
+        self, data: bytes, query_id: int, upstream: IPv4Address, namespace: str | None
+    ) -> bytes:
+        sock = await netns.run_in(namespace, _udp)
         loop = asyncio.get_running_loop()
         address = (str(upstream), DNS_PORT)
         try:
@@ -155,6 +185,24 @@ class DnsForwarder:
                     return reply
         finally:
             sock.close()
+
+
+def _forwarded(query: dns.message.Message) -> bytes:
+    """The query to send upstream: the guest's question, id and recursion and DNSSEC wishes,
+    and nothing else of what it sent."""
+    question = query.question[0]
+    edns = query.edns >= 0
+    forwarded = dns.message.make_query(
+        question.name,
+        question.rdtype,
+        question.rdclass,
+        use_edns=0 if edns else False,
+        want_dnssec=bool(query.ednsflags & dns.flags.DO),
+        payload=min(query.payload, _MAX_MESSAGE) if edns else None,
+        id=query.id,
+        flags=query.flags & (dns.flags.RD | dns.flags.CD),
+    )
+    return forwarded.to_wire()
 
 
 def _reply(query: dns.message.Message, rcode: dns.rcode.Rcode) -> bytes:

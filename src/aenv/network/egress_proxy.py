@@ -16,7 +16,8 @@ How it works, per slot whose policy names domains (E2B's `allowOut: ["example.co
    address, then the host's), replays the bytes it read and relays both ways. Reserved ranges
    stay refused here too, since these connections do not cross the slot's forward chain.
 4. DNS queries go to the slot's `dns.DnsForwarder`, started and stopped with the proxy, which
-   answers only for allowed names, from the node's resolver or the sandbox's own.
+   answers only for allowed names, from the node's resolver (asked from the host namespace)
+   or the sandbox's own.
 
 With a SOCKS5 proxy (E2B's `egressProxy`, `socks`), the slot table also redirects the new TCP
 connections the address lists let through (set `proxied`). Those are tunneled at once, without
@@ -135,8 +136,9 @@ class EgressProxy:
         self._rules = DomainRules(policy.domains)
         self._denied = denied
         self._host_netns = host_netns
-        self._dns_default = (dns_upstream,)
-        self._dns = DnsForwarder(slot, self._rules, self._resolvers(policy), denied)
+        self._dns = DnsForwarder(
+            slot, self._rules, policy.dns_servers, dns_upstream, host_netns, denied
+        )
         self._server: asyncio.Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
 
@@ -148,10 +150,7 @@ class EgressProxy:
     def policy(self, policy: EgressPolicy) -> None:
         self._policy = policy
         self._rules = self._dns.rules = DomainRules(policy.domains)
-        self._dns.upstreams = self._resolvers(policy)
-
-    def _resolvers(self, policy: EgressPolicy) -> tuple[IPv4Address, ...]:
-        return self._dns_default if policy.dns_servers is None else policy.dns_servers
+        self._dns.own = policy.dns_servers
 
     async def start(self) -> None:
         gateway = str(self.slot.guest.gateway)

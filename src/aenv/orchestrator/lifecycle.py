@@ -27,6 +27,7 @@ import shutil
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping
 from dataclasses import dataclass
+from ipaddress import IPv4Address
 from pathlib import Path
 from typing import Any
 
@@ -120,7 +121,12 @@ class InvalidState(RuntimeError):
 
 
 class InvalidNetwork(ValueError):
-    """Network settings that cannot work, found before anything is made or changed."""
+    """Network settings that cannot work, found before anything is made or changed. `field`
+    is the E2B name of the setting at fault (`egressProxy`, `dnsServers`)."""
+
+    def __init__(self, field: str, message: str) -> None:
+        super().__init__(message)
+        self.field = field
 
 
 class OperationFailed(RuntimeError):
@@ -1720,12 +1726,18 @@ class Orchestrator:
         """Raise `InvalidNetwork` for settings no slot could honour: an egress proxy whose name
         does not resolve, or resolves into a range sandboxes may not reach or to an address of
         the node itself (E2B refuses these before the sandbox exists; the slot's proxy checks
-        again at every connection)."""
+        again at every connection), and a resolver of the sandbox's own in such a range (its
+        DNS forwarder would never ask it; only the node's resolver may be private)."""
+        denied = self.slots.denied
+        for server in network.dns_servers or ():
+            if any(IPv4Address(server) in n for n in denied):
+                message = f"{server} is in a range sandboxes may not reach"
+                raise InvalidNetwork("dnsServers", message)
         if network.egress_proxy is not None:
             try:
-                await socks.resolve(network.egress_proxy, self.slots.denied, self.slots.host_netns)
+                await socks.resolve(network.egress_proxy, denied, self.slots.host_netns)
             except socks.TunnelError as e:
-                raise InvalidNetwork(str(e)) from e
+                raise InvalidNetwork("egressProxy", str(e)) from e
 
     async def set_egress(self, sandbox_id: str, rules: SandboxNetwork) -> SandboxRecord:
         """Replace the sandbox's egress rules by those of `rules` (`PUT /sandboxes/{id}/network`;

@@ -210,11 +210,16 @@ def test_dns_servers_of_domain_rules(sandboxes: list[Sandbox]) -> None:
         return sandbox.commands.run("getent hosts allowed.test || true").stdout
 
     assert lookup() == ""  # no resolver at all
-    # A link-local resolver is never asked; the next one answers.
-    servers = [INTERNAL[0], RESOLVER_IP]
-    sandbox.update_network(
-        {"allow_out": ["allowed.test"], "deny_out": ["0.0.0.0/0"], "dns_servers": servers}
-    )
+
+    def update(servers: list[str]) -> None:
+        named: SandboxNetworkUpdate = {"allow_out": ["allowed.test"], "deny_out": ["0.0.0.0/0"]}
+        sandbox.update_network({**named, "dns_servers": servers})
+
+    # Only the node's resolver may be in a range sandboxes may not reach (it is, here).
+    with pytest.raises((InvalidArgumentException, SandboxException), match=INTERNAL[0]):
+        update([INTERNAL[0], RESOLVER_IP])
+    assert lookup() == ""
+    update([RESOLVER_IP])
     assert A in lookup()
     network = sandbox.get_info().network
-    assert network is not None and network["dns_servers"] == servers
+    assert network is not None and network["dns_servers"] == [RESOLVER_IP]
