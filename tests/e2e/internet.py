@@ -9,12 +9,17 @@ certificates and the node's.
 
 `python -m tests.e2e.internet CERT KEY ADDRESS...` runs the servers: port 80 (HTTP) and 443
 (HTTPS, with CERT and KEY) of each address answer every GET with the address they were reached
-at, so a test sees which host it got to; RESOLVER_IP:53 answers
-`NAMES` (a `*.` entry covers every name below it) and NXDOMAIN for the rest.
+at, so a test sees which host it got to, except under `/debian/`, where they serve a Debian
+package index (`APT_SOURCE`, one package: `APT_PACKAGE`); RESOLVER_IP:53 and
+NODE_RESOLVER_IP:53 answer `NAMES` (a `*.` entry covers every name below it) and NXDOMAIN for
+the rest. NODE_RESOLVER_IP is a private address, as a cloud host's resolver is: the node asks
+it, sandboxes may not.
 """
 
 from __future__ import annotations
 
+import hashlib
+import posixpath
 import secrets
 import socket
 import ssl
@@ -45,6 +50,8 @@ PUBLIC = ("198.51.100.10", "198.51.100.20")
 # Unreachable from any sandbox whatever its rules (network/reserved.py).
 INTERNAL = ("169.254.169.254", "10.250.0.9")
 RESOLVER_IP = "198.51.100.53"
+# The node's resolver (AENV_NETWORK_DNS): in a private range, as a VPC's resolver is.
+NODE_RESOLVER_IP = "10.250.0.53"
 # A SOCKS5 server (tests/support/socks_server.py) for sandboxes' own egress proxy; its
 # connections leave from its own address, and it resolves `allowed.test` elsewhere than the
 # resolver does (PUBLIC[1]), so a test sees that a name went through it as a name.
@@ -55,6 +62,27 @@ NODE_DOMAIN = "aenv.test"
 # run in the server's namespace).
 WEB_NAMES = {"allowed.test": PUBLIC[0], "*.wild.test": PUBLIC[1], "other.test": PUBLIC[0]}
 NAMES = {**WEB_NAMES, f"*.{NODE_DOMAIN}": "127.0.0.1"}
+# A flat Debian repository at every web address, for apt in template builds:
+# `deb [trusted=yes] http://allowed.test/debian ./`.
+APT_SOURCE = "deb [trusted=yes] http://allowed.test/debian ./"
+APT_PACKAGE = "aenv-probe"
+_APT_PACKAGES = f"""Package: {APT_PACKAGE}
+Version: 1.0
+Architecture: all
+Maintainer: aenv <aenv@allowed.test>
+Filename: {APT_PACKAGE}_1.0_all.deb
+Size: 1
+SHA256: {hashlib.sha256(b"-").hexdigest()}
+Description: a package index entry for template build tests
+
+""".encode()
+_APT_REPO = {
+    "/debian/Packages": _APT_PACKAGES,
+    "/debian/Release": (
+        "Origin: aenv-test\nSuite: stable\nCodename: aenv\nDate: Thu, 01 Jan 2026 00:00:00 UTC\n"
+        f"SHA256:\n {hashlib.sha256(_APT_PACKAGES).hexdigest()} {len(_APT_PACKAGES)} Packages\n"
+    ).encode(),
+}
 
 
 @dataclass(frozen=True)
@@ -104,7 +132,7 @@ def _wire(server_ns: str, netns: str) -> None:
     _ip("-n", server_ns, "link", "add", "uplink", "type", "veth", "peer", "eth0", "netns", netns)
     _ip("-n", server_ns, "addr", "add", f"{UPLINK_IP}/30", "dev", "uplink")
     _ip("-n", netns, "addr", "add", f"{GATEWAY_IP}/30", "dev", "eth0")
-    for address in (*PUBLIC, *INTERNAL, RESOLVER_IP, SOCKS_IP):
+    for address in (*PUBLIC, *INTERNAL, RESOLVER_IP, NODE_RESOLVER_IP, SOCKS_IP):
         _ip("-n", netns, "addr", "add", f"{address}/32", "dev", "lo")
     _ip("-n", server_ns, "link", "set", "uplink", "up")
     _ip("-n", netns, "link", "set", "eth0", "up")
@@ -136,9 +164,15 @@ def simulated_internet(server_ns: str, certificates: Certificates) -> Iterator[I
 
 
 class _Named(BaseHTTPRequestHandler):
-    """`/bytes/N`: N zero bytes (for throughput); anything else: the address it was reached at."""
+    """`/bytes/N`: N zero bytes (for throughput); `/debian/`: the package index; anything else:
+    the address it was reached at."""
 
     def do_GET(self) -> None:
+        # apt asks for `/debian/./Release` (the `./` of a flat repository).
+        path = posixpath.normpath(self.path)
+        if path.startswith("/debian/"):
+            self._send(_APT_REPO.get(path))
+            return
         size = int(self.path[len("/bytes/") :]) if self.path.startswith("/bytes/") else None
         host, _ = cast("tuple[str, int]", self.server.server_address)
         body = host.encode()
@@ -151,6 +185,15 @@ class _Named(BaseHTTPRequestHandler):
         chunk = bytes(2**20)
         for offset in range(0, size, len(chunk)):
             self.wfile.write(chunk[: size - offset])
+
+    def _send(self, body: bytes | None) -> None:
+        if body is None:
+            self.send_error(404)
+            return
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
 
     def log_message(self, format: str, *args: object) -> None:
         return
@@ -187,9 +230,10 @@ def _serve(cert: str, key: str, addresses: list[str]) -> None:
             if port == 443:
                 server.socket = tls.wrap_socket(server.socket, server_side=True)
             threading.Thread(target=server.serve_forever, daemon=True).start()
-    resolver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-    resolver.bind((RESOLVER_IP, 53))
-    threading.Thread(target=_resolve_forever, args=(resolver,), daemon=True).start()
+    for address in (RESOLVER_IP, NODE_RESOLVER_IP):
+        resolver = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        resolver.bind((address, 53))
+        threading.Thread(target=_resolve_forever, args=(resolver,), daemon=True).start()
     print("ready", flush=True)
     threading.Event().wait()
 

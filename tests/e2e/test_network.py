@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from aenv.orchestrator.images import prepare_images
-from tests.e2e.internet import NODE_DOMAIN, RESOLVER_IP, Certificates, simulated_internet
+from tests.e2e.internet import NODE_DOMAIN, NODE_RESOLVER_IP, Certificates, simulated_internet
 from tests.e2e.server_ns import REPO, ServerNs, server_in_namespace
 from tests.support.guest import GUEST_CACHE, MIRROR
 from tests.support.js import ensure_npm_sdk
@@ -36,8 +36,9 @@ def test_network_rules_and_tls_with_the_sdk(monkeypatch: pytest.MonkeyPatch) -> 
         ensure_npm_sdk()  # the server's namespace has no route to the npm registry
         certificates = Certificates.make(scratch / "certificates")
         for key, value in {
-            # Sandboxes with domain rules resolve allowed names with the internet's resolver.
-            "AENV_NETWORK_DNS": RESOLVER_IP,
+            # Sandboxes with domain rules and builds resolve allowed names with the internet's
+            # resolver, at a private address as a cloud host's is (sandboxes may not reach it).
+            "AENV_NETWORK_DNS": NODE_RESOLVER_IP,
             # Template builds reach this host in place of the package registries, trusting
             # the test CA as they would a host's TLS-intercepting proxy (network/test_build_egress).
             "AENV_BUILD_EGRESS": "allowed.test",

@@ -3,7 +3,8 @@ and nothing else; the templates they make, and other sandboxes, keep their own e
 
 The server here (test_network.py) names `allowed.test` in place of the package registries and
 gives the test CA as the bundle, as a host behind a TLS-intercepting proxy would give its own:
-no test reaches the real registries."""
+no test reaches the real registries. Its resolver is at a private address, as a cloud host's
+is: builds resolve the registries through it all the same."""
 
 from __future__ import annotations
 
@@ -15,11 +16,14 @@ import pytest
 from e2b import Sandbox, Template
 from e2b.exceptions import BuildException
 
-from tests.e2e.internet import PUBLIC
+from tests.e2e.internet import APT_PACKAGE, APT_SOURCE, PUBLIC
 from tests.e2e.network.conftest import API
 
 A, B = PUBLIC
 FETCH = "import urllib.request as u; print(u.urlopen('https://allowed.test/').read().decode())"
+# apt with the internet's package index alone (the base's own sources are not reachable here).
+SOURCES = "/etc/apt/sources.list.d/internet.list"
+APT = f"-o Dir::Etc::SourceList={SOURCES} -o Dir::Etc::SourceParts=/nonexistent"
 
 
 def _delete(name: str) -> None:
@@ -32,6 +36,13 @@ def test_build_reaches_the_registries_and_nothing_else() -> None:
     steps = (
         Template()
         .from_template("base")
+        # apt-get update resolves the index's host with the node's (private) resolver; a
+        # failed fetch fails the step (by default apt only warns when a name does not resolve).
+        .run_cmd(
+            f"echo '{APT_SOURCE}' > {SOURCES} && apt-get update --error-on=any {APT}"
+            f" && apt-cache {APT} policy {APT_PACKAGE} > /tmp/apt.txt",
+            user="root",
+        )
         # curl and Python's ssl both trust the carried-in bundle.
         .run_cmd(
             "curl -sS -m 10 https://allowed.test/ > /tmp/reached.txt && echo >> /tmp/reached.txt"
@@ -47,6 +58,7 @@ def test_build_reaches_the_registries_and_nothing_else() -> None:
         try:
             run = sandbox.commands.run
             assert run("cat /tmp/reached.txt").stdout.split() == [A, A]
+            assert "Candidate: 1.0" in run("cat /tmp/apt.txt").stdout
             # Nothing of the build's trust or policy stays in the template.
             assert (
                 run("ls /etc/aenv-build 2>&1 || true")
