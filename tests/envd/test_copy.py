@@ -6,10 +6,14 @@ from __future__ import annotations
 import io
 import tarfile
 import uuid
+from pathlib import Path
 
 import httpx
 import pytest
 from e2b import Sandbox
+
+from aenv.orchestrator.build_steps import GuestShell
+from aenv.orchestrator.envd_client import EnvdClient
 
 
 def _archive(files: dict[str, bytes], links: dict[str, str] | None = None) -> bytes:
@@ -40,6 +44,24 @@ def _ls(sandbox: Sandbox, path: str) -> str:
 
 
 APP = {"app/a.txt": b"a", "app/sub/b.txt": b"b", "app/.hidden": b"h", "top.txt": b"t"}
+
+
+async def test_a_builds_archive_goes_from_the_hosts_disk_to_its_place(
+    sandbox: Sandbox, envd_url: str, workdir: str, tmp_path: Path
+) -> None:
+    """As a build's COPY sends it: the upload's file, read as it is sent, never held whole."""
+    archive = tmp_path / "upload.tar.gz"
+    archive.write_bytes(_archive(APP))
+    staged = f"/tmp/copy-{uuid.uuid4().hex[:8]}.tar.gz"
+    async with httpx.AsyncClient() as http:
+        shell = GuestShell(EnvdClient(http, "127.0.0.1"))
+        try:
+            await shell.write(staged, archive)
+            placed = await shell.copy(staged, "app", f"{workdir}/dest", "user", None)
+        finally:
+            await shell.close()
+    assert placed == [f"{workdir}/dest"]
+    assert sandbox.files.read(f"{workdir}/dest/sub/b.txt") == "b"
 
 
 def test_a_directory_goes_into_dest_owned_by_the_owner(
