@@ -15,6 +15,7 @@ from aenv.claims import (
     LEGACY_CIDR,
     LEGACY_PREFIX,
     LEGACY_UID_BASE,
+    UID_LIMIT,
     ClaimConflict,
     claim,
     derive,
@@ -51,6 +52,13 @@ def test_derived_settings_are_stable_and_the_default_home_keeps_the_old_ones(
         LEGACY_CIDR,
         LEGACY_UID_BASE,
     )
+
+
+@pytest.mark.parametrize("count", [1, 65_536, 50_000_000])
+def test_derived_uid_ranges_stay_below_2_to_the_31(tmp_path: Path, count: int) -> None:
+    uids = derive(Config(home=tmp_path / "a", jail_uid_count=count), [], "net").uids()
+    assert uids.start > LEGACY_UID_BASE + 65_536 and uids.stop <= UID_LIMIT
+    assert len(uids) == count + 1
 
 
 def test_a_derived_network_or_uid_range_a_live_node_holds_is_passed_over(tmp_path: Path) -> None:

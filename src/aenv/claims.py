@@ -30,6 +30,7 @@ from ipaddress import IPv4Network
 from pathlib import Path
 
 from aenv.config import DEFAULT_HOME, Config, ConfigError
+from aenv.runtime.jail import DEFAULT_UID_COUNT
 
 CLAIMS_DIR = Path("/run/aenv/nodes")
 LEGACY_PREFIX = "aenv"
@@ -39,8 +40,9 @@ LEGACY_UID_BASE = 2_000_000
 # the warm slots) of this /13 outside the legacy network.
 DERIVED_SPAN = IPv4Network("10.200.0.0/13")
 DERIVED_PREFIXLEN = 21
-# Derived uid ranges: blocks of `jail_uid_count` after the legacy block, below 2**31.
+# Derived uid ranges: blocks of `jail_uid_count` + 1 after the legacy range, below 2**31.
 DERIVED_UID_BLOCKS = 32_000
+UID_LIMIT = 2**31
 
 
 class ClaimConflict(ConfigError):
@@ -169,8 +171,10 @@ def _first_free(blocks: list[IPv4Network], seed: int, live: Sequence[Claim]) -> 
 
 def _free_uids(seed: int, count: int, live: Sequence[Claim]) -> int:
     size = count + 1  # the group id, then the users
-    for step in range(DERIVED_UID_BLOCKS):
-        base = LEGACY_UID_BASE + size * (1 + (seed + step) % DERIVED_UID_BLOCKS)
+    first = LEGACY_UID_BASE + DEFAULT_UID_COUNT + 1  # past the legacy range
+    blocks = min(DERIVED_UID_BLOCKS, (UID_LIMIT - first) // size)
+    for step in range(blocks):
+        base = first + size * ((seed + step) % blocks)
         if not any(base < o.uids().stop and o.uids().start < base + size for o in live):
             return base
     raise ClaimConflict("every derived jail uid range is held by a live node: set jail_uid_base")
