@@ -6,6 +6,7 @@ day, and with their template."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import os
 import time
@@ -18,6 +19,7 @@ import pytest
 from e2b.template.utils import calculate_files_hash, tar_file_stream
 
 from aenv.orchestrator.build_files import UNUSED_FOR
+from aenv.orchestrator.reserve import HostReserve
 from tests.api.conftest import BuildNode, build, request
 
 pytestmark = pytest.mark.timeout(300)
@@ -176,3 +178,35 @@ async def test_unused_uploads_and_deleted_templates_uploads_are_removed(
     await build_node.builder.sweep()
     assert not paths["old"].exists() and not legacy.exists()
     assert paths["used"].is_file()
+
+
+async def test_uploads_under_way_count_what_they_declared(build_node: BuildNode) -> None:
+    """Two uploads that each fit above the reserve, not both: the second is refused while the
+    first has written little of what it declared, and accepted once it ended."""
+    (build_node.context / "a.txt").write_text("a\n")
+    files_hash, tar = archive(build_node.context, "a.txt", "/srv/")
+    template_id = (await request(build_node, "both"))[0]
+    url = f"/templates/{template_id}/files/{files_hash}"
+    files = build_node.builder.files
+    free_mb = await asyncio.to_thread(files.reserve.free_disk_mb)
+    files.reserve = HostReserve(files.reserve.path, free_mb - 1000, 0)  # 1000 MiB of room
+    sent, finish = asyncio.Event(), asyncio.Event()
+
+    async def first_body() -> AsyncIterator[bytes]:
+        yield tar
+        sent.set()
+        await finish.wait()  # then it ends short of what it declared
+
+    first = asyncio.create_task(
+        build_node.client.put(url, content=first_body(), headers={"content-length": str(900 << 20)})
+    )
+    try:
+        await sent.wait()
+        declared = {"content-length": str(500 << 20)}
+        refused = await build_node.client.put(url, content=one_chunk(tar), headers=declared)
+        assert refused.status_code == 507, refused.text
+    finally:
+        finish.set()
+        assert (await first).status_code == 201
+    accepted = await build_node.client.put(url, content=one_chunk(tar), headers=declared)
+    assert accepted.status_code == 201, accepted.text

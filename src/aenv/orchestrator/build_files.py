@@ -77,6 +77,9 @@ class BuildFiles:
     def __init__(self, directory: Path, reserve: HostReserve) -> None:
         self.directory = directory
         self.reserve = reserve
+        # Bytes that uploads under way declared and have not written yet: the free space does
+        # not show them, and each would count on the same room.
+        self._promised = 0
 
     def path(self, template_id: str, files_hash: str) -> Path:
         return self.directory / template_id / files_hash
@@ -108,20 +111,24 @@ class BuildFiles:
     ) -> None:
         """Write an upload to disk as it arrives, then put it in place whole. `length` is the
         size the client declared, `sha256` the digest it declared. Raises UploadRefused: 413
-        past `MAX_UPLOAD`, 507 when the data filesystem would go under its reserve (a declared
-        length before anything is written), 400 for what is not a tar or does not match its
+        past `MAX_UPLOAD`, 507 when the data filesystem would go under its reserve, counting
+        what the uploads under way declared and have not written yet (a declared length is
+        refused before anything is written), 400 for what is not a tar or does not match its
         digest."""
         free_mb = await asyncio.to_thread(self.reserve.free_disk_mb)
-        limit = min(MAX_UPLOAD, max(free_mb - self.reserve.disk_mb, 0) << 20)
+        room = ((free_mb - self.reserve.disk_mb) << 20) - self._promised
+        limit = min(MAX_UPLOAD, max(room, 0))
         if length is not None and length > limit:
             raise self._too_large(limit)
-        dest = self.path(template_id, files_hash)
-        await asyncio.to_thread(dest.parent.mkdir, parents=True, exist_ok=True)
-        partial = dest.with_name(f".{files_hash}.{secrets.token_hex(4)}")
+        promised = length or 0
+        self._promised += promised
         digest = hashlib.sha256()
         head = b""
         size = 0
+        dest = self.path(template_id, files_hash)
+        partial = dest.with_name(f".{files_hash}.{secrets.token_hex(4)}")
         try:
+            await asyncio.to_thread(dest.parent.mkdir, parents=True, exist_ok=True)
             with partial.open("wb") as out:
                 async for chunk in chunks:
                     size += len(chunk)
@@ -130,12 +137,16 @@ class BuildFiles:
                     if len(head) < _TAR_MAGIC_AT + 5:
                         head += chunk[: _TAR_MAGIC_AT + 5 - len(head)]
                     await asyncio.to_thread(_write, out, digest, chunk)
+                    kept = min(len(chunk), promised)
+                    promised -= kept
+                    self._promised -= kept
             if not _looks_like_tar(head):
                 raise UploadRefused(400, "the upload is not a tar archive (gzipped or not)")
             if sha256 is not None and digest.digest() != sha256:
                 raise UploadRefused(400, "the upload does not match its sha-256 digest header")
             await asyncio.to_thread(os.replace, partial, dest)
         finally:
+            self._promised -= promised
             await asyncio.to_thread(partial.unlink, True)
 
     def remove_template(self, template_id: str) -> None:
