@@ -22,6 +22,7 @@ from pathlib import Path
 import httpx
 import pytest
 import redis.asyncio as aioredis
+from e2b import AsyncSandbox, SandboxNotFoundException
 
 from aenv.api.keys import KeyStore
 from aenv.api.limits import RateLimiter
@@ -315,6 +316,36 @@ async def test_calls_for_a_sandbox_go_to_its_node(setup: Setup, client: aioredis
     # Gone with its node, not parked: 404, and its route goes; a live node's stays.
     assert lost.status_code == 404
     assert await routes.lookup("lost") is None and await routes.lookup("sbonb") == "b"
+
+
+async def test_a_killed_nodes_sandboxes_answer_clearly_until_its_lease_lapses(
+    setup: Setup, client: aioredis.Redis
+) -> None:
+    """Node c was killed (nothing listens at its address) but its lease runs a few seconds
+    more: the API says so with a 503 to retry after the lease, which the SDK waits out and then
+    gets E2B's 404; the data plane says the node does not answer, not that the port is closed."""
+    capacity = Capacity(cpus=2, memory_mb=1024, memory_free_mb=512, running=1, paused=0)
+    dead = NodeReport("c", f"127.0.0.1:{free_port()}", capacity)
+    await NodeRegistry(client, SECRET).heartbeat(secrets.token_hex(8), dead, ttl=2)
+    await Routes(client).assign("sbdead", "c")
+    with setup.client() as http:
+        info = http.get("/sandboxes/sbdead")
+        envd = http.get(
+            "/health", headers={"E2b-Sandbox-Id": "sbdead", "E2b-Sandbox-Port": "49983"}
+        )
+    assert info.status_code == 503, info.text
+    assert 1 <= int(info.headers["Retry-After"]) <= 2
+    assert info.json()["code"] == 503
+    assert "is on node c, which does not answer" in info.json()["message"]
+    assert envd.status_code == 502, envd.text
+    message = envd.json()["message"]
+    assert "its node c does not answer" in message
+    assert "was not found" not in message and "port is not open" not in message
+
+    # What an SDK user sees: the SDK waits Retry-After, retries, and gets the 404 then.
+    with pytest.raises(SandboxNotFoundException):
+        await AsyncSandbox.get_info("sbdead", api_key=setup.key, api_url=setup.url)
+    assert await AsyncSandbox.kill("sbdead", api_key=setup.key, api_url=setup.url) is False
 
 
 async def test_routes_the_gateway_does_not_serve_yet_are_501_naming_them(setup: Setup) -> None:

@@ -20,12 +20,14 @@ class APIError(Exception):
         *,
         error_code: str | None = None,
         should_retry: bool | None = None,
+        retry_after: int | None = None,
     ) -> None:
         super().__init__(message)
         self.status = status
         self.message = message
         self.error_code = error_code
         self.should_retry = should_retry
+        self.retry_after = retry_after
 
     def response(self) -> JSONResponse:
         body: dict[str, object] = {"code": self.status, "message": self.message}
@@ -36,6 +38,9 @@ class APIError(Exception):
             # The Python SDK retries 5xx unless told not to; a create that may have partly
             # happened must not be replayed blindly.
             headers["Should-Retry"] = "true" if self.should_retry else "false"
+        if self.retry_after is not None:
+            # Seconds: the Python SDK waits that long before it retries a 429 or 5xx.
+            headers["Retry-After"] = str(self.retry_after)
         return JSONResponse(body, status_code=self.status, headers=headers)
 
 

@@ -183,6 +183,12 @@ class NodeRegistry:
             value = await self.client.get(self.keys.node(node_id))
         return None if value is None else _REPORT.validate_json(value)
 
+    async def lease_left(self, node_id: str) -> float | None:
+        """Seconds until the node's lease lapses unless renewed; None when it has lapsed."""
+        async with guarded(self.client, f"reading the lease of node {node_id}"):
+            left = int(await self.client.pttl(self.keys.lease(node_id)))
+        return None if left < 0 else left / 1000
+
     async def alive(self, node_ids: Sequence[str]) -> set[str]:
         """Which of `node_ids` hold a current lease."""
         if not node_ids:

@@ -6,9 +6,11 @@
   exist there, and a retry could make a second one. A node's 404 for a template no node is
   known to hold is a refusal too (a build that ended a moment ago on another node is published
   at that node's next heartbeat): only every node's 404 is the answer.
-- Calls naming a sandbox go to the live node it is routed to. One without a live node that is
-  parked (paused, its checkpoint in the shared repository) is moved to another node first
-  (`handoff`); else E2B's 404, and a route left to a node whose lease is gone is removed.
+- Calls naming a sandbox go to the live node it is routed to; one that does not answer (killed,
+  its lease not lapsed yet) is a 503 whose `Retry-After` is the rest of that lease. One without
+  a live node that is parked (paused, its checkpoint in the shared repository) is moved to
+  another node first (`handoff`); else E2B's 404, and a route left to a node whose lease is
+  gone is removed.
 - Creates go to nodes that are not draining; a create mounting volumes goes to their node
   (`volumes`). A create first reserves a slot of its API key's limit of sandboxes at once,
   counted across the cluster (`aenv.cluster.quota`): past it, E2B's 429.
@@ -29,6 +31,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import re
 from collections.abc import Collection
 from typing import Any
@@ -221,8 +224,23 @@ class ControlPlane:
         try:
             answer = await self._call(request, node, await request.body())
         except NodeUnreachable as error:
-            raise APIError(502, f"the node of sandbox '{sandbox_id}' is unreachable") from error
+            raise await self._node_silent(sandbox_id, node) from error
         return _respond(answer)
+
+    async def _node_silent(self, sandbox_id: str, node: NodeReport) -> APIError:
+        """The answer while a sandbox's node holds its lease but does not answer (killed, or
+        cut off): a 503 to retry once the lease has lapsed, when the sandbox is either on its
+        node again or answered as E2B's 404. The Python SDK waits `Retry-After` itself, so
+        `get_info` ends in `SandboxNotFoundException` and `kill` in False for a dead node."""
+        left = await self.directory.registry.lease_left(node.node_id)
+        wait = max(1, math.ceil(left or 0))
+        return APIError(
+            503,
+            f"sandbox '{sandbox_id}' is on node {node.node_id}, which does not answer "
+            f"(stopped or cut off): try again in {wait} s, when the node is back or its "
+            "lease has lapsed",
+            retry_after=wait,
+        )
 
     async def batch_metrics(self, request: Request) -> Response:
         """E2B's `/sandboxes/metrics`: each named sandbox's node asked for its own, merged. One

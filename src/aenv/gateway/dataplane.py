@@ -6,7 +6,8 @@ internal API with the sandbox named in E2B's headers, so the node's own proxy ta
 whichever way the client addressed it. Bodies stream both ways and WebSockets are joined, with the
 node proxy's own forwarders: a Connect server stream or an upload is never held whole here.
 A sandbox without a live node that is parked moves to another node first (`handoff`), whose
-proxy then resumes it if it asked for auto-resume, as on one node.
+proxy then resumes it if it asked for auto-resume, as on one node. A node that holds its lease
+but does not answer is a 502 naming it (`node_silent`).
 """
 
 from __future__ import annotations
@@ -76,9 +77,27 @@ class DataPlane:
         # Pooled connections are per node process: the incarnation is the node's id.
         upstream = Upstream(address.host, address.port, incarnation=node.node_id)
         forwarded = {**scope, "headers": headers}
-        if scope["type"] == "http":
-            await self._http.forward(forwarded, receive, send, hop, upstream)
-        else:
-            await forward_websocket(
-                forwarded, receive, send, hop, upstream, connect_timeout=self._connect_timeout
-            )
+        try:
+            if scope["type"] == "http":
+                await self._http.forward(forwarded, receive, send, hop, upstream)
+            else:
+                await forward_websocket(
+                    forwarded, receive, send, hop, upstream, connect_timeout=self._connect_timeout
+                )
+        except ProxyError as error:
+            # The forwarders raise a 502 when the hop failed before an answer: here that is
+            # the node, not the sandbox's port, and the node's own answers come as answers.
+            if error.status != 502:
+                raise
+            raise node_silent(target.sandbox_id, node.node_id) from error
+
+
+def node_silent(sandbox_id: str, node_id: str) -> ProxyError:
+    """The sandbox's node holds its lease but does not answer (killed, or cut off). Neither of
+    infra's phrases: the SDK raises `SandboxUnreachableException` (state unknown, check with
+    `get_info`), not that the sandbox is gone or runs with its port closed."""
+    message = (
+        f"The sandbox could not be reached: its node {node_id} does not answer (stopped or cut "
+        "off). Check its state with Sandbox.get_info()"
+    )
+    return ProxyError(502, {"sandboxId": sandbox_id, "message": message, "code": 502})
