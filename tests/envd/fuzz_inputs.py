@@ -49,13 +49,16 @@ _ODD = st.sampled_from(
     ]
 )
 _TEXT = st.one_of(st.text(max_size=40), _ODD)
-_COMPONENT = st.one_of(
+# One name of a path: odd, never empty, "." or "..".
+path_components = st.one_of(
     st.text(st.characters(codec="utf-8", exclude_characters="/"), min_size=1, max_size=30),
     _ODD,
 ).filter(lambda c: c not in ("", ".", ".."))
 
 # Paths envd may create, move or remove: always inside FUZZ_DIR (or the directory itself).
-mutable_paths = st.lists(_COMPONENT, max_size=4).map(lambda parts: "/".join([FUZZ_DIR, *parts]))
+mutable_paths = st.lists(path_components, max_size=4).map(
+    lambda parts: "/".join([FUZZ_DIR, *parts])
+)
 
 # Paths envd may only read or watch: the mutable ones, relative and home-relative forms, and
 # fixed oddities (files with no size, directories, missing, too long, a NUL byte).

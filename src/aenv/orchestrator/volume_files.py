@@ -74,6 +74,10 @@ def _failure(err: OSError, rel: str) -> VolumePathError:
         return VolumePathError(Problem.REFUSED, f"path '{where}' leaves the volume")
     if err.errno == errno.ENOTDIR:
         return VolumePathError(Problem.REFUSED, f"path '{where}' goes through a non-directory")
+    if err.errno == errno.ENAMETOOLONG:
+        return VolumePathError(Problem.REFUSED, f"path '{where}' has a name over 255 bytes")
+    if err.errno == errno.EISDIR:
+        return VolumePathError(Problem.REFUSED, f"path '{where}' is a directory")
     if err.errno == errno.EEXIST:
         return VolumePathError(Problem.CONFLICT, f"path '{where}' already exists")
     if err.errno == errno.ENOTEMPTY:
@@ -211,6 +215,8 @@ class VolumeFiles:
                 existing: Entry | None = entry_at(parent, name, _shown(rel))
             except FileNotFoundError:
                 existing = None
+            except OSError as e:  # a name over NAME_MAX, say
+                raise _failure(e, rel) from e
             if existing is not None and existing.type is EntryType.DIRECTORY:
                 raise VolumePathError(Problem.CONFLICT, f"path '{existing.path}' is a directory")
             if existing is not None and not existing.served:
