@@ -21,6 +21,7 @@ from typing import Any
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Field,
     PositiveInt,
     ValidationError,
     field_validator,
@@ -29,6 +30,9 @@ from pydantic import (
 
 DEFAULT_HOME = Path("/var/lib/aenv")
 MAX_SHARE_SLOTS = 16
+# Volume sizes (MiB): the smallest ext4 image mkfs makes usefully, and 1 TiB.
+MIN_VOLUME_MB = 16
+MAX_VOLUME_MB = 1 << 20
 DEFAULT_MIRROR = "http://deb.debian.org/debian"
 # What template builds may reach by default: the registries of pip, npm and apt (Debian), by
 # the names their clients use.
@@ -68,7 +72,9 @@ class Paths:
                                or not); swept a day after their last use
       detach/                  scratch space of memory detaching
       repository/              the snapshot repository when it is a directory (the default)
-      volumes/<id>/            a volume's files, shared by the sandboxes that mount it
+      volumes/<id>/            a volume's files, shared by the sandboxes that mount it (the
+                               mount point of its image while the node runs)
+      volume-images/<id>.ext4  a volume's sparse ext4 image, of its size
       jailer/                  Firecracker's jailer chroots (Firecracker hosts only)
       cache/
         guest/                 guest build cache: kernel, initramfs, rootfs, the envd bundle
@@ -142,6 +148,10 @@ class Paths:
     @property
     def volumes(self) -> Path:
         return self.home / "volumes"
+
+    @property
+    def volume_images(self) -> Path:
+        return self.home / "volume-images"
 
     @property
     def jailer(self) -> Path:
@@ -288,6 +298,9 @@ class Config(BaseModel):
     # (README: Volumes). 0: no VMM serves 9p unless its sandbox mounts volumes, whose creates
     # then boot. At most 16 (each is a virtio-mmio device; microvm has 24).
     share_slots: int = 2
+    # Size of a volume whose create names none (`sizeMB`), MiB: its writes past it fail with
+    # ENOSPC, and the free disk above `reserve_disk_mb` must hold what it has not written yet.
+    volume_size_mb: int = Field(default=1024, ge=MIN_VOLUME_MB, le=MAX_VOLUME_MB)
     # Every VMM runs jailed (README: Threat model). Off is for benchmarks and debugging only.
     jail: bool = True
     # Jailed VMMs: `jail_uid_base` is their group; each VMM has one of the `jail_uid_count` uids

@@ -136,6 +136,43 @@ async def test_bad_content_requests_get_json_errors(tmp_path: Path) -> None:
         assert [p.name for p in root.iterdir()] == ["d"]
 
 
+async def test_setuid_modes_and_device_types_are_refused(tmp_path: Path) -> None:
+    """A set-uid root file, or a device node, put in a volume by its token would act in every
+    guest that mounts it: such modes answer 400 naming them, and nothing changes."""
+    async with double_node(tmp_path) as node, served(node) as api:
+        volume = await AsyncVolume.create("setid", api_key=KEY, api_url=str(api.base_url))
+        at: dict[str, Any] = {"api_url": str(api.base_url)}
+        root = node.orchestrator.volumes.directory(volume.volume_id)
+        await volume.write_file("/tool", "#!/bin/sh\n", mode=0o755, **at)
+        with pytest.raises(VolumeException, match="setuid or setgid"):
+            await volume.update_metadata("/tool", uid=0, mode=0o4755, **at)
+        base = f"/volumecontent/{volume.volume_id}"
+        bearer = {"Authorization": f"Bearer {volume.token}"}
+        async with httpx.AsyncClient(base_url=str(api.base_url), headers=bearer) as vol:
+            for mode, named in [
+                (0o4755, "setuid or setgid"),
+                (0o2755, "setuid or setgid"),
+                (0o6777, "setuid or setgid"),
+                (stat.S_IFCHR | 0o666, "a device or other file type"),
+                (stat.S_IFBLK | 0o600, "a device or other file type"),
+            ]:
+                body = {"mode": mode}
+                patched = await vol.patch(base + "/path", params={"path": "/tool"}, json=body)
+                assert named in error(patched, 400)
+                query = {"path": "/new", "mode": str(mode)}
+                assert named in error(
+                    await vol.put(base + "/file", params=query, content=b"x"), 400
+                )
+                assert named in error(await vol.post(base + "/dir", params=query), 400)
+                assert "'mode'" in error(await vol.put(base + "/file", params=query), 400)
+            # The sticky bit is a permission bit like the others (a shared /tmp-like directory).
+            sticky = await vol.post(base + "/dir", params={"path": "/tmp", "mode": str(0o1777)})
+            assert sticky.status_code == 201 and sticky.json()["mode"] == 0o1777
+        info = await volume.get_info("/tool", **at)
+        assert info.mode == 0o755
+        assert sorted(p.name for p in root.iterdir()) == ["tmp", "tool"]
+
+
 async def test_hostile_entries_are_never_followed(tmp_path: Path) -> None:
     async with double_node(tmp_path) as node, served(node) as api:
         made = (await api.post("/volumes", json={"name": "v"})).json()

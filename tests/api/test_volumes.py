@@ -12,6 +12,7 @@ import asyncio
 import dataclasses
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import pytest
 from e2b import AsyncSandbox, AsyncVolume
 from e2b.exceptions import SandboxException, VolumeException
 
-from aenv.orchestrator.catalog import Catalog
+from aenv.orchestrator.catalog import Catalog, VolumeRecord
 from aenv.orchestrator.kinds import SaveMode
 from aenv.runtime.firecracker.driver import NO_SHARES
 from tests.api.test_routes import KEY, error, served
@@ -84,6 +85,92 @@ async def test_bad_volume_input_gets_json_errors_and_changes_nothing(tmp_path: P
         assert [v.name for v in node.orchestrator.volumes.list()] == ["taken"]
         with pytest.raises(VolumeException, match="already exists"):
             await AsyncVolume.create("taken", **_opts(api))
+
+
+async def test_a_volume_has_a_size_from_its_create_or_the_node(tmp_path: Path) -> None:
+    async with double_node(tmp_path, volume_size_mb=300) as node, served(node) as api:
+        default = await api.post("/volumes", json={"name": "default"})
+        assert default.status_code == 201 and default.json()["sizeMB"] == 300
+        sized = (await api.post("/volumes", json={"name": "sized", "sizeMB": 64})).json()
+        assert sized["sizeMB"] == 64
+        assert (await api.get(f"/volumes/{sized['volumeID']}")).json()["sizeMB"] == 64
+        assert node.volume_backing.sizes == {default.json()["volumeID"]: 300, sized["volumeID"]: 64}
+        # The SDK's create reads E2B's fields and ignores this node's.
+        volume = await AsyncVolume.create("from-sdk", **_opts(api))
+        assert node.orchestrator.volumes.get(volume.volume_id).size_mb == 300
+        for size in (15, 1 << 21, "64", 64.5, True):
+            problem = error(await api.post("/volumes", json={"name": "bad", "sizeMB": size}), 400)
+            assert "sizeMB" in problem, problem
+        assert [v.name for v in node.orchestrator.volumes.list()] == [
+            "default",
+            "sized",
+            "from-sdk",
+        ]
+
+
+async def test_a_volume_the_disk_reserve_cannot_hold_is_refused(tmp_path: Path) -> None:
+    # The reserve leaves room for one volume of 6000 MiB, not two: one not yet written counts
+    # at its full size. The margins keep others' writes on this disk from deciding the test.
+    free_mb = shutil.disk_usage(tmp_path).free >> 20
+    reserve = free_mb - 10_000
+    async with (
+        double_node(tmp_path, reserve_disk_mb=reserve, volume_size_mb=6_000) as node,
+        served(node) as api,
+    ):
+        first = await api.post("/volumes", json={"name": "first"})
+        assert first.status_code == 201, first.text
+        problem = error(await api.post("/volumes", json={"name": "second"}), 507)
+        assert "not enough disk for a volume of 6000 MiB" in problem
+        assert "6000 MiB unwritten in volumes" in problem
+        with pytest.raises(VolumeException, match="not enough disk"):
+            await AsyncVolume.create("second", **_opts(api))
+        assert [v.name for v in node.orchestrator.volumes.list()] == ["first"]
+        assert not (node.config.paths.volumes / "second").exists()
+        smaller = await api.post("/volumes", json={"name": "second", "sizeMB": 1_000})
+        assert smaller.status_code == 201, smaller.text
+        assert (await api.delete(f"/volumes/{first.json()['volumeID']}")).status_code == 204
+        again = await api.post("/volumes", json={"name": "third"})
+        assert again.status_code == 201, again.text
+
+
+async def test_volumes_are_attached_while_the_node_runs(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    async with double_node(tmp_path) as first, served(first) as api:
+        kept = (await api.post("/volumes", json={"name": "kept"})).json()["volumeID"]
+        broken = (await api.post("/volumes", json={"name": "broken"})).json()["volumeID"]
+        busy = (await api.post("/volumes", json={"name": "busy"})).json()["volumeID"]
+        backing = first.volume_backing
+        assert backing.attached == {kept, broken, busy}
+        backing.busy.add(busy)
+        assert "is in use" in error(await api.delete(f"/volumes/{busy}"), 409)
+        assert first.orchestrator.volumes.get(busy).name == "busy"
+        backing.busy.clear()
+        # A volume made before sizes: a plain directory, no size.
+        first.catalog.insert_volume(VolumeRecord("vol_old", "old", "token", 0.0))
+        (first.config.paths.volumes / "vol_old").mkdir()
+    assert backing.attached == set()  # the node's stop detached them
+    backing.broken.add(broken)
+    node = first.reopen()
+    await node.orchestrator.start()
+    try:
+        assert backing.attached == {kept, busy}
+        assert "volume vol_old (old) has no size" in caplog.text
+        async with served(node) as api:
+            assert (await api.get("/volumes/vol_old")).json()["sizeMB"] is None
+            body = {"templateID": "base", "volumeMounts": [{"name": "broken", "path": "/b"}]}
+            problem = error(await api.post("/v2/sandboxes", json=body), 400)
+            assert "volume 'broken' is unavailable: its image is not mounted" in problem
+            assert node.catalog.list() == []
+            body = {"templateID": "base", "volumeMounts": [{"name": "old", "path": "/o"}]}
+            legacy = await api.post("/v2/sandboxes", json=body)
+            assert legacy.status_code == 201, legacy.text
+            await api.delete(f"/sandboxes/{legacy.json()['sandboxID']}")
+            assert (await api.delete("/volumes/vol_old")).status_code == 204
+            assert not (node.config.paths.volumes / "vol_old").exists()
+    finally:
+        await node.orchestrator.close()
+        node.catalog.close()
 
 
 async def test_bad_mounts_are_refused_and_start_nothing(tmp_path: Path) -> None:
@@ -233,6 +320,9 @@ async def test_the_cli_manages_volumes(tmp_path: Path) -> None:
         assert code == 0 and node.orchestrator.volumes.get(volume_id).name == "from-cli"
         code, out, _ = await _aenv(api, "list", "--json")
         assert json.loads(out) == [{"volumeID": volume_id, "name": "from-cli"}]
+        code, out, _ = await _aenv(api, "create", "sized", "--size-mb", "64")
+        assert code == 0 and node.orchestrator.volumes.get(out.strip()).size_mb == 64
+        await _aenv(api, "delete", out.strip())
         code, _, err = await _aenv(api, "create", "from-cli")
         assert code == 1 and "already exists" in err
         code, out, _ = await _aenv(api, "delete", volume_id)

@@ -51,6 +51,7 @@ from aenv.orchestrator.catalog import (
 )
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.lifecycle import Orchestrator
+from aenv.orchestrator.reserve import HostReserve
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.tags import TagStore, without_tags
 from aenv.orchestrator.templates import (
@@ -62,6 +63,7 @@ from aenv.orchestrator.templates import (
 )
 from aenv.orchestrator.volumes import VolumeStore
 from tests.cluster.shared import SECRET
+from tests.doubles.volumes import DirectoryBacking
 
 
 @dataclass
@@ -137,7 +139,13 @@ class NodeDouble:
             Orchestrator,
             _CatalogOnly(
                 self.catalog,
-                VolumeStore(self.catalog, config.paths.volumes),
+                VolumeStore(
+                    self.catalog,
+                    config.paths.volumes,
+                    DirectoryBacking(config.paths.volumes),
+                    HostReserve(self.home, config.reserve_disk_mb, config.reserve_memory_mb),
+                    config.volume_size_mb,
+                ),
                 self.snapshots,
                 templates,
                 config,

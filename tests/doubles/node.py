@@ -26,6 +26,7 @@ from aenv.orchestrator.templates import Template, TemplateStore
 from aenv.runtime.driver import Disk, NetAttachment, SnapshotTarget, VMSpec
 from tests.doubles.driver import DoubleDriver, write_disk
 from tests.doubles.slots import DoubleSlots
+from tests.doubles.volumes import DirectoryBacking
 
 TEMPLATE_FILES = {"/etc/template": "base", "/etc/hostname": "sandbox\n"}
 
@@ -38,6 +39,7 @@ class DoubleNode:
     driver: DoubleDriver
     templates: TemplateStore
     orchestrator: Orchestrator
+    volume_backing: DirectoryBacking
 
     def reopen(self) -> DoubleNode:
         """The node as a restarted server finds it (the same data dir, no VMs)."""
@@ -45,9 +47,23 @@ class DoubleNode:
         templates.load()
         catalog = Catalog(self.config.paths.catalog)
         orchestrator = Orchestrator(
-            self.config, catalog, self.driver, self.slots, templates, open_archive(self.config)
+            self.config,
+            catalog,
+            self.driver,
+            self.slots,
+            templates,
+            open_archive(self.config),
+            self.volume_backing,
         )
-        return DoubleNode(self.config, catalog, self.slots, self.driver, templates, orchestrator)
+        return DoubleNode(
+            self.config,
+            catalog,
+            self.slots,
+            self.driver,
+            templates,
+            orchestrator,
+            self.volume_backing,
+        )
 
     def request(self, **fields: Any) -> CreateRequest:
         values: dict[str, Any] = {"template": "base", "timeout": 300, "metadata": {}}
@@ -83,8 +99,11 @@ async def double_node(
     templates.load()
     catalog = Catalog(paths.catalog)
     await make_template(driver, slots, templates, "base")
-    orchestrator = Orchestrator(config, catalog, driver, slots, templates, open_archive(config))
-    node = DoubleNode(config, catalog, slots, driver, templates, orchestrator)
+    backing = DirectoryBacking(paths.volumes)
+    orchestrator = Orchestrator(
+        config, catalog, driver, slots, templates, open_archive(config), backing
+    )
+    node = DoubleNode(config, catalog, slots, driver, templates, orchestrator, backing)
     await orchestrator.start()
     try:
         yield node

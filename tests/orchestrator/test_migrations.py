@@ -264,3 +264,23 @@ def test_old_catalog_gains_volumes(tmp_path: Path) -> None:
         assert reopened.get("paused1") == mounted
     finally:
         reopened.close()
+
+
+def test_volumes_of_a_catalog_before_sizes_have_none(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.db"
+    db = sqlite3.connect(path)
+    db.executescript(OLD_SCHEMA)
+    db.execute(
+        "CREATE TABLE volumes (id TEXT PRIMARY KEY, name TEXT NOT NULL UNIQUE,"
+        " token TEXT NOT NULL, created_at REAL NOT NULL)"
+    )
+    db.execute("INSERT INTO volumes VALUES ('vol_old', 'old', 'token', 1.0)")
+    db.commit()
+    db.close()
+    catalog = Catalog(path)
+    try:
+        assert catalog.volume(volume_id="vol_old") == VolumeRecord("vol_old", "old", "token", 1.0)
+        catalog.insert_volume(VolumeRecord("vol_new", "new", "token", 2.0, 64))
+        assert [v.size_mb for v in catalog.volumes()] == [None, 64]
+    finally:
+        catalog.close()

@@ -12,6 +12,8 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from aenv.config import MAX_VOLUME_MB, MIN_VOLUME_MB
+
 DEFAULT_TIMEOUT_V1 = 15
 DEFAULT_TIMEOUT_V2 = 300
 MAX_FORK = 100
@@ -112,9 +114,13 @@ class SandboxVolumeMount(_Body):
 
 
 class NewVolume(_Body):
-    """`POST /volumes`; the name's rules are `orchestrator.volumes.check_name`'s."""
+    """`POST /volumes`; the name's rules are `orchestrator.volumes.check_name`'s. `sizeMB` is
+    this node's (E2B's volumes have no size): the node's `volume_size_mb` when absent."""
 
     name: str
+    size_mb: int | None = Field(
+        default=None, alias="sizeMB", ge=MIN_VOLUME_MB, le=MAX_VOLUME_MB, strict=True
+    )
 
 
 class NewSandbox(_Body):

@@ -7,7 +7,10 @@ A request carries the volume's token (`Authorization: Bearer`, from `POST /volum
 does not exist. Paths are served by `orchestrator.volume_files`, which never follows a link a
 guest planted. Errors are `{"code": int, "message": str}` like every other route here (E2B's
 content spec types `code` as a string; its SDKs read only the message and the status).
-Uploads are bounded by `MAX_UPLOAD` and by the host's free disk above its reserve (507).
+Uploads are bounded by `MAX_UPLOAD`, by the host's free disk above its reserve and by the
+volume's own free space (507). Modes with setuid or setgid bits, or a file type (a device
+node...), are refused (400): volumes are mounted `nosuid,nodev` in guests anyway, and what the
+API sets is what guests see.
 """
 
 from __future__ import annotations
@@ -17,10 +20,12 @@ import datetime
 import functools
 import hmac
 import os
+import shutil
+import stat
 from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
@@ -37,6 +42,7 @@ PREFIX = "/volumecontent/"
 MAX_UPLOAD = 4 << 30
 _CHUNK = 1 << 20
 _UINT32 = (1 << 32) - 1
+_SETID = stat.S_ISUID | stat.S_ISGID
 _STATUS = {
     Problem.NOT_FOUND: 404,
     Problem.REFUSED: 400,
@@ -52,7 +58,25 @@ class PathMetadata(BaseModel):
     model_config = ConfigDict(extra="forbid")
     uid: int | None = Field(default=None, ge=0, le=_UINT32)
     gid: int | None = Field(default=None, ge=0, le=_UINT32)
-    mode: int | None = Field(default=None, ge=0, le=0o7777)
+    mode: int | None = Field(default=None, ge=0)
+
+    @field_validator("mode")
+    @classmethod
+    def _mode(cls, mode: int | None) -> int | None:
+        if mode is not None and (problem := mode_problem(mode)):
+            raise ValueError(problem)
+        return mode
+
+
+def mode_problem(mode: int) -> str | None:
+    """Why a volume entry may not get `mode`, or None: only permission bits, no setuid/setgid
+    (a set-uid root binary, or a device node, planted by one guest would act in another)."""
+    if stat.S_IFMT(mode) or mode > 0o7777:
+        kind = "a device or other file type" if stat.S_IFMT(mode) else "bits past 07777"
+        return f"mode {mode:#o} carries {kind}: only permission bits are accepted"
+    if mode & _SETID:
+        return f"mode {mode:#o} sets setuid or setgid bits (04000, 02000), refused in volumes"
+    return None
 
 
 def _time(seconds: float) -> str:
@@ -95,10 +119,13 @@ def _flag(request: Request, name: str) -> bool:
 
 
 def _owner(request: Request) -> Owner:
+    mode = _number(request, "mode", 0, _UINT32)
+    if mode is not None and (problem := mode_problem(mode)):
+        raise APIError(400, f"query parameter 'mode': {problem}")
     return Owner(
         uid=_number(request, "uid", 0, _UINT32),
         gid=_number(request, "gid", 0, _UINT32),
-        mode=_number(request, "mode", 0, 0o7777),
+        mode=mode,
     )
 
 
@@ -190,7 +217,7 @@ class VolumeContentRoutes:
         """Streams the body into a new file; `force` also makes missing parent directories."""
         check_query(request, ("path", "uid", "gid", "mode", "force"))
         owner, parents = _owner(request), _flag(request, "force")
-        limit = await self._upload_limit(request)
+        limit = await self._upload_limit(request, volume_id)
         upload = await _files(lambda: self.files.begin_write(volume_id, path, owner, parents))
         try:
             async for chunk in request.stream():
@@ -202,21 +229,30 @@ class VolumeContentRoutes:
             await asyncio.to_thread(upload.abort)
         return JSONResponse(entry_body(entry), status_code=201)
 
-    async def _upload_limit(self, request: Request) -> int:
+    async def _upload_limit(self, request: Request, volume_id: str) -> int:
         """What one upload may write: `MAX_UPLOAD`, or less when the host's free disk above its
-        reserve is less; a declared length past it is refused before anything is written."""
+        reserve, or the volume's free space, is less; a declared length past it is refused
+        before anything is written (a write past the volume's size fails anyway: ENOSPC)."""
         free_mb = await asyncio.to_thread(self.reserve.free_disk_mb)
-        limit = min(MAX_UPLOAD, max(free_mb - self.reserve.disk_mb, 0) << 20)
+        volume_free = await asyncio.to_thread(self._volume_free, volume_id)
+        limit = min(MAX_UPLOAD, max(free_mb - self.reserve.disk_mb, 0) << 20, volume_free)
         declared = request.headers.get("content-length", "")
         if declared.isdigit() and int(declared) > limit:
             raise self._too_large(limit)
         return limit
 
+    def _volume_free(self, volume_id: str) -> int:
+        """The free space of the volume's filesystem (the host's, for a volume with no size)."""
+        try:
+            return shutil.disk_usage(self.files.root / volume_id).free
+        except FileNotFoundError as e:
+            raise APIError(404, f"volume '{volume_id}' has no files") from e
+
     @staticmethod
     def _too_large(limit: int) -> APIError:
         if limit >= MAX_UPLOAD:
             return APIError(413, f"a volume file upload is at most {MAX_UPLOAD} bytes")
-        return APIError(507, f"not enough disk: the host can take {limit} more bytes")
+        return APIError(507, f"not enough disk: the volume or the host can take {limit} more bytes")
 
 
 async def _chunks(fd: int) -> AsyncIterator[bytes]:

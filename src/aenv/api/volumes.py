@@ -3,7 +3,9 @@
 errors for the sandbox create that mounts volumes.
 
 A volume that sandboxes still mount is not deleted: 409 naming them (E2B's spec lists no code
-for it; deleting the files under a running guest would be worse).
+for it; deleting the files under a running guest would be worse). A create names its size in
+`sizeMB` (this node's field) or gets the node's default; one the host's disk above its reserve
+cannot hold answers 507. Responses carry `sizeMB` (null for a volume made before sizes).
 
 E2B's volume content API (`/volumecontent/{volumeID}/...`: files of a volume without a sandbox)
 is `api.volume_content`'s.
@@ -24,7 +26,13 @@ from aenv.api.requests import check_query, parse_body
 from aenv.api.volume_content import VolumeContentRoutes
 from aenv.orchestrator.catalog import SandboxRecord, VolumeMount, VolumeNameTaken, VolumeRecord
 from aenv.orchestrator.lifecycle import Orchestrator
-from aenv.orchestrator.volumes import BadMount, VolumeInUse, VolumeNotFound, VolumeStore
+from aenv.orchestrator.volumes import (
+    BadMount,
+    NoRoom,
+    VolumeInUse,
+    VolumeNotFound,
+    VolumeStore,
+)
 
 
 def resolve_mounts(
@@ -61,7 +69,12 @@ class VolumeRoutes:
 
     def _with_token(self, volume: VolumeRecord) -> dict[str, Any]:
         # No `domain`: the spec sends one only for teams on a custom (BYOC) cluster.
-        return {"volumeID": volume.id, "name": volume.name, "token": volume.token}
+        return {
+            "volumeID": volume.id,
+            "name": volume.name,
+            "token": volume.token,
+            "sizeMB": volume.size_mb,
+        }
 
     def _get(self, request: Request) -> VolumeRecord:
         volume_id = request.path_params["volume_id"]
@@ -78,9 +91,11 @@ class VolumeRoutes:
         check_query(request)
         body = await parse_body(request, NewVolume)
         try:
-            volume = await self.store.create(body.name)
+            volume = await self.store.create(body.name, body.size_mb)
         except (BadMount, VolumeNameTaken) as e:
             raise APIError(400, str(e)) from e
+        except NoRoom as e:
+            raise APIError(507, str(e)) from e
         return JSONResponse(self._with_token(volume), status_code=201)
 
     async def info(self, request: Request) -> Response:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from typing import Annotated
 from urllib.parse import quote
 
 import typer
@@ -31,10 +32,20 @@ def list_volumes(json_out: JsonOption = False, home: HomeOption = None) -> None:
 
 
 @app.command()
-def create(name: str, json_out: JsonOption = False, home: HomeOption = None) -> None:
+def create(
+    name: str,
+    size_mb: Annotated[
+        int | None, typer.Option("--size-mb", help="Its size (MiB); the node's default if unset.")
+    ] = None,
+    json_out: JsonOption = False,
+    home: HomeOption = None,
+) -> None:
     """Create a volume named NAME and print its id."""
+    body: dict[str, object] = {"name": name}
+    if size_mb is not None:
+        body["sizeMB"] = size_mb
     with node(home).client() as client:
-        volume = call(client, "POST", "/volumes", json={"name": name}).json()
+        volume = call(client, "POST", "/volumes", json=body).json()
     typer.echo(json.dumps(volume, indent=2) if json_out else volume["volumeID"])
 
 

@@ -39,6 +39,10 @@ OPTIONS = f"trans=virtio,version=9p2000.L,msize={MSIZE},cache=none"
 PLACEHOLDER = "aenv-released"
 _MS_RDONLY, _MS_NOSUID, _MS_NODEV, _MS_NOEXEC = 1, 2, 4, 8
 _PLACEHOLDER_FLAGS = _MS_RDONLY | _MS_NOSUID | _MS_NODEV | _MS_NOEXEC
+# Volumes are shared with other sandboxes (and the volume content API): a set-uid binary or a
+# device node one guest's root plants there must give no other guest's users root or a raw
+# device. Programs in volumes still run.
+VOLUME_FLAGS = _MS_NOSUID | _MS_NODEV
 _MNT_DETACH = 2
 # How long an unmount retries a volume in use before the release gives up.
 BUSY_WAIT = 1.0
@@ -72,7 +76,7 @@ def mount_all(mounts: list[GuestMount]) -> None:
         if top == PLACEHOLDER:
             _detach(mount.path)
         os.makedirs(mount.path, exist_ok=True)
-        _mount(mount.tag, mount.path, "9p", 0, OPTIONS, f"volume {mount.tag}")
+        _mount(mount.tag, mount.path, "9p", VOLUME_FLAGS, OPTIONS, f"volume {mount.tag}")
 
 
 def release_all(mounts: list[GuestMount]) -> None:

@@ -74,12 +74,14 @@ class Archived:
 @dataclass(frozen=True)
 class VolumeRecord:
     """A volume of the node: a directory under `Paths.volumes` named by `id`. `token` is what
-    E2B clients present to the volume content API."""
+    E2B clients present to the volume content API. `size_mb` bounds its files (an image of that
+    size, `storage.volume_images`); None for a volume made before sizes, a plain directory."""
 
     id: str
     name: str
     token: str
     created_at: float
+    size_mb: int | None = None
 
 
 class VolumeNameTaken(ValueError):
@@ -360,8 +362,8 @@ class Catalog:
         """Raises `VolumeNameTaken` when another volume has its name (names are unique)."""
         try:
             self._db.execute(
-                "INSERT INTO volumes (id, name, token, created_at) VALUES (?, ?, ?, ?)",
-                (volume.id, volume.name, volume.token, volume.created_at),
+                "INSERT INTO volumes (id, name, token, created_at, size_mb) VALUES (?, ?, ?, ?, ?)",
+                (volume.id, volume.name, volume.token, volume.created_at, volume.size_mb),
             )
         except sqlite3.IntegrityError as e:
             raise VolumeNameTaken(volume.name) from e

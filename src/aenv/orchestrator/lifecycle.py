@@ -54,7 +54,7 @@ from aenv.orchestrator.residency import ResidencyListener, tell
 from aenv.orchestrator.saved import SavedStates
 from aenv.orchestrator.states import ASLEEP, KILLABLE, LIVE, SAVED, SandboxState
 from aenv.orchestrator.templates import BOOT_READY_TIMEOUT, Template, TemplateStore
-from aenv.orchestrator.volumes import VolumeStore, guest_mounts
+from aenv.orchestrator.volumes import VolumeBacking, VolumeStore, guest_mounts
 from aenv.orchestrator.warm import Pooled, WarmPools
 from aenv.runtime.driver import (
     VM,
@@ -70,6 +70,7 @@ from aenv.runtime.driver import (
 )
 from aenv.runtime.sweep import Reaper, reap_strays
 from aenv.storage.repository import RepositoryError
+from aenv.storage.volume_images import ImageBacking
 from aenv.timing import Steps
 
 log = logging.getLogger("aenv.orchestrator")
@@ -206,7 +207,10 @@ class Orchestrator:
         slots: SlotProvider,
         templates: TemplateStore,
         archive: Archive | None = None,
+        volume_backing: VolumeBacking | None = None,
     ) -> None:
+        """`volume_backing`: what holds sized volumes, by default ext4 images mounted on the
+        host (`storage.volume_images`, which needs root)."""
         self.config = config
         self.catalog = catalog
         self.driver = driver
@@ -253,7 +257,15 @@ class Orchestrator:
         self.metrics = MetricsHistory()
         # Idle hibernation; the server gives it the proxy's view of the traffic.
         self.hibernation = hibernation.Hibernation(config.hibernate_after)
-        self.volumes = VolumeStore(catalog, config.paths.volumes, driver.no_shares)
+        paths = config.paths
+        self.volumes = VolumeStore(
+            catalog,
+            paths.volumes,
+            volume_backing or ImageBacking(paths.volumes, paths.volume_images),
+            self._reserve(),
+            config.volume_size_mb,
+            driver.no_shares,
+        )
         # Run with every reconcile round: the housekeeping of what lives beside the
         # orchestrator (the template builder's uploads).
         self.chores: list[Callable[[], Awaitable[None]]] = []
@@ -271,6 +283,7 @@ class Orchestrator:
         # Also those of the previous server that the start-up sweep cannot tell from others'
         # (re-parented to a subreaper, not to init): they would write to the files reclaimed here.
         await asyncio.to_thread(reap_strays, self.config.home)
+        await self.volumes.attach_all()
         for record in self.catalog.list():
             if record.state in SAVED and await self._recover_saved(record):
                 continue
@@ -360,6 +373,7 @@ class Orchestrator:
         for task in list(self._tasks):
             task.cancel()
         await self._client.aclose()
+        await self.volumes.detach_all()
 
     async def _park(self, sandbox_id: str) -> None:
         async with self._lock(sandbox_id):  # a pause or hibernation under way ends first

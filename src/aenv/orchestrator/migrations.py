@@ -9,6 +9,7 @@ so a node's paused sandboxes survive an upgrade.
    copied into the `network` column when that is added (the old column stays, unused).
 4. The `volumes` table is created (catalogs older than volumes have none); sandboxes of those
    catalogs mount no volume (`volume_mounts` defaults to an empty list).
+5. Volumes get `size_mb`; those made before it keep NULL: plain directories, unbounded.
 
 All run in the caller's transaction: a crash leaves the old catalog or the new one.
 """
@@ -42,7 +43,8 @@ CREATE TABLE IF NOT EXISTS volumes (
     id TEXT PRIMARY KEY,
     name TEXT NOT NULL UNIQUE,
     token TEXT NOT NULL,
-    created_at REAL NOT NULL
+    created_at REAL NOT NULL,
+    size_mb INTEGER
 )
 """
 _FROM_ALLOW_INTERNET = (
@@ -53,6 +55,8 @@ _FROM_ALLOW_INTERNET = (
 
 def upgrade(db: sqlite3.Connection) -> None:
     db.execute(VOLUMES_TABLE)
+    if "size_mb" not in {row[1] for row in db.execute("PRAGMA table_info(volumes)")}:
+        db.execute("ALTER TABLE volumes ADD COLUMN size_mb INTEGER")
     have = {row[1] for row in db.execute("PRAGMA table_info(sandboxes)")}
     for name, ddl in ADDED_COLUMNS.items():
         if name not in have:

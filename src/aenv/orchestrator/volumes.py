@@ -6,6 +6,13 @@ a volume that lists and can be deleted again, never a directory nobody knows. A 
 by a sandbox that still exists (running or paused) cannot be deleted: its guest would lose its
 files under it.
 
+A volume has a size (`sizeMB` at its create, else `volume_size_mb`): its directory is the mount
+point of a filesystem of that size while the node runs (`VolumeBacking`; on a real node
+`storage.volume_images`), attached at the node's start and detached at its stop. The host's
+free disk above `reserve_disk_mb` must hold the new volume and what existing ones have not
+written yet, or the create is refused (`NoRoom`). Volumes made before sizes (`size_mb` None)
+stay plain directories, bounded by the host's disk only: the node warns of each at its start.
+
 How a mount reaches the guest is the driver's business (`runtime.driver.Share`); which paths
 a guest may mount a volume at is decided here (`check_mount_path`).
 """
@@ -14,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import fnmatch
+import logging
 import posixpath
 import re
 import secrets
@@ -21,11 +29,15 @@ import shutil
 import time
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
+from typing import Protocol
 
 from aenv.ids import new_access_token
 from aenv.orchestrator.catalog import Catalog, SandboxRecord, VolumeMount, VolumeRecord
+from aenv.orchestrator.reserve import HostReserve
 from aenv.runtime.driver import Share, share_tag
-from aenv.runtime.jail import SHARED_DIR_MODE
+from aenv.storage.volume_images import VolumeBusy
+
+log = logging.getLogger(__name__)
 
 NAME = re.compile(r"[a-zA-Z0-9_-]{1,64}")
 MAX_MOUNTS = 8
@@ -42,12 +54,43 @@ class VolumeNotFound(LookupError):
         super().__init__(f"volume '{volume}' not found")
 
 
+class VolumeUnavailable(VolumeNotFound):
+    """A sized volume whose filesystem could not be mounted at the node's start."""
+
+    def __init__(self, volume: str) -> None:
+        LookupError.__init__(self, f"volume '{volume}' is unavailable: its image is not mounted")
+
+
 class VolumeInUse(RuntimeError):
     """The volume is mounted by sandboxes that still exist."""
 
 
 class BadMount(ValueError):
     """A mount request the node refuses (a bad path, two mounts at one path)."""
+
+
+class NoRoom(RuntimeError):
+    """The host's disk above its reserve cannot hold the volume; nothing was made."""
+
+
+class VolumeBacking(Protocol):
+    """What holds a sized volume's files, mounted at `<root>/<id>` between `attach` and
+    `detach`. Calls block."""
+
+    def make(self, volume_id: str, size_mb: int) -> None:
+        """A new, empty, attached volume of `size_mb`; on failure nothing of it is left."""
+
+    def attach(self, volume_id: str) -> None:
+        """Mounted at its directory (nothing done when it is already)."""
+
+    def detach(self, volume_id: str) -> None:
+        """Unmounted (nothing done when it is not); raises `VolumeBusy` when in use."""
+
+    def destroy(self, volume_id: str) -> None:
+        """Detached, its files and directory gone; raises `VolumeBusy` when in use."""
+
+    def unwritten_mb(self, volume_id: str, size_mb: int) -> int:
+        """What it can still take of the host's disk."""
 
 
 def new_volume_id() -> str:
@@ -79,11 +122,26 @@ def check_mount_path(path: str) -> str:
 
 
 class VolumeStore:
-    def __init__(self, catalog: Catalog, root: Path, no_shares: str | None = None) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        root: Path,
+        backing: VolumeBacking,
+        reserve: HostReserve,
+        default_size_mb: int,
+        no_shares: str | None = None,
+    ) -> None:
         """`no_shares`: why the node's VMs cannot mount volumes (its driver's), if they cannot."""
         self.catalog = catalog
         self.root = root
+        self.backing = backing
+        self.reserve = reserve
+        self.default_size_mb = default_size_mb
         self.no_shares = no_shares
+        # Creates between their room check and their row: counted by the next check.
+        self._making_mb = 0
+        # Sized volumes whose filesystem `attach_all` could not mount.
+        self.unavailable: set[str] = set()
 
     def directory(self, volume_id: str) -> Path:
         return self.root / volume_id
@@ -103,33 +161,84 @@ class VolumeStore:
             raise VolumeNotFound(name)
         return found
 
-    async def create(self, name: str) -> VolumeRecord:
-        """Raises `BadMount` for a bad name, `catalog.VolumeNameTaken` for a taken one."""
+    async def create(self, name: str, size_mb: int | None = None) -> VolumeRecord:
+        """A volume of `size_mb` (the node's default when None). Raises `BadMount` for a bad
+        name, `catalog.VolumeNameTaken` for a taken one, `NoRoom` when the host's disk cannot
+        hold it; nothing is left of a failed create."""
         check_name(name)
-        record = VolumeRecord(new_volume_id(), name, new_access_token(), time.time())
+        size_mb = size_mb or self.default_size_mb
+        record = VolumeRecord(new_volume_id(), name, new_access_token(), time.time(), size_mb)
+        free_mb, committed_mb = await asyncio.to_thread(self._disk_use)
+        room_mb = free_mb - committed_mb - self._making_mb - self.reserve.disk_mb
+        if size_mb > room_mb:
+            raise NoRoom(
+                f"not enough disk for a volume of {size_mb} MiB: the host's free disk above its "
+                f"reserve, less what existing volumes can still write, is {max(room_mb, 0)} MiB "
+                f"({free_mb} MiB free, {committed_mb} MiB unwritten in volumes, "
+                f"{self.reserve.disk_mb} MiB reserved)"
+            )
         self.catalog.insert_volume(record)
+        self._making_mb += size_mb
         try:
-            await asyncio.to_thread(self._make_directory, self.directory(record.id))
-        except OSError:
+            await asyncio.to_thread(self.backing.make, record.id, size_mb)
+        except BaseException:
             self.catalog.delete_volume(record.id)
             raise
+        finally:
+            self._making_mb -= size_mb
         return record
 
-    @staticmethod
-    def _make_directory(path: Path) -> None:
-        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-        path.mkdir(exist_ok=True)
-        # Guest users of any uid write in it; the parent (0700) keeps host users out.
-        path.chmod(SHARED_DIR_MODE)
+    def _disk_use(self) -> tuple[int, int]:
+        """The host's free disk, and what sized volumes can still take of it (MiB)."""
+        committed = sum(
+            self.backing.unwritten_mb(v.id, v.size_mb) for v in self.list() if v.size_mb is not None
+        )
+        return self.reserve.free_disk_mb(), committed
 
     async def delete(self, volume_id: str, sandboxes: Iterable[SandboxRecord]) -> None:
-        """Raises `VolumeNotFound`, or `VolumeInUse` naming the sandboxes that mount it."""
-        self.get(volume_id)
+        """Raises `VolumeNotFound`, or `VolumeInUse` naming the sandboxes that mount it (or
+        saying its files are in use on the host)."""
+        volume = self.get(volume_id)
         users = [s.id for s in sandboxes if any(m.volume_id == volume_id for m in s.volume_mounts)]
         if users:
             raise VolumeInUse(f"volume '{volume_id}' is mounted by sandbox {', '.join(users)}")
-        await asyncio.to_thread(shutil.rmtree, self.directory(volume_id), ignore_errors=True)
+        if volume.size_mb is None:
+            await asyncio.to_thread(shutil.rmtree, self.directory(volume_id), ignore_errors=True)
+        else:
+            try:
+                await asyncio.to_thread(self.backing.destroy, volume_id)
+            except VolumeBusy as e:
+                raise VolumeInUse(str(e)) from e
         self.catalog.delete_volume(volume_id)
+
+    async def attach_all(self) -> None:
+        """At the node's start: every sized volume mounted at its directory. One that cannot be
+        is logged and `unavailable`: mounts of it are refused rather than let guests write into
+        the bare directory beneath."""
+        for volume in self.list():
+            if volume.size_mb is None:
+                log.warning(
+                    "volume %s (%s) has no size: it was made before volume sizes, and its files "
+                    "are bounded by the host's disk only",
+                    volume.id,
+                    volume.name,
+                )
+                continue
+            try:
+                await asyncio.to_thread(self.backing.attach, volume.id)
+            except Exception:
+                log.exception("volume %s: its image could not be mounted", volume.id)
+                self.unavailable.add(volume.id)
+
+    async def detach_all(self) -> None:
+        """At the node's stop, once its VMs are gone: every sized volume unmounted. One still in
+        use stays mounted, and the next start keeps it so."""
+        for volume in self.list():
+            if volume.size_mb is not None:
+                try:
+                    await asyncio.to_thread(self.backing.detach, volume.id)
+                except Exception:
+                    log.exception("volume %s: its image could not be unmounted", volume.id)
 
     def resolve(self, mounts: Iterable[tuple[str, str]]) -> tuple[VolumeMount, ...]:
         """(volume name, guest path) pairs as mounts; raises `VolumeNotFound` or `BadMount`."""
@@ -138,7 +247,10 @@ class VolumeStore:
             normal = check_mount_path(path)
             if any(m.path == normal for m in resolved):
                 raise BadMount(f"two volumes are mounted at '{normal}'")
-            resolved.append(VolumeMount(self.named(name).id, normal))
+            volume = self.named(name)
+            if volume.id in self.unavailable:
+                raise BadMount(str(VolumeUnavailable(name)))
+            resolved.append(VolumeMount(volume.id, normal))
         if len(resolved) > MAX_MOUNTS:
             raise BadMount(f"at most {MAX_MOUNTS} volumes can be mounted into one sandbox")
         if resolved and self.no_shares:
@@ -146,11 +258,14 @@ class VolumeStore:
         return tuple(resolved)
 
     def shares(self, mounts: Iterable[VolumeMount]) -> tuple[Share, ...]:
-        """The driver's view of `mounts`; raises `VolumeNotFound` for a volume deleted since."""
-        return tuple(
-            Share(share_tag(i), self.directory(self.get(m.volume_id).id))
-            for i, m in enumerate(mounts)
-        )
+        """The driver's view of `mounts`; raises `VolumeNotFound` for a volume deleted since
+        (`VolumeUnavailable` for one not mounted on the host)."""
+        shares = []
+        for i, m in enumerate(mounts):
+            if m.volume_id in self.unavailable:
+                raise VolumeUnavailable(m.volume_id)
+            shares.append(Share(share_tag(i), self.directory(self.get(m.volume_id).id)))
+        return tuple(shares)
 
 
 def guest_mounts(mounts: tuple[VolumeMount, ...]) -> list[dict[str, str]]:
