@@ -126,6 +126,11 @@ async def test_a_volume_the_disk_reserve_cannot_hold_is_refused(tmp_path: Path) 
             await AsyncVolume.create("second", **_opts(api))
         assert [v.name for v in node.orchestrator.volumes.list()] == ["first"]
         assert not (node.config.paths.volumes / "second").exists()
+        node.volume_backing.make_fails = True
+        failed = await api.post("/volumes", json={"name": "second", "sizeMB": 1_000})
+        assert failed.status_code == 500 and "mkfs.ext4" not in failed.text  # logged, not shown
+        assert [v.name for v in node.orchestrator.volumes.list()] == ["first"]
+        node.volume_backing.make_fails = False
         smaller = await api.post("/volumes", json={"name": "second", "sizeMB": 1_000})
         assert smaller.status_code == 201, smaller.text
         assert (await api.delete(f"/volumes/{first.json()['volumeID']}")).status_code == 204

@@ -20,8 +20,11 @@ class DirectoryBacking:
         self.attached: set[str] = set()
         self.busy: set[str] = set()  # tests add a volume to play one whose file is open
         self.broken: set[str] = set()  # tests add a volume to play an image that cannot mount
+        self.make_fails = False  # tests set it to play a mkfs or mount that fails
 
     def make(self, volume_id: str, size_mb: int) -> None:
+        if self.make_fails:
+            raise VolumeImageError(f"mkfs.ext4 of volume {volume_id} failed")
         directory = self.root / volume_id
         self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         directory.mkdir()

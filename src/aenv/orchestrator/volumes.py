@@ -138,8 +138,8 @@ class VolumeStore:
         self.reserve = reserve
         self.default_size_mb = default_size_mb
         self.no_shares = no_shares
-        # Creates between their room check and their row: counted by the next check.
-        self._making_mb = 0
+        # One create at a time: each one's room check counts the volumes made before it.
+        self._creating = asyncio.Lock()
         # Sized volumes whose filesystem `attach_all` could not mount.
         self.unavailable: set[str] = set()
 
@@ -168,24 +168,22 @@ class VolumeStore:
         check_name(name)
         size_mb = size_mb or self.default_size_mb
         record = VolumeRecord(new_volume_id(), name, new_access_token(), time.time(), size_mb)
-        free_mb, committed_mb = await asyncio.to_thread(self._disk_use)
-        room_mb = free_mb - committed_mb - self._making_mb - self.reserve.disk_mb
-        if size_mb > room_mb:
-            raise NoRoom(
-                f"not enough disk for a volume of {size_mb} MiB: the host's free disk above its "
-                f"reserve, less what existing volumes can still write, is {max(room_mb, 0)} MiB "
-                f"({free_mb} MiB free, {committed_mb} MiB unwritten in volumes, "
-                f"{self.reserve.disk_mb} MiB reserved)"
-            )
-        self.catalog.insert_volume(record)
-        self._making_mb += size_mb
-        try:
-            await asyncio.to_thread(self.backing.make, record.id, size_mb)
-        except BaseException:
-            self.catalog.delete_volume(record.id)
-            raise
-        finally:
-            self._making_mb -= size_mb
+        async with self._creating:
+            free_mb, committed_mb = await asyncio.to_thread(self._disk_use)
+            room_mb = free_mb - committed_mb - self.reserve.disk_mb
+            if size_mb > room_mb:
+                raise NoRoom(
+                    f"not enough disk for a volume of {size_mb} MiB: the host's free disk above "
+                    f"its reserve, less what existing volumes can still write, is "
+                    f"{max(room_mb, 0)} MiB ({free_mb} MiB free, {committed_mb} MiB unwritten in "
+                    f"volumes, {self.reserve.disk_mb} MiB reserved)"
+                )
+            self.catalog.insert_volume(record)
+            try:
+                await asyncio.to_thread(self.backing.make, record.id, size_mb)
+            except Exception:
+                self.catalog.delete_volume(record.id)
+                raise
         return record
 
     def _disk_use(self) -> tuple[int, int]:
