@@ -64,6 +64,11 @@ def test_it_lists_our_routes_and_only_those(document: dict[str, Any]) -> None:
         assert pair in ops
     assert ("/volumes", "get") in ops
     assert "Volume" in document["components"]["schemas"]
+    # This node's volume size, and the refusal of a volume the disk cannot hold.
+    schemas = document["components"]["schemas"]
+    assert schemas["NewVolume"]["properties"]["sizeMB"]["minimum"] == 16
+    assert "sizeMB" in schemas["VolumeAndToken"]["properties"]
+    assert "507" in document["paths"]["/volumes"]["post"]["responses"]
     assert ("/secrets", "get") not in ops  # in E2B's spec, not served here
 
 

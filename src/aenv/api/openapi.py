@@ -32,6 +32,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from aenv import __version__
+from aenv.config import MAX_VOLUME_MB, MIN_VOLUME_MB
 
 PATH = "/openapi.json"
 Operation = dict[str, Any]
@@ -44,7 +45,22 @@ _KEY_REUSED = {
     "description": "The Idempotency-Key was used for a different create request",
     "content": _ERROR,
 }
-_OWN_RESPONSES = {"413": _TOO_LARGE, "422": _KEY_REUSED}
+_NO_DISK = {"description": "The node's disk above its reserve cannot hold it", "content": _ERROR}
+_OWN_RESPONSES = {"413": _TOO_LARGE, "422": _KEY_REUSED, "507": _NO_DISK}
+# Fields this node adds to E2B's schemas.
+_SIZE_MB = {
+    "type": "integer",
+    "nullable": True,
+    "minimum": MIN_VOLUME_MB,
+    "maximum": MAX_VOLUME_MB,
+    "description": "The volume's size in MiB (this node's field): writes past it fail with "
+    "ENOSPC. Absent at a create: the node's `volume_size_mb`. Null: a volume made before sizes, "
+    "unbounded.",
+}
+_OWN_FIELDS: dict[str, dict[str, Any]] = {
+    "NewVolume": {"sizeMB": _SIZE_MB},
+    "VolumeAndToken": {"sizeMB": _SIZE_MB},
+}
 
 # Routes the E2B spec lacks, described here.
 _OWN: dict[tuple[str, str], Operation] = {
@@ -83,6 +99,7 @@ _EXTRA_RESPONSES: dict[tuple[str, str], tuple[str, ...]] = {
     # Unknown template, Idempotency-Key reused, node full.
     ("/sandboxes", "post"): ("404", "422", "429"),
     ("/v2/sandboxes", "post"): ("404", "422", "429"),
+    ("/volumes", "post"): ("507",),
 }
 
 
@@ -176,6 +193,10 @@ def build_document(
             paths.setdefault(path, {})[method] = op
     paths = dict(sorted(paths.items()))
     components = _components(spec, paths)
+    for name, fields in _OWN_FIELDS.items():
+        if name in components.get("schemas", {}):
+            schema = components["schemas"][name] = copy.deepcopy(components["schemas"][name])
+            schema["properties"].update(fields)
     schemes = spec["components"]["securitySchemes"]
     components["securitySchemes"] = {"ApiKeyAuth": schemes["ApiKeyAuth"]}
     used_tags = {tag for ops in paths.values() for op in ops.values() for tag in op.get("tags", [])}
