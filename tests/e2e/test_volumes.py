@@ -21,6 +21,7 @@ from tests.e2e.server_ns import server_in_namespace
 from tests.e2e.test_server import EXHAUSTION, suite
 from tests.support.guest import GUEST_CACHE, MIRROR
 from tests.support.js import ensure_npm_sdk
+from tests.support.volume_mounts import release_volume_images
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -40,6 +41,9 @@ def test_volumes_with_the_sdk_across_a_restart() -> None:
             server.stop()
             server.start()
             suite(server, "volumes/test_after_restart.py")
-        assert list(Paths(home).volumes.iterdir()) == []  # every test deleted its volumes
+        # Every test deleted its volumes, and the server's stop unmounted their images.
+        assert list(Paths(home).volumes.iterdir()) == []
+        assert list(Paths(home).volume_images.iterdir()) == []
     finally:
+        release_volume_images(scratch)  # what a server killed mid-run left mounted
         shutil.rmtree(scratch, ignore_errors=True)

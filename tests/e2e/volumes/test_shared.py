@@ -1,15 +1,20 @@
 """Volumes in real guests, with the unmodified Python SDK: one volume mounted by two sandboxes
 at once, each seeing the other's writes; its files outlive both and reach a third sandbox, and
 its forks, and survive its pause, which keeps the sandbox's processes unless a volume is in
-use (a snapshot of it carries no volume); mounted, it cannot be deleted. Leaves volume
-`kept` with a file for test_after_restart.py."""
+use (a snapshot of it carries no volume); mounted, it cannot be deleted. A volume is bounded by
+its size (ENOSPC, `df`), and what one sandbox's root plants in it (a set-uid root binary, a
+device node) gives another sandbox's user neither root nor the device. Leaves volume `kept`
+with a file for test_after_restart.py."""
 
 from __future__ import annotations
 
+import os
+
+import httpx
 import pytest
 from e2b import CommandExitException, Sandbox, SandboxException, Volume, VolumeException
 
-from tests.e2e.inner.conftest import LIFETIME
+from tests.e2e.inner.conftest import BASE, LIFETIME
 
 USER_FILE = "/mnt/data/from-a"
 
@@ -85,6 +90,59 @@ def test_pause_resume_and_fork_keep_the_volume_and_the_processes() -> None:
     finally:
         for s in [sandbox, *children]:
             s.kill()
+
+
+SIZE_MB = 32
+# Root in one sandbox: a set-uid root copy of `id`, and a node of the guest's own disk that
+# anyone may read.
+_PLANT_PRIVILEGE = """set -e
+cp /usr/bin/id /mnt/b/id && chmod 4755 /mnt/b/id
+disk=$(ls /sys/block | grep -m1 '^vd')
+IFS=: read major minor < /sys/block/$disk/dev
+mknod -m 666 /mnt/b/disk b "$major" "$minor"
+"""
+
+
+def test_a_volume_is_bounded_and_grants_no_privilege() -> None:
+    key = {"X-API-Key": os.environ["E2B_API_KEY"]}
+    made = httpx.post(f"{BASE}/volumes", json={"name": "bounded", "sizeMB": SIZE_MB}, headers=key)
+    assert made.status_code == 201, made.text
+    volume_id, token = made.json()["volumeID"], made.json()["token"]
+    planter = Sandbox.create(timeout=LIFETIME, volume_mounts={"/mnt/b": "bounded"})
+    other = Sandbox.create(timeout=LIFETIME, volume_mounts={"/mnt/b": "bounded"})
+    try:
+        # The guest's df sees the volume's own filesystem, less its ext4 metadata.
+        size_kb, used_kb = other.commands.run(
+            "df -k --output=size,used /mnt/b | tail -1"
+        ).stdout.split()
+        assert SIZE_MB * 768 <= int(size_kb) <= SIZE_MB * 1024 and int(used_kb) < SIZE_MB * 256
+        with pytest.raises(CommandExitException) as full:
+            other.commands.run(f"dd if=/dev/zero of=/mnt/b/fill bs=1M count={SIZE_MB * 2}")
+        assert "No space left on device" in full.value.stderr
+        other.commands.run("rm /mnt/b/fill")
+        # An upload past the volume's free space is refused before anything is written.
+        upload = httpx.put(
+            f"{BASE}/volumecontent/{volume_id}/file",
+            params={"path": "/big"},
+            content=b"\0" * (SIZE_MB << 20),
+            headers={"Authorization": f"Bearer {token}"},
+        )
+        assert upload.status_code == 507, upload.text
+
+        planter.commands.run(_PLANT_PRIVILEGE, user="root")
+        assert other.commands.run("stat -c %a /mnt/b/id").stdout.strip() == "4755"
+        own_uid = other.commands.run("id -u").stdout.strip()
+        assert own_uid != "0"
+        assert other.commands.run("/mnt/b/id -u").stdout.strip() == own_uid
+        with pytest.raises(CommandExitException) as denied:
+            other.commands.run("head -c 512 /mnt/b/disk > /dev/null")
+        assert "Permission denied" in denied.value.stderr
+        mount = other.commands.run("grep ' /mnt/b ' /proc/mounts").stdout
+        assert "nosuid" in mount and "nodev" in mount, mount
+    finally:
+        planter.kill()
+        other.kill()
+    assert Volume.destroy(volume_id) is True
 
 
 def test_bad_mounts_are_refused_by_the_sdk() -> None:
