@@ -61,6 +61,18 @@ def test_config_file_elsewhere(tmp_path: Path) -> None:
     assert load(env={"AENV_HOME": str(tmp_path), "AENV_CONFIG": str(other)}).warm_slots_low == 1
 
 
+def test_a_home_given_on_the_command_line_has_its_config_file_read(tmp_path: Path) -> None:
+    """`aenv nodes --home /srv/node-a` reads that node's config.toml (its Redis URL and
+    secret), not the one of $AENV_HOME."""
+    (tmp_path / "env-home").mkdir()
+    (tmp_path / "env-home" / "config.toml").write_text("node_id = 'from-env-home'\n")
+    (tmp_path / "node-a").mkdir()
+    (tmp_path / "node-a" / "config.toml").write_text("node_id = 'node-a'\n")
+    env = {"AENV_HOME": str(tmp_path / "env-home")}
+    assert load({"home": tmp_path / "node-a"}, env=env).node_id == "node-a"
+    assert load({"home": None}, env=env).node_id == "from-env-home"
+
+
 def test_unknown_keys_are_refused(tmp_path: Path) -> None:
     (tmp_path / "config.toml").write_text("prot = 1\n")
     with pytest.raises(ConfigError, match="unknown configuration keys: prot"):

@@ -392,7 +392,9 @@ def load(
     """The effective configuration (raises ConfigError on unknown keys or unusable values)."""
     env = os.environ if env is None else env
     values: dict[str, Any] = {}
-    home = Path(env.get("AENV_HOME", str(DEFAULT_HOME)))
+    # A home given on the command line (`--home`) is where its config.toml is looked for too.
+    given = (overrides or {}).get("home")
+    home = Path(given) if given is not None else Path(env.get("AENV_HOME", str(DEFAULT_HOME)))
     config_file = Path(env.get("AENV_CONFIG", str(Paths(home).config_file)))
     if config_file.is_file():
         try:
