@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -41,10 +43,10 @@ while True:
 """
 CALL = """
 import httpx, json, sys
-port, method, path, body, key, sandbox = sys.argv[1:7]
+port, method, path, body, key, sandbox, token = sys.argv[1:8]
 headers = {"X-API-Key": key}
 if sandbox:
-    headers |= {"E2b-Sandbox-Id": sandbox, "E2b-Sandbox-Port": "49983"}
+    headers |= {"E2b-Sandbox-Id": sandbox, "E2b-Sandbox-Port": "49983", "X-Access-Token": token}
 r = httpx.request(method, f"http://127.0.0.1:{port}{path}", headers=headers,
                   json=json.loads(body) if body else None, timeout=600)
 print(json.dumps({"status": r.status_code, "body": r.text}))
@@ -57,28 +59,44 @@ def serving(node: ServerNs) -> None:
     assert code == 0, node.failure("waiting for the node", out)
 
 
+@dataclass(frozen=True)
+class Sandbox:
+    sandbox_id: str
+    envd_token: str
+
+
 def call(
-    node: ServerNs, method: str, path: str, body: str = "", sandbox: str = ""
+    node: ServerNs, method: str, path: str, body: str = "", sandbox: Sandbox | None = None
 ) -> tuple[int, str]:
     key = Paths(node.home).api_key.read_text().strip()
-    argv = (sys.executable, "-c", CALL, str(node.port), method, path, body, key, sandbox)
+    to = ("", "") if sandbox is None else (sandbox.sandbox_id, sandbox.envd_token)
+    argv = (sys.executable, "-c", CALL, str(node.port), method, path, body, key, *to)
     code, out = node.run(*argv, timeout=600)
     assert code == 0, node.failure(f"{method} {path}", out)
     answer = json.loads(out.strip().splitlines()[-1])
     return answer["status"], answer["body"]
 
 
-def create(node: ServerNs) -> str:
+def create(node: ServerNs) -> Sandbox:
     serving(node)
     status, body = call(node, "POST", "/sandboxes", '{"templateID": "base", "timeout": 3600}')
     assert status == 201, node.failure("create", body)
-    sandbox_id: str = json.loads(body)["sandboxID"]
-    return sandbox_id
+    created = json.loads(body)
+    return Sandbox(created["sandboxID"], created.get("envdAccessToken") or "")
 
 
-def reachable(node: ServerNs, sandbox_id: str) -> bool:
-    """Whether the node's proxy reaches the sandbox's envd through its slot."""
-    return call(node, "GET", "/health", sandbox=sandbox_id)[0] == 204
+def reachable(node: ServerNs, sandbox: Sandbox) -> bool:
+    """Whether the node's proxy reaches this sandbox's own envd through its slot (guests have
+    one address in every slot: a slot of the other node's at the same host address would lead
+    to the other node's guest)."""
+    status, body = call(node, "GET", "/envs", sandbox=sandbox)
+    return status == 200 and json.loads(body).get("E2B_SANDBOX_ID") == sandbox.sandbox_id
+
+
+def slot_namespaces(prefix: str) -> dict[str, int]:
+    """The slot namespaces named `<prefix>-<n>`, by the identity of the namespace each names
+    (one swept and made again under its name is another)."""
+    return {name: os.stat(f"/run/netns/{name}").st_ino for name in namespaces(prefix)}
 
 
 def left_on_tmpfs(home: Path) -> set[Path]:
@@ -112,12 +130,12 @@ def test_two_nodes_on_one_host_share_nothing() -> None:
             try:
                 on_first = create(first)
                 assert reachable(first, on_first)
-                slots_of_first = set(namespaces(prefixes[0]))
+                slots_of_first = slot_namespaces(prefixes[0])
                 second.start()
                 on_second = create(second)
                 assert reachable(second, on_second)
                 assert reachable(first, on_first), first.failure("the first's sandbox", "")
-                assert slots_of_first <= set(namespaces(prefixes[0]))
+                assert slots_of_first.items() <= slot_namespaces(prefixes[0]).items()
                 assert set(namespaces(prefixes[1])) and prefixes[0] != prefixes[1]
 
                 third = ServerNs(
