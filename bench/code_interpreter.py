@@ -33,6 +33,7 @@ from server_ns import metric, wait_until
 from summary import summary_ms
 
 from tests.support.envd_process import envd_in_throwaway_root
+from tests.support.kernelspecs import kernelspecs
 from tests.support.ports import free_port
 
 RUNS = 200
@@ -61,11 +62,15 @@ def timed(fn: Callable[[], object], runs: int = RUNS) -> list[float]:
 
 @contextmanager
 def local_code_interpreter(*extra: str) -> Iterator[str]:
+    """Our server with every language's kernel this host has; no envd (another one may be on
+    envd's port)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     with tempfile.TemporaryDirectory(prefix="aenv-bench-ci-") as cwd:
-        args = ["--host", "127.0.0.1", "--port", str(port), "--cwd", cwd, *extra]
-        process = subprocess.Popen([sys.executable, "-m", "aenv.code_interpreter", *args])
+        args = ["--host", "127.0.0.1", "--port", str(port), "--cwd", cwd, "--envd-url", ""]
+        env = {**os.environ, "JUPYTER_PATH": str(kernelspecs(Path(cwd) / ".jupyter"))}
+        command = [sys.executable, "-m", "aenv.code_interpreter", *args, *extra]
+        process = subprocess.Popen(command, env=env)
         try:
             while True:
                 try:
@@ -215,14 +220,71 @@ def bench_node(create_runs: int, forks: int, pooled: bool) -> dict[str, object]:
     }
 
 
+# A cell per language whose answer is 2.
+FIRST_CELLS = {
+    "python": "1 + 1",
+    "javascript": "1 + 1",
+    "typescript": "1 + 1",
+    "r": "1 + 1",
+    "java": "1 + 1",
+    "bash": "echo 2",
+}
+LATER_RUNS = 5
+
+
+def first_cells(sandbox: object) -> dict[str, object]:
+    """Per language: seconds of its first cell in `sandbox`, the median of the next ones, and
+    their ratio."""
+    from e2b_code_interpreter import Sandbox
+
+    assert isinstance(sandbox, Sandbox)
+    out: dict[str, object] = {}
+    for language, code in FIRST_CELLS.items():
+        samples = []
+        for _ in range(1 + LATER_RUNS):
+            start = time.perf_counter()
+            execution = sandbox.run_code(code, language=language, timeout=600)
+            samples.append(time.perf_counter() - start)
+            assert execution.error is None, (language, execution.error)
+        later = statistics.median(samples[1:])
+        out[language] = {
+            "first_ms": round(samples[0] * 1000, 1),
+            "later_p50_ms": round(later * 1000, 1),
+            "ratio": round(samples[0] / later, 2),
+        }
+    return out
+
+
+def bench_first_cells(node: bool) -> dict[str, object]:
+    from e2b_code_interpreter import Sandbox
+
+    if node:
+        sandbox = Sandbox.create(timeout=1200)
+        try:
+            return {"where": "a code-interpreter-v1 sandbox", "first_cells": first_cells(sandbox)}
+        finally:
+            sandbox.kill()
+    result: dict[str, object] = {"where": "local processes"}
+    for name, warm in (("warm", ",".join(FIRST_CELLS)), ("python_only", "python")):
+        with local_code_interpreter("--default-contexts", warm) as url:
+            result[name] = first_cells(Sandbox.create(debug=True, sandbox_url=url))
+    return result
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--node", action="store_true", help="against the SDK's node")
     parser.add_argument("--create-runs", type=int, default=5, help="--node: creates timed")
     parser.add_argument("--forks", type=int, default=16, help="--node: fork children, 0: none")
     parser.add_argument("--pooled", action="store_true", help="--node: creates on pool hits")
+    parser.add_argument("--first-cells", action="store_true", help="each language's first cell")
     args = parser.parse_args()
-    result = bench_node(args.create_runs, args.forks, args.pooled) if args.node else bench_local()
+    if args.first_cells:
+        result = bench_first_cells(args.node)
+    elif args.node:
+        result = bench_node(args.create_runs, args.forks, args.pooled)
+    else:
+        result = bench_local()
     print(json.dumps(result, indent=2))
 
 

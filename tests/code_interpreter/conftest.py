@@ -6,7 +6,6 @@ The server shuts its kernels down when it stops; a kernel whose server died exit
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -19,11 +18,11 @@ import httpx
 import pytest
 from e2b_code_interpreter import Sandbox
 
-from aenv.code_interpreter import tslab_specs
-from tests.support.js import ensure_tslab
+from tests.support.kernelspecs import kernelspecs
 from tests.support.ports import free_port
 
-_START_TIMEOUT_S = 60.0
+# Six kernels start at once with the template's default contexts, on a loaded host.
+_START_TIMEOUT_S = 180.0
 
 
 @pytest.fixture(scope="module")
@@ -31,35 +30,21 @@ def server_cwd(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return tmp_path_factory.mktemp("ci-home")
 
 
-def _kernelspecs(path: Path) -> Path:
-    """A Jupyter data dir with the kernelspecs the template writes into its venv: bash_kernel's
-    (`bash_kernel.install`) and the JavaScript and TypeScript ones (`tslab_specs`). R's comes
-    with Debian's r-cran-irkernel, in the system's Jupyter path."""
-    bash = path / "kernels" / "bash"
-    bash.mkdir(parents=True, exist_ok=True)
-    argv = [sys.executable, "-m", "bash_kernel", "-f", "{connection_file}"]
-    kernel = {"argv": argv, "display_name": "bash", "language": "bash"}
-    (bash / "kernel.json").write_text(json.dumps(kernel))
-    tslab = ensure_tslab()
-    if tslab is not None:
-        tslab_specs.write(path / "kernels", tslab.parents[1] / "lib" / "node_modules" / "tslab")
-    return path
-
-
 @contextmanager
 def running_server(
-    cwd: Path, prefix: Sequence[str] = (), envd_url: str = ""
+    cwd: Path, prefix: Sequence[str] = (), envd_url: str = "", default_contexts: str = ""
 ) -> Iterator[tuple[str, int]]:
     """The server's URL and pid, with the Python, Bash, JavaScript, TypeScript and R kernels;
     `prefix` runs it under another command (`unshare`, say). It asks the envd at `envd_url`
     for the sandbox's env vars; none by default (the envd of the envd tests may be on envd's
-    port, with env vars of theirs)."""
+    port, with env vars of theirs). `default_contexts`: the server's `--default-contexts`."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [*prefix, sys.executable, "-m", "aenv.code_interpreter"]
     args = ["--host", "127.0.0.1", "--port", str(port), "--cwd", str(cwd)]
     args += ["--envd-url", envd_url]
-    env = {**os.environ, "JUPYTER_PATH": str(_kernelspecs(cwd / ".jupyter"))}
+    args += ["--default-contexts", default_contexts] if default_contexts else []
+    env = {**os.environ, "JUPYTER_PATH": str(kernelspecs(cwd / ".jupyter"))}
     process = subprocess.Popen([*command, *args], env=env)
     try:
         deadline = time.monotonic() + _START_TIMEOUT_S

@@ -4,7 +4,11 @@ run for real."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from e2b_code_interpreter import Sandbox
+
+from tests.code_interpreter.conftest import running_server
 
 
 def test_javascript_state_output_env_and_errors(sandbox: Sandbox) -> None:
@@ -81,3 +85,19 @@ def test_default_contexts_name_their_language(sandbox: Sandbox) -> None:
         assert sandbox.run_code(code, language=language).error is None
     languages = {c.language for c in sandbox.list_code_contexts()}
     assert {"javascript", "typescript", "r", "java"} <= languages
+
+
+def test_the_templates_default_contexts_start_warm_and_count_from_one(tmp_path: Path) -> None:
+    # As code-interpreter-v1 starts the server: every language's default context, each run once
+    # (its output to nobody) before the server answers.
+    everything = "python,javascript,typescript,r,java,bash"
+    with running_server(tmp_path, default_contexts=everything) as (url, _):
+        sandbox = Sandbox.create(debug=True, sandbox_url=url)
+        languages = [c.language for c in sandbox.list_code_contexts()]
+        assert sorted(languages) == sorted(everything.split(","))
+        first = sandbox.run_code("1 + 1")
+        assert (first.text, first.execution_count, first.logs.stdout) == ("2", 1, [])
+        for language in ("js", "ts", "r"):
+            execution = sandbox.run_code("1 + 1", language=language)
+            assert [r.text for r in execution.results] == ["[1] 2" if language == "r" else "2"]
+            assert execution.logs.stdout == []

@@ -73,6 +73,19 @@ async def _ready(kernel: Kernel, language: str) -> None:
         await run_silently(kernel.client, startup)
 
 
+async def warm_up(client: AsyncKernelClient, code: str) -> None:
+    """Run `code` as a cell that shows its value, to nobody: the kernel's display path is then
+    ready for the first real cell. No history, so no execution count, in the kernels that
+    keep the count by their history (ipykernel, IRkernel)."""
+    await client.execute_interactive(
+        code,
+        store_history=False,
+        allow_stdin=False,
+        timeout=READY_TIMEOUT_S,
+        output_hook=lambda msg: None,
+    )
+
+
 async def run_silently(client: AsyncKernelClient, code: str) -> None:
     """Run `code` without output, history or an execution count, and wait until it is done."""
     reply: dict[str, Any] = await client.execute_interactive(

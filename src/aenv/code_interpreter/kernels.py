@@ -10,6 +10,7 @@ and the SDKs expect one cell's output per stream. A new Python context takes the
 from __future__ import annotations
 
 import asyncio
+import collections
 import errno
 import os
 import uuid
@@ -72,7 +73,8 @@ class ContextTable:
         self.languages = installed_languages()
         self._contexts: dict[str, Context] = {}
         self._defaults: dict[str, str] = {}  # language -> id of its default context
-        self._creating = asyncio.Lock()
+        # One default context per language: its first users wait for the one start.
+        self._creating: dict[str, asyncio.Lock] = collections.defaultdict(asyncio.Lock)
         self.spares = Spares(
             [name for name in SPARE_LANGUAGES if spares and name in self.languages],
             lambda language: kernels.start(language, default_cwd),
@@ -113,7 +115,7 @@ class ContextTable:
     async def default(self, language: str | None) -> Context:
         """The language's default context, started on first use."""
         language = self._language(language)
-        async with self._creating:
+        async with self._creating[language]:
             context_id = self._defaults.get(language)
             if context_id in self._contexts:
                 return self._contexts[context_id]

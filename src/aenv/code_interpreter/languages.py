@@ -32,6 +32,10 @@ class Language:
     # Its env vars start as the server's (its process environment); False: they start unset
     # (Java's system properties).
     inherits_env: bool = True
+    # A cell run (its output to nobody, `kernel.warm_up`) in a default context that starts with
+    # the server: a kernel's first cell runs code paths (its compiler's, the JIT's, its display
+    # of a value) that a later one finds ready, which under TCG costs seconds.
+    warm_up: str = ""
 
 
 def _python_set(env: Mapping[str, str]) -> str:
@@ -115,24 +119,39 @@ def _java_restore(previous: Previous) -> str:
 # installs Python's (ipykernel), Bash's (bash_kernel), JavaScript's and TypeScript's (tslab's
 # jslab and tslab), R's (IRkernel) and Java's (JJava, on Debian's JDK).
 LANGUAGES = {
-    "python": Language("python3", STARTUP_CODE, RESEED_CODE, _python_set, _python_restore),
+    "python": Language(
+        "python3", STARTUP_CODE, RESEED_CODE, _python_set, _python_restore, warm_up="0"
+    ),
     # Bash 5.1+ draws SRANDOM from the guest's RNG, which the node reseeds in every clone.
     "bash": Language("bash", None, "RANDOM=$SRANDOM", _bash_set, _bash_restore),
     # tslab drops the requests that reach it within 200 ms of an error.
-    "javascript": Language("jslab", None, _JS_RESEED, _js_set, _js_restore, after_error_s=0.3),
-    "typescript": Language("tslab", None, _JS_RESEED, _js_set, _js_restore, after_error_s=0.3),
+    "javascript": Language(
+        "jslab", None, _JS_RESEED, _js_set, _js_restore, after_error_s=0.3, warm_up="0"
+    ),
+    "typescript": Language(
+        "tslab", None, _JS_RESEED, _js_set, _js_restore, after_error_s=0.3, warm_up="0"
+    ),
     "r": Language(
         "ir",
         None,
         'set.seed(readBin("/dev/urandom", "integer", 1L))',
         _r_set,
         _r_restore,
+        warm_up="0",
     ),
     # JJava runs cells in the kernel's JVM, whose System.getenv() is fixed at its start: env
     # vars are system properties (`System.getProperty`), as E2B's Java kernel has them.
     # Reseeding: `new Random()` seeds itself from the clock; Math.random's shared generator,
     # once drawn from, would repeat in clones, and JShell code cannot reach it to reseed it.
-    "java": Language("java", None, None, _java_set, _java_restore, inherits_env=False),
+    "java": Language(
+        "java",
+        None,
+        None,
+        _java_set,
+        _java_restore,
+        inherits_env=False,
+        warm_up="0",
+    ),
 }
 
 # Other names the SDKs document for a language (`run_code(language="js")`).

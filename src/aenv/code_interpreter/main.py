@@ -37,7 +37,7 @@ def main(argv: list[str] | None = None) -> None:
         "--default-contexts",
         default=DEFAULT_LANGUAGES,
         help="the languages whose default context starts with the server, comma-separated"
-        " (python first, always): their first cells wait for no kernel start",
+        " (python always): their first cells wait for no kernel start",
     )
     args = parser.parse_args(argv)
     languages = ["python", *(n for n in args.default_contexts.split(",") if n and n != "python")]
