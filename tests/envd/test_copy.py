@@ -19,14 +19,15 @@ from aenv.orchestrator.envd_client import EnvdClient
 def _archive(files: dict[str, bytes], links: dict[str, str] | None = None) -> bytes:
     out = io.BytesIO()
     with tarfile.open(fileobj=out, mode="w:gz") as tar:
-        for name, data in files.items():
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o644
-            tar.addfile(info, io.BytesIO(data))
+        # Links first: a file after one may try to pass through it.
         for name, target in (links or {}).items():
             info = tarfile.TarInfo(name)
             info.type, info.linkname = tarfile.SYMTYPE, target
             tar.addfile(info)
+        for name, data in files.items():
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o644
+            tar.addfile(info, io.BytesIO(data))
     return out.getvalue()
 
 
@@ -99,12 +100,30 @@ def test_a_glob_places_each_match(sandbox: Sandbox, envd_url: str, workdir: str)
     assert sandbox.commands.run("ls /tmp/copy-*.tar.gz 2>/dev/null || true").stdout == ""
 
 
+def test_links_are_placed_as_links_wherever_they_point(
+    sandbox: Sandbox, envd_url: str, workdir: str
+) -> None:
+    # As the SDK archives E2B's own test folder: links relative, absolute (a path of the
+    # machine that built the archive) and to nothing.
+    links = {
+        "folder/relative.txt": "test.txt",
+        "folder/absolute.txt": "/tmp/elsewhere/test.txt",
+        "folder/dangling.txt": "12345test.txt",
+    }
+    archive = _archive({"folder/test.txt": b"t"}, links=links)
+    response = _copy(sandbox, envd_url, archive, "folder/*", f"{workdir}/f", mode="0640")
+    assert response.status_code == 200, response.text
+    targets = sandbox.commands.run(f"cd {workdir}/f && readlink *.txt; cat test.txt").stdout
+    assert targets.split() == ["/tmp/elsewhere/test.txt", "12345test.txt", "test.txt", "t"]
+
+
 @pytest.mark.parametrize(
     ("archive", "src", "extra", "message"),
     [
         (_archive(APP), "nope", {}, "nothing matches"),
         (_archive({"../evil.txt": b"x"}), "*", {}, "bad archive"),
-        (_archive({}, links={"out": "/etc/passwd"}), "out", {}, "bad archive"),
+        (_archive({"out/evil": b"x"}, links={"out": "/tmp"}), "*", {}, "symbolic link"),
+        (_archive({"out": b"x"}, links={"out": "/tmp/evil"}), "*", {}, "symbolic link"),
         (b"not a tar", "x", {}, "bad archive"),
         (_archive(APP), "app", {"owner": "nobody-here"}, "nobody-here"),
         (_archive(APP), "app", {"mode": "999"}, "invalid copy request"),

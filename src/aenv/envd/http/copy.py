@@ -82,27 +82,38 @@ def _copy(body: CopyRequest, owner: User) -> list[str]:
             item = os.path.join(tmp, match)
             target = _place(item, body.dest, many)
             _chown_tree(target, owner)
-            if body.mode is not None:
-                os.chmod(target, int(body.mode, 8), follow_symlinks=False)
+            if body.mode is not None and not os.path.islink(target):  # a link has no mode
+                os.chmod(target, int(body.mode, 8))
             placed.append(target)
         return placed
 
 
 def _checked(members: list[tarfile.TarInfo]) -> list[tarfile.TarInfo]:
-    """Only files, directories and links that stay inside the extraction root, without setuid
-    bits. (tarfile's `filter="data"` does this from Python 3.11.4; the guest's may be older.)"""
+    """Only files, directories and links, without setuid bits, none landing outside the
+    extraction root. A symbolic link may point anywhere (the SDKs archive a link as a link, and
+    one to an absolute or missing path is placed as it is), but no member may pass through one,
+    or be one again: extracting it would write where the link points. (tarfile's
+    `filter="data"` refuses such links outright, and exists from Python 3.11.4 only.)"""
+    links: set[str] = set()
     for member in members:
         name = os.path.normpath(member.name)
         if os.path.isabs(member.name) or name == ".." or name.startswith("../"):
             raise tarfile.TarError(f"member {member.name!r} would land outside the archive")
         if not (member.isfile() or member.isdir() or member.issym() or member.islnk()):
             raise tarfile.TarError(f"member {member.name!r} is not a file, directory or link")
-        if member.issym() or member.islnk():
-            # A hard link names a member from the root, a symbolic link from its directory.
-            base = "" if member.islnk() else os.path.dirname(name)
-            target = os.path.normpath(os.path.join(base, member.linkname))
+        paths = [name]
+        if member.islnk():
+            # A hard link names a member from the root: it must be one inside.
+            target = os.path.normpath(member.linkname)
             if os.path.isabs(member.linkname) or target == ".." or target.startswith("../"):
                 raise tarfile.TarError(f"link {member.name!r} points outside the archive")
+            paths.append(target)
+        for path in paths:
+            parts = path.split("/")
+            if any("/".join(parts[:i]) in links for i in range(1, len(parts) + 1)):
+                raise tarfile.TarError(f"member {member.name!r} passes through a symbolic link")
+        if member.issym():
+            links.add(name)
         member.mode &= 0o777
     return members
 
