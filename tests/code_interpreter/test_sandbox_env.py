@@ -1,9 +1,10 @@
 """The sandbox's env vars (`Sandbox.create(envs=...)`) in every kernel, under an execution's own
 and back, as E2B's tests check them per language; and a clone's kernels get their own sandbox's.
 
-The server asks a real envd for them (one in a throwaway root, given its env vars by `/init`
-as the node gives a sandbox's), and runs in a UTS namespace of its own, so the test can give
-it another hostname, as the node's envd does in a fork."""
+The server asks a real envd for them (one in a throwaway root, with an access token as every
+node's sandbox has, given its env vars by `/init` as the node gives a sandbox's), with the
+token the SDK sends; it runs in a UTS namespace of its own, so the test can give it another
+hostname, as the node's envd does in a fork."""
 
 from __future__ import annotations
 
@@ -12,21 +13,37 @@ from collections.abc import Iterator
 
 import httpx
 import pytest
+from e2b import ConnectionConfig
 from e2b_code_interpreter import Execution, Sandbox
 
 from tests.code_interpreter.conftest import running_server
-from tests.envd.helpers import extra_envd
+from tests.envd.helpers import ENVD_VERSION, extra_envd
+
+TOKEN = "ci-env-token"
+AUTH = {"X-Access-Token": TOKEN}
 
 
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sandbox, str, int]]:
     cwd = tmp_path_factory.mktemp("ci-env")
-    with extra_envd() as envd_url:
-        init = {"envVars": {"TEST_ENV_VAR": "supertest", "ONLY_HERE": "here"}}
-        assert httpx.post(f"{envd_url}/init", json=init, timeout=30).status_code == 204
+    with extra_envd(f"--access-token={TOKEN}") as envd_url:
+        # As the node's /init: the token stays (an /init without one would drop it).
+        env = {"TEST_ENV_VAR": "supertest", "ONLY_HERE": "here"}
+        init = {"envVars": env, "accessToken": TOKEN}
+        response = httpx.post(f"{envd_url}/init", json=init, headers=AUTH, timeout=30)
+        assert response.status_code == 204
         prefix = ["unshare", "--uts"]
         with running_server(cwd, prefix=prefix, envd_url=envd_url) as (url, pid):
-            yield Sandbox.create(debug=True, sandbox_url=url), envd_url, pid
+            # As the SDK knows a sandbox it created: with envd's token, which run_code sends.
+            sandbox = Sandbox(
+                sandbox_id="debug_sandbox_id",
+                sandbox_domain=None,
+                envd_version=ENVD_VERSION,
+                envd_access_token=TOKEN,
+                traffic_access_token=None,
+                connection_config=ConnectionConfig(debug=True, sandbox_url=url),
+            )
+            yield sandbox, envd_url, pid
 
 
 def _text(execution: Execution) -> str:
@@ -65,7 +82,8 @@ def test_a_clone_gets_its_own_sandbox_env(server: tuple[Sandbox, str, int]) -> N
     sandbox.run_code("kept = 'state'")
     assert sandbox.run_code(read).text == "('supertest', 'here', 'state')"
     # The clone's sandbox has other env vars, and the kernel its state.
-    init = {"envVars": {"TEST_ENV_VAR": "clone"}}
-    assert httpx.post(f"{envd_url}/init", json=init, timeout=30).status_code == 204
+    init = {"envVars": {"TEST_ENV_VAR": "clone"}, "accessToken": TOKEN}
+    response = httpx.post(f"{envd_url}/init", json=init, headers=AUTH, timeout=30)
+    assert response.status_code == 204
     subprocess.run(["nsenter", f"--uts=/proc/{pid}/ns/uts", "hostname", "ci-env-clone"], check=True)
     assert sandbox.run_code(read).text == "('clone', None, 'state')"
