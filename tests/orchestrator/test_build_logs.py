@@ -27,6 +27,7 @@ def test_a_capped_log_keeps_its_head_and_tail_and_says_what_it_dropped(tmp_path:
     cost = 8 + ENTRY_OVERHEAD
     log = BuildLog(tmp_path / "b.log.db", 100 * cost)  # 50 entries a half
     log.extend(entry(n) for n in range(1000))
+    log.flush()
     entries = log.page(0, 10_000)
     head, marker, tail = entries[:50], entries[50], entries[51:]
     assert [e.message for e in head] == [f"{n:08d}" for n in range(50)]
@@ -36,10 +37,13 @@ def test_a_capped_log_keeps_its_head_and_tail_and_says_what_it_dropped(tmp_path:
     assert marker.level == "warn"
     assert marker.message.startswith(f"[{dropped} lines ({dropped * 8} bytes) of this log dropped")
     log.close()
+    assert log.page(0, 10_000) == entries
+    assert [p.name for p in tmp_path.iterdir()] == ["b.log.db"]  # no WAL files left
     # Opened again (a restart), it goes on where it was.
     again = BuildLog(tmp_path / "b.log.db", 100 * cost)
     assert again.page(0, 10_000) == entries
     again.extend(entry(n) for n in range(1000, 1100))
+    again.flush()
     assert again.page(0, 10_000)[-1].message == f"{1099:08d}"
     assert again.page(0, 10_000)[:50] == head
     again.delete()
@@ -49,6 +53,7 @@ def test_a_capped_log_keeps_its_head_and_tail_and_says_what_it_dropped(tmp_path:
 def test_pages_by_position_level_and_time(tmp_path: Path) -> None:
     log = BuildLog(tmp_path / "b.log.db", 1 << 20)
     log.extend(entry(n, LEVELS[n % 4], ts=n / 1000) for n in range(40))
+    log.flush()
     assert [e.message for e in log.page(5, 3)] == ["00000005", "00000006", "00000007"]
     errors = log.page(2, 3, "error")
     assert [e.message for e in errors] == ["00000011", "00000015", "00000019"]

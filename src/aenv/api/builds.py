@@ -276,7 +276,8 @@ class BuildRoutes:
         if level is not None and level not in LEVELS:
             raise APIError(400, f"level must be one of {', '.join(LEVELS)}")
         # The SDK counts the entries it got into its next offset, so filter before paging.
-        entries = build.logs.page(offset, limit, level or LEVELS[0])
+        build.logs.flush()
+        entries = await asyncio.to_thread(build.logs.page, offset, limit, level or LEVELS[0])
         body: dict[str, Any] = {
             "templateID": build.template_id,
             "buildID": build.build_id,
@@ -307,8 +308,13 @@ class BuildRoutes:
             raise APIError(400, f"level must be one of {', '.join(LEVELS)}")
         if q.get("source", "temporary") != "temporary":
             raise APIError(400, "source 'persistent' is not supported here: logs are temporary")
-        entries = build.logs.around(
-            cursor if cursor >= 0 else None, limit, direction == "backward", level
+        build.logs.flush()
+        entries = await asyncio.to_thread(
+            build.logs.around,
+            cursor if cursor >= 0 else None,
+            limit,
+            direction == "backward",
+            level,
         )
         return JSONResponse({"logs": [_entry(e) for e in entries]})
 

@@ -7,14 +7,17 @@ and bytes were dropped. The E2B status route pages by position (the SDK adds the
 to its offset), so dropping shifts the positions after the head: a reader that falls more than
 half the cap behind skips what was dropped, and never reads an entry twice.
 
-Appends are committed every `COMMIT_EVERY` entries and when the log is read or closed (a crash
-loses at most those; the build itself is then reported interrupted). Only the event loop's
-thread uses a log.
+Appends are committed every `COMMIT_EVERY` entries, by `flush` (before a read) and when the log
+is closed; a crash loses at most those, and the build is then reported interrupted. The writer
+is the event loop's thread; readers (`page`, `around`) have connections of their own, run in
+threads, and see what was committed (WAL while the build writes: readers never block it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import secrets
 import sqlite3
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,11 +30,11 @@ COMMIT_EVERY = 1000
 ENTRY_OVERHEAD = 32
 _WARN = LEVELS.index("warn")
 _SCHEMA = """
-CREATE TABLE IF NOT EXISTS log (
+CREATE TABLE log (
     seq INTEGER PRIMARY KEY, ts REAL NOT NULL, level INTEGER NOT NULL, step TEXT,
     message TEXT NOT NULL, size INTEGER NOT NULL
 );
-CREATE TABLE IF NOT EXISTS meta (
+CREATE TABLE meta (
     id INTEGER PRIMARY KEY CHECK (id = 0), next_seq INTEGER, boundary INTEGER,
     head_bytes INTEGER, tail_bytes INTEGER, dropped_lines INTEGER, dropped_bytes INTEGER
 );
@@ -66,9 +69,12 @@ class BuildLog:
 
     def _open(self) -> sqlite3.Connection:
         if self._db is None:
-            db = sqlite3.connect(self.path, isolation_level="DEFERRED")
+            if not self.path.exists():
+                self._create()
+            # In WAL mode nothing waits: readers never block the writer, the only one.
+            db = sqlite3.connect(self.path, timeout=1.0, isolation_level="DEFERRED")
+            db.execute("PRAGMA journal_mode = WAL")  # a finished log, opened again
             db.execute("PRAGMA synchronous = OFF")  # a log, not a record: no fsync per commit
-            db.executescript(_SCHEMA)
             row = db.execute(
                 "SELECT next_seq, boundary, head_bytes, tail_bytes, dropped_lines, dropped_bytes"
                 " FROM meta"
@@ -77,6 +83,20 @@ class BuildLog:
                 self._counts = _Counts(*row)
             self._db = db
         return self._db
+
+    def _create(self) -> None:
+        """The empty log, made beside its place and renamed into it: a reader finds no file
+        or a whole one, never one without its tables."""
+        partial = self.path.with_name(f".{self.path.name}.{secrets.token_hex(4)}")
+        try:
+            with contextlib.closing(sqlite3.connect(partial)) as db:
+                db.execute("PRAGMA journal_mode = WAL")
+                db.executescript(_SCHEMA)
+                db.commit()
+            os.replace(partial, self.path)
+        finally:
+            for suffix in ("", "-wal", "-shm"):
+                partial.with_name(partial.name + suffix).unlink(missing_ok=True)
 
     def append(self, entry: LogEntry) -> None:
         db = self._open()
@@ -153,34 +173,40 @@ class BuildLog:
         self._db.commit()
         self._pending = 0
 
+    def flush(self) -> None:
+        """Commit what was appended, for readers to see."""
+        if self._db is not None and self._pending:
+            self._commit()
+
     def close(self) -> None:
-        """Commit and close: the build writes no more (an append would open it again)."""
+        """Commit and close: the build writes no more (an append would open it again). Back in
+        rollback-journal mode, read-only readers of the finished log leave no WAL files; a
+        reader at that moment keeps it in WAL mode (its files go with the log)."""
         if self._db is not None:
             self._commit()
+            with contextlib.suppress(sqlite3.OperationalError):  # "database is locked"
+                self._db.execute("PRAGMA journal_mode = DELETE")
             self._db.close()
             self._db = None
 
     def delete(self) -> None:
         self.close()
-        for path in (self.path, self.path.with_name(self.path.name + "-journal")):
-            path.unlink(missing_ok=True)
-
-    def _reader(self) -> sqlite3.Connection:
-        return sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+        for suffix in ("", "-journal", "-wal", "-shm"):
+            self.path.with_name(self.path.name + suffix).unlink(missing_ok=True)
 
     def _query(self, sql: str, params: tuple[object, ...] | dict[str, object]) -> list[LogEntry]:
-        if self._db is not None:
-            self._commit()
-            rows = self._db.execute(sql, params).fetchall()
-        elif not self.path.exists():
-            return []
-        else:
-            with contextlib.closing(self._reader()) as db:
+        try:
+            with contextlib.closing(sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)) as db:
                 rows = db.execute(sql, params).fetchall()
+        except sqlite3.OperationalError:
+            if not self.path.exists():  # nothing logged yet, or the build is gone
+                return []
+            raise
         return [LogEntry(ts, LEVELS[level], message, step) for ts, level, step, message in rows]
 
     def page(self, offset: int, limit: int, level: str = LEVELS[0]) -> list[LogEntry]:
-        """The entries at `level` or above, from position `offset` on (the status route)."""
+        """The entries at `level` or above, from position `offset` on (the status route).
+        Blocking: run it in a thread, after `flush` in the writer's."""
         return self._query(
             "SELECT ts, level, step, message FROM log WHERE level >= ? ORDER BY seq"
             " LIMIT ? OFFSET ?",
@@ -191,7 +217,8 @@ class BuildLog:
         self, cursor_ms: int | None, limit: int, backward: bool, level: str = LEVELS[0]
     ) -> list[LogEntry]:
         """The entries at `level` or above from `cursor_ms` (Unix ms) on, oldest first, or
-        before it, newest first (the logs route); all of them without a cursor."""
+        before it, newest first (the logs route); all of them without a cursor. Blocking: run it
+        in a thread, after `flush` in the writer's."""
         return self._query(
             "SELECT ts, level, step, message FROM log WHERE level >= :level AND (:cursor IS NULL"
             " OR (CASE WHEN :backward THEN ts * 1000 < :cursor ELSE ts * 1000 >= :cursor END))"
