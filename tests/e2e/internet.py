@@ -25,6 +25,7 @@ import socket
 import ssl
 import subprocess
 import sys
+import tempfile
 import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -39,6 +40,7 @@ import dns.rdatatype
 import dns.rrset
 import trustme
 
+from aenv.config import REGISTRIES
 from tests.support.socks_server import socks_server
 
 REPO = Path(__file__).resolve().parents[2]
@@ -62,27 +64,45 @@ NODE_DOMAIN = "aenv.test"
 # run in the server's namespace).
 WEB_NAMES = {"allowed.test": PUBLIC[0], "*.wild.test": PUBLIC[1], "other.test": PUBLIC[0]}
 NAMES = {**WEB_NAMES, f"*.{NODE_DOMAIN}": "127.0.0.1"}
+# The package registries a node's builds reach by default (`aenv.config.REGISTRIES`), hosted
+# here: a node in its default configuration resolves them through the internet's resolver.
+REGISTRY_NAMES = {name: PUBLIC[0] for name in (*REGISTRIES, "deb.debian.org")}
+NAMES = {**NAMES, **REGISTRY_NAMES}
 # A flat Debian repository at every web address, for apt in template builds:
-# `deb [trusted=yes] http://allowed.test/debian ./`.
+# `deb [trusted=yes] http://allowed.test/debian ./`. Its one package is a real .deb that
+# installs `APT_PACKAGE_FILE` (made with dpkg-deb when the internet starts).
 APT_SOURCE = "deb [trusted=yes] http://allowed.test/debian ./"
 APT_PACKAGE = "aenv-probe"
-_APT_PACKAGES = f"""Package: {APT_PACKAGE}
-Version: 1.0
-Architecture: all
-Maintainer: aenv <aenv@allowed.test>
-Filename: {APT_PACKAGE}_1.0_all.deb
-Size: 1
-SHA256: {hashlib.sha256(b"-").hexdigest()}
-Description: a package index entry for template build tests
+APT_PACKAGE_FILE = f"/usr/share/{APT_PACKAGE}/installed"
+_DEB = f"{APT_PACKAGE}_1.0_all.deb"
 
-""".encode()
-_APT_REPO = {
-    "/debian/Packages": _APT_PACKAGES,
-    "/debian/Release": (
+
+def _apt_repo() -> dict[str, bytes]:
+    """The repository's files by path: the package, its index and the release file."""
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp) / "pkg"
+        (root / "DEBIAN").mkdir(parents=True)
+        (root / "DEBIAN" / "control").write_text(
+            f"Package: {APT_PACKAGE}\nVersion: 1.0\nArchitecture: all\n"
+            "Maintainer: aenv <aenv@allowed.test>\nDescription: a package for build tests\n"
+        )
+        installed = root / APT_PACKAGE_FILE.lstrip("/")
+        installed.parent.mkdir(parents=True)
+        installed.write_text("installed\n")
+        deb = Path(tmp) / _DEB
+        subprocess.run(["dpkg-deb", "--root-owner-group", "--build", str(root), str(deb)],
+                       check=True, capture_output=True)  # fmt: skip
+        package = deb.read_bytes()
+    packages = (
+        f"Package: {APT_PACKAGE}\nVersion: 1.0\nArchitecture: all\n"
+        f"Maintainer: aenv <aenv@allowed.test>\nFilename: {_DEB}\nSize: {len(package)}\n"
+        f"SHA256: {hashlib.sha256(package).hexdigest()}\nDescription: a package for build tests\n\n"
+    ).encode()
+    release = (
         "Origin: aenv-test\nSuite: stable\nCodename: aenv\nDate: Thu, 01 Jan 2026 00:00:00 UTC\n"
-        f"SHA256:\n {hashlib.sha256(_APT_PACKAGES).hexdigest()} {len(_APT_PACKAGES)} Packages\n"
-    ).encode(),
-}
+        f"SHA256:\n {hashlib.sha256(packages).hexdigest()} {len(packages)} Packages\n"
+    ).encode()
+    return {"/debian/Packages": packages, "/debian/Release": release, f"/debian/{_DEB}": package}
 
 
 @dataclass(frozen=True)
@@ -171,7 +191,7 @@ class _Named(BaseHTTPRequestHandler):
         # apt asks for `/debian/./Release` (the `./` of a flat repository).
         path = posixpath.normpath(self.path)
         if path.startswith("/debian/"):
-            self._send(_APT_REPO.get(path))
+            self._send(APT_REPO.get(path))
             return
         size = int(self.path[len("/bytes/") :]) if self.path.startswith("/bytes/") else None
         host, _ = cast("tuple[str, int]", self.server.server_address)
@@ -221,7 +241,12 @@ def _resolve_forever(sock: socket.socket) -> None:
         sock.sendto(response.to_wire(), client)
 
 
+# The repository this process serves (set by `_serve`).
+APT_REPO: dict[str, bytes] = {}
+
+
 def _serve(cert: str, key: str, addresses: list[str]) -> None:
+    APT_REPO.update(_apt_repo())
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     tls.load_cert_chain(cert, key)
     for address in addresses:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import shlex
 import shutil
 import signal
 import subprocess
@@ -36,6 +37,14 @@ def in_netns(netns: str, *argv: str) -> list[str]:
     return ["nsenter", f"--net=/run/netns/{netns}", "--", *argv]
 
 
+def with_resolv_conf(resolv_conf: Path, argv: list[str]) -> list[str]:
+    """`argv` in a mount namespace of its own whose /etc/resolv.conf is `resolv_conf`."""
+    script = (
+        f"mount --bind {shlex.quote(str(resolv_conf))} /etc/resolv.conf && exec {shlex.join(argv)}"
+    )
+    return ["unshare", "--mount", "sh", "-c", script]
+
+
 @dataclass
 class ServerNs:
     netns: str
@@ -48,12 +57,17 @@ class ServerNs:
     command: str = "server"
     # The address it listens on (a cluster node listens where its gateway reaches it).
     host: str = "127.0.0.1"
+    # The /etc/resolv.conf it sees (in a mount namespace of its own); None: the host's.
+    resolv_conf: Path | None = None
 
     def start(self) -> None:
+        argv = [sys.executable, "-m", "aenv.cli", self.command, "--port", str(self.port),
+                "--host", self.host]  # fmt: skip
+        if self.resolv_conf is not None:
+            argv = with_resolv_conf(self.resolv_conf, argv)
         with self.log.open("ab") as out:
             self.proc = subprocess.Popen(
-                in_netns(self.netns, sys.executable, "-m", "aenv.cli", self.command,
-                         "--port", str(self.port), "--host", self.host),
+                in_netns(self.netns, *argv),
                 env=self.env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
             )  # fmt: skip
 
@@ -119,14 +133,25 @@ def server_in_namespace(
     command: str = "server",
     settings: Mapping[str, str] = {},
     host: str = "127.0.0.1",
+    *,
+    configured: bool = True,
+    resolv_conf: Path | None = None,
 ) -> Iterator[ServerNs]:
-    """`settings` are extra environment variables (`AENV_REDIS_URL`, say)."""
+    """`settings` are extra environment variables (`AENV_REDIS_URL`, say). Not `configured`,
+    the server runs with its defaults but for its home and the shared guest build cache (a
+    cache: where images come from, not how the node behaves). With `resolv_conf`, it sees that
+    file as /etc/resolv.conf."""
     host_ns = f"{PREFIX}host{secrets.token_hex(3)}"
     subprocess.run(["ip", "netns", "add", host_ns], check=True)
     subprocess.run(["ip", "-n", host_ns, "link", "set", "lo", "up"], check=True)
-    env = {
-        **os.environ,
+    guest_cache = os.environ.get("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache"))
+    essential = {
         "AENV_HOME": str(home),
+        "AENV_GUEST_CACHE": guest_cache,
+        "PYTHONUNBUFFERED": "1",
+    }
+    # What the suites need of a node (names of their own, small guests, short waits).
+    tests = {
         "AENV_NETWORK_PREFIX": PREFIX,
         "AENV_NETWORK_CIDR": "10.201.0.0/16",
         "AENV_WARM_SLOTS_LOW": "2",
@@ -140,12 +165,13 @@ def server_in_namespace(
         # The load test's 200 creates at once must not depend on how much of the key's burst
         # (200 by default) the tests just before it drew on; tests/api checks the rate limit.
         "AENV_KEY_REQUEST_BURST": "1000",
-        "AENV_GUEST_CACHE": os.environ.get("AENV_GUEST_CACHE", str(REPO / "build" / "guest-cache")),
-        "PYTHONUNBUFFERED": "1",
-        **settings,
     }
+    env = {**os.environ, **(tests if configured else {}), **essential, **settings}
     home.mkdir(parents=True, exist_ok=True)
-    server = ServerNs(host_ns, home, port, home / "server.log", env, command=command, host=host)
+    server = ServerNs(
+        host_ns, home, port, home / "server.log", env, command=command, host=host,
+        resolv_conf=resolv_conf,
+    )  # fmt: skip
     try:
         server.start()
         yield server

@@ -11,7 +11,6 @@ of their own whose /etc/resolv.conf names that resolver.
 from __future__ import annotations
 
 import asyncio
-import shlex
 import shutil
 import sys
 import tempfile
@@ -21,7 +20,7 @@ import pytest
 
 from aenv.orchestrator.images import prepare_images
 from tests.e2e.internet import NODE_DOMAIN, NODE_RESOLVER_IP, Certificates, simulated_internet
-from tests.e2e.server_ns import REPO, ServerNs, server_in_namespace
+from tests.e2e.server_ns import REPO, ServerNs, server_in_namespace, with_resolv_conf
 from tests.support.guest import GUEST_CACHE, MIRROR
 from tests.support.js import ensure_npm_sdk
 
@@ -63,6 +62,5 @@ def _suite(server: ServerNs, resolv_conf: Path) -> None:
     pytest_argv = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x",
                    "--tb=short", "--rootdir", str(REPO),
                    str(REPO / "tests" / "e2e" / "network")]  # fmt: skip
-    script = f"mount --bind {resolv_conf} /etc/resolv.conf && exec {shlex.join(pytest_argv)}"
-    code, output = server.run("unshare", "--mount", "sh", "-c", script, timeout=1700)
+    code, output = server.run(*with_resolv_conf(resolv_conf, pytest_argv), timeout=1700)
     assert code == 0, server.failure("network suite", output)
