@@ -167,6 +167,8 @@ async def test_volumes_are_attached_while_the_node_runs(
             problem = error(await api.post("/v2/sandboxes", json=body), 400)
             assert "volume 'broken' is unavailable: its image is not mounted" in problem
             assert node.catalog.list() == []
+            assert (await api.delete(f"/volumes/{broken}")).status_code == 204
+            assert broken not in node.orchestrator.volumes.unavailable
             body = {"templateID": "base", "volumeMounts": [{"name": "old", "path": "/o"}]}
             legacy = await api.post("/v2/sandboxes", json=body)
             assert legacy.status_code == 201, legacy.text

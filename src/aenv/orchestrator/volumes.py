@@ -208,6 +208,7 @@ class VolumeStore:
             except VolumeBusy as e:
                 raise VolumeInUse(str(e)) from e
         self.catalog.delete_volume(volume_id)
+        self.unavailable.discard(volume_id)
 
     async def attach_all(self) -> None:
         """At the node's start: every sized volume mounted at its directory. One that cannot be
