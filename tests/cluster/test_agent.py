@@ -4,6 +4,7 @@ restarted, and a node that keeps its state while Redis is down."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -104,6 +105,34 @@ async def test_first_beat_publishes_later_ones_renew(client: aioredis.Redis) -> 
     assert agent.status.connected and agent.status.republishes == 1
     await agent.close()
     assert (await snapshot_of(client, ["n1"]))["live"] == []
+
+
+async def test_the_heartbeats_end_when_cancelled_though_a_beat_absorbed_it(
+    client: aioredis.Redis,
+) -> None:
+    """redis-py may absorb a cancel that lands during a command (redis/redis-py#2028): here the
+    node's state read does, at a known point. The loop must end all the same, or the node's
+    shutdown waits on it forever."""
+    entered = asyncio.Event()
+
+    class Absorbing(Node):
+        async def state(self) -> NodeState:
+            if not entered.is_set():
+                entered.set()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await asyncio.Event().wait()
+            return await super().state()
+
+    agent = NodeAgent(client, "n1", "127.0.0.1:9", Absorbing(), SECRET, ttl=30)
+    beats = asyncio.create_task(agent.run(60))
+    await entered.wait()
+    beats.cancel()
+    done, _ = await asyncio.wait({beats}, timeout=10)
+    if not done:
+        beats.cancel()
+        await asyncio.wait({beats}, timeout=10)
+    assert done and beats.cancelled()
+    await agent.close()
 
 
 async def test_a_sandbox_counts_in_the_nodes_report_as_it_comes_and_goes(

@@ -200,6 +200,11 @@ class NodeAgent:
             except (ClusterUnavailable, NodeIdTaken, WrongClusterSecret) as error:
                 # The node keeps serving its own sandboxes; a lapsed lease only hides it.
                 log.warning("node %s heartbeat failed: %s", self.node_id, error)
+            # redis-py may absorb a cancel that lands during a command (redis/redis-py#2028):
+            # the loop ends all the same, or the node's shutdown would wait on it forever.
+            task = asyncio.current_task()
+            if task is not None and task.cancelling():
+                raise asyncio.CancelledError
             await asyncio.sleep(interval)
 
     async def close(self) -> None:
