@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import socket
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -18,7 +17,6 @@ from typing import Any
 import httpx
 import pytest
 import schemathesis
-import uvicorn
 from hypothesis import HealthCheck, Phase, example, given, settings
 from hypothesis import strategies as st
 from hypothesis.errors import Unsatisfiable
@@ -29,6 +27,7 @@ from aenv.api.keys import KeyStore
 from tests.doubles.node import double_node
 from tests.envd.fuzz_inputs import path_components
 from tests.support.api_fuzz import CHECKS
+from tests.support.loopback_api import served
 
 KEY = "e2b_" + "ef" * 20
 HEADERS = {"X-API-Key": KEY}
@@ -45,20 +44,8 @@ async def server(tmp_path: Path) -> AsyncIterator[str]:
     async with double_node(tmp_path) as node:
         keys = KeyStore(tmp_path / "api-keys.json")
         keys.add(KEY, "test")
-        config = uvicorn.Config(
-            create_api(node.orchestrator, node.config, keys), lifespan="off", log_level="error"
-        )
-        config.load()
-        served = uvicorn.Server(config)
-        served.lifespan = config.lifespan_class(config)
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        await served.startup(sockets=[sock])
-        try:
-            yield f"http://127.0.0.1:{sock.getsockname()[1]}"
-        finally:
-            await served.shutdown()
-            sock.close()
+        async with served(create_api(node.orchestrator, node.config, keys)) as url:
+            yield url
 
 
 class _Aim:

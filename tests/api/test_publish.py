@@ -5,16 +5,14 @@ the node runs, through the node's own API, as at start."""
 from __future__ import annotations
 
 import asyncio
-import socket
 from pathlib import Path
-
-import uvicorn
 
 from aenv.api.app import create_api, node_builder
 from aenv.api.keys import KeyStore
-from aenv.orchestrator.builds import Build, BuildStatus
+from aenv.orchestrator.builds import Build, Builder, BuildStatus
 from aenv.publish import Publication
-from tests.doubles.node import double_node
+from tests.doubles.node import DoubleNode, double_node
+from tests.support.loopback_api import served
 
 KEY = "e2b_" + "cd" * 20
 # Its base image is on a registry that refuses connections (loopback, nothing listens).
@@ -26,38 +24,31 @@ async def test_a_failed_publication_is_tried_again(tmp_path: Path) -> None:
         keys = KeyStore(tmp_path / "api-keys.json")
         keys.add(KEY, "test")
         builder = node_builder(node.orchestrator, node.config)
-        config = uvicorn.Config(
-            create_api(node.orchestrator, node.config, keys, builder),
-            lifespan="off",
-            log_level="warning",
-        )
-        config.load()
-        server = uvicorn.Server(config)
-        server.lifespan = config.lifespan_class(config)
-        sock = socket.socket()
-        sock.bind(("127.0.0.1", 0))
-        await server.startup(sockets=[sock])
-        url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-        publication = Publication(
-            FAILING,
-            tmp_path / "template.yaml",
-            url,
-            KEY,
-            node.orchestrator.templates,
-            builder,
-            builder.reserve("published"),
-        )
-        running = asyncio.create_task(publication.run(lambda: True, retry_after=0.01))
-        try:
-            async with asyncio.timeout(120):
-                while len(_failed(builder.builds_of("published"))) < 3:
-                    assert not running.done(), running
-                    await asyncio.sleep(0.05)
-        finally:
-            running.cancel()
-            await asyncio.gather(running, return_exceptions=True)
-            await server.shutdown()
-            sock.close()
+        app = create_api(node.orchestrator, node.config, keys, builder)
+        async with served(app) as url:
+            await _retried(url, node, builder, tmp_path)
+
+
+async def _retried(url: str, node: DoubleNode, builder: Builder, tmp_path: Path) -> None:
+    """Publish FAILING through the API at `url` until three builds have failed."""
+    publication = Publication(
+        FAILING,
+        tmp_path / "template.yaml",
+        url,
+        KEY,
+        node.orchestrator.templates,
+        builder,
+        builder.reserve("published"),
+    )
+    running = asyncio.create_task(publication.run(lambda: True, retry_after=0.01))
+    try:
+        async with asyncio.timeout(120):
+            while len(_failed(builder.builds_of("published"))) < 3:
+                assert not running.done(), running
+                await asyncio.sleep(0.05)
+    finally:
+        running.cancel()
+        await asyncio.gather(running, return_exceptions=True)
 
 
 def _failed(builds: list[Build]) -> list[Build]:

@@ -3,20 +3,19 @@ codes, JSON errors, and what each route changes in the orchestrator."""
 
 from __future__ import annotations
 
-import socket
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
 import httpx
-import uvicorn
 
 from aenv.api.app import create_api
 from aenv.api.keys import KeyStore
 from aenv.orchestrator.kinds import SaveMode
 from aenv.orchestrator.states import SandboxState
 from tests.doubles.node import DoubleNode, assert_clean, double_node
+from tests.support import loopback_api
 
 KEY = "e2b_" + "ab" * 20
 
@@ -24,24 +23,13 @@ KEY = "e2b_" + "ab" * 20
 @asynccontextmanager
 async def served(node: DoubleNode) -> AsyncIterator[httpx.AsyncClient]:
     """The node's API on a loopback port; a client sending the API key."""
-    sock = socket.socket()
-    sock.bind(("127.0.0.1", 0))
     keys = KeyStore(node.config.home / "api-keys.json")
     keys.add(KEY, "test")
-    config = uvicorn.Config(
-        create_api(node.orchestrator, node.config, keys), lifespan="off", log_level="warning"
-    )
-    config.load()
-    server = uvicorn.Server(config)
-    server.lifespan = config.lifespan_class(config)
-    await server.startup(sockets=[sock])
-    url = f"http://127.0.0.1:{sock.getsockname()[1]}"
-    try:
-        async with httpx.AsyncClient(base_url=url, headers={"X-API-Key": KEY}) as client:
-            yield client
-    finally:
-        await server.shutdown()
-        sock.close()
+    async with (
+        loopback_api.served(create_api(node.orchestrator, node.config, keys)) as url,
+        httpx.AsyncClient(base_url=url, headers={"X-API-Key": KEY}) as client,
+    ):
+        yield client
 
 
 def error(response: httpx.Response, status: int) -> str:

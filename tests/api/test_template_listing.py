@@ -4,33 +4,9 @@ E2B's dashboard read this list), and a ready template shows a failed rebuild."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from pathlib import Path
 from typing import Any
 
-import httpx
-import pytest
-
-from aenv.api.app import create_api, node_builder
-from aenv.api.keys import KeyStore
-from aenv.orchestrator.builds import Builder
-from tests.api.conftest import API_KEY
-from tests.doubles.node import double_node
-
-
-@pytest.fixture
-async def api(tmp_path: Path) -> AsyncIterator[tuple[httpx.AsyncClient, Builder]]:
-    async with double_node(tmp_path) as doubles:
-        keys = KeyStore(tmp_path / "api-keys.json")
-        keys.add(API_KEY, "test")
-        builder = node_builder(doubles.orchestrator, doubles.config)
-        app = create_api(doubles.orchestrator, doubles.config, keys, builder)
-        async with httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=app),
-            base_url="http://node",
-            headers={"X-API-KEY": API_KEY},
-        ) as client:
-            yield client, builder
+from tests.api.conftest import BuildNode
 
 
 def _listed(templates: list[dict[str, Any]], name: str) -> dict[str, Any]:
@@ -38,9 +14,9 @@ def _listed(templates: list[dict[str, Any]], name: str) -> dict[str, Any]:
 
 
 async def test_a_first_build_is_listed_while_waiting_and_once_failed(
-    api: tuple[httpx.AsyncClient, Builder],
+    build_node: BuildNode,
 ) -> None:
-    client, builder = api
+    client, builder = build_node.client, build_node.builder
     requested = (await client.post("/v3/templates", json={"name": "later"})).json()
     waiting = _listed((await client.get("/templates")).json(), "later")
     assert waiting["buildStatus"] == "waiting"
@@ -57,9 +33,9 @@ async def test_a_first_build_is_listed_while_waiting_and_once_failed(
 
 
 async def test_a_ready_template_shows_its_newest_build(
-    api: tuple[httpx.AsyncClient, Builder],
+    build_node: BuildNode,
 ) -> None:
-    client, builder = api
+    client, builder = build_node.client, build_node.builder
     builder.abandon(builder.reserve("base"), "rebuild stopped")
     base = _listed((await client.get("/templates")).json(), "base")
     assert base["buildStatus"] == "error"
