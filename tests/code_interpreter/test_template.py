@@ -56,6 +56,18 @@ def test_definition_builds_the_server_and_the_data_stack() -> None:
     assert "\njjava==" in requirements
 
 
+def test_start_command_names_the_template_env_again_past_sudo() -> None:
+    """sudo drops PYTHONPATH even with -E (its env_delete list) and sets its own PATH: the
+    server then ran without its package (`No module named 'aenv'`, the build's readyCmd
+    waiting 30 min). Every variable of the template's env reaches the server through `env`."""
+    definition = _definition(DEFINITION)
+    start = json.loads(Template.to_json(_template(definition, DIRECTORY)))["startCmd"]
+    names = [name for step in definition["steps"] for name in step.get("env", {})]
+    assert names
+    for name in names:
+        assert f'"{name}=${name}"' in start
+
+
 @pytest.mark.parametrize(
     "extra", ["memoryMb: 1024", "memoryMB: lots", "cpuCount: 0", "cpuCount: true"]
 )
