@@ -38,6 +38,14 @@ def _manifest_of(key: str, value: str, timeout: float = 120) -> dict[str, Any]:
     raise AssertionError(f"no manifest for {key}={value} was stored")
 
 
+def _recorded(template_json: Path, timeout: float = 120) -> None:
+    """Wait until the template's record names its repository copy."""
+    deadline = time.monotonic() + timeout
+    while json.loads(template_json.read_text()).get("manifest_id") is None:
+        assert time.monotonic() < deadline, f"{template_json} names no repository copy"
+        time.sleep(0.2)
+
+
 def _lose_local_checkpoints(sandbox_id: str) -> None:
     for checkpoint in (Paths(HOME).sandboxes / sandbox_id).glob("pause-*"):
         shutil.rmtree(checkpoint)
@@ -100,6 +108,9 @@ def test_snapshot_survives_losing_its_local_files() -> None:
     try:
         _manifest_of("template", info.snapshot_id)
         template_dir = Paths(HOME).templates / info.snapshot_id
+        # The node records the copy's manifest a moment after storing it: its files are
+        # expendable only from then on.
+        _recorded(template_dir / "template.json")
         for build in template_dir.iterdir():
             if build.is_dir():
                 shutil.rmtree(build)
