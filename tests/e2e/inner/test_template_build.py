@@ -1,6 +1,6 @@
 """Template builds through the unmodified SDK against real VMs: RUN, COPY, ENV, WORKDIR and a
 start command whose service sandboxes resume into, the step cache on a rebuild, and builds that
-fail (a failing RUN, a readyCmd that never succeeds) leaving nothing listed."""
+fail (a failing RUN, a readyCmd that never succeeds) listed as errors that nothing starts from."""
 
 from __future__ import annotations
 
@@ -72,8 +72,14 @@ def _templates() -> list[dict[str, object]]:
     return listed
 
 
-def _names() -> set[str]:
-    return {str(n) for t in _templates() for n in t["names"]}  # type: ignore[attr-defined]
+def _names(status: str = "ready") -> set[str]:
+    """Names of the listed templates whose newest build has `status`."""
+    return {
+        str(n)
+        for t in _templates()
+        if t["buildStatus"] == status
+        for n in t["names"]  # type: ignore[attr-defined]
+    }
 
 
 def _delete(name: str) -> None:
@@ -132,6 +138,7 @@ def test_failing_run_step_is_a_build_error() -> None:
     assert any("about to fail" in e.message for e in logs)
     assert any(e.level == "error" for e in logs)
     assert name not in _names()
+    assert name in _names("error")
     assert not Template.exists(name)
 
 
