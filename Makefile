@@ -11,7 +11,7 @@ TEST_STAMP := $(VENV)/.installed-test
 NODE_EXTRAS := .[host]
 TEST_EXTRAS := .[host,dev]
 
-.PHONY: install install-test system-deps run test test-fast lint bench proto envd-bundle clean
+.PHONY: install install-test system-deps run test test-fast lint docs bench proto envd-bundle clean
 
 # What a node needs (`make run`): its system packages (apt) and the Python environment with the
 # project in editable mode. `install-test` adds what only the tests, lint and benchmarks need.
@@ -53,7 +53,7 @@ test: install-test
 # The tests that need no root, VM or aenv server (the orchestrator, saved states, builds and API
 # routes run on the doubles in tests/doubles/): under a minute. Checked to pass with no
 # capabilities (setpriv --bounding-set=-all). `make test` runs these and everything else.
-FAST_TESTS := tests/test_atomic.py tests/test_config.py tests/test_claims.py tests/orchestrator tests/api tests/cli \
+FAST_TESTS := tests/test_atomic.py tests/test_config.py tests/test_docs.py tests/test_claims.py tests/orchestrator tests/api tests/cli \
 	tests/storage/test_layers.py tests/storage/test_repository_cache.py \
 	tests/guest/test_cache.py tests/network/test_units.py tests/runtime/test_qemu_config.py \
 	tests/runtime/test_qcow2.py tests/runtime/test_damon.py \
@@ -71,6 +71,12 @@ lint: install-test
 	$(VENV)/bin/ruff check src tests bench
 	$(VENV)/bin/ruff format --check src tests bench
 	$(VENV)/bin/mypy
+	$(PY) -m aenv.docs --check
+
+# The reference pages generated from the code: docs/configuration.md (config.Config's field
+# descriptions) and docs/cli.md (the `aenv` command's help). `make lint` fails when they differ.
+docs: install
+	$(PY) -m aenv.docs
 
 bench: install-test
 	for b in bench/*.py; do echo "== $$b"; $(PY) $$b || exit 1; done

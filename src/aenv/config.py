@@ -186,148 +186,323 @@ class Paths:
 
 
 class Config(BaseModel):
+    """Every setting of a node, gateway or CLI. Each field's description is its documentation:
+    `docs/configuration.md` is generated from them (`make docs`)."""
+
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    home: Path = DEFAULT_HOME
-    host: str = "0.0.0.0"  # noqa: S104 - a server meant to be reached
-    port: int = 3000
-    # Public base domain for sandbox URLs (`{port}-{id}.{domain}`); None lets SDKs use theirs.
-    domain: str | None = None
-    # HTTPS instead of HTTP: a certificate (chain) and its key, in PEM files. For the SDKs to
-    # need only `E2B_DOMAIN`, it must cover `api.<domain>` and `*.<domain>` (sandbox hosts).
-    tls_cert: Path | None = None
-    tls_key: Path | None = None
-    # VMM driver: auto | firecracker | qemu-kvm | qemu-tcg.
-    driver: str = "auto"
-    default_template: str = "base"
-    sandbox_vcpus: int = 1
-    sandbox_memory_mb: int = 512
-    sandbox_disk_mb: int = 2048
-    # Creates running at once; more wait in a queue instead of failing.
-    max_concurrent_creates: PositiveInt = 8
-    # Uploads to the snapshot repository at once (pause checkpoints, snapshots); more wait.
-    # Each exports and hashes a whole state: unbounded, a restart or a burst of pauses would
-    # spend every core on them while users resume.
-    max_concurrent_uploads: PositiveInt = 2
-    max_sandboxes: int = 256
-    # Per API key: sandboxes running at once (creates and forks past it answer 429), and
-    # control-plane requests a second on average and at once.
-    key_max_sandboxes: int = 256
-    key_requests_per_s: int = 100
-    key_request_burst: int = 200
-    # Free disk (of the data directory) and available memory the host keeps: under them,
-    # creates answer 429 and pauses and snapshots fail, with nothing changed.
-    reserve_disk_mb: int = 1024
-    reserve_memory_mb: int = 256
-    # Admission by memory: host memory counted for each create until it runs (a restored
-    # guest's own pages), and the most nominal guest RAM the node runs, as a multiple of the
-    # host's RAM. Past either, creates answer 429 (pooled VMs are given back first).
-    admission_sandbox_mb: int = 64
-    memory_overcommit: float = 10.0
-    # Warm pools: restored, not yet initialised VMs kept per template, sized to its creates of
-    # the last minute; 0 turns pools off.
-    pool_max: int = 0
-    # Longest timeout a client may ask for, in seconds.
-    max_timeout: int = 24 * 3600
-    # Names (`<prefix>-<n>`: namespaces, host interfaces, the nftables table) and host-side
-    # addresses of the network slots. Unset, they are derived per node (aenv/claims.py), so
-    # that nodes on one host never share them; a node whose settings meet a running node's is
-    # refused.
-    network_prefix: str | None = None
-    network_cidr: IPv4Network | None = None
-    # Comma-separated CIDRs. Sandboxes never reach private (10/8, 172.16/12, 192.168/16) or
-    # CGNAT (100.64/10) addresses, except those in `network_private_allowed`, nor any in
-    # `network_internal` (the cluster's own addresses, say).
-    network_private_allowed: tuple[IPv4Network, ...] = ()
-    network_internal: tuple[IPv4Network, ...] = ()
-    # The resolver that sandboxes with domain rules, and template builds, get the addresses of
-    # allowed names from. Default: the host's own (`host_resolver`).
-    network_dns: IPv4Address | None = None
-    warm_slots_low: int = 4
-    warm_slots_high: int = 16
-    # Graceful shutdown pauses running sandboxes (they are resumable after the restart).
-    # Off, it kills them.
-    pause_on_shutdown: bool = True
-    # The snapshot repository holding durable copies of pauses and snapshots.
-    # A directory (default: `$AENV_HOME/repository`), `s3://bucket[/prefix]`, or `off`.
-    # S3 credentials come from the usual AWS environment.
-    repository: str = ""
-    # Another S3-speaking server for an `s3://` repository.
-    repository_endpoint: str | None = None
-    # Node-local cache of repository chunks, in MiB (least recently used chunks are evicted).
-    repository_cache_mb: int = 8192
-    # Template builds: how long a build's readyCmd may keep failing before the build fails.
-    build_ready_timeout: int = 300
-    # Template builds: the hosts RUN steps may reach (names, `*.` wildcards), the package
-    # registries by default; the Debian mirror's host is added. Empty: builds have no network.
-    build_egress: tuple[str, ...] = REGISTRIES
-    # Template builds: CA certificates (PEM) RUN steps trust, so that they reach the registries
-    # as the host does, through a TLS-intercepting proxy too. Empty: the image's own only.
-    build_ca_bundle: Path | None = Path("/etc/ssl/certs/ca-certificates.crt")
-    # Template builds: cached step layers kept (newest first); each holds a VM's memory and disk.
-    build_cache_layers: int = 32
-    # Template builds: the most of a build's log kept on disk, in MiB; past it the log keeps its
-    # first and last halves and says how much it dropped between them.
-    build_log_max_mb: PositiveInt = 8
-    # Build code-interpreter-v1 (the code interpreter SDKs' template) in the background when
-    # the node starts without it (aenv/publish.py). Its pip and apt steps need the registries.
-    publish_code_interpreter: bool = True
-    # The definition it builds; unset: the one in the package (aenv/code_interpreter).
-    code_interpreter_definition: Path | None = None
-    # Density (docs/density.md). KSM: the node starts the host's ksmd with this tuning (pages
-    # scanned every `ksm_sleep_ms`) and puts the host's settings back when it stops; it merges
-    # the pages restored guests wrote alike. Off by default: it costs host CPU.
-    ksm: bool = False
-    ksm_pages_to_scan: int = 1000
-    ksm_sleep_ms: int = 20
-    # Cold-memory reclaim (docs/density.md): the node's kdamond pages out VMM memory not
-    # touched for this many seconds, to the swap the operator configured; at most
-    # `cold_reclaim_mb_per_s` MiB and `cold_reclaim_ms_per_s` ms of the kdamond's time a
-    # second. 0 (the default) turns it off; set, a host that cannot do it refuses to start.
-    cold_reclaim_after: int = 0
-    cold_reclaim_mb_per_s: int = 32
-    cold_reclaim_ms_per_s: int = 20
-    # Idle hibernation: a running sandbox with no data-plane traffic and no command running
-    # for this many seconds is paused behind the API's back and woken by its next request
-    # (docs/density.md). 0 (the default) turns it off: it stops background processes.
-    hibernate_after: int = 0
-    # QEMU under TCG: each VMM's translation cache, in MiB (a bound on what it may grow to).
-    tcg_tb_mib: PositiveInt = 128
-    # QEMU: share devices (virtio-9p) of every VM booted, unused ones over an empty read-only
-    # directory, so that sandboxes restored from its snapshots mount up to this many volumes
-    # (README: Volumes). 0: no VMM serves 9p unless its sandbox mounts volumes, whose creates
-    # then boot. At most 16 (each is a virtio-mmio device; microvm has 24).
-    share_slots: int = 2
-    # Size of a volume whose create names none (`sizeMB`), MiB: its writes past it fail with
-    # ENOSPC, and the free disk above `reserve_disk_mb` must hold what it has not written yet.
-    volume_size_mb: int = Field(default=1024, ge=MIN_VOLUME_MB, le=MAX_VOLUME_MB)
-    # Every VMM runs jailed (README: Threat model). Off is for benchmarks and debugging only.
-    jail: bool = True
-    # Jailed VMMs: `jail_uid_base` is their group; each VMM has one of the `jail_uid_count` uids
-    # after it. Unset, the base is derived per node as the network settings are.
-    jail_uid_base: PositiveInt | None = None
-    jail_uid_count: PositiveInt = 65_536
-    # The guest build cache (kernel, initramfs, base rootfs); default `$AENV_HOME/cache/guest`.
-    guest_cache: Path | None = None
-    # The Debian mirror the base root filesystem is bootstrapped from.
-    debian_mirror: str = DEFAULT_MIRROR
-    # Seconds a client has to send a request's head (line and headers) once it started it;
-    # a slower one (slowloris) is disconnected.
-    header_timeout: int = 30
-    # Open client connections the port accepts; past it new ones are closed at once.
-    max_connections: int = 4096
-    # Largest request head (request line and headers) the port reads; a bigger one gets 431.
-    max_header_bytes: int = 64 * 1024
-    # Cluster node role (`aenv node` reads these; `aenv server` needs none): the Redis holding
-    # the cluster's state, this node's id (default: the host name), the address gateways reach
-    # it at (default: host:port), and the secret the cluster's nodes and gateways share.
-    redis_url: str | None = None
-    node_id: str | None = None
-    node_address: str | None = None
-    cluster_secret: str | None = None
-    # Seconds between heartbeats, and how long a lease outlives the last one.
-    heartbeat_interval: float = 5.0
-    lease_ttl: float = 15.0
+    home: Path = Field(
+        default=DEFAULT_HOME,
+        description="Data directory: catalog, API keys, templates, sandbox disks (`Paths` below).",
+    )
+    host: str = Field(
+        default="0.0.0.0",  # noqa: S104 - a server meant to be reached
+        description="Address the API and the data plane listen on.",
+    )
+    port: int = Field(default=3000, description="Port of the API and the data plane.")
+    domain: str | None = Field(
+        default=None,
+        description="Public base domain for `<port>-<id>.<domain>` sandbox URLs; unset, the SDKs "
+        "use their own (`E2B_DOMAIN`).",
+    )
+    tls_cert: Path | None = Field(
+        default=None,
+        description="Serve HTTPS with this certificate (chain, PEM) and `tls_key`. With `domain` "
+        "and a certificate for `api.<domain>` and `*.<domain>`, the SDKs need only `E2B_DOMAIN`.",
+    )
+    tls_key: Path | None = Field(default=None, description="The private key (PEM) of `tls_cert`.")
+    driver: str = Field(
+        default="auto",
+        description="VMM driver: `firecracker`, `qemu-kvm` or `qemu-tcg`; `auto` probes in that "
+        "order.",
+    )
+    default_template: str = Field(
+        default="base", description="Built on the first start if missing."
+    )
+    sandbox_vcpus: int = Field(default=1, description="vCPUs of the default template.")
+    sandbox_memory_mb: int = Field(default=512, description="Memory of the default template, MiB.")
+    sandbox_disk_mb: int = Field(default=2048, description="Disk of the default template, MiB.")
+    max_concurrent_creates: PositiveInt = Field(
+        default=8, description="Creates in flight; more wait in a queue instead of failing."
+    )
+    # Each upload exports and hashes a whole state: unbounded, a restart or a burst of pauses
+    # would spend every core on them while users resume.
+    max_concurrent_uploads: PositiveInt = Field(
+        default=2,
+        description="Uploads of pause checkpoints and snapshots to the repository at once; more "
+        "wait.",
+    )
+    max_sandboxes: int = Field(
+        default=256,
+        description="Sandboxes the node holds, paused ones and creates under way included; "
+        "creates and forks past it answer 429.",
+    )
+    key_max_sandboxes: int = Field(
+        default=256,
+        description="Sandboxes one API key runs at once (paused ones do not count); creates and "
+        "forks past it answer 429; in a cluster, the gateways count it across all nodes.",
+    )
+    key_requests_per_s: int = Field(
+        default=100,
+        description="Control-plane requests per API key a second, on average; past it (and "
+        "`key_request_burst`) 429 with `Retry-After`.",
+    )
+    key_request_burst: int = Field(
+        default=200,
+        description="Control-plane requests per API key at once (see `key_requests_per_s`).",
+    )
+    reserve_disk_mb: int = Field(
+        default=1024,
+        description="Free disk (of `home`) the host keeps: under it creates answer 429 and "
+        "pauses and snapshots fail, with nothing changed; a create or fork whose sandboxes' "
+        "disks (count times disk size, plus the creates starting with it; queued ones hold nothing "
+        "yet) do not fit above it answers 429 before anything starts.",
+    )
+    reserve_memory_mb: int = Field(
+        default=256,
+        description="Available memory the host keeps: under it creates answer 429 and pauses "
+        "and snapshots fail, with nothing changed.",
+    )
+    admission_sandbox_mb: int = Field(
+        default=64,
+        description="Admission by memory: a create answers 429 (naming memory) when the host's "
+        "available memory minus `reserve_memory_mb` cannot hold this for it and for each create "
+        "already under way (a restored guest's own pages, not its nominal RAM); pooled VMs are "
+        "given back before a create is refused, running sandboxes never.",
+    )
+    memory_overcommit: float = Field(
+        default=10.0,
+        description="Admission by memory: a create answers 429 (naming memory) when the nominal "
+        "guest RAM of the running VMs plus its own would pass this times the host's RAM.",
+    )
+    pool_max: int = Field(
+        default=0,
+        description="Warm pools: per template, at most this many VMs restored from its current "
+        "build and waiting, on slots with no egress, so a create only runs envd `/init` "
+        "(identity, env, token, fresh entropy) and gets its egress rules; sized to the "
+        "template's creates in the last minute (none after a quiet minute) and refilled one "
+        "restore at a time and only once no create has run for a second (a node creating back "
+        "to back takes today's path), never into the memory a create needs; never listed or "
+        "counted; stopped at shutdown and swept at the next start after a crash. Only built "
+        "templates restored from memory are pooled (not snapshots, forks, resized or "
+        "volume-mounting sandboxes). 0 (the default) is off: each pooled VM holds about a "
+        "running sandbox's host memory and idle CPU.",
+    )
+    max_timeout: int = Field(
+        default=24 * 3600, description="Longest sandbox timeout a client may ask for, in seconds."
+    )
+    network_prefix: str | None = Field(
+        default=None,
+        description="Names of network slots (`<prefix>-<n>`: slot namespaces, host interfaces, "
+        "the nftables table `inet <prefix>`). Unset: `aenv` for the home `/var/lib/aenv`, else "
+        "`aenv` and four hex digits of a hash of the home (`aenv/claims.py`). A node whose "
+        "prefix meets a running node's is refused at start.",
+    )
+    network_cidr: IPv4Network | None = Field(
+        default=None,
+        description="Host-side addresses of network slots (one /30 a slot). Unset: "
+        "`10.200.0.0/16` for the home `/var/lib/aenv`, else a /21 (512 slots) of "
+        "`10.200.0.0/13` outside `10.200.0.0/16` that no running node in the same network "
+        "namespace holds. A node whose network meets a running node's in its namespace is "
+        "refused at start.",
+    )
+    network_private_allowed: tuple[IPv4Network, ...] = Field(
+        default=(),
+        description="CIDRs in the private (10/8, 172.16/12, 192.168/16) and CGNAT (100.64/10) "
+        "ranges that sandboxes may reach; the rest, link-local (169.254.169.254) and other "
+        "sandboxes are never reachable.",
+    )
+    network_internal: tuple[IPv4Network, ...] = Field(
+        default=(),
+        description="CIDRs no sandbox may reach whatever its rules (the cluster's own addresses).",
+    )
+    network_dns: IPv4Address | None = Field(
+        default=None,
+        description="The resolver that sandboxes with domain rules in `allowOut`, and template "
+        "builds, get allowed names from (they get NXDOMAIN for the rest); asked from the host, "
+        "so it may be private, link-local or on loopback. Unset: the host's first IPv4 "
+        "nameserver, else `1.1.1.1`.",
+    )
+    warm_slots_low: int = Field(
+        default=4,
+        description="Warm pool of ready network slots: refilled when it falls under this.",
+    )
+    warm_slots_high: int = Field(
+        default=16, description="Warm pool of ready network slots: refilled up to this."
+    )
+    pause_on_shutdown: bool = Field(
+        default=True,
+        description="A graceful stop (SIGTERM/SIGINT) pauses running sandboxes, which are "
+        "resumable after the restart; `false` kills them.",
+    )
+    repository: str = Field(
+        default="",
+        description="Snapshot repository for durable copies of pauses and snapshots: a "
+        "directory (empty: `$AENV_HOME/repository`; relative: under `home`), "
+        "`s3://bucket/prefix` (credentials from the usual `AWS_*` environment), or `off`.",
+    )
+    repository_endpoint: str | None = Field(
+        default=None, description="Another S3-speaking server (MinIO, Ceph, moto...) for `s3://`."
+    )
+    repository_cache_mb: int = Field(
+        default=8192,
+        description="Node-local cache of repository chunks, MiB (least recently used go).",
+    )
+    build_ready_timeout: int = Field(
+        default=300, description="Seconds a template build's readyCmd may keep failing."
+    )
+    build_egress: tuple[str, ...] = Field(
+        default=REGISTRIES,
+        description="Names (`*.` wildcards too) template builds reach; `debian_mirror`'s host is "
+        "added. Empty: builds have no network.",
+    )
+    build_ca_bundle: Path | None = Field(
+        default=Path("/etc/ssl/certs/ca-certificates.crt"),
+        description="CA certificates (PEM) that RUN steps trust, so that they reach the "
+        "registries as the host does, through a TLS-intercepting proxy too; empty: the image's "
+        "own only.",
+    )
+    build_cache_layers: int = Field(
+        default=32,
+        description="Cached build steps kept (newest or most recently reused first; each holds "
+        "a VM's memory and disk).",
+    )
+    build_log_max_mb: PositiveInt = Field(
+        default=8,
+        description="Most of a template build's log kept, MiB (on disk; past it the log keeps "
+        "its first and last halves, the drop between them said in one entry).",
+    )
+    publish_code_interpreter: bool = Field(
+        default=True,
+        description="A node without `code-interpreter-v1` builds it in the background once it "
+        "serves (docs/templates.md, Code interpreter); its pip and apt steps need the "
+        "registries. `false` leaves that to `aenv template build`.",
+    )
+    code_interpreter_definition: Path | None = Field(
+        default=None,
+        description="The template definition `publish_code_interpreter` builds; unset: the "
+        "package's `aenv/code_interpreter/template.yaml`.",
+    )
+    ksm: bool = Field(
+        default=False,
+        description="Start the host's KSM with this tuning while the node runs (host settings "
+        "restored at stop): restored guests' equal pages are merged (docs/density.md). Off by "
+        "default: it costs host CPU.",
+    )
+    ksm_pages_to_scan: int = Field(
+        default=1000, description="KSM: pages scanned every `ksm_sleep_ms`."
+    )
+    ksm_sleep_ms: int = Field(default=20, description="KSM: milliseconds between scans.")
+    cold_reclaim_after: int = Field(
+        default=0,
+        description="Page out VMM memory not accessed for this many seconds to the operator's "
+        "swap, through a DAMON kdamond of the node (vaddr, or paddr with memcg filters); 0 is "
+        "off. Set, a host without swap, DAMON or a free kdamond slot refuses to start with the "
+        "reason (docs/density.md).",
+    )
+    cold_reclaim_mb_per_s: int = Field(
+        default=32, description="Cold reclaim: at most this many MiB paged out a second."
+    )
+    cold_reclaim_ms_per_s: int = Field(
+        default=20, description="Cold reclaim: at most this many ms of the kdamond's time a second."
+    )
+    hibernate_after: int = Field(
+        default=0,
+        description="Idle hibernation, in seconds: a running sandbox with no data-plane exchange "
+        "(proxy request, envd call, open stream) and no command or PTY running in envd (a "
+        "template's start command counts) for that long is paused by the node and woken by its "
+        "next request, with its files, processes and memory; the API shows it running "
+        "throughout and its timeout keeps counting. A hibernated sandbox holds disk and tmpfs "
+        "(its checkpoint), no VMM memory or CPU. 0 (the default) is off: it stops background "
+        "processes (a server the sandbox runs, a cron job) until traffic comes "
+        "(docs/density.md).",
+    )
+    tcg_tb_mib: PositiveInt = Field(
+        default=128,
+        description="QEMU under TCG: each VMM's translation cache, MiB (a fresh sandbox uses "
+        "22-26, a used one fills it; 48 costs a used sandbox 9-18% more host CPU, 32 slows "
+        "commands 3 times: docs/density.md, bench/guest_cpu.py).",
+    )
+    # At most 16: each is a virtio-mmio device, and microvm has 24.
+    share_slots: int = Field(
+        default=2,
+        description="QEMU: share devices (virtio-9p) of every VM booted, so that sandboxes "
+        "restored from its snapshots mount up to this many volumes; unused ones export an empty "
+        "read-only directory. 0: only VMMs of sandboxes with volumes serve 9p, and those "
+        "sandboxes boot (0-16; docs/volumes.md).",
+    )
+    volume_size_mb: int = Field(
+        default=1024,
+        ge=MIN_VOLUME_MB,
+        le=MAX_VOLUME_MB,
+        description="Size of a volume whose create names no `sizeMB`, MiB: its guests' writes "
+        "past it fail with ENOSPC; it is an ext4 image file that takes host disk as it is "
+        "written, and creates are refused (507) when the host's free disk above "
+        "`reserve_disk_mb` cannot hold it with what existing volumes have not written yet.",
+    )
+    jail: bool = Field(
+        default=True,
+        description="Run every VMM jailed (docs/threat-model.md); `false` is for benchmarks and "
+        "debugging only.",
+    )
+    jail_uid_base: PositiveInt | None = Field(
+        default=None,
+        description="Jailed VMMs: their group; each VMM (QEMU or Firecracker) gets one of the "
+        "next `jail_uid_count` uids. Unset: `2000000` for the home `/var/lib/aenv`, else the "
+        "first free block of `jail_uid_count + 1` uids after it, from a place a hash of the "
+        "home picks, that no running node holds (below 2³¹). A range that meets a running "
+        "node's is refused at start.",
+    )
+    jail_uid_count: PositiveInt = Field(
+        default=65_536, description="Jailed VMMs: how many uids after `jail_uid_base` they get."
+    )
+    guest_cache: Path | None = Field(
+        default=None,
+        description="Build cache of guest artifacts (kernel, initramfs, base root filesystem, "
+        "the envd bundle); unset: `$AENV_HOME/cache/guest`. Nodes may share one, also "
+        "read-only (a read-only mount one writable node filled): a node then uses what it "
+        "holds, and refuses to start (naming the cache) when it lacks what this version needs.",
+    )
+    debian_mirror: str = Field(
+        default=DEFAULT_MIRROR,
+        description="Debian mirror the base root filesystem is bootstrapped from.",
+    )
+    header_timeout: int = Field(
+        default=30,
+        description="Seconds a client has to send a request's line and headers; a slower one "
+        "(slowloris) is disconnected.",
+    )
+    max_connections: int = Field(
+        default=4096,
+        description="Open client connections on the port; past it new ones are closed at once.",
+    )
+    max_header_bytes: int = Field(
+        default=64 * 1024,
+        description="Largest request head (line and headers); a bigger one is answered 431.",
+    )
+    redis_url: str | None = Field(
+        default=None,
+        description="Cluster: the Redis holding the cluster's state (`aenv node`, `aenv "
+        "gateway`, `aenv nodes`; `aenv server` needs none).",
+    )
+    node_id: str | None = Field(
+        default=None, description="Cluster: this node's id; unset: the host name."
+    )
+    node_address: str | None = Field(
+        default=None,
+        description="Cluster: the address gateways reach this node at; unset: host:port.",
+    )
+    cluster_secret: str | None = Field(
+        default=None,
+        description="Cluster: the secret its nodes and gateways share; gateways call nodes "
+        "with a token derived from it.",
+    )
+    heartbeat_interval: float = Field(
+        default=5.0, description="Cluster: seconds between a node's heartbeats."
+    )
+    lease_ttl: float = Field(
+        default=15.0, description="Cluster: seconds a node's lease outlives its last heartbeat."
+    )
 
     @field_validator(
         "domain", "repository_endpoint", "guest_cache", "tls_cert", "tls_key", "redis_url",
