@@ -482,11 +482,14 @@ class Config(BaseModel):
     )
     redis_url: str | None = Field(
         default=None,
-        description="Cluster: the Redis holding the cluster's state (`aenv node`, `aenv "
-        "gateway`, `aenv nodes`; `aenv server` needs none).",
+        description="Cluster: the Redis (or Valkey) holding the cluster's state, required by "
+        "`aenv node`, `aenv gateway` and `aenv nodes` (`aenv server` reads none of the cluster "
+        "settings and never connects to Redis): `redis://`, `rediss://` (TLS) or `unix://`; a "
+        "password goes in the URL.",
     )
     node_id: str | None = Field(
-        default=None, description="Cluster: this node's id; unset: the host name."
+        default=None,
+        description="Cluster: this node's id, unique in the cluster; unset: the host name.",
     )
     node_address: str | None = Field(
         default=None,
@@ -494,8 +497,9 @@ class Config(BaseModel):
     )
     cluster_secret: str | None = Field(
         default=None,
-        description="Cluster: the secret its nodes and gateways share; gateways call nodes "
-        "with a token derived from it.",
+        description="Cluster: the secret its nodes and gateways share (required; at least 16 "
+        "characters; in the configuration file or the environment only, never a flag); "
+        "gateways call nodes with a token derived from it.",
     )
     heartbeat_interval: float = Field(
         default=5.0, description="Cluster: seconds between a node's heartbeats."

@@ -1,4 +1,4 @@
-"""Two `aenv server`s on one host, as the README invites: in one network namespace, with only
+"""Two `aenv server`s on one host, as docs/cluster.md invites: in one network namespace, with only
 their homes and ports differing. Each derives a slot prefix, slot network and jail uid range of
 its own (aenv/claims.py), both serve a sandbox at once, and the second's start touches nothing
 of the first's; a third that asks for the first's prefix is refused. A graceful stop leaves on
