@@ -31,6 +31,7 @@ from aenv.orchestrator.catalog import Catalog
 from aenv.orchestrator.images import GuestImages, prepare_images
 from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.lifecycle import OperationFailed, Orchestrator, SandboxNotFound
+from aenv.orchestrator.migrations import NewerCatalog
 from aenv.orchestrator.repository import open_archive
 from aenv.orchestrator.templates import (
     BuildRequest,
@@ -223,7 +224,10 @@ async def _start_node(
     keys, created = open_keys(config.paths)
     if created:
         progress(f"generated an API key; it is in {config.paths.api_key} (mode 0600)")
-    catalog = Catalog(config.paths.catalog)
+    try:
+        catalog = Catalog(config.paths.catalog)
+    except NewerCatalog as e:
+        raise ConfigError(str(e)) from e
     undo.callback(catalog.close)
     net_config = NetworkConfig(
         prefix=claimed.network_prefix,

@@ -8,6 +8,8 @@ import json
 import sqlite3
 from pathlib import Path
 
+import pytest
+
 from aenv.network.settings import SandboxNetwork
 from aenv.orchestrator.catalog import (
     Archived,
@@ -18,6 +20,7 @@ from aenv.orchestrator.catalog import (
     VolumeRecord,
 )
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
+from aenv.orchestrator.migrations import MIGRATIONS, SCHEMA_VERSION, NewerCatalog, upgrade
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.templates import TemplateStore
 from tests.doubles.node import double_node
@@ -284,3 +287,160 @@ def test_volumes_of_a_catalog_before_sizes_have_none(tmp_path: Path) -> None:
         assert [v.size_mb for v in catalog.volumes()] == [None, 64]
     finally:
         catalog.close()
+
+
+# The catalog as the last version before schema numbers made it (`Catalog.__init__` at
+# cb523f7): today's columns, `PRAGMA user_version` 0.
+UNNUMBERED_SCHEMA = """
+CREATE TABLE IF NOT EXISTS sandboxes (
+    id TEXT PRIMARY KEY,
+    template_id TEXT NOT NULL,
+    alias TEXT,
+    state TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    env_vars TEXT NOT NULL,
+    cpu_count INTEGER NOT NULL,
+    memory_mb INTEGER NOT NULL,
+    disk_size_mb INTEGER NOT NULL,
+    started_at REAL NOT NULL,
+    end_at REAL NOT NULL,
+    envd_access_token TEXT,
+    traffic_access_token TEXT,
+    auto_pause INTEGER NOT NULL DEFAULT 0,
+    auto_resume INTEGER NOT NULL DEFAULT 0,
+    allow_internet INTEGER NOT NULL DEFAULT 1,
+    updated_at REAL NOT NULL,
+    restored_from TEXT NOT NULL DEFAULT '',
+    timeout INTEGER NOT NULL DEFAULT 300,
+    auto_pause_mode TEXT NOT NULL DEFAULT 'full',
+    internal INTEGER NOT NULL DEFAULT 0,
+    checkpoint_seq INTEGER NOT NULL DEFAULT 0,
+    checkpoint_mode TEXT NOT NULL DEFAULT 'full',
+    archive_seq INTEGER,
+    archive_manifest TEXT,
+    owner TEXT,
+    network TEXT NOT NULL DEFAULT '{}',
+    volume_mounts TEXT NOT NULL DEFAULT '[]'
+);
+CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state);
+CREATE INDEX IF NOT EXISTS sandboxes_started ON sandboxes(started_at, id);
+CREATE TABLE IF NOT EXISTS volumes (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    token TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    size_mb INTEGER
+);
+"""
+
+
+def _user_version(path: Path) -> int:
+    db = sqlite3.connect(path)
+    try:
+        return int(db.execute("PRAGMA user_version").fetchone()[0])
+    finally:
+        db.close()
+
+
+def test_unnumbered_catalog_is_numbered_in_place(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.db"
+    db = sqlite3.connect(path)
+    db.executescript(UNNUMBERED_SCHEMA)
+    db.execute("PRAGMA journal_mode=WAL")
+    db.execute(
+        "INSERT INTO sandboxes (id, template_id, state, metadata, env_vars, cpu_count,"
+        " memory_mb, disk_size_mb, started_at, end_at, envd_access_token, updated_at,"
+        " restored_from, timeout, checkpoint_seq, checkpoint_mode, archive_seq,"
+        " archive_manifest, network, volume_mounts) VALUES ('paused1', 'tpl', 'paused', ?,"
+        " '{}', 2, 512, 2048, 10.0, 20.0, 'tok', 11.0, '/t/tpl/b1', 90, 3, 'filesystem', 2,"
+        " 'man-2', ?, ?)",
+        (
+            json.dumps({"k": "v"}),
+            json.dumps({"allow_internet": False}),
+            json.dumps([{"volumeID": "vol_1", "path": "/data"}]),
+        ),
+    )
+    db.execute("INSERT INTO volumes VALUES ('vol_1', 'data', 'vtok', 1.0, 64)")
+    db.commit()
+    db.close()
+    assert _user_version(path) == 0
+
+    catalog = Catalog(path)
+    try:
+        paused = catalog.get("paused1")
+        assert paused is not None and paused.state is SandboxState.PAUSED
+        assert (paused.cpu_count, paused.timeout, paused.restored_from) == (2, 90, "/t/tpl/b1")
+        assert (paused.checkpoint_seq, paused.checkpoint_mode) == (3, SaveMode.FILESYSTEM)
+        assert paused.archived == Archived(2, "man-2")
+        assert paused.network == SandboxNetwork(allow_internet=False)
+        assert paused.volume_mounts == (VolumeMount("vol_1", "/data"),)
+        assert catalog.volumes() == [VolumeRecord("vol_1", "data", "vtok", 1.0, 64)]
+        moved = catalog.transition("paused1", [SandboxState.PAUSED], SandboxState.RESUMING)
+        assert moved is not None
+    finally:
+        catalog.close()
+    assert _user_version(path) == SCHEMA_VERSION
+    reopened = Catalog(path)
+    try:
+        assert reopened.get("paused1") == moved
+    finally:
+        reopened.close()
+
+
+def test_a_new_catalog_is_numbered(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.db"
+    Catalog(path).close()
+    assert _user_version(path) == SCHEMA_VERSION
+
+
+def test_catalog_of_a_newer_version_is_refused_untouched(tmp_path: Path) -> None:
+    path = tmp_path / "catalog.db"
+    catalog = Catalog(path)
+    catalog.insert_volume(VolumeRecord("vol_1", "data", "token", 1.0))
+    catalog.close()
+    db = sqlite3.connect(path)
+    db.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
+    # A newer version's change this one cannot read.
+    db.execute("ALTER TABLE volumes RENAME COLUMN token TO secret")
+    db.commit()
+    db.close()
+    before = path.read_bytes()
+
+    with pytest.raises(NewerCatalog) as refused:
+        Catalog(path)
+    message = str(refused.value)
+    assert f"schema version {SCHEMA_VERSION + 1}" in message and str(path) in message
+    assert f"knows up to {SCHEMA_VERSION}" in message
+    assert path.read_bytes() == before
+    assert _user_version(path) == SCHEMA_VERSION + 1
+
+
+def test_migrations_run_once_each_in_order(tmp_path: Path) -> None:
+    """A catalog at version 1 gets only the migrations after it, in order; a second open
+    finds none left to run."""
+    path = tmp_path / "catalog.db"
+    Catalog(path).close()
+    ran: list[int] = []
+
+    def _create_log(db: sqlite3.Connection) -> None:
+        ran.append(2)
+        db.execute("CREATE TABLE log (n INTEGER)")
+
+    def _fill_log(db: sqlite3.Connection) -> None:
+        ran.append(3)
+        db.execute("INSERT INTO log VALUES (3)")
+
+    later = (*MIGRATIONS, _create_log, _fill_log)
+    for _ in range(2):
+        db = sqlite3.connect(path, isolation_level=None)
+        try:
+            db.execute("BEGIN IMMEDIATE")
+            upgrade(db, str(path), later)
+            db.execute("COMMIT")
+            assert db.execute("SELECT n FROM log").fetchall() == [(3,)]
+        finally:
+            db.close()
+    assert ran == [SCHEMA_VERSION + 1, SCHEMA_VERSION + 2]
+    assert _user_version(path) == len(later)
+    with pytest.raises(NewerCatalog):
+        Catalog(path)

@@ -25,40 +25,6 @@ from aenv.orchestrator.migrations import upgrade
 from aenv.orchestrator.states import SandboxState, check_transition
 from aenv.storage.private import private_file
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS sandboxes (
-    id TEXT PRIMARY KEY,
-    template_id TEXT NOT NULL,
-    alias TEXT,
-    state TEXT NOT NULL,
-    metadata TEXT NOT NULL,
-    env_vars TEXT NOT NULL,
-    cpu_count INTEGER NOT NULL,
-    memory_mb INTEGER NOT NULL,
-    disk_size_mb INTEGER NOT NULL,
-    started_at REAL NOT NULL,
-    end_at REAL NOT NULL,
-    envd_access_token TEXT,
-    traffic_access_token TEXT,
-    auto_pause INTEGER NOT NULL DEFAULT 0,
-    auto_resume INTEGER NOT NULL DEFAULT 0,
-    allow_internet INTEGER NOT NULL DEFAULT 1,
-    updated_at REAL NOT NULL,
-    restored_from TEXT NOT NULL DEFAULT '',
-    timeout INTEGER NOT NULL DEFAULT 300,
-    auto_pause_mode TEXT NOT NULL DEFAULT 'full',
-    internal INTEGER NOT NULL DEFAULT 0,
-    checkpoint_seq INTEGER NOT NULL DEFAULT 0,
-    checkpoint_mode TEXT NOT NULL DEFAULT 'full',
-    archive_seq INTEGER,
-    archive_manifest TEXT,
-    owner TEXT,
-    network TEXT NOT NULL DEFAULT '{}',
-    volume_mounts TEXT NOT NULL DEFAULT '[]'
-);
-CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state);
-CREATE INDEX IF NOT EXISTS sandboxes_started ON sandboxes(started_at, id);
-"""
 # The timeout of rows written before it was recorded (an automatic resume runs this long).
 DEFAULT_TIMEOUT = 300
 
@@ -235,12 +201,16 @@ class Catalog:
                 private_file(file)
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
+        self._db.execute("PRAGMA busy_timeout=5000")
+        try:
+            # Before WAL is switched on: a catalog it refuses is left byte for byte.
+            with self._transaction() as db:
+                upgrade(db, str(path))
+        except BaseException:
+            self._db.close()
+            raise
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
-        self._db.execute("PRAGMA busy_timeout=5000")
-        self._db.executescript(SCHEMA)
-        with self._transaction() as db:
-            upgrade(db)
 
     def close(self) -> None:
         self._db.close()

@@ -1,29 +1,123 @@
-"""Catalogs written by older versions, brought up to the current schema when a node opens them,
-so a node's paused sandboxes survive an upgrade.
+"""The catalog's schema and its history: numbered migrations, each applied once, in order.
 
-1. Columns added since the first release are added with their defaults.
-2. The untyped `placement` JSON column of earlier versions is spread over the typed columns
-   that replaced it (`restored_from`, `timeout`, `auto_pause_mode`, `internal`,
-   `checkpoint_seq`, `checkpoint_mode`, `archive_seq`, `archive_manifest`), then dropped.
-3. The `allow_internet` flag, all earlier versions kept of a sandbox's network settings, is
-   copied into the `network` column when that is added (the old column stays, unused).
-4. The `volumes` table is created (catalogs older than volumes have none); sandboxes of those
-   catalogs mount no volume (`volume_mounts` defaults to an empty list).
-5. Volumes get `size_mb`; those made before it keep NULL: plain directories, unbounded.
+SQLite's `PRAGMA user_version` holds the number of the last migration a catalog received
+(`SCHEMA_VERSION` is the newest this code knows). Opening a catalog:
 
-All run in the caller's transaction: a crash leaves the old catalog or the new one.
+1. A catalog of a newer version is refused (`NewerCatalog`) before anything is written: its
+   tables may mean what this code cannot know.
+2. A catalog with tables but version 0 predates the version number. Its shape is the one guess
+   left: `_adopt` brings every shape earlier versions wrote up to migration 1's, then it is
+   numbered 1.
+3. The migrations after the catalog's version run in order, each recording its number.
+
+All run in the caller's transaction (`PRAGMA user_version` is part of it): a crash leaves the
+old catalog or the new one. A schema change is a new function at the end of `MIGRATIONS`, never
+an edit of one that has shipped.
 """
 
 from __future__ import annotations
 
 import json
 import sqlite3
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from aenv.orchestrator.kinds import SaveMode
 
-# Columns added after the first release, with their DDL for `ALTER TABLE`.
-ADDED_COLUMNS = {
+Migration = Callable[[sqlite3.Connection], None]
+
+
+class NewerCatalog(RuntimeError):
+    """The catalog was written by a newer version of aenv; it was left untouched."""
+
+    def __init__(self, path: str, version: int, known: int) -> None:
+        super().__init__(
+            f"the catalog {path} has schema version {version}, and this aenv knows up to"
+            f" {known}: run the aenv that wrote it (or a newer one); it was left as it was"
+        )
+
+
+# The sandboxes table of migration 1; `SandboxRecord` documents its columns.
+_SANDBOXES_TABLE = """
+CREATE TABLE sandboxes (
+    id TEXT PRIMARY KEY,
+    template_id TEXT NOT NULL,
+    alias TEXT,
+    state TEXT NOT NULL,
+    metadata TEXT NOT NULL,
+    env_vars TEXT NOT NULL,
+    cpu_count INTEGER NOT NULL,
+    memory_mb INTEGER NOT NULL,
+    disk_size_mb INTEGER NOT NULL,
+    started_at REAL NOT NULL,
+    end_at REAL NOT NULL,
+    envd_access_token TEXT,
+    traffic_access_token TEXT,
+    auto_pause INTEGER NOT NULL DEFAULT 0,
+    auto_resume INTEGER NOT NULL DEFAULT 0,
+    allow_internet INTEGER NOT NULL DEFAULT 1,
+    updated_at REAL NOT NULL,
+    restored_from TEXT NOT NULL DEFAULT '',
+    timeout INTEGER NOT NULL DEFAULT 300,
+    auto_pause_mode TEXT NOT NULL DEFAULT 'full',
+    internal INTEGER NOT NULL DEFAULT 0,
+    checkpoint_seq INTEGER NOT NULL DEFAULT 0,
+    checkpoint_mode TEXT NOT NULL DEFAULT 'full',
+    archive_seq INTEGER,
+    archive_manifest TEXT,
+    owner TEXT,
+    network TEXT NOT NULL DEFAULT '{}',
+    volume_mounts TEXT NOT NULL DEFAULT '[]'
+)
+"""
+# The volumes of the node (`orchestrator.volumes`).
+_VOLUMES_TABLE = """
+CREATE TABLE volumes (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL UNIQUE,
+    token TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    size_mb INTEGER
+)
+"""
+
+
+def _1_sandboxes_and_volumes(db: sqlite3.Connection) -> None:
+    """The sandboxes and volumes tables as the first numbered version has them."""
+    db.execute(_SANDBOXES_TABLE)
+    db.execute("CREATE INDEX sandboxes_state ON sandboxes(state)")
+    db.execute("CREATE INDEX sandboxes_started ON sandboxes(started_at, id)")
+    db.execute(_VOLUMES_TABLE)
+
+
+MIGRATIONS: tuple[Migration, ...] = (_1_sandboxes_and_volumes,)
+SCHEMA_VERSION = len(MIGRATIONS)
+
+
+def upgrade(
+    db: sqlite3.Connection, path: str, migrations: Sequence[Migration] = MIGRATIONS
+) -> None:
+    """Bring `db` (inside a transaction) to the last of `migrations`; raises `NewerCatalog`,
+    having written nothing, if it is past them."""
+    current = int(db.execute("PRAGMA user_version").fetchone()[0])
+    if current > len(migrations):
+        raise NewerCatalog(path, current, len(migrations))
+    if current == 0 and _has_table(db, "sandboxes"):
+        _adopt(db)
+        current = 1
+        db.execute("PRAGMA user_version = 1")
+    for number, migration in enumerate(migrations[current:], start=current + 1):
+        migration(db)
+        db.execute(f"PRAGMA user_version = {number}")
+
+
+def _has_table(db: sqlite3.Connection, name: str) -> bool:
+    row = db.execute("SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = ?", (name,))
+    return row.fetchone() is not None
+
+
+# Columns unnumbered versions added after the first release, with their DDL for `ALTER TABLE`.
+_ADDED_COLUMNS = {
     "auto_resume": "INTEGER NOT NULL DEFAULT 0",
     "restored_from": "TEXT NOT NULL DEFAULT ''",
     "timeout": "INTEGER NOT NULL DEFAULT 300",  # catalog.DEFAULT_TIMEOUT
@@ -37,28 +131,34 @@ ADDED_COLUMNS = {
     "network": "TEXT NOT NULL DEFAULT '{}'",
     "volume_mounts": "TEXT NOT NULL DEFAULT '[]'",
 }
-# The volumes of the node (`orchestrator.volumes`), added with them.
-VOLUMES_TABLE = """
-CREATE TABLE IF NOT EXISTS volumes (
-    id TEXT PRIMARY KEY,
-    name TEXT NOT NULL UNIQUE,
-    token TEXT NOT NULL,
-    created_at REAL NOT NULL,
-    size_mb INTEGER
-)
-"""
 _FROM_ALLOW_INTERNET = (
     "UPDATE sandboxes SET network = json_object('allow_internet', json("
     "CASE allow_internet WHEN 0 THEN 'false' ELSE 'true' END))"
 )
 
 
-def upgrade(db: sqlite3.Connection) -> None:
-    db.execute(VOLUMES_TABLE)
+def _adopt(db: sqlite3.Connection) -> None:
+    """Bring a catalog of any unnumbered version to migration 1's shape. Frozen: the shapes it
+    reads are those versions', and none will be added.
+
+    1. Columns added since the first release are added with their defaults.
+    2. The untyped `placement` JSON column of the first versions is spread over the typed
+       columns that replaced it (`restored_from`, `timeout`, `auto_pause_mode`, `internal`,
+       `checkpoint_seq`, `checkpoint_mode`, `archive_seq`, `archive_manifest`), then dropped.
+    3. The `allow_internet` flag, all earlier versions kept of a sandbox's network settings, is
+       copied into the `network` column when that is added (the old column stays, unused).
+    4. The `volumes` table is created (catalogs older than volumes have none); sandboxes of
+       those catalogs mount no volume (`volume_mounts` defaults to an empty list).
+    5. Volumes get `size_mb`; those made before it keep NULL: plain directories, unbounded.
+    """
+    db.execute("CREATE INDEX IF NOT EXISTS sandboxes_state ON sandboxes(state)")
+    db.execute("CREATE INDEX IF NOT EXISTS sandboxes_started ON sandboxes(started_at, id)")
+    if not _has_table(db, "volumes"):
+        db.execute(_VOLUMES_TABLE)
     if "size_mb" not in {row[1] for row in db.execute("PRAGMA table_info(volumes)")}:
         db.execute("ALTER TABLE volumes ADD COLUMN size_mb INTEGER")
     have = {row[1] for row in db.execute("PRAGMA table_info(sandboxes)")}
-    for name, ddl in ADDED_COLUMNS.items():
+    for name, ddl in _ADDED_COLUMNS.items():
         if name not in have:
             db.execute(f"ALTER TABLE sandboxes ADD COLUMN {name} {ddl}")
             if name == "network":
