@@ -223,6 +223,8 @@ def envd_app(guest: Guest) -> ASGIApp:
         return JSONResponse(guest.env)
 
     async def read_file(request: Request) -> Response:
+        if not authorized(request):
+            return unauthorized()
         content = guest.read(request.query_params.get("path", ""))
         if content is None:
             return JSONResponse({"code": 404, "message": "no such file"}, status_code=404)
@@ -246,6 +248,8 @@ def envd_app(guest: Guest) -> ASGIApp:
         return JSONResponse([{"path": request.query_params["path"]}])
 
     async def copy(request: Request) -> Response:
+        if not authorized(request):
+            return unauthorized()
         body = await request.json()
         if guest.read(body["archive"]) is None:
             return JSONResponse({"code": 400, "message": "no such archive"}, status_code=400)

@@ -1,10 +1,10 @@
 """How template build steps act on a build VM: through its envd, as any client would.
 
 Commands (RUN, the start and ready commands) go over envd's process RPC (Connect, the generated
-stubs in `aenv.envd.proto`) as the step's user; COPY writes the uploaded archive through
-`/files` and has envd place its files (`/aenv/copy`), which works in any image. ENV, WORKDIR
-and USER only change `BuildState`, which every later command gets and the finished template
-records for its sandboxes.
+stubs in `aenv.envd.proto`) as the step's user; COPY writes the uploaded archive into the guest
+and has envd place its files (`EnvdClient.write_file` and `copy`), which works in any image.
+ENV, WORKDIR and USER only change `BuildState`, which every later command gets and the finished
+template records for its sandboxes.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import httpx
 import pyqwest
 from connectrpc.code import Code
 from connectrpc.errors import ConnectError
@@ -30,11 +29,9 @@ from aenv.envd.proto.filesystem import filesystem_pb as fs
 from aenv.envd.proto.filesystem.filesystem_connect import FilesystemClient
 from aenv.envd.proto.process import process_pb as pb
 from aenv.envd.proto.process.process_connect import ProcessClient
-from aenv.orchestrator.envd_client import EnvdClient
+from aenv.orchestrator.envd_client import EnvdClient, EnvdRefused, EnvdUnavailable
 
 OutputSink = Callable[[str], None]
-# Steps may take long to answer: a file write or a COPY of a large archive.
-_TIMEOUT = httpx.Timeout(60.0, read=None)
 _NO_ENV: Mapping[str, str] = {}
 MAX_LINE = 1 << 16  # bytes of a command's output line; a longer one is cut into several
 
@@ -123,14 +120,10 @@ class GuestShell:
         sandbox of the template pays for that on its first command (≈ 100 ms under TCG)."""
         if await self.run("true", user, BuildState(user=user)) != 0:
             raise StepFailed("the warm-up command failed")
-        response = await self.envd.http.get(
-            f"{self.envd.url}/files",
-            params={"path": "/etc/hostname"},
-            headers=self._headers(user),
-            timeout=_TIMEOUT,
-        )
-        if not response.is_success:
-            raise StepFailed(f"the warm-up read failed: {response.status_code}")
+        try:
+            await self.envd.read_file("/etc/hostname", user)
+        except EnvdUnavailable as e:
+            raise StepFailed(f"the warm-up read failed: {_why(e)}") from e
 
     async def make_dir(self, path: str, user: str) -> None:
         """`mkdir -p` through envd itself (an image may have no mkdir)."""
@@ -145,35 +138,23 @@ class GuestShell:
     ) -> list[str]:
         """COPY: envd places `src` of the uploaded `archive` at `dest` (envd's `/aenv/copy`,
         which needs nothing of the image: no shell, tar or coreutils). Returns what it placed."""
-        response = await self.envd.http.post(
-            f"{self.envd.url}/aenv/copy",
-            json={"archive": archive, "src": src, "dest": dest, "owner": owner, "mode": mode},
-            headers=self.envd.headers(),
-            timeout=_TIMEOUT,
-        )
-        if not response.is_success:
-            try:
-                reason = response.json()["message"]
-            except (ValueError, KeyError):
-                reason = response.text
-            raise StepFailed(f"COPY {src} {dest}: {reason}")
-        placed: list[str] = response.json()["placed"]
-        return placed
+        try:
+            return await self.envd.copy(archive, src, dest, owner, mode)
+        except EnvdUnavailable as e:
+            raise StepFailed(f"COPY {src} {dest}: {_why(e)}") from e
 
     async def write(self, path: str, data: bytes | Path) -> None:
         """Write `data`, or the file at that host path, to `path` in the VM; a file is sent as
         it is read, never held whole in memory."""
-        with contextlib.ExitStack() as stack:
-            content = stack.enter_context(data.open("rb")) if isinstance(data, Path) else data
-            response = await self.envd.http.post(
-                f"{self.envd.url}/files",
-                params={"path": path, "username": "root"},
-                files={"file": ("upload", content)},
-                headers=self.envd.headers(),
-                timeout=_TIMEOUT,
-            )
-        if not response.is_success:
-            raise StepFailed(f"writing {path} into the VM: {response.status_code} {response.text}")
+        try:
+            await self.envd.write_file(path, data)
+        except EnvdUnavailable as e:
+            raise StepFailed(f"writing {path} into the VM: {_why(e)}") from e
+
+
+def _why(e: EnvdUnavailable) -> str:
+    """What a build's log says of envd's failure: its own reason when it refused."""
+    return e.reason if isinstance(e, EnvdRefused) else str(e)
 
 
 async def warm_up(envd: EnvdClient, user: str) -> None:

@@ -1,6 +1,6 @@
 """The host's client of one guest's envd: its address, its access token, and the node's shared
 HTTP client. Every host-side caller (the orchestrator, template builds, metrics) talks to envd
-through it.
+through it: it is the one place that names envd's HTTP routes and sends its token.
 
 `/init` runs after every boot and restore: it installs the sandbox's env vars and access token,
 sets the clock and hostname, and reseeds the guest RNG with host entropy (clones of one snapshot
@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import contextlib
 import dataclasses
 import os
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
 
 import httpx
 
@@ -24,10 +27,21 @@ from aenv.envd import ENVD_PORT
 from aenv.envd.auth import TOKEN_HEADER
 
 ENTROPY_BYTES = 64
+# A file write or a COPY of a large archive may take long to answer.
+_FILE_TIMEOUT = httpx.Timeout(60.0, read=None)
 
 
 class EnvdUnavailable(RuntimeError):
     """envd did not answer in time, or answered with an error."""
+
+
+class EnvdRefused(EnvdUnavailable):
+    """envd answered `route` with the error `status`; `reason` is its own message."""
+
+    def __init__(self, route: str, status: int, reason: str) -> None:
+        super().__init__(f"envd {route} answered {status}: {reason}")
+        self.status = status
+        self.reason = reason
 
 
 @dataclass(frozen=True)
@@ -113,14 +127,7 @@ class EnvdClient:
 
     async def sync(self) -> None:
         """Have the guest write its dirty pages to disk (before a filesystem-only save)."""
-        try:
-            response = await self.http.post(
-                f"{self.url}/sync", headers=self.headers(), timeout=60.0
-            )
-        except httpx.TransportError as e:
-            raise EnvdUnavailable(f"envd at {self.url} unreachable: {e!r}") from e
-        if response.status_code != 204:
-            raise EnvdUnavailable(f"envd /sync answered {response.status_code}: {response.text}")
+        await self._request("POST", "/sync", timeout=60.0)
 
     async def release_volumes(self, mounts: Sequence[Mapping[str, str]]) -> bool:
         """Have the guest unmount its volumes before a save with memory; False when one is in
@@ -133,31 +140,76 @@ class EnvdClient:
             raise EnvdUnavailable("envd /aenv/volumes/mount answered 409")
 
     async def _volumes(self, action: str, mounts: Sequence[Mapping[str, str]]) -> bool:
+        body = {"volumeMounts": [dict(m) for m in mounts]}
         try:
-            response = await self.http.post(
-                f"{self.url}/aenv/volumes/{action}",
-                json={"volumeMounts": [dict(m) for m in mounts]},
-                headers=self.headers(),
-                timeout=30.0,
-            )
-        except httpx.TransportError as e:
-            raise EnvdUnavailable(f"envd at {self.url} unreachable: {e!r}") from e
-        if response.status_code == 409:
-            return False
-        if response.status_code != 204:
-            raise EnvdUnavailable(
-                f"envd /aenv/volumes/{action} answered {response.status_code}: {response.text}"
-            )
+            await self._request("POST", f"/aenv/volumes/{action}", json=body, timeout=30.0)
+        except EnvdRefused as e:
+            if e.status == 409:
+                return False
+            raise
         return True
 
     async def metrics(self) -> dict[str, float]:
         """envd's current resource sample from inside the guest (CPU, memory, disk)."""
-        try:
-            response = await self.http.get(
-                f"{self.url}/metrics", headers=self.headers(), timeout=5.0
-            )
-            response.raise_for_status()
-        except httpx.HTTPError as e:
-            raise EnvdUnavailable(f"envd /metrics at {self.url}: {e}") from e
+        response = await self._request("GET", "/metrics", timeout=5.0)
         sample: dict[str, float] = response.json()
         return sample
+
+    async def read_file(self, path: str, user: str) -> bytes:
+        """The content of the guest's file at `path`, read as `user`."""
+        response = await self._request(
+            "GET", "/files", params={"path": path}, user=user, timeout=_FILE_TIMEOUT
+        )
+        return response.content
+
+    async def write_file(self, path: str, data: bytes | Path, user: str = "root") -> None:
+        """Write `data`, or the file at that host path, to `path` in the guest as `user`; a
+        file is sent as it is read, never held whole in memory."""
+        with contextlib.ExitStack() as stack:
+            content = stack.enter_context(data.open("rb")) if isinstance(data, Path) else data
+            await self._request(
+                "POST",
+                "/files",
+                params={"path": path, "username": user},
+                files={"file": ("upload", content)},
+                timeout=_FILE_TIMEOUT,
+            )
+
+    async def copy(
+        self, archive: str, src: str, dest: str, owner: str, mode: str | None
+    ) -> list[str]:
+        """Have envd place `src` of the guest's tar `archive` at `dest`, owned by `owner`, with
+        `mode` if given (envd's `/aenv/copy`, a template build's COPY); returns what it placed."""
+        body = {"archive": archive, "src": src, "dest": dest, "owner": owner, "mode": mode}
+        response = await self._request("POST", "/aenv/copy", json=body, timeout=_FILE_TIMEOUT)
+        placed: list[str] = response.json()["placed"]
+        return placed
+
+    async def _request(
+        self,
+        method: str,
+        route: str,
+        *,
+        timeout: float | httpx.Timeout,
+        user: str | None = None,
+        **content: Any,
+    ) -> httpx.Response:
+        """One call of envd's `route` with the token (and `user`); `EnvdRefused` for an error
+        answer, `EnvdUnavailable` when envd does not answer."""
+        try:
+            response = await self.http.request(
+                method, f"{self.url}{route}", headers=self.headers(user), timeout=timeout, **content
+            )
+        except httpx.TransportError as e:
+            raise EnvdUnavailable(f"envd at {self.url} unreachable: {e!r}") from e
+        if not response.is_success:
+            raise EnvdRefused(route, response.status_code, _reason(response))
+        return response
+
+
+def _reason(response: httpx.Response) -> str:
+    """envd's message from its error body (`{"code", "message"}`), else the body as it is."""
+    try:
+        return str(response.json()["message"])
+    except (ValueError, KeyError, TypeError):
+        return response.text

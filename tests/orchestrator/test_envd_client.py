@@ -1,0 +1,56 @@
+"""`EnvdClient`'s file calls (what template builds write, read and COPY in their VM) against a
+double sandbox's envd on loopback, which checks the token as envd does: the token goes with
+every call, and envd's refusals come back as `EnvdRefused` with envd's own reason."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+
+import pytest
+
+from aenv.orchestrator.envd_client import EnvdRefused
+from tests.doubles.node import double_node
+
+
+async def test_files_and_copy_go_with_the_sandboxs_token(tmp_path: Path) -> None:
+    upload = tmp_path / "upload.tar.gz"
+    upload.write_bytes(b"archive bytes")
+    async with double_node(tmp_path / "home") as node:
+        record, _ = await node.orchestrator.create(node.request())
+        envd = node.orchestrator.envd(record.id)
+        await envd.write_file("/tmp/small", b"small")
+        await envd.write_file("/tmp/upload.tar.gz", upload)
+        assert await envd.read_file("/tmp/small", "user") == b"small"
+        assert await envd.read_file("/tmp/upload.tar.gz", "user") == b"archive bytes"
+        placed = await envd.copy("/tmp/upload.tar.gz", "app", "/srv/app", "user", "755")
+        assert placed == ["/srv/app"]
+        assert node.guest(record.id).copies == [
+            {"archive": "/tmp/upload.tar.gz", "src": "app", "dest": "/srv/app",
+             "owner": "user", "mode": "755"},
+        ]  # fmt: skip
+
+
+async def test_envds_refusals_carry_its_reason(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        envd = node.orchestrator.envd(record.id)
+        with pytest.raises(EnvdRefused) as refused:
+            await envd.copy("/tmp/absent.tar.gz", "app", "/srv/app", "user", None)
+        assert (refused.value.status, refused.value.reason) == (400, "no such archive")
+        with pytest.raises(EnvdRefused) as missing:
+            await envd.read_file("/nowhere", "user")
+        assert (missing.value.status, missing.value.reason) == (404, "no such file")
+        tokenless = dataclasses.replace(envd, token=None)
+        calls: list[Callable[[], Awaitable[object]]] = [
+            lambda: tokenless.read_file("/etc/hostname", "user"),
+            lambda: tokenless.write_file("/tmp/x", b"x"),
+            lambda: tokenless.copy("/tmp/x", "x", "/x", "user", None),
+        ]
+        for call in calls:
+            with pytest.raises(EnvdRefused) as unauthorized:
+                await call()
+            assert unauthorized.value.status == 401
+        assert node.guest(record.id).read("/tmp/x") is None
+        assert node.guest(record.id).copies == []
