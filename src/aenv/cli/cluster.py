@@ -18,6 +18,7 @@ from starlette.types import ASGIApp
 
 from aenv.cli import nodes
 from aenv.cli.node import console
+from aenv.cli.serve import serve
 from aenv.config import ConfigError, load
 
 if TYPE_CHECKING:
@@ -59,7 +60,6 @@ def node(
     except ConfigError as e:
         console.print(f"[red]configuration error:[/red] {e}")
         raise typer.Exit(2) from e
-    from aenv.cli.main import serve
     from aenv.cluster.registry import NodeIdTaken, WrongClusterSecret
 
     console.print(

@@ -1,20 +1,15 @@
-"""The `aenv` command: `server` runs a node, `auth` prints how to reach it; `node` (cluster.py)
-runs one as a cluster member, `gateway` (gateway.py) a cluster's gateway; the other commands
-(sandboxes.py, snapshots.py, templates.py, shell.py) talk to a running node."""
+"""The `aenv` command: `server` runs a node (serve.py), `auth` prints how to reach it; `node`
+(cluster.py) runs one as a cluster member, `gateway` (gateway.py) a cluster's gateway; the other
+commands (sandboxes.py, snapshots.py, templates.py, shell.py) talk to a running node."""
 
 from __future__ import annotations
 
 import asyncio
-import logging
 import signal
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager, nullcontext
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
+from typing import Annotated
 
 import typer
-import uvicorn
-from starlette.types import ASGIApp
 
 from aenv.cli import (
     cluster,
@@ -30,15 +25,8 @@ from aenv.cli import (
     volumes,
 )
 from aenv.cli.node import console
-from aenv.config import Config, ConfigError, load
-
-if TYPE_CHECKING:
-    from aenv.server import Node
-
-# What runs beside a serving node for as long as it serves (a cluster membership).
-Beside = Callable[["Node"], AbstractAsyncContextManager[object]]
-# What wraps the node's app before it is served (a cluster node's internal API gate).
-Gate = Callable[[ASGIApp], ASGIApp]
+from aenv.cli.serve import serve
+from aenv.config import ConfigError, load
 
 app = typer.Typer(help="AENV-py: E2B-compatible microVM sandboxes.", no_args_is_help=True)
 app.add_typer(images.app)
@@ -80,41 +68,6 @@ def server(
     except ConfigError as e:  # what the host cannot do, found as the node starts
         console.print(f"[red]configuration error:[/red] {e}")
         raise typer.Exit(2) from e
-
-
-async def serve(config: Config, beside: Beside | None = None, gate: Gate | None = None) -> None:
-    """Runs a node until SIGINT or SIGTERM, with `beside` entered while it serves and its app
-    behind `gate`."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
-    logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per envd call is noise
-    # The server's imports are heavy; other commands skip them.
-    from aenv.publish import Publication
-    from aenv.server import start_node
-    from aenv.serving import uvicorn_config
-
-    node = await start_node(config, progress=lambda m: console.print(f"[cyan]aenv[/cyan] {m}"))
-    app: ASGIApp = node.app if gate is None else gate(node.app)
-    uv = uvicorn.Server(uvicorn_config(app, config))
-    # uvicorn owns SIGINT/SIGTERM while it serves, and afterwards re-raises the signal it caught
-    # to whatever handler was there before: make that a no-op, or the default handler would end
-    # the process before the node's shutdown (which pauses the running sandboxes) has run.
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: None)
-    console.print(f"[green]serving[/green] {config.scheme}://{config.host}:{config.port}")
-    publishing = None
-    if config.publish_code_interpreter:
-        publication = Publication.reserve(config, node.orchestrator.templates, node.builder)
-        if publication is not None:
-            publishing = asyncio.create_task(publication.run(lambda: uv.started))
-    try:
-        async with beside(node) if beside else nullcontext():
-            await uv.serve()
-    finally:
-        if publishing is not None:
-            publishing.cancel()
-        action = "pausing" if config.pause_on_shutdown else "killing"
-        console.print(f"[cyan]aenv[/cyan] shutting down: {action} running sandboxes...")
-        await node.close()
 
 
 @app.command()
