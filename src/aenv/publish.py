@@ -24,10 +24,10 @@ from e2b import Template
 from e2b.exceptions import BuildException, FileUploadException, TemplateException
 
 import aenv.code_interpreter
-from aenv.cli.templates import _definition, _template
-from aenv.config import Config
+from aenv.config import Config, ConfigError
 from aenv.orchestrator.builds import Build, Builder
 from aenv.orchestrator.templates import TemplateNotFound, TemplateStore
+from aenv.template_definition import DefinitionError, read_definition, sdk_template
 
 log = logging.getLogger(__name__)
 
@@ -35,6 +35,24 @@ DEFINITION = Path(aenv.code_interpreter.__file__).parent / "template.yaml"
 _SERVING_POLL_S = 0.2
 RETRY_FIRST_S = 30.0
 RETRY_MAX_S = 3600.0
+
+
+@dataclass(frozen=True)
+class Published:
+    """The definition a node publishes, read before the node makes anything."""
+
+    path: Path
+    definition: dict[str, Any]
+
+    @classmethod
+    def read(cls, config: Config) -> Published:
+        """`code_interpreter_definition` (or the package's), read and checked; ConfigError for
+        a file that is not a definition."""
+        path = config.code_interpreter_definition or DEFINITION
+        try:
+            return cls(path, read_definition(path))
+        except DefinitionError as e:
+            raise ConfigError(f"code_interpreter_definition: {e}") from e
 
 
 def own_api_url(config: Config) -> str | None:
@@ -51,8 +69,7 @@ class Publication:
     """code-interpreter-v1's build, reserved before the node serves (`reserve`) and run through
     the node's own API once it does (`run`)."""
 
-    definition: dict[str, Any]
-    path: Path
+    published: Published
     url: str
     api_key: str
     templates: TemplateStore
@@ -61,13 +78,12 @@ class Publication:
 
     @classmethod
     def reserve(
-        cls, config: Config, templates: TemplateStore, builder: Builder
+        cls, config: Config, published: Published, templates: TemplateStore, builder: Builder
     ) -> Publication | None:
-        """The publication to run, its build already waiting so that creates answer "has no
-        ready build" from the first request on; None when the template exists (or behind TLS)."""
-        path = config.code_interpreter_definition or DEFINITION
-        definition = _definition(path)
-        name = str(definition["name"])
+        """The publication of `published` to run, its build already waiting so that creates
+        answer "has no ready build" from the first request on; None when the template exists
+        (or behind TLS)."""
+        path, name = published.path, str(published.definition["name"])
         with contextlib.suppress(TemplateNotFound):
             templates.get(name)
             return None
@@ -76,7 +92,7 @@ class Publication:
             log.warning("not publishing %s behind TLS: run `aenv template build %s`", name, path)
             return None
         api_key = config.paths.api_key.read_text().strip()
-        return cls(definition, path, url, api_key, templates, builder, builder.reserve(name))
+        return cls(published, url, api_key, templates, builder, builder.reserve(name))
 
     async def run(self, serving: Callable[[], bool], retry_after: float = RETRY_FIRST_S) -> None:
         """Build once `serving()` says the API answers. A failed build is tried again while
@@ -106,15 +122,15 @@ class Publication:
 
     async def _build_once(self) -> bool:
         """One build through the node's API; False when it failed (logged)."""
-        name = self.build.name
+        name, definition = self.build.name, self.published.definition
         log.info("publishing %s in the background (`aenv template ls` shows it)", name)
         try:
             info = await asyncio.to_thread(
                 Template.build,
-                _template(self.definition, self.path.parent),
+                sdk_template(definition, self.published.path.parent),
                 name,
-                cpu_count=self.definition.get("cpuCount"),
-                memory_mb=self.definition.get("memoryMB"),
+                cpu_count=definition.get("cpuCount"),
+                memory_mb=definition.get("memoryMB"),
                 api_key=self.api_key,
                 api_url=self.url,
             )

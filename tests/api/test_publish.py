@@ -1,16 +1,20 @@
 """The node's background publication of code-interpreter-v1 (`aenv.publish`) does not give up
 at its first failure: a build that failed (a registry down for a while) is tried again while
-the node runs, through the node's own API, as at start."""
+the node runs, through the node's own API, as at start. A definition that is not one stops the
+server's start as a configuration error, before the node makes anything."""
 
 from __future__ import annotations
 
 import asyncio
 from pathlib import Path
 
+from typer.testing import CliRunner
+
 from aenv.api.app import create_api, node_builder
 from aenv.api.keys import KeyStore
+from aenv.cli import app as cli
 from aenv.orchestrator.builds import Build, Builder, BuildStatus
-from aenv.publish import Publication
+from aenv.publish import Publication, Published
 from tests.doubles.node import DoubleNode, double_node
 from tests.support.loopback_api import served
 
@@ -32,8 +36,7 @@ async def test_a_failed_publication_is_tried_again(tmp_path: Path) -> None:
 async def _retried(url: str, node: DoubleNode, builder: Builder, tmp_path: Path) -> None:
     """Publish FAILING through the API at `url` until three builds have failed."""
     publication = Publication(
-        FAILING,
-        tmp_path / "template.yaml",
+        Published(tmp_path / "template.yaml", FAILING),
         url,
         KEY,
         node.orchestrator.templates,
@@ -53,3 +56,15 @@ async def _retried(url: str, node: DoubleNode, builder: Builder, tmp_path: Path)
 
 def _failed(builds: list[Build]) -> list[Build]:
     return [b for b in builds if b.status is BuildStatus.ERROR]
+
+
+def test_a_bad_definition_stops_the_server_before_it_makes_anything(tmp_path: Path) -> None:
+    definition = tmp_path / "template.yaml"
+    definition.write_text("name: published\nmemoryMb: 1024\n")
+    home = tmp_path / "home"
+    env = {"AENV_CODE_INTERPRETER_DEFINITION": str(definition)}
+    result = CliRunner().invoke(cli, ["server", "--home", str(home)], env=env)
+    assert result.exit_code == 2, result.output
+    assert "configuration error: code_interpreter_definition:" in result.output
+    assert "unknown keys memoryMb" in result.output
+    assert not home.exists() or list(home.iterdir()) == []

@@ -12,12 +12,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import typer
 from e2b import Template
 
 import aenv.code_interpreter
-from aenv.cli.templates import _definition, _template
 from aenv.code_interpreter.languages import LANGUAGES
+from aenv.template_definition import DefinitionError, read_definition, sdk_template
 from tests.envd.helpers import extra_envd, sandbox_for
 from tests.support.js import TSLAB_VERSION
 
@@ -26,9 +25,9 @@ DEFINITION = DIRECTORY / "template.yaml"
 
 
 def test_definition_builds_the_server_and_the_data_stack() -> None:
-    definition = _definition(DEFINITION)
+    definition = read_definition(DEFINITION)
     assert definition["name"] == "code-interpreter-v1"
-    build = json.loads(Template.to_json(_template(definition, DIRECTORY)))
+    build = json.loads(Template.to_json(sdk_template(definition, DIRECTORY)))
     copies = [s for s in build["steps"] if s["type"] == "COPY"]
     sources = ["requirements.txt", "*.py", "tslab_kernel.js", "aenv-ci.sh"]
     assert [c["args"][0] for c in copies] == sources
@@ -60,8 +59,8 @@ def test_start_command_names_the_template_env_again_past_sudo() -> None:
     """sudo drops PYTHONPATH even with -E (its env_delete list) and sets its own PATH: the
     server then ran without its package (`No module named 'aenv'`, the build's readyCmd
     waiting 30 min). Every variable of the template's env reaches the server through `env`."""
-    definition = _definition(DEFINITION)
-    start = json.loads(Template.to_json(_template(definition, DIRECTORY)))["startCmd"]
+    definition = read_definition(DEFINITION)
+    start = json.loads(Template.to_json(sdk_template(definition, DIRECTORY)))["startCmd"]
     names = [name for step in definition["steps"] for name in step.get("env", {})]
     assert names
     for name in names:
@@ -74,8 +73,8 @@ def test_start_command_names_the_template_env_again_past_sudo() -> None:
 def test_definition_keys_and_sizes_are_checked(tmp_path: Path, extra: str) -> None:
     path = tmp_path / "t.yaml"
     path.write_text(f"name: t\nfromTemplate: base\n{extra}\n")
-    with pytest.raises(typer.Exit):
-        _definition(path)
+    with pytest.raises(DefinitionError):
+        read_definition(path)
 
 
 @pytest.fixture(scope="module")

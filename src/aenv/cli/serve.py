@@ -31,10 +31,12 @@ async def serve(config: Config, beside: Beside | None = None, gate: Gate | None 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per envd call is noise
     # The server's imports are heavy; other commands skip them.
-    from aenv.publish import Publication
+    from aenv.publish import Publication, Published
     from aenv.server import start_node
     from aenv.serving import uvicorn_config
 
+    # A bad definition is a configuration error, found before the node makes anything.
+    published = Published.read(config) if config.publish_code_interpreter else None
     node = await start_node(config, progress=lambda m: console.print(f"[cyan]aenv[/cyan] {m}"))
     app: ASGIApp = node.app if gate is None else gate(node.app)
     uv = uvicorn.Server(uvicorn_config(app, config))
@@ -45,11 +47,12 @@ async def serve(config: Config, beside: Beside | None = None, gate: Gate | None 
         signal.signal(sig, lambda *_: None)
     console.print(f"[green]serving[/green] {config.scheme}://{config.host}:{config.port}")
     publishing = None
-    if config.publish_code_interpreter:
-        publication = Publication.reserve(config, node.orchestrator.templates, node.builder)
-        if publication is not None:
-            publishing = asyncio.create_task(publication.run(lambda: uv.started))
     try:
+        if published is not None:
+            templates = node.orchestrator.templates
+            publication = Publication.reserve(config, published, templates, node.builder)
+            if publication is not None:
+                publishing = asyncio.create_task(publication.run(lambda: uv.started))
         async with beside(node) if beside else nullcontext():
             await uv.serve()
     finally:

@@ -1,8 +1,8 @@
 """`aenv template ls`, `rm`, `build` and `logs`: the node's sandbox templates.
 
-`build` reads a small E2B-style definition (YAML or JSON, see README "Template builds") or a
-Dockerfile (`aenv.cli.dockerfile`) and builds it with the `e2b` SDK's `Template`, as any client
-would; paths in COPY steps are relative to the file's directory.
+`build` reads a template definition (`aenv.template_definition`) or a Dockerfile
+(`aenv.cli.dockerfile`) and builds it with the `e2b` SDK's `Template`, as any client would;
+paths in COPY steps are relative to the file's directory.
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from urllib.parse import quote
 
 import httpx
 import typer
-import yaml
 from e2b import Template
 from e2b.exceptions import BuildException, FileUploadException, TemplateException
 from e2b.template.logger import LogEntry
@@ -25,11 +24,9 @@ from rich.table import Table
 
 from aenv.cli.dockerfile import UnsupportedDockerfile, is_dockerfile, template_from_dockerfile
 from aenv.cli.node import HomeOption, JsonOption, call, console, fail, node
+from aenv.template_definition import DefinitionError, read_definition, sdk_template
 
 LOG_POLL_SECONDS = 0.5
-# The keys of a definition; any other is refused rather than ignored.
-DEFINITION_KEYS = ("name", "fromTemplate", "fromImage", "steps", "startCmd", "readyCmd",
-                   "cpuCount", "memoryMB")  # fmt: skip
 
 app = typer.Typer(help="Sandbox templates.", no_args_is_help=True)
 
@@ -71,64 +68,6 @@ def rm(template_ids: list[str], home: HomeOption = None) -> None:
             typer.echo(template_id)
 
 
-def _definition(path: Path) -> dict[str, Any]:
-    try:
-        raw = yaml.safe_load(path.read_text())  # JSON is YAML too
-    except (OSError, yaml.YAMLError) as e:
-        fail(f"cannot read {path}: {e}")
-    if not isinstance(raw, dict):
-        fail(f"{path}: expected a mapping with fromTemplate or fromImage, steps, startCmd")
-    unknown = sorted(set(raw) - set(DEFINITION_KEYS))
-    if unknown:
-        fail(f"{path}: unknown keys {', '.join(unknown)}; known: {', '.join(DEFINITION_KEYS)}")
-    for key in ("cpuCount", "memoryMB"):
-        if key in raw and (type(raw[key]) is not int or raw[key] < 1):
-            fail(f"{path}: {key} must be a positive integer, not {raw[key]!r}")
-    return raw
-
-
-def _template(definition: dict[str, Any], context: Path) -> TemplateBuilder | TemplateFinal:
-    """The SDK template a definition describes (see README for the format)."""
-    template = Template(file_context_path=str(context))
-    if "fromImage" in definition:
-        builder = template.from_image(str(definition["fromImage"]))
-    else:
-        builder = template.from_template(str(definition.get("fromTemplate", "base")))
-    for step in definition.get("steps") or []:
-        # `user` beside `run` is the user of that command; alone it is a USER step.
-        if (
-            not isinstance(step, dict)
-            or len(set(step) - ({"user"} if "run" in step else set())) != 1
-        ):
-            fail(f"bad step {step!r}: one of run, copy, env, workdir, user per step")
-        user = step.get("user") if "run" in step else None
-        if "run" in step:
-            builder = builder.run_cmd(str(step["run"]), user=user)
-        elif "copy" in step:
-            copy = step["copy"]
-            if not isinstance(copy, dict) or "src" not in copy or "dest" not in copy:
-                fail(f"bad copy step {copy!r}: needs src and dest")
-            mode = copy.get("mode")
-            builder = builder.copy(
-                str(copy["src"]),
-                str(copy["dest"]),
-                user=copy.get("user"),
-                mode=int(str(mode), 8) if mode is not None else None,
-            )
-        elif "env" in step and isinstance(step["env"], dict):
-            builder = builder.set_envs({str(k): str(v) for k, v in step["env"].items()})
-        elif "workdir" in step:
-            builder = builder.set_workdir(str(step["workdir"]))
-        elif "user" in step:
-            builder = builder.set_user(str(step["user"]))
-        else:
-            fail(f"bad step {step!r}: one of run, copy, env, workdir, user per step")
-    if definition.get("startCmd"):
-        ready = definition.get("readyCmd") or "true"
-        return builder.set_start_cmd(str(definition["startCmd"]), str(ready))
-    return builder
-
-
 def _print_entry(entry: LogEntry) -> None:
     style = {"error": "red", "warn": "yellow"}.get(entry.level, "dim")
     stamp = entry.timestamp.strftime("%H:%M:%S")
@@ -154,8 +93,11 @@ def build(
         except (OSError, UnsupportedDockerfile) as e:
             fail(str(e))
     else:
-        definition = _definition(file)
-        template = _template(definition, file.resolve().parent)
+        try:
+            definition = read_definition(file)
+            template = sdk_template(definition, file.resolve().parent)
+        except DefinitionError as e:
+            fail(str(e))
     name = name or definition.get("name")
     if not name:
         fail("no template name: give --name or a `name` in the definition")
