@@ -31,6 +31,7 @@ from aenv.orchestrator.catalog import Catalog
 from aenv.orchestrator.images import GuestImages, prepare_images
 from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.lifecycle import OperationFailed, Orchestrator, SandboxNotFound
+from aenv.orchestrator.memory_savers import MemorySavers
 from aenv.orchestrator.migrations import NewerCatalog
 from aenv.orchestrator.repository import open_archive
 from aenv.orchestrator.templates import (
@@ -308,7 +309,7 @@ async def _start_node(
         return hidden
 
     builder = node_builder(orchestrator, config, boot_image)
-    api = create_api(orchestrator, config, keys, builder, cold_reclaim=reclaim)
+    api = create_api(orchestrator, config, keys, builder, MemorySavers(cold_reclaim=reclaim))
     proxy = SandboxProxy(
         _Resolver(orchestrator),
         domain=config.domain,

@@ -1,4 +1,5 @@
-"""The KSM gauges of `/metrics`, read from a directory laid out as /sys/kernel/mm/ksm."""
+"""The KSM gauges of `/metrics`, read from a directory laid out as /sys/kernel/mm/ksm; no cold
+reclaim figures from a node that does not run it."""
 
 from __future__ import annotations
 
@@ -6,13 +7,14 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
 
-from aenv.api.metrics import KsmCollector
+from aenv.api.metrics import MemorySaversCollector
+from aenv.orchestrator.memory_savers import MemorySavers
 from aenv.runtime.ksm import Ksm
 
 
 def scrape(root: Path) -> str:
     registry = CollectorRegistry()
-    registry.register(KsmCollector(Ksm(root)))
+    registry.register(MemorySaversCollector(MemorySavers(Ksm(root))))
     return generate_latest(registry).decode()
 
 
@@ -27,4 +29,5 @@ def test_ksm_gauges(tmp_path: Path) -> None:
 
 
 def test_no_ksm_no_gauges(tmp_path: Path) -> None:
-    assert "aenv_ksm" not in scrape(tmp_path / "absent")
+    text = scrape(tmp_path / "absent")
+    assert "aenv_ksm" not in text and "aenv_cold_reclaim" not in text

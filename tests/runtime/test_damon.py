@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
-from aenv.api.metrics import ColdReclaimCollector
+from aenv.api.metrics import MemorySaversCollector
+from aenv.orchestrator.memory_savers import MemorySavers
 from aenv.runtime.damon import (
     ColdReclaim,
     ColdReclaimError,
@@ -26,6 +27,7 @@ from aenv.runtime.damon import (
     probe,
     system_ram,
 )
+from aenv.runtime.ksm import Ksm
 from tests.runtime.damon_kernel import KernelDouble
 
 SETTINGS = ReclaimSettings(cold_after_s=120, bytes_per_s=32 << 20, ms_per_s=20)
@@ -362,7 +364,7 @@ def test_metrics_export_the_schemes_figures(tmp_path: Path, proc: Path, zswap: P
     kernel.live_pids |= {101}
     reclaim.update([VmmTarget(101, "/a/1")])
     registry = CollectorRegistry()
-    registry.register(ColdReclaimCollector(reclaim))
+    registry.register(MemorySaversCollector(MemorySavers(Ksm(tmp_path / "no-ksm"), reclaim)))
     text = generate_latest(registry).decode()
     assert "aenv_cold_reclaim_running 1.0" in text
     assert "aenv_cold_reclaim_tried_bytes_total 8192.0" in text

@@ -34,8 +34,8 @@ from aenv.config import Config
 from aenv.orchestrator.build_egress import BuildEgress
 from aenv.orchestrator.builds import Builder, ImageBooter
 from aenv.orchestrator.lifecycle import Orchestrator
+from aenv.orchestrator.memory_savers import MemorySavers
 from aenv.orchestrator.tags import TagStore
-from aenv.runtime.damon import ColdReclaim
 
 log = logging.getLogger("aenv.api")
 # Health checks, Prometheus scrapes and the API description carry no secrets and usually no API
@@ -133,10 +133,10 @@ def create_api(
     config: Config,
     keys: KeyStore,
     builder: Builder | None = None,
-    cold_reclaim: ColdReclaim | None = None,
+    savers: MemorySavers | None = None,
 ) -> ASGIApp:
     book = LocalKeys(keys)
-    metrics = NodeMetrics(orchestrator, cold_reclaim=cold_reclaim)
+    metrics = NodeMetrics(orchestrator, savers)
     builder = builder or node_builder(orchestrator, config)
     routes = [
         Route("/health", _health, methods=["GET"]),

@@ -15,10 +15,9 @@ from starlette.responses import Response
 
 from aenv.orchestrator.admission import Refusal
 from aenv.orchestrator.lifecycle import Orchestrator
+from aenv.orchestrator.memory_savers import MemorySavers
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.warm import WarmPools
-from aenv.runtime.damon import ColdReclaim
-from aenv.runtime.ksm import Ksm
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -90,64 +89,49 @@ def _pool_metrics(pools: WarmPools) -> Iterator[Metric]:
         yield family
 
 
-class KsmCollector(Collector):
-    """The host's KSM (host-wide: the node's guests and anything else mergeable); nothing when
-    the kernel has none."""
+class MemorySaversCollector(Collector):
+    """The host's KSM (host-wide: the node's guests and anything else mergeable), nothing when
+    the kernel has none; the node's DAMON `pageout` scheme, what it tried and paged out since
+    the node started it, nothing when it is off."""
 
-    def __init__(self, ksm: Ksm) -> None:
-        self._ksm = ksm
+    def __init__(self, savers: MemorySavers) -> None:
+        self._savers = savers
 
     def collect(self) -> Iterator[Metric]:
-        if not self._ksm.available():
+        ksm = self._savers.ksm_stats()
+        if ksm is not None:
+            yield GaugeMetricFamily("aenv_ksm_running", "KSM is merging", value=int(ksm.running))
+            yield GaugeMetricFamily(
+                "aenv_ksm_pages_sharing", "Pages mapped onto merged pages", value=ksm.pages_sharing
+            )
+            yield GaugeMetricFamily(
+                "aenv_ksm_saved_bytes", "Memory KSM saves (merged and zero pages)",
+                value=ksm.saved_bytes,
+            )  # fmt: skip
+        reclaim = self._savers.reclaim_stats()
+        if reclaim is None:
             return
-        stats = self._ksm.stats()  # a few sysfs reads
-        yield GaugeMetricFamily("aenv_ksm_running", "KSM is merging", value=int(stats.running))
         yield GaugeMetricFamily(
-            "aenv_ksm_pages_sharing", "Pages mapped onto merged pages", value=stats.pages_sharing
-        )
-        yield GaugeMetricFamily(
-            "aenv_ksm_saved_bytes", "Memory KSM saves (merged and zero pages)",
-            value=stats.saved_bytes,
-        )  # fmt: skip
-
-
-class ColdReclaimCollector(Collector):
-    """The node's DAMON `pageout` scheme (`runtime/damon.py`): what it tried and paged out
-    since the node started it."""
-
-    def __init__(self, reclaim: ColdReclaim) -> None:
-        self._reclaim = reclaim
-
-    def collect(self) -> Iterator[Metric]:
-        stats = self._reclaim.stats()  # a sysfs write (refresh) and a few reads
-        yield GaugeMetricFamily(
-            "aenv_cold_reclaim_running", "The node's kdamond is running", value=int(stats.running)
+            "aenv_cold_reclaim_running", "The node's kdamond is running", value=int(reclaim.running)
         )
         yield CounterMetricFamily(
             "aenv_cold_reclaim_tried_bytes", "Bytes of cold regions the scheme was applied to",
-            value=stats.tried_bytes,
+            value=reclaim.tried_bytes,
         )  # fmt: skip
         yield CounterMetricFamily(
-            "aenv_cold_reclaim_applied_bytes", "Bytes paged out", value=stats.applied_bytes
+            "aenv_cold_reclaim_applied_bytes", "Bytes paged out", value=reclaim.applied_bytes
         )
         yield CounterMetricFamily(
             "aenv_cold_reclaim_quota_exceeded", "Times the quota stopped the scheme",
-            value=stats.quota_exceeded,
+            value=reclaim.quota_exceeded,
         )  # fmt: skip
 
 
 class NodeMetrics:
-    def __init__(
-        self,
-        orchestrator: Orchestrator,
-        ksm: Ksm | None = None,
-        cold_reclaim: ColdReclaim | None = None,
-    ) -> None:
+    def __init__(self, orchestrator: Orchestrator, savers: MemorySavers | None = None) -> None:
         self.registry = CollectorRegistry()
         self.registry.register(_NodeCollector(orchestrator))
-        self.registry.register(KsmCollector(ksm or Ksm()))
-        if cold_reclaim is not None:
-            self.registry.register(ColdReclaimCollector(cold_reclaim))
+        self.registry.register(MemorySaversCollector(savers or MemorySavers()))
         self.create_seconds = Histogram(
             "aenv_create_seconds",
             "Sandbox create latency seen by clients, queueing included",
