@@ -9,8 +9,7 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
-from aenv.runtime.jail import SHARED_DIR_MODE
-from aenv.storage.volume_images import VolumeBusy, VolumeImageError
+from aenv.storage.volume_images import SHARED_DIR_MODE, VolumeBusy, VolumeImageError
 
 
 class DirectoryBacking:

@@ -62,9 +62,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aenv.network import netns
+from aenv.storage.volume_images import SHARED_DIR_MODE
 
-# A volume's root (see Access.SHARED_DIR).
-SHARED_DIR_MODE = 0o777
 # The /proc of a VMM that serves a 9p share: its own processes only (each VMM has its own uid),
 # and no system files (`subset=pid`).
 PROC_OPTIONS = "hidepid=invisible,subset=pid"

@@ -21,11 +21,12 @@ import os
 import subprocess
 from pathlib import Path
 
-from aenv.runtime.jail import SHARED_DIR_MODE
-
 log = logging.getLogger(__name__)
 
 MOUNT_OPTIONS = "loop,nosuid,nodev,noexec"
+# A volume's root: VMMs of other uids, and guest users of any uid, create and remove files in
+# it (the jail grants it as `Access.SHARED_DIR`); its parent (0700) keeps host users out.
+SHARED_DIR_MODE = 0o777
 
 
 class VolumeImageError(RuntimeError):
