@@ -5,7 +5,14 @@ a dependency) or under `if TYPE_CHECKING`. A package's `__init__.py` only hands 
 names on, so an import of a package counts as none: what ties modules is the module named.
 
 The rules (see docs/architecture.md, "Packages and the direction of calls"):
-- no two modules import each other, directly or around a loop.
+- no two modules import each other, directly or around a loop;
+- a package imports only packages on lower lines of `LAYERS`, never one on its own line or
+  above (a top-level module, `server.py` say, is a package of its own here);
+- the control plane (api, cluster, gateway) never imports runtime or storage: it reaches VMs
+  and disks through the orchestrator, which alone sees the driver contract.
+
+A new package needs a line in `LAYERS`. An import these rules refuse is a dependency to turn
+around, or a package to move to another line: a decision for review, not an accident.
 """
 
 from __future__ import annotations
@@ -18,6 +25,28 @@ from pathlib import Path
 import aenv
 
 SRC = Path(aenv.__file__).parent.parent
+
+# From the top down: each line imports only the lines below it.
+LAYERS = (
+    ("docs",),  # the reference pages, generated from the CLI's help and the settings
+    ("cli",),  # the `aenv` command
+    ("gateway",),  # a cluster's gateway: the E2B API in front of its nodes
+    # A node as a whole: cluster membership, the server's wiring, the publication of the
+    # code interpreter, the host checks of `aenv doctor`.
+    ("cluster", "server", "publish", "doctor"),
+    ("api", "claims"),  # the control plane; what a running node holds on its host
+    ("orchestrator",),  # sandboxes, templates, builds, saved states, volumes
+    ("runtime",),  # the VMM drivers behind `runtime/driver.py`
+    ("storage", "oci", "envd_bundle", "proxy"),  # disks and images; the data plane
+    ("guest", "serving"),  # what makes a guest bootable; serving HTTP
+    # The ground: envd and the code interpreter (they run in the guest), slots, settings,
+    # and small helpers.
+    ("envd", "code_interpreter", "network", "config", "template_definition", "ids", "atomic",
+     "timing", "subprocesses"),
+)  # fmt: skip
+# Below the control plane, yet out of its reach: the orchestrator stands between.
+CONTROL_PLANE = ("api", "cluster", "gateway")
+BEHIND_THE_ORCHESTRATOR = ("runtime", "storage")
 
 
 @cache
@@ -70,6 +99,19 @@ def imports() -> dict[str, frozenset[str]]:
     return graph
 
 
+def _package(module: str) -> str:
+    """The top-level package (or module) of ours that `module` is in: `aenv.api.app` -> `api`."""
+    return module.split(".")[1]
+
+
+def _crossing() -> Iterator[tuple[str, str, str, str]]:
+    """(module, package, imported module, its package) for each import between packages."""
+    for module, imported in sorted(imports().items()):
+        for name in sorted(imported):
+            if _package(name) != _package(module):
+                yield module, _package(module), name, _package(name)
+
+
 def _loops(graph: dict[str, frozenset[str]]) -> list[list[str]]:
     """The groups of modules that import each other around a loop (Tarjan's strongly
     connected components, iterative: the graph is hundreds of modules deep)."""
@@ -118,3 +160,28 @@ def test_the_rules_read_the_imports() -> None:
 
 def test_no_modules_import_each_other() -> None:
     assert _loops(imports()) == []
+
+
+def test_every_package_has_a_layer() -> None:
+    placed = [package for layer in LAYERS for package in layer]
+    assert len(placed) == len(set(placed)), "a package on two lines"
+    assert sorted({_package(m) for m in imports()} - set(placed)) == []
+
+
+def test_imports_only_go_down() -> None:
+    line = {package: n for n, layer in enumerate(LAYERS) for package in layer}
+    upward = [
+        f"{module} imports {name}"
+        for module, package, name, theirs in _crossing()
+        if line.get(theirs, -1) <= line.get(package, -1)
+    ]
+    assert upward == []
+
+
+def test_the_control_plane_reaches_vms_and_disks_only_through_the_orchestrator() -> None:
+    past = [
+        f"{module} imports {name}"
+        for module, package, name, theirs in _crossing()
+        if package in CONTROL_PLANE and theirs in BEHIND_THE_ORCHESTRATOR
+    ]
+    assert past == []
