@@ -1,8 +1,9 @@
 """The direction of imports between the node's modules, read from the source with `ast`.
 
 Every import counts, wherever it stands: at the top, inside a function (a lazy import is still
-a dependency) or under `if TYPE_CHECKING`. A package's `__init__.py` only hands its modules'
-names on, so an import of a package counts as none: what ties modules is the module named.
+a dependency) or under `if TYPE_CHECKING`. A package's `__init__.py` hands its modules' names
+on, so an import of a package counts as none (what ties modules is the module named), while
+what an `__init__.py` imports counts as its package's.
 
 The rules (see docs/architecture.md, "Packages and the direction of calls"):
 - no two modules import each other, directly or around a loop;
@@ -89,10 +90,10 @@ def _imported(module: str) -> Iterator[str]:
 
 @cache
 def imports() -> dict[str, frozenset[str]]:
-    """What each of our modules imports of ours (packages' `__init__` not counted)."""
+    """What each of our modules imports of ours, but for `aenv/__init__.py` (the version)."""
     graph = {}
-    for module, path in modules().items():
-        if path.name == "__init__.py":
+    for module in modules():
+        if module == "aenv":
             continue
         named = (_named(name) for name in _imported(module))
         graph[module] = frozenset(n for n in named if n is not None and n != module)
@@ -153,6 +154,9 @@ def test_the_rules_read_the_imports() -> None:
     assert "aenv.server" in graph["aenv.cli.serve"]  # imported inside `serve`
     connect = graph["aenv.envd.proto.process.process_connect"]
     assert "aenv.envd.proto.process.process_pb" in connect  # `from . import process_pb`
+    # A package's `__init__` imports as its package, and is imported as none.
+    assert "aenv.network.manager" in graph["aenv.network"]
+    assert "aenv.network" not in graph["aenv.network.manager"]
     assert _loops({"a": frozenset("b"), "b": frozenset("c"), "c": frozenset("a")}) == [
         ["a", "b", "c"]
     ]
