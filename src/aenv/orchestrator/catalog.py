@@ -17,7 +17,7 @@ from collections.abc import Iterable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict, Unpack
 
 from aenv.network.settings import SandboxNetwork
 from aenv.orchestrator.kinds import SaveMode
@@ -109,6 +109,35 @@ class SandboxRecord:
     owner: str | None = None
     # Volumes its guest mounts on every boot (see `orchestrator.volumes`).
     volume_mounts: tuple[VolumeMount, ...] = ()
+
+
+class RecordChanges(TypedDict, total=False):
+    """The fields of a `SandboxRecord` a transition or update may change, with their types, so
+    that mypy checks every change (the id is the row's key; the state is the transition's)."""
+
+    template_id: str
+    cpu_count: int
+    memory_mb: int
+    disk_size_mb: int
+    started_at: float
+    end_at: float
+    alias: str | None
+    metadata: Mapping[str, str]
+    env_vars: Mapping[str, str]
+    envd_access_token: str | None
+    traffic_access_token: str | None
+    auto_pause: bool
+    auto_resume: bool
+    network: SandboxNetwork
+    restored_from: str
+    timeout: int
+    auto_pause_mode: SaveMode
+    internal: bool
+    checkpoint_seq: int
+    checkpoint_mode: SaveMode
+    archived: Archived | None
+    owner: str | None
+    volume_mounts: tuple[VolumeMount, ...]
 
 
 @dataclass(frozen=True)
@@ -244,7 +273,7 @@ class Catalog:
         sandbox_id: str,
         allowed_from: Iterable[SandboxState],
         to: SandboxState,
-        **changes: Any,
+        **changes: Unpack[RecordChanges],
     ) -> SandboxRecord | None:
         """Move to `to` (and apply `changes`) only if the current state is in `allowed_from`.
         Returns the updated record, or None when the sandbox is missing or in another state.
@@ -253,7 +282,7 @@ class Catalog:
         check_transition(allowed, to)
         assignments: dict[str, Any] = {"state": to.value, "updated_at": time.time()}
         for name, value in changes.items():
-            if name not in _FIELDS or name in ("id", "state"):
+            if name not in RecordChanges.__annotations__:  # a caller mypy did not check
                 raise ValueError(f"not a changeable field: {name}")
             assignments.update(_to_columns(name, value))
         sets = ", ".join(f"{name} = ?" for name in assignments)
@@ -268,7 +297,7 @@ class Catalog:
             row = db.execute("SELECT * FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone()
         return _from_row(row)
 
-    def update(self, sandbox_id: str, **changes: Any) -> SandboxRecord | None:
+    def update(self, sandbox_id: str, **changes: Unpack[RecordChanges]) -> SandboxRecord | None:
         """Change fields without a state transition (e.g. end_at), whatever the state."""
         current = self.get(sandbox_id)
         if current is None:
