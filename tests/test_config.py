@@ -126,6 +126,18 @@ def test_paths_under_home(tmp_path: Path) -> None:
     assert Paths(tmp_path / "y").memory != paths.memory
 
 
+def test_a_sandboxs_paths_and_the_memory_root(tmp_path: Path) -> None:
+    paths = Paths(tmp_path)
+    assert paths.sandbox("s1") == paths.sandboxes / "s1"
+    memory = [paths.sandbox_memory("s1"), paths.detach_memory]
+    assert all(p.is_relative_to(paths.memory) for p in memory)
+    # Another root (a test's node) moves every memory path, and nothing else.
+    moved = Paths(tmp_path, memory_override=tmp_path / "shm")
+    assert moved.sandbox_memory("s1") == tmp_path / "shm" / "sandboxes" / "s1"
+    assert moved.detach_memory == tmp_path / "shm" / "detach"
+    assert moved.sandbox("s1") == paths.sandbox("s1")
+
+
 @pytest.mark.parametrize(
     ("setting", "expected"),
     [

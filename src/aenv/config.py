@@ -92,6 +92,8 @@ class Paths:
 
     home: Path
     guest_cache_override: Path | None = None
+    # Another root for the tmpfs tree (a test's node keeps its guest memory in its own dir).
+    memory_override: Path | None = None
 
     @property
     def config_file(self) -> Path:
@@ -181,8 +183,23 @@ class Paths:
     @property
     def memory(self) -> Path:
         """Guest memory on tmpfs, one tree per data dir (restores map these files)."""
+        if self.memory_override is not None:
+            return self.memory_override
         digest = hashlib.sha256(str(self.home.resolve()).encode()).hexdigest()[:8]
         return Path("/dev/shm") / f"aenv-{digest}"
+
+    def sandbox(self, sandbox_id: str) -> Path:
+        """A sandbox's VM work dir and pause checkpoints."""
+        return self.sandboxes / sandbox_id
+
+    def sandbox_memory(self, sandbox_id: str) -> Path:
+        """A sandbox's guest memory (tmpfs)."""
+        return self.memory / "sandboxes" / sandbox_id
+
+    @property
+    def detach_memory(self) -> Path:
+        """Memory detaching's scratch memory (tmpfs)."""
+        return self.memory / "detach"
 
 
 class Config(BaseModel):
