@@ -48,7 +48,7 @@ async def test_idle_sandbox_hibernates_and_its_next_request_wakes_it(tmp_path: P
         assert node.driver.running == {}  # no VM
         assert orc.get(record.id).state.public == "running"
         assert [r.id for r in orc.list()] == [record.id]
-        assert record.id in orc._timers  # its timeout still counts
+        assert record.id in orc.node.timers  # its timeout still counts
 
         endpoint = await orc.endpoint_for_traffic(record.id)
         assert endpoint.record.state is SandboxState.RUNNING
@@ -112,7 +112,7 @@ async def test_hibernated_sandbox_pauses_for_good_times_out_and_is_killed(
             await hibernated(node, record.id)
 
         assert (await orc.pause(paused.id)).state is SandboxState.PAUSED
-        assert paused.id not in orc._timers  # paused for good: no timeout
+        assert paused.id not in orc.node.timers  # paused for good: no timeout
         resumed, was_resumed = await orc.resume(paused.id, 60)
         assert was_resumed and resumed.state is SandboxState.RUNNING
         assert node.guest(paused.id).read("/home/user/note") == "kept"

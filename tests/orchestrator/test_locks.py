@@ -66,4 +66,4 @@ async def test_unknown_ids_leave_no_lock_behind(orchestrator: Orchestrator) -> N
                 await operation
         with pytest.raises(SandboxNotFound):
             await orchestrator.snapshot(unknown)
-    assert len(orchestrator._locks) == 0
+    assert len(orchestrator.node.locks) == 0

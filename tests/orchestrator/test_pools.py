@@ -154,7 +154,7 @@ async def test_memory_pressure_alone_gives_pooled_vms_back(tmp_path: Path) -> No
         running, _ = await orc.create(node.request())
         await eventually(lambda: pool_ready(node, 1))
         orc.config = node.config.model_copy(update={"admission_sandbox_mb": 1 << 40})
-        orc._pool_wake.set()  # the refill's next look, without a create
+        orc.node.pool_wake.set()  # the refill's next look, without a create
         await eventually(lambda: list(orc.pools) == [])
         assert orc.pools.counters.evictions["base"] == 1
         assert orc.stats.refused == {}  # no create was refused: none asked

@@ -337,3 +337,18 @@ async def test_a_crash_mid_snapshot_leaves_no_memory_file_behind(tmp_path: Path)
         finally:
             second.cancel()  # the dead server's task, which never ran on
             await asyncio.gather(second, return_exceptions=True)
+
+
+async def test_a_save_whose_memory_dir_cannot_be_made_leaves_no_build(tmp_path: Path) -> None:
+    """Each directory of a save is undone once made: the build's directory, made first, goes
+    when its memory directory (tmpfs) cannot be made, and the sandbox runs on."""
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        # Where the template's memory directories would go is a file.
+        (node.templates.memory_dir / "blocked").write_text("")
+        with pytest.raises(OSError):
+            await node.orchestrator.save_template(record.id, "blocked", TemplateKind.TEMPLATE, ())
+        builds = node.templates.directory / "blocked"
+        assert not builds.exists() or list(builds.iterdir()) == []
+        assert node.row(record.id).state is SandboxState.RUNNING
+        assert node.guest(record.id).read("/etc/template") == "base"

@@ -17,7 +17,7 @@ from tests.doubles.node import DoubleNode, assert_clean, double_node
 async def _vanish(node: DoubleNode, sandbox_id: str) -> None:
     """What a VM that disappeared without its watcher noticing leaves: a running row, its files,
     no VM and no slot. The orchestrator's private map is the only way to reach that state."""
-    live = node.orchestrator._live.pop(sandbox_id)
+    live = node.orchestrator.node.live.pop(sandbox_id)
     await live.vm.stop()
     await node.slots.release(live.slot)
 
