@@ -81,30 +81,30 @@ class Detacher:
         run = secrets.token_hex(4)
         work, memory = self.scratch / run, self.memory_scratch / run
         slot = await self.slots.acquire(egress=False) if snapshot.spec.net else None
-        try:
-            await asyncio.to_thread(_fresh_dirs, staging, work, memory)
-            net = NetAttachment(slot.netns, slot.guest.tap, slot.guest.mac) if slot else None
-            place = RestoreSpec(workdir=work, net=net, memory_dir=memory)
-            detached = await self.driver.detach_memory(
-                snapshot, SnapshotTarget(staging, directory), place, flatten=flatten
-            )
-            if detached is snapshot:  # the driver had nothing to do
-                await asyncio.to_thread(discard, directory)
-                return None
+        net = NetAttachment(slot.netns, slot.guest.tap, slot.guest.mac) if slot else None
+        async with contextlib.AsyncExitStack() as cleanup:
+            if slot is not None:
+                cleanup.push_async_callback(self.slots.release, slot)
+            for scratch in (memory, work):
+                cleanup.push_async_callback(asyncio.to_thread, shutil.rmtree, scratch, True)
+            async with contextlib.AsyncExitStack() as undo:
+                undo.push_async_callback(asyncio.to_thread, discard, directory)
+                try:
+                    await asyncio.to_thread(_fresh_dirs, staging, work, memory)
+                    place = RestoreSpec(workdir=work, net=net, memory_dir=memory)
+                    detached = await self.driver.detach_memory(
+                        snapshot, SnapshotTarget(staging, directory), place, flatten=flatten
+                    )
+                except (DriverError, OSError) as e:
+                    log.warning(
+                        "could not detach the memory of %s (restores read it): %s", directory, e
+                    )
+                    return None
+                if detached is snapshot:  # nothing to do; the undo removes the staging
+                    return None
+                undo.pop_all()
             log.info("detached the memory of %s in %.0f ms", directory, _ms_since(start))
             return detached
-        except (DriverError, OSError) as e:
-            log.warning("could not detach the memory of %s (restores read it): %s", directory, e)
-            await asyncio.to_thread(discard, directory)
-            return None
-        except BaseException:
-            await asyncio.to_thread(discard, directory)
-            raise
-        finally:
-            for scratch in (work, memory):
-                await asyncio.to_thread(shutil.rmtree, scratch, True)
-            if slot is not None:
-                await self.slots.release(slot)
 
     async def merge(
         self, snapshot: Snapshot, directory: Path, depth: int = MERGE_DEPTH
@@ -117,19 +117,17 @@ class Detacher:
             return None
         start = time.perf_counter()
         staging = directory / DETACHED
-        try:
-            await asyncio.to_thread(_fresh_dirs, staging)
-            merged = await self.driver.merge_layers(snapshot, staging)
-            if merged is snapshot:  # the driver keeps no layers
-                await asyncio.to_thread(discard, directory)
+        async with contextlib.AsyncExitStack() as undo:
+            undo.push_async_callback(asyncio.to_thread, discard, directory)
+            try:
+                await asyncio.to_thread(_fresh_dirs, staging)
+                merged = await self.driver.merge_layers(snapshot, staging)
+            except (DriverError, OSError) as e:
+                log.warning("could not merge the memory layers of %s: %s", directory, e)
                 return None
-        except (DriverError, OSError) as e:
-            log.warning("could not merge the memory layers of %s: %s", directory, e)
-            await asyncio.to_thread(discard, directory)
-            return None
-        except BaseException:
-            await asyncio.to_thread(discard, directory)
-            raise
+            if merged is snapshot:  # the driver keeps no layers; the undo removes the staging
+                return None
+            undo.pop_all()
         log.info(
             "merged %d memory layers of %s in %.0f ms",
             len(snapshot.layers),

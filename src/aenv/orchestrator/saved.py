@@ -67,15 +67,18 @@ class SavedStates:
         this checkpoint yet (also when the resume came before the upload had started), since
         the fallback to the repository's copy needs it."""
         await self.cancel_push(record.id)
-        try:
+        with contextlib.ExitStack() as undo:
+            undo.callback(self._push_again, record, checkpoint)
             yield
-        except BaseException:
-            seq = record.checkpoint_seq
-            current = self.catalog.get(record.id)
-            archived = current.archived if current is not None else None
-            if self._pushes.get(record.id) is None and (archived is None or archived.seq != seq):
-                self.push_checkpoint(record, seq, checkpoint)
-            raise
+            undo.pop_all()
+
+    def _push_again(self, record: SandboxRecord, checkpoint: Snapshot) -> None:
+        """The undo of `push_held`: the upload again, unless one runs or the copy is there."""
+        seq = record.checkpoint_seq
+        current = self.catalog.get(record.id)
+        archived = current.archived if current is not None else None
+        if self._pushes.get(record.id) is None and (archived is None or archived.seq != seq):
+            self.push_checkpoint(record, seq, checkpoint)
 
     async def wait_push(self, sandbox_id: str) -> None:
         """Until the sandbox's checkpoint upload under way, if any, has ended."""
