@@ -30,7 +30,8 @@ from starlette.types import ASGIApp
 
 from aenv.api.app import JSON_ERRORS, APIKeyGate
 from aenv.api.builds import BuildRoutes
-from aenv.api.errors import APIError
+from aenv.api.errors import APIError, not_found
+from aenv.api.internal_models import Refusal
 from aenv.api.keys import KeyStore, LocalKeys
 from aenv.api.limits import RateLimiter
 from aenv.api.metrics import NodeMetrics
@@ -98,8 +99,9 @@ class NodeDouble:
     name: str
     home: Path
     catalog: Catalog
-    # What the next creates answer, in order; 201 once they run out.
-    create_answers: list[int] = field(default_factory=list)
+    # What the next creates answer, in order (a status, and the kind of its refusal where it is
+    # not the one a node's routes say with that status); 201 once they run out.
+    create_answers: list[int | tuple[int, Refusal]] = field(default_factory=list)
     creates_seen: list[str] = field(default_factory=list)  # the callers' key ids
     adopt_answers: list[int] = field(default_factory=list)  # as `create_answers`, 200 after
     unreleasable: set[str] = field(default_factory=set)  # sandboxes whose release is refused
@@ -188,14 +190,25 @@ class NodeDouble:
         self.create_bodies.append(body)
         ref = str(body.get("templateID", "base"))
         if not self.knows(ref):
-            raise APIError(404, f"template '{ref}' not found")
+            raise not_found(f"template '{ref}'")
         if self.create_gate is not None:
             await asyncio.to_thread(self.create_gate.wait, 60)
-        status = self.create_answers.pop(0) if self.create_answers else 201
-        if status != 201:
-            raise APIError(status, f"{self.name} refuses")
+        answer = self.create_answers.pop(0) if self.create_answers else 201
+        if answer != 201:
+            raise self.refusing(answer)
         self.add(sandbox_id, time.time())
         return JSONResponse({"sandboxID": sandbox_id, "node": self.name}, status_code=201)
+
+    def refusing(self, answer: int | tuple[int, Refusal]) -> APIError:
+        """A refusal with the status a test gives, of the kind a node's routes say with it
+        unless the test gives one."""
+        if isinstance(answer, tuple):
+            status, kind = answer
+        else:
+            status = answer
+            kinds = {429: Refusal.FULL, 404: Refusal.NOT_HERE}
+            kind = kinds.get(status, Refusal.FAILED if status >= 500 else Refusal.REJECTED)
+        return APIError(status, f"{self.name} refuses", refusal=kind)
 
     async def metrics(self, request: Request) -> Response:
         """A sample naming this node for each running sandbox here, as a node leaves out the
@@ -212,7 +225,7 @@ class NodeDouble:
         sandbox_id = request.path_params["sandbox_id"]
         record = self.catalog.get(sandbox_id)
         if record is None:
-            raise APIError(404, f"sandbox '{sandbox_id}' not found")
+            raise not_found(f"sandbox '{sandbox_id}'")
         mounts = [{"name": m.volume_id, "path": m.path} for m in record.volume_mounts]
         body = {"sandboxID": sandbox_id, "node": self.name}
         return JSONResponse({**body, "volumeMounts": mounts} if mounts else body)
@@ -220,7 +233,7 @@ class NodeDouble:
     async def adopt(self, request: Request) -> Response:
         status = self.adopt_answers.pop(0) if self.adopt_answers else 200
         if status != 200:
-            raise APIError(status, f"{self.name} refuses")
+            raise self.refusing(status)
         record = record_from_json((await request.body()).decode())
         self.catalog.insert(record)
         return Response(record_to_json(record), media_type="application/json")
@@ -265,7 +278,7 @@ class NodeDouble:
     async def delete_template(self, request: Request) -> Response:
         template_id = request.path_params["template_id"]
         if self.snapshots.pop(template_id, None) is None:
-            raise APIError(404, f"template '{template_id}' not found")
+            raise not_found(f"template '{template_id}'")
         return Response(status_code=204)
 
     async def fork(self, request: Request) -> Response:

@@ -24,6 +24,7 @@ import pytest
 import redis.asyncio as aioredis
 from e2b import AsyncSandbox, SandboxNotFoundException
 
+from aenv.api.internal_models import INTERNAL_VERSIONS, REPLAY, Refusal
 from aenv.api.keys import KeyStore
 from aenv.api.limits import RateLimiter
 from aenv.cluster.agent import NodeAgent
@@ -82,8 +83,19 @@ def doubles(tmp_path: Path) -> Iterator[dict[str, NodeDouble]]:
 
 
 @pytest.fixture
+def versions() -> tuple[int, ...]:
+    """The internal API versions the nodes report: this release's, unless a test runs the
+    previous release's too (parametrized)."""
+    return INTERNAL_VERSIONS
+
+
+@pytest.fixture
 async def setup(
-    tmp_path: Path, redis: RedisServer, client: aioredis.Redis, doubles: dict[str, NodeDouble]
+    tmp_path: Path,
+    redis: RedisServer,
+    client: aioredis.Redis,
+    doubles: dict[str, NodeDouble],
+    versions: tuple[int, ...],
 ) -> AsyncIterator[Setup]:
     gateway_keys = ClusterKeys(client)
     record, value = await gateway_keys.new("user")
@@ -96,7 +108,11 @@ async def setup(
             stack.enter_context(serve(node.app(node_keys), port))
             capacity = Capacity(cpus=2, memory_mb=1024, memory_free_mb=512, running=0, paused=0)
             report = NodeReport(
-                name, f"127.0.0.1:{port}", capacity, ["base"] if name == "a" else []
+                name,
+                f"127.0.0.1:{port}",
+                capacity,
+                ["base"] if name == "a" else [],
+                internal_versions=versions,
             )
             await registry.heartbeat(secrets.token_hex(8), report, ttl=60)
         await Holders(registry).add("a", FileRef(FileKind.TEMPLATE, "base"))
@@ -168,6 +184,38 @@ async def test_a_create_no_node_takes_is_429_naming_why(setup: Setup) -> None:
     assert answer.status_code == 429
     message = answer.json()["message"]
     assert "node a: 503 a refuses" in message and "node b: 429 b refuses" in message
+
+
+@pytest.mark.parametrize("versions", [(REPLAY,), INTERNAL_VERSIONS], ids=["v0", "v1"])
+async def test_a_nodes_refusal_is_read_from_its_kind_in_version_1(
+    setup: Setup, versions: tuple[int, ...]
+) -> None:
+    """A 503 the node says is the client's (rejected) is the answer in version 1; a node of
+    the previous release (version 0 only) is read by its status: another node is tried."""
+    setup.nodes["a"].create_answers = [(503, Refusal.REJECTED)]
+    setup.nodes["b"].create_answers = [(429, Refusal.DRAINING)]
+    with setup.client() as http:
+        answer = http.post("/sandboxes", json={"templateID": "base"})
+    if versions == (REPLAY,):
+        assert answer.status_code == 429
+        assert "node a: 503 a refuses" in answer.json()["message"]
+        assert "node b: 429 b refuses" in answer.json()["message"]
+    else:
+        assert answer.status_code == 503
+        assert answer.json() == {"code": 503, "message": "a refuses"}
+        assert setup.nodes["b"].creates_seen == []
+
+
+@pytest.mark.parametrize("versions", [(7,)])
+async def test_a_node_sharing_no_version_with_the_gateway_is_skipped_saying_so(
+    setup: Setup,
+) -> None:
+    with setup.client() as http:
+        answer = http.post("/sandboxes", json={"templateID": "base"})
+    assert answer.status_code == 429
+    message = answer.json()["message"]
+    assert "node a speaks internal API versions [7], this gateway [0, 1]" in message
+    assert setup.nodes["a"].creates_seen == [] and setup.nodes["b"].creates_seen == []
 
 
 async def test_a_node_not_holding_a_held_template_is_a_refusal(setup: Setup) -> None:

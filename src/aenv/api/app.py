@@ -15,7 +15,8 @@ from aenv.api.api_keys import ApiKeyRoutes
 from aenv.api.builds import BuildRoutes
 from aenv.api.errors import APIError
 from aenv.api.handoff import HandoffRoutes
-from aenv.api.internal import caller, caller_key
+from aenv.api.internal import caller, caller_key, record_refusal
+from aenv.api.internal_models import Refusal
 from aenv.api.keys import KeyBook, KeyStore, LocalKeys
 from aenv.api.limits import RateLimiter, retry_after
 from aenv.api.logs import LogRoutes
@@ -92,18 +93,21 @@ async def _health(request: Request) -> Response:
     return Response(status_code=204)  # as E2B's spec has it
 
 
-async def _api_error(_: Request, exc: Exception) -> Response:
+async def _api_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, APIError)
+    record_refusal(request.scope, exc.refusal)
     return exc.response()
 
 
-async def _http_error(_: Request, exc: Exception) -> Response:
+async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
+    record_refusal(request.scope, Refusal.REJECTED)
     return APIError(exc.status_code, exc.detail or "error").response()
 
 
-async def _unexpected(_: Request, exc: Exception) -> Response:
+async def _unexpected(request: Request, exc: Exception) -> Response:
     log.exception("unhandled error", exc_info=exc)
+    record_refusal(request.scope, Refusal.FAILED)
     return APIError(500, f"internal error: {type(exc).__name__}", should_retry=False).response()
 
 

@@ -7,6 +7,7 @@ from typing import TypeVar
 
 from starlette.responses import JSONResponse
 
+from aenv.api.internal_models import Refusal
 from aenv.orchestrator.lifecycle import InvalidState, OperationFailed, SandboxNotFound
 
 T = TypeVar("T")
@@ -21,6 +22,7 @@ class APIError(Exception):
         error_code: str | None = None,
         should_retry: bool | None = None,
         retry_after: int | None = None,
+        refusal: Refusal = Refusal.REJECTED,
     ) -> None:
         super().__init__(message)
         self.status = status
@@ -28,6 +30,9 @@ class APIError(Exception):
         self.error_code = error_code
         self.should_retry = should_retry
         self.retry_after = retry_after
+        # What a gateway is told besides the E2B answer (`internal_models.NodeAnswer`): by
+        # default, that the request is wrong wherever it goes.
+        self.refusal = refusal
 
     def response(self) -> JSONResponse:
         body: dict[str, object] = {"code": self.status, "message": self.message}
@@ -45,7 +50,7 @@ class APIError(Exception):
 
 
 def not_found(what: str) -> APIError:
-    return APIError(404, f"{what} not found")
+    return APIError(404, f"{what} not found", refusal=Refusal.NOT_HERE)
 
 
 async def call_lifecycle(operation: Awaitable[T], sandbox_id: str) -> T:
@@ -59,4 +64,4 @@ async def call_lifecycle(operation: Awaitable[T], sandbox_id: str) -> T:
     except InvalidState as e:
         raise APIError(409, str(e)) from e
     except OperationFailed as e:
-        raise APIError(500, str(e), should_retry=False) from e
+        raise APIError(500, str(e), should_retry=False, refusal=Refusal.FAILED) from e

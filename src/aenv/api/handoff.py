@@ -6,6 +6,10 @@ start from it here, with the tags its holders gave it.
 
 The routes answer only calls a gateway made through the internal API (`api.internal`): to a
 user's key they do not exist (404), so no client can move or inject sandboxes.
+
+Deprecated as routes a gateway calls directly (`/internal/cluster/...`, version 0 of the
+internal API, kept for the gateways of the previous release): a gateway of this release calls
+them as the version 1 operations `release` and `adopt/{kind}` (`api.internal_models`).
 """
 
 from __future__ import annotations
@@ -16,15 +20,16 @@ from starlette.routing import Route
 
 from aenv.api.errors import APIError, call_lifecycle
 from aenv.api.internal import caller
+from aenv.api.internal_models import ADOPT_ROUTES, SANDBOX_ROUTES, AdoptKind, SandboxOp
 from aenv.api.requests import check_query
 from aenv.orchestrator.catalog import record_from_json, record_to_json
 from aenv.orchestrator.lifecycle import OperationFailed, Orchestrator
 from aenv.orchestrator.tags import TagStore, without_tags
 from aenv.orchestrator.templates import template_from_json, template_to_json
 
-RELEASE = "/cluster/sandboxes/{sandbox_id}/release"
-ADOPT = "/cluster/adopt"
-ADOPT_TEMPLATE = "/cluster/templates"
+RELEASE = SANDBOX_ROUTES[SandboxOp.RELEASE][1].replace("{id}", "{sandbox_id}")
+ADOPT = ADOPT_ROUTES[AdoptKind.SANDBOX]
+ADOPT_TEMPLATE = ADOPT_ROUTES[AdoptKind.TEMPLATE]
 RECORD_TYPE = "application/json"
 
 

@@ -3,18 +3,22 @@
 `aenv.cluster.internal.InternalGate` authenticates them with the cluster secret and records here,
 in the request's ASGI state, the API key id the gateway checked; the control plane then acts for
 that key (it owns what it creates) without a key of its own, and adds what only a gateway needs
-(the list's per-item cursors, so it can merge the lists of several nodes).
+(the list's per-item cursors, so it can merge the lists of several nodes). A refused request
+records its `Refusal` in the same state, for the internal API's answer (`api.internal_v1`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any
 
+from aenv.api.internal_models import Refusal
 from aenv.api.keys import ApiKey
 
 # The ASGI state entry holding the API key id a gateway acts for.
 CALLER_STATE = "cluster_caller"
+# The ASGI state entry holding the `Refusal` of a request the control plane refused.
+REFUSAL_STATE = "cluster_refusal"
 # The header of `GET /v2/sandboxes` that gives a gateway each listed sandbox's cursor.
 CURSORS_HEADER = "X-Aenv-Cursors"
 
@@ -37,3 +41,8 @@ def caller_key(key_id: str) -> ApiKey:
         masked_suffix="",
         created_at=0.0,
     )
+
+
+def record_refusal(scope: MutableMapping[str, Any], refusal: Refusal) -> None:
+    """Notes in the request's state why the control plane refused it."""
+    scope.setdefault("state", {})[REFUSAL_STATE] = refusal

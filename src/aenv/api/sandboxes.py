@@ -18,6 +18,7 @@ from aenv.api.errors import APIError, call_lifecycle, not_found
 from aenv.api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from aenv.api.idempotency import IdempotentCreates, check_key
 from aenv.api.internal import CURSORS_HEADER, caller
+from aenv.api.internal_models import Refusal
 from aenv.api.metrics import NodeMetrics
 from aenv.api.models import (
     DEFAULT_TIMEOUT_V1,
@@ -215,15 +216,22 @@ class SandboxRoutes:
                     404,
                     f"template '{body.template_id}' ({build.template_id}) has no ready build:"
                     f" build {build.build_id} is {build.status}, retry when it is ready",
+                    refusal=Refusal.NOT_HERE,
                 ) from e
-            raise APIError(404, f"template '{body.template_id}' not found") from e
+            raise not_found(f"template '{body.template_id}'") from e
         except CapacityReached as e:
-            raise APIError(429, str(e), error_code="sandbox_capacity_unavailable") from e
+            raise APIError(
+                429, str(e), error_code="sandbox_capacity_unavailable", refusal=Refusal.FULL
+            ) from e
         except VolumeNotFound as e:  # deleted since it was resolved above
             raise APIError(400, f"volumeMounts: {e}") from e
         except CreateFailed as e:
             raise APIError(
-                500, str(e), error_code="sandbox_create_failed", should_retry=False
+                500,
+                str(e),
+                error_code="sandbox_create_failed",
+                should_retry=False,
+                refusal=Refusal.FAILED,
             ) from e
         return self._sandbox(record)
 

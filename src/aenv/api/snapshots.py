@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.errors import APIError, call_lifecycle
+from aenv.api.internal_models import Refusal
 from aenv.api.models import DEFAULT_TIMEOUT_V2, ForkBody, PauseBody, ResumeBody, SnapshotBody
 from aenv.api.requests import check_query, parse_body
 from aenv.api.sandboxes import MAX_PAGE, sandbox_body
@@ -58,7 +59,7 @@ class SnapshotRoutes:
         try:
             await call_lifecycle(pausing, sandbox_id)
         except GuestUnhealthy as e:
-            raise APIError(503, str(e), should_retry=False) from e
+            raise APIError(503, str(e), should_retry=False, refusal=Refusal.FAILED) from e
         return Response(status_code=204)
 
     async def resume(self, request: Request) -> Response:
@@ -125,7 +126,9 @@ class SnapshotRoutes:
                 sandbox_id,
             )
         except CapacityReached as e:  # the whole fork, refused before anything started
-            raise APIError(429, str(e), error_code="sandbox_capacity_unavailable") from e
+            raise APIError(
+                429, str(e), error_code="sandbox_capacity_unavailable", refusal=Refusal.FULL
+            ) from e
         results: list[dict[str, Any]] = []
         for child in children:
             if isinstance(child, BaseException):

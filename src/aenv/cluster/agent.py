@@ -32,6 +32,7 @@ from typing import Protocol
 
 import redis.asyncio as aioredis
 
+from aenv.api.internal_models import INTERNAL_VERSIONS
 from aenv.cluster.builds import BuildPlaces
 from aenv.cluster.drain import DrainMemory, Drains, DrainState
 from aenv.cluster.holders import FileKind, FileRef, Holders
@@ -251,6 +252,7 @@ class NodeAgent:
             state.capacity,
             sorted(state.templates),
             sorted(state.snapshots),
+            internal_versions=INTERNAL_VERSIONS,
         )
 
     async def _report_now(self) -> None:

@@ -9,6 +9,9 @@ none (an operator's, with the token) acts as `CLUSTER_CALLER`. Both headers are
 removed before the request goes on, and the prefix is stripped from its path, so the node's own
 routing (`aenv.proxy.routing`) sees what it would have seen from a client. Paths outside the
 prefix pass through untouched: the node's public API stays as `aenv server` has it.
+
+Under the prefix, `/v1/...` is the typed internal API of version 1 (`aenv.api.internal_v1`);
+everything else is version 0, a client's request replayed (`aenv.api.internal_models`).
 """
 
 from __future__ import annotations
@@ -19,6 +22,8 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from aenv.api.errors import APIError
 from aenv.api.internal import CALLER_STATE
+from aenv.api.internal_models import PREFIX_V1
+from aenv.api.internal_v1 import internal_v1
 from aenv.cluster.secret import ClusterSecret
 from aenv.proxy.errors import ProxyError, deny_websocket
 
@@ -36,11 +41,12 @@ class InternalGate:
 
     def __init__(self, app: ASGIApp, secret: ClusterSecret) -> None:
         self.app = app
+        self.v1 = internal_v1(app)
         self._token = secret.bearer.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         path: str = scope.get("path", "")
-        if scope["type"] not in ("http", "websocket") or not _under_prefix(path):
+        if scope["type"] not in ("http", "websocket") or not _under(path, PREFIX):
             await self.app(scope, receive, send)
             return
         given = next((v for n, v in scope["headers"] if n == _TOKEN), b"")
@@ -60,11 +66,11 @@ class InternalGate:
                 CALLER_STATE: caller.decode("latin-1") or CLUSTER_CALLER,
             },
         }
-        await self.app(inner, receive, send)
+        await (self.v1 if _under(inner["path"], PREFIX_V1) else self.app)(inner, receive, send)
 
 
-def _under_prefix(path: str) -> bool:
-    return path == PREFIX or path.startswith(PREFIX + "/")
+def _under(path: str, prefix: str) -> bool:
+    return path == prefix or path.startswith(prefix + "/")
 
 
 def _refusal(given: bytes, expected: bytes) -> str | None:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 import redis.asyncio as aioredis
 from pydantic import TypeAdapter
 
+from aenv.api.internal_models import REPLAY
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import Keys, guarded, members
 
@@ -84,8 +85,10 @@ class Capacity:
 
 @dataclass(frozen=True)
 class NodeReport:
-    """One heartbeat's content: where the node is reached, its capacity, and the template and
-    snapshot ids whose files it holds."""
+    """One heartbeat's content: where the node is reached, its capacity, the template and
+    snapshot ids whose files it holds, and the versions of the internal API it serves
+    (`aenv.api.internal_models`; a node of a release before version 1 names none: it serves
+    version 0 only)."""
 
     node_id: str
     address: str
@@ -93,6 +96,7 @@ class NodeReport:
     templates: Sequence[str] = ()
     snapshots: Sequence[str] = ()
     reported_at: float = field(default_factory=time.time)
+    internal_versions: tuple[int, ...] = (REPLAY,)
 
 
 _REPORT = TypeAdapter(NodeReport)

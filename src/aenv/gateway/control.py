@@ -1,11 +1,12 @@
 """The gateway's control plane: E2B's API for a cluster, answered by forwarding to nodes.
 
 - Creates are placed (`aenv.cluster.placement`) and tried node by node: a node that refuses
-  (429, 5xx) or cannot be reached is skipped, a refusal by all is a 429 as on one node. A node
+  (full, draining, failed: `aenv.api.internal_models.Refusal`) or cannot be reached is
+  skipped, a refusal by all is a 429 as on one node. A node
   that took the request but whose answer was lost is not retried elsewhere: the sandbox may
-  exist there, and a retry could make a second one. A node's 404 for a template no node is
+  exist there, and a retry could make a second one. A node's not having a template no node is
   known to hold is a refusal too (a build that ended a moment ago on another node is published
-  at that node's next heartbeat): only every node's 404 is the answer.
+  at that node's next heartbeat): only every node's E2B 404 is the answer.
 - Calls naming a sandbox go to the live node it is routed to; one that does not answer (killed,
   its lease not lapsed yet) is a 503 whose `Retry-After` is the rest of that lease. One without
   a live node that is parked (paused, its checkpoint in the shared repository) is moved to
@@ -44,6 +45,7 @@ from starlette.routing import Route
 from aenv.api.errors import APIError, not_found
 from aenv.api.handoff import ADOPT_TEMPLATE
 from aenv.api.internal import CURSORS_HEADER
+from aenv.api.internal_models import Refusal
 from aenv.api.sandboxes import batch_metrics_ids
 from aenv.cluster.directory import Directory
 from aenv.cluster.internal import CLUSTER_CALLER
@@ -65,6 +67,9 @@ from aenv.gateway.volumes import VolumeRoutes
 # `/sandboxes/{id}...` and `/v2/sandboxes/{id}...`, but not `/sandboxes/metrics`.
 _SANDBOX_PATH = re.compile(r"/(?:v2/)?sandboxes/(?!metrics(?:/|$))([^/]+)(?:/.*)?")
 _SANDBOX_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
+
+# A create's refusals another node may not have.
+_ELSEWHERE = frozenset({Refusal.FULL, Refusal.DRAINING, Refusal.FAILED})
 
 log = logging.getLogger("aenv.gateway")
 
@@ -158,12 +163,14 @@ class ControlPlane:
     ) -> tuple[NodeReport, Answer]:
         """`POST path` with `body` on the first placeable node that takes it (`holders` first;
         one lacking `saved` adopts it first), for the client of `request`: the node and its
-        answer. A 429 or 5xx (and with `unheld_refuses` a non-holder's 404) is a refusal;
-        `APIError` 429 names every node's, and `what` the thing placed.
+        answer. A node full, draining or failing (and with `unheld_refuses` a non-holder
+        without the template) refuses; `APIError` 429 names every node's refusal, and `what`
+        the thing placed.
 
-        With `unheld_refuses` and no holder known, a 404 is a refusal too: the template may
-        have been built on another node a moment ago, which publishes it only at its next
-        heartbeat. When every node answered 404, the first one's is the answer."""
+        With `unheld_refuses` and no holder known, a node without the template refuses too:
+        it may have been built on another node a moment ago, which publishes it only at its
+        next heartbeat. When no node had it, the first one's answer (E2B's 404) is the
+        answer."""
         refusals: list[str] = []
         not_found: list[tuple[NodeReport, Answer]] = []
         for node in candidates(await self.directory.placeable(), holders):
@@ -177,10 +184,11 @@ class ControlPlane:
             except NodeUnreachable as error:
                 refusals.append(str(error))
                 continue
-            unheld = unheld_refuses and answer.status == 404 and node.node_id not in holders
-            if answer.status == 429 or answer.status >= 500 or unheld:
+            not_here = answer.refusal is Refusal.NOT_HERE
+            unheld = unheld_refuses and not_here and node.node_id not in holders
+            if answer.refusal in _ELSEWHERE or unheld:
                 refusals.append(f"node {node.node_id}: {answer.status} {message(answer)}")
-                if answer.status == 404 and not holders:
+                if not_here and not holders:
                     not_found.append((node, answer))
                 continue
             return node, answer
@@ -211,7 +219,7 @@ class ControlPlane:
             )
         except NodeFailed as error:
             return str(error)
-        if answer.status != 200:
+        if answer.refusal is not None:
             return f"node {node.node_id}: {answer.status} {message(answer)}"
         return None
 

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from aenv.api.handoff import RELEASE
 from aenv.cluster.directory import Directory
 from aenv.cluster.internal import CLUSTER_CALLER
 from aenv.gateway.nodes import NodeClient, NodeFailed, NodeUnreachable
-
-RELEASE = "/cluster/sandboxes/{}/release"
 
 
 @dataclass(frozen=True)
@@ -26,13 +25,13 @@ async def evacuate(directory: Directory, nodes: NodeClient, node_id: str) -> lis
         raise LookupError(f"node {node_id} is not live")
     done: list[Released] = []
     for sandbox_id in sorted(await directory.routes.of_node(node_id)):
-        path = RELEASE.format(sandbox_id)
+        path = RELEASE.format(sandbox_id=sandbox_id)
         try:
             answer = await nodes.call(node, "POST", path, caller=CLUSTER_CALLER)
         except (NodeUnreachable, NodeFailed) as error:
             done.append(Released(sandbox_id, str(error)))
             continue
-        if answer.status != 200:
+        if answer.refusal is not None:
             done.append(Released(sandbox_id, f"{answer.status} {answer.body[:300]!r}"))
             continue
         await directory.parked.released(sandbox_id, answer.body.decode())

@@ -15,13 +15,13 @@ import secrets
 import time
 
 from aenv.api.errors import APIError
+from aenv.api.handoff import ADOPT
 from aenv.cluster.directory import Directory
 from aenv.cluster.internal import CLUSTER_CALLER
 from aenv.cluster.placement import candidates
 from aenv.cluster.registry import NodeReport
 from aenv.gateway.nodes import NodeClient, NodeFailed, NodeUnreachable
 
-ADOPT = "/cluster/adopt"
 # Longer than an adopt takes (a catalog insert, no VM): past it, another gateway may try.
 CLAIM_TTL = 60.0
 _POLL = 0.2
@@ -61,7 +61,7 @@ class Handoff:
             except (NodeUnreachable, NodeFailed) as error:
                 refusals.append(str(error))
                 continue
-            if answer.status != 200:
+            if answer.refusal is not None:
                 refusals.append(f"node {node.node_id}: {answer.status} {answer.body[:200]!r}")
                 continue
             await self.directory.routes.assign(sandbox_id, node.node_id)

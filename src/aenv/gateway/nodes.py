@@ -3,18 +3,43 @@
 Control-plane answers are small JSON documents, so they are read whole: a create can then be
 retried on another node when one refuses, and lists can be merged. Data-plane traffic streams
 instead (`dataplane`).
+
+A call is made in the highest internal version both sides speak (`aenv.api.internal_models`;
+the node names its versions in its report). In version 1 the E2B request the gateway serves is
+sent as the typed call of its operation, and the node says in its answer whether and why it
+refused; what version 1 does not carry, and every call to a node of the previous release
+(version 0 only), is the client's request replayed, whose refusal is read from its status
+(`_replayed_refusal`, to go with version 0).
 """
 
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import AsyncIterable, Collection, Iterable
 from dataclasses import dataclass
 from typing import Protocol
+from urllib.parse import quote
 
 import httpx
+from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
+from aenv.api.idempotency import HEADER as IDEMPOTENCY_HEADER
+from aenv.api.internal_models import (
+    ADOPT_ROUTES,
+    CREATE_ROUTES,
+    INTERNAL_VERSIONS,
+    PREFIX_V1,
+    REPLAY,
+    SANDBOX_ROUTES,
+    Adopt,
+    CreateSandbox,
+    NodeAnswer,
+    Refusal,
+    SandboxCall,
+    SandboxOp,
+)
 from aenv.cluster.directory import Directory, NodeAddress
 from aenv.cluster.internal import CALLER_HEADER, PREFIX, TOKEN_HEADER
 from aenv.cluster.registry import NodeReport
@@ -30,6 +55,15 @@ _DROPPED = frozenset(
 )  # fmt: skip
 # What a node's answer carries that the gateway's server sets again.
 _RESPONSE_DROPPED = frozenset({"content-length", "content-encoding", "date", "server"})
+_IDEMPOTENCY = IDEMPOTENCY_HEADER.lower().encode()
+# The E2B paths of the sandbox operations of version 1: the node's routes, and E2B's v2 alias.
+_SANDBOX_PATHS = [
+    (method, re.compile(re.escape(path).replace(re.escape("{id}"), "([^/]+)")), op)
+    for op, (method, path) in [
+        *SANDBOX_ROUTES.items(),
+        (SandboxOp.CONNECT, ("POST", "/v2/sandboxes/{id}/connect")),
+    ]
+]
 
 
 class NodeUnreachable(Exception):
@@ -42,9 +76,12 @@ class NodeFailed(Exception):
 
 @dataclass(frozen=True)
 class Answer:
+    """A node's E2B answer, and why it did not do what it was asked (None: it did)."""
+
     status: int
     headers: list[tuple[str, str]]
     body: bytes
+    refusal: Refusal | None = None
 
 
 class NodeClient:
@@ -70,15 +107,33 @@ class NodeClient:
         body: bytes | AsyncIterable[bytes] = b"",
     ) -> Answer:
         """`method target` (path and query) on `node`, for the API key id `caller`; a `body`
-        given as chunks streams to the node (an upload), the answer is read whole."""
+        given as chunks streams to the node (an upload), the answer is read whole. In version 1
+        when both sides speak it and it carries the call, else replayed."""
+        headers = list(headers)
+        typed = _typed(method, target, body, headers) if speaks(node) > REPLAY else None
+        if typed is not None:
+            return await self._call_v1(node, *typed, caller=caller)
         response = await self.open(node, method, target, caller=caller, headers=headers, body=body)
+        content = await _read(node, response)
+        status = response.status_code
+        return Answer(status, answer_headers(response), content, _replayed_refusal(status))
+
+    async def _call_v1(
+        self, node: NodeReport, path: str, call: BaseModel, *, caller: str
+    ) -> Answer:
+        body = call.model_dump_json().encode()
+        response = await self.open(
+            node, "POST", PREFIX_V1 + path, caller=caller, body=body, typed=True
+        )
+        content = await _read(node, response)
+        if response.status_code != 200:
+            # Refused by the internal API itself (a wrong token): nothing was done.
+            return Answer(response.status_code, answer_headers(response), content, Refusal.FAILED)
         try:
-            content = await response.aread()
-        except httpx.HTTPError as error:
-            raise NodeFailed(f"node {node.node_id} at {node.address}: {error!r}") from error
-        finally:
-            await response.aclose()
-        return Answer(response.status_code, answer_headers(response), content)
+            answer = NodeAnswer.model_validate_json(content)
+        except ValidationError as error:
+            raise NodeFailed(f"node {node.node_id} answered no NodeAnswer: {error}") from error
+        return Answer(answer.status, answer.headers, answer.body.encode(), answer.refusal)
 
     async def open(
         self,
@@ -90,10 +145,12 @@ class NodeClient:
         headers: Iterable[tuple[bytes, bytes]] = (),
         body: bytes | AsyncIterable[bytes] = b"",
         bearer: bool = False,
+        typed: bool = False,
     ) -> httpx.Response:
-        """As `call`, with the answer's body left to stream (the caller closes it). With
-        `bearer` the client's `Authorization` goes through (a volume's token, which the node
-        checks), and without a `caller` the node sees no API key (routes open without one)."""
+        """As `call`, replayed, with the answer's body left to stream (the caller closes it).
+        With `bearer` the client's `Authorization` goes through (a volume's token, which the
+        node checks), and without a `caller` the node sees no API key (routes open without
+        one). A `typed` call is a version 1 call's JSON."""
         address = NodeAddress.of(node.address)
         dropped = _DROPPED - {b"authorization"} if bearer else _DROPPED
         sent = [
@@ -101,6 +158,8 @@ class NodeClient:
             for n, v in end_to_end(list(headers))
             if n not in dropped
         ]
+        if typed:
+            sent.append(("content-type", "application/json"))
         sent.append((TOKEN_HEADER, self._secret.bearer))
         if caller is not None:
             sent.append((CALLER_HEADER, caller))
@@ -112,6 +171,71 @@ class NodeClient:
             raise NodeUnreachable(f"node {node.node_id} at {node.address}: {error!r}") from error
         except httpx.HTTPError as error:
             raise NodeFailed(f"node {node.node_id} at {node.address}: {error!r}") from error
+
+
+def speaks(node: NodeReport) -> int:
+    """The highest internal version the node and this gateway both speak. Raises
+    `NodeUnreachable` (nothing was sent) when they share none."""
+    common = set(node.internal_versions) & set(INTERNAL_VERSIONS)
+    if not common:
+        raise NodeUnreachable(
+            f"node {node.node_id} speaks internal API versions "
+            f"{sorted(node.internal_versions)}, this gateway {list(INTERNAL_VERSIONS)}: "
+            "upgrade the older one"
+        )
+    return max(common)
+
+
+def _typed(
+    method: str,
+    target: str,
+    body: bytes | AsyncIterable[bytes],
+    headers: list[tuple[bytes, bytes]],
+) -> tuple[str, BaseModel] | None:
+    """The version 1 call (its path under `PREFIX_V1`, its JSON) of an E2B request; None when
+    version 1 does not carry it (a query, a streamed or non-UTF-8 body, another route)."""
+    path, _, query = target.partition("?")
+    if query or not isinstance(body, bytes):
+        return None
+    try:
+        text = body.decode()
+    except UnicodeDecodeError:
+        return None
+    if method == "POST":
+        for api, create in CREATE_ROUTES.items():
+            if path == create:
+                key = next((v for n, v in headers if n.lower() == _IDEMPOTENCY), None)
+                idempotency_key = None if key is None else key.decode("latin-1")
+                call = CreateSandbox(api=api, body=text, idempotency_key=idempotency_key)
+                return "/sandboxes", call
+        for kind, adopt in ADOPT_ROUTES.items():
+            if path == adopt:
+                return f"/adopt/{kind.value}", Adopt(record=text)
+    for op_method, pattern, op in _SANDBOX_PATHS:
+        match = pattern.fullmatch(path)
+        if match is not None and method == op_method:
+            return f"/sandboxes/{quote(match.group(1), safe='')}/{op.value}", SandboxCall(body=text)
+    return None
+
+
+def _replayed_refusal(status: int) -> Refusal | None:
+    """A replayed answer's refusal, read from its status as version 0 has it."""
+    if status < 400:
+        return None
+    if status == 429:
+        return Refusal.FULL
+    if status == 404:
+        return Refusal.NOT_HERE
+    return Refusal.FAILED if status >= 500 else Refusal.REJECTED
+
+
+async def _read(node: NodeReport, response: httpx.Response) -> bytes:
+    try:
+        return await response.aread()
+    except httpx.HTTPError as error:
+        raise NodeFailed(f"node {node.node_id} at {node.address}: {error!r}") from error
+    finally:
+        await response.aclose()
 
 
 def answer_headers(response: httpx.Response) -> list[tuple[str, str]]:

@@ -25,6 +25,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Route
 
 from aenv.api.errors import APIError, not_found
+from aenv.api.internal_models import Refusal
 from aenv.cluster.registry import NodeReport
 from aenv.cluster.volumes import VolumePlace
 from aenv.gateway.nodes import Answer, NodeCalls, NodeUnreachable, answer_headers, message
@@ -138,7 +139,7 @@ class VolumeRoutes:
             answer = await self.control.call_on(request, node, "POST", path, body)
         except NodeUnreachable as error:
             raise APIError(503, f"{_lives(first)}, which cannot be reached: {error}") from error
-        if answer.status == 429:
+        if answer.refusal is Refusal.FULL:
             raise APIError(429, f"{_lives(first)}, which has no room: {message(answer)}")
         return answer
 

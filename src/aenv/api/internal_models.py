@@ -1,0 +1,119 @@
+"""The gateway -> node internal API, version 1: its versions, its calls and the one answer
+they all get, with the kind of a refusal said in the answer's body.
+
+A node serves it under `/internal/v1/...` (`aenv.api.internal_v1`); a gateway calls it
+(`aenv.gateway.nodes`) when the node's report names version 1 among its `internal_versions`.
+Version 0 is the replay of E2B requests under `/internal` that every node still serves: the
+gateway of the previous release speaks only that, and a gateway still uses it for what version 1
+does not carry (lists, template builds, volumes and their content, the data plane).
+
+Each call names an operation, not a URL: the node runs it through its own E2B route (so it is
+validated and answered exactly as that route answers a client) and answers `NodeAnswer`: the
+E2B answer (status, headers, body verbatim), and when the node did not do it, why
+(`Refusal`). The gateway passes the E2B answer on or, for a refusal that another node could
+avoid (full, draining, not here), tries another node: it never guesses from a status code.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+from pydantic import BaseModel, ConfigDict
+
+# Version 0: E2B requests replayed under `/internal` (deprecated; served for one more release).
+REPLAY = 0
+# The versions this code speaks, as a node (in its report) and as a gateway.
+INTERNAL_VERSIONS = (REPLAY, 1)
+PREFIX_V1 = "/v1"  # under the internal prefix (`aenv.cluster.internal.PREFIX`)
+
+
+class Refusal(StrEnum):
+    """Why a node did not do what it was asked; nothing of the call is left on the node."""
+
+    FULL = "full"  # no room for another sandbox (or volume): another node may have some
+    DRAINING = "draining"  # the node takes no new sandboxes
+    NOT_HERE = "not-here"  # the sandbox, template or volume named is not on this node
+    REJECTED = "rejected"  # the request is wrong anywhere: its E2B error is the client's answer
+    FAILED = "failed"  # the node tried and failed (or erred): another node may try a create
+
+
+class E2BApi(StrEnum):
+    """Which of E2B's create routes a create came through: they differ in default timeout."""
+
+    V1 = "v1"
+    V2 = "v2"
+
+
+class SandboxOp(StrEnum):
+    """What a gateway asks of a node about one of its sandboxes."""
+
+    INFO = "info"
+    KILL = "kill"
+    PAUSE = "pause"
+    RESUME = "resume"
+    CONNECT = "connect"
+    TIMEOUT = "timeout"
+    REFRESH = "refresh"
+    SNAPSHOT = "snapshot"
+    FORK = "fork"
+    RELEASE = "release"  # give the sandbox up, paused, for another node to adopt
+
+
+class AdoptKind(StrEnum):
+    SANDBOX = "sandbox"  # a paused sandbox another node released or lost
+    TEMPLATE = "template"  # a snapshot or built template stored in the shared repository
+
+
+class _Call(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class CreateSandbox(_Call):
+    """`POST /internal/v1/sandboxes`."""
+
+    api: E2BApi
+    # The client's E2B body, verbatim: the node validates it as its public route does.
+    body: str
+    idempotency_key: str | None = None
+
+
+class SandboxCall(_Call):
+    """`POST /internal/v1/sandboxes/{sandbox_id}/{op}` (`SandboxOp`)."""
+
+    body: str = ""  # the client's E2B body, verbatim (none for info, kill and release)
+
+
+class Adopt(_Call):
+    """`POST /internal/v1/adopt/{kind}` (`AdoptKind`)."""
+
+    # The record as its publisher wrote it (`catalog.record_to_json`, or `tags.with_tags`).
+    record: str
+
+
+class NodeAnswer(BaseModel):
+    """The answer to every version 1 call (HTTP 200; a malformed call is a 400 JSON error)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    refusal: Refusal | None = None  # None: done
+    status: int  # the E2B answer's, which a client of the node's public route would get
+    headers: list[tuple[str, str]] = []
+    body: str = ""
+
+
+# Each operation as the E2B route (method, path under `{id}`) a node runs it through. Its
+# version 0 path is the same: a gateway of the previous release replays it there.
+SANDBOX_ROUTES: dict[SandboxOp, tuple[str, str]] = {
+    SandboxOp.INFO: ("GET", "/sandboxes/{id}"),
+    SandboxOp.KILL: ("DELETE", "/sandboxes/{id}"),
+    SandboxOp.PAUSE: ("POST", "/sandboxes/{id}/pause"),
+    SandboxOp.RESUME: ("POST", "/sandboxes/{id}/resume"),
+    SandboxOp.CONNECT: ("POST", "/sandboxes/{id}/connect"),
+    SandboxOp.TIMEOUT: ("POST", "/sandboxes/{id}/timeout"),
+    SandboxOp.REFRESH: ("POST", "/sandboxes/{id}/refreshes"),
+    SandboxOp.SNAPSHOT: ("POST", "/sandboxes/{id}/snapshots"),
+    SandboxOp.FORK: ("POST", "/sandboxes/{id}/fork"),
+    SandboxOp.RELEASE: ("POST", "/cluster/sandboxes/{id}/release"),
+}
+CREATE_ROUTES = {E2BApi.V1: "/sandboxes", E2BApi.V2: "/v2/sandboxes"}
+ADOPT_ROUTES = {AdoptKind.SANDBOX: "/cluster/adopt", AdoptKind.TEMPLATE: "/cluster/templates"}

@@ -1,0 +1,178 @@
+"""A node's internal API, version 1 (`internal_models`): typed calls of a gateway, each run
+through the node's own E2B route in process and answered as a `NodeAnswer`.
+
+Running a call through its E2B route keeps one home for every operation: the call is checked,
+done and answered exactly as a client of the node's public API would see it, and the gateway
+passes that answer on unchanged. What this layer adds is the kind of a refusal, which the
+route's error recorded in the request's state (`api.internal.record_refusal`), so the gateway
+need not guess it from a status code.
+
+`aenv.cluster.internal.InternalGate` authenticates these calls with the cluster token and
+sends them here with the prefix stripped (`/v1/...`); a call it let through names the API key
+the gateway acts for (`api.internal.caller`), as a replayed request does.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from enum import StrEnum
+from typing import Any, TypeVar
+
+from pydantic import BaseModel
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Scope
+
+from aenv.api.app import JSON_ERRORS
+from aenv.api.errors import APIError
+from aenv.api.idempotency import HEADER as IDEMPOTENCY_HEADER
+from aenv.api.internal import CALLER_STATE, REFUSAL_STATE
+from aenv.api.internal_models import (
+    ADOPT_ROUTES,
+    CREATE_ROUTES,
+    PREFIX_V1,
+    SANDBOX_ROUTES,
+    Adopt,
+    AdoptKind,
+    CreateSandbox,
+    NodeAnswer,
+    Refusal,
+    SandboxCall,
+    SandboxOp,
+)
+from aenv.api.requests import check_query, parse_body
+
+M = TypeVar("M", bound=BaseModel)
+E = TypeVar("E", bound=StrEnum)
+# Headers of the E2B answer the node's server sets again on the answer to the gateway.
+_SET_AGAIN = frozenset({"content-length"})
+
+
+def internal_v1(app: ASGIApp) -> ASGIApp:
+    """The version 1 routes (paths under `PREFIX_V1`) over the node's app `app`."""
+    calls = _Calls(app)
+    return Starlette(
+        routes=[
+            Route(PREFIX_V1 + "/sandboxes", calls.create, methods=["POST"]),
+            Route(PREFIX_V1 + "/sandboxes/{sandbox_id}/{op}", calls.sandbox, methods=["POST"]),
+            Route(PREFIX_V1 + "/adopt/{kind}", calls.adopt, methods=["POST"]),
+        ],
+        exception_handlers=JSON_ERRORS,
+    )
+
+
+class _Calls:
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def create(self, request: Request) -> Response:
+        call = await _parsed(request, CreateSandbox)
+        headers = []
+        if call.idempotency_key is not None:
+            headers.append((IDEMPOTENCY_HEADER.lower().encode(), call.idempotency_key.encode()))
+        return await self._run(request, "POST", CREATE_ROUTES[call.api], call.body, headers)
+
+    async def sandbox(self, request: Request) -> Response:
+        op = _enum(SandboxOp, request.path_params["op"], "op")
+        call = await _parsed(request, SandboxCall)
+        method, path = SANDBOX_ROUTES[op]
+        path = path.format(id=request.path_params["sandbox_id"])
+        return await self._run(request, method, path, call.body)
+
+    async def adopt(self, request: Request) -> Response:
+        kind = _enum(AdoptKind, request.path_params["kind"], "kind")
+        call = await _parsed(request, Adopt)
+        return await self._run(request, "POST", ADOPT_ROUTES[kind], call.record)
+
+    async def _run(
+        self,
+        request: Request,
+        method: str,
+        path: str,
+        body: str,
+        headers: list[tuple[bytes, bytes]] | None = None,
+    ) -> Response:
+        answer = await run_inner(self.app, request.scope, method, path, body, headers or [])
+        return Response(answer.model_dump_json(), media_type="application/json")
+
+
+async def run_inner(
+    app: ASGIApp,
+    outer: Scope,
+    method: str,
+    path: str,
+    body: str,
+    headers: list[tuple[bytes, bytes]],
+) -> NodeAnswer:
+    """`method path` with `body` on the node's app, in this process, for the caller the outer
+    request names; the E2B answer with the refusal its route recorded."""
+    raw = body.encode()
+    state: dict[str, Any] = {CALLER_STATE: outer.get("state", {}).get(CALLER_STATE)}
+    scope: Scope = {
+        **outer,
+        "method": method,
+        "path": path,
+        "raw_path": path.encode(),
+        "query_string": b"",
+        "headers": [
+            (b"content-type", b"application/json"),
+            (b"content-length", str(len(raw)).encode()),
+            *headers,
+        ],
+        "state": state,
+    }
+    for key in ("route", "endpoint", "path_params", "router", "app"):
+        scope.pop(key, None)
+    start: dict[str, Any] = {}
+    chunks: list[bytes] = []
+    answered = asyncio.Event()
+    pending = [{"type": "http.request", "body": raw, "more_body": False}]
+
+    async def receive() -> Message:
+        if pending:
+            return pending.pop()
+        await answered.wait()  # a route listening for the client's disconnect hears it now
+        return {"type": "http.disconnect"}
+
+    async def send(message: Message) -> None:
+        if message["type"] == "http.response.start":
+            start.update(message)
+        elif message["type"] == "http.response.body":
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body", False):
+                answered.set()
+
+    try:
+        await app(scope, receive, send)
+    finally:
+        answered.set()
+    status = int(start.get("status", 500))
+    refusal: Refusal | None = state.get(REFUSAL_STATE)
+    if refusal is None and status >= 400:
+        # Refused before any route ran (the node's own gates): the answer is the client's.
+        refusal = Refusal.REJECTED
+    return NodeAnswer(
+        refusal=refusal,
+        status=status,
+        headers=[
+            (n.decode("latin-1"), v.decode("latin-1"))
+            for n, v in start.get("headers", [])
+            if n.decode("latin-1").lower() not in _SET_AGAIN
+        ],
+        body=b"".join(chunks).decode(),
+    )
+
+
+async def _parsed(request: Request, model: type[M]) -> M:
+    check_query(request)
+    return await parse_body(request, model)
+
+
+def _enum(kind: type[E], value: str, field: str) -> E:
+    try:
+        return kind(value)
+    except ValueError as e:
+        known = ", ".join(k.value for k in kind)
+        raise APIError(400, f"{field}: '{value}' is not one of {known}") from e

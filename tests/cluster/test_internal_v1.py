@@ -1,0 +1,147 @@
+"""Version 1 of a node's internal API on a node's own routes (the real API over the real
+orchestrator and catalog, on the doubles): each operation answers what the node's public route
+answers a client, plus the kind of a refusal, which the routes say, not the status; a malformed
+call is a 400 naming its field, and the cluster token still guards it."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from aenv.api.app import create_api
+from aenv.api.internal_models import NodeAnswer, Refusal
+from aenv.api.keys import KeyStore
+from aenv.cluster.internal import CALLER_HEADER, TOKEN_HEADER, InternalGate
+from aenv.orchestrator.states import SandboxState
+from tests.cluster.shared import SECRET
+from tests.doubles.node import DoubleNode, double_node
+
+API_KEY = "e2b_" + "7" * 40
+
+
+@dataclass
+class Node:
+    http: httpx.AsyncClient
+    doubles: DoubleNode
+
+    async def v1(self, path: str, call: dict[str, Any]) -> NodeAnswer:
+        answer = await self.http.post(
+            f"/internal/v1{path}",
+            json=call,
+            headers={TOKEN_HEADER: SECRET.bearer, CALLER_HEADER: "key-1"},
+        )
+        assert answer.status_code == 200, answer.text
+        return NodeAnswer.model_validate_json(answer.content)
+
+    async def public(self, method: str, path: str, body: str = "") -> httpx.Response:
+        return await self.http.request(method, path, content=body, headers={"X-API-Key": API_KEY})
+
+
+@pytest.fixture
+def settings() -> dict[str, Any]:
+    return {}
+
+
+@pytest.fixture
+async def node(tmp_path: Path, settings: dict[str, Any]) -> AsyncIterator[Node]:
+    async with double_node(tmp_path, **settings) as doubles:
+        keys = KeyStore(tmp_path / "api-keys.json")
+        keys.add(API_KEY, "test")
+        app = InternalGate(create_api(doubles.orchestrator, doubles.config, keys), SECRET)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://node") as http:
+            yield Node(http, doubles)
+
+
+async def test_a_sandbox_lives_through_version_1_as_through_its_e2b_routes(node: Node) -> None:
+    made = await node.v1("/sandboxes", {"api": "v2", "body": '{"templateID": "base"}'})
+    assert made.refusal is None and made.status == 201, made
+    sandbox_id = _json(made)["sandboxID"]
+    record = node.doubles.row(sandbox_id)
+    # v2's default timeout, and the caller the gateway named owns it.
+    assert record.timeout == 300 and record.owner == "key-1"
+    paused = await node.v1(f"/sandboxes/{sandbox_id}/pause", {"body": ""})
+    assert (paused.refusal, paused.status) == (None, 204)
+    assert node.doubles.row(sandbox_id).state is SandboxState.PAUSED
+    again = await node.v1(f"/sandboxes/{sandbox_id}/pause", {})
+    public = await node.public("POST", f"/sandboxes/{sandbox_id}/pause")
+    # Refused as the public route refuses (E2B's 409, already paused), said to be the client's.
+    assert (again.refusal, again.status) == (Refusal.REJECTED, 409)
+    assert _json(again) == public.json()
+    resumed = await node.v1(f"/sandboxes/{sandbox_id}/connect", {"body": '{"timeout": 60}'})
+    assert (resumed.refusal, resumed.status) == (None, 201)
+    assert _json(resumed)["sandboxID"] == sandbox_id
+    assert (
+        await node.v1(f"/sandboxes/{sandbox_id}/timeout", {"body": '{"timeout": 90}'})
+    ).status == 204
+    killed = await node.v1(f"/sandboxes/{sandbox_id}/kill", {})
+    assert (killed.refusal, killed.status) == (None, 204)
+    gone = await node.v1(f"/sandboxes/{sandbox_id}/kill", {})
+    assert (gone.refusal, gone.status) == (Refusal.NOT_HERE, 404)
+    assert _json(gone) == {"code": 404, "message": f"sandbox '{sandbox_id}' not found"}
+
+
+async def test_a_create_of_a_template_not_here_is_refused_as_not_here(node: Node) -> None:
+    answer = await node.v1("/sandboxes", {"api": "v1", "body": '{"templateID": "elsewhere"}'})
+    assert (answer.refusal, answer.status) == (Refusal.NOT_HERE, 404)
+    assert _json(answer)["message"] == "template 'elsewhere' not found"
+
+
+async def test_a_bad_e2b_body_is_rejected_with_the_routes_own_error(node: Node) -> None:
+    body = '{"templateID": "base", "mcp": {}}'
+    answer = await node.v1("/sandboxes", {"api": "v2", "body": body})
+    public = await node.public("POST", "/v2/sandboxes", body)
+    assert (answer.refusal, answer.status) == (Refusal.REJECTED, 400)
+    assert _json(answer) == public.json() and "'mcp'" in public.json()["message"]
+    assert node.doubles.catalog.list() == []
+
+
+@pytest.mark.parametrize("settings", [{"max_sandboxes": 1}])
+async def test_a_full_node_refuses_as_full_with_e2bs_429(node: Node) -> None:
+    first = await node.v1("/sandboxes", {"api": "v2", "body": '{"templateID": "base"}'})
+    assert first.status == 201
+    full = await node.v1("/sandboxes", {"api": "v2", "body": '{"templateID": "base"}'})
+    assert (full.refusal, full.status) == (Refusal.FULL, 429)
+    assert _json(full)["error_code"] == "sandbox_capacity_unavailable"
+    assert len(node.doubles.catalog.list()) == 1
+
+
+@pytest.mark.parametrize(
+    ("path", "call", "named"),
+    [
+        ("/sandboxes", {"body": "{}"}, "api"),
+        ("/sandboxes", {"api": "v3", "body": "{}"}, "api"),
+        ("/sandboxes", {"api": "v2", "body": "{}", "region": "x"}, "'region'"),
+        ("/sandboxes/sbx/hibernate", {}, "op"),
+        ("/adopt/volume", {"record": "{}"}, "kind"),
+        ("/adopt/sandbox", {}, "record"),
+    ],
+)
+async def test_a_malformed_call_is_a_400_naming_its_field(
+    node: Node, path: str, call: dict[str, Any], named: str
+) -> None:
+    answer = await node.http.post(
+        f"/internal/v1{path}", json=call, headers={TOKEN_HEADER: SECRET.bearer}
+    )
+    assert answer.status_code == 400
+    assert set(answer.json()) == {"code", "message"} and named in answer.json()["message"]
+    assert node.doubles.catalog.list() == []
+
+
+async def test_version_1_needs_the_cluster_token(node: Node) -> None:
+    call = {"api": "v2", "body": '{"templateID": "base"}'}
+    missing = await node.http.post("/internal/v1/sandboxes", json=call)
+    user = await node.http.post("/internal/v1/sandboxes", json=call, headers={"X-API-Key": API_KEY})
+    assert missing.status_code == 401 and user.status_code == 401
+    assert "cluster's token" in missing.json()["message"]
+    assert node.doubles.catalog.list() == []
+
+
+def _json(answer: NodeAnswer) -> Any:
+    return json.loads(answer.body)
