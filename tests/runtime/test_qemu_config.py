@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from aenv.runtime.driver import DriverError
-from aenv.runtime.qemu import _opt, host_tsc_khz
+from aenv.runtime.qemu import host_tsc_khz
+from aenv.runtime.qemu.cmdline import opt
 
 
 def test_tsc_from_cpuinfo() -> None:
@@ -18,4 +19,4 @@ def test_tsc_missing() -> None:
 
 
 def test_option_values_escape_commas() -> None:
-    assert _opt("/tmp/a,b") == "/tmp/a,,b"
+    assert opt("/tmp/a,b") == "/tmp/a,,b"

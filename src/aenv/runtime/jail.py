@@ -27,7 +27,7 @@ What a VMM sees, and may do with it (each file bind-mounted at its own host path
   `/dev` nodes null, zero, full, random, urandom (and kvm under KVM);
 - read (`Access.READ`, owner root, group `gid` with read): the kernel, the initrd, read-only
   disks (template base, envd bundle), every layer below a writable disk's top, and the empty
-  directory that unused share slots export (`qemu.EMPTY_SHARE`);
+  directory that unused share slots export (`qemu.cmdline.EMPTY_SHARE`);
 - read and write, shared (`Access.SHARED_WRITE`, owner root, group `gid` with read and write):
   the memory file of the snapshot it was restored from. It maps it privately and never writes
   to it, but QEMU 7.2 opens every `memory-backend-file` read-write (read-only opening with a
@@ -36,7 +36,7 @@ What a VMM sees, and may do with it (each file bind-mounted at its own host path
 - read, write and create in, shared (`Access.SHARED_DIR`, owner root, mode 0777: VMMs of other
   uids, and guest users of any uid, create and remove files in it): the directory of a volume it
   mounts (a 9p share). What a VMM creates there is its uid's, readable and writable by all
-  (`qemu.SHARE_FILE_MODES`). QEMU's 9p server sets attributes through `/proc/self/fd`, so
+  (`qemu.cmdline.SHARE_FILE_MODES`). QEMU's 9p server sets attributes through `/proc/self/fd`, so
   such a VMM also gets a /proc that shows its own processes alone (`PROC_OPTIONS`);
 - read and write, its own (`Access.OWN`, owner its uid, mode 0600): its writable disk tops, its
   own memory file, its console log and its QMP socket.

@@ -106,11 +106,11 @@ async def test_snapshot_from_another_driver(
     assert template.snapshot.compat == await driver.compat()
     for platform in driver._platforms:
         older = dataclasses.replace(template.snapshot, compat=await driver.compat_on(platform))
-        assert await driver._platform_of(older) == platform
+        assert await driver.platform_of(older) == platform
     never = Platform(driver._platforms[0].cpu, "pc")
     unknown = dataclasses.replace(template.snapshot, compat=await driver.compat_on(never))
     with pytest.raises(IncompatibleSnapshotError):
-        await driver._platform_of(unknown)
+        await driver.platform_of(unknown)
 
 
 async def test_snapshot_manifest_round_trip(template: Template, tmp_path: Path) -> None:

@@ -30,7 +30,7 @@ async def discardless_fleet(
     driver: QemuDriver, places: Places, nets: NetnsPool, template: Template, no_leaks: None
 ) -> AsyncIterator[Fleet]:
     config = dataclasses.replace(driver.config, discard=False)
-    fleet = Fleet(QemuDriver(config, cgroups=driver._cgroups), places, nets)
+    fleet = Fleet(QemuDriver(config, cgroups=driver.launcher.cgroups), places, nets)
     try:
         yield fleet
     finally:
