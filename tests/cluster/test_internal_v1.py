@@ -29,6 +29,7 @@ API_KEY = "e2b_" + "7" * 40
 class Node:
     http: httpx.AsyncClient
     doubles: DoubleNode
+    draining: bool = False  # what the node's memory of its drain says
 
     async def v1(self, path: str, call: dict[str, Any]) -> NodeAnswer:
         answer = await self.http.post(
@@ -53,10 +54,13 @@ async def node(tmp_path: Path, settings: dict[str, Any]) -> AsyncIterator[Node]:
     async with double_node(tmp_path, **settings) as doubles:
         keys = KeyStore(tmp_path / "api-keys.json")
         keys.add(API_KEY, "test")
-        app = InternalGate(create_api(doubles.orchestrator, doubles.config, keys), SECRET)
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://node") as http:
-            yield Node(http, doubles)
+        api = create_api(doubles.orchestrator, doubles.config, keys)
+        gate = InternalGate(api, SECRET, lambda: served.draining)
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=gate), base_url="http://node"
+        ) as http:
+            served = Node(http, doubles)
+            yield served
 
 
 async def test_a_sandbox_lives_through_version_1_as_through_its_e2b_routes(node: Node) -> None:
@@ -110,6 +114,19 @@ async def test_a_full_node_refuses_as_full_with_e2bs_429(node: Node) -> None:
     assert (full.refusal, full.status) == (Refusal.FULL, 429)
     assert _json(full)["error_code"] == "sandbox_capacity_unavailable"
     assert len(node.doubles.catalog.list()) == 1
+
+
+async def test_a_draining_node_refuses_creates_as_draining_and_serves_the_rest(
+    node: Node,
+) -> None:
+    made = await node.v1("/sandboxes", {"api": "v2", "body": '{"templateID": "base"}'})
+    node.draining = True
+    refused = await node.v1("/sandboxes", {"api": "v2", "body": '{"templateID": "base"}'})
+    assert (refused.refusal, refused.status) == (Refusal.DRAINING, 503)
+    assert "draining" in _json(refused)["message"]
+    assert len(node.doubles.catalog.list()) == 1
+    killed = await node.v1(f"/sandboxes/{_json(made)['sandboxID']}/kill", {})
+    assert (killed.refusal, killed.status) == (None, 204)
 
 
 @pytest.mark.parametrize(

@@ -137,3 +137,22 @@ async def test_a_drained_node_stays_drained_when_redis_forgets(
         redis.restart()
         async with membership(fast, source) as agent:
             assert await Drains(agent.client).draining() == {"n1"}
+
+
+async def test_the_drain_memory_given_is_the_one_the_agent_keeps(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    """`aenv node` shares one memory of the drain between its agent and its internal API,
+    which refuses creates while it says draining: a drain in Redis reaches that object."""
+    fast = dataclasses.replace(settings(redis.url, tmp_path / "node"), interval=0.05)
+    shared = DrainMemory(fast.drain_file)
+    async with double_node(tmp_path / "node") as node:
+        source = CatalogSource(node.catalog, node.templates)
+        async with membership(fast, source, shared) as agent:
+            assert agent.drain is shared
+            await Drains(agent.client).drain("n1")
+
+            async def noted() -> bool:
+                return shared.state.draining
+
+            await eventually(noted, "the shared memory never noted the drain")

@@ -15,6 +15,8 @@ the gateway acts for (`api.internal.caller`), as a replayed request does.
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Callable
 from enum import StrEnum
 from typing import Any, TypeVar
 
@@ -50,9 +52,11 @@ E = TypeVar("E", bound=StrEnum)
 _SET_AGAIN = frozenset({"content-length"})
 
 
-def internal_v1(app: ASGIApp) -> ASGIApp:
-    """The version 1 routes (paths under `PREFIX_V1`) over the node's app `app`."""
-    calls = _Calls(app)
+def internal_v1(app: ASGIApp, draining: Callable[[], bool] = lambda: False) -> ASGIApp:
+    """The version 1 routes (paths under `PREFIX_V1`) over the node's app `app`; creates are
+    refused as `DRAINING` while `draining()` (the node's memory of its drain, as of its last
+    heartbeat: a gateway that read the drain before it began may still send one)."""
+    calls = _Calls(app, draining)
     return Starlette(
         routes=[
             Route(PREFIX_V1 + "/sandboxes", calls.create, methods=["POST"]),
@@ -64,11 +68,14 @@ def internal_v1(app: ASGIApp) -> ASGIApp:
 
 
 class _Calls:
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: ASGIApp, draining: Callable[[], bool]) -> None:
         self.app = app
+        self.draining = draining
 
     async def create(self, request: Request) -> Response:
         call = await _parsed(request, CreateSandbox)
+        if self.draining():
+            return _answer(_DRAINING)
         headers = []
         if call.idempotency_key is not None:
             headers.append((IDEMPOTENCY_HEADER.lower().encode(), call.idempotency_key.encode()))
@@ -94,8 +101,19 @@ class _Calls:
         body: str,
         headers: list[tuple[bytes, bytes]] | None = None,
     ) -> Response:
-        answer = await run_inner(self.app, request.scope, method, path, body, headers or [])
-        return Response(answer.model_dump_json(), media_type="application/json")
+        return _answer(await run_inner(self.app, request.scope, method, path, body, headers or []))
+
+
+def _answer(answer: NodeAnswer) -> Response:
+    return Response(answer.model_dump_json(), media_type="application/json")
+
+
+_DRAINING = NodeAnswer(
+    refusal=Refusal.DRAINING,
+    status=503,
+    headers=[("content-type", "application/json")],
+    body=json.dumps({"code": 503, "message": "this node is draining: it takes no new sandboxes"}),
+)
 
 
 async def run_inner(

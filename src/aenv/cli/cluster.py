@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
@@ -22,6 +22,7 @@ from aenv.cli.serve import serve
 from aenv.config import ConfigError, load
 
 if TYPE_CHECKING:
+    from aenv.cluster.drain import DrainMemory
     from aenv.cluster.membership import NodeSettings
     from aenv.server import Node
 
@@ -65,13 +66,20 @@ def node(
     console.print(
         f"[cyan]aenv[/cyan] node {settings.node_id} joins the cluster at {settings.address}"
     )
+    from aenv.cluster.drain import DrainMemory
     from aenv.cluster.internal import InternalGate
 
+    # One memory of the drain: the agent keeps it, the internal API refuses creates by it.
+    drain = DrainMemory(settings.drain_file)
+
     def gate(app: ASGIApp) -> ASGIApp:
-        return InternalGate(app, settings.secret)
+        return InternalGate(app, settings.secret, lambda: drain.state.draining)
+
+    def member(running: Node) -> AbstractAsyncContextManager[None]:
+        return _member(settings, running, drain)
 
     try:
-        asyncio.run(serve(config, beside=lambda running: _member(settings, running), gate=gate))
+        asyncio.run(serve(config, beside=member, gate=gate))
     except (NodeIdTaken, WrongClusterSecret) as e:
         # The node has shut down again (its sandboxes paused or killed, as configured).
         console.print(f"[red]cannot join the cluster:[/red] {e}")
@@ -82,7 +90,7 @@ def node(
 
 
 @asynccontextmanager
-async def _member(settings: NodeSettings, running: Node) -> AsyncIterator[None]:
+async def _member(settings: NodeSettings, running: Node, drain: DrainMemory) -> AsyncIterator[None]:
     from aenv.cluster.membership import membership
     from aenv.cluster.source import CatalogSource
 
@@ -93,7 +101,7 @@ async def _member(settings: NodeSettings, running: Node) -> AsyncIterator[None]:
         orchestrator.forget,
         running.builder,
     )
-    async with membership(settings, source) as agent:
+    async with membership(settings, source, drain) as agent:
         running.orchestrator.residency.append(agent)
         try:
             yield

@@ -11,12 +11,14 @@ routing (`aenv.proxy.routing`) sees what it would have seen from a client. Paths
 prefix pass through untouched: the node's public API stays as `aenv server` has it.
 
 Under the prefix, `/v1/...` is the typed internal API of version 1 (`aenv.api.internal_v1`);
-everything else is version 0, a client's request replayed (`aenv.api.internal_models`).
+everything else is version 0, a client's request replayed (`aenv.api.internal_models`):
+deprecated for the calls version 1 carries, and served for the previous release's gateways.
 """
 
 from __future__ import annotations
 
 import hmac
+from collections.abc import Callable
 
 from starlette.types import ASGIApp, Receive, Scope, Send
 
@@ -39,9 +41,11 @@ _CALLER = CALLER_HEADER.lower().encode()
 class InternalGate:
     """ASGI middleware in front of a node's app (see the module docstring)."""
 
-    def __init__(self, app: ASGIApp, secret: ClusterSecret) -> None:
+    def __init__(
+        self, app: ASGIApp, secret: ClusterSecret, draining: Callable[[], bool] = lambda: False
+    ) -> None:
         self.app = app
-        self.v1 = internal_v1(app)
+        self.v1 = internal_v1(app, draining)
         self._token = secret.bearer.encode()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:

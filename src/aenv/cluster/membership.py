@@ -61,8 +61,11 @@ class NodeSettings:
 
 
 @asynccontextmanager
-async def membership(settings: NodeSettings, source: StateSource) -> AsyncIterator[NodeAgent]:
-    """Registers the node and heartbeats until the body ends, then gives the id up.
+async def membership(
+    settings: NodeSettings, source: StateSource, drain: DrainMemory | None = None
+) -> AsyncIterator[NodeAgent]:
+    """Registers the node and heartbeats until the body ends, then gives the id up. The node's
+    memory of its drain is `drain` when given (the internal API reads it too), else its own.
 
     A node id held by another process or a wrong secret fails here, at start-up. Redis being
     down does not: the node serves its own sandboxes and registers once Redis answers.
@@ -75,7 +78,7 @@ async def membership(settings: NodeSettings, source: StateSource) -> AsyncIterat
         source,
         settings.secret,
         settings.ttl,
-        drain=DrainMemory(settings.drain_file),
+        drain=drain or DrainMemory(settings.drain_file),
     )
     try:
         try:
