@@ -12,8 +12,10 @@ import httpx
 
 from aenv.api.app import create_api
 from aenv.api.keys import KeyStore
+from aenv.orchestrator import checkpoints
 from aenv.orchestrator.kinds import SaveMode
 from aenv.orchestrator.states import SandboxState
+from aenv.runtime.driver import Snapshot
 from tests.doubles.node import DoubleNode, assert_clean, double_node
 from tests.support import loopback_api
 
@@ -103,6 +105,36 @@ async def test_failed_resume_answers_an_error_and_stays_paused(tmp_path: Path) -
         assert response.status_code >= 500
         error(response, response.status_code)
         assert (await api.get(f"/sandboxes/{sandbox_id}")).json()["state"] == "paused"
+
+
+async def test_resume_of_a_corrupt_checkpoint_is_refused_and_keeps_it(tmp_path: Path) -> None:
+    """A byte of the paused sandbox's data changed on disk: the resume answers 422 naming the
+    file rather than restoring other data, the sandbox stays paused with its files as they are,
+    and once the byte is back it resumes with what it had."""
+    async with double_node(tmp_path, repository="off") as node, served(node) as api:
+        sandbox_id = (await api.post("/sandboxes", json={"templateID": "base"})).json()["sandboxID"]
+        node.guest(sandbox_id).write("/work", "before the pause")
+        assert (await api.post(f"/sandboxes/{sandbox_id}/pause")).status_code == 204
+        seq = node.row(sandbox_id).checkpoint_seq
+        checkpoint = checkpoints.pause_dir(node.config.paths.sandboxes / sandbox_id, seq)
+        files = Snapshot.load_manifest(checkpoint).files()
+        role, path = next((r, p) for r, p in files.items() if b"before the pause" in p.read_bytes())
+        saved = path.read_bytes()
+        path.write_bytes(saved.replace(b"before the pause", b"bEfore the pause"))
+        corrupt = {p: p.read_bytes() for p in files.values()}
+
+        response = await api.post(f"/sandboxes/{sandbox_id}/resume", json={"timeout": 60})
+        message = error(response, 422)
+        assert f"is corrupt: file {role} ({path}) checksum mismatch" in message
+        assert response.headers["Should-Retry"] == "false"
+        row = node.row(sandbox_id)
+        assert (row.state, row.checkpoint_seq) == (SandboxState.PAUSED, seq)
+        assert {p: p.read_bytes() for p in files.values()} == corrupt
+
+        path.write_bytes(saved)
+        resumed = await api.post(f"/sandboxes/{sandbox_id}/resume", json={"timeout": 60})
+        assert resumed.status_code == 201, resumed.text
+        assert node.guest(sandbox_id).read("/work") == "before the pause"
 
 
 async def test_listing_leaves_out_internal_sandboxes(tmp_path: Path) -> None:

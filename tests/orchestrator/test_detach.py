@@ -149,13 +149,15 @@ def test_pruning_keeps_the_memory_a_newer_checkpoint_lies_over(tmp_path: Path) -
 def _layered(directory: Path, below: tuple[Path, ...]) -> Snapshot:
     """A state of changed pages over a template's memory file and the older states `below`."""
     (directory / "state").write_bytes(b"device state and pages changed since " + bytes(len(below)))
+    memory = directory.parent / "template-memory"
+    memory.write_bytes(b"the template's memory")
     spec = VMSpec(vcpus=1, memory_mib=256, kernel=Path("/k"), cmdline="", workdir=directory)
     snap = Snapshot(
         driver="qemu",
         compat="x",
         spec=spec,
         state_file=directory / "state",
-        memory_file=Path("/templates/base/memory"),
+        memory_file=memory,
         disks={},
         layers=below,
     )

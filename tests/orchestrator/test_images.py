@@ -166,6 +166,7 @@ def saved_snapshot(directory: Path, guest: GuestImages) -> Snapshot:
         ),
     )
     snap = Snapshot("qemu", "test", spec, directory / "state", None, {})
+    snap.state_file.write_bytes(b"device state")
     snap.save_manifest()
     return snap
 
@@ -238,6 +239,7 @@ def make_template(store: TemplateStore, template_id: str, images: str | None) ->
     snap_dir = store.directory / template_id / "snapshot"
     snap_dir.mkdir(parents=True)
     spec = VMSpec(vcpus=1, memory_mib=512, kernel=Path("k"), cmdline="", workdir=snap_dir)
+    (snap_dir / "state").write_bytes(b"device state")
     Snapshot("qemu", "test", spec, snap_dir / "state", None, {}).save_manifest()
     template = Template(
         template_id=template_id,

@@ -163,13 +163,14 @@ def layered(directory: Path, count: int) -> Snapshot:
         _write(directory / f"state-{i}", stream({0: _page(100 + i), i + 1: _page(i + 1)}))
         for i in range(count)
     ]
+    memory = _write(directory / "memory", b"the memory the states lie over")
     spec = VMSpec(vcpus=1, memory_mib=256, kernel=Path("/k"), cmdline="", workdir=directory)
     return Snapshot(
         driver="qemu",
         compat="x",
         spec=spec,
         state_file=states[-1],
-        memory_file=directory / "memory",
+        memory_file=memory,
         disks={},
         layers=tuple(states[:-1]),
     )

@@ -9,6 +9,7 @@ from starlette.responses import JSONResponse
 
 from aenv.api.internal_models import Refusal
 from aenv.orchestrator.lifecycle import InvalidState, OperationFailed, SandboxNotFound
+from aenv.orchestrator.saved import refused
 
 T = TypeVar("T")
 
@@ -55,8 +56,9 @@ def not_found(what: str) -> APIError:
 
 async def call_lifecycle(operation: Awaitable[T], sandbox_id: str) -> T:
     """Run a pause/resume/snapshot/fork operation, turning its failures into the statuses the
-    SDKs expect: 404 unknown, 409 wrong state (e.g. already paused), 500 failed (the sandbox is
-    as it was, so the client may try again)."""
+    SDKs expect: 404 unknown, 409 wrong state (e.g. already paused), 422 a saved state it needs
+    is corrupt or of a format this node cannot read (trying again cannot help), 500 failed (the
+    sandbox is as it was, so the client may try again)."""
     try:
         return await operation
     except SandboxNotFound as e:
@@ -64,4 +66,6 @@ async def call_lifecycle(operation: Awaitable[T], sandbox_id: str) -> T:
     except InvalidState as e:
         raise APIError(409, str(e)) from e
     except OperationFailed as e:
+        if refused(e.__cause__):
+            raise APIError(422, str(e), should_retry=False, refusal=Refusal.FAILED) from e
         raise APIError(500, str(e), should_retry=False, refusal=Refusal.FAILED) from e

@@ -25,10 +25,23 @@ from aenv.orchestrator.catalog import Archived, Catalog, SandboxRecord
 from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.templates import Template, TemplateStore
-from aenv.runtime.driver import Driver, DriverError, RestoreError, Snapshot
+from aenv.runtime.driver import (
+    CorruptSavedState,
+    Driver,
+    DriverError,
+    RestoreError,
+    Snapshot,
+    UnknownSavedStateFormat,
+)
 from aenv.storage.repository import RepositoryError
 
 log = logging.getLogger("aenv.orchestrator")
+
+
+def refused(error: BaseException | None) -> bool:
+    """Whether `error` refused a saved state for what it is: a file changed since its save, or
+    a manifest of another program or a newer format. Trying again cannot help."""
+    return isinstance(error, CorruptSavedState | UnknownSavedStateFormat)
 
 
 class SavedStates:
@@ -166,9 +179,12 @@ class SavedStates:
         files stay as they are)."""
         sandbox_dir = self.sandboxes_dir / record.id
         seq = record.checkpoint_seq
+        local: RestoreError | None = None
         if not pull:
-            with contextlib.suppress(RestoreError):
+            try:
                 return await self.driver.load_saved(checkpoints.pause_dir(sandbox_dir, seq))
+            except RestoreError as e:
+                local = e
         archived = (self.catalog.get(record.id) or record).archived
         push = self._pushes.get(record.id)
         if push is not None:  # its upload is under way: the copy is about to exist
@@ -176,6 +192,8 @@ class SavedStates:
             current = self.catalog.get(record.id)
             archived = current.archived if current else None
         if self.archive is None or archived is None:
+            if local is not None:  # why it is unusable (a corrupt file, a foreign format)
+                raise local
             raise RestoreError(f"sandbox {record.id} has no usable checkpoint")
         if archived.seq != seq:
             raise RestoreError(

@@ -289,7 +289,7 @@ async def build_template(
         snapshot = await vm.snapshot(
             SnapshotTarget(directory=snap_dir, memory_dir=memory), keep_running=False
         )
-        snapshot.save_manifest()
+        await asyncio.to_thread(snapshot.save_manifest)
         vm = None
         template = Template(
             template_id=request.template_id,

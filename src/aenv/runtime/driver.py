@@ -31,15 +31,22 @@ from __future__ import annotations
 import enum
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 import psutil
 
 from aenv import atomic
+from aenv.runtime import checksums
+from aenv.runtime.checksums import Checksum
 
 SNAPSHOT_MANIFEST = "snapshot.json"
+# What `snapshot.json` starts with, as a snapshot header's magic and version do. Version 1
+# (no `format`, no checksums) is what manifests written before both were; version 2 adds
+# `files`, the checksum of every file the manifest names.
+MANIFEST_FORMAT = "aenv-saved-state"
+MANIFEST_VERSION = 2
 
 
 class DriverError(RuntimeError):
@@ -56,6 +63,14 @@ class SnapshotError(DriverError):
 
 class RestoreError(DriverError):
     """Loading a snapshot failed (missing or corrupt files, VMM rejected the state)."""
+
+
+class CorruptSavedState(RestoreError):
+    """A file of a saved state differs from what its manifest recorded; nothing was changed."""
+
+
+class UnknownSavedStateFormat(RestoreError):
+    """A manifest of another program, or of a format version this code cannot read."""
 
 
 class IncompatibleSnapshotError(RestoreError):
@@ -177,21 +192,85 @@ class Snapshot:
     disks: Mapping[str, Path]
     machine_state: bool = True
     layers: tuple[Path, ...] = ()
+    # The checksums its manifest recorded, by `files` role: none for a manifest of version 1,
+    # or for a snapshot not read from a manifest. `save_manifest` records its files anew.
+    recorded: Mapping[str, Checksum] = field(default_factory=dict, compare=False)
+
+    def files(self) -> dict[str, Path]:
+        """The files of this saved state by role (`state`, `memory`, `layer-<n>`,
+        `disk-<drive>`): what its manifest records checksums of."""
+        files = {"state": self.state_file}
+        if self.memory_file is not None:
+            files["memory"] = self.memory_file
+        files |= {f"layer-{i}": path for i, path in enumerate(self.layers, 1)}
+        files |= {f"disk-{drive}": path for drive, path in self.disks.items()}
+        return files
 
     def save_manifest(self, directory: Path | None = None) -> Path:
         """Write `snapshot.json` into `directory` (default: next to the state file), so the
-        snapshot can be reloaded later. Atomic: a reader sees the old manifest or the new one."""
+        snapshot can be reloaded later, with the checksum of each of its files (read from them
+        unless known already, see `checksums`). Atomic: a reader sees the old manifest or the
+        new one. Blocking."""
         path = (directory or self.state_file.parent) / SNAPSHOT_MANIFEST
-        atomic.write_text(path, json.dumps(_snapshot_to_dict(self), indent=2))
+        raw = {"format": MANIFEST_FORMAT, "version": MANIFEST_VERSION, **_snapshot_to_dict(self)}
+        found = {role: checksums.of_file(file) for role, file in self.files().items()}
+        raw["files"] = {
+            role: {"size": c.size, checksums.ALGORITHM: c.digest} for role, c in found.items()
+        }
+        atomic.write_text(path, json.dumps(raw, indent=2))
         return path
 
     @classmethod
     def load_manifest(cls, directory: Path) -> Snapshot:
+        """The snapshot `directory`'s manifest describes, its files unread. Raises
+        `UnknownSavedStateFormat` for another program's or a newer format, else
+        `RestoreError` when it cannot be read."""
         try:
             raw = json.loads((directory / SNAPSHOT_MANIFEST).read_text())
-            return _snapshot_from_dict(raw)
-        except (OSError, ValueError, KeyError, TypeError) as exc:
+        except (OSError, ValueError) as exc:
             raise RestoreError(f"unreadable snapshot manifest in {directory}: {exc}") from exc
+        version = _manifest_version(raw, directory)
+        try:
+            snapshot = _snapshot_from_dict(raw)
+            if version == 1:
+                return snapshot
+            recorded = {
+                str(role): Checksum(int(c["size"]), str(c[checksums.ALGORITHM]))
+                for role, c in raw["files"].items()
+            }
+        except (ValueError, KeyError, TypeError, AttributeError) as exc:
+            raise RestoreError(f"unreadable snapshot manifest in {directory}: {exc}") from exc
+        return replace(snapshot, recorded=recorded)
+
+    def verify(self, directory: Path) -> None:
+        """Compare each file with the checksum its manifest (in `directory`) recorded; raises
+        `CorruptSavedState` naming the first that differs. Nothing to compare for a manifest
+        of version 1. Blocking."""
+        if not self.recorded:
+            return
+        files = self.files()
+        if set(files) != set(self.recorded):
+            raise CorruptSavedState(
+                f"saved state in {directory} is corrupt: its manifest records the files "
+                f"{sorted(self.recorded)} but names {sorted(files)}"
+            )
+        for role, path in files.items():
+            try:
+                found = checksums.of_file(path)
+            except OSError as exc:
+                raise CorruptSavedState(
+                    f"saved state in {directory} is corrupt: file {role} ({path}): {exc}"
+                ) from exc
+            expected = self.recorded[role]
+            if found.size != expected.size:
+                raise CorruptSavedState(
+                    f"saved state in {directory} is corrupt: file {role} ({path}) has "
+                    f"{found.size} bytes, its manifest recorded {expected.size}"
+                )
+            if found.digest != expected.digest:
+                raise CorruptSavedState(
+                    f"saved state in {directory} is corrupt: file {role} ({path}) checksum mismatch"
+                )
 
 
 @dataclass(frozen=True)
@@ -431,6 +510,26 @@ def _snapshot_to_dict(snap: Snapshot) -> dict[str, Any]:
         "machine_state": snap.machine_state,
         "layers": [str(p) for p in snap.layers],
     }
+
+
+def _manifest_version(raw: Any, directory: Path) -> int:
+    """The format version of a parsed manifest: 1 for one written before versions."""
+    if not isinstance(raw, dict):
+        raise RestoreError(f"unreadable snapshot manifest in {directory}: not a JSON object")
+    if "format" not in raw and "version" not in raw:
+        return 1
+    if raw.get("format") != MANIFEST_FORMAT:
+        raise UnknownSavedStateFormat(
+            f"the saved state in {directory} is not aenv's: its manifest's format is "
+            f"{raw.get('format')!r}, not {MANIFEST_FORMAT!r}"
+        )
+    version = raw.get("version")
+    if not isinstance(version, int) or not 2 <= version <= MANIFEST_VERSION:
+        raise UnknownSavedStateFormat(
+            f"the saved state in {directory} was written by format version {version}, "
+            f"this node reads versions 1 to {MANIFEST_VERSION}"
+        )
+    return version
 
 
 def _snapshot_from_dict(raw: Mapping[str, Any]) -> Snapshot:

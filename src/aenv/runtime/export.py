@@ -72,8 +72,8 @@ async def place(src: Path, dest: Path, *, move: bool) -> None:
 
 
 def load(directory: Path, driver: str) -> Snapshot:
-    """The saved state in `directory`, if it is `driver`'s and every file it names is there.
-    Blocking."""
+    """The saved state in `directory`, if it is `driver`'s, every file it names is there and
+    each has the checksum its manifest recorded (`CorruptSavedState` else). Blocking."""
     snapshot = Snapshot.load_manifest(directory)
     if snapshot.driver != driver:
         raise IncompatibleSnapshotError(
@@ -87,4 +87,5 @@ def load(directory: Path, driver: str) -> Snapshot:
     missing = [str(p) for p in files if not p.is_file()]
     if missing:
         raise RestoreError(f"the saved state in {directory} lacks {', '.join(missing)}")
+    snapshot.verify(directory)
     return snapshot

@@ -19,7 +19,7 @@ import pytest
 
 from aenv.runtime import qcow2
 from aenv.runtime.cgroups import CgroupManager
-from aenv.runtime.driver import DriverError, RestoreError, Snapshot, VMState
+from aenv.runtime.driver import CorruptSavedState, DriverError, RestoreError, Snapshot, VMState
 from aenv.runtime.qemu import QemuDriver, QemuVM
 from aenv.runtime.sweep import orphaned_vmms, reap_strays
 from tests.doubles.node import eventually
@@ -124,6 +124,32 @@ async def test_snapshot_of_a_clone_keeps_running_and_restores(
     grandchild, gc_netns = await fleet.restore(grandchild_snap)
     assert (await agent(gc_netns))["note"] == "second-note"
     assert grandchild.state is VMState.RUNNING
+
+
+@pytest.mark.parametrize("role", ["state", "disk-upper"])
+async def test_a_corrupt_saved_state_is_refused_and_left_as_it_is(
+    fleet: Fleet, template: Template, places: Places, role: str
+) -> None:
+    """A real guest's pause, one byte of its migration stream or sealed disk changed: loading
+    it is refused by name, the file stays as it is, and with the byte back it restores the
+    guest's memory and disk."""
+    vm, netns = await fleet.restore(template.snapshot)
+    await agent(netns, "POST", "/?memory=kept&note=kept-note")
+    snap = await vm.snapshot(places.snapshot_target(), keep_running=False)
+    directory = snap.state_file.parent
+    path = snap.files()[role]
+    saved = path.read_bytes()
+    middle = len(saved) // 2
+    corrupt = saved[:middle] + bytes([saved[middle] ^ 1]) + saved[middle + 1 :]
+    path.write_bytes(corrupt)
+    with pytest.raises(CorruptSavedState, match=rf"file {role} \(.*\) checksum mismatch"):
+        await fleet.driver.load_saved(directory)
+    assert path.read_bytes() == corrupt
+
+    path.write_bytes(saved)
+    _restored, restored_netns = await fleet.restore(await fleet.driver.load_saved(directory))
+    state = await agent(restored_netns)
+    assert (state["memory"], state["note"]) == ("kept", "kept-note")
 
 
 async def test_a_full_disk_stays_inside_its_sandbox(fleet: Fleet, template: Template) -> None:
