@@ -14,6 +14,7 @@ from aenv.orchestrator import checkpoints
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.lifecycle import CreateFailed, InvalidState, OperationFailed
 from aenv.orchestrator.states import SandboxState
+from aenv.runtime.driver import Snapshot
 from tests.doubles.node import (
     DoubleNode,
     assert_clean,
@@ -145,6 +146,23 @@ async def test_a_lost_checkpoint_is_not_replaced_by_an_older_one(tmp_path: Path)
         assert (row.state, row.checkpoint_seq) == (SandboxState.PAUSED, 2)
         assert node.driver.running == {} and node.slots.in_use == {}
         assert await node.orchestrator.kill(sandbox_id)
+
+
+async def test_a_corrupt_checkpoint_resumes_from_its_copy(tmp_path: Path) -> None:
+    """A byte of a paused sandbox's checkpoint changed after its copy reached the repository:
+    the resume refuses the local files (their checksums) and restores the copy, with what the
+    sandbox had, rather than the changed byte."""
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        node.guest(record.id).write("/data", "before the pause")
+        await node.orchestrator.pause(record.id)
+        await eventually(lambda: node.row(record.id).archived is not None)
+        checkpoint = checkpoints.pause_dir(node.config.paths.sandboxes / record.id, 1)
+        files = Snapshot.load_manifest(checkpoint).files().values()
+        path = next(p for p in files if b"before the pause" in p.read_bytes())
+        path.write_bytes(path.read_bytes().replace(b"before the pause", b"bEfore the pause"))
+        await node.orchestrator.resume(record.id, 60)
+        assert node.guest(record.id).read("/data") == "before the pause"
 
 
 async def test_startup_keeps_a_checkpoint_whose_files_are_gone_but_copied(tmp_path: Path) -> None:
