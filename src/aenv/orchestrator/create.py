@@ -71,6 +71,9 @@ async def create_from(
     await capacity.check_host(node)
     need_mb = request.size[1] if request.size else (parent or base).memory_mb
     await _admit_memory(node, need_mb)
+    # Rows exist from the moment a create is admitted; the queue holds the rest. Counting
+    # and joining the queue happen with no await in between (after the checks above, which
+    # await), so concurrent creates see each other and the caps are exact.
     capacity.check_counts(node, request.owner)
     starting = node.starting
     owner = request.owner
