@@ -1,9 +1,10 @@
 """What the checksums of saved states cost (runtime/checksums.py), with the QEMU driver (TCG
 here, KVM with AENV_BENCH_ACCEL=kvm) on a guest of AENV_BENCH_GUEST_MIB (512) MiB.
 
-A template VM is booted and saved once; then, AENV_BENCH_RUNS (5) times, a clone restored from
-it writes to its memory and disk and is saved as a pause (`VM.snapshot`, VM stops), and again a
-clone as a snapshot that keeps running. For each save:
+AENV_BENCH_RUNS (5) times, a VM is booted and saved (as a template is, or a pause of a sandbox
+booted from its disks: its whole memory file is new); then, as often, a clone restored from the
+last of them writes to its memory and disk and is saved as a pause (`VM.snapshot`, VM stops),
+and again a clone as a snapshot that keeps running. For each save:
 - the save's time, and its `manifest` step (the driver's step log): writing `snapshot.json`,
   which now hashes every file the node has not hashed yet. The baseline, measured in the same
   run, is the same save without that step's hashing: its time less the step (the manifest
@@ -84,7 +85,12 @@ class Places:
         return SnapshotTarget(self.fresh(self.work, "snap"), self.fresh(self.shm, "snap"))
 
 
-async def template(driver: QemuDriver, places: Places, images: dict[str, Path]) -> Snapshot:
+async def booted_save(
+    driver: QemuDriver, places: Places, images: dict[str, Path], steps: StepLog
+) -> tuple[float, float, Snapshot]:
+    """A cold-booted VM's save (a template's, or a pause of a sandbox booted from its disks):
+    its memory file is handed over whole, so the manifest hashes all of it. Its time and its
+    manifest step, in seconds."""
     workdir = places.fresh(places.work, "boot")
     upper = await layers.new_upper(workdir / "upper.img", 1024)
     net = places.nets.create()
@@ -97,9 +103,12 @@ async def template(driver: QemuDriver, places: Places, images: dict[str, Path]) 
     vm = await driver.boot(spec)
     try:
         await wait_ready(net.netns)
-        return await vm.snapshot(places.snapshot_target(), keep_running=False)
+        start = time.perf_counter()
+        snap = await vm.snapshot(places.snapshot_target(), keep_running=False)
+        took = time.perf_counter() - start
     finally:
         await vm.stop()
+    return took, steps.manifest_ms[-1] / 1000, snap
 
 
 async def save(
@@ -145,13 +154,18 @@ async def main() -> dict[str, Any]:
     steps = StepLog()
     logging.getLogger("aenv.runtime").addHandler(steps)
     logging.getLogger("aenv.runtime").setLevel(logging.INFO)
+    kinds = ("booted", "pause", "keep")
     samples: dict[str, list[float]] = {
-        k: [] for k in ("pause", "pause_manifest", "keep", "keep_manifest", "warm", "cold")
+        name: [] for name in (*kinds, *(f"{k}_manifest" for k in kinds), "warm", "cold")
     }
     async with vm_env() as env:
         driver = QemuDriver(QemuConfig(accel=env.accel), cgroups=env.cgroups)
         places = Places(env.work, env.shm, env.nets)
-        base = await template(driver, places, env.images)
+        for run in range(RUNS):
+            took, manifest, base = await booted_save(driver, places, env.images, steps)
+            samples["booted"].append(took)
+            samples["booted_manifest"].append(manifest)
+            log(f"boot {run + 1}/{RUNS}: save {took:.2f}s")
         for run in range(RUNS):
             took, manifest, paused = await save(driver, places, base, steps, False)
             samples["pause"].append(took)
@@ -170,6 +184,7 @@ async def main() -> dict[str, Any]:
         "accel": accel,
         "guest_memory_mib": MEMORY_MIB,
         "runs": RUNS,
+        "save_of_a_booted_vm": figures(samples["booted"], samples["booted_manifest"]),
         "pause": figures(samples["pause"], samples["pause_manifest"]),
         "snapshot_keep_running": figures(samples["keep"], samples["keep_manifest"]),
         "resume_load_saved_ms": {
