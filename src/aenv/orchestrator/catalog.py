@@ -14,7 +14,7 @@ import json
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
@@ -231,13 +231,12 @@ class Catalog:
         self._db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         self._db.row_factory = sqlite3.Row
         self._db.execute("PRAGMA busy_timeout=5000")
-        try:
+        with ExitStack() as undo:
+            undo.callback(self._db.close)
             # Before WAL is switched on: a catalog it refuses is left byte for byte.
             with self._transaction() as db:
                 upgrade(db, str(path))
-        except BaseException:
-            self._db.close()
-            raise
+            undo.pop_all()
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
 
@@ -247,11 +246,10 @@ class Catalog:
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
         self._db.execute("BEGIN IMMEDIATE")
-        try:
+        with ExitStack() as undo:
+            undo.callback(self._db.execute, "ROLLBACK")
             yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
+            undo.pop_all()
         self._db.execute("COMMIT")
 
     def insert(self, record: SandboxRecord) -> SandboxRecord:
