@@ -124,16 +124,20 @@ async def _queued(
         await capacity.check_disk(node, disk_mb)
         node.starting.disk_mb += disk_mb
         try:
-            record = await _create(node, request, base, parent)
-        except BaseException:
-            node.stats.failed += 1
-            raise
+            with contextlib.ExitStack() as failed:
+                failed.callback(_count_failure, node)
+                record = await _create(node, request, base, parent)
+                failed.pop_all()
         finally:
             node.starting.disk_mb -= disk_mb
     finally:
         node.admission.release()
     node.stats.succeeded += 1
     return record
+
+
+def _count_failure(node: Node) -> None:
+    node.stats.failed += 1
 
 
 async def _create(
