@@ -3,6 +3,7 @@ the routes are built around a stand-in orchestrator and never called)."""
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 from typing import Any
 from unittest.mock import MagicMock
@@ -103,3 +104,21 @@ def test_open_paths_need_no_key_and_others_declare_it(document: dict[str, Any]) 
 def test_the_packaged_spec_is_the_repository_copy() -> None:
     packaged = REPO / "src" / "aenv" / "api" / "specs" / "e2b.yml"
     assert packaged.read_bytes() == (REPO / "specs" / "e2b" / "openapi.yml").read_bytes()
+
+
+def test_the_spec_is_parsed_once_and_building_leaves_it_as_it_was(tmp_path: Path) -> None:
+    spec = load_e2b_spec()
+    pristine = copy.deepcopy(spec)
+    create_api(MagicMock(), Config(home=tmp_path), KeyStore(tmp_path / "api-keys.json"))
+    assert load_e2b_spec() is spec  # every app built shares one parse
+
+    async def endpoint() -> None:
+        """A route the document describes from the spec, with this node's additions."""
+
+    routes = [
+        Route(path, endpoint, methods=["GET", "POST"])
+        for path in ("/v2/sandboxes", "/volumes", "/sandboxes/{sandbox_id}", "/x")
+    ]
+    document = build_document(spec, routes, open_paths=())
+    assert "sizeMB" in document["components"]["schemas"]["NewVolume"]["properties"]
+    assert spec == pristine

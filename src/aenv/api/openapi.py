@@ -20,6 +20,7 @@ appears without editing this module:
 from __future__ import annotations
 
 import copy
+import functools
 import json
 import re
 from collections.abc import Collection, Iterator, Sequence
@@ -214,7 +215,11 @@ def build_document(
     }
 
 
+@functools.cache
 def load_e2b_spec() -> dict[str, Any]:
+    """E2B's spec, parsed once per process: every app built (a node's, a gateway's, each test's)
+    reads the same shipped file, a third of a second of CPU to parse. Shared, so read-only:
+    `build_document` copies what it changes."""
     text = resources.files("aenv.api").joinpath("specs/e2b.yml").read_text()
     # The C loader: the pure-Python one takes about a second on this 130 kB file.
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
