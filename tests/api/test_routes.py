@@ -29,7 +29,8 @@ async def served(node: DoubleNode) -> AsyncIterator[httpx.AsyncClient]:
     keys.add(KEY, "test")
     async with (
         loopback_api.served(create_api(node.orchestrator, node.config, keys)) as url,
-        httpx.AsyncClient(base_url=url, headers={"X-API-Key": KEY}) as client,
+        # Plain HTTP: the client loads no CA store (30 ms of CPU, for each of ~80 tests).
+        httpx.AsyncClient(base_url=url, headers={"X-API-Key": KEY}, verify=False) as client,
     ):
         yield client
 

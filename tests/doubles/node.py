@@ -12,14 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.ids import new_build_id
 from aenv.network import Slot
 from aenv.orchestrator.catalog import Catalog, SandboxRecord
-from aenv.orchestrator.envd_client import EnvdClient
+from aenv.orchestrator.envd_client import EnvdClient, http_client
 from aenv.orchestrator.lifecycle import CreateRequest, Orchestrator
 from aenv.orchestrator.repository import open_archive
 from aenv.orchestrator.templates import Template, TemplateStore
@@ -148,7 +146,7 @@ async def make_template(
     token = secrets.token_hex(8)
     try:
         vm = await driver.boot(spec)
-        async with httpx.AsyncClient() as http:
+        async with http_client() as http:
             envd = EnvdClient(http, str(slot.address))
             await envd.wait_healthy(10)
             await envd.init(new_token=token, env_vars={}, hostname="sandbox", timeout=10)

@@ -4,13 +4,17 @@ every call, and envd's refusals come back as `EnvdRefused` with envd's own reaso
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
+import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+import httpx
 import pytest
+import trustme
 
-from aenv.orchestrator.envd_client import EnvdRefused
+from aenv.orchestrator.envd_client import EnvdRefused, http_client
 from tests.doubles.node import double_node
 
 
@@ -54,3 +58,31 @@ async def test_envds_refusals_carry_its_reason(tmp_path: Path) -> None:
             assert unauthorized.value.status == 401
         assert node.guest(record.id).read("/tmp/x") is None
         assert node.guest(record.id).copies == []
+
+
+async def test_the_envd_http_client_trusts_no_tls_server() -> None:
+    """It loads no CA store, so it must not pass for a client of TLS servers: a certificate
+    from a CA (here a test CA) fails its verification."""
+    ca = trustme.CA()
+    tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    ca.issue_cert("127.0.0.1").configure_cert(tls)
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=tls)
+    port = server.sockets[0].getsockname()[1]
+    try:
+        async with http_client() as http:
+            with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+                await http.get(f"https://127.0.0.1:{port}/health")
+        trusting = ssl.create_default_context()
+        ca.configure_trust(trusting)
+        async with httpx.AsyncClient(verify=trusting) as http:  # the server does answer
+            assert (await http.get(f"https://127.0.0.1:{port}/health")).status_code == 204
+    finally:
+        server.close()
+        await server.wait_closed()
