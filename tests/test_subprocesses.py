@@ -6,7 +6,6 @@ from __future__ import annotations
 import signal
 import subprocess
 import sys
-import time
 
 import psutil
 import pytest
@@ -14,6 +13,7 @@ import pytest
 from aenv.guest.proc import BuildError
 from aenv.guest.proc import run as build_step
 from aenv.storage.layers import LayerError, run_tool
+from tests.support.wait import SAFETY_S, eventually_sync
 
 # A server stand-in: starts `sleep` through one of the runners and waits on it.
 STARTERS = {
@@ -22,14 +22,11 @@ STARTERS = {
 }
 
 
-def _child(pid: int, timeout: float = 60) -> psutil.Process:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for child in psutil.Process(pid).children():
-            if child.name() == "sleep":
-                return child
-        time.sleep(0.05)
-    raise AssertionError("the helper program never started")
+def _child(pid: int) -> psutil.Process:
+    def started() -> psutil.Process | None:
+        return next((c for c in psutil.Process(pid).children() if c.name() == "sleep"), None)
+
+    return eventually_sync(started, "the helper program started")
 
 
 @pytest.mark.parametrize("starter", sorted(STARTERS))
@@ -41,7 +38,7 @@ def test_a_helper_program_dies_with_its_killed_starter(starter: str) -> None:
         tool = _child(server.pid)
         server.send_signal(signal.SIGKILL)
         server.wait()
-        _gone, alive = psutil.wait_procs([tool], timeout=30)
+        _gone, alive = psutil.wait_procs([tool], timeout=SAFETY_S)
         assert not alive, "the helper outlived the process that started it"
     finally:
         server.kill()

@@ -4,7 +4,6 @@ input, keys, limits) is tested here; the rest in tests/e2e."""
 
 from __future__ import annotations
 
-import asyncio
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -19,6 +18,7 @@ from aenv.config import Config
 from aenv.orchestrator.builds import Builder
 from aenv.orchestrator.lifecycle import Orchestrator
 from tests.doubles.node import double_node
+from tests.support.wait import eventually
 
 API_KEY = "e2b_" + "5" * 40
 
@@ -85,13 +85,15 @@ async def build(
         json={"fromTemplate": "base", "steps": steps},
     )
     assert started.status_code == 202, started.text
-    for _ in range(3000):
+    ended: dict[str, Any] = {}
+
+    async def done() -> bool:
         status = await node.client.get(f"/templates/{template_id}/builds/{build_id}/status")
-        body: dict[str, Any] = status.json()
-        if body["status"] in ("ready", "error"):
-            return body
-        await asyncio.sleep(0.02)
-    raise AssertionError("the build never ended")
+        ended.update(status.json())
+        return ended["status"] in ("ready", "error")
+
+    await eventually(done, f"build {build_id} ended", interval=0.02)
+    return ended
 
 
 async def request(node: BuildNode, name: str) -> tuple[str, str]:

@@ -19,7 +19,8 @@ from aenv.api.app import create_api
 from aenv.api.keys import KeyStore
 from aenv.orchestrator.states import SandboxState
 from tests.api.test_routes import KEY, error, served
-from tests.doubles.node import DoubleNode, double_node, eventually
+from tests.doubles.node import DoubleNode, double_node
+from tests.support.wait import eventually
 
 SPEC = Path(__file__).parents[2] / "specs" / "e2b" / "openapi.yml"
 NOT_SUPPORTED = "is not supported here"

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import time
-from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -70,13 +68,6 @@ async def snapshot_of(client: aioredis.Redis, node_ids: list[str]) -> dict[str, 
         "base": sorted(await holders.of(FileRef(FileKind.TEMPLATE, "base"))),
         "snap": sorted(await holders.of(FileRef(FileKind.SNAPSHOT, "snap"))),
     }
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
-    deadline = time.monotonic() + 20
-    while not await check():
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.05)
 
 
 async def three_nodes(client: aioredis.Redis) -> list[tuple[Node, NodeAgent]]:

@@ -52,10 +52,10 @@ from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.templates import Template, template_to_json
 from tests.cluster.node_double import NodeDouble, snapshot
 from tests.cluster.shared import SECRET
-from tests.cluster.test_agent import eventually
 from tests.proxy.support import serve
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer
+from tests.support.wait import eventually
 
 
 @dataclass
@@ -167,7 +167,7 @@ async def test_creates_under_way_spread_over_idle_nodes(
             async def taken(count: int = sent) -> bool:
                 return sum(len(n.creates_seen) for n in setup.nodes.values()) == count
 
-            await eventually(taken, f"create {sent} never reached a node")
+            await eventually(taken, f"create {sent} reached a node")
         gate.set()
         answers = await asyncio.gather(*creates)
     assert [a.status_code for a in answers] == [201] * 4

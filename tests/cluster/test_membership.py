@@ -3,10 +3,7 @@ and a real redis-server: settings, registration, routes following the catalog, R
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +18,7 @@ from aenv.config import Config, ConfigError, Paths
 from tests.cluster.shared import SECRET
 from tests.doubles.node import double_node
 from tests.support.redis_server import RedisServer
+from tests.support.wait import eventually
 
 
 def settings(url: str, home: Path, node_id: str = "n1") -> NodeSettings:
@@ -28,18 +26,6 @@ def settings(url: str, home: Path, node_id: str = "n1") -> NodeSettings:
         redis_url=url, node_id=node_id, cluster_secret=SECRET.value, port=3999, home=home
     )
     return NodeSettings.of(config)
-
-
-async def eventually(check: Callable[[], Awaitable[bool]], what: str) -> None:
-    deadline = time.monotonic() + 20
-    while True:
-        try:
-            if await check():
-                return
-        except ClusterUnavailable:
-            pass
-        assert time.monotonic() < deadline, what
-        await asyncio.sleep(0.05)
 
 
 @pytest.mark.parametrize(
@@ -112,9 +98,12 @@ async def test_a_node_starts_and_serves_with_redis_down(tmp_path: Path, redis: R
             redis.start()
 
             async def routed() -> bool:
-                return await agent.routes.lookup(record.id) == "n1"
+                try:
+                    return await agent.routes.lookup(record.id) == "n1"
+                except ClusterUnavailable:  # Redis is still starting
+                    return False
 
-            await eventually(routed, "the node never registered once Redis came up")
+            await eventually(routed, "the node registered once Redis came up")
             await node.orchestrator.kill(record.id)
 
 
@@ -133,7 +122,7 @@ async def test_a_drained_node_stays_drained_when_redis_forgets(
             async def remembered() -> bool:
                 return DrainMemory(memory).state.draining
 
-            await eventually(remembered, "the node never noted its drain")
+            await eventually(remembered, "the node noted its drain")
         redis.restart()
         async with membership(fast, source) as agent:
             assert await Drains(agent.client).draining() == {"n1"}

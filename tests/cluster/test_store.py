@@ -13,6 +13,7 @@ from aenv.cluster import store
 from aenv.cluster.routing import Routes
 from aenv.cluster.store import ClusterUnavailable
 from tests.support.redis_server import RedisServer
+from tests.support.wait import eventually
 
 
 async def test_a_pool_that_never_hands_out_a_connection_fails_clearly(
@@ -27,14 +28,22 @@ async def test_a_pool_that_never_hands_out_a_connection_fails_clearly(
     client = aioredis.Redis(connection_pool=pool)
     blocking_pop = cast("Coroutine[Any, Any, object]", client.blpop(["never"], timeout=0))
     held = asyncio.create_task(blocking_pop)
+    observer = aioredis.Redis.from_url(redis.url)
     try:
-        await asyncio.sleep(0.1)
+
+        async def popping() -> bool:
+            return any(c["cmd"] == "blpop" for c in await observer.client_list())
+
+        # The pop holds the one connection once Redis has it (a fixed pause before the check
+        # let the check take the connection first on a stalled host).
+        await eventually(popping, "the blocking pop reached Redis")
         with pytest.raises(ClusterUnavailable, match=r"did not answer within 0\.5 s while looking"):
             await Routes(client).lookup("sb1")
     finally:
         held.cancel()
         await asyncio.gather(held, return_exceptions=True)
         await client.aclose()
+        await observer.aclose()
 
 
 async def test_more_commands_at_once_than_the_pool_holds_wait_their_turn(

@@ -3,10 +3,9 @@ API, over the double driver and slots, all under one temporary data dir."""
 
 from __future__ import annotations
 
-import asyncio
 import secrets
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -25,6 +24,7 @@ from aenv.runtime.driver import Disk, NetAttachment, SnapshotTarget, VMSpec
 from tests.doubles.driver import DoubleDriver, write_disk
 from tests.doubles.slots import DoubleSlots
 from tests.doubles.volumes import DirectoryBacking
+from tests.support.wait import eventually
 
 TEMPLATE_FILES = {"/etc/template": "base", "/etc/hostname": "sandbox\n"}
 
@@ -168,15 +168,6 @@ async def make_template(
     )
     store.save(template)
     return template
-
-
-async def eventually(condition: Callable[[], bool], polls: int = 1000) -> None:
-    """Wait until `condition` holds (background work), failing after `polls` checks."""
-    for _ in range(polls):
-        if condition():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError("the condition never held")
 
 
 async def resumed_with_a_copy(node: DoubleNode) -> str:

@@ -6,10 +6,9 @@ from __future__ import annotations
 import json
 import random
 import struct
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Any, TypeVar
+from typing import Any
 
 import httpx
 from e2b import AsyncSandbox, ConnectionConfig, Sandbox
@@ -19,7 +18,6 @@ from tests.support.envd_process import envd_in_throwaway_root
 from tests.support.ports import free_port
 
 ENVD_VERSION = Version("0.6.13")
-T = TypeVar("T")
 
 
 @contextmanager
@@ -78,19 +76,6 @@ def parse_envelopes(body: bytes) -> list[tuple[int, Any]]:
 
 STREAM_HEADERS = {"Content-Type": "application/connect+json", "Connect-Protocol-Version": "1"}
 UNARY_HEADERS = {"Content-Type": "application/json", "Connect-Protocol-Version": "1"}
-
-
-def wait_until(probe: Callable[[], T], *, timeout: float = 20.0, interval: float = 0.05) -> T:
-    """Poll `probe` until it returns something truthy (returned); fail after `timeout`. The bound
-    only keeps a broken envd from hanging the suite; no test asserts how fast this is."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = probe()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"condition not met within {timeout} s: {probe}")
-        time.sleep(interval)
 
 
 def assert_envd_serves(sandbox: Sandbox, url: str) -> None:

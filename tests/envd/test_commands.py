@@ -14,7 +14,8 @@ from e2b import (
     TimeoutException,
 )
 
-from tests.envd.helpers import pids_in_sandbox, unique_sleep, wait_until
+from tests.envd.helpers import pids_in_sandbox, unique_sleep
+from tests.support.wait import eventually_sync
 
 
 def test_run_collects_stdout_stderr_and_exit_code(sandbox: Sandbox) -> None:
@@ -82,7 +83,7 @@ def test_stream_input(sandbox: Sandbox) -> None:
 def test_kill_background_command(sandbox: Sandbox) -> None:
     marker = unique_sleep()
     handle = sandbox.commands.run(f"{marker}; echo never", background=True)
-    wait_until(lambda: pids_in_sandbox(sandbox, marker))
+    eventually_sync(lambda: pids_in_sandbox(sandbox, marker))
     assert sandbox.commands.kill(handle.pid) is True
     with pytest.raises(CommandExitException) as info:
         handle.wait()
@@ -149,7 +150,7 @@ def test_too_short_timeout_raises_and_kills(sandbox: Sandbox) -> None:
     with pytest.raises(TimeoutException):
         sandbox.commands.run(f"{marker}; echo never", timeout=1)
     # The deadline bounds the process too: envd kills it, it does not linger.
-    wait_until(lambda: not pids_in_sandbox(sandbox, marker))
+    eventually_sync(lambda: not pids_in_sandbox(sandbox, marker))
     assert all(marker not in " ".join(p.args) for p in sandbox.commands.list())
 
 

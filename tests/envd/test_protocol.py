@@ -17,8 +17,8 @@ from tests.envd.helpers import (
     parse_envelopes,
     pids_in_sandbox,
     unique_sleep,
-    wait_until,
 )
+from tests.support.wait import eventually_sync
 
 
 def _start(url: str, body: dict[str, Any], **headers: str) -> list[tuple[int, Any]]:
@@ -101,7 +101,7 @@ def test_connect_timeout_bounds_the_process(sandbox: Sandbox, envd_url: str) -> 
         2,
         {"error": {"code": "deadline_exceeded", "message": "context deadline exceeded"}},
     )
-    wait_until(lambda: not pids_in_sandbox(sandbox, command))
+    eventually_sync(lambda: not pids_in_sandbox(sandbox, command))
 
 
 def test_connect_timeout_on_connect_leaves_process_running(sandbox: Sandbox, envd_url: str) -> None:

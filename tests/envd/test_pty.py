@@ -6,7 +6,8 @@ import pytest
 from e2b import AsyncSandbox, CommandExitException, Sandbox
 from e2b.sandbox.commands.command_handle import PtySize
 
-from tests.envd.helpers import pids_in_sandbox, unique_sleep, wait_until
+from tests.envd.helpers import pids_in_sandbox, unique_sleep
+from tests.support.wait import eventually_sync
 
 
 def _collect(handle_output: list[bytes]) -> str:
@@ -76,7 +77,7 @@ def test_pty_ctrl_c_interrupts_foreground_job(sandbox: Sandbox) -> None:
     handle = sandbox.pty.create(PtySize(rows=24, cols=80))
     command = unique_sleep()
     sandbox.pty.send_stdin(handle.pid, f"{command}\n".encode())
-    wait_until(lambda: pids_in_sandbox(sandbox, command))
+    eventually_sync(lambda: pids_in_sandbox(sandbox, command))
     sandbox.pty.send_stdin(handle.pid, b"\x03")
     sandbox.pty.send_stdin(handle.pid, b"echo after-$((2+3)); exit\n")
     out: list[bytes] = []

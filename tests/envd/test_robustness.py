@@ -14,8 +14,8 @@ from tests.envd.helpers import (
     pids_in_sandbox,
     sandbox_for,
     unique_sleep,
-    wait_until,
 )
+from tests.support.wait import eventually_sync
 
 
 def _envd_status(sandbox: Sandbox, field: str) -> int:
@@ -55,11 +55,11 @@ def test_disconnect_from_run_keeps_the_process(sandbox: Sandbox, envd_url: str) 
     response.close()
     client.close()
     # Leaving the stream does not kill the command (reconnect with Connect to follow it).
-    pids = wait_until(lambda: pids_in_sandbox(sandbox, command))
+    pids = eventually_sync(lambda: pids_in_sandbox(sandbox, command))
     listed = [p for p in sandbox.commands.list() if p.args[-1:] == [command]]
     assert len(listed) == 1
     assert sandbox.commands.kill(listed[0].pid)
-    wait_until(lambda: not any(p in pids_in_sandbox(sandbox, command) for p in pids))
+    eventually_sync(lambda: not any(p in pids_in_sandbox(sandbox, command) for p in pids))
 
 
 def test_background_handle_disconnect_then_kill(sandbox: Sandbox) -> None:
@@ -68,8 +68,8 @@ def test_background_handle_disconnect_then_kill(sandbox: Sandbox) -> None:
     handle.disconnect()
     assert handle.pid in {p.pid for p in sandbox.commands.list()}
     assert sandbox.commands.kill(handle.pid)
-    wait_until(lambda: not pids_in_sandbox(sandbox, command))
-    wait_until(lambda: not _zombies(sandbox))
+    eventually_sync(lambda: not pids_in_sandbox(sandbox, command))
+    eventually_sync(lambda: not _zombies(sandbox))
 
 
 def test_no_fd_leak_across_many_streams(sandbox: Sandbox, envd_url: str) -> None:
@@ -87,7 +87,7 @@ def test_no_fd_leak_across_many_streams(sandbox: Sandbox, envd_url: str) -> None
         handle = sandbox.files.watch_dir("/tmp")
         handle.stop()
     # Every process has exited and every stream is gone: envd holds what it held before.
-    wait_until(lambda: _envd_fds(sandbox) <= before + 2)
+    eventually_sync(lambda: _envd_fds(sandbox) <= before + 2)
     assert not _zombies(sandbox)
 
 
@@ -100,7 +100,7 @@ def test_slow_reader_bounds_memory_and_process_finishes(sandbox: Sandbox, envd_u
     client, response = _start_stream(envd_url, command)
     chunks = response.iter_raw()
     next(chunks)
-    wait_until(lambda: pids_in_sandbox(sandbox, marker))
+    eventually_sync(lambda: pids_in_sandbox(sandbox, marker))
     # The command stays blocked on its full pipe while nobody reads; envd does not buffer it.
     for _ in range(5):
         assert pids_in_sandbox(sandbox, marker)
@@ -108,7 +108,7 @@ def test_slow_reader_bounds_memory_and_process_finishes(sandbox: Sandbox, envd_u
     # The client leaves: output is no longer held for it, so the command runs to completion.
     response.close()
     client.close()
-    wait_until(lambda: not pids_in_sandbox(sandbox, marker), timeout=120)
+    eventually_sync(lambda: not pids_in_sandbox(sandbox, marker))
     assert _envd_status(sandbox, "VmRSS") < baseline + 128 * 1024
 
 
@@ -128,7 +128,7 @@ def test_exited_process_is_forgotten_after_retention() -> None:
                 assert e.exit_code == 5  # still retained: reports how it ended
             return False
 
-        wait_until(forgotten)
+        eventually_sync(forgotten)
         assert sandbox.commands.kill(handle.pid) is False
 
 
@@ -150,9 +150,9 @@ def test_upload_abandoned_mid_body_leaves_nothing(
             ).encode()
             + b"x" * (1024 * 1024)
         )
-        wait_until(lambda: sandbox.files.exists(target))  # it started writing
+        eventually_sync(lambda: sandbox.files.exists(target))  # it started writing
     # The client is gone mid-body: the half-written file is removed, envd keeps serving.
-    wait_until(lambda: not sandbox.files.exists(target))
+    eventually_sync(lambda: not sandbox.files.exists(target))
     assert sandbox.commands.run("echo fine").stdout == "fine\n"
 
 

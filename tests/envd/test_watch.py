@@ -18,7 +18,8 @@ from e2b import (
     SandboxException,
 )
 
-from tests.envd.helpers import STREAM_HEADERS, envelope, wait_until
+from tests.envd.helpers import STREAM_HEADERS, envelope
+from tests.support.wait import eventually_sync
 
 CREATE, WRITE, CHMOD = (
     FilesystemEventType.CREATE,
@@ -281,7 +282,7 @@ def test_disconnected_watch_stream_is_released(
     assert _inotify_fds(sandbox) == before + 1
     response.close()
     client.close()
-    wait_until(lambda: _inotify_fds(sandbox) == before)
+    eventually_sync(lambda: _inotify_fds(sandbox) == before)
 
 
 def test_stopped_polled_watcher_is_released(sandbox: Sandbox, workdir: str) -> None:

@@ -7,13 +7,14 @@ from __future__ import annotations
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
 import pytest
 
 from aenv.guest.pid1 import build_pid1
+from tests.support.wait import eventually_sync
 
 
 @pytest.fixture(scope="module")
@@ -63,11 +64,11 @@ def test_signals_reach_the_program_and_idle_means_no_wakeup(
     init: Path, started: list[subprocess.Popen[str]]
 ) -> None:
     started.append(proc := as_pid1(init, "trap 'exit 42' TERM; while :; do sleep 1; done"))
-    pid1 = _waited_for(lambda: _init_of(proc.pid))
+    pid1 = eventually_sync(lambda: _init_of(proc.pid), "aenv-init started")
     # The program's `sleep` children exit once a second, so count only what no child causes:
     # a second program that just waits shows PID 1's own wakeups.
     started.append(idle := as_pid1(init, "exec sleep 600"))
-    idle_init = _waited_for(lambda: _init_of(idle.pid))
+    idle_init = eventually_sync(lambda: _init_of(idle.pid), "the idle aenv-init started")
     before = idle_init.num_ctx_switches()
     time.sleep(3)
     assert idle_init.num_ctx_switches() == before  # tini: 3 voluntary switches here
@@ -81,11 +82,3 @@ def _init_of(unshare_pid: int) -> psutil.Process | None:
         if child.name() == "aenv-init":
             return child
     return None
-
-
-def _waited_for(find: Callable[[], psutil.Process | None]) -> psutil.Process:
-    for _ in range(300):
-        if (found := find()) is not None:
-            return found
-        time.sleep(0.01)
-    raise AssertionError("aenv-init did not start")

@@ -16,6 +16,7 @@ from aenv.network import Slot, SlotPool
 from tests.network import probes
 from tests.network.conftest import HOST_UPLINK_IP, INET_IP, World
 from tests.network.fakeguest import FakeGuest
+from tests.support.wait import eventually
 
 ENVD_PORT = 49983
 
@@ -42,11 +43,9 @@ def _ruleset(ns: str) -> str:
 
 async def _eventually_gone(world: World, ifnames: list[str]) -> None:
     # The kernel removes a dropped namespace's devices asynchronously.
-    for _ in range(500):
-        if not set(ifnames) & set(_links(world.host)):
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"host interfaces {ifnames} still present")
+    await eventually(
+        lambda: not set(ifnames) & set(_links(world.host)), f"host interfaces {ifnames} removed"
+    )
 
 
 async def test_slot_has_tap_veth_and_addresses(world: World, pool: SlotPool) -> None:
@@ -213,10 +212,12 @@ async def test_a_vmm_attaches_to_the_tap_from_inside_the_slot(pool: SlotPool) ->
     argv = ["ip", "netns", "exec", slot.netns, *qemu.split(), "-netdev", netdev, "-device", device]
     vmm = subprocess.Popen(argv, stderr=subprocess.PIPE)
     try:
-        for _ in range(1000):
-            if "LOWER_UP" in _links(slot.netns)[slot.guest.tap]["flags"] or vmm.poll() is not None:
-                break
-            await asyncio.sleep(0.01)
+        await eventually(
+            lambda: (
+                "LOWER_UP" in _links(slot.netns)[slot.guest.tap]["flags"] or vmm.poll() is not None
+            ),
+            "QEMU opened the tap, or exited",
+        )
         assert vmm.poll() is None, vmm.communicate()[1]
         assert "LOWER_UP" in _links(slot.netns)[slot.guest.tap]["flags"]
     finally:

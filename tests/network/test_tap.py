@@ -11,12 +11,12 @@ import secrets
 import struct
 import subprocess
 import threading
-import time
 from collections.abc import Iterator
 
 import pytest
 
 from aenv.network.tap import IFF_NO_PI, IFF_TAP, IFF_VNET_HDR, open_tap
+from tests.support.wait import eventually
 
 TUNGETIFF = 0x800454D2
 TUNGETVNETHDRSZ = 0x800454D7
@@ -69,11 +69,10 @@ async def test_a_cancelled_open_leaves_no_file_open(namespace: str) -> None:
     with pytest.raises(asyncio.CancelledError):
         await opening
     # The opening thread finishes on its own; once it has, nothing it opened may be left open.
-    while any(t.name == f"netns:{namespace}" for t in threading.enumerate()):
-        await asyncio.sleep(0.01)
+    await eventually(
+        lambda: all(t.name != f"netns:{namespace}" for t in threading.enumerate()),
+        "the opening thread finished",
+    )
     # The close is a callback of the loop's, after the one the thread's result comes back
     # with: a few loop turns later on a busy machine.
-    deadline = time.monotonic() + 5
-    while _open_taps() != before and time.monotonic() < deadline:
-        await asyncio.sleep(0.01)
-    assert _open_taps() == before
+    await eventually(lambda: _open_taps() == before, "the cancelled open's tap closed")

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import subprocess
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -15,6 +14,7 @@ from typing import Any
 import httpx
 
 from tests.support.ports import free_port
+from tests.support.wait import SAFETY_S, eventually_sync
 
 
 @dataclass(frozen=True)
@@ -53,19 +53,18 @@ def run_registry(workdir: Path, auth: dict[str, Any] | None = None) -> Iterator[
     proc = subprocess.Popen(
         ["docker-registry", "serve", str(workdir / "config.yml")], stdout=log, stderr=log
     )
+
+    def answers() -> bool:
+        assert proc.poll() is None, (workdir / "registry.log").read_text()
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/v2/").status_code in (200, 401)
+        except httpx.TransportError:
+            return False
+
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/v2/").status_code in (200, 401):
-                    break
-            except httpx.TransportError:
-                pass
-            assert proc.poll() is None, (workdir / "registry.log").read_text()
-            assert time.monotonic() < deadline, "registry did not start"
-            time.sleep(0.1)
+        eventually_sync(answers, "the registry answered")
         yield Registry(f"127.0.0.1:{port}", storage)
     finally:
         proc.terminate()
-        proc.wait(timeout=10)
+        proc.wait(timeout=SAFETY_S)
         log.close()

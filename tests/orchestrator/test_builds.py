@@ -20,7 +20,8 @@ from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.tags import TagStore
 from aenv.orchestrator.templates import template_from_json
 from tests.doubles.guest import COMMANDS
-from tests.doubles.node import DoubleNode, double_node, eventually
+from tests.doubles.node import DoubleNode, double_node
+from tests.support.wait import eventually
 
 
 def builder(node: DoubleNode, cache_layers: int = 8) -> Builder:

@@ -14,7 +14,8 @@ from pathlib import Path
 from aenv.orchestrator.catalog import VolumeMount
 from aenv.orchestrator.kinds import SaveMode
 from aenv.orchestrator.states import SandboxState
-from tests.doubles.node import DoubleNode, assert_clean, double_node, eventually
+from tests.doubles.node import DoubleNode, assert_clean, double_node
+from tests.support.wait import eventually
 
 AFTER = 0.001
 

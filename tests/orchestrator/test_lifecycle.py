@@ -24,10 +24,10 @@ from tests.doubles.node import (
     TEMPLATE_FILES,
     assert_clean,
     double_node,
-    eventually,
     resumed_with_a_copy,
 )
 from tests.doubles.slots import DoubleSlots
+from tests.support.wait import eventually
 
 
 async def test_create_restores_the_template_and_inits_envd(tmp_path: Path) -> None:

@@ -18,7 +18,8 @@ from aenv.orchestrator.admission import Refusal
 from aenv.orchestrator.lifecycle import CapacityReached
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.warm import WarmPools
-from tests.doubles.node import DoubleNode, assert_clean, double_node, eventually, make_template
+from tests.doubles.node import DoubleNode, assert_clean, double_node, make_template
+from tests.support.wait import eventually
 
 
 def pool_ready(node: DoubleNode, size: int) -> bool:

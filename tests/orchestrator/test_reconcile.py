@@ -8,7 +8,6 @@ from __future__ import annotations
 import contextlib
 import secrets
 import subprocess
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -16,6 +15,7 @@ import psutil
 import pytest
 
 from tests.doubles.node import double_node
+from tests.support.wait import SAFETY_S, eventually_sync
 
 
 @contextlib.contextmanager
@@ -32,17 +32,14 @@ def stray_vmm(home: Path) -> Iterator[psutil.Process]:
         ["setsid", "-f", "sh", "-c", f"{qemu} >/dev/null 2>&1 & echo $! > {pid_file}; wait"],
         check=True,
     )
-    deadline = time.monotonic() + 10
-    while not pid_file.exists() or not pid_file.read_text().strip():
-        assert time.monotonic() < deadline, "the stray VMM did not start"
-        time.sleep(0.02)
+    eventually_sync(
+        lambda: pid_file.exists() and pid_file.read_text().strip(), "the stray VMM started"
+    )
     proc = psutil.Process(int(pid_file.read_text()))
     shell = proc.parent()
     assert shell is not None
     try:
-        while name not in " ".join(proc.cmdline()):  # the shell has exec'd QEMU
-            assert time.monotonic() < deadline
-            time.sleep(0.02)
+        eventually_sync(lambda: name in " ".join(proc.cmdline()), "the shell exec'd QEMU")
         yield proc
     finally:
         for p in (proc, shell):
@@ -52,7 +49,7 @@ def stray_vmm(home: Path) -> Iterator[psutil.Process]:
 
 def gone(proc: psutil.Process) -> bool:
     try:
-        proc.wait(timeout=10)
+        proc.wait(timeout=SAFETY_S)
     except psutil.TimeoutExpired:
         return False
     return True

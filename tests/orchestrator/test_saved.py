@@ -19,9 +19,9 @@ from tests.doubles.node import (
     DoubleNode,
     assert_clean,
     double_node,
-    eventually,
     resumed_with_a_copy,
 )
+from tests.support.wait import eventually
 
 
 async def test_fork_where_some_children_fail(tmp_path: Path) -> None:

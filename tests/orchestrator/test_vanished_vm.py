@@ -4,7 +4,6 @@ passes): pause, snapshot, fork and a graceful shutdown answer as for a sandbox w
 
 from __future__ import annotations
 
-import asyncio
 from pathlib import Path
 
 import pytest
@@ -12,6 +11,7 @@ import pytest
 from aenv.orchestrator.lifecycle import SandboxNotFound
 from aenv.orchestrator.states import SandboxState
 from tests.doubles.node import DoubleNode, assert_clean, double_node
+from tests.support.wait import eventually
 
 
 async def _vanish(node: DoubleNode, sandbox_id: str) -> None:
@@ -24,11 +24,7 @@ async def _vanish(node: DoubleNode, sandbox_id: str) -> None:
 
 async def _removed(node: DoubleNode, sandbox_id: str) -> None:
     """Waits for the removal the operation started in the background."""
-    for _ in range(400):
-        if node.catalog.get(sandbox_id) is None:
-            return
-        await asyncio.sleep(0.05)
-    raise AssertionError(f"sandbox {sandbox_id} was not removed")
+    await eventually(lambda: node.catalog.get(sandbox_id) is None, f"{sandbox_id} removed")
 
 
 async def test_operations_on_a_vanished_vm_answer_not_found_and_remove_it(tmp_path: Path) -> None:

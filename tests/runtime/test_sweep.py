@@ -7,7 +7,6 @@ import contextlib
 import os
 import secrets
 import subprocess
-import time
 from pathlib import Path
 
 import psutil
@@ -15,6 +14,7 @@ import pytest
 
 from aenv.runtime.cgroups import CgroupLimits, detect
 from aenv.runtime.sweep import our_vmms, reap_strays, reap_unowned, sweep
+from tests.support.wait import eventually_sync
 
 
 def start_qemu(name: str, home: Path, *, orphan: bool, held: bool = False) -> int:
@@ -48,10 +48,7 @@ def _stop(pids: tuple[int, ...], child: int | None = None) -> None:
 
 def _running(pids: set[int], tag: str) -> None:
     """Waits until every pid runs QEMU (not a shell any more)."""
-    deadline = time.monotonic() + 10
-    while {v.pid for v in our_vmms(tag)} != pids:
-        assert time.monotonic() < deadline, our_vmms(tag)
-        time.sleep(0.05)
+    eventually_sync(lambda: {v.pid for v in our_vmms(tag)} == pids, f"QEMUs {pids} running")
 
 
 async def test_sweep_reclaims_this_nodes_orphans_only(tmp_path: Path) -> None:
@@ -71,11 +68,9 @@ async def test_sweep_reclaims_this_nodes_orphans_only(tmp_path: Path) -> None:
     try:
         _running({pid, foreign}, tag)
         group.add(pid)
-        deadline = time.monotonic() + 5
-        while psutil.Process(pid).ppid() != 1:
-            if time.monotonic() > deadline:
-                pytest.skip("orphans are re-parented to a subreaper here, not to init")
-            time.sleep(0.05)
+        # Re-parented when its parent exited, which the run above waited for: no wait here.
+        if psutil.Process(pid).ppid() != 1:
+            pytest.skip("orphans are re-parented to a subreaper here, not to init")
         report = await sweep(current, prefix=tag, home=home)
         assert report.killed == (pid,)
         assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE

@@ -8,9 +8,10 @@ import contextlib
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from tests.support.wait import eventually_sync
 
 PORT = 1080
 USER, PASSWORD = "tenant", "s3cret"
@@ -42,13 +43,14 @@ def socks_server(netns: str, listen: str, bind: str, names: dict[str, str]) -> I
 
 
 def _wait_listening(netns: str, listen: str, server: subprocess.Popen[bytes]) -> None:
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline and server.poll() is None:
-        listening = subprocess.run(
-            ["ip", "netns", "exec", netns, "ss", "-ltnH", f"src {listen}:{PORT}"],
-            capture_output=True, text=True, check=True,
-        ).stdout  # fmt: skip
-        if listening.strip():
-            return
-        time.sleep(0.05)
-    raise RuntimeError(f"microsocks did not listen on {listen}:{PORT} in {netns}")
+    def listening() -> bool:
+        if server.poll() is not None:
+            raise RuntimeError(f"microsocks exited before it listened on {listen}:{PORT}")
+        return bool(
+            subprocess.run(
+                ["ip", "netns", "exec", netns, "ss", "-ltnH", f"src {listen}:{PORT}"],
+                capture_output=True, text=True, check=True,
+            ).stdout.strip()
+        )  # fmt: skip
+
+    eventually_sync(listening, f"microsocks listened on {listen}:{PORT} in {netns}")

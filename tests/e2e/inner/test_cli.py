@@ -12,9 +12,10 @@ import subprocess
 import sys
 import termios
 import time
-from collections.abc import Callable
 
 from e2b import Sandbox
+
+from tests.support.wait import eventually_sync
 
 
 def aenv(*args: str) -> subprocess.CompletedProcess[str]:
@@ -61,7 +62,11 @@ def test_exec_and_logs() -> None:
 
         # The logs are the guest console, which root can write to (the UART sends it on later).
         aenv("exec", "--user", "root", sandbox_id, "echo cli-log-1 > /dev/console")
-        eventually(lambda: aenv("logs", sandbox_id).stdout.endswith("  cli-log-1\n"))
+        eventually_sync(
+            lambda: aenv("logs", sandbox_id).stdout.endswith("  cli-log-1\n"),
+            "the sandbox's log line reached `aenv logs`",
+            interval=0.5,
+        )
         entries = json.loads(aenv("logs", "--json", sandbox_id).stdout)
         assert entries[-1]["message"] == "cli-log-1"
 
@@ -93,13 +98,6 @@ def test_exec_and_logs() -> None:
 SIZE = r"^(\d+ \d+)$"  # what `stty size` prints: rows and columns
 
 
-def eventually(check: Callable[[], bool], timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        time.sleep(0.5)
-
-
 def test_start_opens_a_shell_and_kills_the_sandbox_after_it() -> None:
     controller, terminal = pty.openpty()
     fcntl.ioctl(terminal, termios.TIOCSWINSZ, struct.pack("HHHH", 30, 100, 0, 0))
@@ -117,7 +115,11 @@ def test_start_opens_a_shell_and_kills_the_sandbox_after_it() -> None:
         # A resized terminal resizes the remote one (SIGWINCH), soon: ask until it shows.
         fcntl.ioctl(controller, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))
         shell.send_signal(signal.SIGWINCH)
-        eventually(lambda: seen.typed(b"stty size\r", SIZE) == "40 120")
+        eventually_sync(
+            lambda: seen.typed(b"stty size\r", SIZE) == "40 120",
+            "the shell took the new size",
+            interval=0.5,
+        )
         os.write(controller, b"exit\r")
         seen.until_eof()
         assert shell.wait(timeout=60) == 0

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -16,6 +16,7 @@ from e2b.exceptions import NotFoundException
 
 from tests.e2e.restart.in_flight import catalog_states
 from tests.e2e.vmm_procs import vmm_sandbox_ids
+from tests.support.wait import eventually_sync
 
 HOME = Path(os.environ["AENV_HOME"])
 # A process outside envd's table (a command that left it behind, reparented to PID 1) holding
@@ -40,14 +41,6 @@ def internal_state(sandbox_id: str) -> str | None:
     return (catalog_states(HOME) or {}).get(sandbox_id)
 
 
-def wait_for(condition: Callable[[], bool], what: str) -> None:
-    for _ in range(600):
-        if condition():
-            return
-        time.sleep(0.2)
-    raise AssertionError(f"never happened: {what}")
-
-
 def test_idle_sandbox_hibernates_and_wakes_with_files_and_memory(sandbox: Sandbox) -> None:
     sandbox.files.write("/home/user/kept.txt", "before hibernation")
     sandbox.commands.run(KEEPER)
@@ -56,7 +49,9 @@ def test_idle_sandbox_hibernates_and_wakes_with_files_and_memory(sandbox: Sandbo
     value = sandbox.files.read("/tmp/first").strip()
     sandbox.commands.run("rm /tmp/first")  # from now on, only the process's memory holds it
 
-    wait_for(lambda: internal_state(sandbox.sandbox_id) == "hibernated", "hibernation")
+    eventually_sync(
+        lambda: internal_state(sandbox.sandbox_id) == "hibernated", "hibernation", interval=0.2
+    )
     assert sandbox.sandbox_id not in vmm_sandbox_ids(HOME)  # its VMM is gone
     assert Sandbox.get_info(sandbox.sandbox_id).state.value == "running"
     running = Sandbox.list(query=SandboxQuery(state=[SandboxState.RUNNING])).next_items()
@@ -77,7 +72,9 @@ def test_open_command_stream_keeps_it_awake() -> None:
         stream = busy.commands.run("sleep 600", background=True)
         idle = Sandbox.create(timeout=300)
         # The idle one, created after, hibernates; then one more look at both has passed.
-        wait_for(lambda: internal_state(idle.sandbox_id) == "hibernated", "hibernation")
+        eventually_sync(
+            lambda: internal_state(idle.sandbox_id) == "hibernated", "hibernation", interval=0.2
+        )
         time.sleep(2)
         assert internal_state(busy.sandbox_id) == "running"
         assert busy.sandbox_id in vmm_sandbox_ids(HOME)
@@ -85,7 +82,9 @@ def test_open_command_stream_keeps_it_awake() -> None:
 
         # A hibernated sandbox's timeout counts as a running one's: it ends.
         Sandbox.set_timeout(idle.sandbox_id, 1)
-        wait_for(lambda: idle.sandbox_id not in (catalog_states(HOME) or {}), "the timeout")
+        eventually_sync(
+            lambda: idle.sandbox_id not in (catalog_states(HOME) or {}), "the timeout", interval=0.2
+        )
         with pytest.raises(NotFoundException):
             Sandbox.get_info(idle.sandbox_id)
     finally:

@@ -22,6 +22,7 @@ from aenv.runtime.firecracker import models as m
 from aenv.runtime.firecracker.mounts import unmount_under
 from tests.runtime.firecracker import fc_peer, fc_swagger
 from tests.runtime.firecracker.fc_support import GUEST_MAC, MEM_MIB
+from tests.support.wait import eventually
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -58,10 +59,7 @@ async def peer(tmp_path: Path, swagger: fc_swagger.Swagger) -> AsyncIterator[fc_
     socket_path = tmp_path / "api.sock"
     server = fc_peer.make_server(state, socket_path)
     task = asyncio.create_task(server.serve())
-    for _ in range(500):
-        if server.started or task.done():
-            break
-        await asyncio.sleep(0.01)
+    await eventually(lambda: server.started or task.done(), "the peer started or failed")
     assert server.started, "peer did not start"
     yield state
     server.should_exit = True

@@ -22,7 +22,6 @@ from aenv.runtime.cgroups import CgroupManager
 from aenv.runtime.driver import CorruptSavedState, DriverError, RestoreError, Snapshot, VMState
 from aenv.runtime.qemu import QemuDriver, QemuVM
 from aenv.runtime.sweep import orphaned_vmms, reap_strays
-from tests.doubles.node import eventually
 from tests.runtime.qemu_vm.conftest import (
     TEMPLATE_MEMORY,
     TEMPLATE_NOTE,
@@ -32,6 +31,7 @@ from tests.runtime.qemu_vm.conftest import (
     qemu_children,
 )
 from tests.runtime.qemu_vm.netns import NetnsPool, agent, wait_ready
+from tests.support.wait import eventually
 
 pytestmark = pytest.mark.slow
 CLONES = int(os.environ.get("AENV_TEST_CLONES", "16"))
@@ -354,7 +354,7 @@ async def test_a_killed_servers_vmm_adopted_by_a_subreaper_is_reaped(
         await asyncio.to_thread(subprocess.run, argv, stdout=out, check=True)
     procs: list[psutil.Process] = []
     try:
-        await eventually(lambda: report.read_text().endswith("\n"), polls=6000)
+        await eventually(lambda: report.read_text().endswith("\n"))
         started = json.loads(report.read_text())
         server, vmm = psutil.Process(started["server"]), psutil.Process(started["vmm"])
         supervisor = server.parent()
