@@ -60,12 +60,17 @@ async def test_envds_refusals_carry_its_reason(tmp_path: Path) -> None:
         assert node.guest(record.id).copies == []
 
 
-async def test_the_envd_http_client_trusts_no_tls_server() -> None:
-    """It loads no CA store, so it must not pass for a client of TLS servers: a certificate
-    from a CA (here a test CA) fails its verification."""
+async def test_the_envd_http_client_trusts_no_tls_server(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """It loads no CA store, so it must not pass for a client of TLS servers: it trusts no
+    certificate, not even one of a CA the host's settings (`SSL_CERT_FILE`) name, which a
+    client that loads the store does trust. The node's client is one."""
     ca = trustme.CA()
     tls = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     ca.issue_cert("127.0.0.1").configure_cert(tls)
+    ca.cert_pem.write_to_path(str(tmp_path / "ca.pem"))
+    monkeypatch.setenv("SSL_CERT_FILE", str(tmp_path / "ca.pem"))
 
     async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         await reader.readuntil(b"\r\n\r\n")
@@ -74,15 +79,14 @@ async def test_the_envd_http_client_trusts_no_tls_server() -> None:
         writer.close()
 
     server = await asyncio.start_server(answer, "127.0.0.1", 0, ssl=tls)
-    port = server.sockets[0].getsockname()[1]
+    url = f"https://127.0.0.1:{server.sockets[0].getsockname()[1]}/health"
     try:
-        async with http_client() as http:
-            with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
-                await http.get(f"https://127.0.0.1:{port}/health")
-        trusting = ssl.create_default_context()
-        ca.configure_trust(trusting)
-        async with httpx.AsyncClient(verify=trusting) as http:  # the server does answer
-            assert (await http.get(f"https://127.0.0.1:{port}/health")).status_code == 204
+        async with httpx.AsyncClient() as trusting:
+            assert (await trusting.get(url)).status_code == 204
+        async with http_client() as http, double_node(tmp_path / "node") as node:
+            for client in (http, node.orchestrator.node.client):
+                with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
+                    await client.get(url)
     finally:
         server.close()
         await server.wait_closed()

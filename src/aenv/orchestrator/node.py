@@ -31,7 +31,7 @@ from aenv.orchestrator.admission import Refusal
 from aenv.orchestrator.background import PerSandbox
 from aenv.orchestrator.catalog import Catalog, SandboxRecord
 from aenv.orchestrator.detach import Detacher
-from aenv.orchestrator.envd_client import EnvdClient, EnvdUnavailable
+from aenv.orchestrator.envd_client import EnvdClient, EnvdUnavailable, http_client
 from aenv.orchestrator.errors import SandboxNotFound
 from aenv.orchestrator.hibernation import Hibernation
 from aenv.orchestrator.locks import KeyedLocks
@@ -121,7 +121,7 @@ class Node:
     hibernation: Hibernation
     # Creates running at once; more wait in its queue.
     admission: asyncio.Semaphore
-    client: httpx.AsyncClient = field(default_factory=httpx.AsyncClient)
+    client: httpx.AsyncClient = field(default_factory=http_client)
     stats: CreateStats = field(default_factory=CreateStats)
     starting: Starting = field(default_factory=Starting)
     metrics: MetricsHistory = field(default_factory=MetricsHistory)
