@@ -5,6 +5,7 @@ build cache shared read-only. Servers run in network namespaces of their own
 
 from __future__ import annotations
 
+import sqlite3
 import subprocess
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -68,6 +69,29 @@ def test_a_setting_a_live_node_holds_is_refused_before_anything_is_made(tmp_path
             assert not Paths(home).catalog.exists()
     finally:
         held.release()
+
+
+def test_a_catalog_of_a_newer_aenv_is_refused_before_anything_is_made(tmp_path: Path) -> None:
+    """A home whose catalog a newer aenv numbered: the start stops with a configuration error
+    naming the versions, the catalog byte for byte as it was, no slot made."""
+    prefix = f"{PREFIX}v"
+    home = tmp_path / "home"
+    catalog = Paths(home).catalog
+    catalog.parent.mkdir(parents=True)
+    db = sqlite3.connect(catalog)
+    db.execute("CREATE TABLE sandboxes (id TEXT PRIMARY KEY, shape TEXT)")
+    db.execute("PRAGMA user_version = 99")
+    db.commit()
+    db.close()
+    before = catalog.read_bytes()
+    settings = {"AENV_NETWORK_PREFIX": prefix, "AENV_NETWORK_CIDR": CIDR}
+    with server_in_namespace(home, settings=settings) as server:
+        code = exit_code(server)
+        log = server.log.read_text()
+        assert code == 2, log
+        assert f"the catalog {catalog} has schema version 99, and this aenv knows up to" in log
+        assert namespaces(prefix) == [] and prefix not in tables(server)
+    assert catalog.read_bytes() == before
 
 
 def test_a_failed_start_removes_what_it_made(tmp_path: Path) -> None:
