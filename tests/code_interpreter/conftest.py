@@ -32,12 +32,17 @@ def server_cwd(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @contextmanager
 def running_server(
-    cwd: Path, prefix: Sequence[str] = (), envd_url: str = "", default_contexts: str = ""
+    cwd: Path,
+    prefix: Sequence[str] = (),
+    envd_url: str = "",
+    default_contexts: str = "",
+    stdout: int | None = None,
 ) -> Iterator[tuple[str, int]]:
     """The server's URL and pid, with the Python, Bash, JavaScript, TypeScript and R kernels;
     `prefix` runs it under another command (`unshare`, say). It asks the envd at `envd_url`
     for the sandbox's env vars; none by default (the envd of the envd tests may be on envd's
-    port, with env vars of theirs). `default_contexts`: the server's `--default-contexts`."""
+    port, with env vars of theirs). `default_contexts`: the server's `--default-contexts`;
+    `stdout`: its stdout (a file descriptor), else this process's."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     command = [*prefix, sys.executable, "-m", "aenv.code_interpreter"]
@@ -45,7 +50,7 @@ def running_server(
     args += ["--envd-url", envd_url]
     args += ["--default-contexts", default_contexts] if default_contexts else []
     env = {**os.environ, "JUPYTER_PATH": str(kernelspecs(cwd / ".jupyter"))}
-    process = subprocess.Popen([*command, *args], env=env)
+    process = subprocess.Popen([*command, *args], env=env, stdout=stdout)
     try:
         deadline = time.monotonic() + _START_TIMEOUT_S
         while True:
@@ -65,6 +70,18 @@ def running_server(
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait()
+
+
+@contextmanager
+def unread_pipe() -> Iterator[int]:
+    """The write end of a pipe whose reader is gone, as a server's stdout may be in a sandbox:
+    the template's start command's pipe to envd."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        yield write
+    finally:
+        os.close(write)
 
 
 @pytest.fixture(scope="module")

@@ -16,7 +16,7 @@ import pytest
 from e2b import ConnectionConfig
 from e2b_code_interpreter import Execution, Sandbox
 
-from tests.code_interpreter.conftest import running_server
+from tests.code_interpreter.conftest import running_server, unread_pipe
 from tests.envd.helpers import ENVD_VERSION, extra_envd
 
 TOKEN = "ci-env-token"
@@ -33,7 +33,12 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Sandbox, 
         response = httpx.post(f"{envd_url}/init", json=init, headers=AUTH, timeout=30)
         assert response.status_code == 204
         prefix = ["unshare", "--uts"]
-        with running_server(cwd, prefix=prefix, envd_url=envd_url) as (url, pid):
+        # The server's stdout as in a sandbox, where nobody may read it: putting env vars back
+        # in a JavaScript kernel shows their values, which must not go there.
+        with (
+            unread_pipe() as stdout,
+            running_server(cwd, prefix=prefix, envd_url=envd_url, stdout=stdout) as (url, pid),
+        ):
             # As the SDK knows a sandbox it created: with envd's token, which run_code sends.
             sandbox = Sandbox(
                 sandbox_id="debug_sandbox_id",

@@ -82,14 +82,26 @@ async def warm_up(client: AsyncKernelClient, code: str) -> None:
         store_history=False,
         allow_stdin=False,
         timeout=READY_TIMEOUT_S,
-        output_hook=lambda msg: None,
+        output_hook=_nowhere,
     )
 
 
 async def run_silently(client: AsyncKernelClient, code: str) -> None:
     """Run `code` without output, history or an execution count, and wait until it is done."""
     reply: dict[str, Any] = await client.execute_interactive(
-        code, silent=True, store_history=False, allow_stdin=False, timeout=READY_TIMEOUT_S
+        code,
+        silent=True,
+        store_history=False,
+        allow_stdin=False,
+        timeout=READY_TIMEOUT_S,
+        output_hook=_nowhere,
     )
     if reply["content"]["status"] != "ok":
         raise RuntimeError(f"kernel set-up failed: {reply['content'].get('evalue')}")
+
+
+def _nowhere(msg: dict[str, Any]) -> None:
+    """An output hook that drops the cell's outputs. jupyter_client's default one writes them
+    to this server's stdout: tslab shows a silent cell's value too, and in a sandbox that
+    stdout is the template start command's pipe to envd, whose reader may be gone (a write
+    then raises BrokenPipeError mid-execution) or slow (it blocks the event loop)."""
