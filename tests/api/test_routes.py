@@ -3,6 +3,7 @@ codes, JSON errors, and what each route changes in the orchestrator."""
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -15,7 +16,7 @@ from aenv.api.keys import KeyStore
 from aenv.orchestrator import checkpoints
 from aenv.orchestrator.kinds import SaveMode
 from aenv.orchestrator.states import SandboxState
-from aenv.runtime.driver import Snapshot
+from aenv.runtime.driver import MANIFEST_VERSION, SNAPSHOT_MANIFEST, Snapshot
 from tests.doubles.node import DoubleNode, assert_clean, double_node
 from tests.support import loopback_api
 
@@ -111,7 +112,7 @@ async def test_failed_resume_answers_an_error_and_stays_paused(tmp_path: Path) -
 async def test_resume_of_a_corrupt_checkpoint_is_refused_and_keeps_it(tmp_path: Path) -> None:
     """A byte of the paused sandbox's data changed on disk: the resume answers 422 naming the
     file rather than restoring other data, the sandbox stays paused with its files as they are,
-    and once the byte is back it resumes with what it had."""
+    and once the byte is back (and the manifest its own) it resumes with what it had."""
     async with double_node(tmp_path, repository="off") as node, served(node) as api:
         sandbox_id = (await api.post("/sandboxes", json={"templateID": "base"})).json()["sandboxID"]
         node.guest(sandbox_id).write("/work", "before the pause")
@@ -133,6 +134,15 @@ async def test_resume_of_a_corrupt_checkpoint_is_refused_and_keeps_it(tmp_path: 
         assert {p: p.read_bytes() for p in files.values()} == corrupt
 
         path.write_bytes(saved)
+        # A manifest of a newer format is refused the same way.
+        manifest = checkpoint / SNAPSHOT_MANIFEST
+        written = manifest.read_text()
+        manifest.write_text(json.dumps({**json.loads(written), "version": MANIFEST_VERSION + 1}))
+        response = await api.post(f"/sandboxes/{sandbox_id}/resume", json={"timeout": 60})
+        assert f"written by format version {MANIFEST_VERSION + 1}" in error(response, 422)
+        assert node.row(sandbox_id).state is SandboxState.PAUSED
+
+        manifest.write_text(written)
         resumed = await api.post(f"/sandboxes/{sandbox_id}/resume", json={"timeout": 60})
         assert resumed.status_code == 201, resumed.text
         assert node.guest(sandbox_id).read("/work") == "before the pause"
