@@ -129,6 +129,30 @@ async def test_a_draining_node_refuses_creates_as_draining_and_serves_the_rest(
     assert (killed.refusal, killed.status) == (None, 204)
 
 
+async def test_a_sandboxs_rules_change_through_version_1(node: Node) -> None:
+    made = await node.v1("/sandboxes", {"api": "v2", "body": '{"templateID": "base"}'})
+    sandbox_id = _json(made)["sandboxID"]
+    rules = '{"denyOut": ["10.9.0.0/16"]}'
+    changed = await node.v1(f"/sandboxes/{sandbox_id}/network", {"body": rules})
+    assert (changed.refusal, changed.status) == (None, 204), changed
+    assert node.doubles.row(sandbox_id).network.deny_out == ("10.9.0.0/16",)
+
+
+async def test_a_volume_is_made_through_version_1_and_a_taken_name_rejected(node: Node) -> None:
+    made = await node.v1("/volumes", {"body": '{"name": "data"}'})
+    assert (made.refusal, made.status) == (None, 201), made
+    assert _json(made)["name"] == "data"
+    taken = await node.v1("/volumes", {"body": '{"name": "data"}'})
+    assert (taken.refusal, taken.status) == (Refusal.REJECTED, 400)
+
+
+@pytest.mark.parametrize("settings", [{"reserve_disk_mb": 2**40}])
+async def test_a_node_without_disk_for_a_volume_refuses_as_full(node: Node) -> None:
+    full = await node.v1("/volumes", {"body": '{"name": "data"}'})
+    assert (full.refusal, full.status) == (Refusal.FULL, 507)
+    assert node.doubles.orchestrator.volumes.list() == []
+
+
 @pytest.mark.parametrize(
     ("path", "call", "named"),
     [

@@ -5,9 +5,11 @@ A node serves it under `/internal/v1/...` (`aenv.api.internal_v1`); a gateway ca
 (`aenv.gateway.nodes`) when the node's report names version 1 among its `internal_versions`.
 Version 0 is the replay of E2B requests under `/internal` that every node still serves: the
 gateway of the previous release speaks only that, and a gateway still uses it for what version 1
-does not carry (lists, template builds, volumes and their content, the data plane).
+does not carry (lists, template builds, reads and deletes of volumes and their content, the
+data plane).
 
-Each call names an operation, not a URL: the node runs it through its own E2B route (so it is
+Each call names an operation (a create of a sandbox or a volume, an operation on a sandbox, an
+adoption), not a URL: the node runs it through its own E2B route (so it is
 validated and answered exactly as that route answers a client) and answers `NodeAnswer`: the
 E2B answer (status, headers, body verbatim), and when the node did not do it, why
 (`Refusal`). The gateway passes the E2B answer on or, for a refusal that another node could
@@ -56,6 +58,7 @@ class SandboxOp(StrEnum):
     REFRESH = "refresh"
     SNAPSHOT = "snapshot"
     FORK = "fork"
+    NETWORK = "network"  # replace its egress rules
     RELEASE = "release"  # give the sandbox up, paused, for another node to adopt
 
 
@@ -75,6 +78,12 @@ class CreateSandbox(_Call):
     # The client's E2B body, verbatim: the node validates it as its public route does.
     body: str
     idempotency_key: str | None = None
+
+
+class CreateVolume(_Call):
+    """`POST /internal/v1/volumes`."""
+
+    body: str  # the client's E2B body, verbatim
 
 
 class SandboxCall(_Call):
@@ -113,7 +122,9 @@ SANDBOX_ROUTES: dict[SandboxOp, tuple[str, str]] = {
     SandboxOp.REFRESH: ("POST", "/sandboxes/{id}/refreshes"),
     SandboxOp.SNAPSHOT: ("POST", "/sandboxes/{id}/snapshots"),
     SandboxOp.FORK: ("POST", "/sandboxes/{id}/fork"),
+    SandboxOp.NETWORK: ("PUT", "/sandboxes/{id}/network"),
     SandboxOp.RELEASE: ("POST", "/cluster/sandboxes/{id}/release"),
 }
 CREATE_ROUTES = {E2BApi.V1: "/sandboxes", E2BApi.V2: "/v2/sandboxes"}
+VOLUMES_ROUTE = "/volumes"
 ADOPT_ROUTES = {AdoptKind.SANDBOX: "/cluster/adopt", AdoptKind.TEMPLATE: "/cluster/templates"}

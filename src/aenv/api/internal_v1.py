@@ -36,9 +36,11 @@ from aenv.api.internal_models import (
     CREATE_ROUTES,
     PREFIX_V1,
     SANDBOX_ROUTES,
+    VOLUMES_ROUTE,
     Adopt,
     AdoptKind,
     CreateSandbox,
+    CreateVolume,
     NodeAnswer,
     Refusal,
     SandboxCall,
@@ -62,6 +64,7 @@ def internal_v1(app: ASGIApp, draining: Callable[[], bool] = lambda: False) -> A
             Route(PREFIX_V1 + "/sandboxes", calls.create, methods=["POST"]),
             Route(PREFIX_V1 + "/sandboxes/{sandbox_id}/{op}", calls.sandbox, methods=["POST"]),
             Route(PREFIX_V1 + "/adopt/{kind}", calls.adopt, methods=["POST"]),
+            Route(PREFIX_V1 + "/volumes", calls.volume, methods=["POST"]),
         ],
         exception_handlers=JSON_ERRORS,
     )
@@ -92,6 +95,10 @@ class _Calls:
         kind = _enum(AdoptKind, request.path_params["kind"], "kind")
         call = await _parsed(request, Adopt)
         return await self._run(request, "POST", ADOPT_ROUTES[kind], call.record)
+
+    async def volume(self, request: Request) -> Response:
+        call = await _parsed(request, CreateVolume)
+        return await self._run(request, "POST", VOLUMES_ROUTE, call.body)
 
     async def _run(
         self,

@@ -21,6 +21,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.errors import APIError, not_found
+from aenv.api.internal_models import Refusal
 from aenv.api.models import NewVolume, SandboxVolumeMount
 from aenv.api.requests import check_query, parse_body
 from aenv.api.volume_content import VolumeContentRoutes
@@ -95,7 +96,7 @@ class VolumeRoutes:
         except (BadMount, VolumeNameTaken) as e:
             raise APIError(400, str(e)) from e
         except NoRoom as e:
-            raise APIError(507, str(e)) from e
+            raise APIError(507, str(e), refusal=Refusal.FULL) from e
         return JSONResponse(self._with_token(volume), status_code=201)
 
     async def info(self, request: Request) -> Response:

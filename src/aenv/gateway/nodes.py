@@ -33,8 +33,10 @@ from aenv.api.internal_models import (
     PREFIX_V1,
     REPLAY,
     SANDBOX_ROUTES,
+    VOLUMES_ROUTE,
     Adopt,
     CreateSandbox,
+    CreateVolume,
     NodeAnswer,
     Refusal,
     SandboxCall,
@@ -208,6 +210,8 @@ def _typed(
                 idempotency_key = None if key is None else key.decode("latin-1")
                 call = CreateSandbox(api=api, body=text, idempotency_key=idempotency_key)
                 return "/sandboxes", call
+        if path == VOLUMES_ROUTE:
+            return VOLUMES_ROUTE, CreateVolume(body=text)
         for kind, adopt in ADOPT_ROUTES.items():
             if path == adopt:
                 return f"/adopt/{kind.value}", Adopt(record=text)
