@@ -12,8 +12,10 @@ from aenv.runtime.driver import (
     IncompatibleSnapshotError,
     RestoreError,
     RestoreSpec,
+    Share,
     Snapshot,
     VMSpec,
+    share_tag,
 )
 from aenv.runtime.qemu import Platform, QemuDriver
 from tests.runtime.qemu_vm.conftest import Places, Template
@@ -128,3 +130,54 @@ async def test_restore_many_is_all_or_nothing(
         await driver.restore_many(template.snapshot, [*good, bad])
     for spec in good:
         assert leftover_files(spec.workdir) == []
+
+
+async def test_restore_refusing_share_tags_removes_its_tops(
+    driver: QemuDriver, template: Template, places: Places, nets: NetnsPool, no_leaks: None
+) -> None:
+    """The tags are checked after the writable tops are made: the refusal takes them away."""
+    workdir = places.vm_dir()
+    shares = (Share(tag="not-a-slot", path=places.vm_dir()),)
+    target = RestoreSpec(workdir=workdir, net=nets.create(), shares=shares)
+    with pytest.raises(RestoreError, match="share tags"):
+        await driver.restore(template.snapshot, target)
+    assert leftover_files(workdir) == []
+
+
+async def test_restore_failing_in_the_jail_leaves_nothing(
+    driver: QemuDriver, template: Template, places: Places, nets: NetnsPool, no_leaks: None
+) -> None:
+    """A share that is not there fails the launch after its tap, cgroup, QMP socket and tops
+    were made (in the jail's files when jailed, else when QEMU opens it): all are undone, and
+    the VMM is not counted as this driver's any more."""
+    owned = driver.owned_vmm_names()
+    workdir = places.vm_dir()
+    shares = (Share(tag=share_tag(0), path=places.work / "no-such-volume"),)
+    target = RestoreSpec(workdir=workdir, net=nets.create(), shares=shares)
+    with pytest.raises(RestoreError, match="cannot start QEMU"):
+        await driver.restore(template.snapshot, target)
+    assert leftover_files(workdir) == []
+    assert driver.owned_vmm_names() <= owned
+
+
+async def test_boot_failing_in_the_jail_removes_its_memory_file(
+    driver: QemuDriver, places: Places, no_leaks: None
+) -> None:
+    kernel = places.vm_dir() / "kernel"  # never read: the launch fails before QEMU runs it
+    kernel.write_bytes(b"not a kernel")
+    workdir = places.vm_dir()
+    shares = (Share(tag=share_tag(0), path=places.work / "no-such-volume"),)
+    spec = VMSpec(
+        vcpus=1,
+        memory_mib=64,
+        kernel=kernel,
+        cmdline="",
+        workdir=workdir,
+        memory_dir=places.shm,
+        shares=shares,
+    )
+    mem_files = set(places.shm.glob("*.mem"))
+    with pytest.raises(BootError, match="cannot start QEMU"):
+        await driver.boot(spec)
+    assert leftover_files(workdir) == []
+    assert set(places.shm.glob("*.mem")) == mem_files

@@ -16,26 +16,23 @@ from aenv.storage import layers
 
 
 async def writable_tops(
-    snapshot: Snapshot, workdir: Path, tag: str
+    snapshot: Snapshot, workdir: Path, tag: str, undo: contextlib.ExitStack
 ) -> tuple[list[Disk], list[Path]]:
     """`snapshot`'s drives for a new VM: shared read-only drives as they are, and a fresh qcow2
-    top in `workdir` over each sealed writable layer. Returns the drives and the tops made; a
-    failure removes the tops made so far and propagates."""
-    disks: list[Disk] = []
+    top in `workdir` over each sealed writable layer. Returns the drives and the tops made; the
+    removal of each top is pushed onto `undo` as soon as it is made."""
+    drives: list[Disk] = []
     created: list[Path] = []
-    try:
-        for disk in snapshot.spec.disks:
-            if disk.read_only:
-                disks.append(disk)
-                continue
-            top = workdir / f"{disk.drive_id}.{tag}.qcow2"
-            await qcow2.overlay(snapshot.disks[disk.drive_id], top)
-            created.append(top)
-            disks.append(Disk(disk.drive_id, top))
-    except BaseException:
-        unlink(created)
-        raise
-    return disks, created
+    for disk in snapshot.spec.disks:
+        if disk.read_only:
+            drives.append(disk)
+            continue
+        top = workdir / f"{disk.drive_id}.{tag}.qcow2"
+        await qcow2.overlay(snapshot.disks[disk.drive_id], top)
+        undo.callback(unlink, [top])
+        created.append(top)
+        drives.append(Disk(disk.drive_id, top))
+    return drives, created
 
 
 async def seal(disk: Disk, directory: Path, made: list[Path]) -> Path:

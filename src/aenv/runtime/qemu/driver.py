@@ -5,6 +5,7 @@ operations, each handed to the module that owns it (`process`, `restore`, `disks
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import logging
 import secrets
@@ -29,7 +30,6 @@ from aenv.runtime.driver import (
 from aenv.runtime.qemu import cmdline, disks, restore
 from aenv.runtime.qemu.cmdline import Memory, check_share_tags
 from aenv.runtime.qemu.config import QemuConfig
-from aenv.runtime.qemu.disks import unlink
 from aenv.runtime.qemu.host import DRIVER_NAME, Host
 from aenv.runtime.qemu.platform import Platform, host_tsc_khz, platforms
 from aenv.runtime.qemu.process import Launcher
@@ -129,31 +129,29 @@ class QemuDriver:
 
     async def boot_saved(self, snapshot: Snapshot, target: RestoreSpec) -> VM:
         """A qcow2 top over each sealed layer, in `target.workdir`, owned by the booted VM."""
-        try:
-            drives, created = await disks.writable_tops(
-                snapshot, target.workdir, f"boot-{secrets.token_hex(4)}"
+        with contextlib.ExitStack() as undo:
+            try:
+                drives, created = await disks.writable_tops(
+                    snapshot, target.workdir, f"boot-{secrets.token_hex(4)}", undo
+                )
+            except (layers.LayerError, KeyError, OSError) as exc:
+                raise BootError(f"cannot create writable layers: {exc}") from exc
+            net = target.net
+            if snapshot.spec.net is not None and net is not None:
+                net = dataclasses.replace(net, mac=snapshot.spec.net.mac)
+            spec = dataclasses.replace(
+                snapshot.spec,
+                workdir=target.workdir,
+                memory_dir=target.memory_dir,
+                net=net,
+                limits=target.limits,
+                disks=tuple(drives),
+                shares=target.shares,
             )
-        except (layers.LayerError, KeyError, OSError) as exc:
-            raise BootError(f"cannot create writable layers: {exc}") from exc
-        net = target.net
-        if snapshot.spec.net is not None and net is not None:
-            net = dataclasses.replace(net, mac=snapshot.spec.net.mac)
-        spec = dataclasses.replace(
-            snapshot.spec,
-            workdir=target.workdir,
-            memory_dir=target.memory_dir,
-            net=net,
-            limits=target.limits,
-            disks=tuple(drives),
-            shares=target.shares,
-        )
-        try:
             vm = await self.boot(spec)
-        except BaseException:
-            unlink(created)
-            raise
+            undo.pop_all()
         assert isinstance(vm, QemuVM)
-        vm.owned_files += created
+        vm.owned_files += created  # removed by its stop from here on
         return vm
 
     async def export(

@@ -79,90 +79,103 @@ class Launcher:
         steps: Steps,
     ) -> QemuVM:
         """A QEMU process for `spec` on `platform`, its vCPUs not started: a boot, or waiting
-        for an incoming state when `incoming`. The time of each step goes into `steps`."""
+        for an incoming state when `incoming`. The time of each step goes into `steps`. Raises
+        `error`; a launch that fails leaves nothing it made: no process, cgroup, QMP socket,
+        memory file it owned, or jail uid taken."""
         if not await asyncio.to_thread(spec.workdir.is_dir):
             raise error(f"workdir {spec.workdir} does not exist")
+        stderr_log = spec.workdir / f"qemu.{vm_id}.log"
+        try:
+            return await self._launch(vm_id, spec, memory, platform, incoming, steps)
+        except Exception as exc:
+            raise error(f"cannot start QEMU: {exc}; {tail(stderr_log)}") from exc
+
+    async def _launch(
+        self,
+        vm_id: str,
+        spec: VMSpec,
+        memory: Memory,
+        platform: Platform,
+        incoming: bool,
+        steps: Steps,
+    ) -> QemuVM:
+        """`launch`, each step's undo pushed as soon as it is done: a step that fails undoes
+        those before it, in reverse order."""
         qmp_path = spec.workdir / f"qmp.{vm_id}.sock"
         console = spec.workdir / f"console.{vm_id}.log"
         stderr_log = spec.workdir / f"qemu.{vm_id}.log"
         monitor = Monitor(qmp_path, f"aenv-{vm_id}")
-        cgroup: Cgroup | None = None
-        proc: asyncio.subprocess.Process | None = None
-        tap_fd: int | None = None
-        jail = self.host.new_jail()
-        self._launching.add(vm_id)
-        try:
-            if spec.net is not None:
-                tap_fd = await open_tap(spec.net.netns, spec.net.tap)
-            steps.mark("tap")
-            fd = -1 if tap_fd is None else tap_fd
-            argv = await asyncio.to_thread(
-                cmdline.argv,
-                self.config,
-                vm_id,
-                spec,
-                memory,
-                qmp_path,
-                console,
-                fd,
-                platform,
-                incoming,
-            )
-            if incoming:
-                argv += ["-incoming", "defer"]
-            await monitor.listen()
+        async with contextlib.AsyncExitStack() as undo:
+            jail = self.host.new_jail()
+            undo.callback(self.host.release, jail)
+            self._launching.add(vm_id)
+            undo.callback(self._launching.discard, vm_id)
+            if memory.owned:  # made by `_confine`, or by QEMU
+                undo.callback(unlink, [memory.path])
+            # What the launch holds only until QEMU runs: the tap's fd (QEMU has its own copy
+            # then) and the jail's namespaces (QEMU has joined them).
             async with contextlib.AsyncExitStack() as held:
+                tap_fd: int | None = None
+                if spec.net is not None:
+                    tap_fd = await open_tap(spec.net.netns, spec.net.tap)
+                    held.callback(os.close, tap_fd)
+                steps.mark("tap")
+                fd = -1 if tap_fd is None else tap_fd
+                argv = await asyncio.to_thread(
+                    cmdline.argv,
+                    self.config,
+                    vm_id,
+                    spec,
+                    memory,
+                    qmp_path,
+                    console,
+                    fd,
+                    platform,
+                    incoming,
+                )
+                if incoming:
+                    argv += ["-incoming", "defer"]
+                cgroup: Cgroup | None = None
+                if self.cgroups is not None:
+                    # Made before QEMU starts, so that it is removed after QEMU has ended.
+                    cgroup = await asyncio.to_thread(
+                        self.cgroups.create,
+                        self.cgroup_name(f"{VMM_NAME_PREFIX}{vm_id}"),
+                        limits(self.config, spec, memory),
+                    )
+                    undo.push_async_callback(asyncio.to_thread, cgroup.remove)
+                steps.mark("cgroup")
+                undo.push_async_callback(monitor.close)  # also right for one never listening
+                await monitor.listen()
                 if jail is not None:
                     argv = await _confine(held, jail, argv, spec, memory, qmp_path, console)
                 steps.mark("jail")
                 proc = await _spawn(
                     argv, stderr_log, tap_fd, clean_env=jail is not None, shares=bool(spec.shares)
                 )
+                undo.push_async_callback(_kill, proc)
                 steps.mark("spawn")
-                if self.cgroups is not None:
+                if cgroup is not None:
                     # Placed before the guest runs (-S): vCPU threads and helpers inherit it.
-                    cgroup = await asyncio.to_thread(
-                        self.cgroups.create,
-                        self.cgroup_name(f"{VMM_NAME_PREFIX}{vm_id}"),
-                        limits(self.config, spec, memory),
-                    )
                     await asyncio.to_thread(cgroup.add, proc.pid)
-                steps.mark("cgroup")
                 # Connected means QEMU is running inside the jail: the jail may be let go.
                 await monitor.accept(proc, self.config.start_timeout_s)
                 steps.mark("qmp")
-        except BaseException as exc:
-            if proc is not None and proc.returncode is None:
-                with contextlib.suppress(ProcessLookupError):
-                    os.killpg(proc.pid, signal.SIGKILL)
-                await proc.wait()
-            await monitor.close()
-            if cgroup is not None:
-                await asyncio.to_thread(cgroup.remove)
-            if memory.owned:
-                unlink([memory.path])
-            self.host.release(jail)
-            self._launching.discard(vm_id)
-            if isinstance(exc, Exception):
-                raise error(f"cannot start QEMU: {exc}; {tail(stderr_log)}") from exc
-            raise
-        finally:
-            if tap_fd is not None:
-                os.close(tap_fd)
-        vm = QemuVM(
-            vm_id=vm_id,
-            host=self.host,
-            platform=platform,
-            spec=spec,
-            proc=proc,
-            monitor=monitor,
-            memory=memory,
-            cgroup=cgroup,
-            jail=jail,
-            console_log=console,
-            stderr_log=stderr_log,
-        )
-        self._vms[vm_id] = vm
+            vm = QemuVM(
+                vm_id=vm_id,
+                host=self.host,
+                platform=platform,
+                spec=spec,
+                proc=proc,
+                monitor=monitor,
+                memory=memory,
+                cgroup=cgroup,
+                jail=jail,
+                console_log=console,
+                stderr_log=stderr_log,
+            )
+            self._vms[vm_id] = vm
+            undo.pop_all()
         self._launching.discard(vm_id)  # only now: a reaper thread sees it owned all along
         return vm
 
@@ -182,6 +195,14 @@ async def _confine(
     await asyncio.to_thread(_touch, made)
     files = await asyncio.to_thread(cmdline.jail_files, spec, memory, qmp, console)
     return [*await held.enter_async_context(jail.assemble(files)), *argv]
+
+
+async def _kill(proc: asyncio.subprocess.Process) -> None:
+    """End a VMM that was never handed out, and any helper in its process group."""
+    if proc.returncode is None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        await proc.wait()
 
 
 def limits(config: QemuConfig, spec: VMSpec, memory: Memory) -> CgroupLimits:

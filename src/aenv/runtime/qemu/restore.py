@@ -81,37 +81,41 @@ class Restorer:
         vm = await self.restore_vm(snapshot, place)
         stream = memory_dir(vm.spec) / f"{vm.id}.whole"
         try:
-            await vm.save_state(stream, ignore_shared=False)
-        except (MonitorError, OSError) as exc:
-            unlink([stream])
-            raise SnapshotError(f"cannot flatten memory: {exc}; {tail(vm.stderr_log)}") from exc
-        except BaseException:
-            unlink([stream])
-            raise
+            with contextlib.ExitStack() as undo:
+                undo.callback(unlink, [stream])  # made even if the save fails
+                try:
+                    await vm.save_state(stream, ignore_shared=False)
+                except (MonitorError, OSError) as exc:
+                    raise SnapshotError(
+                        f"cannot flatten memory: {exc}; {tail(vm.stderr_log)}"
+                    ) from exc
+                undo.pop_all()
         finally:
-            await asyncio.shield(vm.stop())
+            await asyncio.shield(vm.stop())  # it only loaded and saved: never handed out
         return dataclasses.replace(snapshot, state_file=stream, memory_file=None, layers=())
 
     async def _detach(
         self, snapshot: Snapshot, target: SnapshotTarget, place: RestoreSpec
     ) -> Snapshot:
         vm = await self.restore_vm(snapshot, place)
-        made: list[Path] = []
+        state_file = target.directory / "state"
+        memory_file = target.memory_dir / "memory"
         try:
-            state_file = target.directory / "state"
-            made.append(state_file)
-            await vm.save_state(state_file, ignore_shared=True)
-            memory_file = target.memory_dir / "memory"
-            made.append(memory_file)
-            await save.hand_over_memory(vm, memory_file)
-        except (MonitorError, layers.LayerError, OSError) as exc:
-            unlink(made)
-            raise SnapshotError(f"cannot detach memory: {exc}; {tail(vm.stderr_log)}") from exc
-        except BaseException:
-            unlink(made)
-            raise
+            with contextlib.ExitStack() as undo:
+                try:
+                    # Each file's removal is pushed before the step that makes it: a step that
+                    # fails may have made it all the same.
+                    undo.callback(unlink, [state_file])
+                    await vm.save_state(state_file, ignore_shared=True)
+                    undo.callback(unlink, [memory_file])
+                    await save.hand_over_memory(vm, memory_file)
+                except (MonitorError, layers.LayerError, OSError) as exc:
+                    raise SnapshotError(
+                        f"cannot detach memory: {exc}; {tail(vm.stderr_log)}"
+                    ) from exc
+                undo.pop_all()
         finally:
-            await asyncio.shield(vm.stop())
+            await asyncio.shield(vm.stop())  # it only loaded and saved: never handed out
         detached = dataclasses.replace(snapshot, state_file=state_file, memory_file=memory_file)
         await asyncio.to_thread(detached.save_manifest)
         return detached
@@ -138,33 +142,31 @@ class Restorer:
             # The guest driver's state holds the MAC: keep the source's, take the new location.
             net = dataclasses.replace(target.net, mac=net.mac)
         vm_id = secrets.token_hex(8)
-        try:
-            drives, created = await disks.writable_tops(snapshot, target.workdir, vm_id)
-        except (layers.LayerError, KeyError) as exc:
-            raise RestoreError(f"cannot create writable layers: {exc}") from exc
-        steps.mark("check+tops")
-        spec = dataclasses.replace(
-            snapshot.spec,
-            workdir=target.workdir,
-            memory_dir=target.memory_dir,
-            net=net,
-            limits=target.limits,
-            disks=tuple(drives),
-            shares=target.shares,
-        )
-        check_share_tags(spec, RestoreError)
-        if snapshot.memory_file is not None:
-            memory = Memory(snapshot.memory_file, shared=False, owned=False)
-        else:
-            memory = Memory(memory_dir(spec) / f"{vm_id}.mem", shared=True, owned=True)
-        try:
+        with contextlib.ExitStack() as undo:
+            try:
+                drives, created = await disks.writable_tops(snapshot, target.workdir, vm_id, undo)
+            except (layers.LayerError, KeyError) as exc:
+                raise RestoreError(f"cannot create writable layers: {exc}") from exc
+            steps.mark("check+tops")
+            spec = dataclasses.replace(
+                snapshot.spec,
+                workdir=target.workdir,
+                memory_dir=target.memory_dir,
+                net=net,
+                limits=target.limits,
+                disks=tuple(drives),
+                shares=target.shares,
+            )
+            check_share_tags(spec, RestoreError)
+            if snapshot.memory_file is not None:
+                memory = Memory(snapshot.memory_file, shared=False, owned=False)
+            else:
+                memory = Memory(memory_dir(spec) / f"{vm_id}.mem", shared=True, owned=True)
             vm = await self.launcher.launch(
                 vm_id, spec, memory, RestoreError, platform=platform, incoming=True, steps=steps
             )
-        except BaseException:
-            unlink(created)
-            raise
-        vm.owned_files += created
+            undo.pop_all()
+        vm.owned_files += created  # removed by its stop from here on
         async with stopped_on_failure(vm, RestoreError, "restore failed"):
             if not memory.shared:
                 await vm.monitor.execute(
@@ -210,14 +212,13 @@ async def merge_layers(snapshot: Snapshot, directory: Path) -> Snapshot:
         with open(state_file, "wb") as out:
             ramlayers.compose_into(states, RAM_BLOCK.encode(), out.fileno())
 
-    try:
-        await asyncio.to_thread(merge)
-    except (OSError, ValueError) as exc:  # StreamFormatError is a ValueError
-        await asyncio.to_thread(unlink, [state_file])
-        raise SnapshotError(f"cannot merge the memory layers: {exc}") from exc
-    except BaseException:
-        await asyncio.to_thread(unlink, [state_file])
-        raise
+    async with contextlib.AsyncExitStack() as undo:
+        undo.push_async_callback(asyncio.to_thread, unlink, [state_file])  # made even if it fails
+        try:
+            await asyncio.to_thread(merge)
+        except (OSError, ValueError) as exc:  # StreamFormatError is a ValueError
+            raise SnapshotError(f"cannot merge the memory layers: {exc}") from exc
+        undo.pop_all()
     return dataclasses.replace(snapshot, state_file=state_file, layers=())
 
 

@@ -207,19 +207,23 @@ async def _save_through_filter(
             await vm.monitor.pass_fd("state", write)
         finally:
             os.close(write)  # QEMU holds the only write end now: its close ends the stream
-        try:
-            await _migrate(vm)
-        except BaseException:
+        async with contextlib.AsyncExitStack() as undo:
             # A migration that never started leaves the fd with QEMU; closing it ends the
             # filter's read. One that started closed it when it failed.
-            with contextlib.suppress(MonitorError):
-                await vm.monitor.execute("closefd", fdname="state")
-            raise
+            undo.push_async_callback(_close_fd, vm, "state")
+            await _migrate(vm)
+            undo.pop_all()
         # Shielded: cancelling the thread's task would not stop the thread.
         return await asyncio.shield(filtering)
     except ramdelta.StreamFormatError:
         vm.host.streams_understood = False
         raise
+
+
+async def _close_fd(vm: Vmm, name: str) -> None:
+    """Close the fd QEMU holds as `name`, if it still holds one."""
+    with contextlib.suppress(MonitorError):
+        await vm.monitor.execute("closefd", fdname=name)
 
 
 async def _save_then_filter(

@@ -132,14 +132,17 @@ async def stopped_on_failure(
     """Stop `vm` when the block fails in any way, cancellation included: a VMM nobody holds
     any more would run on. QEMU's and the OS's errors become `error`; the stop is shielded, so
     a second cancellation cannot cut it short."""
-    try:
-        yield
-    except (MonitorError, OSError) as exc:
-        await asyncio.shield(vm.stop())
-        raise error(f"{what}: {exc}; {tail(vm.stderr_log)}") from exc
-    except BaseException:
-        await asyncio.shield(vm.stop())
-        raise
+    async with contextlib.AsyncExitStack() as undo:
+        undo.push_async_callback(_stop_shielded, vm)
+        try:
+            yield
+        except (MonitorError, OSError) as exc:
+            raise error(f"{what}: {exc}; {tail(vm.stderr_log)}") from exc
+        undo.pop_all()
+
+
+async def _stop_shielded(vm: QemuVM) -> None:
+    await asyncio.shield(vm.stop())
 
 
 def tail(path: Path, limit: int = 1500) -> str:
