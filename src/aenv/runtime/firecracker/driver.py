@@ -38,6 +38,7 @@ and calls `reclaim_leftovers` to remove their cgroups, jails and files in their 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import secrets
 from collections.abc import Callable, Collection, Sequence
@@ -103,14 +104,14 @@ class FirecrackerDriver:
         if binary is None:
             raise FirecrackerError(f"firecracker binary not found: {self.config.binary}")
         if self.config.jailer is not None:
-            jailer, release = self._vm_jailer(self.config.jailer)
-            try:
-                return JailedPlacement(
+            with contextlib.ExitStack() as undo:
+                jailer, release = self._vm_jailer(self.config.jailer)
+                undo.callback(release)
+                placement = JailedPlacement(
                     Jail(jailer, vm_id, binary), self.config.extra_args, on_release=release
                 )
-            except BaseException:
-                release()
-                raise
+                undo.pop_all()
+            return placement
         return DirectPlacement(
             workdir, vm_id, binary, self._cgroup_manager(), self.config.extra_args
         )
@@ -206,63 +207,64 @@ class FirecrackerDriver:
             raise d.BootError(f"cannot place VM {vm_id}: {exc}") from exc
         vm = FirecrackerVM(cfg, spec, vm_id, placement, diff_base=DiffBase.BOOT)
         vm.owned_layers |= owned
-        try:
-            kernel = vm.placement.stage(spec.kernel, "boot/vmlinux", may_copy=True)
-            initrd = (
-                vm.placement.stage(spec.initrd, "boot/initrd", may_copy=True)
-                if spec.initrd
-                else None
-            )
-            stage = vm.placement.stage
-            drives = [
-                stage(disk.path, drive_name(disk.drive_id), writable=not disk.read_only)
-                for disk in spec.disks
-            ]
-            netns = spec.net.netns if spec.net else None
-            await self._launch(vm, netns, self._limits(spec.limits, spec))
-            api = vm.api
-            await api.put_machine_config(
-                m.MachineConfiguration(
-                    vcpu_count=spec.vcpus,
-                    mem_size_mib=spec.memory_mib,
-                    smt=False,
-                    track_dirty_pages=cfg.track_dirty_pages,
+        async with contextlib.AsyncExitStack() as undo:
+            undo.push_async_callback(vm.stop)
+            try:
+                kernel = vm.placement.stage(spec.kernel, "boot/vmlinux", may_copy=True)
+                initrd = (
+                    vm.placement.stage(spec.initrd, "boot/initrd", may_copy=True)
+                    if spec.initrd
+                    else None
                 )
-            )
-            await api.put_boot_source(
-                m.BootSource(kernel_image_path=kernel, boot_args=spec.cmdline, initrd_path=initrd)
-            )
-            for index, (disk, path) in enumerate(zip(spec.disks, drives, strict=True)):
-                # Our initramfs assembles the root; without one the first disk is the root.
-                root = spec.initrd is None and index == 0
-                await api.put_drive(self._drive(disk, path, root=root))
-            if spec.net is not None:
-                await api.put_network_interface(
-                    m.NetworkInterface(
-                        iface_id=GUEST_IFACE,
-                        host_dev_name=spec.net.tap,
-                        guest_mac=spec.net.mac,
-                        rx_rate_limiter=cfg.net_rx_rate_limiter,
-                        tx_rate_limiter=cfg.net_tx_rate_limiter,
+                stage = vm.placement.stage
+                drives = [
+                    stage(disk.path, drive_name(disk.drive_id), writable=not disk.read_only)
+                    for disk in spec.disks
+                ]
+                netns = spec.net.netns if spec.net else None
+                await self._launch(vm, netns, self._limits(spec.limits, spec))
+                api = vm.api
+                await api.put_machine_config(
+                    m.MachineConfiguration(
+                        vcpu_count=spec.vcpus,
+                        mem_size_mib=spec.memory_mib,
+                        smt=False,
+                        track_dirty_pages=cfg.track_dirty_pages,
                     )
                 )
-                if cfg.mmds_version is not None:
-                    await api.put_mmds_config(
-                        m.MmdsConfig(network_interfaces=[GUEST_IFACE], version=cfg.mmds_version)
+                await api.put_boot_source(
+                    m.BootSource(
+                        kernel_image_path=kernel, boot_args=spec.cmdline, initrd_path=initrd
                     )
-            if cfg.vsock_cid is not None:
-                await api.put_vsock(m.Vsock(guest_cid=cfg.vsock_cid, uds_path=VSOCK_SOCKET))
-            if cfg.balloon is not None:
-                await api.put_balloon(cfg.balloon)
-            if cfg.entropy is not None:
-                await api.put_entropy(cfg.entropy)
-            await api.start()
-        except BaseException as exc:
-            detail = vm.console_tail()
-            await vm.stop()
-            if isinstance(exc, FAILURES):
-                raise d.BootError(f"firecracker boot failed: {exc}{detail}") from exc
-            raise
+                )
+                for index, (disk, path) in enumerate(zip(spec.disks, drives, strict=True)):
+                    # Our initramfs assembles the root; without one the first disk is the root.
+                    root = spec.initrd is None and index == 0
+                    await api.put_drive(self._drive(disk, path, root=root))
+                if spec.net is not None:
+                    await api.put_network_interface(
+                        m.NetworkInterface(
+                            iface_id=GUEST_IFACE,
+                            host_dev_name=spec.net.tap,
+                            guest_mac=spec.net.mac,
+                            rx_rate_limiter=cfg.net_rx_rate_limiter,
+                            tx_rate_limiter=cfg.net_tx_rate_limiter,
+                        )
+                    )
+                    if cfg.mmds_version is not None:
+                        await api.put_mmds_config(
+                            m.MmdsConfig(network_interfaces=[GUEST_IFACE], version=cfg.mmds_version)
+                        )
+                if cfg.vsock_cid is not None:
+                    await api.put_vsock(m.Vsock(guest_cid=cfg.vsock_cid, uds_path=VSOCK_SOCKET))
+                if cfg.balloon is not None:
+                    await api.put_balloon(cfg.balloon)
+                if cfg.entropy is not None:
+                    await api.put_entropy(cfg.entropy)
+                await api.start()
+            except FAILURES as exc:
+                raise d.BootError(f"firecracker boot failed: {exc}{vm.console_tail()}") from exc
+            undo.pop_all()
         vm.state = d.VMState.RUNNING
         return vm
 
@@ -296,40 +298,41 @@ class FirecrackerDriver:
             diff_base=DiffBase.FILE,
             memory_base=snapshot.memory_file,
         )
-        try:
-            await self._stage_restore_disks(vm, snapshot)
-            # Staged under restore/, never where a later snapshot of this VM could write: writing
-            # through these links would overwrite the source snapshot.
-            state = placement.stage(snapshot.state_file, f"restore/{STATE_FILE}", may_copy=True)
-            memory = placement.stage(snapshot.memory_file, "restore/memory.bin")
-            netns = target.net.netns if target.net else None
-            await self._launch(vm, netns, self._limits(target.limits, spec))
-            reason = host.check_compat(snapshot.compat, vm.version)
-            if reason is not None:
-                raise d.IncompatibleSnapshotError(reason)
-            await vm.api.load_snapshot(
-                m.SnapshotLoadParams(
-                    snapshot_path=state,
-                    mem_backend=m.MemoryBackend(backend_type="File", backend_path=memory),
-                    track_dirty_pages=self.config.track_dirty_pages,
-                    resume_vm=False,
-                    network_overrides=(
-                        [m.NetworkOverride(iface_id=GUEST_IFACE, host_dev_name=target.net.tap)]
-                        if target.net is not None
-                        else None
-                    ),
+        async with contextlib.AsyncExitStack() as undo:
+            undo.push_async_callback(vm.stop)
+            try:
+                await self._stage_restore_disks(vm, snapshot)
+                # Staged under restore/, never where a later snapshot of this VM could write:
+                # writing through these links would overwrite the source snapshot.
+                state = placement.stage(snapshot.state_file, f"restore/{STATE_FILE}", may_copy=True)
+                memory = placement.stage(snapshot.memory_file, "restore/memory.bin")
+                netns = target.net.netns if target.net else None
+                await self._launch(vm, netns, self._limits(target.limits, spec))
+                reason = host.check_compat(snapshot.compat, vm.version)
+                if reason is not None:
+                    raise d.IncompatibleSnapshotError(reason)
+                await vm.api.load_snapshot(
+                    m.SnapshotLoadParams(
+                        snapshot_path=state,
+                        mem_backend=m.MemoryBackend(backend_type="File", backend_path=memory),
+                        track_dirty_pages=self.config.track_dirty_pages,
+                        resume_vm=False,
+                        network_overrides=(
+                            [m.NetworkOverride(iface_id=GUEST_IFACE, host_dev_name=target.net.tap)]
+                            if target.net is not None
+                            else None
+                        ),
+                    )
                 )
-            )
-            await self._reapply_rate_limits(vm)
-            await vm.api.resume()
-        except BaseException as exc:
-            detail = vm.console_tail()
-            await vm.stop()
-            if isinstance(exc, d.DriverError):
+                await self._reapply_rate_limits(vm)
+                await vm.api.resume()
+            except d.DriverError:
                 raise
-            if isinstance(exc, FAILURES):
-                raise d.RestoreError(f"firecracker restore failed: {exc}{detail}") from exc
-            raise
+            except FAILURES as exc:
+                raise d.RestoreError(
+                    f"firecracker restore failed: {exc}{vm.console_tail()}"
+                ) from exc
+            undo.pop_all()
         vm.state = d.VMState.RUNNING
         return vm
 

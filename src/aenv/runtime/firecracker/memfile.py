@@ -12,6 +12,7 @@ edit-memory rebase` does), so the cost follows the pages the guest dirtied.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import os
 from collections.abc import Iterator
@@ -43,13 +44,12 @@ async def merge_diff(diff: Path, base: Path, destination: Path) -> None:
     """Write `base` overlaid with the data extents of `diff` to `destination`, which is
     replaced atomically, so a failure leaves no half file."""
     partial = destination.with_name(destination.name + ".partial")
-    try:
+    with contextlib.ExitStack() as undo:
+        undo.callback(partial.unlink, missing_ok=True)  # made even if the copy fails
         await layers.sparse_copy(base, partial)
         await asyncio.to_thread(_overlay, diff, partial)
         partial.replace(destination)
-    except BaseException:
-        partial.unlink(missing_ok=True)
-        raise
+        undo.pop_all()
 
 
 def _overlay(diff: Path, target: Path) -> None:

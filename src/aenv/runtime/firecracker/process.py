@@ -92,12 +92,11 @@ class FirecrackerProcess:
                 start_new_session=True,
             )
         self = cls(proc, socket_path, stderr_path)
-        try:
+        async with contextlib.AsyncExitStack() as undo:
+            undo.push_async_callback(self.stop)
             _prefer_as_oom_victim(proc.pid)
             await self._wait_ready(time.monotonic() + ready_timeout)
-        except BaseException:
-            await self.stop()
-            raise
+            undo.pop_all()
         return self
 
     async def _wait_ready(self, deadline: float) -> None:

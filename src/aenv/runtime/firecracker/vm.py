@@ -136,30 +136,28 @@ class FirecrackerVM:
         async with self._lock:
             self._require_live()
             was_running = self.state is d.VMState.RUNNING
-            if was_running:
-                await self._guard(self.api.pause(), "pause for snapshot", d.SnapshotError)
-                self.state = d.VMState.PAUSED
-            snap: d.Snapshot | None = None
-            try:
+            async with contextlib.AsyncExitStack() as undo:
+                if was_running:
+                    await self._guard(self.api.pause(), "pause for snapshot", d.SnapshotError)
+                    self.state = d.VMState.PAUSED
+                    undo.push_async_callback(self._resume_after_failure)
                 snap = await self._take_snapshot(
                     target, keep_running=keep_running, machine_state=machine_state
                 )
+                # Saved, but if the VM does not continue the operation as a whole failed.
+                undo.callback(_discard_snapshot, snap)
                 if keep_running and was_running:
                     await self._guard(self.api.resume(), "resume after snapshot", d.SnapshotError)
                     self.state = d.VMState.RUNNING
-            except BaseException:
-                if snap is not None:
-                    # Saved, but the VM did not continue: the operation as a whole failed.
-                    _discard([snap.state_file, *snap.disks.values(), _manifest(snap)])
-                    _discard(filter(None, [snap.memory_file]))
-                if was_running:
-                    with contextlib.suppress(FirecrackerError):
-                        await self.api.resume()
-                        self.state = d.VMState.RUNNING
-                raise
+                undo.pop_all()
             if not keep_running:
                 await self._stop_locked()
             return snap
+
+    async def _resume_after_failure(self) -> None:
+        with contextlib.suppress(FirecrackerError):
+            await self.api.resume()
+            self.state = d.VMState.RUNNING
 
     async def wait_exit(self) -> None:
         if self.process is not None:
@@ -223,20 +221,20 @@ class FirecrackerVM:
         state_file = target.directory / STATE_FILE
         memory_file: Path | None = None
         created: list[Path] = [state_file]
-        try:
-            target.directory.mkdir(parents=True, exist_ok=True)
-            if machine_state:
-                memory_file = await self._save_machine(target, state_file, created)
-            else:
-                # Filesystem-only: an empty state file marks it; Firecracker's own snapshot,
-                # and its dirty-page log, are left alone.
-                state_file.write_bytes(b"")
-            sealed = await self._seal_disks(target.directory, keep_running, created)
-        except BaseException as exc:
-            _discard(created)
-            if isinstance(exc, FAILURES):
+        with contextlib.ExitStack() as undo:
+            undo.callback(_discard, created)  # the steps add each file they make
+            try:
+                target.directory.mkdir(parents=True, exist_ok=True)
+                if machine_state:
+                    memory_file = await self._save_machine(target, state_file, created)
+                else:
+                    # Filesystem-only: an empty state file marks it; Firecracker's own snapshot,
+                    # and its dirty-page log, are left alone.
+                    state_file.write_bytes(b"")
+                sealed = await self._seal_disks(target.directory, keep_running, created)
+            except FAILURES as exc:
                 raise d.SnapshotError(f"snapshot of VM {self.id} failed: {exc}") from exc
-            raise
+            undo.pop_all()
         if memory_file is not None and self._config.track_dirty_pages:
             self._diff_base, self._memory_base = DiffBase.FILE, memory_file
         snap = d.Snapshot(
@@ -333,6 +331,11 @@ def _discard(paths: Iterable[Path]) -> None:
         with contextlib.suppress(OSError):
             if not path.is_dir():
                 path.unlink(missing_ok=True)
+
+
+def _discard_snapshot(snap: d.Snapshot) -> None:
+    _discard([snap.state_file, *snap.disks.values(), _manifest(snap)])
+    _discard(filter(None, [snap.memory_file]))
 
 
 def _manifest(snap: d.Snapshot) -> Path:
