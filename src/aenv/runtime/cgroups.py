@@ -86,6 +86,12 @@ def _write(path: Path, value: str) -> None:
         raise CgroupError(f"cannot write {value!r} to {path}: {exc}") from exc
 
 
+def _rmdir_quietly(path: Path) -> None:
+    """Remove a group that a failed creation made, still empty (best effort)."""
+    with contextlib.suppress(OSError):
+        path.rmdir()
+
+
 def _rmdir(path: Path) -> None:
     # The kernel may take a moment to notice a just-reaped process has left the group.
     for _ in range(50):
@@ -124,10 +130,11 @@ class CgroupV1:
 
     def create(self, name: str, limits: CgroupLimits) -> Cgroup:
         made: list[Path] = []
-        try:
+        with contextlib.ExitStack() as undo:
             for controller, base in self._bases.items():
                 d = base / name
                 d.mkdir(parents=True)
+                undo.callback(_rmdir_quietly, d)
                 made.append(d)
                 if controller == "memory" and limits.memory_bytes is not None:
                     _write(d / "memory.limit_in_bytes", str(limits.memory_bytes))
@@ -136,11 +143,7 @@ class CgroupV1:
                 if controller == "cpu" and limits.cpu_cores is not None:
                     _write(d / "cpu.cfs_period_us", str(CPU_PERIOD_US))
                     _write(d / "cpu.cfs_quota_us", str(int(limits.cpu_cores * CPU_PERIOD_US)))
-        except BaseException:
-            for d in reversed(made):
-                with contextlib.suppress(OSError):
-                    d.rmdir()
-            raise
+            undo.pop_all()
         return _V1Group(name, tuple(made))
 
     def names(self) -> list[str]:
@@ -182,8 +185,9 @@ class CgroupV2:
             self._enable(self._own)
             self._enable(self._base)
         d = self._base / name
-        d.mkdir()
-        try:
+        with contextlib.ExitStack() as undo:
+            d.mkdir()
+            undo.callback(_rmdir_quietly, d)
             if limits.memory_bytes is not None:
                 _write(d / "memory.max", str(limits.memory_bytes))
             if limits.pids is not None:
@@ -191,10 +195,7 @@ class CgroupV2:
             if limits.cpu_cores is not None:
                 quota = int(limits.cpu_cores * CPU_PERIOD_US)
                 _write(d / "cpu.max", f"{quota} {CPU_PERIOD_US}")
-        except BaseException:
-            with contextlib.suppress(OSError):
-                d.rmdir()
-            raise
+            undo.pop_all()
         return _V2Group(name, d)
 
     def names(self) -> list[str]:

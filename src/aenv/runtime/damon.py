@@ -299,15 +299,18 @@ class ColdReclaim:
         reasons = facts.refusals()
         if reasons:
             raise ColdReclaimError(f"{'; '.join(reasons)} (operations: {facts.choice()[1]})")
-        self.sysfs.write("kdamonds/nr_kdamonds", 1)
-        try:
+        with contextlib.ExitStack() as undo:
+            self.sysfs.write("kdamonds/nr_kdamonds", 1)
+            undo.callback(self._remove_kdamond)
             self.operations = self._configure()
-        except BaseException:
-            with contextlib.suppress(ColdReclaimError):
-                self.sysfs.write("kdamonds/nr_kdamonds", 0)
-            raise
+            undo.pop_all()
         self._save_record()
         return self.operations
+
+    def _remove_kdamond(self) -> None:
+        """Undo `start`'s kdamond (best effort: the caller is failing already)."""
+        with contextlib.suppress(ColdReclaimError):
+            self.sysfs.write("kdamonds/nr_kdamonds", 0)
 
     def _configure(self) -> Operations:
         s = self.settings

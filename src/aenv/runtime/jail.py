@@ -307,7 +307,7 @@ class Jail:
                 _check(_libc.unshare(_CLONE_NEWNS | _CLONE_NEWNET | _CLONE_NEWIPC), "unshare")
                 _build_root(ASSEMBLY_POINT, files, devices)
                 built.set_result(threading.get_native_id())
-            except BaseException as exc:  # handed to the awaiting coroutine
+            except BaseException as exc:  # not a rollback: any error must reach the awaiter
                 built.set_exception(exc)
                 return
             release.wait()

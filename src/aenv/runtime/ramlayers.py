@@ -62,14 +62,13 @@ class Chain:
     def __init__(self, paths: Sequence[Path], block: bytes) -> None:
         self.block = block
         self.layers: list[_Layer] = []
-        try:
+        with contextlib.ExitStack() as undo:
+            undo.callback(self.close)  # the layers mapped so far
             for path in paths:
                 with open(path, "rb") as f:
                     data = mmap.mmap(f.fileno(), 0, prot=mmap.PROT_READ)
                 self.layers.append(_Layer(path, data, _index(data, block)))
-        except BaseException:
-            self.close()
-            raise
+            undo.pop_all()
         # page -> (layer, payload position or -1 - fill byte), the newest layer's record.
         self.where: dict[int, tuple[int, int]] = {}
         for i, layer in enumerate(self.layers):
