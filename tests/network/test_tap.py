@@ -76,3 +76,12 @@ async def test_a_cancelled_open_leaves_no_file_open(namespace: str) -> None:
     # The close is a callback of the loop's, after the one the thread's result comes back
     # with: a few loop turns later on a busy machine.
     await eventually(lambda: _open_taps() == before, "the cancelled open's tap closed")
+
+
+async def test_a_refused_open_leaves_no_file_open(namespace: str) -> None:
+    """The tap device is opened before the kernel is asked for the interface: a name it
+    refuses fails the open after that, and the device's file is closed again."""
+    before = _open_taps()
+    with pytest.raises(OSError):
+        await open_tap(namespace, "no/tap")
+    assert _open_taps() == before

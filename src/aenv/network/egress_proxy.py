@@ -155,12 +155,11 @@ class EgressProxy:
     async def start(self) -> None:
         gateway = str(self.slot.guest.gateway)
         sock = await netns.run_in(self.slot.netns, lambda: _listener(gateway))
-        self._server = await asyncio.start_server(self._accepted, sock=sock)
-        try:
+        async with contextlib.AsyncExitStack() as undo:
+            self._server = await asyncio.start_server(self._accepted, sock=sock)
+            undo.push_async_callback(self.close)
             await self._dns.start()
-        except BaseException:
-            await self.close()
-            raise
+            undo.pop_all()
 
     async def close(self) -> None:
         await self._dns.close()
@@ -229,12 +228,11 @@ class EgressProxy:
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         """A connection to the destination from the slot namespace, as the guest's would be."""
         sock = await netns.run_in(self.slot.netns, _outgoing)
-        try:
+        with contextlib.ExitStack() as undo:
+            undo.callback(sock.close)
             loop = asyncio.get_running_loop()
             await asyncio.wait_for(
                 loop.sock_connect(sock, (str(address), port)), _CONNECT_TIMEOUT_S
             )
-        except BaseException:
-            sock.close()
-            raise
+            undo.pop_all()
         return await asyncio.open_connection(sock=sock, limit=_CHUNK)

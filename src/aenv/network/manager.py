@@ -123,40 +123,41 @@ class SlotManager:
     async def create(
         self, *, egress: bool | None = None, policy: EgressPolicy | None = None
     ) -> Slot:
-        index = self._plan.allocate()
-        slot = Slot(
-            index=index,
-            netns=self._name(index),
-            host_ifname=self._name(index),
-            host_ip=self._plan.host_ip(index),
-            address=self._plan.slot_ip(index),
-            guest=self.config.guest,
-        )
         verdict = self.config.egress if egress is None else egress
         initial = EgressPolicy() if policy is None else policy
-        work = asyncio.ensure_future(
-            netns.run_in(self.config.host_netns, lambda: self._build(slot, verdict, initial))
-        )
-        try:
-            await asyncio.shield(work)
-        except asyncio.CancelledError:
-            # The thread cannot be stopped: reclaim what it builds once it is done.
-            orphan = asyncio.ensure_future(self._reclaim(slot, work))
-            self._orphans.add(orphan)
-            orphan.add_done_callback(self._orphans.discard)
-            raise
-        except BaseException:
-            self._plan.free(slot.index)
-            raise
+        with contextlib.ExitStack() as undo:
+            index = self._plan.allocate()
+            undo.callback(self._plan.free, index)
+            slot = Slot(
+                index=index,
+                netns=self._name(index),
+                host_ifname=self._name(index),
+                host_ip=self._plan.host_ip(index),
+                address=self._plan.slot_ip(index),
+                guest=self.config.guest,
+            )
+            work = asyncio.ensure_future(
+                netns.run_in(self.config.host_netns, lambda: self._build(slot, verdict, initial))
+            )
+            try:
+                await asyncio.shield(work)
+            except asyncio.CancelledError:
+                # The thread cannot be stopped: what it builds, and the index, are reclaimed
+                # once it is done.
+                undo.pop_all()
+                orphan = asyncio.ensure_future(self._reclaim(slot, work))
+                self._orphans.add(orphan)
+                orphan.add_done_callback(self._orphans.discard)
+                raise
+            undo.pop_all()
         self._slots[index] = slot
         self._policies[index] = initial
         self._locks[index] = asyncio.Lock()
         if initial.needs_proxy:
-            try:
+            async with contextlib.AsyncExitStack() as undo_slot:
+                undo_slot.push_async_callback(self.destroy, slot)
                 await self._start_proxy(slot, initial)
-            except BaseException:
-                await self.destroy(slot)
-                raise
+                undo_slot.pop_all()
         return slot
 
     async def _reclaim(self, slot: Slot, work: asyncio.Future[None]) -> None:
@@ -168,9 +169,10 @@ class SlotManager:
     def _build(self, slot: Slot, egress: bool, policy: EgressPolicy) -> None:
         guest = slot.guest
         with IPRoute() as host:
-            # Outside the try: if the name is taken, it is not ours to remove.
+            # Before the undo: if the name is taken, it is not ours to remove.
             netns.create_and_enter(slot.netns)
-            try:
+            with contextlib.ExitStack() as undo:
+                undo.callback(netns.remove, slot.netns)
                 for key, value in _SLOT_SYSCTLS.items():
                     _sysctl(key, value)
                 with IPRoute() as ns:
@@ -212,9 +214,7 @@ class SlotManager:
                     ns.link("set", index=inner, state="up")
                     _set_default_route(ns, slot, egress)
                 nft.apply(rules.slot_table(guest, policy, self._denied))
-            except BaseException:
-                netns.remove(slot.netns)
-                raise
+                undo.pop_all()
 
     async def destroy(self, slot: Slot) -> None:
         """Remove the slot. The VMM that ran in it must have exited: a process still inside keeps
@@ -277,19 +277,22 @@ class SlotManager:
             if policy == old:
                 return
             # The proxy is up before connections are redirected to it, and down only after.
-            if policy.needs_proxy:
-                await self._start_proxy(slot, policy)
-            try:
+            async with contextlib.AsyncExitStack() as undo:
+                if policy.needs_proxy:
+                    await self._start_proxy(slot, policy)
+                undo.push_async_callback(self._proxy_as, slot, old)
                 await netns.run_in(slot.netns, lambda: nft.apply(rules.set_policy(old, policy)))
-            except BaseException:
-                if old.needs_proxy:
-                    await self._start_proxy(slot, old)  # gives the old policy back
-                else:
-                    await self._stop_proxy(slot)
-                raise
+                undo.pop_all()
             self._policies[slot.index] = policy
             if not policy.needs_proxy:
                 await self._stop_proxy(slot)
+
+    async def _proxy_as(self, slot: Slot, policy: EgressPolicy) -> None:
+        """The slot's egress proxy as `policy` has it: running with it, or stopped."""
+        if policy.needs_proxy:
+            await self._start_proxy(slot, policy)
+        else:
+            await self._stop_proxy(slot)
 
     async def _stop_proxy(self, slot: Slot) -> None:
         proxy = self._proxies.pop(slot.index, None)

@@ -11,6 +11,7 @@ silently run unrelated work there.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ctypes
 import errno
 import os
@@ -72,15 +73,14 @@ def create_and_enter(name: str) -> None:
     """Move the calling thread into a new network namespace and name it `name`."""
     _ensure_run_dir()
     target = path(name)
-    fd = os.open(target, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0)
-    os.close(fd)
-    try:
+    with contextlib.ExitStack() as undo:
+        fd = os.open(target, os.O_RDONLY | os.O_CREAT | os.O_EXCL, 0)
+        os.close(fd)
+        undo.callback(target.unlink)
         _check(_libc.unshare(_CLONE_NEWNET), "unshare(CLONE_NEWNET)")
         own = f"/proc/self/task/{threading.get_native_id()}/ns/net".encode()
         _check(_libc.mount(own, bytes(target), b"none", _MS_BIND, None), f"bind netns {name}")
-    except BaseException:
-        target.unlink()
-        raise
+        undo.pop_all()
 
 
 def enter(name: str) -> None:
@@ -116,7 +116,7 @@ async def run_in(netns: str | None, fn: Callable[[], T]) -> T:
             if netns is not None:
                 enter(netns)
             done.set_result(fn())
-        except BaseException as error:  # handed to the awaiting coroutine
+        except BaseException as error:  # not a rollback: any error must reach the awaiter
             done.set_exception(error)
 
     threading.Thread(target=body, name=f"netns:{netns or '-'}", daemon=True).start()

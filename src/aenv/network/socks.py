@@ -26,6 +26,7 @@ client libraries do not allow for.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import errno
 import functools
 import re
@@ -196,32 +197,28 @@ async def open_tunnel(
     address = await resolve(proxy, denied, host_netns)
     sock = await netns.run_in(host_netns, _outgoing)
     loop = asyncio.get_running_loop()
-    try:
-        await asyncio.wait_for(loop.sock_connect(sock, (str(address), proxy.port)), timeout)
-    except (OSError, TimeoutError) as e:
-        sock.close()
-        raise TunnelError(f"proxy {proxy.address} cannot be reached: {e}") from e
-    except BaseException:
-        sock.close()
-        raise
-    try:
-        reader, writer = await asyncio.open_connection(
-            sock=sock,
-            ssl=proxy.tls_context if proxy.tls else None,
-            server_hostname=(proxy.server_name or proxy.host) if proxy.tls else None,
-            ssl_handshake_timeout=timeout if proxy.tls else None,
-        )
-    except OSError as e:  # ssl.SSLError included: never plaintext instead
-        sock.close()
-        raise TunnelError(f"TLS to proxy {proxy.address} failed: {e}") from e
-    try:
-        await asyncio.wait_for(_handshake(proxy, destination, port, reader, writer), timeout)
-    except (OSError, TimeoutError, ProtocolError, ValueError, asyncio.IncompleteReadError) as e:
-        writer.close()
-        raise TunnelError(f"proxy {proxy.address} refused {destination}:{port}: {e}") from e
-    except BaseException:
-        writer.close()
-        raise
+    with contextlib.ExitStack() as undo:
+        undo.callback(sock.close)
+        try:
+            await asyncio.wait_for(loop.sock_connect(sock, (str(address), proxy.port)), timeout)
+        except (OSError, TimeoutError) as e:
+            raise TunnelError(f"proxy {proxy.address} cannot be reached: {e}") from e
+        try:
+            reader, writer = await asyncio.open_connection(
+                sock=sock,
+                ssl=proxy.tls_context if proxy.tls else None,
+                server_hostname=(proxy.server_name or proxy.host) if proxy.tls else None,
+                ssl_handshake_timeout=timeout if proxy.tls else None,
+            )
+        except OSError as e:  # ssl.SSLError included: never plaintext instead
+            raise TunnelError(f"TLS to proxy {proxy.address} failed: {e}") from e
+        undo.pop_all()  # the stream owns the socket now: closing it closes both
+        undo.callback(writer.close)
+        try:
+            await asyncio.wait_for(_handshake(proxy, destination, port, reader, writer), timeout)
+        except (OSError, TimeoutError, ProtocolError, ValueError, asyncio.IncompleteReadError) as e:
+            raise TunnelError(f"proxy {proxy.address} refused {destination}:{port}: {e}") from e
+        undo.pop_all()
     return reader, writer
 
 

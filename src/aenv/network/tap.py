@@ -10,6 +10,7 @@ either way.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import fcntl
 import os
 import struct
@@ -28,17 +29,16 @@ VIRTIO_NET_HDR_LEN = 10  # sizeof(struct virtio_net_hdr), what QEMU resets a per
 
 
 def _open_here(name: str) -> int:
-    fd = os.open(TUN_DEVICE, os.O_RDWR | os.O_CLOEXEC)
-    try:
+    with contextlib.ExitStack() as undo:
+        fd = os.open(TUN_DEVICE, os.O_RDWR | os.O_CLOEXEC)
+        undo.callback(os.close, fd)
         features = struct.unpack("I", fcntl.ioctl(fd, TUNGETFEATURES, b"\0" * 4))[0]
         flags = IFF_TAP | IFF_NO_PI
         flags |= features & (IFF_ONE_QUEUE | IFF_VNET_HDR)
         fcntl.ioctl(fd, TUNSETIFF, struct.pack("16sH22x", name.encode(), flags))
         if features & IFF_VNET_HDR:
             fcntl.ioctl(fd, TUNSETVNETHDRSZ, struct.pack("i", VIRTIO_NET_HDR_LEN))
-    except BaseException:
-        os.close(fd)
-        raise
+        undo.pop_all()
     return fd
 
 
