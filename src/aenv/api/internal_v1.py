@@ -108,7 +108,7 @@ class _Calls:
         body: str,
         headers: list[tuple[bytes, bytes]] | None = None,
     ) -> Response:
-        return _answer(await run_inner(self.app, request.scope, method, path, body, headers or []))
+        return _answer(await _run_inner(self.app, request.scope, method, path, body, headers or []))
 
 
 def _answer(answer: NodeAnswer) -> Response:
@@ -123,7 +123,7 @@ _DRAINING = NodeAnswer(
 )
 
 
-async def run_inner(
+async def _run_inner(
     app: ASGIApp,
     outer: Scope,
     method: str,
