@@ -199,7 +199,11 @@ async def _lifecycle(cluster: Cluster, gateway: str, node: str) -> None:
         made = http.post("/sandboxes", json={"templateID": "base", "timeout": 120})
         assert made.status_code == 201, f"{where}: {made.text}"
         sandbox_id = made.json()["sandboxID"]
-        assert await routes.lookup(sandbox_id) == node, where
+        # Routed inside the create, or at the node's next heartbeat when Redis was slow.
+        deadline = time.monotonic() + 30
+        while (routed := await routes.lookup(sandbox_id)) != node:
+            assert routed is None and time.monotonic() < deadline, f"{where}: routed to {routed}"
+            await asyncio.sleep(0.1)
         assert http.post(f"/sandboxes/{sandbox_id}/pause").status_code == 204, where
         again = http.post(f"/sandboxes/{sandbox_id}/pause")
         assert again.status_code == 409, f"{where}: {again.text}"
