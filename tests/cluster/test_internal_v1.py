@@ -146,6 +146,22 @@ async def test_a_volume_is_made_through_version_1_and_a_taken_name_rejected(node
     assert (taken.refusal, taken.status) == (Refusal.REJECTED, 400)
 
 
+async def test_a_template_is_read_through_version_1_or_refused_as_not_here(node: Node) -> None:
+    held = await node.v1("/templates/base/info", {"query": "limit=1"})
+    public = await node.public("GET", "/templates/base?limit=1")
+    assert (held.refusal, held.status) == (None, 200)
+    assert _json(held) == public.json() and len(_json(held)["builds"]) == 1
+    alias = await node.v1("/templates/base/alias", {})
+    assert (alias.refusal, alias.status) == (None, 200)
+    unknown = await node.v1("/templates/elsewhere/info", {})
+    assert (unknown.refusal, unknown.status) == (Refusal.NOT_HERE, 404)
+    gone = await node.v1("/templates/elsewhere/delete", {})
+    assert (gone.refusal, gone.status) == (Refusal.NOT_HERE, 404)
+    bad = await node.v1("/templates/base/info", {"query": "region=eu"})
+    assert (bad.refusal, bad.status) == (Refusal.REJECTED, 400)
+    assert "'region'" in _json(bad)["message"]
+
+
 @pytest.mark.parametrize("settings", [{"reserve_disk_mb": 2**40}])
 async def test_a_node_without_disk_for_a_volume_refuses_as_full(node: Node) -> None:
     full = await node.v1("/volumes", {"body": '{"name": "data"}'})
@@ -160,6 +176,8 @@ async def test_a_node_without_disk_for_a_volume_refuses_as_full(node: Node) -> N
         ("/sandboxes", {"api": "v3", "body": "{}"}, "api"),
         ("/sandboxes", {"api": "v2", "body": "{}", "region": "x"}, "'region'"),
         ("/sandboxes/sbx/hibernate", {}, "op"),
+        ("/templates/base/build", {}, "op"),
+        ("/templates/base/info", {"query": 1}, "query"),
         ("/adopt/volume", {"record": "{}"}, "kind"),
         ("/adopt/sandbox", {}, "record"),
     ],

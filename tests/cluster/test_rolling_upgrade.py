@@ -2,8 +2,9 @@
 internal API, taken from this repository's history) runs a node and a gateway beside this
 release's node and gateway, each in a process of its own (`member_on_doubles.py`,
 `aenv gateway`), on loopback with a real redis-server. Through either gateway a sandbox on
-either node is created, paused, resumed and killed, and the refusals a client sees are the
-same: the new gateway speaks version 0 to the old node, the old gateway version 0 to the new one.
+either node is created, paused, resumed and killed, a template read, and the refusals a client
+sees are the same: the new gateway speaks version 0 to the old node, the old gateway version 0
+to the new one.
 """
 
 from __future__ import annotations
@@ -184,6 +185,7 @@ async def test_a_sandbox_lives_through_either_gateway_on_either_node(cluster: Cl
     # Each gateway spoke the highest version both sides serve.
     new_node, old_node = (cluster.requests[n].read_text().splitlines() for n in ("new", "old"))
     assert "POST /internal/v1/sandboxes" in new_node
+    assert "POST /internal/v1/templates/base/info" in new_node
     assert "POST /internal/sandboxes" in new_node  # the old gateway's replay
     assert not [r for r in old_node if r.startswith("POST /internal/v1/")]
     assert "POST /internal/sandboxes" in old_node
@@ -215,6 +217,10 @@ async def _lifecycle(cluster: Cluster, gateway: str, node: str) -> None:
         assert http.delete(f"/sandboxes/{sandbox_id}").status_code == 204, where
         gone = http.delete(f"/sandboxes/{sandbox_id}")
         unknown = http.post("/sandboxes", json={"templateID": "nowhere"})
+        template = http.get("/templates/base")
+        no_template = http.get("/templates/nowhere")
+    assert template.status_code == 200 and template.json()["templateID"] == "base", where
+    assert no_template.json() == {"code": 404, "message": "template 'nowhere' not found"}, where
     assert gone.status_code == 404, where
     assert gone.json() == {"code": 404, "message": f"sandbox '{sandbox_id}' not found"}, where
     assert unknown.status_code == 404, where

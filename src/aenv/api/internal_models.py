@@ -5,11 +5,11 @@ A node serves it under `/internal/v1/...` (`aenv.api.internal_v1`); a gateway ca
 (`aenv.gateway.nodes`) when the node's report names version 1 among its `internal_versions`.
 Version 0 is the replay of E2B requests under `/internal` that every node still serves: the
 gateway of the previous release speaks only that, and a gateway still uses it for what version 1
-does not carry (lists, template builds, reads and deletes of volumes and their content, the
-data plane).
+does not carry (lists, template builds and tag changes, reads and deletes of volumes and their
+content, the data plane).
 
-Each call names an operation (a create of a sandbox or a volume, an operation on a sandbox, an
-adoption), not a URL: the node runs it through its own E2B route (so it is
+Each call names an operation (a create of a sandbox or a volume, an operation on a sandbox or a
+template, an adoption), not a URL: the node runs it through its own E2B route (so it is
 validated and answered exactly as that route answers a client) and answers `NodeAnswer`: the
 E2B answer (status, headers, body verbatim), and when the node did not do it, why
 (`Refusal`). The gateway passes the E2B answer on or, for a refusal that another node could
@@ -62,6 +62,16 @@ class SandboxOp(StrEnum):
     RELEASE = "release"  # give the sandbox up, paused, for another node to adopt
 
 
+class TemplateOp(StrEnum):
+    """What a gateway asks of a node about a template (or snapshot) it may hold."""
+
+    INFO = "info"  # with its builds, paged by the query
+    ALIAS = "alias"  # looked up by its name
+    UPDATE = "update"
+    DELETE = "delete"
+    TAGS = "tags"
+
+
 class AdoptKind(StrEnum):
     SANDBOX = "sandbox"  # a paused sandbox another node released or lost
     TEMPLATE = "template"  # a snapshot or built template stored in the shared repository
@@ -90,6 +100,13 @@ class SandboxCall(_Call):
     """`POST /internal/v1/sandboxes/{sandbox_id}/{op}` (`SandboxOp`)."""
 
     body: str = ""  # the client's E2B body, verbatim (none for info, kill and release)
+
+
+class TemplateCall(_Call):
+    """`POST /internal/v1/templates/{template_id}/{op}` (`TemplateOp`)."""
+
+    query: str = ""  # the client's query string, verbatim (a template's builds are paged)
+    body: str = ""  # the client's E2B body, verbatim (an update's)
 
 
 class Adopt(_Call):
@@ -124,6 +141,13 @@ SANDBOX_ROUTES: dict[SandboxOp, tuple[str, str]] = {
     SandboxOp.FORK: ("POST", "/sandboxes/{id}/fork"),
     SandboxOp.NETWORK: ("PUT", "/sandboxes/{id}/network"),
     SandboxOp.RELEASE: ("POST", "/cluster/sandboxes/{id}/release"),
+}
+TEMPLATE_ROUTES: dict[TemplateOp, tuple[str, str]] = {
+    TemplateOp.INFO: ("GET", "/templates/{id}"),
+    TemplateOp.ALIAS: ("GET", "/templates/aliases/{id}"),
+    TemplateOp.UPDATE: ("PATCH", "/templates/{id}"),
+    TemplateOp.DELETE: ("DELETE", "/templates/{id}"),
+    TemplateOp.TAGS: ("GET", "/templates/{id}/tags"),
 }
 CREATE_ROUTES = {E2BApi.V1: "/sandboxes", E2BApi.V2: "/v2/sandboxes"}
 VOLUMES_ROUTE = "/volumes"

@@ -36,6 +36,7 @@ from aenv.api.internal_models import (
     CREATE_ROUTES,
     PREFIX_V1,
     SANDBOX_ROUTES,
+    TEMPLATE_ROUTES,
     VOLUMES_ROUTE,
     Adopt,
     AdoptKind,
@@ -45,6 +46,8 @@ from aenv.api.internal_models import (
     Refusal,
     SandboxCall,
     SandboxOp,
+    TemplateCall,
+    TemplateOp,
 )
 from aenv.api.requests import check_query, parse_body
 
@@ -63,6 +66,7 @@ def internal_v1(app: ASGIApp, draining: Callable[[], bool] = lambda: False) -> A
         routes=[
             Route(PREFIX_V1 + "/sandboxes", calls.create, methods=["POST"]),
             Route(PREFIX_V1 + "/sandboxes/{sandbox_id}/{op}", calls.sandbox, methods=["POST"]),
+            Route(PREFIX_V1 + "/templates/{template_id}/{op}", calls.template, methods=["POST"]),
             Route(PREFIX_V1 + "/adopt/{kind}", calls.adopt, methods=["POST"]),
             Route(PREFIX_V1 + "/volumes", calls.volume, methods=["POST"]),
         ],
@@ -91,6 +95,13 @@ class _Calls:
         path = path.format(id=request.path_params["sandbox_id"])
         return await self._run(request, method, path, call.body)
 
+    async def template(self, request: Request) -> Response:
+        op = _enum(TemplateOp, request.path_params["op"], "op")
+        call = await _parsed(request, TemplateCall)
+        method, path = TEMPLATE_ROUTES[op]
+        path = path.format(id=request.path_params["template_id"])
+        return await self._run(request, method, path, call.body, query=call.query)
+
     async def adopt(self, request: Request) -> Response:
         kind = _enum(AdoptKind, request.path_params["kind"], "kind")
         call = await _parsed(request, Adopt)
@@ -107,8 +118,11 @@ class _Calls:
         path: str,
         body: str,
         headers: list[tuple[bytes, bytes]] | None = None,
+        query: str = "",
     ) -> Response:
-        return _answer(await _run_inner(self.app, request.scope, method, path, body, headers or []))
+        outer = request.scope
+        inner = _run_inner(self.app, outer, method, path, query, body, headers or [])
+        return _answer(await inner)
 
 
 def _answer(answer: NodeAnswer) -> Response:
@@ -128,11 +142,12 @@ async def _run_inner(
     outer: Scope,
     method: str,
     path: str,
+    query: str,
     body: str,
     headers: list[tuple[bytes, bytes]],
 ) -> NodeAnswer:
-    """`method path` with `body` on the node's app, in this process, for the caller the outer
-    request names; the E2B answer with the refusal its route recorded."""
+    """`method path?query` with `body` on the node's app, in this process, for the caller the
+    outer request names; the E2B answer with the refusal its route recorded."""
     raw = body.encode()
     state: dict[str, Any] = {CALLER_STATE: outer.get("state", {}).get(CALLER_STATE)}
     scope: Scope = {
@@ -140,7 +155,7 @@ async def _run_inner(
         "method": method,
         "path": path,
         "raw_path": path.encode(),
-        "query_string": b"",
+        "query_string": query.encode(),
         "headers": [
             (b"content-type", b"application/json"),
             (b"content-length", str(len(raw)).encode()),

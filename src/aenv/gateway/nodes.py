@@ -18,7 +18,8 @@ import json
 import re
 from collections.abc import AsyncIterable, Collection, Iterable
 from dataclasses import dataclass
-from typing import Protocol
+from enum import StrEnum
+from typing import Protocol, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -33,6 +34,7 @@ from aenv.api.internal_models import (
     PREFIX_V1,
     REPLAY,
     SANDBOX_ROUTES,
+    TEMPLATE_ROUTES,
     VOLUMES_ROUTE,
     Adopt,
     CreateSandbox,
@@ -41,6 +43,8 @@ from aenv.api.internal_models import (
     Refusal,
     SandboxCall,
     SandboxOp,
+    TemplateCall,
+    TemplateOp,
 )
 from aenv.cluster.directory import Directory, NodeAddress
 from aenv.cluster.internal import CALLER_HEADER, PREFIX, TOKEN_HEADER
@@ -57,15 +61,24 @@ _DROPPED = frozenset(
 )  # fmt: skip
 # What a node's answer carries that the gateway's server sets again.
 _RESPONSE_DROPPED = frozenset({"content-length", "content-encoding", "date", "server"})
+E = TypeVar("E", bound=StrEnum)
 _IDEMPOTENCY = IDEMPOTENCY_HEADER.lower().encode()
-# The E2B paths of the sandbox operations of version 1: the node's routes, and E2B's v2 alias.
-_SANDBOX_PATHS = [
-    (method, re.compile(re.escape(path).replace(re.escape("{id}"), "([^/]+)")), op)
-    for op, (method, path) in [
-        *SANDBOX_ROUTES.items(),
-        (SandboxOp.CONNECT, ("POST", "/v2/sandboxes/{id}/connect")),
+
+
+def _patterns(routes: Iterable[tuple[E, tuple[str, str]]]) -> list[tuple[str, re.Pattern[str], E]]:
+    return [
+        (method, re.compile(re.escape(path).replace(re.escape("{id}"), "([^/]+)")), op)
+        for op, (method, path) in routes
     ]
-]
+
+
+# The E2B paths of the operations of version 1: the node's routes, and E2B's v2 aliases.
+_SANDBOX_PATHS = _patterns(
+    [*SANDBOX_ROUTES.items(), (SandboxOp.CONNECT, ("POST", "/v2/sandboxes/{id}/connect"))]
+)
+_TEMPLATE_PATHS = _patterns(
+    [*TEMPLATE_ROUTES.items(), (TemplateOp.UPDATE, ("PATCH", "/v2/templates/{id}"))]
+)
 
 
 class NodeUnreachable(Exception):
@@ -195,30 +208,55 @@ def _typed(
     headers: list[tuple[bytes, bytes]],
 ) -> tuple[str, BaseModel] | None:
     """The version 1 call (its path under `PREFIX_V1`, its JSON) of an E2B request; None when
-    version 1 does not carry it (a query, a streamed or non-UTF-8 body, another route)."""
+    version 1 does not carry it (a streamed or non-UTF-8 body, a query other than a template's,
+    another route)."""
     path, _, query = target.partition("?")
-    if query or not isinstance(body, bytes):
+    if not isinstance(body, bytes):
         return None
     try:
         text = body.decode()
     except UnicodeDecodeError:
         return None
-    if method == "POST":
-        for api, create in CREATE_ROUTES.items():
-            if path == create:
-                key = next((v for n, v in headers if n.lower() == _IDEMPOTENCY), None)
-                idempotency_key = None if key is None else key.decode("latin-1")
-                call = CreateSandbox(api=api, body=text, idempotency_key=idempotency_key)
-                return "/sandboxes", call
-        if path == VOLUMES_ROUTE:
-            return VOLUMES_ROUTE, CreateVolume(body=text)
-        for kind, adopt in ADOPT_ROUTES.items():
-            if path == adopt:
-                return f"/adopt/{kind.value}", Adopt(record=text)
-    for op_method, pattern, op in _SANDBOX_PATHS:
+    template = _operation(_TEMPLATE_PATHS, method, path)
+    if template is not None:
+        name, op = template
+        return f"/templates/{name}/{op.value}", TemplateCall(query=query, body=text)
+    if query:
+        return None
+    if method == "POST" and (created := _create(path, text, headers)) is not None:
+        return created
+    sandbox = _operation(_SANDBOX_PATHS, method, path)
+    if sandbox is not None:
+        sandbox_id, sandbox_op = sandbox
+        return f"/sandboxes/{sandbox_id}/{sandbox_op.value}", SandboxCall(body=text)
+    return None
+
+
+def _operation(
+    patterns: list[tuple[str, re.Pattern[str], E]], method: str, path: str
+) -> tuple[str, E] | None:
+    """The id (quoted for a path) and operation of `method path` among `patterns`."""
+    for op_method, pattern, op in patterns:
         match = pattern.fullmatch(path)
         if match is not None and method == op_method:
-            return f"/sandboxes/{quote(match.group(1), safe='')}/{op.value}", SandboxCall(body=text)
+            return quote(match.group(1), safe=""), op
+    return None
+
+
+def _create(
+    path: str, text: str, headers: list[tuple[bytes, bytes]]
+) -> tuple[str, BaseModel] | None:
+    """The version 1 call of a `POST path` that creates or adopts something, if it is one."""
+    for api, create in CREATE_ROUTES.items():
+        if path == create:
+            key = next((v for n, v in headers if n.lower() == _IDEMPOTENCY), None)
+            idempotency_key = None if key is None else key.decode("latin-1")
+            return "/sandboxes", CreateSandbox(api=api, body=text, idempotency_key=idempotency_key)
+    if path == VOLUMES_ROUTE:
+        return VOLUMES_ROUTE, CreateVolume(body=text)
+    for kind, adopt in ADOPT_ROUTES.items():
+        if path == adopt:
+            return f"/adopt/{kind.value}", Adopt(record=text)
     return None
 
 

@@ -28,6 +28,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.errors import APIError, not_found
+from aenv.api.internal_models import Refusal
 from aenv.api.requests import check_query
 from aenv.api.sandboxes import MAX_PAGE
 from aenv.api.templates import alias_body, template_body, with_builds
@@ -124,7 +125,7 @@ class SavedRoutes:
         """The first live node's answer that knows the template, else its published record's
         (its nodes are gone, its copy in the repository is not: creates from it still work)."""
         answer = await self.first_answer(request)
-        if answer is not None and answer.status != 404:
+        if answer is not None and answer.refusal is not Refusal.NOT_HERE:
             return passed(answer)
         record = await self.directory.saved.find(ref)
         if record is None:
@@ -138,7 +139,7 @@ class SavedRoutes:
         last: Answer | None = None
         for node in await self.directory.live():
             last = await self._on(request, node, target_of(request), body)
-            if last.status != 404:
+            if last.refusal is not Refusal.NOT_HERE:
                 return last
         return last
 
@@ -146,12 +147,12 @@ class SavedRoutes:
         ref = request.path_params["template_id"]
         answers = await self.everywhere(request, target_of(request))
         for answer in answers:
-            if answer.status not in (204, 404):
+            if answer.refusal not in (None, Refusal.NOT_HERE):
                 return passed(answer)
         record = await self.directory.saved.find(ref)
         if record is not None:
             await self.directory.saved.withdraw(record.template_id, record.names)
-        if record is None and all(a.status == 404 for a in answers):
+        if record is None and all(a.refusal is Refusal.NOT_HERE for a in answers):
             raise not_found(f"template '{ref}'")
         return Response(status_code=204)
 

@@ -24,6 +24,7 @@ from starlette.routing import Route
 
 from aenv.api.builds import AssignTagsBody, DeleteTagsBody, check_tags
 from aenv.api.errors import APIError, not_found
+from aenv.api.internal_models import Refusal
 from aenv.api.requests import check_query, parse_body
 from aenv.api.sandboxes import rfc3339
 from aenv.cluster.saved import SavedRecord
@@ -79,7 +80,7 @@ class TagRoutes:
     async def list(self, request: Request) -> Response:
         check_query(request)
         answer = await self.saved.first_answer(request)
-        if answer is not None and answer.status != 404:
+        if answer is not None and answer.refusal is not Refusal.NOT_HERE:
             return passed(answer)
         record = await self.records.find(unquote(request.path_params["template_id"]))
         if record is None:
@@ -110,12 +111,12 @@ class TagRoutes:
 
 def _refusal(answers: list[Answer]) -> Answer | None:
     """A node's refusal other than not knowing the template (a bad tag, say)."""
-    return next((a for a in answers if a.status != 404 and a.status >= 300), None)
+    return next((a for a in answers if a.refusal not in (None, Refusal.NOT_HERE)), None)
 
 
 def _held(answers: list[Answer]) -> Answer | None:
     """The answer of a node that holds the template."""
-    return next((a for a in answers if a.status < 300), None)
+    return next((a for a in answers if a.refusal is None), None)
 
 
 def _unknown(answers: list[Answer], name: str) -> Response:
