@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import contextlib
 import secrets
+import shutil
 import subprocess
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -47,6 +49,17 @@ def stray_vmm(home: Path) -> Iterator[psutil.Process]:
                 p.kill()
 
 
+@pytest.fixture
+def home() -> Iterator[Path]:
+    """A data dir with a short path: QEMU exits at once when its QMP socket's path passes the
+    107 bytes of AF_UNIX, as a pytest-xdist worker's tmp_path made it."""
+    directory = Path(tempfile.mkdtemp(prefix="aenv-rc-"))
+    try:
+        yield directory
+    finally:
+        shutil.rmtree(directory)
+
+
 def gone(proc: psutil.Process) -> bool:
     try:
         proc.wait(timeout=SAFETY_S)
@@ -56,11 +69,11 @@ def gone(proc: psutil.Process) -> bool:
 
 
 async def test_reconcile_kills_a_vmm_of_this_node_that_it_did_not_start(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    home: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    async with double_node(tmp_path) as node:
+    async with double_node(home) as node:
         record, _ = await node.orchestrator.create(node.request())
-        with stray_vmm(tmp_path) as stray:
+        with stray_vmm(home) as stray:
             assert stray.ppid() not in (1, psutil.Process().pid)
             await node.orchestrator.reconcile()
             assert gone(stray)
@@ -70,12 +83,12 @@ async def test_reconcile_kills_a_vmm_of_this_node_that_it_did_not_start(
         await node.orchestrator.kill(record.id)
 
 
-async def test_start_kills_a_vmm_a_killed_server_of_this_node_left(tmp_path: Path) -> None:
-    other = tmp_path / "other-node"
+async def test_start_kills_a_vmm_a_killed_server_of_this_node_left(home: Path) -> None:
+    other = home / "other-node"
     other.mkdir()
-    home = tmp_path / "node"
-    home.mkdir()
-    with stray_vmm(home) as stray, stray_vmm(other) as foreign:
-        async with double_node(home):
+    node = home / "node"
+    node.mkdir()
+    with stray_vmm(node) as stray, stray_vmm(other) as foreign:
+        async with double_node(node):
             assert gone(stray)
             assert foreign.is_running()  # another node's VMM is not this node's to end
