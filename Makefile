@@ -51,8 +51,9 @@ test: install-test
 	PY=$(PY) ./scripts/test.sh $(PYTEST_ARGS)
 
 # The tests that need no root, VM or aenv server (the orchestrator, saved states, builds and API
-# routes run on the doubles in tests/doubles/): under a minute. Checked to pass with no
-# capabilities (setpriv --bounding-set=-all). `make test` runs these and everything else.
+# routes run on the doubles in tests/doubles/): under a minute, in a pytest-xdist worker per core
+# (at most 4: each imports the project first). Checked to pass with no capabilities (setpriv
+# --bounding-set=-all). `make test` runs these and everything else.
 FAST_TESTS := tests/test_atomic.py tests/test_config.py tests/test_docs.py tests/test_claims.py tests/orchestrator tests/api tests/cli \
 	tests/storage/test_layers.py tests/storage/test_repository_cache.py \
 	tests/guest/test_cache.py tests/network/test_units.py tests/runtime/test_qemu_config.py \
@@ -65,7 +66,7 @@ FAST_TESTS := tests/test_atomic.py tests/test_config.py tests/test_docs.py tests
 	tests/oci/test_auth.py tests/oci/test_pull.py
 
 test-fast: install-test
-	$(PY) -m pytest -q -m "not slow" $(FAST_TESTS) $(PYTEST_ARGS)
+	$(PY) -m pytest -q -m "not slow" -n auto --maxprocesses 4 $(FAST_TESTS) $(PYTEST_ARGS)
 
 lint: install-test
 	$(VENV)/bin/ruff check src tests bench
