@@ -13,13 +13,21 @@ from prometheus_client import generate_latest
 from aenv.api.metrics import NodeMetrics
 from aenv.network import EgressPolicy
 from aenv.network.settings import SandboxNetwork
-from aenv.orchestrator import warm
+from aenv.orchestrator import pooling, warm
 from aenv.orchestrator.admission import Refusal
 from aenv.orchestrator.lifecycle import CapacityReached
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.warm import WarmPools
 from tests.doubles.node import DoubleNode, assert_clean, double_node, make_template
 from tests.support.wait import eventually
+
+
+@pytest.fixture(autouse=True)
+def quick_refills(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A refill waits for a second without creates before it restores (not to compete with
+    them for the CPU). No test here is about that wait, and each waited it out at every refill:
+    10 to 20 s of sleeping in this file."""
+    monkeypatch.setattr(pooling, "REFILL_QUIET", 0.02)
 
 
 def pool_ready(node: DoubleNode, size: int) -> bool:
