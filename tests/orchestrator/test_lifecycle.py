@@ -172,8 +172,9 @@ async def test_admission_queue_and_capacity(tmp_path: Path) -> None:
         first = asyncio.create_task(node.orchestrator.create(node.request()))
         await held.reached.wait()
         second = asyncio.create_task(node.orchestrator.create(node.request()))
-        await asyncio.sleep(0.05)
-        assert node.orchestrator.stats.queued == 1  # waits for the first, does not fail
+        # It waits for the first, and does not fail. Its checks before the queue run in
+        # threads: a fixed pause here ended before them on a loaded host.
+        await eventually(lambda: node.orchestrator.stats.queued == 1, "the second create queued")
         assert node.driver.calls["restore"] == 1
         with pytest.raises(CapacityReached):  # two held (one running, one queued)
             await node.orchestrator.create(node.request())
