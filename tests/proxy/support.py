@@ -270,6 +270,9 @@ OVERRUN_ANSWERS = {
     b"/overrun-later": (b"HTTP/1.1 200 OK\r\nContent-Length: 0\r\n\r\n", _PLANTED),
 }
 OVERRUN_PAUSE = 0.2
+# Set once a planted answer is written (so it is in the proxy's socket buffer): a test waits for
+# it rather than for a time after which it should have come.
+PLANTED = threading.Event()
 
 
 class _RawHandler(socketserver.StreamRequestHandler):
@@ -283,6 +286,7 @@ class _RawHandler(socketserver.StreamRequestHandler):
             self.wfile.write(first)
             time.sleep(OVERRUN_PAUSE)
             self.wfile.write(later)
+            PLANTED.set()
             # Held open: a reused connection gets no other answer than the planted one.
             self.rfile.read(1)
             return

@@ -14,7 +14,7 @@ import pytest
 from aenv.proxy import SandboxProxy
 from tests.proxy.conftest import DOMAIN, ENVD, ENVD_SANDBOX, USER_PORT
 from tests.proxy.support import (
-    OVERRUN_PAUSE,
+    PLANTED,
     WAIT,
     DictResolver,
     FakeSandbox,
@@ -23,6 +23,7 @@ from tests.proxy.support import (
     serve,
 )
 from tests.support.ports import free_port
+from tests.support.wait import SAFETY_S
 
 
 def routed(sandbox_id: str, port: int = USER_PORT) -> dict[str, str]:
@@ -394,11 +395,12 @@ async def test_a_size_zero_proc_file_reads_whole_and_leaves_the_connection_usabl
 async def test_an_overrun_upstream_connection_is_not_reused(
     proxy_url: str, raw_sandbox: str, path: str
 ) -> None:
+    PLANTED.clear()
     async with httpx.AsyncClient(timeout=WAIT) as client:
         overrun = await client.get(f"{proxy_url}{path}", headers=routed(raw_sandbox))
         assert (overrun.status_code, overrun.content) == (200, b"")
-        # The planted answer has arrived by now: the connection it came on must be gone.
-        await asyncio.sleep(OVERRUN_PAUSE * 2)
+        # Once the planted answer has arrived, the connection it came on must be gone.
+        assert await asyncio.to_thread(PLANTED.wait, SAFETY_S)
         # A body: the proxy may not send it again on another connection.
         after = await client.post(
             f"{proxy_url}/until-close", content=b"body", headers=routed(raw_sandbox)
