@@ -14,6 +14,7 @@ from e2b import (
 )
 
 from tests.envd.helpers import unique_sleep
+from tests.support.wait import eventually
 
 
 async def _pids(sandbox: AsyncSandbox, pattern: str) -> list[int]:
@@ -113,12 +114,11 @@ async def test_too_short_timeout(async_sandbox: AsyncSandbox) -> None:
     command = unique_sleep()
     with pytest.raises(TimeoutException):
         await async_sandbox.commands.run(f"{command}; echo never", timeout=1)
-    for _ in range(400):
-        if not await _pids(async_sandbox, command):
-            break
-        await asyncio.sleep(0.05)
-    else:
-        raise AssertionError("timed-out command still running")
+
+    async def ended() -> bool:
+        return not await _pids(async_sandbox, command)
+
+    await eventually(ended, "the timed-out command ended", interval=0.05)
 
 
 async def test_env_cwd_user(async_sandbox: AsyncSandbox) -> None:

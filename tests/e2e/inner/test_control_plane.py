@@ -4,6 +4,8 @@ import httpx
 import pytest
 from e2b import Sandbox, SandboxException, SandboxQuery
 
+from tests.support.wait import eventually_sync
+
 
 def test_create_info_list_kill() -> None:
     sandbox = Sandbox.create(metadata={"suite": "e2e"}, envs={"A": "1"}, timeout=120)
@@ -36,18 +38,18 @@ def test_bad_api_key_is_401(server: str) -> None:
 
 
 def test_set_timeout_then_expiry_kills() -> None:
-    import time
 
     sandbox = Sandbox.create(timeout=120)
     sandbox.set_timeout(2)
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if sandbox.sandbox_id not in [s.sandbox_id for s in Sandbox.list().next_items()]:
-            break
-        time.sleep(0.5)
-    else:
+    try:
+        eventually_sync(
+            lambda: sandbox.sandbox_id not in [s.sandbox_id for s in Sandbox.list().next_items()],
+            "the sandbox ended at its timeout",
+            interval=0.5,
+        )
+    except AssertionError:
         sandbox.kill()
-        pytest.fail("sandbox outlived its timeout")
+        raise
 
 
 def test_metrics_come_from_inside_the_guest() -> None:

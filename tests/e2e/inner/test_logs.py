@@ -4,7 +4,6 @@ serial console: shapes checked against the OpenAPI spec, filters, limits, errors
 from __future__ import annotations
 
 import os
-import time
 from collections.abc import Iterator
 from datetime import datetime
 from pathlib import Path
@@ -15,6 +14,8 @@ import jsonschema
 import pytest
 import yaml
 from e2b import Sandbox
+
+from tests.support.wait import eventually_sync
 
 MARKS = ["aenv-log-1", "aenv-log-2", "aenv-log-3"]
 
@@ -46,10 +47,11 @@ def sandbox_id(server: str) -> Iterator[str]:
         sandbox.commands.run(
             f"for m in {' '.join(MARKS)}; do echo $m > /dev/console; done", user="root"
         )
-        deadline = time.monotonic() + 30
-        while not all(m in messages(server, sandbox.sandbox_id) for m in MARKS):
-            assert time.monotonic() < deadline, "console lines did not show in the logs"
-            time.sleep(0.5)
+        eventually_sync(
+            lambda: all(m in messages(server, sandbox.sandbox_id) for m in MARKS),
+            "the console lines showed in the logs",
+            interval=0.5,
+        )
         yield sandbox.sandbox_id
     finally:
         sandbox.kill()
