@@ -23,6 +23,7 @@ from starlette.websockets import WebSocket, WebSocketDisconnect
 
 from aenv.proxy import SandboxNotFound, SandboxPaused, SandboxUnavailable, Upstream
 from tests.support.ports import free_port
+from tests.support.wait import eventually_sync
 
 # Long enough for a loaded machine; it only keeps a broken proxy from hanging the suite.
 WAIT = 20.0
@@ -94,14 +95,14 @@ def serve(app: object, port: int, tls: tuple[Path, Path] | None = None) -> Itera
     server = loopback_server(app, port, tls)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
+
+    def started() -> bool:
+        if not thread.is_alive():
+            raise RuntimeError(f"server on port {port} did not start")
+        return server.started
+
     try:
-        deadline = time.monotonic() + WAIT
-        while not server.started:
-            if not thread.is_alive():
-                raise RuntimeError(f"server on port {port} did not start")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"server on port {port} did not start")
-            time.sleep(0.01)
+        eventually_sync(started, f"the server on port {port} started", interval=0.01)
         yield f"{'https' if tls else 'http'}://127.0.0.1:{port}"
     finally:
         server.should_exit = True
