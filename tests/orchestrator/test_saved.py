@@ -99,7 +99,7 @@ async def test_startup_uploads_a_checkpoint_a_crash_kept_from_the_repository(
         await node.orchestrator.pause(record.id)
         await held.reached.wait()
         # The server dies here: no copy, and the upload's staging directory stays.
-        await node.orchestrator.saved.cancel_push(record.id)
+        await node.orchestrator.saved.wait_push(record.id)
         staging = checkpoints.archive_dir(node.config.paths.sandboxes / record.id, 1)
         staging.mkdir()
         (staging / "state").write_text("half-staged")
@@ -163,6 +163,28 @@ async def test_a_corrupt_checkpoint_resumes_from_its_copy(tmp_path: Path) -> Non
         path.write_bytes(path.read_bytes().replace(b"before the pause", b"bEfore the pause"))
         await node.orchestrator.resume(record.id, 60)
         assert node.guest(record.id).read("/data") == "before the pause"
+
+
+async def test_a_checkpoint_changed_before_its_upload_is_not_uploaded(tmp_path: Path) -> None:
+    """A byte of a paused sandbox's checkpoint changed before its upload read it: the upload
+    refuses it rather than storing the change as the sandbox's state, so the resume refuses
+    the checkpoint too instead of restoring the changed byte from the copy."""
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        node.guest(record.id).write("/data", "before the pause")
+        upload = node.driver.hold("export")
+        await node.orchestrator.pause(record.id)
+        await upload.reached.wait()
+        checkpoint = checkpoints.pause_dir(node.config.paths.sandboxes / record.id, 1)
+        files = Snapshot.load_manifest(checkpoint).files().values()
+        path = next(p for p in files if b"before the pause" in p.read_bytes())
+        path.write_bytes(path.read_bytes().replace(b"before the pause", b"bEfore the pause"))
+        upload.release()
+        await node.orchestrator.saved.wait_push(record.id)
+        assert node.row(record.id).archived is None
+        with pytest.raises(OperationFailed, match=r"is corrupt: file .* checksum mismatch"):
+            await node.orchestrator.resume(record.id, 60)
+        assert node.row(record.id).state is SandboxState.PAUSED
 
 
 async def test_startup_keeps_a_checkpoint_whose_files_are_gone_but_copied(tmp_path: Path) -> None:

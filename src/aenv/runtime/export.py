@@ -39,7 +39,9 @@ async def export(
 ) -> Snapshot:
     """Fill `dest` (existing, empty) with `snapshot`'s state and memory (moved when `move`, else
     linked; the memory into `memory_dir` when given) and `disk`'s image of every writable drive;
-    returns the exported snapshot."""
+    returns the exported snapshot. Raises `CorruptSavedState`, having placed nothing, when a file
+    changed since the manifest beside it recorded it."""
+    await asyncio.to_thread(_check_source, snapshot)
     state = dest / STATE
     await place(snapshot.state_file, state, move=move)
     memory = None
@@ -58,6 +60,20 @@ async def export(
     )
     await asyncio.to_thread(exported.save_manifest, dest)
     return exported
+
+
+def _check_source(snapshot: Snapshot) -> None:
+    """Compare `snapshot`'s files with the checksums its own manifest recorded, when the
+    manifest beside its state file describes it: the export's manifest records the files as
+    they are, so a change made since would otherwise become part of the saved state (of a
+    repository copy, say). Blocking."""
+    source = snapshot.state_file.parent
+    try:
+        recorded = Snapshot.load_manifest(source)
+    except RestoreError:  # no manifest there, or another form's: nothing recorded to compare
+        return
+    if recorded.files() == snapshot.files():
+        recorded.verify(source)
 
 
 async def place(src: Path, dest: Path, *, move: bool) -> None:
