@@ -11,10 +11,13 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import httpx
+import pyqwest
 import pytest
 import trustme
 
-from aenv.orchestrator.envd_client import EnvdRefused, http_client
+from aenv.cluster.secret import ClusterSecret
+from aenv.gateway.nodes import NodeClient
+from aenv.orchestrator.envd_client import EnvdRefused, http_client, rpc_transport
 from tests.doubles.node import double_node
 
 
@@ -90,3 +93,42 @@ async def test_the_envd_http_client_trusts_no_tls_server(
     finally:
         server.close()
         await server.wait_closed()
+
+
+async def test_guests_are_reached_past_the_hosts_proxy_settings(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With HTTP_PROXY and ALL_PROXY naming a proxy on loopback, the node's envd clients (HTTP
+    and Connect RPC) and a gateway's client of its nodes still go straight to the server: a
+    proxy would see every sandbox's token and the cluster secret."""
+    proxied: list[bytes] = []
+
+    async def proxy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        proxied.append(await reader.read(100))
+        writer.close()
+
+    async def answer(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.readuntil(b"\r\n\r\n")
+        writer.write(b"HTTP/1.1 204 No Content\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+        await writer.drain()
+        writer.close()
+
+    proxy_server = await asyncio.start_server(proxy, "127.0.0.1", 0)
+    server = await asyncio.start_server(answer, "127.0.0.1", 0)
+    for name in ("HTTP_PROXY", "http_proxy", "ALL_PROXY", "all_proxy"):
+        monkeypatch.setenv(name, f"http://127.0.0.1:{proxy_server.sockets[0].getsockname()[1]}")
+    url = f"http://127.0.0.1:{server.sockets[0].getsockname()[1]}/health"
+    try:
+        async with http_client() as http:
+            assert (await http.get(url)).status_code == 204
+        assert (await pyqwest.Client(rpc_transport()).get(url)).status == 204
+        gateway = NodeClient(ClusterSecret("s" * 32))
+        try:
+            assert (await gateway._http.get(url)).status_code == 204
+        finally:
+            await gateway.aclose()
+        assert proxied == []
+    finally:
+        for s in (server, proxy_server):
+            s.close()
+            await s.wait_closed()

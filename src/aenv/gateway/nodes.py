@@ -102,8 +102,11 @@ class Answer:
 class NodeClient:
     def __init__(self, secret: ClusterSecret, timeout: float = 600.0) -> None:
         self._secret = secret
-        # Creates under TCG load take minutes at worst; connecting must be quick.
+        # Creates under TCG load take minutes at worst; connecting must be quick. Nodes are
+        # reached directly, never through the host's proxy settings, which would see the
+        # cluster secret.
         self._http = httpx.AsyncClient(
+            trust_env=False,
             timeout=httpx.Timeout(timeout, connect=5.0),
             limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
         )

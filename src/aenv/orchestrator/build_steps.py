@@ -29,7 +29,7 @@ from aenv.envd.proto.filesystem import filesystem_pb as fs
 from aenv.envd.proto.filesystem.filesystem_connect import FilesystemClient
 from aenv.envd.proto.process import process_pb as pb
 from aenv.envd.proto.process.process_connect import ProcessClient
-from aenv.orchestrator.envd_client import EnvdClient, EnvdRefused, EnvdUnavailable
+from aenv.orchestrator.envd_client import EnvdClient, EnvdRefused, EnvdUnavailable, rpc_transport
 
 OutputSink = Callable[[str], None]
 _NO_ENV: Mapping[str, str] = {}
@@ -66,7 +66,7 @@ class GuestShell:
         self.envd = envd
         # A connection pool of its own, closed with the shell: the process-wide default one
         # would keep connections to this VM's address, which a later VM may be given.
-        self._transport = pyqwest.HTTPTransport()
+        self._transport = rpc_transport()
         http = pyqwest.Client(self._transport)
         self._rpc = ProcessClient(envd.url, http_client=http)
         self._fs = FilesystemClient(envd.url, http_client=http)

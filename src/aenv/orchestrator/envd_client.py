@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pyqwest
 
 from aenv.envd import ENVD_PORT
 from aenv.envd.auth import TOKEN_HEADER
@@ -48,8 +49,21 @@ class EnvdRefused(EnvdUnavailable):
 def http_client() -> httpx.AsyncClient:
     """An HTTP client for envds, which speak plain HTTP. It loads no CA store, which httpx's
     default client does (≈ 30 ms of CPU per client, paid at every node start and build): an
-    HTTPS URL given to it fails verification."""
-    return httpx.AsyncClient(verify=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT))
+    HTTPS URL given to it fails verification. It ignores the host's proxy settings
+    (`HTTP_PROXY`, `ALL_PROXY`): a guest is reached on the node's own slot network, never
+    through a proxy, which would see every sandbox's token."""
+    return httpx.AsyncClient(verify=ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT), trust_env=False)
+
+
+# reqwest, under pyqwest, reads the host's proxy variables unless a proxy is configured: this
+# one excludes every host (names by "*", addresses by the two whole ranges), so none is used.
+_NO_PROXY = pyqwest.Proxy("http://127.0.0.1:9", no_proxy="*,0.0.0.0/0,::/0")
+
+
+def rpc_transport() -> pyqwest.HTTPTransport:
+    """A connection pool for envd's Connect RPC clients, which, as `http_client`, reach the
+    guest directly whatever the host's proxy settings say."""
+    return pyqwest.HTTPTransport(proxy=_NO_PROXY)
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from connectrpc.errors import ConnectError
 
 from aenv.envd.proto.process import process_pb as pb
 from aenv.envd.proto.process.process_connect import ProcessClient
-from aenv.orchestrator.envd_client import EnvdClient, EnvdUnavailable
+from aenv.orchestrator.envd_client import EnvdClient, EnvdUnavailable, rpc_transport
 
 # How long the question to envd may take: an idle guest answers in milliseconds, a busy host
 # may delay it; no answer keeps the sandbox awake.
@@ -88,7 +88,7 @@ async def guest_runs_commands(envd: EnvdClient) -> bool:
     `EnvdUnavailable` when it does not answer."""
     # A pool of its own, closed after: the node's would keep a connection to this address,
     # which the sandbox gives up when it hibernates.
-    transport = pyqwest.HTTPTransport()
+    transport = rpc_transport()
     rpc = ProcessClient(envd.url, http_client=pyqwest.Client(transport))
     try:
         listed = await rpc.list(

@@ -19,8 +19,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from aenv import atomic
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
@@ -28,7 +26,7 @@ from aenv.guest.cmdline import GuestNet, kernel_cmdline
 from aenv.ids import new_build_id
 from aenv.network import SlotProvider
 from aenv.orchestrator.build_steps import warm_up
-from aenv.orchestrator.envd_client import EnvdClient
+from aenv.orchestrator.envd_client import EnvdClient, http_client
 from aenv.orchestrator.images import GuestImages
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.runtime.driver import (
@@ -279,7 +277,7 @@ async def build_template(
         )
         vm = await driver.boot(spec)
         token = secrets.token_hex(24)
-        async with httpx.AsyncClient() as http:
+        async with http_client() as http:
             envd = EnvdClient(http, str(slot.address))
             await envd.wait_healthy(BOOT_READY_TIMEOUT)
             envd = await envd.init(new_token=token, env_vars={}, hostname="sandbox", timeout=30)
