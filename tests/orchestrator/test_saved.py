@@ -99,7 +99,7 @@ async def test_startup_uploads_a_checkpoint_a_crash_kept_from_the_repository(
         await node.orchestrator.pause(record.id)
         await held.reached.wait()
         # The server dies here: no copy, and the upload's staging directory stays.
-        await node.orchestrator.saved.wait_push(record.id)
+        await node.orchestrator.saved.cancel_push(record.id)
         staging = checkpoints.archive_dir(node.config.paths.sandboxes / record.id, 1)
         staging.mkdir()
         (staging / "state").write_text("half-staged")
