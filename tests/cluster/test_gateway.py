@@ -706,6 +706,7 @@ async def test_snapshots_are_listed_once_across_nodes_and_deleted_everywhere(
     assert [s["snapshotID"] for s in after.json()] == ["snapfresh"]
 
 
+@pytest.mark.parametrize("versions", [(REPLAY,), INTERNAL_VERSIONS], ids=["v0", "v1"])
 async def test_the_list_pages_over_every_node_in_order(setup: Setup) -> None:
     a, b = setup.nodes["a"], setup.nodes["b"]
     for index, node in enumerate([a, b, a, b, a]):
@@ -731,6 +732,7 @@ async def test_the_list_pages_over_every_node_in_order(setup: Setup) -> None:
         assert seen == expected
 
 
+@pytest.mark.parametrize("versions", [(REPLAY,), INTERNAL_VERSIONS], ids=["v0", "v1"])
 async def test_a_bad_list_query_is_the_nodes_400(setup: Setup) -> None:
     with setup.client() as http:
         answer = http.get("/v2/sandboxes", params={"limit": "0"})

@@ -15,6 +15,7 @@ import httpx
 import pytest
 
 from aenv.api.app import create_api
+from aenv.api.internal import CURSORS_HEADER
 from aenv.api.internal_models import NodeAnswer, Refusal
 from aenv.api.keys import KeyStore
 from aenv.cluster.internal import CALLER_HEADER, TOKEN_HEADER, InternalGate
@@ -162,6 +163,28 @@ async def test_a_template_is_read_through_version_1_or_refused_as_not_here(node:
     assert "'region'" in _json(bad)["message"]
 
 
+async def test_lists_are_the_public_routes_with_the_cursors_a_gateway_merges(node: Node) -> None:
+    for _ in range(2):
+        await node.v1("/sandboxes", {"api": "v2", "body": '{"templateID": "base"}'})
+    listed = await node.v1("/lists/sandboxes-v2", {"query": "limit=1"})
+    public = await node.public("GET", "/v2/sandboxes?limit=1")
+    assert (listed.refusal, listed.status) == (None, 200)
+    assert _json(listed) == public.json() and len(_json(listed)) == 1
+    headers = {n.lower(): v for n, v in listed.headers}
+    # Asked for a gateway: each sandbox's cursor, and the next page's token, as on version 0.
+    assert headers["x-next-token"] == public.headers["x-next-token"]
+    assert len(headers[CURSORS_HEADER.lower()].split(",")) == 1
+    assert CURSORS_HEADER.lower() not in public.headers
+    everyone = await node.v1("/lists/sandboxes", {})
+    assert len(_json(everyone)) == 2
+    for op, path in [("snapshots", "/snapshots"), ("templates", "/templates"),
+                     ("templates-v2", "/v2/templates"), ("volumes", "/volumes")]:  # fmt: skip
+        answer = await node.v1(f"/lists/{op}", {})
+        assert answer.status == 200 and _json(answer) == (await node.public("GET", path)).json()
+    bad = await node.v1("/lists/sandboxes-v2", {"query": "limit=0"})
+    assert (bad.refusal, bad.status) == (Refusal.REJECTED, 400)
+
+
 @pytest.mark.parametrize("settings", [{"reserve_disk_mb": 2**40}])
 async def test_a_node_without_disk_for_a_volume_refuses_as_full(node: Node) -> None:
     full = await node.v1("/volumes", {"body": '{"name": "data"}'})
@@ -179,6 +202,8 @@ async def test_a_node_without_disk_for_a_volume_refuses_as_full(node: Node) -> N
         ("/templates/base/build", {}, "op"),
         ("/templates/base/info", {"query": 1}, "query"),
         ("/adopt/volume", {"record": "{}"}, "kind"),
+        ("/lists/keys", {}, "op"),
+        ("/lists/volumes", {"body": ""}, "'body'"),
         ("/adopt/sandbox", {}, "record"),
     ],
 )

@@ -186,6 +186,7 @@ async def test_a_sandbox_lives_through_either_gateway_on_either_node(cluster: Cl
     new_node, old_node = (cluster.requests[n].read_text().splitlines() for n in ("new", "old"))
     assert "POST /internal/v1/sandboxes" in new_node
     assert "POST /internal/v1/templates/base/info" in new_node
+    assert "POST /internal/v1/lists/sandboxes-v2" in new_node
     assert "POST /internal/sandboxes" in new_node  # the old gateway's replay
     assert not [r for r in old_node if r.startswith("POST /internal/v1/")]
     assert "POST /internal/sandboxes" in old_node

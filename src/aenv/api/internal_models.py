@@ -5,7 +5,7 @@ A node serves it under `/internal/v1/...` (`aenv.api.internal_v1`); a gateway ca
 (`aenv.gateway.nodes`) when the node's report names version 1 among its `internal_versions`.
 Version 0 is the replay of E2B requests under `/internal` that every node still serves: the
 gateway of the previous release speaks only that, and a gateway still uses it for what version 1
-does not carry (lists, template builds and tag changes, reads and deletes of volumes and their
+does not carry (template builds and tag changes, reads and deletes of volumes and their
 content, the data plane).
 
 Each call names an operation (a create of a sandbox or a volume, an operation on a sandbox or a
@@ -72,6 +72,17 @@ class TemplateOp(StrEnum):
     TAGS = "tags"
 
 
+class ListOp(StrEnum):
+    """The lists a gateway merges from every live node."""
+
+    SANDBOXES = "sandboxes"  # E2B's unpaged v1 list
+    SANDBOXES_V2 = "sandboxes-v2"  # paged, with each sandbox's cursor (`CURSORS_HEADER`)
+    SNAPSHOTS = "snapshots"
+    TEMPLATES = "templates"
+    TEMPLATES_V2 = "templates-v2"
+    VOLUMES = "volumes"
+
+
 class AdoptKind(StrEnum):
     SANDBOX = "sandbox"  # a paused sandbox another node released or lost
     TEMPLATE = "template"  # a snapshot or built template stored in the shared repository
@@ -107,6 +118,12 @@ class TemplateCall(_Call):
 
     query: str = ""  # the client's query string, verbatim (a template's builds are paged)
     body: str = ""  # the client's E2B body, verbatim (an update's)
+
+
+class ListCall(_Call):
+    """`POST /internal/v1/lists/{op}` (`ListOp`)."""
+
+    query: str = ""  # the client's query string, verbatim (filters, page size, token)
 
 
 class Adopt(_Call):
@@ -148,6 +165,14 @@ TEMPLATE_ROUTES: dict[TemplateOp, tuple[str, str]] = {
     TemplateOp.UPDATE: ("PATCH", "/templates/{id}"),
     TemplateOp.DELETE: ("DELETE", "/templates/{id}"),
     TemplateOp.TAGS: ("GET", "/templates/{id}/tags"),
+}
+LIST_ROUTES: dict[ListOp, tuple[str, str]] = {
+    ListOp.SANDBOXES: ("GET", "/sandboxes"),
+    ListOp.SANDBOXES_V2: ("GET", "/v2/sandboxes"),
+    ListOp.SNAPSHOTS: ("GET", "/snapshots"),
+    ListOp.TEMPLATES: ("GET", "/templates"),
+    ListOp.TEMPLATES_V2: ("GET", "/v2/templates"),
+    ListOp.VOLUMES: ("GET", "/volumes"),
 }
 CREATE_ROUTES = {E2BApi.V1: "/sandboxes", E2BApi.V2: "/v2/sandboxes"}
 VOLUMES_ROUTE = "/volumes"

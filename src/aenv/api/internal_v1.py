@@ -34,6 +34,7 @@ from aenv.api.internal import CALLER_STATE, REFUSAL_STATE
 from aenv.api.internal_models import (
     ADOPT_ROUTES,
     CREATE_ROUTES,
+    LIST_ROUTES,
     PREFIX_V1,
     SANDBOX_ROUTES,
     TEMPLATE_ROUTES,
@@ -42,6 +43,8 @@ from aenv.api.internal_models import (
     AdoptKind,
     CreateSandbox,
     CreateVolume,
+    ListCall,
+    ListOp,
     NodeAnswer,
     Refusal,
     SandboxCall,
@@ -67,6 +70,7 @@ def internal_v1(app: ASGIApp, draining: Callable[[], bool] = lambda: False) -> A
             Route(PREFIX_V1 + "/sandboxes", calls.create, methods=["POST"]),
             Route(PREFIX_V1 + "/sandboxes/{sandbox_id}/{op}", calls.sandbox, methods=["POST"]),
             Route(PREFIX_V1 + "/templates/{template_id}/{op}", calls.template, methods=["POST"]),
+            Route(PREFIX_V1 + "/lists/{op}", calls.lists, methods=["POST"]),
             Route(PREFIX_V1 + "/adopt/{kind}", calls.adopt, methods=["POST"]),
             Route(PREFIX_V1 + "/volumes", calls.volume, methods=["POST"]),
         ],
@@ -101,6 +105,12 @@ class _Calls:
         method, path = TEMPLATE_ROUTES[op]
         path = path.format(id=request.path_params["template_id"])
         return await self._run(request, method, path, call.body, query=call.query)
+
+    async def lists(self, request: Request) -> Response:
+        op = _enum(ListOp, request.path_params["op"], "op")
+        call = await _parsed(request, ListCall)
+        method, path = LIST_ROUTES[op]
+        return await self._run(request, method, path, "", query=call.query)
 
     async def adopt(self, request: Request) -> Response:
         kind = _enum(AdoptKind, request.path_params["kind"], "kind")

@@ -31,6 +31,7 @@ from aenv.api.internal_models import (
     ADOPT_ROUTES,
     CREATE_ROUTES,
     INTERNAL_VERSIONS,
+    LIST_ROUTES,
     PREFIX_V1,
     REPLAY,
     SANDBOX_ROUTES,
@@ -39,6 +40,7 @@ from aenv.api.internal_models import (
     Adopt,
     CreateSandbox,
     CreateVolume,
+    ListCall,
     NodeAnswer,
     Refusal,
     SandboxCall,
@@ -66,8 +68,9 @@ _IDEMPOTENCY = IDEMPOTENCY_HEADER.lower().encode()
 
 
 def _patterns(routes: Iterable[tuple[E, tuple[str, str]]]) -> list[tuple[str, re.Pattern[str], E]]:
+    """Each route's method and its path as a pattern, capturing its `{...}` parts by name."""
     return [
-        (method, re.compile(re.escape(path).replace(re.escape("{id}"), "([^/]+)")), op)
+        (method, re.compile(re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(path))), op)
         for op, (method, path) in routes
     ]
 
@@ -79,6 +82,7 @@ _SANDBOX_PATHS = _patterns(
 _TEMPLATE_PATHS = _patterns(
     [*TEMPLATE_ROUTES.items(), (TemplateOp.UPDATE, ("PATCH", "/v2/templates/{id}"))]
 )
+_LIST_PATHS = _patterns(LIST_ROUTES.items())
 
 
 class NodeUnreachable(Exception):
@@ -222,27 +226,31 @@ def _typed(
         return None
     template = _operation(_TEMPLATE_PATHS, method, path)
     if template is not None:
-        name, op = template
-        return f"/templates/{name}/{op.value}", TemplateCall(query=query, body=text)
+        ids, op = template
+        return f"/templates/{ids['id']}/{op.value}", TemplateCall(query=query, body=text)
+    listed = _operation(_LIST_PATHS, method, path)
+    if listed is not None and not text:
+        return f"/lists/{listed[1].value}", ListCall(query=query)
     if query:
         return None
     if method == "POST" and (created := _create(path, text, headers)) is not None:
         return created
     sandbox = _operation(_SANDBOX_PATHS, method, path)
     if sandbox is not None:
-        sandbox_id, sandbox_op = sandbox
-        return f"/sandboxes/{sandbox_id}/{sandbox_op.value}", SandboxCall(body=text)
+        ids, sandbox_op = sandbox
+        return f"/sandboxes/{ids['id']}/{sandbox_op.value}", SandboxCall(body=text)
     return None
 
 
 def _operation(
     patterns: list[tuple[str, re.Pattern[str], E]], method: str, path: str
-) -> tuple[str, E] | None:
-    """The id (quoted for a path) and operation of `method path` among `patterns`."""
+) -> tuple[dict[str, str], E] | None:
+    """The path's parts (quoted for a path) and the operation of `method path` among
+    `patterns`."""
     for op_method, pattern, op in patterns:
         match = pattern.fullmatch(path)
         if match is not None and method == op_method:
-            return quote(match.group(1), safe=""), op
+            return {k: quote(v, safe="") for k, v in match.groupdict().items()}, op
     return None
 
 
