@@ -403,6 +403,7 @@ async def test_routes_the_gateway_does_not_serve_yet_are_501_naming_them(setup: 
     assert answer.json()["message"].startswith("GET /teams is not served by the cluster")
 
 
+@pytest.mark.parametrize("versions", [(REPLAY,), INTERNAL_VERSIONS], ids=["v0", "v1"])
 async def test_batch_metrics_ask_each_sandboxs_node(setup: Setup, client: aioredis.Redis) -> None:
     routes = Routes(client)
     for node, sandbox_id in (("a", "sbma"), ("b", "sbmb"), ("b", "sbmb2")):

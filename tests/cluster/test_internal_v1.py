@@ -185,6 +185,20 @@ async def test_lists_are_the_public_routes_with_the_cursors_a_gateway_merges(nod
     assert (bad.refusal, bad.status) == (Refusal.REJECTED, 400)
 
 
+async def test_batch_metrics_are_the_public_routes(node: Node) -> None:
+    made = [await node.v1("/sandboxes", {"api": "v2", "body": '{"templateID": "base"}'})]
+    made.append(await node.v1("/sandboxes", {"api": "v2", "body": '{"templateID": "base"}'}))
+    running, paused = (_json(m)["sandboxID"] for m in made)
+    await node.v1(f"/sandboxes/{paused}/pause", {})
+    found = await node.v1("/metrics", {"sandbox_ids": [running, paused, "unknown"]})
+    public = await node.public("GET", f"/sandboxes/metrics?sandbox_ids={running},{paused}")
+    assert (found.refusal, found.status) == (None, 200)
+    assert set(_json(found)["sandboxes"]) == {running} == set(public.json()["sandboxes"])
+    none = await node.v1("/metrics", {"sandbox_ids": []})
+    assert (none.refusal, none.status) == (Refusal.REJECTED, 400)
+    assert "between 1 and 100" in _json(none)["message"]
+
+
 @pytest.mark.parametrize("settings", [{"reserve_disk_mb": 2**40}])
 async def test_a_node_without_disk_for_a_volume_refuses_as_full(node: Node) -> None:
     full = await node.v1("/volumes", {"body": '{"name": "data"}'})
@@ -203,6 +217,8 @@ async def test_a_node_without_disk_for_a_volume_refuses_as_full(node: Node) -> N
         ("/templates/base/info", {"query": 1}, "query"),
         ("/adopt/volume", {"record": "{}"}, "kind"),
         ("/lists/keys", {}, "op"),
+        ("/metrics", {}, "sandbox_ids"),
+        ("/metrics", {"sandbox_ids": "a,b"}, "sandbox_ids"),
         ("/lists/volumes", {"body": ""}, "'body'"),
         ("/adopt/sandbox", {}, "record"),
     ],

@@ -126,6 +126,13 @@ class ListCall(_Call):
     query: str = ""  # the client's query string, verbatim (filters, page size, token)
 
 
+class Metrics(_Call):
+    """`POST /internal/v1/metrics`: the latest sample of each of these sandboxes the node
+    runs (those it does not run are left out of its answer)."""
+
+    sandbox_ids: list[str]
+
+
 class Adopt(_Call):
     """`POST /internal/v1/adopt/{kind}` (`AdoptKind`)."""
 
@@ -174,6 +181,7 @@ LIST_ROUTES: dict[ListOp, tuple[str, str]] = {
     ListOp.TEMPLATES_V2: ("GET", "/v2/templates"),
     ListOp.VOLUMES: ("GET", "/volumes"),
 }
+METRICS_ROUTE = "/sandboxes/metrics"  # `GET`, the ids in `sandbox_ids`, comma-separated
 CREATE_ROUTES = {E2BApi.V1: "/sandboxes", E2BApi.V2: "/v2/sandboxes"}
 VOLUMES_ROUTE = "/volumes"
 ADOPT_ROUTES = {AdoptKind.SANDBOX: "/cluster/adopt", AdoptKind.TEMPLATE: "/cluster/templates"}

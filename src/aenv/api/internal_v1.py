@@ -19,6 +19,7 @@ import json
 from collections.abc import Callable
 from enum import StrEnum
 from typing import Any, TypeVar
+from urllib.parse import urlencode
 
 from pydantic import BaseModel
 from starlette.applications import Starlette
@@ -35,6 +36,7 @@ from aenv.api.internal_models import (
     ADOPT_ROUTES,
     CREATE_ROUTES,
     LIST_ROUTES,
+    METRICS_ROUTE,
     PREFIX_V1,
     SANDBOX_ROUTES,
     TEMPLATE_ROUTES,
@@ -45,6 +47,7 @@ from aenv.api.internal_models import (
     CreateVolume,
     ListCall,
     ListOp,
+    Metrics,
     NodeAnswer,
     Refusal,
     SandboxCall,
@@ -71,6 +74,7 @@ def internal_v1(app: ASGIApp, draining: Callable[[], bool] = lambda: False) -> A
             Route(PREFIX_V1 + "/sandboxes/{sandbox_id}/{op}", calls.sandbox, methods=["POST"]),
             Route(PREFIX_V1 + "/templates/{template_id}/{op}", calls.template, methods=["POST"]),
             Route(PREFIX_V1 + "/lists/{op}", calls.lists, methods=["POST"]),
+            Route(PREFIX_V1 + "/metrics", calls.metrics, methods=["POST"]),
             Route(PREFIX_V1 + "/adopt/{kind}", calls.adopt, methods=["POST"]),
             Route(PREFIX_V1 + "/volumes", calls.volume, methods=["POST"]),
         ],
@@ -111,6 +115,11 @@ class _Calls:
         call = await _parsed(request, ListCall)
         method, path = LIST_ROUTES[op]
         return await self._run(request, method, path, "", query=call.query)
+
+    async def metrics(self, request: Request) -> Response:
+        call = await _parsed(request, Metrics)
+        query = urlencode({"sandbox_ids": ",".join(call.sandbox_ids)})
+        return await self._run(request, "GET", METRICS_ROUTE, "", query=query)
 
     async def adopt(self, request: Request) -> Response:
         kind = _enum(AdoptKind, request.path_params["kind"], "kind")

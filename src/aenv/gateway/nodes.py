@@ -20,7 +20,7 @@ from collections.abc import AsyncIterable, Collection, Iterable
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol, TypeVar
-from urllib.parse import quote
+from urllib.parse import parse_qs, quote
 
 import httpx
 from pydantic import BaseModel, ValidationError
@@ -32,6 +32,7 @@ from aenv.api.internal_models import (
     CREATE_ROUTES,
     INTERNAL_VERSIONS,
     LIST_ROUTES,
+    METRICS_ROUTE,
     PREFIX_V1,
     REPLAY,
     SANDBOX_ROUTES,
@@ -41,6 +42,7 @@ from aenv.api.internal_models import (
     CreateSandbox,
     CreateVolume,
     ListCall,
+    Metrics,
     NodeAnswer,
     Refusal,
     SandboxCall,
@@ -231,6 +233,8 @@ def _typed(
     listed = _operation(_LIST_PATHS, method, path)
     if listed is not None and not text:
         return f"/lists/{listed[1].value}", ListCall(query=query)
+    if (method, path) == ("GET", METRICS_ROUTE) and not text:
+        return _metrics(query)
     if query:
         return None
     if method == "POST" and (created := _create(path, text, headers)) is not None:
@@ -252,6 +256,16 @@ def _operation(
         if match is not None and method == op_method:
             return {k: quote(v, safe="") for k, v in match.groupdict().items()}, op
     return None
+
+
+def _metrics(query: str) -> tuple[str, BaseModel] | None:
+    """The version 1 call of a batch metrics request; None for a query it cannot carry (a
+    parameter repeated or unknown: the node's 400 for it comes from its replay)."""
+    parsed = parse_qs(query, keep_blank_values=True)
+    if set(parsed) != {"sandbox_ids"} or len(parsed["sandbox_ids"]) != 1:
+        return None
+    ids = [i for i in parsed["sandbox_ids"][0].split(",") if i]
+    return "/metrics", Metrics(sandbox_ids=ids)
 
 
 def _create(
