@@ -858,6 +858,7 @@ async def test_a_rebuild_goes_to_the_templates_holder_or_adopts_it_first_and_it_
     assert a.snapshots["tplweb"] == built  # adopted before the build was asked of it
 
 
+@pytest.mark.parametrize("versions", [(REPLAY,), INTERNAL_VERSIONS], ids=["v0", "v1"])
 async def test_tags_reach_every_holder_and_the_published_record(
     setup: Setup, client: aioredis.Redis
 ) -> None:

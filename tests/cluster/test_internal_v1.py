@@ -185,6 +185,22 @@ async def test_lists_are_the_public_routes_with_the_cursors_a_gateway_merges(nod
     assert (bad.refusal, bad.status) == (Refusal.REJECTED, 400)
 
 
+async def test_tags_change_through_version_1_and_an_unknown_template_is_not_here(
+    node: Node,
+) -> None:
+    given = await node.v1("/tags/assign", {"body": '{"target": "base", "tags": ["v1"]}'})
+    assert (given.refusal, given.status) == (None, 201), given
+    listed = (await node.public("GET", "/templates/base/tags")).json()
+    assert [t["tag"] for t in listed] == ["v1"]
+    bad = await node.v1("/tags/assign", {"body": '{"target": "base", "tags": ["no/slash"]}'})
+    assert (bad.refusal, bad.status) == (Refusal.REJECTED, 400)
+    unknown = await node.v1("/tags/delete", {"body": '{"name": "elsewhere", "tags": ["v1"]}'})
+    assert (unknown.refusal, unknown.status) == (Refusal.NOT_HERE, 404)
+    removed = await node.v1("/tags/delete", {"body": '{"name": "base", "tags": ["v1"]}'})
+    assert (removed.refusal, removed.status) == (None, 204)
+    assert (await node.public("GET", "/templates/base/tags")).json() == []
+
+
 async def test_batch_metrics_are_the_public_routes(node: Node) -> None:
     made = [await node.v1("/sandboxes", {"api": "v2", "body": '{"templateID": "base"}'})]
     made.append(await node.v1("/sandboxes", {"api": "v2", "body": '{"templateID": "base"}'}))
@@ -217,6 +233,8 @@ async def test_a_node_without_disk_for_a_volume_refuses_as_full(node: Node) -> N
         ("/templates/base/info", {"query": 1}, "query"),
         ("/adopt/volume", {"record": "{}"}, "kind"),
         ("/lists/keys", {}, "op"),
+        ("/tags/rename", {"body": "{}"}, "op"),
+        ("/tags/assign", {}, "body"),
         ("/metrics", {}, "sandbox_ids"),
         ("/metrics", {"sandbox_ids": "a,b"}, "sandbox_ids"),
         ("/lists/volumes", {"body": ""}, "'body'"),

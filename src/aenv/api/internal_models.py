@@ -5,7 +5,7 @@ A node serves it under `/internal/v1/...` (`aenv.api.internal_v1`); a gateway ca
 (`aenv.gateway.nodes`) when the node's report names version 1 among its `internal_versions`.
 Version 0 is the replay of E2B requests under `/internal` that every node still serves: the
 gateway of the previous release speaks only that, and a gateway still uses it for what version 1
-does not carry (template builds and tag changes, reads and deletes of volumes and their
+does not carry (template builds, reads and deletes of volumes and their
 content, the data plane).
 
 Each call names an operation (a create of a sandbox or a volume, an operation on a sandbox or a
@@ -72,6 +72,13 @@ class TemplateOp(StrEnum):
     TAGS = "tags"
 
 
+class TagOp(StrEnum):
+    """A change of a template's tags, which a gateway sends to every node."""
+
+    ASSIGN = "assign"
+    DELETE = "delete"
+
+
 class ListOp(StrEnum):
     """The lists a gateway merges from every live node."""
 
@@ -118,6 +125,12 @@ class TemplateCall(_Call):
 
     query: str = ""  # the client's query string, verbatim (a template's builds are paged)
     body: str = ""  # the client's E2B body, verbatim (an update's)
+
+
+class TagCall(_Call):
+    """`POST /internal/v1/tags/{op}` (`TagOp`)."""
+
+    body: str  # the client's E2B body, verbatim (it names the template)
 
 
 class ListCall(_Call):
@@ -172,6 +185,10 @@ TEMPLATE_ROUTES: dict[TemplateOp, tuple[str, str]] = {
     TemplateOp.UPDATE: ("PATCH", "/templates/{id}"),
     TemplateOp.DELETE: ("DELETE", "/templates/{id}"),
     TemplateOp.TAGS: ("GET", "/templates/{id}/tags"),
+}
+TAG_ROUTES: dict[TagOp, tuple[str, str]] = {
+    TagOp.ASSIGN: ("POST", "/templates/tags"),
+    TagOp.DELETE: ("DELETE", "/templates/tags"),
 }
 LIST_ROUTES: dict[ListOp, tuple[str, str]] = {
     ListOp.SANDBOXES: ("GET", "/sandboxes"),

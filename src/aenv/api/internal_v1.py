@@ -39,6 +39,7 @@ from aenv.api.internal_models import (
     METRICS_ROUTE,
     PREFIX_V1,
     SANDBOX_ROUTES,
+    TAG_ROUTES,
     TEMPLATE_ROUTES,
     VOLUMES_ROUTE,
     Adopt,
@@ -52,6 +53,8 @@ from aenv.api.internal_models import (
     Refusal,
     SandboxCall,
     SandboxOp,
+    TagCall,
+    TagOp,
     TemplateCall,
     TemplateOp,
 )
@@ -73,6 +76,7 @@ def internal_v1(app: ASGIApp, draining: Callable[[], bool] = lambda: False) -> A
             Route(PREFIX_V1 + "/sandboxes", calls.create, methods=["POST"]),
             Route(PREFIX_V1 + "/sandboxes/{sandbox_id}/{op}", calls.sandbox, methods=["POST"]),
             Route(PREFIX_V1 + "/templates/{template_id}/{op}", calls.template, methods=["POST"]),
+            Route(PREFIX_V1 + "/tags/{op}", calls.tags, methods=["POST"]),
             Route(PREFIX_V1 + "/lists/{op}", calls.lists, methods=["POST"]),
             Route(PREFIX_V1 + "/metrics", calls.metrics, methods=["POST"]),
             Route(PREFIX_V1 + "/adopt/{kind}", calls.adopt, methods=["POST"]),
@@ -109,6 +113,12 @@ class _Calls:
         method, path = TEMPLATE_ROUTES[op]
         path = path.format(id=request.path_params["template_id"])
         return await self._run(request, method, path, call.body, query=call.query)
+
+    async def tags(self, request: Request) -> Response:
+        op = _enum(TagOp, request.path_params["op"], "op")
+        call = await _parsed(request, TagCall)
+        method, path = TAG_ROUTES[op]
+        return await self._run(request, method, path, call.body)
 
     async def lists(self, request: Request) -> Response:
         op = _enum(ListOp, request.path_params["op"], "op")

@@ -36,6 +36,7 @@ from aenv.api.internal_models import (
     PREFIX_V1,
     REPLAY,
     SANDBOX_ROUTES,
+    TAG_ROUTES,
     TEMPLATE_ROUTES,
     VOLUMES_ROUTE,
     Adopt,
@@ -47,6 +48,7 @@ from aenv.api.internal_models import (
     Refusal,
     SandboxCall,
     SandboxOp,
+    TagCall,
     TemplateCall,
     TemplateOp,
 )
@@ -85,6 +87,7 @@ _TEMPLATE_PATHS = _patterns(
     [*TEMPLATE_ROUTES.items(), (TemplateOp.UPDATE, ("PATCH", "/v2/templates/{id}"))]
 )
 _LIST_PATHS = _patterns(LIST_ROUTES.items())
+_TAG_PATHS = _patterns(TAG_ROUTES.items())
 
 
 class NodeUnreachable(Exception):
@@ -226,6 +229,10 @@ def _typed(
         text = body.decode()
     except UnicodeDecodeError:
         return None
+    # Before the templates': `/templates/tags` is no template's id.
+    tags = _operation(_TAG_PATHS, method, path)
+    if tags is not None and not query:
+        return f"/tags/{tags[1].value}", TagCall(body=text)
     template = _operation(_TEMPLATE_PATHS, method, path)
     if template is not None:
         ids, op = template
