@@ -763,6 +763,7 @@ async def test_redis_down_is_503_until_it_is_back(setup: Setup, redis: RedisServ
     assert back.status_code == 200 and back.json() == []
 
 
+@pytest.mark.parametrize("versions", [(REPLAY,), INTERNAL_VERSIONS], ids=["v0", "v1"])
 async def test_a_volume_stays_on_its_node_with_the_sandboxes_that_mount_it(
     setup: Setup, client: aioredis.Redis
 ) -> None:
@@ -815,6 +816,13 @@ async def test_a_volume_stays_on_its_node_with_the_sandboxes_that_mount_it(
         await client.delete(Keys().volume(volume_id), Keys().volume_names)
         assert http.get(f"/volumes/{volume_id}").json()["name"] == "data"
         assert await places.find("data") == place
+
+        # A deleted volume is gone from its node and its record; deleted again, E2B's 404.
+        scratch = http.post("/volumes", json={"name": "scratch"}).json()["volumeID"]
+        assert http.delete(f"/volumes/{scratch}").status_code == 204
+        assert await places.find("scratch") is None
+        again = http.delete(f"/volumes/{scratch}")
+        assert again.status_code == 404 and again.json()["code"] == 404
 
         await client.delete(Keys().lease(place.node_id), Keys().node(place.node_id))
         gone = http.post("/sandboxes", json=mount)

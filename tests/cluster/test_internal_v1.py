@@ -139,12 +139,20 @@ async def test_a_sandboxs_rules_change_through_version_1(node: Node) -> None:
     assert node.doubles.row(sandbox_id).network.deny_out == ("10.9.0.0/16",)
 
 
-async def test_a_volume_is_made_through_version_1_and_a_taken_name_rejected(node: Node) -> None:
+async def test_a_volume_is_made_read_and_deleted_through_version_1(node: Node) -> None:
     made = await node.v1("/volumes", {"body": '{"name": "data"}'})
     assert (made.refusal, made.status) == (None, 201), made
     assert _json(made)["name"] == "data"
     taken = await node.v1("/volumes", {"body": '{"name": "data"}'})
     assert (taken.refusal, taken.status) == (Refusal.REJECTED, 400)
+    volume_id = _json(made)["volumeID"]
+    read = await node.v1(f"/volumes/{volume_id}/info", {})
+    assert (read.refusal, read.status) == (None, 200)
+    assert _json(read) == (await node.public("GET", f"/volumes/{volume_id}")).json()
+    deleted = await node.v1(f"/volumes/{volume_id}/delete", {})
+    assert (deleted.refusal, deleted.status) == (None, 204)
+    gone = await node.v1(f"/volumes/{volume_id}/info", {})
+    assert (gone.refusal, gone.status) == (Refusal.NOT_HERE, 404)
 
 
 async def test_a_template_is_read_through_version_1_or_refused_as_not_here(node: Node) -> None:
@@ -233,6 +241,8 @@ async def test_a_node_without_disk_for_a_volume_refuses_as_full(node: Node) -> N
         ("/templates/base/info", {"query": 1}, "query"),
         ("/adopt/volume", {"record": "{}"}, "kind"),
         ("/lists/keys", {}, "op"),
+        ("/volumes/data/resize", {}, "op"),
+        ("/volumes/data/info", {"body": ""}, "'body'"),
         ("/tags/rename", {"body": "{}"}, "op"),
         ("/tags/assign", {}, "body"),
         ("/metrics", {}, "sandbox_ids"),

@@ -5,8 +5,7 @@ A node serves it under `/internal/v1/...` (`aenv.api.internal_v1`); a gateway ca
 (`aenv.gateway.nodes`) when the node's report names version 1 among its `internal_versions`.
 Version 0 is the replay of E2B requests under `/internal` that every node still serves: the
 gateway of the previous release speaks only that, and a gateway still uses it for what version 1
-does not carry (template builds, reads and deletes of volumes and their
-content, the data plane).
+does not carry (template builds, volumes' content, the data plane).
 
 Each call names an operation (a create of a sandbox or a volume, an operation on a sandbox or a
 template, an adoption), not a URL: the node runs it through its own E2B route (so it is
@@ -72,6 +71,13 @@ class TemplateOp(StrEnum):
     TAGS = "tags"
 
 
+class VolumeOp(StrEnum):
+    """What a gateway asks of the node a volume lives on."""
+
+    INFO = "info"
+    DELETE = "delete"
+
+
 class TagOp(StrEnum):
     """A change of a template's tags, which a gateway sends to every node."""
 
@@ -125,6 +131,10 @@ class TemplateCall(_Call):
 
     query: str = ""  # the client's query string, verbatim (a template's builds are paged)
     body: str = ""  # the client's E2B body, verbatim (an update's)
+
+
+class VolumeCall(_Call):
+    """`POST /internal/v1/volumes/{volume_id}/{op}` (`VolumeOp`): the volume by id or name."""
 
 
 class TagCall(_Call):
@@ -185,6 +195,10 @@ TEMPLATE_ROUTES: dict[TemplateOp, tuple[str, str]] = {
     TemplateOp.UPDATE: ("PATCH", "/templates/{id}"),
     TemplateOp.DELETE: ("DELETE", "/templates/{id}"),
     TemplateOp.TAGS: ("GET", "/templates/{id}/tags"),
+}
+VOLUME_ROUTES: dict[VolumeOp, tuple[str, str]] = {
+    VolumeOp.INFO: ("GET", "/volumes/{id}"),
+    VolumeOp.DELETE: ("DELETE", "/volumes/{id}"),
 }
 TAG_ROUTES: dict[TagOp, tuple[str, str]] = {
     TagOp.ASSIGN: ("POST", "/templates/tags"),

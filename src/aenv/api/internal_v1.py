@@ -41,6 +41,7 @@ from aenv.api.internal_models import (
     SANDBOX_ROUTES,
     TAG_ROUTES,
     TEMPLATE_ROUTES,
+    VOLUME_ROUTES,
     VOLUMES_ROUTE,
     Adopt,
     AdoptKind,
@@ -57,6 +58,8 @@ from aenv.api.internal_models import (
     TagOp,
     TemplateCall,
     TemplateOp,
+    VolumeCall,
+    VolumeOp,
 )
 from aenv.api.requests import check_query, parse_body
 
@@ -81,6 +84,7 @@ def internal_v1(app: ASGIApp, draining: Callable[[], bool] = lambda: False) -> A
             Route(PREFIX_V1 + "/metrics", calls.metrics, methods=["POST"]),
             Route(PREFIX_V1 + "/adopt/{kind}", calls.adopt, methods=["POST"]),
             Route(PREFIX_V1 + "/volumes", calls.volume, methods=["POST"]),
+            Route(PREFIX_V1 + "/volumes/{volume_id}/{op}", calls.on_volume, methods=["POST"]),
         ],
         exception_handlers=JSON_ERRORS,
     )
@@ -139,6 +143,13 @@ class _Calls:
     async def volume(self, request: Request) -> Response:
         call = await _parsed(request, CreateVolume)
         return await self._run(request, "POST", VOLUMES_ROUTE, call.body)
+
+    async def on_volume(self, request: Request) -> Response:
+        op = _enum(VolumeOp, request.path_params["op"], "op")
+        await _parsed(request, VolumeCall)
+        method, path = VOLUME_ROUTES[op]
+        path = path.format(id=request.path_params["volume_id"])
+        return await self._run(request, method, path, "")
 
     async def _run(
         self,

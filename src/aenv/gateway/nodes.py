@@ -38,6 +38,7 @@ from aenv.api.internal_models import (
     SANDBOX_ROUTES,
     TAG_ROUTES,
     TEMPLATE_ROUTES,
+    VOLUME_ROUTES,
     VOLUMES_ROUTE,
     Adopt,
     CreateSandbox,
@@ -51,6 +52,7 @@ from aenv.api.internal_models import (
     TagCall,
     TemplateCall,
     TemplateOp,
+    VolumeCall,
 )
 from aenv.cluster.directory import Directory, NodeAddress
 from aenv.cluster.internal import CALLER_HEADER, PREFIX, TOKEN_HEADER
@@ -88,6 +90,7 @@ _TEMPLATE_PATHS = _patterns(
 )
 _LIST_PATHS = _patterns(LIST_ROUTES.items())
 _TAG_PATHS = _patterns(TAG_ROUTES.items())
+_VOLUME_PATHS = _patterns(VOLUME_ROUTES.items())
 
 
 class NodeUnreachable(Exception):
@@ -250,6 +253,10 @@ def _typed(
     if sandbox is not None:
         ids, sandbox_op = sandbox
         return f"/sandboxes/{ids['id']}/{sandbox_op.value}", SandboxCall(body=text)
+    volume = _operation(_VOLUME_PATHS, method, path)
+    if volume is not None and not text:
+        ids, volume_op = volume
+        return f"/volumes/{ids['id']}/{volume_op.value}", VolumeCall()
     return None
 
 
