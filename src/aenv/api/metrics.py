@@ -61,7 +61,7 @@ class _NodeCollector(Collector):
                 "Guest connections the slots' egress proxies handled, by outcome",
                 labels=["outcome"],
             )
-            for outcome in ("relayed", "tunneled", "refused", "failed"):
+            for outcome in ("relayed", "tunneled", "refused", "failed", "intercepted"):
                 egress.add_metric([outcome], getattr(egress_counts, outcome))
             yield egress
 

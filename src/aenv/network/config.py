@@ -6,6 +6,7 @@ import os
 import re
 from dataclasses import dataclass, field
 from ipaddress import IPv4Address, IPv4Network
+from pathlib import Path
 
 from aenv.network.addressing import AddressPlan
 from aenv.network.reserved import denied_ranges
@@ -39,6 +40,12 @@ class NetworkConfig:
     internal: tuple[IPv4Network, ...] = ()
     # The resolver that slots with domain rules get their allowed names from (see `dns`).
     dns_upstream: IPv4Address = field(default_factory=lambda: IPv4Address("1.1.1.1"))
+    # Where the node's egress CA lives (`egress_ca`); None: header rules are never applied,
+    # and connections they would apply to are refused.
+    egress_ca: Path | None = None
+    # A CA bundle servers of header-ruled names may also verify against (the host's trust
+    # store always counts).
+    upstream_ca: Path | None = None
     # The only user whose processes may open connections to slot addresses (the server's).
     server_uid: int = field(default_factory=os.geteuid)
 

@@ -19,6 +19,13 @@ How it works, per slot whose policy names domains (E2B's `allowOut: ["example.co
    answers only for allowed names, from the node's resolver (asked from the host namespace)
    or the sandbox's own.
 
+For a name with header rules (E2B's `network.rules`, `header_rules`), step 3 goes further: the
+proxy opens a TLS connection to the destination that must verify for that name, completes the
+guest's handshake with a certificate of the node's egress CA, and relays HTTP/1.1 requests with
+the rules' headers set (`interception`). A rule applies only to names the policy allows, and
+only over TLS: a plain-HTTP connection to such a name is refused, since its destination is
+whatever address the guest dialled and nothing checks it is the named server.
+
 With a SOCKS5 proxy (E2B's `egressProxy`, `socks`), the slot table also redirects the new TCP
 connections the address lists let through (set `proxied`). Those are tunneled at once, without
 waiting for a first byte (SSH and SMTP servers speak first), to the address the guest dialled;
@@ -36,13 +43,18 @@ import asyncio
 import contextlib
 import logging
 import socket
+import ssl
 import struct
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 
+import h11
+
 from aenv.network import netns
 from aenv.network.dns import DnsForwarder
 from aenv.network.domains import DomainRules
+from aenv.network.egress_ca import EgressCA
+from aenv.network.interception import GuestTls, PlainStream, exchange
 from aenv.network.policy import EgressPolicy
 from aenv.network.slot import Slot
 from aenv.network.sniff import Need, requested_name
@@ -52,6 +64,7 @@ log = logging.getLogger(__name__)
 
 PROXY_PORT = 15001
 _SO_ORIGINAL_DST = 80
+_TLS_HANDSHAKE = 0x16
 # A ClientHello or request head larger than this names nothing we will accept.
 _MAX_HEAD = 16 * 1024
 _HEAD_TIMEOUT_S = 10.0
@@ -109,12 +122,22 @@ class EgressCounts:
     """What the node's slot proxies did with the connections sent to them, since it started:
     `relayed` directly, `tunneled` through a sandbox's SOCKS5 proxy, `refused` (a name no rule
     allows, a reserved range) and `failed` (the destination or the SOCKS5 proxy did not take
-    it: a guest fails closed there, so an operator looks here first)."""
+    it: a guest fails closed there, so an operator looks here first). `intercepted` counts
+    the relayed or tunneled ones whose requests got header rules."""
 
     relayed: int = 0
     tunneled: int = 0
     refused: int = 0
     failed: int = 0
+    intercepted: int = 0
+
+
+@dataclass(frozen=True)
+class Interception:
+    """What a proxy needs to apply header rules: the node's CA, and how servers are checked."""
+
+    ca: EgressCA
+    upstream: ssl.SSLContext
 
 
 class EgressProxy:
@@ -129,8 +152,10 @@ class EgressProxy:
         dns_upstream: IPv4Address,
         host_netns: str | None,
         counts: EgressCounts,
+        interception: Interception | None = None,
     ) -> None:
         self.slot = slot
+        self._interception = interception
         self._counts = counts
         self._policy = policy
         self._rules = DomainRules(policy.domains)
@@ -198,9 +223,33 @@ class EgressProxy:
                 log.debug("slot %s: refused %s (%s:%d)", self.slot.netns, name, address, port)
                 self._counts.refused += 1
                 return
+        rule_headers = policy.headers.headers_for(name) if name is not None else ()
+        if rule_headers and (head[:1] != bytes([_TLS_HANDSHAKE]) or self._interception is None):
+            # Never out without its headers, nor its headers to an unchecked destination.
+            log.debug("slot %s: refused %s:%d (rules, not TLS)", self.slot.netns, name, port)
+            self._counts.refused += 1
+            return
+        up_reader, up_writer = await self._upstream(policy, name, address, port)
+        try:
+            if rule_headers:
+                assert name is not None and self._interception is not None
+                await self._intercept(
+                    reader, writer, head, name, rule_headers, (up_reader, up_writer)
+                )
+                return
+            up_writer.write(head)
+            await asyncio.gather(_relay(reader, up_writer), _relay(up_reader, writer))
+        finally:
+            up_writer.close()
+            with contextlib.suppress(OSError, ssl.SSLError):
+                await up_writer.wait_closed()
+
+    async def _upstream(
+        self, policy: EgressPolicy, name: str | None, address: IPv4Address, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         try:
             if policy.proxy is not None:
-                up_reader, up_writer = await open_tunnel(
+                streams = await open_tunnel(
                     policy.proxy,
                     name or str(address),
                     port,
@@ -210,18 +259,44 @@ class EgressProxy:
                 )
                 self._counts.tunneled += 1
             else:
-                up_reader, up_writer = await self._direct(address, port)
+                streams = await self._direct(address, port)
                 self._counts.relayed += 1
         except (OSError, TimeoutError):
             self._counts.failed += 1
             raise
+        return streams
+
+    async def _intercept(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        head: bytes,
+        name: str,
+        headers: tuple[tuple[str, str], ...],
+        up: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+    ) -> None:
+        """Apply `name`'s header rules to the guest's requests (`interception`). The server is
+        verified before the guest's handshake completes: a server that is not `name` gets
+        nothing, and the guest sees its connection fail."""
+        interception = self._interception
+        assert interception is not None
+        up_reader, up_writer = up
         try:
-            up_writer.write(head)
-            await asyncio.gather(_relay(reader, up_writer), _relay(up_reader, writer))
-        finally:
-            up_writer.close()
-            with contextlib.suppress(OSError):
-                await up_writer.wait_closed()
+            await asyncio.wait_for(
+                up_writer.start_tls(interception.upstream, server_hostname=name),
+                _CONNECT_TIMEOUT_S,
+            )
+        except (OSError, TimeoutError, ssl.SSLError) as e:
+            log.debug("slot %s: %s did not verify: %s", self.slot.netns, name, e)
+            self._counts.failed += 1
+            return
+        guest = GuestTls(reader, writer, interception.ca.server_context(name), head)
+        try:
+            await asyncio.wait_for(guest.handshake(), _HEAD_TIMEOUT_S)
+            self._counts.intercepted += 1
+            await exchange(guest, PlainStream(up_reader, up_writer), headers)
+        except (ssl.SSLError, h11.ProtocolError, ConnectionError) as e:
+            log.debug("slot %s: %s: %s", self.slot.netns, name, e)
 
     async def _direct(
         self, address: IPv4Address, port: int

@@ -35,7 +35,8 @@ from pyroute2.netlink.rtnl.ndmsg import NUD_PERMANENT
 from aenv.network import netns, nft, rules
 from aenv.network.addressing import SLOT_PREFIXLEN, AddressPlan
 from aenv.network.config import NetworkConfig
-from aenv.network.egress_proxy import EgressCounts, EgressProxy
+from aenv.network.egress_ca import EgressCA, upstream_context
+from aenv.network.egress_proxy import EgressCounts, EgressProxy, Interception
 from aenv.network.policy import EgressPolicy
 from aenv.network.slot import Slot
 
@@ -82,6 +83,7 @@ class SlotManager:
         # The egress proxies of slots whose policy names domains or a SOCKS5 proxy.
         self._proxies: dict[int, EgressProxy] = {}
         self.egress_counts = EgressCounts()
+        self._interception: Interception | None = None
         # Per slot: changes to one slot's egress apply in the order they were asked for.
         self._locks: dict[int, asyncio.Lock] = {}
         self._orphans: set[asyncio.Future[None]] = set()
@@ -98,6 +100,9 @@ class SlotManager:
         """Reclaim every slot a previous process with this prefix left behind, then (re)create
         the host table and enable forwarding in the host namespace."""
         swept = await netns.run_in(self.config.host_netns, self._sweep_and_prepare)
+        if self.config.egress_ca is not None:
+            ca = await asyncio.to_thread(EgressCA, self.config.egress_ca)
+            self._interception = Interception(ca, upstream_context(self.config.upstream_ca))
         if swept:
             log.warning("reclaimed %d leftover network slots: %s", len(swept), ", ".join(swept))
 
@@ -312,6 +317,7 @@ class SlotManager:
             self.config.dns_upstream,
             self.config.host_netns,
             self.egress_counts,
+            self._interception,
         )
         await proxy.start()
         self._proxies[slot.index] = proxy

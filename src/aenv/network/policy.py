@@ -4,8 +4,10 @@ Semantics follow E2B: with no lists everything is allowed; `deny` blocks its des
 `allow` also covers them (allow wins). Domain names may only be allowed; a TCP connection that no
 address rule allows is then judged by the name it asks for (`egress_proxy`). With a `proxy`
 (the sandbox's own SOCKS5 proxy, `socks`), every TCP connection the lists and names allow is
-tunneled through it. The policy applies only while the slot's egress is on, and never opens the
-host: the host-side rules drop slot traffic to the host whatever the policy says.
+tunneled through it. `headers` (E2B's `network.rules`, `header_rules`) are set on the HTTPS
+requests of connections judged by name. The policy applies only while the slot's egress is on,
+and never opens the host: the host-side rules drop slot traffic to the host whatever the policy
+says.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, collapse_addresses, ip_network
 
 from aenv.network.domains import is_address, normalise
+from aenv.network.header_rules import NO_RULES, HeaderRules
 from aenv.network.socks import SocksProxy
 
 
@@ -33,6 +36,7 @@ class EgressPolicy:
     # The resolvers the slot's DNS forwarder asks for allowed names (E2B's `dnsServers`), in
     # order; None: the node's.
     dns_servers: tuple[IPv4Address, ...] | None = None
+    headers: HeaderRules = NO_RULES
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allow", _normalise(self.allow))
@@ -57,6 +61,7 @@ class EgressPolicy:
         deny: Iterable[str] = (),
         proxy: SocksProxy | None = None,
         dns_servers: Iterable[str] | None = None,
+        headers: HeaderRules = NO_RULES,
     ) -> EgressPolicy:
         """From strings such as `1.1.1.1`, `8.8.8.0/24` or (allow only) `*.example.com`;
         anything else is a ValueError."""
@@ -75,5 +80,10 @@ class EgressPolicy:
         addresses = [entry for entry in entries if is_address(entry)]
         resolvers = None if dns_servers is None else tuple(map(IPv4Address, dns_servers))
         return cls(
-            tuple(networks(addresses)), tuple(networks(deny)), tuple(names), proxy, resolvers
+            tuple(networks(addresses)),
+            tuple(networks(deny)),
+            tuple(names),
+            proxy,
+            resolvers,
+            headers,
         )

@@ -1,0 +1,93 @@
+"""A sandbox's header rules (E2B's `network.rules`): per domain, the request headers its egress
+proxy sets on HTTPS requests to that domain.
+
+A rule's domain is a name or a `*.` wildcard, as in `allowOut` (`domains`). A request gets the
+headers of every rule that matches the name its connection asked for (TLS SNI): wildcards first,
+then the exact name, each in the order given, so the more specific rule wins a header both set.
+A header a rule sets replaces any of the same name the request has (E2B: "inject or override").
+
+Names that frame or route a request (`Content-Length`, `Host`, ...) are refused: setting them
+would let a rule change what a request is, not what it says.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from aenv.network.domains import DomainRules, normalise
+
+# RFC 9110 token and field-value (no control characters but tab, no leading/trailing space).
+_TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+_VALUE = re.compile(r"[\x21-\x7e\x80-\xff]([\x20-\x7e\x80-\xff\t]*[\x21-\x7e\x80-\xff])?|")
+FRAMING = frozenset(
+    {
+        "connection",
+        "content-length",
+        "host",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+    }
+)
+MAX_HEADERS = 64
+MAX_VALUE = 8192
+
+
+def check_header(name: str, value: str) -> None:
+    """ValueError unless `name: value` is a header a rule may set."""
+    if not _TOKEN.fullmatch(name):
+        raise ValueError(f"{name!r} is not a header name")
+    if name.lower() in FRAMING:
+        raise ValueError(f"{name!r} frames or routes the request and cannot be set by a rule")
+    if len(value) > MAX_VALUE or not _VALUE.fullmatch(value):
+        raise ValueError(f"the value of {name!r} is not a header value")
+
+
+@dataclass(frozen=True)
+class HeaderRule:
+    """One domain's rule: `domain` canonical (`normalise`), `headers` in the order given."""
+
+    domain: str
+    headers: tuple[tuple[str, str], ...]
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "domain", normalise(self.domain))
+        if len(self.headers) > MAX_HEADERS:
+            raise ValueError(f"{self.domain}: at most {MAX_HEADERS} headers")
+        for name, value in self.headers:
+            check_header(name, value)
+
+
+@dataclass(frozen=True)
+class HeaderRules:
+    rules: tuple[HeaderRule, ...] = ()
+
+    @property
+    def domains(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(rule.domain for rule in self.rules))
+
+    def headers_for(self, name: str) -> tuple[tuple[str, str], ...]:
+        """The headers a request to host `name` gets, in the order they are applied; empty when
+        no rule matches it."""
+        matching = [r for r in self.rules if DomainRules((r.domain,)).allows(name)]
+        matching.sort(key=lambda rule: not rule.domain.startswith("*."))
+        return tuple(header for rule in matching for header in rule.headers)
+
+
+NO_RULES = HeaderRules()
+
+
+def apply(
+    headers: list[tuple[bytes, bytes]], rule_headers: tuple[tuple[str, str], ...]
+) -> list[tuple[bytes, bytes]]:
+    """`headers` (a request's, in order) with those a rule sets replaced or added."""
+    out = list(headers)
+    for name, value in rule_headers:
+        lowered = name.lower().encode()
+        out = [(n, v) for n, v in out if n.lower() != lowered]
+        out.append((name.encode(), value.encode("latin-1")))
+    return out

@@ -1,0 +1,213 @@
+"""Applying header rules to a guest's HTTPS connection: the slot's egress proxy terminates the
+guest's TLS with a certificate of the node's CA (`egress_ca`), opens its own verified TLS
+connection to the server, and relays HTTP/1.1 requests between them, setting each request's
+headers as the rules for the connection's name say (`header_rules`).
+
+1. The guest's ClientHello, already read to find the name, is fed to an `ssl.SSLObject` over
+   memory buffers (`GuestTls`); the handshake completes once the upstream side is verified.
+2. `exchange` parses both sides with h11: requests from the guest (headers set by the rules,
+   bodies streamed), responses from the server (streamed), keep-alive cycles, 1xx responses.
+   A protocol switch (WebSocket upgrade, CONNECT) turns the rest of the connection into a
+   byte relay, once both sides agreed to it.
+
+Both sides speak HTTP/1.1 only (ALPN), so an HTTP/2 client falls back to HTTP/1.1; a client
+that speaks nothing but HTTP/2 fails its handshake rather than going out without its headers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ssl
+from typing import Protocol
+
+import h11
+
+from aenv.network.header_rules import apply
+
+_CHUNK = 256 * 1024
+# The largest request or response head h11 buffers (its own default is 16 KiB).
+_MAX_HEAD = 64 * 1024
+
+
+class Stream(Protocol):
+    async def read(self) -> bytes: ...
+
+    async def write(self, data: bytes) -> None: ...
+
+
+class PlainStream:
+    """An asyncio stream pair as a `Stream`."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        self._reader, self._writer = reader, writer
+
+    async def read(self) -> bytes:
+        return await self._reader.read(_CHUNK)
+
+    async def write(self, data: bytes) -> None:
+        self._writer.write(data)
+        await self._writer.drain()
+
+
+class GuestTls:
+    """The server side of TLS over a guest's connection whose first bytes (`head`) were
+    already read from `reader`."""
+
+    def __init__(
+        self,
+        reader: asyncio.StreamReader,
+        writer: asyncio.StreamWriter,
+        context: ssl.SSLContext,
+        head: bytes,
+    ) -> None:
+        self._reader, self._writer = reader, writer
+        self._incoming, self._outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+        self._incoming.write(head)
+        self._tls = context.wrap_bio(self._incoming, self._outgoing, server_side=True)
+
+    async def _flush(self) -> None:
+        if data := self._outgoing.read():
+            self._writer.write(data)
+            await self._writer.drain()
+
+    async def _fill(self) -> None:
+        data = await self._reader.read(_CHUNK)
+        if data:
+            self._incoming.write(data)
+        else:
+            self._incoming.write_eof()
+
+    async def handshake(self) -> None:
+        """Raises ssl.SSLError (or OSError) if the guest does not complete it."""
+        while True:
+            try:
+                self._tls.do_handshake()
+                break
+            except ssl.SSLWantReadError:
+                await self._flush()
+                await self._fill()
+        await self._flush()
+
+    async def read(self) -> bytes:
+        while True:
+            try:
+                return self._tls.read(_CHUNK)
+            except ssl.SSLWantReadError:
+                await self._flush()
+                await self._fill()
+            except (ssl.SSLZeroReturnError, ssl.SSLEOFError):
+                return b""
+
+    async def write(self, data: bytes) -> None:
+        self._tls.write(data)
+        await self._flush()
+
+
+async def _next_event(conn: h11.Connection, stream: Stream) -> object:
+    while True:
+        event = conn.next_event()
+        if event is not h11.NEED_DATA:
+            return event
+        conn.receive_data(await stream.read())
+
+
+async def _send(conn: h11.Connection, stream: Stream, event: h11.Event) -> None:
+    data = conn.send(event)
+    if data:
+        await stream.write(data)
+
+
+async def _upload(guest: h11.Connection, down: Stream, server: h11.Connection, up: Stream) -> None:
+    """A request's body, from the guest to the server."""
+    while True:
+        event = await _next_event(guest, down)
+        if isinstance(event, h11.Data):
+            await _send(server, up, h11.Data(data=event.data))
+        elif isinstance(event, h11.EndOfMessage):
+            await _send(server, up, h11.EndOfMessage(headers=event.headers))
+            return
+        else:  # the guest went away mid-body
+            raise ConnectionError("request cut short")
+
+
+async def _download(
+    server: h11.Connection, up: Stream, guest: h11.Connection, down: Stream
+) -> None:
+    """The server's response (with any 1xx before it), to the guest."""
+    while True:
+        event = await _next_event(server, up)
+        if isinstance(event, h11.InformationalResponse):
+            await _send(guest, down, event)
+            if event.status_code == 101:
+                return
+        elif isinstance(event, h11.Response):
+            await _send(guest, down, event)
+        elif isinstance(event, h11.Data):
+            await _send(guest, down, h11.Data(data=event.data))
+        elif isinstance(event, h11.EndOfMessage):
+            await _send(guest, down, h11.EndOfMessage(headers=event.headers))
+            return
+        elif event is h11.PAUSED:  # a 2xx answer to CONNECT
+            return
+        else:
+            raise ConnectionError("response cut short")
+
+
+async def _pipe(source: Stream, sink: Stream) -> None:
+    while data := await source.read():
+        await sink.write(data)
+
+
+async def _switched(
+    guest: h11.Connection, down: Stream, server: h11.Connection, up: Stream
+) -> None:
+    """Relay bytes once both sides switched protocols, starting with what h11 read ahead."""
+    if early := guest.trailing_data[0]:
+        await up.write(early)
+    if early := server.trailing_data[0]:
+        await down.write(early)
+    await asyncio.gather(_pipe(down, up), _pipe(up, down))
+
+
+def _done(*conns: h11.Connection) -> bool:
+    return all(c.our_state is h11.DONE and c.their_state is h11.DONE for c in conns)
+
+
+async def exchange(down: Stream, up: Stream, rule_headers: tuple[tuple[str, str], ...]) -> None:
+    """Relay HTTP/1.1 between the guest (`down`) and the server (`up`) until either ends,
+    every request sent with `rule_headers` set. Raises h11.ProtocolError for what is not
+    HTTP/1.1, and OSError or ConnectionError when a side goes away mid-message."""
+    guest = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
+    server = h11.Connection(h11.CLIENT, max_incomplete_event_size=_MAX_HEAD)
+    while True:
+        request = await _next_event(guest, down)
+        if not isinstance(request, h11.Request):
+            return
+        headers = apply(list(request.headers.raw_items()), rule_headers)
+        await _send(
+            server,
+            up,
+            h11.Request(
+                method=request.method,
+                target=request.target,
+                headers=headers,
+                http_version=request.http_version,
+            ),
+        )
+        upload = asyncio.ensure_future(_upload(guest, down, server, up))
+        try:
+            await _download(server, up, guest, down)
+            await upload
+        finally:
+            upload.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await upload
+        switched = h11.SWITCHED_PROTOCOL
+        if guest.our_state is switched and server.their_state is switched:
+            await _switched(guest, down, server, up)
+            return
+        if not _done(guest, server):
+            return
+        guest.start_next_cycle()
+        server.start_next_cycle()

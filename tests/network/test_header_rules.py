@@ -1,0 +1,370 @@
+"""Header rules (E2B's `network.rules`) with real traffic: a fake guest's curl, Python and Node
+clients reach an HTTPS server in the simulated internet that echoes the headers it gets. Names
+with rules are intercepted with the node's egress CA and get their headers; other names pass
+through untouched, and a rule's header reaches no other name, also not after a redirect, nor a
+server that does not verify for the name."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import shutil
+import socket
+import ssl
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable
+from functools import partial
+from pathlib import Path
+
+import h11
+import pytest
+import trustme
+
+from aenv.network import EgressPolicy, Slot, SlotPool
+from aenv.network.egress_ca import CA_CERT, CA_KEY, EgressCA
+from aenv.network.header_rules import HeaderRule, HeaderRules, apply
+from tests.network import probes
+from tests.network.conftest import INET_IP, INET_OTHER_IP, World
+from tests.network.fakeguest import FakeGuest
+
+MakePool = Callable[..., Awaitable[SlotPool]]
+Boot = Callable[[Slot], Awaitable[FakeGuest]]
+
+SECRET = ("X-Api-Key", "s3cret")
+RULES = HeaderRules(
+    (
+        HeaderRule("ruled.test", (SECRET, ("Authorization", "Bearer node"))),
+        HeaderRule("*.wild.test", (("X-Wild", "1"),)),
+    )
+)
+POLICY = EgressPolicy.parse(
+    allow=["ruled.test", "other.test", "*.wild.test", "unruled.test"],
+    deny=["0.0.0.0/0"],
+    headers=RULES,
+)
+
+
+async def _echo(
+    seen: list[str], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """HTTP/1.1 with keep-alive, recording the targets asked for in `seen`: `/redirect` sends
+    the client to other.test, an `Upgrade` request switches to echoing bytes, anything else is
+    answered with the request's headers and body length as JSON."""
+    conn = h11.Connection(h11.SERVER)
+    try:
+        while True:
+            event = conn.next_event()
+            if event is h11.NEED_DATA:
+                conn.receive_data(await reader.read(65536))
+                continue
+            if not isinstance(event, h11.Request):
+                break
+            headers = [(n.decode(), v.decode()) for n, v in event.headers.raw_items()]
+            target = event.target
+            seen.append(target.decode())
+            size = 0
+            while not isinstance(event := conn.next_event(), h11.EndOfMessage):
+                if event is h11.NEED_DATA:
+                    conn.receive_data(await reader.read(65536))
+                elif isinstance(event, h11.Data):
+                    size += len(event.data)
+            if any(n.lower() == "upgrade" for n, _ in headers):
+                upgrade = [(b"Upgrade", b"echo"), (b"Connection", b"Upgrade")]
+                writer.write(conn.send(h11.InformationalResponse(status_code=101, headers=upgrade)))
+                writer.write(json.dumps(headers).encode() + b"\n")
+                while data := await reader.read(65536):
+                    writer.write(data)
+                break
+            if target == b"/redirect":
+                body = b""
+                response = h11.Response(
+                    status_code=302,
+                    headers=[("Location", "https://other.test/"), ("Content-Length", "0")],
+                )
+            else:
+                body = json.dumps({"headers": headers, "size": size}).encode()
+                response = h11.Response(
+                    status_code=200,
+                    headers=[
+                        ("Content-Type", "application/json"),
+                        ("Content-Length", str(len(body))),
+                    ],
+                )
+            writer.write(conn.send(response) + conn.send(h11.Data(data=body)))
+            writer.write(conn.send(h11.EndOfMessage()))
+            await writer.drain()
+            if conn.our_state is not h11.DONE or conn.their_state is not h11.DONE:
+                break
+            conn.start_next_cycle()
+    except (h11.ProtocolError, ConnectionError):
+        pass
+    finally:
+        writer.close()
+
+
+@pytest.fixture(scope="module")
+def origin_ca() -> trustme.CA:
+    return trustme.CA()
+
+
+@pytest.fixture
+def impostor_saw() -> list[str]:
+    return []
+
+
+@pytest.fixture
+async def web(
+    world: World, origin_ca: trustme.CA, tmp_path: Path, impostor_saw: list[str]
+) -> AsyncIterator[Path]:
+    """The internet's HTTPS server on INET_IP:443, with a certificate of `origin_ca` (which
+    the node trusts), and on INET_OTHER_IP:443 an impostor with a certificate for the same
+    names from a CA nobody trusts. Yields the file of `origin_ca`."""
+    names = ("ruled.test", "other.test", "*.wild.test", "unruled.test")
+    servers = []
+    for address, ca, seen in (
+        (INET_IP, origin_ca, []),
+        (INET_OTHER_IP, trustme.CA(), impostor_saw),
+    ):
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        ca.issue_cert(*names).configure_cert(context)
+        sock = await probes.ns_socket(world.inet)
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((address, 443))
+        servers.append(await asyncio.start_server(partial(_echo, seen), sock=sock, ssl=context))
+    pem = tmp_path / "origin.pem"
+    origin_ca.cert_pem.write_to_path(str(pem))
+    yield pem
+    for server in servers:
+        server.close()
+
+
+@pytest.fixture
+async def guest(
+    make_pool: MakePool, boot: Boot, web: Path, tmp_path: Path
+) -> AsyncIterator[FakeGuest]:
+    """A fake guest with POLICY, whose names are all at INET_IP (`ip netns exec` mounts
+    /etc/netns/<name>/hosts over /etc/hosts for the commands it runs)."""
+    pool = await make_pool(egress_ca=tmp_path / "ca", upstream_ca=web)
+    guest = await boot(await pool.acquire(policy=POLICY))
+    etc = Path("/etc/netns", guest.netns)
+    etc.mkdir(parents=True)
+    try:
+        names = " ".join(("ruled.test", "other.test", "a.wild.test", "unruled.test"))
+        (etc / "hosts").write_text(f"{INET_IP} {names}\n")
+        yield guest
+    finally:
+        shutil.rmtree(etc)
+
+
+def _bundle(tmp_path: Path, origin: Path) -> Path:
+    """What a guest with rules trusts: the internet's CAs and the node's egress CA."""
+    bundle = tmp_path / "bundle.pem"
+    bundle.write_bytes(origin.read_bytes() + (tmp_path / "ca" / CA_CERT).read_bytes())
+    return bundle
+
+
+async def _run(
+    guest: FakeGuest, *command: str, env: dict[str, str] | None = None
+) -> tuple[int, str]:
+    proc = await asyncio.create_subprocess_exec(
+        "ip",
+        "netns",
+        "exec",
+        guest.netns,
+        *command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        env=env,
+    )
+    out, _ = await proc.communicate()
+    return proc.returncode or 0, out.decode()
+
+
+async def _curl(guest: FakeGuest, *args: str) -> tuple[int, str]:
+    return await _run(guest, "curl", "-sS", "--max-time", "20", *args)
+
+
+def _got(output: str) -> dict[str, list[str]]:
+    headers: dict[str, list[str]] = {}
+    for line in output.splitlines():
+        if line.startswith("{"):
+            for name, value in json.loads(line)["headers"]:
+                headers.setdefault(name.lower(), []).append(value)
+    return headers
+
+
+async def test_rules_set_headers_only_on_their_names(
+    guest: FakeGuest, web: Path, tmp_path: Path
+) -> None:
+    bundle = _bundle(tmp_path, web)
+    code, out = await _curl(
+        guest,
+        "--cacert",
+        str(bundle),
+        "-H",
+        "Authorization: guest",
+        "-w",
+        "\\n",
+        "https://ruled.test/",
+        "https://ruled.test/again",  # the same connection, kept alive
+        "https://a.wild.test/",
+        "https://other.test/",
+    )
+    assert code == 0, out
+    bodies = [line for line in out.splitlines() if line.startswith("{")]
+    assert len(bodies) == 4, out
+    ruled, again, wild, other = (_got(body) for body in bodies)
+    for got in (ruled, again):
+        assert got["x-api-key"] == ["s3cret"]
+        assert got["authorization"] == ["Bearer node"]  # replaced, not added
+    assert wild["x-wild"] == ["1"] and "x-api-key" not in wild
+    assert other["authorization"] == ["guest"] and "x-api-key" not in other
+
+    # A ruled name shows the node's certificate, any other name the server's own.
+    node_only = tmp_path / "ca" / CA_CERT
+    assert (await _curl(guest, "--cacert", str(node_only), "https://ruled.test/"))[0] == 0
+    assert (await _curl(guest, "--cacert", str(node_only), "https://other.test/"))[0] != 0
+
+
+async def test_http2_clients_bodies_and_redirects(
+    guest: FakeGuest, web: Path, tmp_path: Path
+) -> None:
+    bundle = _bundle(tmp_path, web)
+    upload = tmp_path / "upload"
+    upload.write_bytes(b"x" * (3 * 1024 * 1024 + 7))
+    code, out = await _curl(
+        guest,
+        "--cacert",
+        str(bundle),
+        "--http2",
+        "-w",
+        "\\n%{http_version}\\n",
+        "--data-binary",
+        f"@{upload}",
+        "https://ruled.test/",
+    )
+    assert code == 0, out
+    body = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
+    assert body["size"] == 3 * 1024 * 1024 + 7
+    assert out.split()[-1] == "1.1"  # ALPN is pinned: HTTP/2 falls back
+    assert _got(out)["x-api-key"] == ["s3cret"]
+    # Redirected elsewhere, the client's next request goes without the rule's headers.
+    code, out = await _curl(guest, "--cacert", str(bundle), "-L", "https://ruled.test/redirect")
+    assert code == 0, out
+    assert "x-api-key" not in _got(out) and "authorization" not in _got(out)
+
+
+async def test_no_header_to_an_unverified_server_or_over_plain_http(
+    guest: FakeGuest, web: Path, tmp_path: Path, impostor_saw: list[str]
+) -> None:
+    bundle = _bundle(tmp_path, web)
+    # The guest dials the impostor with the ruled name: the proxy does not verify it, so the
+    # guest's connection fails and the impostor never sees a request.
+    impostor = ("--resolve", f"ruled.test:443:{INET_OTHER_IP}")
+    code, out = await _curl(guest, "--cacert", str(bundle), *impostor, "https://ruled.test/")
+    assert code != 0 and "s3cret" not in out
+    assert impostor_saw == []
+    # Without a rule, the same guest reaches the impostor as it asked (nothing intercepted).
+    elsewhere = ("--resolve", f"unruled.test:443:{INET_OTHER_IP}", "-k")
+    assert (await _curl(guest, *elsewhere, "https://unruled.test/x"))[0] == 0
+    assert impostor_saw == ["/x"]
+    # Plain HTTP to a ruled name is refused rather than sent without (or with) its headers.
+    code, out = await _curl(guest, "http://ruled.test:443/")
+    assert code != 0
+
+
+_PYTHON = """
+import json, requests
+with requests.Session() as s:
+    for url in ("https://ruled.test/", "https://unruled.test/"):
+        print(json.dumps(s.get(url, headers={"X-Api-Key": "guest"}).json()))
+"""
+_NODE = """
+for (const url of ["https://ruled.test/", "https://unruled.test/"]) {
+  const r = await fetch(url, {headers: {"X-Api-Key": "guest"}});
+  console.log(JSON.stringify(await r.json()));
+}
+"""
+
+
+async def test_python_requests_and_node_fetch(guest: FakeGuest, web: Path, tmp_path: Path) -> None:
+    """The variables a guest with rules gets name the bundle with the node's CA."""
+    bundle = _bundle(tmp_path, web)
+    env = {"PATH": "/usr/bin:/bin", "REQUESTS_CA_BUNDLE": str(bundle)}
+    code, out = await _run(guest, sys.executable, "-c", _PYTHON, env=env)
+    assert code == 0, out
+    ruled, unruled = (_got(line) for line in out.splitlines() if line.startswith("{"))
+    assert ruled["x-api-key"] == ["s3cret"] and unruled["x-api-key"] == ["guest"]
+    if shutil.which("node") is None:
+        pytest.skip("node is not installed")
+    node_env = {
+        "PATH": "/usr/bin:/bin",
+        "NODE_EXTRA_CA_CERTS": str(bundle),
+    }
+    code, out = await _run(guest, "node", "--input-type=module", "-e", _NODE, env=node_env)
+    assert code == 0, out
+    ruled, unruled = (_got(line) for line in out.splitlines() if line.startswith("{"))
+    assert ruled["x-api-key"] == ["s3cret"] and unruled["x-api-key"] == ["guest"]
+
+
+async def test_upgrade_switches_to_bytes_with_headers_set(
+    guest: FakeGuest, web: Path, tmp_path: Path
+) -> None:
+    """A WebSocket-style upgrade: the request gets the rule's headers, then bytes flow."""
+    context = ssl.create_default_context(cafile=str(_bundle(tmp_path, web)))
+    sock = await probes.ns_socket(guest.netns)
+    await asyncio.get_running_loop().sock_connect(sock, (INET_IP, 443))
+    reader, writer = await asyncio.open_connection(
+        sock=sock, ssl=context, server_hostname="ruled.test"
+    )
+    try:
+        writer.write(
+            b"GET /ws HTTP/1.1\r\nHost: ruled.test\r\nUpgrade: echo\r\nConnection: Upgrade\r\n\r\n"
+        )
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 10)
+        assert head.startswith(b"HTTP/1.1 101")
+        seen = dict((n.lower(), v) for n, v in json.loads(await reader.readline()))
+        assert seen["x-api-key"] == "s3cret"
+        writer.write(b"ping\n")
+        assert await asyncio.wait_for(reader.readline(), 10) == b"ping\n"
+    finally:
+        writer.close()
+
+
+def test_the_ca_key_is_private(tmp_path: Path) -> None:
+    ca = EgressCA(tmp_path / "ca")
+    assert (tmp_path / "ca" / CA_KEY).stat().st_mode & 0o777 == 0o600
+    assert (tmp_path / "ca").stat().st_mode & 0o777 == 0o700
+    assert b"PRIVATE" not in ca.cert_pem
+    # The same CA on the next start; leaves are made per name and kept.
+    assert EgressCA(tmp_path / "ca").cert_pem == ca.cert_pem
+    assert ca.server_context("a.test") is ca.server_context("a.test")
+    assert sorted(p.name for p in (tmp_path / "ca").iterdir()) == [CA_KEY, CA_CERT]
+
+
+def test_rule_order_and_refused_headers() -> None:
+    rules = HeaderRules(
+        (
+            HeaderRule("API.example.com.", (("X-A", "exact"), ("X-B", "b"))),
+            HeaderRule("*.example.com", (("X-A", "wild"), ("X-C", "c"))),
+        )
+    )
+    assert rules.domains == ("api.example.com", "*.example.com")
+    # The wildcard first, so the exact name's value is the one left standing.
+    got = apply([(b"x-a", b"guest"), (b"Accept", b"*/*")], rules.headers_for("Api.Example.com"))
+    assert got == [(b"Accept", b"*/*"), (b"X-C", b"c"), (b"X-A", b"exact"), (b"X-B", b"b")]
+    assert rules.headers_for("example.com") == ()
+    for name, value in (
+        ("Content-Length", "1"),
+        ("host", "a.test"),
+        ("Transfer-Encoding", "chunked"),
+        ("Bad Name", "x"),
+        ("X-A", "line\r\nX-Injected: 1"),
+        ("X-A", " padded"),
+        ("X-A", "é€"),
+    ):
+        with pytest.raises(ValueError):
+            HeaderRule("a.test", ((name, value),))
+    with pytest.raises(ValueError):
+        HeaderRule("1.2.3.4", (("X-A", "1"),))
