@@ -423,6 +423,7 @@ async def test_batch_metrics_ask_each_sandboxs_node(setup: Setup, client: aiored
     assert "between 1 and 100" in empty.json()["message"]
 
 
+@pytest.mark.parametrize("versions", [(REPLAY,), INTERNAL_VERSIONS], ids=["v0", "v1"])
 async def test_a_builds_calls_follow_it_to_its_node_and_end_when_it_dies(
     setup: Setup, client: aioredis.Redis
 ) -> None:
@@ -500,6 +501,7 @@ async def test_a_builds_calls_follow_it_to_its_node_and_end_when_it_dies(
         assert unknown.json()["message"] == "no build of template 'nosuch' in this cluster"
 
 
+@pytest.mark.parametrize("versions", [(REPLAY,), INTERNAL_VERSIONS], ids=["v0", "v1"])
 async def test_a_create_right_after_a_build_finds_the_node_that_built_it(
     setup: Setup, client: aioredis.Redis
 ) -> None:

@@ -209,6 +209,29 @@ async def test_tags_change_through_version_1_and_an_unknown_template_is_not_here
     assert (await node.public("GET", "/templates/base/tags")).json() == []
 
 
+async def test_a_builds_calls_go_through_version_1_but_its_upload(node: Node) -> None:
+    asked = await node.v1("/builds", {"body": '{"name": "web", "cpuCount": 1}'})
+    assert (asked.refusal, asked.status) == (None, 202), asked
+    template_id, build_id = _json(asked)["templateID"], _json(asked)["buildID"]
+    files = await node.v1(f"/templates/{template_id}/files/{'a' * 64}", {})
+    assert (files.refusal, files.status) == (None, 201)
+    assert _json(files)["present"] is False
+    build = f"/templates/{template_id}/builds/{build_id}"
+    status = await node.v1(f"{build}/status", {"query": "logsOffset=0"})
+    public = await node.public("GET", f"/templates/{template_id}/builds/{build_id}/status")
+    assert (status.refusal, status.status) == (None, 200)
+    assert _json(status) == public.json() and _json(status)["status"] == "waiting"
+    logs = await node.v1(f"{build}/logs", {"query": "direction=backward"})
+    assert (logs.refusal, logs.status) == (None, 200) and _json(logs) == {"logs": []}
+    both = '{"fromImage": "alpine", "fromTemplate": "base"}'
+    bad = await node.v1(f"{build}/start", {"body": both})
+    assert (bad.refusal, bad.status) == (Refusal.REJECTED, 400)
+    unknown = await node.v1(f"/templates/{template_id}/builds/nosuch/status", {})
+    assert (unknown.refusal, unknown.status) == (Refusal.NOT_HERE, 404)
+    bad_name = await node.v1("/builds", {"body": '{"name": "No Name"}'})
+    assert (bad_name.refusal, bad_name.status) == (Refusal.REJECTED, 400)
+
+
 async def test_batch_metrics_are_the_public_routes(node: Node) -> None:
     made = [await node.v1("/sandboxes", {"api": "v2", "body": '{"templateID": "base"}'})]
     made.append(await node.v1("/sandboxes", {"api": "v2", "body": '{"templateID": "base"}'}))
@@ -241,6 +264,9 @@ async def test_a_node_without_disk_for_a_volume_refuses_as_full(node: Node) -> N
         ("/templates/base/info", {"query": 1}, "query"),
         ("/adopt/volume", {"record": "{}"}, "kind"),
         ("/lists/keys", {}, "op"),
+        ("/templates/t/builds/b/cancel", {}, "op"),
+        ("/templates/t/files/h", {"query": ""}, "'query'"),
+        ("/builds", {}, "body"),
         ("/volumes/data/resize", {}, "op"),
         ("/volumes/data/info", {"body": ""}, "'body'"),
         ("/tags/rename", {"body": "{}"}, "op"),

@@ -5,7 +5,7 @@ A node serves it under `/internal/v1/...` (`aenv.api.internal_v1`); a gateway ca
 (`aenv.gateway.nodes`) when the node's report names version 1 among its `internal_versions`.
 Version 0 is the replay of E2B requests under `/internal` that every node still serves: the
 gateway of the previous release speaks only that, and a gateway still uses it for what version 1
-does not carry (template builds, volumes' content, the data plane).
+does not carry (uploads of a build's files, volumes' content, the data plane).
 
 Each call names an operation (a create of a sandbox or a volume, an operation on a sandbox or a
 template, an adoption), not a URL: the node runs it through its own E2B route (so it is
@@ -71,6 +71,14 @@ class TemplateOp(StrEnum):
     TAGS = "tags"
 
 
+class BuildOp(StrEnum):
+    """What a gateway asks of the node running a template's build."""
+
+    START = "start"  # its steps
+    STATUS = "status"  # with a page of its log
+    LOGS = "logs"
+
+
 class VolumeOp(StrEnum):
     """What a gateway asks of the node a volume lives on."""
 
@@ -131,6 +139,25 @@ class TemplateCall(_Call):
 
     query: str = ""  # the client's query string, verbatim (a template's builds are paged)
     body: str = ""  # the client's E2B body, verbatim (an update's)
+
+
+class RequestBuild(_Call):
+    """`POST /internal/v1/builds`: a template build asked for, to be started by `BuildOp.START`
+    once its files are uploaded."""
+
+    body: str  # the client's E2B body, verbatim
+
+
+class BuildCall(_Call):
+    """`POST /internal/v1/templates/{template_id}/builds/{build_id}/{op}` (`BuildOp`)."""
+
+    query: str = ""  # the client's query string, verbatim (a status's or log's page)
+    body: str = ""  # the client's E2B body, verbatim (a start's steps)
+
+
+class FilesCall(_Call):
+    """`POST /internal/v1/templates/{template_id}/files/{hash}`: whether the node has a build
+    step's files (a `COPY`'s tar, by its hash), and where to upload them."""
 
 
 class VolumeCall(_Call):
@@ -196,6 +223,13 @@ TEMPLATE_ROUTES: dict[TemplateOp, tuple[str, str]] = {
     TemplateOp.DELETE: ("DELETE", "/templates/{id}"),
     TemplateOp.TAGS: ("GET", "/templates/{id}/tags"),
 }
+BUILD_ROUTES: dict[BuildOp, tuple[str, str]] = {
+    BuildOp.START: ("POST", "/v2/templates/{id}/builds/{build}"),
+    BuildOp.STATUS: ("GET", "/templates/{id}/builds/{build}/status"),
+    BuildOp.LOGS: ("GET", "/templates/{id}/builds/{build}/logs"),
+}
+BUILDS_ROUTE = "/v3/templates"  # `POST`: a build request
+FILES_ROUTE = "/templates/{id}/files/{hash}"  # `GET`; its `PUT` (the upload) streams: replayed
 VOLUME_ROUTES: dict[VolumeOp, tuple[str, str]] = {
     VolumeOp.INFO: ("GET", "/volumes/{id}"),
     VolumeOp.DELETE: ("DELETE", "/volumes/{id}"),

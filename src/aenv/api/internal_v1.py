@@ -34,7 +34,10 @@ from aenv.api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from aenv.api.internal import CALLER_STATE, REFUSAL_STATE
 from aenv.api.internal_models import (
     ADOPT_ROUTES,
+    BUILD_ROUTES,
+    BUILDS_ROUTE,
     CREATE_ROUTES,
+    FILES_ROUTE,
     LIST_ROUTES,
     METRICS_ROUTE,
     PREFIX_V1,
@@ -45,13 +48,17 @@ from aenv.api.internal_models import (
     VOLUMES_ROUTE,
     Adopt,
     AdoptKind,
+    BuildCall,
+    BuildOp,
     CreateSandbox,
     CreateVolume,
+    FilesCall,
     ListCall,
     ListOp,
     Metrics,
     NodeAnswer,
     Refusal,
+    RequestBuild,
     SandboxCall,
     SandboxOp,
     TagCall,
@@ -79,6 +86,13 @@ def internal_v1(app: ASGIApp, draining: Callable[[], bool] = lambda: False) -> A
             Route(PREFIX_V1 + "/sandboxes", calls.create, methods=["POST"]),
             Route(PREFIX_V1 + "/sandboxes/{sandbox_id}/{op}", calls.sandbox, methods=["POST"]),
             Route(PREFIX_V1 + "/templates/{template_id}/{op}", calls.template, methods=["POST"]),
+            Route(PREFIX_V1 + "/builds", calls.request_build, methods=["POST"]),
+            Route(
+                PREFIX_V1 + "/templates/{template_id}/builds/{build_id}/{op}",
+                calls.build,
+                methods=["POST"],
+            ),
+            Route(PREFIX_V1 + "/templates/{template_id}/files/{hash}", calls.files, methods=["POST"]),
             Route(PREFIX_V1 + "/tags/{op}", calls.tags, methods=["POST"]),
             Route(PREFIX_V1 + "/lists/{op}", calls.lists, methods=["POST"]),
             Route(PREFIX_V1 + "/metrics", calls.metrics, methods=["POST"]),
@@ -117,6 +131,24 @@ class _Calls:
         method, path = TEMPLATE_ROUTES[op]
         path = path.format(id=request.path_params["template_id"])
         return await self._run(request, method, path, call.body, query=call.query)
+
+    async def request_build(self, request: Request) -> Response:
+        call = await _parsed(request, RequestBuild)
+        return await self._run(request, "POST", BUILDS_ROUTE, call.body)
+
+    async def build(self, request: Request) -> Response:
+        op = _enum(BuildOp, request.path_params["op"], "op")
+        call = await _parsed(request, BuildCall)
+        method, path = BUILD_ROUTES[op]
+        params = request.path_params
+        path = path.format(id=params["template_id"], build=params["build_id"])
+        return await self._run(request, method, path, call.body, query=call.query)
+
+    async def files(self, request: Request) -> Response:
+        await _parsed(request, FilesCall)
+        params = request.path_params
+        path = FILES_ROUTE.format(id=params["template_id"], hash=params["hash"])
+        return await self._run(request, "GET", path, "")
 
     async def tags(self, request: Request) -> Response:
         op = _enum(TagOp, request.path_params["op"], "op")

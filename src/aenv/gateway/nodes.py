@@ -29,7 +29,10 @@ from starlette.requests import Request
 from aenv.api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from aenv.api.internal_models import (
     ADOPT_ROUTES,
+    BUILD_ROUTES,
+    BUILDS_ROUTE,
     CREATE_ROUTES,
+    FILES_ROUTE,
     INTERNAL_VERSIONS,
     LIST_ROUTES,
     METRICS_ROUTE,
@@ -41,12 +44,15 @@ from aenv.api.internal_models import (
     VOLUME_ROUTES,
     VOLUMES_ROUTE,
     Adopt,
+    BuildCall,
     CreateSandbox,
     CreateVolume,
+    FilesCall,
     ListCall,
     Metrics,
     NodeAnswer,
     Refusal,
+    RequestBuild,
     SandboxCall,
     SandboxOp,
     TagCall,
@@ -73,6 +79,10 @@ E = TypeVar("E", bound=StrEnum)
 _IDEMPOTENCY = IDEMPOTENCY_HEADER.lower().encode()
 
 
+class _Files(StrEnum):
+    FILES = "files"  # the one operation on a build's files version 1 carries
+
+
 def _patterns(routes: Iterable[tuple[E, tuple[str, str]]]) -> list[tuple[str, re.Pattern[str], E]]:
     """Each route's method and its path as a pattern, capturing its `{...}` parts by name."""
     return [
@@ -91,6 +101,8 @@ _TEMPLATE_PATHS = _patterns(
 _LIST_PATHS = _patterns(LIST_ROUTES.items())
 _TAG_PATHS = _patterns(TAG_ROUTES.items())
 _VOLUME_PATHS = _patterns(VOLUME_ROUTES.items())
+_BUILD_PATHS = _patterns(BUILD_ROUTES.items())
+_FILES_PATHS = _patterns([(_Files.FILES, ("GET", FILES_ROUTE))])
 
 
 class NodeUnreachable(Exception):
@@ -224,7 +236,7 @@ def _typed(
 ) -> tuple[str, BaseModel] | None:
     """The version 1 call (its path under `PREFIX_V1`, its JSON) of an E2B request; None when
     version 1 does not carry it (a streamed or non-UTF-8 body, a query other than a template's,
-    another route)."""
+    a list's or a build's, another route)."""
     path, _, query = target.partition("?")
     if not isinstance(body, bytes):
         return None
@@ -236,27 +248,46 @@ def _typed(
     tags = _operation(_TAG_PATHS, method, path)
     if tags is not None and not query:
         return f"/tags/{tags[1].value}", TagCall(body=text)
-    template = _operation(_TEMPLATE_PATHS, method, path)
-    if template is not None:
-        ids, op = template
-        return f"/templates/{ids['id']}/{op.value}", TemplateCall(query=query, body=text)
-    listed = _operation(_LIST_PATHS, method, path)
-    if listed is not None and not text:
-        return f"/lists/{listed[1].value}", ListCall(query=query)
-    if (method, path) == ("GET", METRICS_ROUTE) and not text:
-        return _metrics(query)
-    if query:
-        return None
+    queried = _queried(method, path, query, text)
+    if queried is not None or query:
+        return queried
     if method == "POST" and (created := _create(path, text, headers)) is not None:
         return created
     sandbox = _operation(_SANDBOX_PATHS, method, path)
     if sandbox is not None:
         ids, sandbox_op = sandbox
         return f"/sandboxes/{ids['id']}/{sandbox_op.value}", SandboxCall(body=text)
+    if text:
+        return None
     volume = _operation(_VOLUME_PATHS, method, path)
-    if volume is not None and not text:
+    if volume is not None:
         ids, volume_op = volume
         return f"/volumes/{ids['id']}/{volume_op.value}", VolumeCall()
+    files = _operation(_FILES_PATHS, method, path)
+    if files is not None:
+        ids, _ = files
+        return f"/templates/{ids['id']}/files/{ids['hash']}", FilesCall()
+    return None
+
+
+def _queried(method: str, path: str, query: str, text: str) -> tuple[str, BaseModel] | None:
+    """The version 1 call of an E2B request whose query version 1 carries, if it is one."""
+    template = _operation(_TEMPLATE_PATHS, method, path)
+    if template is not None:
+        ids, op = template
+        return f"/templates/{ids['id']}/{op.value}", TemplateCall(query=query, body=text)
+    build = _operation(_BUILD_PATHS, method, path)
+    if build is not None:
+        ids, build_op = build
+        call = BuildCall(query=query, body=text)
+        return f"/templates/{ids['id']}/builds/{ids['build']}/{build_op.value}", call
+    if text:
+        return None
+    listed = _operation(_LIST_PATHS, method, path)
+    if listed is not None:
+        return f"/lists/{listed[1].value}", ListCall(query=query)
+    if (method, path) == ("GET", METRICS_ROUTE):
+        return _metrics(query)
     return None
 
 
@@ -293,6 +324,8 @@ def _create(
             return "/sandboxes", CreateSandbox(api=api, body=text, idempotency_key=idempotency_key)
     if path == VOLUMES_ROUTE:
         return VOLUMES_ROUTE, CreateVolume(body=text)
+    if path == BUILDS_ROUTE:
+        return "/builds", RequestBuild(body=text)
     for kind, adopt in ADOPT_ROUTES.items():
         if path == adopt:
             return f"/adopt/{kind.value}", Adopt(record=text)
