@@ -92,7 +92,9 @@ def internal_v1(app: ASGIApp, draining: Callable[[], bool] = lambda: False) -> A
                 calls.build,
                 methods=["POST"],
             ),
-            Route(PREFIX_V1 + "/templates/{template_id}/files/{hash}", calls.files, methods=["POST"]),
+            Route(
+                PREFIX_V1 + "/templates/{template_id}/files/{hash}", calls.files, methods=["POST"]
+            ),
             Route(PREFIX_V1 + "/tags/{op}", calls.tags, methods=["POST"]),
             Route(PREFIX_V1 + "/lists/{op}", calls.lists, methods=["POST"]),
             Route(PREFIX_V1 + "/metrics", calls.metrics, methods=["POST"]),
