@@ -22,6 +22,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PositiveFloat,
     PositiveInt,
     ValidationError,
     field_validator,
@@ -433,6 +434,10 @@ class Config(BaseModel):
         "(its checkpoint), no VMM memory or CPU. 0 (the default) is off: it stops background "
         "processes (a server the sandbox runs, a cron job) until traffic comes "
         "(docs/density.md).",
+    )
+    events_retention_days: PositiveFloat = Field(
+        default=7,
+        description="Sandbox lifecycle events (`/events/sandboxes`) are kept this many days.",
     )
     tcg_tb_mib: PositiveInt = Field(
         default=128,

@@ -12,6 +12,9 @@ import secrets
 import string
 import uuid
 
+# The one team of a node: every API key belongs to it until teams exist. What a team owns
+# (events, webhooks) records it already, so that teams can scope it later.
+TEAM_ID = "local"
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 
 

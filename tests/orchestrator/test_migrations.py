@@ -416,18 +416,18 @@ def test_catalog_of_a_newer_version_is_refused_untouched(tmp_path: Path) -> None
 
 
 def test_migrations_run_once_each_in_order(tmp_path: Path) -> None:
-    """A catalog at version 1 gets only the migrations after it, in order; a second open
-    finds none left to run."""
+    """A catalog at the current version gets only the migrations after it, in order; a
+    second open finds none left to run."""
     path = tmp_path / "catalog.db"
     Catalog(path).close()
-    ran: list[int] = []
+    ran: list[str] = []
 
     def _create_log(db: sqlite3.Connection) -> None:
-        ran.append(2)
+        ran.append("create")
         db.execute("CREATE TABLE log (n INTEGER)")
 
     def _fill_log(db: sqlite3.Connection) -> None:
-        ran.append(3)
+        ran.append("fill")
         db.execute("INSERT INTO log VALUES (3)")
 
     later = (*MIGRATIONS, _create_log, _fill_log)
@@ -440,7 +440,7 @@ def test_migrations_run_once_each_in_order(tmp_path: Path) -> None:
             assert db.execute("SELECT n FROM log").fetchall() == [(3,)]
         finally:
             db.close()
-    assert ran == [SCHEMA_VERSION + 1, SCHEMA_VERSION + 2]
+    assert ran == ["create", "fill"]
     assert _user_version(path) == len(later)
     with pytest.raises(NewerCatalog):
         Catalog(path)

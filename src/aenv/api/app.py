@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from aenv.api.api_keys import ApiKeyRoutes
 from aenv.api.builds import BuildRoutes
 from aenv.api.errors import APIError
+from aenv.api.events import EventRoutes
 from aenv.api.handoff import HandoffRoutes
 from aenv.api.internal import caller, caller_key, record_refusal
 from aenv.api.internal_models import Refusal
@@ -154,6 +155,7 @@ def create_api(
         *LogRoutes(orchestrator).routes(),
         *ApiKeyRoutes(book).routes(),
         *VolumeRoutes(orchestrator).routes(),
+        *EventRoutes(orchestrator.events).routes(),
         *TEAM_ROUTES,
     ]
     # Last: it describes every route above.

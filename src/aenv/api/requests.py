@@ -61,3 +61,23 @@ def check_query(request: Request, honoured: Collection[str] = ()) -> None:
     if unknown:
         names = ", ".join(f"'{name}'" for name in unknown)
         raise APIError(400, f"query parameter {names} is not supported here")
+
+
+def query_int(request: Request, name: str, default: int, low: int, high: int) -> int:
+    """Integer query parameter `name` (`default` when absent), 400 outside [low, high]."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if not raw.lstrip("-").isdigit() or not low <= int(raw) <= high:
+        raise APIError(400, f"query parameter '{name}' must be an integer from {low} to {high}")
+    return int(raw)
+
+
+def query_flag(request: Request, name: str, default: bool = False) -> bool:
+    """Boolean query parameter `name`: `true` or `false`, 400 otherwise."""
+    raw = request.query_params.get(name)
+    if raw is None:
+        return default
+    if raw.lower() not in ("true", "false"):
+        raise APIError(400, f"query parameter '{name}' must be true or false")
+    return raw.lower() == "true"

@@ -8,8 +8,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.requests import check_query
-
-TEAM_ID = "local"
+from aenv.ids import TEAM_ID
 
 
 async def _teams(request: Request) -> Response:

@@ -9,6 +9,7 @@ would cost more than the statement.
 from __future__ import annotations
 
 import builtins
+import contextlib
 import enum
 import json
 import sqlite3
@@ -242,6 +243,16 @@ class Catalog:
 
     def close(self) -> None:
         self._db.close()
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        """The connection, for the tables that other modules own in this file (events,
+        webhooks): one file, one schema version, one writer on the event loop's thread."""
+        return self._db
+
+    def transaction(self) -> contextlib.AbstractContextManager[sqlite3.Connection]:
+        """One write transaction (BEGIN IMMEDIATE): all of it is committed, or none."""
+        return self._transaction()
 
     @contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:

@@ -26,6 +26,7 @@ from aenv.network.settings import SandboxNetwork
 from aenv.orchestrator import capacity, ending, pooling
 from aenv.orchestrator.catalog import SandboxRecord, VolumeMount
 from aenv.orchestrator.errors import CapacityReached, CreateFailed
+from aenv.orchestrator.events import EventType
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.launch import launch
 from aenv.orchestrator.node import FAILURES, Live, Node
@@ -163,6 +164,7 @@ async def _create(
         running = node.catalog.transition(sandbox_id, [SandboxState.CREATING], SandboxState.RUNNING)
         assert running is not None  # only this task changes a row it holds the lock of
         ending.started(node, running, live)
+        node.events.record(EventType.CREATED, running)
     if not running.internal:
         await tell(node.residency, lambda r: r.sandbox_routed(sandbox_id), f"{sandbox_id} came")
     return running

@@ -16,10 +16,11 @@ import time
 from aenv.orchestrator import save
 from aenv.orchestrator.catalog import SandboxRecord
 from aenv.orchestrator.errors import InvalidState, OperationFailed, SandboxNotFound
+from aenv.orchestrator.events import EventType, timestamp
 from aenv.orchestrator.housekeeping import reconcile
 from aenv.orchestrator.node import Live, Node
 from aenv.orchestrator.residency import tell
-from aenv.orchestrator.states import ASLEEP, KILLABLE, LIVE, SandboxState
+from aenv.orchestrator.states import ASLEEP, KILLABLE, LIVE, RUNS, SandboxState
 
 log = logging.getLogger("aenv.orchestrator")
 
@@ -27,10 +28,13 @@ log = logging.getLogger("aenv.orchestrator")
 async def kill(node: Node, sandbox_id: str) -> bool:
     """Stop and forget a sandbox. False when it does not exist (or is already going)."""
     async with node.lock(sandbox_id):
+        before = node.catalog.get(sandbox_id)
         record = node.catalog.transition(sandbox_id, KILLABLE, SandboxState.KILLING)
-        if record is None:
+        if record is None or before is None:
             return False
         await forget_locked(node, sandbox_id, drop_archived=record)
+        if before.state.public is not None:  # a create cut short had no created event
+            node.events.record(EventType.KILLED, record, ends_execution=before.state in RUNS)
     if not record.internal:
         await tell(node.residency, lambda r: r.sandbox_gone(sandbox_id), f"{sandbox_id} left")
     await node.saved.collect()
@@ -101,6 +105,7 @@ def set_timeout(node: Node, sandbox_id: str, timeout: int) -> SandboxRecord:
         raise SandboxNotFound(sandbox_id)
     if record.state in LIVE | ASLEEP:  # a hibernated sandbox's timeout runs on
         node.schedule_expiry(updated)
+    node.events.record(EventType.UPDATED, updated, {"set_timeout": timestamp(updated.end_at)})
     return updated
 
 
@@ -109,6 +114,7 @@ def set_auto_pause(node: Node, sandbox_id: str, auto_pause: bool) -> SandboxReco
     updated = node.catalog.update(sandbox_id, auto_pause=auto_pause)
     if updated is None:
         raise SandboxNotFound(sandbox_id)
+    node.events.record(EventType.UPDATED, updated, {"auto_pause": auto_pause})
     return updated
 
 

@@ -1,6 +1,6 @@
 """What runs for as long as the node does: console files kept bounded, what no sandbox owns
-ended (`reconcile`), the chores of what lives beside the orchestrator, and the metrics
-history's samples."""
+ended (`reconcile`), lifecycle events past their retention removed, the chores of what lives
+beside the orchestrator, and the metrics history's samples."""
 
 from __future__ import annotations
 
@@ -27,7 +27,8 @@ RECONCILE_EVERY = 6
 
 async def housekeeping(node: Node) -> None:
     """Keep every live VM's console file bounded, and every `RECONCILE_EVERY` rounds end
-    what no sandbox owns (`reconcile`) and run the `chores`."""
+    what no sandbox owns (`reconcile`), remove the events past their retention and run the
+    `chores`."""
     rounds = 0
     while True:
         await asyncio.sleep(consoles.INTERVAL)
@@ -36,6 +37,7 @@ async def housekeeping(node: Node) -> None:
         rounds += 1
         if rounds % RECONCILE_EVERY == 0:
             await reconcile(node)
+            node.events.sweep(node.config.events_retention_days)
             for chore in list(node.chores):
                 try:
                     await chore()

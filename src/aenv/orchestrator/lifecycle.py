@@ -64,6 +64,7 @@ from aenv.orchestrator.errors import (
     SandboxNotFound,
     VolumeInUse,
 )
+from aenv.orchestrator.events import EventLog
 from aenv.orchestrator.hibernation import Hibernation
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.metrics_history import MetricsHistory, Sample
@@ -139,6 +140,7 @@ class Orchestrator:
             pools=WarmPools(config.pool_max),
             # Idle hibernation; the server gives it the proxy's view of the traffic.
             hibernation=Hibernation(config.hibernate_after),
+            events=EventLog(catalog, templates),
             admission=asyncio.Semaphore(config.max_concurrent_creates),
         )
 
@@ -188,6 +190,10 @@ class Orchestrator:
     @property
     def hibernation(self) -> Hibernation:
         return self.node.hibernation
+
+    @property
+    def events(self) -> EventLog:
+        return self.node.events
 
     @property
     def stats(self) -> CreateStats:

@@ -90,7 +90,26 @@ def _1_sandboxes_and_volumes(db: sqlite3.Connection) -> None:
     db.execute(_VOLUMES_TABLE)
 
 
-MIGRATIONS: tuple[Migration, ...] = (_1_sandboxes_and_volumes,)
+def _2_events(db: sqlite3.Connection) -> None:
+    """Sandbox lifecycle events (`orchestrator.events`), in the order they were written."""
+    db.execute(
+        """CREATE TABLE events (
+            seq INTEGER PRIMARY KEY AUTOINCREMENT,
+            id TEXT NOT NULL UNIQUE,
+            type TEXT NOT NULL,
+            team_id TEXT NOT NULL,
+            sandbox_id TEXT NOT NULL,
+            execution_id TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            body TEXT NOT NULL
+        )"""
+    )
+    db.execute("CREATE INDEX events_team ON events(team_id, seq)")
+    db.execute("CREATE INDEX events_sandbox ON events(sandbox_id, seq)")
+    db.execute("CREATE INDEX events_created ON events(created_at)")
+
+
+MIGRATIONS: tuple[Migration, ...] = (_1_sandboxes_and_volumes, _2_events)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

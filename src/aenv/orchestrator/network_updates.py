@@ -18,6 +18,7 @@ from aenv.network import NftError, Slot, socks
 from aenv.network.settings import SandboxNetwork, SlotEgress
 from aenv.orchestrator.catalog import SandboxRecord
 from aenv.orchestrator.errors import InvalidNetwork, InvalidState, OperationFailed
+from aenv.orchestrator.events import EventType
 from aenv.orchestrator.node import Node
 from aenv.orchestrator.states import ASLEEP, SandboxState
 
@@ -62,6 +63,7 @@ async def set_egress(node: Node, sandbox_id: str, rules: SandboxNetwork) -> Sand
             await apply_egress(node, live.slot, record.network.egress, network.egress)
         updated = node.catalog.update(sandbox_id, network=network)
         assert updated is not None  # only this task changes a row it holds the lock of
+        node.events.record(EventType.UPDATED, updated, {"network_egress": network.to_json()})
         return updated
 
 

@@ -33,6 +33,7 @@ from aenv.orchestrator.catalog import Catalog, SandboxRecord
 from aenv.orchestrator.detach import Detacher
 from aenv.orchestrator.envd_client import EnvdClient, EnvdUnavailable, http_client
 from aenv.orchestrator.errors import SandboxNotFound
+from aenv.orchestrator.events import EventLog
 from aenv.orchestrator.hibernation import Hibernation
 from aenv.orchestrator.locks import KeyedLocks
 from aenv.orchestrator.metrics_history import MetricsHistory
@@ -119,6 +120,8 @@ class Node:
     on_vanished: OnVanished
     pools: WarmPools
     hibernation: Hibernation
+    # Lifecycle events, written by the operations as they change a sandbox's state.
+    events: EventLog
     # Creates running at once; more wait in its queue.
     admission: asyncio.Semaphore
     client: httpx.AsyncClient = field(default_factory=http_client)

@@ -21,6 +21,7 @@ import time
 from aenv.orchestrator import checkpoints, detach, ending
 from aenv.orchestrator.catalog import SandboxRecord
 from aenv.orchestrator.errors import InvalidState, OperationFailed
+from aenv.orchestrator.events import EventType
 from aenv.orchestrator.kinds import SaveMode
 from aenv.orchestrator.launch import launch
 from aenv.orchestrator.node import FAILURES, Live, Node
@@ -65,6 +66,7 @@ async def resume(
         )
         assert running is not None
         ending.started(node, running, live)
+        node.events.record(EventType.RESUMED, running)
         return running, True
 
 

@@ -29,6 +29,7 @@ from aenv.orchestrator.errors import (
     OperationFailed,
     VolumeInUse,
 )
+from aenv.orchestrator.events import EventType
 from aenv.orchestrator.kinds import SaveMode
 from aenv.orchestrator.node import FAILURES, Live, Node, remove_tree
 from aenv.orchestrator.states import SandboxState
@@ -100,6 +101,7 @@ async def pause_locked(
     await node.settling.cancel(sandbox_id)  # an earlier pause's: uploads stay in order
     await asyncio.to_thread(checkpoints.prune_pauses, sandbox_dir, seq)
     if to is SandboxState.PAUSED:
+        node.events.record(EventType.PAUSED, paused, ends_execution=True)
         node.settling.start(sandbox_id, settle(node, paused, seq, saved))
     return paused
 
@@ -118,6 +120,7 @@ async def _pause_hibernated(node: Node, record: SandboxRecord) -> SandboxRecord:
     paused = node.catalog.transition(record.id, [SandboxState.HIBERNATED], SandboxState.PAUSED)
     assert paused is not None
     node.cancel_timer(record.id)
+    node.events.record(EventType.PAUSED, paused, ends_execution=True)
     saved = await node.saved.paused_checkpoint(paused)
     node.settling.start(record.id, settle(node, paused, paused.checkpoint_seq, saved))
     return paused

@@ -30,6 +30,7 @@ from aenv.ids import new_build_id, new_sandbox_id
 from aenv.orchestrator import capacity, checkpoints, restore
 from aenv.orchestrator.catalog import SandboxRecord
 from aenv.orchestrator.errors import InvalidState, OperationFailed
+from aenv.orchestrator.events import EventType
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.node import FAILURES, Node, remove_tree
 from aenv.orchestrator.save import volumes_released
@@ -128,6 +129,7 @@ async def checkpoint(
     steps.mark("template")
     log.info("checkpoint of %s as %s: %s", sandbox_id, kind, steps)
     if kind is TemplateKind.SNAPSHOT:
+        node.events.record(EventType.CHECKPOINTED, record)
         node.spawn(node.saved.push_template(template))
     return template
 

@@ -23,9 +23,10 @@ import shutil
 from aenv.orchestrator import checkpoints, ending, housekeeping, pooling, save, warm
 from aenv.orchestrator.catalog import SandboxRecord
 from aenv.orchestrator.errors import InvalidState, OperationFailed, SandboxNotFound
+from aenv.orchestrator.events import EventType
 from aenv.orchestrator.hibernate import hibernate_forever
 from aenv.orchestrator.node import Node
-from aenv.orchestrator.states import ASLEEP, SAVED, SandboxState
+from aenv.orchestrator.states import ASLEEP, RUNS, SAVED, SandboxState
 from aenv.runtime.sweep import reap_strays
 
 log = logging.getLogger("aenv.orchestrator")
@@ -43,6 +44,8 @@ async def start(node: Node) -> None:
         await node.reclaim_files(record.id)
         await node.saved.drop_archived(record)
         node.catalog.delete(record.id)
+        if record.state.public is not None:  # a create cut short had no created event
+            node.events.record(EventType.KILLED, record, ends_execution=record.state in RUNS)
     await asyncio.to_thread(_sweep_pooled, node)
     await asyncio.to_thread(node.detacher.sweep)
     for unfinished in await asyncio.to_thread(node.templates.remove_unfinished):
@@ -87,6 +90,7 @@ async def _recover_saved(node: Node, record: SandboxRecord) -> bool:
         paused = node.catalog.transition(
             record.id, [record.state], SandboxState.PAUSED, checkpoint_seq=seq
         )
+        _paused_by_restart(node, record, paused)
         # A pause's upload starts once its detach or merge has ended, a hibernated
         # sandbox's never: a crash before then left no copy of this checkpoint.
         if paused is not None and (paused.archived is None or paused.archived.seq != seq):
@@ -101,8 +105,17 @@ async def _recover_saved(node: Node, record: SandboxRecord) -> bool:
         record.checkpoint_seq,
         "a resume pulls its repository copy" if copied else "it cannot be resumed",
     )
-    node.catalog.transition(record.id, [record.state], SandboxState.PAUSED)
+    _paused_by_restart(
+        node, record, node.catalog.transition(record.id, [record.state], SandboxState.PAUSED)
+    )
     return True
+
+
+def _paused_by_restart(node: Node, before: SandboxRecord, paused: SandboxRecord | None) -> None:
+    """A sandbox that ran for its users (mid-pause, hibernated) and is paused now: its event.
+    One that was paused (or mid-resume) already had it."""
+    if paused is not None and before.state in RUNS:
+        node.events.record(EventType.PAUSED, paused, ends_execution=True)
 
 
 async def close(node: Node) -> None:

@@ -89,6 +89,8 @@ def with_public(public: str) -> frozenset[SandboxState]:
 # creator once the VM exists, so CREATING is included and the creator checks before reporting.
 KILLABLE = frozenset(s for s in SandboxState if _S.KILLING in TRANSITIONS[s])
 # States in which the sandbox's VM runs.
+# What the E2B API shows running: an execution of the sandbox is under way.
+RUNS = _PUBLIC_RUNNING
 LIVE = frozenset({_S.RUNNING, _S.SNAPSHOTTING, _S.PAUSING})
 # States a restart finds a saved checkpoint in (it takes them to PAUSED).
 SAVED = frozenset({_S.PAUSED, _S.PAUSING, _S.RESUMING, _S.HIBERNATED, _S.WAKING})

@@ -1,0 +1,57 @@
+"""E2B's sandbox lifecycle events API: `GET /events/sandboxes` (the team's events) and
+`GET /events/sandboxes/{sandboxID}` (one sandbox's), with `offset`, `limit` (1-100, 10 by
+default), `orderAsc` (newest first by default) and `types` (repeated: any of them).
+
+A team sees only its own events; a sandbox of another team, or one never seen, has none (an
+empty list, as for a sandbox whose events are past their retention)."""
+
+from __future__ import annotations
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from aenv.api.errors import APIError
+from aenv.api.requests import check_query, query_flag, query_int
+from aenv.ids import TEAM_ID
+from aenv.orchestrator.events import EventLog, EventQuery, EventType
+
+MAX_LIMIT = 100
+_QUERY = ("offset", "limit", "orderAsc", "types")
+
+
+def _types(request: Request) -> tuple[EventType, ...]:
+    try:
+        return tuple(EventType(t) for t in request.query_params.getlist("types"))
+    except ValueError as e:
+        known = ", ".join(t.value for t in EventType)
+        raise APIError(400, f"query parameter 'types': {e}; the types are {known}") from e
+
+
+class EventRoutes:
+    def __init__(self, events: EventLog) -> None:
+        self.events = events
+
+    def routes(self) -> list[Route]:
+        return [
+            Route("/events/sandboxes", self.team_events, methods=["GET"]),
+            Route("/events/sandboxes/{sandbox_id}", self.sandbox_events, methods=["GET"]),
+        ]
+
+    def _page(self, request: Request, sandbox_id: str | None) -> Response:
+        check_query(request, _QUERY)
+        query = EventQuery(
+            team_id=TEAM_ID,
+            limit=query_int(request, "limit", 10, 1, MAX_LIMIT),
+            offset=query_int(request, "offset", 0, 0, 2**62),
+            ascending=query_flag(request, "orderAsc"),
+            types=_types(request),
+            sandbox_id=sandbox_id,
+        )
+        return JSONResponse(self.events.page(query))
+
+    async def team_events(self, request: Request) -> Response:
+        return self._page(request, None)
+
+    async def sandbox_events(self, request: Request) -> Response:
+        return self._page(request, request.path_params["sandbox_id"])

@@ -1,0 +1,187 @@
+"""Sandbox lifecycle events: what E2B's events API serves and webhooks deliver.
+
+An event is written to the catalog's `events` table as its sandbox's state change is made, by
+the operation that made it (`record`), in E2B's shape: created, updated, paused, resumed,
+checkpointed (a snapshot) and killed, each with the sandbox's id, template and build, team,
+metadata and time, and on paused and killed its execution's start, vCPUs, memory and run time.
+An execution is one run of a sandbox, from its create or resume to its pause or kill: the
+created or resumed event names it (`sandboxExecutionId`).
+
+Events are kept `Config.events_retention_days` (`sweep`, run by the housekeeping).
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import sqlite3
+import time
+import uuid
+from collections.abc import Collection, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from typing import Any
+
+from aenv.ids import TEAM_ID
+from aenv.orchestrator.catalog import Catalog, SandboxRecord
+from aenv.orchestrator.templates import TemplateStore
+
+# E2B's event structure version (`version`): v2 has the dotted `type`.
+VERSION = "v2"
+
+
+class EventType(enum.StrEnum):
+    CREATED = "sandbox.lifecycle.created"
+    UPDATED = "sandbox.lifecycle.updated"
+    PAUSED = "sandbox.lifecycle.paused"
+    RESUMED = "sandbox.lifecycle.resumed"
+    CHECKPOINTED = "sandbox.lifecycle.checkpointed"
+    KILLED = "sandbox.lifecycle.killed"
+
+
+# The events that start an execution.
+_STARTS = (EventType.CREATED, EventType.RESUMED)
+
+
+def timestamp(at: float) -> str:
+    """An RFC 3339 UTC time, as E2B writes them (`2025-08-06T20:59:24Z`)."""
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+@dataclass(frozen=True)
+class SandboxEvent:
+    id: str
+    type: EventType
+    created_at: float
+    sandbox_id: str
+    execution_id: str
+    template_id: str
+    build_id: str
+    team_id: str
+    data: Mapping[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        """E2B's JSON of the event: the events API's items and a webhook delivery's body."""
+        return {
+            "version": VERSION,
+            "id": self.id,
+            "type": self.type.value,
+            "eventData": dict(self.data) or None,
+            "sandboxBuildId": self.build_id,
+            "sandboxExecutionId": self.execution_id,
+            "sandboxId": self.sandbox_id,
+            "sandboxTeamId": self.team_id,
+            "sandboxTemplateId": self.template_id,
+            "timestamp": timestamp(self.created_at),
+        }
+
+
+@dataclass(frozen=True)
+class EventQuery:
+    """One page of a team's events (of one sandbox with `sandbox_id`), by time of writing."""
+
+    team_id: str
+    limit: int
+    offset: int = 0
+    ascending: bool = False
+    types: Collection[EventType] = ()
+    sandbox_id: str | None = None
+
+
+class EventLog:
+    """The `events` table of the catalog."""
+
+    def __init__(self, catalog: Catalog, templates: TemplateStore) -> None:
+        self.catalog = catalog
+        self.templates = templates
+
+    def record(
+        self,
+        kind: EventType,
+        record: SandboxRecord,
+        data: Mapping[str, Any] | None = None,
+        *,
+        ends_execution: bool = False,
+    ) -> SandboxEvent | None:
+        """Write an event of `record`'s sandbox, as its state is now, with the figures of the
+        execution it ends when `ends_execution`. The node's own sandboxes (template builds)
+        have none."""
+        if record.internal:
+            return None
+        now = time.time()
+        payload: dict[str, Any] = {"sandbox_metadata": dict(record.metadata), **(data or {})}
+        with self.catalog.transaction() as db:
+            execution_id, started = self._execution(db, record)
+            if kind in _STARTS:
+                execution_id, started = str(uuid.uuid4()), now
+            if ends_execution:
+                payload["execution"] = {
+                    "started_at": timestamp(started),
+                    "vcpu_count": record.cpu_count,
+                    "memory_mb": record.memory_mb,
+                    "execution_time": round((now - started) * 1000),
+                }
+            event = SandboxEvent(
+                id=str(uuid.uuid4()),
+                type=kind,
+                created_at=now,
+                sandbox_id=record.id,
+                execution_id=execution_id,
+                template_id=record.template_id,
+                build_id=self._build_of(record.template_id),
+                team_id=TEAM_ID,
+                data=payload,
+            )
+            db.execute(
+                "INSERT INTO events (id, type, team_id, sandbox_id, execution_id, created_at,"
+                " body) VALUES (?, ?, ?, ?, ?, ?, ?)",
+                (
+                    event.id,
+                    kind.value,
+                    event.team_id,
+                    record.id,
+                    execution_id,
+                    now,
+                    json.dumps(event.to_json()),
+                ),
+            )
+        return event
+
+    def _build_of(self, template_id: str) -> str:
+        template = self.templates.by_id(template_id)
+        return template.build_id if template else ""
+
+    @staticmethod
+    def _execution(db: sqlite3.Connection, record: SandboxRecord) -> tuple[str, float]:
+        """The current execution of a sandbox: its id and start (its create's or latest
+        resume's event; the record's start when that event has gone with the retention)."""
+        row = db.execute(
+            "SELECT execution_id, created_at FROM events WHERE sandbox_id = ? AND type IN"
+            " (?, ?) ORDER BY seq DESC LIMIT 1",
+            (record.id, *(t.value for t in _STARTS)),
+        ).fetchone()
+        return (row[0], row[1]) if row else ("", record.started_at)
+
+    def page(self, query: EventQuery) -> list[dict[str, Any]]:
+        """The events' JSON, oldest first with `ascending`, else newest first."""
+        where, params = ["team_id = ?"], [query.team_id]
+        if query.sandbox_id is not None:
+            where.append("sandbox_id = ?")
+            params.append(query.sandbox_id)
+        if query.types:
+            where.append(f"type IN ({', '.join('?' for _ in query.types)})")
+            params += [t.value for t in query.types]
+        order = "ASC" if query.ascending else "DESC"
+        rows = self.catalog.db.execute(
+            f"SELECT body FROM events WHERE {' AND '.join(where)} "  # noqa: S608 - ours
+            f"ORDER BY seq {order} LIMIT ? OFFSET ?",
+            [*params, query.limit, query.offset],
+        )
+        return [json.loads(row[0]) for row in rows]
+
+    def sweep(self, retention_days: float) -> int:
+        """Remove the events older than the retention; the count."""
+        cutoff = time.time() - retention_days * 86400
+        return self.catalog.db.execute(
+            "DELETE FROM events WHERE created_at < ?", (cutoff,)
+        ).rowcount
