@@ -32,8 +32,9 @@ define pip_install
 		|| $(PY) -m pip install -q -e '$(1)'
 endef
 
-$(STAMP): pyproject.toml scripts/install-system-deps.sh
+$(STAMP): pyproject.toml scripts/install-system-deps.sh src/aenv/dashboard/package-lock.json
 	./scripts/install-system-deps.sh
+	./scripts/build-dashboard.sh
 	$(call pip_install,$(NODE_EXTRAS))
 	touch $(STAMP)
 
@@ -57,6 +58,7 @@ test: install-test
 # (for the CLI calls it makes). Checked to pass with no capabilities (setpriv
 # --bounding-set=-all). `make test` runs these and everything else.
 FAST_TESTS := tests/test_atomic.py tests/test_config.py tests/test_docs.py tests/test_claims.py tests/orchestrator tests/api tests/cli \
+	tests/dashboard \
 	tests/storage/test_layers.py tests/storage/test_repository_cache.py \
 	tests/guest/test_cache.py tests/network/test_units.py tests/runtime/test_qemu_config.py \
 	tests/runtime/test_qcow2.py tests/runtime/test_damon.py \

@@ -2,16 +2,17 @@
 # Debian/Ubuntu packages the project needs on the host (run as root). Idempotent and quiet when
 # everything is already installed.
 #   install-system-deps.sh        what a node needs (`make run`): VMs, network slots, guest
-#                                 images, the envd bundle
+#                                 images, the envd bundle, npm for the dashboard's assets
 #   install-system-deps.sh test   that and what only the tests need (`make test`): the servers
 #                                 tests start (Redis, an OCI registry, a SOCKS5 proxy), the JS
-#                                 SDKs' runtime, the code interpreter's host kernels (R, Java)
+#                                 SDKs' runtime, the code interpreter's host kernels (R, Java),
+#                                 the browser the dashboard's tests drive
 set -eu
 NODE_PKGS="python3 python3-venv python3-dev gcc make git iproute2 nftables e2fsprogs \
   qemu-system-x86 qemu-utils busybox-static debootstrap cpio zstd patchelf util-linux binutils \
-  debian-archive-keyring musl-tools"
-TEST_PKGS="nodejs npm docker-registry skopeo umoci apache2-utils redis-server \
-  r-base-core r-cran-irkernel openjdk-17-jdk-headless microsocks"
+  debian-archive-keyring musl-tools nodejs npm"
+TEST_PKGS="docker-registry skopeo umoci apache2-utils redis-server \
+  r-base-core r-cran-irkernel openjdk-17-jdk-headless microsocks chromium"
 case "${1:-node}" in
   node) PKGS=$NODE_PKGS ;;
   test) PKGS="$NODE_PKGS $TEST_PKGS" ;;

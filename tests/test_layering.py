@@ -35,6 +35,7 @@ LAYERS = (
     # A node as a whole: cluster membership, the server's wiring, the publication of the
     # code interpreter, the host checks of `aenv doctor`.
     ("cluster", "server", "publish", "doctor"),
+    ("dashboard",),  # the web dashboard, over the API app of a node or a gateway
     ("api", "claims"),  # the control plane; what a running node holds on its host
     ("orchestrator",),  # sandboxes, templates, builds, saved states, volumes
     ("runtime",),  # the VMM drivers behind `runtime/driver.py`
@@ -46,7 +47,7 @@ LAYERS = (
      "timing", "subprocesses"),
 )  # fmt: skip
 # Below the control plane, yet out of its reach: the orchestrator stands between.
-CONTROL_PLANE = ("api", "cluster", "gateway")
+CONTROL_PLANE = ("api", "cluster", "gateway", "dashboard")
 BEHIND_THE_ORCHESTRATOR = ("runtime", "storage")
 
 

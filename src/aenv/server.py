@@ -23,6 +23,7 @@ from aenv.api.app import create_api, node_builder
 from aenv.api.keys import KeyStore, open_keys
 from aenv.claims import Claim, HeldClaim, claim
 from aenv.config import Config, ConfigError
+from aenv.dashboard.app import Dashboard
 from aenv.guest.cmdline import GuestNet
 from aenv.network import NetworkConfig, SlotPool
 from aenv.network.dns import host_resolver
@@ -313,7 +314,7 @@ async def _start_node(
     proxy = SandboxProxy(
         _Resolver(orchestrator),
         domain=config.domain,
-        control_plane=api,
+        control_plane=Dashboard(api),
         signer=lambda signed: signer(
             signed, ((r.id, r.envd_access_token) for r in orchestrator.catalog.list())
         ),

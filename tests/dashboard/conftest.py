@@ -1,0 +1,52 @@
+"""The dashboard over a node's real API app on doubles (tests/doubles), with two API keys: the
+node's own, and a second one a test may revoke."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from aenv.api.app import create_api
+from aenv.api.keys import KeyStore
+from aenv.dashboard.app import Dashboard
+from aenv.orchestrator.lifecycle import Orchestrator
+from tests.doubles.node import double_node
+
+KEY = "e2b_" + "5" * 40
+SECOND_KEY = "e2b_" + "6" * 40
+
+
+@dataclass
+class Site:
+    dashboard: Dashboard
+    orchestrator: Orchestrator
+    keys: KeyStore
+    # The API as an SDK reaches it (with `KEY`), through the dashboard's router.
+    api: httpx.AsyncClient
+
+    async def create(self, **metadata: str) -> str:
+        body = {"templateID": "base", "metadata": metadata}
+        created = await self.api.post("/sandboxes", json=body)
+        assert created.status_code == 201, created.text
+        sandbox_id: str = created.json()["sandboxID"]
+        return sandbox_id
+
+
+@pytest.fixture
+async def site(tmp_path: Path) -> AsyncIterator[Site]:
+    async with double_node(tmp_path) as doubles:
+        keys = KeyStore(tmp_path / "api-keys.json")
+        keys.add(KEY, "test")
+        keys.add(SECOND_KEY, "second")
+        api = create_api(doubles.orchestrator, doubles.config, keys)
+        dashboard = Dashboard(api, live_interval=0.05, stream_s=0.3)
+        async with httpx.AsyncClient(
+            transport=httpx.ASGITransport(app=dashboard),
+            base_url="http://node",
+            headers={"X-API-KEY": KEY},
+        ) as client:
+            yield Site(dashboard, doubles.orchestrator, keys, client)

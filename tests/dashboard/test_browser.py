@@ -1,0 +1,109 @@
+"""The dashboard in a real headless Chromium, over a node on doubles served on loopback: sign
+in, a sandbox appearing live, killing it from the page, a wrong key, a cross-site form."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import pytest
+from playwright.async_api import Browser, ConsoleMessage, Dialog, Page, expect
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import HTMLResponse
+from starlette.routing import Route
+
+from tests.dashboard.browser import chromium, screenshot
+from tests.dashboard.conftest import KEY, Site
+from tests.support.loopback_api import served
+
+
+@pytest.fixture(scope="module")
+async def browser() -> AsyncIterator[Browser]:
+    async with chromium() as browser:
+        yield browser
+
+
+@pytest.fixture
+async def url(site: Site) -> AsyncIterator[str]:
+    async with served(site.dashboard) as base:
+        yield base
+
+
+@pytest.fixture
+async def page(browser: Browser) -> AsyncIterator[Page]:
+    context = await browser.new_context()
+    page = await context.new_page()
+
+    async def accept(dialog: Dialog) -> None:
+        await dialog.accept()
+
+    page.on("dialog", accept)  # the actions' confirmations: yes
+    errors: list[str] = []
+
+    def console(message: ConsoleMessage) -> None:
+        # The refusals tests cause are logged too; anything else is a fault of the page.
+        if message.type == "error" and not message.text.startswith("Failed to load resource"):
+            errors.append(message.text)
+
+    page.on("console", console)
+    try:
+        yield page
+    finally:
+        await context.close()
+    # A Content-Security-Policy violation is a console error: the pages cause none.
+    assert errors == []
+
+
+async def sign_in(page: Page, url: str, key: str = KEY) -> None:
+    await page.goto(f"{url}/dashboard")
+    await page.fill("#key", key)
+    await page.click(".sign-in button")
+
+
+async def test_sign_in_see_a_sandbox_appear_and_kill_it(
+    site: Site, url: str, page: Page, tmp_path: Path
+) -> None:
+    await page.goto(f"{url}/dashboard/sign-in")
+    await screenshot(page, "sign-in", tmp_path)
+    await sign_in(page, url)
+    await expect(page).to_have_url(f"{url}/dashboard/sandboxes")
+    await expect(page.locator("tr.empty")).to_be_visible()
+    # Created through the API after the page was shown: the live list brings it.
+    sandbox_id = await site.create(owner="dashboard-test")
+    row = page.locator(f'tr[data-sandbox="{sandbox_id}"]')
+    await expect(row).to_be_visible()
+    await expect(row.locator(".state")).to_have_text("running")
+    await screenshot(page, "sandboxes", tmp_path)
+    await row.locator("button", has_text="Kill").click()
+    await expect(row).to_have_count(0)
+    assert (await site.api.get(f"/sandboxes/{sandbox_id}")).status_code == 404
+
+
+async def test_a_wrong_key_is_refused(url: str, page: Page) -> None:
+    await sign_in(page, url, "e2b_" + "0" * 40)
+    await expect(page.locator(".error")).to_have_text("Invalid API key.")
+    await page.goto(f"{url}/dashboard/sandboxes")
+    await expect(page).to_have_url(f"{url}/dashboard/sign-in")
+
+
+async def test_a_cross_site_form_is_refused(site: Site, url: str, page: Page) -> None:
+    sandbox_id = await site.create()
+    await sign_in(page, url)
+    await expect(page.locator(f'tr[data-sandbox="{sandbox_id}"]')).to_be_visible()
+
+    # Another site's page (another port: same site to a cookie, another origin) posting the
+    # kill form, token and all but the session's CSRF token, which it cannot read.
+    async def lure(request: Request) -> HTMLResponse:
+        action = f"{url}/dashboard/sandboxes/{sandbox_id}/kill"
+        return HTMLResponse(
+            f'<form method="post" action="{action}"><input name="csrf" value="guess">'
+            '<button type="submit">Win</button></form>'
+        )
+
+    async with served(Starlette(routes=[Route("/", lure)])) as other:
+        await page.goto(other)
+        async with page.expect_response(lambda r: r.url.endswith("/kill")) as answer:
+            await page.click("text=Win")
+        assert (await answer.value).status == 403
+    assert (await site.api.get(f"/sandboxes/{sandbox_id}")).status_code == 200
