@@ -30,7 +30,7 @@ SRC = Path(aenv.__file__).parent.parent
 # From the top down: each line imports only the lines below it.
 LAYERS = (
     ("docs",),  # the reference pages, generated from the CLI's help and the settings
-    ("cli",),  # the `aenv` command
+    ("cli", "sdk"),  # the `aenv` command; the helpers for E2B SDK users
     ("gateway",),  # a cluster's gateway: the E2B API in front of its nodes
     # A node as a whole: cluster membership, the server's wiring, the publication of the
     # code interpreter, the host checks of `aenv doctor`.

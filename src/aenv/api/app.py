@@ -26,6 +26,7 @@ from aenv.api.nodes import NodeRoutes
 from aenv.api.openapi import PATH as OPENAPI_PATH
 from aenv.api.openapi import OpenAPIDocument
 from aenv.api.requests import check_query
+from aenv.api.reset import ResetRoutes
 from aenv.api.sandboxes import SandboxRoutes
 from aenv.api.snapshots import SnapshotRoutes
 from aenv.api.teams import ROUTES as TEAM_ROUTES
@@ -151,6 +152,7 @@ def create_api(
         *BuildRoutes(builder).routes(),
         *TemplateRoutes(orchestrator, builder).routes(),
         *SnapshotRoutes(orchestrator, config).routes(),
+        *ResetRoutes(orchestrator, config).routes(),
         *NodeRoutes(orchestrator).routes(),
         *LogRoutes(orchestrator).routes(),
         *ApiKeyRoutes(book).routes(),

@@ -175,5 +175,11 @@ class ForkBody(_Body):
     count: int = Field(default=1, ge=1, le=MAX_FORK)
 
 
+class ResetBody(_Body):
+    """`POST /aenv/sandboxes/{id}/reset` (this node's extension): the saved state to go back to."""
+
+    snapshot_id: str = Field(alias="snapshotID", min_length=1, max_length=256)
+
+
 class RefreshBody(_Body):
     duration: int | None = Field(default=None, ge=0, le=MAX_REFRESH)

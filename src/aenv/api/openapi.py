@@ -88,6 +88,45 @@ _OWN: dict[tuple[str, str], Operation] = {
             }
         },
     },
+    ("/aenv/sandboxes/{sandboxID}/reset", "post"): {
+        "summary": "Reset a sandbox in place (this node's extension)",
+        "description": "Return a running sandbox to the state of a snapshot or template: a "
+        "new VM restored from it replaces the sandbox's, which keeps its id, envd and traffic "
+        "tokens, network rules, metadata and timeout. A failed reset leaves the sandbox "
+        "running as it was.",
+        "tags": ["sandboxes"],
+        "parameters": [{"$ref": "#/components/parameters/sandboxID"}],
+        "requestBody": {
+            "required": True,
+            "content": {
+                "application/json": {
+                    "schema": {
+                        "type": "object",
+                        "required": ["snapshotID"],
+                        "properties": {
+                            "snapshotID": {
+                                "type": "string",
+                                "description": "A snapshot or template (id or name)",
+                            }
+                        },
+                    }
+                }
+            },
+        },
+        "responses": {
+            "200": {
+                "description": "The sandbox, reset",
+                "content": {
+                    "application/json": {"schema": {"$ref": "#/components/schemas/Sandbox"}}
+                },
+            },
+            "409": {"description": "The sandbox is not running", "content": _ERROR},
+            "500": {
+                "description": "The reset failed; the sandbox runs as it was",
+                "content": _ERROR,
+            },
+        },
+    },
 }
 # Routes the SDKs call that the spec does not list yet, each the same as an E2B operation
 # (path, method) but for what the note says.

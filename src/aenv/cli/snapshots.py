@@ -1,4 +1,5 @@
-"""`aenv pause`, `resume`, `snapshot`, `snapshots` and `fork`: save or branch a sandbox's state.
+"""`aenv pause`, `resume`, `snapshot`, `snapshots`, `fork` and `reset`: save, branch or restore
+a sandbox's state.
 `aenv rm --snapshot` (sandboxes.py) deletes snapshots with `delete_snapshot`."""
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from aenv.api.reset import PATH as RESET_PATH
 from aenv.cli.node import HomeOption, JsonOption, call, console, fail, node
 
 app = typer.Typer()
@@ -130,6 +132,19 @@ def fork(
                 console.print(f"[red]{error['code']}:[/red] {escape(error['message'])}")
     if any("error" in c for c in children):
         raise typer.Exit(1)
+
+
+@app.command()
+def reset(
+    sandbox_id: str,
+    snapshot: Annotated[str, typer.Argument(help="a snapshot or template (ID or name)")],
+    home: HomeOption = None,
+) -> None:
+    """Return a running sandbox to a snapshot's state, in place: its ID, URLs and tokens stay."""
+    with node(home).client() as client, console.status(f"resetting {sandbox_id}..."):
+        path = RESET_PATH.replace("{sandbox_id}", quote(sandbox_id, safe=""))
+        call(client, "POST", path, json={"snapshotID": snapshot}, timeout=SLOW)
+    typer.echo(sandbox_id)
 
 
 def delete_snapshot(client: httpx.Client, ref: str) -> None:

@@ -10,6 +10,7 @@ Each operation lives in a module of its own, as functions of the node's shared s
     snapshot          snapshots, template builds' saves, fork checkpoints
     restore           resume, connect, wake, the proxy's lookup
     fork              children of a sandbox or snapshot
+    reset             a running sandbox back to a saved state, in place
     ending            kill, timeouts, crashed or vanished VMs
     hibernate         idle sandboxes hibernated
     pooling           warm pools' VMs
@@ -44,6 +45,7 @@ from aenv.orchestrator import (
     moves,
     network_updates,
     queries,
+    reset,
     restore,
     save,
     snapshot,
@@ -280,6 +282,9 @@ class Orchestrator:
         self, source: str, count: int, timeout: int, *, owner: str | None = None
     ) -> builtins.list[SandboxRecord | BaseException]:
         return await fork.fork(self.node, source, count, timeout, owner=owner)
+
+    async def reset(self, sandbox_id: str, source: str) -> SandboxRecord:
+        return await reset.reset(self.node, sandbox_id, source)
 
     async def kill(self, sandbox_id: str) -> bool:
         return await ending.kill(self.node, sandbox_id)
