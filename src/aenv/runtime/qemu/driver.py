@@ -136,19 +136,7 @@ class QemuDriver:
                 )
             except (layers.LayerError, KeyError, OSError) as exc:
                 raise BootError(f"cannot create writable layers: {exc}") from exc
-            net = target.net
-            if snapshot.spec.net is not None and net is not None:
-                net = dataclasses.replace(net, mac=snapshot.spec.net.mac)
-            spec = dataclasses.replace(
-                snapshot.spec,
-                workdir=target.workdir,
-                memory_dir=target.memory_dir,
-                net=net,
-                limits=target.limits,
-                disks=tuple(drives),
-                shares=target.shares,
-            )
-            vm = await self.boot(spec)
+            vm = await self.boot(restore.placed(snapshot, target, drives))
             undo.pop_all()
         assert isinstance(vm, QemuVM)
         vm.owned_files += created  # removed by its stop from here on

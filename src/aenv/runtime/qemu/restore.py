@@ -11,17 +11,19 @@ import fcntl
 import logging
 import os
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 
 from aenv.runtime import export, ramdelta, ramlayers
 from aenv.runtime.driver import (
+    Disk,
     IncompatibleSnapshotError,
     RestoreError,
     RestoreSpec,
     Snapshot,
     SnapshotError,
     SnapshotTarget,
+    VMSpec,
 )
 from aenv.runtime.qemu import disks, save
 from aenv.runtime.qemu.cmdline import RAM_BLOCK, Memory, check_share_tags, memory_dir
@@ -35,6 +37,24 @@ from aenv.timing import Steps
 
 log = logging.getLogger("aenv.runtime")
 PlatformOf = Callable[[Snapshot], Awaitable[Platform]]
+
+
+def placed(snapshot: Snapshot, target: RestoreSpec, drives: Sequence[Disk]) -> VMSpec:
+    """`snapshot`'s VM at `target` (its directories, network, limits and shares) on `drives`,
+    the writable tops made there. The network keeps the source's MAC: the guest driver's state
+    holds it."""
+    net = target.net
+    if snapshot.spec.net is not None and net is not None:
+        net = dataclasses.replace(net, mac=snapshot.spec.net.mac)
+    return dataclasses.replace(
+        snapshot.spec,
+        workdir=target.workdir,
+        memory_dir=target.memory_dir,
+        net=net,
+        limits=target.limits,
+        disks=tuple(drives),
+        shares=target.shares,
+    )
 
 
 class Restorer:
@@ -135,12 +155,8 @@ class Restorer:
             )
         if not await asyncio.to_thread(target.workdir.is_dir):
             raise RestoreError(f"workdir {target.workdir} does not exist")
-        net = snapshot.spec.net
-        if (net is None) != (target.net is None):
+        if (snapshot.spec.net is None) != (target.net is None):
             raise IncompatibleSnapshotError("the restore must have a network iff the source had")
-        if target.net is not None and net is not None:
-            # The guest driver's state holds the MAC: keep the source's, take the new location.
-            net = dataclasses.replace(target.net, mac=net.mac)
         vm_id = secrets.token_hex(8)
         with contextlib.ExitStack() as undo:
             try:
@@ -148,15 +164,7 @@ class Restorer:
             except (layers.LayerError, KeyError) as exc:
                 raise RestoreError(f"cannot create writable layers: {exc}") from exc
             steps.mark("check+tops")
-            spec = dataclasses.replace(
-                snapshot.spec,
-                workdir=target.workdir,
-                memory_dir=target.memory_dir,
-                net=net,
-                limits=target.limits,
-                disks=tuple(drives),
-                shares=target.shares,
-            )
+            spec = placed(snapshot, target, drives)
             check_share_tags(spec, RestoreError)
             if snapshot.memory_file is not None:
                 memory = Memory(snapshot.memory_file, shared=False, owned=False)
