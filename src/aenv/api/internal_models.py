@@ -13,11 +13,19 @@ validated and answered exactly as that route answers a client) and answers `Node
 E2B answer (status, headers, body verbatim), and when the node did not do it, why
 (`Refusal`). The gateway passes the E2B answer on or, for a refusal that another node could
 avoid (full, draining, not here), tries another node: it never guesses from a status code.
+
+The calls carrying an E2B request's query and body as they are (`E2BCall`) are declared once,
+with the E2B route each is run through, in `FAMILIES` and `SINGLES`: a node serves its
+version 1 routes from them, and a gateway recognises in them the E2B requests it sends as
+version 1 calls. The others (a create, batch metrics, an adoption) have fields of their own.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass
 from enum import StrEnum
+from typing import Any, Generic, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -113,6 +121,23 @@ class _Call(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class E2BCall(_Call):
+    """A call run as one E2B request, carrying that request's query string and body verbatim
+    in its fields `query` and `body` (those of the two it has)."""
+
+    @classmethod
+    def carrying(cls, query: str, body: str) -> Self | None:
+        """The call carrying `query` and `body`; None when it has no field for one given."""
+        given = {"query": query, "body": body}
+        if any(value and name not in cls.model_fields for name, value in given.items()):
+            return None
+        return cls(**{name: value for name, value in given.items() if name in cls.model_fields})
+
+    def e2b(self) -> tuple[str, str]:
+        """The query string and the body of the E2B request the call is run as."""
+        return str(getattr(self, "query", "")), str(getattr(self, "body", ""))
+
+
 class CreateSandbox(_Call):
     """`POST /internal/v1/sandboxes`."""
 
@@ -122,55 +147,55 @@ class CreateSandbox(_Call):
     idempotency_key: str | None = None
 
 
-class CreateVolume(_Call):
+class CreateVolume(E2BCall):
     """`POST /internal/v1/volumes`."""
 
     body: str  # the client's E2B body, verbatim
 
 
-class SandboxCall(_Call):
-    """`POST /internal/v1/sandboxes/{sandbox_id}/{op}` (`SandboxOp`)."""
+class SandboxCall(E2BCall):
+    """`POST /internal/v1/sandboxes/{id}/{op}` (`SandboxOp`)."""
 
     body: str = ""  # the client's E2B body, verbatim (none for info, kill and release)
 
 
-class TemplateCall(_Call):
-    """`POST /internal/v1/templates/{template_id}/{op}` (`TemplateOp`)."""
+class TemplateCall(E2BCall):
+    """`POST /internal/v1/templates/{id}/{op}` (`TemplateOp`)."""
 
     query: str = ""  # the client's query string, verbatim (a template's builds are paged)
     body: str = ""  # the client's E2B body, verbatim (an update's)
 
 
-class RequestBuild(_Call):
+class RequestBuild(E2BCall):
     """`POST /internal/v1/builds`: a template build asked for, to be started by `BuildOp.START`
     once its files are uploaded."""
 
     body: str  # the client's E2B body, verbatim
 
 
-class BuildCall(_Call):
-    """`POST /internal/v1/templates/{template_id}/builds/{build_id}/{op}` (`BuildOp`)."""
+class BuildCall(E2BCall):
+    """`POST /internal/v1/templates/{id}/builds/{build}/{op}` (`BuildOp`)."""
 
     query: str = ""  # the client's query string, verbatim (a status's or log's page)
     body: str = ""  # the client's E2B body, verbatim (a start's steps)
 
 
-class FilesCall(_Call):
-    """`POST /internal/v1/templates/{template_id}/files/{hash}`: whether the node has a build
+class FilesCall(E2BCall):
+    """`POST /internal/v1/templates/{id}/files/{hash}`: whether the node has a build
     step's files (a `COPY`'s tar, by its hash), and where to upload them."""
 
 
-class VolumeCall(_Call):
-    """`POST /internal/v1/volumes/{volume_id}/{op}` (`VolumeOp`): the volume by id or name."""
+class VolumeCall(E2BCall):
+    """`POST /internal/v1/volumes/{id}/{op}` (`VolumeOp`)."""
 
 
-class TagCall(_Call):
+class TagCall(E2BCall):
     """`POST /internal/v1/tags/{op}` (`TagOp`)."""
 
     body: str  # the client's E2B body, verbatim (it names the template)
 
 
-class ListCall(_Call):
+class ListCall(E2BCall):
     """`POST /internal/v1/lists/{op}` (`ListOp`)."""
 
     query: str = ""  # the client's query string, verbatim (filters, page size, token)
@@ -250,3 +275,57 @@ METRICS_ROUTE = "/sandboxes/metrics"  # `GET`, the ids in `sandbox_ids`, comma-s
 CREATE_ROUTES = {E2BApi.V1: "/sandboxes", E2BApi.V2: "/v2/sandboxes"}
 VOLUMES_ROUTE = "/volumes"
 ADOPT_ROUTES = {AdoptKind.SANDBOX: "/cluster/adopt", AdoptKind.TEMPLATE: "/cluster/templates"}
+
+E = TypeVar("E", bound=StrEnum)
+
+
+@dataclass(frozen=True)
+class Family(Generic[E]):
+    """The version 1 calls on one kind of thing: `POST PREFIX_V1 + path`, whose `{op}` (one of
+    `ops`) picks the E2B route (method, path) a node runs the call through, and whose other
+    parts are that route's own; the body is a `call`."""
+
+    path: str
+    ops: type[E]
+    routes: Mapping[E, tuple[str, str]]
+    call: type[E2BCall]
+    # More E2B routes of an operation (E2B's `/v2` aliases), which a gateway sends as it.
+    aliases: tuple[tuple[E, tuple[str, str]], ...] = ()
+
+
+@dataclass(frozen=True)
+class Single:
+    """A version 1 call of its own: `POST PREFIX_V1 + path` (its parts the E2B route's), run
+    through the E2B `route` (method, path)."""
+
+    path: str
+    route: tuple[str, str]
+    call: type[E2BCall]
+
+
+# In the order a gateway matches E2B requests to them: `/templates/tags` is no template's id.
+FAMILIES: tuple[Family[Any], ...] = (
+    Family("/tags/{op}", TagOp, TAG_ROUTES, TagCall),
+    Family(
+        "/templates/{id}/{op}",
+        TemplateOp,
+        TEMPLATE_ROUTES,
+        TemplateCall,
+        aliases=((TemplateOp.UPDATE, ("PATCH", "/v2/templates/{id}")),),
+    ),
+    Family("/templates/{id}/builds/{build}/{op}", BuildOp, BUILD_ROUTES, BuildCall),
+    Family(
+        "/sandboxes/{id}/{op}",
+        SandboxOp,
+        SANDBOX_ROUTES,
+        SandboxCall,
+        aliases=((SandboxOp.CONNECT, ("POST", "/v2/sandboxes/{id}/connect")),),
+    ),
+    Family("/volumes/{id}/{op}", VolumeOp, VOLUME_ROUTES, VolumeCall),
+    Family("/lists/{op}", ListOp, LIST_ROUTES, ListCall),
+)
+SINGLES = (
+    Single("/volumes", ("POST", VOLUMES_ROUTE), CreateVolume),
+    Single("/builds", ("POST", BUILDS_ROUTE), RequestBuild),
+    Single("/templates/{id}/files/{hash}", ("GET", FILES_ROUTE), FilesCall),
+)

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from enum import StrEnum
 from typing import Any, TypeVar
 from urllib.parse import urlencode
@@ -34,39 +34,19 @@ from aenv.api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from aenv.api.internal import CALLER_STATE, REFUSAL_STATE
 from aenv.api.internal_models import (
     ADOPT_ROUTES,
-    BUILD_ROUTES,
-    BUILDS_ROUTE,
     CREATE_ROUTES,
-    FILES_ROUTE,
-    LIST_ROUTES,
+    FAMILIES,
     METRICS_ROUTE,
     PREFIX_V1,
-    SANDBOX_ROUTES,
-    TAG_ROUTES,
-    TEMPLATE_ROUTES,
-    VOLUME_ROUTES,
-    VOLUMES_ROUTE,
+    SINGLES,
     Adopt,
     AdoptKind,
-    BuildCall,
-    BuildOp,
     CreateSandbox,
-    CreateVolume,
-    FilesCall,
-    ListCall,
-    ListOp,
+    Family,
     Metrics,
     NodeAnswer,
     Refusal,
-    RequestBuild,
-    SandboxCall,
-    SandboxOp,
-    TagCall,
-    TagOp,
-    TemplateCall,
-    TemplateOp,
-    VolumeCall,
-    VolumeOp,
+    Single,
 )
 from aenv.api.requests import check_query, parse_body
 
@@ -84,26 +64,16 @@ def internal_v1(app: ASGIApp, draining: Callable[[], bool] = lambda: False) -> A
     return Starlette(
         routes=[
             Route(PREFIX_V1 + "/sandboxes", calls.create, methods=["POST"]),
-            Route(PREFIX_V1 + "/sandboxes/{sandbox_id}/{op}", calls.sandbox, methods=["POST"]),
-            Route(PREFIX_V1 + "/templates/{template_id}/{op}", calls.template, methods=["POST"]),
-            Route(PREFIX_V1 + "/builds", calls.request_build, methods=["POST"]),
-            Route(
-                PREFIX_V1 + "/templates/{template_id}/builds/{build_id}/{op}",
-                calls.build,
-                methods=["POST"],
-            ),
-            Route(
-                PREFIX_V1 + "/templates/{template_id}/files/{hash}", calls.files, methods=["POST"]
-            ),
-            Route(PREFIX_V1 + "/tags/{op}", calls.tags, methods=["POST"]),
-            Route(PREFIX_V1 + "/lists/{op}", calls.lists, methods=["POST"]),
             Route(PREFIX_V1 + "/metrics", calls.metrics, methods=["POST"]),
             Route(PREFIX_V1 + "/adopt/{kind}", calls.adopt, methods=["POST"]),
-            Route(PREFIX_V1 + "/volumes", calls.volume, methods=["POST"]),
-            Route(PREFIX_V1 + "/volumes/{volume_id}/{op}", calls.on_volume, methods=["POST"]),
+            *(Route(PREFIX_V1 + f.path, calls.family(f), methods=["POST"]) for f in FAMILIES),
+            *(Route(PREFIX_V1 + c.path, calls.single(c), methods=["POST"]) for c in SINGLES),
         ],
         exception_handlers=JSON_ERRORS,
     )
+
+
+Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 class _Calls:
@@ -120,50 +90,6 @@ class _Calls:
             headers.append((IDEMPOTENCY_HEADER.lower().encode(), call.idempotency_key.encode()))
         return await self._run(request, "POST", CREATE_ROUTES[call.api], call.body, headers)
 
-    async def sandbox(self, request: Request) -> Response:
-        op = _enum(SandboxOp, request.path_params["op"], "op")
-        call = await _parsed(request, SandboxCall)
-        method, path = SANDBOX_ROUTES[op]
-        path = path.format(id=request.path_params["sandbox_id"])
-        return await self._run(request, method, path, call.body)
-
-    async def template(self, request: Request) -> Response:
-        op = _enum(TemplateOp, request.path_params["op"], "op")
-        call = await _parsed(request, TemplateCall)
-        method, path = TEMPLATE_ROUTES[op]
-        path = path.format(id=request.path_params["template_id"])
-        return await self._run(request, method, path, call.body, query=call.query)
-
-    async def request_build(self, request: Request) -> Response:
-        call = await _parsed(request, RequestBuild)
-        return await self._run(request, "POST", BUILDS_ROUTE, call.body)
-
-    async def build(self, request: Request) -> Response:
-        op = _enum(BuildOp, request.path_params["op"], "op")
-        call = await _parsed(request, BuildCall)
-        method, path = BUILD_ROUTES[op]
-        params = request.path_params
-        path = path.format(id=params["template_id"], build=params["build_id"])
-        return await self._run(request, method, path, call.body, query=call.query)
-
-    async def files(self, request: Request) -> Response:
-        await _parsed(request, FilesCall)
-        params = request.path_params
-        path = FILES_ROUTE.format(id=params["template_id"], hash=params["hash"])
-        return await self._run(request, "GET", path, "")
-
-    async def tags(self, request: Request) -> Response:
-        op = _enum(TagOp, request.path_params["op"], "op")
-        call = await _parsed(request, TagCall)
-        method, path = TAG_ROUTES[op]
-        return await self._run(request, method, path, call.body)
-
-    async def lists(self, request: Request) -> Response:
-        op = _enum(ListOp, request.path_params["op"], "op")
-        call = await _parsed(request, ListCall)
-        method, path = LIST_ROUTES[op]
-        return await self._run(request, method, path, "", query=call.query)
-
     async def metrics(self, request: Request) -> Response:
         call = await _parsed(request, Metrics)
         query = urlencode({"sandbox_ids": ",".join(call.sandbox_ids)})
@@ -174,16 +100,28 @@ class _Calls:
         call = await _parsed(request, Adopt)
         return await self._run(request, "POST", ADOPT_ROUTES[kind], call.record)
 
-    async def volume(self, request: Request) -> Response:
-        call = await _parsed(request, CreateVolume)
-        return await self._run(request, "POST", VOLUMES_ROUTE, call.body)
+    def family(self, family: Family[Any]) -> Endpoint:
+        """The endpoint of `family`'s calls: each run through the route its `op` names."""
 
-    async def on_volume(self, request: Request) -> Response:
-        op = _enum(VolumeOp, request.path_params["op"], "op")
-        await _parsed(request, VolumeCall)
-        method, path = VOLUME_ROUTES[op]
-        path = path.format(id=request.path_params["volume_id"])
-        return await self._run(request, method, path, "")
+        async def run(request: Request) -> Response:
+            parts = dict(request.path_params)
+            op = _enum(family.ops, parts.pop("op"), "op")
+            call = await _parsed(request, family.call)
+            method, path = family.routes[op]
+            query, body = call.e2b()
+            return await self._run(request, method, path.format(**parts), body, query=query)
+
+        return run
+
+    def single(self, single: Single) -> Endpoint:
+        async def run(request: Request) -> Response:
+            call = await _parsed(request, single.call)
+            method, path = single.route
+            query, body = call.e2b()
+            path = path.format(**request.path_params)
+            return await self._run(request, method, path, body, query=query)
+
+        return run
 
     async def _run(
         self,

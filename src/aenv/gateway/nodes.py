@@ -18,8 +18,7 @@ import json
 import re
 from collections.abc import AsyncIterable, Collection, Iterable
 from dataclasses import dataclass
-from enum import StrEnum
-from typing import Protocol, TypeVar
+from typing import Protocol
 from urllib.parse import parse_qs, quote
 
 import httpx
@@ -29,36 +28,19 @@ from starlette.requests import Request
 from aenv.api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from aenv.api.internal_models import (
     ADOPT_ROUTES,
-    BUILD_ROUTES,
-    BUILDS_ROUTE,
     CREATE_ROUTES,
-    FILES_ROUTE,
+    FAMILIES,
     INTERNAL_VERSIONS,
-    LIST_ROUTES,
     METRICS_ROUTE,
     PREFIX_V1,
     REPLAY,
-    SANDBOX_ROUTES,
-    TAG_ROUTES,
-    TEMPLATE_ROUTES,
-    VOLUME_ROUTES,
-    VOLUMES_ROUTE,
+    SINGLES,
     Adopt,
-    BuildCall,
     CreateSandbox,
-    CreateVolume,
-    FilesCall,
-    ListCall,
+    E2BCall,
     Metrics,
     NodeAnswer,
     Refusal,
-    RequestBuild,
-    SandboxCall,
-    SandboxOp,
-    TagCall,
-    TemplateCall,
-    TemplateOp,
-    VolumeCall,
 )
 from aenv.cluster.directory import Directory, NodeAddress
 from aenv.cluster.internal import CALLER_HEADER, PREFIX, TOKEN_HEADER
@@ -75,34 +57,33 @@ _DROPPED = frozenset(
 )  # fmt: skip
 # What a node's answer carries that the gateway's server sets again.
 _RESPONSE_DROPPED = frozenset({"content-length", "content-encoding", "date", "server"})
-E = TypeVar("E", bound=StrEnum)
 _IDEMPOTENCY = IDEMPOTENCY_HEADER.lower().encode()
 
 
-class _Files(StrEnum):
-    FILES = "files"  # the one operation on a build's files version 1 carries
+@dataclass(frozen=True)
+class _Operation:
+    """A version 1 call as the E2B route a gateway recognises it by."""
+
+    path: str  # under `PREFIX_V1`, with the route's parts and `{op}`
+    op: str
+    method: str
+    pattern: re.Pattern[str]  # the route's path, capturing its `{...}` parts by name
+    call: type[E2BCall]
 
 
-def _patterns(routes: Iterable[tuple[E, tuple[str, str]]]) -> list[tuple[str, re.Pattern[str], E]]:
-    """Each route's method and its path as a pattern, capturing its `{...}` parts by name."""
-    return [
-        (method, re.compile(re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(path))), op)
-        for op, (method, path) in routes
-    ]
+def _pattern(path: str) -> re.Pattern[str]:
+    return re.compile(re.sub(r"\\\{(\w+)\\\}", r"(?P<\1>[^/]+)", re.escape(path)))
 
 
-# The E2B paths of the operations of version 1: the node's routes, and E2B's v2 aliases.
-_SANDBOX_PATHS = _patterns(
-    [*SANDBOX_ROUTES.items(), (SandboxOp.CONNECT, ("POST", "/v2/sandboxes/{id}/connect"))]
-)
-_TEMPLATE_PATHS = _patterns(
-    [*TEMPLATE_ROUTES.items(), (TemplateOp.UPDATE, ("PATCH", "/v2/templates/{id}"))]
-)
-_LIST_PATHS = _patterns(LIST_ROUTES.items())
-_TAG_PATHS = _patterns(TAG_ROUTES.items())
-_VOLUME_PATHS = _patterns(VOLUME_ROUTES.items())
-_BUILD_PATHS = _patterns(BUILD_ROUTES.items())
-_FILES_PATHS = _patterns([(_Files.FILES, ("GET", FILES_ROUTE))])
+# Each E2B route a version 1 call carries, in the order they are matched.
+_OPERATIONS = [
+    *(
+        _Operation(family.path, op.value, method, _pattern(path), family.call)
+        for family in FAMILIES
+        for op, (method, path) in (*family.routes.items(), *family.aliases)
+    ),
+    *(_Operation(c.path, "", c.route[0], _pattern(c.route[1]), c.call) for c in SINGLES),
+]
 
 
 class NodeUnreachable(Exception):
@@ -235,8 +216,8 @@ def _typed(
     headers: list[tuple[bytes, bytes]],
 ) -> tuple[str, BaseModel] | None:
     """The version 1 call (its path under `PREFIX_V1`, its JSON) of an E2B request; None when
-    version 1 does not carry it (a streamed or non-UTF-8 body, a query other than a template's,
-    a list's or a build's, another route)."""
+    version 1 does not carry it (a streamed or non-UTF-8 body, a query or body its call has no
+    field for, another route)."""
     path, _, query = target.partition("?")
     if not isinstance(body, bytes):
         return None
@@ -244,62 +225,19 @@ def _typed(
         text = body.decode()
     except UnicodeDecodeError:
         return None
-    # Before the templates': `/templates/tags` is no template's id.
-    tags = _operation(_TAG_PATHS, method, path)
-    if tags is not None and not query:
-        return f"/tags/{tags[1].value}", TagCall(body=text)
-    queried = _queried(method, path, query, text)
-    if queried is not None or query:
-        return queried
-    if method == "POST" and (created := _create(path, text, headers)) is not None:
+    if method == "POST" and not query and (created := _create(path, text, headers)) is not None:
         return created
-    sandbox = _operation(_SANDBOX_PATHS, method, path)
-    if sandbox is not None:
-        ids, sandbox_op = sandbox
-        return f"/sandboxes/{ids['id']}/{sandbox_op.value}", SandboxCall(body=text)
-    if text:
-        return None
-    volume = _operation(_VOLUME_PATHS, method, path)
-    if volume is not None:
-        ids, volume_op = volume
-        return f"/volumes/{ids['id']}/{volume_op.value}", VolumeCall()
-    files = _operation(_FILES_PATHS, method, path)
-    if files is not None:
-        ids, _ = files
-        return f"/templates/{ids['id']}/files/{ids['hash']}", FilesCall()
-    return None
-
-
-def _queried(method: str, path: str, query: str, text: str) -> tuple[str, BaseModel] | None:
-    """The version 1 call of an E2B request whose query version 1 carries, if it is one."""
-    template = _operation(_TEMPLATE_PATHS, method, path)
-    if template is not None:
-        ids, op = template
-        return f"/templates/{ids['id']}/{op.value}", TemplateCall(query=query, body=text)
-    build = _operation(_BUILD_PATHS, method, path)
-    if build is not None:
-        ids, build_op = build
-        call = BuildCall(query=query, body=text)
-        return f"/templates/{ids['id']}/builds/{ids['build']}/{build_op.value}", call
-    if text:
-        return None
-    listed = _operation(_LIST_PATHS, method, path)
-    if listed is not None:
-        return f"/lists/{listed[1].value}", ListCall(query=query)
     if (method, path) == ("GET", METRICS_ROUTE):
-        return _metrics(query)
-    return None
-
-
-def _operation(
-    patterns: list[tuple[str, re.Pattern[str], E]], method: str, path: str
-) -> tuple[dict[str, str], E] | None:
-    """The path's parts (quoted for a path) and the operation of `method path` among
-    `patterns`."""
-    for op_method, pattern, op in patterns:
-        match = pattern.fullmatch(path)
-        if match is not None and method == op_method:
-            return {k: quote(v, safe="") for k, v in match.groupdict().items()}, op
+        return None if text else _metrics(query)
+    for operation in _OPERATIONS:
+        match = operation.pattern.fullmatch(path)
+        if match is None or method != operation.method:
+            continue
+        call = operation.call.carrying(query, text)
+        if call is None:
+            return None
+        parts = {name: quote(value, safe="") for name, value in match.groupdict().items()}
+        return operation.path.format(op=operation.op, **parts), call
     return None
 
 
@@ -322,10 +260,6 @@ def _create(
             key = next((v for n, v in headers if n.lower() == _IDEMPOTENCY), None)
             idempotency_key = None if key is None else key.decode("latin-1")
             return "/sandboxes", CreateSandbox(api=api, body=text, idempotency_key=idempotency_key)
-    if path == VOLUMES_ROUTE:
-        return VOLUMES_ROUTE, CreateVolume(body=text)
-    if path == BUILDS_ROUTE:
-        return "/builds", RequestBuild(body=text)
     for kind, adopt in ADOPT_ROUTES.items():
         if path == adopt:
             return f"/adopt/{kind.value}", Adopt(record=text)
