@@ -439,6 +439,32 @@ class Config(BaseModel):
         default=7,
         description="Sandbox lifecycle events (`/events/sandboxes`) are kept this many days.",
     )
+    webhook_attempts: PositiveInt = Field(
+        default=4,
+        description="Attempts of each webhook delivery before it is logged failed (E2B's: the "
+        "first and three retries).",
+    )
+    webhook_retry_delay: PositiveFloat = Field(
+        default=10,
+        description="Seconds before a webhook delivery's first retry; each later one waits "
+        "twice as long. A webhook's deliveries go one at a time, in order, so this holds up "
+        "its later ones too.",
+    )
+    webhook_timeout: PositiveFloat = Field(
+        default=10, description="Seconds a webhook receiver has to answer one delivery."
+    )
+    webhook_queue_limit: PositiveInt = Field(
+        default=1000,
+        description="Pending deliveries a webhook holds at most; past it, the oldest are "
+        "dropped (logged `dropped`), so a dead receiver costs bounded space.",
+    )
+    webhook_internal_allowed: bool = Field(
+        default=False,
+        description="Webhooks may target internal addresses: loopback, link-local, private "
+        "and CGNAT ranges, other sandboxes, `network_internal`. Off, a webhook reaches only "
+        "what a sandbox could (`network_private_allowed` opens parts of the private ranges "
+        "to both), so it is no way into the node's network.",
+    )
     tcg_tb_mib: PositiveInt = Field(
         default=128,
         description="QEMU under TCG: each VMM's translation cache, MiB (a fresh sandbox uses "

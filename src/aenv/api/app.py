@@ -33,6 +33,7 @@ from aenv.api.teams import ROUTES as TEAM_ROUTES
 from aenv.api.templates import TemplateRoutes
 from aenv.api.volume_content import PREFIX as CONTENT_PREFIX
 from aenv.api.volumes import VolumeRoutes
+from aenv.api.webhooks import WebhookRoutes
 from aenv.config import Config
 from aenv.orchestrator.build_egress import BuildEgress
 from aenv.orchestrator.builds import Builder, ImageBooter
@@ -158,6 +159,7 @@ def create_api(
         *ApiKeyRoutes(book).routes(),
         *VolumeRoutes(orchestrator).routes(),
         *EventRoutes(orchestrator.events).routes(),
+        *WebhookRoutes(orchestrator.webhooks).routes(),
         *TEAM_ROUTES,
     ]
     # Last: it describes every route above.

@@ -13,6 +13,7 @@ from typing import Annotated, Any
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from aenv.config import MAX_VOLUME_MB, MIN_VOLUME_MB
+from aenv.orchestrator.events import EventType
 
 DEFAULT_TIMEOUT_V1 = 15
 DEFAULT_TIMEOUT_V2 = 300
@@ -121,6 +122,32 @@ class NewVolume(_Body):
     size_mb: int | None = Field(
         default=None, alias="sizeMB", ge=MIN_VOLUME_MB, le=MAX_VOLUME_MB, strict=True
     )
+
+
+# Webhooks are rows of the catalog, listed whole: bounded like metadata.
+MAX_WEBHOOK_TEXT = 2048
+_WebhookText = Annotated[str, Field(min_length=1, max_length=MAX_WEBHOOK_TEXT)]
+_WebhookEvents = Annotated[list[EventType], Field(min_length=1, max_length=len(EventType))]
+
+
+class NewWebhook(_Body):
+    """`POST /events/webhooks`."""
+
+    name: _WebhookText
+    url: _WebhookText
+    enabled: bool = True
+    events: _WebhookEvents
+    signature_secret: _WebhookText = Field(alias="signatureSecret")
+
+
+class WebhookChanges(_Body):
+    """`PATCH /events/webhooks/{webhookID}`: the fields given replace the webhook's."""
+
+    name: _WebhookText | None = None
+    url: _WebhookText | None = None
+    enabled: bool | None = None
+    events: _WebhookEvents | None = None
+    signature_secret: _WebhookText | None = Field(default=None, alias="signatureSecret")
 
 
 class NewSandbox(_Body):

@@ -7,7 +7,10 @@ metadata and time, and on paused and killed its execution's start, vCPUs, memory
 An execution is one run of a sandbox, from its create or resume to its pause or kill: the
 created or resumed event names it (`sandboxExecutionId`).
 
-Events are kept `Config.events_retention_days` (`sweep`, run by the housekeeping).
+The same transaction queues the event for every enabled webhook of its team that asked for its
+type (`webhooks.enqueue`), so a restart loses neither; delivery runs in the background
+(`webhook_delivery`) and never delays the operation. Events are kept
+`Config.events_retention_days` (`sweep`, run by the housekeeping).
 """
 
 from __future__ import annotations
@@ -17,12 +20,13 @@ import json
 import sqlite3
 import time
 import uuid
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
 from aenv.ids import TEAM_ID
+from aenv.orchestrator import webhooks
 from aenv.orchestrator.catalog import Catalog, SandboxRecord
 from aenv.orchestrator.templates import TemplateStore
 
@@ -89,11 +93,15 @@ class EventQuery:
 
 
 class EventLog:
-    """The `events` table of the catalog."""
+    """The `events` table of the catalog. `recorded` is told after an event's transaction
+    queued deliveries (the webhook dispatcher, which then makes them)."""
 
-    def __init__(self, catalog: Catalog, templates: TemplateStore) -> None:
+    def __init__(self, catalog: Catalog, templates: TemplateStore, queue_limit: int) -> None:
+        """`queue_limit`: the pending deliveries a webhook holds at most."""
         self.catalog = catalog
         self.templates = templates
+        self.queue_limit = queue_limit
+        self.recorded: list[Callable[[], None]] = []
 
     def record(
         self,
@@ -132,7 +140,7 @@ class EventLog:
                 team_id=TEAM_ID,
                 data=payload,
             )
-            db.execute(
+            cursor = db.execute(
                 "INSERT INTO events (id, type, team_id, sandbox_id, execution_id, created_at,"
                 " body) VALUES (?, ?, ?, ?, ?, ?, ?)",
                 (
@@ -145,6 +153,13 @@ class EventLog:
                     json.dumps(event.to_json()),
                 ),
             )
+            assert cursor.lastrowid is not None
+            queued = webhooks.enqueue(
+                db, event.team_id, kind.value, cursor.lastrowid, now, self.queue_limit
+            )
+        if queued:
+            for listener in self.recorded:
+                listener()
         return event
 
     def _build_of(self, template_id: str) -> str:
@@ -180,8 +195,8 @@ class EventLog:
         return [json.loads(row[0]) for row in rows]
 
     def sweep(self, retention_days: float) -> int:
-        """Remove the events older than the retention; the count."""
+        """Remove the events older than the retention, and their deliveries; the count."""
         cutoff = time.time() - retention_days * 86400
-        return self.catalog.db.execute(
-            "DELETE FROM events WHERE created_at < ?", (cutoff,)
-        ).rowcount
+        with self.catalog.transaction() as db:
+            webhooks.forget_before(db, cutoff)
+            return db.execute("DELETE FROM events WHERE created_at < ?", (cutoff,)).rowcount

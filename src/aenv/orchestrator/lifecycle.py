@@ -77,6 +77,8 @@ from aenv.orchestrator.saved import SavedStates
 from aenv.orchestrator.templates import Template, TemplateStore
 from aenv.orchestrator.volumes import VolumeBacking, VolumeStore
 from aenv.orchestrator.warm import WarmPools
+from aenv.orchestrator.webhook_delivery import DeliverySettings, WebhookDispatcher
+from aenv.orchestrator.webhooks import WebhookStore
 from aenv.runtime.driver import Driver
 from aenv.storage.volume_images import ImageBacking
 
@@ -142,9 +144,20 @@ class Orchestrator:
             pools=WarmPools(config.pool_max),
             # Idle hibernation; the server gives it the proxy's view of the traffic.
             hibernation=Hibernation(config.hibernate_after),
-            events=EventLog(catalog, templates),
+            events=EventLog(catalog, templates, config.webhook_queue_limit),
+            webhooks=WebhookDispatcher(
+                WebhookStore(catalog),
+                DeliverySettings(
+                    attempts=config.webhook_attempts,
+                    retry_delay=config.webhook_retry_delay,
+                    timeout=config.webhook_timeout,
+                    internal_allowed=config.webhook_internal_allowed,
+                    denied=slots.denied,
+                ),
+            ),
             admission=asyncio.Semaphore(config.max_concurrent_creates),
         )
+        self.node.events.recorded.append(self.node.webhooks.wake)
 
     # -- the node's parts, for its callers ------------------------------------------------
 
@@ -196,6 +209,10 @@ class Orchestrator:
     @property
     def events(self) -> EventLog:
         return self.node.events
+
+    @property
+    def webhooks(self) -> WebhookDispatcher:
+        return self.node.webhooks
 
     @property
     def stats(self) -> CreateStats:

@@ -109,7 +109,39 @@ def _2_events(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX events_created ON events(created_at)")
 
 
-MIGRATIONS: tuple[Migration, ...] = (_1_sandboxes_and_volumes, _2_events)
+def _3_webhooks(db: sqlite3.Connection) -> None:
+    """Webhooks and their deliveries: the queue and the log in one table
+    (`orchestrator.webhooks`)."""
+    db.execute(
+        """CREATE TABLE webhooks (
+            id TEXT PRIMARY KEY,
+            team_id TEXT NOT NULL,
+            name TEXT NOT NULL,
+            url TEXT NOT NULL,
+            enabled INTEGER NOT NULL,
+            events TEXT NOT NULL,
+            secret TEXT NOT NULL,
+            created_at REAL NOT NULL
+        )"""
+    )
+    db.execute(
+        """CREATE TABLE webhook_deliveries (
+            id TEXT PRIMARY KEY,
+            webhook_id TEXT NOT NULL,
+            event_seq INTEGER NOT NULL,
+            state TEXT NOT NULL,
+            attempts INTEGER NOT NULL DEFAULT 0,
+            last_status INTEGER,
+            last_error TEXT,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL
+        )"""
+    )
+    db.execute("CREATE INDEX deliveries_queue ON webhook_deliveries(webhook_id, state, event_seq)")
+    db.execute("CREATE INDEX deliveries_updated ON webhook_deliveries(updated_at)")
+
+
+MIGRATIONS: tuple[Migration, ...] = (_1_sandboxes_and_volumes, _2_events, _3_webhooks)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -43,6 +43,7 @@ from aenv.orchestrator.saved import SavedStates
 from aenv.orchestrator.templates import TemplateStore
 from aenv.orchestrator.volumes import VolumeStore
 from aenv.orchestrator.warm import WarmPools
+from aenv.orchestrator.webhook_delivery import WebhookDispatcher
 from aenv.runtime.driver import VM, Driver, DriverError
 from aenv.storage.repository import RepositoryError
 
@@ -120,8 +121,10 @@ class Node:
     on_vanished: OnVanished
     pools: WarmPools
     hibernation: Hibernation
-    # Lifecycle events, written by the operations as they change a sandbox's state.
+    # Lifecycle events, written by the operations as they change a sandbox's state, and
+    # their deliveries to webhooks.
     events: EventLog
+    webhooks: WebhookDispatcher
     # Creates running at once; more wait in its queue.
     admission: asyncio.Semaphore
     client: httpx.AsyncClient = field(default_factory=http_client)

@@ -7,7 +7,7 @@ kills them), so:
    complete checkpoint); reclaim every other sandbox's files and row.
 3. Remove pooled VMs' directories, detach scratch and saved states cut short.
 4. Collect saved states nothing uses; start the background loops (uploads, housekeeping,
-   metrics, hibernation, pool refills).
+   metrics, hibernation, pool refills, webhook deliveries left queued).
 
 At shutdown, pooled VMs are stopped; running sandboxes are paused (resumable after the
 restart), or killed when `pause_on_shutdown` is off or the pause fails.
@@ -58,6 +58,7 @@ async def start(node: Node) -> None:
         node.spawn(hibernate_forever(node))
     if node.pools.enabled:
         node.refiller = asyncio.get_running_loop().create_task(pooling.refill_forever(node))
+    node.webhooks.wake()  # what the previous run left queued
 
 
 def _sweep_pooled(node: Node) -> None:
@@ -131,6 +132,8 @@ async def close(node: Node) -> None:
     await asyncio.gather(*(_park(node, sandbox_id) for sandbox_id in running))
     for sandbox_id in list(node.live):
         await ending.kill(node, sandbox_id)
+    # After the last events: what is not delivered stays queued for the next start.
+    await node.webhooks.close()
     # Checkpoints are uploaded as they are: detaching their memory is only worth it for a
     # restore soon, and the restarted server can restore either form.
     for sandbox_id in node.settling.ids():

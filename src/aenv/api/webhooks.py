@@ -1,0 +1,143 @@
+"""E2B's webhook routes: `/events/webhooks` (register, list) and `/events/webhooks/{webhookID}`
+(get, update, delete), scoped to the caller's team; and this node's delivery log,
+`GET /events/webhooks/{webhookID}/deliveries` (`limit`, `state`), newest first.
+
+A webhook's secret is never answered. A URL that is not http(s), or whose host is a literal
+address a sandbox could not reach, is refused with 400 (`webhook_delivery.check_url`); a
+name is judged at each delivery."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from aenv.api.errors import APIError, not_found
+from aenv.api.models import NewWebhook, WebhookChanges
+from aenv.api.requests import check_query, parse_body, query_int
+from aenv.ids import TEAM_ID
+from aenv.orchestrator.events import timestamp
+from aenv.orchestrator.webhook_delivery import WebhookDispatcher, check_url
+from aenv.orchestrator.webhooks import Delivery, DeliveryState, Webhook
+
+MAX_LOG = 1000
+
+
+def webhook_json(hook: Webhook) -> dict[str, Any]:
+    return {
+        "id": hook.id,
+        "teamID": hook.team_id,
+        "name": hook.name,
+        "createdAt": timestamp(hook.created_at),
+        "enabled": hook.enabled,
+        "url": hook.url,
+        "events": list(hook.events),
+    }
+
+
+def delivery_json(delivery: Delivery) -> dict[str, Any]:
+    return {
+        "id": delivery.id,
+        "eventID": delivery.event_id,
+        "state": delivery.state.value,
+        "attempts": delivery.attempts,
+        "lastStatus": delivery.last_status,
+        "lastError": delivery.last_error,
+        "createdAt": timestamp(delivery.created_at),
+        "updatedAt": timestamp(delivery.updated_at),
+    }
+
+
+def _states(request: Request) -> tuple[DeliveryState, ...]:
+    try:
+        return tuple(DeliveryState(s) for s in request.query_params.getlist("state"))
+    except ValueError as e:
+        known = ", ".join(s.value for s in DeliveryState)
+        raise APIError(400, f"query parameter 'state': {e}; the states are {known}") from e
+
+
+class WebhookRoutes:
+    def __init__(self, dispatcher: WebhookDispatcher) -> None:
+        self.dispatcher = dispatcher
+        self.store = dispatcher.store
+
+    def routes(self) -> list[Route]:
+        one = "/events/webhooks/{webhook_id}"
+        return [
+            Route("/events/webhooks", self.create, methods=["POST"]),
+            Route("/events/webhooks", self.list, methods=["GET"]),
+            Route(one, self.get, methods=["GET"]),
+            Route(one, self.update, methods=["PATCH"]),
+            Route(one, self.delete, methods=["DELETE"]),
+            Route(one + "/deliveries", self.deliveries, methods=["GET"]),
+        ]
+
+    def _check_url(self, url: str) -> None:
+        try:
+            check_url(url, self.dispatcher.settings)
+        except ValueError as e:
+            raise APIError(400, f"url: {e}") from e
+
+    def _get(self, request: Request) -> Webhook:
+        webhook_id = request.path_params["webhook_id"]
+        hook = self.store.get(TEAM_ID, webhook_id)
+        if hook is None:
+            raise not_found(f"webhook '{webhook_id}'")
+        return hook
+
+    async def create(self, request: Request) -> Response:
+        check_query(request)
+        body = await parse_body(request, NewWebhook)
+        self._check_url(body.url)
+        hook = self.store.create(
+            TEAM_ID, body.name, body.url, body.enabled, body.events, body.signature_secret
+        )
+        return JSONResponse(webhook_json(hook), status_code=201)
+
+    async def list(self, request: Request) -> Response:
+        check_query(request)
+        return JSONResponse([webhook_json(h) for h in self.store.list(TEAM_ID)])
+
+    async def get(self, request: Request) -> Response:
+        check_query(request)
+        return JSONResponse(webhook_json(self._get(request)))
+
+    async def update(self, request: Request) -> Response:
+        check_query(request)
+        hook = self._get(request)
+        body = await parse_body(request, WebhookChanges)
+        if body.url is not None:
+            self._check_url(body.url)
+        changes: dict[str, Any] = {
+            name: value
+            for name, value in (
+                ("name", body.name),
+                ("url", body.url),
+                ("enabled", body.enabled),
+                ("events", body.events),
+                ("secret", body.signature_secret),
+            )
+            if value is not None
+        }
+        updated = self.store.update(TEAM_ID, hook.id, **changes)
+        if updated is None:
+            raise not_found(f"webhook '{hook.id}'")
+        self.dispatcher.wake()  # enabled again: its queue goes on
+        return JSONResponse(webhook_json(updated))
+
+    async def delete(self, request: Request) -> Response:
+        check_query(request)
+        hook = self._get(request)
+        if not self.store.delete(TEAM_ID, hook.id):
+            raise not_found(f"webhook '{hook.id}'")
+        return Response(status_code=200)
+
+    async def deliveries(self, request: Request) -> Response:
+        check_query(request, ("limit", "state"))
+        hook = self._get(request)
+        log = self.store.log(
+            TEAM_ID, hook.id, query_int(request, "limit", 100, 1, MAX_LOG), _states(request)
+        )
+        return JSONResponse([delivery_json(d) for d in log])
