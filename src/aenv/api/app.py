@@ -13,6 +13,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from aenv.api.api_keys import ApiKeyRoutes
 from aenv.api.builds import BuildRoutes
+from aenv.api.bulk import BulkRoutes
 from aenv.api.errors import APIError
 from aenv.api.events import EventRoutes
 from aenv.api.handoff import HandoffRoutes
@@ -154,6 +155,7 @@ def create_api(
         *TemplateRoutes(orchestrator, builder).routes(),
         *SnapshotRoutes(orchestrator, config).routes(),
         *ResetRoutes(orchestrator, config).routes(),
+        *BulkRoutes(orchestrator, config).routes(),
         *NodeRoutes(orchestrator).routes(),
         *LogRoutes(orchestrator).routes(),
         *ApiKeyRoutes(book).routes(),

@@ -5,9 +5,9 @@ from __future__ import annotations
 import asyncio
 import base64
 import time
-from collections.abc import Callable, Collection, Iterable
+from collections.abc import Callable, Collection, Iterable, Mapping
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Protocol, TypeVar
 from urllib.parse import parse_qsl, unquote
 
 from starlette.requests import Request
@@ -53,6 +53,14 @@ from aenv.orchestrator.metrics_history import Sample
 from aenv.orchestrator.states import LIVE, with_public
 from aenv.orchestrator.templates import TemplateNotFound
 from aenv.orchestrator.volumes import VolumeNotFound
+
+
+class _Labelled(Protocol):
+    @property
+    def metadata(self) -> Mapping[str, str]: ...
+
+
+M = TypeVar("M", bound=_Labelled)
 
 CLIENT_ID = "6532622b"  # the legacy constant infra sends; SDKs require the key
 MAX_PAGE = 100
@@ -264,7 +272,7 @@ class SandboxRoutes:
         query = PageQuery(
             states=frozenset().union(*(with_public(s) for s in states)),
             limit=limit,
-            metadata=_metadata_filter(request),
+            metadata=metadata_filter(request),
             template=q.get("template") or None,
             started_after=_parse_time(started_after) if started_after else None,
             ascending=ascending,
@@ -407,7 +415,7 @@ def _metric(taken: Sample) -> dict[str, Any]:
     }
 
 
-def _metadata_filter(request: Request) -> dict[str, str]:
+def metadata_filter(request: Request) -> dict[str, str]:
     """`metadata=k%3Dv%26k2%3Dv2`: decoded as infra does (query decode, unescape, split).
     Bounded as sandboxes' metadata is: a longer filter matches nothing, and one query term per
     entry would exceed what SQLite parses."""
@@ -420,7 +428,11 @@ def _metadata_filter(request: Request) -> dict[str, str]:
 
 
 def _filter_metadata(records: Iterable[SandboxRecord], request: Request) -> Iterable[SandboxRecord]:
-    wanted = _metadata_filter(request)
+    return matching(records, metadata_filter(request))
+
+
+def matching(records: Iterable[M], wanted: Mapping[str, str]) -> list[M]:
+    """The sandboxes (or saved states) whose metadata holds every entry of `wanted`."""
     return [r for r in records if all(r.metadata.get(k) == v for k, v in wanted.items())]
 
 

@@ -1,5 +1,5 @@
 """`aenv ls`, `info`, `timeout`, `rm` and `logs`: sandbox commands over the control-plane API
-(`rm --snapshot` deletes snapshots)."""
+(`rm --snapshot` deletes snapshots; `rm --metadata` removes what a filter selects)."""
 
 from __future__ import annotations
 
@@ -7,15 +7,18 @@ import json
 import time
 from datetime import datetime
 from typing import Annotated, Any
-from urllib.parse import quote
+from urllib.parse import quote, urlencode
 
 import httpx
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
-from aenv.cli.node import HomeOption, JsonOption, call, check, console, node, send
-from aenv.cli.snapshots import delete_snapshot
+from aenv.api.bulk import SANDBOXES as BULK_SANDBOXES
+from aenv.api.bulk import SNAPSHOTS as BULK_SNAPSHOTS
+from aenv.cli.node import HomeOption, JsonOption, call, check, console, fail, node, send
+from aenv.cli.snapshots import SLOW, delete_snapshot
 
 app = typer.Typer()
 FOLLOW_INTERVAL = 1.0  # seconds between polls of `logs --follow`
@@ -62,20 +65,66 @@ def timeout(sandbox_id: str, seconds: int, home: HomeOption = None) -> None:
 
 @app.command()
 def rm(
-    ids: list[str],
+    ids: Annotated[list[str] | None, typer.Argument(help="sandboxes (or snapshots) by ID")] = None,
     snapshot: Annotated[
         bool, typer.Option("--snapshot", help="the IDs are snapshots (ID or name) to delete")
     ] = False,
+    metadata: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--metadata",
+            help="KEY=VALUE (repeatable): instead of IDs, every sandbox whose metadata has all"
+            " of them (with --snapshot, every snapshot taken of one)",
+        ),
+    ] = None,
     home: HomeOption = None,
 ) -> None:
-    """Kill sandboxes, or delete snapshots."""
+    """Kill sandboxes, or delete snapshots, by ID or by metadata."""
+    if bool(ids) == bool(metadata):
+        fail("name IDs or --metadata, not both (nor neither)")
     with node(home).client() as client:
-        for ref in ids:
+        if metadata:
+            _rm_matching(client, _labels(metadata), snapshot)
+            return
+        for ref in ids or ():
             if snapshot:
                 delete_snapshot(client, ref)
             else:
                 call(client, "DELETE", f"/sandboxes/{quote(ref)}")
             typer.echo(ref)
+
+
+def _labels(pairs: list[str]) -> dict[str, str]:
+    """`KEY=VALUE` options as a metadata filter."""
+    labels = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            fail(f"--metadata {pair!r}: expected KEY=VALUE")
+        labels[key] = value
+    return labels
+
+
+def _rm_matching(client: httpx.Client, labels: dict[str, str], snapshots: bool) -> None:
+    """Remove what the filter selects, one ID a line; errors on stderr, exit 1 if any."""
+    params = {"metadata": urlencode(labels)}
+    if snapshots:
+        gone = call(client, "DELETE", BULK_SNAPSHOTS, params=params).json()["snapshots"]
+        for s in gone:
+            typer.echo(s["snapshotID"])
+        return
+    path = f"{BULK_SANDBOXES}/kill"
+    outcomes = call(client, "POST", path, params=params, timeout=SLOW).json()["sandboxes"]
+    for outcome in outcomes:
+        if "error" in outcome:
+            error = outcome["error"]
+            console.print(
+                f"[red]{outcome['sandboxID']} {error['code']}:[/red] {escape(error['message'])}"
+            )
+        else:
+            typer.echo(outcome["sandboxID"])
+    if any("error" in o for o in outcomes):
+        raise typer.Exit(1)
 
 
 @app.command()

@@ -124,6 +124,7 @@ async def checkpoint(
             kind=kind,
             source_sandbox_id=sandbox_id,
             save_mode=kept,
+            metadata=dict(record.metadata),
         )
         await asyncio.to_thread(node.templates.save, template)
     steps.mark("template")

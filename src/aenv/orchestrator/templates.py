@@ -77,6 +77,9 @@ class Template:
     env_vars: dict[str, str] = dataclasses.field(default_factory=dict)
     default_user: str | None = None
     default_workdir: str | None = None
+    # The metadata of the sandbox it was saved from (a snapshot's labels: bulk deletes of
+    # snapshots select by it).
+    metadata: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def snapshot(self) -> Snapshot:
         return Snapshot.load_manifest(Path(self.snapshot_dir))

@@ -1,29 +1,49 @@
 """The extension routes called with an E2B SDK's connection settings (`ConnectionConfig`), and
-their errors raised as the SDK raises those of its own routes."""
+their errors raised as the SDK raises those of its own routes.
+
+Each call is described once (`_Call`: method, path, query, body) and sent by `_send` or
+`_send_async`; the public functions pair them for `Sandbox` and `AsyncSandbox` users.
+"""
 
 from __future__ import annotations
 
-from typing import Any
-from urllib.parse import quote
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Unpack
+from urllib.parse import quote, urlencode
 
 import httpx
-from e2b import AsyncSandbox, ConnectionConfig, Sandbox
+from e2b import ApiParams, AsyncSandbox, ConnectionConfig, Sandbox
 from e2b.api import handle_api_exception
 from e2b.exceptions import NotFoundException
 
+from aenv.api.bulk import SANDBOXES, SNAPSHOTS
 from aenv.api.reset import PATH as RESET_PATH
 
+# What a bulk call answers per sandbox: its id, and its error's message when it failed.
+Outcomes = dict[str, str | None]
 
-def _request(config: ConnectionConfig, method: str, path: str, body: Any) -> dict[str, Any]:
-    """What `_send` needs: the URL, headers (the API key as the SDK sends it) and timeout."""
+
+@dataclass(frozen=True)
+class _Call:
+    method: str
+    path: str
+    params: Mapping[str, str] = field(default_factory=dict)
+    body: Any = None
+
+
+def _request(config: ConnectionConfig, call: _Call) -> dict[str, Any]:
+    """The arguments of `httpx.Client.request`: the URL, the API key as the SDK sends it, the
+    SDK's headers and request timeout."""
     headers = {**config.headers}
     if config.api_key:
         headers["X-API-Key"] = config.api_key
     return {
-        "method": method,
-        "url": config.api_url.rstrip("/") + path,
+        "method": call.method,
+        "url": config.api_url.rstrip("/") + call.path,
+        "params": dict(call.params),
         "headers": headers,
-        "json": body,
+        "json": call.body,
         "timeout": config.get_request_timeout(),
     }
 
@@ -36,9 +56,19 @@ def _checked(response: httpx.Response) -> Any:
     return response.json() if response.content else None
 
 
-def _reset_call(sandbox_id: str, snapshot_id: str) -> tuple[str, dict[str, str]]:
+def _send(config: ConnectionConfig, call: _Call) -> Any:
+    with httpx.Client(proxy=config.proxy) as client:
+        return _checked(client.request(**_request(config, call)))
+
+
+async def _send_async(config: ConnectionConfig, call: _Call) -> Any:
+    async with httpx.AsyncClient(proxy=config.proxy) as client:
+        return _checked(await client.request(**_request(config, call)))
+
+
+def _reset(sandbox_id: str, snapshot_id: str) -> _Call:
     path = RESET_PATH.replace("{sandbox_id}", quote(sandbox_id, safe=""))
-    return path, {"snapshotID": snapshot_id}
+    return _Call("POST", path, body={"snapshotID": snapshot_id})
 
 
 def reset(sandbox: Sandbox, snapshot_id: str) -> None:
@@ -46,15 +76,82 @@ def reset(sandbox: Sandbox, snapshot_id: str) -> None:
     id, URLs and envd token stay, so `sandbox` goes on working. Raises the SDK's
     `NotFoundException` for an unknown sandbox or snapshot, `SandboxException` otherwise (the
     sandbox then runs on as it was)."""
-    path, body = _reset_call(sandbox.sandbox_id, snapshot_id)
-    request = _request(sandbox.connection_config, "POST", path, body)
-    with httpx.Client(proxy=sandbox.connection_config.proxy) as client:
-        _checked(client.request(**request))
+    _send(sandbox.connection_config, _reset(sandbox.sandbox_id, snapshot_id))
 
 
 async def reset_async(sandbox: AsyncSandbox, snapshot_id: str) -> None:
     """`reset` for an `AsyncSandbox`."""
-    path, body = _reset_call(sandbox.sandbox_id, snapshot_id)
-    request = _request(sandbox.connection_config, "POST", path, body)
-    async with httpx.AsyncClient(proxy=sandbox.connection_config.proxy) as client:
-        _checked(await client.request(**request))
+    await _send_async(sandbox.connection_config, _reset(sandbox.sandbox_id, snapshot_id))
+
+
+def _bulk(action: str, metadata: Mapping[str, str], body: Any = None) -> _Call:
+    return _Call("POST", f"{SANDBOXES}/{action}", {"metadata": urlencode(metadata)}, body)
+
+
+def _outcomes(answer: Any) -> Outcomes:
+    return {
+        o["sandboxID"]: o["error"]["message"] if "error" in o else None for o in answer["sandboxes"]
+    }
+
+
+def kill_by_metadata(metadata: Mapping[str, str], **opts: Unpack[ApiParams]) -> Outcomes:
+    """Kill every sandbox (running or paused) whose metadata holds all of `metadata`. `opts`
+    are the SDK's connection options (`api_key`, `api_url`, ...), as for `Sandbox.list`."""
+    return _outcomes(_send(ConnectionConfig(**opts), _bulk("kill", metadata)))
+
+
+async def kill_by_metadata_async(
+    metadata: Mapping[str, str], **opts: Unpack[ApiParams]
+) -> Outcomes:
+    """`kill_by_metadata` for asyncio."""
+    return _outcomes(await _send_async(ConnectionConfig(**opts), _bulk("kill", metadata)))
+
+
+def pause_by_metadata(metadata: Mapping[str, str], **opts: Unpack[ApiParams]) -> Outcomes:
+    """Pause every running sandbox whose metadata holds all of `metadata`."""
+    return _outcomes(_send(ConnectionConfig(**opts), _bulk("pause", metadata)))
+
+
+async def pause_by_metadata_async(
+    metadata: Mapping[str, str], **opts: Unpack[ApiParams]
+) -> Outcomes:
+    """`pause_by_metadata` for asyncio."""
+    return _outcomes(await _send_async(ConnectionConfig(**opts), _bulk("pause", metadata)))
+
+
+def set_timeout_by_metadata(
+    metadata: Mapping[str, str], timeout: int, **opts: Unpack[ApiParams]
+) -> Outcomes:
+    """Every sandbox whose metadata holds all of `metadata` now ends `timeout` seconds from
+    now."""
+    call = _bulk("timeout", metadata, {"timeout": timeout})
+    return _outcomes(_send(ConnectionConfig(**opts), call))
+
+
+async def set_timeout_by_metadata_async(
+    metadata: Mapping[str, str], timeout: int, **opts: Unpack[ApiParams]
+) -> Outcomes:
+    """`set_timeout_by_metadata` for asyncio."""
+    call = _bulk("timeout", metadata, {"timeout": timeout})
+    return _outcomes(await _send_async(ConnectionConfig(**opts), call))
+
+
+def _delete_snapshots(metadata: Mapping[str, str]) -> _Call:
+    return _Call("DELETE", SNAPSHOTS, {"metadata": urlencode(metadata)})
+
+
+def delete_snapshots_by_metadata(
+    metadata: Mapping[str, str], **opts: Unpack[ApiParams]
+) -> list[str]:
+    """Delete every snapshot taken of a sandbox whose metadata held all of `metadata`; their
+    ids."""
+    answer = _send(ConnectionConfig(**opts), _delete_snapshots(metadata))
+    return [s["snapshotID"] for s in answer["snapshots"]]
+
+
+async def delete_snapshots_by_metadata_async(
+    metadata: Mapping[str, str], **opts: Unpack[ApiParams]
+) -> list[str]:
+    """`delete_snapshots_by_metadata` for asyncio."""
+    answer = await _send_async(ConnectionConfig(**opts), _delete_snapshots(metadata))
+    return [s["snapshotID"] for s in answer["snapshots"]]

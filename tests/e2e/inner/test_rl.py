@@ -1,11 +1,13 @@
 """What RL harnesses use beyond E2B's API, with the unmodified SDK against real VMs: a sandbox
-reset in place to its snapshot (`aenv.sdk.reset`)."""
+reset in place to its snapshot (`aenv.sdk.reset`), and a run's sandboxes and snapshots removed
+by their metadata (`aenv rm --metadata`, `aenv.sdk.kill_by_metadata`)."""
 
 from __future__ import annotations
 
 from e2b import Sandbox
 
-from aenv.sdk import reset
+from aenv.sdk import kill_by_metadata, reset
+from tests.e2e.inner.test_cli import aenv
 
 SLEEPER = "'^sleep 10000[0]$'"
 
@@ -39,3 +41,21 @@ def test_reset_in_place_returns_to_the_snapshot_with_the_same_id_url_and_token()
         assert info.template_id == snapshot.snapshot_id
     finally:
         sandbox.kill()
+
+
+def test_rm_by_metadata_kills_a_runs_sandboxes_and_deletes_its_snapshots() -> None:
+    run = [Sandbox.create(timeout=300, metadata={"run": "crashed", "rank": str(i)}) for i in (0, 1)]
+    other = Sandbox.create(timeout=300, metadata={"run": "other"})
+    try:
+        snapshot = run[0].create_snapshot()
+        deleted = aenv("rm", "--snapshot", "--metadata", "run=crashed")
+        assert (deleted.returncode, deleted.stdout) == (0, f"{snapshot.snapshot_id}\n")
+        killed = aenv("rm", "--metadata", "run=crashed")
+        assert killed.returncode == 0, killed.stderr
+        assert sorted(killed.stdout.split()) == sorted(s.sandbox_id for s in run)
+        assert not any(s.is_running() for s in run) and other.is_running()
+        assert kill_by_metadata({"run": "other"}) == {other.sandbox_id: None}
+        assert not other.is_running()
+    finally:
+        for sandbox in (*run, other):
+            sandbox.kill()
