@@ -372,6 +372,9 @@ def create_app(settings: Settings) -> ASGIApp:
             Route("/aenv/copy", copy.copy, methods=["POST"]),
             Route("/aenv/volumes/release", system.release_volumes, methods=["POST"]),
             Route("/aenv/volumes/mount", system.mount_volumes, methods=["POST"]),
+            Route(
+                "/aenv/egress-ca", partial(system.egress_ca, settings=settings), methods=["POST"]
+            ),
         ],
         lifespan=lifespan,
         exception_handlers={HTTPException: _http_error, Exception: _internal_error},

@@ -1,6 +1,7 @@
 """envd's plain HTTP routes besides `/files`: `/health`, `/init`, `/envs`, `/metrics`, and
 ours: `/sync`, `/aenv/volumes/release` and `/aenv/volumes/mount` (around a save with memory of
-a sandbox with volumes, see `aenv.envd.mounts`).
+a sandbox with volumes, see `aenv.envd.mounts`), `/aenv/egress-ca` (after `/init` of a sandbox
+with header rules, see `aenv.envd.trust`).
 
 `POST /init` is how the host configures a sandbox after every boot or restore: env vars, access
 token, default user and workdir, the clock, the hostname (also in `/etc/hosts`), the volumes to
@@ -26,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
-from aenv.envd import hosts
+from aenv.envd import hosts, trust
 from aenv.envd.auth import TOKEN_HEADER, tokens_equal
 from aenv.envd.http.files import json_error
 from aenv.envd.mounts import GuestMount, VolumeBusy, mount_all, release_all
@@ -51,6 +52,12 @@ class InitRequest(BaseModel):
     entropy: str | None = None  # base64 bytes from the host's CSPRNG
     # Ours, not E2B's NFS shape: the host attaches volumes as 9p devices (envd/mounts.py).
     volume_mounts: list[GuestMount] | None = Field(default=None, alias="volumeMounts")
+
+
+class EgressCaRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    certificate: str = Field(max_length=16 * 1024)
 
 
 class VolumesRequest(BaseModel):
@@ -100,6 +107,23 @@ async def _volumes(request: Request, apply: Callable[[list[GuestMount]], None]) 
         return json_error(409, e.strerror or str(e))
     except OSError as e:
         return json_error(500, e.strerror or str(e))
+    return Response(status_code=204)
+
+
+async def egress_ca(request: Request, settings: Settings) -> Response:
+    """Trust the node's egress CA (`trust`); its variables join the default env, under the
+    sandbox's own."""
+    try:
+        body = EgressCaRequest.model_validate_json(await request.body() or b"{}")
+    except ValidationError as e:
+        return json_error(400, f"invalid egress CA request: {e.errors(include_url=False)}")
+    try:
+        variables = await asyncio.to_thread(trust.install, body.certificate)
+    except ValueError as e:
+        return json_error(400, str(e))
+    except OSError as e:
+        return json_error(500, f"error installing the egress CA: {e}")
+    settings.env_vars = {**variables, **settings.env_vars}
     return Response(status_code=204)
 
 
