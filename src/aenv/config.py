@@ -77,6 +77,8 @@ class Paths:
                                mount point of its image while the node runs)
       volume-images/<id>.ext4  a volume's sparse ext4 image, of its size
       jailer/                  Firecracker's jailer chroots (Firecracker hosts only)
+      egress-ca/               the node's egress CA (`ca.pem`, `ca.key` mode 0600, the
+                               directory 0700): header rules' TLS interception
       cache/
         guest/                 guest build cache: kernel, initramfs, rootfs, the envd bundle
                                (`guest_cache`)
@@ -95,6 +97,10 @@ class Paths:
     guest_cache_override: Path | None = None
     # Another root for the tmpfs tree (a test's node keeps its guest memory in its own dir).
     memory_override: Path | None = None
+
+    @property
+    def egress_ca(self) -> Path:
+        return self.home / "egress-ca"
 
     @property
     def config_file(self) -> Path:
@@ -341,6 +347,11 @@ class Config(BaseModel):
         "so it may be private, link-local or on loopback. Unset: the host's first IPv4 "
         "nameserver, else `1.1.1.1`.",
     )
+    network_rules_ca: Path | None = Field(
+        default=None,
+        description="CA certificates (PEM) that servers of names with header rules "
+        "(`network.rules`) may also verify against, besides the host's trust store.",
+    )
     warm_slots_low: int = Field(
         default=4,
         description="Warm pool of ready network slots: refilled when it falls under this.",
@@ -559,6 +570,7 @@ class Config(BaseModel):
     @field_validator(
         "domain", "repository_endpoint", "guest_cache", "tls_cert", "tls_key", "redis_url",
         "node_id", "node_address", "cluster_secret", "network_dns", "build_ca_bundle",
+        "network_rules_ca",
         "network_prefix", "network_cidr", "jail_uid_base", mode="before",
     )  # fmt: skip
     @classmethod

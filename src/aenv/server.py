@@ -239,6 +239,8 @@ async def _start_node(
         private_allowed=config.network_private_allowed,
         internal=config.network_internal,
         dns_upstream=config.network_dns or host_resolver(),
+        egress_ca=config.paths.egress_ca,
+        upstream_ca=config.network_rules_ca,
     )
     slots = SlotPool(net_config)
     undo.push_async_callback(slots.close)

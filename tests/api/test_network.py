@@ -22,6 +22,7 @@ from aenv.network.socks import SocksProxy
 from aenv.orchestrator.states import SandboxState
 from tests.api.test_routes import error, served
 from tests.doubles.node import DoubleNode, double_node
+from tests.doubles.slots import DOUBLE_CA
 
 CA_PEM = trustme.CA().cert_pem.bytes().decode()
 # Public-looking addresses (documentation ranges) for egress proxies: nothing is dialled here.
@@ -87,6 +88,9 @@ async def test_an_egress_proxy_reaches_the_slot_and_its_password_is_never_shown(
         info = (await api.get(f"/sandboxes/{sandbox_id}")).json()["network"]
         assert info["egressProxy"] == {"address": f"{PROXY_IP}:1080", "username": "u"}
         assert "secret" not in json.dumps(info)
+        url = f"/sandboxes/{sandbox_id}/network"
+        assert (await api.put(url, json={"egressProxy": proxy})).status_code == 204
+        assert "secret" not in (await api.get(f"/events/sandboxes/{sandbox_id}")).text
 
         # Paused and resumed: the proxy comes with the sandbox (and with its children).
         assert (await api.post(f"/sandboxes/{sandbox_id}/pause")).status_code == 204
@@ -241,7 +245,16 @@ async def test_an_egress_proxy_on_the_node_itself_is_refused(
         ({"allowOut": ["a..b"], "denyOut": ["0.0.0.0/0"]}, "network.allowOut"),
         ({"denyOut": ["example.com"]}, "network.denyOut"),
         ({"denyOut": ["::/0"]}, "IPv4"),
-        ({"rules": {"a.com": [{"transform": {"headers": {"x": "y"}}}]}}, "network.rules"),
+        # Header rules apply to connections judged by name: everything else must be denied.
+        ({"rules": {"a.com": [{"transform": {"headers": {"x": "y"}}}]}}, "judged by name"),
+        ({**RULES, "rules": {"1.1.1.1": [{}]}}, "network.rules: '1.1.1.1'"),
+        ({**RULES, "rules": {"10.0.0.0/8": [{}]}}, "network.rules: '10.0.0.0/8'"),
+        ({**RULES, "rules": {"a..b": [{}]}}, "network.rules: 'a..b'"),
+        ({**RULES, "rules": {"a.com": [{"transform": {"headers": {"Host": "b"}}}]}}, "'Host'"),
+        ({**RULES, "rules": {"a.com": [{"transform": {"headers": {"a b": "c"}}}]}}, "'a b'"),
+        ({**RULES, "rules": {"a.com": [{"transform": {"headers": {"x": "1\r\n"}}}]}}, "'x'"),
+        ({**RULES, "rules": {"a.com": [{"transform": {"body": "x"}}]}}, "body"),
+        ({**RULES, "rules": {"a.com": [{"match": "x"}]}}, "match"),
         ({"egressProxy": {"address": "p"}}, "network.egressProxy"),
         ({"egressProxy": {"address": "p:65536"}}, "network.egressProxy"),
         ({"egressProxy": {"address": "[::1]:1080"}}, "network.egressProxy"),
@@ -284,3 +297,74 @@ async def test_what_cannot_be_honoured_is_refused(
                 assert named in error(updated, 400)
             else:
                 assert "httpsPorts" in error(updated, 400)
+
+
+RULED = {
+    **RULES,
+    "rules": {
+        "api.example.com": [{"transform": {"headers": {"Authorization": "Bearer s3cret"}}}],
+        "*.example.com": [{"transform": {"headers": {"X-Team": "t1", "X-Key": "k2"}}}, {}],
+    },
+}
+
+
+async def test_header_rules_reach_the_slot_and_guest_and_are_redacted(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        sandbox_id = await create(api, network=RULED)
+        _, policy = slot_of(node, sandbox_id)
+        assert policy.headers.headers_for("api.example.com") == (
+            ("X-Team", "t1"),
+            ("X-Key", "k2"),
+            ("Authorization", "Bearer s3cret"),
+        )
+        assert policy.headers.headers_for("example.com") == ()
+        # The guest trusts the node's egress CA, named by the usual variables.
+        guest = node.guest(sandbox_id)
+        assert guest.trusted == [DOUBLE_CA.decode()]
+        assert guest.env["SSL_CERT_FILE"] == "/etc/aenv/ca-bundle.pem"
+        assert guest.env["NODE_EXTRA_CA_CERTS"] == "/etc/aenv/egress-ca.pem"
+        info = (await api.get(f"/sandboxes/{sandbox_id}")).json()["network"]
+        assert info["rules"] == {
+            "api.example.com": [{"transform": {"headers": {"Authorization": "REDACTED"}}}],
+            "*.example.com": [
+                {"transform": {"headers": {"X-Team": "REDACTED", "X-Key": "REDACTED"}}},
+                {},
+            ],
+        }
+        assert "s3cret" not in json.dumps(info)
+
+        # Kept across pause and resume, and given to forks; every restore installs the CA
+        # again (the node that restores may not be the one that created).
+        assert (await api.post(f"/sandboxes/{sandbox_id}/pause")).status_code == 204
+        assert (await api.post(f"/sandboxes/{sandbox_id}/connect", json={})).status_code == 201
+        assert slot_of(node, sandbox_id)[1] == policy
+        assert node.guest(sandbox_id).trusted == [DOUBLE_CA.decode()] * 2
+        forked = await api.post(f"/sandboxes/{sandbox_id}/fork", json={"count": 1})
+        child = forked.json()[0]["sandbox"]["sandboxID"]
+        assert slot_of(node, child)[1] == policy
+        assert node.guest(child).trusted == [DOUBLE_CA.decode()] * 3
+
+        # An update replaces them (omitted: none left); a running guest given rules then
+        # trusts the CA at once.
+        url = f"/sandboxes/{sandbox_id}/network"
+        assert (await api.put(url, json=RULES)).status_code == 204
+        assert slot_of(node, sandbox_id)[1].headers.rules == ()
+        assert "rules" not in (await api.get(f"/sandboxes/{sandbox_id}")).json()["network"]
+        other = await create(api, network=RULES)
+        assert node.guest(other).trusted == []
+        assert (await api.put(f"/sandboxes/{other}/network", json=RULED)).status_code == 204
+        assert node.guest(other).trusted == [DOUBLE_CA.decode()]
+        assert slot_of(node, other)[1] == policy
+        # Its events (served, and sent to webhooks) show the rules as the info does.
+        events = (await api.get(f"/events/sandboxes/{other}")).json()
+        assert "REDACTED" in json.dumps(events) and "s3cret" not in json.dumps(events)
+
+
+async def test_header_rules_need_a_node_with_an_egress_ca(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node, served(node) as api:
+        node.slots.egress_ca = None
+        refused = await api.post("/sandboxes", json={"templateID": "base", "network": RULED})
+        assert "network.rules" in error(refused, 400)
+        sandbox_id = await create(api, network=RULES)
+        refused = await api.put(f"/sandboxes/{sandbox_id}/network", json=RULED)
+        assert "network.rules" in error(refused, 400)

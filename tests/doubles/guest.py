@@ -6,7 +6,8 @@ use (`/health`, `/init`, `/sync`, `/metrics`, `/envs`, `/files`, and the Connect
 host (the real envd sets the hostname and the clock, and reseeds the RNG) and runs no commands:
 a command is appended to the guest file `COMMANDS` and exits 0, or N for `exit N`; its output
 is `ran <command>`, or for `seq N` the numbers 1 to N, one a line (a log flood). Template builds'
-`/aenv/copy` is answered for an archive the guest holds, and recorded in `copies`.
+`/aenv/copy` is answered for an archive the guest holds, and recorded in `copies`;
+`/aenv/egress-ca` in `trusted` (its variables join the env as the real envd's do).
 
 A file written through `/files` is read as it arrives; one larger than `SMALL_FILE` is kept as
 its size and sha256 (`<N bytes, sha256 HEX>`), so a test of a large upload measures the node,
@@ -36,6 +37,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from aenv.envd import trust
 from aenv.envd.auth import TOKEN_HEADER
 from aenv.envd.proto.process import process_pb as pb
 from aenv.envd.proto.process.process_connect import Process, ProcessASGIApplication
@@ -66,6 +68,7 @@ class Guest:
     # Pids of commands envd runs (`process.Process/List`); tests set them.
     running: list[int] = field(default_factory=list)
     copies: list[dict[str, Any]] = field(default_factory=list)  # `/aenv/copy` requests
+    trusted: list[str] = field(default_factory=list)  # `/aenv/egress-ca` certificates
 
     def write(self, path: str, content: str) -> None:
         self.written[path] = content
@@ -186,6 +189,13 @@ def envd_app(guest: Guest) -> ASGIApp:
         guest.inits += 1
         return Response(status_code=204)
 
+    async def egress_ca(request: Request) -> Response:
+        if not authorized(request):
+            return unauthorized()
+        guest.trusted.append(json.loads(await request.body())["certificate"])
+        guest.env = {**trust.variables(), **guest.env}
+        return Response(status_code=204)
+
     async def sync(request: Request) -> Response:
         if not authorized(request):
             return unauthorized()
@@ -268,6 +278,7 @@ def envd_app(guest: Guest) -> ASGIApp:
             Route("/files", read_file, methods=["GET"]),
             Route("/files", write_file, methods=["POST"]),
             Route("/aenv/copy", copy, methods=["POST"]),
+            Route("/aenv/egress-ca", egress_ca, methods=["POST"]),
         ]
     )
     rpc = ProcessASGIApplication(_Processes(guest))

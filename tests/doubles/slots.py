@@ -16,6 +16,7 @@ from aenv.network import EgressPolicy, GuestNetwork, Slot
 from aenv.network.reserved import denied_ranges
 
 _TRIES = 100
+DOUBLE_CA = b"-----BEGIN CERTIFICATE-----\nZG91Ymxl\n-----END CERTIFICATE-----\n"
 
 
 class DoubleSlots:
@@ -33,6 +34,9 @@ class DoubleSlots:
         # Where the host's own addresses are looked up: this process's namespace unless a test
         # gives the node a host of its own.
         self.host_netns: str | None = None
+        # What guests with header rules are told to trust; a test sets None for a node
+        # without a CA.
+        self.egress_ca: bytes | None = DOUBLE_CA
 
     async def acquire(
         self, *, egress: bool | None = None, policy: EgressPolicy | None = None

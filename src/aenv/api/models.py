@@ -8,7 +8,7 @@ a sandbox without them.
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
@@ -78,6 +78,18 @@ class EgressProxyBody(_Body):
     tls: EgressProxyTls | None = None
 
 
+class NetworkTransform(_Body):
+    """A rule's `transform`: the headers set on the requests it matches."""
+
+    headers: dict[str, str] | None = None
+
+
+class NetworkRule(_Body):
+    """One of a domain's `network.rules`."""
+
+    transform: NetworkTransform | None = None
+
+
 class Egress(BaseModel):
     """Egress fields shared by a create's `network` and `PUT /sandboxes/{id}/network`. Every
     key the SDKs send is declared, and unknown keys are refused: a firewall rule accepted and
@@ -86,7 +98,7 @@ class Egress(BaseModel):
     model_config = ConfigDict(populate_by_name=True, extra="forbid")
     allow_out: list[str] | None = Field(default=None, alias="allowOut")
     deny_out: list[str] | None = Field(default=None, alias="denyOut")
-    rules: dict[str, Any] | None = None
+    rules: dict[str, list[NetworkRule]] | None = None
     egress_proxy: EgressProxyBody | None = Field(default=None, alias="egressProxy")
     dns_servers: list[str] | None = Field(default=None, alias="dnsServers")
 

@@ -2,8 +2,10 @@
 `PUT /sandboxes/{id}/network` body, and to the `network` object of the sandbox's info.
 
 What this node does not implement is refused with a 400 naming the field, never accepted and
-ignored: header transform `rules` and keys the SDKs do not send (models.Egress).
-An `egressProxy`'s password and CA certificates are never shown back (as in E2B).
+ignored: keys the SDKs do not send (models.Egress), and `rules` keyed by an address (they
+apply to names: the egress proxy matches them against TLS SNI).
+An `egressProxy`'s password and CA certificates are never shown back (as in E2B), nor the
+values of the headers `rules` set: they are credentials, shown as `REDACTED`.
 """
 
 from __future__ import annotations
@@ -13,28 +15,37 @@ from ipaddress import IPv4Address
 from typing import Any
 
 from aenv.api.errors import APIError
-from aenv.api.models import Egress, EgressProxyBody, NetworkConfig, NetworkUpdate
+from aenv.api.models import Egress, EgressProxyBody, NetworkConfig, NetworkRule, NetworkUpdate
 from aenv.envd import ENVD_PORT
 from aenv.network.domains import is_address, normalise
+from aenv.network.header_rules import NO_RULES, REDACTED, HeaderRule, HeaderRules
 from aenv.network.settings import SandboxNetwork
 from aenv.network.socks import SocksProxy
 
 MAX_DNS_SERVERS = 8
-# Body field -> what it would need, for the 400 message.
-_NOT_IMPLEMENTED = {
-    "rules": "header transform rules",
-}
+MAX_RULES = 256
 # A host name or address with an optional port; `${PORT}` may stand for the port. It becomes a
 # request header, so nothing that could end or extend one (whitespace, control characters).
 _MASK = re.compile(r"[A-Za-z0-9.\-_\[\]:${}]{1,255}")
 
 
-def _refuse_unimplemented(body: Egress) -> None:
-    for name in body.model_fields_set:
-        alias = type(body).model_fields[name].alias or name
-        value = getattr(body, name)
-        if alias in _NOT_IMPLEMENTED and value not in (None, {}, []):
-            raise APIError(400, f"network.{alias}: {_NOT_IMPLEMENTED[alias]} are not supported")
+def _header_rules(rules: dict[str, list[NetworkRule]] | None) -> HeaderRules:
+    if not rules:
+        return NO_RULES
+    out = []
+    for domain, entries in rules.items():
+        if is_address(domain):
+            message = f"network.rules: {domain!r}: rules apply to domain names, not addresses"
+            raise APIError(400, message)
+        for entry in entries:
+            headers = entry.transform.headers if entry.transform else None
+            try:
+                out.append(HeaderRule(domain, tuple((headers or {}).items())))
+            except ValueError as e:
+                raise APIError(400, f"network.rules: {domain!r}: {e}") from e
+    if len(out) > MAX_RULES:
+        raise APIError(400, f"network.rules: at most {MAX_RULES} rules")
+    return HeaderRules(tuple(out))
 
 
 def _destinations(field: str, entries: list[str] | None) -> tuple[str, ...]:
@@ -82,7 +93,6 @@ def _dns_servers(servers: list[str] | None) -> tuple[str, ...] | None:
 
 
 def _network(allow_internet: bool, body: Egress, **ingress: Any) -> SandboxNetwork:
-    _refuse_unimplemented(body)
     allow_out = _destinations("allowOut", body.allow_out)
     deny_out = _destinations("denyOut", body.deny_out)
     proxy = _socks_proxy(body.egress_proxy)
@@ -94,6 +104,7 @@ def _network(allow_internet: bool, body: Egress, **ingress: Any) -> SandboxNetwo
             deny_out,
             egress_proxy=proxy,
             dns_servers=resolvers,
+            rules=_header_rules(body.rules),
             **ingress,
         )
     except ValueError as e:  # IPv6 (guests have none), or names without a deny of everything
@@ -144,6 +155,14 @@ def network_info(network: SandboxNetwork) -> dict[str, Any]:
         info["httpsPorts"] = list(network.https_ports)
     if network.dns_servers is not None:
         info["dnsServers"] = list(network.dns_servers)
+    if network.rules.rules:
+        rules: dict[str, list[dict[str, Any]]] = {}
+        for rule in network.rules.rules:
+            redacted = {name: REDACTED for name, _ in rule.headers}
+            rules.setdefault(rule.domain, []).append(
+                {"transform": {"headers": redacted}} if redacted else {}
+            )
+        info["rules"] = rules
     if (proxy := network.egress_proxy) is not None:
         shown: dict[str, Any] = {"address": proxy.address}
         if proxy.username is not None:

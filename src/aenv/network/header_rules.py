@@ -34,6 +34,8 @@ FRAMING = frozenset(
     }
 )
 MAX_HEADERS = 64
+# What is shown of a rule's header value anywhere but the egress proxy: values are credentials.
+REDACTED = "REDACTED"
 MAX_VALUE = 8192
 
 

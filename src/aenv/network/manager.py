@@ -90,6 +90,10 @@ class SlotManager:
         self._name_re = re.compile(rf"{re.escape(config.prefix)}-(0|[1-9][0-9]*)")
 
     @property
+    def egress_ca(self) -> bytes | None:
+        return self._interception.ca.cert_pem if self._interception is not None else None
+
+    @property
     def live(self) -> int:
         return len(self._slots)
 

@@ -53,6 +53,12 @@ class SlotProvider(Protocol):
         this process's own)."""
         ...
 
+    @property
+    def egress_ca(self) -> bytes | None:
+        """The certificate (PEM) of the node's egress CA, which guests with header rules trust;
+        None when this node applies no header rules."""
+        ...
+
 
 @runtime_checkable
 class SlotReclaimer(Protocol):
@@ -86,6 +92,10 @@ class SlotPool:
     @property
     def egress_counts(self) -> EgressCounts:
         return self.manager.egress_counts
+
+    @property
+    def egress_ca(self) -> bytes | None:
+        return self.manager.egress_ca
 
     @property
     def ready(self) -> int:

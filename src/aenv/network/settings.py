@@ -4,7 +4,8 @@ E2B's knobs: `allow_internet_access`, `network.allowOut` / `denyOut` (IPs, CIDRs
 allow, domain names; allow wins over deny), `egressProxy` (a SOCKS5 proxy the allowed TCP is
 tunneled through), `dnsServers` (the resolvers a sandbox with domain rules gets its answers
 from), `allowPublicTraffic` (ingress only with the traffic access token), `maskRequestHost` and
-`httpsPorts` (ports whose service speaks HTTPS: the data-plane proxy reaches them over TLS).
+`httpsPorts` (ports whose service speaks HTTPS: the data-plane proxy reaches them over TLS) and
+`rules` (headers set on HTTPS requests to given domains, `header_rules`).
 They belong to the sandbox, not to its slot: they are
 stored with it, applied to every slot it runs in (create, resume, fork children) and replaced
 at runtime by `PUT /sandboxes/{id}/network`.
@@ -13,7 +14,8 @@ Egress maps onto a slot as E2B's infra does it: no internet access is a `denyOut
 which `allowOut` still overrides. When nothing at all is allowed the slot's route is switched off
 instead, which also refuses packets of connections already open without an nft change. Domain
 names need everything else denied (as in E2B: allowing a name among allowed addresses would
-mean nothing).
+mean nothing). Header rules need the same: they apply to connections judged by name, and with
+everything else denied no connection to their domains goes out any other way.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Network
 from typing import Any
 
+from aenv.network.header_rules import NO_RULES, REDACTED, HeaderRule, HeaderRules
 from aenv.network.policy import EgressPolicy
 from aenv.network.socks import SocksProxy
 
@@ -50,6 +53,7 @@ class SandboxNetwork:
     egress_proxy: SocksProxy | None = None
     dns_servers: tuple[str, ...] | None = None
     https_ports: tuple[int, ...] = ()
+    rules: HeaderRules = NO_RULES
     # Derived, for the slot; not part of the stored form.
     egress: SlotEgress = field(init=False, repr=False, compare=False)
 
@@ -66,7 +70,23 @@ class SandboxNetwork:
             "egress_proxy": self.egress_proxy.to_json() if self.egress_proxy else None,
             "https_ports": list(self.https_ports),
             "dns_servers": None if self.dns_servers is None else list(self.dns_servers),
+            "rules": [
+                {"domain": rule.domain, "headers": [list(h) for h in rule.headers]}
+                for rule in self.rules.rules
+            ],
         }
+
+    def redacted_json(self) -> dict[str, Any]:
+        """`to_json` without its secrets, for what others read (events, webhooks): the egress
+        proxy's password and CA certificates left out, header rules' values `REDACTED`."""
+        data = self.to_json()
+        if data["egress_proxy"] is not None:
+            data["egress_proxy"] = {
+                k: v for k, v in data["egress_proxy"].items() if k not in ("password", "ca_cert")
+            }
+        for rule in data["rules"]:
+            rule["headers"] = [[name, REDACTED] for name, _ in rule["headers"]]
+        return data
 
     @classmethod
     def from_json(cls, data: dict[str, Any]) -> SandboxNetwork:
@@ -80,6 +100,12 @@ class SandboxNetwork:
             egress_proxy=SocksProxy.from_json(proxy) if proxy else None,
             https_ports=tuple(data.get("https_ports", ())),
             dns_servers=None if resolvers is None else tuple(resolvers),
+            rules=HeaderRules(
+                tuple(
+                    HeaderRule(rule["domain"], tuple((n, v) for n, v in rule["headers"]))
+                    for rule in data.get("rules", ())
+                )
+            ),
         )
 
 
@@ -94,8 +120,15 @@ def _slot_egress(network: SandboxNetwork) -> SlotEgress:
             "When specifying allowed domains in allow out, you must include 'ALL_TRAFFIC' "
             "in deny out to block all other traffic."
         )
+    if network.rules.rules and not denies_all:
+        raise ValueError(
+            "rules apply to connections judged by name: they need 'ALL_TRAFFIC' in deny out, "
+            "and their domains in allow out"
+        )
     if network.dns_servers is not None and not allowed.domains:
         raise ValueError("dnsServers are the resolvers of domain rules: allowOut names none")
     enabled = bool(allowed.allow) or bool(allowed.domains) or not denies_all
-    policy = EgressPolicy(allowed.allow, deny, allowed.domains, allowed.proxy, allowed.dns_servers)
+    policy = EgressPolicy(
+        allowed.allow, deny, allowed.domains, allowed.proxy, allowed.dns_servers, network.rules
+    )
     return SlotEgress(enabled, policy)

@@ -147,6 +147,12 @@ class EnvdClient:
                 )
             return dataclasses.replace(self, token=new_token)
 
+    async def trust_egress_ca(self, certificate: bytes) -> None:
+        """Have the guest trust the node's egress CA (`aenv.envd.trust`); after `/init`, which
+        resets the env this adds to."""
+        body = {"certificate": certificate.decode()}
+        await self._request("POST", "/aenv/egress-ca", json=body, timeout=30.0)
+
     async def sync(self) -> None:
         """Have the guest write its dirty pages to disk (before a filesystem-only save)."""
         await self._request("POST", "/sync", timeout=60.0)

@@ -3,7 +3,8 @@ its disks alone) in the sandbox's directories, then envd handed the sandbox's id
 
 1. Acquire a network slot with the sandbox's egress.
 2. Restore the VM from the snapshot, or boot it cold from its disks (a fresh envd, no token).
-3. `/init`: envd gets the sandbox's token, env, hostname, volumes and fresh entropy.
+3. `/init`: envd gets the sandbox's token, env, hostname, volumes and fresh entropy; with
+   header rules, then the node's egress CA.
 
 Every step registers its undo once it succeeded (`contextlib.AsyncExitStack`): a failure
 leaves nothing of the VM or slot. The sandbox's files are the caller's.
@@ -118,7 +119,7 @@ async def init_envd(node: Node, record: SandboxRecord, envd: EnvdClient) -> None
     """Step 3: hand envd the sandbox's identity: token, env, hostname, fresh entropy."""
     # What a template build set (ENV, USER, WORKDIR), under the sandbox's own env.
     built = node.templates.by_id(record.template_id)
-    await envd.init(
+    envd = await envd.init(
         new_token=record.envd_access_token,
         env_vars={**(built.env_vars if built else {}), **sandbox_env(record)},
         hostname=record.id,
@@ -127,6 +128,15 @@ async def init_envd(node: Node, record: SandboxRecord, envd: EnvdClient) -> None
         default_workdir=built.default_workdir if built else None,
         volume_mounts=guest_mounts(record.volume_mounts),
     )
+    await trust_egress_ca(node, record, envd)
+
+
+async def trust_egress_ca(node: Node, record: SandboxRecord, envd: EnvdClient) -> None:
+    """A sandbox with header rules trusts the certificates this node's egress proxies show
+    for its ruled names. A node without a CA has its proxies refuse those connections."""
+    certificate = node.slots.egress_ca
+    if record.network.rules.rules and certificate is not None:
+        await envd.trust_egress_ca(certificate)
 
 
 def sandbox_env(record: SandboxRecord) -> dict[str, str]:

@@ -4,7 +4,8 @@ rules changed while it exists (`PUT /sandboxes/{id}/network`).
 A change of a running sandbox's rules:
 1. Check the sandbox can change (running, paused or asleep).
 2. Apply the new policy and egress switch to its slot, if it has one; on a refusal the old
-   ones are put back and nothing else changes.
+   ones are put back and nothing else changes. A running guest given header rules trusts the
+   node's egress CA first.
 3. Record the new rules in the catalog (a paused sandbox gets them when it resumes).
 """
 
@@ -19,6 +20,7 @@ from aenv.network.settings import SandboxNetwork, SlotEgress
 from aenv.orchestrator.catalog import SandboxRecord
 from aenv.orchestrator.errors import InvalidNetwork, InvalidState, OperationFailed
 from aenv.orchestrator.events import EventType
+from aenv.orchestrator.launch import trust_egress_ca
 from aenv.orchestrator.node import Node
 from aenv.orchestrator.states import ASLEEP, SandboxState
 
@@ -30,6 +32,8 @@ async def check_network(node: Node, network: SandboxNetwork) -> None:
     again at every connection), and a resolver of the sandbox's own in such a range (its
     DNS forwarder would never ask it; only the node's resolver may be private)."""
     denied = node.slots.denied
+    if network.rules.rules and node.slots.egress_ca is None:
+        raise InvalidNetwork("rules", "this node applies no header rules (it has no egress CA)")
     for server in network.dns_servers or ():
         if any(IPv4Address(server) in n for n in denied):
             message = f"{server} is in a range sandboxes may not reach"
@@ -57,13 +61,17 @@ async def set_egress(node: Node, sandbox_id: str, rules: SandboxNetwork) -> Sand
             deny_out=rules.deny_out,
             egress_proxy=rules.egress_proxy,
             dns_servers=rules.dns_servers,
+            rules=rules.rules,
         )
         live = node.live.get(sandbox_id)
         if live is not None:
+            if network.rules.rules and not record.network.rules.rules:
+                ruled = dataclasses.replace(record, network=network)
+                await trust_egress_ca(node, ruled, node.envd_of(record))
             await apply_egress(node, live.slot, record.network.egress, network.egress)
         updated = node.catalog.update(sandbox_id, network=network)
         assert updated is not None  # only this task changes a row it holds the lock of
-        node.events.record(EventType.UPDATED, updated, {"network_egress": network.to_json()})
+        node.events.record(EventType.UPDATED, updated, {"network_egress": network.redacted_json()})
         return updated
 
 
