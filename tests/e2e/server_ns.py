@@ -165,6 +165,10 @@ def server_in_namespace(
         # The load test's 200 creates at once must not depend on how much of the key's burst
         # (200 by default) the tests just before it drew on; tests/api checks the rate limit.
         "AENV_KEY_REQUEST_BURST": "1000",
+        # The events suite's webhook receiver listens on the namespace's loopback; its retry
+        # comes at once.
+        "AENV_WEBHOOK_INTERNAL_ALLOWED": "true",
+        "AENV_WEBHOOK_RETRY_DELAY": "0.2",
     }
     env = {**os.environ, **(tests if configured else {}), **essential, **settings}
     home.mkdir(parents=True, exist_ok=True)
