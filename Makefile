@@ -6,6 +6,9 @@ PY := $(VENV)/bin/python
 PROTO_OUT := src/aenv/envd/proto
 STAMP := $(VENV)/.installed
 TEST_STAMP := $(VENV)/.installed-test
+# The dashboard's browser libraries, from npm: in the source tree, as each checkout serves its
+# own (the environment's stamps may be shared by several).
+DASHBOARD_ASSETS := src/aenv/dashboard/static/vendor/.built
 # Editable installs of the project: a node's extras, and the tests' (a comma cannot stand in
 # a `call` argument).
 NODE_EXTRAS := .[host]
@@ -15,8 +18,8 @@ TEST_EXTRAS := .[host,dev]
 
 # What a node needs (`make run`): its system packages (apt) and the Python environment with the
 # project in editable mode. `install-test` adds what only the tests, lint and benchmarks need.
-install: $(STAMP)
-install-test: $(TEST_STAMP)
+install: $(STAMP) $(DASHBOARD_ASSETS)
+install-test: $(TEST_STAMP) $(DASHBOARD_ASSETS)
 
 system-deps:
 	./scripts/install-system-deps.sh
@@ -32,11 +35,15 @@ define pip_install
 		|| $(PY) -m pip install -q -e '$(1)'
 endef
 
-$(STAMP): pyproject.toml scripts/install-system-deps.sh src/aenv/dashboard/package-lock.json
+$(STAMP): pyproject.toml scripts/install-system-deps.sh
 	./scripts/install-system-deps.sh
-	./scripts/build-dashboard.sh
 	$(call pip_install,$(NODE_EXTRAS))
 	touch $(STAMP)
+
+# After the system packages (npm).
+$(DASHBOARD_ASSETS): src/aenv/dashboard/package-lock.json scripts/build-dashboard.sh | $(STAMP)
+	./scripts/build-dashboard.sh
+	touch $@
 
 $(TEST_STAMP): $(STAMP)
 	./scripts/install-system-deps.sh test
@@ -58,7 +65,7 @@ test: install-test
 # (for the CLI calls it makes). Checked to pass with no capabilities (setpriv
 # --bounding-set=-all). `make test` runs these and everything else.
 FAST_TESTS := tests/test_atomic.py tests/test_config.py tests/test_docs.py tests/test_claims.py tests/orchestrator tests/api tests/cli \
-	tests/dashboard \
+	tests/dashboard/test_sessions.py tests/dashboard/test_browser.py \
 	tests/storage/test_layers.py tests/storage/test_repository_cache.py \
 	tests/guest/test_cache.py tests/network/test_units.py tests/runtime/test_qemu_config.py \
 	tests/runtime/test_qcow2.py tests/runtime/test_damon.py \

@@ -29,6 +29,7 @@ from aenv.network import NetworkConfig, SlotPool
 from aenv.network.dns import host_resolver
 from aenv.orchestrator.builds import Builder
 from aenv.orchestrator.catalog import Catalog
+from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.images import GuestImages, prepare_images
 from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.lifecycle import OperationFailed, Orchestrator, SandboxNotFound
@@ -316,7 +317,7 @@ async def _start_node(
     proxy = SandboxProxy(
         _Resolver(orchestrator),
         domain=config.domain,
-        control_plane=Dashboard(api),
+        control_plane=Dashboard(api, _Shells(orchestrator)),
         signer=lambda signed: signer(
             signed, ((r.id, r.envd_access_token) for r in orchestrator.catalog.list())
         ),
@@ -354,6 +355,21 @@ def _in_use(catalog: Catalog, template_dir: Path) -> bool:
     """Whether some sandbox was started from a saved state in `template_dir`."""
     prefix = f"{template_dir}/"
     return any(r.restored_from.startswith(prefix) for r in catalog.list())
+
+
+class _Shells:
+    """The dashboard's terminals' view of the orchestrator: a sandbox's envd, woken first when
+    the node hibernated it, as the data plane does."""
+
+    def __init__(self, orchestrator: Orchestrator) -> None:
+        self._orchestrator = orchestrator
+
+    async def envd(self, sandbox_id: str) -> EnvdClient:
+        try:
+            await self._orchestrator.endpoint_for_traffic(sandbox_id)
+            return self._orchestrator.envd(sandbox_id)
+        except (SandboxNotFound, OperationFailed) as e:
+            raise LookupError(sandbox_id) from e
 
 
 class _Resolver:

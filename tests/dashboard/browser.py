@@ -7,8 +7,9 @@ import os
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
-from playwright.async_api import Browser, Page, async_playwright
+from playwright.async_api import Browser, ConsoleMessage, Dialog, Page, async_playwright
 
 CHROMIUM = "/usr/bin/chromium"
 # No sandbox (tests run as root), no GPU, and nothing a browser fetches on its own: the tests'
@@ -45,3 +46,30 @@ async def screenshot(page: Page, name: str, fallback: Path) -> Path:
     path = directory / f"{name}.png"
     await page.screenshot(path=str(path), full_page=True)
     return path
+
+
+@asynccontextmanager
+async def new_page(browser: Browser, **options: Any) -> AsyncIterator[Page]:
+    """A page in a context of its own, which accepts the actions' confirmations, and fails the
+    test on any console error but a refused request's (which tests cause): a
+    Content-Security-Policy violation is one."""
+    context = await browser.new_context(**options)
+    page = await context.new_page()
+
+    async def accept(dialog: Dialog) -> None:
+        await dialog.accept()
+
+    errors: list[str] = []
+
+    def console(message: ConsoleMessage) -> None:
+        refused = ("Failed to load resource", "WebSocket connection to")
+        if message.type == "error" and not message.text.startswith(refused):
+            errors.append(message.text)
+
+    page.on("dialog", accept)
+    page.on("console", console)
+    try:
+        yield page
+    finally:
+        await context.close()
+    assert errors == []

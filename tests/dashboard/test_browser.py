@@ -7,13 +7,13 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import pytest
-from playwright.async_api import Browser, ConsoleMessage, Dialog, Page, expect
+from playwright.async_api import Browser, Page, expect
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse
 from starlette.routing import Route
 
-from tests.dashboard.browser import chromium, screenshot
+from tests.dashboard.browser import chromium, new_page, screenshot
 from tests.dashboard.conftest import KEY, Site
 from tests.support.loopback_api import served
 
@@ -32,27 +32,8 @@ async def url(site: Site) -> AsyncIterator[str]:
 
 @pytest.fixture
 async def page(browser: Browser) -> AsyncIterator[Page]:
-    context = await browser.new_context()
-    page = await context.new_page()
-
-    async def accept(dialog: Dialog) -> None:
-        await dialog.accept()
-
-    page.on("dialog", accept)  # the actions' confirmations: yes
-    errors: list[str] = []
-
-    def console(message: ConsoleMessage) -> None:
-        # The refusals tests cause are logged too; anything else is a fault of the page.
-        if message.type == "error" and not message.text.startswith("Failed to load resource"):
-            errors.append(message.text)
-
-    page.on("console", console)
-    try:
+    async with new_page(browser) as page:
         yield page
-    finally:
-        await context.close()
-    # A Content-Security-Policy violation is a console error: the pages cause none.
-    assert errors == []
 
 
 async def sign_in(page: Page, url: str, key: str = KEY) -> None:

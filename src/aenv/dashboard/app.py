@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import secrets
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
@@ -25,20 +26,24 @@ from starlette.applications import Starlette
 from starlette.datastructures import MutableHeaders
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response, StreamingResponse
-from starlette.routing import Mount, Route
+from starlette.routing import Mount, Route, WebSocketRoute
 from starlette.staticfiles import StaticFiles
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.websockets import WebSocket
 
 from aenv.api.app import JSON_ERRORS
 from aenv.api.errors import APIError
 from aenv.dashboard.calls import ApiCalls, ApiRefused, KeyRefused
 from aenv.dashboard.sessions import COOKIE, Session, Sessions
+from aenv.dashboard.terminal import SandboxShells, Terminal
 
 PREFIX = "/dashboard"
 STATIC = Path(__file__).parent / "static"
+# Styles also by the answer's nonce: xterm.js makes <style> elements as it draws, and
+# terminal.js gives them the page's nonce (scripts stay this origin's files only).
 CSP = (
-    "default-src 'self'; base-uri 'none'; object-src 'none'; frame-ancestors 'none'; "
-    "form-action 'self'"
+    "default-src 'self'; style-src 'self' 'nonce-{nonce}'; base-uri 'none'; "
+    "object-src 'none'; frame-ancestors 'none'; form-action 'self'"
 )
 PAGE_SIZE = 50
 # How often a live page asks the API again.
@@ -46,6 +51,7 @@ LIVE_INTERVAL_S = 2.0
 # A live stream ends after this long and the browser opens it again (EventSource does): an
 # open stream would otherwise hold a node's shutdown, which waits for every response to end.
 STREAM_S = 30.0
+_NONCE = "style_nonce"  # the answer's CSP nonce, in its request's state
 _STATES = {"": "running,paused", "running": "running", "paused": "paused"}
 
 Handler = Callable[[Request, Session], Awaitable[Response]]
@@ -58,11 +64,14 @@ class Dashboard:
     def __init__(
         self,
         api: ASGIApp,
+        shells: SandboxShells | None = None,
         *,
         live_interval: float = LIVE_INTERVAL_S,
         stream_s: float = STREAM_S,
     ) -> None:
         self.api = api
+        # Where terminals reach sandboxes; without it (a gateway, for now) pages have none.
+        self.shells = shells
         self.calls = ApiCalls(api)
         self.sessions = Sessions()
         self.live_interval = live_interval
@@ -80,6 +89,8 @@ class Dashboard:
             Route(PREFIX + "/sign-out", self._change(self.sign_out), methods=["POST"]),
             Route(PREFIX + "/sandboxes", self._page(self.sandboxes), methods=["GET"]),
             Route(PREFIX + "/sandboxes/live", self._page(self.sandboxes_live), methods=["GET"]),
+            Route(PREFIX + "/sandboxes/{sandbox_id}", self._page(self.sandbox), methods=["GET"]),
+            WebSocketRoute(PREFIX + "/sandboxes/{sandbox_id}/terminal", self.terminal),
             Route(
                 PREFIX + "/sandboxes/{sandbox_id}/{action}",
                 self._change(self.sandbox_action),
@@ -138,14 +149,23 @@ class Dashboard:
             return _to_sign_in()
         except ApiRefused as e:
             return self._render(
-                "error.html", session, status=e.status, code=e.status, message=e.message
+                request, "error.html", session, status=e.status, code=e.status, message=e.message
             )
 
     def _render(
-        self, page: str, session: Session | None, *, status: int = 200, **values: Any
+        self,
+        request: Request,
+        page: str,
+        session: Session | None,
+        *,
+        status: int = 200,
+        **values: Any,
     ) -> HTMLResponse:
         html = self.pages.get_template(page).render(
-            csrf=session.csrf if session else None, prefix=PREFIX, **values
+            csrf=session.csrf if session else None,
+            prefix=PREFIX,
+            style_nonce=request.scope["state"][_NONCE],
+            **values,
         )
         return HTMLResponse(html, status_code=status)
 
@@ -155,20 +175,22 @@ class Dashboard:
         return RedirectResponse(PREFIX + "/sandboxes", status_code=303)
 
     async def sign_in_page(self, request: Request) -> Response:
-        return self._render("sign_in.html", None)
+        return self._render(request, "sign_in.html", None)
 
     async def sign_in(self, request: Request) -> Response:
         _same_origin(request)
         form = await request.form()
         key = form.get("key")
         if not isinstance(key, str) or not key.strip():
-            return self._render("sign_in.html", None, status=400, error="Enter an API key.")
+            return self._render(
+                request, "sign_in.html", None, status=400, error="Enter an API key."
+            )
         key = key.strip()
         try:
             # The key is judged by the API, as any client's is.
             await self.calls.call(key, "GET", "/teams")
         except KeyRefused:
-            return self._render("sign_in.html", None, status=401, error="Invalid API key.")
+            return self._render(request, "sign_in.html", None, status=401, error="Invalid API key.")
         session = self.sessions.open(key)
         response = RedirectResponse(PREFIX + "/sandboxes", status_code=303)
         response.set_cookie(
@@ -209,6 +231,7 @@ class Dashboard:
         view = _ListView.of(request)
         rows, next_token = await self._sandbox_rows(session, view)
         return self._render(
+            request,
             "sandboxes.html",
             session,
             view=view,
@@ -241,6 +264,42 @@ class Dashboard:
         return StreamingResponse(
             events(), media_type="text/event-stream", headers={"Cache-Control": "no-store"}
         )
+
+    async def sandbox(self, request: Request, session: Session) -> Response:
+        sandbox_id = request.path_params["sandbox_id"]
+        detail = await self.calls.json(session.key, f"/sandboxes/{sandbox_id}")
+        row = _SandboxRow(detail, time.time())
+        terminal = self.shells is not None and row.state == "running"
+        return self._render(request, "sandbox.html", session, sandbox=row, terminal=terminal)
+
+    async def terminal(self, socket: WebSocket) -> None:
+        """A shell on the sandbox's PTY (`terminal.py`), for a session whose key may see the
+        sandbox through the API."""
+        # Browsers send cookies with another site's WebSockets, and no CORS guards them: the
+        # page that opens one must be ours.
+        origin = socket.headers.get("origin")
+        own = f"{'https' if socket.url.scheme == 'wss' else 'http'}://{socket.headers['host']}"
+        session = self.sessions.find(socket.cookies.get(COOKIE))
+        if origin != own or session is None or self.shells is None:
+            await socket.close(code=1008)
+            return
+        await socket.accept()
+        sandbox_id = socket.path_params["sandbox_id"]
+        try:
+            cols, rows, pid = _terminal_query(socket)
+            await self.calls.call(session.key, "GET", f"/sandboxes/{sandbox_id}")
+            envd = await self.shells.envd(sandbox_id)
+        except KeyRefused:
+            self.sessions.close(session.token)
+            await socket.close(code=4401, reason="signed out")
+            return
+        except ApiRefused as e:
+            await socket.close(code=4000 + e.status, reason=e.message[:120])
+            return
+        except LookupError:
+            await socket.close(code=4409, reason="the sandbox is not running")
+            return
+        await Terminal(socket, envd).run(cols, rows, pid)
 
     async def sandbox_action(self, request: Request, session: Session) -> Response:
         sandbox_id = request.path_params["sandbox_id"]
@@ -318,6 +377,19 @@ class _SandboxRow:
         self.metadata: dict[str, str] = sandbox.get("metadata") or {}
 
 
+def _terminal_query(socket: WebSocket) -> tuple[int, int, int | None]:
+    """The terminal's size and the shell to attach to, from its URL's query."""
+    q = socket.query_params
+    try:
+        cols, rows = int(q.get("cols", "80")), int(q.get("rows", "24"))
+        pid = int(q["pid"]) if q.get("pid") else None
+    except ValueError as e:
+        raise ApiRefused(400, "cols, rows and pid are whole numbers") from e
+    if not (1 <= cols <= 1000 and 1 <= rows <= 1000):
+        raise ApiRefused(400, "cols and rows: between 1 and 1000")
+    return cols, rows, pid
+
+
 def _seconds(rfc3339: str) -> float:
     return datetime.fromisoformat(rfc3339.replace("Z", "+00:00")).timestamp()
 
@@ -361,10 +433,13 @@ class _Headers:
         self.app = app
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        nonce = secrets.token_urlsafe(16)
+        scope.setdefault("state", {})[_NONCE] = nonce
+
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = MutableHeaders(scope=message)
-                headers["Content-Security-Policy"] = CSP
+                headers["Content-Security-Policy"] = CSP.format(nonce=nonce)
                 headers["X-Content-Type-Options"] = "nosniff"
                 # Not `no-referrer`: Chromium then sends `Origin: null` with the pages' own
                 # forms, which `_same_origin` must refuse.
