@@ -214,6 +214,20 @@ class ForkBody(_Body):
     count: int = Field(default=1, ge=1, le=MAX_FORK)
 
 
+class ForkChild(_Body):
+    """One child of a batch fork: what it adds to its source's metadata and env vars."""
+
+    metadata: Metadata | None = None
+    env_vars: EnvVars | None = Field(default=None, alias="envVars")
+
+
+class BatchForkBody(_Body):
+    """`POST /aenv/sandboxes/{id}/fork` (this node's extension): one entry per child."""
+
+    timeout: int = Field(default=DEFAULT_TIMEOUT_V2, ge=1, le=MAX_SECONDS)
+    children: list[ForkChild] = Field(min_length=1, max_length=MAX_FORK)
+
+
 class ResetBody(_Body):
     """`POST /aenv/sandboxes/{id}/reset` (this node's extension): the saved state to go back to."""
 

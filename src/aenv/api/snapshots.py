@@ -1,4 +1,5 @@
-"""Routes that save or branch a sandbox's state: pause, resume, snapshots and fork.
+"""Routes that save or branch a sandbox's state: pause, resume, snapshots and fork, and this
+node's batch fork (`POST /aenv/sandboxes/{id}/fork`, docs/extensions.md).
 
 Snapshots are templates to the E2B API (an id from `POST /sandboxes/{id}/snapshots` is passed to
 create as a template and deleted with `DELETE /templates/{id}`), so only their creation and
@@ -15,10 +16,19 @@ from starlette.routing import Route
 
 from aenv.api.errors import APIError, call_lifecycle
 from aenv.api.internal_models import Refusal
-from aenv.api.models import DEFAULT_TIMEOUT_V2, ForkBody, PauseBody, ResumeBody, SnapshotBody
+from aenv.api.models import (
+    DEFAULT_TIMEOUT_V2,
+    BatchForkBody,
+    ForkBody,
+    PauseBody,
+    ResumeBody,
+    SnapshotBody,
+)
 from aenv.api.requests import check_query, parse_body
 from aenv.api.sandboxes import MAX_PAGE, sandbox_body
 from aenv.config import Config
+from aenv.orchestrator.catalog import SandboxRecord
+from aenv.orchestrator.fork import Child
 from aenv.orchestrator.kinds import SaveMode
 from aenv.orchestrator.lifecycle import (
     CapacityReached,
@@ -27,6 +37,8 @@ from aenv.orchestrator.lifecycle import (
     Orchestrator,
 )
 from aenv.orchestrator.templates import Template
+
+BATCH_FORK = "/aenv/sandboxes/{sandbox_id}/fork"
 
 
 def _snapshot_info(template: Template) -> dict[str, Any]:
@@ -45,6 +57,7 @@ class SnapshotRoutes:
             Route("/sandboxes/{sandbox_id}/snapshots", self.create_snapshot, methods=["POST"]),
             Route("/snapshots", self.list_snapshots, methods=["GET"]),
             Route("/sandboxes/{sandbox_id}/fork", self.fork, methods=["POST"]),
+            Route(BATCH_FORK, self.fork_batch, methods=["POST"]),
         ]
 
     async def pause(self, request: Request) -> Response:
@@ -117,25 +130,44 @@ class SnapshotRoutes:
         """201 with one entry per child: `{"sandbox": ...}` or `{"error": {code, message}}`."""
         check_query(request)
         body = await parse_body(request, ForkBody, optional=True)
+        return await self._forked(request, body.timeout, [Child()] * body.count)
+
+    async def fork_batch(self, request: Request) -> Response:
+        """This node's extension: a fork whose every child adds its own metadata and env vars
+        to the source's. Answered as `fork`, an entry per child in the order asked."""
+        check_query(request)
+        body = await parse_body(request, BatchForkBody)
+        children = [Child(c.metadata or {}, c.env_vars or {}) for c in body.children]
+        return await self._forked(request, body.timeout, children)
+
+    async def _forked(self, request: Request, timeout: int, children: list[Child]) -> Response:
         sandbox_id = request.path_params["sandbox_id"]
-        if body.timeout > self.config.max_timeout:
+        if timeout > self.config.max_timeout:
             raise APIError(400, f"timeout must be at most {self.config.max_timeout} seconds")
+        owner = request.state.api_key.id
         try:
-            children = await call_lifecycle(
-                self.orc.fork(sandbox_id, body.count, body.timeout, owner=request.state.api_key.id),
-                sandbox_id,
+            started = await call_lifecycle(
+                self.orc.fork_batch(sandbox_id, children, timeout, owner=owner), sandbox_id
             )
         except CapacityReached as e:  # the whole fork, refused before anything started
             raise APIError(
                 429, str(e), error_code="sandbox_capacity_unavailable", refusal=Refusal.FULL
             ) from e
-        results: list[dict[str, Any]] = []
-        for child in children:
-            if isinstance(child, BaseException):
-                status = 429 if isinstance(child, CapacityReached) else 500
-                if not isinstance(child, CapacityReached | CreateFailed):
-                    raise child
-                results.append({"error": {"code": status, "message": str(child)}})
-            else:
-                results.append({"sandbox": sandbox_body(child, self.config)})
-        return JSONResponse(results, status_code=201)
+        return JSONResponse(fork_entries(started, self.config), status_code=201)
+
+
+def fork_entries(
+    children: list[SandboxRecord | BaseException], config: Config
+) -> list[dict[str, Any]]:
+    """E2B's fork answer: one entry per child, `{"sandbox": ...}` or `{"error": {code,
+    message}}` (429 when the node had no room for it, 500 when its start failed)."""
+    results: list[dict[str, Any]] = []
+    for child in children:
+        if isinstance(child, BaseException):
+            status = 429 if isinstance(child, CapacityReached) else 500
+            if not isinstance(child, CapacityReached | CreateFailed):
+                raise child
+            results.append({"error": {"code": status, "message": str(child)}})
+        else:
+            results.append({"sandbox": sandbox_body(child, config)})
+    return results

@@ -1,5 +1,6 @@
-"""Forking: `count` new sandboxes from the state of a sandbox (running or paused) or of a
-snapshot, each with its own id, token, slot and entropy.
+"""Forking: new sandboxes from the state of a sandbox (running or paused) or of a snapshot, each
+with its own id, token, slot and entropy, and the source's metadata and env vars with what its
+`Child` adds (a batch fork labels each child: its rank, its task).
 
 1. Check the disk holds every child, before anything changes.
 2. Checkpoint a sandbox source once, as a FORK template (a snapshot is used as it is).
@@ -11,8 +12,11 @@ snapshot, each with its own id, token, slot and entropy.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from aenv.ids import new_sandbox_id
@@ -29,10 +33,24 @@ from aenv.orchestrator.templates import Template
 log = logging.getLogger("aenv.orchestrator")
 
 
+@dataclass(frozen=True)
+class Child:
+    """What one child adds to its source's metadata and env vars (its entries win)."""
+
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    env_vars: Mapping[str, str] = field(default_factory=dict)
+
+
 async def fork(
-    node: Node, source: str, count: int, timeout: int, *, owner: str | None = None
+    node: Node,
+    source: str,
+    children: Sequence[Child],
+    timeout: int,
+    *,
+    owner: str | None = None,
 ) -> list[SandboxRecord | BaseException]:
-    """One entry per child, a record or its error."""
+    """One entry per child, in order: a record or its error."""
+    count = len(children)
     parent: SandboxRecord | None
     try:
         parent = node.get(source)
@@ -62,7 +80,7 @@ async def fork(
         )
     saved = time.perf_counter()
     with node.saved.pin(Path(base.snapshot_dir)):
-        children = await _start_children(node, base, parent, count, timeout, owner)
+        started = await _start_children(node, base, parent, children, timeout, owner)
     log.info(
         "fork of %s: checkpoint %.0f ms, %d children %.0f ms",
         source,
@@ -71,21 +89,22 @@ async def fork(
         (time.perf_counter() - saved) * 1000,
     )
     await node.saved.collect()  # a fork checkpoint no child started from
-    return children
+    return started
 
 
 async def _start_children(
     node: Node,
     base: Template,
     parent: SandboxRecord | None,
-    count: int,
+    children: Sequence[Child],
     timeout: int,
     owner: str | None,
 ) -> list[SandboxRecord | BaseException]:
+    # A snapshot's metadata is its sandbox's when it was taken; it carries no env vars.
     request = CreateRequest(
         template=base.template_id,
         timeout=timeout,
-        metadata=parent.metadata if parent else {},
+        metadata=parent.metadata if parent else base.metadata,
         env_vars=parent.env_vars if parent else {},
         auto_pause=parent.auto_pause if parent else False,
         auto_resume=parent.auto_resume if parent else False,
@@ -94,8 +113,18 @@ async def _start_children(
         # Children of a sandbox mount its volumes; a snapshot carries none.
         volume_mounts=parent.volume_mounts if parent else (),
     )
-    children = await asyncio.gather(
-        *(create_from(node, request, base, parent) for _ in range(count)),
+    started = await asyncio.gather(
+        *(create_from(node, _labelled(request, child), base, parent) for child in children),
         return_exceptions=True,
     )
-    return list(children)
+    return list(started)
+
+
+def _labelled(request: CreateRequest, child: Child) -> CreateRequest:
+    if not child.metadata and not child.env_vars:
+        return request
+    return dataclasses.replace(
+        request,
+        metadata={**request.metadata, **child.metadata},
+        env_vars={**request.env_vars, **child.env_vars},
+    )

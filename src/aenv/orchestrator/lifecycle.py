@@ -67,6 +67,7 @@ from aenv.orchestrator.errors import (
     VolumeInUse,
 )
 from aenv.orchestrator.events import EventLog
+from aenv.orchestrator.fork import Child
 from aenv.orchestrator.hibernation import Hibernation
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.metrics_history import MetricsHistory, Sample
@@ -298,7 +299,18 @@ class Orchestrator:
     async def fork(
         self, source: str, count: int, timeout: int, *, owner: str | None = None
     ) -> builtins.list[SandboxRecord | BaseException]:
-        return await fork.fork(self.node, source, count, timeout, owner=owner)
+        return await self.fork_batch(source, [Child()] * count, timeout, owner=owner)
+
+    async def fork_batch(
+        self,
+        source: str,
+        children: builtins.list[Child],
+        timeout: int,
+        *,
+        owner: str | None = None,
+    ) -> builtins.list[SandboxRecord | BaseException]:
+        """A fork whose every child adds its own metadata and env vars to the source's."""
+        return await fork.fork(self.node, source, children, timeout, owner=owner)
 
     async def reset(self, sandbox_id: str, source: str) -> SandboxRecord:
         return await reset.reset(self.node, sandbox_id, source)
