@@ -18,7 +18,6 @@ from starlette.types import ASGIApp
 
 from aenv.cli import nodes
 from aenv.cli.node import console
-from aenv.cli.serve import serve
 from aenv.config import ConfigError, load
 
 if TYPE_CHECKING:
@@ -66,6 +65,7 @@ def node(
     console.print(
         f"[cyan]aenv[/cyan] node {settings.node_id} joins the cluster at {settings.address}"
     )
+    from aenv.cli.serve import serve
     from aenv.cluster.drain import DrainMemory
     from aenv.cluster.internal import InternalGate
 

@@ -11,15 +11,16 @@ from rich.console import Console
 
 from aenv.cli.node import console
 from aenv.config import ConfigError, load
-from aenv.doctor import Outcome, examine
-
-STYLE = {Outcome.PASS: "green", Outcome.WARN: "yellow", Outcome.FAIL: "red"}
 
 
 def doctor(
     home: Annotated[Path | None, typer.Option(help="data directory (AENV_HOME)")] = None,
 ) -> None:
     """Check this host as a node's first hour would; exit 1 if a check failed."""
+    # Imported here: the checks bring in the runtime and the network, which only they need.
+    from aenv.doctor import Outcome, examine
+
+    style_of = {Outcome.PASS: "green", Outcome.WARN: "yellow", Outcome.FAIL: "red"}
     try:
         config = load({"home": home})
     except ConfigError as e:
@@ -28,7 +29,7 @@ def doctor(
     results = asyncio.run(examine(config))
     out = Console(highlight=False)
     for r in results:
-        style = STYLE[r.outcome]
+        style = style_of[r.outcome]
         out.print(f"[{style}]{r.outcome:<4}[/{style}] {r.name:<7} {r.detail}", soft_wrap=True)
     if any(r.outcome is Outcome.FAIL for r in results):
         raise typer.Exit(1)

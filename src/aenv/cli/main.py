@@ -25,7 +25,6 @@ from aenv.cli import (
     volumes,
 )
 from aenv.cli.node import console
-from aenv.cli.serve import serve
 from aenv.config import ConfigError, load
 
 app = typer.Typer(help="AENV-py: E2B-compatible microVM sandboxes.", no_args_is_help=True)
@@ -63,6 +62,10 @@ def server(
     except ConfigError as e:
         console.print(f"[red]configuration error:[/red] {e}")
         raise typer.Exit(2) from e
+    # Imported here: the server is most of aenv, and every other command (and --help) runs
+    # without it.
+    from aenv.cli.serve import serve
+
     try:
         asyncio.run(serve(config))
     except ConfigError as e:  # what the host cannot do, found as the node starts

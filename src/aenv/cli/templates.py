@@ -10,21 +10,19 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import quote
 
 import httpx
 import typer
-from e2b import Template
-from e2b.exceptions import BuildException, FileUploadException, TemplateException
-from e2b.template.logger import LogEntry
-from e2b.template.main import TemplateBuilder, TemplateFinal
 from rich.console import Console
 from rich.table import Table
 
-from aenv.cli.dockerfile import UnsupportedDockerfile, is_dockerfile, template_from_dockerfile
 from aenv.cli.node import HomeOption, JsonOption, call, console, fail, node
-from aenv.template_definition import DefinitionError, read_definition, sdk_template
+
+if TYPE_CHECKING:
+    from e2b.template.logger import LogEntry
+    from e2b.template.main import TemplateBuilder, TemplateFinal
 
 LOG_POLL_SECONDS = 0.5
 
@@ -85,6 +83,13 @@ def build(
 ) -> None:
     """Build a template from a definition FILE or a Dockerfile, streaming its logs; prints the
     template ID."""
+    # Imported here: the e2b SDK takes most of a second to import, and only a build needs it.
+    from e2b import Template
+    from e2b.exceptions import BuildException, FileUploadException, TemplateException
+
+    from aenv.cli.dockerfile import UnsupportedDockerfile, is_dockerfile, template_from_dockerfile
+    from aenv.template_definition import DefinitionError, read_definition, sdk_template
+
     template: TemplateBuilder | TemplateFinal
     if is_dockerfile(file):
         definition: dict[str, Any] = {}
