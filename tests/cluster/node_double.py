@@ -31,6 +31,7 @@ from starlette.types import ASGIApp
 from aenv.api.app import JSON_ERRORS, APIKeyGate
 from aenv.api.builds import BuildRoutes
 from aenv.api.errors import APIError, not_found
+from aenv.api.events import EventRoutes
 from aenv.api.internal_models import Refusal
 from aenv.api.keys import KeyStore, LocalKeys
 from aenv.api.limits import RateLimiter
@@ -50,6 +51,7 @@ from aenv.orchestrator.catalog import (
     record_from_json,
     record_to_json,
 )
+from aenv.orchestrator.events import EventLog
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.reserve import HostReserve
@@ -114,6 +116,7 @@ class NodeDouble:
     on_snapshot: Callable[[Template], Awaitable[None]] | None = None
     builder: Builder | None = None  # set by `app`
     templates: TemplateStore | None = None  # set by `app`
+    events: EventLog | None = None  # set by `app`
 
     def add(
         self,
@@ -137,6 +140,7 @@ class NodeDouble:
         config = load({"home": self.home})
         templates = TemplateStore(config.paths.templates, self.home / "template-memory")
         self.templates = templates
+        self.events = EventLog(self.catalog, templates, queue_limit=1)
         orchestrator = cast(
             Orchestrator,
             _CatalogOnly(
@@ -178,6 +182,7 @@ class NodeDouble:
                 Route("/templates/aliases/{alias}", templates_api.alias, methods=["GET"]),
                 Route("/templates/{template_id}", templates_api.get, methods=["GET"]),
                 *VolumeRoutes(orchestrator).routes(),
+                *EventRoutes(self.events).routes(),
             ],
             exception_handlers=JSON_ERRORS,
         )

@@ -14,6 +14,7 @@ import json
 import secrets
 import socket
 import threading
+import time
 from collections.abc import AsyncIterator, Iterator
 from contextlib import ExitStack
 from dataclasses import dataclass
@@ -47,6 +48,7 @@ from aenv.gateway.evacuate import Released, evacuate
 from aenv.gateway.nodes import NodeClient
 from aenv.orchestrator.builds import BuildStatus
 from aenv.orchestrator.catalog import Archived, Catalog, VolumeMount, record_to_json
+from aenv.orchestrator.events import EventType
 from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.templates import Template, template_to_json
@@ -736,6 +738,34 @@ async def test_the_list_pages_over_every_node_in_order(setup: Setup) -> None:
 
 
 @pytest.mark.parametrize("versions", [(REPLAY,), INTERNAL_VERSIONS], ids=["v0", "v1"])
+async def test_events_of_every_node_are_merged_in_time_order(setup: Setup) -> None:
+    created, killed = EventType.CREATED, EventType.KILLED
+    for node, sandbox_id, kind in (
+        ("a", "sbea", created),
+        ("b", "sbeb", created),
+        ("a", "sbea2", created),
+        ("b", "sbeb", killed),
+    ):
+        double = setup.nodes[node]
+        if kind is created:
+            double.add(sandbox_id, time.time(), run="events")
+        record = double.catalog.get(sandbox_id)
+        assert double.events is not None and record is not None
+        double.events.record(kind, record)
+    with setup.client() as http:
+        ascending = http.get("/events/sandboxes", params={"orderAsc": "true"}).json()
+        assert [e["sandboxId"] for e in ascending] == ["sbea", "sbeb", "sbea2", "sbeb"]
+        assert http.get("/events/sandboxes").json() == ascending[::-1]
+        page = http.get("/events/sandboxes", params={"orderAsc": "true", "offset": 1, "limit": 2})
+        assert page.json() == ascending[1:3]
+        mine = http.get("/events/sandboxes/sbeb", params={"orderAsc": "true"}).json()
+        assert mine == [ascending[1], ascending[3]]
+        kills = http.get("/events/sandboxes", params={"types": killed.value})
+        assert kills.json() == [ascending[3]]
+        for params in ({"limit": 0}, {"offset": 9_995, "limit": 10}, {"types": "nope"}):
+            assert http.get("/events/sandboxes", params=params).status_code == 400, params
+
+
 async def test_a_bad_list_query_is_the_nodes_400(setup: Setup) -> None:
     with setup.client() as http:
         answer = http.get("/v2/sandboxes", params={"limit": "0"})

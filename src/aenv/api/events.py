@@ -17,7 +17,20 @@ from aenv.ids import TEAM_ID
 from aenv.orchestrator.events import EventLog, EventQuery, EventType
 
 MAX_LIMIT = 100
-_QUERY = ("offset", "limit", "orderAsc", "types")
+QUERY = ("offset", "limit", "orderAsc", "types")
+
+
+def event_query(request: Request, sandbox_id: str | None) -> EventQuery:
+    """The page a request asks for, or a 400 naming what is wrong with its query."""
+    check_query(request, QUERY)
+    return EventQuery(
+        team_id=TEAM_ID,
+        limit=query_int(request, "limit", 10, 1, MAX_LIMIT),
+        offset=query_int(request, "offset", 0, 0, 2**62),
+        ascending=query_flag(request, "orderAsc"),
+        types=_types(request),
+        sandbox_id=sandbox_id,
+    )
 
 
 def _types(request: Request) -> tuple[EventType, ...]:
@@ -39,16 +52,7 @@ class EventRoutes:
         ]
 
     def _page(self, request: Request, sandbox_id: str | None) -> Response:
-        check_query(request, _QUERY)
-        query = EventQuery(
-            team_id=TEAM_ID,
-            limit=query_int(request, "limit", 10, 1, MAX_LIMIT),
-            offset=query_int(request, "offset", 0, 0, 2**62),
-            ascending=query_flag(request, "orderAsc"),
-            types=_types(request),
-            sandbox_id=sandbox_id,
-        )
-        return JSONResponse(self.events.page(query))
+        return JSONResponse(self.events.page(event_query(request, sandbox_id)))
 
     async def team_events(self, request: Request) -> Response:
         return self._page(request, None)

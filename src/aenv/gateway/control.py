@@ -23,7 +23,8 @@
 - Templates and snapshots are answered across nodes (`saved`), template builds placed and
   routed to their node (`builds`), tags kept on every node holding the template (`tags`),
   volumes kept on theirs (`volumes`); forks spill over to
-  other nodes when the parent's lacks room (`forks`).
+  other nodes when the parent's lacks room (`forks`); lifecycle events are merged from every
+  live node (`events`).
 - Every other route of a node is a 501 here for now, naming it.
 """
 
@@ -56,6 +57,7 @@ from aenv.cluster.saved import SavedRecord
 from aenv.cluster.store import ClusterUnavailable
 from aenv.config import Config
 from aenv.gateway.builds import BuildRoutes
+from aenv.gateway.events import EventRoutes
 from aenv.gateway.forks import Forks
 from aenv.gateway.handoff import Handoff
 from aenv.gateway.listing import merge, page_limit
@@ -105,6 +107,7 @@ class ControlPlane:
             *TagRoutes(saved).routes(),
             *saved.routes(),
             *self.volumes.routes(),
+            *EventRoutes(self.directory, self.call_on).routes(),
             Route("/{rest:path}", self.not_served, methods=_SANDBOX_METHODS),
         ]
 

@@ -48,8 +48,10 @@ _STARTS = (EventType.CREATED, EventType.RESUMED)
 
 
 def timestamp(at: float) -> str:
-    """An RFC 3339 UTC time, as E2B writes them (`2025-08-06T20:59:24Z`)."""
-    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+    """An RFC 3339 UTC time with microseconds (`2025-08-06T20:59:24.123456Z`; E2B's docs
+    show whole seconds): events of several nodes are merged by it, and two of one second
+    would otherwise tie. Fixed width, so that text order is time order."""
+    return datetime.fromtimestamp(at, UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
 
 
 @dataclass(frozen=True)
