@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
@@ -14,6 +15,7 @@ from aenv.api.app import create_api
 from aenv.api.keys import KeyStore
 from aenv.dashboard.app import Dashboard
 from aenv.orchestrator.lifecycle import Orchestrator
+from tests.doubles.driver import DoubleDriver
 from tests.doubles.node import double_node
 
 KEY = "e2b_" + "5" * 40
@@ -24,6 +26,7 @@ SECOND_KEY = "e2b_" + "6" * 40
 class Site:
     dashboard: Dashboard
     orchestrator: Orchestrator
+    driver: DoubleDriver
     keys: KeyStore
     # The API as an SDK reaches it (with `KEY`), through the dashboard's router.
     api: httpx.AsyncClient
@@ -34,6 +37,22 @@ class Site:
         assert created.status_code == 201, created.text
         sandbox_id: str = created.json()["sandboxID"]
         return sandbox_id
+
+    async def build(self, name: str, steps: list[dict[str, Any]]) -> tuple[str, str]:
+        """A build of template `name` started from `base` with `steps`: (template, build)."""
+        requested = (await self.api.post("/v3/templates", json={"name": name})).json()
+        ids = requested["templateID"], requested["buildID"]
+        started = await self.api.post(
+            f"/v2/templates/{ids[0]}/builds/{ids[1]}",
+            json={"fromTemplate": "base", "steps": steps},
+        )
+        assert started.status_code == 202, started.text
+        return ids
+
+    async def build_status(self, ids: tuple[str, str]) -> str:
+        answer = await self.api.get(f"/templates/{ids[0]}/builds/{ids[1]}/status")
+        status: str = answer.json()["status"]
+        return status
 
 
 @pytest.fixture
@@ -49,4 +68,4 @@ async def site(tmp_path: Path) -> AsyncIterator[Site]:
             base_url="http://node",
             headers={"X-API-KEY": KEY},
         ) as client:
-            yield Site(dashboard, doubles.orchestrator, keys, client)
+            yield Site(dashboard, doubles.orchestrator, doubles.driver, keys, client)

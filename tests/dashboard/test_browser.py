@@ -88,3 +88,23 @@ async def test_a_cross_site_form_is_refused(site: Site, url: str, page: Page) ->
             await page.click("text=Win")
         assert (await answer.value).status == 403
     assert (await site.api.get(f"/sandboxes/{sandbox_id}")).status_code == 200
+
+
+async def test_follow_a_builds_log(site: Site, url: str, page: Page, tmp_path: Path) -> None:
+    held = site.driver.hold("snapshot")  # the build's steps have run; its save waits
+    ids = await site.build("app", [{"type": "RUN", "args": ["echo first-step"]}])
+    await held.reached.wait()
+    await sign_in(page, url)
+    await page.click("nav >> text=Templates")
+    row = page.locator(f'tr[data-template="{ids[0]}"]')
+    await expect(row.locator(".status")).to_have_text("building")
+    await screenshot(page, "templates", tmp_path)
+    await row.locator(".status").click()
+    await expect(page.locator("#build-status")).to_have_text("building")
+    await expect(page.locator("#build-log")).to_contain_text("first-step")
+    lines = await page.locator("#build-log li").count()
+    held.release()
+    # The page follows: the status turns, the log grows, without a reload.
+    await expect(page.locator("#build-status")).to_have_text("ready")
+    await expect(page.locator("#build-log li")).not_to_have_count(lines)
+    await screenshot(page, "build", tmp_path)

@@ -25,6 +25,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aenv.api.app import JSON_ERRORS
 from aenv.api.errors import APIError
+from aenv.dashboard.builds import TemplatePages
 from aenv.dashboard.calls import ApiCalls, ApiRefused, KeyRefused
 from aenv.dashboard.pages import LIVE_INTERVAL_S, NONCE, PREFIX, STREAM_S, Pages
 from aenv.dashboard.sandboxes import SandboxPages
@@ -59,7 +60,9 @@ class Dashboard:
         self.sessions = Sessions()
         self.pages = Pages(self.calls, self.sessions, live_interval, stream_s)
         sandboxes = SandboxPages(self.pages, shells)
+        templates = TemplatePages(self.pages)
         sandbox = PREFIX + "/sandboxes/{sandbox_id}"
+        build = PREFIX + "/templates/{template_id}/builds/{build_id}"
         routes = [
             Route(PREFIX, self.home, methods=["GET"]),
             Route(PREFIX + "/", self.home, methods=["GET"]),
@@ -71,6 +74,10 @@ class Dashboard:
             Route(sandbox, self._page(sandboxes.detail), methods=["GET"]),
             WebSocketRoute(sandbox + "/terminal", sandboxes.terminal),
             Route(sandbox + "/{action}", self._change(sandboxes.act), methods=["POST"]),
+            Route(PREFIX + "/templates", self._page(templates.list), methods=["GET"]),
+            Route(PREFIX + "/templates/live", self._page(templates.live), methods=["GET"]),
+            Route(build, self._page(templates.build), methods=["GET"]),
+            Route(build + "/live", self._page(templates.build_live), methods=["GET"]),
             Mount(PREFIX + "/static", StaticFiles(directory=STATIC), name="static"),
         ]
         self._app = _Headers(Starlette(routes=routes, exception_handlers=JSON_ERRORS))

@@ -1,5 +1,6 @@
-// The dashboard's pages: confirmations before actions, and live lists that replace their rows
-// with what the server sends (server-sent events) without reloading the page.
+// The dashboard's pages: confirmations before actions, live lists that replace their rows with
+// what the server sends (server-sent events) without reloading the page, and build logs that
+// grow as the build writes them.
 "use strict";
 
 document.addEventListener("submit", (event) => {
@@ -19,4 +20,26 @@ for (const list of document.querySelectorAll("[data-live]")) {
     window.location.assign("/dashboard/sign-in");
   });
   events.addEventListener("refused", () => events.close());
+}
+
+for (const log of document.querySelectorAll("[data-follow]")) {
+  const events = new EventSource(log.dataset.follow);
+  const status = document.getElementById("build-status");
+  const reason = document.getElementById("build-reason");
+  events.addEventListener("lines", (event) => {
+    log.insertAdjacentHTML("beforeend", event.data);
+  });
+  events.addEventListener("status", (event) => {
+    status.textContent = event.data;
+    status.className = `status status-${event.data}`;
+  });
+  events.addEventListener("reason", (event) => {
+    reason.textContent = event.data;
+  });
+  events.addEventListener("complete", () => events.close());
+  events.addEventListener("refused", () => events.close());
+  events.addEventListener("signed-out", () => {
+    events.close();
+    window.location.assign("/dashboard/sign-in");
+  });
 }
