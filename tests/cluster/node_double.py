@@ -169,6 +169,7 @@ class NodeDouble:
                 Route("/v2/sandboxes", routes.list_v2, methods=["GET"]),
                 Route("/sandboxes/metrics", self.metrics, methods=["GET"]),
                 Route("/sandboxes/{sandbox_id}", self.detail, methods=["GET"]),
+                Route("/aenv/sandboxes/{sandbox_id}/reset", self.detail, methods=["POST"]),
                 Route("/cluster/adopt", self.adopt, methods=["POST"]),
                 Route("/cluster/sandboxes/{sandbox_id}/release", self.release, methods=["POST"]),
                 Route("/snapshots", saved.list_snapshots, methods=["GET"]),

@@ -356,10 +356,15 @@ async def test_calls_for_a_sandbox_go_to_its_node(setup: Setup, client: aioredis
     await routes.assign("lost", "gone")  # a running sandbox of a node whose lease lapsed
     with setup.client() as http:
         found = http.get("/sandboxes/sbonb")
+        # The node's extensions of one sandbox go to its node too; bulk ones are not served.
+        reset = http.post("/aenv/sandboxes/sbonb/reset", json={"snapshotID": "s"})
+        bulk = http.post("/aenv/bulk/sandboxes/kill", params={"metadata": "run=1"})
         unrouted = http.get("/sandboxes/nosuch")
         keyless = httpx.get(f"{setup.url}/sandboxes/sbonb")
         lost = http.delete("/sandboxes/lost")
     assert found.status_code == 200 and found.json() == {"sandboxID": "sbonb", "node": "b"}
+    assert reset.status_code == 200 and reset.json() == {"sandboxID": "sbonb", "node": "b"}
+    assert bulk.status_code == 501, bulk.text
     assert unrouted.status_code == 404
     assert unrouted.json() == {"code": 404, "message": "sandbox 'nosuch' not found"}
     assert keyless.status_code == 401

@@ -66,8 +66,9 @@ from aenv.gateway.saved import SavedRoutes
 from aenv.gateway.tags import TagRoutes
 from aenv.gateway.volumes import VolumeRoutes
 
-# `/sandboxes/{id}...` and `/v2/sandboxes/{id}...`, but not `/sandboxes/metrics`.
-_SANDBOX_PATH = re.compile(r"/(?:v2/)?sandboxes/(?!metrics(?:/|$))([^/]+)(?:/.*)?")
+# `/sandboxes/{id}...`, `/v2/sandboxes/{id}...` and the node's extensions of one sandbox
+# (`/aenv/sandboxes/{id}/...`: reset, batch fork), but not `/sandboxes/metrics`.
+_SANDBOX_PATH = re.compile(r"/(?:v2/|aenv/)?sandboxes/(?!metrics(?:/|$))([^/]+)(?:/.*)?")
 _SANDBOX_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 # A create's refusals another node may not have.
@@ -102,6 +103,7 @@ class ControlPlane:
             Route("/sandboxes/{sandbox_id}/fork", Forks(self).fork, methods=["POST"]),
             Route("/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
             Route("/v2/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
+            Route("/aenv/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
             *BuildRoutes(self, saved.first_knowing).routes(),
             # Before the template routes: `/templates/tags` is not a template id.
             *TagRoutes(saved).routes(),
