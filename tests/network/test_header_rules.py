@@ -13,8 +13,10 @@ import socket
 import ssl
 import subprocess
 import sys
+import threading
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import h11
@@ -24,6 +26,7 @@ import trustme
 from aenv.network import EgressPolicy, Slot, SlotPool
 from aenv.network.egress_ca import CA_CERT, CA_KEY, EgressCA
 from aenv.network.header_rules import HeaderRule, HeaderRules, apply
+from aenv.network.interception import PlainStream, exchange
 from tests.network import probes
 from tests.network.conftest import INET_IP, INET_OTHER_IP, World
 from tests.network.fakeguest import FakeGuest
@@ -368,3 +371,48 @@ def test_rule_order_and_refused_headers() -> None:
             HeaderRule("a.test", ((name, value),))
     with pytest.raises(ValueError):
         HeaderRule("1.2.3.4", (("X-A", "1"),))
+
+
+class _Http10(BaseHTTPRequestHandler):
+    """Python's own server: HTTP/1.0 responses, the body until the connection closes."""
+
+    def do_GET(self) -> None:
+        self.send_response(200)
+        self.end_headers()
+        self.wfile.write(json.dumps(list(self.headers.items())).encode())
+
+    def log_message(self, format: str, *args: object) -> None:
+        return
+
+
+async def test_an_http10_server_answers_an_http11_client() -> None:
+    """The exchange alone, on loopback: a server that speaks HTTP/1.0 and ends its body by
+    closing gets its response to the HTTP/1.1 client as HTTP/1.1."""
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _Http10)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up = await asyncio.open_connection("127.0.0.1", server.server_address[1])
+        try:
+            await exchange(PlainStream(reader, writer), PlainStream(*up), (SECRET,))
+        finally:
+            up[1].close()
+            writer.close()
+
+    proxy = await asyncio.start_server(relay, "127.0.0.1", 0)
+    try:
+        port = proxy.sockets[0].getsockname()[1]
+        reader, writer = await asyncio.open_connection("127.0.0.1", port)
+        writer.write(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n")
+        response = await asyncio.wait_for(reader.read(), 10)
+        writer.close()
+        head, body = response.split(b"\r\n\r\n", 1)
+        assert head.startswith(b"HTTP/1.1 200")
+        assert b"transfer-encoding: chunked" in head.lower()
+        assert b"s3cret" in body
+    finally:
+        proxy.close()
+        server.shutdown()
+        server.server_close()
+        thread.join()

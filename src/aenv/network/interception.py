@@ -137,12 +137,16 @@ async def _download(
     """The server's response (with any 1xx before it), to the guest."""
     while True:
         event = await _next_event(server, up)
-        if isinstance(event, h11.InformationalResponse):
-            await _send(guest, down, event)
+        if isinstance(event, h11.InformationalResponse | h11.Response):
+            # Made anew: h11 sends only HTTP/1.1, whatever version the server spoke.
+            head = type(event)(
+                status_code=event.status_code,
+                headers=list(event.headers.raw_items()),
+                reason=event.reason,
+            )
+            await _send(guest, down, head)
             if event.status_code == 101:
                 return
-        elif isinstance(event, h11.Response):
-            await _send(guest, down, event)
         elif isinstance(event, h11.Data):
             await _send(guest, down, h11.Data(data=event.data))
         elif isinstance(event, h11.EndOfMessage):
