@@ -19,6 +19,7 @@ it, sandboxes may not.
 from __future__ import annotations
 
 import hashlib
+import json
 import posixpath
 import secrets
 import socket
@@ -184,12 +185,16 @@ def simulated_internet(server_ns: str, certificates: Certificates) -> Iterator[I
 
 
 class _Named(BaseHTTPRequestHandler):
-    """`/bytes/N`: N zero bytes (for throughput); `/debian/`: the package index; anything else:
-    the address it was reached at."""
+    """`/bytes/N`: N zero bytes (for throughput); `/debian/`: the package index; `/headers`:
+    the request's headers (JSON pairs, in order); anything else: the address it was reached
+    at."""
 
     def do_GET(self) -> None:
         # apt asks for `/debian/./Release` (the `./` of a flat repository).
         path = posixpath.normpath(self.path)
+        if path == "/headers":
+            self._send(json.dumps(list(self.headers.items())).encode())
+            return
         if path.startswith("/debian/"):
             self._send(APT_REPO.get(path))
             return

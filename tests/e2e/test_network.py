@@ -42,6 +42,8 @@ def test_network_rules_and_tls_with_the_sdk(monkeypatch: pytest.MonkeyPatch) -> 
             # the test CA as they would a host's TLS-intercepting proxy (network/test_build_egress).
             "AENV_BUILD_EGRESS": "allowed.test",
             "AENV_BUILD_CA_BUNDLE": str(certificates.ca),
+            # The servers of names with header rules are verified against the test CA.
+            "AENV_NETWORK_RULES_CA": str(certificates.ca),
             "AENV_DOMAIN": NODE_DOMAIN,
             "AENV_TLS_CERT": str(certificates.node),
             "AENV_TLS_KEY": str(certificates.node_key),

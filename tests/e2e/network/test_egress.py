@@ -30,7 +30,8 @@ REFUSED: list[tuple[SandboxNetworkOpts, str]] = [
     ({"allow_out": ["bad..name"], "deny_out": ["0.0.0.0/0"]}, "allowOut"),
     ({"deny_out": ["not-an-address"]}, "denyOut"),
     ({"deny_out": ["2001:db8::/32"]}, "IPv4"),
-    ({"rules": {"example.com": [{"transform": {"headers": {"X": "y"}}}]}}, "network.rules"),
+    # Header rules apply to connections judged by name (tests/e2e/network/test_header_rules.py).
+    ({"rules": {"example.com": [{"transform": {"headers": {"X": "y"}}}]}}, "judged by name"),
     ({"mask_request_host": "bad host"}, "maskRequestHost"),
     ({"egress_proxy": {"address": "proxy.test"}}, "egressProxy"),
     ({"egress_proxy": {"address": f"{INTERNAL[1]}:1080"}}, "a range slots may not reach"),

@@ -1,0 +1,65 @@
+"""Header rules (`network.rules`) with the unmodified SDK against a real VM: curl and Python in
+the guest reach the simulated internet's HTTPS server (tests/e2e/internet.py, `/headers` echoes
+what it got), a ruled name with the rule's header, another name without it; the info shows the
+value `REDACTED`; an update gives a running sandbox its first rules."""
+
+from __future__ import annotations
+
+import json
+
+from e2b import Sandbox
+from e2b.sandbox.sandbox_api import SandboxNetworkOpts, SandboxNetworkRule
+
+SECRET = "s3cret-e2e"
+RULED: SandboxNetworkOpts = {
+    "allow_out": ["allowed.test", "other.test"],
+    "deny_out": ["0.0.0.0/0"],
+    "rules": {"allowed.test": [{"transform": {"headers": {"X-Api-Key": SECRET}}}]},
+}
+PYTHON = (
+    "import urllib.request; "
+    "print(urllib.request.urlopen('https://allowed.test/headers', timeout=20).read().decode())"
+)
+
+
+def _headers(sandbox: Sandbox, command: str) -> dict[str, str]:
+    result = sandbox.commands.run(command, timeout=60)
+    return {name.lower(): value for name, value in json.loads(result.stdout)}
+
+
+def test_headers_reach_the_ruled_name_only() -> None:
+    sandbox = Sandbox.create(timeout=180, network=RULED)
+    try:
+        # The guest trusts the node's egress CA (its system bundle and SSL_CERT_FILE).
+        got = _headers(sandbox, "curl -sS -m 20 -H 'X-Api-Key: guest' https://allowed.test/headers")
+        assert got["x-api-key"] == SECRET
+        assert _headers(sandbox, f'python3 -c "{PYTHON}"')["x-api-key"] == SECRET
+        # Another name passes through untouched (its own certificate: the test CA, which the
+        # guest does not trust, hence -k).
+        assert "x-api-key" not in _headers(sandbox, "curl -sS -m 20 -k https://other.test/headers")
+        info = sandbox.get_info().network
+        assert info is not None
+        assert info["rules"] == {
+            "allowed.test": [{"transform": {"headers": {"X-Api-Key": "REDACTED"}}}]
+        }
+    finally:
+        sandbox.kill()
+
+
+def test_an_update_gives_a_running_sandbox_rules() -> None:
+    plain: SandboxNetworkOpts = {"allow_out": ["allowed.test"], "deny_out": ["0.0.0.0/0"]}
+    sandbox = Sandbox.create(timeout=180, network=plain)
+    try:
+        assert "x-api-key" not in _headers(
+            sandbox, "curl -sS -m 20 -k https://allowed.test/headers"
+        )
+        rules: dict[str, list[SandboxNetworkRule]] = {
+            "allowed.test": [{"transform": {"headers": {"X-Api-Key": SECRET}}}]
+        }
+        sandbox.update_network(
+            {"allow_out": ["allowed.test"], "deny_out": ["0.0.0.0/0"], "rules": rules}
+        )
+        got = _headers(sandbox, "curl -sS -m 20 https://allowed.test/headers")
+        assert got["x-api-key"] == SECRET
+    finally:
+        sandbox.kill()
