@@ -20,6 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.errors import APIError, call_lifecycle
+from aenv.api.extensions import BULK_SANDBOXES, BULK_SNAPSHOTS
 from aenv.api.models import TimeoutBody
 from aenv.api.requests import check_query, parse_body
 from aenv.api.sandboxes import matching, metadata_filter
@@ -27,10 +28,6 @@ from aenv.config import Config
 from aenv.orchestrator.catalog import SandboxRecord
 from aenv.orchestrator.kinds import SaveMode
 from aenv.orchestrator.lifecycle import Orchestrator, SandboxNotFound
-
-PREFIX = "/aenv/bulk"
-SANDBOXES = PREFIX + "/sandboxes"
-SNAPSHOTS = PREFIX + "/snapshots"
 
 
 class BulkRoutes:
@@ -40,10 +37,10 @@ class BulkRoutes:
 
     def routes(self) -> list[Route]:
         return [
-            Route(SANDBOXES + "/kill", self.kill, methods=["POST"]),
-            Route(SANDBOXES + "/pause", self.pause, methods=["POST"]),
-            Route(SANDBOXES + "/timeout", self.timeout, methods=["POST"]),
-            Route(SNAPSHOTS, self.delete_snapshots, methods=["DELETE"]),
+            Route(BULK_SANDBOXES + "/kill", self.kill, methods=["POST"]),
+            Route(BULK_SANDBOXES + "/pause", self.pause, methods=["POST"]),
+            Route(BULK_SANDBOXES + "/timeout", self.timeout, methods=["POST"]),
+            Route(BULK_SNAPSHOTS, self.delete_snapshots, methods=["DELETE"]),
         ]
 
     def _selected(self, request: Request, public: frozenset[str]) -> list[SandboxRecord]:

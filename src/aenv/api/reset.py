@@ -14,6 +14,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.errors import APIError, call_lifecycle, not_found
+from aenv.api.extensions import RESET
 from aenv.api.internal_models import Refusal
 from aenv.api.models import ResetBody
 from aenv.api.requests import check_query, parse_body
@@ -22,8 +23,6 @@ from aenv.config import Config
 from aenv.orchestrator.lifecycle import CapacityReached, Orchestrator
 from aenv.orchestrator.templates import TemplateNotFound
 
-PATH = "/aenv/sandboxes/{sandbox_id}/reset"
-
 
 class ResetRoutes:
     def __init__(self, orchestrator: Orchestrator, config: Config) -> None:
@@ -31,7 +30,7 @@ class ResetRoutes:
         self.config = config
 
     def routes(self) -> list[Route]:
-        return [Route(PATH, self.reset, methods=["POST"])]
+        return [Route(RESET, self.reset, methods=["POST"])]
 
     async def reset(self, request: Request) -> Response:
         """200 reset; 404 unknown sandbox or snapshot; 409 not running; 429 no memory for the

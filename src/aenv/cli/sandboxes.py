@@ -15,8 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from aenv.api.bulk import SANDBOXES as BULK_SANDBOXES
-from aenv.api.bulk import SNAPSHOTS as BULK_SNAPSHOTS
+from aenv.api.extensions import BULK_SANDBOXES, BULK_SNAPSHOTS
 from aenv.cli.node import HomeOption, JsonOption, call, check, console, fail, node, send
 from aenv.cli.snapshots import SLOW, delete_snapshot
 

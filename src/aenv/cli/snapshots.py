@@ -14,6 +14,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from aenv.api.extensions import RESET
 from aenv.cli.node import HomeOption, JsonOption, call, console, fail, node
 
 app = typer.Typer()
@@ -140,11 +141,8 @@ def reset(
     home: HomeOption = None,
 ) -> None:
     """Return a running sandbox to a snapshot's state, in place: its ID, URLs and tokens stay."""
-    # Imported here: the route's module brings in the orchestrator, which no other command needs.
-    from aenv.api.reset import PATH as RESET_PATH
-
     with node(home).client() as client, console.status(f"resetting {sandbox_id}..."):
-        path = RESET_PATH.replace("{sandbox_id}", quote(sandbox_id, safe=""))
+        path = RESET.replace("{sandbox_id}", quote(sandbox_id, safe=""))
         call(client, "POST", path, json={"snapshotID": snapshot}, timeout=SLOW)
     typer.echo(sandbox_id)
 

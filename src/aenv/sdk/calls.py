@@ -17,8 +17,7 @@ from e2b import ApiParams, AsyncSandbox, ConnectionConfig, Sandbox
 from e2b.api import handle_api_exception
 from e2b.exceptions import NotFoundException
 
-from aenv.api.bulk import SANDBOXES, SNAPSHOTS
-from aenv.api.reset import PATH as RESET_PATH
+from aenv.api.extensions import BULK_SANDBOXES, BULK_SNAPSHOTS, RESET
 
 # What a bulk call answers per sandbox: its id, and its error's message when it failed.
 Outcomes = dict[str, str | None]
@@ -67,7 +66,7 @@ async def _send_async(config: ConnectionConfig, call: _Call) -> Any:
 
 
 def _reset(sandbox_id: str, snapshot_id: str) -> _Call:
-    path = RESET_PATH.replace("{sandbox_id}", quote(sandbox_id, safe=""))
+    path = RESET.replace("{sandbox_id}", quote(sandbox_id, safe=""))
     return _Call("POST", path, body={"snapshotID": snapshot_id})
 
 
@@ -85,7 +84,7 @@ async def reset_async(sandbox: AsyncSandbox, snapshot_id: str) -> None:
 
 
 def _bulk(action: str, metadata: Mapping[str, str], body: Any = None) -> _Call:
-    return _Call("POST", f"{SANDBOXES}/{action}", {"metadata": urlencode(metadata)}, body)
+    return _Call("POST", f"{BULK_SANDBOXES}/{action}", {"metadata": urlencode(metadata)}, body)
 
 
 def _outcomes(answer: Any) -> Outcomes:
@@ -137,7 +136,7 @@ async def set_timeout_by_metadata_async(
 
 
 def _delete_snapshots(metadata: Mapping[str, str]) -> _Call:
-    return _Call("DELETE", SNAPSHOTS, {"metadata": urlencode(metadata)})
+    return _Call("DELETE", BULK_SNAPSHOTS, {"metadata": urlencode(metadata)})
 
 
 def delete_snapshots_by_metadata(

@@ -1,0 +1,11 @@
+"""The paths of this node's extensions of the E2B API, under `/aenv/` (a prefix E2B's API does
+not use): reset in place (`api/reset.py`) and the bulk operations (`api/bulk.py`).
+
+They have a module of their own so that the clients of those routes (the `aenv` CLI,
+`aenv.sdk`) name them without importing the routes, which bring in the orchestrator."""
+
+from __future__ import annotations
+
+RESET = "/aenv/sandboxes/{sandbox_id}/reset"
+BULK_SANDBOXES = "/aenv/bulk/sandboxes"  # `/kill`, `/pause`, `/timeout`
+BULK_SNAPSHOTS = "/aenv/bulk/snapshots"
