@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import pytest
 
-pytest_plugins = ["tests.support.terminate"]
+pytest_plugins = ["tests.support.terminate", "tests.support.rewrite_cache"]
 
 _SECONDS: defaultdict[str, float] = defaultdict(float)
 _CPU: defaultdict[str, list[float]] = defaultdict(lambda: [0.0, 0.0])
