@@ -3,8 +3,10 @@ writes, E2B's shape and query parameters, the retention, and events surviving a 
 
 from __future__ import annotations
 
+import asyncio
 import sqlite3
 import time
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -12,8 +14,11 @@ import httpx
 from aenv.api.app import create_api
 from aenv.api.keys import KeyStore
 from aenv.ids import TEAM_ID
+from aenv.orchestrator.events import EventQuery
+from aenv.orchestrator.states import SandboxState
 from tests.api.conftest import API_KEY, Node
 from tests.doubles.node import double_node
+from tests.support.wait import eventually
 
 CREATED, UPDATED, PAUSED, RESUMED, CHECKPOINTED, KILLED = (
     f"sandbox.lifecycle.{name}"
@@ -79,6 +84,7 @@ async def test_each_operation_writes_its_event_in_order(node: Node) -> None:
         assert execution["execution_time"] >= 0
         assert execution["started_at"].endswith("Z")
     assert "execution" not in created["eventData"]
+    assert killed["eventData"]["kill_reason"] == "request"
 
     newest_first = await _events(client, f"/events/sandboxes/{sandbox_id}")
     assert newest_first == events[::-1]
@@ -129,7 +135,7 @@ async def test_events_past_their_retention_are_removed(node: Node) -> None:
     assert [e["type"] for e in remaining] == [KILLED]
 
 
-async def test_events_survive_a_restart(tmp_path: Any) -> None:
+async def test_events_survive_a_restart(tmp_path: Path) -> None:
     keys = KeyStore(tmp_path / "api-keys.json")
     keys.add(API_KEY, "test")
     async with double_node(tmp_path / "node") as doubles:
@@ -154,3 +160,50 @@ async def test_events_survive_a_restart(tmp_path: Any) -> None:
     finally:
         await reopened.orchestrator.close()
         reopened.catalog.close()
+
+
+async def test_a_timeout_kill_says_so(node: Node) -> None:
+    sandbox_id = await _sandbox(node.client)
+    node.orchestrator.set_timeout(sandbox_id, 0)
+
+    async def killed() -> list[dict[str, Any]]:
+        return await _events(node.client, f"/events/sandboxes/{sandbox_id}", types=KILLED)
+
+    async def seen() -> bool:
+        return bool(await killed())
+
+    await eventually(seen, "the timeout's kill")
+    (event,) = await killed()
+    assert event["eventData"]["kill_reason"] == "timeout"
+    assert event["eventData"]["execution"]["execution_time"] >= 0
+
+
+async def test_a_restart_ends_the_executions_the_crash_cut(tmp_path: Path) -> None:
+    """After a crash, a running sandbox is reclaimed (killed, `orphaned`) and one caught
+    mid-pause is paused at its previous checkpoint (paused), each ending its execution."""
+    async with double_node(tmp_path) as node:
+        orc = node.orchestrator
+        running, _ = await orc.create(node.request())
+        pausing, _ = await orc.create(node.request())
+        await orc.pause(pausing.id)
+        await orc.resume(pausing.id, 300)
+        held = node.driver.hold("snapshot")
+        cut = asyncio.create_task(orc.pause(pausing.id))
+        await held.reached.wait()
+        restarted = node.reopen()  # the crash: the catalog as the node left it
+        await restarted.orchestrator.start()
+        try:
+            log = restarted.orchestrator.events
+            for sandbox_id, kind in ((running.id, KILLED), (pausing.id, PAUSED)):
+                query = EventQuery(TEAM_ID, limit=1, sandbox_id=sandbox_id)
+                (last,) = log.page(query)
+                assert last["type"] == kind
+                assert last["eventData"]["execution"]["vcpu_count"] >= 1
+            (reclaimed,) = log.page(EventQuery(TEAM_ID, limit=1, sandbox_id=running.id))
+            assert reclaimed["eventData"]["kill_reason"] == "orphaned"
+            assert restarted.row(pausing.id).state is SandboxState.PAUSED
+        finally:
+            await restarted.orchestrator.close()
+            restarted.catalog.close()
+            held.release()
+            await asyncio.gather(cut, return_exceptions=True)

@@ -16,7 +16,7 @@ import time
 from aenv.orchestrator import save
 from aenv.orchestrator.catalog import SandboxRecord
 from aenv.orchestrator.errors import InvalidState, OperationFailed, SandboxNotFound
-from aenv.orchestrator.events import EventType, timestamp
+from aenv.orchestrator.events import EventType, KillReason, timestamp
 from aenv.orchestrator.housekeeping import reconcile
 from aenv.orchestrator.node import Live, Node
 from aenv.orchestrator.residency import tell
@@ -25,7 +25,7 @@ from aenv.orchestrator.states import ASLEEP, KILLABLE, LIVE, RUNS, SandboxState
 log = logging.getLogger("aenv.orchestrator")
 
 
-async def kill(node: Node, sandbox_id: str) -> bool:
+async def kill(node: Node, sandbox_id: str, reason: KillReason = KillReason.REQUEST) -> bool:
     """Stop and forget a sandbox. False when it does not exist (or is already going)."""
     async with node.lock(sandbox_id):
         before = node.catalog.get(sandbox_id)
@@ -34,7 +34,12 @@ async def kill(node: Node, sandbox_id: str) -> bool:
             return False
         await forget_locked(node, sandbox_id, drop_archived=record)
         if before.state.public is not None:  # a create cut short had no created event
-            node.events.record(EventType.KILLED, record, ends_execution=before.state in RUNS)
+            node.events.record(
+                EventType.KILLED,
+                record,
+                {"kill_reason": reason.value},
+                ends_execution=before.state in RUNS,
+            )
     if not record.internal:
         await tell(node.residency, lambda r: r.sandbox_gone(sandbox_id), f"{sandbox_id} left")
     await node.saved.collect()
@@ -73,13 +78,13 @@ async def _watch_vmm(node: Node, sandbox_id: str, live: Live) -> None:
     if live.planned_exit or node.live.get(sandbox_id) is not live:
         return
     log.warning("sandbox %s: its VMM exited unexpectedly; removing it", sandbox_id)
-    await kill(node, sandbox_id)
+    await kill(node, sandbox_id, KillReason.UNKNOWN)
 
 
 async def remove_vanished(node: Node, sandbox_id: str) -> None:
     """A sandbox found running without a VM (`Node.live_of`): killed, and what is left of
     its VM and slot ended."""
-    await kill(node, sandbox_id)
+    await kill(node, sandbox_id, KillReason.UNKNOWN)
     await reconcile(node)
 
 
@@ -94,7 +99,7 @@ async def expire(node: Node, record: SandboxRecord) -> None:
             return
         except OperationFailed:
             log.exception("auto-pause of %s failed; killing it", record.id)
-    await kill(node, record.id)
+    await kill(node, record.id, KillReason.TIMEOUT)
 
 
 def set_timeout(node: Node, sandbox_id: str, timeout: int) -> SandboxRecord:

@@ -43,6 +43,16 @@ class EventType(enum.StrEnum):
     KILLED = "sandbox.lifecycle.killed"
 
 
+class KillReason(enum.StrEnum):
+    """Why a sandbox was killed (`kill_reason` of its killed event): E2B's names."""
+
+    REQUEST = "request"  # a client's kill
+    TIMEOUT = "timeout"  # its timeout, without autoPause (or the pause failed)
+    ADMIN = "admin"  # the node's shutdown, with `pause_on_shutdown` off or the pause failed
+    ORPHANED = "orphaned"  # found running by a restart: its VM died with the previous process
+    UNKNOWN = "unknown"  # its VMM exited on its own, or its VM vanished
+
+
 # The events that start an execution.
 _STARTS = (EventType.CREATED, EventType.RESUMED)
 

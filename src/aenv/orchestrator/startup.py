@@ -23,7 +23,7 @@ import shutil
 from aenv.orchestrator import checkpoints, ending, housekeeping, pooling, save, warm
 from aenv.orchestrator.catalog import SandboxRecord
 from aenv.orchestrator.errors import InvalidState, OperationFailed, SandboxNotFound
-from aenv.orchestrator.events import EventType
+from aenv.orchestrator.events import EventType, KillReason
 from aenv.orchestrator.hibernate import hibernate_forever
 from aenv.orchestrator.node import Node
 from aenv.orchestrator.states import ASLEEP, RUNS, SAVED, SandboxState
@@ -45,7 +45,12 @@ async def start(node: Node) -> None:
         await node.saved.drop_archived(record)
         node.catalog.delete(record.id)
         if record.state.public is not None:  # a create cut short had no created event
-            node.events.record(EventType.KILLED, record, ends_execution=record.state in RUNS)
+            node.events.record(
+                EventType.KILLED,
+                record,
+                {"kill_reason": KillReason.ORPHANED.value},
+                ends_execution=record.state in RUNS,
+            )
     await asyncio.to_thread(_sweep_pooled, node)
     await asyncio.to_thread(node.detacher.sweep)
     for unfinished in await asyncio.to_thread(node.templates.remove_unfinished):
@@ -131,7 +136,7 @@ async def close(node: Node) -> None:
     ]
     await asyncio.gather(*(_park(node, sandbox_id) for sandbox_id in running))
     for sandbox_id in list(node.live):
-        await ending.kill(node, sandbox_id)
+        await ending.kill(node, sandbox_id, KillReason.ADMIN)
     # After the last events: what is not delivered stays queued for the next start.
     await node.webhooks.close()
     # Checkpoints are uploaded as they are: detaching their memory is only worth it for a
@@ -154,4 +159,4 @@ async def _park(node: Node, sandbox_id: str) -> None:
         with contextlib.suppress(SandboxNotFound, InvalidState, OperationFailed):
             await save.pause(node, sandbox_id)
             return
-    await ending.kill(node, sandbox_id)
+    await ending.kill(node, sandbox_id, KillReason.ADMIN)
