@@ -1,15 +1,19 @@
 """The batch fork (`POST /aenv/sandboxes/{id}/fork`) over a node on doubles served on loopback:
 children labelled one by one from one prepared state, each child's outcome in the order asked
-(started, refused for room, failed), and the refusals of bad bodies."""
+(started, refused for room, failed), the refusals of bad bodies, and the SDK helpers."""
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 from typing import Any
 
 import httpx
+from e2b import AsyncSandbox
+from e2b.exceptions import RateLimitException
 
-from tests.api.test_routes import error, served
+from aenv.sdk import ForkChild, fork_batch, fork_batch_async
+from tests.api.test_routes import KEY, error, served
 from tests.doubles.node import DoubleNode, double_node
 
 
@@ -75,3 +79,20 @@ async def test_bad_batches_are_refused_by_field(tmp_path: Path) -> None:
         unknown = "/aenv/sandboxes/nosuchsandbox0000000/fork"
         assert "not found" in error(await api.post(unknown, json={"children": [{}]}), 404)
         assert [r.id for r in node.catalog.list()] == [source]
+
+
+async def test_the_sdk_helpers_give_sandboxes_or_the_sdks_exceptions(tmp_path: Path) -> None:
+    async with double_node(tmp_path, max_sandboxes=3) as node, served(node) as api:
+        opts: dict[str, Any] = {"api_key": KEY, "api_url": str(api.base_url)}
+        source = await _prepared(api, node)
+        labels = [ForkChild(metadata={"rank": "0"}, envs={"RANK": "0"}), ForkChild()]
+        started = await fork_batch_async(source, labels, 120, **opts)
+        assert all(isinstance(s, AsyncSandbox) for s in started), started
+        first = started[0]
+        assert isinstance(first, AsyncSandbox)
+        assert node.guest(first.sandbox_id).env["RANK"] == "0"
+        assert (await first.get_info()).metadata == {"run": "9", "rank": "0"}
+        # Full now: the sync helper (in a thread: the node serves on this loop) says why.
+        refused = await asyncio.to_thread(fork_batch, source, [ForkChild()], 120, **opts)
+        assert len(refused) == 1 and isinstance(refused[0], RateLimitException)
+        assert "maximum of 3 sandboxes" in str(refused[0])

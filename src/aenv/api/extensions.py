@@ -1,5 +1,6 @@
 """The paths of this node's extensions of the E2B API, under `/aenv/` (a prefix E2B's API does
-not use): reset in place (`api/reset.py`) and the bulk operations (`api/bulk.py`).
+not use): reset in place (`api/reset.py`), the bulk operations (`api/bulk.py`) and the batch
+fork (`api/snapshots.py`).
 
 They have a module of their own so that the clients of those routes (the `aenv` CLI,
 `aenv.sdk`) name them without importing the routes, which bring in the orchestrator."""
@@ -7,5 +8,6 @@ They have a module of their own so that the clients of those routes (the `aenv` 
 from __future__ import annotations
 
 RESET = "/aenv/sandboxes/{sandbox_id}/reset"
+BATCH_FORK = "/aenv/sandboxes/{sandbox_id}/fork"
 BULK_SANDBOXES = "/aenv/bulk/sandboxes"  # `/kill`, `/pause`, `/timeout`
 BULK_SNAPSHOTS = "/aenv/bulk/snapshots"

@@ -15,6 +15,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.errors import APIError, call_lifecycle
+from aenv.api.extensions import BATCH_FORK
 from aenv.api.internal_models import Refusal
 from aenv.api.models import (
     DEFAULT_TIMEOUT_V2,
@@ -37,8 +38,6 @@ from aenv.orchestrator.lifecycle import (
     Orchestrator,
 )
 from aenv.orchestrator.templates import Template
-
-BATCH_FORK = "/aenv/sandboxes/{sandbox_id}/fork"
 
 
 def _snapshot_info(template: Template) -> dict[str, Any]:

@@ -13,9 +13,12 @@ SDK's connection options: `api_key`, `api_url`, ...), raising the SDK's own exce
 """
 
 from aenv.sdk.calls import (
+    ForkChild,
     Outcomes,
     delete_snapshots_by_metadata,
     delete_snapshots_by_metadata_async,
+    fork_batch,
+    fork_batch_async,
     kill_by_metadata,
     kill_by_metadata_async,
     pause_by_metadata,
@@ -27,9 +30,12 @@ from aenv.sdk.calls import (
 )
 
 __all__ = [
+    "ForkChild",
     "Outcomes",
     "delete_snapshots_by_metadata",
     "delete_snapshots_by_metadata_async",
+    "fork_batch",
+    "fork_batch_async",
     "kill_by_metadata",
     "kill_by_metadata_async",
     "pause_by_metadata",

@@ -7,17 +7,17 @@ Each call is described once (`_Call`: method, path, query, body) and sent by `_s
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Unpack
 from urllib.parse import quote, urlencode
 
 import httpx
 from e2b import ApiParams, AsyncSandbox, ConnectionConfig, Sandbox
-from e2b.api import handle_api_exception
+from e2b.api import api_exception_from_code, handle_api_exception
 from e2b.exceptions import NotFoundException
 
-from aenv.api.extensions import BULK_SANDBOXES, BULK_SNAPSHOTS, RESET
+from aenv.api.extensions import BATCH_FORK, BULK_SANDBOXES, BULK_SNAPSHOTS, RESET
 
 # What a bulk call answers per sandbox: its id, and its error's message when it failed.
 Outcomes = dict[str, str | None]
@@ -154,3 +154,52 @@ async def delete_snapshots_by_metadata_async(
     """`delete_snapshots_by_metadata` for asyncio."""
     answer = await _send_async(ConnectionConfig(**opts), _delete_snapshots(metadata))
     return [s["snapshotID"] for s in answer["snapshots"]]
+
+
+@dataclass(frozen=True)
+class ForkChild:
+    """One child of `fork_batch`: what it adds to its source's metadata and env vars."""
+
+    metadata: Mapping[str, str] = field(default_factory=dict)
+    envs: Mapping[str, str] = field(default_factory=dict)
+
+
+def _fork_batch(source: str, children: Sequence[ForkChild], timeout: int) -> _Call:
+    path = BATCH_FORK.replace("{sandbox_id}", quote(source, safe=""))
+    entries = [{"metadata": dict(c.metadata), "envVars": dict(c.envs)} for c in children]
+    return _Call("POST", path, body={"timeout": timeout, "children": entries})
+
+
+def _refused(entry: Mapping[str, Any]) -> Exception:
+    """A child that did not start, as the SDK's `fork` reports one (429: `RateLimitException`)."""
+    error = entry["error"]
+    return api_exception_from_code(error["code"], error["message"])
+
+
+def fork_batch(
+    source: str, children: Sequence[ForkChild], timeout: int = 300, **opts: Unpack[ApiParams]
+) -> list[Sandbox | Exception]:
+    """Start one sandbox per entry of `children` from sandbox or snapshot `source`, each with
+    its entry's metadata and env vars over the source's: one result per child, in order, a
+    `Sandbox` or the exception saying why it did not start (as `Sandbox.fork` answers)."""
+    entries = _send(ConnectionConfig(**opts), _fork_batch(source, children, timeout))
+    return [
+        _refused(e) if "error" in e else Sandbox.connect(e["sandbox"]["sandboxID"], timeout, **opts)
+        for e in entries
+    ]
+
+
+async def fork_batch_async(
+    source: str, children: Sequence[ForkChild], timeout: int = 300, **opts: Unpack[ApiParams]
+) -> list[AsyncSandbox | Exception]:
+    """`fork_batch` for asyncio: `AsyncSandbox` results."""
+    call = _fork_batch(source, children, timeout)
+    entries = await _send_async(ConnectionConfig(**opts), call)
+    results: list[AsyncSandbox | Exception] = []
+    for entry in entries:
+        if "error" in entry:
+            results.append(_refused(entry))
+        else:
+            sandbox_id = entry["sandbox"]["sandboxID"]
+            results.append(await AsyncSandbox.connect(sandbox_id, timeout, **opts))
+    return results
