@@ -742,6 +742,22 @@ async def test_the_list_pages_over_every_node_in_order(setup: Setup) -> None:
         assert seen == expected
 
 
+async def test_the_dashboard_lists_every_nodes_sandboxes(setup: Setup) -> None:
+    setup.nodes["a"].add("sba", 1000.0, team="x")
+    setup.nodes["b"].add("sbb", 1001.0, team="x")
+    origin = {"Origin": setup.url, "Sec-Fetch-Site": "same-origin"}
+    with httpx.Client(base_url=setup.url, headers=origin, timeout=30) as browser:
+        refused = browser.post("/dashboard/sign-in", data={"key": "e2b_" + "0" * 40})
+        assert refused.status_code == 401
+        signed_in = browser.post("/dashboard/sign-in", data={"key": setup.key})
+        assert signed_in.status_code == 303, signed_in.text
+        page = browser.get("/dashboard/sandboxes")
+        assert page.status_code == 200
+        assert 'data-sandbox="sba"' in page.text and 'data-sandbox="sbb"' in page.text
+        # The rest is still the gateway's API.
+        assert browser.get("/v2/sandboxes").status_code == 401
+
+
 @pytest.mark.parametrize("versions", [(REPLAY,), INTERNAL_VERSIONS], ids=["v0", "v1"])
 async def test_events_of_every_node_are_merged_in_time_order(setup: Setup) -> None:
     created, killed = EventType.CREATED, EventType.KILLED

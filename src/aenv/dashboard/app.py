@@ -152,8 +152,13 @@ class Dashboard:
             )
         key = key.strip()
         try:
-            # The key is judged by the API, as any client's is.
-            await self.calls.call(key, "GET", "/teams")
+            # The key is judged by the API, as any client's is, on the route the first page
+            # reads (every key may list its sandboxes, on a node and on a gateway).
+            await self.calls.call(key, "GET", "/v2/sandboxes", params={"limit": "1"})
+        except ApiRefused as e:
+            return self.pages.render(
+                request, "sign_in.html", None, status=e.status, error=e.message
+            )
         except KeyRefused:
             return self.pages.render(
                 request, "sign_in.html", None, status=401, error="Invalid API key."

@@ -1,5 +1,6 @@
 """The gateway's ASGI app: data-plane traffic (anything `aenv.proxy.routing` says names a
-sandbox) to `dataplane`, the rest to the control plane (`control`) behind the gateway's API keys.
+sandbox) to `dataplane`, `/dashboard` to the web dashboard, the rest to the control plane
+(`control`) behind the gateway's API keys.
 
 The gateway checks API keys and rate limits itself, from the cluster's keys in Redis
 (`aenv.cluster.keys`), serves E2B's `/api-keys` routes over them, and calls nodes with the
@@ -21,6 +22,7 @@ from aenv.cluster.directory import Directory
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import ClusterUnavailable
 from aenv.config import Config
+from aenv.dashboard.app import Dashboard
 from aenv.gateway.control import EXCEPTION_HANDLERS, ControlPlane
 from aenv.gateway.dataplane import DataPlane
 from aenv.gateway.handoff import Handoff
@@ -48,7 +50,9 @@ class Gateway:
             routes=[*ApiKeyRoutes(keys).routes(), *control.routes()],
             exception_handlers={**EXCEPTION_HANDLERS, **JSON_ERRORS},
         )
-        self.control = APIKeyGate(app, keys, limiter)
+        # The dashboard over the gateway's API: the cluster's sandboxes and templates. Its
+        # terminals need a node's envd client, which a gateway has not.
+        self.control = Dashboard(APIKeyGate(app, keys, limiter))
 
     async def aclose(self) -> None:
         await self.nodes.aclose()
