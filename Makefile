@@ -60,9 +60,9 @@ test: install-test
 
 # The tests that need no root, VM or aenv server (the orchestrator, saved states, builds and API
 # routes run on the doubles in tests/doubles/): under a minute, in a pytest-xdist worker per core
-# (at most 4: each imports the project first), without schemathesis's plugin (none of them uses
-# it; it takes each process 1.5 s of CPU to load), after byte-compiling src/ as `make test` does
-# (for the CLI calls it makes). Checked to pass with no capabilities (setpriv
+# (at most 4: each imports the project first), without schemathesis's and hypothesis's plugins
+# (none of them uses either; they take each process 1.5 s and 0.1 s of CPU to load), after
+# byte-compiling src/ as `make test` does (for the CLI calls it makes). Checked to pass with no capabilities (setpriv
 # --bounding-set=-all). `make test` runs these and everything else.
 FAST_TESTS := tests/test_atomic.py tests/test_config.py tests/test_docs.py tests/test_claims.py tests/orchestrator tests/api tests/cli \
 	tests/dashboard/test_sessions.py tests/dashboard/test_builds.py tests/dashboard/test_browser.py \
@@ -78,7 +78,7 @@ FAST_TESTS := tests/test_atomic.py tests/test_config.py tests/test_docs.py tests
 
 test-fast: install-test
 	$(PY) -m compileall -q src > /dev/null
-	$(PY) -m pytest -q -m "not slow" -n auto --maxprocesses 4 -p no:schemathesis $(FAST_TESTS) \
+	$(PY) -m pytest -q -m "not slow" -n auto --maxprocesses 4 -p no:schemathesis -p no:hypothesispytest $(FAST_TESTS) \
 		$(PYTEST_ARGS)
 
 lint: install-test
