@@ -20,11 +20,12 @@ How it works, per slot whose policy names domains (E2B's `allowOut: ["example.co
    or the sandbox's own.
 
 For a name with header rules (E2B's `network.rules`, `header_rules`), step 3 goes further: the
-proxy opens a TLS connection to the destination that must verify for that name, completes the
-guest's handshake with a certificate of the node's egress CA, and relays HTTP/1.1 requests with
-the rules' headers set (`interception`). A rule applies only to names the policy allows, and
-only over TLS: a plain-HTTP connection to such a name is refused, since its destination is
-whatever address the guest dialled and nothing checks it is the named server.
+proxy opens a TLS connection to the destination that must verify for that name, meanwhile
+answers the guest's handshake with a certificate of the node's egress CA, and once both are up
+relays HTTP/1.1 requests with the rules' headers set (`interception`). A rule applies only to
+names the policy allows, and only over TLS: a plain-HTTP connection to such a name is refused,
+since its destination is whatever address the guest dialled and nothing checks it is the named
+server.
 
 With a SOCKS5 proxy (E2B's `egressProxy`, `socks`), the slot table also redirects the new TCP
 connections the address lists let through (set `proxied`). Those are tunneled at once, without
@@ -229,14 +230,13 @@ class EgressProxy:
             log.debug("slot %s: refused %s:%d (rules, not TLS)", self.slot.netns, name, port)
             self._counts.refused += 1
             return
+        if rule_headers:
+            assert name is not None
+            destination = (policy, address, port)
+            await self._intercept(reader, writer, head, name, rule_headers, destination)
+            return
         up_reader, up_writer = await self._upstream(policy, name, address, port)
         try:
-            if rule_headers:
-                assert name is not None and self._interception is not None
-                await self._intercept(
-                    reader, writer, head, name, rule_headers, (up_reader, up_writer)
-                )
-                return
             up_writer.write(head)
             await asyncio.gather(_relay(reader, up_writer), _relay(up_reader, writer))
         finally:
@@ -273,30 +273,44 @@ class EgressProxy:
         head: bytes,
         name: str,
         headers: tuple[tuple[str, str], ...],
-        up: tuple[asyncio.StreamReader, asyncio.StreamWriter],
+        destination: tuple[EgressPolicy, IPv4Address, int],
     ) -> None:
-        """Apply `name`'s header rules to the guest's requests (`interception`). The server is
-        verified before the guest's handshake completes: a server that is not `name` gets
-        nothing, and the guest sees its connection fail."""
+        """Apply `name`'s header rules to the guest's requests (`interception`). The guest's
+        handshake runs while the server's connection is made and verified for `name` (two
+        handshakes one after the other cost a connection twice their time); no request goes
+        anywhere before both are done, so a server that is not `name` gets nothing, and the
+        guest sees its connection closed."""
         interception = self._interception
         assert interception is not None
-        up_reader, up_writer = up
-        try:
-            await asyncio.wait_for(
-                up_writer.start_tls(interception.upstream, server_hostname=name),
-                _CONNECT_TIMEOUT_S,
-            )
-        except (OSError, TimeoutError, ssl.SSLError) as e:
-            log.debug("slot %s: %s did not verify: %s", self.slot.netns, name, e)
-            self._counts.failed += 1
-            return
         guest = GuestTls(reader, writer, interception.ca.server_context(name), head)
+        handshake = asyncio.ensure_future(asyncio.wait_for(guest.handshake(), _HEAD_TIMEOUT_S))
         try:
-            await asyncio.wait_for(guest.handshake(), _HEAD_TIMEOUT_S)
-            self._counts.intercepted += 1
-            await exchange(guest, PlainStream(up_reader, up_writer), headers)
-        except (ssl.SSLError, h11.ProtocolError, ConnectionError) as e:
-            log.debug("slot %s: %s: %s", self.slot.netns, name, e)
+            policy, address, port = destination
+            up_reader, up_writer = await self._upstream(policy, name, address, port)
+            try:
+                await asyncio.wait_for(
+                    up_writer.start_tls(interception.upstream, server_hostname=name),
+                    _CONNECT_TIMEOUT_S,
+                )
+            except (OSError, TimeoutError, ssl.SSLError) as e:
+                log.debug("slot %s: %s did not verify: %s", self.slot.netns, name, e)
+                self._counts.failed += 1
+                up_writer.close()
+                return
+            try:
+                await handshake
+                self._counts.intercepted += 1
+                await exchange(guest, PlainStream(up_reader, up_writer), headers)
+            except (ssl.SSLError, h11.ProtocolError, ConnectionError) as e:
+                log.debug("slot %s: %s: %s", self.slot.netns, name, e)
+            finally:
+                up_writer.close()
+                with contextlib.suppress(OSError, ssl.SSLError):
+                    await up_writer.wait_closed()
+        finally:
+            handshake.cancel()
+            with contextlib.suppress(asyncio.CancelledError, OSError, TimeoutError, ssl.SSLError):
+                await handshake
 
     async def _direct(
         self, address: IPv4Address, port: int

@@ -4,14 +4,14 @@ connection to the server, and relays HTTP/1.1 requests between them, setting eac
 headers as the rules for the connection's name say (`header_rules`).
 
 1. The guest's ClientHello, already read to find the name, is fed to an `ssl.SSLObject` over
-   memory buffers (`GuestTls`); the handshake completes once the upstream side is verified.
+   memory buffers (`GuestTls`); the proxy runs that handshake while it verifies the server.
 2. `exchange` parses both sides with h11: requests from the guest (headers set by the rules,
    bodies streamed), responses from the server (streamed), keep-alive cycles, 1xx responses.
    A protocol switch (WebSocket upgrade, CONNECT) turns the rest of the connection into a
    byte relay, once both sides agreed to it.
 
 Both sides speak HTTP/1.1 only (ALPN), so an HTTP/2 client falls back to HTTP/1.1; a client
-that speaks nothing but HTTP/2 fails its handshake rather than going out without its headers.
+that speaks nothing but HTTP/2 has its connection closed rather than sent without its headers.
 """
 
 from __future__ import annotations
