@@ -6,11 +6,15 @@ proxy of its own (`egressProxy`, a real microsocks in the "internet"), in one ru
   tunneling to the SOCKS5 proxy) over the direct path;
 - connection setup (connect to first byte of a small response), median and p99, each path;
 - the slot side of `update_network`: `set_policy` alternating between address rules and
-  domain rules (the domain proxy and DNS forwarder start and stop each time).
+  domain rules (the domain proxy and DNS forwarder start and stop each time);
+- header rules (`network.rules`): the same 256 MiB download and connection setup over HTTPS
+  (TLS handshake included), intercepted by the slot's egress proxy (a rule for the name) over
+  passed through (the name allowed, no rule). Targets: setup <= 1.2x, throughput >= 0.8x.
 
 The guest is a fake guest (tests/network/fakeguest.py) in a process of its own, so its frame
 pump does not share the interpreter with the proxy; the web server is `python -m http.server`
-in the "internet" namespace; curl is the client. All namespaces are made here and removed.
+in the "internet" namespace (over TLS for header rules, with a certificate of a trustme CA the
+node trusts); curl is the client. All namespaces are made here and removed.
 """
 
 from __future__ import annotations
@@ -18,15 +22,20 @@ from __future__ import annotations
 import asyncio
 import multiprocessing
 import multiprocessing.synchronize
+import shutil
 import statistics
 import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
 
+import trustme
 from summary import summary_ms
 
 from aenv.network import EgressPolicy, Slot, SlotPool, netns
+from aenv.network.egress_ca import CA_CERT
+from aenv.network.header_rules import HeaderRule, HeaderRules
 from aenv.network.socks import SocksProxy
 from tests.network.conftest import INET_IP, World, new_world
 from tests.network.fakeguest import FakeGuest
@@ -42,6 +51,25 @@ TUNNELED = EgressPolicy(
     proxy=SocksProxy(SOCKS_IP, socks_server.PORT, socks_server.USER, socks_server.PASSWORD)
 )
 PATHS = {"direct": EgressPolicy(), "domain_rules": DOMAINS, "socks_proxy": TUNNELED}
+TLS_PORT = 8443
+DOWNLOADS = 3  # per HTTPS path, taking turns; the median counts
+RULES = HeaderRules((HeaderRule("files.test", (("X-Api-Key", "bench"),)),))
+TLS_PATHS = {
+    "passed_through": DOMAINS,
+    "intercepted": EgressPolicy.parse(allow=["files.test"], deny=["0.0.0.0/0"], headers=RULES),
+}
+# A file server over TLS: `python -m http.server` has no TLS of its own.
+_TLS_SERVER = """
+import functools, http.server, ssl, sys
+directory, address, port, pem = sys.argv[1:]
+handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=directory)
+handler.log_message = lambda *args: None
+server = http.server.ThreadingHTTPServer((address, int(port)), handler)
+context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+context.load_cert_chain(pem)
+server.socket = context.wrap_socket(server.socket, server_side=True)
+server.serve_forever()
+"""
 
 
 def _guest_process(slot: Slot, ready: multiprocessing.synchronize.Event) -> None:
@@ -73,6 +101,19 @@ def _wait_listening(ns: str) -> None:
     raise RuntimeError("the web server did not start")
 
 
+def _wait_tls(ns: str) -> None:
+    for _ in range(100):
+        probe = subprocess.run(
+            ["nsenter", f"--net=/run/netns/{ns}", "--", "curl", "-sk", "-o", "/dev/null",
+             f"https://{INET_IP}:{TLS_PORT}/small"],
+            check=False,
+        )  # fmt: skip
+        if probe.returncode == 0:
+            return
+        time.sleep(0.1)
+    raise RuntimeError("the TLS web server did not start")
+
+
 async def _paths(pool: SlotPool, slot: Slot, guest_ns: str) -> dict[str, object]:
     """Download and connection setup on each path; ratios and overheads against direct."""
     big, small = f"http://{INET_IP}:8000/big", f"http://{INET_IP}:8000/small"
@@ -96,6 +137,53 @@ async def _paths(pool: SlotPool, slot: Slot, guest_ns: str) -> dict[str, object]
     return result
 
 
+def _curl_tls(ns: str, bundle: Path, path: str, fmt: str) -> float:
+    out = subprocess.run(
+        ["nsenter", f"--net=/run/netns/{ns}", "--", "curl", "-sS", "-o", "/dev/null",
+         "--cacert", str(bundle), "--resolve", f"files.test:{TLS_PORT}:{INET_IP}",
+         "-w", fmt, f"https://files.test:{TLS_PORT}/{path}"],
+        check=True, capture_output=True, text=True,
+    ).stdout  # fmt: skip
+    return float(out)
+
+
+async def _header_rules(
+    pool: SlotPool, slot: Slot, guest_ns: str, bundle: Path
+) -> dict[str, object]:
+    """HTTPS download and setup (a new connection, TLS included), intercepted for a header
+    rule over passed through. The two paths take turns, sample by sample, so that a load that
+    comes and goes on a shared machine weighs on both alike."""
+    result: dict[str, object] = {}
+    speeds: dict[str, list[float]] = {name: [] for name in TLS_PATHS}
+    setups: dict[str, list[float]] = {name: [] for name in TLS_PATHS}
+    for _ in range(DOWNLOADS):
+        for name, policy in TLS_PATHS.items():
+            await pool.set_policy(slot, policy)
+            speeds[name].append(
+                await asyncio.to_thread(_curl_tls, guest_ns, bundle, "big", "%{speed_download}")
+            )
+    for _ in range(SMALL_RUNS):
+        for name, policy in TLS_PATHS.items():
+            await pool.set_policy(slot, policy)
+            setups[name].append(
+                await asyncio.to_thread(
+                    _curl_tls, guest_ns, bundle, "small", "%{time_starttransfer}"
+                )
+            )
+    for name in TLS_PATHS:
+        result[f"https_download_{name}_mib_s"] = [round(v / 2**20, 1) for v in speeds[name]]
+        result[f"https_setup_{name}_ms"] = summary_ms(setups[name])
+    speed = {name: statistics.median(values) for name, values in speeds.items()}
+    setup = {name: statistics.median(values) for name, values in setups.items()}
+    result["https_download_ratio_intercepted"] = round(
+        speed["intercepted"] / speed["passed_through"], 3
+    )
+    result["https_setup_ratio_intercepted"] = round(
+        setup["intercepted"] / setup["passed_through"], 3
+    )
+    return result
+
+
 async def _policy_switches(pool: SlotPool, slot: Slot) -> dict[str, object]:
     samples = []
     for i in range(POLICY_RUNS):
@@ -105,8 +193,8 @@ async def _policy_switches(pool: SlotPool, slot: Slot) -> dict[str, object]:
     return {"set_policy_switch_ms": summary_ms(samples)}
 
 
-async def _bench(world: World) -> dict[str, object]:
-    pool = SlotPool(world.config())
+async def _bench(world: World, origin_ca: Path, node_ca: Path) -> dict[str, object]:
+    pool = SlotPool(world.config(egress_ca=node_ca, upstream_ca=origin_ca))
     await pool.start()
     slot = await pool.acquire()
     ready = multiprocessing.get_context("spawn").Event()
@@ -115,6 +203,9 @@ async def _bench(world: World) -> dict[str, object]:
     try:
         await asyncio.to_thread(ready.wait, 30)
         paths = await _paths(pool, slot, f"{slot.netns}-guest")
+        bundle = node_ca.parent / "bundle.pem"
+        bundle.write_bytes(origin_ca.read_bytes() + (node_ca / CA_CERT).read_bytes())
+        rules = await _header_rules(pool, slot, f"{slot.netns}-guest", bundle)
         switches = await _policy_switches(pool, slot)
     finally:
         guest.terminate()
@@ -123,7 +214,7 @@ async def _bench(world: World) -> dict[str, object]:
         if guest_ns in netns.names():
             netns.remove(guest_ns)
         await pool.close()
-    return {"file_mib": FILE_MIB, "small_runs": SMALL_RUNS, **paths, **switches}
+    return {"file_mib": FILE_MIB, "small_runs": SMALL_RUNS, **paths, **rules, **switches}
 
 
 def run() -> dict[str, object]:
@@ -137,13 +228,27 @@ def run() -> dict[str, object]:
              "--bind", INET_IP, "--directory", files, "8000"],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )  # fmt: skip
+        origin = trustme.CA()
+        keys = Path(tempfile.mkdtemp(prefix="aenv-bench-ca-"))
+        origin.cert_pem.write_to_path(str(keys / "origin.pem"))
+        origin.issue_cert("files.test").private_key_and_cert_chain_pem.write_to_path(
+            str(keys / "server.pem")
+        )
+        tls_web = subprocess.Popen(
+            ["nsenter", f"--net=/run/netns/{world.inet}", "--", sys.executable, "-c",
+             _TLS_SERVER, files, INET_IP, str(TLS_PORT), str(keys / "server.pem")],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )  # fmt: skip
         subprocess.run(
             ["ip", "-n", world.inet, "addr", "add", f"{SOCKS_IP}/32", "dev", "lo"], check=True
         )
         try:
             _wait_listening(world.inet)
+            _wait_tls(world.inet)
             with socks_server.socks_server(world.inet, SOCKS_IP, SOCKS_IP, {}):
-                return asyncio.run(_bench(world))
+                return asyncio.run(_bench(world, keys / "origin.pem", keys / "node-ca"))
         finally:
-            web.terminate()
-            web.wait()
+            for server in (web, tls_web):
+                server.terminate()
+                server.wait()
+            shutil.rmtree(keys)
