@@ -787,6 +787,20 @@ async def test_events_of_every_node_are_merged_in_time_order(setup: Setup) -> No
             assert http.get("/events/sandboxes", params=params).status_code == 400, params
 
 
+async def test_node_events_are_listed_for_operators(setup: Setup) -> None:
+    with setup.client() as http:
+        listed = http.get("/events/nodes", params={"limit": 100}).json()
+        assert sorted((e["type"], e["nodeID"]) for e in listed) == [
+            ("node.back", "a"),
+            ("node.back", "b"),
+        ]
+        assert http.get("/events/nodes", params={"node": "b"}).json() == [
+            e for e in listed if e["nodeID"] == "b"
+        ]
+        assert http.get("/events/nodes", params={"limit": 0}).status_code == 400
+        assert http.get("/events/nodes", params={"type": "x"}).status_code == 400
+
+
 async def test_a_bad_list_query_is_the_nodes_400(setup: Setup) -> None:
     with setup.client() as http:
         answer = http.get("/v2/sandboxes", params={"limit": "0"})

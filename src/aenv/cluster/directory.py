@@ -19,6 +19,7 @@ from aenv.cluster.builds import BuildPlaces
 from aenv.cluster.creating import Creating
 from aenv.cluster.drain import Drains
 from aenv.cluster.holders import FileKind, FileRef, Holders
+from aenv.cluster.node_events import NodeEvents
 from aenv.cluster.parked import Parked
 from aenv.cluster.quota import KeyQuota
 from aenv.cluster.registry import NodeRegistry, NodeReport, WrongClusterSecret
@@ -51,6 +52,7 @@ class Directory:
         self.parked = Parked(client, self.registry.keys)
         self.saved = SavedRecords(client, self.registry.keys)
         self.drains = Drains(client, self.registry.keys)
+        self.node_events = NodeEvents(client, self.registry.keys)
         self.builds = BuildPlaces(client, self.registry.keys)
         self.volumes = VolumePlaces(client, self.registry.keys)
         self.quota = KeyQuota(client, self.registry.keys)

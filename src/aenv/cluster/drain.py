@@ -13,6 +13,7 @@ back `ready` on its own.
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Awaitable
 from dataclasses import dataclass
 from pathlib import Path
@@ -21,21 +22,42 @@ from typing import cast
 import redis.asyncio as aioredis
 
 from aenv.atomic import write_text
+from aenv.cluster.node_events import NodeEventType, xadd
 from aenv.cluster.store import Keys, guarded, members
+
+# KEYS: draining, node events. ARGV: node id, now. The event only when the set changed.
+_DRAIN = f"""
+if redis.call('SADD', KEYS[1], ARGV[1]) == 1 then
+  {xadd("KEYS[2]", NodeEventType.DRAINED, "ARGV[1]", "ARGV[2]")}
+end
+return 1
+"""
+_UNDRAIN = f"""
+if redis.call('SREM', KEYS[1], ARGV[1]) == 1 then
+  {xadd("KEYS[2]", NodeEventType.UNDRAINED, "ARGV[1]", "ARGV[2]")}
+end
+return 1
+"""
 
 
 class Drains:
     def __init__(self, client: aioredis.Redis, keys: Keys | None = None) -> None:
         self.client = client
         self.keys = keys or Keys()
+        self._drain = client.register_script(_DRAIN)
+        self._undrain = client.register_script(_UNDRAIN)
 
     async def drain(self, node_id: str) -> None:
         async with guarded(self.client, f"draining node {node_id}"):
-            await self.client.sadd(self.keys.draining, node_id)
+            await self._drain(self._keys, [node_id, repr(time.time())])
 
     async def undrain(self, node_id: str) -> None:
         async with guarded(self.client, f"undraining node {node_id}"):
-            await self.client.srem(self.keys.draining, node_id)
+            await self._undrain(self._keys, [node_id, repr(time.time())])
+
+    @property
+    def _keys(self) -> list[str]:
+        return [self.keys.draining, self.keys.node_events]
 
     async def draining(self) -> set[str]:
         async with guarded(self.client, "listing draining nodes"):

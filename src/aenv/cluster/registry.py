@@ -17,24 +17,32 @@ import redis.asyncio as aioredis
 from pydantic import TypeAdapter
 
 from aenv.api.internal_models import REPLAY
+from aenv.cluster.node_events import NodeEventType, xadd
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import Keys, guarded, members
 
-# KEYS: lease, node, nodes, epoch, secret. ARGV: token, report, ttl ms, node id, candidate
-# epoch, secret fingerprint. Returns {1, epoch, 1 if the lease was taken anew (none was held)}
-# when renewed, {0, other token} when another process holds the id, {-1, ''} when the cluster
-# was formed with another secret.
-_HEARTBEAT = """
+# KEYS: lease, node, nodes, epoch, secret, node events. ARGV: token, report, ttl ms, node id,
+# candidate epoch, secret fingerprint, now. Returns {1, epoch, 1 if the lease was taken anew
+# (none was held)} when renewed, {0, other token} when another process holds the id, {-1, ''}
+# when the cluster was formed with another secret. A lease taken anew is the node back; one
+# whose id was still listed had lapsed unreleased, unnoticed: its failure is recorded first.
+_HEARTBEAT = f"""
 local check = redis.call('GET', KEYS[5])
-if check and check ~= ARGV[6] then return {-1, ''} end
+if check and check ~= ARGV[6] then return {{-1, ''}} end
 local owner = redis.call('GET', KEYS[1])
-if owner and owner ~= ARGV[1] then return {0, owner} end
+if owner and owner ~= ARGV[1] then return {{0, owner}} end
+if not owner then
+  if redis.call('SISMEMBER', KEYS[3], ARGV[4]) == 1 then
+    {xadd("KEYS[6]", NodeEventType.FAILED, "ARGV[4]", "ARGV[7]")}
+  end
+  {xadd("KEYS[6]", NodeEventType.BACK, "ARGV[4]", "ARGV[7]")}
+end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[3])
 redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
 redis.call('SADD', KEYS[3], ARGV[4])
 redis.call('SET', KEYS[4], ARGV[5], 'NX')
 redis.call('SET', KEYS[5], ARGV[6], 'NX')
-return {1, redis.call('GET', KEYS[4]), owner and 0 or 1}
+return {{1, redis.call('GET', KEYS[4]), owner and 0 or 1}}
 """
 
 # KEYS: lease, node. ARGV: token, report. Rewrites the report within the current lease, for its
@@ -54,11 +62,15 @@ return 1
 """
 
 
-# KEYS: nodes. ARGV: node key prefix, then node ids. Drops the ids whose lease is (still) gone,
-# so a node that registered again since the caller looked stays listed.
-_FORGET = """
-for i = 2, #ARGV do
-  if redis.call('EXISTS', ARGV[1] .. ARGV[i]) == 0 then redis.call('SREM', KEYS[1], ARGV[i]) end
+# KEYS: nodes, node events. ARGV: node key prefix, now, then node ids. Drops the ids whose
+# lease is (still) gone, so a node that registered again since the caller looked stays listed;
+# the one caller that drops an id records its failure.
+_FORGET = f"""
+for i = 3, #ARGV do
+  if redis.call('EXISTS', ARGV[1] .. ARGV[i]) == 0 and redis.call('SREM', KEYS[1], ARGV[i]) == 1
+  then
+    {xadd("KEYS[2]", NodeEventType.FAILED, "ARGV[i]", "ARGV[2]")}
+  end
 end
 return 1
 """
@@ -135,7 +147,7 @@ class NodeRegistry:
         does not answer.
         """
         k, node_id = self.keys, report.node_id
-        keys = [k.lease(node_id), k.node(node_id), k.nodes, k.epoch, k.secret]
+        keys = [k.lease(node_id), k.node(node_id), k.nodes, k.epoch, k.secret, k.node_events]
         args: list[str | int] = [
             token,
             _REPORT.dump_json(report).decode(),
@@ -144,7 +156,7 @@ class NodeRegistry:
         ]
         async with guarded(self.client, f"renewing the lease of node {node_id}"):
             renewed, value, *fresh = await self._heartbeat(
-                keys, [*args, secrets.token_hex(16), self.secret.fingerprint]
+                keys, [*args, secrets.token_hex(16), self.secret.fingerprint, repr(time.time())]
             )
         if renewed == -1:
             raise WrongClusterSecret(
@@ -178,7 +190,10 @@ class NodeRegistry:
             lapsed = [i for i, v in zip(ids, values, strict=True) if v is None]
             if lapsed:
                 # Cleanup only: a lapsed id in the set is harmless, the lease key decides.
-                await self._forget([self.keys.nodes], [self.keys.node(""), *lapsed])
+                await self._forget(
+                    [self.keys.nodes, self.keys.node_events],
+                    [self.keys.node(""), repr(time.time()), *lapsed],
+                )
         return [_REPORT.validate_json(v) for v in values if v is not None]
 
     async def report(self, node_id: str) -> NodeReport | None:

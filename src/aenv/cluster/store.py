@@ -86,6 +86,11 @@ class Keys:
         return f"{self.prefix}:saved"
 
     @property
+    def node_events(self) -> str:
+        """Nodes drained, failed, back (a capped stream; `aenv.cluster.node_events`)."""
+        return f"{self.prefix}:node-events"
+
+    @property
     def saved_names(self) -> str:
         """The names of those snapshots (a hash: name -> id)."""
         return f"{self.prefix}:saved-names"

@@ -7,6 +7,10 @@ sandbox moved between nodes has some on each. The gateway asks every live node f
 time (each node's own order kept: two events of one second stay as their node wrote them) and
 answers the page asked for. The window is bounded (`MAX_WINDOW`): a deeper page is a 400.
 The events of a node that is gone are not served: they are in its catalog, not in the cluster.
+
+`GET /events/nodes` (this cluster's own, for operators) lists the nodes' events
+(`aenv.cluster.node_events`: drained, undrained, failed, back), newest first, `limit` of them
+(1-100, 10 by default), of one node with `node`.
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ from starlette.routing import Route
 
 from aenv.api.errors import APIError
 from aenv.api.events import MAX_LIMIT, event_query
+from aenv.api.requests import check_query, query_int
 from aenv.cluster.directory import Directory
 from aenv.cluster.registry import NodeReport
 from aenv.gateway.nodes import NodeUnreachable, message
@@ -42,7 +47,15 @@ class EventRoutes:
         return [
             Route("/events/sandboxes", self.team_events, methods=["GET"]),
             Route("/events/sandboxes/{sandbox_id}", self.sandbox_events, methods=["GET"]),
+            Route("/events/nodes", self.node_events, methods=["GET"]),
         ]
+
+    async def node_events(self, request: Request) -> Response:
+        check_query(request, ("limit", "node"))
+        events = await self.directory.node_events.list(
+            query_int(request, "limit", 10, 1, MAX_LIMIT), request.query_params.get("node")
+        )
+        return JSONResponse([e.to_json() for e in events])
 
     async def team_events(self, request: Request) -> Response:
         return await self._merged(request, request.url.path, event_query(request, None))
