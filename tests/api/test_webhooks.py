@@ -180,6 +180,10 @@ async def test_a_delivery_out_of_attempts_is_logged_failed_and_the_next_goes(
     log = (await node.client.get(f"/events/webhooks/{webhook_id}/deliveries")).json()
     assert [(d["state"], d["attempts"]) for d in log] == [("delivered", 1), ("failed", 2)]
     assert log[1]["lastError"] == "answered 500"
+    metrics = (await node.client.get("/metrics")).text
+    assert 'aenv_webhook_deliveries{state="failed"} 1.0' in metrics
+    assert 'aenv_webhook_deliveries{state="delivered"} 1.0' in metrics
+    assert 'aenv_webhook_deliveries{state="pending"} 0.0' in metrics
     failed = await node.client.get(
         f"/events/webhooks/{webhook_id}/deliveries", params={"state": "failed"}
     )

@@ -1,7 +1,7 @@
 """Prometheus `/metrics` for the node: sandboxes by state, create queue and outcomes, create
 latency as clients see it (queueing included), admission refusals by reason, warm network
-slots, the slots' egress proxies' connections by outcome, warm pools of VMs, the host's KSM
-sharing, and the node's cold-memory reclaim."""
+slots, the slots' egress proxies' connections by outcome, webhook deliveries by state, warm
+pools of VMs, the host's KSM sharing, and the node's cold-memory reclaim."""
 
 from __future__ import annotations
 
@@ -64,6 +64,14 @@ class _NodeCollector(Collector):
             for outcome in ("relayed", "tunneled", "refused", "failed", "intercepted"):
                 egress.add_metric([outcome], getattr(egress_counts, outcome))
             yield egress
+        deliveries = GaugeMetricFamily(
+            "aenv_webhook_deliveries",
+            "Webhook deliveries in the queue and log (kept with their events), by state",
+            labels=["state"],
+        )
+        for delivery_state, count in self._orc.webhooks.store.counts().items():
+            deliveries.add_metric([delivery_state.value], count)
+        yield deliveries
 
 
 def _pool_metrics(pools: WarmPools) -> Iterator[Metric]:

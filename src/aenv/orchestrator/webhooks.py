@@ -256,6 +256,12 @@ class WebhookStore:
             (state.value, attempts, status, error, time.time(), delivery_id),
         )
 
+    def counts(self) -> dict[DeliveryState, int]:
+        """The deliveries of the log (every team's) by state."""
+        rows = self._db.execute("SELECT state, COUNT(*) FROM webhook_deliveries GROUP BY state")
+        found = {DeliveryState(state): count for state, count in rows}
+        return {state: found.get(state, 0) for state in DeliveryState}
+
     def log(
         self,
         team_id: str,
