@@ -32,11 +32,13 @@ from aenv.api.app import JSON_ERRORS, APIKeyGate
 from aenv.api.builds import BuildRoutes
 from aenv.api.errors import APIError, not_found
 from aenv.api.events import EventRoutes
+from aenv.api.extensions import BULK_SANDBOXES
 from aenv.api.internal_models import Refusal
 from aenv.api.keys import KeyStore, LocalKeys
 from aenv.api.limits import RateLimiter
 from aenv.api.metrics import NodeMetrics
-from aenv.api.sandboxes import SandboxRoutes, batch_metrics_ids
+from aenv.api.requests import check_query
+from aenv.api.sandboxes import SandboxRoutes, batch_metrics_ids, matching, metadata_filter
 from aenv.api.snapshots import SnapshotRoutes
 from aenv.api.templates import TemplateRoutes
 from aenv.api.volumes import VolumeRoutes
@@ -170,6 +172,7 @@ class NodeDouble:
                 Route("/sandboxes/metrics", self.metrics, methods=["GET"]),
                 Route("/sandboxes/{sandbox_id}", self.detail, methods=["GET"]),
                 Route("/aenv/sandboxes/{sandbox_id}/reset", self.detail, methods=["POST"]),
+                Route(BULK_SANDBOXES + "/kill", self.bulk_kill, methods=["POST"]),
                 Route("/cluster/adopt", self.adopt, methods=["POST"]),
                 Route("/cluster/sandboxes/{sandbox_id}/release", self.release, methods=["POST"]),
                 Route("/snapshots", saved.list_snapshots, methods=["GET"]),
@@ -226,6 +229,14 @@ class NodeDouble:
             if (r := self.catalog.get(i)) and r.state.public == "running"
         }
         return JSONResponse({"sandboxes": found})
+
+    async def bulk_kill(self, request: Request) -> Response:
+        """The bulk kill by metadata, on this node's rows (no VMs here)."""
+        check_query(request, {"metadata"})
+        selected = matching(self.catalog.list(), metadata_filter(request))
+        for record in selected:
+            self.catalog.delete(record.id)
+        return JSONResponse({"sandboxes": [{"sandboxID": r.id} for r in selected]})
 
     async def detail(self, request: Request) -> Response:
         sandbox_id = request.path_params["sandbox_id"]

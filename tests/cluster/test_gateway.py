@@ -356,15 +356,15 @@ async def test_calls_for_a_sandbox_go_to_its_node(setup: Setup, client: aioredis
     await routes.assign("lost", "gone")  # a running sandbox of a node whose lease lapsed
     with setup.client() as http:
         found = http.get("/sandboxes/sbonb")
-        # The node's extensions of one sandbox go to its node too; bulk ones are not served.
+        # The node's extensions of one sandbox go to its node too.
         reset = http.post("/aenv/sandboxes/sbonb/reset", json={"snapshotID": "s"})
-        bulk = http.post("/aenv/bulk/sandboxes/kill", params={"metadata": "run=1"})
+        snapshots = http.delete("/aenv/bulk/snapshots", params={"metadata": "run=1"})
         unrouted = http.get("/sandboxes/nosuch")
         keyless = httpx.get(f"{setup.url}/sandboxes/sbonb")
         lost = http.delete("/sandboxes/lost")
     assert found.status_code == 200 and found.json() == {"sandboxID": "sbonb", "node": "b"}
     assert reset.status_code == 200 and reset.json() == {"sandboxID": "sbonb", "node": "b"}
-    assert bulk.status_code == 501, bulk.text
+    assert snapshots.status_code == 501, snapshots.text
     assert unrouted.status_code == 404
     assert unrouted.json() == {"code": 404, "message": "sandbox 'nosuch' not found"}
     assert keyless.status_code == 401
@@ -401,6 +401,20 @@ async def test_a_killed_nodes_sandboxes_answer_clearly_until_its_lease_lapses(
     with pytest.raises(SandboxNotFoundException):
         await AsyncSandbox.get_info("sbdead", api_key=setup.key, api_url=setup.url)
     assert await AsyncSandbox.kill("sbdead", api_key=setup.key, api_url=setup.url) is False
+
+
+async def test_a_bulk_kill_runs_on_every_node_and_merges_their_entries(setup: Setup) -> None:
+    a, b = setup.nodes["a"], setup.nodes["b"]
+    a.add("sba", 1000.0, run="42")
+    b.add("sbb", 1001.0, run="42")
+    b.add("sbother", 1002.0, run="7")
+    with setup.client() as http:
+        killed = http.post("/aenv/bulk/sandboxes/kill", params={"metadata": "run=42"})
+        refused = http.post("/aenv/bulk/sandboxes/kill", params={"state": "running"})
+    assert killed.status_code == 200, killed.text
+    assert sorted(e["sandboxID"] for e in killed.json()["sandboxes"]) == ["sba", "sbb"]
+    assert [r.id for r in b.catalog.list()] == ["sbother"] and a.catalog.list() == []
+    assert refused.status_code == 400  # the nodes' answer to a bad query
 
 
 async def test_routes_the_gateway_does_not_serve_yet_are_501_naming_them(setup: Setup) -> None:

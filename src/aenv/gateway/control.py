@@ -44,6 +44,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.errors import APIError, not_found
+from aenv.api.extensions import BULK_SANDBOXES
 from aenv.api.handoff import ADOPT_TEMPLATE
 from aenv.api.internal import CURSORS_HEADER
 from aenv.api.internal_models import Refusal
@@ -104,6 +105,7 @@ class ControlPlane:
             Route("/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
             Route("/v2/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
             Route("/aenv/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
+            Route(BULK_SANDBOXES + "/{action}", self.bulk, methods=["POST"]),
             *BuildRoutes(self, saved.first_knowing).routes(),
             # Before the template routes: `/templates/tags` is not a template id.
             *TagRoutes(saved).routes(),
@@ -312,6 +314,16 @@ class ControlPlane:
         headers = {} if page.next_token is None else {"X-Next-Token": page.next_token}
         return JSONResponse(page.sandboxes, headers=headers)
 
+    async def bulk(self, request: Request) -> Response:
+        """The bulk operations on sandboxes by metadata (`api/bulk.py`): every live node runs
+        it on its own sandboxes (a lost node's paused ones moved to a live one first), and
+        their entries are merged."""
+        body = await request.body()
+        await self._move_lost()
+        answers = await self._ask_all(request, body)
+        merged = [e for a in answers for e in json.loads(a.body)["sandboxes"]]
+        return JSONResponse({"sandboxes": merged})
+
     async def _move_lost(self) -> None:
         """Moves every parked sandbox whose node is gone onto a live one (a record insert there,
         no VM). One no node takes is left parked and not listed; a connect to it says why."""
@@ -324,15 +336,15 @@ class ControlPlane:
             if isinstance(moved, BaseException):
                 log.warning("paused sandbox %s of a lost node not moved: %s", sandbox_id, moved)
 
-    async def _ask_all(self, request: Request) -> list[Answer]:
+    async def _ask_all(self, request: Request, body: bytes = b"") -> list[Answer]:
         """Every live node's answer to the request; the first refusal is the client's answer
         (a bad filter is refused alike by all)."""
         nodes = await self.directory.live()
-        calls = [self._call(request, node, b"") for node in nodes]
+        calls = [self._call(request, node, body) for node in nodes]
         try:
             answers = await asyncio.gather(*calls)
         except NodeUnreachable as error:
-            raise APIError(502, f"listing sandboxes: {error}") from error
+            raise APIError(502, f"{request.url.path} on every node: {error}") from error
         for answer in answers:
             if answer.status != 200:
                 raise _Passed(answer)
