@@ -16,7 +16,8 @@ The new VM is started before the old one stops, so a reset that fails changes no
    old VM is stopped (its listeners told: the proxy ends its connections), its slot
    released; the new VM's timeout, idle clock and VMM watch start. An `updated` event
    names the saved state.
-5. Collect saved states nothing uses any more (the state the sandbox came from before).
+5. Collect saved states nothing uses any more (the state the sandbox came from before, when
+   it was another).
 """
 
 from __future__ import annotations
@@ -53,8 +54,10 @@ async def reset(node: Node, sandbox_id: str, source: str) -> SandboxRecord:
         raise TemplateNotFound(source)
     await restore.wake(node, sandbox_id)
     with node.saved.pin(Path(base.snapshot_dir)):
+        before = node.get(sandbox_id).restored_from
         record = await _reset_locked(node, sandbox_id, base)
-    await node.saved.collect()
+    if before != record.restored_from:  # an episode's reset to the same state frees nothing
+        await node.saved.collect()
     return record
 
 
