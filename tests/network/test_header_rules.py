@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import socket
 import ssl
@@ -19,6 +20,9 @@ from functools import partial
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import h2.config
+import h2.connection
+import h2.events
 import h11
 import pytest
 import trustme
@@ -27,6 +31,7 @@ from aenv.network import EgressPolicy, Slot, SlotPool
 from aenv.network.egress_ca import CA_CERT, CA_KEY, EgressCA
 from aenv.network.header_rules import HeaderRule, HeaderRules, apply
 from aenv.network.interception import PlainStream, exchange
+from aenv.network.interception_h2 import Bridge
 from tests.network import probes
 from tests.network.conftest import INET_IP, INET_OTHER_IP, World
 from tests.network.fakeguest import FakeGuest
@@ -35,6 +40,7 @@ MakePool = Callable[..., Awaitable[SlotPool]]
 Boot = Callable[[Slot], Awaitable[FakeGuest]]
 
 SECRET = ("X-Api-Key", "s3cret")
+BIG = 5 * 1024 * 1024 + 3
 RULES = HeaderRules(
     (
         HeaderRule("ruled.test", (SECRET, ("Authorization", "Bearer node"))),
@@ -51,7 +57,8 @@ POLICY = EgressPolicy.parse(
 async def _echo(
     seen: list[str], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
 ) -> None:
-    """HTTP/1.1 with keep-alive, recording the targets asked for in `seen`: `/redirect` sends
+    """HTTP/1.1 with keep-alive, recording the targets asked for in `seen`: `/big` is BIG zero
+    bytes, `/redirect` sends
     the client to other.test, an `Upgrade` request switches to echoing bytes, anything else is
     answered with the request's headers and body length as JSON."""
     conn = h11.Connection(h11.SERVER)
@@ -79,7 +86,12 @@ async def _echo(
                 while data := await reader.read(65536):
                     writer.write(data)
                 break
-            if target == b"/redirect":
+            if target == b"/big":  # zeros, more than a stream's HTTP/2 window
+                body = bytes(BIG)
+                response = h11.Response(
+                    status_code=200, headers=[("Content-Length", str(len(body)))]
+                )
+            elif target == b"/redirect":
                 body = b""
                 response = h11.Response(
                     status_code=302,
@@ -189,11 +201,11 @@ async def _curl(guest: FakeGuest, *args: str) -> tuple[int, str]:
 
 
 def _got(output: str) -> dict[str, list[str]]:
+    """Every header of every echo in `output` (curl's progress meter may share its lines)."""
     headers: dict[str, list[str]] = {}
-    for line in output.splitlines():
-        if line.startswith("{"):
-            for name, value in json.loads(line)["headers"]:
-                headers.setdefault(name.lower(), []).append(value)
+    for echo in re.findall(r'\{"headers": ?.*?, ?"size": ?\d+\}', output):
+        for name, value in json.loads(echo)["headers"]:
+            headers.setdefault(name.lower(), []).append(value)
     return headers
 
 
@@ -233,6 +245,8 @@ async def test_rules_set_headers_only_on_their_names(
 async def test_http2_clients_bodies_and_redirects(
     guest: FakeGuest, web: Path, tmp_path: Path
 ) -> None:
+    """HTTP/2 from the guest: streams become HTTP/1.1 requests with the rule's headers, bodies
+    both ways larger than the windows, streams in parallel on one connection."""
     bundle = _bundle(tmp_path, web)
     upload = tmp_path / "upload"
     upload.write_bytes(b"x" * (3 * 1024 * 1024 + 7))
@@ -250,8 +264,24 @@ async def test_http2_clients_bodies_and_redirects(
     assert code == 0, out
     body = json.loads(next(line for line in out.splitlines() if line.startswith("{")))
     assert body["size"] == 3 * 1024 * 1024 + 7
-    assert out.split()[-1] == "1.1"  # ALPN is pinned: HTTP/2 falls back
+    assert out.split()[-1] == "2"
     assert _got(out)["x-api-key"] == ["s3cret"]
+    # Several streams at once on one connection (each its own request to the server), and
+    # a download larger than a stream's window.
+    urls = [f"https://ruled.test/{i}" for i in range(6)]
+    parallel = ("--http2", "--parallel", "--parallel-immediate", "-w", "\\n%{http_version}\\n")
+    code, out = await _curl(guest, "--cacert", str(bundle), *parallel, *urls)
+    assert code == 0, out
+    assert [line for line in out.splitlines() if line in ("1.1", "2")] == ["2"] * 6
+    assert _got(out)["x-api-key"] == ["s3cret"] * 6, out
+    code, out = await _curl(
+        guest, "--cacert", str(bundle), "--http2", "-o", "/dev/null", "-w", "%{size_download}",
+        "https://ruled.test/big",
+    )  # fmt: skip
+    assert (code, out) == (0, str(BIG))
+    # HTTP/1.1 clients are served as before.
+    code, out = await _curl(guest, "--cacert", str(bundle), "--http1.1", "https://ruled.test/")
+    assert code == 0 and _got(out)["x-api-key"] == ["s3cret"]
     # Redirected elsewhere, the client's next request goes without the rule's headers.
     code, out = await _curl(guest, "--cacert", str(bundle), "-L", "https://ruled.test/redirect")
     assert code == 0, out
@@ -416,3 +446,75 @@ async def test_an_http10_server_answers_an_http11_client() -> None:
         server.shutdown()
         server.server_close()
         thread.join()
+
+
+async def _trailing_server(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    """HTTP/1.1: answers with the request's headers and trailers, chunked, with a trailer."""
+    conn = h11.Connection(h11.SERVER)
+    request: list[tuple[str, str]] = []
+    while True:
+        event = conn.next_event()
+        if event is h11.NEED_DATA:
+            conn.receive_data(await reader.read(65536))
+        elif isinstance(event, h11.Request):
+            request += [(n.decode(), v.decode()) for n, v in event.headers.raw_items()]
+        elif isinstance(event, h11.EndOfMessage):
+            request += [(n.decode(), v.decode()) for n, v in event.headers.raw_items()]
+            break
+    head = h11.Response(status_code=200, headers=[("Transfer-Encoding", "chunked")])
+    writer.write(conn.send(head) + conn.send(h11.Data(data=json.dumps(request).encode())))
+    writer.write(conn.send(h11.EndOfMessage(headers=[("X-Checksum", "42")])))
+    await writer.drain()
+    writer.close()
+
+
+async def test_http2_trailers_cross_both_ways() -> None:
+    """The HTTP/2 bridge alone, on loopback without TLS: a request with a body and trailers
+    reaches the HTTP/1.1 server chunked, with the rule's header; the response's trailer comes
+    back as HTTP/2 trailers."""
+    upstream = await asyncio.start_server(_trailing_server, "127.0.0.1", 0)
+    port = upstream.sockets[0].getsockname()[1]
+
+    async def connect() -> PlainStream:
+        return PlainStream(*await asyncio.open_connection("127.0.0.1", port))
+
+    async def bridge(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await Bridge(PlainStream(reader, writer), await connect(), connect, (SECRET,)).run()
+        writer.close()
+
+    proxy = await asyncio.start_server(bridge, "127.0.0.1", 0)
+    client = h2.connection.H2Connection(h2.config.H2Configuration(header_encoding="utf-8"))
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.sockets[0].getsockname()[1])
+    try:
+        client.initiate_connection()
+        request = [
+            (":method", "POST"),
+            (":path", "/"),
+            (":authority", "a.test"),
+            (":scheme", "https"),
+        ]
+        client.send_headers(1, request)
+        client.send_data(1, b"body")
+        client.send_headers(1, [("x-sum", "7")], end_stream=True)
+        writer.write(client.data_to_send())
+        body, trailers, ended = b"", [], False
+        while not ended:
+            data = await asyncio.wait_for(reader.read(65536), 10)
+            assert data
+            for event in client.receive_data(data):
+                if isinstance(event, h2.events.DataReceived):
+                    body += event.data
+                    client.acknowledge_received_data(event.flow_controlled_length, 1)
+                elif isinstance(event, h2.events.TrailersReceived):
+                    trailers = list(event.headers)
+                elif isinstance(event, h2.events.StreamEnded):
+                    ended = True
+            writer.write(client.data_to_send())
+        seen = dict((n.lower(), v) for n, v in json.loads(body))
+        assert (seen["x-api-key"], seen["x-sum"], seen["host"]) == ("s3cret", "7", "a.test")
+        assert seen["transfer-encoding"] == "chunked"
+        assert trailers == [("x-checksum", "42")]
+    finally:
+        writer.close()
+        proxy.close()
+        upstream.close()

@@ -104,14 +104,14 @@ class EgressCA:
         self._leaves: OrderedDict[str, ssl.SSLContext] = OrderedDict()
 
     def server_context(self, name: str) -> ssl.SSLContext:
-        """A TLS server context showing a certificate for `name`, speaking HTTP/1.1 only."""
+        """A TLS server context showing a certificate for `name`, speaking HTTP/2 or 1.1."""
         context = self._leaves.get(name)
         if context is not None:
             self._leaves.move_to_end(name)
             return context
         context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         context.minimum_version = ssl.TLSVersion.TLSv1_2
-        context.set_alpn_protocols(["http/1.1"])
+        context.set_alpn_protocols(["h2", "http/1.1"])
         # ssl loads a chain from files only: a private temporary file, gone once loaded.
         with tempfile.NamedTemporaryFile(dir=self._dir, suffix=".pem") as f:
             f.write(self._leaf_pem(name))
@@ -150,7 +150,8 @@ class EgressCA:
 
 def upstream_context(extra_ca: Path | None) -> ssl.SSLContext:
     """How the proxy checks the real server: the host's trust store, plus the operator's CA
-    bundle if one is given; HTTP/1.1, as the guest side speaks."""
+    bundle if one is given; HTTP/1.1, which the proxy speaks to servers whatever the guest
+    speaks (`interception_h2`)."""
     context = ssl.create_default_context()
     if extra_ca is not None:
         context.load_verify_locations(cafile=str(extra_ca))

@@ -22,10 +22,10 @@ How it works, per slot whose policy names domains (E2B's `allowOut: ["example.co
 For a name with header rules (E2B's `network.rules`, `header_rules`), step 3 goes further: the
 proxy opens a TLS connection to the destination that must verify for that name, meanwhile
 answers the guest's handshake with a certificate of the node's egress CA, and once both are up
-relays HTTP/1.1 requests with the rules' headers set (`interception`). A rule applies only to
-names the policy allows, and only over TLS: a plain-HTTP connection to such a name is refused,
-since its destination is whatever address the guest dialled and nothing checks it is the named
-server.
+relays the guest's HTTP/1.1 or HTTP/2 requests as HTTP/1.1 with the rules' headers set
+(`interception`, `interception_h2`). A rule applies only to names the policy allows, and only
+over TLS: a plain-HTTP connection to such a name is refused, since its destination is whatever
+address the guest dialled and nothing checks it is the named server.
 
 With a SOCKS5 proxy (E2B's `egressProxy`, `socks`), the slot table also redirects the new TCP
 connections the address lists let through (set `proxied`). Those are tunneled at once, without
@@ -49,13 +49,15 @@ import struct
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network
 
+import h2.exceptions
 import h11
 
 from aenv.network import netns
 from aenv.network.dns import DnsForwarder
 from aenv.network.domains import DomainRules
 from aenv.network.egress_ca import EgressCA
-from aenv.network.interception import GuestTls, PlainStream, exchange
+from aenv.network.interception import GuestTls, PlainStream, Stream, exchange
+from aenv.network.interception_h2 import Bridge
 from aenv.network.policy import EgressPolicy
 from aenv.network.slot import Slot
 from aenv.network.sniff import Need, requested_name
@@ -266,6 +268,25 @@ class EgressProxy:
             raise
         return streams
 
+    async def _verified(
+        self, policy: EgressPolicy, name: str, address: IPv4Address, port: int
+    ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        """A connection to the destination whose TLS verified for `name`. Raises OSError,
+        TimeoutError or ssl.SSLError (counted as failed)."""
+        interception = self._interception
+        assert interception is not None
+        up_reader, up_writer = await self._upstream(policy, name, address, port)
+        try:
+            await asyncio.wait_for(
+                up_writer.start_tls(interception.upstream, server_hostname=name),
+                _CONNECT_TIMEOUT_S,
+            )
+        except (OSError, TimeoutError, ssl.SSLError):
+            self._counts.failed += 1
+            up_writer.close()
+            raise
+        return up_reader, up_writer
+
     async def _intercept(
         self,
         reader: asyncio.StreamReader,
@@ -275,42 +296,51 @@ class EgressProxy:
         headers: tuple[tuple[str, str], ...],
         destination: tuple[EgressPolicy, IPv4Address, int],
     ) -> None:
-        """Apply `name`'s header rules to the guest's requests (`interception`). The guest's
-        handshake runs while the server's connection is made and verified for `name` (two
-        handshakes one after the other cost a connection twice their time); no request goes
-        anywhere before both are done, so a server that is not `name` gets nothing, and the
-        guest sees its connection closed."""
+        """Apply `name`'s header rules to the guest's requests (`interception`, and
+        `interception_h2` for a guest speaking HTTP/2). The guest's handshake runs while the
+        server's connection is made and verified for `name` (two handshakes one after the
+        other cost a connection twice their time); no request goes anywhere before both are
+        done, so a server that is not `name` gets nothing, and the guest sees its connection
+        closed."""
         interception = self._interception
         assert interception is not None
         guest = GuestTls(reader, writer, interception.ca.server_context(name), head)
         handshake = asyncio.ensure_future(asyncio.wait_for(guest.handshake(), _HEAD_TIMEOUT_S))
-        try:
+        opened: list[asyncio.StreamWriter] = []
+
+        async def connect() -> Stream:
             policy, address, port = destination
-            up_reader, up_writer = await self._upstream(policy, name, address, port)
+            up_reader, up_writer = await self._verified(policy, name, address, port)
+            opened.append(up_writer)
+            return PlainStream(up_reader, up_writer)
+
+        try:
             try:
-                await asyncio.wait_for(
-                    up_writer.start_tls(interception.upstream, server_hostname=name),
-                    _CONNECT_TIMEOUT_S,
-                )
+                first = await connect()
             except (OSError, TimeoutError, ssl.SSLError) as e:
                 log.debug("slot %s: %s did not verify: %s", self.slot.netns, name, e)
-                self._counts.failed += 1
-                up_writer.close()
                 return
-            try:
-                await handshake
-                self._counts.intercepted += 1
-                await exchange(guest, PlainStream(up_reader, up_writer), headers)
-            except (ssl.SSLError, h11.ProtocolError, ConnectionError) as e:
-                log.debug("slot %s: %s: %s", self.slot.netns, name, e)
-            finally:
-                up_writer.close()
-                with contextlib.suppress(OSError, ssl.SSLError):
-                    await up_writer.wait_closed()
+            await handshake
+            self._counts.intercepted += 1
+            if guest.alpn == "h2":
+                await Bridge(guest, first, connect, headers).run()
+            else:
+                await exchange(guest, first, headers)
+        except (
+            ssl.SSLError,
+            h11.ProtocolError,
+            h2.exceptions.ProtocolError,
+            ConnectionError,
+        ) as e:
+            log.debug("slot %s: %s: %s", self.slot.netns, name, e)
         finally:
             handshake.cancel()
             with contextlib.suppress(asyncio.CancelledError, OSError, TimeoutError, ssl.SSLError):
                 await handshake
+            for up_writer in opened:
+                up_writer.close()
+                with contextlib.suppress(OSError, ssl.SSLError):
+                    await up_writer.wait_closed()
 
     async def _direct(
         self, address: IPv4Address, port: int

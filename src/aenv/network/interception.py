@@ -10,8 +10,8 @@ headers as the rules for the connection's name say (`header_rules`).
    A protocol switch (WebSocket upgrade, CONNECT) turns the rest of the connection into a
    byte relay, once both sides agreed to it.
 
-Both sides speak HTTP/1.1 only (ALPN), so an HTTP/2 client falls back to HTTP/1.1; a client
-that speaks nothing but HTTP/2 has its connection closed rather than sent without its headers.
+This is the guest's side when it speaks HTTP/1.1; one that speaks HTTP/2 (ALPN) is served by
+`interception_h2`. The server's side is always HTTP/1.1.
 """
 
 from __future__ import annotations
@@ -77,6 +77,11 @@ class GuestTls:
             self._incoming.write(data)
         else:
             self._incoming.write_eof()
+
+    @property
+    def alpn(self) -> str | None:
+        """The protocol the guest and the proxy agreed on (after the handshake)."""
+        return self._tls.selected_alpn_protocol()
 
     async def handshake(self) -> None:
         """Raises ssl.SSLError (or OSError) if the guest does not complete it."""

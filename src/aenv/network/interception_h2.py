@@ -1,0 +1,230 @@
+"""Header rules for a guest that speaks HTTP/2: each of its streams becomes an HTTP/1.1 request
+to the server, with the rules' headers set, over verified connections the proxy keeps for the
+guest's connection (one per stream in flight, reused by later streams).
+
+The guest's side is h2's server state machine: requests (`:method`, `:path`, `:authority`
+become the request line and `Host`), request bodies forwarded as the server takes them (the
+guest's flow-control window is given back only then, so a slow server holds the guest back
+rather than the proxy's memory), responses sent within the guest's windows. What HTTP/1.1
+cannot carry is not offered: no server push, no extended CONNECT (WebSockets over HTTP/2).
+Trailers cross both ways (in chunked HTTP/1.1 bodies). A stream the server fails is reset,
+never answered with something else.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+
+import h2.config
+import h2.connection
+import h2.errors
+import h2.events
+import h2.exceptions
+import h2.settings
+import h11
+
+from aenv.network.header_rules import FRAMING, apply
+from aenv.network.interception import Stream
+
+Connect = Callable[[], Awaitable[Stream]]
+# Headers of an HTTP/1.1 response that mean nothing (or are forbidden) in HTTP/2.
+_HOP = FRAMING - {"host"}
+# Streams in flight per guest connection: each holds a connection to the server.
+MAX_STREAMS = 32
+
+
+class _Upstream:
+    """A verified connection to the server and its HTTP/1.1 state."""
+
+    def __init__(self, stream: Stream) -> None:
+        self.stream = stream
+        self.h11 = h11.Connection(h11.CLIENT)
+
+    async def next_event(self) -> object:
+        while True:
+            event = self.h11.next_event()
+            if event is not h11.NEED_DATA:
+                return event
+            self.h11.receive_data(await self.stream.read())
+
+    async def send(self, event: h11.Event) -> None:
+        if data := self.h11.send(event):
+            await self.stream.write(data)
+
+
+class Bridge:
+    """One guest connection speaking HTTP/2 (`down`), whose first server connection is `up`
+    and further ones come from `connect`."""
+
+    def __init__(
+        self,
+        down: Stream,
+        up: Stream,
+        connect: Connect,
+        rule_headers: tuple[tuple[str, str], ...],
+    ) -> None:
+        self._down = down
+        self._connect = connect
+        self._rules = rule_headers
+        self._idle = [_Upstream(up)]
+        config = h2.config.H2Configuration(client_side=False, header_encoding=None)
+        self._h2 = h2.connection.H2Connection(config)
+        self._bodies: dict[int, asyncio.Queue[bytes | None]] = {}
+        self._trailers: dict[int, list[tuple[bytes, bytes]]] = {}
+        self._tasks: dict[int, asyncio.Task[None]] = {}
+        self._window = asyncio.Event()
+
+    async def _flush(self) -> None:
+        if data := self._h2.data_to_send():
+            await self._down.write(data)
+
+    async def run(self) -> None:
+        """Serve the guest's streams until it closes the connection or sends GOAWAY."""
+        self._h2.initiate_connection()
+        self._h2.update_settings({h2.settings.SettingCodes.MAX_CONCURRENT_STREAMS: MAX_STREAMS})
+        await self._flush()
+        try:
+            while data := await self._down.read():
+                for event in self._h2.receive_data(data):
+                    self._handle(event)
+                    if isinstance(event, h2.events.ConnectionTerminated):
+                        return
+                await self._flush()
+        finally:
+            for task in self._tasks.values():
+                task.cancel()
+            await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+
+    def _handle(self, event: h2.events.Event) -> None:
+        if isinstance(event, h2.events.RequestReceived):
+            assert event.stream_id is not None and event.headers is not None
+            # Unbounded: what the guest may send is bounded by its window for the stream, which
+            # only the server's reads give back (`_upload`).
+            self._bodies[event.stream_id] = asyncio.Queue()
+            ended = event.stream_ended is not None
+            task = asyncio.ensure_future(self._stream(event.stream_id, list(event.headers), ended))
+            self._tasks[event.stream_id] = task
+        elif isinstance(event, h2.events.DataReceived):
+            assert event.stream_id is not None and event.data is not None
+            if (queue := self._bodies.get(event.stream_id)) is not None:
+                queue.put_nowait(event.data)
+        elif isinstance(event, h2.events.TrailersReceived):
+            assert event.stream_id is not None and event.headers is not None
+            self._trailers[event.stream_id] = list(event.headers)
+        elif isinstance(event, h2.events.StreamEnded):
+            if (queue := self._bodies.get(event.stream_id or 0)) is not None:
+                queue.put_nowait(None)
+        elif isinstance(event, h2.events.StreamReset):
+            if (running := self._tasks.get(event.stream_id or 0)) is not None:
+                running.cancel()
+        elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
+            self._window.set()
+
+    async def _stream(
+        self, stream_id: int, headers: list[tuple[bytes, bytes]], ended: bool
+    ) -> None:
+        upstream: _Upstream | None = None
+        try:
+            upstream = self._idle.pop() if self._idle else _Upstream(await self._connect())
+            reusable = await self._exchange(stream_id, headers, ended, upstream)
+        except (h11.ProtocolError, h2.exceptions.ProtocolError, ConnectionError, OSError):
+            reusable = False
+            with contextlib.suppress(h2.exceptions.ProtocolError):
+                self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.INTERNAL_ERROR)
+            with contextlib.suppress(OSError, ConnectionError):
+                await self._flush()
+        finally:
+            self._bodies.pop(stream_id, None)
+            self._trailers.pop(stream_id, None)
+            self._tasks.pop(stream_id, None)
+        if reusable and upstream is not None:
+            upstream.h11.start_next_cycle()
+            self._idle.append(upstream)
+
+    async def _exchange(
+        self,
+        stream_id: int,
+        headers: list[tuple[bytes, bytes]],
+        ended: bool,
+        upstream: _Upstream,
+    ) -> bool:
+        pseudo = {n: v for n, v in headers if n.startswith(b":")}
+        skip = (b"te", b"cookie")
+        fields = [(n, v) for n, v in headers if not n.startswith(b":") and n not in skip]
+        if b":authority" in pseudo and not any(n == b"host" for n, _ in fields):
+            fields.insert(0, (b"host", pseudo[b":authority"]))
+        # HTTP/2 may split cookies into several fields; HTTP/1.1 has one (RFC 9113 8.2.3).
+        if cookies := [v for n, v in headers if n == b"cookie"]:
+            fields.append((b"cookie", b"; ".join(cookies)))
+        queue = self._bodies[stream_id]
+        if not ended and not any(n == b"content-length" for n, _ in fields):
+            fields.append((b"transfer-encoding", b"chunked"))
+        request = h11.Request(
+            method=pseudo.get(b":method", b"GET"),
+            target=pseudo.get(b":path", b"/"),
+            headers=apply(fields, self._rules),
+        )
+        await upstream.send(request)
+        upload = asyncio.ensure_future(self._upload(stream_id, queue, upstream))
+        try:
+            await self._download(stream_id, upstream)
+            await upload
+        finally:
+            upload.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await upload
+        conn = upstream.h11
+        return conn.our_state is h11.DONE and conn.their_state is h11.DONE
+
+    async def _upload(
+        self, stream_id: int, queue: asyncio.Queue[bytes | None], upstream: _Upstream
+    ) -> None:
+        while (chunk := await queue.get()) is not None:
+            await upstream.send(h11.Data(data=chunk))
+            # The server took it: the guest may send as much again.
+            with contextlib.suppress(h2.exceptions.StreamClosedError):
+                self._h2.acknowledge_received_data(len(chunk), stream_id)
+            await self._flush()
+        await upstream.send(h11.EndOfMessage(headers=self._trailers.pop(stream_id, [])))
+
+    async def _download(self, stream_id: int, upstream: _Upstream) -> None:
+        while True:
+            event = await upstream.next_event()
+            if isinstance(event, h11.InformationalResponse):
+                continue  # 1xx: nothing HTTP/2 needs from them here
+            if isinstance(event, h11.Response):
+                fields = [
+                    (n.lower(), v)
+                    for n, v in event.headers.raw_items()
+                    if n.lower().decode() not in _HOP
+                ]
+                self._h2.send_headers(stream_id, [(b":status", b"%d" % event.status_code), *fields])
+                await self._flush()
+            elif isinstance(event, h11.Data):
+                await self._send(stream_id, bytes(event.data))
+            elif isinstance(event, h11.EndOfMessage):
+                if trailers := [(n.lower(), v) for n, v in event.headers.raw_items()]:
+                    self._h2.send_headers(stream_id, trailers, end_stream=True)
+                else:
+                    self._h2.end_stream(stream_id)
+                await self._flush()
+                return
+            else:
+                raise ConnectionError("response cut short")
+
+    async def _send(self, stream_id: int, data: bytes) -> None:
+        """`data` on the stream, as the guest's windows allow."""
+        view = memoryview(data)
+        while view:
+            window = min(
+                self._h2.local_flow_control_window(stream_id), self._h2.max_outbound_frame_size
+            )
+            if window <= 0:
+                self._window.clear()
+                await self._window.wait()
+                continue
+            self._h2.send_data(stream_id, view[:window].tobytes())
+            view = view[window:]
+            await self._flush()
