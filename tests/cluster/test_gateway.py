@@ -349,6 +349,7 @@ async def test_a_drained_node_is_emptied_into_parked_records(
     assert await parked.get("sb2") is None and a.catalog.get("sb2") is not None
 
 
+@pytest.mark.parametrize("versions", [(REPLAY,), INTERNAL_VERSIONS], ids=["v0", "v1"])
 async def test_calls_for_a_sandbox_go_to_its_node(setup: Setup, client: aioredis.Redis) -> None:
     setup.nodes["b"].add("sbonb", 1000.0)
     routes = Routes(client)

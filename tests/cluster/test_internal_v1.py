@@ -92,6 +92,24 @@ async def test_a_sandbox_lives_through_version_1_as_through_its_e2b_routes(node:
     assert _json(gone) == {"code": 404, "message": f"sandbox '{sandbox_id}' not found"}
 
 
+async def test_the_nodes_extensions_of_a_sandbox_go_through_version_1(node: Node) -> None:
+    made = await node.v1("/sandboxes", {"api": "v2", "body": '{"templateID": "base"}'})
+    sandbox_id = _json(made)["sandboxID"]
+    saved = await node.v1(f"/sandboxes/{sandbox_id}/snapshot", {"body": "{}"})
+    assert (saved.refusal, saved.status) == (None, 201), saved
+    snapshot = json.dumps({"snapshotID": _json(saved)["snapshotID"]})
+    reset = await node.v1(f"/sandboxes/{sandbox_id}/reset", {"body": snapshot})
+    assert (reset.refusal, reset.status) == (None, 200), reset
+    assert _json(reset)["sandboxID"] == sandbox_id
+    children = '{"children": [{"metadata": {"rank": "0"}}, {"metadata": {"rank": "1"}}]}'
+    forked = await node.v1(f"/sandboxes/{sandbox_id}/batch-fork", {"body": children})
+    assert (forked.refusal, forked.status) == (None, 201), forked
+    children_ids = [c["sandbox"]["sandboxID"] for c in _json(forked)]
+    assert [node.doubles.row(c).metadata["rank"] for c in children_ids] == ["0", "1"]
+    unknown = await node.v1("/sandboxes/nosuch/reset", {"body": snapshot})
+    assert (unknown.refusal, unknown.status) == (Refusal.NOT_HERE, 404)
+
+
 async def test_a_create_of_a_template_not_here_is_refused_as_not_here(node: Node) -> None:
     answer = await node.v1("/sandboxes", {"api": "v1", "body": '{"templateID": "elsewhere"}'})
     assert (answer.refusal, answer.status) == (Refusal.NOT_HERE, 404)

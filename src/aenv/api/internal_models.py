@@ -29,6 +29,8 @@ from typing import Any, Generic, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
+from aenv.api.extensions import BATCH_FORK, RESET
+
 # Version 0: E2B requests replayed under `/internal` (deprecated; served for one more release).
 REPLAY = 0
 # The versions this code speaks, as a node (in its report) and as a gateway.
@@ -67,6 +69,8 @@ class SandboxOp(StrEnum):
     FORK = "fork"
     NETWORK = "network"  # replace its egress rules
     RELEASE = "release"  # give the sandbox up, paused, for another node to adopt
+    RESET = "reset"  # this node's extension: back to a snapshot's state, in place
+    BATCH_FORK = "batch-fork"  # this node's extension: children with labels of their own
 
 
 class TemplateOp(StrEnum):
@@ -240,6 +244,8 @@ SANDBOX_ROUTES: dict[SandboxOp, tuple[str, str]] = {
     SandboxOp.FORK: ("POST", "/sandboxes/{id}/fork"),
     SandboxOp.NETWORK: ("PUT", "/sandboxes/{id}/network"),
     SandboxOp.RELEASE: ("POST", "/cluster/sandboxes/{id}/release"),
+    SandboxOp.RESET: ("POST", RESET.format(sandbox_id="{id}")),
+    SandboxOp.BATCH_FORK: ("POST", BATCH_FORK.format(sandbox_id="{id}")),
 }
 TEMPLATE_ROUTES: dict[TemplateOp, tuple[str, str]] = {
     TemplateOp.INFO: ("GET", "/templates/{id}"),
