@@ -3,6 +3,7 @@ in, a sandbox appearing live, killing it from the page, a wrong key, a cross-sit
 
 from __future__ import annotations
 
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -108,3 +109,26 @@ async def test_follow_a_builds_log(site: Site, url: str, page: Page, tmp_path: P
     await expect(page.locator("#build-status")).to_have_text("ready")
     await expect(page.locator("#build-log li")).not_to_have_count(lines)
     await screenshot(page, "build", tmp_path)
+
+
+async def test_snapshots_volumes_and_keys(site: Site, url: str, page: Page, tmp_path: Path) -> None:
+    sandbox_id = await site.create()
+    taken = await site.api.post(f"/sandboxes/{sandbox_id}/snapshots", json={"name": "saved"})
+    snapshot_id = taken.json()["snapshotID"]
+    await sign_in(page, url)
+    await page.click("nav >> text=Snapshots")
+    await expect(page.locator(f'tr[data-snapshot="{snapshot_id}"]')).to_be_visible()
+    await screenshot(page, "snapshots", tmp_path)
+    await page.click("nav >> text=Volumes")
+    await page.fill("input[name=name]", "data")
+    await page.click("form.inline button")
+    await expect(page.locator("tr[data-volume]")).to_have_count(1)
+    await screenshot(page, "volumes", tmp_path)
+    await page.click("nav >> text=API keys")
+    await page.fill("input[name=name]", "ci")
+    await page.click("form.inline button")
+    await expect(page.locator("#new-key")).to_have_text(re.compile(r"^e2b_[0-9a-f]{40}$"))
+    await screenshot(page, "keys", tmp_path)
+    row = page.locator("tr[data-key]", has_text="ci")
+    await row.locator("button", has_text="Revoke").click()
+    await expect(row).to_have_count(0)

@@ -27,8 +27,10 @@ from aenv.api.app import JSON_ERRORS
 from aenv.api.errors import APIError
 from aenv.dashboard.builds import TemplatePages
 from aenv.dashboard.calls import ApiCalls, ApiRefused, KeyRefused
+from aenv.dashboard.keys import KeyPages
 from aenv.dashboard.pages import LIVE_INTERVAL_S, NONCE, PREFIX, STREAM_S, Pages
 from aenv.dashboard.sandboxes import SandboxPages
+from aenv.dashboard.saved import SavedPages
 from aenv.dashboard.sessions import COOKIE, Session, Sessions
 from aenv.dashboard.terminal import SandboxShells
 
@@ -61,6 +63,8 @@ class Dashboard:
         self.pages = Pages(self.calls, self.sessions, live_interval, stream_s)
         sandboxes = SandboxPages(self.pages, shells)
         templates = TemplatePages(self.pages)
+        saved = SavedPages(self.pages)
+        keys = KeyPages(self.pages)
         sandbox = PREFIX + "/sandboxes/{sandbox_id}"
         build = PREFIX + "/templates/{template_id}/builds/{build_id}"
         routes = [
@@ -78,6 +82,22 @@ class Dashboard:
             Route(PREFIX + "/templates/live", self._page(templates.live), methods=["GET"]),
             Route(build, self._page(templates.build), methods=["GET"]),
             Route(build + "/live", self._page(templates.build_live), methods=["GET"]),
+            Route(PREFIX + "/snapshots", self._page(saved.snapshots), methods=["GET"]),
+            Route(
+                PREFIX + "/snapshots/{snapshot_id}/{action}",
+                self._change(saved.snapshot_action),
+                methods=["POST"],
+            ),
+            Route(PREFIX + "/volumes", self._page(saved.volumes), methods=["GET"]),
+            Route(PREFIX + "/volumes", self._change(saved.create_volume), methods=["POST"]),
+            Route(
+                PREFIX + "/volumes/{volume_id}/delete",
+                self._change(saved.delete_volume),
+                methods=["POST"],
+            ),
+            Route(PREFIX + "/keys", self._page(keys.list), methods=["GET"]),
+            Route(PREFIX + "/keys", self._change(keys.create), methods=["POST"]),
+            Route(PREFIX + "/keys/{key_id}/revoke", self._change(keys.revoke), methods=["POST"]),
             Mount(PREFIX + "/static", StaticFiles(directory=STATIC), name="static"),
         ]
         self._app = _Headers(Starlette(routes=routes, exception_handlers=JSON_ERRORS))

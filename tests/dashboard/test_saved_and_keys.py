@@ -1,0 +1,77 @@
+"""The snapshots, volumes and API keys pages over HTTP: each lists what the API lists, and its
+actions change it through the API."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from tests.dashboard.conftest import Site
+from tests.dashboard.test_sessions import ORIGIN, sign_in
+
+
+@pytest.fixture
+async def browser(site: Site) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=site.dashboard),
+        base_url=ORIGIN,
+        headers={"Origin": ORIGIN, "Sec-Fetch-Site": "same-origin"},
+    ) as client:
+        yield client
+
+
+async def test_a_snapshot_starts_a_sandbox_and_is_deleted(
+    site: Site, browser: httpx.AsyncClient
+) -> None:
+    csrf = await sign_in(browser)
+    assert "No snapshots." in (await browser.get("/dashboard/snapshots")).text
+    sandbox_id = await site.create()
+    taken = await site.api.post(f"/sandboxes/{sandbox_id}/snapshots", json={"name": "saved"})
+    assert taken.status_code == 201, taken.text
+    snapshot_id = taken.json()["snapshotID"]
+    listed = await browser.get("/dashboard/snapshots")
+    assert f'data-snapshot="{snapshot_id}"' in listed.text and "saved" in listed.text
+    base = f"/dashboard/snapshots/{snapshot_id}"
+    started = await browser.post(base + "/start", data={"csrf": csrf})
+    assert started.status_code == 303
+    new_id = started.headers["location"].rsplit("/", 1)[1]
+    assert (await site.api.get(f"/sandboxes/{new_id}")).json()["templateID"] == snapshot_id
+    assert (await browser.post(base + "/explode", data={"csrf": csrf})).status_code == 404
+    assert (await browser.post(base + "/delete")).status_code == 403  # no CSRF token
+    deleted = await browser.post(base + "/delete", data={"csrf": csrf})
+    assert deleted.status_code == 303
+    assert snapshot_id not in (await browser.get("/dashboard/snapshots")).text
+
+
+async def test_volumes_are_created_and_deleted(site: Site, browser: httpx.AsyncClient) -> None:
+    csrf = await sign_in(browser)
+    created = await browser.post("/dashboard/volumes", data={"csrf": csrf, "name": "data"})
+    assert created.status_code == 303, created.text
+    (volume,) = (await site.api.get("/volumes")).json()
+    listed = await browser.get("/dashboard/volumes")
+    assert f'data-volume="{volume["volumeID"]}"' in listed.text
+    # The API's refusal, shown as it gave it.
+    bad = await browser.post("/dashboard/volumes", data={"csrf": csrf, "name": "no/slash"})
+    assert bad.status_code == 400
+    path = f"/dashboard/volumes/{volume['volumeID']}/delete"
+    assert (await browser.post(path, data={"csrf": csrf})).status_code == 303
+    assert (await site.api.get("/volumes")).json() == []
+
+
+async def test_a_new_key_is_shown_once_and_revoked(site: Site, browser: httpx.AsyncClient) -> None:
+    csrf = await sign_in(browser)
+    created = await browser.post("/dashboard/keys", data={"csrf": csrf, "name": "ci"})
+    assert created.status_code == 200
+    value = re.search(r'<code id="new-key">(e2b_[0-9a-f]{40})</code>', created.text)
+    assert value is not None
+    assert (await site.api.get("/sandboxes", headers={"X-API-KEY": value.group(1)})).is_success
+    listed = await browser.get("/dashboard/keys")
+    assert value.group(1) not in listed.text  # masked from then on
+    ci = next(k for k in site.keys.list() if k.name == "ci")
+    assert f'data-key="{ci.id}"' in listed.text
+    revoked = await browser.post(f"/dashboard/keys/{ci.id}/revoke", data={"csrf": csrf})
+    assert revoked.status_code == 303
+    assert not (await site.api.get("/sandboxes", headers={"X-API-KEY": value.group(1)})).is_success
