@@ -9,7 +9,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from playwright.async_api import Browser, ConsoleMessage, Dialog, Page, async_playwright
+from playwright.async_api import Browser, ConsoleMessage, Dialog, Page, async_playwright, expect
 
 CHROMIUM = "/usr/bin/chromium"
 # No sandbox (tests run as root), no GPU, and nothing a browser fetches on its own: the tests'
@@ -25,6 +25,10 @@ FLAGS = [
 # Where the pages' screenshots go: docs/dashboard/ when regenerating docs/dashboard.md's
 # pictures (`AENV_DASHBOARD_SHOTS=docs/dashboard`), else the test's own directory.
 SHOTS = "AENV_DASHBOARD_SHOTS"
+# How long a step or an expectation may wait (Playwright's default is 5 s): `make test` runs
+# these beside VMs under TCG, where a page's first answer can take seconds.
+TIMEOUT_MS = 30_000
+expect.set_options(timeout=TIMEOUT_MS)
 
 
 @asynccontextmanager
@@ -54,6 +58,7 @@ async def new_page(browser: Browser, **options: Any) -> AsyncIterator[Page]:
     test on any console error but a refused request's (which tests cause): a
     Content-Security-Policy violation is one."""
     context = await browser.new_context(**options)
+    context.set_default_timeout(TIMEOUT_MS)
     page = await context.new_page()
 
     async def accept(dialog: Dialog) -> None:
