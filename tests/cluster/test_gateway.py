@@ -404,6 +404,7 @@ async def test_a_killed_nodes_sandboxes_answer_clearly_until_its_lease_lapses(
     assert await AsyncSandbox.kill("sbdead", api_key=setup.key, api_url=setup.url) is False
 
 
+@pytest.mark.parametrize("versions", [(REPLAY,), INTERNAL_VERSIONS], ids=["v0", "v1"])
 async def test_a_bulk_kill_runs_on_every_node_and_merges_their_entries(setup: Setup) -> None:
     a, b = setup.nodes["a"], setup.nodes["b"]
     a.add("sba", 1000.0, run="42")

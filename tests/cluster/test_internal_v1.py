@@ -92,7 +92,7 @@ async def test_a_sandbox_lives_through_version_1_as_through_its_e2b_routes(node:
     assert _json(gone) == {"code": 404, "message": f"sandbox '{sandbox_id}' not found"}
 
 
-async def test_the_nodes_extensions_of_a_sandbox_go_through_version_1(node: Node) -> None:
+async def test_the_nodes_extensions_go_through_version_1(node: Node) -> None:
     made = await node.v1("/sandboxes", {"api": "v2", "body": '{"templateID": "base"}'})
     sandbox_id = _json(made)["sandboxID"]
     saved = await node.v1(f"/sandboxes/{sandbox_id}/snapshot", {"body": "{}"})
@@ -108,6 +108,16 @@ async def test_the_nodes_extensions_of_a_sandbox_go_through_version_1(node: Node
     assert [node.doubles.row(c).metadata["rank"] for c in children_ids] == ["0", "1"]
     unknown = await node.v1("/sandboxes/nosuch/reset", {"body": snapshot})
     assert (unknown.refusal, unknown.status) == (Refusal.NOT_HERE, 404)
+    timed = await node.v1(
+        "/bulk/timeout", {"query": "metadata=rank%3D1", "body": '{"timeout": 60}'}
+    )
+    assert (timed.refusal, timed.status) == (None, 200), timed
+    assert [e["sandboxID"] for e in _json(timed)["sandboxes"]] == [children_ids[1]]
+    killed = await node.v1("/bulk/kill", {"query": "metadata=rank%3D0"})
+    assert [e["sandboxID"] for e in _json(killed)["sandboxes"]] == [children_ids[0]]
+    assert node.doubles.catalog.get(children_ids[0]) is None
+    unfiltered = await node.v1("/bulk/pause", {})
+    assert (unfiltered.refusal, unfiltered.status) == (Refusal.REJECTED, 400)
 
 
 async def test_a_create_of_a_template_not_here_is_refused_as_not_here(node: Node) -> None:

@@ -29,7 +29,7 @@ from typing import Any, Generic, Self, TypeVar
 
 from pydantic import BaseModel, ConfigDict
 
-from aenv.api.extensions import BATCH_FORK, RESET
+from aenv.api.extensions import BATCH_FORK, BULK_SANDBOXES, RESET
 
 # Version 0: E2B requests replayed under `/internal` (deprecated; served for one more release).
 REPLAY = 0
@@ -114,6 +114,15 @@ class ListOp(StrEnum):
     TEMPLATES = "templates"
     TEMPLATES_V2 = "templates-v2"
     VOLUMES = "volumes"
+
+
+class BulkOp(StrEnum):
+    """This node's bulk operations on the sandboxes a metadata filter selects, which a gateway
+    sends to every live node."""
+
+    KILL = "kill"
+    PAUSE = "pause"
+    TIMEOUT = "timeout"
 
 
 class AdoptKind(StrEnum):
@@ -205,6 +214,13 @@ class ListCall(E2BCall):
     query: str = ""  # the client's query string, verbatim (filters, page size, token)
 
 
+class BulkCall(E2BCall):
+    """`POST /internal/v1/bulk/{op}` (`BulkOp`)."""
+
+    query: str = ""  # the client's query string, verbatim (its `metadata` filter)
+    body: str = ""  # the client's E2B body, verbatim (a timeout's)
+
+
 class Metrics(_Call):
     """`POST /internal/v1/metrics`: the latest sample of each of these sandboxes the node
     runs (those it does not run are left out of its answer)."""
@@ -277,6 +293,9 @@ LIST_ROUTES: dict[ListOp, tuple[str, str]] = {
     ListOp.TEMPLATES_V2: ("GET", "/v2/templates"),
     ListOp.VOLUMES: ("GET", "/volumes"),
 }
+BULK_ROUTES: dict[BulkOp, tuple[str, str]] = {
+    op: ("POST", f"{BULK_SANDBOXES}/{op.value}") for op in BulkOp
+}
 METRICS_ROUTE = "/sandboxes/metrics"  # `GET`, the ids in `sandbox_ids`, comma-separated
 CREATE_ROUTES = {E2BApi.V1: "/sandboxes", E2BApi.V2: "/v2/sandboxes"}
 VOLUMES_ROUTE = "/volumes"
@@ -329,6 +348,7 @@ FAMILIES: tuple[Family[Any], ...] = (
     ),
     Family("/volumes/{id}/{op}", VolumeOp, VOLUME_ROUTES, VolumeCall),
     Family("/lists/{op}", ListOp, LIST_ROUTES, ListCall),
+    Family("/bulk/{op}", BulkOp, BULK_ROUTES, BulkCall),
 )
 SINGLES = (
     Single("/volumes", ("POST", VOLUMES_ROUTE), CreateVolume),
