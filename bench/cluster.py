@@ -49,7 +49,7 @@ import shutil
 import sys
 import tempfile
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -63,6 +63,7 @@ from aenv.cluster.registry import Capacity, NodeRegistry
 from aenv.cluster.routing import Routes
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import connect
+from aenv.orchestrator.webhooks import Webhook
 from tests.support.redis_server import redis_server
 
 if TYPE_CHECKING:
@@ -86,6 +87,9 @@ class SimulatedNode:
 
     async def forget(self, sandbox_id: str) -> None:
         self.sandboxes.discard(sandbox_id)
+
+    async def mirror_webhooks(self, hooks: Sequence[Webhook]) -> None:
+        """A simulated node delivers no events."""
 
     async def running_by_key(self) -> dict[str, set[str]]:
         # Not simulated: the figures of docs/benchmarks.md were measured without keys' counts.

@@ -42,6 +42,7 @@ from aenv.api.sandboxes import SandboxRoutes, batch_metrics_ids, matching, metad
 from aenv.api.snapshots import SnapshotRoutes
 from aenv.api.templates import TemplateRoutes
 from aenv.api.volumes import VolumeRoutes
+from aenv.api.webhooks import WebhookRoutes
 from aenv.cluster.internal import InternalGate
 from aenv.config import Config, load
 from aenv.network.settings import SandboxNetwork
@@ -67,6 +68,8 @@ from aenv.orchestrator.templates import (
     template_to_json,
 )
 from aenv.orchestrator.volumes import VolumeStore
+from aenv.orchestrator.webhook_delivery import DeliverySettings, WebhookDispatcher
+from aenv.orchestrator.webhooks import WebhookStore
 from tests.cluster.shared import SECRET
 from tests.doubles.volumes import DirectoryBacking
 
@@ -119,6 +122,7 @@ class NodeDouble:
     builder: Builder | None = None  # set by `app`
     templates: TemplateStore | None = None  # set by `app`
     events: EventLog | None = None  # set by `app`
+    webhooks: WebhookDispatcher | None = None  # set by `app`
 
     def add(
         self,
@@ -142,7 +146,11 @@ class NodeDouble:
         config = load({"home": self.home})
         templates = TemplateStore(config.paths.templates, self.home / "template-memory")
         self.templates = templates
-        self.events = EventLog(self.catalog, templates, queue_limit=1)
+        self.events = EventLog(self.catalog, templates, queue_limit=10)
+        # Its webhooks' queue and log, never delivered from (nothing wakes it).
+        self.webhooks = WebhookDispatcher(
+            WebhookStore(self.catalog), DeliverySettings(1, 1.0, 1.0, False, ())
+        )
         orchestrator = cast(
             Orchestrator,
             _CatalogOnly(
@@ -187,6 +195,7 @@ class NodeDouble:
                 Route("/templates/{template_id}", templates_api.get, methods=["GET"]),
                 *VolumeRoutes(orchestrator).routes(),
                 *EventRoutes(self.events).routes(),
+                *WebhookRoutes(self.webhooks).routes(),
             ],
             exception_handlers=JSON_ERRORS,
         )

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from aenv.cluster.registry import Capacity, NodeRegistry
 from aenv.cluster.routing import Routes
 from aenv.cluster.saved import SavedRecords
 from aenv.cluster.store import ClusterUnavailable
+from aenv.cluster.webhooks import ClusterWebhooks
+from aenv.orchestrator.webhooks import Webhook, new_webhook
 from tests.cluster.shared import SECRET
 from tests.support.redis_server import RedisServer
 
@@ -36,6 +39,7 @@ class Node:
     saved: dict[str, str] = field(default_factory=dict)
     builds: set[str] = field(default_factory=set)
     owners: dict[str, set[str]] = field(default_factory=dict)  # key id -> running sandboxes
+    webhooks: list[Webhook] = field(default_factory=list)  # the cluster's, as last mirrored
 
     async def state(self) -> NodeState:
         capacity = Capacity(2, 4096, 2048, running=len(self.sandboxes), paused=0)
@@ -55,6 +59,9 @@ class Node:
 
     async def running_by_key(self) -> dict[str, set[str]]:
         return {key: set(ids) for key, ids in self.owners.items()}
+
+    async def mirror_webhooks(self, hooks: Sequence[Webhook]) -> None:
+        self.webhooks = list(hooks)
 
 
 async def snapshot_of(client: aioredis.Redis, node_ids: list[str]) -> dict[str, object]:
@@ -415,3 +422,19 @@ async def test_a_keys_sandboxes_are_counted_across_nodes(client: aioredis.Redis)
     await agents[0].beat()
     with pytest.raises(KeyLimitReached, match="holds 1"):
         await quota.reserve("k1", 1)
+
+
+async def test_every_beat_mirrors_the_clusters_webhooks(client: aioredis.Redis) -> None:
+    node = Node()
+    agent = NodeAgent(client, "n1", "10.0.0.1:3000", node, SECRET)
+    await agent.beat()
+    assert node.webhooks == []
+    hooks = ClusterWebhooks(client)
+    hook = new_webhook("local", "h", "https://hooks.example.com/", True, ["x"], "secret")
+    await hooks.put(hook)
+    await agent.beat()
+    assert node.webhooks == [hook]
+    assert await hooks.get("other team", hook.id) is None
+    assert await hooks.delete("local", hook.id)
+    await agent.beat()
+    assert node.webhooks == []

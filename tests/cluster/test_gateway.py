@@ -42,6 +42,7 @@ from aenv.cluster.saved import SavedRecord, SavedRecords
 from aenv.cluster.source import CatalogSource
 from aenv.cluster.store import Keys, connect
 from aenv.cluster.volumes import VolumePlaces
+from aenv.cluster.webhooks import ClusterWebhooks
 from aenv.config import Paths
 from aenv.gateway.app import Gateway
 from aenv.gateway.evacuate import Released, evacuate
@@ -801,6 +802,43 @@ async def test_events_of_every_node_are_merged_in_time_order(setup: Setup) -> No
         assert kills.json() == [ascending[3]]
         for params in ({"limit": 0}, {"offset": 9_995, "limit": 10}, {"types": "nope"}):
             assert http.get("/events/sandboxes", params=params).status_code == 400, params
+
+
+async def test_webhooks_are_the_clusters_and_their_logs_every_nodes(setup: Setup) -> None:
+    hook_body = {
+        "name": "h",
+        "url": "https://hooks.example.com/e2b",
+        "events": ["sandbox.lifecycle.created"],
+        "signatureSecret": "s",
+    }
+    with setup.client() as http:
+        created = http.post("/events/webhooks", json=hook_body)
+        assert created.status_code == 201, created.text
+        hook = created.json()
+        assert "signatureSecret" not in hook
+        assert http.get("/events/webhooks").json() == [hook]
+        changed = http.patch(f"/events/webhooks/{hook['id']}", json={"name": "renamed"})
+        assert changed.json() == {**hook, "name": "renamed"}
+        bad = http.post("/events/webhooks", json={**hook_body, "url": "ftp://x/"})
+        assert bad.status_code == 400
+        # Each node mirrors it (as its agent would) and queues its own sandboxes' events.
+        [stored] = await ClusterWebhooks(setup.keys.client).all()
+        assert stored.secret == "s" and stored.name == "renamed"
+        for name, sandbox_id in (("a", "sbwa"), ("b", "sbwb")):
+            double = setup.nodes[name]
+            assert double.webhooks is not None and double.events is not None
+            double.webhooks.store.mirror([stored])
+            double.add(sandbox_id, time.time())
+            record = double.catalog.get(sandbox_id)
+            assert record is not None
+            double.events.record(EventType.CREATED, record)
+        log = http.get(f"/events/webhooks/{hook['id']}/deliveries").json()
+        assert [d["state"] for d in log] == ["pending", "pending"]
+        events = http.get("/events/sandboxes", params={"orderAsc": "true"}).json()
+        assert [d["eventID"] for d in log] == [e["id"] for e in events][::-1]
+        assert http.delete(f"/events/webhooks/{hook['id']}").status_code == 200
+        assert http.get(f"/events/webhooks/{hook['id']}").status_code == 404
+        assert http.get("/events/webhooks").json() == []
 
 
 async def test_node_events_are_listed_for_operators(setup: Setup) -> None:

@@ -14,7 +14,9 @@ from aenv.cluster.membership import NodeSettings, membership
 from aenv.cluster.registry import NodeIdTaken
 from aenv.cluster.source import CatalogSource
 from aenv.cluster.store import ClusterUnavailable
+from aenv.cluster.webhooks import ClusterWebhooks
 from aenv.config import Config, ConfigError, Paths
+from aenv.orchestrator.webhooks import new_webhook
 from tests.cluster.shared import SECRET
 from tests.doubles.node import double_node
 from tests.support.redis_server import RedisServer
@@ -145,3 +147,18 @@ async def test_the_drain_memory_given_is_the_one_the_agent_keeps(
                 return shared.state.draining
 
             await eventually(noted, "the shared memory never noted the drain")
+
+
+async def test_the_clusters_webhooks_replace_the_nodes_own(
+    tmp_path: Path, redis: RedisServer
+) -> None:
+    async with double_node(tmp_path / "node") as node:
+        store = node.orchestrator.webhooks.store
+        own = store.create("local", "own", "https://own.example.com/", True, ["x"], "s1")
+        source = CatalogSource(node.catalog, node.templates, webhooks=node.orchestrator.webhooks)
+        async with membership(settings(redis.url, tmp_path / "node"), source) as agent:
+            shared = new_webhook("local", "shared", "https://hooks.example.com/", True, ["x"], "s2")
+            await ClusterWebhooks(agent.client).put(shared)
+            await agent.beat()
+            assert store.list("local") == [shared]
+            assert store.get("local", own.id) is None

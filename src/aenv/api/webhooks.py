@@ -50,7 +50,19 @@ def delivery_json(delivery: Delivery) -> dict[str, Any]:
     }
 
 
-def _states(request: Request) -> tuple[DeliveryState, ...]:
+def changes_of(body: WebhookChanges) -> dict[str, Any]:
+    """A `PATCH`'s changes, by `Webhook` field."""
+    given = (
+        ("name", body.name),
+        ("url", body.url),
+        ("enabled", body.enabled),
+        ("events", None if body.events is None else tuple(body.events)),
+        ("secret", body.signature_secret),
+    )
+    return {name: value for name, value in given if value is not None}
+
+
+def delivery_states(request: Request) -> tuple[DeliveryState, ...]:
     try:
         return tuple(DeliveryState(s) for s in request.query_params.getlist("state"))
     except ValueError as e:
@@ -110,18 +122,7 @@ class WebhookRoutes:
         body = await parse_body(request, WebhookChanges)
         if body.url is not None:
             self._check_url(body.url)
-        changes: dict[str, Any] = {
-            name: value
-            for name, value in (
-                ("name", body.name),
-                ("url", body.url),
-                ("enabled", body.enabled),
-                ("events", body.events),
-                ("secret", body.signature_secret),
-            )
-            if value is not None
-        }
-        updated = self.store.update(TEAM_ID, hook.id, **changes)
+        updated = self.store.update(TEAM_ID, hook.id, **changes_of(body))
         if updated is None:
             raise not_found(f"webhook '{hook.id}'")
         self.dispatcher.wake()  # enabled again: its queue goes on
@@ -138,6 +139,9 @@ class WebhookRoutes:
         check_query(request, ("limit", "state"))
         hook = self._get(request)
         log = self.store.log(
-            TEAM_ID, hook.id, query_int(request, "limit", 100, 1, MAX_LOG), _states(request)
+            TEAM_ID,
+            hook.id,
+            query_int(request, "limit", 100, 1, MAX_LOG),
+            delivery_states(request),
         )
         return JSONResponse([delivery_json(d) for d in log])

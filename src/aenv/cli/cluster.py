@@ -100,6 +100,7 @@ async def _member(settings: NodeSettings, running: Node, drain: DrainMemory) -> 
         orchestrator.templates,
         orchestrator.forget,
         running.builder,
+        orchestrator.webhooks,
     )
     async with membership(settings, source, drain) as agent:
         running.orchestrator.residency.append(agent)

@@ -17,7 +17,8 @@ is, so a build's calls still find this node after a Redis wipe. The node's runni
 API key are written with every beat and at once on a create or kill (`quota`), so a key's limit
 is counted across the cluster; its report is written then too, so a new sandbox counts in
 placement at once. A drained node remembers it and marks itself draining again in a
-wiped Redis (`drain`).
+wiped Redis (`drain`). The cluster's webhooks are mirrored into the node at every beat
+(`webhooks`).
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import asyncio
 import dataclasses
 import logging
 import secrets
-from collections.abc import Awaitable, Mapping, Set
+from collections.abc import Awaitable, Mapping, Sequence, Set
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -49,6 +50,8 @@ from aenv.cluster.routing import Routes
 from aenv.cluster.saved import SavedRecord, SavedRecords
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import ClusterUnavailable, Keys, guarded
+from aenv.cluster.webhooks import ClusterWebhooks
+from aenv.orchestrator.webhooks import Webhook
 
 log = logging.getLogger("aenv.cluster")
 
@@ -89,6 +92,10 @@ class StateSource(Protocol):
         """Drop a sandbox that another node holds now (stopped, its files removed here)."""
         ...
 
+    async def mirror_webhooks(self, hooks: Sequence[Webhook]) -> None:
+        """Make the node's webhooks the cluster's (`aenv.cluster.webhooks`)."""
+        ...
+
 
 @dataclass(frozen=True)
 class AgentStatus:
@@ -125,6 +132,7 @@ class NodeAgent:
         self.builds = BuildPlaces(client, self.registry.keys)
         self.quota = KeyQuota(client, self.registry.keys)
         self.drains = Drains(client, self.registry.keys)
+        self.webhooks = ClusterWebhooks(client, self.registry.keys)
         self.drain = drain
         # One count per key written at a time: a beat's must not overwrite a create's newer one.
         self._counting = asyncio.Lock()
@@ -169,6 +177,7 @@ class NodeAgent:
                 state.builds - (set() if republish else self._builds), self.node_id
             )
             await self._count_by_key()
+            await self.source.mirror_webhooks(await self.webhooks.all())
             self._sandboxes, self._files = set(state.sandboxes), state.files
             self._builds = set(state.builds)
         except ClusterUnavailable as error:

@@ -2,11 +2,12 @@
 host: the sandboxes it holds, those of them any node could resume (paused, their newest
 checkpoint in the shared repository), the templates and snapshots whose files it has (and the
 snapshots and built templates stored in that repository, with their tags), the templates it is
-building, its running sandboxes per API key, and its capacity."""
+building, its running sandboxes per API key, and its capacity; and where the cluster's webhooks
+are mirrored."""
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 
 import psutil
 
@@ -18,6 +19,8 @@ from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.tags import with_tags
 from aenv.orchestrator.templates import TemplateStore, template_to_json
+from aenv.orchestrator.webhook_delivery import WebhookDispatcher
+from aenv.orchestrator.webhooks import Webhook
 
 # Sandboxes on their way in or out still live here: a route must reach them until they are gone.
 _PAUSED = {SandboxState.PAUSED, SandboxState.PAUSING}
@@ -32,11 +35,18 @@ class CatalogSource:
         templates: TemplateStore,
         forget: Callable[[str], Awaitable[object]] | None = None,
         builder: Builder | None = None,
+        webhooks: WebhookDispatcher | None = None,
     ) -> None:
         self.catalog = catalog
         self.templates = templates
         self._forget = forget
         self.builder = builder
+        self.webhooks = webhooks
+
+    async def mirror_webhooks(self, hooks: Sequence[Webhook]) -> None:
+        if self.webhooks is not None:
+            self.webhooks.store.mirror(hooks)
+            self.webhooks.wake()  # a webhook enabled again: its queue goes on
 
     async def forget(self, sandbox_id: str) -> None:
         if self._forget is not None:

@@ -86,6 +86,11 @@ class Keys:
         return f"{self.prefix}:saved"
 
     @property
+    def webhooks(self) -> str:
+        """The cluster's webhooks (a hash: id -> record; `aenv.cluster.webhooks`)."""
+        return f"{self.prefix}:webhooks"
+
+    @property
     def node_events(self) -> str:
         """Nodes drained, failed, back (a capped stream; `aenv.cluster.node_events`)."""
         return f"{self.prefix}:node-events"

@@ -24,7 +24,7 @@
   routed to their node (`builds`), tags kept on every node holding the template (`tags`),
   volumes kept on theirs (`volumes`); forks spill over to
   other nodes when the parent's lacks room (`forks`); lifecycle events are merged from every
-  live node (`events`).
+  live node (`events`), webhooks kept in Redis for every node to deliver (`webhooks`).
 - Every other route of a node is a 501 here for now, naming it.
 """
 
@@ -66,6 +66,7 @@ from aenv.gateway.nodes import Answer, NodeClient, NodeFailed, NodeUnreachable, 
 from aenv.gateway.saved import SavedRoutes
 from aenv.gateway.tags import TagRoutes
 from aenv.gateway.volumes import VolumeRoutes
+from aenv.gateway.webhooks import WebhookRoutes
 
 # `/sandboxes/{id}...`, `/v2/sandboxes/{id}...` and the node's extensions of one sandbox
 # (`/aenv/sandboxes/{id}/...`: reset, batch fork), but not `/sandboxes/metrics`.
@@ -112,6 +113,7 @@ class ControlPlane:
             *saved.routes(),
             *self.volumes.routes(),
             *EventRoutes(self.directory, self.call_on).routes(),
+            *WebhookRoutes(self.directory, self.call_on).routes(),
             Route("/{rest:path}", self.not_served, methods=_SANDBOX_METHODS),
         ]
 

@@ -74,13 +74,19 @@ def allowed(address: IPv4Address | IPv6Address, settings: DeliverySettings) -> N
         raise TargetRefused(f"{address} is in a range sandboxes cannot reach")
 
 
+def parse_url(url: str) -> httpx.URL:
+    """A webhook URL; `ValueError` unless it is http(s) with a host."""
+    parsed = httpx.URL(url)
+    if parsed.scheme not in ("http", "https") or not parsed.host:
+        raise ValueError("a webhook URL is http:// or https:// with a host")
+    return parsed
+
+
 def check_url(url: str, settings: DeliverySettings) -> None:
     """Raises `TargetRefused` (or `ValueError`) for a webhook URL that can never be
     delivered to: not http(s), no host, or a literal address `allowed` refuses. A name is
     judged at each delivery, by what it resolves to then."""
-    parsed = httpx.URL(url)
-    if parsed.scheme not in ("http", "https") or not parsed.host:
-        raise ValueError("a webhook URL is http:// or https:// with a host")
+    parsed = parse_url(url)
     try:
         literal = ipaddress.ip_address(parsed.host)
     except ValueError:

@@ -61,6 +61,33 @@ class Delivery:
     body: str
 
 
+def new_webhook(
+    team_id: str, name: str, url: str, enabled: bool, events: Sequence[str], secret: str
+) -> Webhook:
+    """A webhook registered now, with an id of its own."""
+    return Webhook(
+        str(uuid.uuid4()), team_id, name, url, enabled, tuple(events), secret, time.time()
+    )
+
+
+def _write(db: sqlite3.Connection, hook: Webhook) -> None:
+    """Insert `hook`, or replace the webhook of its id (its queue and log stay)."""
+    db.execute(
+        "INSERT OR REPLACE INTO webhooks (id, team_id, name, url, enabled, events, secret,"
+        " created_at) VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
+        (
+            hook.id,
+            hook.team_id,
+            hook.name,
+            hook.url,
+            int(hook.enabled),
+            json.dumps(list(hook.events)),
+            hook.secret,
+            hook.created_at,
+        ),
+    )
+
+
 def _webhook(row: sqlite3.Row) -> Webhook:
     return Webhook(
         id=row["id"],
@@ -153,23 +180,8 @@ class WebhookStore:
     def create(
         self, team_id: str, name: str, url: str, enabled: bool, events: Sequence[str], secret: str
     ) -> Webhook:
-        hook = Webhook(
-            str(uuid.uuid4()), team_id, name, url, enabled, tuple(events), secret, time.time()
-        )
-        self._db.execute(
-            "INSERT INTO webhooks (id, team_id, name, url, enabled, events, secret, created_at)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?, ?)",
-            (
-                hook.id,
-                team_id,
-                name,
-                url,
-                int(enabled),
-                json.dumps(list(events)),
-                secret,
-                hook.created_at,
-            ),
-        )
+        hook = new_webhook(team_id, name, url, enabled, events, secret)
+        _write(self._db, hook)
         return hook
 
     def list(self, team_id: str) -> list[Webhook]:
@@ -221,6 +233,19 @@ class WebhookStore:
                 return False
             db.execute("DELETE FROM webhook_deliveries WHERE webhook_id = ?", (webhook_id,))
         return True
+
+    def mirror(self, hooks: Sequence[Webhook]) -> None:
+        """Make the webhooks exactly `hooks` (a cluster's, `aenv.cluster.webhooks`): those
+        not among them go with their queues and logs; the others are written as given, their
+        queues and logs kept."""
+        wanted = {hook.id for hook in hooks}
+        with self.catalog.transaction() as db:
+            for (webhook_id,) in db.execute("SELECT id FROM webhooks").fetchall():
+                if webhook_id not in wanted:
+                    db.execute("DELETE FROM webhooks WHERE id = ?", (webhook_id,))
+                    db.execute("DELETE FROM webhook_deliveries WHERE webhook_id = ?", (webhook_id,))
+            for hook in hooks:
+                _write(db, hook)
 
     # -- the queue ------------------------------------------------------------------------
 
