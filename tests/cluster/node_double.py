@@ -32,7 +32,7 @@ from aenv.api.app import JSON_ERRORS, APIKeyGate
 from aenv.api.builds import BuildRoutes
 from aenv.api.errors import APIError, not_found
 from aenv.api.events import EventRoutes
-from aenv.api.extensions import BULK_SANDBOXES
+from aenv.api.extensions import BATCH_FORK, BULK_SANDBOXES
 from aenv.api.internal_models import Refusal
 from aenv.api.keys import KeyStore, LocalKeys
 from aenv.api.limits import RateLimiter
@@ -185,6 +185,7 @@ class NodeDouble:
                 Route("/cluster/sandboxes/{sandbox_id}/release", self.release, methods=["POST"]),
                 Route("/snapshots", saved.list_snapshots, methods=["GET"]),
                 Route("/sandboxes/{sandbox_id}/fork", self.fork, methods=["POST"]),
+                Route(BATCH_FORK, self.fork, methods=["POST"]),
                 Route("/sandboxes/{sandbox_id}/snapshots", self.snapshot, methods=["POST"]),
                 Route("/cluster/templates", self.adopt_template, methods=["POST"]),
                 # Before the template routes, as on a node: `/templates/tags` is not an id.
@@ -308,7 +309,8 @@ class NodeDouble:
         return Response(status_code=204)
 
     async def fork(self, request: Request) -> Response:
-        count = (await request.json()).get("count", 1)
+        body = await request.json()
+        count = len(body["children"]) if "children" in body else body.get("count", 1)
         entries: list[dict[str, Any]] = []
         for index in range(count):
             if index < self.fork_room:

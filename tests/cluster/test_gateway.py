@@ -675,6 +675,18 @@ async def test_a_fork_too_big_for_its_node_spills_over_to_another(
         fits = http.post("/sandboxes/sbparent/fork", json={"count": 2})
     assert [e["sandbox"]["node"] for e in fits.json()] == ["a", "a"]
     assert len(b.create_bodies) == 2
+    # A batch fork spills over alike, each child elsewhere with its own labels.
+    a.fork_room = 1
+    a.create_answers = [429, 429]
+    children = [{"metadata": {"rank": str(i)}, "envVars": {"RANK": str(i)}} for i in range(3)]
+    with setup.client() as http:
+        batch = http.post("/aenv/sandboxes/sbparent/fork", json={"children": children})
+    assert batch.status_code == 201, batch.text
+    assert [e["sandbox"]["node"] for e in batch.json()] == ["a", "b", "b"]
+    assert [(c["metadata"], c["envVars"]) for c in b.create_bodies[2:]] == [
+        ({"rank": "1"}, {"RANK": "1"}),
+        ({"rank": "2"}, {"RANK": "2"}),
+    ]
 
 
 async def test_a_fork_of_a_sandbox_with_volumes_stays_on_its_node(

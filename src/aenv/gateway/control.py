@@ -44,7 +44,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.errors import APIError, not_found
-from aenv.api.extensions import BULK_SANDBOXES
+from aenv.api.extensions import BATCH_FORK, BULK_SANDBOXES
 from aenv.api.handoff import ADOPT_TEMPLATE
 from aenv.api.internal import CURSORS_HEADER
 from aenv.api.internal_models import Refusal
@@ -103,6 +103,7 @@ class ControlPlane:
             Route("/v2/sandboxes", self.list_v2, methods=["GET"]),
             Route("/sandboxes/metrics", self.batch_metrics, methods=["GET"]),
             Route("/sandboxes/{sandbox_id}/fork", Forks(self).fork, methods=["POST"]),
+            Route(BATCH_FORK, Forks(self).fork, methods=["POST"]),
             Route("/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
             Route("/v2/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
             Route("/aenv/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),

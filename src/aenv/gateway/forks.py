@@ -9,6 +9,10 @@ snapshot is deleted afterwards; nodes keep its files while children use them. A 
 this way has the parent's state and metadata, but not its create-time env vars (a snapshot
 carries none); its entry is where the refused one was. When the snapshot cannot be taken or
 stored, the node's answer stands.
+
+The node's batch fork (`POST /aenv/sandboxes/{id}/fork`, its `children` each with their own
+metadata and env vars) spills over alike: a child started elsewhere gets the parent's metadata
+with its own entry's over it, and its entry's env vars.
 """
 
 from __future__ import annotations
@@ -57,11 +61,13 @@ class Forks:
         body = await request.body()
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
         answer = await self.control.call_on(request, node, "POST", target, body)
-        entries = _entries(answer, body)
+        children = _children(body)
+        entries = _entries(answer, len(children))
         short = [i for i, e in enumerate(entries) if e.get("error", {}).get("code") == 429]
         if not short:
             return _respond(answer)
-        spilled = await self._elsewhere(request, node, sandbox_id, len(short), _timeout(body))
+        wanted = [children[i] for i in short]
+        spilled = await self._elsewhere(request, node, sandbox_id, wanted, _timeout(body))
         if spilled is None:
             return _respond(answer)
         for index, entry in zip(short, spilled, strict=True):
@@ -69,11 +75,16 @@ class Forks:
         return JSONResponse(entries, status_code=201)
 
     async def _elsewhere(
-        self, request: Request, node: NodeReport, sandbox_id: str, count: int, timeout: int
+        self,
+        request: Request,
+        node: NodeReport,
+        sandbox_id: str,
+        children: list[dict[str, Any]],
+        timeout: int,
     ) -> list[dict[str, Any]] | None:
-        """`count` children from a snapshot of the parent, placed as creates; None when no
-        snapshot reached the repository, or the parent mounts volumes (its children must mount
-        them too, and they live on the parent's node)."""
+        """One child per entry of `children` (its own fields) from a snapshot of the parent,
+        placed as creates; None when no snapshot reached the repository, or the parent mounts
+        volumes (its children must mount them too, and they live on the parent's node)."""
         info = await self.control.call_on(request, node, "GET", f"/sandboxes/{sandbox_id}", b"")
         parent = json.loads(info.body) if info.status == 200 else {}
         if parent.get("volumeMounts"):
@@ -88,8 +99,8 @@ class Forks:
             if not await self._stored(snapshot_id):
                 return None
             metadata = parent.get("metadata") or {}
-            create = {"templateID": snapshot_id, "timeout": timeout, "metadata": metadata}
-            return [await self._child(request, json.dumps(create).encode()) for _ in range(count)]
+            creates = [_create(snapshot_id, timeout, metadata, child) for child in children]
+            return [await self._child(request, json.dumps(c).encode()) for c in creates]
         finally:
             await self._drop(request, snapshot_id)
 
@@ -124,7 +135,22 @@ class Forks:
         await self.control.directory.saved.withdraw(snapshot_id)
 
 
-def _entries(answer: Answer, body: bytes) -> list[dict[str, Any]]:
+def _create(
+    snapshot_id: str, timeout: int, metadata: dict[str, str], child: dict[str, Any]
+) -> dict[str, Any]:
+    """The create of one child elsewhere: the parent's metadata with the child's own over it,
+    and the child's own env vars (a batch fork's entry; E2B's fork has none)."""
+    create = {
+        "templateID": snapshot_id,
+        "timeout": timeout,
+        "metadata": {**metadata, **(child.get("metadata") or {})},
+    }
+    if child.get("envVars"):
+        create["envVars"] = child["envVars"]
+    return create
+
+
+def _entries(answer: Answer, count: int) -> list[dict[str, Any]]:
     """The fork's entries: the node's, or one refusal per child when it refused them all."""
     if answer.status == 201:
         parsed = json.loads(answer.body)
@@ -136,7 +162,7 @@ def _entries(answer: Answer, body: bytes) -> list[dict[str, Any]]:
         "code": 429,
         "message": refusal.get("message", "") if isinstance(refusal, dict) else "",
     }
-    return [{"error": error} for _ in range(_count(body))]
+    return [{"error": error} for _ in range(count)]
 
 
 def _fields(body: bytes) -> dict[str, Any]:
@@ -148,9 +174,14 @@ def _fields(body: bytes) -> dict[str, Any]:
     return parsed if isinstance(parsed, dict) else {}
 
 
-def _count(body: bytes) -> int:
-    count = _fields(body).get("count", 1)
-    return count if isinstance(count, int) else 1
+def _children(body: bytes) -> list[dict[str, Any]]:
+    """Each child's own fields: a batch fork's `children`, or E2B's `count` of none."""
+    fields = _fields(body)
+    children = fields.get("children")
+    if isinstance(children, list):
+        return [c if isinstance(c, dict) else {} for c in children]
+    count = fields.get("count", 1)
+    return [{} for _ in range(count if isinstance(count, int) else 1)]
 
 
 def _timeout(body: bytes) -> int:
