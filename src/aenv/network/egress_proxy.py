@@ -120,6 +120,15 @@ async def _relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> 
         writer.close()
 
 
+def _no_delay(writer: asyncio.StreamWriter) -> None:
+    """Small writes go out at once. asyncio does this only for sockets it made as TCP (these
+    are made with protocol 0); the interception writes HTTP/2 frames and TLS records one by
+    one, which Nagle's algorithm would hold for the guest's delayed ACK (40 ms a response)."""
+    sock = writer.get_extra_info("socket")
+    with contextlib.suppress(OSError):
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+
 @dataclass
 class EgressCounts:
     """What the node's slot proxies did with the connections sent to them, since it started:
@@ -276,6 +285,7 @@ class EgressProxy:
         interception = self._interception
         assert interception is not None
         up_reader, up_writer = await self._upstream(policy, name, address, port)
+        _no_delay(up_writer)
         try:
             await asyncio.wait_for(
                 up_writer.start_tls(interception.upstream, server_hostname=name),
@@ -304,6 +314,7 @@ class EgressProxy:
         closed."""
         interception = self._interception
         assert interception is not None
+        _no_delay(writer)
         guest = GuestTls(reader, writer, interception.ca.server_context(name), head)
         handshake = asyncio.ensure_future(asyncio.wait_for(guest.handshake(), _HEAD_TIMEOUT_S))
         opened: list[asyncio.StreamWriter] = []
