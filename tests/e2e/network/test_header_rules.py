@@ -1,7 +1,8 @@
 """Header rules (`network.rules`) with the unmodified SDK against a real VM: curl and Python in
 the guest reach the simulated internet's HTTPS server (tests/e2e/internet.py, `/headers` echoes
 what it got), a ruled name with the rule's header, another name without it; the info shows the
-value `REDACTED`; an update gives a running sandbox its first rules."""
+value `REDACTED`; an update gives a running sandbox its first rules, kept across pause and
+resume."""
 
 from __future__ import annotations
 
@@ -60,6 +61,11 @@ def test_an_update_gives_a_running_sandbox_rules() -> None:
             {"allow_out": ["allowed.test"], "deny_out": ["0.0.0.0/0"], "rules": rules}
         )
         got = _headers(sandbox, "curl -sS -m 20 https://allowed.test/headers")
+        assert got["x-api-key"] == SECRET
+        # Kept across pause and resume; the guest trusts the CA the node installs again.
+        assert sandbox.pause() is True
+        sandbox = Sandbox.connect(sandbox.sandbox_id, timeout=180)
+        got = _headers(sandbox, "curl -sS -m 20 --http1.1 https://allowed.test/headers")
         assert got["x-api-key"] == SECRET
     finally:
         sandbox.kill()
