@@ -54,9 +54,14 @@ PATHS = {"direct": EgressPolicy(), "domain_rules": DOMAINS, "socks_proxy": TUNNE
 TLS_PORT = 8443
 DOWNLOADS = 3  # per HTTPS path, taking turns; the median counts
 RULES = HeaderRules((HeaderRule("files.test", (("X-Api-Key", "bench"),)),))
+RULED = EgressPolicy.parse(allow=["files.test"], deny=["0.0.0.0/0"], headers=RULES)
+# Path -> its policy and curl's protocol. The file server speaks HTTP/1.1, so a passed-through
+# connection is HTTP/1.1 whatever curl offers; an intercepted one speaks what curl chose to the
+# proxy (HTTP/2 by default) and HTTP/1.1 to the server.
 TLS_PATHS = {
-    "passed_through": DOMAINS,
-    "intercepted": EgressPolicy.parse(allow=["files.test"], deny=["0.0.0.0/0"], headers=RULES),
+    "passed_through": (DOMAINS, "--http1.1"),
+    "intercepted": (RULED, "--http1.1"),
+    "intercepted_h2": (RULED, "--http2"),
 }
 # A file server over TLS: `python -m http.server` has no TLS of its own.
 _TLS_SERVER = """
@@ -137,9 +142,9 @@ async def _paths(pool: SlotPool, slot: Slot, guest_ns: str) -> dict[str, object]
     return result
 
 
-def _curl_tls(ns: str, bundle: Path, path: str, fmt: str) -> float:
+def _curl_tls(ns: str, bundle: Path, protocol: str, path: str, fmt: str) -> float:
     out = subprocess.run(
-        ["nsenter", f"--net=/run/netns/{ns}", "--", "curl", "-sS", "-o", "/dev/null",
+        ["nsenter", f"--net=/run/netns/{ns}", "--", "curl", "-sS", "-o", "/dev/null", protocol,
          "--cacert", str(bundle), "--resolve", f"files.test:{TLS_PORT}:{INET_IP}",
          "-w", fmt, f"https://files.test:{TLS_PORT}/{path}"],
         check=True, capture_output=True, text=True,
@@ -157,17 +162,19 @@ async def _header_rules(
     speeds: dict[str, list[float]] = {name: [] for name in TLS_PATHS}
     setups: dict[str, list[float]] = {name: [] for name in TLS_PATHS}
     for _ in range(DOWNLOADS):
-        for name, policy in TLS_PATHS.items():
+        for name, (policy, protocol) in TLS_PATHS.items():
             await pool.set_policy(slot, policy)
             speeds[name].append(
-                await asyncio.to_thread(_curl_tls, guest_ns, bundle, "big", "%{speed_download}")
+                await asyncio.to_thread(
+                    _curl_tls, guest_ns, bundle, protocol, "big", "%{speed_download}"
+                )
             )
     for _ in range(SMALL_RUNS):
-        for name, policy in TLS_PATHS.items():
+        for name, (policy, protocol) in TLS_PATHS.items():
             await pool.set_policy(slot, policy)
             setups[name].append(
                 await asyncio.to_thread(
-                    _curl_tls, guest_ns, bundle, "small", "%{time_starttransfer}"
+                    _curl_tls, guest_ns, bundle, protocol, "small", "%{time_starttransfer}"
                 )
             )
     for name in TLS_PATHS:
@@ -175,12 +182,9 @@ async def _header_rules(
         result[f"https_setup_{name}_ms"] = summary_ms(setups[name])
     speed = {name: statistics.median(values) for name, values in speeds.items()}
     setup = {name: statistics.median(values) for name, values in setups.items()}
-    result["https_download_ratio_intercepted"] = round(
-        speed["intercepted"] / speed["passed_through"], 3
-    )
-    result["https_setup_ratio_intercepted"] = round(
-        setup["intercepted"] / setup["passed_through"], 3
-    )
+    for name in ("intercepted", "intercepted_h2"):
+        result[f"https_download_ratio_{name}"] = round(speed[name] / speed["passed_through"], 3)
+        result[f"https_setup_ratio_{name}"] = round(setup[name] / setup["passed_through"], 3)
     return result
 
 
