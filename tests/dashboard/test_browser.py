@@ -132,3 +132,15 @@ async def test_snapshots_volumes_and_keys(site: Site, url: str, page: Page, tmp_
     row = page.locator("tr[data-key]", has_text="ci")
     await row.locator("button", has_text="Revoke").click()
     await expect(row).to_have_count(0)
+
+
+async def test_a_sandboxs_page_follows_it(site: Site, url: str, page: Page, tmp_path: Path) -> None:
+    sandbox_id = await site.create(owner="page-test")
+    await sign_in(page, url)
+    await page.click(f"a[href='/dashboard/sandboxes/{sandbox_id}']")
+    await expect(page.locator(".event-type").first).to_have_text("sandbox.lifecycle.created")
+    await screenshot(page, "sandbox", tmp_path)
+    assert (await site.api.post(f"/sandboxes/{sandbox_id}/pause")).status_code == 204
+    # Without a reload: the panels follow the sandbox.
+    await expect(page.locator("#sandbox-panels .state")).to_have_text("paused")
+    await expect(page.locator(".event-type").first).to_have_text("sandbox.lifecycle.paused")

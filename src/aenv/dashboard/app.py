@@ -76,6 +76,7 @@ class Dashboard:
             Route(PREFIX + "/sandboxes", self._page(sandboxes.list), methods=["GET"]),
             Route(PREFIX + "/sandboxes/live", self._page(sandboxes.live), methods=["GET"]),
             Route(sandbox, self._page(sandboxes.detail), methods=["GET"]),
+            Route(sandbox + "/live", self._page(sandboxes.detail_live), methods=["GET"]),
             WebSocketRoute(sandbox + "/terminal", sandboxes.terminal),
             Route(sandbox + "/{action}", self._change(sandboxes.act), methods=["POST"]),
             Route(PREFIX + "/templates", self._page(templates.list), methods=["GET"]),

@@ -18,6 +18,10 @@ from aenv.dashboard.sessions import COOKIE, Session
 from aenv.dashboard.terminal import SandboxShells, Terminal
 
 PAGE_SIZE = 50
+EVENTS_SHOWN = 20
+CONSOLE_LINES = 200
+# A sparkline's size, in the SVG's own units.
+_SPARK_W, _SPARK_H = 240, 40
 _STATES = {"": "running,paused", "running": "running", "paused": "paused"}
 
 
@@ -62,11 +66,57 @@ class SandboxPages:
 
         return self.pages.live(request, session, tick)
 
+    async def _panels(self, session: Session, sandbox_id: str) -> tuple[str, SandboxRow]:
+        """What the sandbox page shows beside its terminal, rendered: its facts and network,
+        CPU and memory over time, its events, and the tail of its console."""
+        detail = await self.calls.json(session.key, f"/sandboxes/{sandbox_id}")
+        events = await self.calls.json(
+            session.key, f"/events/sandboxes/{sandbox_id}", limit=str(EVENTS_SHOWN)
+        )
+        console = await self.calls.json(
+            session.key,
+            f"/v2/sandboxes/{sandbox_id}/logs",
+            direction="backward",
+            limit=str(CONSOLE_LINES),
+        )
+        try:
+            samples = await self.calls.json(session.key, f"/sandboxes/{sandbox_id}/metrics")
+            metrics = Metrics(samples)
+        except ApiRefused as e:
+            metrics = Metrics([], unavailable=e.message)
+        row = SandboxRow(detail)
+        html = self.pages.fragment(
+            "sandbox_panels.html",
+            session,
+            sandbox=row,
+            network=detail.get("network") or {},
+            internet=detail.get("allowInternetAccess"),
+            events=events,
+            console=[line["message"] for line in reversed(console["logs"])],
+            metrics=metrics,
+        )
+        return html, row
+
     async def detail(self, request: Request, session: Session) -> Response:
         sandbox_id = request.path_params["sandbox_id"]
-        row = SandboxRow(await self.calls.json(session.key, f"/sandboxes/{sandbox_id}"))
+        panels, row = await self._panels(session, sandbox_id)
         terminal = self.shells is not None and row.state == "running"
-        return self.pages.render(request, "sandbox.html", session, sandbox=row, terminal=terminal)
+        return self.pages.render(
+            request, "sandbox.html", session, sandbox=row, terminal=terminal, panels=panels
+        )
+
+    async def detail_live(self, request: Request, session: Session) -> Response:
+        sandbox_id = request.path_params["sandbox_id"]
+        last: list[str] = []
+
+        async def tick() -> tuple[list[Event], bool]:
+            panels, _ = await self._panels(session, sandbox_id)
+            if last and panels == last[0]:
+                return [], False
+            last[:] = [panels]
+            return [Event("rows", panels)], False
+
+        return self.pages.live(request, session, tick)
 
     async def terminal(self, socket: WebSocket) -> None:
         """A shell on the sandbox's PTY (`terminal.py`), for a session whose key may see the
@@ -187,3 +237,33 @@ def _terminal_query(socket: WebSocket) -> tuple[int, int, int | None]:
     if not (1 <= cols <= 1000 and 1 <= rows <= 1000):
         raise ApiRefused(400, "cols and rows: between 1 and 1000")
     return cols, rows, pid
+
+
+class Metrics:
+    """CPU and memory over time, as sparklines (SVG polyline points) and their latest values."""
+
+    def __init__(self, samples: list[dict[str, Any]], unavailable: str | None = None) -> None:
+        self.unavailable = unavailable
+        self.cpu = _points([s["cpuUsedPct"] for s in samples], 100.0)
+        total = max((s["memTotal"] for s in samples), default=0)
+        self.memory = _points([s["memUsed"] for s in samples], float(total))
+        latest = samples[-1] if samples else None
+        self.cpu_now = f"{latest['cpuUsedPct']:.0f}%" if latest else "-"
+        mib = 1 << 20
+        self.memory_now = (
+            f"{latest['memUsed'] // mib} / {latest['memTotal'] // mib} MiB" if latest else "-"
+        )
+        self.width, self.height = _SPARK_W, _SPARK_H
+
+
+def _points(values: list[float], top: float) -> str:
+    """A polyline's points for `values` on a scale from 0 to `top`, oldest at the left."""
+    if not values or top <= 0:
+        return ""
+    if len(values) == 1:  # one sample: a level line, not a point nobody sees
+        values = values * 2
+    step = _SPARK_W / max(len(values) - 1, 1)
+    return " ".join(
+        f"{i * step:.1f},{_SPARK_H - min(v / top, 1.0) * _SPARK_H:.1f}"
+        for i, v in enumerate(values)
+    )

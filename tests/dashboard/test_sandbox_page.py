@@ -1,0 +1,40 @@
+"""One sandbox's page over HTTP: its facts, metrics, network, events and console, read through
+the API, and the same kept live (server-sent events) as the sandbox changes."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from tests.dashboard.conftest import Site
+from tests.dashboard.test_sessions import ORIGIN, sign_in
+
+
+@pytest.fixture
+async def browser(site: Site) -> AsyncIterator[httpx.AsyncClient]:
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=site.dashboard),
+        base_url=ORIGIN,
+        headers={"Origin": ORIGIN, "Sec-Fetch-Site": "same-origin"},
+    ) as client:
+        await sign_in(client)
+        yield client
+
+
+async def test_a_sandboxs_page_and_its_live_panels(site: Site, browser: httpx.AsyncClient) -> None:
+    sandbox_id = await site.create(owner="page-test")
+    page = await browser.get(f"/dashboard/sandboxes/{sandbox_id}")
+    assert page.status_code == 200
+    assert "owner=page-test" in page.text
+    assert "sandbox.lifecycle.created" in page.text
+    assert '<polyline fill="none"' in page.text and 'points=""' not in page.text  # sampled
+    assert "Internet access" in page.text
+    # No terminal without a way to reach the guest's envd (the doubles' node gives none).
+    assert 'id="terminal"' not in page.text
+    assert (await site.api.post(f"/sandboxes/{sandbox_id}/pause")).status_code == 204
+    live = await browser.get(f"/dashboard/sandboxes/{sandbox_id}/live")
+    assert "state-paused" in live.text
+    assert "sandbox.lifecycle.paused" in live.text
+    assert (await browser.get("/dashboard/sandboxes/nosuchsandbox")).status_code == 404
