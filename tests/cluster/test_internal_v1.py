@@ -120,6 +120,23 @@ async def test_the_nodes_extensions_go_through_version_1(node: Node) -> None:
     assert (unfiltered.refusal, unfiltered.status) == (Refusal.REJECTED, 400)
 
 
+async def test_a_sandboxs_logs_and_metrics_are_read_through_version_1(node: Node) -> None:
+    made = await node.v1("/sandboxes", {"api": "v2", "body": '{"templateID": "base"}'})
+    sandbox_id = _json(made)["sandboxID"]
+    for op, path, query in [
+        ("logs", f"/sandboxes/{sandbox_id}/logs", "limit=5"),
+        ("logs-v2", f"/v2/sandboxes/{sandbox_id}/logs", "direction=backward"),
+        ("metrics", f"/sandboxes/{sandbox_id}/metrics", ""),
+    ]:
+        read = await node.v1(f"/sandboxes/{sandbox_id}/{op}", {"query": query})
+        public = await node.public("GET", f"{path}?{query}")
+        assert (read.refusal, read.status) == (None, 200), (op, read)
+        assert _json(read) == public.json(), op
+    bad = await node.v1(f"/sandboxes/{sandbox_id}/logs", {"query": "region=eu"})
+    assert (bad.refusal, bad.status) == (Refusal.REJECTED, 400)
+    assert "'region'" in _json(bad)["message"]
+
+
 async def test_a_create_of_a_template_not_here_is_refused_as_not_here(node: Node) -> None:
     answer = await node.v1("/sandboxes", {"api": "v1", "body": '{"templateID": "elsewhere"}'})
     assert (answer.refusal, answer.status) == (Refusal.NOT_HERE, 404)

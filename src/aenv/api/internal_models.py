@@ -68,6 +68,9 @@ class SandboxOp(StrEnum):
     SNAPSHOT = "snapshot"
     FORK = "fork"
     NETWORK = "network"  # replace its egress rules
+    LOGS = "logs"  # its console's lines, paged by the query
+    LOGS_V2 = "logs-v2"  # E2B's v2 shape of them
+    METRICS = "metrics"  # its samples over the query's range
     RELEASE = "release"  # give the sandbox up, paused, for another node to adopt
     RESET = "reset"  # this node's extension: back to a snapshot's state, in place
     BATCH_FORK = "batch-fork"  # this node's extension: children with labels of their own
@@ -169,6 +172,7 @@ class CreateVolume(E2BCall):
 class SandboxCall(E2BCall):
     """`POST /internal/v1/sandboxes/{id}/{op}` (`SandboxOp`)."""
 
+    query: str = ""  # the client's query string, verbatim (a page of logs, a range of metrics)
     body: str = ""  # the client's E2B body, verbatim (none for info, kill and release)
 
 
@@ -259,6 +263,9 @@ SANDBOX_ROUTES: dict[SandboxOp, tuple[str, str]] = {
     SandboxOp.SNAPSHOT: ("POST", "/sandboxes/{id}/snapshots"),
     SandboxOp.FORK: ("POST", "/sandboxes/{id}/fork"),
     SandboxOp.NETWORK: ("PUT", "/sandboxes/{id}/network"),
+    SandboxOp.LOGS: ("GET", "/sandboxes/{id}/logs"),
+    SandboxOp.LOGS_V2: ("GET", "/v2/sandboxes/{id}/logs"),
+    SandboxOp.METRICS: ("GET", "/sandboxes/{id}/metrics"),
     SandboxOp.RELEASE: ("POST", "/cluster/sandboxes/{id}/release"),
     SandboxOp.RESET: ("POST", RESET.format(sandbox_id="{id}")),
     SandboxOp.BATCH_FORK: ("POST", BATCH_FORK.format(sandbox_id="{id}")),
