@@ -109,3 +109,22 @@ async def test_a_wrong_cluster_secret_changes_nothing(
         assert "differs from the one the cluster's nodes registered with" in refused.stderr
         assert "Traceback" not in refused.stderr
     assert await Drains(client).draining() == {"n2"}
+
+
+async def test_node_events_are_listed_newest_first(
+    tmp_path: Path, redis: RedisServer, client: aioredis.Redis
+) -> None:
+    registry = NodeRegistry(client, SECRET)
+    capacity = Capacity(cpus=2, memory_mb=1024, memory_free_mb=512, running=0, paused=0)
+    await registry.heartbeat("t1", NodeReport("n1", "127.0.0.1:1", capacity, []), ttl=60)
+    await Drains(client).drain("n1")
+    listed = aenv(tmp_path, redis.url, "node", "events", "--json")
+    assert listed.returncode == 0, listed.stderr
+    assert [(e["type"], e["nodeID"]) for e in json.loads(listed.stdout)] == [
+        ("node.drained", "n1"),
+        ("node.back", "n1"),
+    ]
+    table = aenv(tmp_path, redis.url, "node", "events", "--node", "n2")
+    assert table.returncode == 0 and table.stdout == ""
+    text = aenv(tmp_path, redis.url, "node", "events", "--limit", "1").stdout.split()
+    assert text[2:] == ["node.drained", "n1"]

@@ -28,6 +28,7 @@ if TYPE_CHECKING:
 app = typer.Typer(help="Run a cluster node, or drain one.")
 app.command()(nodes.drain)
 app.command()(nodes.undrain)
+app.command()(nodes.events)
 
 
 @app.callback(invoke_without_command=True)

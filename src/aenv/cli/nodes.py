@@ -1,7 +1,8 @@
-"""`aenv nodes` (the cluster's nodes: state, capacity, load) and `aenv node drain/undrain`, read
-and written in the cluster's Redis with the cluster secret (`AENV_REDIS_URL`,
-`AENV_CLUSTER_SECRET`), as a gateway does. A secret other than the one the cluster's nodes
-registered with is refused before anything is read or written."""
+"""`aenv nodes` (the cluster's nodes: state, capacity, load), `aenv node drain/undrain` and
+`aenv node events` (nodes drained, failed, back: `aenv.cluster.node_events`), read and written
+in the cluster's Redis with the cluster secret (`AENV_REDIS_URL`, `AENV_CLUSTER_SECRET`), as a
+gateway does. A secret other than the one the cluster's nodes registered with is refused before
+anything is read or written."""
 
 from __future__ import annotations
 
@@ -144,3 +145,26 @@ def undrain(
 
     _with_directory(redis_url, home, work)
     print(f"node {node_id} takes new sandboxes")
+
+
+def events(
+    node_id: Annotated[str | None, typer.Option("--node", help="only this node's events")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=10_000, help="how many, newest first")] = 20,
+    redis_url: RedisOption = None,
+    home: HomeOption = None,
+    json_output: JsonOption = False,
+) -> None:
+    """The nodes' events, newest first: drained, undrained, failed (a lease that lapsed without
+    its release) and back (a lease taken anew)."""
+    from datetime import UTC, datetime
+
+    async def read(directory: Directory, _: ClusterSecret) -> list[dict[str, Any]]:
+        return [e.to_json() for e in await directory.node_events.list(limit, node_id)]
+
+    listed = _with_directory(redis_url, home, read)
+    if json_output:
+        print(json.dumps(listed))
+        return
+    for e in listed:
+        at = datetime.fromtimestamp(e["at"], UTC).strftime("%Y-%m-%d %H:%M:%S")
+        print(f"{at}  {e['type']:<15} {e['nodeID']}")
