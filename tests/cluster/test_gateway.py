@@ -816,6 +816,7 @@ async def test_events_of_every_node_are_merged_in_time_order(setup: Setup) -> No
             assert http.get("/events/sandboxes", params=params).status_code == 400, params
 
 
+@pytest.mark.parametrize("versions", [(REPLAY,), INTERNAL_VERSIONS], ids=["v0", "v1"])
 async def test_webhooks_are_the_clusters_and_their_logs_every_nodes(setup: Setup) -> None:
     hook_body = {
         "name": "h",

@@ -120,7 +120,7 @@ async def test_the_nodes_extensions_go_through_version_1(node: Node) -> None:
     assert (unfiltered.refusal, unfiltered.status) == (Refusal.REJECTED, 400)
 
 
-async def test_a_sandboxs_logs_and_metrics_are_read_through_version_1(node: Node) -> None:
+async def test_a_sandboxs_logs_metrics_and_events_are_read_through_version_1(node: Node) -> None:
     made = await node.v1("/sandboxes", {"api": "v2", "body": '{"templateID": "base"}'})
     sandbox_id = _json(made)["sandboxID"]
     for op, path, query in [
@@ -132,6 +132,14 @@ async def test_a_sandboxs_logs_and_metrics_are_read_through_version_1(node: Node
         public = await node.public("GET", f"{path}?{query}")
         assert (read.refusal, read.status) == (None, 200), (op, read)
         assert _json(read) == public.json(), op
+    events = await node.v1(f"/sandboxes/{sandbox_id}/events", {"query": "orderAsc=true"})
+    public = await node.public("GET", f"/events/sandboxes/{sandbox_id}?orderAsc=true")
+    assert (events.refusal, events.status) == (None, 200)
+    assert _json(events) == public.json() and len(_json(events)) == 1
+    everyone = await node.v1("/lists/events", {"query": "limit=5"})
+    assert _json(everyone) == (await node.public("GET", "/events/sandboxes?limit=5")).json()
+    no_hook = await node.v1("/webhooks/nosuch/deliveries", {"query": "limit=5"})
+    assert (no_hook.refusal, no_hook.status) == (Refusal.NOT_HERE, 404)
     bad = await node.v1(f"/sandboxes/{sandbox_id}/logs", {"query": "region=eu"})
     assert (bad.refusal, bad.status) == (Refusal.REJECTED, 400)
     assert "'region'" in _json(bad)["message"]

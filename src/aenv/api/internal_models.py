@@ -71,6 +71,7 @@ class SandboxOp(StrEnum):
     LOGS = "logs"  # its console's lines, paged by the query
     LOGS_V2 = "logs-v2"  # E2B's v2 shape of them
     METRICS = "metrics"  # its samples over the query's range
+    EVENTS = "events"  # its lifecycle events, paged by the query
     RELEASE = "release"  # give the sandbox up, paused, for another node to adopt
     RESET = "reset"  # this node's extension: back to a snapshot's state, in place
     BATCH_FORK = "batch-fork"  # this node's extension: children with labels of their own
@@ -117,6 +118,7 @@ class ListOp(StrEnum):
     TEMPLATES = "templates"
     TEMPLATES_V2 = "templates-v2"
     VOLUMES = "volumes"
+    EVENTS = "events"  # the lifecycle events of the caller's sandboxes
 
 
 class BulkOp(StrEnum):
@@ -225,6 +227,13 @@ class BulkCall(E2BCall):
     body: str = ""  # the client's E2B body, verbatim (a timeout's)
 
 
+class DeliveriesCall(E2BCall):
+    """`POST /internal/v1/webhooks/{id}/deliveries`: the node's log of its deliveries of a
+    webhook, which a gateway merges from every node."""
+
+    query: str = ""  # the client's query string, verbatim (a limit, states)
+
+
 class Metrics(_Call):
     """`POST /internal/v1/metrics`: the latest sample of each of these sandboxes the node
     runs (those it does not run are left out of its answer)."""
@@ -266,6 +275,7 @@ SANDBOX_ROUTES: dict[SandboxOp, tuple[str, str]] = {
     SandboxOp.LOGS: ("GET", "/sandboxes/{id}/logs"),
     SandboxOp.LOGS_V2: ("GET", "/v2/sandboxes/{id}/logs"),
     SandboxOp.METRICS: ("GET", "/sandboxes/{id}/metrics"),
+    SandboxOp.EVENTS: ("GET", "/events/sandboxes/{id}"),
     SandboxOp.RELEASE: ("POST", "/cluster/sandboxes/{id}/release"),
     SandboxOp.RESET: ("POST", RESET.format(sandbox_id="{id}")),
     SandboxOp.BATCH_FORK: ("POST", BATCH_FORK.format(sandbox_id="{id}")),
@@ -299,10 +309,12 @@ LIST_ROUTES: dict[ListOp, tuple[str, str]] = {
     ListOp.TEMPLATES: ("GET", "/templates"),
     ListOp.TEMPLATES_V2: ("GET", "/v2/templates"),
     ListOp.VOLUMES: ("GET", "/volumes"),
+    ListOp.EVENTS: ("GET", "/events/sandboxes"),
 }
 BULK_ROUTES: dict[BulkOp, tuple[str, str]] = {
     op: ("POST", f"{BULK_SANDBOXES}/{op.value}") for op in BulkOp
 }
+DELIVERIES_ROUTE = "/events/webhooks/{id}/deliveries"
 METRICS_ROUTE = "/sandboxes/metrics"  # `GET`, the ids in `sandbox_ids`, comma-separated
 CREATE_ROUTES = {E2BApi.V1: "/sandboxes", E2BApi.V2: "/v2/sandboxes"}
 VOLUMES_ROUTE = "/volumes"
@@ -361,4 +373,5 @@ SINGLES = (
     Single("/volumes", ("POST", VOLUMES_ROUTE), CreateVolume),
     Single("/builds", ("POST", BUILDS_ROUTE), RequestBuild),
     Single("/templates/{id}/files/{hash}", ("GET", FILES_ROUTE), FilesCall),
+    Single("/webhooks/{id}/deliveries", ("GET", DELIVERIES_ROUTE), DeliveriesCall),
 )
