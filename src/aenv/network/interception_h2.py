@@ -71,7 +71,8 @@ class Bridge:
         self._idle = [_Upstream(up)]
         config = h2.config.H2Configuration(client_side=False, header_encoding=None)
         self._h2 = h2.connection.H2Connection(config)
-        self._bodies: dict[int, asyncio.Queue[bytes | None]] = {}
+        # Per stream: its body chunks and their flow-controlled lengths; None ends it.
+        self._bodies: dict[int, asyncio.Queue[tuple[bytes, int] | None]] = {}
         self._trailers: dict[int, list[tuple[bytes, bytes]]] = {}
         self._tasks: dict[int, asyncio.Task[None]] = {}
         self._window = asyncio.Event()
@@ -108,8 +109,11 @@ class Bridge:
             self._tasks[event.stream_id] = task
         elif isinstance(event, h2.events.DataReceived):
             assert event.stream_id is not None and event.data is not None
+            assert event.flow_controlled_length is not None
             if (queue := self._bodies.get(event.stream_id)) is not None:
-                queue.put_nowait(event.data)
+                queue.put_nowait((event.data, event.flow_controlled_length))
+            else:  # a stream already done: its data must not hold the connection's window
+                self._acknowledge(event.stream_id, event.flow_controlled_length)
         elif isinstance(event, h2.events.TrailersReceived):
             assert event.stream_id is not None and event.headers is not None
             self._trailers[event.stream_id] = list(event.headers)
@@ -136,7 +140,11 @@ class Bridge:
             with contextlib.suppress(OSError, ConnectionError):
                 await self._flush()
         finally:
-            self._bodies.pop(stream_id, None)
+            # What the server never took (it answered early, or failed) is given back too.
+            if (queue := self._bodies.pop(stream_id, None)) is not None:
+                while not queue.empty():
+                    if (item := queue.get_nowait()) is not None:
+                        self._acknowledge(stream_id, item[1])
             self._trailers.pop(stream_id, None)
             self._tasks.pop(stream_id, None)
         if reusable and upstream is not None:
@@ -178,14 +186,21 @@ class Bridge:
         conn = upstream.h11
         return conn.our_state is h11.DONE and conn.their_state is h11.DONE
 
+    def _acknowledge(self, stream_id: int, length: int) -> None:
+        # h2 gives a closed stream's share back to the connection's window alone.
+        self._h2.acknowledge_received_data(length, stream_id)
+
     async def _upload(
-        self, stream_id: int, queue: asyncio.Queue[bytes | None], upstream: _Upstream
+        self,
+        stream_id: int,
+        queue: asyncio.Queue[tuple[bytes, int] | None],
+        upstream: _Upstream,
     ) -> None:
-        while (chunk := await queue.get()) is not None:
+        while (item := await queue.get()) is not None:
+            chunk, length = item
             await upstream.send(h11.Data(data=chunk))
             # The server took it: the guest may send as much again.
-            with contextlib.suppress(h2.exceptions.StreamClosedError):
-                self._h2.acknowledge_received_data(len(chunk), stream_id)
+            self._acknowledge(stream_id, length)
             await self._flush()
         await upstream.send(h11.EndOfMessage(headers=self._trailers.pop(stream_id, [])))
 
