@@ -32,7 +32,7 @@ from aenv.api.app import JSON_ERRORS, APIKeyGate
 from aenv.api.builds import BuildRoutes
 from aenv.api.errors import APIError, not_found
 from aenv.api.events import EventRoutes
-from aenv.api.extensions import BATCH_FORK, BULK_SANDBOXES
+from aenv.api.extensions import BATCH_FORK, BULK_SANDBOXES, BULK_SNAPSHOTS
 from aenv.api.internal_models import Refusal
 from aenv.api.keys import KeyStore, LocalKeys
 from aenv.api.limits import RateLimiter
@@ -181,6 +181,7 @@ class NodeDouble:
                 Route("/sandboxes/{sandbox_id}", self.detail, methods=["GET"]),
                 Route("/aenv/sandboxes/{sandbox_id}/reset", self.detail, methods=["POST"]),
                 Route(BULK_SANDBOXES + "/kill", self.bulk_kill, methods=["POST"]),
+                Route(BULK_SNAPSHOTS, self.bulk_delete_snapshots, methods=["DELETE"]),
                 Route("/cluster/adopt", self.adopt, methods=["POST"]),
                 Route("/cluster/sandboxes/{sandbox_id}/release", self.release, methods=["POST"]),
                 Route("/snapshots", saved.list_snapshots, methods=["GET"]),
@@ -242,11 +243,17 @@ class NodeDouble:
 
     async def bulk_kill(self, request: Request) -> Response:
         """The bulk kill by metadata, on this node's rows (no VMs here)."""
-        check_query(request, {"metadata"})
-        selected = matching(self.catalog.list(), metadata_filter(request))
+        selected = matching(self.catalog.list(), _bulk_filter(request))
         for record in selected:
             self.catalog.delete(record.id)
         return JSONResponse({"sandboxes": [{"sandboxID": r.id} for r in selected]})
+
+    async def bulk_delete_snapshots(self, request: Request) -> Response:
+        """The bulk delete of snapshots by metadata, of those this node holds."""
+        selected = matching(list(self.snapshots.values()), _bulk_filter(request))
+        for made in selected:
+            del self.snapshots[made.template_id]
+        return JSONResponse({"snapshots": [{"snapshotID": t.template_id} for t in selected]})
 
     async def detail(self, request: Request) -> Response:
         sandbox_id = request.path_params["sandbox_id"]
@@ -327,3 +334,12 @@ class NodeDouble:
         if self.on_snapshot is not None:
             await self.on_snapshot(made)
         return JSONResponse({"snapshotID": made.template_id, "names": []}, status_code=201)
+
+
+def _bulk_filter(request: Request) -> dict[str, str]:
+    """A bulk route's filter, refused when empty as a node's own routes refuse it."""
+    check_query(request, {"metadata"})
+    wanted = metadata_filter(request)
+    if not wanted:
+        raise APIError(400, "metadata: a filter is required")
+    return wanted

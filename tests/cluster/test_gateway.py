@@ -360,13 +360,11 @@ async def test_calls_for_a_sandbox_go_to_its_node(setup: Setup, client: aioredis
         found = http.get("/sandboxes/sbonb")
         # The node's extensions of one sandbox go to its node too.
         reset = http.post("/aenv/sandboxes/sbonb/reset", json={"snapshotID": "s"})
-        snapshots = http.delete("/aenv/bulk/snapshots", params={"metadata": "run=1"})
         unrouted = http.get("/sandboxes/nosuch")
         keyless = httpx.get(f"{setup.url}/sandboxes/sbonb")
         lost = http.delete("/sandboxes/lost")
     assert found.status_code == 200 and found.json() == {"sandboxID": "sbonb", "node": "b"}
     assert reset.status_code == 200 and reset.json() == {"sandboxID": "sbonb", "node": "b"}
-    assert snapshots.status_code == 501, snapshots.text
     assert unrouted.status_code == 404
     assert unrouted.json() == {"code": 404, "message": "sandbox 'nosuch' not found"}
     assert keyless.status_code == 401
@@ -743,6 +741,36 @@ async def test_snapshots_are_listed_once_across_nodes_and_deleted_everywhere(
     assert await SavedRecords(client).all() == []
     assert unknown.status_code == 404 and unknown.json()["code"] == 404
     assert [s["snapshotID"] for s in after.json()] == ["snapfresh"]
+
+
+async def test_a_bulk_delete_of_snapshots_reaches_every_node_and_the_records(
+    setup: Setup, client: aioredis.Redis
+) -> None:
+    a, b = setup.nodes["a"], setup.nodes["b"]
+
+    def labelled(template_id: str, run: str) -> Template:
+        return dataclasses.replace(snapshot(template_id, 1000.0), metadata={"run": run})
+
+    mine, copy, theirs = (
+        labelled("snapmine", "42"),
+        labelled("snapcopy", "42"),
+        labelled("snapkept", "7"),
+    )
+    lost = labelled("snaplost", "42")  # made by a node that is gone: only its record is left
+    a.snapshots |= {"snapmine": mine, "snapkept": theirs}
+    b.snapshots["snapcopy"] = copy
+    for made in (mine, theirs, lost):
+        await SavedRecords(client).publish(SavedRecord.of(template_to_json(made)))
+    with setup.client() as http:
+        deleted = http.delete("/aenv/bulk/snapshots", params={"metadata": "run=42"})
+        refused = http.delete("/aenv/bulk/snapshots")
+    assert deleted.status_code == 200, deleted.text
+    assert deleted.json() == {
+        "snapshots": [{"snapshotID": i} for i in ("snapcopy", "snaplost", "snapmine")]
+    }
+    assert list(a.snapshots) == ["snapkept"] and b.snapshots == {}
+    assert [r.template_id for r in await SavedRecords(client).all()] == ["snapkept"]
+    assert refused.status_code == 400
 
 
 @pytest.mark.parametrize("versions", [(REPLAY,), INTERNAL_VERSIONS], ids=["v0", "v1"])

@@ -28,9 +28,10 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.errors import APIError, not_found
+from aenv.api.extensions import BULK_SNAPSHOTS
 from aenv.api.internal_models import Refusal
 from aenv.api.requests import check_query
-from aenv.api.sandboxes import MAX_PAGE
+from aenv.api.sandboxes import MAX_PAGE, matching, metadata_filter
 from aenv.api.templates import alias_body, template_body, with_builds
 from aenv.cluster.directory import Directory
 from aenv.cluster.registry import NodeReport
@@ -57,6 +58,7 @@ class SavedRoutes:
             Route("/templates/{template_id}", self.first_knowing, methods=["PATCH"]),
             Route("/v2/templates/{template_id}", self.first_knowing, methods=["PATCH"]),
             Route("/templates/{template_id}", self.delete, methods=["DELETE"]),
+            Route(BULK_SNAPSHOTS, self.delete_matching, methods=["DELETE"]),
         ]
 
     async def list_snapshots(self, request: Request) -> Response:
@@ -155,6 +157,23 @@ class SavedRoutes:
         if record is None and all(a.refusal is Refusal.NOT_HERE for a in answers):
             raise not_found(f"template '{ref}'")
         return Response(status_code=204)
+
+    async def delete_matching(self, request: Request) -> Response:
+        """The bulk delete of snapshots by metadata (`api/bulk.py`): every live node deletes
+        its own that match, and the published records that match (a gone node's snapshots
+        too) are withdrawn, so no node adopts them again."""
+        answers = await self.everywhere(request, target_of(request))
+        for answer in answers:
+            if answer.status != 200:
+                return passed(answer)  # a bad filter, refused alike by every node
+        ids = {s["snapshotID"] for a in answers for s in json.loads(a.body)["snapshots"]}
+        wanted = metadata_filter(request)
+        for record in await self.directory.saved.all():
+            published = template_from_json(record.record)
+            if record.template_id in ids or matching([published], wanted):
+                ids.add(record.template_id)
+                await self.directory.saved.withdraw(record.template_id, record.names)
+        return JSONResponse({"snapshots": [{"snapshotID": i} for i in sorted(ids)]})
 
     async def _node_snapshots(
         self, request: Request, node: NodeReport, filters: dict[str, str]
