@@ -8,9 +8,12 @@ import asyncio
 import base64
 import hashlib
 import json
+import ssl
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from ipaddress import IPv4Network, ip_address
 from pathlib import Path
 from typing import Any
@@ -24,6 +27,7 @@ from starlette.routing import Route
 
 from aenv.api.app import create_api
 from aenv.api.keys import KeyStore
+from aenv.network.egress_ca import EgressCA
 from aenv.orchestrator.webhook_delivery import DeliverySettings, TargetRefused, allowed
 from tests.api.conftest import API_KEY, Node
 from tests.doubles.node import DoubleNode, double_node
@@ -301,3 +305,65 @@ async def test_operations_do_not_wait_for_a_receiver(tmp_path: Path) -> None:
             await doubles.orchestrator.kill(record.id)
         log = (await client.get(f"/events/webhooks/{webhook_id}/deliveries")).json()
         assert [d["state"] for d in log] == ["pending"] * 6
+
+
+@asynccontextmanager
+async def tls_receiver(tmp_path: Path, name: str) -> AsyncIterator[tuple[str, list[Any], Any]]:
+    """A receiver on loopback speaking TLS with a certificate for `name` from a CA of the
+    test's own: its port, the (Host header, body) pairs it got, and a client context trusting
+    that CA."""
+    ca = EgressCA(tmp_path / "ca")
+    got: list[tuple[str, str]] = []
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers["Content-Length"])).decode()
+            got.append((self.headers["Host"], body))
+            self.send_response(204)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    server.socket = ca.server_context(name).wrap_socket(server.socket, server_side=True)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    trusting = ssl.create_default_context(cadata=ca.cert_pem.decode())
+    try:
+        yield server.server_address[1], got, trusting
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+@pytest.mark.parametrize("settings", [LOOPBACK])
+async def test_https_goes_to_the_address_judged_and_checks_the_name(
+    node: Node, tmp_path: Path
+) -> None:
+    dispatcher = node.orchestrator.webhooks
+    async with tls_receiver(tmp_path, "localhost") as (port, got, trusting):
+        # The node's client, trusting the test's CA besides (the host's store has no such CA).
+        await dispatcher.client.aclose()
+        dispatcher.client = httpx.AsyncClient(
+            verify=trusting, trust_env=False, follow_redirects=False
+        )
+        named = await _register(node.client, f"https://localhost:{port}/hook", [CREATED])
+        # The same receiver by its address: the certificate names `localhost` only.
+        by_address = await _register(node.client, f"https://127.0.0.1:{port}/hook", [CREATED])
+        assert (
+            await node.client.post("/sandboxes", json={"templateID": "base"})
+        ).status_code == 201
+
+        async def settled() -> bool:
+            logs = [
+                (await node.client.get(f"/events/webhooks/{w}/deliveries")).json()
+                for w in (named, by_address)
+            ]
+            return all(log and log[0]["state"] != "pending" for log in logs)
+
+        await eventually(settled, "both deliveries settled")
+    [(host, body)] = got
+    assert host == f"localhost:{port}" and json.loads(body)["type"] == CREATED
+    [failed] = (await node.client.get(f"/events/webhooks/{by_address}/deliveries")).json()
+    assert failed["state"] == "failed" and "CERTIFICATE_VERIFY_FAILED" in failed["lastError"]
