@@ -308,7 +308,9 @@ async def test_operations_do_not_wait_for_a_receiver(tmp_path: Path) -> None:
 
 
 @asynccontextmanager
-async def tls_receiver(tmp_path: Path, name: str) -> AsyncIterator[tuple[str, list[Any], Any]]:
+async def tls_receiver(
+    tmp_path: Path, name: str
+) -> AsyncIterator[tuple[int, list[tuple[str, str]], ssl.SSLContext]]:
     """A receiver on loopback speaking TLS with a certificate for `name` from a CA of the
     test's own: its port, the (Host header, body) pairs it got, and a client context trusting
     that CA."""
