@@ -89,7 +89,8 @@ class Pages:
         async def events() -> AsyncIterator[str]:
             deadline = time.monotonic() + self.stream_s
             yield "retry: 1000\n\n"
-            while time.monotonic() < deadline and not await request.is_disconnected():
+            # At least one look, however late it comes: a stream always brings the state.
+            while True:
                 try:
                     sent, complete = await tick()
                 except KeyRefused:
@@ -105,6 +106,8 @@ class Pages:
                     yield str(Event("complete", ""))
                     return
                 await asyncio.sleep(self.live_interval)
+                if time.monotonic() >= deadline or await request.is_disconnected():
+                    return
 
         return StreamingResponse(
             events(), media_type="text/event-stream", headers={"Cache-Control": "no-store"}
