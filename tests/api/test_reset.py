@@ -24,6 +24,7 @@ async def test_the_route_resets_in_place_and_refuses_what_it_cannot(tmp_path: Pa
         snapshot_id = snap.json()["snapshotID"]
         node.guest(sandbox_id).write("/data", "after")
         path = f"/aenv/sandboxes/{sandbox_id}/reset"
+        end = node.row(sandbox_id).end_at
         answer = await api.post(path, json={"snapshotID": "ep"})
         assert answer.status_code == 200, answer.text
         body = answer.json()
@@ -33,9 +34,14 @@ async def test_the_route_resets_in_place_and_refuses_what_it_cannot(tmp_path: Pa
         )
         assert body["templateID"] == snapshot_id
         assert node.guest(sandbox_id).read("/data") == "before"
+        assert node.row(sandbox_id).end_at == end  # no timeout given: its end stays
+        longer = await api.post(path, json={"snapshotID": "ep", "timeout": 3000})
+        assert longer.status_code == 200 and node.row(sandbox_id).end_at > end + 2000
+        too_long = {"snapshotID": "ep", "timeout": node.config.max_timeout + 1}
+        assert "at most" in error(await api.post(path, json=too_long), 400)
         events = (await api.get(f"/events/sandboxes/{sandbox_id}")).json()
-        assert events[0]["type"] == "sandbox.lifecycle.updated"
-        assert events[0]["eventData"]["reset"] == snapshot_id
+        resets = [e for e in events if "reset" in (e["eventData"] or {})]
+        assert [e["eventData"]["reset"] for e in resets] == [snapshot_id] * 2
         assert "snapshot 'nope'" in error(await api.post(path, json={"snapshotID": "nope"}), 404)
         unknown = "/aenv/sandboxes/nosuchsandbox0000000/reset"
         assert "sandbox" in error(await api.post(unknown, json={"snapshotID": "ep"}), 404)

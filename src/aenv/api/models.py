@@ -232,6 +232,8 @@ class ResetBody(_Body):
     """`POST /aenv/sandboxes/{id}/reset` (this node's extension): the saved state to go back to."""
 
     snapshot_id: str = Field(alias="snapshotID", min_length=1, max_length=256)
+    # Seconds the sandbox then runs (E2B's `set_timeout`, at once); absent: its end stays.
+    timeout: int | None = Field(default=None, ge=1, le=MAX_SECONDS)
 
 
 class RefreshBody(_Body):

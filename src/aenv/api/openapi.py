@@ -107,7 +107,13 @@ _OWN: dict[tuple[str, str], Operation] = {
                             "snapshotID": {
                                 "type": "string",
                                 "description": "A snapshot or template (id or name)",
-                            }
+                            },
+                            "timeout": {
+                                "type": "integer",
+                                "minimum": 1,
+                                "description": "Seconds the sandbox then runs; absent, its "
+                                "end stays",
+                            },
                         },
                     }
                 }

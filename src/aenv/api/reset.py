@@ -38,6 +38,8 @@ class ResetRoutes:
         check_query(request)
         body = await parse_body(request, ResetBody)
         sandbox_id = request.path_params["sandbox_id"]
+        if body.timeout is not None and body.timeout > self.config.max_timeout:
+            raise APIError(400, f"timeout must be at most {self.config.max_timeout} seconds")
         try:
             record = await call_lifecycle(self.orc.reset(sandbox_id, body.snapshot_id), sandbox_id)
         except TemplateNotFound as e:
@@ -46,4 +48,6 @@ class ResetRoutes:
             raise APIError(
                 429, str(e), error_code="sandbox_capacity_unavailable", refusal=Refusal.FULL
             ) from e
+        if body.timeout is not None:  # each episode may give the sandbox its time again
+            record = self.orc.set_timeout(sandbox_id, body.timeout)
         return JSONResponse(sandbox_body(record, self.config))

@@ -138,12 +138,18 @@ def fork(
 def reset(
     sandbox_id: str,
     snapshot: Annotated[str, typer.Argument(help="a snapshot or template (ID or name)")],
+    timeout: Annotated[
+        int | None, typer.Option("--timeout", help="seconds it then runs (default: its end stays)")
+    ] = None,
     home: HomeOption = None,
 ) -> None:
     """Return a running sandbox to a snapshot's state, in place: its ID, URLs and tokens stay."""
+    body: dict[str, Any] = {"snapshotID": snapshot}
+    if timeout is not None:
+        body["timeout"] = timeout
     with node(home).client() as client, console.status(f"resetting {sandbox_id}..."):
         path = RESET.replace("{sandbox_id}", quote(sandbox_id, safe=""))
-        call(client, "POST", path, json={"snapshotID": snapshot}, timeout=SLOW)
+        call(client, "POST", path, json=body, timeout=SLOW)
     typer.echo(sandbox_id)
 
 

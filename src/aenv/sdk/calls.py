@@ -65,22 +65,27 @@ async def _send_async(config: ConnectionConfig, call: _Call) -> Any:
         return _checked(await client.request(**_request(config, call)))
 
 
-def _reset(sandbox_id: str, snapshot_id: str) -> _Call:
+def _reset(sandbox_id: str, snapshot_id: str, timeout: int | None) -> _Call:
     path = RESET.replace("{sandbox_id}", quote(sandbox_id, safe=""))
-    return _Call("POST", path, body={"snapshotID": snapshot_id})
+    body: dict[str, Any] = {"snapshotID": snapshot_id}
+    if timeout is not None:
+        body["timeout"] = timeout
+    return _Call("POST", path, body=body)
 
 
-def reset(sandbox: Sandbox, snapshot_id: str) -> None:
+def reset(sandbox: Sandbox, snapshot_id: str, timeout: int | None = None) -> None:
     """Return `sandbox` to the state of snapshot (or template) `snapshot_id`, in place: its
     id, URLs and envd token stay, so `sandbox` goes on working. Raises the SDK's
     `NotFoundException` for an unknown sandbox or snapshot, `SandboxException` otherwise (the
-    sandbox then runs on as it was)."""
-    _send(sandbox.connection_config, _reset(sandbox.sandbox_id, snapshot_id))
+    sandbox then runs on as it was). With `timeout`, the sandbox then ends that many seconds
+    from now (as `set_timeout`); without, its end stays."""
+    _send(sandbox.connection_config, _reset(sandbox.sandbox_id, snapshot_id, timeout))
 
 
-async def reset_async(sandbox: AsyncSandbox, snapshot_id: str) -> None:
+async def reset_async(sandbox: AsyncSandbox, snapshot_id: str, timeout: int | None = None) -> None:
     """`reset` for an `AsyncSandbox`."""
-    await _send_async(sandbox.connection_config, _reset(sandbox.sandbox_id, snapshot_id))
+    call = _reset(sandbox.sandbox_id, snapshot_id, timeout)
+    await _send_async(sandbox.connection_config, call)
 
 
 def _bulk(action: str, metadata: Mapping[str, str], body: Any = None) -> _Call:
