@@ -6,8 +6,9 @@ so a receiver sees each sandbox's events in order. A delivery:
 1. Resolves the webhook's host and refuses the target when any of its addresses is one a
    sandbox could not reach (`allowed`: the node's private network, loopback, link-local,
    other sandboxes), unless the operator allows internal targets: a webhook must not be a
-   way into the node's network. The request then goes to the address checked (the name
-   stays in `Host` and TLS's SNI), so a second lookup cannot point it elsewhere.
+   way into the node's network. The request then goes to the addresses checked, one after
+   the other until one connects (the name stays in `Host` and TLS's SNI), so a second lookup
+   cannot point it elsewhere.
 2. POSTs the event's JSON with `e2b-webhook-id`, `e2b-delivery-id`, `e2b-signature-version`
    (`v1`) and `e2b-signature`: the unpadded URL-safe base64 SHA-256 of the webhook's secret
    followed by the body.
@@ -94,16 +95,18 @@ def check_url(url: str, settings: DeliverySettings) -> None:
     allowed(literal, settings)
 
 
-async def _resolve(url: httpx.URL, settings: DeliverySettings) -> str:
-    """Step 1: the address to send to, every address of the host judged."""
+async def _resolve(url: httpx.URL, settings: DeliverySettings) -> list[str]:
+    """Step 1: the addresses to send to, every one judged; IPv4 first (a host without an IPv6
+    route would fail every delivery to a name that lists IPv6 first), else in the resolver's
+    order."""
     port = url.port or (443 if url.scheme == "https" else 80)
     infos = await asyncio.get_running_loop().getaddrinfo(url.host, port, type=socket.SOCK_STREAM)
-    addresses = [ipaddress.ip_address(info[4][0]) for info in infos]
+    addresses = list(dict.fromkeys(ipaddress.ip_address(info[4][0]) for info in infos))
     if not addresses:
         raise OSError(f"{url.host} has no address")
     for address in addresses:
         allowed(address, settings)
-    return str(addresses[0])
+    return [str(a) for a in sorted(addresses, key=lambda a: a.version)]
 
 
 class WebhookDispatcher:
@@ -176,7 +179,7 @@ class WebhookDispatcher:
         whether trying again is pointless."""
         try:
             url = httpx.URL(hook.url)
-            address = await _resolve(url, self.settings)
+            addresses = await _resolve(url, self.settings)
         except (TargetRefused, ValueError) as e:
             return None, f"refused: {e}", True
         except OSError as e:
@@ -189,16 +192,22 @@ class WebhookDispatcher:
             "e2b-signature-version": SIGNATURE_VERSION,
             "e2b-signature": signature(hook.secret, delivery.body),
         }
-        try:
-            response = await self.client.post(
-                url.copy_with(host=address),
-                content=delivery.body.encode(),
-                headers=headers,
-                extensions={"sni_hostname": url.host} if url.scheme == "https" else {},
-                timeout=self.settings.timeout,
-            )
-        except httpx.HTTPError as e:
-            return None, f"{type(e).__name__}: {e}", False
-        if response.is_success:
-            return response.status_code, None, False
-        return response.status_code, f"answered {response.status_code}", False
+        unreached: httpx.ConnectError | None = None
+        for address in addresses:
+            try:
+                response = await self.client.post(
+                    url.copy_with(host=address),
+                    content=delivery.body.encode(),
+                    headers=headers,
+                    extensions={"sni_hostname": url.host} if url.scheme == "https" else {},
+                    timeout=self.settings.timeout,
+                )
+            except httpx.ConnectError as e:
+                unreached = e  # the name's next address, as any client falls back
+                continue
+            except httpx.HTTPError as e:
+                return None, f"{type(e).__name__}: {e}", False
+            if response.is_success:
+                return response.status_code, None, False
+            return response.status_code, f"answered {response.status_code}", False
+        return None, f"{type(unreached).__name__}: {unreached}", False
