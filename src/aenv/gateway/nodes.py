@@ -58,6 +58,8 @@ _DROPPED = frozenset(
 # What a node's answer carries that the gateway's server sets again.
 _RESPONSE_DROPPED = frozenset({"content-length", "content-encoding", "date", "server"})
 _IDEMPOTENCY = IDEMPOTENCY_HEADER.lower().encode()
+# A version 1 call's own refusals (no such route, a malformed call), made before it ran.
+_NOT_IN_ITS_V1 = frozenset({400, 404})
 
 
 @dataclass(frozen=True)
@@ -135,7 +137,9 @@ class NodeClient:
         headers = list(headers)
         typed = _typed(method, target, body, headers) if speaks(node) > REPLAY else None
         if typed is not None:
-            return await self._call_v1(node, *typed, caller=caller)
+            answer = await self._call_v1(node, *typed, caller=caller)
+            if answer is not None:
+                return answer
         response = await self.open(node, method, target, caller=caller, headers=headers, body=body)
         content = await _read(node, response)
         status = response.status_code
@@ -143,12 +147,18 @@ class NodeClient:
 
     async def _call_v1(
         self, node: NodeReport, path: str, call: BaseModel, *, caller: str
-    ) -> Answer:
-        body = call.model_dump_json().encode()
+    ) -> Answer | None:
+        """The call in version 1; None when the node's version 1 lacks it (a node of an earlier
+        build of this release, whose version 1 had fewer calls or fields: it did nothing, and
+        the call is replayed). Fields left at their defaults are not sent, so a call using no
+        new field reaches such a node in version 1 too."""
+        body = call.model_dump_json(exclude_defaults=True).encode()
         response = await self.open(
             node, "POST", PREFIX_V1 + path, caller=caller, body=body, typed=True
         )
         content = await _read(node, response)
+        if response.status_code in _NOT_IN_ITS_V1:
+            return None
         if response.status_code != 200:
             # Refused by the internal API itself (a wrong token): nothing was done.
             return Answer(response.status_code, answer_headers(response), content, Refusal.FAILED)
