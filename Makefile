@@ -67,7 +67,7 @@ test: install-test
 FAST_TESTS := tests/test_atomic.py tests/test_config.py tests/test_docs.py tests/test_claims.py tests/orchestrator tests/api tests/cli \
 	tests/dashboard/test_sessions.py tests/dashboard/test_builds.py \
 	tests/dashboard/test_saved_and_keys.py tests/dashboard/test_sandbox_page.py \
-	tests/dashboard/test_browser.py \
+	tests/dashboard/test_nodes.py tests/dashboard/test_browser.py \
 	tests/storage/test_layers.py tests/storage/test_repository_cache.py \
 	tests/guest/test_cache.py tests/network/test_units.py tests/runtime/test_qemu_config.py \
 	tests/runtime/test_qcow2.py tests/runtime/test_damon.py \

@@ -151,6 +151,10 @@ async def test_the_list_filters_and_acts_through_the_api(
     assert resumed.status_code == 303
     timeout = await browser.post(base + "/timeout", data={"csrf": csrf, "timeout": "5000"})
     assert timeout.status_code == 303
+    forked = await browser.post(base + "/fork", data={"csrf": csrf})
+    assert forked.status_code == 303
+    children = [s for s in (await site.api.get("/sandboxes")).json() if s["sandboxID"] != red]
+    assert len(children) == 2  # blue, and the fork of red
     detail = (await site.api.get(f"/sandboxes/{red}")).json()
     assert detail["state"] == "running"
     unknown = await browser.post(base + "/explode", data={"csrf": csrf})

@@ -28,6 +28,7 @@ from aenv.api.errors import APIError
 from aenv.dashboard.builds import TemplatePages
 from aenv.dashboard.calls import ApiCalls, ApiRefused, KeyRefused
 from aenv.dashboard.keys import KeyPages
+from aenv.dashboard.nodes import NodePages
 from aenv.dashboard.pages import LIVE_INTERVAL_S, NONCE, PREFIX, STREAM_S, Pages
 from aenv.dashboard.sandboxes import SandboxPages
 from aenv.dashboard.saved import SavedPages
@@ -65,6 +66,7 @@ class Dashboard:
         templates = TemplatePages(self.pages)
         saved = SavedPages(self.pages)
         keys = KeyPages(self.pages)
+        nodes = NodePages(self.pages)
         sandbox = PREFIX + "/sandboxes/{sandbox_id}"
         build = PREFIX + "/templates/{template_id}/builds/{build_id}"
         routes = [
@@ -99,6 +101,8 @@ class Dashboard:
             Route(PREFIX + "/keys", self._page(keys.list), methods=["GET"]),
             Route(PREFIX + "/keys", self._change(keys.create), methods=["POST"]),
             Route(PREFIX + "/keys/{key_id}/revoke", self._change(keys.revoke), methods=["POST"]),
+            Route(PREFIX + "/nodes", self._page(nodes.list), methods=["GET"]),
+            Route(PREFIX + "/nodes/live", self._page(nodes.live), methods=["GET"]),
             Mount(PREFIX + "/static", StaticFiles(directory=STATIC), name="static"),
         ]
         self._app = _Headers(Starlette(routes=routes, exception_handlers=JSON_ERRORS))

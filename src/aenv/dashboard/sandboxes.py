@@ -162,6 +162,8 @@ class SandboxPages:
                 await self.calls.call(session.key, "POST", base + "/resume", json={})
             case "snapshot":
                 await self.calls.call(session.key, "POST", base + "/snapshots", json={})
+            case "fork":
+                await self.calls.call(session.key, "POST", base + "/fork", json={})
             case "timeout":
                 timeout = form.get("timeout")
                 if not isinstance(timeout, str) or not timeout.isdigit():
