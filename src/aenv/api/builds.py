@@ -20,7 +20,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.errors import APIError, not_found
-from aenv.api.requests import check_query, parse_body
+from aenv.api.requests import check_query, parse_body, query_int
 from aenv.api.sandboxes import rfc3339
 from aenv.oci import Credentials
 from aenv.orchestrator.build_files import UploadRefused, declared_sha256
@@ -110,19 +110,6 @@ def check_tags(tags: list[str]) -> None:
     bad = [t for t in tags if not TAG.match(t)]
     if bad:
         raise APIError(400, f"invalid tags {bad}: letters, digits, '.', '_', '-'")
-
-
-def _int_param(request: Request, name: str, default: int, low: int, high: int) -> int:
-    raw = request.query_params.get(name)
-    if raw is None:
-        return default
-    try:
-        value = int(raw)
-    except ValueError as e:
-        raise APIError(400, f"{name} must be an integer") from e
-    if not low <= value <= high:
-        raise APIError(400, f"{name} must be between {low} and {high}")
-    return value
 
 
 class BuildRoutes:
@@ -270,8 +257,8 @@ class BuildRoutes:
     async def status(self, request: Request) -> Response:
         check_query(request, {"logsOffset", "limit", "level"})
         build = self._build(request)
-        offset = _int_param(request, "logsOffset", 0, 0, 2**31 - 1)
-        limit = _int_param(request, "limit", MAX_LOG_PAGE, 0, MAX_LOG_PAGE)
+        offset = query_int(request, "logsOffset", 0, 0, 2**31 - 1)
+        limit = query_int(request, "limit", MAX_LOG_PAGE, 0, MAX_LOG_PAGE)
         level = request.query_params.get("level")
         if level is not None and level not in LEVELS:
             raise APIError(400, f"level must be one of {', '.join(LEVELS)}")
@@ -298,8 +285,8 @@ class BuildRoutes:
         check_query(request, {"cursor", "limit", "direction", "level", "source"})
         build = self._build(request)
         q = request.query_params
-        cursor = _int_param(request, "cursor", -1, 0, 2**63 - 1)
-        limit = _int_param(request, "limit", MAX_LOG_PAGE, 0, MAX_LOG_PAGE)
+        cursor = query_int(request, "cursor", -1, 0, 2**63 - 1)
+        limit = query_int(request, "limit", MAX_LOG_PAGE, 0, MAX_LOG_PAGE)
         direction = q.get("direction", "forward")
         if direction not in ("forward", "backward"):
             raise APIError(400, "direction must be 'forward' or 'backward'")
