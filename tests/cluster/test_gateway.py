@@ -985,6 +985,12 @@ async def test_a_volume_stays_on_its_node_with_the_sandboxes_that_mount_it(
         assert await places.find("scratch") is None
         again = http.delete(f"/volumes/{scratch}")
         assert again.status_code == 404 and again.json()["code"] == 404
+        # By its name as well: the gateway knows where it lives and asks its node by id.
+        http.post("/volumes", json={"name": "named"})
+        assert http.get("/volumes/named").json()["name"] == "named"
+        assert http.delete("/volumes/named").status_code == 204
+        assert await places.find("named") is None
+        assert [v["name"] for v in http.get("/volumes").json()] == ["data"]
 
         await client.delete(Keys().lease(place.node_id), Keys().node(place.node_id))
         gone = http.post("/sandboxes", json=mount)

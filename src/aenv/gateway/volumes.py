@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 from typing import Any
+from urllib.parse import quote
 
 from starlette.background import BackgroundTask
 from starlette.requests import Request
@@ -177,7 +178,10 @@ class VolumeRoutes:
     async def _on(
         self, request: Request, place: VolumePlace, node: NodeReport, body: bytes
     ) -> Answer:
-        target = target_of(request)
+        # By its id: a client may name it (the gateway found it by either), its node reads ids.
+        target = f"/volumes/{quote(place.volume_id, safe='')}"
+        if request.url.query:
+            target += f"?{request.url.query}"
         try:
             return await self.control.call_on(request, node, request.method, target, body)
         except NodeUnreachable as error:
