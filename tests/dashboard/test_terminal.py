@@ -3,7 +3,6 @@ tests/envd run it) behind the dashboard's WebSocket, for a sandbox of a node on 
 
 from __future__ import annotations
 
-import dataclasses
 import re
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
@@ -12,32 +11,12 @@ import pytest
 from playwright.async_api import Browser, Page, expect
 from starlette.applications import Starlette
 
-from aenv.dashboard.app import Dashboard
-from aenv.orchestrator.envd_client import EnvdClient, http_client
 from tests.dashboard.browser import chromium, new_page, screenshot
 from tests.dashboard.conftest import KEY, Site
+from tests.dashboard.real_envd import dashboard_on
 from tests.support.envd_process import envd_in_throwaway_root
 from tests.support.loopback_api import served
 from tests.support.ports import free_port
-
-
-@dataclasses.dataclass(frozen=True)
-class _EnvdOnPort(EnvdClient):
-    """A guest's envd is on its fixed port; the test's shares loopback with others."""
-
-    port: int = 0
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-
-class _Shells:
-    def __init__(self, envd: EnvdClient) -> None:
-        self.client = envd
-
-    async def envd(self, sandbox_id: str) -> EnvdClient:
-        return self.client
 
 
 @pytest.fixture(scope="module")
@@ -55,14 +34,8 @@ async def browser() -> AsyncIterator[Browser]:
 
 @pytest.fixture
 async def url(site: Site, envd_port: int) -> AsyncIterator[str]:
-    http = http_client()
-    shells = _Shells(_EnvdOnPort(http, "127.0.0.1", port=envd_port))
-    dashboard = Dashboard(site.dashboard.api, shells, live_interval=0.05, stream_s=0.3)
-    try:
-        async with served(dashboard) as base:
-            yield base
-    finally:
-        await http.aclose()
+    async with dashboard_on(site, envd_port) as dashboard, served(dashboard) as base:
+        yield base
 
 
 async def lines(page: Page) -> list[str]:
@@ -72,7 +45,7 @@ async def lines(page: Page) -> list[str]:
 
 async def prompt(page: Page) -> None:
     """Wait until the shell shows its prompt again: what is typed next is its next command."""
-    for _ in range(100):
+    for _ in range(300):  # 30 s, as the pages' own waits (browser.TIMEOUT_MS)
         shown = [line for line in await lines(page) if line]
         if shown and shown[-1].endswith("$"):
             return
@@ -87,7 +60,7 @@ async def run(page: Page, command: str, expected: str | None = None) -> str | No
     await page.keyboard.press("Enter")
     found = None
     if expected is not None:
-        for _ in range(100):
+        for _ in range(300):  # 30 s, as the pages' own waits (browser.TIMEOUT_MS)
             found = next(
                 (s for s in reversed(await lines(page)) if re.fullmatch(expected, s)), None
             )

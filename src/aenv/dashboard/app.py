@@ -27,6 +27,7 @@ from aenv.api.app import JSON_ERRORS
 from aenv.api.errors import APIError
 from aenv.dashboard.builds import TemplatePages
 from aenv.dashboard.calls import ApiCalls, ApiRefused, KeyRefused
+from aenv.dashboard.files import FilePages
 from aenv.dashboard.keys import KeyPages
 from aenv.dashboard.nodes import NodePages
 from aenv.dashboard.pages import LIVE_INTERVAL_S, NONCE, PREFIX, STREAM_S, Pages
@@ -67,6 +68,7 @@ class Dashboard:
         saved = SavedPages(self.pages)
         keys = KeyPages(self.pages)
         nodes = NodePages(self.pages)
+        files = FilePages(self.pages, shells)
         sandbox = PREFIX + "/sandboxes/{sandbox_id}"
         build = PREFIX + "/templates/{template_id}/builds/{build_id}"
         routes = [
@@ -80,6 +82,9 @@ class Dashboard:
             Route(sandbox, self._page(sandboxes.detail), methods=["GET"]),
             Route(sandbox + "/live", self._page(sandboxes.detail_live), methods=["GET"]),
             WebSocketRoute(sandbox + "/terminal", sandboxes.terminal),
+            Route(sandbox + "/files", self._page(files.browse), methods=["GET"]),
+            Route(sandbox + "/files/download", self._page(files.download), methods=["GET"]),
+            Route(sandbox + "/files/upload", self._change(files.upload), methods=["POST"]),
             Route(sandbox + "/{action}", self._change(sandboxes.act), methods=["POST"]),
             Route(PREFIX + "/templates", self._page(templates.list), methods=["GET"]),
             Route(PREFIX + "/templates/live", self._page(templates.live), methods=["GET"]),

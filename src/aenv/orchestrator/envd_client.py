@@ -16,11 +16,11 @@ import dataclasses
 import os
 import ssl
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import httpx
 import pyqwest
@@ -190,9 +190,35 @@ class EnvdClient:
         )
         return response.content
 
-    async def write_file(self, path: str, data: bytes | Path, user: str = "root") -> None:
-        """Write `data`, or the file at that host path, to `path` in the guest as `user`; a
-        file is sent as it is read, never held whole in memory."""
+    @contextlib.asynccontextmanager
+    async def open_file(self, path: str, user: str) -> AsyncIterator[httpx.Response]:
+        """The guest's file at `path`, read as `user`, as an answer whose body is still to be
+        read (a download passes it on as it comes); `EnvdRefused`, `EnvdUnavailable` as for
+        every call."""
+        request = self.http.build_request(
+            "GET",
+            f"{self.url}/files",
+            params={"path": path},
+            headers=self.headers(user),
+            timeout=_FILE_TIMEOUT,
+        )
+        try:
+            response = await self.http.send(request, stream=True)
+        except httpx.TransportError as e:
+            raise EnvdUnavailable(f"envd at {self.url} unreachable: {e!r}") from e
+        try:
+            if not response.is_success:
+                await response.aread()
+                raise EnvdRefused("/files", response.status_code, _reason(response))
+            yield response
+        finally:
+            await response.aclose()
+
+    async def write_file(
+        self, path: str, data: bytes | Path | BinaryIO, user: str = "root"
+    ) -> None:
+        """Write `data`, or the file at that host path or open file, to `path` in the guest as
+        `user`; a file is sent as it is read, never held whole in memory."""
         with contextlib.ExitStack() as stack:
             content = stack.enter_context(data.open("rb")) if isinstance(data, Path) else data
             await self._request(
