@@ -14,6 +14,7 @@ SLEEPER = "'^sleep 10000[0]$'"
 
 def test_reset_in_place_returns_to_the_snapshot_with_the_same_id_url_and_token() -> None:
     sandbox = Sandbox.create(timeout=300, metadata={"suite": "rl"})
+    snapshot = None
     try:
         # A process started before the snapshot, holding a value only its memory has.
         sandbox.commands.run(
@@ -41,6 +42,9 @@ def test_reset_in_place_returns_to_the_snapshot_with_the_same_id_url_and_token()
         assert info.template_id == snapshot.snapshot_id
     finally:
         sandbox.kill()
+        # Later suites (restart/test_after_crash_ops.py) count the node's snapshots.
+        if snapshot is not None:
+            assert Sandbox.delete_snapshot(snapshot.snapshot_id)
 
 
 def test_rm_by_metadata_kills_a_runs_sandboxes_and_deletes_its_snapshots() -> None:
