@@ -286,6 +286,14 @@ def test_rename_directory(sandbox: Sandbox, workdir: str) -> None:
     assert sandbox.files.read(f"{workdir}/moved/f.txt") == "f"
 
 
+def test_rename_directory_into_itself_is_invalid(sandbox: Sandbox, workdir: str) -> None:
+    """rename(2) answers EINVAL; found by the envd fuzzer as a 500 (an empty source is home)."""
+    sandbox.files.make_dir(f"{workdir}/dir")
+    with pytest.raises(InvalidArgumentException):
+        sandbox.files.rename(f"{workdir}/dir", f"{workdir}/dir/inside")
+    assert sandbox.files.exists(f"{workdir}/dir")
+
+
 def test_remove(sandbox: Sandbox, workdir: str) -> None:
     sandbox.files.write(f"{workdir}/r.txt", "r")
     sandbox.files.write(f"{workdir}/tree/a/b.txt", "b")

@@ -50,6 +50,9 @@ _ERRNO_CODES = {
     errno.ELOOP: Code.FAILED_PRECONDITION,
     errno.ENAMETOOLONG: Code.INVALID_ARGUMENT,
     errno.EXDEV: Code.FAILED_PRECONDITION,
+    # rename(2) of a directory into itself, or of a mount point.
+    errno.EINVAL: Code.INVALID_ARGUMENT,
+    errno.EBUSY: Code.FAILED_PRECONDITION,
 }
 
 
