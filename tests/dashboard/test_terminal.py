@@ -84,11 +84,14 @@ async def test_a_shell_in_the_page(site: Site, url: str, browser: Browser, tmp_p
         await page.click("#terminal")
         await prompt(page)
         await run(page, "echo hi", "hi")
-        # Ctrl-C ends what runs; the shell stays.
-        await page.keyboard.type("sleep 600")
+        # Ctrl-C ends what runs; the shell stays. The command says when it runs in the
+        # foreground (a Ctrl-C before that would reach bash, and the sleep would stay).
+        await page.keyboard.type("sh -c 'echo sleep-started; exec sleep 600'")
         await page.keyboard.press("Enter")
-        await expect(page.locator(".xterm-rows")).to_contain_text("sleep 600")
-        await page.wait_for_timeout(500)
+        for _ in range(300):
+            if "sleep-started" in await lines(page):
+                break
+            await page.wait_for_timeout(100)
         await page.keyboard.press("Control+C")
         await prompt(page)
         await run(page, "echo after", "after")
