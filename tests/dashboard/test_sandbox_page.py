@@ -38,3 +38,17 @@ async def test_a_sandboxs_page_and_its_live_panels(site: Site, browser: httpx.As
     assert "state-paused" in live.text
     assert "sandbox.lifecycle.paused" in live.text
     assert (await browser.get("/dashboard/sandboxes/nosuchsandbox")).status_code == 404
+
+
+async def test_the_list_shows_running_sandboxes_usage(
+    site: Site, browser: httpx.AsyncClient
+) -> None:
+    running = await site.create()
+    paused = await site.create()
+    assert (await site.api.post(f"/sandboxes/{paused}/pause")).status_code == 204
+    listed = (await browser.get("/dashboard/sandboxes")).text
+    row = listed.split(f'data-sandbox="{running}"', 1)[1].split("</tr>", 1)[0]
+    assert 'data-metric="cpu"' in row and 'data-metric="memory"' in row
+    assert "MiB" in row.split('data-metric="memory"', 1)[1]  # its current memory, and total
+    paused_row = listed.split(f'data-sandbox="{paused}"', 1)[1].split("</tr>", 1)[0]
+    assert "data-metric" not in paused_row  # a paused sandbox has no current sample

@@ -4,6 +4,7 @@ terminal's socket. Everything goes through the API with the session's key."""
 from __future__ import annotations
 
 import time
+from collections import OrderedDict, deque
 from typing import Any
 from urllib.parse import urlencode
 
@@ -22,6 +23,9 @@ EVENTS_SHOWN = 20
 CONSOLE_LINES = 200
 # A sparkline's size, in the SVG's own units.
 _SPARK_W, _SPARK_H = 240, 40
+# The list's sparklines: so many samples per sandbox, of so many sandboxes at most.
+SPARK_SAMPLES = 30
+TRACKED = 5000
 _STATES = {"": "running,paused", "running": "running", "paused": "paused"}
 
 
@@ -31,6 +35,7 @@ class SandboxPages:
         self.calls = pages.calls
         # Where terminals reach sandboxes; without it (a gateway, for now) pages have none.
         self.shells = shells
+        self.recent = RecentSamples()
 
     async def _rows(self, session: Session, view: ListView) -> tuple[str, str | None]:
         """The rendered rows of the page `view` names, and the token of the page after it."""
@@ -42,8 +47,25 @@ class SandboxPages:
         answer = await self.calls.call(session.key, "GET", "/v2/sandboxes", params=params)
         now = time.time()
         rows = [SandboxRow(s, now) for s in answer.json()]
+        await self._sample(session, rows)
         html = self.pages.fragment("sandbox_rows.html", session, rows=rows, back=view.url)
         return html, answer.headers.get("x-next-token")
+
+    async def _sample(self, session: Session, rows: list[SandboxRow]) -> None:
+        """The running rows' current CPU and memory (the API's batch metrics), kept in
+        `recent` for their sparklines; without an answer the rows show none."""
+        running = [r.id for r in rows if r.state == "running"]
+        if running:
+            try:
+                answer = await self.calls.json(
+                    session.key, "/sandboxes/metrics", sandbox_ids=",".join(running)
+                )
+            except ApiRefused:
+                return
+            for sandbox_id, sample in answer["sandboxes"].items():
+                self.recent.add(sandbox_id, sample)
+        for row in rows:
+            row.metrics = Metrics(self.recent.of(row.id), width=80, height=20)
 
     async def list(self, request: Request, session: Session) -> Response:
         view = ListView.of(request)
@@ -226,6 +248,7 @@ class SandboxRow:
         self.age = now - seconds(sandbox["startedAt"])
         self.left = seconds(sandbox["endAt"]) - now
         self.metadata: dict[str, str] = sandbox.get("metadata") or {}
+        self.metrics: Metrics | None = None  # the list's, when sampled
 
 
 def _terminal_query(socket: WebSocket) -> tuple[int, int, int | None]:
@@ -244,28 +267,56 @@ def _terminal_query(socket: WebSocket) -> tuple[int, int, int | None]:
 class Metrics:
     """CPU and memory over time, as sparklines (SVG polyline points) and their latest values."""
 
-    def __init__(self, samples: list[dict[str, Any]], unavailable: str | None = None) -> None:
+    def __init__(
+        self,
+        samples: list[dict[str, Any]],
+        unavailable: str | None = None,
+        width: int = _SPARK_W,
+        height: int = _SPARK_H,
+    ) -> None:
         self.unavailable = unavailable
-        self.cpu = _points([s["cpuUsedPct"] for s in samples], 100.0)
+        size = (width, height)
+        self.cpu = _points([s["cpuUsedPct"] for s in samples], 100.0, size)
         total = max((s["memTotal"] for s in samples), default=0)
-        self.memory = _points([s["memUsed"] for s in samples], float(total))
+        self.memory = _points([s["memUsed"] for s in samples], float(total), size)
         latest = samples[-1] if samples else None
         self.cpu_now = f"{latest['cpuUsedPct']:.0f}%" if latest else "-"
         mib = 1 << 20
         self.memory_now = (
             f"{latest['memUsed'] // mib} / {latest['memTotal'] // mib} MiB" if latest else "-"
         )
-        self.width, self.height = _SPARK_W, _SPARK_H
+        self.width, self.height = width, height
 
 
-def _points(values: list[float], top: float) -> str:
-    """A polyline's points for `values` on a scale from 0 to `top`, oldest at the left."""
+def _points(values: list[float], top: float, size: tuple[int, int]) -> str:
+    """A polyline's points for `values` on a scale from 0 to `top`, oldest at the left, in a
+    box of `size` (width, height)."""
     if not values or top <= 0:
         return ""
     if len(values) == 1:  # one sample: a level line, not a point nobody sees
         values = values * 2
-    step = _SPARK_W / max(len(values) - 1, 1)
+    width, height = size
+    step = width / max(len(values) - 1, 1)
     return " ".join(
-        f"{i * step:.1f},{_SPARK_H - min(v / top, 1.0) * _SPARK_H:.1f}"
-        for i, v in enumerate(values)
+        f"{i * step:.1f},{height - min(v / top, 1.0) * height:.1f}" for i, v in enumerate(values)
     )
+
+
+class RecentSamples:
+    """The last samples the list pages were given per sandbox, for their rows' sparklines: at
+    most `SPARK_SAMPLES` each, of the `TRACKED` sandboxes seen last (the list shows a page of
+    each session's own; another key's rows never render from it)."""
+
+    def __init__(self) -> None:
+        self._samples: OrderedDict[str, deque[dict[str, Any]]] = OrderedDict()
+
+    def add(self, sandbox_id: str, sample: dict[str, Any]) -> None:
+        kept = self._samples.pop(sandbox_id, None) or deque(maxlen=SPARK_SAMPLES)
+        if not kept or kept[-1].get("timestampUnix") != sample.get("timestampUnix"):
+            kept.append(sample)
+        self._samples[sandbox_id] = kept
+        while len(self._samples) > TRACKED:
+            self._samples.popitem(last=False)
+
+    def of(self, sandbox_id: str) -> list[dict[str, Any]]:
+        return list(self._samples.get(sandbox_id, ()))
