@@ -392,3 +392,26 @@ async def test_a_save_whose_memory_dir_cannot_be_made_leaves_no_build(tmp_path: 
         assert not builds.exists() or list(builds.iterdir()) == []
         assert node.row(record.id).state is SandboxState.RUNNING
         assert node.guest(record.id).read("/etc/template") == "base"
+
+
+async def test_a_snapshot_deleted_while_it_uploads_goes_when_the_upload_ends(
+    tmp_path: Path,
+) -> None:
+    """`collect` keeps a template while its upload's staging is pinned; the last sandbox
+    on a deleted snapshot ending mid-upload must not leave its files until some later end."""
+    async with double_node(tmp_path) as node:
+        record, _ = await node.orchestrator.create(node.request())
+        saved = node.orchestrator.saved
+        slots = saved._upload_slots  # every upload waits for one: held, the push stays pinned
+        for _ in range(node.config.max_concurrent_uploads):
+            await slots.acquire()
+        snap = await node.orchestrator.snapshot(record.id, name="uploading")
+        directory = Path(node.templates.get(snap.template_id).snapshot_dir)
+        child, _ = await node.orchestrator.create(node.request(template=snap.template_id))
+        await node.orchestrator.delete_template(snap.template_id)
+        assert await node.orchestrator.kill(child.id)
+        assert directory.exists()  # its upload is under way
+        for _ in range(node.config.max_concurrent_uploads):
+            slots.release()
+        await eventually(lambda: not directory.parent.exists(), "the deleted snapshot collected")
+        assert node.templates.by_id(snap.template_id) is None

@@ -210,6 +210,14 @@ class SavedStates:
         a staging directory beside it first (`archive.push_checkpoint`)."""
         if self.archive is None:
             return
+        await self._push_template(template, self.archive)
+        # `collect` keeps a template whose upload's staging is pinned: one deleted while it
+        # uploaded goes now, not at some later sandbox's end.
+        current = self.templates.by_id(template.template_id)
+        if current is not None and current.deleted:
+            await self.collect()
+
+    async def _push_template(self, template: Template, archive: Archive) -> None:
         directory = Path(template.snapshot_dir)
         name = f"{template.kind}-{template.template_id}"
         metadata = {"template": template.template_id, "build": template.build_id}
@@ -221,11 +229,11 @@ class SavedStates:
             with self.pin(staging):
                 async with self._upload_slots:
                     if saved.memory_file is None or saved.memory_file.parent == directory:
-                        manifest_id = await self.archive.push_snapshot(
+                        manifest_id = await archive.push_snapshot(
                             directory, staging, name=name, metadata=metadata
                         )
                     else:
-                        manifest_id = await self.archive.push_checkpoint(
+                        manifest_id = await archive.push_checkpoint(
                             saved, staging, self.driver, name=name, metadata=metadata
                         )
         except (OSError, RepositoryError, DriverError) as e:
@@ -237,7 +245,7 @@ class SavedStates:
             return
         current = self.templates.by_id(template.template_id)
         if current is None or self._superseded(template):
-            await self.archive.drop(manifest_id)  # replaced or deleted meanwhile
+            await archive.drop(manifest_id)  # replaced or deleted meanwhile
             return
         await asyncio.to_thread(
             self.templates.save, dataclasses.replace(current, manifest_id=manifest_id)
