@@ -82,6 +82,8 @@ window.addEventListener("DOMContentLoaded", () => {
   window.addEventListener("resize", () => fit.fit());
   document.getElementById("terminal-reconnect").addEventListener("click", () => {
     ended = false;
+    // Until the new connection's shell answers: keys typed meanwhile would be dropped.
+    status.textContent = "connecting…";
     if (socket && socket.readyState === WebSocket.OPEN) {
       socket.close(4000, "reconnect"); // keeps the shell: the server kills it on 1000/1001 only
     }
