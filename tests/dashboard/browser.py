@@ -11,6 +11,8 @@ from typing import Any
 
 from playwright.async_api import Browser, ConsoleMessage, Dialog, Page, async_playwright, expect
 
+from tests.support.wait import SAFETY_S
+
 CHROMIUM = "/usr/bin/chromium"
 # No sandbox (tests run as root), no GPU, and nothing a browser fetches on its own: the tests'
 # traffic stays on loopback.
@@ -25,9 +27,9 @@ FLAGS = [
 # Where the pages' screenshots go: docs/dashboard/ when regenerating docs/dashboard.md's
 # pictures (`AENV_DASHBOARD_SHOTS=docs/dashboard`), else the test's own directory.
 SHOTS = "AENV_DASHBOARD_SHOTS"
-# How long a step or an expectation may wait (Playwright's default is 5 s): `make test` runs
-# these beside VMs under TCG, where a page's first answer can take seconds.
-TIMEOUT_MS = 30_000
+# How long a step or an expectation may wait: the tests' one bound on a wait, reached only by
+# a hang (Playwright's default of 5 s failed correct tests beside VMs under TCG).
+TIMEOUT_MS = int(SAFETY_S * 1000)
 expect.set_options(timeout=TIMEOUT_MS)
 
 

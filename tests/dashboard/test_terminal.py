@@ -17,6 +17,10 @@ from tests.dashboard.real_envd import dashboard_on
 from tests.support.envd_process import envd_in_throwaway_root
 from tests.support.loopback_api import served
 from tests.support.ports import free_port
+from tests.support.wait import SAFETY_S
+
+# Polls of the terminal's text, 0.1 s apart: the tests' one bound on a wait (a hang).
+POLLS = int(SAFETY_S * 10)
 
 
 @pytest.fixture(scope="module")
@@ -45,7 +49,7 @@ async def lines(page: Page) -> list[str]:
 
 async def prompt(page: Page) -> None:
     """Wait until the shell shows its prompt again: what is typed next is its next command."""
-    for _ in range(300):  # 30 s, as the pages' own waits (browser.TIMEOUT_MS)
+    for _ in range(POLLS):
         shown = [line for line in await lines(page) if line]
         if shown and shown[-1].endswith("$"):
             return
@@ -60,7 +64,7 @@ async def run(page: Page, command: str, expected: str | None = None) -> str | No
     await page.keyboard.press("Enter")
     found = None
     if expected is not None:
-        for _ in range(300):  # 30 s, as the pages' own waits (browser.TIMEOUT_MS)
+        for _ in range(POLLS):
             found = next(
                 (s for s in reversed(await lines(page)) if re.fullmatch(expected, s)), None
             )
@@ -88,7 +92,7 @@ async def test_a_shell_in_the_page(site: Site, url: str, browser: Browser, tmp_p
         # foreground (a Ctrl-C before that would reach bash, and the sleep would stay).
         await page.keyboard.type("sh -c 'echo sleep-started; exec sleep 600'")
         await page.keyboard.press("Enter")
-        for _ in range(300):
+        for _ in range(POLLS):
             if "sleep-started" in await lines(page):
                 break
             await page.wait_for_timeout(100)
