@@ -35,16 +35,7 @@ class TemplatePages:
         return self.pages.render(request, "templates.html", session, rows=rows)
 
     async def live(self, request: Request, session: Session) -> Response:
-        last: list[str] = []
-
-        async def tick() -> tuple[list[Event], bool]:
-            rows = await self._rows(session)
-            if last and rows == last[0]:
-                return [], False
-            last[:] = [rows]
-            return [Event("rows", rows)], False
-
-        return self.pages.live(request, session, tick)
+        return self.pages.live_rows(request, session, lambda: self._rows(session))
 
     async def _status(self, session: Session, path: str, offset: int) -> dict[str, Any]:
         """The build's status, and every log entry from `offset` on (`logEntries`)."""

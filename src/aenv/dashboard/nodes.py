@@ -8,7 +8,7 @@ from typing import Any
 from starlette.requests import Request
 from starlette.responses import Response
 
-from aenv.dashboard.pages import Event, Pages
+from aenv.dashboard.pages import Pages
 from aenv.dashboard.sessions import Session
 
 
@@ -26,16 +26,7 @@ class NodePages:
         return self.pages.render(request, "nodes.html", session, rows=rows)
 
     async def live(self, request: Request, session: Session) -> Response:
-        last: list[str] = []
-
-        async def tick() -> tuple[list[Event], bool]:
-            rows = await self._rows(session)
-            if last and rows == last[0]:
-                return [], False
-            last[:] = [rows]
-            return [Event("rows", rows)], False
-
-        return self.pages.live(request, session, tick)
+        return self.pages.live_rows(request, session, lambda: self._rows(session))
 
 
 class NodeRow:

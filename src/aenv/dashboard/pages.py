@@ -81,6 +81,22 @@ class Pages:
         html = self.fragment(template, session, style_nonce=nonce, **values)
         return HTMLResponse(html, status_code=status)
 
+    def live_rows(
+        self, request: Request, session: Session, render: Callable[[], Awaitable[str]]
+    ) -> StreamingResponse:
+        """Server-sent events of a page part that `render` draws: event `rows` each time it
+        comes out different (and at the first look)."""
+        last: list[str] = []
+
+        async def tick() -> tuple[list[Event], bool]:
+            html = await render()
+            if last and html == last[0]:
+                return [], False
+            last[:] = [html]
+            return [Event("rows", html)], False
+
+        return self.live(request, session, tick)
+
     def live(self, request: Request, session: Session, tick: Tick) -> StreamingResponse:
         """Server-sent events: what `tick` says at every look, until it says it is complete,
         the stream's time is up, or the browser goes. A key the API refuses ends the session

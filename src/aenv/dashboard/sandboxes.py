@@ -14,7 +14,7 @@ from starlette.websockets import WebSocket
 
 from aenv.api.errors import APIError
 from aenv.dashboard.calls import ApiRefused, KeyRefused
-from aenv.dashboard.pages import PREFIX, Event, Pages, seconds
+from aenv.dashboard.pages import PREFIX, Pages, seconds
 from aenv.dashboard.sessions import COOKIE, Session
 from aenv.dashboard.terminal import SandboxShells, Terminal
 
@@ -77,16 +77,11 @@ class SandboxPages:
 
     async def live(self, request: Request, session: Session) -> Response:
         view = ListView.of(request)
-        last: list[str] = []
 
-        async def tick() -> tuple[list[Event], bool]:
-            rows, _ = await self._rows(session, view)
-            if last and rows == last[0]:
-                return [], False
-            last[:] = [rows]
-            return [Event("rows", rows)], False
+        async def rows() -> str:
+            return (await self._rows(session, view))[0]
 
-        return self.pages.live(request, session, tick)
+        return self.pages.live_rows(request, session, rows)
 
     async def _panels(self, session: Session, sandbox_id: str) -> tuple[str, SandboxRow]:
         """What the sandbox page shows beside its terminal, rendered: its facts and network,
@@ -129,16 +124,11 @@ class SandboxPages:
 
     async def detail_live(self, request: Request, session: Session) -> Response:
         sandbox_id = request.path_params["sandbox_id"]
-        last: list[str] = []
 
-        async def tick() -> tuple[list[Event], bool]:
-            panels, _ = await self._panels(session, sandbox_id)
-            if last and panels == last[0]:
-                return [], False
-            last[:] = [panels]
-            return [Event("rows", panels)], False
+        async def panels() -> str:
+            return (await self._panels(session, sandbox_id))[0]
 
-        return self.pages.live(request, session, tick)
+        return self.pages.live_rows(request, session, panels)
 
     async def terminal(self, socket: WebSocket) -> None:
         """A shell on the sandbox's PTY (`terminal.py`), for a session whose key may see the
