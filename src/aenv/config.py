@@ -22,6 +22,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    NonNegativeFloat,
     PositiveFloat,
     PositiveInt,
     ValidationError,
@@ -265,6 +266,16 @@ class Config(BaseModel):
         default=256,
         description="Sandboxes one API key runs at once (paused ones do not count); creates and "
         "forks past it answer 429; in a cluster, the gateways count it across all nodes.",
+    )
+    create_max_wait: NonNegativeFloat = Field(
+        default=300.0,
+        description="Seconds a create or fork may wait for capacity when its client asks to "
+        "(the `X-Aenv-Wait` header); a longer wait asked is cut to this, 0 turns waiting off.",
+    )
+    create_max_waiters: PositiveInt = Field(
+        default=1000,
+        description="Creates and fork children waiting for capacity at once; past it, one "
+        "asking to wait answers 429 at once.",
     )
     key_requests_per_s: int = Field(
         default=100,

@@ -14,7 +14,7 @@ import enum
 import json
 import sqlite3
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from contextlib import ExitStack, contextmanager
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
@@ -240,6 +240,9 @@ class Catalog:
             undo.pop_all()
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA synchronous=NORMAL")
+        # Told after every state change or removal of a sandbox: room may have freed
+        # (creates waiting for capacity listen).
+        self.changed: builtins.list[Callable[[], None]] = []
 
     def close(self) -> None:
         self._db.close()
@@ -304,6 +307,7 @@ class Catalog:
             if cursor.rowcount != 1:
                 return None
             row = db.execute("SELECT * FROM sandboxes WHERE id = ?", (sandbox_id,)).fetchone()
+        self._tell()
         return _from_row(row)
 
     def update(self, sandbox_id: str, **changes: Unpack[RecordChanges]) -> SandboxRecord | None:
@@ -315,7 +319,14 @@ class Catalog:
 
     def delete(self, sandbox_id: str) -> bool:
         cursor = self._db.execute("DELETE FROM sandboxes WHERE id = ?", (sandbox_id,))
-        return cursor.rowcount == 1
+        if cursor.rowcount != 1:
+            return False
+        self._tell()
+        return True
+
+    def _tell(self) -> None:
+        for listener in self.changed:
+            listener()
 
     def list(self, states: Iterable[SandboxState] | None = None) -> list[SandboxRecord]:
         query = "SELECT * FROM sandboxes"

@@ -2,7 +2,8 @@
 
 1. Admit: the host's reserves, memory for the VM (pooled VMs given back first when that
    makes room), then the node's and the owner's sandbox counts. Counting and joining the
-   queue happen with no await in between, so concurrent creates see each other.
+   queue happen with no await in between, so concurrent creates see each other. A create
+   whose client asked to wait for room retries this step in `waiting`'s queue.
 2. Queue: wait for one of `max_concurrent_creates` admissions, then check the disk (once
    admitted: a queued create holds no disk yet).
 3. Insert the sandbox's row, state CREATING, under its lock.
@@ -57,6 +58,9 @@ class CreateRequest:
     owner: str | None = None
     # Volumes mounted into the guest (resolved by `VolumeStore.resolve`).
     volume_mounts: tuple[VolumeMount, ...] = ()
+    # Seconds the client lets it wait for capacity (cut to `create_max_wait`); 0: refused
+    # at once when there is no room.
+    wait: float = 0.0
 
 
 async def create(node: Node, request: CreateRequest) -> tuple[SandboxRecord, Template]:
@@ -69,13 +73,20 @@ async def create_from(
     node: Node, request: CreateRequest, base: Template, parent: SandboxRecord | None
 ) -> SandboxRecord:
     """A sandbox from `base`; for fork children, `parent` is the sandbox they fork."""
-    await capacity.check_host(node)
     need_mb = request.size[1] if request.size else (parent or base).memory_mb
-    await _admit_memory(node, need_mb)
+
+    async def admit() -> None:
+        await capacity.check_host(node)
+        await _admit_memory(node, need_mb)
+        capacity.check_counts(node, request.owner)
+
+    config = node.config
+    wait = min(request.wait, config.create_max_wait)
+    await node.waiting.admit(request.owner, wait, config.create_max_waiters, admit)
     # Rows exist from the moment a create is admitted; the queue holds the rest. Counting
-    # and joining the queue happen with no await in between (after the checks above, which
-    # await), so concurrent creates see each other and the caps are exact.
-    capacity.check_counts(node, request.owner)
+    # (the last of `admit`) and joining the queue happen with no await in between (after
+    # the checks before it, which await), so concurrent creates see each other and the
+    # caps are exact.
     starting = node.starting
     owner = request.owner
     starting.count += 1
@@ -90,6 +101,7 @@ async def create_from(
         if not starting.by_owner[owner]:
             del starting.by_owner[owner]
         starting.last_end = time.monotonic()
+        node.waiting.changed()  # a create that failed leaves room
 
 
 async def _admit_memory(node: Node, need_mb: int) -> None:

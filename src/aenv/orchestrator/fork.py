@@ -48,8 +48,10 @@ async def fork(
     timeout: int,
     *,
     owner: str | None = None,
+    wait: float = 0.0,
 ) -> list[SandboxRecord | BaseException]:
-    """One entry per child, in order: a record or its error."""
+    """One entry per child, in order: a record or its error. Each child may wait `wait`
+    seconds for capacity (the disk check of step 1 does not wait)."""
     count = len(children)
     parent: SandboxRecord | None
     try:
@@ -80,7 +82,7 @@ async def fork(
         )
     saved = time.perf_counter()
     with node.saved.pin(Path(base.snapshot_dir)):
-        started = await _start_children(node, base, parent, children, timeout, owner)
+        started = await _start_children(node, base, parent, children, timeout, owner, wait)
     log.info(
         "fork of %s: checkpoint %.0f ms, %d children %.0f ms",
         source,
@@ -99,6 +101,7 @@ async def _start_children(
     children: Sequence[Child],
     timeout: int,
     owner: str | None,
+    wait: float,
 ) -> list[SandboxRecord | BaseException]:
     # A snapshot's metadata is its sandbox's when it was taken; it carries no env vars.
     request = CreateRequest(
@@ -112,6 +115,7 @@ async def _start_children(
         owner=owner,
         # Children of a sandbox mount its volumes; a snapshot carries none.
         volume_mounts=parent.volume_mounts if parent else (),
+        wait=wait,
     )
     started = await asyncio.gather(
         *(create_from(node, _labelled(request, child), base, parent) for child in children),

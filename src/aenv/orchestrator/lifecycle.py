@@ -159,6 +159,7 @@ class Orchestrator:
             admission=asyncio.Semaphore(config.max_concurrent_creates),
         )
         self.node.events.recorded.append(self.node.webhooks.wake)
+        catalog.changed.append(self.node.waiting.changed)
 
     # -- the node's parts, for its callers ------------------------------------------------
 
@@ -297,9 +298,15 @@ class Orchestrator:
         return await create.create(self.node, request)
 
     async def fork(
-        self, source: str, count: int, timeout: int, *, owner: str | None = None
+        self,
+        source: str,
+        count: int,
+        timeout: int,
+        *,
+        owner: str | None = None,
+        wait: float = 0.0,
     ) -> builtins.list[SandboxRecord | BaseException]:
-        return await self.fork_batch(source, [Child()] * count, timeout, owner=owner)
+        return await self.fork_batch(source, [Child()] * count, timeout, owner=owner, wait=wait)
 
     async def fork_batch(
         self,
@@ -308,9 +315,10 @@ class Orchestrator:
         timeout: int,
         *,
         owner: str | None = None,
+        wait: float = 0.0,
     ) -> builtins.list[SandboxRecord | BaseException]:
         """A fork whose every child adds its own metadata and env vars to the source's."""
-        return await fork.fork(self.node, source, children, timeout, owner=owner)
+        return await fork.fork(self.node, source, children, timeout, owner=owner, wait=wait)
 
     async def reset(self, sandbox_id: str, source: str) -> SandboxRecord:
         return await reset.reset(self.node, sandbox_id, source)

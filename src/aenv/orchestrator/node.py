@@ -42,6 +42,7 @@ from aenv.orchestrator.residency import ResidencyListener
 from aenv.orchestrator.saved import SavedStates
 from aenv.orchestrator.templates import TemplateStore
 from aenv.orchestrator.volumes import VolumeStore
+from aenv.orchestrator.waiting import WaitQueue
 from aenv.orchestrator.warm import WarmPools
 from aenv.orchestrator.webhook_delivery import WebhookDispatcher
 from aenv.runtime.driver import VM, Driver, DriverError
@@ -130,6 +131,8 @@ class Node:
     client: httpx.AsyncClient = field(default_factory=http_client)
     stats: CreateStats = field(default_factory=CreateStats)
     starting: Starting = field(default_factory=Starting)
+    # Creates waiting for capacity (their clients asked to), woken as the catalog changes.
+    waiting: WaitQueue = field(default_factory=WaitQueue)
     metrics: MetricsHistory = field(default_factory=MetricsHistory)
     locks: KeyedLocks = field(default_factory=KeyedLocks)
     live: dict[str, Live] = field(default_factory=dict)
