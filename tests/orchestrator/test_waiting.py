@@ -133,3 +133,20 @@ async def test_fork_children_wait_for_room(tmp_path: Path) -> None:
         children = await forking
         assert all(isinstance(c, SandboxRecord) for c in children), children
         await _kill_all(node)
+
+
+async def test_a_waiter_whose_client_is_gone_leaves_the_queue(tmp_path: Path) -> None:
+    async with double_node(tmp_path, max_sandboxes=1, create_max_wait=LONG) as node:
+        orc = node.orchestrator
+        running, _ = await orc.create(node.request())
+        gone = asyncio.Event()
+        waiter = asyncio.create_task(orc.create(node.request(wait=LONG, gone=gone)))
+        await eventually(lambda: len(orc.node.waiting) == 1, "one waiting")
+        gone.set()
+        with pytest.raises(CapacityReached, match="the client went away"):
+            await waiter
+        assert len(orc.node.waiting) == 0 and orc.node.waiting.stats.left == 1
+        await orc.kill(running.id)
+        await eventually(lambda: not orc.list(), "the running one gone")
+        assert orc.node.waiting.stats.admitted == 0  # nothing started for the one gone
+        await _kill_all(node)

@@ -26,6 +26,7 @@ from aenv.api.metrics import NodeMetrics
 from aenv.api.nodes import NodeRoutes
 from aenv.api.openapi import PATH as OPENAPI_PATH
 from aenv.api.openapi import OpenAPIDocument
+from aenv.api.queue import QueueRoutes
 from aenv.api.requests import check_query
 from aenv.api.reset import ResetRoutes
 from aenv.api.sandboxes import SandboxRoutes
@@ -155,6 +156,7 @@ def create_api(
         *TemplateRoutes(orchestrator, builder).routes(),
         *SnapshotRoutes(orchestrator, config).routes(),
         *ResetRoutes(orchestrator, config).routes(),
+        *QueueRoutes(orchestrator, config).routes(),
         *BulkRoutes(orchestrator, config).routes(),
         *NodeRoutes(orchestrator).routes(),
         *LogRoutes(orchestrator).routes(),

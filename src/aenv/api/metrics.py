@@ -48,6 +48,19 @@ class _NodeCollector(Collector):
         for reason in Refusal:
             refused.add_metric([reason.value], stats.refused[reason])
         yield refused
+        waiting = self._orc.waiting
+        yield GaugeMetricFamily(
+            "aenv_create_waiting",
+            "Creates and fork children waiting for capacity (their clients asked to)",
+            value=len(waiting),
+        )
+        waits = CounterMetricFamily(
+            "aenv_create_waits", "Finished waits for capacity", labels=["result"]
+        )
+        waits.add_metric(["admitted"], waiting.stats.admitted)
+        waits.add_metric(["expired"], waiting.stats.expired)
+        waits.add_metric(["left"], waiting.stats.left)
+        yield waits
         slots = self._orc.slots
         yield GaugeMetricFamily(
             "aenv_warm_slots", "Network slots ready in the pool", value=getattr(slots, "ready", 0)

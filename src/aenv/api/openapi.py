@@ -88,6 +88,32 @@ _OWN: dict[tuple[str, str], Operation] = {
             }
         },
     },
+    ("/aenv/queue", "get"): {
+        "summary": "Creates waiting for capacity (this node's extension)",
+        "description": "A create or fork sent with the `X-Aenv-Wait: <seconds>` header waits "
+        "for capacity, up to that (cut to the node's `create_max_wait`), instead of answering "
+        "429 at once; waiters are served round robin across API keys, FIFO within one. This "
+        "answers how many wait on the node and where the caller's key's stand (1 is next).",
+        "tags": ["sandboxes"],
+        "responses": {
+            "200": {
+                "description": "The queue",
+                "content": {
+                    "application/json": {
+                        "schema": {
+                            "type": "object",
+                            "required": ["waiting", "positions", "maxWait"],
+                            "properties": {
+                                "waiting": {"type": "integer"},
+                                "positions": {"type": "array", "items": {"type": "integer"}},
+                                "maxWait": {"type": "number"},
+                            },
+                        }
+                    }
+                },
+            }
+        },
+    },
     ("/aenv/sandboxes/{sandboxID}/reset", "post"): {
         "summary": "Reset a sandbox in place (this node's extension)",
         "description": "Return a running sandbox to the state of a snapshot or template: a "

@@ -32,6 +32,7 @@ from aenv.api.models import (
     check_metadata,
 )
 from aenv.api.network import create_network, network_info, updated_network
+from aenv.api.queue import Waiting, client_gone, wait_of
 from aenv.api.requests import check_query, not_supported, parse_body
 from aenv.api.volumes import mounts_body, resolve_mounts
 from aenv.config import Config
@@ -172,15 +173,21 @@ class SandboxRoutes:
         if timeout <= 0 or timeout > self.config.max_timeout:
             raise APIError(400, f"timeout must be between 1 and {self.config.max_timeout} seconds")
         owner = request.state.api_key.id
+        wait = wait_of(request)
         key = request.headers.get(IDEMPOTENCY_HEADER)
-        if key is None:
-            made = await self._start(body, timeout, owner)
-        else:
-            scope = (owner, check_key(key))
-            request_json = f"{timeout} {body.model_dump_json()}"
-            made = await self.creates.once(
-                scope, request_json, lambda: self._start(body, timeout, owner), self._lives
-            )
+        async with client_gone(request, wait) as gone:
+            waiting = Waiting(wait, gone)
+            if key is None:
+                made = await self._start(body, timeout, owner, waiting)
+            else:
+                scope = (owner, check_key(key))
+                request_json = f"{timeout} {body.model_dump_json()}"
+                made = await self.creates.once(
+                    scope,
+                    request_json,
+                    lambda: self._start(body, timeout, owner, waiting),
+                    self._lives,
+                )
         return JSONResponse(made, status_code=201)
 
     def _lives(self, made: dict[str, Any]) -> bool:
@@ -197,7 +204,9 @@ class SandboxRoutes:
             raise APIError(400, f"network.{e.field}: {e}") from e
         return network
 
-    async def _start(self, body: NewSandbox, timeout: int, owner: str) -> dict[str, Any]:
+    async def _start(
+        self, body: NewSandbox, timeout: int, owner: str, waiting: Waiting
+    ) -> dict[str, Any]:
         network = await self._checked(create_network(body.allow_internet_access, body.network))
         volume_mounts = resolve_mounts(self.orc.volumes, body.volume_mounts)
         try:
@@ -214,6 +223,8 @@ class SandboxRoutes:
                         network=network,
                         owner=owner,
                         volume_mounts=volume_mounts,
+                        wait=waiting.wait,
+                        gone=waiting.gone,
                     )
                 )
         except TemplateNotFound as e:

@@ -25,6 +25,7 @@ from aenv.api.models import (
     ResumeBody,
     SnapshotBody,
 )
+from aenv.api.queue import client_gone, wait_of
 from aenv.api.requests import check_query, parse_body
 from aenv.api.sandboxes import MAX_PAGE, sandbox_body
 from aenv.config import Config
@@ -144,10 +145,13 @@ class SnapshotRoutes:
         if timeout > self.config.max_timeout:
             raise APIError(400, f"timeout must be at most {self.config.max_timeout} seconds")
         owner = request.state.api_key.id
+        wait = wait_of(request)
         try:
-            started = await call_lifecycle(
-                self.orc.fork_batch(sandbox_id, children, timeout, owner=owner), sandbox_id
-            )
+            async with client_gone(request, wait) as gone:
+                forking = self.orc.fork_batch(
+                    sandbox_id, children, timeout, owner=owner, wait=wait, gone=gone
+                )
+                started = await call_lifecycle(forking, sandbox_id)
         except CapacityReached as e:  # the whole fork, refused before anything started
             raise APIError(
                 429, str(e), error_code="sandbox_capacity_unavailable", refusal=Refusal.FULL

@@ -15,6 +15,7 @@ A create that fails at 4 leaves nothing: every step registers its undo as it suc
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import dataclasses
 import logging
@@ -61,6 +62,8 @@ class CreateRequest:
     # Seconds the client lets it wait for capacity (cut to `create_max_wait`); 0: refused
     # at once when there is no room.
     wait: float = 0.0
+    # Set when the client goes away: a create still waiting for capacity leaves the queue.
+    gone: asyncio.Event | None = dataclasses.field(default=None, compare=False)
 
 
 async def create(node: Node, request: CreateRequest) -> tuple[SandboxRecord, Template]:
@@ -82,7 +85,7 @@ async def create_from(
 
     config = node.config
     wait = min(request.wait, config.create_max_wait)
-    await node.waiting.admit(request.owner, wait, config.create_max_waiters, admit)
+    await node.waiting.admit(request.owner, wait, config.create_max_waiters, admit, request.gone)
     # Rows exist from the moment a create is admitted; the queue holds the rest. Counting
     # (the last of `admit`) and joining the queue happen with no await in between (after
     # the checks before it, which await), so concurrent creates see each other and the

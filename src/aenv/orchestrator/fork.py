@@ -49,6 +49,7 @@ async def fork(
     *,
     owner: str | None = None,
     wait: float = 0.0,
+    gone: asyncio.Event | None = None,
 ) -> list[SandboxRecord | BaseException]:
     """One entry per child, in order: a record or its error. Each child may wait `wait`
     seconds for capacity (the disk check of step 1 does not wait)."""
@@ -82,7 +83,7 @@ async def fork(
         )
     saved = time.perf_counter()
     with node.saved.pin(Path(base.snapshot_dir)):
-        started = await _start_children(node, base, parent, children, timeout, owner, wait)
+        started = await _start_children(node, base, parent, children, timeout, owner, wait, gone)
     log.info(
         "fork of %s: checkpoint %.0f ms, %d children %.0f ms",
         source,
@@ -102,6 +103,7 @@ async def _start_children(
     timeout: int,
     owner: str | None,
     wait: float,
+    gone: asyncio.Event | None,
 ) -> list[SandboxRecord | BaseException]:
     # A snapshot's metadata is its sandbox's when it was taken; it carries no env vars.
     request = CreateRequest(
@@ -116,6 +118,7 @@ async def _start_children(
         # Children of a sandbox mount its volumes; a snapshot carries none.
         volume_mounts=parent.volume_mounts if parent else (),
         wait=wait,
+        gone=gone,
     )
     started = await asyncio.gather(
         *(create_from(node, _labelled(request, child), base, parent) for child in children),

@@ -77,6 +77,7 @@ from aenv.orchestrator.residency import ResidencyListener
 from aenv.orchestrator.saved import SavedStates
 from aenv.orchestrator.templates import Template, TemplateStore
 from aenv.orchestrator.volumes import VolumeBacking, VolumeStore
+from aenv.orchestrator.waiting import WaitQueue
 from aenv.orchestrator.warm import WarmPools
 from aenv.orchestrator.webhook_delivery import DeliverySettings, WebhookDispatcher
 from aenv.orchestrator.webhooks import WebhookStore
@@ -221,6 +222,10 @@ class Orchestrator:
         return self.node.stats
 
     @property
+    def waiting(self) -> WaitQueue:
+        return self.node.waiting
+
+    @property
     def metrics(self) -> MetricsHistory:
         return self.node.metrics
 
@@ -316,9 +321,13 @@ class Orchestrator:
         *,
         owner: str | None = None,
         wait: float = 0.0,
+        gone: asyncio.Event | None = None,
     ) -> builtins.list[SandboxRecord | BaseException]:
-        """A fork whose every child adds its own metadata and env vars to the source's."""
-        return await fork.fork(self.node, source, children, timeout, owner=owner, wait=wait)
+        """A fork whose every child adds its own metadata and env vars to the source's; each
+        may wait `wait` seconds for capacity, unless `gone` (its client left) is set."""
+        return await fork.fork(
+            self.node, source, children, timeout, owner=owner, wait=wait, gone=gone
+        )
 
     async def reset(self, sandbox_id: str, source: str) -> SandboxRecord:
         return await reset.reset(self.node, sandbox_id, source)

@@ -80,11 +80,13 @@ class WaitQueue:
         wait: float,
         max_waiters: int,
         attempt: Callable[[], Awaitable[T]],
+        gone: asyncio.Event | None = None,
     ) -> T:
         """`attempt()` (which raises CapacityReached when there is no room) when the node has
         room, waiting up to `wait` seconds in the queue for it. Raises the last refusal, its
-        wait added, when the wait runs out; nothing of the waiter is left then. Returns with
-        no await after `attempt` succeeded, so the caller counts what it took at once."""
+        wait added, when the wait runs out, and CapacityReached when `gone` is set first (the
+        client went away); nothing of the waiter is left then. Returns with no await after
+        `attempt` succeeded, so the caller counts what it took at once."""
         if wait <= 0:
             return await attempt()
         if len(self) >= max_waiters:
@@ -96,7 +98,10 @@ class WaitQueue:
         try:
             async with asyncio.timeout(wait):
                 while True:
-                    await waiter.turn.wait()
+                    await _first(waiter.turn, gone)
+                    if gone is not None and gone.is_set():
+                        self.stats.left += 1
+                        raise CapacityReached("left the queue: the client went away")
                     waiter.turn.clear()
                     try:
                         result = await attempt()
@@ -160,3 +165,16 @@ class WaitQueue:
                 del self._owners[waiter.owner]
         if self._holder is waiter:
             self._pass()
+
+
+async def _first(turn: asyncio.Event, gone: asyncio.Event | None) -> None:
+    """Until `turn` or `gone` is set."""
+    if gone is None:
+        await turn.wait()
+        return
+    waits = [asyncio.ensure_future(turn.wait()), asyncio.ensure_future(gone.wait())]
+    try:
+        await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiting in waits:
+            waiting.cancel()

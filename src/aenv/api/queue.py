@@ -1,0 +1,90 @@
+"""Waiting for capacity at the HTTP edge: the `X-Aenv-Wait` header a create or fork asks to
+wait by (an unmodified E2B SDK sends it through its `headers` option), the watch that takes a
+waiter out of the queue when its client disconnects, and `GET /aenv/queue`, where the caller's
+waiters stand (`orchestrator/waiting.py` owns the queue).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import math
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from aenv.api.errors import APIError
+from aenv.api.extensions import QUEUE, WAIT_HEADER
+from aenv.api.requests import check_query
+from aenv.config import Config
+from aenv.orchestrator.lifecycle import Orchestrator
+
+
+@dataclass(frozen=True)
+class Waiting:
+    """What a create may wait for capacity: its seconds, and its client's leaving."""
+
+    wait: float
+    gone: asyncio.Event | None
+
+
+def wait_of(request: Request) -> float:
+    """The seconds the request may wait for capacity: 0 without the header; 400 when it is not
+    a number of seconds (it is cut to the node's `create_max_wait` later)."""
+    raw = request.headers.get(WAIT_HEADER)
+    if raw is None:
+        return 0.0
+    try:
+        wait = float(raw)
+    except ValueError:
+        wait = math.nan
+    if not math.isfinite(wait) or wait < 0:
+        raise APIError(400, f"header {WAIT_HEADER}: seconds to wait for capacity, a number >= 0")
+    return wait
+
+
+@contextlib.asynccontextmanager
+async def client_gone(request: Request, wait: float) -> AsyncIterator[asyncio.Event | None]:
+    """An event set when the client disconnects, for a request that may wait (None for one
+    that does not): the server does not cancel a handler whose client left, and a waiter
+    nobody will answer must not take a place when one frees."""
+    if wait <= 0:
+        yield None
+        return
+    gone = asyncio.Event()
+
+    async def watch() -> None:
+        # The body was read: the next message is the disconnect.
+        while (await request.receive())["type"] != "http.disconnect":
+            pass
+        gone.set()
+
+    watcher = asyncio.create_task(watch())
+    try:
+        yield gone
+    finally:
+        watcher.cancel()
+
+
+class QueueRoutes:
+    def __init__(self, orchestrator: Orchestrator, config: Config) -> None:
+        self.orc = orchestrator
+        self.config = config
+
+    def routes(self) -> list[Route]:
+        return [Route(QUEUE, self.queue, methods=["GET"])]
+
+    async def queue(self, request: Request) -> Response:
+        """The node's waiters, and where the caller's key's stand (1 is served next)."""
+        check_query(request)
+        waiting = self.orc.waiting
+        return JSONResponse(
+            {
+                "waiting": len(waiting),
+                "positions": waiting.positions(request.state.api_key.id),
+                "maxWait": self.config.create_max_wait,
+            }
+        )
