@@ -78,6 +78,8 @@ class Paths:
                                mount point of its image while the node runs)
       volume-images/<id>.ext4  a volume's sparse ext4 image, of its size
       jailer/                  Firecracker's jailer chroots (Firecracker hosts only)
+      secrets.key              the key secrets are stored encrypted with, when
+                               `secrets_key_file` names none (mode 0600)
       egress-ca/               the node's egress CA (`ca.pem`, `ca.key` mode 0600, the
                                directory 0700): header rules' TLS interception
       cache/
@@ -102,6 +104,10 @@ class Paths:
     @property
     def egress_ca(self) -> Path:
         return self.home / "egress-ca"
+
+    @property
+    def secrets_key(self) -> Path:
+        return self.home / "secrets.key"
 
     @property
     def config_file(self) -> Path:
@@ -363,6 +369,13 @@ class Config(BaseModel):
         description="CA certificates (PEM) that servers of names with header rules "
         "(`network.rules`) may also verify against, besides the host's trust store.",
     )
+    secrets_key_file: Path | None = Field(
+        default=None,
+        description="A file holding the key (32 bytes, base64) that secrets (`/secrets`) are "
+        "stored encrypted with; the operator keeps it 0600. Unset: a key generated at the "
+        "first start in `$AENV_HOME/secrets.key` (mode 0600). Losing the key loses the secrets' "
+        "values.",
+    )
     warm_slots_low: int = Field(
         default=4,
         description="Warm pool of ready network slots: refilled when it falls under this.",
@@ -581,7 +594,7 @@ class Config(BaseModel):
     @field_validator(
         "domain", "repository_endpoint", "guest_cache", "tls_cert", "tls_key", "redis_url",
         "node_id", "node_address", "cluster_secret", "network_dns", "build_ca_bundle",
-        "network_rules_ca",
+        "network_rules_ca", "secrets_key_file",
         "network_prefix", "network_cidr", "jail_uid_base", mode="before",
     )  # fmt: skip
     @classmethod

@@ -36,6 +36,7 @@ from aenv.orchestrator.lifecycle import OperationFailed, Orchestrator, SandboxNo
 from aenv.orchestrator.memory_savers import MemorySavers
 from aenv.orchestrator.migrations import NewerCatalog
 from aenv.orchestrator.repository import open_archive
+from aenv.orchestrator.secrets import SecretStore, node_key
 from aenv.orchestrator.templates import (
     BuildRequest,
     Template,
@@ -232,6 +233,10 @@ async def _start_node(
     except NewerCatalog as e:
         raise ConfigError(str(e)) from e
     undo.callback(catalog.close)
+    try:
+        secret_store = SecretStore(catalog, node_key(config))
+    except ValueError as e:
+        raise ConfigError(str(e)) from e
     net_config = NetworkConfig(
         prefix=claimed.network_prefix,
         slot_network=claimed.cidr,
@@ -265,7 +270,9 @@ async def _start_node(
     images = images.booted_by(driver)
     templates = TemplateStore(config.paths.templates, config.paths.memory)
     templates.load()
-    orchestrator = Orchestrator(config, catalog, driver, slots, templates, open_archive(config))
+    orchestrator = Orchestrator(
+        config, catalog, driver, slots, templates, open_archive(config), secrets=secret_store
+    )
     undo.push_async_callback(orchestrator.close)
     await orchestrator.start()
     current: Template | None

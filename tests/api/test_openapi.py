@@ -70,7 +70,8 @@ def test_it_lists_our_routes_and_only_those(document: dict[str, Any]) -> None:
     assert schemas["NewVolume"]["properties"]["sizeMB"]["minimum"] == 16
     assert "sizeMB" in schemas["VolumeAndToken"]["properties"]
     assert "507" in document["paths"]["/volumes"]["post"]["responses"]
-    assert ("/secrets", "get") not in ops  # in E2B's spec, not served here
+    assert ("/access-tokens", "post") not in ops  # in E2B's spec, not served here
+    assert ("/secrets/{secretID}", "post") in ops
 
 
 def test_routes_the_spec_lacks_still_appear() -> None:

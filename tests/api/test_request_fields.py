@@ -30,6 +30,9 @@ HONOURED: dict[tuple[str, str], set[str]] = {
         "allow_internet_access", "network", "metadata", "envVars", "volumeMounts",
     },
     ("post", "/volumes"): {"name"},
+    ("get", "/secrets"): {"limit", "nextToken"},
+    ("post", "/secrets"): {"name", "value", "metadata"},
+    ("post", "/secrets/{secretID}"): {"value", "metadata"},
     ("get", "/sandboxes"): {"metadata"},
     ("get", "/v2/sandboxes"): {
         "metadata", "state", "order", "startedAfter", "template", "nextToken", "limit",

@@ -30,6 +30,7 @@ from aenv.api.queue import QueueRoutes
 from aenv.api.requests import check_query
 from aenv.api.reset import ResetRoutes
 from aenv.api.sandboxes import SandboxRoutes
+from aenv.api.secrets import SecretRoutes
 from aenv.api.snapshots import SnapshotRoutes
 from aenv.api.teams import ROUTES as TEAM_ROUTES
 from aenv.api.templates import TemplateRoutes
@@ -164,6 +165,7 @@ def create_api(
         *VolumeRoutes(orchestrator).routes(),
         *EventRoutes(orchestrator.events).routes(),
         *WebhookRoutes(orchestrator.webhooks).routes(),
+        *SecretRoutes(orchestrator.secrets).routes(),
         *TEAM_ROUTES,
     ]
     # Last: it describes every route above.

@@ -13,6 +13,8 @@ from typing import Annotated
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from aenv.config import MAX_VOLUME_MB, MIN_VOLUME_MB
+from aenv.network.header_rules import HEADER_VALUE
+from aenv.network.header_rules import MAX_VALUE as MAX_SECRET_VALUE
 from aenv.orchestrator.events import EventType
 
 DEFAULT_TIMEOUT_V1 = 15
@@ -160,6 +162,56 @@ class WebhookChanges(_Body):
     enabled: bool | None = None
     events: _WebhookEvents | None = None
     signature_secret: _WebhookText | None = Field(default=None, alias="signatureSecret")
+
+
+# E2B's limits of a secret's metadata (`SecretMetadata`).
+MAX_SECRET_METADATA_ENTRIES = 32
+MAX_SECRET_METADATA_KEY = 128
+MAX_SECRET_METADATA_VALUE = 1024
+MAX_SECRET_METADATA_BYTES = 8192
+
+
+def _check_secret_metadata(metadata: dict[str, str]) -> dict[str, str]:
+    if len(metadata) > MAX_SECRET_METADATA_ENTRIES:
+        raise ValueError(f"at most {MAX_SECRET_METADATA_ENTRIES} entries")
+    for key, value in metadata.items():
+        if len(key.encode()) > MAX_SECRET_METADATA_KEY:
+            raise ValueError(f"key {key[:32]!r}...: at most {MAX_SECRET_METADATA_KEY} bytes")
+        if len(value.encode()) > MAX_SECRET_METADATA_VALUE:
+            raise ValueError(f"the value of {key!r}: at most {MAX_SECRET_METADATA_VALUE} bytes")
+    if _size(metadata) > MAX_SECRET_METADATA_BYTES:
+        raise ValueError(f"at most {MAX_SECRET_METADATA_BYTES} bytes of keys and values")
+    return metadata
+
+
+def _check_secret_value(value: str) -> str:
+    """A value is sent as (part of) a header: what a header cannot carry is refused now, not
+    at each request. The message never shows the value."""
+    if len(value) > MAX_SECRET_VALUE or not HEADER_VALUE.fullmatch(value):
+        raise ValueError(
+            f"a secret's value is sent in a request header: at most {MAX_SECRET_VALUE} "
+            "characters, no control characters (but tab), no leading or trailing space"
+        )
+    return value
+
+
+SecretMetadata = Annotated[dict[str, str], AfterValidator(_check_secret_metadata)]
+SecretValue = Annotated[str, AfterValidator(_check_secret_value)]
+
+
+class NewSecret(_Body):
+    """`POST /secrets`. The name is lower-cased before it is stored (api/secrets.py)."""
+
+    name: str = Field(min_length=1, max_length=128, pattern=r"^[a-zA-Z0-9_-]+$")
+    value: SecretValue
+    metadata: SecretMetadata | None = None
+
+
+class SecretUpdate(_Body):
+    """`POST /secrets/{secretID}`: a new version; `metadata`, when given, replaces it."""
+
+    value: SecretValue
+    metadata: SecretMetadata | None = None
 
 
 class NewSandbox(_Body):

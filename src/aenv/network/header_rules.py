@@ -19,7 +19,7 @@ from aenv.network.domains import DomainRules, normalise
 
 # RFC 9110 token and field-value (no control characters but tab, no leading/trailing space).
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-_VALUE = re.compile(r"[\x21-\x7e\x80-\xff]([\x20-\x7e\x80-\xff\t]*[\x21-\x7e\x80-\xff])?|")
+HEADER_VALUE = re.compile(r"[\x21-\x7e\x80-\xff]([\x20-\x7e\x80-\xff\t]*[\x21-\x7e\x80-\xff])?|")
 FRAMING = frozenset(
     {
         "connection",
@@ -45,7 +45,7 @@ def check_header(name: str, value: str) -> None:
         raise ValueError(f"{name!r} is not a header name")
     if name.lower() in FRAMING:
         raise ValueError(f"{name!r} frames or routes the request and cannot be set by a rule")
-    if len(value) > MAX_VALUE or not _VALUE.fullmatch(value):
+    if len(value) > MAX_VALUE or not HEADER_VALUE.fullmatch(value):
         raise ValueError(f"the value of {name!r} is not a header value")
 
 

@@ -75,6 +75,7 @@ from aenv.orchestrator.node import CreateStats, Node, host_reserve
 from aenv.orchestrator.queries import GuestEndpoint
 from aenv.orchestrator.residency import ResidencyListener
 from aenv.orchestrator.saved import SavedStates
+from aenv.orchestrator.secrets import SecretStore, node_key
 from aenv.orchestrator.templates import Template, TemplateStore
 from aenv.orchestrator.volumes import VolumeBacking, VolumeStore
 from aenv.orchestrator.waiting import WaitQueue
@@ -112,9 +113,12 @@ class Orchestrator:
         templates: TemplateStore,
         archive: Archive | None = None,
         volume_backing: VolumeBacking | None = None,
+        secrets: SecretStore | None = None,
     ) -> None:
         """`volume_backing`: what holds sized volumes, by default ext4 images mounted on the
-        host (`storage.volume_images`, which needs root)."""
+        host (`storage.volume_images`, which needs root). `secrets`: the store the slots'
+        egress proxies read too, by default one over `catalog` with the node's key."""
+        self.secrets = secrets or SecretStore(catalog, node_key(config))
         # Guest memory under the template store's root, which restores map.
         paths = dataclasses.replace(config.paths, memory_override=templates.memory_dir)
         self.node = Node(

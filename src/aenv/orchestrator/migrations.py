@@ -141,7 +141,37 @@ def _3_webhooks(db: sqlite3.Connection) -> None:
     db.execute("CREATE INDEX deliveries_updated ON webhook_deliveries(updated_at)")
 
 
-MIGRATIONS: tuple[Migration, ...] = (_1_sandboxes_and_volumes, _2_events, _3_webhooks)
+def _4_secrets(db: sqlite3.Connection) -> None:
+    """Secrets and their versions, values encrypted (`orchestrator.secrets`)."""
+    db.execute(
+        """CREATE TABLE secrets (
+            id TEXT PRIMARY KEY,
+            team_id TEXT NOT NULL,
+            name TEXT NOT NULL,
+            current_version INTEGER NOT NULL,
+            metadata TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            updated_at REAL NOT NULL,
+            UNIQUE (team_id, name)
+        )"""
+    )
+    db.execute(
+        """CREATE TABLE secret_versions (
+            secret_id TEXT NOT NULL,
+            version INTEGER NOT NULL,
+            value BLOB NOT NULL,
+            created_at REAL NOT NULL,
+            PRIMARY KEY (secret_id, version)
+        )"""
+    )
+
+
+MIGRATIONS: tuple[Migration, ...] = (
+    _1_sandboxes_and_volumes,
+    _2_events,
+    _3_webhooks,
+    _4_secrets,
+)
 SCHEMA_VERSION = len(MIGRATIONS)
 
 

@@ -1,0 +1,97 @@
+"""E2B's secret routes: `/secrets` (list, create) and `/secrets/{secretID}` (get, update,
+delete), scoped to the caller's team. A secret is named by its id or its name in any case.
+
+No response carries a value: a secret's value leaves the node only in the requests the
+egress proxy sends for a header rule naming it (`network.header_rules`)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from aenv.api.errors import APIError, not_found
+from aenv.api.models import NewSecret, SecretUpdate
+from aenv.api.requests import check_query, parse_body, query_int
+from aenv.ids import TEAM_ID
+from aenv.orchestrator.events import timestamp
+from aenv.orchestrator.secrets import ID_PREFIX, SecretNameTaken, SecretRecord, SecretStore
+
+MAX_PAGE = 100
+
+
+def secret_json(secret: SecretRecord) -> dict[str, Any]:
+    return {
+        "secretID": secret.secret_id,
+        "name": secret.name,
+        "currentVersion": secret.current_version,
+        "metadata": secret.metadata,
+        "createdAt": timestamp(secret.created_at),
+        "updatedAt": timestamp(secret.updated_at),
+    }
+
+
+class SecretRoutes:
+    def __init__(self, store: SecretStore) -> None:
+        self.store = store
+
+    def routes(self) -> list[Route]:
+        one = "/secrets/{secret_id}"
+        return [
+            Route("/secrets", self.list, methods=["GET"]),
+            Route("/secrets", self.create, methods=["POST"]),
+            Route(one, self.get, methods=["GET"]),
+            Route(one, self.update, methods=["POST"]),
+            Route(one, self.delete, methods=["DELETE"]),
+        ]
+
+    async def list(self, request: Request) -> Response:
+        """Oldest first; `limit` and `nextToken` page (the token is the last one's id)."""
+        check_query(request, {"limit", "nextToken"})
+        limit = query_int(request, "limit", MAX_PAGE, 1, MAX_PAGE)
+        found = self.store.list(TEAM_ID)
+        if token := request.query_params.get("nextToken"):
+            ids = [s.secret_id for s in found]
+            if token not in ids:
+                raise APIError(400, "invalid nextToken")
+            found = found[ids.index(token) + 1 :]
+        page = found[:limit]
+        headers = {"X-Next-Token": page[-1].secret_id} if len(found) > limit else {}
+        return JSONResponse([secret_json(s) for s in page], headers=headers)
+
+    async def create(self, request: Request) -> Response:
+        check_query(request)
+        body = await parse_body(request, NewSecret)
+        if body.name.lower().startswith(ID_PREFIX):
+            raise APIError(400, f"name: the '{ID_PREFIX}' prefix is reserved for secret ids")
+        try:
+            secret = self.store.create(TEAM_ID, body.name, body.value, body.metadata or {})
+        except SecretNameTaken as e:
+            raise APIError(409, str(e)) from e
+        return JSONResponse(secret_json(secret), status_code=201)
+
+    async def get(self, request: Request) -> Response:
+        check_query(request)
+        ref = request.path_params["secret_id"]
+        secret = self.store.get(TEAM_ID, ref)
+        if secret is None:
+            raise not_found(f"secret '{ref}'")
+        return JSONResponse(secret_json(secret))
+
+    async def update(self, request: Request) -> Response:
+        check_query(request)
+        ref = request.path_params["secret_id"]
+        body = await parse_body(request, SecretUpdate)
+        secret = self.store.update(TEAM_ID, ref, body.value, body.metadata)
+        if secret is None:
+            raise not_found(f"secret '{ref}'")
+        return JSONResponse(secret_json(secret))
+
+    async def delete(self, request: Request) -> Response:
+        check_query(request)
+        ref = request.path_params["secret_id"]
+        if not self.store.delete(TEAM_ID, ref):
+            raise not_found(f"secret '{ref}'")
+        return Response(status_code=204)
