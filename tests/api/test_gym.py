@@ -10,6 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+import gymnasium
 import pytest
 from e2b import CommandResult, Sandbox
 from gymnasium.utils.env_checker import check_env
@@ -17,7 +18,7 @@ from gymnasium.utils.env_checker import check_env
 from aenv.api.app import create_api
 from aenv.api.keys import KeyStore
 from aenv.proxy.app import SandboxProxy
-from aenv.sdk.gym import SandboxEnv
+from aenv.sdk.gym import ENV_ID, SandboxEnv
 from aenv.server import _Resolver
 from tests.api.test_routes import KEY
 from tests.doubles.guest import COMMANDS
@@ -108,3 +109,19 @@ async def test_from_a_snapshot_it_keeps_the_snapshot(tmp_path: Path) -> None:
         finally:
             await asyncio.to_thread(env.close)
         assert await asyncio.to_thread(Sandbox.delete_snapshot, snapshot.snapshot_id, **opts)
+
+
+async def test_gymnasium_make_builds_it_by_its_registered_id(tmp_path: Path) -> None:
+    async with double_node(tmp_path) as node, _served(node) as opts:
+        env = await asyncio.to_thread(
+            gymnasium.make, f"aenv.sdk.gym:{ENV_ID}", max_command=16, **opts
+        )
+        try:
+            assert isinstance(env.unwrapped, SandboxEnv)
+            # With a spec, check_env also builds and closes a second environment from it.
+            await asyncio.to_thread(check_env, env.unwrapped, skip_render_check=True)
+            await asyncio.to_thread(env.reset, seed=0)
+            stepped = await asyncio.to_thread(env.step, "exit 1")
+            assert stepped[0] == {"stdout": "ran exit 1\n", "stderr": "", "exit_code": 1}
+        finally:
+            await asyncio.to_thread(env.close)

@@ -11,6 +11,10 @@ Needs the `rl` extra (`pip install 'aenv[rl]'`: gymnasium). docs/integrations.md
     observation, info = env.reset(seed=0)
     observation, reward, terminated, truncated, info = env.step("pytest -q")
     env.close()                             # kills the sandbox and the snapshot it took
+
+Importing the module registers it with Gymnasium as `ENV_ID`, so
+`gymnasium.make("aenv.sdk.gym:aenv/Sandbox-v0", template="base", ...)` builds one (wrapped in
+Gymnasium's checks and order enforcement, as `make` wraps every environment).
 """
 
 from __future__ import annotations
@@ -153,3 +157,8 @@ class SandboxEnv(gymnasium.Env[Observation, str]):
         finally:
             if self._owns_snapshot:
                 Sandbox.delete_snapshot(self.snapshot_id, **self._opts)
+
+
+# Nondeterministic: a command may read the clock or the guest's random source.
+ENV_ID = "aenv/Sandbox-v0"
+gymnasium.register(ENV_ID, entry_point=f"{__name__}:SandboxEnv", nondeterministic=True)
