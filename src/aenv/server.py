@@ -247,6 +247,7 @@ async def _start_node(
         dns_upstream=config.network_dns or host_resolver(),
         egress_ca=config.paths.egress_ca,
         upstream_ca=config.network_rules_ca,
+        secrets=secret_store,
     )
     slots = SlotPool(net_config)
     undo.push_async_callback(slots.close)

@@ -299,10 +299,13 @@ async def test_what_cannot_be_honoured_is_refused(
                 assert "httpsPorts" in error(updated, 400)
 
 
+FILLED = "${e2b.secrets.openai}"  # `Secret.fill("openai")`
 RULED = {
     **RULES,
     "rules": {
-        "api.example.com": [{"transform": {"headers": {"Authorization": "Bearer s3cret"}}}],
+        "api.example.com": [
+            {"transform": {"headers": {"Authorization": "Bearer s3cret", "X-Key": FILLED}}}
+        ],
         "*.example.com": [{"transform": {"headers": {"X-Team": "t1", "X-Key": "k2"}}}, {}],
     },
 }
@@ -316,6 +319,7 @@ async def test_header_rules_reach_the_slot_and_guest_and_are_redacted(tmp_path: 
             ("X-Team", "t1"),
             ("X-Key", "k2"),
             ("Authorization", "Bearer s3cret"),
+            ("X-Key", FILLED),
         )
         assert policy.headers.headers_for("example.com") == ()
         # The guest trusts the node's egress CA, named by the usual variables.
@@ -325,7 +329,10 @@ async def test_header_rules_reach_the_slot_and_guest_and_are_redacted(tmp_path: 
         assert guest.env["NODE_EXTRA_CA_CERTS"] == "/etc/aenv/egress-ca.pem"
         info = (await api.get(f"/sandboxes/{sandbox_id}")).json()["network"]
         assert info["rules"] == {
-            "api.example.com": [{"transform": {"headers": {"Authorization": "REDACTED"}}}],
+            # A secret's marker is shown (it names the secret, it is not its value).
+            "api.example.com": [
+                {"transform": {"headers": {"Authorization": "REDACTED", "X-Key": FILLED}}}
+            ],
             "*.example.com": [
                 {"transform": {"headers": {"X-Team": "REDACTED", "X-Key": "REDACTED"}}},
                 {},
@@ -358,6 +365,7 @@ async def test_header_rules_reach_the_slot_and_guest_and_are_redacted(tmp_path: 
         # Its events (served, and sent to webhooks) show the rules as the info does.
         events = (await api.get(f"/events/sandboxes/{other}")).json()
         assert "REDACTED" in json.dumps(events) and "s3cret" not in json.dumps(events)
+        assert FILLED in json.dumps(events)
 
 
 async def test_header_rules_need_a_node_with_an_egress_ca(tmp_path: Path) -> None:

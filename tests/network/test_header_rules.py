@@ -7,6 +7,7 @@ server that does not verify for the name."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import re
 import shutil
@@ -27,11 +28,20 @@ import h11
 import pytest
 import trustme
 
+from aenv.ids import TEAM_ID
 from aenv.network import EgressPolicy, Slot, SlotPool
 from aenv.network.egress_ca import CA_CERT, CA_KEY, EgressCA
-from aenv.network.header_rules import HeaderRule, HeaderRules, apply
+from aenv.network.header_rules import (
+    HeaderRule,
+    HeaderRules,
+    SecretUnavailable,
+    apply,
+    resolve,
+)
 from aenv.network.interception import PlainStream, exchange
 from aenv.network.interception_h2 import Bridge
+from aenv.orchestrator.catalog import Catalog
+from aenv.orchestrator.secrets import SecretStore, load_key
 from tests.network import probes
 from tests.network.conftest import INET_IP, INET_OTHER_IP, World
 from tests.network.fakeguest import FakeGuest
@@ -158,10 +168,16 @@ async def web(
 async def guest(
     make_pool: MakePool, boot: Boot, web: Path, tmp_path: Path
 ) -> AsyncIterator[FakeGuest]:
-    """A fake guest with POLICY, whose names are all at INET_IP (`ip netns exec` mounts
-    /etc/netns/<name>/hosts over /etc/hosts for the commands it runs)."""
+    """A fake guest with POLICY, whose names are all at INET_IP."""
     pool = await make_pool(egress_ca=tmp_path / "ca", upstream_ca=web)
-    guest = await boot(await pool.acquire(policy=POLICY))
+    async with _named(await boot(await pool.acquire(policy=POLICY))) as guest:
+        yield guest
+
+
+@contextlib.asynccontextmanager
+async def _named(guest: FakeGuest) -> AsyncIterator[FakeGuest]:
+    """`guest` resolving the test's names to INET_IP (`ip netns exec` mounts
+    /etc/netns/<name>/hosts over /etc/hosts for the commands it runs)."""
     etc = Path("/etc/netns", guest.netns)
     etc.mkdir(parents=True)
     try:
@@ -365,6 +381,80 @@ async def test_upgrade_switches_to_bytes_with_headers_set(
         writer.close()
 
 
+FILLED = "${e2b.secrets.API-KEY}"  # as `Secret.fill("API-KEY")` makes it
+SECRET_RULES = HeaderRules(
+    (
+        HeaderRule("ruled.test", (("X-Api-Key", FILLED), ("Authorization", "Bearer " + FILLED))),
+        HeaderRule("*.wild.test", (("X-Api-Key", "${e2b.secrets.missing}"),)),
+    )
+)
+
+
+@pytest.fixture
+async def secrets(tmp_path: Path) -> AsyncIterator[SecretStore]:
+    """The node's secret store over a real catalog, holding `api-key` = v1-s3cret."""
+    catalog = Catalog(tmp_path / "catalog.db")
+    store = SecretStore(catalog, load_key(tmp_path / "secrets.key", create=True))
+    store.create(TEAM_ID, "api-key", "v1-s3cret", {})
+    yield store
+    catalog.close()
+
+
+async def test_secrets_are_filled_in_at_egress(
+    make_pool: MakePool, boot: Boot, web: Path, tmp_path: Path, secrets: SecretStore
+) -> None:
+    """A rule's header naming a secret reaches the server with the secret's value as it is
+    when each request is sent; the guest's own request holds no value, a name without the
+    rule gets none, and a rule naming a secret that does not exist sends nothing."""
+    pool = await make_pool(egress_ca=tmp_path / "ca", upstream_ca=web, secrets=secrets)
+    policy = EgressPolicy.parse(
+        allow=["ruled.test", "other.test", "*.wild.test"], deny=["0.0.0.0/0"], headers=SECRET_RULES
+    )
+    async with _named(await boot(await pool.acquire(policy=policy))) as guest:
+        bundle = ("--cacert", str(_bundle(tmp_path, web)))
+        code, out = await _curl(
+            guest, *bundle, "--http1.1", "-v", "-H", "X-Api-Key: guest", "https://ruled.test/"
+        )
+        assert code == 0, out
+        got = _got(out)
+        assert got["x-api-key"] == ["v1-s3cret"]
+        assert got["authorization"] == ["Bearer v1-s3cret"]
+        sent = [line.lower() for line in out.splitlines() if line.startswith("> ")]
+        assert "> x-api-key: guest" in sent and not any("s3cret" in line for line in sent)
+
+        # An update counts from the next request on; HTTP/2 streams are filled in alike.
+        secrets.update(TEAM_ID, "API-KEY", "v2-s3cret", None)
+        code, out = await _curl(guest, *bundle, "--http2", "https://ruled.test/")
+        assert code == 0 and _got(out)["x-api-key"] == ["v2-s3cret"], out
+        # Redirected to a name without the rule: no secret goes along.
+        code, out = await _curl(guest, *bundle, "-L", "https://ruled.test/redirect")
+        assert code == 0 and "s3cret" not in out, out
+
+        # A secret that does not exist: the request is not sent, over either protocol.
+        for protocol in ("--http1.1", "--http2"):
+            code, out = await _curl(guest, *bundle, protocol, "https://a.wild.test/")
+            assert code != 0 and '"headers"' not in out, out
+        secrets.delete(TEAM_ID, "api-key")
+        code, out = await _curl(guest, *bundle, "https://ruled.test/")
+        assert code != 0 and '"headers"' not in out, out
+
+
+def test_resolving_names_secrets_never_values() -> None:
+    class Values:
+        def value(self, name: str) -> str | None:
+            return {"a": "one", "b": "two", "bad": "line\r\nX-Injected: 1"}.get(name)
+
+    headers = (("X-A", "${e2b.secrets.a}:${e2b.secrets.b}"), ("X-Plain", "as is"))
+    assert resolve(headers, Values()) == (("X-A", "one:two"), ("X-Plain", "as is"))
+    with pytest.raises(SecretUnavailable, match="'c' does not exist"):
+        resolve((("X-A", "${e2b.secrets.c}"),), Values())
+    with pytest.raises(SecretUnavailable, match="'a' does not exist"):
+        resolve((("X-A", "${e2b.secrets.a}"),), None)  # a node without a store sends nothing
+    with pytest.raises(SecretUnavailable, match="not a header value") as refused:
+        resolve((("X-A", "${e2b.secrets.bad}"),), Values())
+    assert "Injected" not in str(refused.value)
+
+
 def test_the_ca_key_is_private(tmp_path: Path) -> None:
     ca = EgressCA(tmp_path / "ca")
     assert (tmp_path / "ca" / CA_KEY).stat().st_mode & 0o777 == 0o600
@@ -425,7 +515,7 @@ async def test_an_http10_server_answers_an_http11_client() -> None:
     async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         up = await asyncio.open_connection("127.0.0.1", server.server_address[1])
         try:
-            await exchange(PlainStream(reader, writer), PlainStream(*up), (SECRET,))
+            await exchange(PlainStream(reader, writer), PlainStream(*up), lambda: (SECRET,))
         finally:
             up[1].close()
             writer.close()
@@ -479,7 +569,7 @@ async def test_http2_trailers_cross_both_ways() -> None:
         return PlainStream(*await asyncio.open_connection("127.0.0.1", port))
 
     async def bridge(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        await Bridge(PlainStream(reader, writer), await connect(), connect, (SECRET,)).run()
+        await Bridge(PlainStream(reader, writer), await connect(), connect, lambda: (SECRET,)).run()
         writer.close()
 
     proxy = await asyncio.start_server(bridge, "127.0.0.1", 0)

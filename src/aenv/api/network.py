@@ -5,7 +5,8 @@ What this node does not implement is refused with a 400 naming the field, never 
 ignored: keys the SDKs do not send (models.Egress), and `rules` keyed by an address (they
 apply to names: the egress proxy matches them against TLS SNI).
 An `egressProxy`'s password and CA certificates are never shown back (as in E2B), nor the
-values of the headers `rules` set: they are credentials, shown as `REDACTED`.
+values of the headers `rules` set: they are credentials, shown as `REDACTED`, but for one that
+is a secret's marker (`${e2b.secrets.<name>}`), shown as it is (`header_rules.shown`).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from aenv.api.errors import APIError
 from aenv.api.models import Egress, EgressProxyBody, NetworkConfig, NetworkRule, NetworkUpdate
 from aenv.envd import ENVD_PORT
 from aenv.network.domains import is_address, normalise
-from aenv.network.header_rules import NO_RULES, REDACTED, HeaderRule, HeaderRules
+from aenv.network.header_rules import NO_RULES, HeaderRule, HeaderRules, shown
 from aenv.network.settings import SandboxNetwork
 from aenv.network.socks import SocksProxy
 
@@ -158,18 +159,18 @@ def network_info(network: SandboxNetwork) -> dict[str, Any]:
     if network.rules.rules:
         rules: dict[str, list[dict[str, Any]]] = {}
         for rule in network.rules.rules:
-            redacted = {name: REDACTED for name, _ in rule.headers}
+            redacted = {name: shown(value) for name, value in rule.headers}
             rules.setdefault(rule.domain, []).append(
                 {"transform": {"headers": redacted}} if redacted else {}
             )
         info["rules"] = rules
     if (proxy := network.egress_proxy) is not None:
-        shown: dict[str, Any] = {"address": proxy.address}
+        proxy_info: dict[str, Any] = {"address": proxy.address}
         if proxy.username is not None:
-            shown["username"] = proxy.username
+            proxy_info["username"] = proxy.username
         if proxy.tls:
-            shown["tls"] = {"enabled": True}
+            proxy_info["tls"] = {"enabled": True}
             if proxy.server_name is not None:
-                shown["tls"]["serverName"] = proxy.server_name
-        info["egressProxy"] = shown
+                proxy_info["tls"]["serverName"] = proxy.server_name
+        info["egressProxy"] = proxy_info
     return info

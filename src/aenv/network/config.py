@@ -9,6 +9,7 @@ from ipaddress import IPv4Address, IPv4Network
 from pathlib import Path
 
 from aenv.network.addressing import AddressPlan
+from aenv.network.header_rules import SecretValues
 from aenv.network.reserved import denied_ranges
 from aenv.network.slot import GuestNetwork
 
@@ -46,6 +47,9 @@ class NetworkConfig:
     # A CA bundle servers of header-ruled names may also verify against (the host's trust
     # store always counts).
     upstream_ca: Path | None = None
+    # Where the egress proxies read the secrets header rules name (`header_rules.resolve`);
+    # None: a request whose rule names one is not sent.
+    secrets: SecretValues | None = field(default=None, compare=False)
     # The only user whose processes may open connections to slot addresses (the server's).
     server_uid: int = field(default_factory=os.geteuid)
 

@@ -23,9 +23,10 @@ For a name with header rules (E2B's `network.rules`, `header_rules`), step 3 goe
 proxy opens a TLS connection to the destination that must verify for that name, meanwhile
 answers the guest's handshake with a certificate of the node's egress CA, and once both are up
 relays the guest's HTTP/1.1 or HTTP/2 requests as HTTP/1.1 with the rules' headers set
-(`interception`, `interception_h2`). A rule applies only to names the policy allows, and only
-over TLS: a plain-HTTP connection to such a name is refused, since its destination is whatever
-address the guest dialled and nothing checks it is the named server.
+(`interception`, `interception_h2`), the secrets they name read as each request is sent. A
+rule applies only to names the policy allows, and only over TLS: a plain-HTTP connection to
+such a name is refused, since its destination is whatever address the guest dialled and
+nothing checks it is the named server.
 
 With a SOCKS5 proxy (E2B's `egressProxy`, `socks`), the slot table also redirects the new TCP
 connections the address lists let through (set `proxied`). Those are tunneled at once, without
@@ -56,6 +57,7 @@ from aenv.network import netns
 from aenv.network.dns import DnsForwarder
 from aenv.network.domains import DomainRules
 from aenv.network.egress_ca import EgressCA
+from aenv.network.header_rules import Headers, SecretValues, resolve
 from aenv.network.interception import GuestTls, PlainStream, Stream, exchange
 from aenv.network.interception_h2 import Bridge
 from aenv.network.policy import EgressPolicy
@@ -146,10 +148,12 @@ class EgressCounts:
 
 @dataclass(frozen=True)
 class Interception:
-    """What a proxy needs to apply header rules: the node's CA, and how servers are checked."""
+    """What a proxy needs to apply header rules: the node's CA, how servers are checked, and
+    where the secrets rules name are read (None: a rule naming one sends nothing)."""
 
     ca: EgressCA
     upstream: ssl.SSLContext
+    secrets: SecretValues | None = None
 
 
 class EgressProxy:
@@ -333,10 +337,15 @@ class EgressProxy:
                 return
             await handshake
             self._counts.intercepted += 1
+            secrets = interception.secrets
+
+            def now() -> Headers:
+                return resolve(headers, secrets)
+
             if guest.alpn == "h2":
-                await Bridge(guest, first, connect, headers).run()
+                await Bridge(guest, first, connect, now).run()
             else:
-                await exchange(guest, first, headers)
+                await exchange(guest, first, now)
         except (
             ssl.SSLError,
             h11.ProtocolError,

@@ -8,12 +8,19 @@ A header a rule sets replaces any of the same name the request has (E2B: "inject
 
 Names that frame or route a request (`Content-Length`, `Host`, ...) are refused: setting them
 would let a rule change what a request is, not what it says.
+
+A value may name secrets (E2B's `Secret.fill`: `${e2b.secrets.<name>}`); the egress proxy
+replaces each marker by the secret's value when it sends a request (`resolve`), read at that
+moment, so the guest and the sandbox's settings only ever hold the marker. A request whose
+rule names a secret that does not exist (or no longer does) is not sent.
 """
 
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 from aenv.network.domains import DomainRules, normalise
 
@@ -37,6 +44,28 @@ MAX_HEADERS = 64
 # What is shown of a rule's header value anywhere but the egress proxy: values are credentials.
 REDACTED = "REDACTED"
 MAX_VALUE = 8192
+# What `Secret.fill` makes of a name (the SDK refuses names with braces or control characters).
+SECRET_MARKER = re.compile(r"\$\{e2b\.secrets\.([^{}]*)\}")
+
+Headers = tuple[tuple[str, str], ...]
+# The headers a request gets, asked for as each request is sent (secrets are read then).
+HeadersNow = Callable[[], Headers]
+
+
+def shown(value: str) -> str:
+    """What is shown of a rule's header value anywhere but the egress proxy: a value that is
+    one secret marker as it is (it holds no credential, and tells which secret is sent), any
+    other `REDACTED` (it may be a credential, or hold one beside a marker)."""
+    return value if SECRET_MARKER.fullmatch(value) else REDACTED
+
+
+class SecretValues(Protocol):
+    def value(self, name: str) -> str | None:
+        """The current value of the secret named `name`, None when there is none."""
+
+
+class SecretUnavailable(ConnectionError):
+    """A rule names a secret that has no value to send (the request is not sent)."""
 
 
 def check_header(name: str, value: str) -> None:
@@ -81,6 +110,26 @@ class HeaderRules:
 
 
 NO_RULES = HeaderRules()
+
+
+def resolve(headers: Headers, secrets: SecretValues | None) -> Headers:
+    """`headers` with every secret marker replaced by the secret's value now. Raises
+    SecretUnavailable for a secret without one (or none of these: `secrets` is None), or
+    whose value cannot be a header's. The messages name the secret, never a value."""
+
+    def value(marker: re.Match[str]) -> str:
+        found = secrets.value(marker[1]) if secrets is not None else None
+        if found is None:
+            raise SecretUnavailable(f"secret {marker[1]!r} does not exist")
+        return found
+
+    out = []
+    for name, template in headers:
+        filled = SECRET_MARKER.sub(value, template)
+        if len(filled) > MAX_VALUE or not HEADER_VALUE.fullmatch(filled):
+            raise SecretUnavailable(f"the value of {name!r} with its secrets is not a header value")
+        out.append((name, filled))
+    return tuple(out)
 
 
 def apply(

@@ -23,7 +23,7 @@ from typing import Protocol
 
 import h11
 
-from aenv.network.header_rules import apply
+from aenv.network.header_rules import HeadersNow, apply
 
 _CHUNK = 256 * 1024
 # The largest request or response head h11 buffers (its own default is 16 KiB).
@@ -183,17 +183,18 @@ def _done(*conns: h11.Connection) -> bool:
     return all(c.our_state is h11.DONE and c.their_state is h11.DONE for c in conns)
 
 
-async def exchange(down: Stream, up: Stream, rule_headers: tuple[tuple[str, str], ...]) -> None:
+async def exchange(down: Stream, up: Stream, rule_headers: HeadersNow) -> None:
     """Relay HTTP/1.1 between the guest (`down`) and the server (`up`) until either ends,
-    every request sent with `rule_headers` set. Raises h11.ProtocolError for what is not
-    HTTP/1.1, and OSError or ConnectionError when a side goes away mid-message."""
+    every request sent with the headers `rule_headers()` gives then. Raises h11.ProtocolError
+    for what is not HTTP/1.1, and OSError or ConnectionError when a side goes away
+    mid-message or `rule_headers` has none to give (`SecretUnavailable`: nothing is sent)."""
     guest = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
     server = h11.Connection(h11.CLIENT, max_incomplete_event_size=_MAX_HEAD)
     while True:
         request = await _next_event(guest, down)
         if not isinstance(request, h11.Request):
             return
-        headers = apply(list(request.headers.raw_items()), rule_headers)
+        headers = apply(list(request.headers.raw_items()), rule_headers())
         await _send(
             server,
             up,

@@ -25,7 +25,7 @@ import h2.exceptions
 import h2.settings
 import h11
 
-from aenv.network.header_rules import FRAMING, apply
+from aenv.network.header_rules import FRAMING, HeadersNow, apply
 from aenv.network.interception import Stream
 
 Connect = Callable[[], Awaitable[Stream]]
@@ -63,7 +63,7 @@ class Bridge:
         down: Stream,
         up: Stream,
         connect: Connect,
-        rule_headers: tuple[tuple[str, str], ...],
+        rule_headers: HeadersNow,
     ) -> None:
         self._down = down
         self._connect = connect
@@ -172,7 +172,7 @@ class Bridge:
         request = h11.Request(
             method=pseudo.get(b":method", b"GET"),
             target=pseudo.get(b":path", b"/"),
-            headers=apply(fields, self._rules),
+            headers=apply(fields, self._rules()),
         )
         await upstream.send(request)
         upload = asyncio.ensure_future(self._upload(stream_id, queue, upstream))

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from ipaddress import IPv4Network
 from typing import Any
 
-from aenv.network.header_rules import NO_RULES, REDACTED, HeaderRule, HeaderRules
+from aenv.network.header_rules import NO_RULES, HeaderRule, HeaderRules, shown
 from aenv.network.policy import EgressPolicy
 from aenv.network.socks import SocksProxy
 
@@ -78,14 +78,14 @@ class SandboxNetwork:
 
     def redacted_json(self) -> dict[str, Any]:
         """`to_json` without its secrets, for what others read (events, webhooks): the egress
-        proxy's password and CA certificates left out, header rules' values `REDACTED`."""
+        proxy's password and CA certificates left out, header rules' values as `shown`."""
         data = self.to_json()
         if data["egress_proxy"] is not None:
             data["egress_proxy"] = {
                 k: v for k, v in data["egress_proxy"].items() if k not in ("password", "ca_cert")
             }
         for rule in data["rules"]:
-            rule["headers"] = [[name, REDACTED] for name, _ in rule["headers"]]
+            rule["headers"] = [[name, shown(value)] for name, value in rule["headers"]]
         return data
 
     @classmethod
