@@ -24,7 +24,7 @@ from collections.abc import Callable
 from typing import Any, Unpack
 
 import gymnasium
-from e2b import ApiParams, CommandExitException, CommandResult, Sandbox
+from e2b import ApiParams, CommandExitException, CommandResult, Sandbox, TimeoutException
 from gymnasium import spaces
 
 from aenv.sdk.calls import reset
@@ -34,6 +34,8 @@ Reward = Callable[[Sandbox, str, CommandResult], float]
 Done = Callable[[Sandbox, str, CommandResult], bool]
 Observation = dict[str, Any]
 
+# The exit code of a command that ran out of time, as `timeout(1)` exits.
+TIMED_OUT = 124
 # A space holds only the characters of its charset; output outside it is replaced by this one.
 REPLACEMENT = "?"
 
@@ -56,13 +58,13 @@ class SandboxEnv(gymnasium.Env[Observation, str]):
     restores that snapshot in place (the sandbox's id, URLs and token stay) and observes an
     empty output; every episode gets `timeout` seconds more of the sandbox's life.
 
-    `step(command)` runs `command` in a shell (at most `command_timeout` seconds; its timeout is
-    the SDK's `TimeoutException`). The observation is `{"stdout", "stderr", "exit_code"}`, each
-    output cut to its last `max_output` characters, and a character outside `charset` replaced
-    by `REPLACEMENT` (Gymnasium's Text spaces are of a finite charset). The reward is
-    `reward(sandbox, command, result)`; the episode terminates when `done(...)` says so, and is
-    truncated after `max_steps` steps. `sandbox` is the SDK's sandbox, for what a step cannot
-    do (files, a reward that inspects them).
+    `step(command)` runs `command` in a shell for at most `command_timeout` seconds (then it is
+    killed, and exits `TIMED_OUT` with the output it had printed). The observation is
+    `{"stdout", "stderr", "exit_code"}`, each output cut to its last `max_output` characters,
+    and a character outside `charset` replaced by `REPLACEMENT` (Gymnasium's Text spaces are of
+    a finite charset). The reward is `reward(sandbox, command, result)`; the episode terminates
+    when `done(...)` says so, and is truncated after `max_steps` steps. `sandbox` is the SDK's
+    sandbox, for what a step cannot do (files, a reward that inspects them).
 
     `opts` are the SDK's connection options (`api_key`, `api_url`, ...), as for
     `Sandbox.create`."""
@@ -128,10 +130,7 @@ class SandboxEnv(gymnasium.Env[Observation, str]):
         """Run `action` in a shell: its output, reward, terminated, truncated, the step count."""
         if not isinstance(action, str):
             raise TypeError(f"an action is a shell command (str), not {type(action).__name__}")
-        try:
-            result = self.sandbox.commands.run(action, timeout=self.command_timeout)
-        except CommandExitException as exited:
-            result = CommandResult(exited.stderr, exited.stdout, exited.exit_code, exited.error)
+        result = self._run(action)
         self.steps += 1
         observation = {
             "stdout": self._observed(result.stdout),
@@ -142,6 +141,21 @@ class SandboxEnv(gymnasium.Env[Observation, str]):
         truncated = not terminated and self.steps >= self.max_steps
         reward = float(self.reward(self.sandbox, action, result))
         return observation, reward, terminated, truncated, {"steps": self.steps}
+
+    def _run(self, command: str) -> CommandResult:
+        """The command's result; a non-zero exit is one, and so is running out of time."""
+        handle = self.sandbox.commands.run(command, background=True, timeout=self.command_timeout)
+        stdout: list[str] = []
+        stderr: list[str] = []
+        try:
+            return handle.wait(on_stdout=stdout.append, on_stderr=stderr.append)
+        except CommandExitException as exited:
+            return CommandResult(exited.stderr, exited.stdout, exited.exit_code, exited.error)
+        except TimeoutException:
+            # The stream ended, the command did not: it would run on into the next step.
+            handle.kill()
+            error = f"timed out after {self.command_timeout} s"
+            return CommandResult("".join(stderr), "".join(stdout), TIMED_OUT, error)
 
     def _observed(self, output: str) -> str:
         tail = output[-self.max_output :] if self.max_output else ""

@@ -1,12 +1,13 @@
 """`aenv.sdk.gym.SandboxEnv` on a real VM, with the unmodified SDK: Gymnasium's own `check_env`
-passes, a step observes its command, and an episode's files are gone after `reset`."""
+passes, a step observes its command (one out of time killed), and an episode's files are gone
+after `reset`."""
 
 from __future__ import annotations
 
 from e2b import CommandResult, Sandbox
 from gymnasium.utils.env_checker import check_env
 
-from aenv.sdk.gym import SandboxEnv
+from aenv.sdk.gym import TIMED_OUT, SandboxEnv
 from tests.e2e.inner.conftest import LIFETIME
 
 
@@ -59,6 +60,13 @@ def test_check_env_passes_and_reset_forgets_the_episode() -> None:
         assert env.sandbox.files.read("/home/user/prepared") == "yes"
         truncated = [env.step("true")[3] for _ in range(3)]
         assert truncated == [False, False, True]
+
+        # A command out of time is killed; its output so far is observed, with exit code 124.
+        env.command_timeout = 5
+        env.reset()
+        slow, *_ = env.step("echo started; exec sleep 10000")
+        assert slow == {"stdout": "started\n", "stderr": "", "exit_code": TIMED_OUT}
+        assert env.step("! pgrep -f 'sleep 1000[0]'")[0]["exit_code"] == 0
     finally:
         env.close()
     env.close()  # again: nothing
