@@ -32,7 +32,7 @@ from aenv.api.app import JSON_ERRORS, APIKeyGate
 from aenv.api.builds import BuildRoutes
 from aenv.api.errors import APIError, not_found
 from aenv.api.events import EventRoutes
-from aenv.api.extensions import BATCH_FORK, BULK_SANDBOXES, BULK_SNAPSHOTS
+from aenv.api.extensions import BATCH_FORK, BULK_SANDBOXES, BULK_SNAPSHOTS, WAIT_HEADER
 from aenv.api.internal_models import Refusal
 from aenv.api.keys import KeyStore, LocalKeys
 from aenv.api.limits import RateLimiter
@@ -114,6 +114,7 @@ class NodeDouble:
     unreleasable: set[str] = field(default_factory=set)  # sandboxes whose release is refused
     snapshots: dict[str, Template] = field(default_factory=dict)
     create_bodies: list[dict[str, Any]] = field(default_factory=list)
+    create_waits: list[str | None] = field(default_factory=list)  # their X-Aenv-Wait headers
     fork_room: int = 100  # children a fork may start here; the others are refused (429)
     # While set and not open, creates wait for it (taken, not answered: a VM booting).
     create_gate: threading.Event | None = None
@@ -208,6 +209,7 @@ class NodeDouble:
         sandbox_id = f"{self.name}sb{len(self.creates_seen)}"
         body = await request.json()
         self.create_bodies.append(body)
+        self.create_waits.append(request.headers.get(WAIT_HEADER))
         ref = str(body.get("templateID", "base"))
         if not self.knows(ref):
             raise not_found(f"template '{ref}'")

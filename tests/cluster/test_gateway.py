@@ -25,6 +25,7 @@ import pytest
 import redis.asyncio as aioredis
 from e2b import AsyncSandbox, SandboxNotFoundException
 
+from aenv.api.extensions import WAIT_HEADER
 from aenv.api.internal_models import INTERNAL_VERSIONS, REPLAY, Refusal
 from aenv.api.keys import KeyStore
 from aenv.api.limits import RateLimiter
@@ -59,6 +60,8 @@ from tests.proxy.support import serve
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer
 from tests.support.wait import eventually
+
+NEW = {"templateID": "base"}
 
 
 @dataclass
@@ -207,6 +210,28 @@ async def test_a_nodes_refusal_is_read_from_its_kind_in_version_1(
         assert answer.status_code == 503
         assert answer.json() == {"code": 503, "message": "a refuses"}
         assert setup.nodes["b"].creates_seen == []
+
+
+@pytest.mark.parametrize("versions", [(REPLAY,), INTERNAL_VERSIONS], ids=["v0", "v1"])
+async def test_a_create_that_may_wait_waits_on_a_node_once_all_are_full(setup: Setup) -> None:
+    """Every node's room now first, without the wait; then the nodes again with what is left
+    of it, the first one placed waiting in its queue."""
+    a, b = setup.nodes["a"], setup.nodes["b"]
+    a.create_answers = [429, 201]
+    b.create_answers = [429]
+    with setup.client() as http:
+        answer = http.post("/sandboxes", json=NEW, headers={WAIT_HEADER: "60"})
+    assert answer.status_code == 201, answer.text
+    assert answer.json()["node"] == "a"
+    assert a.create_waits[0] is None and b.create_waits == [None]
+    assert 0 < float(str(a.create_waits[1])) <= 60
+    # Its wait ran out there (429): the others get what is left of it, and the answer is 429.
+    a.create_answers, b.create_answers = [429, 429], [429, 429]
+    with setup.client() as http:
+        refused = http.post("/sandboxes", json=NEW, headers={WAIT_HEADER: "60"})
+    assert refused.status_code == 429
+    assert a.create_waits[2] is None and 0 < float(str(a.create_waits[3])) <= 60
+    assert b.create_waits[1] is None and float(str(b.create_waits[2])) <= 60
 
 
 @pytest.mark.parametrize("versions", [(7,)])

@@ -5,6 +5,7 @@ call is a 400 naming its field, and the cluster token still guards it."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
@@ -22,6 +23,8 @@ from aenv.cluster.internal import CALLER_HEADER, TOKEN_HEADER, InternalGate
 from aenv.orchestrator.states import SandboxState
 from tests.cluster.shared import SECRET
 from tests.doubles.node import DoubleNode, double_node
+from tests.support import loopback_api
+from tests.support.wait import eventually
 
 API_KEY = "e2b_" + "7" * 40
 
@@ -352,3 +355,39 @@ async def test_version_1_needs_the_cluster_token(node: Node) -> None:
 
 def _json(answer: NodeAnswer) -> Any:
     return json.loads(answer.body)
+
+
+async def test_a_create_waits_through_version_1_and_leaves_when_the_gateway_goes(
+    tmp_path: Path,
+) -> None:
+    """The client's wait reaches the node's queue in version 1, and a gateway that drops its
+    call (its client went away) takes the waiter out: on loopback, as a gateway calls."""
+    async with double_node(tmp_path, max_sandboxes=1, create_max_wait=3600) as doubles:
+        keys = KeyStore(tmp_path / "api-keys.json")
+        api = create_api(doubles.orchestrator, doubles.config, keys)
+        orc = doubles.orchestrator
+        async with (
+            loopback_api.served(InternalGate(api, SECRET, lambda: False)) as url,
+            httpx.AsyncClient(base_url=url) as http,
+        ):
+            running, _ = await orc.create(doubles.request())
+            call = {"api": "v2", "body": '{"templateID": "base"}', "wait": "3600"}
+            headers = {TOKEN_HEADER: SECRET.bearer, CALLER_HEADER: "key-1"}
+
+            def waiting() -> asyncio.Task[httpx.Response]:
+                sent = http.post("/internal/v1/sandboxes", json=call, headers=headers)
+                return asyncio.create_task(sent)
+
+            dropped = waiting()
+            await eventually(lambda: len(orc.waiting) == 1, "the create waiting")
+            dropped.cancel()
+            await eventually(lambda: len(orc.waiting) == 0, "the waiter gone")
+            assert orc.waiting.stats.left == 1
+            served = waiting()
+            await eventually(lambda: len(orc.waiting) == 1, "the next create waiting")
+            await orc.kill(running.id)
+            answer = NodeAnswer.model_validate_json((await served).content)
+            assert answer.status == 201, answer
+            assert doubles.row(_json(answer)["sandboxID"]).owner == "key-1"
+            for record in orc.list():
+                await orc.kill(record.id)

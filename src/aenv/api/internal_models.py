@@ -163,6 +163,8 @@ class CreateSandbox(_Call):
     # The client's E2B body, verbatim: the node validates it as its public route does.
     body: str
     idempotency_key: str | None = None
+    # The client's `X-Aenv-Wait` header, verbatim: the node reads it as its public route does.
+    wait: str | None = None
 
 
 class CreateVolume(E2BCall):

@@ -26,10 +26,11 @@ from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import Response
 from starlette.routing import Route
-from starlette.types import ASGIApp, Message, Scope
+from starlette.types import ASGIApp, Message, Receive, Scope
 
 from aenv.api.app import JSON_ERRORS
 from aenv.api.errors import APIError
+from aenv.api.extensions import WAIT_HEADER
 from aenv.api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from aenv.api.internal import CALLER_STATE, REFUSAL_STATE
 from aenv.api.internal_models import (
@@ -88,6 +89,8 @@ class _Calls:
         headers = []
         if call.idempotency_key is not None:
             headers.append((IDEMPOTENCY_HEADER.lower().encode(), call.idempotency_key.encode()))
+        if call.wait is not None:
+            headers.append((WAIT_HEADER.lower().encode(), call.wait.encode()))
         return await self._run(request, "POST", CREATE_ROUTES[call.api], call.body, headers)
 
     async def metrics(self, request: Request) -> Response:
@@ -133,7 +136,9 @@ class _Calls:
         query: str = "",
     ) -> Response:
         outer = request.scope
-        inner = _run_inner(self.app, outer, method, path, query, body, headers or [])
+        inner = _run_inner(
+            self.app, outer, request.receive, method, path, query, body, headers or []
+        )
         return _answer(await inner)
 
 
@@ -152,6 +157,7 @@ _DRAINING = NodeAnswer(
 async def _run_inner(
     app: ASGIApp,
     outer: Scope,
+    outer_receive: Receive,
     method: str,
     path: str,
     query: str,
@@ -159,7 +165,8 @@ async def _run_inner(
     headers: list[tuple[bytes, bytes]],
 ) -> NodeAnswer:
     """`method path?query` with `body` on the node's app, in this process, for the caller the
-    outer request names; the E2B answer with the refusal its route recorded."""
+    outer request names (its body read: `outer_receive` tells only its disconnect); the E2B
+    answer with the refusal its route recorded."""
     raw = body.encode()
     state: dict[str, Any] = {CALLER_STATE: outer.get("state", {}).get(CALLER_STATE)}
     scope: Scope = {
@@ -182,10 +189,21 @@ async def _run_inner(
     answered = asyncio.Event()
     pending = [{"type": "http.request", "body": raw, "more_body": False}]
 
+    async def outer_gone() -> None:
+        while (await outer_receive())["type"] != "http.disconnect":
+            pass
+
     async def receive() -> Message:
         if pending:
             return pending.pop()
-        await answered.wait()  # a route listening for the client's disconnect hears it now
+        # A route listening for the client's disconnect hears it once answered, or when the
+        # gateway goes away first (a create waiting for capacity then leaves the queue).
+        waits = [asyncio.ensure_future(answered.wait()), asyncio.ensure_future(outer_gone())]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for waiting in waits:
+                waiting.cancel()
         return {"type": "http.disconnect"}
 
     async def send(message: Message) -> None:

@@ -1,7 +1,8 @@
 """Waiting for capacity at the HTTP edge: the `X-Aenv-Wait` header a create or fork asks to
 wait by (an unmodified E2B SDK sends it through its `headers` option), the watch that takes a
-waiter out of the queue when its client disconnects, and `GET /aenv/queue`, where the caller's
-waiters stand (`orchestrator/waiting.py` owns the queue).
+waiter out of the queue when its client disconnects (on a node, and on a gateway, which drops
+its call to the node), and `GET /aenv/queue`, where the caller's waiters stand
+(`orchestrator/waiting.py` owns the queue).
 """
 
 from __future__ import annotations
@@ -9,8 +10,9 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import math
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -21,6 +23,8 @@ from aenv.api.extensions import QUEUE, WAIT_HEADER
 from aenv.api.requests import check_query
 from aenv.config import Config
 from aenv.orchestrator.lifecycle import Orchestrator
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -67,6 +71,25 @@ async def client_gone(request: Request, wait: float) -> AsyncIterator[asyncio.Ev
         yield gone
     finally:
         watcher.cancel()
+
+
+async def until_gone(work: Coroutine[Any, Any, T], gone: asyncio.Event | None) -> T:
+    """`work`, cancelled when `gone` is set first (a gateway's call to a node: dropping it
+    has the node's waiter leave its queue); the answer to a client gone is a 499."""
+    if gone is None:
+        return await work
+    task = asyncio.ensure_future(work)
+    left = asyncio.ensure_future(gone.wait())
+    try:
+        await asyncio.wait([task, left], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        left.cancel()
+    if not task.done():
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+        raise APIError(499, "the client went away while waiting for capacity")
+    return task.result()
 
 
 class QueueRoutes:

@@ -35,7 +35,8 @@ import json
 import logging
 import math
 import re
-from collections.abc import Collection
+import time
+from collections.abc import Collection, Iterable
 from typing import Any
 from urllib.parse import urlencode
 
@@ -44,10 +45,11 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.errors import APIError, not_found
-from aenv.api.extensions import BATCH_FORK, BULK_SANDBOXES
+from aenv.api.extensions import BATCH_FORK, BULK_SANDBOXES, WAIT_HEADER
 from aenv.api.handoff import ADOPT_TEMPLATE
 from aenv.api.internal import CURSORS_HEADER
 from aenv.api.internal_models import Refusal
+from aenv.api.queue import client_gone, until_gone, wait_of
 from aenv.api.sandboxes import batch_metrics_ids
 from aenv.cluster.directory import Directory
 from aenv.cluster.internal import CLUSTER_CALLER
@@ -75,6 +77,7 @@ _SANDBOX_METHODS = ["GET", "POST", "PUT", "PATCH", "DELETE"]
 
 # A create's refusals another node may not have.
 _ELSEWHERE = frozenset({Refusal.FULL, Refusal.DRAINING, Refusal.FAILED})
+_WAIT = WAIT_HEADER.lower().encode()
 
 log = logging.getLogger("aenv.gateway")
 
@@ -139,26 +142,46 @@ class ControlPlane:
             token = await quota.reserve(key_id, self.key_max_sandboxes)
         except KeyLimitReached as error:
             raise APIError(429, str(error)) from error
+        wait = wait_of(request)
         try:
-            answer = await self.volumes.create_sandbox(request, path, body)
-            return _respond(answer or await self.place(request, path, body))
+            async with client_gone(request, wait) as gone:
+                placing = self._create(request, path, body, wait)
+                return _respond(await until_gone(placing, gone))
         finally:
             try:
                 await quota.release(key_id, token)
             except ClusterUnavailable as error:
                 log.warning("reservation %s of key %s lapses on its own: %s", token, key_id, error)
 
-    async def place(self, request: Request, path: str, body: bytes) -> Answer:
+    async def _create(self, request: Request, path: str, body: bytes, wait: float) -> Answer:
+        answer = await self.volumes.create_sandbox(request, path, body)
+        return answer or await self.place(request, path, body, wait)
+
+    async def place(self, request: Request, path: str, body: bytes, wait: float = 0.0) -> Answer:
         """A create (`POST path` with `body`) on the first node that takes it, for the client
-        of `request`. Raises `APIError` 429 naming every node's refusal."""
+        of `request`. Raises `APIError` 429 naming every node's refusal.
+
+        A client that asks to wait `wait` seconds for capacity is first offered every node's
+        room now; when none has any, the nodes are asked again with what is left of the wait,
+        in placement order, so the first waits in its queue (fair across keys, woken as room
+        frees there) and the others, after it, get an immediate try. The gateway has no
+        signal of room freeing across nodes short of polling their heartbeats."""
         ref = _template_of(body)
         saved = await self.directory.saved.find(ref) if ref else None
         holders = await self.directory.file_holders(saved.template_id if saved else ref)
         # A node without the files of a template others hold does not know it yet (a
         # snapshot not in the repository yet): its 404 is a refusal, not the answer.
-        _, answer = await self.first_taker(
-            request, path, body, "the sandbox", saved, holders, unheld_refuses=True
-        )
+        try:
+            _, answer = await self.first_taker(
+                request, path, body, "the sandbox", saved, holders, unheld_refuses=True
+            )
+        except APIError as refused:
+            if refused.status != 429 or wait <= 0:
+                raise
+            deadline = time.monotonic() + wait
+            _, answer = await self.first_taker(
+                request, path, body, "the sandbox", saved, holders, True, deadline
+            )
         return answer
 
     async def first_taker(
@@ -170,12 +193,14 @@ class ControlPlane:
         saved: SavedRecord | None = None,
         holders: Collection[str] = (),
         unheld_refuses: bool = False,
+        wait_until: float | None = None,
     ) -> tuple[NodeReport, Answer]:
         """`POST path` with `body` on the first placeable node that takes it (`holders` first;
         one lacking `saved` adopts it first), for the client of `request`: the node and its
         answer. A node full, draining or failing (and with `unheld_refuses` a non-holder
         without the template) refuses; `APIError` 429 names every node's refusal, and `what`
-        the thing placed.
+        the thing placed. A node may wait for capacity until `wait_until` (`time.monotonic`),
+        none without it (the client's `X-Aenv-Wait` is not passed on as it came).
 
         With `unheld_refuses` and no holder known, a node without the template refuses too:
         it may have been built on another node a moment ago, which publishes it only at its
@@ -190,7 +215,7 @@ class ControlPlane:
                     if refused is not None:
                         refusals.append(refused)
                         continue
-                answer = await self._counted(request, node, path, body)
+                answer = await self._counted(request, node, path, body, wait_until)
             except NodeUnreachable as error:
                 refusals.append(str(error))
                 continue
@@ -207,12 +232,24 @@ class ControlPlane:
         why = "; ".join(refusals) or "no live node in the cluster"
         raise APIError(429, f"no node can take {what}: {why}")
 
-    async def _counted(self, request: Request, node: NodeReport, path: str, body: bytes) -> Answer:
-        """`POST path` on the node, counted as a create under way there while it lasts."""
+    async def _counted(
+        self,
+        request: Request,
+        node: NodeReport,
+        path: str,
+        body: bytes,
+        wait_until: float | None,
+    ) -> Answer:
+        """`POST path` on the node, counted as a create under way there while it lasts, which
+        may wait for capacity there until `wait_until`."""
+        headers = [(n, v) for n, v in request.scope["headers"] if n.lower() != _WAIT]
+        if wait_until is not None:
+            left = max(0.0, wait_until - time.monotonic())
+            headers.append((_WAIT, f"{left:.3f}".encode()))
         creating = self.directory.creating
         token = await creating.begin(node.node_id)
         try:
-            return await self.call_on(request, node, "POST", path, body)
+            return await self.call_on(request, node, "POST", path, body, headers)
         finally:
             try:
                 await creating.end(node.node_id, token)
@@ -358,16 +395,23 @@ class ControlPlane:
         return await self.call_on(request, node, request.method, target, body)
 
     async def call_on(
-        self, request: Request, node: NodeReport, method: str, target: str, body: bytes
+        self,
+        request: Request,
+        node: NodeReport,
+        method: str,
+        target: str,
+        body: bytes,
+        headers: Iterable[tuple[bytes, bytes]] | None = None,
     ) -> Answer:
-        """`method target` on the node, for the client's request (its key, its headers)."""
+        """`method target` on the node, for the client's request (its key, its headers unless
+        `headers` are given)."""
         try:
             return await self.nodes.call(
                 node,
                 method,
                 target,
                 caller=request.state.api_key.id,
-                headers=request.scope["headers"],
+                headers=request.scope["headers"] if headers is None else headers,
                 body=body,
             )
         except NodeFailed as error:

@@ -25,6 +25,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 
+from aenv.api.extensions import WAIT_HEADER
 from aenv.api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from aenv.api.internal_models import (
     ADOPT_ROUTES,
@@ -58,6 +59,7 @@ _DROPPED = frozenset(
 # What a node's answer carries that the gateway's server sets again.
 _RESPONSE_DROPPED = frozenset({"content-length", "content-encoding", "date", "server"})
 _IDEMPOTENCY = IDEMPOTENCY_HEADER.lower().encode()
+_WAIT = WAIT_HEADER.lower().encode()
 # A version 1 call's own refusals (no such route, a malformed call), made before it ran.
 _NOT_IN_ITS_V1 = frozenset({400, 404})
 
@@ -268,8 +270,13 @@ def _create(
     for api, create in CREATE_ROUTES.items():
         if path == create:
             key = next((v for n, v in headers if n.lower() == _IDEMPOTENCY), None)
-            idempotency_key = None if key is None else key.decode("latin-1")
-            return "/sandboxes", CreateSandbox(api=api, body=text, idempotency_key=idempotency_key)
+            wait = next((v for n, v in headers if n.lower() == _WAIT), None)
+            return "/sandboxes", CreateSandbox(
+                api=api,
+                body=text,
+                idempotency_key=None if key is None else key.decode("latin-1"),
+                wait=None if wait is None else wait.decode("latin-1"),
+            )
     for kind, adopt in ADOPT_ROUTES.items():
         if path == adopt:
             return f"/adopt/{kind.value}", Adopt(record=text)
