@@ -2,13 +2,14 @@
 the guest reach the simulated internet's HTTPS server (tests/e2e/internet.py, `/headers` echoes
 what it got), a ruled name with the rule's header, another name without it; the info shows the
 value `REDACTED`; an update gives a running sandbox its first rules, kept across pause and
-resume."""
+resume; a rule naming a secret (`Secret.fill`) sends the secret's current value, which the guest
+never holds."""
 
 from __future__ import annotations
 
 import json
 
-from e2b import Sandbox
+from e2b import Sandbox, Secret
 from e2b.sandbox.sandbox_api import SandboxNetworkOpts, SandboxNetworkRule
 
 SECRET = "s3cret-e2e"
@@ -69,3 +70,34 @@ def test_an_update_gives_a_running_sandbox_rules() -> None:
         assert got["x-api-key"] == SECRET
     finally:
         sandbox.kill()
+
+
+def test_a_rule_sends_a_secret_the_guest_never_holds() -> None:
+    name = "e2e-api-key"
+    Secret.create(name, "v1-" + SECRET)
+    network: SandboxNetworkOpts = {
+        "allow_out": ["allowed.test", "other.test"],
+        "deny_out": ["0.0.0.0/0"],
+        "rules": {"allowed.test": [{"transform": {"headers": {"X-Api-Key": Secret.fill(name)}}}]},
+    }
+    sandbox = Sandbox.create(timeout=180, network=network)
+    try:
+        curl = "curl -sS -m 20 https://allowed.test/headers"
+        assert _headers(sandbox, curl)["x-api-key"] == "v1-" + SECRET
+        Secret.update(name, "v2-" + SECRET)
+        assert _headers(sandbox, curl)["x-api-key"] == "v2-" + SECRET
+        # Nowhere in the guest: its environment, its files, its processes.
+        search = sandbox.commands.run(
+            f"grep -rs -l {SECRET} /etc /root /tmp /proc/[0-9]*/environ;"
+            f" env | grep -c {SECRET} || true",
+            timeout=60,
+        )
+        assert search.stdout.strip() == "0", search.stdout
+        info = sandbox.get_info().network
+        assert info is not None
+        assert info["rules"] == {
+            "allowed.test": [{"transform": {"headers": {"X-Api-Key": Secret.fill(name)}}}]
+        }
+    finally:
+        sandbox.kill()
+        Secret.destroy(name)
