@@ -23,6 +23,7 @@ from __future__ import annotations
 import base64
 import hashlib
 import json
+import posixpath
 from collections.abc import AsyncIterator, Iterator
 from dataclasses import asdict, dataclass, field
 from typing import Any
@@ -254,8 +255,10 @@ def envd_app(guest: Guest) -> ASGIApp:
         content = small.decode(errors="replace")
         if size > SMALL_FILE:
             content = f"<{size} bytes, sha256 {digest.hexdigest()}>"
-        guest.write(request.query_params["path"], content)
-        return JSONResponse([{"path": request.query_params["path"]}])
+        path = request.query_params["path"]
+        guest.write(path, content)
+        # envd's entry for it, as the SDK's files.write reads it.
+        return JSONResponse([{"name": posixpath.basename(path), "type": "file", "path": path}])
 
     async def copy(request: Request) -> Response:
         if not authorized(request):
