@@ -150,3 +150,25 @@ async def test_a_waiter_whose_client_is_gone_leaves_the_queue(tmp_path: Path) ->
         await eventually(lambda: not orc.list(), "the running one gone")
         assert orc.node.waiting.stats.admitted == 0  # nothing started for the one gone
         await _kill_all(node)
+
+
+async def test_a_burst_past_capacity_completes_with_none_failing(tmp_path: Path) -> None:
+    """40 creates from two keys on a node with room for 4, each killed once it runs: every
+    create waits its turn and none is refused, and the queue is empty after."""
+    async with double_node(tmp_path, max_sandboxes=4, create_max_wait=LONG) as node:
+        orc = node.orchestrator
+        burst = [
+            asyncio.create_task(orc.create(node.request(owner=f"key{i % 2}", wait=LONG)))
+            for i in range(40)
+        ]
+        killed: set[str] = set()
+        while not all(task.done() for task in burst):
+            for record in orc.list():
+                if record.id not in killed:
+                    killed.add(record.id)
+                    await orc.kill(record.id)
+            await asyncio.sleep(0.01)
+        results = [task.result()[0] for task in burst]  # raises any create's refusal
+        assert len({r.id for r in results}) == 40
+        assert orc.waiting.stats.expired == 0
+        await _kill_all(node)
