@@ -19,11 +19,13 @@ NAME = "code-interpreter-v1"
 _BUILT_WITHIN_S = 600.0
 
 
-def _names() -> set[str]:
+def _ready_names() -> set[str]:
+    """Names of the listed templates whose newest build is ready (a template whose first build
+    is waiting or running is listed too, as in E2B)."""
     headers = {"X-API-Key": os.environ["E2B_API_KEY"]}
     response = httpx.get(f"{BASE}/v2/templates", headers=headers, timeout=30)
     response.raise_for_status()
-    return {str(n) for t in response.json() for n in t["names"]}
+    return {str(n) for t in response.json() if t["buildStatus"] == "ready" for n in t["names"]}
 
 
 def test_sandbox_create_waits_for_the_published_template() -> None:
@@ -33,7 +35,7 @@ def test_sandbox_create_waits_for_the_published_template() -> None:
     assert refused.value.status_code == 404
     assert NAME in str(refused.value) and "retry when it is ready" in str(refused.value)
     deadline = time.monotonic() + _BUILT_WITHIN_S
-    while NAME not in _names():
+    while NAME not in _ready_names():
         assert time.monotonic() < deadline, f"{NAME} was not published"
         time.sleep(1)
     sandbox = Sandbox.create(timeout=60)
