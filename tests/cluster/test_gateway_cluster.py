@@ -36,7 +36,7 @@ import pytest
 import redis.asyncio as aioredis
 
 from aenv.cluster.builds import BuildPlaces
-from aenv.cluster.drain import Drains
+from aenv.cluster.drain import DrainMemory, Drains
 from aenv.cluster.parked import Parked
 from aenv.cluster.registry import NodeRegistry
 from aenv.cluster.routing import Routes
@@ -315,6 +315,14 @@ async def templates_travel(c: Cluster, scratch: Path, client: aioredis.Redis) ->
         made = sdk(c, "from-template", "cluster-built", script=BUILDS)
     finally:
         await drains.undrain(builder)
+
+        # The node reads its drain at its heartbeat and refuses creates until then (a create
+        # that must go there, as volumes_stay's do, would get its 503).
+        async def undrained() -> bool:
+            memory = DrainMemory(Paths(c.nodes[builder].home).cluster_drain)
+            return not memory.state.draining
+
+        await until(undrained, "the node never saw its undrain")
     assert made["files"] == "built by a cluster node\ncopied through the gateway\n"
     assert await Routes(client).lookup(made["id"]) not in (None, builder)
     assert sdk(c, "kill", made["id"])["killed"] == [True]
