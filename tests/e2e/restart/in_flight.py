@@ -93,6 +93,14 @@ def _prepare(sandbox_id: str, work: str) -> None:
         sandbox.files.write(PROCESS_PID, str(pid))
 
 
+def _dirty(sandbox_id: str) -> None:
+    """Pages changed since the resume, which the repause or resnapshot streams: enough that
+    its state file is written for longer than the outer side's look (an idle sandbox's few
+    changed MiB streamed between two looks on a quiet host, and the kill never came)."""
+    sandbox = Sandbox.connect(sandbox_id)
+    sandbox.commands.run(f"head -c {FILL_MIB}M /dev/urandom > /dev/shm/dirty", timeout=300)
+
+
 def _outlive_the_server(seconds: float = 120) -> None:
     """Wait until the server is killed: a merge starts after the pause has answered."""
     deadline = time.monotonic() + seconds
@@ -136,6 +144,8 @@ def _client(work: str) -> None:
             for step, body in (("pause", None), ("resume", {"timeout": 600})):
                 url = f"{BASE}/sandboxes/{ids[-1]}/{step}"
                 httpx.post(url, json=body, headers=_key(), timeout=300).raise_for_status()
+        if work in _RESUMED_FIRST:
+            _dirty(ids[-1])
     _record_in_flight(work, ids)
     method, path = _REQUESTS[work]
     _concurrently([(method, path.format(id=sandbox_id), None) for sandbox_id in ids])
