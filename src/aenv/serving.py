@@ -110,6 +110,17 @@ class GuardedHttpProtocol(HttpToolsProtocol):
         line = len(self.parser.get_method()) + len(self.url) + len(" HTTP/1.1\r\n") + 1
         return line + sum(len(name) + len(value) + 4 for name, value in self.headers) + 2
 
+    def send_400_response(self, msg: str) -> None:
+        """uvicorn's answer to a request it cannot parse (a malformed header, say), as every
+        other error of ours: JSON with a code and a message, not uvicorn's plain text."""
+        body = json.dumps({"code": 400, "message": msg}).encode()
+        self.transport.write(
+            b"HTTP/1.1 400 Bad Request\r\n"
+            b"content-type: application/json\r\n"
+            b"content-length: %d\r\nconnection: close\r\n\r\n%s" % (len(body), body)
+        )
+        self.transport.close()
+
     def _refuse_head(self) -> None:
         self._head_arrived()
         if self._refused:

@@ -154,6 +154,21 @@ def test_an_oversized_request_head_is_refused(
     assert body == {"code": 431, "message": "request head larger than 65536 bytes"}
 
 
+def test_a_request_that_does_not_parse_gets_a_json_400(node: tuple[str, int]) -> None:
+    """Schemathesis found uvicorn's plain-text answer to a malformed content-length."""
+    with socket.create_connection(node) as sock:
+        sock.settimeout(WAIT)
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\ncontent-length: b<9k\r\n\r\n")
+        answer = b""
+        with contextlib.suppress(ConnectionResetError):
+            while chunk := sock.recv(4096):
+                answer += chunk
+    assert answer.startswith(b"HTTP/1.1 400 ")
+    head, body = answer.split(b"\r\n\r\n", 1)
+    assert b"content-type: application/json" in head
+    assert json.loads(body) == {"code": 400, "message": "Invalid HTTP request received."}
+
+
 def test_a_head_at_the_limit_is_served(node: tuple[str, int]) -> None:
     with socket.create_connection(node) as sock:
         sock.settimeout(WAIT)
