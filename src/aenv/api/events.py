@@ -11,8 +11,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from aenv.api.errors import APIError
-from aenv.api.requests import check_query, query_flag, query_int
+from aenv.api.requests import check_query, query_enums, query_flag, query_int
 from aenv.ids import TEAM_ID
 from aenv.orchestrator.events import EventLog, EventQuery, EventType
 
@@ -28,17 +27,9 @@ def event_query(request: Request, sandbox_id: str | None) -> EventQuery:
         limit=query_int(request, "limit", 10, 1, MAX_LIMIT),
         offset=query_int(request, "offset", 0, 0, 2**62),
         ascending=query_flag(request, "orderAsc"),
-        types=_types(request),
+        types=query_enums(request, "types", EventType, "types"),
         sandbox_id=sandbox_id,
     )
-
-
-def _types(request: Request) -> tuple[EventType, ...]:
-    try:
-        return tuple(EventType(t) for t in request.query_params.getlist("types"))
-    except ValueError as e:
-        known = ", ".join(t.value for t in EventType)
-        raise APIError(400, f"query parameter 'types': {e}; the types are {known}") from e
 
 
 class EventRoutes:

@@ -5,6 +5,7 @@ query parameter the route does not implement answers 400 naming it."""
 from __future__ import annotations
 
 from collections.abc import Collection
+from enum import StrEnum
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -14,6 +15,7 @@ from starlette.requests import Request
 from aenv.api.errors import APIError
 
 M = TypeVar("M", bound=BaseModel)
+E = TypeVar("E", bound=StrEnum)
 # Far above any valid body (metadata and env vars are bounded in models.py).
 MAX_BODY = 1024 * 1024
 
@@ -81,3 +83,13 @@ def query_flag(request: Request, name: str, default: bool = False) -> bool:
     if raw.lower() not in ("true", "false"):
         raise APIError(400, f"query parameter '{name}' must be true or false")
     return raw.lower() == "true"
+
+
+def query_enums(request: Request, name: str, kind: type[E], plural: str) -> tuple[E, ...]:
+    """Repeated query parameter `name`, each a value of `kind`; 400 naming the known `plural`
+    otherwise."""
+    try:
+        return tuple(kind(v) for v in request.query_params.getlist(name))
+    except ValueError as e:
+        known = ", ".join(k.value for k in kind)
+        raise APIError(400, f"query parameter '{name}': {e}; the {plural} are {known}") from e

@@ -16,7 +16,7 @@ from starlette.routing import Route
 
 from aenv.api.errors import APIError, not_found
 from aenv.api.models import NewWebhook, WebhookChanges
-from aenv.api.requests import check_query, parse_body, query_int
+from aenv.api.requests import check_query, parse_body, query_enums, query_int
 from aenv.ids import TEAM_ID
 from aenv.orchestrator.events import timestamp
 from aenv.orchestrator.webhook_delivery import WebhookDispatcher, check_url
@@ -63,11 +63,7 @@ def changes_of(body: WebhookChanges) -> dict[str, Any]:
 
 
 def delivery_states(request: Request) -> tuple[DeliveryState, ...]:
-    try:
-        return tuple(DeliveryState(s) for s in request.query_params.getlist("state"))
-    except ValueError as e:
-        known = ", ".join(s.value for s in DeliveryState)
-        raise APIError(400, f"query parameter 'state': {e}; the states are {known}") from e
+    return query_enums(request, "state", DeliveryState, "states")
 
 
 class WebhookRoutes:
