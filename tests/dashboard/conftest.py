@@ -4,12 +4,14 @@ node's own, and a second one a test may revoke."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+from starlette.types import ASGIApp
 
 from aenv.api.app import create_api
 from aenv.api.keys import KeyStore
@@ -69,3 +71,18 @@ async def site(tmp_path: Path) -> AsyncIterator[Site]:
             headers={"X-API-KEY": KEY},
         ) as client:
             yield Site(dashboard, doubles.orchestrator, doubles.driver, keys, client)
+
+
+ORIGIN = "http://node"
+
+
+@asynccontextmanager
+async def page_client(app: ASGIApp) -> AsyncIterator[httpx.AsyncClient]:
+    """A client as a browser on the dashboard's own pages (`app`): no API key, its own
+    cookies, requests from the dashboard's own origin."""
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app),
+        base_url=ORIGIN,
+        headers={"Origin": ORIGIN, "Sec-Fetch-Site": "same-origin"},
+    ) as client:
+        yield client

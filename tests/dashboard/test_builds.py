@@ -8,19 +8,13 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from tests.dashboard.conftest import KEY, Site
+from tests.dashboard.conftest import KEY, Site, page_client
 from tests.support.wait import eventually
-
-ORIGIN = "http://node"
 
 
 @pytest.fixture
 async def browser(site: Site) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=site.dashboard),
-        base_url=ORIGIN,
-        headers={"Origin": ORIGIN, "Sec-Fetch-Site": "same-origin"},
-    ) as client:
+    async with page_client(site.dashboard) as client:
         signed_in = await client.post("/dashboard/sign-in", data={"key": KEY})
         assert signed_in.status_code == 303
         yield client

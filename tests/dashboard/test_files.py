@@ -8,9 +8,9 @@ from collections.abc import AsyncIterator, Iterator
 import httpx
 import pytest
 
-from tests.dashboard.conftest import Site
+from tests.dashboard.conftest import Site, page_client
 from tests.dashboard.real_envd import dashboard_on
-from tests.dashboard.test_sessions import ORIGIN, sign_in
+from tests.dashboard.test_sessions import sign_in
 from tests.support.envd_process import envd_in_throwaway_root
 from tests.support.ports import free_port
 
@@ -26,11 +26,7 @@ def envd_port() -> Iterator[int]:
 async def browser(site: Site, envd_port: int) -> AsyncIterator[httpx.AsyncClient]:
     async with (
         dashboard_on(site, envd_port) as dashboard,
-        httpx.AsyncClient(
-            transport=httpx.ASGITransport(app=dashboard),
-            base_url=ORIGIN,
-            headers={"Origin": ORIGIN, "Sec-Fetch-Site": "same-origin"},
-        ) as client,
+        page_client(dashboard) as client,
     ):
         yield client
 

@@ -4,18 +4,12 @@ from __future__ import annotations
 
 import socket
 
-import httpx
-
-from tests.dashboard.conftest import Site
-from tests.dashboard.test_sessions import ORIGIN, sign_in
+from tests.dashboard.conftest import Site, page_client
+from tests.dashboard.test_sessions import sign_in
 
 
 async def test_the_node_is_listed_live(site: Site) -> None:
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=site.dashboard),
-        base_url=ORIGIN,
-        headers={"Origin": ORIGIN, "Sec-Fetch-Site": "same-origin"},
-    ) as browser:
+    async with page_client(site.dashboard) as browser:
         await sign_in(browser)
         await site.create()
         page = await browser.get("/dashboard/nodes")

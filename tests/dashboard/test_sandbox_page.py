@@ -8,17 +8,13 @@ from collections.abc import AsyncIterator
 import httpx
 import pytest
 
-from tests.dashboard.conftest import Site
-from tests.dashboard.test_sessions import ORIGIN, sign_in
+from tests.dashboard.conftest import Site, page_client
+from tests.dashboard.test_sessions import sign_in
 
 
 @pytest.fixture
 async def browser(site: Site) -> AsyncIterator[httpx.AsyncClient]:
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=site.dashboard),
-        base_url=ORIGIN,
-        headers={"Origin": ORIGIN, "Sec-Fetch-Site": "same-origin"},
-    ) as client:
+    async with page_client(site.dashboard) as client:
         await sign_in(client)
         yield client
 

@@ -11,19 +11,13 @@ import pytest
 
 from aenv.dashboard.app import CSP
 from aenv.dashboard.sessions import COOKIE
-from tests.dashboard.conftest import KEY, SECOND_KEY, Site
-
-ORIGIN = "http://node"
+from tests.dashboard.conftest import KEY, SECOND_KEY, Site, page_client
 
 
 @pytest.fixture
 async def browser(site: Site) -> AsyncIterator[httpx.AsyncClient]:
     """A client as a browser on the dashboard's own pages: no API key, its own cookies."""
-    async with httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=site.dashboard),
-        base_url=ORIGIN,
-        headers={"Origin": ORIGIN, "Sec-Fetch-Site": "same-origin"},
-    ) as client:
+    async with page_client(site.dashboard) as client:
         yield client
 
 
