@@ -105,6 +105,21 @@ async def test_chunks_stored_from_this_node_are_cached(
     await repo.get_tree(manifest.id, tmp_path / "dest")
     assert repo.stats.bytes_fetched == 0
     assert cache.stats.hits == len(manifest.digests())
+    assert repo.stats.chunks_from_cache == len(manifest.digests())
+
+
+async def test_a_put_caches_the_chunks_the_store_had_already(
+    tmp_path: Path, store: PosixStore, repos: list[Repository]
+) -> None:
+    src = snapshot(tmp_path / "src")
+    await open_repo(repos, store, None).put_tree(src, name="a")  # another node stored them
+    cache = ChunkCache(tmp_path / "cache", max_bytes=64 * MiB)
+    repo = open_repo(repos, store, cache)
+    manifest = await repo.put_tree(src, name="b")
+    assert repo.stats.chunks_uploaded == 0  # the store had every chunk...
+    assert cache.stats.entries == len(manifest.digests())  # ...and this node holds them now
+    await repo.get_tree(manifest.id, tmp_path / "dest")
+    assert (repo.stats.chunks_from_cache, repo.stats.chunks_fetched) == (cache.stats.entries, 0)
 
 
 async def test_a_small_cache_still_restores_and_stays_bounded(

@@ -5,7 +5,8 @@ naming fixed-size chunks by their SHA-256; each chunk is stored once, zstd-compr
 number of snapshots share it, and all-zero chunks are not stored at all. Storing a snapshot
 writes only the chunks the store lacks; every read verifies its hash; a node-local cache bounded
 in bytes keeps recently used chunks; garbage collection removes chunks no manifest needs, safely
-alongside puts from any node (protocol: `garbage.py`).
+alongside puts from any node (protocol: `garbage.py`). In a cluster, a restore reads the chunks
+its cache lacks from the nodes that hold them before the store (`sources.py`).
 
 Layout in the store (a POSIX directory or an S3 bucket, optionally below a prefix):
 
@@ -29,12 +30,15 @@ from aenv.storage.repository.errors import (
     ManifestNotFound,
     MissingChunk,
     RepositoryError,
+    StoreUnavailable,
+    UnreachableChunk,
 )
 from aenv.storage.repository.garbage import GcReport
 from aenv.storage.repository.manifest import FileEntry, Manifest
 from aenv.storage.repository.posix import PosixStore
 from aenv.storage.repository.repository import Repository, RepositoryStats
 from aenv.storage.repository.s3 import S3Store
+from aenv.storage.repository.sources import PeerDirectory, PeerLocation, Source
 from aenv.storage.repository.store import BlobInfo, BlobStore
 
 __all__ = [
@@ -53,9 +57,14 @@ __all__ = [
     "Manifest",
     "ManifestNotFound",
     "MissingChunk",
+    "PeerDirectory",
+    "PeerLocation",
     "PosixStore",
     "Repository",
     "RepositoryError",
     "RepositoryStats",
     "S3Store",
+    "Source",
+    "StoreUnavailable",
+    "UnreachableChunk",
 ]

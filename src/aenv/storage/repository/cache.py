@@ -65,6 +65,10 @@ class ChunkCache:
     def _path(self, digest: str) -> Path:
         return self.directory / digest[:2] / digest
 
+    def __contains__(self, digest: object) -> bool:
+        with self._lock:
+            return digest in self._entries
+
     def get(self, digest: str) -> bytes | None:
         """The cached chunk, or None; a hit makes it the most recently used."""
         with self._lock:

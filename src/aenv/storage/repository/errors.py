@@ -15,6 +15,11 @@ class BlobNotFound(RepositoryError):
         self.key = key
 
 
+class StoreUnavailable(RepositoryError):
+    """The store did not answer a read (down, refusing, too slow); nothing was read, and a retry
+    later may succeed."""
+
+
 class ManifestNotFound(RepositoryError):
     def __init__(self, manifest_id: str) -> None:
         super().__init__(f"manifest {manifest_id} does not exist")
@@ -48,6 +53,11 @@ class MissingChunk(ChunkError):
 
 class CorruptChunk(ChunkError):
     """A stored chunk does not decompress, or does not hash to its name."""
+
+
+class UnreachableChunk(ChunkError):
+    """No source gave a chunk a manifest needs: no peer had it and the store did not answer.
+    The restore fails whole: nothing of it is left."""
 
 
 class LeaseLost(RepositoryError):

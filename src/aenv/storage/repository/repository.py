@@ -4,8 +4,10 @@
 the manifest (`manifest.py`); `get_tree` materialises a manifest into a new directory, sparse,
 verifying every chunk, and renames it into place only when complete, so a failed or interrupted
 restore leaves nothing that looks like a snapshot. Chunk reads go through the node's
-`ChunkCache` when there is one. Puts and `gc` follow the protocol in `garbage.py`. All blocking work
-runs in a bounded thread pool (`pool.py`); the methods are coroutines for the event loop.
+`ChunkCache` when there is one, then, for a restore, through the peers a `PeerDirectory` names
+(`sources.py`), then the store; every chunk a node stores or restores stays in its cache, which
+is what its peers read. Puts and `gc` follow the protocol in `garbage.py`. All blocking work runs
+in a bounded thread pool (`pool.py`); the methods are coroutines for the event loop.
 """
 
 from __future__ import annotations
@@ -17,12 +19,16 @@ import os
 import secrets
 import shutil
 import stat
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
 from typing import Any
+
+import httpx
 
 from aenv.storage.repository import leases
 from aenv.storage.repository.cache import ChunkCache
@@ -43,6 +49,8 @@ from aenv.storage.repository.errors import (
     ManifestNotFound,
     MissingChunk,
     RepositoryError,
+    StoreUnavailable,
+    UnreachableChunk,
 )
 from aenv.storage.repository.garbage import DEFAULT_GRACE, GcReport, collect
 from aenv.storage.repository.leases import Lease
@@ -59,10 +67,13 @@ from aenv.storage.repository.manifest import (
 )
 from aenv.storage.repository.pool import DEFAULT_WORKERS, Pool
 from aenv.storage.repository.posix import fsync_dir
+from aenv.storage.repository.sources import PeerDirectory, PeerSession, Source, http_client
 from aenv.storage.repository.store import BlobStore
 
 # How often a put looks again whether a collection it waits for has finished.
 GC_POLL_SECONDS = 0.25
+# Manifests kept in memory once read (a few KiB to a few hundred KiB each).
+KNOWN_MANIFESTS = 64
 
 
 @dataclass
@@ -72,8 +83,25 @@ class RepositoryStats:
     chunks_uploaded: int = 0
     bytes_uploaded: int = 0  # compressed, as written to the store
     chunks_deduplicated: int = 0  # already in the store: not written again
-    chunks_fetched: int = 0  # read from the store, not the cache
+    chunks_fetched: int = 0  # read from the store by restores
     bytes_fetched: int = 0  # compressed, as read from the store
+    chunks_from_peers: int = 0  # read from other nodes' caches by restores
+    bytes_from_peers: int = 0  # compressed, as the peers sent them
+    chunks_from_cache: int = 0  # read from this node's cache by restores
+    bytes_from_cache: int = 0  # compressed, as cached
+    peer_failures: int = 0  # peers a restore left out after an error, a timeout or a bad chunk
+
+    def count(self, source: Source, stored_bytes: int) -> None:
+        """One chunk a restore read from `source`, `stored_bytes` long as stored."""
+        if source is Source.STORE:
+            self.chunks_fetched += 1
+            self.bytes_fetched += stored_bytes
+        elif source is Source.PEER:
+            self.chunks_from_peers += 1
+            self.bytes_from_peers += stored_bytes
+        else:
+            self.chunks_from_cache += 1
+            self.bytes_from_cache += stored_bytes
 
 
 @dataclass(frozen=True)
@@ -99,7 +127,12 @@ class Repository:
         self.gc_grace = gc_grace
         self.lease_ttl = lease_ttl
         self._pool = Pool(workers)
-        self._stats = RepositoryStats()
+        self._stats = RepositoryStats()  # changed on the event loop, or under `_lock`
+        self._lock = threading.Lock()
+        # Set by a cluster node (`use_peers`): restores ask the peers before the store.
+        self._peers: PeerDirectory | None = None
+        self._http: httpx.Client | None = None
+        self._manifests: OrderedDict[str, Manifest] = OrderedDict()  # read before, newest last
 
     @property
     def stats(self) -> RepositoryStats:
@@ -107,6 +140,21 @@ class Repository:
 
     def close(self) -> None:
         self._pool.close()
+        if self._http is not None:
+            self._http.close()
+
+    def use_peers(self, directory: PeerDirectory | None) -> None:
+        """Restore through the peers `directory` names (None: from the store only)."""
+        self._peers = directory
+        if directory is not None and self._http is None:
+            self._http = http_client()
+
+    async def cached_chunk(self, digest: str) -> bytes | None:
+        """A chunk as this node's cache holds it (compressed, unverified: its reader checks
+        it), or None; what a peer's restore asks this node for."""
+        if self.cache is None:
+            return None
+        return await self._pool.run(self.cache.get, digest)
 
     async def put_tree(
         self, directory: Path, *, name: str, metadata: Mapping[str, Any] | None = None
@@ -139,6 +187,8 @@ class Repository:
             manifest, data = build(name, datetime.now(UTC), CHUNK_SIZE, files, meta)
             lease.check()
             await self._pool.run(self.store.put, manifest_key(manifest.id), data)
+        if self._peers is not None:
+            await self._peers.holding(manifest.id)
         return manifest
 
     def _put_chunk(self, source: _Source, index: int) -> tuple[str | None, int]:
@@ -157,6 +207,10 @@ class Repository:
         digest = hash_chunk(data)
         key = chunk_key(digest)
         if self.store.exists(key):
+            # Cached all the same (compressed once per node): peers may then read the whole
+            # manifest from this node, which `holding` tells them.
+            if self.cache is not None and digest not in self.cache:
+                self.cache.put(digest, encode(data))
             return digest, 0
         blob = encode(data)
         self.store.put(key, blob)
@@ -170,18 +224,17 @@ class Repository:
         if dest.exists():
             raise FileExistsError(f"{dest} exists")
         staging = dest.parent / f".{dest.name}.partial-{secrets.token_hex(4)}"
+        peers = await self.peer_session(manifest_id)
         try:
             await self._pool.run(_create_files, staging, manifest)
             jobs = [
-                partial(self._restore_chunk, manifest, entry, index, staging / entry.path)
+                partial(self._restore_chunk, manifest, entry, index, staging / entry.path, peers)
                 for entry in manifest.files
                 for index, digest in enumerate(entry.chunks)
                 if digest is not None
             ]
-            for fetched in await self._pool.map(jobs):
-                if fetched:
-                    self._stats.chunks_fetched += 1
-                    self._stats.bytes_fetched += fetched
+            for source, stored_bytes in await self._pool.map(jobs):
+                self._stats.count(source, stored_bytes)
             await self._pool.map(
                 partial(_finish_file, staging / entry.path, entry.mode) for entry in manifest.files
             )
@@ -190,52 +243,99 @@ class Repository:
             # Synchronously: a cancelled restore must not leave its staging directory behind.
             shutil.rmtree(staging, ignore_errors=True)
             raise
+        if self._peers is not None:
+            await self._peers.holding(manifest_id)
         return manifest
 
-    def _restore_chunk(self, manifest: Manifest, entry: FileEntry, index: int, path: Path) -> int:
-        """Write one chunk into `path`; returns the bytes fetched from the store (0: cached)."""
+    def _restore_chunk(
+        self, manifest: Manifest, entry: FileEntry, index: int, path: Path, peers: PeerSession
+    ) -> tuple[Source, int]:
+        """Write one chunk into `path`; returns where it came from and its size as stored."""
+        data, source, stored_bytes = self._read_chunk(manifest, entry, index, peers)
+        fd = os.open(path, os.O_WRONLY)
+        try:
+            write_sparse(fd, index * manifest.chunk_size, data)
+        finally:
+            os.close(fd)
+        return source, stored_bytes
+
+    async def peer_session(self, manifest_id: str) -> PeerSession:
+        """The peers to ask for the manifest's chunks (none without a directory)."""
+        found = await self._peers.peers(manifest_id) if self._peers is not None else ()
+        return PeerSession(self._http, found, self._peer_failed)
+
+    def _peer_failed(self) -> None:
+        with self._lock:
+            self._stats.peer_failures += 1
+
+    async def fetch_chunk(
+        self, manifest: Manifest, entry: FileEntry, index: int, peers: PeerSession
+    ) -> bytes:
+        """One chunk of `entry`, verified, read as a restore reads it (`_read_chunk`) and
+        counted by source; raises `ChunkError`."""
+        data, source, stored_bytes = await self._pool.run(
+            self._read_chunk, manifest, entry, index, peers
+        )
+        self._stats.count(source, stored_bytes)
+        return data
+
+    def _read_chunk(
+        self, manifest: Manifest, entry: FileEntry, index: int, peers: PeerSession
+    ) -> tuple[bytes, Source, int]:
+        """One chunk's bytes, verified: from the cache, a peer or the store, in that order."""
         digest = entry.chunks[index]
         assert digest is not None
         offset = index * manifest.chunk_size
         length = min(manifest.chunk_size, entry.size - offset)
         where = (digest, manifest.id, entry.path, offset)
-        data: bytes | None = None
-        fetched = 0
         if self.cache is not None and (blob := self.cache.get(digest)) is not None:
             try:
-                data = decode(blob, digest, length)
+                return decode(blob, digest, length), Source.CACHE, len(blob)
             except DecodeError:
                 self.cache.discard(digest)
-        if data is None:
-            try:
-                blob = self.store.get(chunk_key(digest))
-            except BlobNotFound:
-                raise MissingChunk(*where, "is missing from the store") from None
-            try:
-                data = decode(blob, digest, length)
-            except DecodeError as e:
-                # A bad chunk must not stay: puts skip chunks the store has, so every later
-                # snapshot holding the same data would share the damage. Gone, the next put
-                # that has the data stores a good copy; manifests needing it meanwhile report
-                # it missing.
-                with contextlib.suppress(RepositoryError, OSError):
-                    self.store.delete(chunk_key(digest))
-                raise CorruptChunk(
-                    *where, f"is corrupt in the store ({e}); removed from the store"
-                ) from None
-            fetched = len(blob)
+        found = peers.fetch(digest, length)
+        if found is not None:
             if self.cache is not None:
-                self.cache.put(digest, blob)
-        fd = os.open(path, os.O_WRONLY)
+                self.cache.put(digest, found.blob)
+            return found.data, Source.PEER, len(found.blob)
         try:
-            write_sparse(fd, offset, data)
-        finally:
-            os.close(fd)
-        return fetched
+            blob = self.store.get(chunk_key(digest))
+        except BlobNotFound:
+            raise MissingChunk(*where, "is missing from the store") from None
+        except StoreUnavailable as e:
+            problem = f"could not be read: no peer gave it and the store failed ({e})"
+            raise UnreachableChunk(*where, problem) from e
+        try:
+            data = decode(blob, digest, length)
+        except DecodeError as e:
+            # A bad chunk must not stay: puts skip chunks the store has, so every later
+            # snapshot holding the same data would share the damage. Gone, the next put
+            # that has the data stores a good copy; manifests needing it meanwhile report
+            # it missing.
+            with contextlib.suppress(RepositoryError, OSError):
+                self.store.delete(chunk_key(digest))
+            raise CorruptChunk(
+                *where, f"is corrupt in the store ({e}); removed from the store"
+            ) from None
+        if self.cache is not None:
+            self.cache.put(digest, blob)
+        return data, Source.STORE, len(blob)
 
     async def manifest(self, manifest_id: str) -> Manifest:
-        """A stored manifest, verified; raises `ManifestNotFound` or `CorruptManifest`."""
-        return await self._pool.run(read, self.store, manifest_id)
+        """A stored manifest, verified; raises `ManifestNotFound` or `CorruptManifest`.
+
+        One read before is answered again without the store: a manifest never changes (its id
+        is its hash), so a restore goes on from the peers while the store is down. One deleted
+        by another node since is then restored all the same if its chunks are still there."""
+        known = self._manifests.get(manifest_id)
+        if known is not None:
+            self._manifests.move_to_end(manifest_id)
+            return known
+        manifest = await self._pool.run(read, self.store, manifest_id)
+        self._manifests[manifest_id] = manifest
+        if len(self._manifests) > KNOWN_MANIFESTS:
+            self._manifests.popitem(last=False)
+        return manifest
 
     async def list_manifests(self) -> list[Manifest]:
         """Every stored manifest, oldest first."""
@@ -249,6 +349,9 @@ class Repository:
         if not is_manifest_id(manifest_id):
             raise ManifestNotFound(manifest_id)
         await self._pool.run(self.store.delete, manifest_key(manifest_id))
+        self._manifests.pop(manifest_id, None)
+        if self._peers is not None:
+            await self._peers.dropped(manifest_id)
 
     async def gc(self, *, grace: float | None = None) -> GcReport:
         """Delete unreferenced chunks older than `grace` seconds (default: `gc_grace`)."""

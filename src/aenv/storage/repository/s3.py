@@ -13,9 +13,9 @@ from typing import Any
 
 import boto3
 from botocore.config import Config
-from botocore.exceptions import ClientError
+from botocore.exceptions import BotoCoreError, ClientError
 
-from aenv.storage.repository.errors import BlobNotFound
+from aenv.storage.repository.errors import BlobNotFound, StoreUnavailable
 from aenv.storage.repository.store import BlobInfo
 
 _NOT_FOUND = {"404", "NoSuchKey", "NotFound"}
@@ -61,11 +61,13 @@ class S3Store:
     def get(self, key: str) -> bytes:
         try:
             response = self._client.get_object(Bucket=self.bucket, Key=self.prefix + key)
+            body: bytes = response["Body"].read()
         except ClientError as e:
             if _not_found(e):
                 raise BlobNotFound(key) from None
-            raise
-        body: bytes = response["Body"].read()
+            raise StoreUnavailable(f"S3 bucket {self.bucket} refused to read {key}: {e}") from e
+        except BotoCoreError as e:  # no connection, a timeout, a body cut short
+            raise StoreUnavailable(f"S3 bucket {self.bucket} did not answer for {key}: {e}") from e
         return body
 
     def exists(self, key: str) -> bool:

@@ -29,7 +29,8 @@ class BlobStore(Protocol):
     def put(self, key: str, data: bytes) -> None: ...
 
     def get(self, key: str) -> bytes:
-        """The object's bytes; raises `BlobNotFound` if there is none."""
+        """The object's bytes; raises `BlobNotFound` if there is none, `StoreUnavailable` (or
+        `OSError`, a directory's) when the store cannot answer."""
         ...
 
     def exists(self, key: str) -> bool: ...
