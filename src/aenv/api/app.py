@@ -14,6 +14,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from aenv.api.api_keys import ApiKeyRoutes
 from aenv.api.builds import BuildRoutes
 from aenv.api.bulk import BulkRoutes
+from aenv.api.chunks import ChunkRoutes
 from aenv.api.errors import APIError
 from aenv.api.events import EventRoutes
 from aenv.api.handoff import HandoffRoutes
@@ -172,5 +173,6 @@ def create_api(
     routes.append(OpenAPIDocument(routes, _OPEN_PATHS).route)
     # Not described: no client can call them, only a cluster's gateways (`api.handoff`).
     routes += HandoffRoutes(orchestrator, builder.tags).routes()
+    routes += ChunkRoutes(orchestrator.saved.archive).routes()
     app = Starlette(routes=routes, exception_handlers=JSON_ERRORS)
     return APIKeyGate(app, book, RateLimiter(config.key_requests_per_s, config.key_request_burst))

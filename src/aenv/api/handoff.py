@@ -19,9 +19,8 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from aenv.api.errors import APIError, call_lifecycle
-from aenv.api.internal import caller
+from aenv.api.internal import gateway_only
 from aenv.api.internal_models import ADOPT_ROUTES, SANDBOX_ROUTES, AdoptKind, SandboxOp
-from aenv.api.requests import check_query
 from aenv.orchestrator.catalog import record_from_json, record_to_json
 from aenv.orchestrator.lifecycle import OperationFailed, Orchestrator
 from aenv.orchestrator.tags import TagStore, without_tags
@@ -47,14 +46,14 @@ class HandoffRoutes:
 
     async def release(self, request: Request) -> Response:
         """The released sandbox's record (`catalog.record_to_json`), 409 when it cannot move."""
-        _gateway_only(request)
+        gateway_only(request)
         sandbox_id = request.path_params["sandbox_id"]
         record = await call_lifecycle(self.orc.release(sandbox_id), sandbox_id)
         return Response(record_to_json(record), media_type=RECORD_TYPE)
 
     async def adopt(self, request: Request) -> Response:
         """Takes the record in the body; answers it as adopted (or as already held here)."""
-        _gateway_only(request)
+        gateway_only(request)
         try:
             record = record_from_json((await request.body()).decode())
         except (ValueError, KeyError, TypeError) as e:
@@ -66,7 +65,7 @@ class HandoffRoutes:
         """Takes the template record with its tags (`tags.with_tags`) in the body; answers it
         as recorded here (the tags kept beside it). 409 when it cannot be (no repository, no
         stored copy)."""
-        _gateway_only(request)
+        gateway_only(request)
         try:
             record, builds = without_tags((await request.body()).decode())
             template = template_from_json(record)
@@ -79,9 +78,3 @@ class HandoffRoutes:
         if self.tags is not None and builds:
             self.tags.take(adopted.template_id, builds)
         return Response(template_to_json(adopted), media_type=RECORD_TYPE)
-
-
-def _gateway_only(request: Request) -> None:
-    check_query(request)
-    if caller(request.scope.get("state", {})) is None:
-        raise APIError(404, f"{request.url.path} not found")

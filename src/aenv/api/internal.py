@@ -12,8 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping, MutableMapping
 from typing import Any
 
+from starlette.requests import Request
+
+from aenv.api.errors import APIError
 from aenv.api.internal_models import Refusal
 from aenv.api.keys import ApiKey
+from aenv.api.requests import check_query
 
 # The ASGI state entry holding the API key id a gateway acts for.
 CALLER_STATE = "cluster_caller"
@@ -27,6 +31,14 @@ def caller(state: Mapping[str, Any]) -> str | None:
     """The key id a gateway acts for, or None for a request that did not come through one."""
     value = state.get(CALLER_STATE)
     return value if isinstance(value, str) else None
+
+
+def gateway_only(request: Request) -> None:
+    """Refuses a request that did not come through the cluster's internal API as a 404: the
+    route does not exist for a user's key. No query string is taken."""
+    check_query(request)
+    if caller(request.scope.get("state", {})) is None:
+        raise APIError(404, f"{request.url.path} not found")
 
 
 def caller_key(key_id: str) -> ApiKey:

@@ -1,7 +1,8 @@
 """Prometheus `/metrics` for the node: sandboxes by state, create queue and outcomes, create
 latency as clients see it (queueing included), admission refusals by reason, warm network
 slots, the slots' egress proxies' connections by outcome, webhook deliveries by state, warm
-pools of VMs, the host's KSM sharing, and the node's cold-memory reclaim."""
+pools of VMs, the snapshot repository's reads by source (own cache, peers, store), the host's
+KSM sharing, and the node's cold-memory reclaim."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from aenv.orchestrator.admission import Refusal
+from aenv.orchestrator.archive import Archive
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.memory_savers import MemorySavers
 from aenv.orchestrator.states import SandboxState
@@ -85,6 +87,37 @@ class _NodeCollector(Collector):
         for delivery_state, count in self._orc.webhooks.store.counts().items():
             deliveries.add_metric([delivery_state.value], count)
         yield deliveries
+        archive = self._orc.saved.archive
+        if archive is not None:
+            yield from _repository_metrics(archive)
+
+
+def _repository_metrics(archive: Archive) -> Iterator[Metric]:
+    """What pulls read, by source: this node's cache, other nodes' (peers), the store."""
+    chunks = CounterMetricFamily(
+        "aenv_repository_read_chunks", "Chunks pulls read, by source", labels=["source"]
+    )
+    read = CounterMetricFamily(
+        "aenv_repository_read_bytes",
+        "Bytes pulls read (compressed, as stored), by source",
+        labels=["source"],
+    )
+    for source, (count, size) in archive.reads().items():
+        chunks.add_metric([source], count)
+        read.add_metric([source], size)
+    yield chunks
+    yield read
+    stats = archive.stats
+    yield CounterMetricFamily(
+        "aenv_repository_peer_failures",
+        "Peers pulls left out after an error, a timeout or a damaged chunk",
+        value=stats.peer_failures,
+    )
+    yield CounterMetricFamily(
+        "aenv_repository_uploaded_bytes",
+        "Bytes stored in the repository (compressed), new chunks only",
+        value=stats.bytes_uploaded,
+    )
 
 
 def _pool_metrics(pools: WarmPools) -> Iterator[Metric]:

@@ -93,6 +93,7 @@ def node(
 @asynccontextmanager
 async def _member(settings: NodeSettings, running: Node, drain: DrainMemory) -> AsyncIterator[None]:
     from aenv.cluster.membership import membership
+    from aenv.cluster.peers import ClusterPeers
     from aenv.cluster.source import CatalogSource
 
     orchestrator = running.orchestrator
@@ -105,7 +106,14 @@ async def _member(settings: NodeSettings, running: Node, drain: DrainMemory) -> 
     )
     async with membership(settings, source, drain) as agent:
         running.orchestrator.residency.append(agent)
+        # Pulls read the chunks other nodes hold before the shared repository's store.
+        archive = running.orchestrator.saved.archive
+        peers = ClusterPeers(agent.registry, settings.node_id, settings.secret)
+        if archive is not None:
+            archive.use_peers(peers)
         try:
             yield
         finally:
+            if archive is not None:
+                archive.use_peers(None)
             running.orchestrator.residency.remove(agent)

@@ -202,6 +202,18 @@ class NodeRegistry:
             value = await self.client.get(self.keys.node(node_id))
         return None if value is None else _REPORT.validate_json(value)
 
+    async def reports(self, node_ids: Sequence[str]) -> dict[str, NodeReport]:
+        """The last reports of those of `node_ids` whose lease is current."""
+        if not node_ids:
+            return {}
+        async with guarded(self.client, "reading node reports"):
+            values = await self.client.mget([self.keys.node(i) for i in node_ids])
+        return {
+            i: _REPORT.validate_json(v)
+            for i, v in zip(node_ids, values, strict=True)
+            if v is not None
+        }
+
     async def lease_left(self, node_id: str) -> float | None:
         """Seconds until the node's lease lapses unless renewed; None when it has lapsed."""
         async with guarded(self.client, f"reading the lease of node {node_id}"):

@@ -74,6 +74,11 @@ class Keys:
     def holders(self, file_key: str) -> str:
         return f"{self.prefix}:holders:{file_key}"
 
+    def chunk_holders(self, manifest_id: str) -> str:
+        """The nodes whose chunk caches hold a repository manifest's chunks (a set;
+        `aenv.cluster.peers`)."""
+        return f"{self.prefix}:chunk-holders:{manifest_id}"
+
     def parked(self, sandbox_id: str) -> str:
         """A paused sandbox's record whose checkpoint is in the shared repository (a hash: the
         node publishing it, or none once released, and the record), for another node to adopt."""

@@ -35,8 +35,8 @@ from pathlib import Path
 from typing import Any
 
 from aenv.runtime.driver import SNAPSHOT_MANIFEST, Driver, Snapshot
+from aenv.storage.repository import PeerDirectory, RepositoryError, RepositoryStats, Source
 from aenv.storage.repository import Repository as ChunkRepository
-from aenv.storage.repository import RepositoryError
 
 log = logging.getLogger("aenv.archive")
 
@@ -141,6 +141,29 @@ class Archive:
 
     def close(self) -> None:
         self.repository.close()
+
+    def use_peers(self, directory: PeerDirectory | None) -> None:
+        """Pull through the other nodes' caches first (a cluster node's, `aenv.cluster.peers`)."""
+        self.repository.use_peers(directory)
+
+    async def cached_chunk(self, digest: str) -> bytes | None:
+        """A chunk as this node's cache holds it, for a peer's pull (`api.chunks`)."""
+        return await self.repository.cached_chunk(digest)
+
+    @property
+    def stats(self) -> RepositoryStats:
+        """What this node stored and read since it started."""
+        return self.repository.stats
+
+    def reads(self) -> dict[str, tuple[int, int]]:
+        """Chunks and bytes (compressed) pulls read since the node started, by source:
+        `cache` (this node's), `peer` (other nodes' caches), `store`."""
+        stats = self.repository.stats
+        return {
+            Source.CACHE.value: (stats.chunks_from_cache, stats.bytes_from_cache),
+            Source.PEER.value: (stats.chunks_from_peers, stats.bytes_from_peers),
+            Source.STORE.value: (stats.chunks_fetched, stats.bytes_fetched),
+        }
 
 
 def _relocate(manifest: Path, moves: Mapping[str, str]) -> None:
