@@ -1,0 +1,153 @@
+"""`LazyFile`: one file of a stored manifest, materialised chunk by chunk as it is read.
+
+A disk image or memory file restored lazily is a sparse local file that starts empty. A read
+of a range first fills the chunks it overlaps, from the repository's sources (this node's
+cache, the peers, the store; each chunk checked against its digest), then reads the local
+file. Each chunk is fetched once however many readers want it at once; holes (all-zero chunks)
+need no fetch. `complete` fills the rest in the background, first in a given order (`touched`:
+the order chunks were first read, recorded for the file's next restore to prefetch), so the file
+becomes whole without waiting for reads; `whole` says when it is.
+
+A chunk that no source gives is asked for again, the sources looked up afresh each time (a
+peer that failed may be back; a new holder may have appeared), until `patience` seconds have
+passed; then the read raises `UnreachableChunk`. A reader never gets zeros or stale bytes in
+place of a chunk's: what the local file holds is exactly the chunks marked present.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Iterable
+from pathlib import Path
+
+from aenv.storage.repository.chunks import write_sparse
+from aenv.storage.repository.errors import UnreachableChunk
+from aenv.storage.repository.manifest import FileEntry, Manifest
+from aenv.storage.repository.repository import Repository
+
+log = logging.getLogger("aenv.repository")
+
+# How long a read waits for a chunk no source gives before it fails, and the pause between asks.
+PATIENCE = 60.0
+RETRY_PAUSE = 0.5
+# Chunks `complete` fetches at once: reads still find room in the repository's pool.
+BACKGROUND = 2
+
+
+class LazyFile:
+    def __init__(
+        self,
+        repository: Repository,
+        manifest: Manifest,
+        entry: FileEntry,
+        path: Path,
+        *,
+        patience: float = PATIENCE,
+    ) -> None:
+        """Materialise `entry` of `manifest` at `path`, which is created empty (all holes)."""
+        self.repository = repository
+        self.manifest = manifest
+        self.entry = entry
+        self.path = path
+        self.patience = patience
+        self.touched: list[int] = []  # chunk indices in the order reads first needed them
+        self._seen: set[int] = set()
+        self._present = [digest is None for digest in entry.chunks]
+        self._fetching: dict[int, asyncio.Task[None]] = {}
+        with path.open("xb") as fh:
+            fh.truncate(entry.size)
+
+    @property
+    def size(self) -> int:
+        return self.entry.size
+
+    @property
+    def whole(self) -> bool:
+        return all(self._present)
+
+    def close(self) -> None:
+        """Stop the fetches under way. The file stays (its owner removes it); a write a fetch
+        has begun may still land in it."""
+        for task in self._fetching.values():
+            task.cancel()
+
+    async def read(self, offset: int, length: int) -> bytes:
+        """`length` bytes at `offset` (short at the end of the file); raises `ChunkError` when
+        a chunk they need cannot be had (`UnreachableChunk`: no source within `patience`)."""
+        if offset < 0 or length < 0:
+            raise ValueError(f"read of {length} bytes at {offset}")
+        end = min(offset + length, self.size)
+        if end <= offset:
+            return b""
+        size = self.manifest.chunk_size
+        await asyncio.gather(*(self._ensure(i) for i in range(offset // size, -(-end // size))))
+        return await asyncio.to_thread(_pread, self.path, end - offset, offset)
+
+    async def complete(self, order: Iterable[int] = ()) -> None:
+        """Fetch every chunk not present yet: those of `order` first, then the rest in file
+        order, `BACKGROUND` at a time. Raises `ChunkError` like `read`."""
+        count = len(self._present)
+        queue = [i for i in dict.fromkeys([*order, *range(count)]) if 0 <= i < count]
+        pending = iter(queue)
+
+        async def worker() -> None:
+            for index in pending:
+                await self._ensure(index, touch=False)
+
+        await asyncio.gather(*(worker() for _ in range(BACKGROUND)))
+
+    async def _ensure(self, index: int, *, touch: bool = True) -> None:
+        if self._present[index]:
+            return
+        if touch and index not in self._seen:
+            self._seen.add(index)
+            self.touched.append(index)
+        task = self._fetching.get(index)
+        if task is None:
+            task = asyncio.create_task(self._fetch(index))
+            self._fetching[index] = task
+            task.add_done_callback(lambda _: self._fetching.pop(index, None))
+        # Shielded: one reader giving up must not cancel the fetch others wait on.
+        await asyncio.shield(task)
+
+    async def _fetch(self, index: int) -> None:
+        deadline = time.monotonic() + self.patience
+        while True:
+            peers = await self.repository.peer_session(self.manifest.id)
+            try:
+                data = await self.repository.fetch_chunk(self.manifest, self.entry, index, peers)
+                break
+            except UnreachableChunk as error:  # others (missing, corrupt): asking cannot help
+                if time.monotonic() + RETRY_PAUSE > deadline:
+                    raise UnreachableChunk(
+                        error.digest,
+                        error.manifest_id,
+                        error.path,
+                        error.offset,
+                        f"could not be had from any source within {self.patience:g} s ({error})",
+                    ) from error
+                log.warning("chunk %d of %s: %s; asking again", index, self.entry.path, error)
+                await asyncio.sleep(RETRY_PAUSE)
+        await asyncio.to_thread(_write, self.path, index * self.manifest.chunk_size, data)
+        self._present[index] = True
+
+
+# Each read and write opens the file for itself: no descriptor is shared with a thread that
+# could outlive `close` and write through a number the process has since reused.
+def _pread(path: Path, length: int, offset: int) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.pread(fd, length, offset)
+    finally:
+        os.close(fd)
+
+
+def _write(path: Path, offset: int, data: bytes) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        write_sparse(fd, offset, data)
+    finally:
+        os.close(fd)

@@ -1,0 +1,209 @@
+"""Disks on demand, below the VM: a stored disk image read lazily (`LazyFile`) and served over
+NBD (`storage/nbd.py`) to QEMU's own NBD client (`qemu-img`, `qemu-io`), from a repository on a
+real S3 server (moto) on loopback. QEMU reads it bit for bit, fetching only the chunks it
+reads; a store that fails makes a read wait and go on when it is back, or fail with an I/O
+error, never zeros."""
+
+from __future__ import annotations
+
+import asyncio
+import errno
+import os
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+
+import pytest
+from moto.server import ThreadedMotoServer
+
+from aenv.storage.nbd import NbdExport
+from aenv.storage.repository import ChunkCache, Manifest, Repository, S3Store, UnreachableChunk
+from aenv.storage.repository.lazy import LazyFile
+from tests.storage.test_repository import s3_store
+from tests.support.ports import free_port
+
+MiB = 1 << 20
+DATA_CHUNKS = (0, 3, 4, 9, 15)  # of 16: the rest are holes
+
+
+def moto(port: int) -> ThreadedMotoServer:
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False)
+    server.start()
+    return server
+
+
+@pytest.fixture
+def s3() -> Iterator[tuple[ThreadedMotoServer, int]]:
+    port = free_port()
+    server = moto(port)
+    try:
+        yield server, port
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def store(s3: tuple[ThreadedMotoServer, int]) -> S3Store:
+    return s3_store(f"http://127.0.0.1:{s3[1]}")
+
+
+def image(path: Path) -> bytes:
+    """A 16 MiB disk image with random data in `DATA_CHUNKS`, holes elsewhere."""
+    data = bytearray(16 * MiB)
+    for index in DATA_CHUNKS:
+        data[index * MiB : (index + 1) * MiB - 100] = os.urandom(MiB - 100)
+    path.parent.mkdir(parents=True)
+    path.write_bytes(bytes(data))
+    return bytes(data)
+
+
+@pytest.fixture
+async def stored(store: S3Store, tmp_path: Path) -> tuple[Manifest, bytes]:
+    content = image(tmp_path / "src" / "root.img")
+    writer = Repository(store)
+    try:
+        return await writer.put_tree(tmp_path / "src", name="image"), content
+    finally:
+        writer.close()
+
+
+@pytest.fixture
+def node(store: S3Store, tmp_path: Path) -> Iterator[Repository]:
+    """Another node: an empty cache."""
+    repo = Repository(store, ChunkCache(tmp_path / "cache", 1 << 30), workers=4)
+    yield repo
+    repo.close()
+
+
+@asynccontextmanager
+async def served(lazy: LazyFile, socket: Path, errors: list[Exception]) -> AsyncIterator[str]:
+    server = await NbdExport(lazy, on_error=errors.append).serve(socket)
+    try:
+        yield f"nbd+unix:///?socket={socket}"
+    finally:
+        server.close()
+        await server.wait_closed()
+        lazy.close()
+
+
+async def qemu(*argv: str) -> tuple[int, str]:
+    process = await asyncio.create_subprocess_exec(
+        *argv, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.STDOUT
+    )
+    out, _ = await process.communicate()
+    assert process.returncode is not None
+    return process.returncode, out.decode()
+
+
+async def test_qemu_reads_a_lazy_image_bit_for_bit(
+    stored: tuple[Manifest, bytes], node: Repository, tmp_path: Path
+) -> None:
+    manifest, content = stored
+    lazy = LazyFile(node, manifest, manifest.files[0], tmp_path / "lazy.img")
+    errors: list[Exception] = []
+    async with served(lazy, tmp_path / "nbd.sock", errors) as url:
+        code, out = await qemu("qemu-img", "convert", "-f", "raw", "-O", "raw", url,
+                               str(tmp_path / "copy.img"))  # fmt: skip
+        assert code == 0, out
+        assert lazy.whole
+    assert (tmp_path / "copy.img").read_bytes() == content
+    assert (tmp_path / "lazy.img").read_bytes() == content
+    assert node.stats.chunks_fetched == len(DATA_CHUNKS)  # holes are never fetched
+    assert errors == []
+
+
+async def test_a_read_fetches_its_chunk_only_and_complete_the_rest(
+    stored: tuple[Manifest, bytes], node: Repository, tmp_path: Path
+) -> None:
+    manifest, content = stored
+    lazy = LazyFile(node, manifest, manifest.files[0], tmp_path / "lazy.img")
+    async with served(lazy, tmp_path / "nbd.sock", []) as url:
+        code, out = await qemu("qemu-io", "-r", "-f", "raw", "-c", "read 3M 8k", url)
+        assert code == 0 and "read 8192/8192 bytes" in out, out
+        assert (lazy.touched, node.stats.chunks_fetched) == ([3], 1)
+        assert not lazy.whole
+        # Two readers of one chunk at once: one fetch.
+        both = await asyncio.gather(lazy.read(9 * MiB, 4096), lazy.read(9 * MiB + 10, 100))
+        assert both == [content[9 * MiB : 9 * MiB + 4096], content[9 * MiB + 10 : 9 * MiB + 110]]
+        assert node.stats.chunks_fetched == 2
+        await lazy.complete(order=[15, 4])
+        assert lazy.whole and node.stats.chunks_fetched == len(DATA_CHUNKS)
+        assert lazy.touched == [3, 9]  # reads only: the background's fetches are no touches
+        assert await lazy.read(16 * MiB - 10, 100) == content[-10:]  # short at the end
+    assert (tmp_path / "lazy.img").read_bytes() == content
+
+
+async def test_a_read_waits_for_a_store_that_comes_back(
+    s3: tuple[ThreadedMotoServer, int],
+    stored: tuple[Manifest, bytes],
+    node: Repository,
+    tmp_path: Path,
+) -> None:
+    manifest, content = stored
+    await node.manifest(manifest.id)
+    server, port = s3
+    server.stop()
+    lazy = LazyFile(node, manifest, manifest.files[0], tmp_path / "lazy.img", patience=120)
+    errors: list[Exception] = []
+    async with served(lazy, tmp_path / "nbd.sock", errors) as url:
+        reading = asyncio.create_task(
+            qemu("qemu-io", "-r", "-f", "raw", "-c", "read -v 4M 16", url)
+        )
+        await asyncio.sleep(1)  # not a measure: the read is under way, its chunk unreachable
+        assert not reading.done()
+        back = moto(port)  # moto's data lives in this process: the same bucket is back
+        try:
+            code, out = await reading
+        finally:
+            back.stop()
+    assert code == 0, out
+    expected = " ".join(f"{b:02x}" for b in content[4 * MiB : 4 * MiB + 16])
+    assert expected in out
+    assert errors == []
+
+
+async def test_a_source_that_stays_down_is_an_io_error_never_zeros(
+    s3: tuple[ThreadedMotoServer, int],
+    stored: tuple[Manifest, bytes],
+    node: Repository,
+    tmp_path: Path,
+) -> None:
+    manifest, _ = stored
+    await node.manifest(manifest.id)
+    s3[0].stop()
+    lazy = LazyFile(node, manifest, manifest.files[0], tmp_path / "lazy.img", patience=1)
+    errors: list[Exception] = []
+    async with served(lazy, tmp_path / "nbd.sock", errors) as url:
+        _, out = await qemu("qemu-io", "-r", "-f", "raw", "-c", "read -v 4M 16", url)
+        assert "Input/output error" in out, out
+        assert [type(e) for e in errors] == [UnreachableChunk]
+        assert "could not be had from any source within 1 s" in str(errors[0])
+        assert not lazy.whole
+    # Nothing was written in place of the chunk: the local file is all holes still.
+    with (tmp_path / "lazy.img").open("rb") as fh, pytest.raises(OSError) as hole:
+        os.lseek(fh.fileno(), 0, os.SEEK_DATA)
+    assert hole.value.errno == errno.ENXIO
+
+
+async def test_the_export_is_listed_read_only_and_named(
+    stored: tuple[Manifest, bytes], node: Repository, tmp_path: Path
+) -> None:
+    manifest, _ = stored
+    lazy = LazyFile(node, manifest, manifest.files[0], tmp_path / "lazy.img")
+    socket = tmp_path / "nbd.sock"
+    server = await NbdExport(lazy, name="root").serve(socket)
+    try:
+        code, out = await qemu("qemu-nbd", "--list", "-k", str(socket))
+        assert code == 0 and "export: 'root'" in out and f"size:  {16 * MiB}" in out, out
+        assert "readonly" in out
+        code, out = await qemu("qemu-io", "-f", "raw", "-c", "write 0 512",
+                               f"nbd+unix:///root?socket={socket}")  # fmt: skip
+        assert code != 0 and "Permission denied" in out, out
+        code, out = await qemu("qemu-io", "-r", "-f", "raw", "-c", "read 0 512",
+                               f"nbd+unix:///other?socket={socket}")  # fmt: skip
+        assert code != 0 and "no export 'other'" in out, out
+    finally:
+        server.close()
+        await server.wait_closed()
+        lazy.close()
+    assert node.stats.chunks_fetched == 0  # none of it read a byte
