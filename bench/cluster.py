@@ -63,6 +63,7 @@ from aenv.cluster.registry import Capacity, NodeRegistry
 from aenv.cluster.routing import Routes
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import connect
+from aenv.orchestrator.secrets import SecretRecord
 from aenv.orchestrator.webhooks import Webhook
 from tests.support.redis_server import redis_server
 
@@ -90,6 +91,9 @@ class SimulatedNode:
 
     async def mirror_webhooks(self, hooks: Sequence[Webhook]) -> None:
         """A simulated node delivers no events."""
+
+    async def mirror_secrets(self, secrets: Sequence[tuple[SecretRecord, str]]) -> None:
+        """A simulated node sends no requests out."""
 
     async def running_by_key(self) -> dict[str, set[str]]:
         # Not simulated: the figures of docs/benchmarks.md were measured without keys' counts.

@@ -23,6 +23,7 @@ from aenv.cluster.routing import Routes
 from aenv.cluster.saved import SavedRecords
 from aenv.cluster.store import ClusterUnavailable
 from aenv.cluster.webhooks import ClusterWebhooks
+from aenv.orchestrator.secrets import SecretRecord
 from aenv.orchestrator.webhooks import Webhook, new_webhook
 from tests.cluster.shared import SECRET
 from tests.support.redis_server import RedisServer
@@ -40,6 +41,7 @@ class Node:
     builds: set[str] = field(default_factory=set)
     owners: dict[str, set[str]] = field(default_factory=dict)  # key id -> running sandboxes
     webhooks: list[Webhook] = field(default_factory=list)  # the cluster's, as last mirrored
+    secrets: list[tuple[SecretRecord, str]] = field(default_factory=list)  # the same
 
     async def state(self) -> NodeState:
         capacity = Capacity(2, 4096, 2048, running=len(self.sandboxes), paused=0)
@@ -62,6 +64,9 @@ class Node:
 
     async def mirror_webhooks(self, hooks: Sequence[Webhook]) -> None:
         self.webhooks = list(hooks)
+
+    async def mirror_secrets(self, secrets: Sequence[tuple[SecretRecord, str]]) -> None:
+        self.secrets = list(secrets)
 
 
 async def snapshot_of(client: aioredis.Redis, node_ids: list[str]) -> dict[str, object]:

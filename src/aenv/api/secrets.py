@@ -33,6 +33,28 @@ def secret_json(secret: SecretRecord) -> dict[str, Any]:
     }
 
 
+def page(request: Request, found: list[SecretRecord]) -> Response:
+    """A page of `found` (oldest first): `limit` and `nextToken` page (the token is the last
+    one's id)."""
+    limit = query_int(request, "limit", MAX_PAGE, 1, MAX_PAGE)
+    if token := request.query_params.get("nextToken"):
+        ids = [s.secret_id for s in found]
+        if token not in ids:
+            raise APIError(400, "invalid nextToken")
+        found = found[ids.index(token) + 1 :]
+    shown = found[:limit]
+    headers = {"X-Next-Token": shown[-1].secret_id} if len(found) > limit else {}
+    return JSONResponse([secret_json(s) for s in shown], headers=headers)
+
+
+async def new_secret(request: Request) -> NewSecret:
+    """The body of a create, its name checked not to look like an id."""
+    body = await parse_body(request, NewSecret)
+    if body.name.lower().startswith(ID_PREFIX):
+        raise APIError(400, f"name: the '{ID_PREFIX}' prefix is reserved for secret ids")
+    return body
+
+
 class SecretRoutes:
     def __init__(self, store: SecretStore) -> None:
         self.store = store
@@ -48,24 +70,12 @@ class SecretRoutes:
         ]
 
     async def list(self, request: Request) -> Response:
-        """Oldest first; `limit` and `nextToken` page (the token is the last one's id)."""
         check_query(request, {"limit", "nextToken"})
-        limit = query_int(request, "limit", MAX_PAGE, 1, MAX_PAGE)
-        found = self.store.list(TEAM_ID)
-        if token := request.query_params.get("nextToken"):
-            ids = [s.secret_id for s in found]
-            if token not in ids:
-                raise APIError(400, "invalid nextToken")
-            found = found[ids.index(token) + 1 :]
-        page = found[:limit]
-        headers = {"X-Next-Token": page[-1].secret_id} if len(found) > limit else {}
-        return JSONResponse([secret_json(s) for s in page], headers=headers)
+        return page(request, self.store.list(TEAM_ID))
 
     async def create(self, request: Request) -> Response:
         check_query(request)
-        body = await parse_body(request, NewSecret)
-        if body.name.lower().startswith(ID_PREFIX):
-            raise APIError(400, f"name: the '{ID_PREFIX}' prefix is reserved for secret ids")
+        body = await new_secret(request)
         try:
             secret = self.store.create(TEAM_ID, body.name, body.value, body.metadata or {})
         except SecretNameTaken as e:

@@ -103,6 +103,7 @@ async def _member(settings: NodeSettings, running: Node, drain: DrainMemory) -> 
         orchestrator.forget,
         running.builder,
         orchestrator.webhooks,
+        orchestrator.secrets,
     )
     async with membership(settings, source, drain) as agent:
         running.orchestrator.residency.append(agent)

@@ -17,8 +17,8 @@ is, so a build's calls still find this node after a Redis wipe. The node's runni
 API key are written with every beat and at once on a create or kill (`quota`), so a key's limit
 is counted across the cluster; its report is written then too, so a new sandbox counts in
 placement at once. A drained node remembers it and marks itself draining again in a
-wiped Redis (`drain`). The cluster's webhooks are mirrored into the node at every beat
-(`webhooks`).
+wiped Redis (`drain`). The cluster's webhooks and secrets are mirrored into the node at every
+beat (`webhooks`, `secrets`).
 """
 
 from __future__ import annotations
@@ -49,8 +49,10 @@ from aenv.cluster.registry import (
 from aenv.cluster.routing import Routes
 from aenv.cluster.saved import SavedRecord, SavedRecords
 from aenv.cluster.secret import ClusterSecret
+from aenv.cluster.secrets import ClusterSecrets
 from aenv.cluster.store import ClusterUnavailable, Keys, guarded
 from aenv.cluster.webhooks import ClusterWebhooks
+from aenv.orchestrator.secrets import SecretRecord
 from aenv.orchestrator.webhooks import Webhook
 
 log = logging.getLogger("aenv.cluster")
@@ -96,6 +98,11 @@ class StateSource(Protocol):
         """Make the node's webhooks the cluster's (`aenv.cluster.webhooks`)."""
         ...
 
+    async def mirror_secrets(self, secrets: Sequence[tuple[SecretRecord, str]]) -> None:
+        """Make the node's secrets the cluster's, with their current values
+        (`aenv.cluster.secrets`)."""
+        ...
+
 
 @dataclass(frozen=True)
 class AgentStatus:
@@ -133,6 +140,7 @@ class NodeAgent:
         self.quota = KeyQuota(client, self.registry.keys)
         self.drains = Drains(client, self.registry.keys)
         self.webhooks = ClusterWebhooks(client, self.registry.keys)
+        self.secrets = ClusterSecrets(client, secret, self.registry.keys)
         self.drain = drain
         # One count per key written at a time: a beat's must not overwrite a create's newer one.
         self._counting = asyncio.Lock()
@@ -178,6 +186,7 @@ class NodeAgent:
             )
             await self._count_by_key()
             await self.source.mirror_webhooks(await self.webhooks.all())
+            await self.source.mirror_secrets(await self.secrets.current())
             self._sandboxes, self._files = set(state.sandboxes), state.files
             self._builds = set(state.builds)
         except ClusterUnavailable as error:

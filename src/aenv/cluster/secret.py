@@ -3,7 +3,9 @@
 Redis keeps only its fingerprint, an HMAC of a fixed label, so reading Redis does not reveal it.
 The first node to register records the fingerprint; a node with another secret is refused.
 Gateways call a node's internal API with a bearer token, another HMAC of the secret under its own
-label, so the token and the fingerprint reveal neither the secret nor each other.
+label, so the token and the fingerprint reveal neither the secret nor each other. What the
+cluster keeps sealed in Redis (`aenv.cluster.sealed`) is under a third derivation, its
+`sealing_key`.
 """
 
 from __future__ import annotations
@@ -35,6 +37,11 @@ class ClusterSecret:
     def bearer(self) -> str:
         """The token gateways present to nodes' internal API (`aenv.cluster.internal`)."""
         return self._derive(b"aenv internal api bearer")
+
+    @property
+    def sealing_key(self) -> bytes:
+        """The AES-256 key of what the cluster seals in Redis (`aenv.cluster.sealed`)."""
+        return hmac.new(self.value.encode(), b"aenv cluster sealing key", hashlib.sha256).digest()
 
     def _derive(self, label: bytes) -> str:
         return hmac.new(self.value.encode(), label, hashlib.sha256).hexdigest()

@@ -3,7 +3,7 @@ host: the sandboxes it holds, those of them any node could resume (paused, their
 checkpoint in the shared repository), the templates and snapshots whose files it has (and the
 snapshots and built templates stored in that repository, with their tags), the templates it is
 building, its running sandboxes per API key, and its capacity; and where the cluster's webhooks
-are mirrored."""
+and secrets are mirrored."""
 
 from __future__ import annotations
 
@@ -16,6 +16,7 @@ from aenv.cluster.registry import Capacity
 from aenv.orchestrator.builds import Builder
 from aenv.orchestrator.catalog import Catalog, SandboxRecord, record_to_json
 from aenv.orchestrator.kinds import TemplateKind
+from aenv.orchestrator.secrets import SecretRecord, SecretStore
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.tags import with_tags
 from aenv.orchestrator.templates import TemplateStore, template_to_json
@@ -36,17 +37,23 @@ class CatalogSource:
         forget: Callable[[str], Awaitable[object]] | None = None,
         builder: Builder | None = None,
         webhooks: WebhookDispatcher | None = None,
+        secrets: SecretStore | None = None,
     ) -> None:
         self.catalog = catalog
         self.templates = templates
         self._forget = forget
         self.builder = builder
         self.webhooks = webhooks
+        self.secrets = secrets
 
     async def mirror_webhooks(self, hooks: Sequence[Webhook]) -> None:
         if self.webhooks is not None:
             self.webhooks.store.mirror(hooks)
             self.webhooks.wake()  # a webhook enabled again: its queue goes on
+
+    async def mirror_secrets(self, secrets: Sequence[tuple[SecretRecord, str]]) -> None:
+        if self.secrets is not None:
+            self.secrets.mirror(secrets)
 
     async def forget(self, sandbox_id: str) -> None:
         if self._forget is not None:

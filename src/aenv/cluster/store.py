@@ -96,6 +96,17 @@ class Keys:
         return f"{self.prefix}:webhooks"
 
     @property
+    def secrets(self) -> str:
+        """The cluster's secrets (a hash: id -> record, its value sealed;
+        `aenv.cluster.secrets`)."""
+        return f"{self.prefix}:secrets"
+
+    @property
+    def secret_names(self) -> str:
+        """The same secrets by team and name (a hash: `team/name` -> id)."""
+        return f"{self.prefix}:secret-names"
+
+    @property
     def node_events(self) -> str:
         """Nodes drained, failed, back (a capped stream; `aenv.cluster.node_events`)."""
         return f"{self.prefix}:node-events"

@@ -24,7 +24,8 @@
   routed to their node (`builds`), tags kept on every node holding the template (`tags`),
   volumes kept on theirs (`volumes`); forks spill over to
   other nodes when the parent's lacks room (`forks`); lifecycle events are merged from every
-  live node (`events`), webhooks kept in Redis for every node to deliver (`webhooks`).
+  live node (`events`), webhooks kept in Redis for every node to deliver (`webhooks`),
+  secrets kept there sealed for every node to fill in at egress (`secrets`).
 - Every other route of a node is a 501 here for now, naming it.
 """
 
@@ -66,6 +67,7 @@ from aenv.gateway.handoff import Handoff
 from aenv.gateway.listing import merge, page_limit
 from aenv.gateway.nodes import Answer, NodeClient, NodeFailed, NodeUnreachable, message
 from aenv.gateway.saved import SavedRoutes
+from aenv.gateway.secrets import SecretRoutes
 from aenv.gateway.tags import TagRoutes
 from aenv.gateway.volumes import VolumeRoutes
 from aenv.gateway.webhooks import WebhookRoutes
@@ -118,6 +120,7 @@ class ControlPlane:
             *self.volumes.routes(),
             *EventRoutes(self.directory, self.call_on).routes(),
             *WebhookRoutes(self.directory, self.call_on).routes(),
+            *SecretRoutes(self.directory).routes(),
             Route("/{rest:path}", self.not_served, methods=_SANDBOX_METHODS),
         ]
 

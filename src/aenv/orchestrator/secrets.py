@@ -23,6 +23,7 @@ import os
 import sqlite3
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -195,6 +196,38 @@ class SecretStore:
             db.execute("DELETE FROM secret_versions WHERE secret_id = ?", (row["id"],))
             db.execute("DELETE FROM secrets WHERE id = ?", (row["id"],))
         return True
+
+    def mirror(self, secrets: Sequence[tuple[SecretRecord, str]]) -> None:
+        """Make the secrets exactly `secrets` (a cluster's, with their current values:
+        `aenv.cluster.secrets`): those not among them go, the others are written as given
+        when they changed, with their current version only."""
+        wanted = {secret.secret_id: (secret, value) for secret, value in secrets}
+        with self.catalog.transaction() as db:
+            rows = {row["id"]: _from_row(row) for row in db.execute("SELECT * FROM secrets")}
+            for secret_id in rows.keys() - wanted.keys():
+                db.execute("DELETE FROM secret_versions WHERE secret_id = ?", (secret_id,))
+                db.execute("DELETE FROM secrets WHERE id = ?", (secret_id,))
+            for secret_id, (secret, value) in wanted.items():
+                if rows.get(secret_id) != secret:
+                    self._write(db, secret, value)
+
+    def _write(self, db: sqlite3.Connection, secret: SecretRecord, value: str) -> None:
+        """`secret` as given, `value` its only version."""
+        db.execute(
+            "INSERT OR REPLACE INTO secrets (id, team_id, name, current_version, metadata,"
+            " created_at, updated_at) VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (
+                secret.secret_id,
+                secret.team_id,
+                secret.name,
+                secret.current_version,
+                json.dumps(secret.metadata),
+                secret.created_at,
+                secret.updated_at,
+            ),
+        )
+        db.execute("DELETE FROM secret_versions WHERE secret_id = ?", (secret.secret_id,))
+        self._add_version(db, secret.secret_id, secret.current_version, value, secret.updated_at)
 
     def value(self, name: str, team_id: str = TEAM_ID) -> str | None:
         """The current value of the secret named `name` (any case), read now, so an update
