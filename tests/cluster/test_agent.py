@@ -302,7 +302,7 @@ async def test_paused_sandboxes_are_published_for_other_nodes(client: aioredis.R
     node = Node(sandboxes={"sbx1", "sbx2"}, parked={"sbx1": '{"id": "sbx1"}'})
     agent = NodeAgent(client, "n1", "10.0.0.1:3000", node, SECRET, ttl=30)
     await agent.beat()
-    parked = Parked(client)
+    parked = Parked(client, SECRET)
     assert await parked.get("sbx1") == ParkedSandbox("sbx1", "n1", '{"id": "sbx1"}')
     assert await parked.get("sbx2") is None
     # Resumed here: withdrawn. Released for a drain (published by nobody): left for an adopter.
@@ -338,7 +338,7 @@ async def test_a_node_back_from_a_partition_lets_go_of_moved_sandboxes(
     assert node.sandboxes == {"sbx2", "sbx3"}
     routes = Routes(client)
     assert [await routes.lookup(s) for s in ("sbx1", "sbx2", "sbx3")] == ["n2", "n1", "n1"]
-    assert await Parked(client).get("sbx1") is None
+    assert await Parked(client, SECRET).get("sbx1") is None
 
 
 async def test_snapshots_in_the_repository_are_published_and_withdrawn(

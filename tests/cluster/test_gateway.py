@@ -283,7 +283,7 @@ def _paused_record(setup: Setup, sandbox_id: str) -> str:
 async def test_a_paused_sandbox_of_a_lost_node_moves_to_another(
     setup: Setup, client: aioredis.Redis
 ) -> None:
-    parked = Parked(client)
+    parked = Parked(client, SECRET)
     await parked.publish("gone", "sbmoved", _paused_record(setup, "sbmoved"))
     await Routes(client).assign("sbmoved", "gone")  # its node's lease lapsed
     await Drains(client).drain("a")
@@ -301,7 +301,7 @@ async def test_a_paused_sandbox_of_a_lost_node_moves_to_another(
 async def test_a_lost_nodes_paused_sandbox_is_listed_paused(
     setup: Setup, client: aioredis.Redis
 ) -> None:
-    parked = Parked(client)
+    parked = Parked(client, SECRET)
     await parked.publish("gone", "sblost", _paused_record(setup, "sblost"))
     await parked.publish("a", "sbkept", '{"id": "sbkept"}')  # a live node's: not moved
     setup.nodes["b"].add("sbrunning", 2000.0)
@@ -320,19 +320,19 @@ async def test_sandbox_traffic_moves_a_lost_nodes_paused_sandbox_too(
 ) -> None:
     """The data plane moves it as the control plane does; the adopting node's proxy answers
     (here a double without one: its 404 shows the request reached it)."""
-    await Parked(client).publish("gone", "sbport", _paused_record(setup, "sbport"))
+    await Parked(client, SECRET).publish("gone", "sbport", _paused_record(setup, "sbport"))
     sandbox = {"E2b-Sandbox-Port": "49983"}
     with setup.client() as http:
         moved = http.get("/files", headers={**sandbox, "E2b-Sandbox-Id": "sbport"})
         unknown = http.get("/files", headers={**sandbox, "E2b-Sandbox-Id": "sbnone"})
     assert moved.status_code == 404, moved.text
     assert await Routes(client).lookup("sbport") in ("a", "b")
-    assert await Parked(client).get("sbport") is None
+    assert await Parked(client, SECRET).get("sbport") is None
     assert unknown.status_code == 502 and "was not found" in unknown.json()["message"]
 
 
 async def test_a_sandbox_no_node_adopts_stays_parked(setup: Setup, client: aioredis.Redis) -> None:
-    parked = Parked(client)
+    parked = Parked(client, SECRET)
     record = _paused_record(setup, "sbstuck")
     await parked.released("sbstuck", record)
     await parked.publish("a", "sblive", _paused_record(setup, "sblive"))
@@ -355,7 +355,7 @@ async def test_a_drained_node_is_emptied_into_parked_records(
     setup: Setup, client: aioredis.Redis
 ) -> None:
     a = setup.nodes["a"]
-    routes, parked = Routes(client), Parked(client)
+    routes, parked = Routes(client), Parked(client, SECRET)
     for sandbox_id in ("sb1", "sb2"):
         a.add(sandbox_id, 1000.0)
         await routes.assign(sandbox_id, "a")

@@ -442,7 +442,7 @@ async def test_two_nodes_behind_a_gateway_with_the_sdk(redis: RedisServer) -> No
 
             await templates_travel(c, scratch, client)
             await volumes_stay(c, client)
-            await sandboxes_move(c, registry, routes, Parked(client), scratch)
+            await sandboxes_move(c, registry, routes, Parked(client, SECRET), scratch)
     finally:
         await client.aclose()
         shutil.rmtree(scratch, ignore_errors=True)

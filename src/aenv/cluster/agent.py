@@ -134,7 +134,7 @@ class NodeAgent:
         self.registry = NodeRegistry(client, secret, keys)
         self.routes = Routes(client, self.registry.keys)
         self.holders = Holders(self.registry)
-        self.parked = Parked(client, self.registry.keys)
+        self.parked = Parked(client, secret, self.registry.keys)
         self.saved = SavedRecords(client, self.registry.keys)
         self.builds = BuildPlaces(client, self.registry.keys)
         self.quota = KeyQuota(client, self.registry.keys)

@@ -49,7 +49,7 @@ class Directory:
         self.registry = NodeRegistry(client, secret)
         self.routes = Routes(client, self.registry.keys)
         self.holders = Holders(self.registry)
-        self.parked = Parked(client, self.registry.keys)
+        self.parked = Parked(client, secret, self.registry.keys)
         self.saved = SavedRecords(client, self.registry.keys)
         self.drains = Drains(client, self.registry.keys)
         self.node_events = NodeEvents(client, self.registry.keys)

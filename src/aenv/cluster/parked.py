@@ -8,6 +8,12 @@ or gave it up, a gateway claims the move (`claim`: one gateway at a time), has a
 the record, and removes it here (`remove`): the adopting node holds the truth from then on.
 Each publisher's records are indexed (`Keys.parked_by`, `lost`), so a gateway finds the paused
 sandboxes of a lost node without scanning every key.
+
+A record holds what a sandbox was created with, its egress proxy's password and its header
+rules' values among it: it is sealed under the cluster's key (`aenv.cluster.sealed`), bound
+to the sandbox's id, so reading Redis shows none of it. A record in plain JSON, as a node of
+the release before this one published it, is still read (a rolling upgrade), and sealed when
+its node republishes it after its own upgrade.
 """
 
 from __future__ import annotations
@@ -18,6 +24,8 @@ from typing import cast
 
 import redis.asyncio as aioredis
 
+from aenv.cluster.sealed import PREFIX, Sealer
+from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import Keys, guarded, members
 
 # KEYS: the parked hash, the node's parked-by set. ARGV: node id, sandbox id. Only the
@@ -54,13 +62,20 @@ return 1
 class ParkedSandbox:
     sandbox_id: str
     node_id: str  # who published it; "" once released
-    record: str  # `aenv.orchestrator.catalog.record_to_json`
+    record: str  # `aenv.orchestrator.catalog.record_to_json`, opened
+
+
+def _context(sandbox_id: str) -> str:
+    return f"parked {sandbox_id}"
 
 
 class Parked:
-    def __init__(self, client: aioredis.Redis, keys: Keys | None = None) -> None:
+    def __init__(
+        self, client: aioredis.Redis, secret: ClusterSecret, keys: Keys | None = None
+    ) -> None:
         self.client = client
         self.keys = keys or Keys()
+        self._sealer = Sealer(secret)
         self._withdraw = client.register_script(_WITHDRAW)
         self._publish = client.register_script(_PUBLISH)
         self._remove = client.register_script(_REMOVE)
@@ -73,7 +88,8 @@ class Parked:
                 self.keys.parked_by(node_id),
                 self.keys.parked_nodes,
             ]
-            return bool(await self._publish(keys, [node_id, record, sandbox_id]))
+            sealed = self._sealer.seal(record, _context(sandbox_id))
+            return bool(await self._publish(keys, [node_id, sealed, sandbox_id]))
 
     async def released(self, sandbox_id: str, record: str) -> None:
         """A record its node gave up (a drain): no node withdraws it, an adopter removes it."""
@@ -84,7 +100,8 @@ class Parked:
         async with guarded(self.client, doing), self.client.pipeline(transaction=True) as pipe:
             if before:  # published by its node until now
                 pipe.srem(self.keys.parked_by(before), sandbox_id)
-            pipe.hset(self.keys.parked(sandbox_id), mapping={"node": "", "record": record})
+            sealed = self._sealer.seal(record, _context(sandbox_id))
+            pipe.hset(self.keys.parked(sandbox_id), mapping={"node": "", "record": sealed})
             pipe.sadd(self.keys.parked_by(""), sandbox_id)
             pipe.sadd(self.keys.parked_nodes, "")
             await pipe.execute()
@@ -96,12 +113,17 @@ class Parked:
             return bool(await self._withdraw(keys, [node_id, sandbox_id]))
 
     async def get(self, sandbox_id: str) -> ParkedSandbox | None:
+        """The sandbox's record, opened. Raises `aenv.cluster.sealed.Unsealable` for one
+        sealed under another cluster secret (or altered)."""
         async with guarded(self.client, f"reading paused sandbox {sandbox_id}"):
             key = self.keys.parked(sandbox_id)
             fields = await cast("Awaitable[dict[str, str]]", self.client.hgetall(key))
         if "record" not in fields:
             return None
-        return ParkedSandbox(sandbox_id, fields.get("node", ""), fields["record"])
+        record = fields["record"]
+        if record.startswith(PREFIX):
+            record = self._sealer.open(record, _context(sandbox_id))
+        return ParkedSandbox(sandbox_id, fields.get("node", ""), record)
 
     async def remove(self, sandbox_id: str) -> None:
         async with guarded(self.client, f"removing paused sandbox {sandbox_id}"):
