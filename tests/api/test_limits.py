@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any
 
 import pytest
 
+from aenv.api.extensions import WAIT_HEADER
+from aenv.api.limits import RateLimiter
 from tests.api.conftest import Node
 
 
@@ -28,6 +31,35 @@ class TestRate:
         assert (await node.client.get("/v2/sandboxes", headers={"X-API-KEY": other})).is_success
         # The open paths are not counted.
         assert (await node.client.get("/health")).status_code == 204
+
+
+def test_a_request_that_may_wait_takes_a_later_token_within_its_wait() -> None:
+    limiter = RateLimiter(rate=10, burst=2, max_wait=60)
+    assert [limiter.take("k"), limiter.take("k")] == [0.0, 0.0]  # the burst
+    assert limiter.take("k") is None  # no wait asked: refused, nothing spent
+    assert limiter.take("k", wait=0.01) is None  # not within its wait
+    held = [limiter.take("k", wait=60) for _ in range(3)]
+    assert all(h is not None for h in held), held
+    first, second, third = (float(h) for h in held if h is not None)
+    assert 0 < first < second < third  # each behind the one before
+    # A request that does not wait is counted behind the promised ones.
+    assert limiter.retry_in("k") > third
+    # The node's `create_max_wait` bounds any wait asked.
+    assert RateLimiter(rate=10, burst=0, max_wait=0.05).take("k", wait=60) is None
+    assert limiter.take("other") == 0.0  # a bucket per key
+
+
+class TestRateWithWait:
+    @pytest.fixture
+    def settings(self) -> dict[str, Any]:
+        return {"key_requests_per_s": 20, "key_request_burst": 2}
+
+    async def test_requests_past_the_rate_that_may_wait_are_held_not_refused(
+        self, node: Node
+    ) -> None:
+        waiting = {WAIT_HEADER: "60"}
+        calls = [node.client.get("/v2/sandboxes", headers=waiting) for _ in range(8)]
+        assert [r.status_code for r in await asyncio.gather(*calls)] == [200] * 8
 
 
 class TestConcurrentSandboxes:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import logging
 
 from starlette.applications import Starlette
@@ -17,6 +18,7 @@ from aenv.api.bulk import BulkRoutes
 from aenv.api.chunks import ChunkRoutes
 from aenv.api.errors import APIError
 from aenv.api.events import EventRoutes
+from aenv.api.extensions import WAIT_HEADER
 from aenv.api.handoff import HandoffRoutes
 from aenv.api.internal import caller, caller_key, record_refusal
 from aenv.api.internal_models import Refusal
@@ -27,7 +29,7 @@ from aenv.api.metrics import NodeMetrics
 from aenv.api.nodes import NodeRoutes
 from aenv.api.openapi import PATH as OPENAPI_PATH
 from aenv.api.openapi import OpenAPIDocument
-from aenv.api.queue import QueueRoutes
+from aenv.api.queue import QueueRoutes, seconds_of
 from aenv.api.requests import check_query
 from aenv.api.reset import ResetRoutes
 from aenv.api.sandboxes import SandboxRoutes
@@ -49,12 +51,14 @@ log = logging.getLogger("aenv.api")
 # Health checks, Prometheus scrapes and the API description carry no secrets and usually no API
 # key (E2B's spec declares the key scheme; reading it must not need one).
 _OPEN_PATHS = frozenset({"/health", "/metrics", OPENAPI_PATH})
+_WAIT = WAIT_HEADER.lower().encode()
 
 
 class APIKeyGate:
     """Every control-plane request but the `_OPEN_PATHS` carries one of the node's keys in
-    `X-API-KEY` (or, from old SDKs, `Authorization: Bearer <key>`), within the key's rate limit;
-    the key it used is in the request's state (`api_key`). A call a cluster gateway made (see
+    `X-API-KEY` (or, from old SDKs, `Authorization: Bearer <key>`), within the key's rate limit
+    (one sent with `X-Aenv-Wait` is held for its turn instead, see `api/limits.py`); the key it
+    used is in the request's state (`api_key`). A call a cluster gateway made (see
     `api.internal`) was authenticated and rate-limited there: it acts as the key the gateway
     names."""
 
@@ -83,14 +87,17 @@ class APIKeyGate:
                 message = "Invalid API key" if given else "Missing API key: send X-API-KEY"
                 await APIError(401, message).response()(scope, receive, send)
                 return
-            wait = self.limiter.take(key.id)
-            if wait is not None:
+            asked = seconds_of(headers.get(_WAIT, b"").decode("latin-1") or "0") or 0.0
+            held = self.limiter.take(key.id, asked)
+            if held is None:
                 limited = APIError(
                     429, f"Rate limit exceeded: at most {self.limiter.rate:g} requests a second"
                 ).response()
-                limited.headers["Retry-After"] = retry_after(wait)
+                limited.headers["Retry-After"] = retry_after(self.limiter.retry_in(key.id))
                 await limited(scope, receive, send)
                 return
+            if held > 0:
+                await asyncio.sleep(held)  # its turn in the key's rate (`api/limits.py`)
             scope.setdefault("state", {})["api_key"] = key
         await self.app(scope, receive, send)
 
@@ -175,4 +182,7 @@ def create_api(
     routes += HandoffRoutes(orchestrator, builder.tags).routes()
     routes += ChunkRoutes(orchestrator.saved.archive).routes()
     app = Starlette(routes=routes, exception_handlers=JSON_ERRORS)
-    return APIKeyGate(app, book, RateLimiter(config.key_requests_per_s, config.key_request_burst))
+    limiter = RateLimiter(
+        config.key_requests_per_s, config.key_request_burst, config.create_max_wait
+    )
+    return APIKeyGate(app, book, limiter)

@@ -4,6 +4,12 @@ Each key may make `rate` requests a second on average and `burst` at once; past 
 is answered 429 (as E2B does; its SDKs raise `RateLimitException`) with `Retry-After` saying
 when the next one will be accepted. Buckets exist per key the store holds, so their number is
 bounded by the keys, not by clients.
+
+A request that may wait (a create sent with `X-Aenv-Wait`, see `api/queue.py`) takes the
+next token instead, up to `max_wait` seconds ahead, and is held until then: a burst of such
+creates is spread at the key's rate rather than partly refused, which is the client-side
+jitter the wait exists to spare. The bucket goes below zero by the tokens so promised, so the
+requests after them, waiting or not, are counted behind them.
 """
 
 from __future__ import annotations
@@ -20,22 +26,33 @@ class _Bucket:
 
 
 class RateLimiter:
-    def __init__(self, rate: float, burst: int) -> None:
+    def __init__(self, rate: float, burst: int, max_wait: float = 0.0) -> None:
         self.rate = rate
         self.burst = burst
+        self.max_wait = max_wait
         self._buckets: dict[str, _Bucket] = {}
 
-    def take(self, key_id: str) -> float | None:
-        """Spend one request of `key_id`: None when allowed, else the seconds until it would
-        be."""
+    def take(self, key_id: str, wait: float = 0.0) -> float | None:
+        """Spend one request of `key_id`, which may be held up to `wait` seconds (cut to
+        `max_wait`): the seconds to hold it (0: go now), or None when it is refused (nothing
+        spent: `retry_in` says when one would be accepted)."""
+        bucket = self._refilled(key_id)
+        ahead = max(0.0, (1 - bucket.tokens) / self.rate)
+        if ahead > min(wait, self.max_wait):
+            return None
+        bucket.tokens -= 1
+        return ahead
+
+    def retry_in(self, key_id: str) -> float:
+        """Seconds until a request of `key_id` that does not wait would be accepted."""
+        return max(0.0, (1 - self._refilled(key_id).tokens) / self.rate)
+
+    def _refilled(self, key_id: str) -> _Bucket:
         now = time.monotonic()
         bucket = self._buckets.setdefault(key_id, _Bucket(float(self.burst), now))
         bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.at) * self.rate)
         bucket.at = now
-        if bucket.tokens >= 1:
-            bucket.tokens -= 1
-            return None
-        return (1 - bucket.tokens) / self.rate
+        return bucket
 
     def forget(self, key_id: str) -> None:
         self._buckets.pop(key_id, None)

@@ -41,13 +41,19 @@ def wait_of(request: Request) -> float:
     raw = request.headers.get(WAIT_HEADER)
     if raw is None:
         return 0.0
+    wait = seconds_of(raw)
+    if wait is None:
+        raise APIError(400, f"header {WAIT_HEADER}: seconds to wait for capacity, a number >= 0")
+    return wait
+
+
+def seconds_of(raw: str) -> float | None:
+    """The `X-Aenv-Wait` header's seconds; None when it is not a number of seconds >= 0."""
     try:
         wait = float(raw)
     except ValueError:
-        wait = math.nan
-    if not math.isfinite(wait) or wait < 0:
-        raise APIError(400, f"header {WAIT_HEADER}: seconds to wait for capacity, a number >= 0")
-    return wait
+        return None
+    return wait if math.isfinite(wait) and wait >= 0 else None
 
 
 @contextlib.asynccontextmanager

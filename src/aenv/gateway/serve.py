@@ -50,7 +50,9 @@ async def run_gateway(
         keys = ClusterKeys(client)
         synced = await _sync(keys, config.paths, progress, quiet=False)
         syncing = asyncio.create_task(_keep_keys(keys, config.paths, progress, quiet=not synced))
-        limiter = RateLimiter(config.key_requests_per_s, config.key_request_burst)
+        limiter = RateLimiter(
+            config.key_requests_per_s, config.key_request_burst, config.create_max_wait
+        )
         gateway = Gateway(
             directory, settings.secret, keys, limiter, config.domain, config.key_max_sandboxes
         )
