@@ -32,7 +32,7 @@ from aenv.api.app import JSON_ERRORS, APIKeyGate
 from aenv.api.builds import BuildRoutes
 from aenv.api.errors import APIError, not_found
 from aenv.api.events import EventRoutes
-from aenv.api.extensions import BATCH_FORK, BULK_SANDBOXES, BULK_SNAPSHOTS, WAIT_HEADER
+from aenv.api.extensions import BATCH_FORK, BULK_SANDBOXES, BULK_SNAPSHOTS, QUEUE, WAIT_HEADER
 from aenv.api.internal_models import Refusal
 from aenv.api.keys import KeyStore, LocalKeys
 from aenv.api.limits import RateLimiter
@@ -197,6 +197,7 @@ class NodeDouble:
                 Route("/templates/aliases/{alias}", templates_api.alias, methods=["GET"]),
                 Route("/templates/{template_id}", templates_api.get, methods=["GET"]),
                 *VolumeRoutes(orchestrator).routes(),
+                Route(QUEUE, self.queue, methods=["GET"]),
                 *EventRoutes(self.events).routes(),
                 *WebhookRoutes(self.webhooks).routes(),
             ],
@@ -231,6 +232,10 @@ class NodeDouble:
             kinds = {429: Refusal.FULL, 404: Refusal.NOT_HERE}
             kind = kinds.get(status, Refusal.FAILED if status >= 500 else Refusal.REJECTED)
         return APIError(status, f"{self.name} refuses", refusal=kind)
+
+    async def queue(self, _: Request) -> Response:
+        """A node's `GET /aenv/queue`: a double's creates never wait."""
+        return JSONResponse({"waiting": 0, "positions": [], "maxWait": 0})
 
     async def metrics(self, request: Request) -> Response:
         """A sample naming this node for each running sandbox here, as a node leaves out the

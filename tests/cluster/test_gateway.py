@@ -44,7 +44,7 @@ from aenv.cluster.source import CatalogSource
 from aenv.cluster.store import Keys, connect
 from aenv.cluster.volumes import VolumePlaces
 from aenv.cluster.webhooks import ClusterWebhooks
-from aenv.config import Paths
+from aenv.config import Config, Paths
 from aenv.gateway.app import Gateway
 from aenv.gateway.evacuate import Released, evacuate
 from aenv.gateway.nodes import NodeClient
@@ -96,12 +96,19 @@ def versions() -> tuple[int, ...]:
 
 
 @pytest.fixture
+def key_limit() -> int:
+    """The gateway's `key_max_sandboxes` (the default, unless a test sets its own)."""
+    return Config().key_max_sandboxes
+
+
+@pytest.fixture
 async def setup(
     tmp_path: Path,
     redis: RedisServer,
     client: aioredis.Redis,
     doubles: dict[str, NodeDouble],
     versions: tuple[int, ...],
+    key_limit: int,
 ) -> AsyncIterator[Setup]:
     gateway_keys = ClusterKeys(client)
     record, value = await gateway_keys.new("user")
@@ -129,6 +136,7 @@ async def setup(
             SECRET,
             ClusterKeys(gateway_client),
             RateLimiter(1000, 1000),
+            key_max_sandboxes=key_limit,
         )
         url = stack.enter_context(serve(gateway, free_port()))
         yield Setup(url, value, record.id, doubles, gateway_keys, Paths(tmp_path / "gateway"))
@@ -232,6 +240,50 @@ async def test_a_create_that_may_wait_waits_on_a_node_once_all_are_full(setup: S
     assert refused.status_code == 429
     assert a.create_waits[2] is None and 0 < float(str(a.create_waits[3])) <= 60
     assert b.create_waits[1] is None and float(str(b.create_waits[2])) <= 60
+
+
+@pytest.mark.parametrize("key_limit", [1])
+async def test_a_create_that_may_wait_waits_for_a_slot_of_its_keys_limit(setup: Setup) -> None:
+    """With the key's one slot held by a create under way, another that may wait waits at the
+    gateway (never reaching a node) and goes on once the first is answered; one that may not
+    wait is refused at once."""
+    gate = threading.Event()
+    setup.nodes["a"].create_gate = gate
+    headers = {"X-API-Key": setup.key}
+    async with httpx.AsyncClient(base_url=setup.url, headers=headers, timeout=30) as http:
+        first = asyncio.create_task(http.post("/sandboxes", json=NEW))
+        await eventually(lambda: len(setup.nodes["a"].creates_seen) == 1, "the first create")
+        second = asyncio.create_task(http.post("/sandboxes", json=NEW, headers={WAIT_HEADER: "60"}))
+
+        async def queued() -> bool:
+            queue = (await http.get("/aenv/queue")).json()
+            return bool(queue["keyLimitWaiting"] == 1)
+
+        await eventually(queued, "the second create waiting for a slot")
+        refused = await http.post("/sandboxes", json=NEW)
+        assert refused.status_code == 429
+        assert "maximum number of concurrent E2B sandboxes (1)" in refused.json()["message"]
+        assert sum(len(n.creates_seen) for n in setup.nodes.values()) == 1
+        gate.set()
+        answers = [await first, await second]
+    assert [a.status_code for a in answers] == [201, 201], [a.text for a in answers]
+    assert sum(len(n.creates_seen) for n in setup.nodes.values()) == 2
+
+
+@pytest.mark.parametrize("key_limit", [1])
+async def test_a_wait_for_a_slot_that_runs_out_is_a_429(setup: Setup) -> None:
+    gate = threading.Event()
+    setup.nodes["a"].create_gate = gate
+    headers = {"X-API-Key": setup.key}
+    async with httpx.AsyncClient(base_url=setup.url, headers=headers, timeout=30) as http:
+        first = asyncio.create_task(http.post("/sandboxes", json=NEW))
+        await eventually(lambda: len(setup.nodes["a"].creates_seen) == 1, "the first create")
+        refused = await http.post("/sandboxes", json=NEW, headers={WAIT_HEADER: "0.5"})
+        gate.set()
+        assert (await first).status_code == 201
+    assert refused.status_code == 429
+    assert "(waited 0.5 s for room)" in refused.json()["message"]
+    assert sum(len(n.creates_seen) for n in setup.nodes.values()) == 1
 
 
 @pytest.mark.parametrize("versions", [(7,)])

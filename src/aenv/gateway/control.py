@@ -14,7 +14,8 @@
   gone is removed.
 - Creates go to nodes that are not draining; a create mounting volumes goes to their node
   (`volumes`). A create first reserves a slot of its API key's limit of sandboxes at once,
-  counted across the cluster (`aenv.cluster.quota`): past it, E2B's 429.
+  counted across the cluster (`aenv.cluster.quota`): past it, E2B's 429, or for a create
+  that may wait (`X-Aenv-Wait`) a wait for a slot first (`key_slots`).
 - Lists ask every live node and merge (`listing`). Paused sandboxes of lost nodes (and those a
   drain released) are moved to a live node first, so they are listed, paused, as on one node.
 - Redis unreachable is a 503 with a JSON error, for as long as it lasts.
@@ -46,11 +47,12 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.errors import APIError, not_found
-from aenv.api.extensions import BATCH_FORK, BULK_SANDBOXES, WAIT_HEADER
+from aenv.api.extensions import BATCH_FORK, BULK_SANDBOXES, QUEUE, WAIT_HEADER
 from aenv.api.handoff import ADOPT_TEMPLATE
 from aenv.api.internal import CURSORS_HEADER
 from aenv.api.internal_models import Refusal
 from aenv.api.queue import client_gone, until_gone, wait_of
+from aenv.api.requests import check_query
 from aenv.api.sandboxes import batch_metrics_ids
 from aenv.cluster.directory import Directory
 from aenv.cluster.internal import CLUSTER_CALLER
@@ -64,6 +66,7 @@ from aenv.gateway.builds import BuildRoutes
 from aenv.gateway.events import EventRoutes
 from aenv.gateway.forks import Forks
 from aenv.gateway.handoff import Handoff
+from aenv.gateway.key_slots import KeySlots
 from aenv.gateway.listing import merge, page_limit
 from aenv.gateway.nodes import Answer, NodeClient, NodeFailed, NodeUnreachable, message
 from aenv.gateway.saved import SavedRoutes
@@ -96,6 +99,7 @@ class ControlPlane:
         self.nodes = nodes
         self.handoff = handoff
         self.key_max_sandboxes = key_max_sandboxes
+        self.key_slots = KeySlots(directory.quota, key_max_sandboxes)
         self.volumes = VolumeRoutes(self)
 
     def routes(self) -> list[Route]:
@@ -113,6 +117,7 @@ class ControlPlane:
             Route("/v2/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
             Route("/aenv/sandboxes/{rest:path}", self.sandbox, methods=_SANDBOX_METHODS),
             Route(BULK_SANDBOXES + "/{action}", self.bulk, methods=["POST"]),
+            Route(QUEUE, self.queue, methods=["GET"]),
             *BuildRoutes(self, saved.first_knowing).routes(),
             # Before the template routes: `/templates/tags` is not a template id.
             *TagRoutes(saved).routes(),
@@ -139,26 +144,29 @@ class ControlPlane:
 
     async def create(self, request: Request) -> Response:
         path, body = request.url.path, await request.body()
-        key_id = request.state.api_key.id
-        quota = self.directory.quota
-        try:
-            token = await quota.reserve(key_id, self.key_max_sandboxes)
-        except KeyLimitReached as error:
-            raise APIError(429, str(error)) from error
         wait = wait_of(request)
-        try:
-            async with client_gone(request, wait) as gone:
-                placing = self._create(request, path, body, wait)
-                return _respond(await until_gone(placing, gone))
-        finally:
-            try:
-                await quota.release(key_id, token)
-            except ClusterUnavailable as error:
-                log.warning("reservation %s of key %s lapses on its own: %s", token, key_id, error)
+        async with client_gone(request, wait) as gone:
+            creating = self._create(request, path, body, wait)
+            return _respond(await until_gone(creating, gone))
 
     async def _create(self, request: Request, path: str, body: bytes, wait: float) -> Answer:
-        answer = await self.volumes.create_sandbox(request, path, body)
-        return answer or await self.place(request, path, body, wait)
+        """The create, in a slot of its key's limit (waited for within `wait`), which it
+        frees when it ends; what is left of `wait` is for a node's room."""
+        key_id = request.state.api_key.id
+        deadline = time.monotonic() + wait
+        try:
+            token = await self.key_slots.reserve(key_id, wait)
+        except KeyLimitReached as error:
+            raise APIError(429, str(error)) from error
+        try:
+            answer = await self.volumes.create_sandbox(request, path, body)
+            left = max(0.0, deadline - time.monotonic()) if wait > 0 else 0.0
+            return answer or await self.place(request, path, body, left)
+        finally:
+            try:
+                await self.key_slots.release(key_id, token)
+            except ClusterUnavailable as error:
+                log.warning("reservation %s of key %s lapses on its own: %s", token, key_id, error)
 
     async def place(self, request: Request, path: str, body: bytes, wait: float = 0.0) -> Answer:
         """A create (`POST path` with `body`) on the first node that takes it, for the client
@@ -283,6 +291,8 @@ class ControlPlane:
             answer = await self._call(request, node, await request.body())
         except NodeUnreachable as error:
             raise await self._node_silent(sandbox_id, node) from error
+        if answer.status < 300 and _frees_slot(request):
+            self.key_slots.freed()
         return _respond(answer)
 
     async def _node_silent(self, sandbox_id: str, node: NodeReport) -> APIError:
@@ -365,7 +375,37 @@ class ControlPlane:
         await self._move_lost()
         answers = await self._ask_all(request, body)
         merged = [e for a in answers for e in json.loads(a.body)["sandboxes"]]
+        self.key_slots.freed()
         return JSONResponse({"sandboxes": merged})
+
+    async def queue(self, request: Request) -> Response:
+        """`GET /aenv/queue` across the cluster: every live node's waiters summed, the
+        caller's key's places in each node's queue (1 is next there), per node under
+        `nodes`, and the key's creates waiting at this gateway for a slot of its limit."""
+        check_query(request)
+        nodes = await self.directory.live()
+        calls = [self._call(request, node, b"") for node in nodes]
+        answers = await asyncio.gather(*calls, return_exceptions=True)
+        per_node: dict[str, Any] = {}
+        for node, answer in zip(nodes, answers, strict=True):
+            if isinstance(answer, BaseException):
+                if not isinstance(answer, NodeUnreachable):
+                    raise answer
+            elif answer.status != 200:
+                raise _Passed(answer)
+            else:
+                per_node[node.node_id] = json.loads(answer.body)
+        slots = self.key_slots.waiting
+        at_gateway = len(slots.positions(request.state.api_key.id))
+        return JSONResponse(
+            {
+                "waiting": sum(q["waiting"] for q in per_node.values()) + len(slots),
+                "positions": sorted(p for q in per_node.values() for p in q["positions"]),
+                "maxWait": min((q["maxWait"] for q in per_node.values()), default=0),
+                "keyLimitWaiting": at_gateway,
+                "nodes": per_node,
+            }
+        )
 
     async def _move_lost(self) -> None:
         """Moves every parked sandbox whose node is gone onto a live one (a record insert there,
@@ -447,6 +487,13 @@ def _respond(answer: Answer) -> Response:
         if name.lower() != CURSORS_HEADER.lower():
             response.headers.append(name, value)
     return response
+
+
+def _frees_slot(request: Request) -> bool:
+    """Whether the sandbox call, done, leaves its key's limit a slot: a kill or a pause."""
+    return request.method == "DELETE" or (
+        request.method == "POST" and request.url.path.endswith("/pause")
+    )
 
 
 def _template_of(body: bytes) -> str:
