@@ -81,6 +81,29 @@ def test_sandbox_env_reaches_every_kernel(server: tuple[Sandbox, str, int], lang
     assert again.removeprefix("[1] ").strip('"') == "supertest"
 
 
+# Per language: code that fails.
+FAIL = {
+    "python": "1 / 0",
+    "bash": "false",
+    "r": 'stop("boom")',
+    "javascript": 'throw new Error("boom")',
+    "typescript": 'throw new Error("boom")',
+    "java": 'throw new IllegalStateException("boom")',
+}
+
+
+@pytest.mark.parametrize("language", ["python", "r", "javascript", "typescript", "java"])
+def test_a_failed_cells_env_is_put_back(server: tuple[Sandbox, str, int], language: str) -> None:
+    """The put-back runs after the response, also after an error (tslab then drops what
+    reaches it for a while): the next cell, sent at once, sees the sandbox's value."""
+    sandbox, _, _ = server
+    failed = sandbox.run_code(FAIL[language], language=language, envs={"TEST_ENV_VAR": "mine"})
+    assert failed.error is not None
+    again = _text(sandbox.run_code(READ[language], language=language))
+    assert again.removeprefix("[1] ").strip('"') == "supertest"
+
+
+# Last: it changes the sandbox's env vars for the module's server.
 def test_a_clone_gets_its_own_sandbox_env(server: tuple[Sandbox, str, int]) -> None:
     sandbox, envd_url, pid = server
     read = "import os; (os.getenv('TEST_ENV_VAR'), os.getenv('ONLY_HERE'), kept)"

@@ -3,13 +3,15 @@
 1. The context's lock is taken: its kernel runs one execution at a time. A kernel cloned
    into another sandbox (a fork) gets fresh randomness first (`incarnation`), and a kernel
    new to its sandbox that sandbox's env vars (`sandbox_env`).
-2. The execution's env vars, if any, are set in the kernel (`os.environ` in Python). If that
-   (or the reseed) fails, the stream is one `ExecutionSetupError` error and its end: the
-   response has begun by then, so an HTTP error is no longer possible.
+2. The execution's env vars, if any, are set in the kernel (`os.environ` in Python), in the
+   same silent cell as step 1's set-up. If that fails, the stream is one
+   `ExecutionSetupError` error and its end: the response has begun by then, so an HTTP error
+   is no longer possible.
 3. The code runs; the kernel's IOPub messages answering this request become events, until
    the kernel goes idle (or dies), and then an error its reply alone reports.
-4. The env vars are put back as the sandbox has them (else as the kernel started with them)
-   and the lock is released.
+4. The response ends; a task of its own then puts the env vars back as the sandbox has them
+   (else as the kernel started with them) and releases the lock, so the client does not wait
+   for another cell (in tslab a compile, seconds under TCG).
 
 A client that goes away mid-run (the SDKs' `timeout`, a dropped connection) cancels the stream:
 then a task of its own interrupts the kernel, restores the env vars and releases the lock,
@@ -26,7 +28,7 @@ import logging
 import os
 import queue
 import re
-from collections.abc import AsyncIterator, Iterable, Mapping
+from collections.abc import AsyncIterator, Coroutine, Iterable, Mapping
 from typing import Any
 
 from aenv.code_interpreter import events, incarnation
@@ -44,7 +46,7 @@ _INTERRUPT_WAIT_S = 30.0
 _THROWN = re.compile(r"^((?:[A-Za-z_$][\w$]*)?(?:Error|Exception)): (.*)$", re.MULTILINE)
 # How long the reply to an execution may lag its last output (the kernel is idle by then).
 _REPLY_WAIT_S = 10.0
-_recoveries: set[asyncio.Task[None]] = set()
+_background: set[asyncio.Task[None]] = set()
 
 
 def _started_with(context: Context, name: str) -> str | None:
@@ -66,7 +68,8 @@ async def run(
 ) -> AsyncIterator[bytes]:
     """`sandbox` gives the sandbox's env vars, asked of envd with the caller's `token`."""
     await context.lock.acquire()
-    finished = False
+    # Who releases the lock: this stream until it hands the context to a task of its own.
+    handed_on = False
     msg_id: str | None = None
     try:
         try:
@@ -74,11 +77,8 @@ async def run(
         except (RuntimeError, TimeoutError) as e:
             # The response has begun (200, streaming): the failure can only be an event.
             yield events.line(events.error("ExecutionSetupError", str(e), []))
-            try:
-                await _restore(context, env)
-            except (RuntimeError, TimeoutError) as again:
-                log.warning("context %s: env vars not put back: %s", context.id, again)
-            finished = True
+            _in_background(_put_back(context, env, after_error=False))
+            handed_on = True
             yield events.line(events.END)
             return
         msg_id = context.kernel.client.execute(
@@ -93,50 +93,76 @@ async def run(
             if failure is not None:
                 seen.append(failure)
                 yield events.line(failure)
-        await _restore(context, env)
-        finished = True
+        # The client has its whole execution: the env vars are put back and the context
+        # released off its response, and the next execution waits for the lock.
+        failed = any(e["type"] == "error" for e in seen)
+        _in_background(_put_back(context, env, after_error=failed))
+        handed_on = True
         yield events.line(events.END)
-        if any(e["type"] == "error" for e in seen):
-            await asyncio.sleep(context.kind.after_error_s)
     finally:
-        if finished:
-            context.lock.release()
-        else:
-            task = asyncio.create_task(_recover(context, msg_id, env))
-            _recoveries.add(task)
-            task.add_done_callback(_recoveries.discard)
+        if not handed_on:
+            _in_background(_recover(context, msg_id, env))
+
+
+def _in_background(work: Coroutine[Any, Any, None]) -> None:
+    task = asyncio.create_task(work)
+    _background.add(task)
+    task.add_done_callback(_background.discard)
+
+
+async def _put_back(context: Context, env: Mapping[str, str], after_error: bool) -> None:
+    """After an error, the pause the kernel needs (tslab drops what reaches it within 200 ms
+    of one: the put-back too); the env vars as before the execution; the context released."""
+    try:
+        if after_error:
+            await asyncio.sleep(context.kind.after_error_s)
+        await _restore(context, env)
+    except (RuntimeError, TimeoutError, OSError) as e:
+        log.warning("context %s: env vars not put back: %s", context.id, e)
+    finally:
+        context.lock.release()
 
 
 async def _prepare(
     context: Context, env: Mapping[str, str], sandbox: SandboxEnv, token: str | None
 ) -> None:
     """Fresh randomness in a kernel cloned into another sandbox, the sandbox's env in a kernel
-    new to it, then the execution's env."""
+    new to it, then the execution's env: one silent cell, since every cell costs a kernel
+    (tslab most: it compiles each) a round of its own."""
     kernel = context.kernel
-    if kernel.incarnation != (now := incarnation.current()):
-        if context.kind.reseed is not None:
-            await run_silently(kernel.client, context.kind.reseed)
-        kernel.incarnation = now
-    if kernel.env_for != now and context.kind.set_env is not None:
-        await _sandbox_env(context, await sandbox.get(token))
-        kernel.env_for = now
-    if env and context.kind.set_env is not None:
-        await run_silently(kernel.client, context.kind.set_env(env))
+    kind = context.kind
+    now = incarnation.current()
+    cells: list[str] = []
+    if kernel.incarnation != now and kind.reseed is not None:
+        cells.append(kind.reseed)
+    sandbox_env: dict[str, str] | None = None
+    if kernel.env_for != now and kind.set_env is not None:
+        sandbox_env = _given(await sandbox.get(token))
+        cells.extend(_sandbox_env_cells(context, sandbox_env))
+    if env and kind.set_env is not None:
+        cells.append(kind.set_env(env))
+    if cells:
+        await run_silently(kernel.client, "\n".join(cells))
+    kernel.incarnation = now
+    if sandbox_env is not None:
+        kernel.sandbox_env, kernel.env_for = sandbox_env, now
 
 
-async def _sandbox_env(context: Context, envs: Mapping[str, str]) -> None:
-    """Give the kernel the sandbox's env vars, in place of those of the sandbox it was in."""
-    assert context.kind.set_env is not None and context.kind.restore_env is not None
-    kernel = context.kernel
+def _given(envs: Mapping[str, str]) -> dict[str, str]:
     # Names no kernel's language can set are left out (envd takes any name).
-    given = {k: v for k, v in envs.items() if ENV_NAME.fullmatch(k) and "\0" not in v}
-    gone = {k: _started_with(context, k) for k in kernel.sandbox_env if k not in given}
-    if gone:
-        await run_silently(kernel.client, context.kind.restore_env(gone))
-    kernel.sandbox_env = {k: v for k, v in kernel.sandbox_env.items() if k not in gone}
-    if given:
-        await run_silently(kernel.client, context.kind.set_env(given))
-    kernel.sandbox_env = given
+    return {k: v for k, v in envs.items() if ENV_NAME.fullmatch(k) and "\0" not in v}
+
+
+def _sandbox_env_cells(context: Context, given: Mapping[str, str]) -> list[str]:
+    """The code that gives the kernel the sandbox's env vars `given`, in place of those of the
+    sandbox it was in."""
+    kind = context.kind
+    assert kind.set_env is not None and kind.restore_env is not None
+    gone = {k: _started_with(context, k) for k in context.kernel.sandbox_env if k not in given}
+    return [
+        *([kind.restore_env(gone)] if gone else []),
+        *([kind.set_env(given)] if given else []),
+    ]
 
 
 async def _restore(context: Context, env: Mapping[str, str]) -> None:
@@ -219,6 +245,6 @@ async def _finished(context: Context, msg_id: str) -> None:
 
 
 async def drain() -> None:
-    """Wait for the recoveries still running (at shutdown)."""
+    """Wait for the background tasks still running (at shutdown): put-backs, recoveries."""
     with contextlib.suppress(Exception):
-        await asyncio.gather(*_recoveries)
+        await asyncio.gather(*_background)
