@@ -8,7 +8,9 @@ the tests' throwaway root), so the figures are the servers' own costs without a 
 names (`E2B_API_URL`/`E2B_DOMAIN`, `E2B_API_KEY`), and the node is measured too:
 `Sandbox.create()` to the first `run_code` result (p50), and `--forks` children of a sandbox
 holding a loaded dataframe, forked vs created afresh and loading it again (totals, per child,
-ratio). Prints one JSON document.
+ratio). `--first-cells`: each language's first cell in a new sandbox against its later ones,
+plain and reading env vars (an execution's; on a node, the sandbox's too). Prints one JSON
+document.
 """
 
 from __future__ import annotations
@@ -229,23 +231,48 @@ FIRST_CELLS = {
     "java": "1 + 1",
     "bash": "echo 2",
 }
+# A cell per language that shows BENCH_ENV (Java's env vars are system properties, as E2B's).
+READ_ENV = {
+    "python": "import os; os.getenv('BENCH_ENV')",
+    "javascript": "process.env.BENCH_ENV",
+    "typescript": "process.env.BENCH_ENV",
+    "r": 'Sys.getenv("BENCH_ENV")',
+    "java": 'System.getProperty("BENCH_ENV")',
+    "bash": "echo $BENCH_ENV",
+}
 LATER_RUNS = 5
+# Longer than any first cell should take, short enough that a hung one fails the run.
+CELL_TIMEOUT_S = 300
 
 
-def first_cells(sandbox: object) -> dict[str, object]:
+def _shown(execution: object) -> str:
+    """What a cell gave: its result's text (R's is a display), else its stdout; R shows a
+    character vector as `[1] "x"`."""
+    from e2b_code_interpreter import Execution
+
+    assert isinstance(execution, Execution)
+    assert execution.error is None, execution.error
+    texts = [r.text for r in execution.results if r.text is not None]
+    text = (texts[0] if texts else "".join(execution.logs.stdout)).strip()
+    return text.removeprefix("[1] ").strip('"')
+
+
+def first_cells(
+    sandbox: object, cells: dict[str, str], expected: str, envs: dict[str, str] | None = None
+) -> dict[str, object]:
     """Per language: seconds of its first cell in `sandbox`, the median of the next ones, and
-    their ratio."""
+    their ratio; each cell run with the execution's `envs` and showing `expected`."""
     from e2b_code_interpreter import Sandbox
 
     assert isinstance(sandbox, Sandbox)
     out: dict[str, object] = {}
-    for language, code in FIRST_CELLS.items():
+    for language, code in cells.items():
         samples = []
         for _ in range(1 + LATER_RUNS):
             start = time.perf_counter()
-            execution = sandbox.run_code(code, language=language, timeout=600)
+            execution = sandbox.run_code(code, language=language, envs=envs, timeout=CELL_TIMEOUT_S)
             samples.append(time.perf_counter() - start)
-            assert execution.error is None, (language, execution.error)
+            assert _shown(execution) == expected, (language, execution)
         later = statistics.median(samples[1:])
         out[language] = {
             "first_ms": round(samples[0] * 1000, 1),
@@ -256,18 +283,36 @@ def first_cells(sandbox: object) -> dict[str, object]:
 
 
 def bench_first_cells(node: bool) -> dict[str, object]:
+    """Each language's first and later cells in a new sandbox: plain ones, ones that read an
+    env var of the execution's (`run_code(envs=)`), and, on a node, ones that read the
+    sandbox's (`Sandbox.create(envs=)`), each kind in a sandbox of its own."""
     from e2b_code_interpreter import Sandbox
 
+    execution_envs = {"BENCH_ENV": "execution"}
+    result: dict[str, object] = {}
     if node:
-        sandbox = Sandbox.create(timeout=1200)
-        try:
-            return {"where": "a code-interpreter-v1 sandbox", "first_cells": first_cells(sandbox)}
-        finally:
-            sandbox.kill()
-    result: dict[str, object] = {"where": "local processes"}
+        result["where"] = "code-interpreter-v1 sandboxes"
+        kinds = (
+            ("plain", None, FIRST_CELLS, "2", None),
+            ("sandbox_envs", {"BENCH_ENV": "sandbox"}, READ_ENV, "sandbox", None),
+            ("execution_envs", None, READ_ENV, "execution", execution_envs),
+        )
+        for name, sandbox_envs, cells, expected, envs in kinds:
+            sandbox = Sandbox.create(timeout=1200, envs=sandbox_envs)
+            try:
+                result[name] = first_cells(sandbox, cells, expected, envs)
+            finally:
+                sandbox.kill()
+        return result
+    result["where"] = "local processes"
     for name, warm in (("warm", ",".join(FIRST_CELLS)), ("python_only", "python")):
         with local_code_interpreter("--default-contexts", warm) as url:
-            result[name] = first_cells(Sandbox.create(debug=True, sandbox_url=url))
+            sandbox = Sandbox.create(debug=True, sandbox_url=url)
+            result[name] = first_cells(sandbox, FIRST_CELLS, "2")
+        with local_code_interpreter("--default-contexts", warm) as url:
+            sandbox = Sandbox.create(debug=True, sandbox_url=url)
+            reads = first_cells(sandbox, READ_ENV, "execution", execution_envs)
+            result[f"{name}_execution_envs"] = reads
     return result
 
 
