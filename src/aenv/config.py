@@ -80,6 +80,8 @@ class Paths:
       jailer/                  Firecracker's jailer chroots (Firecracker hosts only)
       secrets.key              the key secrets are stored encrypted with, when
                                `secrets_key_file` names none (mode 0600)
+      identity.key             the key workload identity tokens are signed with, on a node
+                               outside a cluster (PEM, mode 0600)
       egress-ca/               the node's egress CA (`ca.pem`, `ca.key` mode 0600, the
                                directory 0700): header rules' TLS interception
       cache/
@@ -108,6 +110,10 @@ class Paths:
     @property
     def secrets_key(self) -> Path:
         return self.home / "secrets.key"
+
+    @property
+    def identity_key(self) -> Path:
+        return self.home / "identity.key"
 
     @property
     def config_file(self) -> Path:
@@ -376,6 +382,13 @@ class Config(BaseModel):
         "first start in `$AENV_HOME/secrets.key` (mode 0600). Losing the key loses the secrets' "
         "values.",
     )
+    identity_issuer: str | None = Field(
+        default=None,
+        description="The issuer (`iss`) of sandboxes' workload identity tokens (`iam`): the "
+        "URL whose `/.well-known/openid-configuration` a verifier reads, served by the node "
+        "and by a cluster's gateways. Unset: `https://<domain>`, or `http://localhost:<port>` "
+        "without a domain. The same on every node and gateway of a cluster.",
+    )
     warm_slots_low: int = Field(
         default=4,
         description="Warm pool of ready network slots: refilled when it falls under this.",
@@ -594,7 +607,7 @@ class Config(BaseModel):
     @field_validator(
         "domain", "repository_endpoint", "guest_cache", "tls_cert", "tls_key", "redis_url",
         "node_id", "node_address", "cluster_secret", "network_dns", "build_ca_bundle",
-        "network_rules_ca", "secrets_key_file",
+        "network_rules_ca", "secrets_key_file", "identity_issuer",
         "network_prefix", "network_cidr", "jail_uid_base", mode="before",
     )  # fmt: skip
     @classmethod

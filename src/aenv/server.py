@@ -30,6 +30,7 @@ from aenv.network.dns import host_resolver
 from aenv.orchestrator.builds import Builder
 from aenv.orchestrator.catalog import Catalog
 from aenv.orchestrator.envd_client import EnvdClient
+from aenv.orchestrator.identity_keys import node_signer
 from aenv.orchestrator.images import GuestImages, prepare_images
 from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.lifecycle import OperationFailed, Orchestrator, SandboxNotFound
@@ -235,6 +236,7 @@ async def _start_node(
     undo.callback(catalog.close)
     try:
         secret_store = SecretStore(catalog, node_key(config))
+        identity = node_signer(config)
     except ValueError as e:
         raise ConfigError(str(e)) from e
     net_config = NetworkConfig(
@@ -248,6 +250,7 @@ async def _start_node(
         egress_ca=config.paths.egress_ca,
         upstream_ca=config.network_rules_ca,
         secrets=secret_store,
+        signer=identity,
     )
     slots = SlotPool(net_config)
     undo.push_async_callback(slots.close)
@@ -272,7 +275,14 @@ async def _start_node(
     templates = TemplateStore(config.paths.templates, config.paths.memory)
     templates.load()
     orchestrator = Orchestrator(
-        config, catalog, driver, slots, templates, open_archive(config), secrets=secret_store
+        config,
+        catalog,
+        driver,
+        slots,
+        templates,
+        open_archive(config),
+        secrets=secret_store,
+        signer=identity,
     )
     undo.push_async_callback(orchestrator.close)
     await orchestrator.start()

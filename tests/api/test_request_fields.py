@@ -27,7 +27,7 @@ NOT_SUPPORTED = "is not supported here"
 HONOURED: dict[tuple[str, str], set[str]] = {
     ("post", "/sandboxes"): {
         "templateID", "timeout", "autoPause", "autoPauseMemory", "autoResume", "secure",
-        "allow_internet_access", "network", "metadata", "envVars", "volumeMounts",
+        "allow_internet_access", "network", "metadata", "envVars", "volumeMounts", "iam",
     },
     ("post", "/volumes"): {"name"},
     ("get", "/secrets"): {"limit", "nextToken"},

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import json
 import re
 import shutil
@@ -25,6 +26,7 @@ import h2.config
 import h2.connection
 import h2.events
 import h11
+import jwt
 import pytest
 import trustme
 
@@ -38,6 +40,8 @@ from aenv.network.header_rules import (
     apply,
     resolve,
 )
+from aenv.network.identity import IdentityTokens, Subject, WorkloadIdentity
+from aenv.network.identity_signer import IdentitySigner, key_from_seed
 from aenv.network.interception import PlainStream, exchange
 from aenv.network.interception_h2 import Bridge
 from aenv.orchestrator.catalog import Catalog
@@ -436,6 +440,44 @@ async def test_secrets_are_filled_in_at_egress(
             assert code != 0 and '"headers"' not in out, out
         secrets.delete(TEAM_ID, "api-key")
         code, out = await _curl(guest, *bundle, "https://ruled.test/")
+        assert code != 0 and '"headers"' not in out, out
+
+
+async def test_workload_tokens_are_filled_in_at_egress(
+    make_pool: MakePool, boot: Boot, web: Path, tmp_path: Path
+) -> None:
+    """A rule naming one of the sandbox's workload tokens sends a JWT-SVID minted for it, which
+    verifies against the signer's JWKS for that audience alone; a rule naming a token the
+    sandbox does not define sends nothing."""
+    signer = IdentitySigner(key_from_seed(b"test"), "https://issuer.test")
+    pool = await make_pool(egress_ca=tmp_path / "ca", upstream_ca=web, signer=signer)
+    rules = HeaderRules(
+        (
+            HeaderRule("ruled.test", (("Authorization", "Bearer ${e2b.identity.tokens.aws}"),)),
+            HeaderRule("*.wild.test", (("X-Token", "${e2b.identity.tokens.gcp}"),)),
+        )
+    )
+    subject = Subject("sbx0123456789abcdefgh", TEAM_ID, "base")
+    identity = WorkloadIdentity(subject, IdentityTokens((("aws", "sts.test"),)))
+    policy = EgressPolicy.parse(
+        allow=["ruled.test", "*.wild.test"], deny=["0.0.0.0/0"], headers=rules
+    )
+    policy = dataclasses.replace(policy, identity=identity)
+    key = jwt.PyJWK(signer.jwks()["keys"][0])
+    async with _named(await boot(await pool.acquire(policy=policy))) as guest:
+        bundle = ("--cacert", str(_bundle(tmp_path, web)))
+        tokens = []
+        for protocol in ("--http1.1", "--http2"):
+            code, out = await _curl(guest, *bundle, protocol, "https://ruled.test/")
+            assert code == 0, out
+            [sent] = _got(out)["authorization"]
+            tokens.append(sent.removeprefix("Bearer "))
+        for token in tokens:
+            claims = jwt.decode(token, key, algorithms=["ES256"], audience="sts.test")
+            assert claims["sandbox_id"] == subject.sandbox_id and claims["template_id"] == "base"
+            with pytest.raises(jwt.InvalidAudienceError):
+                jwt.decode(token, key, algorithms=["ES256"], audience="other.test")
+        code, out = await _curl(guest, *bundle, "https://a.wild.test/")
         assert code != 0 and '"headers"' not in out, out
 
 

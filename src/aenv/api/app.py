@@ -20,6 +20,8 @@ from aenv.api.errors import APIError
 from aenv.api.events import EventRoutes
 from aenv.api.extensions import WAIT_HEADER
 from aenv.api.handoff import HandoffRoutes
+from aenv.api.identity import OPEN_PATHS as IDENTITY_PATHS
+from aenv.api.identity import IdentityRoutes
 from aenv.api.internal import caller, caller_key, record_refusal
 from aenv.api.internal_models import Refusal
 from aenv.api.keys import KeyBook, KeyStore, LocalKeys
@@ -50,7 +52,7 @@ from aenv.orchestrator.tags import TagStore
 log = logging.getLogger("aenv.api")
 # Health checks, Prometheus scrapes and the API description carry no secrets and usually no API
 # key (E2B's spec declares the key scheme; reading it must not need one).
-_OPEN_PATHS = frozenset({"/health", "/metrics", OPENAPI_PATH})
+_OPEN_PATHS = frozenset({"/health", "/metrics", OPENAPI_PATH, *IDENTITY_PATHS})
 _WAIT = WAIT_HEADER.lower().encode()
 
 
@@ -181,6 +183,9 @@ def create_api(
     # Not described: no client can call them, only a cluster's gateways (`api.handoff`).
     routes += HandoffRoutes(orchestrator, builder.tags).routes()
     routes += ChunkRoutes(orchestrator.saved.archive).routes()
+    # Not E2B's API but OIDC's: the keys workload identity tokens verify with.
+    if orchestrator.signer is not None:
+        routes += IdentityRoutes(orchestrator.signer).routes()
     app = Starlette(routes=routes, exception_handlers=JSON_ERRORS)
     limiter = RateLimiter(
         config.key_requests_per_s, config.key_request_burst, config.create_max_wait

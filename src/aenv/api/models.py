@@ -1,7 +1,7 @@
 """Request bodies of the E2B control plane, validated at the HTTP edge.
 
 Field names are the SDKs' JSON keys. A key a model does not declare is refused (api/requests.py
-names it in the 400): E2B fields this node does not implement (`mcp`, `iam`...)
+names it in the 400): E2B fields this node does not implement (`mcp`...)
 are left undeclared on purpose, so a client asking for them learns it at once instead of getting
 a sandbox without them.
 """
@@ -117,6 +117,19 @@ class NetworkUpdate(Egress):
     allow_internet_access: bool | None = None
 
 
+class SandboxIamToken(_Body):
+    """One of E2B's `iam.tokens`; JWT-SVID is the only type E2B's API takes (api/network.py)."""
+
+    audience: str
+    token_type: str = Field(alias="tokenType")
+
+
+class SandboxIam(_Body):
+    """E2B's `iam`: a non-empty `tokens` map enables workload identity (network/identity.py)."""
+
+    tokens: dict[str, SandboxIamToken] | None = None
+
+
 class AutoResume(_Body):
     enabled: bool = False
 
@@ -229,6 +242,7 @@ class NewSandbox(_Body):
     allow_internet_access: bool | None = None
     network: NetworkConfig | None = None
     volume_mounts: list[SandboxVolumeMount] | None = Field(default=None, alias="volumeMounts")
+    iam: SandboxIam | None = None
 
 
 class TimeoutBody(_Body):

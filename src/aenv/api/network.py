@@ -6,7 +6,10 @@ ignored: keys the SDKs do not send (models.Egress), and `rules` keyed by an addr
 apply to names: the egress proxy matches them against TLS SNI).
 An `egressProxy`'s password and CA certificates are never shown back (as in E2B), nor the
 values of the headers `rules` set: they are credentials, shown as `REDACTED`, but for one that
-is a secret's marker (`${e2b.secrets.<name>}`), shown as it is (`header_rules.shown`).
+is a secret's or a workload token's marker (`${e2b.secrets.<name>}`,
+`${e2b.identity.tokens.<name>}`), shown as it is (`header_rules.shown`). A create's `iam`
+(workload identity, network/identity.py) is kept with the network settings, whose rules may
+name its tokens; a rule naming a token it does not define is refused.
 """
 
 from __future__ import annotations
@@ -16,10 +19,18 @@ from ipaddress import IPv4Address
 from typing import Any
 
 from aenv.api.errors import APIError
-from aenv.api.models import Egress, EgressProxyBody, NetworkConfig, NetworkRule, NetworkUpdate
+from aenv.api.models import (
+    Egress,
+    EgressProxyBody,
+    NetworkConfig,
+    NetworkRule,
+    NetworkUpdate,
+    SandboxIam,
+)
 from aenv.envd import ENVD_PORT
 from aenv.network.domains import is_address, normalise
 from aenv.network.header_rules import NO_RULES, HeaderRule, HeaderRules, shown
+from aenv.network.identity import NO_TOKENS, TOKEN_TYPE, IdentityTokens
 from aenv.network.settings import SandboxNetwork
 from aenv.network.socks import SocksProxy
 
@@ -93,6 +104,19 @@ def _dns_servers(servers: list[str] | None) -> tuple[str, ...] | None:
     return tuple(servers)
 
 
+def identity_tokens(body: SandboxIam | None) -> IdentityTokens:
+    """A create's `iam` (400 for a type other than E2B's one, or a token E2B would refuse)."""
+    tokens = (body.tokens if body is not None else None) or {}
+    for name, token in tokens.items():
+        if token.token_type != TOKEN_TYPE:
+            message = f"iam.tokens.{name}.tokenType: only {TOKEN_TYPE!r} is supported"
+            raise APIError(400, message)
+    try:
+        return IdentityTokens(tuple((name, token.audience) for name, token in tokens.items()))
+    except ValueError as e:
+        raise APIError(400, f"iam.tokens: {e}") from e
+
+
 def _network(allow_internet: bool, body: Egress, **ingress: Any) -> SandboxNetwork:
     allow_out = _destinations("allowOut", body.allow_out)
     deny_out = _destinations("denyOut", body.deny_out)
@@ -113,9 +137,12 @@ def _network(allow_internet: bool, body: Egress, **ingress: Any) -> SandboxNetwo
 
 
 def create_network(
-    allow_internet_access: bool | None, body: NetworkConfig | None
+    allow_internet_access: bool | None,
+    body: NetworkConfig | None,
+    iam: IdentityTokens = NO_TOKENS,
 ) -> SandboxNetwork:
-    """The settings of a new sandbox from its create body (400 for what cannot be honoured)."""
+    """The settings of a new sandbox from its create body, with its workload identity tokens
+    (400 for what cannot be honoured)."""
     body = body or NetworkConfig()
     mask = body.mask_request_host
     if mask is not None and not _MASK.fullmatch(mask):
@@ -126,6 +153,7 @@ def create_network(
         allow_public_traffic=body.allow_public_traffic is not False,
         mask_request_host=mask,
         https_ports=_https_ports(body.https_ports or []),
+        iam=iam,
     )
 
 
@@ -138,9 +166,10 @@ def _https_ports(ports: list[int]) -> tuple[int, ...]:
     return tuple(sorted(set(ports)))
 
 
-def updated_network(body: NetworkUpdate) -> SandboxNetwork:
-    """The egress part of `PUT /sandboxes/{id}/network` (its ingress fields are left out)."""
-    return _network(body.allow_internet_access is not False, body)
+def updated_network(body: NetworkUpdate, iam: IdentityTokens = NO_TOKENS) -> SandboxNetwork:
+    """The egress part of `PUT /sandboxes/{id}/network` (its ingress fields are left out),
+    its rules checked against the sandbox's workload identity tokens `iam`."""
+    return _network(body.allow_internet_access is not False, body, iam=iam)
 
 
 def network_info(network: SandboxNetwork) -> dict[str, Any]:

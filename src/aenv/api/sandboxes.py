@@ -31,7 +31,7 @@ from aenv.api.models import (
     TimeoutBody,
     check_metadata,
 )
-from aenv.api.network import create_network, network_info, updated_network
+from aenv.api.network import create_network, identity_tokens, network_info, updated_network
 from aenv.api.queue import Waiting, client_gone, wait_of
 from aenv.api.requests import check_query, not_supported, parse_body
 from aenv.api.volumes import mounts_body, resolve_mounts
@@ -207,7 +207,9 @@ class SandboxRoutes:
     async def _start(
         self, body: NewSandbox, timeout: int, owner: str, waiting: Waiting
     ) -> dict[str, Any]:
-        network = await self._checked(create_network(body.allow_internet_access, body.network))
+        iam = identity_tokens(body.iam)
+        network = create_network(body.allow_internet_access, body.network, iam)
+        network = await self._checked(network)
         volume_mounts = resolve_mounts(self.orc.volumes, body.volume_mounts)
         try:
             with self.node_metrics.create_seconds.time():
@@ -350,8 +352,10 @@ class SandboxRoutes:
         """Replace the egress rules of a running or paused sandbox: 204, 404, 409 mid-change."""
         check_query(request)
         body = await parse_body(request, NetworkUpdate)
-        rules = await self._checked(updated_network(body))
         sandbox_id = request.path_params["sandbox_id"]
+        # The tokens a sandbox may name are those it was created with: they never change.
+        iam = self._record(request).network.iam
+        rules = await self._checked(updated_network(body, iam))
         await call_lifecycle(self.orc.set_egress(sandbox_id, rules), sandbox_id)
         return Response(status_code=204)
 

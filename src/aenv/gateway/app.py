@@ -16,6 +16,7 @@ from starlette.types import Receive, Scope, Send
 
 from aenv.api.api_keys import ApiKeyRoutes
 from aenv.api.app import JSON_ERRORS, APIKeyGate
+from aenv.api.identity import IdentityRoutes
 from aenv.api.keys import KeyBook
 from aenv.api.limits import RateLimiter
 from aenv.cluster.directory import Directory
@@ -27,6 +28,7 @@ from aenv.gateway.control import EXCEPTION_HANDLERS, ControlPlane
 from aenv.gateway.dataplane import DataPlane
 from aenv.gateway.handoff import Handoff
 from aenv.gateway.nodes import NodeClient
+from aenv.network.identity import Signer
 from aenv.proxy.errors import ProxyError, bad_route, deny_websocket, send_http
 from aenv.proxy.routing import RoutingError, route
 
@@ -40,14 +42,18 @@ class Gateway:
         limiter: RateLimiter,
         domain: str | None = None,
         key_max_sandboxes: int = Config().key_max_sandboxes,
+        identity: Signer | None = None,
     ) -> None:
+        """`identity`: the cluster's signer of workload identity tokens, whose keys the
+        gateway publishes (`aenv.api.identity`); none: no route publishes any."""
         self.domain = domain
         self.nodes = NodeClient(secret)
         handoff = Handoff(directory, self.nodes)
         self.data = DataPlane(directory, secret, handoff)
         control = ControlPlane(directory, self.nodes, handoff, key_max_sandboxes)
+        published = IdentityRoutes(identity).routes() if identity is not None else []
         app = Starlette(
-            routes=[*ApiKeyRoutes(keys).routes(), *control.routes()],
+            routes=[*published, *ApiKeyRoutes(keys).routes(), *control.routes()],
             exception_handlers={**EXCEPTION_HANDLERS, **JSON_ERRORS},
         )
         # The dashboard over the gateway's API: the cluster's sandboxes and templates. Its

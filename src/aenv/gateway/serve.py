@@ -18,6 +18,7 @@ from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import ClusterUnavailable, connect
 from aenv.config import Config, Paths
 from aenv.gateway.app import Gateway
+from aenv.orchestrator.identity_keys import node_signer
 from aenv.serving import uvicorn_config
 
 log = logging.getLogger("aenv.gateway")
@@ -54,7 +55,13 @@ async def run_gateway(
             config.key_requests_per_s, config.key_request_burst, config.create_max_wait
         )
         gateway = Gateway(
-            directory, settings.secret, keys, limiter, config.domain, config.key_max_sandboxes
+            directory,
+            settings.secret,
+            keys,
+            limiter,
+            config.domain,
+            config.key_max_sandboxes,
+            node_signer(config),
         )
         try:
             await uvicorn.Server(uvicorn_config(gateway, config)).serve()

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from aenv.network.addressing import AddressPlan
 from aenv.network.header_rules import SecretValues
+from aenv.network.identity import Signer
 from aenv.network.reserved import denied_ranges
 from aenv.network.slot import GuestNetwork
 
@@ -50,6 +51,9 @@ class NetworkConfig:
     # Where the egress proxies read the secrets header rules name (`header_rules.resolve`);
     # None: a request whose rule names one is not sent.
     secrets: SecretValues | None = field(default=None, compare=False)
+    # Who signs the workload identity tokens rules name (`identity`); None: a request whose
+    # rule names one is not sent.
+    signer: Signer | None = field(default=None, compare=False)
     # The only user whose processes may open connections to slot addresses (the server's).
     server_uid: int = field(default_factory=os.geteuid)
 

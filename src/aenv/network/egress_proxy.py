@@ -23,7 +23,8 @@ For a name with header rules (E2B's `network.rules`, `header_rules`), step 3 goe
 proxy opens a TLS connection to the destination that must verify for that name, meanwhile
 answers the guest's handshake with a certificate of the node's egress CA, and once both are up
 relays the guest's HTTP/1.1 or HTTP/2 requests as HTTP/1.1 with the rules' headers set
-(`interception`, `interception_h2`), the secrets they name read as each request is sent. A
+(`interception`, `interception_h2`), the secrets and workload identity tokens they name read
+or minted as each request is sent (`identity`). A
 rule applies only to names the policy allows, and only over TLS: a plain-HTTP connection to
 such a name is refused, since its destination is whatever address the guest dialled and
 nothing checks it is the named server.
@@ -57,7 +58,8 @@ from aenv.network import netns
 from aenv.network.dns import DnsForwarder
 from aenv.network.domains import DomainRules
 from aenv.network.egress_ca import EgressCA
-from aenv.network.header_rules import Headers, SecretValues, resolve
+from aenv.network.header_rules import Headers, SecretValues, TokenSource, resolve
+from aenv.network.identity import Signer, WorkloadIdentity
 from aenv.network.interception import GuestTls, PlainStream, Stream, exchange
 from aenv.network.interception_h2 import Bridge
 from aenv.network.policy import EgressPolicy
@@ -148,12 +150,25 @@ class EgressCounts:
 
 @dataclass(frozen=True)
 class Interception:
-    """What a proxy needs to apply header rules: the node's CA, how servers are checked, and
-    where the secrets rules name are read (None: a rule naming one sends nothing)."""
+    """What a proxy needs to apply header rules: the node's CA, how servers are checked,
+    where the secrets rules name are read and who signs the tokens they name (None: a rule
+    naming one sends nothing)."""
 
     ca: EgressCA
     upstream: ssl.SSLContext
     secrets: SecretValues | None = None
+    signer: Signer | None = None
+
+    def tokens(self, identity: WorkloadIdentity | None) -> TokenSource:
+        """The tokens of `identity` (none without one, or without a signer)."""
+
+        def token(name: str) -> str | None:
+            audience = None if identity is None else identity.tokens.audience(name)
+            if audience is None or identity is None or self.signer is None:
+                return None
+            return self.signer.token(identity.subject, audience)
+
+        return token
 
 
 class EgressProxy:
@@ -338,9 +353,10 @@ class EgressProxy:
             await handshake
             self._counts.intercepted += 1
             secrets = interception.secrets
+            tokens = interception.tokens(destination[0].identity)
 
             def now() -> Headers:
-                return resolve(headers, secrets)
+                return resolve(headers, secrets, tokens)
 
             if guest.alpn == "h2":
                 await Bridge(guest, first, connect, now).run()

@@ -12,7 +12,9 @@ would let a rule change what a request is, not what it says.
 A value may name secrets (E2B's `Secret.fill`: `${e2b.secrets.<name>}`); the egress proxy
 replaces each marker by the secret's value when it sends a request (`resolve`), read at that
 moment, so the guest and the sandbox's settings only ever hold the marker. A request whose
-rule names a secret that does not exist (or no longer does) is not sent.
+rule names a secret that does not exist (or no longer does) is not sent. A value may name the
+sandbox's workload identity tokens alike (`${e2b.identity.tokens.<name>}`, `identity`), each
+minted as the request is sent.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 from aenv.network.domains import DomainRules, normalise
+from aenv.network.identity import IDENTITY_MARKER
 
 # RFC 9110 token and field-value (no control characters but tab, no leading/trailing space).
 _TOKEN = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
@@ -46,17 +49,23 @@ REDACTED = "REDACTED"
 MAX_VALUE = 8192
 # What `Secret.fill` makes of a name (the SDK refuses names with braces or control characters).
 SECRET_MARKER = re.compile(r"\$\{e2b\.secrets\.([^{}]*)\}")
+# Either kind of marker (`identity.IDENTITY_MARKER` for tokens), the kind in group 1.
+_MARKERS = re.compile(r"\$\{e2b\.(secrets|identity\.tokens)\.([^{}]*)\}")
 
 Headers = tuple[tuple[str, str], ...]
+# A sandbox's workload identity token of a name (`identity`), minted now; None for a name its
+# `iam` does not define.
+TokenSource = Callable[[str], str | None]
 # The headers a request gets, asked for as each request is sent (secrets are read then).
 HeadersNow = Callable[[], Headers]
 
 
 def shown(value: str) -> str:
     """What is shown of a rule's header value anywhere but the egress proxy: a value that is
-    one secret marker as it is (it holds no credential, and tells which secret is sent), any
+    one secret or token marker as it is (it holds no credential, and tells what is sent), any
     other `REDACTED` (it may be a credential, or hold one beside a marker)."""
-    return value if SECRET_MARKER.fullmatch(value) else REDACTED
+    markers = (SECRET_MARKER, IDENTITY_MARKER)
+    return value if any(m.fullmatch(value) for m in markers) else REDACTED
 
 
 class SecretValues(Protocol):
@@ -112,20 +121,31 @@ class HeaderRules:
 NO_RULES = HeaderRules()
 
 
-def resolve(headers: Headers, secrets: SecretValues | None) -> Headers:
-    """`headers` with every secret marker replaced by the secret's value now. Raises
-    SecretUnavailable for a secret without one (or none of these: `secrets` is None), or
-    whose value cannot be a header's. The messages name the secret, never a value."""
+def resolve(
+    headers: Headers, secrets: SecretValues | None, tokens: TokenSource | None = None
+) -> Headers:
+    """`headers` with every secret marker replaced by the secret's value now, and every
+    token marker by a token minted now. Raises SecretUnavailable for a secret without one (or
+    none of these: `secrets` is None), a token the sandbox does not define (or any token:
+    `tokens` is None), or a value that cannot be a header's. The messages name the secret or
+    token, never a value."""
 
     def value(marker: re.Match[str]) -> str:
-        found = secrets.value(marker[1]) if secrets is not None else None
+        # One pass over both kinds: a secret's value is never read for markers.
+        kind, named = marker[1], marker[2]
+        if kind == "secrets":
+            found = secrets.value(named) if secrets is not None else None
+            if found is None:
+                raise SecretUnavailable(f"secret {named!r} does not exist")
+            return found
+        found = tokens(named) if tokens is not None else None
         if found is None:
-            raise SecretUnavailable(f"secret {marker[1]!r} does not exist")
+            raise SecretUnavailable(f"workload token {named!r} is not in the sandbox's iam")
         return found
 
     out = []
     for name, template in headers:
-        filled = SECRET_MARKER.sub(value, template)
+        filled = _MARKERS.sub(value, template)
         if len(filled) > MAX_VALUE or not HEADER_VALUE.fullmatch(filled):
             raise SecretUnavailable(f"the value of {name!r} with its secrets is not a header value")
         out.append((name, filled))

@@ -107,7 +107,7 @@ class SlotManager:
         if self.config.egress_ca is not None:
             ca = await asyncio.to_thread(EgressCA, self.config.egress_ca)
             upstream = upstream_context(self.config.upstream_ca)
-            self._interception = Interception(ca, upstream, self.config.secrets)
+            self._interception = Interception(ca, upstream, self.config.secrets, self.config.signer)
         if swept:
             log.warning("reclaimed %d leftover network slots: %s", len(swept), ", ".join(swept))
 

@@ -5,7 +5,8 @@ Semantics follow E2B: with no lists everything is allowed; `deny` blocks its des
 address rule allows is then judged by the name it asks for (`egress_proxy`). With a `proxy`
 (the sandbox's own SOCKS5 proxy, `socks`), every TCP connection the lists and names allow is
 tunneled through it. `headers` (E2B's `network.rules`, `header_rules`) are set on the HTTPS
-requests of connections judged by name. The policy applies only while the slot's egress is on,
+requests of connections judged by name, with the sandbox's workload identity tokens
+(`identity`) for the markers they name. The policy applies only while the slot's egress is on,
 and never opens the host: the host-side rules drop slot traffic to the host whatever the policy
 says.
 """
@@ -18,6 +19,7 @@ from ipaddress import IPv4Address, IPv4Network, collapse_addresses, ip_network
 
 from aenv.network.domains import is_address, normalise
 from aenv.network.header_rules import NO_RULES, HeaderRules
+from aenv.network.identity import WorkloadIdentity
 from aenv.network.socks import SocksProxy
 
 
@@ -37,6 +39,7 @@ class EgressPolicy:
     # order; None: the node's.
     dns_servers: tuple[IPv4Address, ...] | None = None
     headers: HeaderRules = NO_RULES
+    identity: WorkloadIdentity | None = None
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allow", _normalise(self.allow))

@@ -5,7 +5,8 @@ allow, domain names; allow wins over deny), `egressProxy` (a SOCKS5 proxy the al
 tunneled through), `dnsServers` (the resolvers a sandbox with domain rules gets its answers
 from), `allowPublicTraffic` (ingress only with the traffic access token), `maskRequestHost` and
 `httpsPorts` (ports whose service speaks HTTPS: the data-plane proxy reaches them over TLS) and
-`rules` (headers set on HTTPS requests to given domains, `header_rules`).
+`rules` (headers set on HTTPS requests to given domains, `header_rules`); and beside them the
+sandbox's workload identity tokens (E2B's `iam`, `identity`), which those headers may name.
 They belong to the sandbox, not to its slot: they are
 stored with it, applied to every slot it runs in (create, resume, fork children) and replaced
 at runtime by `PUT /sandboxes/{id}/network`.
@@ -25,6 +26,7 @@ from ipaddress import IPv4Network
 from typing import Any
 
 from aenv.network.header_rules import NO_RULES, HeaderRule, HeaderRules, shown
+from aenv.network.identity import IDENTITY_MARKER, NO_TOKENS, IdentityTokens
 from aenv.network.policy import EgressPolicy
 from aenv.network.socks import SocksProxy
 
@@ -54,10 +56,12 @@ class SandboxNetwork:
     dns_servers: tuple[str, ...] | None = None
     https_ports: tuple[int, ...] = ()
     rules: HeaderRules = NO_RULES
+    iam: IdentityTokens = NO_TOKENS
     # Derived, for the slot; not part of the stored form.
     egress: SlotEgress = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        _check_tokens(self)
         object.__setattr__(self, "egress", _slot_egress(self))
 
     def to_json(self) -> dict[str, Any]:
@@ -74,6 +78,7 @@ class SandboxNetwork:
                 {"domain": rule.domain, "headers": [list(h) for h in rule.headers]}
                 for rule in self.rules.rules
             ],
+            "iam": [list(token) for token in self.iam.tokens],
         }
 
     def redacted_json(self) -> dict[str, Any]:
@@ -106,7 +111,21 @@ class SandboxNetwork:
                     for rule in data.get("rules", ())
                 )
             ),
+            iam=IdentityTokens(tuple((n, a) for n, a in data.get("iam", ()))),
         )
+
+
+def _check_tokens(network: SandboxNetwork) -> None:
+    """ValueError for a rule naming a workload token the sandbox's `iam` does not define: it
+    would send nothing, ever (E2B's SDK refuses it too)."""
+    for rule in network.rules.rules:
+        for _, value in rule.headers:
+            for name in IDENTITY_MARKER.findall(value):
+                if network.iam.audience(name) is None:
+                    raise ValueError(
+                        f"rules: {rule.domain} names workload token {name!r}, which iam does "
+                        "not define"
+                    )
 
 
 def _slot_egress(network: SandboxNetwork) -> SlotEgress:

@@ -20,6 +20,7 @@ from aenv.network import Slot
 from aenv.network.settings import SlotEgress
 from aenv.orchestrator.catalog import SandboxRecord
 from aenv.orchestrator.envd_client import EnvdClient
+from aenv.orchestrator.identity import slot_egress
 from aenv.orchestrator.node import Live, Node
 from aenv.orchestrator.templates import BOOT_READY_TIMEOUT
 from aenv.orchestrator.volumes import guest_mounts
@@ -54,7 +55,7 @@ async def launch(
         node,
         record.id,
         snapshot,
-        record.network.egress,
+        slot_egress(record),
         current_token,
         cold or len(shares) > snapshot.spec.share_slots,
         shares,

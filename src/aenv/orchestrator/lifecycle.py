@@ -35,6 +35,7 @@ from pathlib import Path
 
 from aenv.config import Config
 from aenv.network import SlotProvider
+from aenv.network.identity import Signer
 from aenv.network.settings import SandboxNetwork
 from aenv.orchestrator import (
     create,
@@ -114,11 +115,15 @@ class Orchestrator:
         archive: Archive | None = None,
         volume_backing: VolumeBacking | None = None,
         secrets: SecretStore | None = None,
+        signer: Signer | None = None,
     ) -> None:
         """`volume_backing`: what holds sized volumes, by default ext4 images mounted on the
         host (`storage.volume_images`, which needs root). `secrets`: the store the slots'
-        egress proxies read too, by default one over `catalog` with the node's key."""
+        egress proxies read too, by default one over `catalog` with the node's key. `signer`:
+        who signs the slots' workload identity tokens, whose keys the API publishes (none:
+        no route publishes any)."""
         self.secrets = secrets or SecretStore(catalog, node_key(config))
+        self.signer = signer
         # Guest memory under the template store's root, which restores map.
         paths = dataclasses.replace(config.paths, memory_override=templates.memory_dir)
         self.node = Node(

@@ -20,6 +20,7 @@ from aenv.network.settings import SandboxNetwork, SlotEgress
 from aenv.orchestrator.catalog import SandboxRecord
 from aenv.orchestrator.errors import InvalidNetwork, InvalidState, OperationFailed
 from aenv.orchestrator.events import EventType
+from aenv.orchestrator.identity import slot_egress
 from aenv.orchestrator.launch import trust_egress_ca
 from aenv.orchestrator.node import Node
 from aenv.orchestrator.states import ASLEEP, SandboxState
@@ -68,7 +69,7 @@ async def set_egress(node: Node, sandbox_id: str, rules: SandboxNetwork) -> Sand
             if network.rules.rules and not record.network.rules.rules:
                 ruled = dataclasses.replace(record, network=network)
                 await trust_egress_ca(node, ruled, node.envd_of(record))
-            await apply_egress(node, live.slot, record.network.egress, network.egress)
+            await apply_egress(node, live.slot, slot_egress(record), slot_egress(record, network))
         updated = node.catalog.update(sandbox_id, network=network)
         assert updated is not None  # only this task changes a row it holds the lock of
         node.events.record(EventType.UPDATED, updated, {"network_egress": network.redacted_json()})

@@ -30,6 +30,7 @@ from aenv.orchestrator.build_steps import StepFailed, warm_up
 from aenv.orchestrator.catalog import SandboxRecord
 from aenv.orchestrator.envd_client import EnvdClient
 from aenv.orchestrator.errors import OperationFailed
+from aenv.orchestrator.identity import slot_egress
 from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.launch import RESTORE_READY_TIMEOUT, init_envd, start_vm
 from aenv.orchestrator.network_updates import apply_egress
@@ -66,7 +67,7 @@ async def adopt(node: Node, record: SandboxRecord, pooled: Pooled, base: Templat
         undo.push_async_callback(discard, node, pooled)
         try:
             start = time.perf_counter()
-            await apply_egress(node, pooled.slot, NO_EGRESS, record.network.egress)
+            await apply_egress(node, pooled.slot, NO_EGRESS, slot_egress(record))
             egress = time.perf_counter()
             envd = EnvdClient(node.client, str(pooled.slot.address), base.envd_access_token)
             await init_envd(node, record, envd)

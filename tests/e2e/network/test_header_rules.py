@@ -3,14 +3,20 @@ the guest reach the simulated internet's HTTPS server (tests/e2e/internet.py, `/
 what it got), a ruled name with the rule's header, another name without it; the info shows the
 value `REDACTED`; an update gives a running sandbox its first rules, kept across pause and
 resume; a rule naming a secret (`Secret.fill`) sends the secret's current value, which the guest
-never holds."""
+never holds; a rule naming a workload identity token (`iam`, `ctx.iam.tokens[...]`) sends a
+JWT-SVID that verifies against the node's published JWKS for its audience alone."""
 
 from __future__ import annotations
 
 import json
 
+import httpx
+import jwt
+import pytest
 from e2b import Sandbox, Secret
-from e2b.sandbox.sandbox_api import SandboxNetworkOpts, SandboxNetworkRule
+from e2b.sandbox.sandbox_api import SandboxIamOpts, SandboxNetworkOpts, SandboxNetworkRule
+
+from tests.e2e.network.conftest import API
 
 SECRET = "s3cret-e2e"
 RULED: SandboxNetworkOpts = {
@@ -101,3 +107,48 @@ def test_a_rule_sends_a_secret_the_guest_never_holds() -> None:
     finally:
         sandbox.kill()
         Secret.destroy(name)
+
+
+def test_a_rule_sends_a_workload_token_that_verifies_for_its_audience() -> None:
+    iam: SandboxIamOpts = {
+        "tokens": {"aws": Secret.iam_token(audience="sts.example.test", token_type="JWT-SVID")}
+    }
+    network: SandboxNetworkOpts = {
+        "allow_out": ["allowed.test"],
+        "deny_out": ["0.0.0.0/0"],
+        "rules": {
+            "allowed.test": [
+                {
+                    "transform": lambda ctx: {
+                        "headers": {"Authorization": f"Bearer {ctx.iam.tokens['aws']}"}
+                    }
+                }
+            ]
+        },
+    }
+    sandbox = Sandbox.create(timeout=180, network=network, iam=iam)
+    try:
+        got = _headers(sandbox, "curl -sS -m 20 https://allowed.test/headers")
+        token = got["authorization"].removeprefix("Bearer ")
+        discovery = httpx.get(f"{API}/.well-known/openid-configuration", timeout=30).json()
+        jwks = httpx.get(f"{API}/.well-known/jwks.json", timeout=30).json()
+        kid = jwt.get_unverified_header(token)["kid"]
+        [key] = [k for k in jwt.PyJWKSet.from_dict(jwks).keys if k.key_id == kid]
+        claims = jwt.decode(
+            token,
+            key,
+            algorithms=["ES256"],
+            audience="sts.example.test",
+            issuer=discovery["issuer"],
+        )
+        assert claims["sandbox_id"] == sandbox.sandbox_id
+        assert claims["sub"].endswith(f"/sandbox/{sandbox.sandbox_id}")
+        with pytest.raises(jwt.InvalidAudienceError):
+            jwt.decode(token, key, algorithms=["ES256"], audience="another.test")
+        info = sandbox.get_info().network
+        assert info is not None
+        assert info["rules"] == {
+            "allowed.test": [{"transform": {"headers": {"Authorization": "REDACTED"}}}]
+        }
+    finally:
+        sandbox.kill()
