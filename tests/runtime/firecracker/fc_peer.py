@@ -29,6 +29,7 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ from starlette.routing import Route
 
 from tests.network.fakeguest import attach_tap
 from tests.runtime.firecracker import fc_guest, fc_swagger
+from tests.runtime.firecracker.fc_uffd import GuestMemory
 
 PRE_BOOT_ONLY = {
     ("PUT", "/machine-config"),
@@ -87,6 +89,10 @@ class PeerState:
     # Run a guest (`fc_guest.py`) while the VM runs; `guest` is its process once started.
     with_guest: bool = False
     guest: subprocess.Popen[str] | None = None
+    # Guest memory of a `Uffd` load (`fc_uffd.py`), and what its "vCPU" read once running: the
+    # first page and the newest generation's page (`touched`, by offset).
+    memory: GuestMemory | None = None
+    touched: dict[int, bytes] = field(default_factory=dict)
 
     def host(self, path: str) -> Path:
         return self.root / path
@@ -294,7 +300,12 @@ class Peer:
         backend = body["mem_backend"]
         mem = st.host(backend["backend_path"])
         expected = doc["config"]["machine-config"]["mem_size_mib"] << 20
-        if backend["backend_type"] != "File" or not mem.is_file() or mem.stat().st_size < expected:
+        if backend["backend_type"] == "Uffd":
+            try:
+                st.memory = GuestMemory(expected, mem)
+            except OSError as exc:
+                return fault(f"Load snapshot error: cannot connect to the uffd handler: {exc}")
+        elif not mem.is_file() or mem.stat().st_size < expected:
             return fault(f"Load snapshot error: cannot map guest memory {mem}")
         for drive in doc["config"].get("drives", {}).values():
             problem = _drive_problem(st.host(drive["path_on_host"]))
@@ -317,6 +328,8 @@ class Peer:
         """Bring the guest (if this peer runs one) to the VM's state: started the first time the
         VM runs, then paused and resumed with it."""
         st = self.state
+        if st.memory is not None and st.state == "Running" and not st.touched:
+            threading.Thread(target=self.touch_memory, daemon=True).start()
         if not st.with_guest:
             return Response(status_code=204)
         try:
@@ -327,6 +340,14 @@ class Peer:
         except (OSError, RuntimeError, KeyError, ValueError) as exc:
             return fault(f"The guest failed: {exc}")
         return Response(status_code=204)
+
+    def touch_memory(self) -> None:
+        """The guest's first reads of its memory, each stopping this thread (a vCPU) until the
+        handler has filled the page."""
+        st = self.state
+        assert st.memory is not None
+        for offset in (0, PAGE * st.generation):
+            st.touched[offset] = st.memory.read(offset, PAGE)
 
     def start_guest(self) -> subprocess.Popen[str]:
         cfg = self.state.config
