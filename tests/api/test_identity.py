@@ -78,6 +78,10 @@ async def test_what_iam_cannot_honour_is_refused(tmp_path: Path) -> None:
         assert "workload token 'aws'" in error(refused, 400)
         # An empty tokens map is workload identity off, as in E2B.
         await create(api, iam={"tokens": {}})
+        # An update's body is judged before its sandbox is looked up.
+        unknown = f"/sandboxes/{'x' * 20}/network"
+        assert "denyOut" in error(await api.put(unknown, json={"denyOut": ["a.test"]}), 400)
+        assert (await api.put(unknown, json={"denyOut": ["0.0.0.0/0"]})).status_code == 404
 
 
 async def test_discovery_and_jwks_are_served_without_a_key(tmp_path: Path) -> None:

@@ -37,6 +37,7 @@ from aenv.api.requests import check_query, not_supported, parse_body
 from aenv.api.volumes import mounts_body, resolve_mounts
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
+from aenv.network.identity import NO_TOKENS
 from aenv.network.settings import SandboxNetwork
 from aenv.orchestrator.builds import Build
 from aenv.orchestrator.catalog import PageQuery, SandboxRecord
@@ -353,8 +354,12 @@ class SandboxRoutes:
         check_query(request)
         body = await parse_body(request, NetworkUpdate)
         sandbox_id = request.path_params["sandbox_id"]
-        # The tokens a sandbox may name are those it was created with: they never change.
-        iam = self._record(request).network.iam
+        # The tokens a sandbox may name are those it was created with: they never change. The
+        # body of an unknown sandbox is judged alone (a bad one is a 400 still), then 404s.
+        try:
+            iam = self.orc.get(sandbox_id).network.iam
+        except SandboxNotFound:
+            iam = NO_TOKENS
         rules = await self._checked(updated_network(body, iam))
         await call_lifecycle(self.orc.set_egress(sandbox_id, rules), sandbox_id)
         return Response(status_code=204)
