@@ -27,7 +27,8 @@ def main(cache_dir: str, port: str, secret: str) -> None:
         repository = Repository(PosixStore(Path(store)), ChunkCache(Path(cache_dir), 1 << 30))
         app = Starlette(routes=ChunkRoutes(repository).routes(), exception_handlers=JSON_ERRORS)
         gated = InternalGate(app, ClusterSecret(secret))
-        uvicorn.run(gated, host="127.0.0.1", port=int(port), log_level="warning")
+        # One access line a request on stdout: what a test counts the peer was asked.
+        uvicorn.run(gated, host="127.0.0.1", port=int(port), log_level="info")
         repository.close()
 
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import sys
@@ -41,6 +42,7 @@ from aenv.storage.repository import (
     UnreachableChunk,
 )
 from aenv.storage.repository.chunks import chunk_key
+from aenv.storage.repository.sources import MISSES_IN_A_ROW
 from tests.storage.test_repository import assert_same_tree, s3_store
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer
@@ -50,6 +52,7 @@ MiB = 1 << 20
 SECRET = ClusterSecret("peers-test-secret-" + "x" * 16)
 ROOT = Path(__file__).resolve().parents[2]
 MEMORY_CHUNKS = 24
+WORKERS = 4
 
 
 @pytest.fixture
@@ -90,7 +93,7 @@ def tree(root: Path) -> Path:
 
 @contextmanager
 def repository(store: S3Store, cache: Path, peers: ClusterPeers | None) -> Iterator[Repository]:
-    repo = Repository(store, ChunkCache(cache, 1 << 30), workers=4)
+    repo = Repository(store, ChunkCache(cache, 1 << 30), workers=WORKERS)
     repo.use_peers(peers)
     try:
         yield repo
@@ -104,11 +107,18 @@ class Peer:
     def __init__(self, name: str, cache: Path) -> None:
         self.name = name
         self.port = free_port()
-        self.process = subprocess.Popen(
-            [sys.executable, "-m", "tests.cluster.chunk_peer", str(cache), str(self.port),
-             SECRET.value],
-            cwd=ROOT,
-        )  # fmt: skip
+        self.log = cache.parent / f"{name}.log"
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, "-m", "tests.cluster.chunk_peer", str(cache), str(self.port),
+                 SECRET.value],
+                cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                env={**os.environ, "PYTHONUNBUFFERED": "1"},
+            )  # fmt: skip
+
+    def asked(self) -> int:
+        """Chunk requests the peer answered (its access log), the test's own probe included."""
+        return self.log.read_text().count('"GET /internal/cluster/chunks/')
 
     @property
     def chunks_url(self) -> str:
@@ -253,6 +263,25 @@ async def test_a_damaged_chunk_from_a_peer_is_refused_and_the_store_kept(
     assert_same_tree(tmp_path / "src", tmp_path / "restored")
     assert stats.peer_failures == 1 and stats.chunks_fetched >= 1
     assert store.exists(chunk_key(first))  # a peer's damage is not the store's
+
+
+async def test_a_holder_that_lost_the_chunks_is_left_out_after_a_few(
+    store: S3Store, tmp_path: Path, registry: NodeRegistry
+) -> None:
+    manifest = await stored_by_a(store, tmp_path, registry)
+    # A's cache evicted everything since it recorded itself a holder.
+    shutil.rmtree(tmp_path / "cache-a")
+    async with peer("node-a", tmp_path / "cache-a", registry) as served:
+        probes = served.asked()
+        peers = ClusterPeers(registry, "node-b", SECRET)
+        with repository(store, tmp_path / "cache-b", peers) as b:
+            await b.get_tree(manifest.id, tmp_path / "restored")
+            stats = b.stats
+        asked = served.asked() - probes
+    assert_same_tree(tmp_path / "src", tmp_path / "restored")
+    assert (stats.chunks_fetched, stats.peer_failures) == (chunk_count(manifest), 0)
+    # Left out after MISSES_IN_A_ROW misses, give or take the other workers' asks in flight.
+    assert MISSES_IN_A_ROW <= asked <= MISSES_IN_A_ROW + WORKERS - 1
 
 
 async def test_without_redis_a_restore_reads_the_store(
