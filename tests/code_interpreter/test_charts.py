@@ -74,6 +74,18 @@ def test_pie_chart(sandbox: Sandbox) -> None:
     assert all(e.radius == 1.0 for e in chart.elements)
 
 
+def test_a_pie_shares_angles_are_whole_degrees(sandbox: Sandbox) -> None:
+    """From 90 degrees, a 90 % wedge ends at 414: 414 - 90 is 323.99999999999994 in floats."""
+    chart = _chart(sandbox, "plt.pie([90, 10], labels=['a', 'b'], startangle=90)")
+    assert isinstance(chart, PieChart)
+    assert [e.angle for e in chart.elements] == [324, 36]
+
+
+def test_no_title_is_none(sandbox: Sandbox) -> None:
+    chart = _chart(sandbox, "plt.scatter([1, 2], [3, 4], label='s')")
+    assert isinstance(chart, ScatterChart) and chart.title is None
+
+
 @pytest.mark.parametrize("patch_artist", [False, True])
 def test_box_and_whisker_chart(sandbox: Sandbox, patch_artist: bool) -> None:
     chart = _chart(

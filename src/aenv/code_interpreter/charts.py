@@ -56,20 +56,25 @@ def axes_chart(ax: Axes) -> Chart:
         return _point_chart(ax, "scatter", [(c.get_label(), _offsets(c)) for c in collections])
     if artists and all(isinstance(a, Wedge) for a in artists):
         wedges = [a for a in artists if isinstance(a, Wedge)]
-        return {"type": "pie", "title": ax.get_title(), "elements": [_wedge(w) for w in wedges]}
+        return {"type": "pie", "title": _title(ax), "elements": [_wedge(w) for w in wedges]}
     bars = [c for c in ax.containers if isinstance(c, BarContainer)]
     if bars and all(isinstance(a, Rectangle) for a in artists):
         return _bar_chart(ax, bars)
-    return {"type": "unknown", "title": ax.get_title(), "elements": []}
+    return {"type": "unknown", "title": _title(ax), "elements": []}
 
 
-def _suptitle(figure: Figure) -> str:
-    return figure.get_suptitle()
+# No title is None in the SDKs' charts, not "".
+def _title(ax: Axes) -> str | None:
+    return ax.get_title() or None
+
+
+def _suptitle(figure: Figure) -> str | None:
+    return figure.get_suptitle() or None
 
 
 def _labels(ax: Axes) -> Chart:
     return {
-        "title": ax.get_title(),
+        "title": _title(ax),
         "x_label": ax.get_xlabel() or None,
         "y_label": ax.get_ylabel() or None,
         "x_unit": None,
@@ -133,7 +138,9 @@ def _value(value: object) -> float | str:
 def _wedge(wedge: Wedge) -> Chart:
     return {
         "label": wedge.get_label(),
-        "angle": float(abs(wedge.theta2 - wedge.theta1)),
+        # A wedge's angles are its start plus its share of 360: 90 + 324 - 90 is not 324 in
+        # floats, and a 90 % share is 324 degrees to the SDKs' users (and E2B's tests).
+        "angle": round(float(abs(wedge.theta2 - wedge.theta1)), 9),
         "radius": float(wedge.r),
     }
 
