@@ -2,7 +2,9 @@
 that gives pandas dataframes a `data` result (a list of values per column, dates in ISO form)
 beside the HTML and text pandas gives them itself, one that gives matplotlib figures a `chart`
 (`charts`) beside their PNG, and one that gives lists and dicts a `json` result. Tracebacks
-come without colours, and long lists' text is not cut short.
+come without colours, and long lists' text is not cut short. A PIL image shown
+(`Image.show()`) or saved to a file is also a result, its PNG, as E2B's kernels give it: no
+desktop viewer opens it (the template's R brings `xdg-open`, which PIL would try first).
 
 The code leaves no names in the user's namespace. Pandas is looked up by name (its classes
 give `pandas` as their module), as are matplotlib's, so a kernel without them starts all the same.
@@ -13,7 +15,9 @@ from aenv.code_interpreter.events import CHART_MIME, DATA_MIME
 STARTUP_CODE = f"""
 def _aenv_startup():
     import json
+    import os
     import sys
+    import IPython.display
     from IPython.core.formatters import BaseFormatter, JSONFormatter, catch_format_error
     from traitlets import Unicode
 
@@ -84,6 +88,23 @@ def _aenv_startup():
             print(f"aenv: no chart for this figure: {{e!r}}", file=sys.stderr)
             return None
 
+    def images():
+        try:
+            from PIL import Image, ImageShow
+        except ImportError:
+            return
+        # First in PIL's list of viewers: PIL's own one for IPython, which displays.
+        ImageShow.register(ImageShow.IPythonViewer, order=-1)
+        saving = Image.Image.save
+
+        def save(image, fp, *args, **kwargs):
+            if isinstance(fp, (str, os.PathLike)):
+                IPython.display.display(image)
+            return saving(image, fp, *args, **kwargs)
+
+        Image.Image.save = save
+
+    images()
     shell = get_ipython()
     shell.colors = "nocolor"
     formatters = shell.display_formatter.formatters
