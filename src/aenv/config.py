@@ -431,7 +431,7 @@ class Config(BaseModel):
     build_cache_layers: int = Field(
         default=32,
         description="Cached build steps kept (newest or most recently reused first; each holds "
-        "a VM's memory and disk).",
+        "a VM's disks, not its memory).",
     )
     build_log_max_mb: PositiveInt = Field(
         default=8,

@@ -16,7 +16,7 @@ from aenv.cluster.saved import SavedRecord
 from aenv.cluster.source import CatalogSource
 from aenv.orchestrator.build_steps import StepType, tar_files_hash
 from aenv.orchestrator.builds import Build, Builder, BuildSpec, BuildStatus, Step
-from aenv.orchestrator.kinds import TemplateKind
+from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.tags import TagStore
 from aenv.orchestrator.templates import template_from_json
 from tests.doubles.guest import COMMANDS
@@ -63,6 +63,9 @@ async def test_build_runs_steps_and_saves_a_template(tmp_path: Path) -> None:
         assert (template.env_vars, template.default_user) == ({"GREETING": "hi"}, "root")
         layers = [t for t in node.templates.list_all() if t.kind is TemplateKind.BUILD_LAYER]
         assert len(layers) == 2  # after each RUN
+        # Disks only: no guest memory held on tmpfs for a rebuild; the template has its own.
+        assert {t.save_mode for t in layers} == {SaveMode.FILESYSTEM}
+        assert template.save_mode is SaveMode.FULL
         assert [r for r in node.catalog.list() if r.internal] == []  # the build VM is gone
         assert node.driver.running == {}
         record, _ = await node.orchestrator.create(node.request(template="app"))

@@ -60,16 +60,19 @@ async def snapshot(
 async def save_template(
     node: Node, sandbox_id: str, template_id: str, kind: TemplateKind, aliases: tuple[str, ...]
 ) -> Template:
-    """Save a running sandbox's state, memory included, as a new build of `template_id`
-    (template builds: the finished template and its cached intermediate steps)."""
-    # Finished templates are restored by every sandbox; cached steps only by a rebuild.
+    """Save a running sandbox's state as a new build of `template_id` (template builds: the
+    finished template, memory included, and its cached intermediate steps, disks only)."""
+    # A cached step keeps only its disks, as a Docker layer does: its memory would stay on
+    # tmpfs (RAM) for a rebuild that may never come, a VM's size per RUN step (18 GiB for
+    # code-interpreter-v1's nine), past a host's /dev/shm. A rebuild cold-boots from it.
+    layer = kind is TemplateKind.BUILD_LAYER
     template = await checkpoint(
         node,
         sandbox_id,
         template_id,
         kind,
         aliases,
-        SaveMode.FULL,
+        SaveMode.FILESYSTEM if layer else SaveMode.FULL,
         detach_memory=kind is TemplateKind.TEMPLATE,
     )
     await node.saved.collect()  # the build it replaced, unless sandboxes still use it
