@@ -81,6 +81,16 @@ def test_a_pie_shares_angles_are_whole_degrees(sandbox: Sandbox) -> None:
     assert [e.angle for e in chart.elements] == [324, 36]
 
 
+def test_units_are_what_labels_end_with(sandbox: Sandbox) -> None:
+    chart = _chart(
+        sandbox, "plt.plot([1, 2], [3, 4])\nplt.xlabel('Time (s)'); plt.ylabel('Mass [kg]')"
+    )
+    assert isinstance(chart, LineChart)
+    assert (chart.x_label, chart.x_unit, chart.y_unit) == ("Time (s)", "s", "kg")
+    plain = _chart(sandbox, "plt.plot([1, 2], [3, 4])\nplt.xlabel('Class')")
+    assert isinstance(plain, LineChart) and (plain.x_unit, plain.y_unit) == (None, None)
+
+
 def test_no_title_is_none(sandbox: Sandbox) -> None:
     chart = _chart(sandbox, "plt.scatter([1, 2], [3, 4], label='s')")
     assert isinstance(chart, ScatterChart) and chart.title is None

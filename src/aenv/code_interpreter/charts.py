@@ -11,6 +11,7 @@ a pie, and box-plot boxes with their lines a box-and-whisker chart; anything els
 from __future__ import annotations
 
 import datetime
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,6 +28,9 @@ from matplotlib.patches import PathPatch, Rectangle, Wedge
 Chart = dict[str, Any]
 # Matplotlib's scales and the SDK's names for them (its ScaleType).
 _SCALES = {"linear", "log", "symlog", "logit", "function", "functionlog", "asinh"}
+
+
+_UNIT = re.compile(r"\(([^()]+)\)\s*$|\[([^\[\]]+)\]\s*$")
 
 
 def figure_chart(figure: Figure) -> Chart | None:
@@ -77,9 +81,15 @@ def _labels(ax: Axes) -> Chart:
         "title": _title(ax),
         "x_label": ax.get_xlabel() or None,
         "y_label": ax.get_ylabel() or None,
-        "x_unit": None,
-        "y_unit": None,
+        "x_unit": _unit(ax.get_xlabel()),
+        "y_unit": _unit(ax.get_ylabel()),
     }
+
+
+def _unit(label: str) -> str | None:
+    """The unit a label names at its end, in parentheses or brackets: `Time (s)` is in s."""
+    found = _UNIT.search(label)
+    return found.group(1) or found.group(2) if found else None
 
 
 def _point_chart(ax: Axes, kind: str, series: Sequence[tuple[object, list[list[Any]]]]) -> Chart:
