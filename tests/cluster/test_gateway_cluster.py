@@ -3,7 +3,8 @@
 only. Creates are spread over both nodes, commands and files go through the gateway's data plane,
 the list pages over the sandboxes of both, kills work, and routes change at once (the
 orchestrator tells the node agent, no heartbeat waited for). A node's internal API refuses
-callers without the cluster token, and a gateway with another secret does not start.
+callers without the cluster token, and a gateway with another secret does not start. A burst
+of creates past the nodes' and the keys' limits that may wait all start, none refused.
 
 On the same cluster (one boot of two nodes is most of the time), with one S3 repository for
 both: a template built with `Template.build` through the gateway on one node starts a sandbox,
@@ -61,6 +62,7 @@ MOVES = str(Path(__file__).parent / "sdk" / "moves.py")
 NPM_SCRIPT = str(JS_DIR / "cluster_gateway.mjs")
 BUILDS = str(Path(__file__).parent / "sdk" / "builds.py")
 VOLUMES = str(Path(__file__).parent / "sdk" / "volumes.py")
+BURST = str(Path(__file__).parent / "sdk" / "burst.py")
 NODES = ["node-a", "node-b"]
 
 
@@ -111,6 +113,38 @@ async def a_burst_past_capacity(c: Cluster, routes: Routes) -> None:
     assert [await routes.of_node(n) for n in NODES] == [set(), set()]
     listed = c.internal(NODES[0], "/internal/v2/sandboxes", SECRET.bearer).json()
     assert listed == []
+
+
+async def a_burst_that_waits(c: Cluster, routes: Routes) -> None:
+    """40 creates at once that may wait (`X-Aenv-Wait`), from two keys (30, then 10), through
+    a gateway whose keys may each run 4 sandboxes, over 2 nodes of 3: every one starts, none
+    refused (the SDK's retries are off: no client-side retry hides a 429), runs a command and
+    is killed. Creates were seen waiting in `/aenv/queue`, the first key's also at the gateway
+    for a slot of its limit; the second key, sent last, is not served last; nothing is left."""
+    third = dataclasses.replace(
+        c.gateway, log=c.gateway.log.with_name("gateway-3.log"), proc=None, port=GATEWAY_PORT + 2
+    )
+    third.start({"AENV_KEY_MAX_SANDBOXES": "4"})
+    try:
+        third.wait_ready()
+        status, made = api(third, "POST", "/api-keys", c.gateway.api_key, '{"name": "burst"}')
+        assert status == 201, made
+        keys = [f"a={c.gateway.api_key}:30", f"b={made['key']}:10"]
+        code, out = third.run(
+            [sys.executable, BURST, "1200", *keys], env=sdk_env(third), timeout=1800
+        )
+        assert code == 0, out + third.log.read_text()[-3000:]
+        burst = json.loads([line for line in out.splitlines() if line.startswith("{")][-1])
+        for label, sent in (("a", 30), ("b", 10)):
+            mine = burst["keys"][label]
+            assert (mine["started"], mine["ran"], mine["failed"]) == (sent, sent, {}), burst
+        assert burst["queue"]["most_waiting"] > 0, burst
+        assert burst["queue"]["most_at_key_limit"]["a"] > 0, burst
+        assert burst["order"][-1] == "a", burst
+        assert [await routes.of_node(n) for n in NODES] == [set(), set()]
+        assert api(third, "DELETE", f"/api-keys/{made['id']}", third.api_key)[0] == 204
+    finally:
+        third.stop()
 
 
 def keys_across_gateways(c: Cluster, second: Gateway) -> None:
@@ -438,6 +472,7 @@ async def test_two_nodes_behind_a_gateway_with_the_sdk(redis: RedisServer) -> No
             assert gone == {"killed": [True, True], "listed": []}
             assert [await routes.lookup(sandbox_id) for sandbox_id in ids] == [None, None]
             await a_burst_past_capacity(c, routes)
+            await a_burst_that_waits(c, routes)
             the_npm_sdk(c)
 
             await templates_travel(c, scratch, client)
