@@ -60,6 +60,7 @@ class Paths:
       config.toml              settings (`AENV_CONFIG` points elsewhere)
       api-key                  the first API key's value, the operator's copy (mode 0600)
       api-keys.json            every API key of the node, as SHA-256 digests (mode 0600)
+      admin-token              the operator's credential for the admin routes (mode 0600)
       damon.json               the node's kdamond while cold reclaim runs (runtime/damon.py)
       cluster-drain.json       whether the node drains, as a cluster member (cluster/drain.py)
       catalog.db               the sandbox catalog (SQLite, WAL)
@@ -126,6 +127,10 @@ class Paths:
     @property
     def api_keys(self) -> Path:
         return self.home / "api-keys.json"
+
+    @property
+    def admin_token(self) -> Path:
+        return self.home / "admin-token"
 
     @property
     def damon(self) -> Path:
@@ -276,8 +281,24 @@ class Config(BaseModel):
     )
     key_max_sandboxes: int = Field(
         default=256,
-        description="Sandboxes one API key runs at once (paused ones do not count); creates and "
-        "forks past it answer 429; in a cluster, the gateways count it across all nodes.",
+        description="In a cluster, sandboxes one API key runs at once across all nodes, as the "
+        "gateways count them; creates and forks past it answer 429. A node counts per team "
+        "(`team_max_sandboxes`).",
+    )
+    team_max_sandboxes: int = Field(
+        default=256,
+        description="Sandboxes one team runs at once on the node (paused ones do not count); "
+        "creates and forks past it answer 429.",
+    )
+    team_creates_per_s: PositiveFloat = Field(
+        default=50.0,
+        description="Sandbox creates and forks one team may start a second, on average (a "
+        "burst of as many at once); past it 429 with `Retry-After`.",
+    )
+    team_max_disk_mb: int = Field(
+        default=1 << 30,
+        description="Disk (MiB) one team's sandboxes (paused ones too) and volumes may take "
+        "at their full sizes; a create, fork or volume past it answers 429.",
     )
     create_max_wait: NonNegativeFloat = Field(
         default=300.0,

@@ -12,8 +12,9 @@ import secrets
 import string
 import uuid
 
-# The one team of a node: every API key belongs to it until teams exist. What a team owns
-# (events, webhooks) records it already, so that teams can scope it later.
+# The default team (`orchestrator.teams`): the first key's, and that of everything a node held
+# before teams. Its id is the one team's of those releases, which events, webhooks, secrets
+# and gateways recorded: nothing stored needs rewriting.
 TEAM_ID = "local"
 _ID_ALPHABET = string.ascii_lowercase + string.digits
 

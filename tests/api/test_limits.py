@@ -1,4 +1,5 @@
-"""Per-key limits: requests a second and sandboxes at once, both answered 429 as E2B does."""
+"""Limits, answered 429 as E2B does: requests a second per key; per team, sandboxes at once,
+creates a second and disk."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ import pytest
 
 from aenv.api.extensions import WAIT_HEADER
 from aenv.api.limits import RateLimiter
+from aenv.orchestrator.teams import TeamStore
 from tests.api.conftest import Node
 
 
@@ -65,20 +67,75 @@ class TestRateWithWait:
 class TestConcurrentSandboxes:
     @pytest.fixture
     def settings(self) -> dict[str, Any]:
-        return {"key_max_sandboxes": 2}
+        return {"team_max_sandboxes": 2}
 
-    async def test_a_key_at_its_sandbox_limit_gets_429(self, node: Node) -> None:
+    async def test_a_team_at_its_sandbox_limit_gets_429(self, node: Node) -> None:
         created = [await node.client.post("/sandboxes", json={"templateID": "base"}) for _ in "ab"]
         assert [r.status_code for r in created] == [201, 201]
         refused = await node.client.post("/sandboxes", json={"templateID": "base"})
         assert refused.status_code == 429
         body = refused.json()
         assert body["code"] == 429
-        assert "maximum number of concurrent sandboxes for this API key (2)" in body["message"]
-        # Another key has a count of its own.
-        _key, other = node.keys.create("other")
+        assert "maximum number of concurrent sandboxes for this team (2)" in body["message"]
+        # Another key of the same team shares its count...
+        _key, same = node.keys.create("same team")
+        shared = await node.client.post(
+            "/sandboxes", json={"templateID": "base"}, headers={"X-API-KEY": same}
+        )
+        assert shared.status_code == 429
+        # ...a key of another team has a count of its own.
+        team = TeamStore(node.orchestrator.catalog).create("other")
+        _key, other = node.keys.create("other", team.id)
         again = await node.client.post(
             "/sandboxes", json={"templateID": "base"}, headers={"X-API-KEY": other}
         )
         assert again.status_code == 201
         assert len(node.orchestrator.list()) == 3
+
+
+class TestTeamCreates:
+    @pytest.fixture
+    def settings(self) -> dict[str, Any]:
+        return {"team_creates_per_s": 0.01}
+
+    async def test_a_team_past_its_creates_a_second_gets_429(self, node: Node) -> None:
+        first = await node.client.post("/sandboxes", json={"templateID": "base"})
+        assert first.status_code == 201, first.text
+        refused = await node.client.post("/sandboxes", json={"templateID": "base"})
+        assert refused.status_code == 429
+        assert "sandbox creates a second per team" in refused.json()["message"]
+        assert int(refused.headers["Retry-After"]) >= 1
+        forked = await node.client.post(f"/sandboxes/{first.json()['sandboxID']}/fork")
+        assert forked.status_code == 429  # forks start sandboxes too
+        assert len(node.orchestrator.list()) == 1
+        # Other routes are not counted; another team has its own bucket.
+        assert (await node.client.get("/v2/sandboxes")).status_code == 200
+        team = TeamStore(node.orchestrator.catalog).create("other")
+        _key, other = node.keys.create("other", team.id)
+        theirs = await node.client.post(
+            "/sandboxes", json={"templateID": "base"}, headers={"X-API-KEY": other}
+        )
+        assert theirs.status_code == 201
+
+
+class TestTeamDisk:
+    @pytest.fixture
+    def settings(self) -> dict[str, Any]:
+        # The doubles' base template has a disk of 2048 MiB: one sandbox and one volume fit.
+        return {"team_max_disk_mb": 2100, "volume_size_mb": 48}
+
+    async def test_a_team_past_its_disk_gets_429(self, node: Node) -> None:
+        made = await node.client.post("/volumes", json={"name": "data"})
+        assert made.status_code == 201, made.text
+        sandbox = await node.client.post("/sandboxes", json={"templateID": "base"})
+        assert sandbox.status_code == 201, sandbox.text
+        refused = await node.client.post("/volumes", json={"name": "more"})
+        assert refused.status_code == 429
+        assert "limit of 2100 MiB" in refused.json()["message"]
+        second = await node.client.post("/sandboxes", json={"templateID": "base"})
+        assert second.status_code == 429
+        assert [v.name for v in node.orchestrator.volumes.list()] == ["data"]
+        assert len(node.orchestrator.list()) == 1
+        killed = await node.client.delete(f"/sandboxes/{sandbox.json()['sandboxID']}")
+        assert killed.status_code == 204
+        assert (await node.client.post("/volumes", json={"name": "more"})).status_code == 201

@@ -48,7 +48,7 @@ def test_the_document_is_valid_openapi_and_self_contained(document: dict[str, An
     for ref in _refs(document):
         _, _, kind, name = ref.split("/", 3)
         assert name in document["components"][kind], ref
-    assert list(document["components"]["securitySchemes"]) == ["ApiKeyAuth"]
+    assert list(document["components"]["securitySchemes"]) == ["ApiKeyAuth", "AdminApiKeyAuth"]
 
 
 def test_it_lists_our_routes_and_only_those(document: dict[str, Any]) -> None:

@@ -438,6 +438,11 @@ async def test_secrets_are_filled_in_at_egress(
         for protocol in ("--http1.1", "--http2"):
             code, out = await _curl(guest, *bundle, protocol, "https://a.wild.test/")
             assert code != 0 and '"headers"' not in out, out
+        # Another team's sandbox with the same rules reads its own team's secrets: none.
+        await pool.set_policy(guest.slot, dataclasses.replace(policy, team_id="beta"))
+        code, out = await _curl(guest, *bundle, "https://ruled.test/")
+        assert code != 0 and '"headers"' not in out, out
+        await pool.set_policy(guest.slot, policy)
         secrets.delete(TEAM_ID, "api-key")
         code, out = await _curl(guest, *bundle, "https://ruled.test/")
         assert code != 0 and '"headers"' not in out, out
@@ -483,17 +488,22 @@ async def test_workload_tokens_are_filled_in_at_egress(
 
 def test_resolving_names_secrets_never_values() -> None:
     class Values:
-        def value(self, name: str) -> str | None:
+        def value(self, name: str, team_id: str) -> str | None:
+            if team_id != "alpha":
+                return None
             return {"a": "one", "b": "two", "bad": "line\r\nX-Injected: 1"}.get(name)
 
     headers = (("X-A", "${e2b.secrets.a}:${e2b.secrets.b}"), ("X-Plain", "as is"))
-    assert resolve(headers, Values()) == (("X-A", "one:two"), ("X-Plain", "as is"))
-    with pytest.raises(SecretUnavailable, match="'c' does not exist"):
-        resolve((("X-A", "${e2b.secrets.c}"),), Values())
+    assert resolve(headers, Values(), team_id="alpha") == (("X-A", "one:two"), ("X-Plain", "as is"))
     with pytest.raises(SecretUnavailable, match="'a' does not exist"):
-        resolve((("X-A", "${e2b.secrets.a}"),), None)  # a node without a store sends nothing
+        resolve(headers, Values(), team_id="beta")  # another team's secrets are not its
+    with pytest.raises(SecretUnavailable, match="'c' does not exist"):
+        resolve((("X-A", "${e2b.secrets.c}"),), Values(), team_id="alpha")
+    with pytest.raises(SecretUnavailable, match="'a' does not exist"):
+        # A node without a store sends nothing.
+        resolve((("X-A", "${e2b.secrets.a}"),), None, team_id="alpha")
     with pytest.raises(SecretUnavailable, match="not a header value") as refused:
-        resolve((("X-A", "${e2b.secrets.bad}"),), Values())
+        resolve((("X-A", "${e2b.secrets.bad}"),), Values(), team_id="alpha")
     assert "Injected" not in str(refused.value)
 
 

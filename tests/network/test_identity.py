@@ -12,6 +12,7 @@ from pathlib import Path
 import jwt
 import pytest
 
+from aenv.ids import TEAM_ID
 from aenv.network.header_rules import SecretUnavailable, resolve, shown
 from aenv.network.identity import IdentityTokens, Subject, WorkloadIdentity
 from aenv.network.identity_signer import TOKEN_TTL_S, IdentitySigner, key_from_seed, load_key
@@ -117,11 +118,12 @@ def test_markers_are_filled_with_a_token_minted_per_request() -> None:
         return None if audience is None else signer.token(identity.subject, audience)
 
     [(name, value)] = resolve(
-        (("Authorization", "Bearer ${e2b.identity.tokens.aws}"),), None, token
+        (("Authorization", "Bearer ${e2b.identity.tokens.aws}"),), None, token, team_id=TEAM_ID
     )
     assert name == "Authorization" and value.startswith("Bearer ")
     assert verify(value.removeprefix("Bearer "), signer.jwks(), "sts.test")["aud"] == "sts.test"
     with pytest.raises(SecretUnavailable, match="workload token 'gcp' is not in the sandbox"):
-        resolve((("X", "${e2b.identity.tokens.gcp}"),), None, token)
+        resolve((("X", "${e2b.identity.tokens.gcp}"),), None, token, team_id=TEAM_ID)
     with pytest.raises(SecretUnavailable, match="workload token 'aws'"):
-        resolve((("X", "${e2b.identity.tokens.aws}"),), None)  # no signer on this node
+        # No signer on this node.
+        resolve((("X", "${e2b.identity.tokens.aws}"),), None, team_id=TEAM_ID)

@@ -188,18 +188,19 @@ async def test_admission_queue_and_capacity(tmp_path: Path) -> None:
 
 async def test_creates_racing_for_the_last_place_win_it_once(tmp_path: Path) -> None:
     # The checks before joining the queue await (host reserve, memory): creates started
-    # together must still see each other, for the node's cap and for a key's.
-    async with double_node(tmp_path, max_sandboxes=3, key_max_sandboxes=2) as node:
+    # together must still see each other, for the node's cap and for a team's.
+    async with double_node(tmp_path, max_sandboxes=3, team_max_sandboxes=2) as node:
         orc = node.orchestrator
         await orc.create(node.request())
-        racing = [orc.create(node.request()) for _ in range(4)]
+        # Each of its own team: only the node's cap applies.
+        racing = [orc.create(node.request(team_id=f"team-{i}")) for i in range(4)]
         results = await asyncio.gather(*racing, return_exceptions=True)
         assert sum(isinstance(r, CapacityReached) for r in results) == 2
         assert len(orc.list()) == 3
         for record in orc.list():
             await orc.kill(record.id)
         results = await asyncio.gather(
-            *(orc.create(node.request(owner="key-a")) for _ in range(3)), return_exceptions=True
+            *(orc.create(node.request(team_id="key-a")) for _ in range(3)), return_exceptions=True
         )
         assert sum(isinstance(r, CapacityReached) for r in results) == 1
         for record in orc.list():
@@ -236,18 +237,18 @@ async def test_every_stop_of_a_vm_is_announced(tmp_path: Path) -> None:
         assert_clean(node)
 
 
-async def test_a_key_runs_at_most_key_max_sandboxes(tmp_path: Path) -> None:
-    async with double_node(tmp_path, key_max_sandboxes=2) as node:
+async def test_a_team_runs_at_most_team_max_sandboxes(tmp_path: Path) -> None:
+    async with double_node(tmp_path, team_max_sandboxes=2) as node:
         orc = node.orchestrator
-        first, _ = await orc.create(node.request(owner="key-a"))
-        await orc.create(node.request(owner="key-a"))
-        with pytest.raises(CapacityReached, match="for this API key"):
-            await orc.create(node.request(owner="key-a"))
-        other, _ = await orc.create(node.request(owner="key-b"))  # another key's own count
+        first, _ = await orc.create(node.request(team_id="key-a"))
+        await orc.create(node.request(team_id="key-a"))
+        with pytest.raises(CapacityReached, match="for this team"):
+            await orc.create(node.request(team_id="key-a"))
+        other, _ = await orc.create(node.request(team_id="key-b"))  # another key's own count
         await orc.pause(first.id)  # paused sandboxes do not count
-        third, _ = await orc.create(node.request(owner="key-a"))
-        assert node.row(third.id).owner == "key-a"
-        children = await orc.fork(other.id, 3, 60, owner="key-a")
+        third, _ = await orc.create(node.request(team_id="key-a"))
+        assert node.row(third.id).team_id == "key-a"
+        children = await orc.fork(other.id, 3, 60, team_id="key-a")
         assert sum(isinstance(c, CapacityReached) for c in children) == 3
         for record in orc.list():
             await orc.kill(record.id)

@@ -20,7 +20,7 @@ LONG = 3600.0  # a wait that never runs out in these tests
 
 async def _join(node: DoubleNode, owner: str, count: int) -> asyncio.Task[Any]:
     """A create by `owner` that waits, once it stands in the queue as its `count`th."""
-    task = asyncio.create_task(node.orchestrator.create(node.request(owner=owner, wait=LONG)))
+    task = asyncio.create_task(node.orchestrator.create(node.request(team_id=owner, wait=LONG)))
     await eventually(lambda: len(node.orchestrator.node.waiting) == count, f"{count} waiting")
     return task
 
@@ -36,7 +36,7 @@ async def _kill_all(node: DoubleNode) -> None:
 async def test_waiters_of_two_keys_are_served_alternately(tmp_path: Path) -> None:
     async with double_node(tmp_path, max_sandboxes=1, create_max_wait=LONG) as node:
         orc = node.orchestrator
-        first, _ = await orc.create(node.request(owner="a"))
+        first, _ = await orc.create(node.request(team_id="a"))
         order = {
             "a1": await _join(node, "a", 1),
             "a2": await _join(node, "a", 2),
@@ -89,7 +89,7 @@ async def test_a_waiter_whose_client_leaves_leaves_the_queue(tmp_path: Path) -> 
         assert len(orc.node.waiting) == 1 and orc.node.waiting.stats.left == 1
         await orc.kill(running.id)
         record, _ = await kept  # the one left is served
-        assert record.owner == "b"
+        assert record.team_id == "b"
         await _kill_all(node)
 
 
@@ -101,7 +101,7 @@ async def test_a_full_queue_refuses_at_once(tmp_path: Path) -> None:
         running, _ = await orc.create(node.request())
         waiter = await _join(node, "a", 1)
         with pytest.raises(CapacityReached, match="queue holds its maximum of 1"):
-            await orc.create(node.request(owner="b", wait=LONG))
+            await orc.create(node.request(team_id="b", wait=LONG))
         await orc.kill(running.id)
         await waiter
         await _kill_all(node)
@@ -109,17 +109,17 @@ async def test_a_full_queue_refuses_at_once(tmp_path: Path) -> None:
 
 async def test_a_key_at_its_cap_does_not_hold_up_another(tmp_path: Path) -> None:
     async with double_node(
-        tmp_path, max_sandboxes=3, key_max_sandboxes=1, create_max_wait=LONG
+        tmp_path, max_sandboxes=3, team_max_sandboxes=1, create_max_wait=LONG
     ) as node:
         orc = node.orchestrator
-        mine, _ = await orc.create(node.request(owner="a"))
+        mine, _ = await orc.create(node.request(team_id="a"))
         blocked = await _join(node, "a", 1)
         # The node has room: b's create passes a's waiter, which waits for its key's place.
-        record, _ = await orc.create(node.request(owner="b", wait=LONG))
+        record, _ = await orc.create(node.request(team_id="b", wait=LONG))
         assert not blocked.done()
         await orc.kill(mine.id)
         second, _ = await blocked
-        assert second.owner == "a" and record.owner == "b"
+        assert second.team_id == "a" and record.team_id == "b"
         await _kill_all(node)
 
 
@@ -158,7 +158,7 @@ async def test_a_burst_past_capacity_completes_with_none_failing(tmp_path: Path)
     async with double_node(tmp_path, max_sandboxes=4, create_max_wait=LONG) as node:
         orc = node.orchestrator
         burst = [
-            asyncio.create_task(orc.create(node.request(owner=f"key{i % 2}", wait=LONG)))
+            asyncio.create_task(orc.create(node.request(team_id=f"key{i % 2}", wait=LONG)))
             for i in range(40)
         ]
         killed: set[str] = set()

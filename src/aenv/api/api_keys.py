@@ -1,6 +1,7 @@
-"""E2B's API key routes (`/api-keys`): list, create, rename and revoke the keys of a node (or of
-a cluster, through a gateway). Anyone holding a key may manage the keys: a node or a cluster has
-one team, its operator's."""
+"""E2B's API key routes (`/api-keys`): list, create, rename and revoke the keys of the caller's
+team, on a node (or a cluster, through a gateway). Anyone holding a key of a team may manage
+that team's keys, as in E2B; another team's keys are unknown ids (404). Teams themselves, and
+their first keys, are the operator's (`api.admin`)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from aenv.api.errors import APIError, not_found
 from aenv.api.keys import KEY_PREFIX, ApiKey, KeyBook, LastKey
 from aenv.api.requests import check_query, parse_body
 from aenv.api.sandboxes import rfc3339
+from aenv.api.scope import team_of
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
@@ -72,18 +74,28 @@ class ApiKeyRoutes:
 
     async def list(self, request: Request) -> Response:
         check_query(request)
-        return JSONResponse([team_api_key(key) for key in await self.keys.keys()])
+        team = team_of(request)
+        keys = [key for key in await self.keys.keys() if key.team_id == team]
+        return JSONResponse([team_api_key(key) for key in keys])
 
     async def create(self, request: Request) -> Response:
         check_query(request)
         body = await parse_body(request, KeyName)
-        key, value = await self.keys.new(body.name)
+        key, value = await self.keys.new(body.name, team_of(request))
         return JSONResponse({**team_api_key(key), "key": value}, status_code=201)
+
+    async def _check_team(self, request: Request) -> str:
+        """The key the path names, when it is of the caller's team; 404 otherwise."""
+        key_id: str = request.path_params["api_key_id"]
+        team = team_of(request)
+        if not any(k.id == key_id and k.team_id == team for k in await self.keys.keys()):
+            raise not_found(f"API key '{key_id}'")
+        return key_id
 
     async def rename(self, request: Request) -> Response:
         check_query(request)
         body = await parse_body(request, KeyName)
-        key_id = request.path_params["api_key_id"]
+        key_id = await self._check_team(request)
         try:
             await self.keys.rename(key_id, body.name)
         except KeyError as e:
@@ -92,7 +104,7 @@ class ApiKeyRoutes:
 
     async def revoke(self, request: Request) -> Response:
         check_query(request)
-        key_id = request.path_params["api_key_id"]
+        key_id = await self._check_team(request)
         try:
             await self.keys.revoke(key_id)
         except KeyError as e:

@@ -9,16 +9,17 @@ from starlette.applications import Starlette
 from starlette.exceptions import HTTPException
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import BaseRoute, Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from aenv.api.admin import AdminRoutes, open_admin_token
 from aenv.api.api_keys import ApiKeyRoutes
 from aenv.api.builds import BuildRoutes
 from aenv.api.bulk import BulkRoutes
 from aenv.api.chunks import ChunkRoutes
 from aenv.api.errors import APIError
 from aenv.api.events import EventRoutes
-from aenv.api.extensions import WAIT_HEADER
+from aenv.api.extensions import ADMIN_PREFIXES, WAIT_HEADER
 from aenv.api.handoff import HandoffRoutes
 from aenv.api.identity import OPEN_PATHS as IDENTITY_PATHS
 from aenv.api.identity import IdentityRoutes
@@ -35,9 +36,10 @@ from aenv.api.queue import QueueRoutes, seconds_of
 from aenv.api.requests import check_query
 from aenv.api.reset import ResetRoutes
 from aenv.api.sandboxes import SandboxRoutes
+from aenv.api.scope import TeamScope
 from aenv.api.secrets import SecretRoutes
 from aenv.api.snapshots import SnapshotRoutes
-from aenv.api.teams import ROUTES as TEAM_ROUTES
+from aenv.api.teams import TeamRoutes
 from aenv.api.templates import TemplateRoutes
 from aenv.api.volume_content import PREFIX as CONTENT_PREFIX
 from aenv.api.volumes import VolumeRoutes
@@ -48,6 +50,8 @@ from aenv.orchestrator.builds import Builder, ImageBooter
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.memory_savers import MemorySavers
 from aenv.orchestrator.tags import TagStore
+from aenv.orchestrator.team_metrics import TeamMetrics
+from aenv.orchestrator.teams import TeamStore
 
 log = logging.getLogger("aenv.api")
 # Health checks, Prometheus scrapes and the API description carry no secrets and usually no API
@@ -77,7 +81,7 @@ class APIKeyGate:
         elif (
             scope["type"] == "http"
             and path not in _OPEN_PATHS
-            and not path.startswith(CONTENT_PREFIX)
+            and not path.startswith((CONTENT_PREFIX, *ADMIN_PREFIXES))
         ):
             headers = {k.lower(): v for k, v in scope["headers"]}
             given = headers.get(b"x-api-key", b"").decode("latin-1") or None
@@ -158,7 +162,8 @@ def create_api(
     book = LocalKeys(keys)
     metrics = NodeMetrics(orchestrator, savers)
     builder = builder or node_builder(orchestrator, config)
-    routes = [
+    teams = TeamStore(orchestrator.catalog)
+    routes: list[BaseRoute] = [
         Route("/health", _health, methods=["GET"]),
         Route("/metrics", metrics.endpoint, methods=["GET"]),
         *SandboxRoutes(orchestrator, config, metrics, builder.unfinished).routes(),
@@ -176,8 +181,13 @@ def create_api(
         *EventRoutes(orchestrator.events).routes(),
         *WebhookRoutes(orchestrator.webhooks).routes(),
         *SecretRoutes(orchestrator.secrets).routes(),
-        *TEAM_ROUTES,
+        *TeamRoutes(
+            teams.name_of, TeamMetrics(orchestrator.catalog), config.events_retention_days * 86400
+        ).routes(),
     ]
+    routes = TeamScope(orchestrator, config.team_creates_per_s).guard(routes)
+    digest = open_admin_token(config.paths.admin_token)
+    routes += AdminRoutes(orchestrator, builder, keys, teams, digest).routes()
     # Last: it describes every route above.
     routes.append(OpenAPIDocument(routes, _OPEN_PATHS).route)
     # Not described: no client can call them, only a cluster's gateways (`api.handoff`).

@@ -22,6 +22,7 @@ from starlette.routing import Route
 from aenv.api.errors import APIError, not_found
 from aenv.api.requests import check_query, parse_body, query_int
 from aenv.api.sandboxes import rfc3339
+from aenv.api.scope import team_of
 from aenv.oci import Credentials
 from aenv.orchestrator.build_files import UploadRefused, declared_sha256
 from aenv.orchestrator.build_logs import LEVELS, LogEntry
@@ -35,7 +36,7 @@ from aenv.orchestrator.builds import (
     Step,
     split_name,
 )
-from aenv.orchestrator.templates import TemplateNotFound
+from aenv.orchestrator.templates import Template, TemplateNotFound
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,127}$")
 TAG = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -132,21 +133,29 @@ class BuildRoutes:
             Route("/templates/{template_id}/tags", self.list_tags, methods=["GET"]),
         ]
 
-    def _known(self, template_id: str) -> str:
-        """The id of a template or of one being built, by id or name; 404 otherwise."""
-        builds = self.builder.builds_of(template_id)
+    def _known(self, template_id: str, team_id: str) -> str:
+        """The id of a template of `team_id` or of one it is building, by id or name; 404
+        otherwise."""
+        builds = [b for b in self.builder.builds_of(template_id) if b.team_id == team_id]
         if builds:
             return builds[-1].template_id
+        return self._owned(template_id, team_id).template_id
+
+    def _owned(self, ref: str, team_id: str, *, public: bool = False) -> Template:
+        """The template `ref` of `team_id` (or a public one, with `public`); 404 otherwise."""
         try:
-            return self.store.get(template_id).template_id
+            template = self.store.get(ref, team_id)
         except TemplateNotFound as e:
-            raise not_found(f"template '{template_id}'") from e
+            raise not_found(f"template '{ref}'") from e
+        if template.team_id != team_id and not public:
+            raise not_found(f"template '{ref}'")
+        return template
 
     def _build(self, request: Request) -> Build:
         template_id = unquote(request.path_params["template_id"])
         build_id = request.path_params["build_id"]
         build = self.builder.get(template_id, build_id)
-        if build is None:
+        if build is None or build.team_id != team_of(request):
             raise not_found(f"build '{build_id}' of template '{template_id}'")
         return build
 
@@ -164,7 +173,9 @@ class BuildRoutes:
         check_tags([*body.tags, *([tag] if tag else [])])
         if body.memory_mb is not None and body.memory_mb % 2:
             raise APIError(400, "memoryMB must be an even number")
-        build = self.builder.request(name, body.tags, body.cpu_count, body.memory_mb)
+        build = self.builder.request(
+            name, body.tags, body.cpu_count, body.memory_mb, team_of(request)
+        )
         return JSONResponse(
             {
                 "templateID": build.template_id,
@@ -185,7 +196,7 @@ class BuildRoutes:
 
     async def files(self, request: Request) -> Response:
         check_query(request)
-        template_id = self._known(unquote(request.path_params["template_id"]))
+        template_id = self._known(unquote(request.path_params["template_id"]), team_of(request))
         path = self.builder.files.path(template_id, self._hash(request))
         # Found present, the upload is used: the SDK skips uploading it for a build to come.
         present = await asyncio.to_thread(self.builder.files.touch, path)
@@ -203,7 +214,7 @@ class BuildRoutes:
         against the hash when a build uses it (the hash covers the step's paths, which only the
         build knows)."""
         check_query(request)
-        template_id = self._known(unquote(request.path_params["template_id"]))
+        template_id = self._known(unquote(request.path_params["template_id"]), team_of(request))
         files_hash = self._hash(request)
         length = request.headers.get("content-length")
         try:
@@ -310,10 +321,7 @@ class BuildRoutes:
         body = await parse_body(request, AssignTagsBody)
         name, tag = split_name(body.target)
         check_tags(body.tags)
-        try:
-            template = self.store.get(name)
-        except TemplateNotFound as e:
-            raise not_found(f"template '{name}'") from e
+        template = self._owned(name, team_of(request))
         known = {t.tag: t.build_id for t in self.builder.tags.of(template.template_id)}
         build_id = known.get(tag or "latest", template.build_id)
         self.builder.tags.assign(template.template_id, body.tags, build_id)
@@ -323,20 +331,14 @@ class BuildRoutes:
         check_query(request)
         body = await parse_body(request, DeleteTagsBody)
         name, _ = split_name(body.name)
-        try:
-            template = self.store.get(name)
-        except TemplateNotFound as e:
-            raise not_found(f"template '{name}'") from e
+        template = self._owned(name, team_of(request))
         self.builder.tags.remove(template.template_id, body.tags)
         return Response(status_code=204)
 
     async def list_tags(self, request: Request) -> Response:
         check_query(request)
         template_id = unquote(request.path_params["template_id"])
-        try:
-            template = self.store.get(template_id)
-        except TemplateNotFound as e:
-            raise not_found(f"template '{template_id}'") from e
+        template = self._owned(template_id, team_of(request), public=True)
         tags = self.builder.tags.of(template.template_id)
         return JSONResponse(
             [

@@ -24,6 +24,7 @@ from aenv.api.extensions import BULK_SANDBOXES, BULK_SNAPSHOTS
 from aenv.api.models import TimeoutBody
 from aenv.api.requests import check_query, parse_body
 from aenv.api.sandboxes import matching, metadata_filter
+from aenv.api.scope import team_of
 from aenv.config import Config
 from aenv.orchestrator.catalog import SandboxRecord
 from aenv.orchestrator.kinds import SaveMode
@@ -49,7 +50,8 @@ class BulkRoutes:
         wanted = metadata_filter(request)
         if not wanted:
             raise APIError(400, "metadata: a filter is required (it would select everything)")
-        shown = [r for r in self.orc.list() if r.state.public in public]
+        team = team_of(request)
+        shown = [r for r in self.orc.list() if r.state.public in public and r.team_id == team]
         return matching(shown, wanted)
 
     async def kill(self, request: Request) -> Response:
@@ -90,7 +92,8 @@ class BulkRoutes:
         wanted = metadata_filter(request)
         if not wanted:
             raise APIError(400, "metadata: a filter is required (it would select everything)")
-        selected = matching(self.orc.snapshots(), wanted)
+        team = team_of(request)
+        selected = matching([s for s in self.orc.snapshots() if s.team_id == team], wanted)
         for snapshot in selected:
             await self.orc.delete_template(snapshot.template_id)
         return JSONResponse({"snapshots": [{"snapshotID": s.template_id} for s in selected]})

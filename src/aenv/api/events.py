@@ -12,7 +12,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.requests import check_query, query_enums, query_flag, query_int
-from aenv.ids import TEAM_ID
+from aenv.api.scope import team_of
 from aenv.orchestrator.events import EventLog, EventQuery, EventType
 
 MAX_LIMIT = 100
@@ -23,7 +23,7 @@ def event_query(request: Request, sandbox_id: str | None) -> EventQuery:
     """The page a request asks for, or a 400 naming what is wrong with its query."""
     check_query(request, QUERY)
     return EventQuery(
-        team_id=TEAM_ID,
+        team_id=team_of(request),
         limit=query_int(request, "limit", 10, 1, MAX_LIMIT),
         offset=query_int(request, "offset", 0, 0, 2**62),
         ascending=query_flag(request, "orderAsc"),

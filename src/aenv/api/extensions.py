@@ -13,5 +13,10 @@ BATCH_FORK = "/aenv/sandboxes/{sandbox_id}/fork"
 BULK_SANDBOXES = "/aenv/bulk/sandboxes"  # `/kill`, `/pause`, `/timeout`
 BULK_SNAPSHOTS = "/aenv/bulk/snapshots"
 QUEUE = "/aenv/queue"
+# The operator's routes (`api/admin.py`): E2B's `/admin/...` and this node's teams, which the
+# admin token opens, not an API key.
+ADMIN_PREFIXES = ("/admin/", "/aenv/admin/")
+ADMIN_TEAMS = "/aenv/admin/teams"
+ADMIN_HEADER = "X-Admin-Token"
 # Seconds a create or fork may wait for capacity instead of answering 429 at once.
 WAIT_HEADER = "X-Aenv-Wait"

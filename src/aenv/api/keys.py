@@ -2,8 +2,9 @@
 
 A key is `e2b_` + 40 random hex digits (160 bits), so a plain SHA-256 is a safe verifier: there
 is nothing to guess that a slower hash would protect. The store (`$AENV_HOME/api-keys.json`,
-0600) holds per key an id, a name, that digest, the mask E2B shows (`e2b_` + the value's first
-two and last four characters), when it was created and when it was last used. A request's key
+0600) holds per key an id, a name, its team (`orchestrator.teams`), that digest, the mask E2B
+shows (`e2b_` + the value's first two and last four characters), when it was created and when it
+was last used. A request's key
 is hashed and compared with every stored digest in constant time.
 
 The first start generates a key and writes its value once to `$AENV_HOME/api-key` (0600): the
@@ -34,7 +35,7 @@ from typing import Protocol
 
 from aenv import atomic
 from aenv.config import Paths
-from aenv.ids import new_api_key
+from aenv.ids import TEAM_ID, new_api_key
 
 KEY_PREFIX = "e2b_"
 # `last_used` is written to disk at most this often per key (seconds): not once per request.
@@ -59,9 +60,12 @@ class ApiKey:
     masked_suffix: str
     created_at: float
     last_used: float | None = None
+    # The team it acts for. A store written before teams has none: its keys were the
+    # default team's.
+    team_id: str = TEAM_ID
 
     @staticmethod
-    def of(value: str, name: str) -> ApiKey:
+    def of(value: str, name: str, team_id: str = TEAM_ID) -> ApiKey:
         bare = value.removeprefix(KEY_PREFIX)
         return ApiKey(
             id=str(uuid.uuid4()),
@@ -71,6 +75,7 @@ class ApiKey:
             masked_prefix=bare[:2],
             masked_suffix=bare[-4:],
             created_at=time.time(),
+            team_id=team_id,
         )
 
 
@@ -105,13 +110,14 @@ class KeyStore:
                 found = key
         return self._used(found) if found is not None else None
 
-    def create(self, name: str) -> tuple[ApiKey, str]:
-        """A new key named `name`: its record and its value (shown this once, never stored)."""
+    def create(self, name: str, team_id: str = TEAM_ID) -> tuple[ApiKey, str]:
+        """A new key of `team_id` named `name`: its record and its value (shown this once,
+        never stored)."""
         value = new_api_key()
-        return self.add(value, name), value
+        return self.add(value, name, team_id), value
 
-    def add(self, value: str, name: str) -> ApiKey:
-        key = ApiKey.of(value, name)
+    def add(self, value: str, name: str, team_id: str = TEAM_ID) -> ApiKey:
+        key = ApiKey.of(value, name, team_id)
         self._keys[key.id] = key
         self._save()
         return key
@@ -129,6 +135,11 @@ class KeyStore:
         if len(self._keys) == 1:
             raise LastKey("cannot revoke the node's last API key: create another one first")
         del self._keys[key_id]
+        self._save()
+
+    def revoke_team(self, team_id: str) -> None:
+        """Every key of `team_id` goes (its team is being deleted)."""
+        self._keys = {i: k for i, k in self._keys.items() if k.team_id != team_id}
         self._save()
 
     def replace(self, keys: Sequence[ApiKey]) -> None:
@@ -160,8 +171,9 @@ class KeyBook(Protocol):
         """Every key, oldest first."""
         ...
 
-    async def new(self, name: str) -> tuple[ApiKey, str]:
-        """A new key: its record and its value (shown this once, never stored)."""
+    async def new(self, name: str, team_id: str = TEAM_ID) -> tuple[ApiKey, str]:
+        """A new key of `team_id`: its record and its value (shown this once, never
+        stored)."""
         ...
 
     async def rename(self, key_id: str, name: str) -> ApiKey:
@@ -185,8 +197,8 @@ class LocalKeys:
     async def keys(self) -> list[ApiKey]:
         return self.store.list()
 
-    async def new(self, name: str) -> tuple[ApiKey, str]:
-        return self.store.create(name)
+    async def new(self, name: str, team_id: str = TEAM_ID) -> tuple[ApiKey, str]:
+        return self.store.create(name, team_id)
 
     async def rename(self, key_id: str, name: str) -> ApiKey:
         return self.store.rename(key_id, name)

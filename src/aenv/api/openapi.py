@@ -11,7 +11,7 @@ appears without editing this module:
   operation they mirror (`_SAME_AS`: the SDKs' v2 routes, which the spec does not list yet), or
   at least a stub naming them;
 - security is what the node checks: the API key in `X-API-Key` (E2B's `ApiKeyAuth`), none on
-  the open paths;
+  the open paths, the operator's token on the admin routes (`AdminApiKeyAuth`);
 - responses the spec leaves out but the node gives for any such operation are added (400 for
   input it rejects, 401 without a key, 404 for unknown ids, 413 for an oversized body, 429 when
   full), so the document describes what clients actually get.
@@ -33,6 +33,7 @@ from starlette.responses import Response
 from starlette.routing import BaseRoute, Route
 
 from aenv import __version__
+from aenv.api.extensions import ADMIN_PREFIXES
 from aenv.config import MAX_VOLUME_MB, MIN_VOLUME_MB
 
 PATH = "/openapi.json"
@@ -92,8 +93,8 @@ _OWN: dict[tuple[str, str], Operation] = {
         "summary": "Creates waiting for capacity (this node's extension)",
         "description": "A create or fork sent with the `X-Aenv-Wait: <seconds>` header waits "
         "for capacity, up to that (cut to the node's `create_max_wait`), instead of answering "
-        "429 at once; waiters are served round robin across API keys, FIFO within one. This "
-        "answers how many wait on the node and where the caller's key's stand (1 is next).",
+        "429 at once; waiters are served round robin across teams, FIFO within one. This "
+        "answers how many wait on the node and where the caller's team's stand (1 is next).",
         "tags": ["sandboxes"],
         "responses": {
             "200": {
@@ -260,7 +261,10 @@ def build_document(
             else:
                 op = _stub(route, path, method)
             secured = route.path not in open_paths
-            op["security"] = [{"ApiKeyAuth": []}] if secured else []
+            if route.path.startswith(ADMIN_PREFIXES):
+                op["security"] = [{"AdminApiKeyAuth": []}]
+            else:
+                op["security"] = [{"ApiKeyAuth": []}] if secured else []
             _add_responses(op, path, method, secured)
             paths.setdefault(path, {})[method] = op
     paths = dict(sorted(paths.items()))
@@ -270,7 +274,12 @@ def build_document(
             schema = components["schemas"][name] = copy.deepcopy(components["schemas"][name])
             schema["properties"].update(fields)
     schemes = spec["components"]["securitySchemes"]
-    components["securitySchemes"] = {"ApiKeyAuth": schemes["ApiKeyAuth"]}
+    used = {
+        name for ops in paths.values() for op in ops.values() for s in op["security"] for name in s
+    }
+    components["securitySchemes"] = {
+        name: schemes[name] for name in ("ApiKeyAuth", "AdminApiKeyAuth") if name in used
+    }
     used_tags = {tag for ops in paths.values() for op in ops.values() for tag in op.get("tags", [])}
     return {
         "openapi": spec["openapi"],

@@ -21,6 +21,7 @@ from starlette.routing import Route
 from aenv.api.errors import APIError
 from aenv.api.extensions import QUEUE, WAIT_HEADER
 from aenv.api.requests import check_query
+from aenv.api.scope import team_of
 from aenv.config import Config
 from aenv.orchestrator.lifecycle import Orchestrator
 
@@ -107,13 +108,13 @@ class QueueRoutes:
         return [Route(QUEUE, self.queue, methods=["GET"])]
 
     async def queue(self, request: Request) -> Response:
-        """The node's waiters, and where the caller's key's stand (1 is served next)."""
+        """The node's waiters, and where the caller's team's stand (1 is served next)."""
         check_query(request)
         waiting = self.orc.waiting
         return JSONResponse(
             {
                 "waiting": len(waiting),
-                "positions": waiting.positions(request.state.api_key.id),
+                "positions": waiting.positions(team_of(request)),
                 "maxWait": self.config.create_max_wait,
             }
         )

@@ -19,6 +19,7 @@ from aenv.api.internal_models import Refusal
 from aenv.api.models import ResetBody
 from aenv.api.requests import check_query, parse_body
 from aenv.api.sandboxes import sandbox_body
+from aenv.api.scope import team_of
 from aenv.config import Config
 from aenv.orchestrator.lifecycle import CapacityReached, Orchestrator
 from aenv.orchestrator.templates import TemplateNotFound
@@ -41,7 +42,9 @@ class ResetRoutes:
         if body.timeout is not None and body.timeout > self.config.max_timeout:
             raise APIError(400, f"timeout must be at most {self.config.max_timeout} seconds")
         try:
-            record = await call_lifecycle(self.orc.reset(sandbox_id, body.snapshot_id), sandbox_id)
+            # By id from here: another team's snapshot of the same name is not this one.
+            source = self.orc.templates.get(body.snapshot_id, team_of(request)).template_id
+            record = await call_lifecycle(self.orc.reset(sandbox_id, source), sandbox_id)
         except TemplateNotFound as e:
             raise not_found(f"snapshot '{body.snapshot_id}'") from e
         except CapacityReached as e:

@@ -34,6 +34,7 @@ from aenv.api.models import (
 from aenv.api.network import create_network, identity_tokens, network_info, updated_network
 from aenv.api.queue import Waiting, client_gone, wait_of
 from aenv.api.requests import check_query, not_supported, parse_body
+from aenv.api.scope import Caller, team_of
 from aenv.api.volumes import mounts_body, resolve_mounts
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
@@ -173,7 +174,7 @@ class SandboxRoutes:
         timeout = default_timeout if body.timeout is None else body.timeout
         if timeout <= 0 or timeout > self.config.max_timeout:
             raise APIError(400, f"timeout must be between 1 and {self.config.max_timeout} seconds")
-        owner = request.state.api_key.id
+        owner = Caller(request.state.api_key.id, team_of(request))
         wait = wait_of(request)
         key = request.headers.get(IDEMPOTENCY_HEADER)
         async with client_gone(request, wait) as gone:
@@ -181,7 +182,7 @@ class SandboxRoutes:
             if key is None:
                 made = await self._start(body, timeout, owner, waiting)
             else:
-                scope = (owner, check_key(key))
+                scope = (owner.key_id, check_key(key))
                 request_json = f"{timeout} {body.model_dump_json()}"
                 made = await self.creates.once(
                     scope,
@@ -206,12 +207,12 @@ class SandboxRoutes:
         return network
 
     async def _start(
-        self, body: NewSandbox, timeout: int, owner: str, waiting: Waiting
+        self, body: NewSandbox, timeout: int, owner: Caller, waiting: Waiting
     ) -> dict[str, Any]:
         iam = identity_tokens(body.iam)
         network = create_network(body.allow_internet_access, body.network, iam)
         network = await self._checked(network)
-        volume_mounts = resolve_mounts(self.orc.volumes, body.volume_mounts)
+        volume_mounts = resolve_mounts(self.orc.volumes, body.volume_mounts, owner.team_id)
         try:
             with self.node_metrics.create_seconds.time():
                 record, _ = await self.orc.create(
@@ -224,7 +225,8 @@ class SandboxRoutes:
                         auto_pause_mode=SaveMode.of(body.auto_pause_memory),
                         auto_resume=body.auto_resume is not None and body.auto_resume.enabled,
                         network=network,
-                        owner=owner,
+                        owner=owner.key_id,
+                        team_id=owner.team_id,
                         volume_mounts=volume_mounts,
                         wait=waiting.wait,
                         gone=waiting.gone,
@@ -267,7 +269,8 @@ class SandboxRoutes:
 
     async def list_v1(self, request: Request) -> Response:
         check_query(request, {"metadata"})
-        running = [r for r in self.orc.list() if r.state.public == "running"]
+        team = team_of(request)
+        running = [r for r in self.orc.list() if r.state.public == "running" and r.team_id == team]
         return JSONResponse([self._listed(r) for r in _filter_metadata(running, request)])
 
     async def list_v2(self, request: Request) -> Response:
@@ -286,6 +289,7 @@ class SandboxRoutes:
         query = PageQuery(
             states=frozenset().union(*(with_public(s) for s in states)),
             limit=limit,
+            team_id=team_of(request),
             metadata=metadata_filter(request),
             template=q.get("template") or None,
             started_after=_parse_time(started_after) if started_after else None,
@@ -390,15 +394,16 @@ class SandboxRoutes:
         `sandbox_ids`; unknown, paused and unanswering ones are left out, as E2B leaves out
         what is not running."""
         ids = batch_metrics_ids(request)
-        samples = await asyncio.gather(*(self._current_sample(i) for i in ids))
+        team = team_of(request)
+        samples = await asyncio.gather(*(self._current_sample(i, team) for i in ids))
         found = {i: sample for i, sample in zip(ids, samples, strict=True) if sample is not None}
         return JSONResponse({"sandboxes": found})
 
-    async def _current_sample(self, sandbox_id: str) -> dict[str, Any] | None:
+    async def _current_sample(self, sandbox_id: str, team_id: str) -> dict[str, Any] | None:
         """The newest sample of the history when it is younger than the sampling interval,
-        else one taken now."""
+        else one taken now; None for another team's sandbox, as for an unknown one."""
         record = self.orc.catalog.get(sandbox_id)
-        if record is None or record.state.public != "running":
+        if record is None or record.team_id != team_id or record.state.public != "running":
             return None
         latest = self.orc.metrics.latest(sandbox_id)
         if latest is not None and time.time() - latest.ts < self.orc.metrics.interval:

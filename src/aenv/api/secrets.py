@@ -15,7 +15,7 @@ from starlette.routing import Route
 from aenv.api.errors import APIError, not_found
 from aenv.api.models import NewSecret, SecretUpdate
 from aenv.api.requests import check_query, parse_body, query_int
-from aenv.ids import TEAM_ID
+from aenv.api.scope import team_of
 from aenv.orchestrator.events import timestamp
 from aenv.orchestrator.secrets import ID_PREFIX, SecretNameTaken, SecretRecord, SecretStore
 
@@ -71,13 +71,13 @@ class SecretRoutes:
 
     async def list(self, request: Request) -> Response:
         check_query(request, {"limit", "nextToken"})
-        return page(request, self.store.list(TEAM_ID))
+        return page(request, self.store.list(team_of(request)))
 
     async def create(self, request: Request) -> Response:
         check_query(request)
         body = await new_secret(request)
         try:
-            secret = self.store.create(TEAM_ID, body.name, body.value, body.metadata or {})
+            secret = self.store.create(team_of(request), body.name, body.value, body.metadata or {})
         except SecretNameTaken as e:
             raise APIError(409, str(e)) from e
         return JSONResponse(secret_json(secret), status_code=201)
@@ -85,7 +85,7 @@ class SecretRoutes:
     async def get(self, request: Request) -> Response:
         check_query(request)
         ref = request.path_params["secret_id"]
-        secret = self.store.get(TEAM_ID, ref)
+        secret = self.store.get(team_of(request), ref)
         if secret is None:
             raise not_found(f"secret '{ref}'")
         return JSONResponse(secret_json(secret))
@@ -94,7 +94,7 @@ class SecretRoutes:
         check_query(request)
         ref = request.path_params["secret_id"]
         body = await parse_body(request, SecretUpdate)
-        secret = self.store.update(TEAM_ID, ref, body.value, body.metadata)
+        secret = self.store.update(team_of(request), ref, body.value, body.metadata)
         if secret is None:
             raise not_found(f"secret '{ref}'")
         return JSONResponse(secret_json(secret))
@@ -102,6 +102,6 @@ class SecretRoutes:
     async def delete(self, request: Request) -> Response:
         check_query(request)
         ref = request.path_params["secret_id"]
-        if not self.store.delete(TEAM_ID, ref):
+        if not self.store.delete(team_of(request), ref):
             raise not_found(f"secret '{ref}'")
         return Response(status_code=204)

@@ -28,6 +28,7 @@ from aenv.api.models import (
 from aenv.api.queue import client_gone, wait_of
 from aenv.api.requests import check_query, parse_body
 from aenv.api.sandboxes import MAX_PAGE, sandbox_body
+from aenv.api.scope import team_of
 from aenv.config import Config
 from aenv.orchestrator.catalog import SandboxRecord
 from aenv.orchestrator.fork import Child
@@ -104,7 +105,9 @@ class SnapshotRoutes:
         """Newest first; `sandboxID` and `name` filter, `limit` + `nextToken` page."""
         check_query(request, {"sandboxID", "name", "limit", "nextToken"})
         q = request.query_params
-        found = sorted(self.orc.snapshots(), key=lambda t: (t.created_at, t.template_id))
+        team = team_of(request)
+        found = [t for t in self.orc.snapshots() if t.team_id == team]
+        found.sort(key=lambda t: (t.created_at, t.template_id))
         found.reverse()
         if sandbox_id := q.get("sandboxID"):
             found = [t for t in found if t.source_sandbox_id == sandbox_id]
@@ -149,7 +152,13 @@ class SnapshotRoutes:
         try:
             async with client_gone(request, wait) as gone:
                 forking = self.orc.fork_batch(
-                    sandbox_id, children, timeout, owner=owner, wait=wait, gone=gone
+                    sandbox_id,
+                    children,
+                    timeout,
+                    owner=owner,
+                    team_id=team_of(request),
+                    wait=wait,
+                    gone=gone,
                 )
                 started = await call_lifecycle(forking, sandbox_id)
         except CapacityReached as e:  # the whole fork, refused before anything started

@@ -3,6 +3,8 @@ delete."""
 
 from __future__ import annotations
 
+import asyncio
+import dataclasses
 from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote
@@ -15,6 +17,7 @@ from starlette.routing import Route
 from aenv.api.errors import APIError, not_found
 from aenv.api.requests import check_query, parse_body
 from aenv.api.sandboxes import MAX_PAGE, rfc3339
+from aenv.api.scope import team_of
 from aenv.orchestrator.builds import Build, Builder, BuildStatus
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.templates import Template, TemplateNotFound
@@ -41,7 +44,7 @@ def template_body(t: Template, latest: Build | None = None) -> dict[str, Any]:
         "cpuCount": t.cpu_count,
         "memoryMB": t.memory_mb,
         "diskSizeMB": t.disk_size_mb,
-        "public": False,
+        "public": t.is_public,
         "aliases": list(t.aliases),
         "names": list(t.aliases) or [t.template_id],
         "createdAt": rfc3339(t.created_at),
@@ -110,7 +113,7 @@ def with_builds(t: Template, query: Mapping[str, str]) -> dict[str, Any]:
 
 def alias_body(t: Template) -> dict[str, Any]:
     """What `GET /templates/aliases/{alias}` answers for the template."""
-    return {"templateID": t.template_id, "public": False}
+    return {"templateID": t.template_id, "public": t.is_public}
 
 
 class TemplateUpdate(BaseModel):
@@ -136,44 +139,59 @@ class TemplateRoutes:
         ]
 
     async def list(self, request: Request) -> Response:
+        """The team's templates and the public ones."""
         check_query(request)
+        team = team_of(request)
         latest = self.builder.latest()
-        listed = [template_body(t, latest.pop(t.template_id, None)) for t in self.store.list()]
+        shown = [t for t in self.store.list() if t.visible_to(team)]
+        listed = [template_body(t, latest.pop(t.template_id, None)) for t in shown]
         # A newest build that is ready without its template: the template was deleted since.
-        listed += [unbuilt_body(b) for b in latest.values() if b.status is not BuildStatus.READY]
+        listed += [
+            unbuilt_body(b)
+            for b in latest.values()
+            if b.status is not BuildStatus.READY and b.team_id == team
+        ]
         return JSONResponse(listed)
 
     async def alias(self, request: Request) -> Response:
         check_query(request)
         alias = unquote(request.path_params["alias"])
         try:
-            template = self.store.get(alias)
+            template = self.store.get(alias, team_of(request))
         except TemplateNotFound as e:
             raise not_found(f"template alias '{alias}'") from e
         return JSONResponse(alias_body(template))
 
-    def _template(self, request: Request) -> Template:
+    def _template(self, request: Request, *, owned: bool = False) -> Template:
+        """The template the path names, among those the team sees (`owned`: its own only,
+        which it alone may change); 404 for any other."""
         ref = unquote(request.path_params["template_id"])
+        team = team_of(request)
         try:
-            return self.store.get(ref)
+            template = self.store.get(ref, team)
         except TemplateNotFound as e:
             raise not_found(f"template '{ref}'") from e
+        if owned and template.team_id != team:
+            raise not_found(f"template '{ref}'")
+        return template
 
     async def get(self, request: Request) -> Response:
         check_query(request, {"limit", "nextToken"})
         return JSONResponse(with_builds(self._template(request), request.query_params))
 
     async def update(self, request: Request) -> Response:
-        """`TemplateUpdateRequest`: every template of a node is its own; none is made public."""
+        """`TemplateUpdateRequest`: the owner team publishes its template (`public`), which
+        every team may then start sandboxes from, or makes it private again."""
         check_query(request)
         body = await parse_body(request, TemplateUpdate)
-        template = self._template(request)
-        if body.public:
-            raise APIError(400, "public templates are not supported here")
+        template = self._template(request, owned=True)
+        if body.public is not None and body.public != template.public:
+            template = dataclasses.replace(template, public=body.public)
+            await asyncio.to_thread(self.store.save, template)
         return JSONResponse({"names": template_body(template)["names"]})
 
     async def delete(self, request: Request) -> Response:
         check_query(request)
-        template = self._template(request)
+        template = self._template(request, owned=True)
         await self.orc.delete_template(template.template_id)
         return Response(status_code=204)

@@ -24,6 +24,7 @@ from aenv.api.errors import APIError, not_found
 from aenv.api.internal_models import Refusal
 from aenv.api.models import NewVolume, SandboxVolumeMount
 from aenv.api.requests import check_query, parse_body
+from aenv.api.scope import check_disk, team_of
 from aenv.api.volume_content import VolumeContentRoutes
 from aenv.orchestrator.catalog import SandboxRecord, VolumeMount, VolumeNameTaken, VolumeRecord
 from aenv.orchestrator.lifecycle import Orchestrator
@@ -37,11 +38,12 @@ from aenv.orchestrator.volumes import (
 
 
 def resolve_mounts(
-    store: VolumeStore, mounts: Iterable[SandboxVolumeMount] | None
+    store: VolumeStore, mounts: Iterable[SandboxVolumeMount] | None, team_id: str
 ) -> tuple[VolumeMount, ...]:
-    """A create's `volumeMounts`, or a 400 naming the unknown volume or the bad path."""
+    """A create's `volumeMounts` (names of `team_id`'s volumes), or a 400 naming the unknown
+    volume or the bad path."""
     try:
-        return store.resolve((m.name, m.path) for m in mounts or ())
+        return store.resolve(((m.name, m.path) for m in mounts or ()), team_id)
     except (VolumeNotFound, BadMount) as e:
         raise APIError(400, f"volumeMounts: {e}") from e
 
@@ -86,13 +88,16 @@ class VolumeRoutes:
 
     async def list(self, request: Request) -> Response:
         check_query(request)
-        return JSONResponse([{"volumeID": v.id, "name": v.name} for v in self.store.list()])
+        volumes = self.store.list(team_of(request))
+        return JSONResponse([{"volumeID": v.id, "name": v.name} for v in volumes])
 
     async def create(self, request: Request) -> Response:
         check_query(request)
         body = await parse_body(request, NewVolume)
         try:
-            volume = await self.store.create(body.name, body.size_mb)
+            team = team_of(request)
+            check_disk(self.orc, team, body.size_mb or self.store.default_size_mb)
+            volume = await self.store.create(body.name, body.size_mb, team)
         except (BadMount, VolumeNameTaken) as e:
             raise APIError(400, str(e)) from e
         except NoRoom as e:

@@ -17,7 +17,7 @@ from starlette.routing import Route
 from aenv.api.errors import APIError, not_found
 from aenv.api.models import NewWebhook, WebhookChanges
 from aenv.api.requests import check_query, parse_body, query_enums, query_int
-from aenv.ids import TEAM_ID
+from aenv.api.scope import team_of
 from aenv.orchestrator.events import timestamp
 from aenv.orchestrator.webhook_delivery import WebhookDispatcher, check_url
 from aenv.orchestrator.webhooks import Delivery, DeliveryState, Webhook
@@ -90,7 +90,7 @@ class WebhookRoutes:
 
     def _get(self, request: Request) -> Webhook:
         webhook_id = request.path_params["webhook_id"]
-        hook = self.store.get(TEAM_ID, webhook_id)
+        hook = self.store.get(team_of(request), webhook_id)
         if hook is None:
             raise not_found(f"webhook '{webhook_id}'")
         return hook
@@ -100,13 +100,13 @@ class WebhookRoutes:
         body = await parse_body(request, NewWebhook)
         self._check_url(body.url)
         hook = self.store.create(
-            TEAM_ID, body.name, body.url, body.enabled, body.events, body.signature_secret
+            team_of(request), body.name, body.url, body.enabled, body.events, body.signature_secret
         )
         return JSONResponse(webhook_json(hook), status_code=201)
 
     async def list(self, request: Request) -> Response:
         check_query(request)
-        return JSONResponse([webhook_json(h) for h in self.store.list(TEAM_ID)])
+        return JSONResponse([webhook_json(h) for h in self.store.list(team_of(request))])
 
     async def get(self, request: Request) -> Response:
         check_query(request)
@@ -118,7 +118,7 @@ class WebhookRoutes:
         body = await parse_body(request, WebhookChanges)
         if body.url is not None:
             self._check_url(body.url)
-        updated = self.store.update(TEAM_ID, hook.id, **changes_of(body))
+        updated = self.store.update(team_of(request), hook.id, **changes_of(body))
         if updated is None:
             raise not_found(f"webhook '{hook.id}'")
         self.dispatcher.wake()  # enabled again: its queue goes on
@@ -127,7 +127,7 @@ class WebhookRoutes:
     async def delete(self, request: Request) -> Response:
         check_query(request)
         hook = self._get(request)
-        if not self.store.delete(TEAM_ID, hook.id):
+        if not self.store.delete(team_of(request), hook.id):
             raise not_found(f"webhook '{hook.id}'")
         return Response(status_code=200)
 
@@ -135,7 +135,7 @@ class WebhookRoutes:
         check_query(request, ("limit", "state"))
         hook = self._get(request)
         log = self.store.log(
-            TEAM_ID,
+            team_of(request),
             hook.id,
             query_int(request, "limit", 100, 1, MAX_LOG),
             delivery_states(request),

@@ -1,15 +1,19 @@
-"""`aenv keys list|create|rename|revoke`: the node's API keys, over E2B's `/api-keys` routes."""
+"""`aenv keys list|create|rename|revoke`: the API keys of the caller's team, over E2B's
+`/api-keys` routes; `aenv keys create --team` makes a key of any team, over E2B's admin route,
+with the node's admin token."""
 
 from __future__ import annotations
 
 import json
+from typing import Annotated
 from urllib.parse import quote
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from aenv.cli.node import HomeOption, JsonOption, call, node
+from aenv.cli.node import HomeOption, JsonOption, admin, call, node
+from aenv.cli.teams import team_id_of
 
 app = typer.Typer(help="The node's API keys.", no_args_is_help=True)
 
@@ -35,10 +39,24 @@ def list_keys(json_out: JsonOption = False, home: HomeOption = None) -> None:
 
 
 @app.command()
-def create(name: str, json_out: JsonOption = False, home: HomeOption = None) -> None:
+def create(
+    name: str,
+    team: Annotated[
+        str | None,
+        typer.Option(help="the team (id or name) the key acts for; needs the admin token"),
+    ] = None,
+    json_out: JsonOption = False,
+    home: HomeOption = None,
+) -> None:
     """Create a key named NAME and print its value (stored hashed: shown this once)."""
-    with node(home).client() as client:
-        key = call(client, "POST", "/api-keys", json={"name": name}).json()
+    if team is None:
+        with node(home).client() as client:
+            key = call(client, "POST", "/api-keys", json={"name": name}).json()
+    else:
+        with admin(home) as client:
+            team_id = team_id_of(client, team)
+            path = f"/admin/teams/{quote(team_id)}/api-keys"
+            key = call(client, "POST", path, json={"name": name}).json()
     typer.echo(json.dumps(key, indent=2) if json_out else key["key"])
 
 

@@ -21,6 +21,7 @@ from aenv.cli import (
     sandboxes,
     shell,
     snapshots,
+    teams,
     templates,
     volumes,
 )
@@ -34,6 +35,7 @@ app.add_typer(snapshots.app)
 app.add_typer(shell.app)
 app.add_typer(templates.app, name="template")
 app.add_typer(keys.app, name="keys")
+app.add_typer(teams.app, name="teams")
 app.add_typer(volumes.app, name="volumes")
 app.add_typer(cluster.app, name="node")
 app.add_typer(gateway.app, name="gateway")

@@ -13,6 +13,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
+from aenv.api.extensions import ADMIN_HEADER
 from aenv.config import load
 
 # Messages go to stderr so stdout carries only data; soft wrap keeps an error on one line.
@@ -47,6 +48,19 @@ def node(home: Path | None) -> Node:
     api_url = os.environ.get("E2B_API_URL", f"http://localhost:{config.port}")
     # One port serves both planes, so the API URL reaches sandboxes too unless told otherwise.
     return Node(api_url, os.environ.get("E2B_SANDBOX_URL", api_url), key)
+
+
+def admin(home: Path | None) -> httpx.Client:
+    """A client of the node's operator routes: `AENV_ADMIN_TOKEN` when set, else the local
+    node's admin token (its home's `admin-token`, readable by the operator only)."""
+    config = load({"home": home})
+    token = os.environ.get("AENV_ADMIN_TOKEN")
+    if token is None and config.paths.admin_token.exists():
+        token = config.paths.admin_token.read_text().strip()
+    if not token:
+        fail("no admin token: set AENV_ADMIN_TOKEN or run as the node's operator (its home)")
+    api_url = os.environ.get("E2B_API_URL", f"http://localhost:{config.port}")
+    return httpx.Client(base_url=api_url, headers={ADMIN_HEADER: token}, timeout=60)
 
 
 def fail(message: str) -> NoReturn:

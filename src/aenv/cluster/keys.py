@@ -28,7 +28,7 @@ import redis.asyncio as aioredis
 from aenv.api.keys import LAST_USED_PERSIST_S, ApiKey, KeyStore, LastKey, digest, write_key_file
 from aenv.cluster.store import Keys, guarded
 from aenv.config import Paths
-from aenv.ids import new_api_key
+from aenv.ids import TEAM_ID, new_api_key
 
 # KEYS: keys by digest, ids. ARGV: "1" to add only into an empty set, then per key its digest,
 # id and record. Returns 1 when it added them.
@@ -95,9 +95,9 @@ class ClusterKeys:
         found = [dataclasses.replace(k, last_used=_float(used.get(k.id))) for k in found]
         return sorted(found, key=lambda k: (k.created_at, k.id))
 
-    async def new(self, name: str) -> tuple[ApiKey, str]:
+    async def new(self, name: str, team_id: str = TEAM_ID) -> tuple[ApiKey, str]:
         value = new_api_key()
-        key = ApiKey.of(value, name)
+        key = ApiKey.of(value, name, team_id)
         await self.seed([key], only_if_empty=False)
         return key, value
 
@@ -171,7 +171,12 @@ def _read(path: Path) -> str:
 
 
 def _record(key: ApiKey) -> str:
-    return json.dumps(dataclasses.asdict(dataclasses.replace(key, last_used=None)))
+    fields = dataclasses.asdict(dataclasses.replace(key, last_used=None))
+    if key.team_id == TEAM_ID:
+        # As gateways from before teams wrote it, which read no team: a rolling upgrade's
+        # older gateways go on reading the default team's keys.
+        del fields["team_id"]
+    return json.dumps(fields)
 
 
 def _key(record: str) -> ApiKey:

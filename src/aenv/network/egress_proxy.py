@@ -352,11 +352,11 @@ class EgressProxy:
                 return
             await handshake
             self._counts.intercepted += 1
-            secrets = interception.secrets
+            secrets, team = interception.secrets, destination[0].team_id
             tokens = interception.tokens(destination[0].identity)
 
             def now() -> Headers:
-                return resolve(headers, secrets, tokens)
+                return resolve(headers, secrets, tokens, team_id=team)
 
             if guest.alpn == "h2":
                 await Bridge(guest, first, connect, now).run()

@@ -69,8 +69,8 @@ def shown(value: str) -> str:
 
 
 class SecretValues(Protocol):
-    def value(self, name: str) -> str | None:
-        """The current value of the secret named `name`, None when there is none."""
+    def value(self, name: str, team_id: str) -> str | None:
+        """The current value of `team_id`'s secret named `name`, None when there is none."""
 
 
 class SecretUnavailable(ConnectionError):
@@ -122,19 +122,23 @@ NO_RULES = HeaderRules()
 
 
 def resolve(
-    headers: Headers, secrets: SecretValues | None, tokens: TokenSource | None = None
+    headers: Headers,
+    secrets: SecretValues | None,
+    tokens: TokenSource | None = None,
+    *,
+    team_id: str,
 ) -> Headers:
-    """`headers` with every secret marker replaced by the secret's value now, and every
-    token marker by a token minted now. Raises SecretUnavailable for a secret without one (or
-    none of these: `secrets` is None), a token the sandbox does not define (or any token:
-    `tokens` is None), or a value that cannot be a header's. The messages name the secret or
-    token, never a value."""
+    """`headers` with every secret marker replaced by the value of `team_id`'s secret (the
+    sandbox's team's) now, and every token marker by a token minted now. Raises
+    SecretUnavailable for a secret without one (or none of these: `secrets` is None), a token
+    the sandbox does not define (or any token: `tokens` is None), or a value that cannot be a
+    header's. The messages name the secret or token, never a value."""
 
     def value(marker: re.Match[str]) -> str:
         # One pass over both kinds: a secret's value is never read for markers.
         kind, named = marker[1], marker[2]
         if kind == "secrets":
-            found = secrets.value(named) if secrets is not None else None
+            found = secrets.value(named, team_id) if secrets is not None else None
             if found is None:
                 raise SecretUnavailable(f"secret {named!r} does not exist")
             return found

@@ -17,6 +17,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, collapse_addresses, ip_network
 
+from aenv.ids import TEAM_ID
 from aenv.network.domains import is_address, normalise
 from aenv.network.header_rules import NO_RULES, HeaderRules
 from aenv.network.identity import WorkloadIdentity
@@ -40,6 +41,9 @@ class EgressPolicy:
     dns_servers: tuple[IPv4Address, ...] | None = None
     headers: HeaderRules = NO_RULES
     identity: WorkloadIdentity | None = None
+    # The team whose secrets `headers` name: the sandbox's (a rule never reads another
+    # team's secrets).
+    team_id: str = TEAM_ID
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "allow", _normalise(self.allow))

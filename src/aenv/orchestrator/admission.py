@@ -23,7 +23,7 @@ class Refusal(enum.StrEnum):
     """Why a create was refused (the metrics label)."""
 
     SANDBOXES = "sandboxes"  # the node's count cap
-    KEY = "key"  # the API key's cap
+    TEAM = "team"  # the team's caps (sandboxes at once, disk)
     DISK = "disk"
     MEMORY = "memory"  # available memory
     OVERCOMMIT = "overcommit"  # nominal guest RAM

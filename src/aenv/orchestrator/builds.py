@@ -37,7 +37,7 @@ from connectrpc.errors import ConnectError
 
 from aenv import atomic
 from aenv.config import Paths
-from aenv.ids import new_build_id, new_sandbox_id
+from aenv.ids import TEAM_ID, new_build_id, new_sandbox_id
 from aenv.network.settings import SandboxNetwork
 from aenv.oci import Credentials, ImageError, rootfs_from_image
 from aenv.orchestrator.build_egress import GUEST_CA, GUEST_CA_DIR, BuildEgress
@@ -58,6 +58,7 @@ from aenv.orchestrator.tags import TagStore
 from aenv.orchestrator.templates import Template, TemplateNotFound
 
 log = logging.getLogger("aenv.builds")
+CANCELLED = "cancelled by the node's operator"
 
 # The build VM's sandbox timeout: a bound on the whole build.
 BUILD_VM_TIMEOUT = 3600
@@ -113,6 +114,8 @@ class Build:
     cpu_count: int | None = None
     memory_mb: int | None = None
     reason: BuildError | None = None
+    # The team that asked for it (a record written before teams: the default team's).
+    team_id: str = TEAM_ID
     # Not part of the record: the log has a file of its own.
     journal: BuildLog | None = field(default=None, compare=False, repr=False)
 
@@ -193,7 +196,9 @@ class Builder:
         # None: build VMs get a sandbox's default network.
         self.egress = egress
         self._builds: dict[str, Build] = {}  # by build id, oldest first
-        self._tasks: set[asyncio.Task[None]] = set()  # held: running builds are not collected
+        # Held: running builds are not collected; by build id, for a cancel.
+        self._tasks: dict[str, asyncio.Task[None]] = {}
+        self._cancelled: set[str] = set()  # builds the operator cancelled
         self._image_locks: dict[str, asyncio.Lock] = {}
         self._reserved: dict[str, Build] = {}  # by name: see `reserve`
         self._load_records()
@@ -240,10 +245,13 @@ class Builder:
         tags: list[str],
         cpu_count: int | None = None,
         memory_mb: int | None = None,
+        team_id: str = TEAM_ID,
     ) -> Build:
         """A new build, waiting for its steps, of the template called `name` (`name:tag`; an
         existing template gets a new build under its id), tagged `tags` once ready; its
-        sandboxes get `cpu_count` vCPUs and `memory_mb` of memory (default: the base's)."""
+        sandboxes get `cpu_count` vCPUs and `memory_mb` of memory (default: the base's); the
+        template is `team_id`'s (a name another team uses, or a public template's, makes a
+        template of its own: names are unique within a team)."""
         alias, tag = split_name(name)
         named = tuple(dict.fromkeys([*tags, tag] if tag else tags or ["latest"]))
         reserved = self._reserved.pop(alias, None)
@@ -253,11 +261,17 @@ class Builder:
             self._record(reserved)
             return reserved
         template_id = next(
-            (b.template_id for b in self._builds.values() if b.name == alias),
+            (
+                b.template_id
+                for b in self._builds.values()
+                if b.name == alias and b.team_id == team_id
+            ),
             None,
         )
         with contextlib.suppress(TemplateNotFound):
-            template_id = self.orc.templates.get(alias).template_id
+            existing = self.orc.templates.get(alias, team_id)
+            if existing.team_id == team_id:
+                template_id = existing.template_id
         build = Build(
             template_id=template_id or new_sandbox_id(),
             build_id=new_build_id(),
@@ -266,6 +280,7 @@ class Builder:
             created_at=time.time(),
             cpu_count=cpu_count,
             memory_mb=memory_mb,
+            team_id=team_id,
         )
         build.journal = self._journal(build.build_id)
         self._builds[build.build_id] = build
@@ -349,9 +364,25 @@ class Builder:
     def start(self, build: Build, spec: BuildSpec) -> None:
         build.status = BuildStatus.BUILDING
         self._record(build)
-        task = asyncio.create_task(self._run(build, spec))
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task = self._tasks[build.build_id] = asyncio.create_task(self._run(build, spec))
+        task.add_done_callback(lambda _: self._tasks.pop(build.build_id, None))
+
+    async def cancel_team(self, team_id: str) -> tuple[int, int]:
+        """End every waiting or running build of `team_id` in `error` (a running one's VM is
+        killed as a failed build's is). Returns how many ended, and how many did not."""
+        running = (BuildStatus.WAITING, BuildStatus.BUILDING)
+        found = [b for b in self._builds.values() if b.team_id == team_id and b.status in running]
+        for build in found:
+            if (task := self._tasks.get(build.build_id)) is not None:
+                self._cancelled.add(build.build_id)
+                task.cancel()
+                await asyncio.wait([task])
+            else:  # waiting for its steps: nothing runs yet
+                self._reserved.pop(build.name, None)
+                build.reason = BuildError(CANCELLED)
+                await self._end(build, BuildStatus.ERROR)
+        failed = sum(b.status is not BuildStatus.ERROR for b in found)
+        return len(found) - failed, failed
 
     async def _run(self, build: Build, spec: BuildSpec) -> None:
         started = time.monotonic()
@@ -359,6 +390,10 @@ class Builder:
             template = await self._build(build, spec)
         except BuildError as e:
             reason = e
+        except asyncio.CancelledError:
+            if build.build_id not in self._cancelled:
+                raise  # the server stops: the record says so at the next start
+            reason = BuildError(CANCELLED)
         except Exception as e:  # whatever broke, the build ends in `error`
             log.exception("build %s failed", build.build_id)
             reason = BuildError(f"{type(e).__name__}: {e}")
@@ -380,9 +415,9 @@ class Builder:
         build.status = status
 
     async def _build(self, build: Build, spec: BuildSpec) -> Template:
-        base = await self._image_base(spec, build) if spec.from_image else self._base(spec)
+        base = await self._image_base(spec, build) if spec.from_image else self._base(spec, build)
         size = (build.cpu_count or base.cpu_count, build.memory_mb or base.memory_mb)
-        keys = _step_keys(base, spec, size)
+        keys = _step_keys(base, spec, size, build.team_id)
         first, source = self._cached_prefix(spec, base, keys)
         total = len(spec.steps)
         for index in range(first):
@@ -402,6 +437,8 @@ class Builder:
                 internal=True,
                 size=size if resized else None,
                 network=network,
+                # What it saves is the build's team's template.
+                team_id=build.team_id,
             )
         )
         shell = GuestShell(self.orc.envd(record.id))
@@ -438,7 +475,9 @@ class Builder:
         finally:
             await shell.close()
             await self.orc.kill(record.id)
-        template = dataclasses.replace(_with_state(saved, state), build_id=build.build_id)
+        template = dataclasses.replace(
+            _with_state(saved, state), build_id=build.build_id, team_id=build.team_id
+        )
         await asyncio.to_thread(self.orc.templates.save, template)
         # Ready means usable: in a cluster, by every node (the copy is what they pull).
         await self.orc.saved.push_template(template)
@@ -494,10 +533,11 @@ class Builder:
         if len(layers) > self.cache_layers:
             await self.orc.saved.collect()
 
-    def _base(self, spec: BuildSpec) -> Template:
+    def _base(self, spec: BuildSpec, build: Build) -> Template:
+        """The template the build starts from: one its team may see."""
         name = spec.from_template or "base"
         try:
-            return self.orc.templates.get(name)
+            return self.orc.templates.get(name, build.team_id)
         except TemplateNotFound as e:
             raise BuildError(f"base template '{name}' not found") from e
 
@@ -631,10 +671,11 @@ def _describe(step: Step) -> str:
     return f"{step.type} {' '.join(step.args)}".strip()
 
 
-def _step_keys(base: Template, spec: BuildSpec, size: tuple[int, int]) -> list[str]:
-    """Cache key after each step: the base build and the VM size (a saved layer's memory is of
-    one size), then every step's content and files."""
-    root = f"{base.template_id}/{base.build_id}"
+def _step_keys(base: Template, spec: BuildSpec, size: tuple[int, int], team: str) -> list[str]:
+    """Cache key after each step: the base build, the VM size (a saved layer's memory is of
+    one size) and the team (a step's output may hold what it generated: no team reuses
+    another's), then every step's content and files."""
+    root = f"{base.template_id}/{base.build_id}" + ("" if team == TEAM_ID else f"/{team}")
     if size != (base.cpu_count, base.memory_mb):
         root += f"/{size[0]}x{size[1]}"
     key = hashlib.sha256(root.encode()).hexdigest()

@@ -11,37 +11,56 @@ from __future__ import annotations
 import asyncio
 
 from aenv.orchestrator.admission import HostMemory, MemoryBudget, Refusal
+from aenv.orchestrator.catalog import Catalog
 from aenv.orchestrator.errors import CapacityReached, OperationFailed
 from aenv.orchestrator.node import Node
 from aenv.orchestrator.states import LIVE, SandboxState
 
 
-def check_counts(node: Node, owner: str | None) -> None:
-    """Raises CapacityReached when the node holds `max_sandboxes` or `owner` runs
-    `key_max_sandboxes` (queued creates included)."""
+def check_counts(node: Node, team_id: str, disk_mb: int = 0) -> None:
+    """Raises CapacityReached when the node holds `max_sandboxes`, when `team_id` runs
+    `team_max_sandboxes` (queued creates included), or when one more sandbox of `disk_mb` would
+    take the team's sandboxes and volumes past `team_max_disk_mb`."""
     config = node.config
     made = node.catalog.count(frozenset(SandboxState) - {SandboxState.CREATING})
     held = made + node.starting.count
     if held >= config.max_sandboxes:
         node.stats.refused[Refusal.SANDBOXES] += 1
         raise CapacityReached(f"this node holds its maximum of {held} sandboxes")
-    if owner is not None and running_of(node, owner) >= config.key_max_sandboxes:
-        node.stats.refused[Refusal.KEY] += 1
+    if running_of(node, team_id) >= config.team_max_sandboxes:
+        node.stats.refused[Refusal.TEAM] += 1
         raise CapacityReached(
-            "You have reached the maximum number of concurrent sandboxes for this API key "
-            f"({config.key_max_sandboxes})"
+            "You have reached the maximum number of concurrent sandboxes for this team "
+            f"({config.team_max_sandboxes})"
+        )
+    used = disk_of(node.catalog, team_id)
+    if used + disk_mb > config.team_max_disk_mb:
+        node.stats.refused[Refusal.TEAM] += 1
+        raise CapacityReached(
+            f"this team's sandboxes and volumes hold {used} MiB of disk; one more of {disk_mb}"
+            f" MiB would pass its limit of {config.team_max_disk_mb} MiB"
         )
 
 
-def running_of(node: Node, owner: str) -> int:
-    """Sandboxes of `owner` that are not paused, and its creates under way (queued or
+def running_of(node: Node, team_id: str) -> int:
+    """Sandboxes of `team_id` that are not paused, and its creates under way (queued or
     starting: a starting one's row, in state creating, is not counted twice)."""
     running = [
         r
         for r in node.catalog.list()
-        if r.owner == owner and r.state.public not in (None, "paused")
+        if r.team_id == team_id and not r.internal and r.state.public not in (None, "paused")
     ]
-    return len(running) + node.starting.by_owner[owner]
+    return len(running) + node.starting.by_team[team_id]
+
+
+def disk_of(catalog: Catalog, team_id: str) -> int:
+    """The disk (MiB) `team_id`'s sandboxes (paused ones too) and sized volumes may take."""
+    sandboxes = sum(
+        r.disk_size_mb
+        for r in catalog.list()
+        if r.team_id == team_id and not r.internal and r.state.public is not None
+    )
+    return sandboxes + sum(v.size_mb or 0 for v in catalog.volumes(team_id))
 
 
 async def memory_refusal(

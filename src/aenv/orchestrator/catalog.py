@@ -20,6 +20,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, TypedDict, Unpack
 
+from aenv.ids import TEAM_ID
 from aenv.network.settings import SandboxNetwork
 from aenv.orchestrator.kinds import SaveMode
 from aenv.orchestrator.migrations import upgrade
@@ -49,6 +50,7 @@ class VolumeRecord:
     token: str
     created_at: float
     size_mb: int | None = None
+    team_id: str = TEAM_ID  # names are unique within a team
 
 
 class VolumeNameTaken(ValueError):
@@ -106,8 +108,10 @@ class SandboxRecord:
     checkpoint_mode: SaveMode = SaveMode.FULL
     # The newest checkpoint uploaded to the repository, once one is.
     archived: Archived | None = None
-    # The id of the API key that created it (its per-key sandbox limit counts it).
+    # The id of the API key that created it.
     owner: str | None = None
+    # The team of that key: only its keys see the sandbox; its limits count it.
+    team_id: str = TEAM_ID
     # Volumes its guest mounts on every boot (see `orchestrator.volumes`).
     volume_mounts: tuple[VolumeMount, ...] = ()
 
@@ -138,6 +142,7 @@ class RecordChanges(TypedDict, total=False):
     checkpoint_mode: SaveMode
     archived: Archived | None
     owner: str | None
+    team_id: str
     volume_mounts: tuple[VolumeMount, ...]
 
 
@@ -149,6 +154,7 @@ class PageQuery:
 
     states: frozenset[SandboxState]
     limit: int
+    team_id: str = TEAM_ID
     metadata: Mapping[str, str] = field(default_factory=dict)
     template: str | None = None  # a template id or alias
     started_after: float | None = None
@@ -214,11 +220,12 @@ def record_to_json(record: SandboxRecord) -> str:
 
 
 def record_from_json(text: str) -> SandboxRecord:
-    """The record `record_to_json` wrote; raises `ValueError` (or `KeyError`) when malformed."""
+    """The record `record_to_json` wrote; raises `ValueError` (or `KeyError`) when malformed.
+    A node from before teams sends no team: its sandboxes were the default team's."""
     row = json.loads(text)
     if not isinstance(row, dict):
         raise ValueError("a sandbox record is a JSON object")
-    return _from_row(row)
+    return _from_row({"team_id": TEAM_ID, **row})
 
 
 class Catalog:
@@ -344,8 +351,9 @@ class Catalog:
         where = [
             f"state IN ({', '.join('?' for _ in states)})",
             "internal = 0",  # the server's own sandboxes
+            "team_id = ?",
         ]
-        params: list[Any] = list(states)
+        params: list[Any] = [*states, query.team_id]
         for key, value in query.metadata.items():
             where.append("EXISTS (SELECT 1 FROM json_each(metadata) WHERE key = ? AND value = ?)")
             params += [key, value]
@@ -381,25 +389,40 @@ class Catalog:
         """Raises `VolumeNameTaken` when another volume has its name (names are unique)."""
         try:
             self._db.execute(
-                "INSERT INTO volumes (id, name, token, created_at, size_mb) VALUES (?, ?, ?, ?, ?)",
-                (volume.id, volume.name, volume.token, volume.created_at, volume.size_mb),
+                "INSERT INTO volumes (id, name, token, created_at, size_mb, team_id)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    volume.id,
+                    volume.name,
+                    volume.token,
+                    volume.created_at,
+                    volume.size_mb,
+                    volume.team_id,
+                ),
             )
         except sqlite3.IntegrityError as e:
             raise VolumeNameTaken(volume.name) from e
 
     def volume(
-        self, *, volume_id: str | None = None, name: str | None = None
+        self, *, volume_id: str | None = None, name: str | None = None, team_id: str = TEAM_ID
     ) -> VolumeRecord | None:
-        """The volume with this id, or with this name."""
-        column, value = ("id", volume_id) if volume_id is not None else ("name", name)
-        row = self._db.execute(
-            f"SELECT * FROM volumes WHERE {column} = ?",  # noqa: S608 - the column is ours
-            (value,),
-        ).fetchone()
+        """The volume with this id, or the one of `team_id` with this name."""
+        if volume_id is not None:
+            row = self._db.execute("SELECT * FROM volumes WHERE id = ?", (volume_id,)).fetchone()
+        else:
+            row = self._db.execute(
+                "SELECT * FROM volumes WHERE name = ? AND team_id = ?", (name, team_id)
+            ).fetchone()
         return VolumeRecord(**dict(row)) if row else None
 
-    def volumes(self) -> builtins.list[VolumeRecord]:
-        rows = self._db.execute("SELECT * FROM volumes ORDER BY created_at, id")
+    def volumes(self, team_id: str | None = None) -> builtins.list[VolumeRecord]:
+        """Every volume; of `team_id` only, when given."""
+        if team_id is None:
+            rows = self._db.execute("SELECT * FROM volumes ORDER BY created_at, id")
+        else:
+            rows = self._db.execute(
+                "SELECT * FROM volumes WHERE team_id = ? ORDER BY created_at, id", (team_id,)
+            )
         return [VolumeRecord(**dict(row)) for row in rows]
 
     def delete_volume(self, volume_id: str) -> bool:

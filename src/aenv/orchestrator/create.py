@@ -23,7 +23,7 @@ import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from aenv.ids import new_access_token, new_sandbox_id
+from aenv.ids import TEAM_ID, new_access_token, new_sandbox_id
 from aenv.network.settings import SandboxNetwork
 from aenv.orchestrator import capacity, ending, pooling
 from aenv.orchestrator.catalog import SandboxRecord, VolumeMount
@@ -55,8 +55,11 @@ class CreateRequest:
     # (vCPUs, MiB) other than the template's: the template's disks are booted afresh at that
     # size (a saved memory image has one size), without its processes (template builds).
     size: tuple[int, int] | None = None
-    # Who asks (an API key's id): at most `key_max_sandboxes` of an owner's run at once.
+    # Who asks (an API key's id), recorded with the sandbox.
     owner: str | None = None
+    # Its team: the sandbox is the team's; at most `team_max_sandboxes` of a team's run at
+    # once, within `team_max_disk_mb`.
+    team_id: str = TEAM_ID
     # Volumes mounted into the guest (resolved by `VolumeStore.resolve`).
     volume_mounts: tuple[VolumeMount, ...] = ()
     # Seconds the client lets it wait for capacity (cut to `create_max_wait`); 0: refused
@@ -67,7 +70,10 @@ class CreateRequest:
 
 
 async def create(node: Node, request: CreateRequest) -> tuple[SandboxRecord, Template]:
-    template = node.templates.get(request.template)  # TemplateNotFound propagates
+    # TemplateNotFound propagates (also for another team's private template). The node's own
+    # sandboxes (build VMs) start from cached build steps whichever team's build made them.
+    team = None if request.internal else request.team_id
+    template = node.templates.get(request.template, team)
     record = await create_from(node, request, template, None)
     return record, template
 
@@ -81,28 +87,28 @@ async def create_from(
     async def admit() -> None:
         await capacity.check_host(node)
         await _admit_memory(node, need_mb)
-        capacity.check_counts(node, request.owner)
+        capacity.check_counts(node, request.team_id, (parent or base).disk_size_mb)
 
     config = node.config
     wait = min(request.wait, config.create_max_wait)
-    await node.waiting.admit(request.owner, wait, config.create_max_waiters, admit, request.gone)
+    await node.waiting.admit(request.team_id, wait, config.create_max_waiters, admit, request.gone)
     # Rows exist from the moment a create is admitted; the queue holds the rest. Counting
     # (the last of `admit`) and joining the queue happen with no await in between (after
     # the checks before it, which await), so concurrent creates see each other and the
     # caps are exact.
     starting = node.starting
-    owner = request.owner
+    team = request.team_id
     starting.count += 1
     starting.memory_mb += need_mb
-    starting.by_owner[owner] += 1
+    starting.by_team[team] += 1
     try:
         return await _queued(node, request, base, parent)
     finally:
         starting.count -= 1
         starting.memory_mb -= need_mb
-        starting.by_owner[owner] -= 1
-        if not starting.by_owner[owner]:
-            del starting.by_owner[owner]
+        starting.by_team[team] -= 1
+        if not starting.by_team[team]:
+            del starting.by_team[team]
         starting.last_end = time.monotonic()
         node.waiting.changed()  # a create that failed leaves room
 
@@ -212,6 +218,7 @@ def _new_record(
         auto_pause_mode=request.auto_pause_mode,
         internal=request.internal,
         owner=request.owner,
+        team_id=request.team_id,
         volume_mounts=request.volume_mounts,
     )
 

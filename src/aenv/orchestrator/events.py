@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from aenv.ids import TEAM_ID
 from aenv.orchestrator import webhooks
 from aenv.orchestrator.catalog import Catalog, SandboxRecord
 from aenv.orchestrator.templates import TemplateStore
@@ -149,7 +148,7 @@ class EventLog:
                 execution_id=execution_id,
                 template_id=record.template_id,
                 build_id=self._build_of(record.template_id),
-                team_id=TEAM_ID,
+                team_id=record.team_id,
                 data=payload,
             )
             cursor = db.execute(

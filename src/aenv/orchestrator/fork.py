@@ -19,7 +19,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from aenv.ids import new_sandbox_id
+from aenv.ids import TEAM_ID, new_sandbox_id
 from aenv.network.settings import SandboxNetwork
 from aenv.orchestrator import capacity
 from aenv.orchestrator.catalog import SandboxRecord
@@ -48,6 +48,7 @@ async def fork(
     timeout: int,
     *,
     owner: str | None = None,
+    team_id: str = TEAM_ID,
     wait: float = 0.0,
     gone: asyncio.Event | None = None,
 ) -> list[SandboxRecord | BaseException]:
@@ -62,7 +63,7 @@ async def fork(
     start = time.perf_counter()
     if parent is None:
         try:
-            base = node.templates.get(source)
+            base = node.templates.get(source, team_id)
         except LookupError as e:
             raise SandboxNotFound(source) from e
         await capacity.check_disk(node, count * base.disk_size_mb)
@@ -83,7 +84,9 @@ async def fork(
         )
     saved = time.perf_counter()
     with node.saved.pin(Path(base.snapshot_dir)):
-        started = await _start_children(node, base, parent, children, timeout, owner, wait, gone)
+        started = await _start_children(
+            node, base, parent, children, timeout, owner, team_id, wait, gone
+        )
     log.info(
         "fork of %s: checkpoint %.0f ms, %d children %.0f ms",
         source,
@@ -102,6 +105,7 @@ async def _start_children(
     children: Sequence[Child],
     timeout: int,
     owner: str | None,
+    team_id: str,
     wait: float,
     gone: asyncio.Event | None,
 ) -> list[SandboxRecord | BaseException]:
@@ -115,6 +119,7 @@ async def _start_children(
         auto_resume=parent.auto_resume if parent else False,
         network=parent.network if parent else SandboxNetwork(),
         owner=owner,
+        team_id=team_id,
         # Children of a sandbox mount its volumes; a snapshot carries none.
         volume_mounts=parent.volume_mounts if parent else (),
         wait=wait,

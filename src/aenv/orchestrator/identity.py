@@ -8,18 +8,18 @@ from __future__ import annotations
 
 import dataclasses
 
-from aenv.ids import TEAM_ID
 from aenv.network.identity import Subject, WorkloadIdentity
 from aenv.network.settings import SandboxNetwork, SlotEgress
 from aenv.orchestrator.catalog import SandboxRecord
 
 
 def slot_egress(record: SandboxRecord, network: SandboxNetwork | None = None) -> SlotEgress:
-    """What the sandbox's slot is given for `network` (its own by default)."""
+    """What the sandbox's slot is given for `network` (its own by default): its header rules
+    read its team's secrets, and its workload tokens name its team."""
     network = network or record.network
     egress = network.egress
-    if not network.iam.tokens:
-        return egress
-    subject = Subject(record.id, TEAM_ID, record.template_id)
-    identity = WorkloadIdentity(subject, network.iam)
-    return SlotEgress(egress.enabled, dataclasses.replace(egress.policy, identity=identity))
+    policy = dataclasses.replace(egress.policy, team_id=record.team_id)
+    if network.iam.tokens:
+        subject = Subject(record.id, record.team_id, record.template_id)
+        policy = dataclasses.replace(policy, identity=WorkloadIdentity(subject, network.iam))
+    return SlotEgress(egress.enabled, policy)

@@ -34,6 +34,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from aenv.config import Config
+from aenv.ids import TEAM_ID
 from aenv.network import SlotProvider
 from aenv.network.identity import Signer
 from aenv.network.settings import SandboxNetwork
@@ -318,9 +319,12 @@ class Orchestrator:
         timeout: int,
         *,
         owner: str | None = None,
+        team_id: str = TEAM_ID,
         wait: float = 0.0,
     ) -> builtins.list[SandboxRecord | BaseException]:
-        return await self.fork_batch(source, [Child()] * count, timeout, owner=owner, wait=wait)
+        return await self.fork_batch(
+            source, [Child()] * count, timeout, owner=owner, team_id=team_id, wait=wait
+        )
 
     async def fork_batch(
         self,
@@ -329,13 +333,14 @@ class Orchestrator:
         timeout: int,
         *,
         owner: str | None = None,
+        team_id: str = TEAM_ID,
         wait: float = 0.0,
         gone: asyncio.Event | None = None,
     ) -> builtins.list[SandboxRecord | BaseException]:
         """A fork whose every child adds its own metadata and env vars to the source's; each
         may wait `wait` seconds for capacity, unless `gone` (its client left) is set."""
         return await fork.fork(
-            self.node, source, children, timeout, owner=owner, wait=wait, gone=gone
+            self.node, source, children, timeout, owner=owner, team_id=team_id, wait=wait, gone=gone
         )
 
     async def reset(self, sandbox_id: str, source: str) -> SandboxRecord:

@@ -19,10 +19,15 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 from aenv.orchestrator.kinds import SaveMode
+
+# The team everything made before teams belongs to (`aenv.ids.TEAM_ID`); frozen here, as every
+# shipped migration is.
+DEFAULT_TEAM = "local"
 
 Migration = Callable[[sqlite3.Connection], None]
 
@@ -166,11 +171,50 @@ def _4_secrets(db: sqlite3.Connection) -> None:
     )
 
 
+def _5_teams(db: sqlite3.Connection) -> None:
+    """Teams (`orchestrator.teams`), and the team of every sandbox and volume. What a catalog
+    held before teams belonged to the one team every key was in, `local` (`ids.TEAM_ID`): it
+    stays that team's, so a node upgraded keeps serving its keys their sandboxes and volumes.
+    Volume names become unique per team, not per node: the table is copied into one with that
+    constraint (SQLite cannot change a constraint in place)."""
+    db.execute(
+        """CREATE TABLE teams (
+            id TEXT PRIMARY KEY,
+            name TEXT NOT NULL UNIQUE,
+            created_at REAL NOT NULL
+        )"""
+    )
+    db.execute(
+        "INSERT INTO teams (id, name, created_at) VALUES (?, ?, ?)",
+        (DEFAULT_TEAM, DEFAULT_TEAM, time.time()),
+    )
+    db.execute(f"ALTER TABLE sandboxes ADD COLUMN team_id TEXT NOT NULL DEFAULT '{DEFAULT_TEAM}'")
+    db.execute("CREATE INDEX sandboxes_team ON sandboxes(team_id, state)")
+    db.execute(
+        f"""CREATE TABLE volumes_by_team (
+            id TEXT PRIMARY KEY,
+            team_id TEXT NOT NULL DEFAULT '{DEFAULT_TEAM}',
+            name TEXT NOT NULL,
+            token TEXT NOT NULL,
+            created_at REAL NOT NULL,
+            size_mb INTEGER,
+            UNIQUE (team_id, name)
+        )"""
+    )
+    db.execute(
+        "INSERT INTO volumes_by_team (id, name, token, created_at, size_mb)"
+        " SELECT id, name, token, created_at, size_mb FROM volumes"
+    )
+    db.execute("DROP TABLE volumes")
+    db.execute("ALTER TABLE volumes_by_team RENAME TO volumes")
+
+
 MIGRATIONS: tuple[Migration, ...] = (
     _1_sandboxes_and_volumes,
     _2_events,
     _3_webhooks,
     _4_secrets,
+    _5_teams,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -92,7 +92,7 @@ class Starting:
 
     count: int = 0
     memory_mb: int = 0
-    by_owner: collections.Counter[str | None] = field(default_factory=collections.Counter)
+    by_team: collections.Counter[str] = field(default_factory=collections.Counter)
     # Disk of the creates admitted and not finished: their layers have not grown yet.
     disk_mb: int = 0
     # time.monotonic() when the latest create ended.

@@ -47,7 +47,7 @@ async def snapshot(
 ) -> Template:
     """A persistent, named snapshot of the sandbox, which keeps running (or stays paused).
     A name already used by a snapshot gets this new state under the same id."""
-    existing = _snapshot_named(node, name)
+    existing = _snapshot_named(node, name, node.get(sandbox_id).team_id)
     template_id = existing.template_id if existing else new_sandbox_id()
     aliases = (name,) if name else ()
     template = await checkpoint(node, sandbox_id, template_id, TemplateKind.SNAPSHOT, aliases, mode)
@@ -87,11 +87,12 @@ async def delete_template(node: Node, template_id: str) -> None:
     await node.saved.collect()
 
 
-def _snapshot_named(node: Node, name: str | None) -> Template | None:
+def _snapshot_named(node: Node, name: str | None, team_id: str) -> Template | None:
+    """The snapshot of `team_id` called `name`: names are unique within a team."""
     if name is None:
         return None
     for template in node.templates.list(kind=TemplateKind.SNAPSHOT):
-        if name in template.aliases:
+        if name in template.aliases and template.team_id == team_id:
             return template
     return None
 
@@ -128,6 +129,7 @@ async def checkpoint(
             source_sandbox_id=sandbox_id,
             save_mode=kept,
             metadata=dict(record.metadata),
+            team_id=record.team_id,
         )
         await asyncio.to_thread(node.templates.save, template)
     steps.mark("template")

@@ -23,7 +23,7 @@ from aenv import atomic
 from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.guest.cmdline import GuestNet, kernel_cmdline
-from aenv.ids import new_build_id
+from aenv.ids import TEAM_ID, new_build_id
 from aenv.network import SlotProvider
 from aenv.orchestrator.build_steps import warm_up
 from aenv.orchestrator.envd_client import EnvdClient, http_client
@@ -41,6 +41,9 @@ from aenv.runtime.driver import (
 from aenv.storage import layers
 
 TEMPLATE_FILE = "template.json"
+# The node's own templates: public whatever their stored flag, so that every team starts from
+# them (they are built by the node, under the default team).
+PUBLIC_TEMPLATES = frozenset({"base", "code-interpreter-v1"})
 BOOT_READY_TIMEOUT = 180.0
 
 
@@ -80,6 +83,10 @@ class Template:
     # The metadata of the sandbox it was saved from (a snapshot's labels: bulk deletes of
     # snapshots select by it).
     metadata: dict[str, str] = dataclasses.field(default_factory=dict)
+    # The team that made it (a template saved before teams: the default team's); only its keys
+    # see it unless it is public (E2B's `public`: every team may start sandboxes from it).
+    team_id: str = TEAM_ID
+    public: bool = False
 
     def snapshot(self) -> Snapshot:
         return Snapshot.load_manifest(Path(self.snapshot_dir))
@@ -87,6 +94,15 @@ class Template:
     @property
     def names(self) -> list[str]:
         return list(self.aliases) or [self.template_id]
+
+    @property
+    def is_public(self) -> bool:
+        """Every team may see it and start sandboxes from it: published by its team, or one
+        of the node's own (`PUBLIC_TEMPLATES`)."""
+        return self.public or not PUBLIC_TEMPLATES.isdisjoint(self.names)
+
+    def visible_to(self, team_id: str) -> bool:
+        return self.team_id == team_id or self.is_public
 
 
 def is_stale(template: Template, images: GuestImages) -> bool:
@@ -116,15 +132,23 @@ class TemplateStore:
                 continue
             self._templates[template.template_id] = template
 
-    def get(self, ref: str) -> Template:
-        """A template or snapshot a user may start sandboxes from, by id or name."""
+    def get(self, ref: str, team_id: str | None = None) -> Template:
+        """A template or snapshot a user may start sandboxes from, by id or name; one
+        `team_id` may see when given (its own before a public one of the same name: names are
+        unique within a team)."""
         name = ref.split(":", 1)[0]  # `name:tag`: tags are not tracked yet, every tag is latest
-        for template in self._templates.values():
-            if template.deleted or template.kind is TemplateKind.FORK:
-                continue
-            if name == template.template_id or name in template.aliases:
-                return template
-        raise TemplateNotFound(ref)
+        found = [
+            t
+            for t in self._templates.values()
+            if not t.deleted
+            and t.kind is not TemplateKind.FORK
+            and (name == t.template_id or name in t.aliases)
+            and (team_id is None or t.visible_to(team_id))
+        ]
+        found.sort(key=lambda t: t.team_id != team_id)
+        if not found:
+            raise TemplateNotFound(ref)
+        return found[0]
 
     def by_id(self, template_id: str) -> Template | None:
         """Any stored template, including hidden ones (sandboxes restore from those too)."""

@@ -31,7 +31,7 @@ from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
 from typing import Protocol
 
-from aenv.ids import new_access_token
+from aenv.ids import TEAM_ID, new_access_token
 from aenv.orchestrator.catalog import Catalog, SandboxRecord, VolumeMount, VolumeRecord
 from aenv.orchestrator.reserve import HostReserve
 from aenv.runtime.driver import Share, share_tag
@@ -146,8 +146,9 @@ class VolumeStore:
     def directory(self, volume_id: str) -> Path:
         return self.root / volume_id
 
-    def list(self) -> list[VolumeRecord]:
-        return self.catalog.volumes()
+    def list(self, team_id: str | None = None) -> list[VolumeRecord]:
+        """Every volume; of `team_id` only, when given."""
+        return self.catalog.volumes(team_id)
 
     def get(self, volume_id: str) -> VolumeRecord:
         found = self.catalog.volume(volume_id=volume_id)
@@ -155,19 +156,24 @@ class VolumeStore:
             raise VolumeNotFound(volume_id)
         return found
 
-    def named(self, name: str) -> VolumeRecord:
-        found = self.catalog.volume(name=name)
+    def named(self, name: str, team_id: str = TEAM_ID) -> VolumeRecord:
+        found = self.catalog.volume(name=name, team_id=team_id)
         if found is None:
             raise VolumeNotFound(name)
         return found
 
-    async def create(self, name: str, size_mb: int | None = None) -> VolumeRecord:
-        """A volume of `size_mb` (the node's default when None). Raises `BadMount` for a bad
+    async def create(
+        self, name: str, size_mb: int | None = None, team_id: str = TEAM_ID
+    ) -> VolumeRecord:
+        """A volume of `team_id`, of `size_mb` (the node's default when None). Raises
+        `BadMount` for a bad
         name, `catalog.VolumeNameTaken` for a taken one, `NoRoom` when the host's disk cannot
         hold it; nothing is left of a failed create."""
         check_name(name)
         size_mb = size_mb or self.default_size_mb
-        record = VolumeRecord(new_volume_id(), name, new_access_token(), time.time(), size_mb)
+        record = VolumeRecord(
+            new_volume_id(), name, new_access_token(), time.time(), size_mb, team_id
+        )
         async with self._creating:
             free_mb, committed_mb = await asyncio.to_thread(self._disk_use)
             room_mb = free_mb - committed_mb - self.reserve.disk_mb
@@ -239,14 +245,17 @@ class VolumeStore:
                 except Exception:
                     log.exception("volume %s: its image could not be unmounted", volume.id)
 
-    def resolve(self, mounts: Iterable[tuple[str, str]]) -> tuple[VolumeMount, ...]:
-        """(volume name, guest path) pairs as mounts; raises `VolumeNotFound` or `BadMount`."""
+    def resolve(
+        self, mounts: Iterable[tuple[str, str]], team_id: str = TEAM_ID
+    ) -> tuple[VolumeMount, ...]:
+        """(volume name, guest path) pairs, names of `team_id`'s volumes, as mounts; raises
+        `VolumeNotFound` or `BadMount`."""
         resolved: list[VolumeMount] = []
         for name, path in mounts:
             normal = check_mount_path(path)
             if any(m.path == normal for m in resolved):
                 raise BadMount(f"two volumes are mounted at '{normal}'")
-            volume = self.named(name)
+            volume = self.named(name, team_id)
             if volume.id in self.unavailable:
                 raise BadMount(str(VolumeUnavailable(name)))
             resolved.append(VolumeMount(volume.id, normal))

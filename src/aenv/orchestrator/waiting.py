@@ -1,5 +1,5 @@
 """Creates that wait for capacity instead of being refused: the queue of waiters, served
-fairly across owners (round robin over API keys, FIFO within one key), woken when capacity
+fairly across owners (round robin over teams, FIFO within one team), woken when capacity
 may have freed rather than by polling.
 
 Only one waiter tries admission at a time (it holds the turn), so a freed place goes to the
@@ -8,7 +8,7 @@ waiter of each owner in rotation order:
 1. A waiter admitted leaves the queue, its owner moves to the end of the rotation, and a new
    round starts at once (more may fit).
 2. A waiter refused keeps its place and the turn passes to the next owner's first waiter
-   (another key may be under its own cap).
+   (another team may be under its own cap).
 3. A round where all were refused ends; the next starts when capacity changes (`changed`).
 A waiter whose wait runs out, or whose client leaves (its task cancelled), leaves the queue
 and passes the turn on if it held it.

@@ -1,0 +1,202 @@
+"""The operator's routes: teams and their keys, and E2B's admin routes, behind the operator's
+credential, which is not an API key.
+
+The credential is a random token in `$AENV_HOME/admin-token` (mode 0600), written at the node's
+first start, sent as E2B's `X-Admin-Token` header (its `AdminApiKeyAuth`). Only who can read the
+node's data directory holds it, so it is the operator's, as the node's first API key file is;
+no API key reaches these routes, and the token reaches no other route. The node keeps only its
+SHA-256 and compares in constant time.
+
+Routes, every one answering 401 without the token and 404 for a team the node does not hold:
+
+- E2B's: `POST /admin/teams/{teamID}/api-keys` (a key of the team: `CreatedTeamAPIKey`),
+  `DELETE /admin/teams/{teamID}/api-keys/{apiKeyID}`, `POST /admin/teams/{teamID}/sandboxes/kill`
+  (`AdminSandboxKillResult`), `POST /admin/teams/{teamID}/builds/cancel`
+  (`AdminBuildCancelResult`), `GET /admin/sandboxes/running-counts` (running sandboxes by team,
+  teams without any left out).
+- This node's, as E2B has no route for them: `GET /aenv/admin/teams` (id, name, created),
+  `POST /aenv/admin/teams` `{"name"}` (201), `DELETE /aenv/admin/teams/{teamID}` (204; 409 while
+  the team owns sandboxes, volumes or templates, or for the default team; its keys go with it).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import hashlib
+import hmac
+import os
+import secrets
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import cast
+
+from pydantic import BaseModel, ConfigDict
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from aenv.api.api_keys import KeyName, Name, team_api_key
+from aenv.api.errors import APIError, not_found
+from aenv.api.extensions import ADMIN_HEADER
+from aenv.api.extensions import ADMIN_TEAMS as TEAMS
+from aenv.api.keys import KeyStore, LastKey
+from aenv.api.requests import check_query, parse_body
+from aenv.api.sandboxes import rfc3339
+from aenv.orchestrator.builds import Builder
+from aenv.orchestrator.lifecycle import Orchestrator
+from aenv.orchestrator.teams import Team, TeamInUse, TeamNameTaken, TeamStore
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+def open_admin_token(path: Path) -> str:
+    """The SHA-256 of the node's admin token, generating the token (0600) at the first start."""
+    try:
+        token = path.read_text().strip()
+    except FileNotFoundError:
+        token = ""
+    if not token:
+        token = "aenv_admin_" + secrets.token_hex(24)
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token + "\n")
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+class NewTeam(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: Name
+
+
+class NoBody(BaseModel):
+    """What the routes that take no body accept: nothing (an empty body, or `{}`)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+
+def team_json(team: Team) -> dict[str, str]:
+    return {"teamID": team.id, "name": team.name, "createdAt": rfc3339(team.created_at)}
+
+
+class AdminRoutes:
+    def __init__(
+        self,
+        orchestrator: Orchestrator,
+        builder: Builder,
+        keys: KeyStore,
+        teams: TeamStore,
+        token_digest: str,
+    ) -> None:
+        self.orc = orchestrator
+        self.builder = builder
+        self.keys = keys
+        self.teams = teams
+        self.digest = token_digest
+
+    def routes(self) -> list[Route]:
+        team = "/admin/teams/{team_id}"
+        plain = [
+            Route(TEAMS, self.list_teams, methods=["GET"]),
+            Route(TEAMS, self.create_team, methods=["POST"]),
+            Route(TEAMS + "/{team_id}", self.delete_team, methods=["DELETE"]),
+            Route(team + "/api-keys", self.create_key, methods=["POST"]),
+            Route(team + "/api-keys/{api_key_id}", self.revoke_key, methods=["DELETE"]),
+            Route(team + "/sandboxes/kill", self.kill_sandboxes, methods=["POST"]),
+            Route(team + "/builds/cancel", self.cancel_builds, methods=["POST"]),
+            Route("/admin/sandboxes/running-counts", self.running_counts, methods=["GET"]),
+        ]
+        return [
+            Route(r.path, self._checked(cast("Endpoint", r.endpoint)), methods=r.methods)
+            for r in plain
+        ]
+
+    def _checked(self, endpoint: Endpoint) -> Endpoint:
+        async def checked(request: Request) -> Response:
+            given = request.headers.get(ADMIN_HEADER, "").strip()
+            wanted = self.digest.encode()
+            if not given or not hmac.compare_digest(
+                hashlib.sha256(given.encode()).hexdigest().encode(), wanted
+            ):
+                raise APIError(401, "the node's admin token is required: X-Admin-Token")
+            return await endpoint(request)
+
+        return functools.wraps(endpoint)(checked)
+
+    def _team(self, request: Request) -> Team:
+        team_id = request.path_params["team_id"]
+        team = self.teams.get(team_id)
+        if team is None:
+            raise not_found(f"team '{team_id}'")
+        return team
+
+    async def list_teams(self, request: Request) -> Response:
+        check_query(request)
+        return JSONResponse([team_json(t) for t in self.teams.list()])
+
+    async def create_team(self, request: Request) -> Response:
+        check_query(request)
+        body = await parse_body(request, NewTeam)
+        try:
+            team = self.teams.create(body.name)
+        except TeamNameTaken as e:
+            raise APIError(409, str(e)) from e
+        return JSONResponse(team_json(team), status_code=201)
+
+    async def delete_team(self, request: Request) -> Response:
+        """204; 409 while it owns sandboxes, volumes or templates (or is the default)."""
+        check_query(request)
+        team = self._team(request)
+        if any(t.team_id == team.id for t in self.orc.templates.list()) or any(
+            s.team_id == team.id for s in self.orc.snapshots()
+        ):
+            raise APIError(409, f"team '{team.id}' still owns templates: delete them first")
+        try:
+            self.teams.delete(team.id)
+        except TeamInUse as e:
+            raise APIError(409, str(e)) from e
+        self.keys.revoke_team(team.id)
+        return Response(status_code=204)
+
+    async def create_key(self, request: Request) -> Response:
+        check_query(request)
+        team = self._team(request)
+        body = await parse_body(request, KeyName)
+        key, value = self.keys.create(body.name, team.id)
+        return JSONResponse({**team_api_key(key), "key": value}, status_code=201)
+
+    async def revoke_key(self, request: Request) -> Response:
+        check_query(request)
+        team = self._team(request)
+        key_id = request.path_params["api_key_id"]
+        if not any(k.id == key_id and k.team_id == team.id for k in self.keys.list()):
+            raise not_found(f"API key '{key_id}'")
+        try:
+            self.keys.revoke(key_id)
+        except LastKey as e:
+            raise APIError(400, str(e)) from e
+        return Response(status_code=204)
+
+    async def kill_sandboxes(self, request: Request) -> Response:
+        """Every sandbox of the team, running or paused."""
+        check_query(request)
+        await parse_body(request, NoBody, optional=True)
+        team = self._team(request)
+        shown = [r for r in self.orc.list() if r.team_id == team.id and r.state.public]
+        killed = await asyncio.gather(*(self.orc.kill(r.id) for r in shown))
+        return JSONResponse({"killedCount": sum(killed), "failedCount": len(killed) - sum(killed)})
+
+    async def cancel_builds(self, request: Request) -> Response:
+        check_query(request)
+        await parse_body(request, NoBody, optional=True)
+        team = self._team(request)
+        cancelled, failed = await self.builder.cancel_team(team.id)
+        return JSONResponse({"cancelledCount": cancelled, "failedCount": failed})
+
+    async def running_counts(self, request: Request) -> Response:
+        check_query(request)
+        counts: dict[str, int] = {}
+        for record in self.orc.list():
+            if record.state.public == "running" and not record.internal:
+                counts[record.team_id] = counts.get(record.team_id, 0) + 1
+        return JSONResponse(counts)
