@@ -1,10 +1,13 @@
 """What the control plane knows of calls a cluster gateway makes on a user's behalf.
 
 `aenv.cluster.internal.InternalGate` authenticates them with the cluster secret and records here,
-in the request's ASGI state, the API key id the gateway checked; the control plane then acts for
-that key (it owns what it creates) without a key of its own, and adds what only a gateway needs
-(the list's per-item cursors, so it can merge the lists of several nodes). A refused request
-records its `Refusal` in the same state, for the internal API's answer (`api.internal_v1`).
+in the request's ASGI state, the caller the gateway checked: its API key id and that key's team
+(`caller_of`: "<key id> <team id>", sent as two headers; a gateway from before teams sends the
+key id alone, whose team is the default one). The control plane then acts for that key and team
+(the key records what it creates, the team owns it) without a key of its own, and adds what only
+a gateway needs (the list's per-item cursors, so it can merge the lists of several nodes). A
+refused request records its `Refusal` in the same state, for the internal API's answer
+(`api.internal_v1`).
 """
 
 from __future__ import annotations
@@ -18,8 +21,9 @@ from aenv.api.errors import APIError
 from aenv.api.internal_models import Refusal
 from aenv.api.keys import ApiKey
 from aenv.api.requests import check_query
+from aenv.ids import TEAM_ID
 
-# The ASGI state entry holding the API key id a gateway acts for.
+# The ASGI state entry holding the caller a gateway acts for (`caller_of`).
 CALLER_STATE = "cluster_caller"
 # The ASGI state entry holding the `Refusal` of a request the control plane refused.
 REFUSAL_STATE = "cluster_refusal"
@@ -28,7 +32,7 @@ CURSORS_HEADER = "X-Aenv-Cursors"
 
 
 def caller(state: Mapping[str, Any]) -> str | None:
-    """The key id a gateway acts for, or None for a request that did not come through one."""
+    """The caller a gateway acts for, or None for a request that did not come through one."""
     value = state.get(CALLER_STATE)
     return value if isinstance(value, str) else None
 
@@ -41,11 +45,18 @@ def gateway_only(request: Request) -> None:
         raise APIError(404, f"{request.url.path} not found")
 
 
-def caller_key(key_id: str) -> ApiKey:
+def caller_of(key: ApiKey) -> str:
+    """How a gateway names the key it checked to a node."""
+    return f"{key.id} {key.team_id}"
+
+
+def caller_key(named: str) -> ApiKey:
     """The key record a gateway's call acts as: the gateway holds the key itself, so only its
-    id (the owner of what the call creates) is known here."""
+    id (recorded with what the call creates) and team are known here."""
+    key_id, _, team_id = named.partition(" ")
     return ApiKey(
         id=key_id,
+        team_id=team_id or TEAM_ID,
         name="gateway",
         digest="",
         value_length=0,

@@ -4,8 +4,9 @@ secret.
 Every route of the node (control plane and data plane) is reachable under the prefix, but only
 with the cluster's bearer token (`ClusterSecret.bearer`) in `X-Aenv-Cluster-Token`, compared in
 constant time; a user's API key opens none of them. A gateway names the API key it checked in
-`X-Aenv-Caller`; the node then acts for that key (`aenv.api.internal`), and a call that names
-none (an operator's, with the token) acts as `CLUSTER_CALLER`. Both headers are
+`X-Aenv-Caller`, and its team in `X-Aenv-Caller-Team` (a gateway from before teams sends none:
+the default team); the node then acts for that key and team (`aenv.api.internal`), and a call
+that names none (an operator's, with the token) acts as `CLUSTER_CALLER`. These headers are
 removed before the request goes on, and the prefix is stripped from its path, so the node's own
 routing (`aenv.proxy.routing`) sees what it would have seen from a client. Paths outside the
 prefix pass through untouched: the node's public API stays as `aenv server` has it.
@@ -32,10 +33,12 @@ from aenv.proxy.errors import ProxyError, deny_websocket
 PREFIX = "/internal"
 TOKEN_HEADER = "X-Aenv-Cluster-Token"  # noqa: S105 - a header name
 CALLER_HEADER = "X-Aenv-Caller"
+TEAM_HEADER = "X-Aenv-Caller-Team"
 CLUSTER_CALLER = "cluster"
 
 _TOKEN = TOKEN_HEADER.lower().encode()
 _CALLER = CALLER_HEADER.lower().encode()
+_TEAM = TEAM_HEADER.lower().encode()
 
 
 class InternalGate:
@@ -58,16 +61,17 @@ class InternalGate:
         if refusal is not None:
             await _refuse(refusal, scope, receive, send)
             return
-        caller = next((v for n, v in scope["headers"] if n == _CALLER), b"")
+        caller = next((v for n, v in scope["headers"] if n == _CALLER), b"").decode("latin-1")
+        team = next((v for n, v in scope["headers"] if n == _TEAM), b"").decode("latin-1")
         raw_path: bytes = scope.get("raw_path") or path.encode()
         inner = {
             **scope,
             "path": path[len(PREFIX) :] or "/",
             "raw_path": raw_path[len(PREFIX) :] or b"/",
-            "headers": [(n, v) for n, v in scope["headers"] if n not in (_TOKEN, _CALLER)],
+            "headers": [(n, v) for n, v in scope["headers"] if n not in (_TOKEN, _CALLER, _TEAM)],
             "state": {
                 **scope.get("state", {}),
-                CALLER_STATE: caller.decode("latin-1") or CLUSTER_CALLER,
+                CALLER_STATE: f"{caller or CLUSTER_CALLER} {team}".strip(),
             },
         }
         await (self.v1 if _under(inner["path"], PREFIX_V1) else self.app)(inner, receive, send)

@@ -33,6 +33,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.errors import APIError
+from aenv.api.internal import caller_of
 from aenv.cluster.holders import FileKind, FileRef
 from aenv.cluster.registry import NodeReport
 from aenv.gateway.nodes import Answer, NodeCalls, NodeFailed, NodeUnreachable
@@ -140,7 +141,7 @@ class BuildRoutes:
             node,
             request.method,
             target_of(request),
-            caller=request.state.api_key.id,
+            caller=caller_of(request.state.api_key),
             headers=request.scope["headers"],
             body=body,
         )

@@ -49,7 +49,7 @@ from starlette.routing import Route
 from aenv.api.errors import APIError, not_found
 from aenv.api.extensions import BATCH_FORK, BULK_SANDBOXES, QUEUE, WAIT_HEADER
 from aenv.api.handoff import ADOPT_TEMPLATE
-from aenv.api.internal import CURSORS_HEADER
+from aenv.api.internal import CURSORS_HEADER, caller_of
 from aenv.api.internal_models import Refusal
 from aenv.api.queue import client_gone, until_gone, wait_of
 from aenv.api.requests import check_query
@@ -174,7 +174,7 @@ class ControlPlane:
 
         A client that asks to wait `wait` seconds for capacity is first offered every node's
         room now; when none has any, the nodes are asked again with what is left of the wait,
-        in placement order, so the first waits in its queue (fair across keys, woken as room
+        in placement order, so the first waits in its queue (fair across teams, woken as room
         frees there) and the others, after it, get an immediate try. The gateway has no
         signal of room freeing across nodes short of polling their heartbeats."""
         ref = _template_of(body)
@@ -453,7 +453,7 @@ class ControlPlane:
                 node,
                 method,
                 target,
-                caller=request.state.api_key.id,
+                caller=caller_of(request.state.api_key),
                 headers=request.scope["headers"] if headers is None else headers,
                 body=body,
             )

@@ -16,7 +16,7 @@ from starlette.types import Receive, Scope, Send
 
 from aenv.api.errors import APIError
 from aenv.cluster.directory import Directory, NodeAddress
-from aenv.cluster.internal import CALLER_HEADER, PREFIX, TOKEN_HEADER
+from aenv.cluster.internal import CALLER_HEADER, PREFIX, TEAM_HEADER, TOKEN_HEADER
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import ClusterUnavailable
 from aenv.gateway.handoff import Handoff
@@ -29,7 +29,7 @@ from aenv.proxy.websocket import forward_websocket
 
 _REPLACED = frozenset(
     name.lower().encode()
-    for name in (SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER, TOKEN_HEADER, CALLER_HEADER)
+    for name in (SANDBOX_ID_HEADER, SANDBOX_PORT_HEADER, TOKEN_HEADER, CALLER_HEADER, TEAM_HEADER)
 )
 
 

@@ -44,7 +44,7 @@ from aenv.api.internal_models import (
     Refusal,
 )
 from aenv.cluster.directory import Directory, NodeAddress
-from aenv.cluster.internal import CALLER_HEADER, PREFIX, TOKEN_HEADER
+from aenv.cluster.internal import CALLER_HEADER, PREFIX, TEAM_HEADER, TOKEN_HEADER
 from aenv.cluster.registry import NodeReport
 from aenv.cluster.saved import SavedRecord
 from aenv.cluster.secret import ClusterSecret
@@ -54,7 +54,7 @@ from aenv.proxy.headers import end_to_end
 # trusts the cluster token instead), and any cluster headers it tried to forge.
 _DROPPED = frozenset(
     {b"host", b"x-api-key", b"authorization", b"content-length", b"x-aenv-cluster-token",
-     b"x-aenv-caller"}
+     b"x-aenv-caller", b"x-aenv-caller-team"}
 )  # fmt: skip
 # What a node's answer carries that the gateway's server sets again.
 _RESPONSE_DROPPED = frozenset({"content-length", "content-encoding", "date", "server"})
@@ -197,7 +197,11 @@ class NodeClient:
             sent.append(("content-type", "application/json"))
         sent.append((TOKEN_HEADER, self._secret.bearer))
         if caller is not None:
-            sent.append((CALLER_HEADER, caller))
+            # The team apart: a node from before teams reads the key id alone, as it did.
+            key_id, _, team = caller.partition(" ")
+            sent.append((CALLER_HEADER, key_id))
+            if team:
+                sent.append((TEAM_HEADER, team))
         url = f"http://{address.host}:{address.port}{PREFIX}{target}"
         request = self._http.build_request(method, url, headers=sent, content=body)
         try:

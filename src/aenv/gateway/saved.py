@@ -13,6 +13,9 @@
 - Template builds are placed and routed by `aenv.gateway.builds`, their tags kept on every
   node by `aenv.gateway.tags`; a finished build is published like a snapshot, but only
   snapshots are listed here.
+- Teams: the nodes answer for the team the gateway names (`api.internal`); a published record
+  is its template's, so it is shown to the template's team (and to all when public), and
+  withdrawn by its team only.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from aenv.api.extensions import BULK_SNAPSHOTS
 from aenv.api.internal_models import Refusal
 from aenv.api.requests import check_query
 from aenv.api.sandboxes import MAX_PAGE, matching, metadata_filter
+from aenv.api.scope import team_of
 from aenv.api.templates import alias_body, template_body, with_builds
 from aenv.cluster.directory import Directory
 from aenv.cluster.registry import NodeReport
@@ -69,10 +73,11 @@ class SavedRoutes:
         listed = await asyncio.gather(
             *(self._node_snapshots(request, n, filters) for n in await self.directory.live())
         )
+        team = team_of(request)
         records = [
             r
             for r in await self.directory.saved.all()
-            if r.kind == "snapshot" and _matches(r, filters)
+            if r.kind == "snapshot" and _matches(r, filters) and _owner(r) == team
         ]
         order = {r.template_id: r.created_at for r in records}
         found: dict[str, dict[str, Any]] = {}
@@ -100,9 +105,12 @@ class SavedRoutes:
             for entry in json.loads(answer.body):
                 found.setdefault(entry["templateID"], entry)
         # Built templates whose nodes are gone are still started from their published copy.
+        team = team_of(request)
         for record in await self.directory.saved.all():
             if record.kind == "template" and record.template_id not in found:
-                found[record.template_id] = template_body(template_from_json(record.record))
+                published = template_from_json(record.record)
+                if published.visible_to(team):
+                    found[record.template_id] = template_body(published)
         return JSONResponse(sorted(found.values(), key=lambda t: t.get("createdAt", "")))
 
     async def first_knowing(self, request: Request) -> Response:
@@ -130,9 +138,10 @@ class SavedRoutes:
         if answer is not None and answer.refusal is not Refusal.NOT_HERE:
             return passed(answer)
         record = await self.directory.saved.find(ref)
-        if record is None:
+        published = None if record is None else template_from_json(record.record)
+        if published is None or not published.visible_to(team_of(request)):
             return passed(known(answer))
-        return JSONResponse(body(template_from_json(record.record)))
+        return JSONResponse(body(published))
 
     async def first_answer(self, request: Request) -> Answer | None:
         """The answer of the first live node that knows the template, else the last 404;
@@ -152,6 +161,8 @@ class SavedRoutes:
             if answer.refusal not in (None, Refusal.NOT_HERE):
                 return passed(answer)
         record = await self.directory.saved.find(ref)
+        if record is not None and _owner(record) != team_of(request):
+            record = None  # another team's: not this caller's to withdraw
         if record is not None:
             await self.directory.saved.withdraw(record.template_id, record.names)
         if record is None and all(a.refusal is Refusal.NOT_HERE for a in answers):
@@ -168,8 +179,11 @@ class SavedRoutes:
                 return passed(answer)  # a bad filter, refused alike by every node
         ids = {s["snapshotID"] for a in answers for s in json.loads(a.body)["snapshots"]}
         wanted = metadata_filter(request)
+        team = team_of(request)
         for record in await self.directory.saved.all():
             published = template_from_json(record.record)
+            if published.team_id != team:
+                continue
             if record.template_id in ids or matching([published], wanted):
                 ids.add(record.template_id)
                 await self.directory.saved.withdraw(record.template_id, record.names)
@@ -238,6 +252,11 @@ def _matches(record: SavedRecord, filters: dict[str, str]) -> bool:
         return False
     name = filters.get("name", "").split(":", 1)[0]
     return not name or name in (*record.names, record.template_id)
+
+
+def _owner(record: SavedRecord) -> str:
+    """The team of a published template or snapshot."""
+    return template_from_json(record.record).team_id
 
 
 def _snapshot(record: SavedRecord) -> dict[str, Any]:

@@ -22,13 +22,13 @@ from starlette.routing import Route
 from aenv.api.errors import APIError, not_found
 from aenv.api.models import NewWebhook, WebhookChanges
 from aenv.api.requests import check_query, parse_body, query_int
+from aenv.api.scope import team_of
 from aenv.api.webhooks import MAX_LOG, changes_of, delivery_states, webhook_json
 from aenv.cluster.directory import Directory
 from aenv.cluster.registry import NodeReport
 from aenv.cluster.webhooks import ClusterWebhooks
 from aenv.gateway.nodes import NodeUnreachable, message
 from aenv.gateway.saved import NodeCall
-from aenv.ids import TEAM_ID
 from aenv.orchestrator.webhook_delivery import parse_url
 from aenv.orchestrator.webhooks import Webhook, new_webhook
 
@@ -59,7 +59,7 @@ class WebhookRoutes:
 
     async def _get(self, request: Request) -> Webhook:
         webhook_id = request.path_params["webhook_id"]
-        hook = await self.hooks.get(TEAM_ID, webhook_id)
+        hook = await self.hooks.get(team_of(request), webhook_id)
         if hook is None:
             raise not_found(f"webhook '{webhook_id}'")
         return hook
@@ -69,14 +69,14 @@ class WebhookRoutes:
         body = await parse_body(request, NewWebhook)
         _check_url(body.url)
         hook = new_webhook(
-            TEAM_ID, body.name, body.url, body.enabled, body.events, body.signature_secret
+            team_of(request), body.name, body.url, body.enabled, body.events, body.signature_secret
         )
         await self.hooks.put(hook)
         return JSONResponse(webhook_json(hook), status_code=201)
 
     async def listed(self, request: Request) -> Response:
         check_query(request)
-        hooks = [h for h in await self.hooks.all() if h.team_id == TEAM_ID]
+        hooks = [h for h in await self.hooks.all() if h.team_id == team_of(request)]
         return JSONResponse([webhook_json(h) for h in hooks])
 
     async def get(self, request: Request) -> Response:
@@ -96,7 +96,7 @@ class WebhookRoutes:
     async def delete(self, request: Request) -> Response:
         check_query(request)
         hook = await self._get(request)
-        if not await self.hooks.delete(TEAM_ID, hook.id):
+        if not await self.hooks.delete(team_of(request), hook.id):
             raise not_found(f"webhook '{hook.id}'")
         return Response(status_code=200)
 

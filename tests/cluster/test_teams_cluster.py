@@ -1,0 +1,184 @@
+"""Teams across a cluster: two nodes on the doubles (`member_on_doubles.py`, each a process with
+the real API, orchestrator, internal gate and heartbeats) and two gateways (`aenv gateway`),
+on loopback with a real redis-server. Keys live in Redis with their team; whichever gateway a
+team calls, another team's sandboxes, snapshots, webhooks and keys answer 404 and are left out
+of its lists, and the public template is every team's. Plain HTTP and the official SDK."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import subprocess
+import sys
+import time
+from collections.abc import AsyncIterator
+from contextlib import ExitStack
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import redis.asyncio as aioredis
+from e2b import AsyncSandbox
+from e2b.exceptions import NotFoundException
+
+from aenv.cluster.keys import ClusterKeys
+from aenv.cluster.registry import NodeRegistry
+from aenv.ids import TEAM_ID
+from tests.cluster.shared import SECRET
+from tests.support.ports import free_port
+from tests.support.process_group import stop_group
+from tests.support.redis_server import RedisServer
+
+REPO = Path(__file__).resolve().parents[2]
+MEMBER = Path(__file__).with_name("member_on_doubles.py")
+NODES = ("n1", "n2")
+BETA = "beta"
+
+
+@dataclass
+class Cluster:
+    gateways: tuple[str, str]
+    key_a: str  # the default team's
+    key_b: str  # team beta's
+
+
+def _start(stack: ExitStack, command: list[str], env: dict[str, str], log: Path) -> Process:
+    with log.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, *command],
+            env={**os.environ, **env, "PYTHONPATH": f"{REPO / 'src'}{os.pathsep}{REPO}"},
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+        )
+    stack.callback(stop_group, proc, 20)
+    return Process(proc, log)
+
+
+@dataclass
+class Process:
+    proc: subprocess.Popen[bytes]
+    log: Path
+
+    def alive(self) -> None:
+        exited = f"{self.proc.args!r} exited:\n{self.log.read_text()[-3000:]}"
+        assert self.proc.poll() is None, exited
+
+
+def _answers(url: str) -> bool:
+    try:
+        return httpx.get(f"{url}/health", timeout=2).status_code == 204
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.fixture
+async def cluster(
+    tmp_path: Path, redis: RedisServer, client: aioredis.Redis
+) -> AsyncIterator[Cluster]:
+    env = {"AENV_REDIS_URL": redis.url, "AENV_CLUSTER_SECRET": SECRET.value}
+    keys = ClusterKeys(client)
+    _, key_a = await keys.new("a", TEAM_ID)
+    _, key_b = await keys.new("b", BETA)
+    with ExitStack() as stack:
+        started = []
+        for node in NODES:
+            node_env = {
+                **env,
+                "AENV_HOME": str(tmp_path / node),
+                "AENV_PORT": str(free_port()),
+                "AENV_NODE_ID": node,
+            }
+            started.append(_start(stack, [str(MEMBER)], node_env, tmp_path / f"{node}.log"))
+        urls = []
+        for name in ("g1", "g2"):
+            port = free_port()
+            command = ["-m", "aenv.cli", "gateway", "--host", "127.0.0.1", "--port", str(port)]
+            gateway_env = {**env, "AENV_HOME": str(tmp_path / name)}
+            started.append(_start(stack, command, gateway_env, tmp_path / f"{name}.log"))
+            urls.append(f"http://127.0.0.1:{port}")
+        registry = NodeRegistry(client, SECRET)
+        deadline = time.monotonic() + 300  # far above a start under load; a crash fails at once
+        while True:
+            for process in started:
+                process.alive()
+            live = {n.node_id for n in await registry.live()}
+            if live == set(NODES) and all(_answers(url) for url in urls):
+                break
+            assert time.monotonic() < deadline, "the nodes and gateways never all came up"
+            await asyncio.sleep(0.2)
+        yield Cluster((urls[0], urls[1]), key_a, key_b)
+
+
+async def test_each_team_sees_its_own_through_either_gateway(cluster: Cluster) -> None:
+    one, two = cluster.gateways
+    async with (
+        httpx.AsyncClient(base_url=one, headers={"X-API-Key": cluster.key_a}, timeout=60) as a,
+        httpx.AsyncClient(base_url=two, headers={"X-API-Key": cluster.key_b}, timeout=60) as b,
+    ):
+        made = await a.post("/v2/sandboxes", json={"templateID": "base"})
+        assert made.status_code == 201, made.text
+        sandbox = made.json()["sandboxID"]
+        hook = await a.post(
+            "/events/webhooks",
+            json={
+                "name": "h",
+                "url": "https://hooks.example.com/e2b",
+                "enabled": False,  # never delivers: nothing leaves the machine
+                "events": ["sandbox.lifecycle.created"],
+                "signatureSecret": "s" * 32,
+            },
+        )
+        assert hook.status_code == 201, hook.text
+        for method, path, body in [
+            ("GET", f"/sandboxes/{sandbox}", None),
+            ("POST", f"/sandboxes/{sandbox}/pause", {}),
+            ("POST", f"/sandboxes/{sandbox}/connect", {"timeout": 60}),
+            ("POST", f"/sandboxes/{sandbox}/timeout", {"timeout": 5}),
+            ("POST", f"/sandboxes/{sandbox}/snapshots", {}),
+            ("GET", f"/sandboxes/{sandbox}/logs", None),
+            ("DELETE", f"/sandboxes/{sandbox}", None),
+            ("GET", f"/events/webhooks/{hook.json()['id']}", None),
+            ("DELETE", f"/events/webhooks/{hook.json()['id']}", None),
+        ]:
+            answer = await b.request(method, path, json=body)
+            assert answer.status_code == 404, (method, path, answer.text)
+        assert (await b.get("/v2/sandboxes")).json() == []
+        assert (await b.get("/sandboxes")).json() == []
+        assert (await b.get("/events/webhooks")).json() == []
+        events = (await b.get("/events/sandboxes", params={"limit": 100})).json()
+        assert sandbox not in {e["sandboxId"] for e in events}
+        assert [k["name"] for k in (await b.get("/api-keys")).json()] == ["b"]
+
+        # B's own, and its snapshot, through the other gateway: A sees none of it.
+        mine = await b.post("/v2/sandboxes", json={"templateID": "base"})
+        assert mine.status_code == 201, mine.text
+        theirs = mine.json()["sandboxID"]
+        snap = await b.post(f"/sandboxes/{theirs}/snapshots", json={"name": "snap"})
+        assert snap.status_code == 201, snap.text
+        snapshot = snap.json()["snapshotID"]
+        assert [s["sandboxID"] for s in (await a.get("/v2/sandboxes")).json()] == [sandbox]
+        assert (await a.get("/snapshots")).json() == []
+        assert (await a.get(f"/templates/{snapshot}")).status_code == 404
+        assert (await a.delete(f"/templates/{snapshot}")).status_code == 404
+        from_theirs = await a.post("/v2/sandboxes", json={"templateID": snapshot})
+        assert from_theirs.status_code == 404, from_theirs.text
+        assert [s["snapshotID"] for s in (await b.get("/snapshots")).json()] == [snapshot]
+        # The node's template is everyone's; a team's snapshot is not a template of the other.
+        names = {n for t in (await a.get("/templates")).json() for n in t["names"]}
+        assert "base" in names and "snap" not in names
+        assert "base" in {n for t in (await b.get("/templates")).json() for n in t["names"]}
+
+        # The SDK through the other gateway, with B's key, finds none of A's.
+        opts: dict[str, Any] = {"api_key": cluster.key_b, "api_url": one, "sandbox_url": one}
+        with pytest.raises(NotFoundException):
+            await AsyncSandbox.connect(sandbox, **opts)
+        listed = await AsyncSandbox.list(**opts).next_items()
+        assert [s.sandbox_id for s in listed] == [theirs]
+
+        # Each kills its own; A's sandbox was there all along.
+        assert (await a.delete(f"/sandboxes/{sandbox}")).status_code == 204
+        assert (await b.delete(f"/sandboxes/{theirs}")).status_code == 204
+        assert (await b.delete(f"/templates/{snapshot}")).status_code == 204
