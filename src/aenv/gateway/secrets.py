@@ -12,10 +12,10 @@ from starlette.routing import Route
 from aenv.api.errors import APIError, not_found
 from aenv.api.models import SecretUpdate
 from aenv.api.requests import check_query, parse_body
+from aenv.api.scope import team_of
 from aenv.api.secrets import new_secret, page, secret_json
 from aenv.cluster.directory import Directory
 from aenv.cluster.secrets import ClusterSecrets, ConflictingWrites
-from aenv.ids import TEAM_ID
 from aenv.orchestrator.secrets import SecretNameTaken
 
 
@@ -35,13 +35,15 @@ class SecretRoutes:
 
     async def list(self, request: Request) -> Response:
         check_query(request, {"limit", "nextToken"})
-        return page(request, await self.secrets.list(TEAM_ID))
+        return page(request, await self.secrets.list(team_of(request)))
 
     async def create(self, request: Request) -> Response:
         check_query(request)
         body = await new_secret(request)
         try:
-            secret = await self.secrets.create(TEAM_ID, body.name, body.value, body.metadata or {})
+            secret = await self.secrets.create(
+                team_of(request), body.name, body.value, body.metadata or {}
+            )
         except SecretNameTaken as e:
             raise APIError(409, str(e)) from e
         return JSONResponse(secret_json(secret), status_code=201)
@@ -49,7 +51,7 @@ class SecretRoutes:
     async def get(self, request: Request) -> Response:
         check_query(request)
         ref = request.path_params["secret_id"]
-        secret = await self.secrets.get(TEAM_ID, ref)
+        secret = await self.secrets.get(team_of(request), ref)
         if secret is None:
             raise not_found(f"secret '{ref}'")
         return JSONResponse(secret_json(secret))
@@ -59,7 +61,7 @@ class SecretRoutes:
         ref = request.path_params["secret_id"]
         body = await parse_body(request, SecretUpdate)
         try:
-            secret = await self.secrets.update(TEAM_ID, ref, body.value, body.metadata)
+            secret = await self.secrets.update(team_of(request), ref, body.value, body.metadata)
         except ConflictingWrites as e:
             raise APIError(409, str(e)) from e
         if secret is None:
@@ -70,7 +72,7 @@ class SecretRoutes:
         check_query(request)
         ref = request.path_params["secret_id"]
         try:
-            deleted = await self.secrets.delete(TEAM_ID, ref)
+            deleted = await self.secrets.delete(team_of(request), ref)
         except ConflictingWrites as e:
             raise APIError(409, str(e)) from e
         if not deleted:
