@@ -48,6 +48,7 @@ from aenv.config import Config, Paths
 from aenv.gateway.app import Gateway
 from aenv.gateway.evacuate import Released, evacuate
 from aenv.gateway.nodes import NodeClient
+from aenv.ids import TEAM_ID
 from aenv.orchestrator.builds import BuildStatus
 from aenv.orchestrator.catalog import Archived, Catalog, VolumeMount, record_to_json
 from aenv.orchestrator.events import EventType
@@ -497,9 +498,10 @@ async def test_a_bulk_kill_runs_on_every_node_and_merges_their_entries(setup: Se
 
 async def test_routes_the_gateway_does_not_serve_yet_are_501_naming_them(setup: Setup) -> None:
     with setup.client() as http:
-        answer = http.get("/teams")
+        answer = http.get(f"/teams/{TEAM_ID}/metrics")
     assert answer.status_code == 501
-    assert answer.json()["message"].startswith("GET /teams is not served by the cluster")
+    message = f"GET /teams/{TEAM_ID}/metrics is not served by the cluster"
+    assert answer.json()["message"].startswith(message)
 
 
 @pytest.mark.parametrize("versions", [(REPLAY,), INTERNAL_VERSIONS], ids=["v0", "v1"])

@@ -151,6 +151,8 @@ async def test_each_team_sees_its_own_through_either_gateway(cluster: Cluster) -
         events = (await b.get("/events/sandboxes", params={"limit": 100})).json()
         assert sandbox not in {e["sandboxId"] for e in events}
         assert [k["name"] for k in (await b.get("/api-keys")).json()] == ["b"]
+        (team,) = (await b.get("/teams")).json()
+        assert team == {"teamID": BETA, "name": BETA, "apiKey": cluster.key_b, "isDefault": True}
 
         # B's own, and its snapshot, through the other gateway: A sees none of it.
         mine = await b.post("/v2/sandboxes", json={"templateID": "base"})

@@ -32,19 +32,25 @@ _METRICS = ("concurrent_sandboxes", "sandbox_start_rate")
 
 class TeamRoutes:
     def __init__(
-        self, name_of: Callable[[str], str], metrics: TeamMetrics, retention_s: float
+        self,
+        name_of: Callable[[str], str],
+        metrics: TeamMetrics | None = None,
+        retention_s: float = 0.0,
     ) -> None:
-        """`name_of`: a team's name by its id; `retention_s`: how long events are kept."""
+        """`name_of`: a team's name by its id; `metrics`: where a team's are read (none: not
+        served, as on a gateway); `retention_s`: how long events are kept."""
         self.name_of = name_of
         self.metrics = metrics
         self.retention_s = retention_s
 
     def routes(self) -> list[Route]:
-        return [
-            Route("/teams", self.teams, methods=["GET"]),
-            Route("/teams/{team_id}/metrics", self.series, methods=["GET"]),
-            Route("/teams/{team_id}/metrics/max", self.maximum, methods=["GET"]),
-        ]
+        routes = [Route("/teams", self.teams, methods=["GET"])]
+        if self.metrics is not None:
+            routes += [
+                Route("/teams/{team_id}/metrics", self.series, methods=["GET"]),
+                Route("/teams/{team_id}/metrics/max", self.maximum, methods=["GET"]),
+            ]
+        return routes
 
     async def teams(self, request: Request) -> Response:
         check_query(request)
@@ -71,6 +77,7 @@ class TeamRoutes:
     async def series(self, request: Request) -> Response:
         """`TeamMetric` points over the range."""
         team, start, end = self._range(request, {"start", "end"})
+        assert self.metrics is not None  # routed only with them
         points = self.metrics.series(team, start, end)
         return JSONResponse(
             [
@@ -90,6 +97,7 @@ class TeamRoutes:
         metric = request.query_params.get("metric")
         if metric not in _METRICS:
             raise APIError(400, f"metric must be one of {', '.join(_METRICS)}")
+        assert self.metrics is not None  # routed only with them
         value: float
         if metric == "concurrent_sandboxes":
             value, at = self.metrics.max_concurrent(team, start, end)

@@ -19,6 +19,7 @@ from aenv.api.app import JSON_ERRORS, APIKeyGate
 from aenv.api.identity import IdentityRoutes
 from aenv.api.keys import KeyBook
 from aenv.api.limits import RateLimiter
+from aenv.api.teams import TeamRoutes
 from aenv.cluster.directory import Directory
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import ClusterUnavailable
@@ -53,7 +54,13 @@ class Gateway:
         control = ControlPlane(directory, self.nodes, handoff, key_max_sandboxes)
         published = IdentityRoutes(identity).routes() if identity is not None else []
         app = Starlette(
-            routes=[*published, *ApiKeyRoutes(keys).routes(), *control.routes()],
+            # A cluster keeps no team names: a team is named by its id.
+            routes=[
+                *published,
+                *ApiKeyRoutes(keys).routes(),
+                *TeamRoutes(lambda team: team).routes(),
+                *control.routes(),
+            ],
             exception_handlers={**EXCEPTION_HANDLERS, **JSON_ERRORS},
         )
         # The dashboard over the gateway's API: the cluster's sandboxes and templates. Its
