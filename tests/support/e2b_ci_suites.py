@@ -141,7 +141,10 @@ def counts(outcomes: dict[str, str]) -> dict[str, int]:
 
 
 def first_line(message: str) -> str:
-    return next((line.strip() for line in message.splitlines() if line.strip()), "")[:300]
+    """What a failure says first; vitest may put a bare `Error: STACK_TRACE_ERROR` before it."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    said = [line for line in lines if line != "Error: STACK_TRACE_ERROR"] or lines
+    return " / ".join(said[:2])[:300]
 
 
 def main(argv: list[str] | None = None) -> int:
