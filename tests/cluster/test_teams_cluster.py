@@ -25,6 +25,7 @@ from e2b.exceptions import NotFoundException
 
 from aenv.cluster.keys import ClusterKeys
 from aenv.cluster.registry import NodeRegistry
+from aenv.cluster.teams import ClusterTeams
 from aenv.ids import TEAM_ID
 from tests.cluster.shared import SECRET
 from tests.support.ports import free_port
@@ -42,6 +43,7 @@ class Cluster:
     gateways: tuple[str, str]
     key_a: str  # the default team's
     key_b: str  # team beta's
+    home: Path  # the gateways' homes are its `g1` and `g2`
 
 
 def _start(stack: ExitStack, command: list[str], env: dict[str, str], log: Path) -> Process:
@@ -80,6 +82,7 @@ async def cluster(
 ) -> AsyncIterator[Cluster]:
     env = {"AENV_REDIS_URL": redis.url, "AENV_CLUSTER_SECRET": SECRET.value}
     keys = ClusterKeys(client)
+    await ClusterTeams(client).create(BETA, BETA)
     _, key_a = await keys.new("a", TEAM_ID)
     _, key_b = await keys.new("b", BETA)
     with ExitStack() as stack:
@@ -109,7 +112,7 @@ async def cluster(
                 break
             assert time.monotonic() < deadline, "the nodes and gateways never all came up"
             await asyncio.sleep(0.2)
-        yield Cluster((urls[0], urls[1]), key_a, key_b)
+        yield Cluster((urls[0], urls[1]), key_a, key_b, tmp_path)
 
 
 async def test_each_team_sees_its_own_through_either_gateway(cluster: Cluster) -> None:
@@ -184,3 +187,103 @@ async def test_each_team_sees_its_own_through_either_gateway(cluster: Cluster) -
         assert (await a.delete(f"/sandboxes/{sandbox}")).status_code == 204
         assert (await b.delete(f"/sandboxes/{theirs}")).status_code == 204
         assert (await b.delete(f"/templates/{snapshot}")).status_code == 204
+
+
+def _cli(cluster: Cluster, *args: str) -> str:
+    """`aenv ARGS` as the first gateway's operator: its home, its URL."""
+    done = subprocess.run(
+        [sys.executable, "-m", "aenv.cli", *args, "--home", str(cluster.home / "g1")],
+        env={**os.environ, "E2B_API_URL": cluster.gateways[0], "PYTHONPATH": str(REPO / "src")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip()
+
+
+async def test_the_operator_manages_teams_through_either_gateway(cluster: Cluster) -> None:
+    one, two = cluster.gateways
+    token = (cluster.home / "g1" / "admin-token").read_text().strip()
+    assert token == SECRET.admin_token
+    assert (cluster.home / "g2" / "admin-token").stat().st_mode & 0o077 == 0
+    admin = {"X-Admin-Token": token}
+    async with (
+        httpx.AsyncClient(base_url=one, headers=admin, timeout=60) as op_one,
+        httpx.AsyncClient(base_url=two, headers=admin, timeout=60) as op_two,
+        httpx.AsyncClient(base_url=one, timeout=60) as anonymous,
+    ):
+        # Neither no token, a wrong one nor an API key opens the routes.
+        for headers in (
+            {},
+            {"X-Admin-Token": "aenv_admin_" + "0" * 64},
+            {"X-API-Key": cluster.key_a},
+        ):
+            for method, path in [
+                ("GET", "/aenv/admin/teams"),
+                ("GET", "/admin/sandboxes/running-counts"),
+                ("POST", f"/admin/teams/{BETA}/sandboxes/kill"),
+                ("POST", f"/admin/teams/{BETA}/api-keys"),
+            ]:
+                answer = await anonymous.request(method, path, headers=headers, json={"name": "x"})
+                assert answer.status_code == 401, (headers, path, answer.text)
+
+        # A team made with the CLI, its key made through the other gateway's admin route.
+        gamma = _cli(cluster, "teams", "create", "gamma")
+        listed = (await op_two.get("/aenv/admin/teams")).json()
+        assert [(t["teamID"], t["name"]) for t in listed] == [
+            (TEAM_ID, TEAM_ID),
+            (BETA, BETA),
+            (gamma, "gamma"),
+        ]
+        assert (await op_two.post("/aenv/admin/teams", json={"name": "gamma"})).status_code == 409
+        made = await op_two.post(f"/admin/teams/{gamma}/api-keys", json={"name": "g"})
+        assert made.status_code == 201, made.text
+        key_g, key_g_id = made.json()["key"], made.json()["id"]
+        cli_key = _cli(cluster, "keys", "create", "g2", "--team", "gamma")
+        assert (
+            await op_one.post("/admin/teams/nope/api-keys", json={"name": "g"})
+        ).status_code == 404
+
+        # Gamma's sandboxes through both gateways, with either key; counted across nodes.
+        sandboxes = []
+        for url, key in ((one, key_g), (two, cli_key), (one, key_g)):
+            async with httpx.AsyncClient(base_url=url, headers={"X-API-Key": key}, timeout=60) as g:
+                answer = await g.post("/v2/sandboxes", json={"templateID": "base"})
+                assert answer.status_code == 201, answer.text
+                sandboxes.append(answer.json()["sandboxID"])
+                (team,) = (await g.get("/teams")).json()
+                assert team["teamID"] == gamma
+        async with httpx.AsyncClient(base_url=one, headers={"X-API-Key": cluster.key_b}) as b:
+            mine = await b.post("/v2/sandboxes", json={"templateID": "base"})
+            assert mine.status_code == 201, mine.text
+        counts = (await op_one.get("/admin/sandboxes/running-counts")).json()
+        assert counts == {gamma: 3, BETA: 1}
+        async with httpx.AsyncClient(base_url=two, headers={"X-API-Key": key_g}) as g:
+            on_nodes = {s["sandboxID"] for s in (await g.get("/v2/sandboxes")).json()}
+        assert on_nodes == set(sandboxes)
+
+        # A team with sandboxes stays; killed on every node, it goes with its keys.
+        assert (await op_one.delete(f"/aenv/admin/teams/{gamma}")).status_code == 409
+        assert (await op_one.delete(f"/aenv/admin/teams/{TEAM_ID}")).status_code == 409
+        killed = await op_two.post(f"/admin/teams/{gamma}/sandboxes/kill")
+        assert killed.json() == {"killedCount": 3, "failedCount": 0}, killed.text
+        cancelled = await op_one.post(f"/admin/teams/{gamma}/builds/cancel")
+        assert cancelled.json() == {"cancelledCount": 0, "failedCount": 0}, cancelled.text
+        counts = (await op_two.get("/admin/sandboxes/running-counts")).json()
+        assert counts == {BETA: 1}
+        gone = await op_one.delete(f"/admin/teams/{gamma}/api-keys/{key_g_id}")
+        assert gone.status_code == 204, gone.text
+        assert (
+            await anonymous.get("/v2/sandboxes", headers={"X-API-Key": key_g})
+        ).status_code == 401
+        assert (
+            await anonymous.get("/v2/sandboxes", headers={"X-API-Key": cli_key})
+        ).status_code == 200
+        assert (await op_one.delete(f"/aenv/admin/teams/{gamma}")).status_code == 204
+        assert (
+            await anonymous.get("/v2/sandboxes", headers={"X-API-Key": cli_key})
+        ).status_code == 401
+        assert gamma not in {t["teamID"] for t in (await op_two.get("/aenv/admin/teams")).json()}
+        assert (await op_two.post(f"/admin/teams/{BETA}/sandboxes/kill")).json()["killedCount"] == 1

@@ -25,6 +25,9 @@ from aenv.ids import TEAM_ID
 
 # The ASGI state entry holding the caller a gateway acts for (`caller_of`).
 CALLER_STATE = "cluster_caller"
+# The caller of a call made with the cluster token but for no user: a gateway's own, or its
+# operator's (`aenv.cluster.internal`).
+OPERATOR_CALLER = "cluster"
 # The ASGI state entry holding the `Refusal` of a request the control plane refused.
 REFUSAL_STATE = "cluster_refusal"
 # The header of `GET /v2/sandboxes` that gives a gateway each listed sandbox's cursor.
@@ -35,6 +38,11 @@ def caller(state: Mapping[str, Any]) -> str | None:
     """The caller a gateway acts for, or None for a request that did not come through one."""
     value = state.get(CALLER_STATE)
     return value if isinstance(value, str) else None
+
+
+def by_operator(state: Mapping[str, Any]) -> bool:
+    """Whether the request is a gateway's call for no user: the cluster's operator's."""
+    return caller(state) == OPERATOR_CALLER
 
 
 def gateway_only(request: Request) -> None:

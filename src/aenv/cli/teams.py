@@ -1,5 +1,6 @@
 """`aenv teams list|create|delete`: the node's teams, over its operator routes (`api.admin`),
-with the node's admin token. A team's keys are made with `aenv keys create --team`."""
+with the node's admin token; a cluster's, over a gateway's (`aenv.gateway.admin`), with the
+cluster's. A team's keys are made with `aenv keys create --team`."""
 
 from __future__ import annotations
 
@@ -14,7 +15,9 @@ from rich.table import Table
 from aenv.api.extensions import ADMIN_TEAMS
 from aenv.cli.node import HomeOption, JsonOption, admin, call, fail
 
-app = typer.Typer(help="The node's teams (needs its admin token).", no_args_is_help=True)
+app = typer.Typer(
+    help="The teams of a node or a cluster (needs its admin token).", no_args_is_help=True
+)
 
 
 def team_id_of(client: httpx.Client, team: str) -> str:

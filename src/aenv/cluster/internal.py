@@ -24,7 +24,7 @@ from collections.abc import Callable
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from aenv.api.errors import APIError
-from aenv.api.internal import CALLER_STATE
+from aenv.api.internal import CALLER_STATE, OPERATOR_CALLER
 from aenv.api.internal_models import PREFIX_V1
 from aenv.api.internal_v1 import internal_v1
 from aenv.cluster.secret import ClusterSecret
@@ -34,7 +34,7 @@ PREFIX = "/internal"
 TOKEN_HEADER = "X-Aenv-Cluster-Token"  # noqa: S105 - a header name
 CALLER_HEADER = "X-Aenv-Caller"
 TEAM_HEADER = "X-Aenv-Caller-Team"
-CLUSTER_CALLER = "cluster"
+CLUSTER_CALLER = OPERATOR_CALLER
 
 _TOKEN = TOKEN_HEADER.lower().encode()
 _CALLER = CALLER_HEADER.lower().encode()

@@ -5,7 +5,7 @@ The first node to register records the fingerprint; a node with another secret i
 Gateways call a node's internal API with a bearer token, another HMAC of the secret under its own
 label, so the token and the fingerprint reveal neither the secret nor each other. What the
 cluster keeps sealed in Redis (`aenv.cluster.sealed`) is under a third derivation, its
-`sealing_key`.
+`sealing_key`; the operator's admin token (`admin_token`) under a fourth.
 """
 
 from __future__ import annotations
@@ -37,6 +37,13 @@ class ClusterSecret:
     def bearer(self) -> str:
         """The token gateways present to nodes' internal API (`aenv.cluster.internal`)."""
         return self._derive(b"aenv internal api bearer")
+
+    @property
+    def admin_token(self) -> str:
+        """The cluster's operator credential: the `X-Admin-Token` its gateways' admin routes
+        take (`aenv.gateway.admin`). Whoever holds the secret can derive it; a gateway writes
+        it into its home's `admin-token` for `aenv teams` and `aenv keys create --team`."""
+        return "aenv_admin_" + self._derive(b"aenv cluster admin token")
 
     @property
     def sealing_key(self) -> bytes:

@@ -144,6 +144,16 @@ class Keys:
         return f"{self.prefix}:volume-names"
 
     @property
+    def teams(self) -> str:
+        """The cluster's teams but the default one (a hash: id -> record; `aenv.cluster.teams`)."""
+        return f"{self.prefix}:teams"
+
+    @property
+    def team_names(self) -> str:
+        """The same teams by name (a hash: name -> id)."""
+        return f"{self.prefix}:team-names"
+
+    @property
     def api_keys(self) -> str:
         """The cluster's API keys (a hash: SHA-256 of the value -> the key's record, JSON)."""
         return f"{self.prefix}:api-keys"

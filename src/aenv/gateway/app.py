@@ -6,7 +6,8 @@ The gateway checks API keys and rate limits itself, from the cluster's keys in R
 (`aenv.cluster.keys`), serves E2B's `/api-keys` routes over them, and calls nodes with the
 cluster token and the id of the key it checked. Rate limits are counted by each gateway on its
 own; a key's sandboxes at once across the cluster (`aenv.cluster.quota`). Redis not answering
-a key check is a 503. Call `aclose()` when the server stops.
+a key check is a 503. The operator's routes (`aenv.gateway.admin`) take the cluster's admin
+token instead of a key. Call `aclose()` when the server stops.
 """
 
 from __future__ import annotations
@@ -17,14 +18,16 @@ from starlette.types import Receive, Scope, Send
 from aenv.api.api_keys import ApiKeyRoutes
 from aenv.api.app import JSON_ERRORS, APIKeyGate
 from aenv.api.identity import IdentityRoutes
-from aenv.api.keys import KeyBook
 from aenv.api.limits import RateLimiter
 from aenv.api.teams import TeamRoutes
 from aenv.cluster.directory import Directory
+from aenv.cluster.keys import ClusterKeys
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import ClusterUnavailable
+from aenv.cluster.teams import ClusterTeams
 from aenv.config import Config
 from aenv.dashboard.app import Dashboard
+from aenv.gateway.admin import AdminRoutes
 from aenv.gateway.control import EXCEPTION_HANDLERS, ControlPlane
 from aenv.gateway.dataplane import DataPlane
 from aenv.gateway.handoff import Handoff
@@ -39,7 +42,7 @@ class Gateway:
         self,
         directory: Directory,
         secret: ClusterSecret,
-        keys: KeyBook,
+        keys: ClusterKeys,
         limiter: RateLimiter,
         domain: str | None = None,
         key_max_sandboxes: int = Config().key_max_sandboxes,
@@ -53,12 +56,14 @@ class Gateway:
         self.data = DataPlane(directory, secret, handoff)
         control = ControlPlane(directory, self.nodes, handoff, key_max_sandboxes)
         published = IdentityRoutes(identity).routes() if identity is not None else []
+        teams = ClusterTeams(directory.client, directory.registry.keys)
         app = Starlette(
             # A cluster keeps no team names: a team is named by its id.
             routes=[
                 *published,
                 *ApiKeyRoutes(keys).routes(),
                 *TeamRoutes(lambda team: team).routes(),
+                *AdminRoutes(control, keys, teams, secret).routes(),
                 *control.routes(),
             ],
             exception_handlers={**EXCEPTION_HANDLERS, **JSON_ERRORS},

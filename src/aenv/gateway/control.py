@@ -352,14 +352,14 @@ class ControlPlane:
         return node
 
     async def list_v1(self, request: Request) -> Response:
-        await self._move_lost()
+        await self.move_lost()
         answers = await self._ask_all(request)
         merged = [s for a in answers for s in json.loads(a.body)]
         merged.sort(key=lambda s: (s["startedAt"], s["sandboxID"]))
         return JSONResponse(merged)
 
     async def list_v2(self, request: Request) -> Response:
-        await self._move_lost()
+        await self.move_lost()
         answers = await self._ask_all(request)
         q = request.query_params
         ascending = q.get("order", "desc").lower() == "asc"
@@ -372,7 +372,7 @@ class ControlPlane:
         it on its own sandboxes (a lost node's paused ones moved to a live one first), and
         their entries are merged."""
         body = await request.body()
-        await self._move_lost()
+        await self.move_lost()
         answers = await self._ask_all(request, body)
         merged = [e for a in answers for e in json.loads(a.body)["sandboxes"]]
         self.key_slots.freed()
@@ -407,7 +407,7 @@ class ControlPlane:
             }
         )
 
-    async def _move_lost(self) -> None:
+    async def move_lost(self) -> None:
         """Moves every parked sandbox whose node is gone onto a live one (a record insert there,
         no VM). One no node takes is left parked and not listed; a connect to it says why."""
         live = {n.node_id for n in await self.directory.live()}

@@ -1,12 +1,14 @@
 """Running a gateway: its settings from the configuration, the check of its secret at start, and
-the server until SIGINT or SIGTERM."""
+the server until SIGINT or SIGTERM. A gateway writes the cluster's admin token into its home."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 import uvicorn
 
@@ -48,6 +50,7 @@ async def run_gateway(
         except ClusterUnavailable as error:
             progress(f"starting without the cluster store, answering 503 until it is back: {error}")
         config.home.mkdir(parents=True, exist_ok=True, mode=0o700)
+        write_admin_token(config.paths.admin_token, settings.secret.admin_token)
         keys = ClusterKeys(client)
         synced = await _sync(keys, config.paths, progress, quiet=False)
         syncing = asyncio.create_task(_keep_keys(keys, config.paths, progress, quiet=not synced))
@@ -70,6 +73,14 @@ async def run_gateway(
             await gateway.aclose()
     finally:
         await client.aclose()
+
+
+def write_admin_token(path: Path, token: str) -> None:
+    """The cluster's admin token in the gateway's home (0600), where `aenv teams` and `aenv keys
+    create --team` run by the gateway's operator find it, as a node's operator finds the node's."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token + "\n")
 
 
 # How often a gateway refreshes its copy of the cluster's keys, and restores them into a Redis

@@ -1,0 +1,188 @@
+"""The operator's routes across a cluster, as a node serves them (`api.admin`), behind the
+cluster's admin token (`ClusterSecret.admin_token`, in `X-Admin-Token`), which is not an API key.
+
+- Teams (`/aenv/admin/teams`) and their keys (`/admin/teams/{teamID}/api-keys`) are the
+  cluster's, in Redis (`aenv.cluster.teams`, `aenv.cluster.keys`), so a key made through one
+  gateway acts for its team through all.
+- `POST /admin/teams/{teamID}/sandboxes/kill` and `.../builds/cancel` run on every live node (a
+  lost node's paused sandboxes moved to a live one first, as for a bulk kill) and their counts
+  are summed; `GET /admin/sandboxes/running-counts` sums every live node's. A gateway calls a
+  node's admin routes with the cluster token for no user, which a node takes as its operator.
+- Deleting a team is refused (409) while any live node holds sandboxes of it; its keys go with it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import hashlib
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any, cast
+from urllib.parse import quote
+
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
+from starlette.routing import Route
+
+from aenv.api.admin import NewTeam, NoBody, check_admin_token, team_json
+from aenv.api.api_keys import KeyName, team_api_key
+from aenv.api.errors import APIError, not_found
+from aenv.api.extensions import ADMIN_TEAMS
+from aenv.api.keys import LastKey
+from aenv.api.requests import check_query, parse_body
+from aenv.cluster.internal import CLUSTER_CALLER
+from aenv.cluster.keys import ClusterKeys
+from aenv.cluster.secret import ClusterSecret
+from aenv.cluster.teams import ClusterTeams
+from aenv.gateway.control import ControlPlane
+from aenv.gateway.nodes import NodeFailed, NodeUnreachable
+from aenv.ids import TEAM_ID
+from aenv.orchestrator.teams import Team, TeamNameTaken
+
+Endpoint = Callable[[Request], Awaitable[Response]]
+
+
+class AdminRoutes:
+    def __init__(
+        self,
+        control: ControlPlane,
+        keys: ClusterKeys,
+        teams: ClusterTeams,
+        secret: ClusterSecret,
+    ) -> None:
+        self.control = control
+        self.keys = keys
+        self.teams = teams
+        self.digest = hashlib.sha256(secret.admin_token.encode()).hexdigest()
+
+    def routes(self) -> list[Route]:
+        team = "/admin/teams/{team_id}"
+        plain = [
+            Route(ADMIN_TEAMS, self.list_teams, methods=["GET"]),
+            Route(ADMIN_TEAMS, self.create_team, methods=["POST"]),
+            Route(ADMIN_TEAMS + "/{team_id}", self.delete_team, methods=["DELETE"]),
+            Route(team + "/api-keys", self.create_key, methods=["POST"]),
+            Route(team + "/api-keys/{api_key_id}", self.revoke_key, methods=["DELETE"]),
+            Route(team + "/sandboxes/kill", self.kill_sandboxes, methods=["POST"]),
+            Route(team + "/builds/cancel", self.cancel_builds, methods=["POST"]),
+            Route("/admin/sandboxes/running-counts", self.running_counts, methods=["GET"]),
+        ]
+        return [
+            Route(r.path, self._checked(cast("Endpoint", r.endpoint)), methods=r.methods)
+            for r in plain
+        ]
+
+    def _checked(self, endpoint: Endpoint) -> Endpoint:
+        async def checked(request: Request) -> Response:
+            check_admin_token(request, self.digest)
+            return await endpoint(request)
+
+        return functools.wraps(endpoint)(checked)
+
+    async def _team(self, request: Request) -> Team:
+        team_id = request.path_params["team_id"]
+        team = await self.teams.get(team_id)
+        if team is None:
+            raise not_found(f"team '{team_id}'")
+        return team
+
+    async def list_teams(self, request: Request) -> Response:
+        check_query(request)
+        return JSONResponse([team_json(t) for t in await self.teams.list()])
+
+    async def create_team(self, request: Request) -> Response:
+        check_query(request)
+        body = await parse_body(request, NewTeam)
+        try:
+            team = await self.teams.create(body.name)
+        except TeamNameTaken as e:
+            raise APIError(409, str(e)) from e
+        return JSONResponse(team_json(team), status_code=201)
+
+    async def delete_team(self, request: Request) -> Response:
+        """204; 409 for the default team or while a live node holds sandboxes of it."""
+        check_query(request)
+        team = await self._team(request)
+        if team.id == TEAM_ID:
+            raise APIError(409, "the default team cannot be deleted")
+        target = "/v2/sandboxes?state=running,paused&limit=1"
+        answers = await self._on_every_node("GET", target, caller=f"{CLUSTER_CALLER} {team.id}")
+        if any(json.loads(body) for body in answers):
+            raise APIError(409, f"team '{team.id}' still owns sandboxes: remove them first")
+        await self.teams.delete(team.id)
+        for key in await self.keys.keys():
+            if key.team_id == team.id:
+                with contextlib.suppress(KeyError):  # revoked meanwhile
+                    await self.keys.revoke(key.id)
+        return Response(status_code=204)
+
+    async def create_key(self, request: Request) -> Response:
+        check_query(request)
+        team = await self._team(request)
+        body = await parse_body(request, KeyName)
+        key, value = await self.keys.new(body.name, team.id)
+        return JSONResponse({**team_api_key(key), "key": value}, status_code=201)
+
+    async def revoke_key(self, request: Request) -> Response:
+        check_query(request)
+        team = await self._team(request)
+        key_id = request.path_params["api_key_id"]
+        if not any(k.id == key_id and k.team_id == team.id for k in await self.keys.keys()):
+            raise not_found(f"API key '{key_id}'")
+        try:
+            await self.keys.revoke(key_id)
+        except KeyError as e:
+            raise not_found(f"API key '{key_id}'") from e
+        except LastKey as e:
+            raise APIError(400, str(e)) from e
+        return Response(status_code=204)
+
+    async def kill_sandboxes(self, request: Request) -> Response:
+        check_query(request)
+        await parse_body(request, NoBody, optional=True)
+        team = await self._team(request)
+        await self.control.move_lost()
+        path = f"/admin/teams/{quote(team.id, safe='')}/sandboxes/kill"
+        answers = [json.loads(b) for b in await self._on_every_node("POST", path)]
+        self.control.key_slots.freed()
+        return JSONResponse(_summed(answers, ("killedCount", "failedCount")))
+
+    async def cancel_builds(self, request: Request) -> Response:
+        check_query(request)
+        await parse_body(request, NoBody, optional=True)
+        team = await self._team(request)
+        path = f"/admin/teams/{quote(team.id, safe='')}/builds/cancel"
+        answers = [json.loads(b) for b in await self._on_every_node("POST", path)]
+        return JSONResponse(_summed(answers, ("cancelledCount", "failedCount")))
+
+    async def running_counts(self, request: Request) -> Response:
+        check_query(request)
+        answers = await self._on_every_node("GET", "/admin/sandboxes/running-counts")
+        counts: dict[str, int] = {}
+        for answer in answers:
+            for team_id, count in json.loads(answer).items():
+                counts[team_id] = counts.get(team_id, 0) + int(count)
+        return JSONResponse(counts)
+
+    async def _on_every_node(
+        self, method: str, target: str, caller: str = CLUSTER_CALLER
+    ) -> list[bytes]:
+        """Every live node's answer to the call (as the operator, unless `caller` names a team);
+        a node not answering, or answering an error, fails the request (502): a count without
+        it would be wrong."""
+        nodes = await self.control.directory.live()
+        calls = [self.control.nodes.call(n, method, target, caller=caller) for n in nodes]
+        try:
+            answers = await asyncio.gather(*calls)
+        except (NodeUnreachable, NodeFailed) as error:
+            raise APIError(502, f"{target} on every node: {error}") from error
+        for node, answer in zip(nodes, answers, strict=True):
+            if answer.status >= 400:
+                raise APIError(502, f"{target} on node {node.node_id}: {answer.status}")
+        return [a.body for a in answers]
+
+
+def _summed(answers: list[dict[str, Any]], fields: tuple[str, ...]) -> dict[str, int]:
+    return {f: sum(int(a[f]) for a in answers) for f in fields}
