@@ -323,4 +323,6 @@ async def test_team_metrics_count_the_team_s_sandboxes(tmp_path: Path) -> None:
         assert error(await a.get(path, params=window), 404)
         assert error(await b.get(f"{path}/max", params={**window, "metric": "x"}), 400)
         assert error(await b.get(path, params={"start": end, "end": start}), 400)
+        # What a gateway merges across nodes is for its calls only.
+        assert error(await b.get(f"{path}/changes", params=window), 404)
         assert node.row(made[2]).state is SandboxState.RUNNING

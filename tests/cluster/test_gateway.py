@@ -48,7 +48,6 @@ from aenv.config import Config, Paths
 from aenv.gateway.app import Gateway
 from aenv.gateway.evacuate import Released, evacuate
 from aenv.gateway.nodes import NodeClient
-from aenv.ids import TEAM_ID
 from aenv.orchestrator.builds import BuildStatus
 from aenv.orchestrator.catalog import Archived, Catalog, VolumeMount, record_to_json
 from aenv.orchestrator.events import EventType
@@ -498,10 +497,9 @@ async def test_a_bulk_kill_runs_on_every_node_and_merges_their_entries(setup: Se
 
 async def test_routes_the_gateway_does_not_serve_yet_are_501_naming_them(setup: Setup) -> None:
     with setup.client() as http:
-        answer = http.get(f"/teams/{TEAM_ID}/metrics")
+        answer = http.get("/nodes")
     assert answer.status_code == 501
-    message = f"GET /teams/{TEAM_ID}/metrics is not served by the cluster"
-    assert answer.json()["message"].startswith(message)
+    assert answer.json()["message"].startswith("GET /nodes is not served by the cluster")
 
 
 @pytest.mark.parametrize("versions", [(REPLAY,), INTERNAL_VERSIONS], ids=["v0", "v1"])

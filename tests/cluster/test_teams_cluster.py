@@ -23,6 +23,7 @@ import redis.asyncio as aioredis
 from e2b import AsyncSandbox
 from e2b.exceptions import NotFoundException
 
+from aenv.cluster.directory import Directory
 from aenv.cluster.keys import ClusterKeys
 from aenv.cluster.registry import NodeRegistry
 from aenv.cluster.teams import ClusterTeams
@@ -287,3 +288,42 @@ async def test_the_operator_manages_teams_through_either_gateway(cluster: Cluste
         ).status_code == 401
         assert gamma not in {t["teamID"] for t in (await op_two.get("/aenv/admin/teams")).json()}
         assert (await op_two.post(f"/admin/teams/{BETA}/sandboxes/kill")).json()["killedCount"] == 1
+
+
+async def test_a_teams_metrics_are_summed_over_the_nodes(
+    cluster: Cluster, client: aioredis.Redis
+) -> None:
+    one, two = cluster.gateways
+    async with (
+        httpx.AsyncClient(base_url=one, headers={"X-API-Key": cluster.key_b}, timeout=60) as b,
+        httpx.AsyncClient(base_url=two, headers={"X-API-Key": cluster.key_a}, timeout=60) as a,
+    ):
+        made = []
+        for _ in range(4):
+            answer = await b.post("/v2/sandboxes", json={"templateID": "base"})
+            assert answer.status_code == 201, answer.text
+            made.append(answer.json()["sandboxID"])
+        routes = Directory(client, SECRET).routes
+        assert {await routes.lookup(s) for s in made} == set(NODES)  # both nodes' points count
+        assert (await b.delete(f"/sandboxes/{made[0]}")).status_code == 204
+        end = int(time.time()) + 1
+        span = {"start": end - 600, "end": end}  # 5 s steps
+        points = (await a.get(f"/teams/{TEAM_ID}/metrics", params=span)).json()
+        assert points[-1]["concurrentSandboxes"] == 0  # A's team ran none
+        assert (await a.get(f"/teams/{BETA}/metrics", params=span)).status_code == 404
+        points = (await b.get(f"/teams/{BETA}/metrics", params=span)).json()
+        assert len(points) == 121 and points[-1]["timestampUnix"] == end
+        assert points[-1]["concurrentSandboxes"] == 3
+        assert round(sum(p["sandboxStartRate"] for p in points) * 5) == 4
+        peak = await b.get(
+            f"/teams/{BETA}/metrics/max", params={**span, "metric": "concurrent_sandboxes"}
+        )
+        assert peak.json()["value"] == 4, peak.text
+        rate = await b.get(
+            f"/teams/{BETA}/metrics/max", params={**span, "metric": "sandbox_start_rate"}
+        )
+        assert rate.json()["value"] == max(p["sandboxStartRate"] for p in points)
+        too_long = await b.get(f"/teams/{BETA}/metrics", params={"start": 0, "end": end})
+        assert too_long.status_code == 400, too_long.text
+        for sandbox in made[1:]:
+            assert (await b.delete(f"/sandboxes/{sandbox}")).status_code == 204

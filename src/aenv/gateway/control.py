@@ -72,6 +72,7 @@ from aenv.gateway.nodes import Answer, NodeClient, NodeFailed, NodeUnreachable, 
 from aenv.gateway.saved import SavedRoutes
 from aenv.gateway.secrets import SecretRoutes
 from aenv.gateway.tags import TagRoutes
+from aenv.gateway.team_metrics import TeamMetricRoutes
 from aenv.gateway.volumes import VolumeRoutes
 from aenv.gateway.webhooks import WebhookRoutes
 
@@ -124,6 +125,7 @@ class ControlPlane:
             *saved.routes(),
             *self.volumes.routes(),
             *EventRoutes(self.directory, self.call_on).routes(),
+            *TeamMetricRoutes(self.directory, self.call_on).routes(),
             *WebhookRoutes(self.directory, self.call_on).routes(),
             *SecretRoutes(self.directory).routes(),
             Route("/{rest:path}", self.not_served, methods=_SANDBOX_METHODS),

@@ -78,23 +78,41 @@ class TeamMetrics:
     def max_concurrent(self, team_id: str, start: int, end: int) -> tuple[int, float]:
         """The most sandboxes of the team running at once between `start` and `end`, and when
         that was first reached."""
+        return peak(*self.changes(team_id, start, end), start)
+
+    def changes(self, team_id: str, start: int, end: int) -> tuple[int, list[tuple[float, int]]]:
+        """The sandboxes of the team running at `start`, and each change of that count up to
+        `end`: (time, +1 or -1), oldest first. A cluster's gateway merges the nodes' (`peak`)."""
         running, events = self._timeline(team_id, end)
         index = 0
         while index < len(events) and events[index][0] <= start:
             _apply(running, *events[index][1:])
             index += 1
-        best, best_at = len(running), float(start)
+        at_start = len(running)
+        changes: list[tuple[float, int]] = []
         for when, kind, sandbox_id in events[index:]:
+            before = len(running)
             _apply(running, kind, sandbox_id)
-            if len(running) > best:
-                best, best_at = len(running), when
-        return best, best_at
+            if len(running) != before:
+                changes.append((when, len(running) - before))
+        return at_start, changes
 
     def max_start_rate(self, team_id: str, start: int, end: int) -> tuple[float, float]:
         """The highest start rate of a bucket between `start` and `end`, and its time."""
         points = self.series(team_id, start, end)
         top = max(points, key=lambda p: p.start_rate)
         return top.start_rate, float(top.at)
+
+
+def peak(at_start: int, changes: list[tuple[float, int]], start: int) -> tuple[int, float]:
+    """The highest count `changes` (oldest first) reach from `at_start` at `start`, and when it
+    was first reached."""
+    count, best, best_at = at_start, at_start, float(start)
+    for when, change in changes:
+        count += change
+        if count > best:
+            best, best_at = count, when
+    return best, best_at
 
 
 def _apply(running: set[str], kind: str, sandbox_id: str) -> None:
