@@ -435,6 +435,12 @@ class Config(BaseModel):
         default=8192,
         description="Node-local cache of repository chunks, MiB (least recently used go).",
     )
+    lazy_pulls: bool = Field(
+        default=True,
+        description="A cluster node resumes a paused sandbox it lacks the files of at once: its "
+        "memory and read-only drives are served as the guest reads them and fetched in the "
+        "background (`docs/cluster.md`). Off: the whole copy is pulled first.",
+    )
     build_ready_timeout: int = Field(
         default=300, description="Seconds a template build's readyCmd may keep failing."
     )

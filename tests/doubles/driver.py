@@ -17,7 +17,7 @@ import dataclasses
 import json
 import secrets
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -67,8 +67,12 @@ async def read_disk(path: Path) -> dict[str, str]:
     is refused: this driver never makes one."""
     if await asyncio.to_thread(qcow2.is_qcow2, path):
         raise RestoreError(f"{path} is a qcow2 image; the double reads raw images only")
+    return _files(await asyncio.to_thread(_head, path))
+
+
+def _head(path: Path) -> bytes:
     with path.open("rb") as fh:
-        return _files(fh.read(DISK_BLOCK * 16))
+        return fh.read(DISK_BLOCK * 16)
 
 
 def _files(data: bytes) -> dict[str, str]:
@@ -179,8 +183,8 @@ class DoubleDriver:
 
         return await export.export(snapshot, dest, move=move, disk=place, memory_dir=memory_dir)
 
-    async def load_saved(self, directory: Path) -> Snapshot:
-        return await asyncio.to_thread(export.load, directory, NAME)
+    async def load_saved(self, directory: Path, *, unread: Collection[Path] = ()) -> Snapshot:
+        return await asyncio.to_thread(export.load, directory, NAME, unread)
 
     async def _boot(self, spec: VMSpec) -> VM:
         files: dict[str, str] = {}
@@ -199,8 +203,12 @@ class DoubleDriver:
         if not snapshot.machine_state or snapshot.memory_file is None:
             raise RestoreError("a filesystem-only snapshot cannot be restored, only booted")
         try:
-            json.loads(snapshot.state_file.read_text())
-            memory: dict[str, Any] = json.loads(snapshot.memory_file.read_text())
+            # In a thread: a VMM is another process, and a lazily served file's reads are
+            # answered on this event loop.
+            json.loads(await asyncio.to_thread(snapshot.state_file.read_text))
+            memory: dict[str, Any] = json.loads(
+                await asyncio.to_thread(snapshot.memory_file.read_text)
+            )
             files: dict[str, str] = {}
             for path in snapshot.disks.values():
                 files |= await read_disk(path)

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from aenv.runtime.driver import SNAPSHOT_MANIFEST, Driver, Snapshot
+from aenv.storage.lazytree import LazyTree
 from aenv.storage.repository import PeerDirectory, RepositoryError, RepositoryStats, Source
 from aenv.storage.repository import Repository as ChunkRepository
 
@@ -42,6 +43,9 @@ log = logging.getLogger("aenv.archive")
 
 
 IMAGES = "images"
+# The metadata of a copy that names the chunks its last lazy restore's guest needed, by file,
+# in the order it needed them (JSON): a lazy pull of it fetches those first.
+PREFETCH = "prefetch"
 
 
 class Archive:
@@ -124,6 +128,33 @@ class Archive:
         await asyncio.to_thread(_relocate, dest / SNAPSHOT_MANIFEST, moves)
         return await driver.load_saved(dest)
 
+    async def pull_lazily(
+        self, manifest_id: str, dest: Path, driver: Driver
+    ) -> tuple[Snapshot, LazyTree]:
+        """As `pull`, but the files a guest reads sparsely (its memory file, its read-only
+        drives) are served at their paths as they are read and fetched in the background
+        (`storage.lazytree`; the caller closes the tree once no VM uses them). Their content
+        is not read to check it: each chunk is checked against its digest as it comes. The
+        chunks of the order recorded with the copy (`PREFETCH`) come first."""
+        await asyncio.to_thread(shutil.rmtree, dest, True)
+        await asyncio.to_thread(dest.parent.mkdir, parents=True, exist_ok=True)
+        manifest = await self.repository.manifest(manifest_id)
+        recorded = json.loads(await self.repository.read_file(manifest, SNAPSHOT_MANIFEST))
+        maker = str(manifest.metadata.get("directory", dest))
+        held = {f.path for f in manifest.files}
+        served = [p for p in _sparsely_read(recorded, maker) if p in held]
+        await self.repository.get_tree(manifest_id, dest, defer=served)
+        moves = {maker: str(dest), str(manifest.metadata.get("home", self.home)): str(self.home)}
+        await asyncio.to_thread(_relocate, dest / SNAPSHOT_MANIFEST, moves)
+        order = json.loads(str(manifest.metadata.get(PREFETCH, "{}")))
+        tree = await LazyTree.serve(self.repository, manifest, dest, served, order)
+        try:
+            snapshot = await driver.load_saved(dest, unread=[dest / p for p in served])
+        except BaseException:
+            await tree.close()
+            raise
+        return snapshot, tree
+
     async def drop(self, manifest_id: str) -> None:
         """Forget a stored snapshot (its chunks go at the next garbage collection)."""
         try:
@@ -164,6 +195,18 @@ class Archive:
             Source.PEER.value: (stats.chunks_from_peers, stats.bytes_from_peers),
             Source.STORE.value: (stats.chunks_fetched, stats.bytes_fetched),
         }
+
+
+def _sparsely_read(recorded: Mapping[str, Any], directory: str) -> list[str]:
+    """The paths, relative to `directory`, of the memory file and read-only drives a
+    snapshot's manifest (`recorded`, as written) names under it."""
+    disks = recorded.get("spec", {}).get("disks", ())
+    paths = [recorded.get("memory_file"), *(d.get("path") for d in disks if d.get("read_only"))]
+    found = []
+    for path in paths:
+        if isinstance(path, str) and path.startswith(directory + "/"):
+            found.append(path[len(directory) + 1 :])
+    return found
 
 
 def _relocate(manifest: Path, moves: Mapping[str, str]) -> None:

@@ -72,6 +72,7 @@ from aenv.orchestrator.events import EventLog
 from aenv.orchestrator.fork import Child
 from aenv.orchestrator.hibernation import Hibernation
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
+from aenv.orchestrator.lazy import pulls_lazily
 from aenv.orchestrator.metrics_history import MetricsHistory, Sample
 from aenv.orchestrator.node import CreateStats, Node, host_reserve
 from aenv.orchestrator.queries import GuestEndpoint
@@ -141,6 +142,7 @@ class Orchestrator:
                 archive,
                 driver,
                 max_uploads=config.max_concurrent_uploads,
+                lazy_pulls=pulls_lazily(config, archive),
             ),
             detacher=Detacher(driver, slots, paths.detach, paths.detach_memory),
             volumes=VolumeStore(

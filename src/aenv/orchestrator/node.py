@@ -173,6 +173,7 @@ class Node:
         return self.paths.sandbox(sandbox_id), self.paths.sandbox_memory(sandbox_id)
 
     async def reclaim_files(self, sandbox_id: str) -> None:
+        await self.saved.lazy.forget(sandbox_id)  # its mounts, if any, are in its directory
         for path in self.dirs(sandbox_id):
             await remove_tree(path)
 

@@ -124,12 +124,26 @@ async def _launch_checkpoint(node: Node, record: SandboxRecord, cold: bool) -> L
     try:
         async with node.saved.push_held(record, snapshot):
             snapshot = await _merged(node, record, snapshot)
-            return await launch(node, record, snapshot, current_token=token, cold=cold)
+            return await _launch_served(node, record, snapshot, token, cold)
     except RestoreError:
         if node.saved.archive is None:
             raise
     snapshot = await node.saved.paused_checkpoint(record, pull=True)
-    return await launch(node, record, snapshot, current_token=token, cold=cold)
+    return await _launch_served(node, record, snapshot, token, cold)
+
+
+async def _launch_served(
+    node: Node, record: SandboxRecord, snapshot: Snapshot, token: str | None, cold: bool
+) -> Live:
+    """`launch`, the checkpoint's lazily served files (if any: `SavedStates.lazy`) kept
+    beside the VM from then on, or ended when it does not start."""
+    try:
+        live = await launch(node, record, snapshot, current_token=token, cold=cold)
+    except BaseException:
+        await node.saved.lazy.end(record.id)
+        raise
+    node.spawn(node.saved.lazy.beside(record.id, live.vm))
+    return live
 
 
 async def _merged(node: Node, record: SandboxRecord, snapshot: Snapshot) -> Snapshot:

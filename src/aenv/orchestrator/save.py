@@ -70,6 +70,8 @@ async def pause_locked(
     sandbox_dir = node.dirs(sandbox_id)[0]
     seq = record.checkpoint_seq + 1
     target = checkpoints.pause_dir(sandbox_dir, seq)
+    # A checkpoint names the memory file it lies over: a lazily served one must be local.
+    await node.saved.lazy.whole(sandbox_id)
     node.catalog.transition(sandbox_id, [SandboxState.RUNNING], SandboxState.PAUSING)
     if to is SandboxState.PAUSED:
         node.cancel_timer(sandbox_id)

@@ -13,16 +13,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import logging
 import shutil
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 from aenv.orchestrator import checkpoints
-from aenv.orchestrator.archive import Archive
+from aenv.orchestrator.archive import PREFETCH, Archive
 from aenv.orchestrator.background import PerSandbox
 from aenv.orchestrator.catalog import Archived, Catalog, SandboxRecord
 from aenv.orchestrator.kinds import TemplateKind
+from aenv.orchestrator.lazy import LazyCheckpoints
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.templates import Template, TemplateStore
 from aenv.runtime.driver import (
@@ -54,6 +56,7 @@ class SavedStates:
         driver: Driver,
         *,
         max_uploads: int,
+        lazy_pulls: bool = False,
     ) -> None:
         self.catalog = catalog
         self.driver = driver
@@ -66,6 +69,9 @@ class SavedStates:
         # not garbage even while no sandbox row names them yet.
         self._pinned: set[str] = set()
         self._pull_locks: dict[str, asyncio.Lock] = {}
+        # Resumes of checkpoints this node lacks serve their files as the guest reads them.
+        self.lazy_pulls = lazy_pulls
+        self.lazy = LazyCheckpoints()
 
     async def cancel_push(self, sandbox_id: str) -> None:
         await self._pushes.cancel(sandbox_id)
@@ -150,6 +156,11 @@ class SavedStates:
             return
         archive = self.archive
 
+        metadata = {"sandbox": record.id}
+        order = self.lazy.prefetch_order(record.id)
+        if order is not None:
+            metadata[PREFETCH] = json.dumps(order)
+
         async def push() -> None:
             staging = checkpoints.archive_dir(self.sandboxes_dir / record.id, seq)
             async with self._upload_slots:
@@ -159,7 +170,7 @@ class SavedStates:
                     staging,
                     self.driver,
                     name=f"sandbox-{record.id}-{seq}",
-                    metadata={"sandbox": record.id},
+                    metadata=metadata,
                 )
             current = self.catalog.get(record.id)
             if current is None or current.state is SandboxState.KILLING:
@@ -200,8 +211,13 @@ class SavedStates:
                 f"sandbox {record.id}: its checkpoint {seq} is unusable, and the repository "
                 f"holds only checkpoint {archived.seq}, an older state; not resuming that"
             )
-        log.warning("sandbox %s: pulling its checkpoint from the repository", record.id)
         dest = checkpoints.archive_dir(sandbox_dir, seq)
+        if self.lazy_pulls:
+            log.info("sandbox %s: serving its checkpoint from the repository", record.id)
+            snapshot, tree = await self.archive.pull_lazily(archived.manifest, dest, self.driver)
+            self.lazy.hold(record.id, tree)
+            return snapshot
+        log.warning("sandbox %s: pulling its checkpoint from the repository", record.id)
         return await self.archive.pull(archived.manifest, dest, self.driver)
 
     async def push_template(self, template: Template) -> None:

@@ -190,6 +190,7 @@ async def _save_running(
     and its memory file to `memory_dir`, and the sealed disks are flattened into `dest`. The
     time of each step goes into `steps`."""
     live = node.live_of(record.id)
+    await node.saved.lazy.whole(record.id)  # the snapshot takes the memory file it maps
     async with volumes_released(node, record, live, mode, keep_running=True) as kept:
         if kept is SaveMode.FILESYSTEM:
             await node.envd_of(record).sync()

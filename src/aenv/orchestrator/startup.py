@@ -28,6 +28,7 @@ from aenv.orchestrator.hibernate import hibernate_forever
 from aenv.orchestrator.node import Node
 from aenv.orchestrator.states import ASLEEP, RUNS, SAVED, SandboxState
 from aenv.runtime.sweep import reap_strays
+from aenv.storage import lazytree
 
 log = logging.getLogger("aenv.orchestrator")
 
@@ -36,6 +37,9 @@ async def start(node: Node) -> None:
     # Also those of the previous server that the start-up sweep cannot tell from others'
     # (re-parented to a subreaper, not to init): they would write to the files reclaimed here.
     await asyncio.to_thread(reap_strays, node.config.home)
+    # Lazily served files of its VMs, dead with it: their directories are reclaimed below.
+    for mount in await asyncio.to_thread(lazytree.sweep, node.config.home):
+        log.warning("detached %s, a lazy mount the previous run left", mount)
     await node.volumes.attach_all()
     for record in node.catalog.list():
         if record.state in SAVED and await _recover_saved(node, record):

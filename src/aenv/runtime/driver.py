@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -242,10 +242,11 @@ class Snapshot:
             raise RestoreError(f"unreadable snapshot manifest in {directory}: {exc}") from exc
         return replace(snapshot, recorded=recorded)
 
-    def verify(self, directory: Path) -> None:
+    def verify(self, directory: Path, unread: Collection[Path] = ()) -> None:
         """Compare each file with the checksum its manifest (in `directory`) recorded; raises
         `CorruptSavedState` naming the first that differs. Nothing to compare for a manifest
-        of version 1. Blocking."""
+        of version 1. Files of `unread` are left out (checked otherwise: chunks of a lazily
+        served file are checked against their digests as they come). Blocking."""
         if not self.recorded:
             return
         files = self.files()
@@ -255,6 +256,8 @@ class Snapshot:
                 f"{sorted(self.recorded)} but names {sorted(files)}"
             )
         for role, path in files.items():
+            if path in unread:
+                continue
             try:
                 found = checksums.of_file(path)
             except OSError as exc:
@@ -417,10 +420,11 @@ class Driver(Protocol):
         into `dest`: a directory that is the export's own all the same."""
         ...
 
-    async def load_saved(self, directory: Path) -> Snapshot:
+    async def load_saved(self, directory: Path, *, unread: Collection[Path] = ()) -> Snapshot:
         """The saved state whose manifest is in `directory` (exported, or pulled back from a
         copy to where it was exported from), checked to be complete and of this driver's
-        making: `RestoreError` (`IncompatibleSnapshotError` for another driver's) otherwise."""
+        making: `RestoreError` (`IncompatibleSnapshotError` for another driver's) otherwise.
+        The content of the files of `unread` is not read (see `Snapshot.verify`)."""
         ...
 
     async def restore_many(self, snapshot: Snapshot, targets: Sequence[RestoreSpec]) -> list[VM]:

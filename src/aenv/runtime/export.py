@@ -14,7 +14,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection
 from pathlib import Path
 
 from aenv.runtime.driver import IncompatibleSnapshotError, RestoreError, Snapshot
@@ -87,7 +87,7 @@ async def place(src: Path, dest: Path, *, move: bool) -> None:
         await asyncio.to_thread(src.unlink)
 
 
-def load(directory: Path, driver: str) -> Snapshot:
+def load(directory: Path, driver: str, unread: Collection[Path] = ()) -> Snapshot:
     """The saved state in `directory`, if it is `driver`'s, every file it names is there and
     each has the checksum its manifest recorded (`CorruptSavedState` else). Blocking."""
     snapshot = Snapshot.load_manifest(directory)
@@ -103,5 +103,5 @@ def load(directory: Path, driver: str) -> Snapshot:
     missing = [str(p) for p in files if not p.is_file()]
     if missing:
         raise RestoreError(f"the saved state in {directory} lacks {', '.join(missing)}")
-    snapshot.verify(directory)
+    snapshot.verify(directory, unread)
     return snapshot

@@ -59,6 +59,7 @@ _READ_IN = struct.Struct("=QQIIQII")
 _ATTR = struct.Struct("=QQQQQQIIIIIIIIII")
 
 MS_NOSUID, MS_NODEV = 2, 4
+SOURCE = "aenv-lazy"  # the mounts' source in mountinfo, by which a sweep finds them
 MNT_DETACH = 2
 
 
@@ -80,6 +81,7 @@ class FuseFile:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._detached = False
 
     @property
     def path(self) -> Path:
@@ -92,7 +94,7 @@ class FuseFile:
         self._fd = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
         options = f"fd={self._fd},rootmode=40000,user_id=0,group_id=0,allow_other"
         libc = ctypes.CDLL(None, use_errno=True)
-        if libc.mount(b"aenv-lazy", bytes(mountpoint), b"fuse", MS_NOSUID | MS_NODEV,
+        if libc.mount(SOURCE.encode(), bytes(mountpoint), b"fuse", MS_NOSUID | MS_NODEV,
                       options.encode()) != 0:  # fmt: skip
             code = ctypes.get_errno()
             os.close(self._fd)
@@ -101,14 +103,22 @@ class FuseFile:
         self._thread = threading.Thread(target=self._serve, name="aenv-fuse", daemon=True)
         self._thread.start()
 
+    def detach(self) -> None:
+        """Take the mount out of the file tree and go on serving: who opened or mapped the
+        file keeps reading it, no one can open it any more (a lazy unmount)."""
+        if self.mountpoint is None or self._detached:
+            return
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.umount2(bytes(self.mountpoint), MNT_DETACH) != 0:
+            log.warning("unmounting %s: %s", self.mountpoint, os.strerror(ctypes.get_errno()))
+        self._detached = True
+
     def unmount(self) -> None:
         """Detach the mount and stop serving. Call it once nothing maps the file any more: the
         connection ends with it, and a page not read yet can no longer be."""
         if self.mountpoint is None:
             return
-        libc = ctypes.CDLL(None, use_errno=True)
-        if libc.umount2(bytes(self.mountpoint), MNT_DETACH) != 0:
-            log.warning("unmounting %s: %s", self.mountpoint, os.strerror(ctypes.get_errno()))
+        self.detach()
         self._stopping.set()
         if self._thread is not None:
             self._thread.join()

@@ -404,8 +404,8 @@ class FirecrackerDriver:
         except FAILURES as exc:
             raise d.SnapshotError(f"cannot export the saved state to {dest}: {exc}") from exc
 
-    async def load_saved(self, directory: Path) -> d.Snapshot:
-        snapshot = await asyncio.to_thread(export.load, directory, DRIVER_NAME)
+    async def load_saved(self, directory: Path, *, unread: Collection[Path] = ()) -> d.Snapshot:
+        snapshot = await asyncio.to_thread(export.load, directory, DRIVER_NAME, unread)
         await asyncio.to_thread(_check_files, snapshot, d.RestoreError)
         return snapshot
 

@@ -9,7 +9,7 @@ import contextlib
 import dataclasses
 import logging
 import secrets
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from pathlib import Path
 
 from aenv.runtime import export, qcow2
@@ -157,8 +157,8 @@ class QemuDriver:
         except (layers.LayerError, OSError) as exc:
             raise SnapshotError(f"cannot export the saved state to {dest}: {exc}") from exc
 
-    async def load_saved(self, directory: Path) -> Snapshot:
-        return await asyncio.to_thread(export.load, directory, self.name)
+    async def load_saved(self, directory: Path, *, unread: Collection[Path] = ()) -> Snapshot:
+        return await asyncio.to_thread(export.load, directory, self.name, unread)
 
     async def restore(self, snapshot: Snapshot, target: RestoreSpec) -> VM:
         steps = Steps()

@@ -21,7 +21,7 @@ import shutil
 import stat
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from functools import partial
@@ -218,18 +218,23 @@ class Repository:
             self.cache.put(digest, blob)
         return digest, len(blob)
 
-    async def get_tree(self, manifest_id: str, dest: Path) -> Manifest:
-        """Materialise a manifest as the new directory `dest` (sparse files); return it."""
+    async def get_tree(
+        self, manifest_id: str, dest: Path, *, defer: Collection[str] = ()
+    ) -> Manifest:
+        """Materialise a manifest as the new directory `dest` (sparse files); return it. The
+        files of `defer` (paths in the manifest) are left empty, for their reader to fill
+        (`lazytree`)."""
         manifest = await self.manifest(manifest_id)
         if dest.exists():
             raise FileExistsError(f"{dest} exists")
         staging = dest.parent / f".{dest.name}.partial-{secrets.token_hex(4)}"
         peers = await self.peer_session(manifest_id)
         try:
-            await self._pool.run(_create_files, staging, manifest)
+            await self._pool.run(_create_files, staging, manifest, frozenset(defer))
             jobs = [
                 partial(self._restore_chunk, manifest, entry, index, staging / entry.path, peers)
                 for entry in manifest.files
+                if entry.path not in defer
                 for index, digest in enumerate(entry.chunks)
                 if digest is not None
             ]
@@ -258,6 +263,21 @@ class Repository:
         finally:
             os.close(fd)
         return source, stored_bytes
+
+    async def read_file(self, manifest: Manifest, path: str) -> bytes:
+        """The content of the small file `path` of `manifest`, every chunk verified; raises
+        `KeyError` when it has none, `ChunkError` when a chunk cannot be had."""
+        entry = next((f for f in manifest.files if f.path == path), None)
+        if entry is None:
+            raise KeyError(path)
+        peers = await self.peer_session(manifest.id)
+        parts = [
+            await self.fetch_chunk(manifest, entry, index, peers)
+            if digest is not None
+            else bytes(min(manifest.chunk_size, entry.size - index * manifest.chunk_size))
+            for index, digest in enumerate(entry.chunks)
+        ]
+        return b"".join(parts)
 
     async def peer_session(self, manifest_id: str) -> PeerSession:
         """The peers to ask for the manifest's chunks (none without a directory)."""
@@ -392,13 +412,14 @@ def _data_chunks(source: _Source) -> list[int]:
         os.close(fd)
 
 
-def _create_files(staging: Path, manifest: Manifest) -> None:
+def _create_files(staging: Path, manifest: Manifest, deferred: frozenset[str]) -> None:
     staging.mkdir()
     for entry in manifest.files:
         path = staging / entry.path
         path.parent.mkdir(parents=True, exist_ok=True)
         with path.open("xb") as fh:
-            fh.truncate(entry.size)  # all holes until chunks are written
+            if entry.path not in deferred:  # a deferred one stays empty: it is not here yet
+                fh.truncate(entry.size)  # all holes until chunks are written
 
 
 def _finish_file(path: Path, mode: int) -> None:
