@@ -11,16 +11,26 @@ import asyncio
 import os
 import signal
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from aenv.storage import lazytree
+from aenv.storage.fusefile import SOURCE
 from aenv.storage.lazytree import LazyTree
 from aenv.storage.repository import ChunkCache, Manifest, PosixStore, Repository
 from aenv.storage.repository.chunks import chunk_key
 
 pytestmark = pytest.mark.skipif(not lazytree.available(), reason="FUSE mounts need root")
+
+
+@pytest.fixture(autouse=True)
+def no_mounts_left(tmp_path: Path) -> Iterator[None]:
+    """Whatever a test leaves mounted, also when it fails, is detached."""
+    yield
+    lazytree.sweep(tmp_path)
+
 
 MiB = 1 << 20
 DATA_CHUNKS = (0, 3, 6, 7)  # of 8 MiB; the rest are holes
@@ -45,11 +55,7 @@ async def stored(tmp_path: Path) -> tuple[PosixStore, Manifest, dict[str, bytes]
 def lazy_mounts(under: Path) -> list[str]:
     """The lazy mounts under `under` (other tests on the machine may have their own)."""
     with open("/proc/self/mountinfo") as mounts:
-        return [
-            line
-            for line in mounts
-            if f" - fuse {lazytree.SOURCE} " in line and f" {under}/" in line
-        ]
+        return [line for line in mounts if f" - fuse {SOURCE} " in line and f" {under}/" in line]
 
 
 # Reads ranges of a file as a VMM would (another process): prints each as hex; with "hold",
