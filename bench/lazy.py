@@ -1,5 +1,5 @@
-"""State that travels lazily (issue 34), the parts built so far: pulls from a peer before S3, and
-a disk image read on demand.
+"""State that travels lazily (issue 34): pulls from a peer before S3, a disk image read on demand,
+and a paused sandbox resumed on another node.
 
 Two nodes on this machine and one S3 server (moto's, in its own process) on loopback. Node A
 stores a checkpoint-like tree (`bench/repository.py`'s: a 256 MiB sparse memory file holding
@@ -15,9 +15,19 @@ holder. Node B, with an empty cache each run, pulls the tree:
   4 KiB of it: the time and the bytes moved before that read answers, against the whole pull.
 
 Ratios are against `pull_s3` in the same run; bytes by source (cache, peer, store) for each.
+
+`resume`: two real nodes (real VMs) sharing the S3 repository behind a gateway
+(`bench/cluster.py`'s cluster), the SDK in the gateway's namespace: one sandbox (16 MiB of fresh
+data written) resumed on the node it paused on against the same resumed on the other node
+after its own is drained (its files served lazily there), alternating, `--runs` samples of
+each: the time to `Sandbox.connect` + `commands.run("true")`, the target node's pull reads by
+source (compressed bytes) between just before and just after that answer (an upper bound of
+what the answer needed: the background fetch runs meanwhile), and the sandbox's directory there
+once paused again (its checkpoint, whole).
+
 Prints one JSON document on stdout; progress goes to stderr.
 
-    python bench/lazy.py [--runs 3]
+    python bench/lazy.py [pulls|resume] [--runs 3]
 """
 
 from __future__ import annotations
@@ -34,6 +44,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -225,12 +236,109 @@ async def one_run(
     sources["lazy_first_read"] = moved
 
 
+# Runs in the gateway's namespace: `make` (a sandbox with fresh data, paused: its id), `resume
+# ID NODE_URL` (connect and run a command: the seconds, and NODE_URL's pull reads by source,
+# compressed bytes, just before and just after), `pause ID`.
+RESUME_CLIENT = """
+import json, re, sys, time
+import httpx
+from e2b import Sandbox
+command, *args = sys.argv[1:]
+
+def reads(url):
+    text = httpx.get(url + "/metrics", timeout=30).text
+    found = re.findall(r'aenv_repository_read_bytes_total[{]source="(\\w+)"[}] ([0-9.e+]+)', text)
+    return {source: float(value) for source, value in found}
+
+if command == "make":
+    sandbox = Sandbox.create("base", timeout=3600)
+    sandbox.commands.run("head -c 16777216 /dev/urandom > /home/user/data")
+    sandbox.pause()
+    print(json.dumps(sandbox.sandbox_id))
+elif command == "resume":
+    before = reads(args[1])
+    start = time.perf_counter()
+    Sandbox.connect(args[0], timeout=3600).commands.run("true")
+    took = time.perf_counter() - start
+    after = reads(args[1])
+    print(json.dumps([took, {k: after.get(k, 0) - before.get(k, 0) for k in after}]))
+else:
+    print(json.dumps(Sandbox.pause(args[0])))
+"""
+
+
+async def resume(work: Path, samples: int) -> dict[str, object]:
+    """A paused sandbox resumed on the node it paused on, against the same resumed on the
+    other node (its own drained: the release uploads, the connect moves it), alternating."""
+    from cluster import last_json, on_cluster
+
+    from aenv.config import Paths
+
+    beat = {"AENV_HEARTBEAT_INTERVAL": "2"}
+    async with on_cluster(work, ["node-a", "node-b"], beat, shared_repository=True) as on:
+
+        def client(*args: str) -> Any:
+            return last_json(on.run(sys.executable, "-c", RESUME_CLIENT, *args))
+
+        def aenv(*args: str) -> None:
+            on.run(sys.executable, "-m", "aenv.cli", *args)
+
+        sandbox_id = client("make")
+        node = await on.routes.lookup(sandbox_id)
+        assert node is not None
+        url = f"http://{on.nodes.addresses[node]}"
+        same: list[float] = []
+        other: list[float] = []
+        before_answer: list[dict[str, float]] = []
+        checkpoint: list[int] = []
+        for n in range(samples):
+            took, _ = client("resume", sandbox_id, url)
+            same.append(took)
+            client("pause", sandbox_id)
+            aenv("node", "drain", node)
+            target = next(i for i in on.nodes.addresses if i != node)
+            took, moved = client("resume", sandbox_id, f"http://{on.nodes.addresses[target]}")
+            other.append(took)
+            before_answer.append(moved)
+            assert await on.routes.lookup(sandbox_id) == target
+            aenv("node", "undrain", node)
+            client("pause", sandbox_id)  # waits until its files are local
+            du = subprocess.run(
+                ["du", "-sb", str(Paths(work / target).sandboxes / sandbox_id)],
+                capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            checkpoint.append(int(du.stdout.split()[0]))
+            log(f"sample {n}: same {same[-1]:.2f}s, other {other[-1]:.2f}s, moved {moved}")
+            node, url = target, f"http://{on.nodes.addresses[target]}"
+    same_med, other_med = statistics.median(same), statistics.median(other)
+    moved_total = [sum(m.values()) for m in before_answer]
+    return {
+        "benchmark": "lazy resume",
+        "date": time.strftime("%Y-%m-%d"),
+        "samples": samples,
+        "resume_same_node_s": [round(t, 2) for t in same],
+        "resume_other_node_s": [round(t, 2) for t in other],
+        "other_over_same_median": round(other_med / same_med, 2),
+        "moved_before_first_answer_mib": [
+            {k: round(v / MiB, 1) for k, v in m.items()} for m in before_answer
+        ],
+        "sandbox_dir_after_pause_mib": [round(c / MiB, 1) for c in checkpoint],
+        "moved_over_checkpoint": [
+            round(m / c, 3) for m, c in zip(moved_total, checkpoint, strict=True)
+        ],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("mode", nargs="?", choices=["pulls", "resume"], default="pulls")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="aenv-bench-lazy-") as work:
-        result = asyncio.run(bench(Path(work), args.runs))
+        if args.mode == "resume":
+            result = asyncio.run(resume(Path(work), args.runs))
+        else:
+            result = asyncio.run(bench(Path(work), args.runs))
     print(json.dumps(result, indent=2))
 
 

@@ -96,6 +96,7 @@ async def pause_locked(
         raise OperationFailed(f"pause of sandbox {sandbox_id} failed: {e}") from e
     node.live.pop(sandbox_id, None)
     await node.stop(sandbox_id, live)
+    await node.saved.lazy.end(sandbox_id)  # now, not when its watch runs: the upload's order
     paused = node.catalog.transition(
         sandbox_id, [SandboxState.PAUSING], to, checkpoint_seq=seq, checkpoint_mode=kept
     )
