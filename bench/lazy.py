@@ -23,7 +23,8 @@ after its own is drained (its files served lazily there), alternating, `--runs` 
 each: the time to `Sandbox.connect` + `commands.run("true")`, the target node's pull reads by
 source (compressed bytes) between just before and just after that answer (an upper bound of
 what the answer needed: the background fetch runs meanwhile), and the sandbox's directory there
-once paused again (its checkpoint, whole).
+once paused again (its checkpoint, whole). Then the same on a second cluster whose nodes pull
+whole (`lazy_pulls = false`, as before issue 34), in the same run.
 
 Prints one JSON document on stdout; progress goes to stderr.
 
@@ -268,13 +269,31 @@ else:
 
 
 async def resume(work: Path, samples: int) -> dict[str, object]:
+    """`resume_on` with lazy pulls, then on a cluster whose nodes pull whole (before)."""
+    (work / "lazy").mkdir()
+    (work / "whole").mkdir()
+    lazy = await resume_on(work / "lazy", samples, {})
+    whole = await resume_on(work / "whole", samples, {"AENV_LAZY_PULLS": "false"})
+    lazy_other = statistics.median(lazy.pop("other_node_s_all"))  # type: ignore[arg-type]
+    whole_other = statistics.median(whole.pop("other_node_s_all"))  # type: ignore[arg-type]
+    return {
+        "benchmark": "lazy resume",
+        "date": time.strftime("%Y-%m-%d"),
+        "samples": samples,
+        "lazy_pulls": lazy,
+        "whole_pulls": whole,
+        "lazy_over_whole_other_node_median": round(lazy_other / whole_other, 2),
+    }
+
+
+async def resume_on(work: Path, samples: int, settings: dict[str, str]) -> dict[str, object]:
     """A paused sandbox resumed on the node it paused on, against the same resumed on the
     other node (its own drained: the release uploads, the connect moves it), alternating."""
     from cluster import last_json, on_cluster
 
     from aenv.config import Paths
 
-    beat = {"AENV_HEARTBEAT_INTERVAL": "2"}
+    beat = {"AENV_HEARTBEAT_INTERVAL": "2", **settings}
     async with on_cluster(work, ["node-a", "node-b"], beat, shared_repository=True) as on:
 
         def client(*args: str) -> Any:
@@ -313,9 +332,7 @@ async def resume(work: Path, samples: int) -> dict[str, object]:
     same_med, other_med = statistics.median(same), statistics.median(other)
     moved_total = [sum(m.values()) for m in before_answer]
     return {
-        "benchmark": "lazy resume",
-        "date": time.strftime("%Y-%m-%d"),
-        "samples": samples,
+        "other_node_s_all": other,
         "resume_same_node_s": [round(t, 2) for t in same],
         "resume_other_node_s": [round(t, 2) for t in other],
         "other_over_same_median": round(other_med / same_med, 2),
