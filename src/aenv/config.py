@@ -288,7 +288,7 @@ class Config(BaseModel):
     team_max_sandboxes: int = Field(
         default=256,
         description="Sandboxes one team runs at once on the node (paused ones do not count); "
-        "creates and forks past it answer 429.",
+        "creates and forks past it answer 429. On a cluster's gateways: across all nodes.",
     )
     team_creates_per_s: PositiveFloat = Field(
         default=50.0,

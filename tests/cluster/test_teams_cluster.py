@@ -37,6 +37,8 @@ REPO = Path(__file__).resolve().parents[2]
 MEMBER = Path(__file__).with_name("member_on_doubles.py")
 NODES = ("n1", "n2")
 BETA = "beta"
+# The gateways' limit of a team's sandboxes at once (the nodes keep their default).
+TEAM_LIMIT = 4
 
 
 @dataclass
@@ -100,7 +102,11 @@ async def cluster(
         for name in ("g1", "g2"):
             port = free_port()
             command = ["-m", "aenv.cli", "gateway", "--host", "127.0.0.1", "--port", str(port)]
-            gateway_env = {**env, "AENV_HOME": str(tmp_path / name)}
+            gateway_env = {
+                **env,
+                "AENV_HOME": str(tmp_path / name),
+                "AENV_TEAM_MAX_SANDBOXES": str(TEAM_LIMIT),
+            }
             started.append(_start(stack, command, gateway_env, tmp_path / f"{name}.log"))
             urls.append(f"http://127.0.0.1:{port}")
         registry = NodeRegistry(client, SECRET)
@@ -327,3 +333,39 @@ async def test_a_teams_metrics_are_summed_over_the_nodes(
         assert too_long.status_code == 400, too_long.text
         for sandbox in made[1:]:
             assert (await b.delete(f"/sandboxes/{sandbox}")).status_code == 204
+
+
+async def test_a_teams_limit_holds_across_keys_gateways_and_nodes(
+    cluster: Cluster, client: aioredis.Redis
+) -> None:
+    one, two = cluster.gateways
+    _, other_b = await ClusterKeys(client).new("b2", BETA)
+    made: list[str] = []
+    async with (
+        httpx.AsyncClient(base_url=one, headers={"X-API-Key": cluster.key_b}, timeout=60) as b1,
+        httpx.AsyncClient(base_url=two, headers={"X-API-Key": other_b}, timeout=60) as b2,
+        httpx.AsyncClient(base_url=two, headers={"X-API-Key": cluster.key_a}, timeout=60) as a,
+    ):
+        for b in (b1, b2, b1, b2):
+            answer = await b.post("/v2/sandboxes", json={"templateID": "base"})
+            assert answer.status_code == 201, answer.text
+            made.append(answer.json()["sandboxID"])
+        routes = Directory(client, SECRET).routes
+        assert {await routes.lookup(s) for s in made} == set(NODES)
+        # The team's fifth is refused whichever key and gateway ask; no node ran it.
+        for b in (b1, b2):
+            refused = await b.post("/v2/sandboxes", json={"templateID": "base"})
+            assert refused.status_code == 429, refused.text
+            assert f"({TEAM_LIMIT}): this team holds {TEAM_LIMIT}" in refused.json()["message"]
+        assert len((await b1.get("/v2/sandboxes")).json()) == TEAM_LIMIT
+        # Another team is not held by it.
+        theirs = await a.post("/v2/sandboxes", json={"templateID": "base"})
+        assert theirs.status_code == 201, theirs.text
+        assert (await a.delete(f"/sandboxes/{theirs.json()['sandboxID']}")).status_code == 204
+        # A kill through one gateway frees the slot for the other.
+        assert (await b1.delete(f"/sandboxes/{made.pop()}")).status_code == 204
+        again = await b2.post("/v2/sandboxes", json={"templateID": "base"})
+        assert again.status_code == 201, again.text
+        made.append(again.json()["sandboxID"])
+        for sandbox in made:
+            assert (await b1.delete(f"/sandboxes/{sandbox}")).status_code == 204

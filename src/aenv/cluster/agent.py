@@ -87,7 +87,8 @@ class StateSource(Protocol):
     async def state(self) -> NodeState: ...
 
     async def running_by_key(self) -> Mapping[str, Set[str]]:
-        """The running sandboxes here per API key (owner) id, as the key's limit counts them."""
+        """The running sandboxes here per API key (owner) id, and per team (`team_owner`), as
+        their limits count them."""
         ...
 
     async def forget(self, sandbox_id: str) -> None:

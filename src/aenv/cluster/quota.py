@@ -1,4 +1,5 @@
-"""Each API key's sandboxes at once, counted across the cluster (`key_max_sandboxes`).
+"""Each API key's sandboxes at once, and each team's, counted across the cluster
+(`key_max_sandboxes`, `team_max_sandboxes`).
 
 Nodes are the truth: each node's agent writes, per key, the ids of the key's running sandboxes
 it holds (`{aenv}:node-keys:<node>`, a hash that expires with the node's lease), with every
@@ -14,6 +15,10 @@ A node lost takes its count with it (its hash expires, and a node without a leas
 a wiped Redis is written again by every node's next heartbeat. A pause, a timeout or a resume
 changes a node's count at its next heartbeat (a pause may be refused meanwhile, never a create
 let past the limit by a pause; a resume counts late).
+
+A team is counted as a key is, under its own name (`team_owner`: `team/<id>`, which no key id
+can be): nodes write its running sandboxes beside their keys', and a create reserves a slot of
+its team as of its key.
 """
 
 from __future__ import annotations
@@ -57,6 +62,11 @@ return -1
 """
 
 
+def team_owner(team_id: str) -> str:
+    """The name a team's sandboxes are counted under, beside the keys'."""
+    return f"team/{team_id}"
+
+
 class KeyLimitReached(Exception):
     """The key holds its limit of sandboxes at once; the message is E2B's."""
 
@@ -67,9 +77,9 @@ class KeyQuota:
         self.keys = keys or Keys()
         self._reserve = client.register_script(_RESERVE)
 
-    async def reserve(self, key_id: str, limit: int) -> str:
-        """A slot for one create of the key: the reservation's token. Raises
-        `KeyLimitReached`, `ClusterUnavailable`."""
+    async def reserve(self, key_id: str, limit: int, holder: str = "this API key") -> str:
+        """A slot for one create of the key (or team: `team_owner`): the reservation's token.
+        Raises `KeyLimitReached`, saying `holder` holds the limit; `ClusterUnavailable`."""
         token = secrets.token_hex(8)
         keys = [self.keys.key_creates(key_id), self.keys.nodes]
         args: list[str | int] = [
@@ -86,7 +96,7 @@ class KeyQuota:
             # E2B's words, so that clients matching them keep working.
             raise KeyLimitReached(
                 f"you have reached the maximum number of concurrent E2B sandboxes ({limit}): "
-                f"this API key holds {held} across the cluster"
+                f"{holder} holds {held} across the cluster"
             )
         return token
 

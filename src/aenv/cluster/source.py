@@ -12,6 +12,7 @@ from collections.abc import Awaitable, Callable, Sequence
 import psutil
 
 from aenv.cluster.agent import NodeState
+from aenv.cluster.quota import team_owner
 from aenv.cluster.registry import Capacity
 from aenv.orchestrator.builds import Builder
 from aenv.orchestrator.catalog import Catalog, SandboxRecord, record_to_json
@@ -90,8 +91,10 @@ class CatalogSource:
     async def running_by_key(self) -> dict[str, set[str]]:
         running: dict[str, set[str]] = {}
         for r in self.catalog.list():
-            if r.owner is not None and not r.internal and r.state.public == "running":
-                running.setdefault(r.owner, set()).add(r.id)
+            if not r.internal and r.state.public == "running":
+                if r.owner is not None:
+                    running.setdefault(r.owner, set()).add(r.id)
+                running.setdefault(team_owner(r.team_id), set()).add(r.id)
         return running
 
     def _tags(self, template_id: str) -> dict[str, str]:

@@ -146,7 +146,7 @@ class AdminRoutes:
         await self.control.move_lost()
         path = f"/admin/teams/{quote(team.id, safe='')}/sandboxes/kill"
         answers = [json.loads(b) for b in await self._on_every_node("POST", path)]
-        self.control.key_slots.freed()
+        self.control.freed()
         return JSONResponse(_summed(answers, ("killedCount", "failedCount")))
 
     async def cancel_builds(self, request: Request) -> Response:

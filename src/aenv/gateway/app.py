@@ -47,6 +47,7 @@ class Gateway:
         domain: str | None = None,
         key_max_sandboxes: int = Config().key_max_sandboxes,
         identity: Signer | None = None,
+        team_max_sandboxes: int = Config().team_max_sandboxes,
     ) -> None:
         """`identity`: the cluster's signer of workload identity tokens, whose keys the
         gateway publishes (`aenv.api.identity`); none: no route publishes any."""
@@ -54,7 +55,9 @@ class Gateway:
         self.nodes = NodeClient(secret)
         handoff = Handoff(directory, self.nodes)
         self.data = DataPlane(directory, secret, handoff)
-        control = ControlPlane(directory, self.nodes, handoff, key_max_sandboxes)
+        control = ControlPlane(
+            directory, self.nodes, handoff, key_max_sandboxes, team_max_sandboxes
+        )
         published = IdentityRoutes(identity).routes() if identity is not None else []
         teams = ClusterTeams(directory.client, directory.registry.keys)
         app = Starlette(

@@ -14,6 +14,7 @@
   gone is removed.
 - Creates go to nodes that are not draining; a create mounting volumes goes to their node
   (`volumes`). A create first reserves a slot of its API key's limit of sandboxes at once,
+  and one of its team's,
   counted across the cluster (`aenv.cluster.quota`): past it, E2B's 429, or for a create
   that may wait (`X-Aenv-Wait`) a wait for a slot first (`key_slots`).
 - Lists ask every live node and merge (`listing`). Paused sandboxes of lost nodes (and those a
@@ -33,12 +34,13 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import math
 import re
 import time
-from collections.abc import Collection, Iterable
+from collections.abc import AsyncIterator, Collection, Iterable
 from typing import Any
 from urllib.parse import urlencode
 
@@ -54,10 +56,11 @@ from aenv.api.internal_models import Refusal
 from aenv.api.queue import client_gone, until_gone, wait_of
 from aenv.api.requests import check_query
 from aenv.api.sandboxes import batch_metrics_ids
+from aenv.api.scope import team_of
 from aenv.cluster.directory import Directory
 from aenv.cluster.internal import CLUSTER_CALLER
 from aenv.cluster.placement import candidates
-from aenv.cluster.quota import KeyLimitReached
+from aenv.cluster.quota import KeyLimitReached, team_owner
 from aenv.cluster.registry import NodeReport
 from aenv.cluster.saved import SavedRecord
 from aenv.cluster.store import ClusterUnavailable
@@ -95,12 +98,14 @@ class ControlPlane:
         nodes: NodeClient,
         handoff: Handoff,
         key_max_sandboxes: int = Config().key_max_sandboxes,
+        team_max_sandboxes: int = Config().team_max_sandboxes,
     ) -> None:
         self.directory = directory
         self.nodes = nodes
         self.handoff = handoff
         self.key_max_sandboxes = key_max_sandboxes
         self.key_slots = KeySlots(directory.quota, key_max_sandboxes)
+        self.team_slots = KeySlots(directory.quota, team_max_sandboxes, "this team")
         self.volumes = VolumeRoutes(self)
 
     def routes(self) -> list[Route]:
@@ -152,23 +157,37 @@ class ControlPlane:
             return _respond(await until_gone(creating, gone))
 
     async def _create(self, request: Request, path: str, body: bytes, wait: float) -> Answer:
-        """The create, in a slot of its key's limit (waited for within `wait`), which it
-        frees when it ends; what is left of `wait` is for a node's room."""
-        key_id = request.state.api_key.id
+        """The create, in a slot of its key's limit and one of its team's (each waited for
+        within `wait`), which it frees when it ends; what is left of `wait` is for a node's
+        room."""
         deadline = time.monotonic() + wait
+        async with self._slot(self.key_slots, request.state.api_key.id, wait):
+            left = max(0.0, deadline - time.monotonic()) if wait > 0 else 0.0
+            async with self._slot(self.team_slots, team_owner(team_of(request)), left):
+                answer = await self.volumes.create_sandbox(request, path, body)
+                left = max(0.0, deadline - time.monotonic()) if wait > 0 else 0.0
+                return answer or await self.place(request, path, body, left)
+
+    @contextlib.asynccontextmanager
+    async def _slot(self, slots: KeySlots, owner: str, wait: float) -> AsyncIterator[None]:
+        """A slot of `owner`'s limit, waited for up to `wait` seconds; a 429 when there is
+        none."""
         try:
-            token = await self.key_slots.reserve(key_id, wait)
+            token = await slots.reserve(owner, wait)
         except KeyLimitReached as error:
             raise APIError(429, str(error)) from error
         try:
-            answer = await self.volumes.create_sandbox(request, path, body)
-            left = max(0.0, deadline - time.monotonic()) if wait > 0 else 0.0
-            return answer or await self.place(request, path, body, left)
+            yield
         finally:
             try:
-                await self.key_slots.release(key_id, token)
+                await slots.release(owner, token)
             except ClusterUnavailable as error:
-                log.warning("reservation %s of key %s lapses on its own: %s", token, key_id, error)
+                log.warning("reservation %s of %s lapses on its own: %s", token, owner, error)
+
+    def freed(self) -> None:
+        """A slot of a key's or team's limit may have freed (a sandbox killed or paused)."""
+        self.key_slots.freed()
+        self.team_slots.freed()
 
     async def place(self, request: Request, path: str, body: bytes, wait: float = 0.0) -> Answer:
         """A create (`POST path` with `body`) on the first node that takes it, for the client
@@ -294,7 +313,7 @@ class ControlPlane:
         except NodeUnreachable as error:
             raise await self._node_silent(sandbox_id, node) from error
         if answer.status < 300 and _frees_slot(request):
-            self.key_slots.freed()
+            self.freed()
         return _respond(answer)
 
     async def _node_silent(self, sandbox_id: str, node: NodeReport) -> APIError:
@@ -377,7 +396,7 @@ class ControlPlane:
         await self.move_lost()
         answers = await self._ask_all(request, body)
         merged = [e for a in answers for e in json.loads(a.body)["sandboxes"]]
-        self.key_slots.freed()
+        self.freed()
         return JSONResponse({"sandboxes": merged})
 
     async def queue(self, request: Request) -> Response:

@@ -27,9 +27,11 @@ MAX_WAITERS = 10_000
 
 
 class KeySlots:
-    def __init__(self, quota: KeyQuota, limit: int) -> None:
+    def __init__(self, quota: KeyQuota, limit: int, holder: str = "this API key") -> None:
+        """`holder`: what the refusal says holds the limit (the key's slots, or a team's)."""
         self.quota = quota
         self.limit = limit
+        self.holder = holder
         self.waiting = WaitQueue()
         self._recheck: asyncio.Task[None] | None = None
 
@@ -39,7 +41,7 @@ class KeySlots:
 
         async def attempt() -> str:
             try:
-                return await self.quota.reserve(key_id, self.limit)
+                return await self.quota.reserve(key_id, self.limit, self.holder)
             except KeyLimitReached as error:
                 raise CapacityReached(str(error)) from error
 

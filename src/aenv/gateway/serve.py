@@ -65,6 +65,7 @@ async def run_gateway(
             config.domain,
             config.key_max_sandboxes,
             node_signer(config),
+            config.team_max_sandboxes,
         )
         try:
             await uvicorn.Server(uvicorn_config(gateway, config)).serve()
