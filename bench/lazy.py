@@ -36,6 +36,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import re
 import secrets
 import statistics
 import subprocess
@@ -310,6 +311,7 @@ async def resume_on(work: Path, samples: int, settings: dict[str, str]) -> dict[
         other: list[float] = []
         before_answer: list[dict[str, float]] = []
         checkpoint: list[int] = []
+        for_reads: list[int] = []  # chunks reads waited for (lazy pulls), from the node's log
         for n in range(samples):
             took, _ = client("resume", sandbox_id, url)
             same.append(took)
@@ -327,6 +329,10 @@ async def resume_on(work: Path, samples: int, settings: dict[str, str]) -> dict[
                 capture_output=True, text=True, check=True,
             )  # fmt: skip
             checkpoint.append(int(du.stdout.split()[0]))
+            log_text = (work / target / "server.log").read_text()
+            needed = re.findall(r"(\d+) chunks of its checkpoint were fetched for reads", log_text)
+            if needed:
+                for_reads.append(int(needed[-1]))
             log(f"sample {n}: same {same[-1]:.2f}s, other {other[-1]:.2f}s, moved {moved}")
             node, url = target, f"http://{on.nodes.addresses[target]}"
     same_med, other_med = statistics.median(same), statistics.median(other)
@@ -340,6 +346,7 @@ async def resume_on(work: Path, samples: int, settings: dict[str, str]) -> dict[
             {k: round(v / MiB, 1) for k, v in m.items()} for m in before_answer
         ],
         "sandbox_dir_after_pause_mib": [round(c / MiB, 1) for c in checkpoint],
+        "chunks_fetched_for_reads": for_reads,
         "moved_over_checkpoint": [
             round(m / c, 3) for m, c in zip(moved_total, checkpoint, strict=True)
         ],

@@ -102,6 +102,12 @@ class LazyCheckpoints:
         tree = self._trees.pop(sandbox_id, None)
         if tree is not None:
             self._orders[sandbox_id] = tree.touched
+            log.info(
+                "sandbox %s: %d chunks of its checkpoint were fetched for reads, %s",
+                sandbox_id,
+                sum(len(chunks) for chunks in tree.touched.values()),
+                "the rest in the background" if tree.whole else "its copy not whole",
+            )
             started = asyncio.ensure_future(tree.close())
             self._closing[sandbox_id] = started
             started.add_done_callback(lambda _: self._closing.pop(sandbox_id, None))
