@@ -48,6 +48,7 @@ from aenv.config import Config, Paths
 from aenv.gateway.app import Gateway
 from aenv.gateway.evacuate import Released, evacuate
 from aenv.gateway.nodes import NodeClient
+from aenv.ids import TEAM_ID
 from aenv.orchestrator.builds import BuildStatus
 from aenv.orchestrator.catalog import Archived, Catalog, VolumeMount, record_to_json
 from aenv.orchestrator.events import EventType
@@ -1011,7 +1012,7 @@ async def test_a_volume_stays_on_its_node_with_the_sandboxes_that_mount_it(
         made = http.post("/volumes", json={"name": "data"})
         assert made.status_code == 201, made.text
         volume_id, token = made.json()["volumeID"], made.json()["token"]
-        place = await places.find("data")
+        place = await places.find("data", TEAM_ID)
         assert place is not None and place.volume_id == volume_id
         home, other = (
             setup.nodes[place.node_id],
@@ -1054,19 +1055,19 @@ async def test_a_volume_stays_on_its_node_with_the_sandboxes_that_mount_it(
         # Its record lost (a Redis wipe): found again on the nodes.
         await client.delete(Keys().volume(volume_id), Keys().volume_names)
         assert http.get(f"/volumes/{volume_id}").json()["name"] == "data"
-        assert await places.find("data") == place
+        assert await places.find("data", TEAM_ID) == place
 
         # A deleted volume is gone from its node and its record; deleted again, E2B's 404.
         scratch = http.post("/volumes", json={"name": "scratch"}).json()["volumeID"]
         assert http.delete(f"/volumes/{scratch}").status_code == 204
-        assert await places.find("scratch") is None
+        assert await places.find("scratch", TEAM_ID) is None
         again = http.delete(f"/volumes/{scratch}")
         assert again.status_code == 404 and again.json()["code"] == 404
         # By its name as well: the gateway knows where it lives and asks its node by id.
         http.post("/volumes", json={"name": "named"})
         assert http.get("/volumes/named").json()["name"] == "named"
         assert http.delete("/volumes/named").status_code == 204
-        assert await places.find("named") is None
+        assert await places.find("named", TEAM_ID) is None
         assert [v["name"] for v in http.get("/volumes").json()] == ["data"]
 
         await client.delete(Keys().lease(place.node_id), Keys().node(place.node_id))

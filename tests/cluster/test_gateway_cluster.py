@@ -46,6 +46,7 @@ from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import connect
 from aenv.cluster.volumes import VolumePlaces
 from aenv.config import Paths
+from aenv.ids import TEAM_ID
 from aenv.orchestrator.images import prepare_images
 from tests.cluster.cluster_ns import GATEWAY_PORT, Cluster, Gateway, cluster
 from tests.cluster.shared import SECRET
@@ -374,7 +375,7 @@ async def volumes_stay(c: Cluster, client: aioredis.Redis) -> None:
         second.wait_ready()
         wrote = sdk(c, "write", "cluster-data", "kept-on-its-node", script=VOLUMES)
         assert wrote["read"] == "kept-on-its-node\n"
-        place = await VolumePlaces(client).find("cluster-data")
+        place = await VolumePlaces(client).find("cluster-data", TEAM_ID)
         assert place is not None and place.volume_id == wrote["volume"]
         read = sdk(c, "read", "cluster-data", script=VOLUMES, gateway=second)
         assert read["read"] == "kept-on-its-node\n"
@@ -382,7 +383,7 @@ async def volumes_stay(c: Cluster, client: aioredis.Redis) -> None:
         assert [await routes.lookup(s) for s in (wrote["id"], read["id"])] == [place.node_id] * 2
         gone = sdk(c, "destroy", place.volume_id, wrote["id"], read["id"], script=VOLUMES)
         assert gone == {"killed": [True, True], "destroyed": True}
-        assert await VolumePlaces(client).find("cluster-data") is None
+        assert await VolumePlaces(client).find("cluster-data", TEAM_ID) is None
     finally:
         second.stop()
 

@@ -369,3 +369,38 @@ async def test_a_teams_limit_holds_across_keys_gateways_and_nodes(
         made.append(again.json()["sandboxID"])
         for sandbox in made:
             assert (await b1.delete(f"/sandboxes/{sandbox}")).status_code == 204
+
+
+async def test_volume_names_are_each_teams_own(cluster: Cluster) -> None:
+    one, two = cluster.gateways
+    async with (
+        httpx.AsyncClient(base_url=one, headers={"X-API-Key": cluster.key_a}, timeout=60) as a,
+        httpx.AsyncClient(base_url=two, headers={"X-API-Key": cluster.key_b}, timeout=60) as b,
+    ):
+        mine = await a.post("/volumes", json={"name": "data"})
+        assert mine.status_code == 201, mine.text
+        # The same name in another team is not taken, and says nothing of A's.
+        theirs = await b.post("/volumes", json={"name": "data"})
+        assert theirs.status_code == 201, theirs.text
+        taken = await b.post("/volumes", json={"name": "data"})
+        assert taken.status_code == 400, taken.text
+        ids = {"a": mine.json()["volumeID"], "b": theirs.json()["volumeID"]}
+        assert [v["volumeID"] for v in (await a.get("/volumes")).json()] == [ids["a"]]
+        assert [v["volumeID"] for v in (await b.get("/volumes")).json()] == [ids["b"]]
+        assert (await a.get("/volumes/data")).json()["volumeID"] == ids["a"]
+        assert (await b.get("/volumes/data")).json()["volumeID"] == ids["b"]
+        assert (await b.get(f"/volumes/{ids['a']}")).status_code == 404
+        assert (await a.delete(f"/volumes/{ids['b']}")).status_code == 404
+        # A create mounting `data` mounts the caller's own.
+        mount = {"templateID": "base", "volumeMounts": [{"name": "data", "path": "/mnt"}]}
+        made = await b.post("/v2/sandboxes", json=mount)
+        assert made.status_code == 201, made.text
+        sandbox = made.json()["sandboxID"]
+        info = (await b.get(f"/sandboxes/{sandbox}")).json()
+        assert info["volumeMounts"] == [{"name": "data", "path": "/mnt"}]
+        assert (await b.delete(f"/sandboxes/{sandbox}")).status_code == 204
+        # Each deletes its own by name; the other's stays.
+        assert (await b.delete("/volumes/data")).status_code == 204
+        assert (await a.get("/volumes/data")).json()["volumeID"] == ids["a"]
+        assert (await b.get("/volumes/data")).status_code == 404
+        assert (await a.delete("/volumes/data")).status_code == 204

@@ -1,10 +1,12 @@
 """Where volumes live: volume id -> the node whose disk holds its files, and names -> ids.
 
 A volume's files are one node's (a directory shared into its guests over virtio-9p), so its
-calls and the sandboxes that mount it go to that node. Names are unique across the cluster: a
-gateway reserves the name (`HSETNX`, value "") before a node creates the volume, and records
-the id once it has. The node stays the source of truth: a record lost with a Redis wipe is
-found again by asking the live nodes (`aenv.gateway.volumes`).
+calls and the sandboxes that mount it go to that node. Names are unique per team, as on a node:
+a gateway reserves the team's name (`HSETNX`, value "") before a node creates the volume, and
+records the id once it has. The names hash holds a default-team volume under its name, as
+before teams (so older gateways still find them), and another team's under `<team>/<name>`
+(`/` is in no volume name, so the two never meet). The node stays the source of truth: a
+record lost with a Redis wipe is found again by asking the live nodes (`aenv.gateway.volumes`).
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from typing import cast
 import redis.asyncio as aioredis
 
 from aenv.cluster.store import Keys, guarded
+from aenv.ids import TEAM_ID
 
 
 @dataclass(frozen=True)
@@ -24,6 +27,12 @@ class VolumePlace:
     volume_id: str
     name: str
     node_id: str
+    team_id: str = TEAM_ID
+
+
+def _named(team_id: str, name: str) -> str:
+    """The field of the team's volume `name` in the names hash."""
+    return name if team_id == TEAM_ID else f"{team_id}/{name}"
 
 
 class VolumePlaces:
@@ -31,40 +40,44 @@ class VolumePlaces:
         self.client = client
         self.keys = keys or Keys()
 
-    async def reserve(self, name: str) -> bool:
-        """Claims `name` for a volume about to be created; False when it is taken."""
+    async def reserve(self, team_id: str, name: str) -> bool:
+        """Claims the team's `name` for a volume about to be created; False when it is taken."""
         async with guarded(self.client, f"reserving volume name {name}"):
-            taken = await self.client.hsetnx(self.keys.volume_names, name, "")
+            taken = await self.client.hsetnx(self.keys.volume_names, _named(team_id, name), "")
         return bool(taken)
 
-    async def unreserve(self, name: str) -> None:
+    async def unreserve(self, team_id: str, name: str) -> None:
         """Gives up a reservation whose create failed (a recorded name is left alone)."""
+        field = _named(team_id, name)
         async with guarded(self.client, f"releasing volume name {name}"):
             current = await cast(
-                "Awaitable[str | None]", self.client.hget(self.keys.volume_names, name)
+                "Awaitable[str | None]", self.client.hget(self.keys.volume_names, field)
             )
             if current == "":
-                await self.client.hdel(self.keys.volume_names, name)
+                await self.client.hdel(self.keys.volume_names, field)
 
-    async def record(self, volume_id: str, name: str, node_id: str) -> None:
-        doing = f"recording volume {volume_id}"
+    async def record(self, place: VolumePlace) -> None:
+        doing = f"recording volume {place.volume_id}"
+        where = {"node": place.node_id, "name": place.name, "team": place.team_id}
         async with guarded(self.client, doing), self.client.pipeline(transaction=True) as pipe:
-            pipe.set(self.keys.volume(volume_id), json.dumps({"node": node_id, "name": name}))
-            pipe.hset(self.keys.volume_names, name, volume_id)
+            pipe.set(self.keys.volume(place.volume_id), json.dumps(where))
+            pipe.hset(self.keys.volume_names, _named(place.team_id, place.name), place.volume_id)
             await pipe.execute()
 
-    async def forget(self, volume_id: str, name: str) -> None:
-        doing = f"forgetting volume {volume_id}"
+    async def forget(self, place: VolumePlace) -> None:
+        doing = f"forgetting volume {place.volume_id}"
         async with guarded(self.client, doing), self.client.pipeline(transaction=True) as pipe:
-            pipe.delete(self.keys.volume(volume_id))
-            pipe.hdel(self.keys.volume_names, name)
+            pipe.delete(self.keys.volume(place.volume_id))
+            pipe.hdel(self.keys.volume_names, _named(place.team_id, place.name))
             await pipe.execute()
 
-    async def find(self, ref: str) -> VolumePlace | None:
-        """The volume named or with the id `ref`, where it lives; None when not recorded."""
+    async def find(self, ref: str, team_id: str | None) -> VolumePlace | None:
+        """The volume named (by `team_id`; the default team's for None) or with the id `ref`,
+        where it lives; None when not recorded, or another team's."""
         async with guarded(self.client, f"finding volume {ref}"):
             volume_id = await cast(
-                "Awaitable[str | None]", self.client.hget(self.keys.volume_names, ref)
+                "Awaitable[str | None]",
+                self.client.hget(self.keys.volume_names, _named(team_id or TEAM_ID, ref)),
             )
             volume_id = volume_id or ref
             found = await cast(
@@ -73,4 +86,7 @@ class VolumePlaces:
         if found is None:
             return None
         place = json.loads(found)
-        return VolumePlace(volume_id, place["name"], place["node"])
+        team = place.get("team", TEAM_ID)  # recorded before teams: the default team's
+        if team_id is not None and team != team_id:
+            return None
+        return VolumePlace(volume_id, place["name"], place["node"], team)

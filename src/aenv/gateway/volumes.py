@@ -1,9 +1,10 @@
 """Volumes through a gateway: each volume lives on the node whose disk holds its files, and
 everything about it goes there (`aenv.cluster.volumes` records where).
 
-- `POST /volumes` reserves the name cluster-wide, then is placed like a create (a live node
-  that is not draining, by load; one that refuses or cannot be reached is skipped); the node
-  that made it is recorded. `GET /volumes` merges every live node's volumes.
+- `POST /volumes` reserves the name in the caller's team across the cluster, then is placed
+  like a create (a live node that is not draining, by load; one that refuses or cannot be
+  reached is skipped); the node that made it is recorded. `GET /volumes` merges every live
+  node's volumes.
 - `GET`/`DELETE /volumes/{id}` and the content API (`/volumecontent/{id}/...`, which the
   volume's token authorises: the node checks it) go to the volume's node; bodies stream both
   ways. A volume of a node that is gone is a 503 naming the node.
@@ -27,6 +28,7 @@ from starlette.routing import Route
 
 from aenv.api.errors import APIError, not_found
 from aenv.api.internal_models import Refusal
+from aenv.api.scope import team_of
 from aenv.cluster.registry import NodeReport
 from aenv.cluster.volumes import VolumePlace
 from aenv.gateway.nodes import Answer, NodeCalls, NodeUnreachable, answer_headers, message
@@ -61,7 +63,8 @@ class VolumeRoutes:
     async def create_volume(self, request: Request) -> Response:
         body = await request.body()
         name = _field(body, "name")
-        if name and not await self.directory.volumes.reserve(name):
+        team = team_of(request)
+        if name and not await self.directory.volumes.reserve(team, name):
             raise APIError(400, f"a volume named '{name}' already exists")
         made = False
         try:
@@ -69,13 +72,13 @@ class VolumeRoutes:
             if answer.status == 201:
                 volume = json.loads(answer.body)
                 await self.directory.volumes.record(
-                    volume["volumeID"], volume["name"], node.node_id
+                    VolumePlace(volume["volumeID"], volume["name"], node.node_id, team)
                 )
                 made = True
             return passed(answer)
         finally:
             if name and not made:
-                await self.directory.volumes.unreserve(name)
+                await self.directory.volumes.unreserve(team, name)
 
     async def info(self, request: Request) -> Response:
         place, node = await self._located(request, request.path_params["volume_id"])
@@ -85,13 +88,14 @@ class VolumeRoutes:
         place, node = await self._located(request, request.path_params["volume_id"])
         answer = await self._on(request, place, node, b"")
         if answer.status in (204, 404):
-            await self.directory.volumes.forget(place.volume_id, place.name)
+            await self.directory.volumes.forget(place)
         return passed(answer)
 
     async def content(self, request: Request) -> Response:
         """Streamed both ways; the node checks the volume's token, so none is needed here."""
         ref = request.path_params["volume_id"]
-        place = await self.directory.volumes.find(ref)
+        # No key here: the volume's token names it, by its id (or a default-team name).
+        place = await self.directory.volumes.find(ref, None)
         if place is None:
             # As a node answers for a volume it does not have: nothing said about which exist.
             raise APIError(401, "a valid volume token is required: Authorization: Bearer")
@@ -152,8 +156,9 @@ class VolumeRoutes:
 
     async def _locate(self, request: Request, ref: str) -> VolumePlace | None:
         """Where the volume (by id or name) lives: from Redis, else from the live nodes' lists
-        (then recorded again)."""
-        place = await self.directory.volumes.find(ref)
+        (then recorded again). Only the caller's team's."""
+        team = team_of(request)
+        place = await self.directory.volumes.find(ref, team)
         if place is not None:
             return place
         nodes = await self.directory.live()
@@ -163,10 +168,9 @@ class VolumeRoutes:
                 continue
             for volume in json.loads(answer.body):
                 if ref in (volume["volumeID"], volume["name"]):
-                    await self.directory.volumes.record(
-                        volume["volumeID"], volume["name"], node.node_id
-                    )
-                    return VolumePlace(volume["volumeID"], volume["name"], node.node_id)
+                    place = VolumePlace(volume["volumeID"], volume["name"], node.node_id, team)
+                    await self.directory.volumes.record(place)
+                    return place
         return None
 
     async def _node(self, place: VolumePlace) -> NodeReport:
