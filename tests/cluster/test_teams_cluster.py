@@ -7,6 +7,7 @@ of its lists, and the public template is every team's. Plain HTTP and the offici
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import subprocess
 import sys
@@ -26,6 +27,8 @@ from e2b.exceptions import NotFoundException
 from aenv.cluster.directory import Directory
 from aenv.cluster.keys import ClusterKeys
 from aenv.cluster.registry import NodeRegistry
+from aenv.cluster.saved import SavedRecord, SavedRecords
+from aenv.cluster.store import Keys
 from aenv.cluster.teams import ClusterTeams
 from aenv.ids import TEAM_ID
 from tests.cluster.shared import SECRET
@@ -404,3 +407,58 @@ async def test_volume_names_are_each_teams_own(cluster: Cluster) -> None:
         assert (await a.get("/volumes/data")).json()["volumeID"] == ids["a"]
         assert (await b.get("/volumes/data")).status_code == 404
         assert (await a.delete("/volumes/data")).status_code == 204
+
+
+async def test_snapshot_names_are_each_teams_own(cluster: Cluster) -> None:
+    one, two = cluster.gateways
+    async with (
+        httpx.AsyncClient(base_url=one, headers={"X-API-Key": cluster.key_a}, timeout=60) as a,
+        httpx.AsyncClient(base_url=two, headers={"X-API-Key": cluster.key_b}, timeout=60) as b,
+    ):
+        snapshots, sandboxes = {}, []
+        for team, http in (("a", a), ("b", b)):
+            made = await http.post("/v2/sandboxes", json={"templateID": "base"})
+            assert made.status_code == 201, made.text
+            sandboxes.append((http, made.json()["sandboxID"]))
+            snap = await http.post(
+                f"/sandboxes/{sandboxes[-1][1]}/snapshots", json={"name": "snap"}
+            )
+            assert snap.status_code == 201, snap.text
+            snapshots[team] = snap.json()["snapshotID"]
+        assert snapshots["a"] != snapshots["b"]
+        # Each team's `snap` is its own, by name, whichever node holds it.
+        for team, http in (("a", a), ("b", b)):
+            listed = (await http.get("/snapshots")).json()
+            assert [s["snapshotID"] for s in listed] == [snapshots[team]]
+            assert (await http.get("/templates/snap")).json()["templateID"] == snapshots[team]
+        for http, sandbox in sandboxes:
+            assert (await http.delete(f"/sandboxes/{sandbox}")).status_code == 204
+        # B withdraws its own; A's stays found by its name.
+        assert (await b.delete("/templates/snap")).status_code == 204
+        assert (await a.get("/templates/snap")).json()["templateID"] == snapshots["a"]
+        assert (await b.get("/templates/snap")).status_code == 404
+        assert (await a.delete("/templates/snap")).status_code == 204
+
+
+async def test_published_names_are_found_by_their_own_team(client: aioredis.Redis) -> None:
+    """What the gateways find a published snapshot by (these nodes publish none: they have no
+    repository), in the real Redis."""
+    saved = SavedRecords(client)
+
+    def record(template_id: str, team: str) -> SavedRecord:
+        raw = {"template_id": template_id, "aliases": ["snap"], "team_id": team}
+        return SavedRecord.of(json.dumps(raw))
+
+    await saved.publish(record("t-a", TEAM_ID))
+    await saved.publish(record("t-b", BETA))
+    # The default team's stays where a gateway from before teams reads it.
+    assert await client.hget(Keys().saved_names, "snap") == "t-a"
+    for team, wanted in ((TEAM_ID, "t-a"), (BETA, "t-b"), ("gamma", "t-a")):
+        found = await saved.find("snap:latest", team)
+        assert found is not None and found.template_id == wanted, team
+    await saved.withdraw("t-a", ("snap",), TEAM_ID)
+    found = await saved.find("snap", BETA)
+    assert found is not None and found.template_id == "t-b"
+    assert await saved.find("snap", TEAM_ID) is None
+    await saved.withdraw("t-b", ("snap",), BETA)
+    assert await client.hlen(Keys().saved_names) == 0

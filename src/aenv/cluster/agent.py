@@ -309,7 +309,7 @@ class NodeAgent:
     async def _write_saved(self, saved: Mapping[str, str]) -> None:
         for template_id in self._saved.keys() - saved.keys():
             gone = SavedRecord.of(self._saved[template_id])
-            await self.saved.withdraw(template_id, gone.names)
+            await self.saved.withdraw(template_id, gone.names, gone.team_id)
         for template_id, record in saved.items():
             if self._saved.get(template_id) != record:
                 await self.saved.publish(SavedRecord.of(record))

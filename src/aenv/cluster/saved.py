@@ -5,7 +5,8 @@ A node publishes each snapshot or built template whose copy reached the reposito
 every heartbeat) and withdraws it when it deletes it. The record outlives its node: a gateway
 placing a create from one on a node that lacks it has the node adopt the record first
 (`api.handoff.ADOPT_TEMPLATE`), and the node pulls the files. Names map to ids in a second hash,
-so a create may name a snapshot as E2B allows.
+so a create may name a snapshot as E2B allows; names are the team's (`store.team_field`), so
+two teams' snapshots of one name each stay found by their own team.
 
 A published record is the template's record with its tags (`tags.with_tags`), so a node
 adopting it later, or a gateway once its nodes are gone, knows the tags its holders gave it.
@@ -20,7 +21,8 @@ from typing import cast
 
 import redis.asyncio as aioredis
 
-from aenv.cluster.store import Keys, guarded
+from aenv.cluster.store import Keys, guarded, team_field
+from aenv.ids import TEAM_ID
 from aenv.orchestrator.tags import with_tags, without_tags
 
 
@@ -34,6 +36,7 @@ class SavedRecord:
     kind: str = "snapshot"  # `aenv.orchestrator.kinds.TemplateKind`
     build_id: str = ""
     tags: Mapping[str, str] = field(default_factory=dict)  # tag -> build id
+    team_id: str = TEAM_ID
 
     @classmethod
     def of(cls, published: str) -> SavedRecord:
@@ -48,6 +51,7 @@ class SavedRecord:
             str(raw.get("kind", "snapshot")),
             str(raw.get("build_id", "")),
             tags,
+            str(raw.get("team_id", TEAM_ID)),
         )
 
     @property
@@ -66,26 +70,34 @@ class SavedRecords:
         async with guarded(self.client, doing), self.client.pipeline(transaction=True) as pipe:
             pipe.hset(self.keys.saved, record.template_id, record.published)
             for name in record.names:
-                pipe.hset(self.keys.saved_names, name, record.template_id)
+                pipe.hset(
+                    self.keys.saved_names, team_field(record.team_id, name), record.template_id
+                )
             await pipe.execute()
 
-    async def withdraw(self, template_id: str, names: tuple[str, ...] = ()) -> None:
+    async def withdraw(
+        self, template_id: str, names: tuple[str, ...] = (), team_id: str = TEAM_ID
+    ) -> None:
         doing = f"withdrawing snapshot {template_id}"
         async with guarded(self.client, doing), self.client.pipeline(transaction=True) as pipe:
             pipe.hdel(self.keys.saved, template_id)
             if names:
-                pipe.hdel(self.keys.saved_names, *names)
+                pipe.hdel(self.keys.saved_names, *(team_field(team_id, n) for n in names))
             await pipe.execute()
 
-    async def find(self, ref: str) -> SavedRecord | None:
-        """By id, or by name (`name:tag` as a create may give it)."""
+    async def find(self, ref: str, team_id: str = TEAM_ID) -> SavedRecord | None:
+        """By id, or by name (`name:tag` as a create may give it): `team_id`'s, else the
+        default team's (the node's public templates are)."""
         name = ref.split(":", 1)[0]
         async with guarded(self.client, f"reading snapshot {ref}"):
             record = await cast("Awaitable[str | None]", self.client.hget(self.keys.saved, name))
             if record is None:
-                template_id = await cast(
-                    "Awaitable[str | None]", self.client.hget(self.keys.saved_names, name)
-                )
+                template_id = None
+                for team in dict.fromkeys((team_id, TEAM_ID)):
+                    template_id = template_id or await cast(
+                        "Awaitable[str | None]",
+                        self.client.hget(self.keys.saved_names, team_field(team, name)),
+                    )
                 if template_id is None:
                     return None
                 record = await cast(

@@ -18,6 +18,8 @@ from redis import exceptions
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 
+from aenv.ids import TEAM_ID
+
 # What Redis raises when it cannot answer now (down, failing over, loading its data set), as
 # opposed to a bug in a command, which propagates as is.
 UNAVAILABLE = (
@@ -191,6 +193,13 @@ class Keys:
 # default pool refuses the 101st concurrent command outright ("Too many connections"), which a
 # burst of 200 creates through one gateway reached.
 POOL_SIZE = 64
+
+
+def team_field(team_id: str, name: str) -> str:
+    """The field of the team's `name` in a hash of names (volumes', snapshots'): the name alone
+    for the default team, as before teams (so older gateways still find them), else
+    `<team>/<name>`; team ids are random, so the two never meet."""
+    return name if team_id == TEAM_ID else f"{team_id}/{name}"
 
 
 def connect(url: str, timeout: float = 2.0) -> aioredis.Redis:

@@ -18,7 +18,7 @@ from typing import cast
 
 import redis.asyncio as aioredis
 
-from aenv.cluster.store import Keys, guarded
+from aenv.cluster.store import Keys, guarded, team_field
 from aenv.ids import TEAM_ID
 
 
@@ -30,11 +30,6 @@ class VolumePlace:
     team_id: str = TEAM_ID
 
 
-def _named(team_id: str, name: str) -> str:
-    """The field of the team's volume `name` in the names hash."""
-    return name if team_id == TEAM_ID else f"{team_id}/{name}"
-
-
 class VolumePlaces:
     def __init__(self, client: aioredis.Redis, keys: Keys | None = None) -> None:
         self.client = client
@@ -43,12 +38,12 @@ class VolumePlaces:
     async def reserve(self, team_id: str, name: str) -> bool:
         """Claims the team's `name` for a volume about to be created; False when it is taken."""
         async with guarded(self.client, f"reserving volume name {name}"):
-            taken = await self.client.hsetnx(self.keys.volume_names, _named(team_id, name), "")
+            taken = await self.client.hsetnx(self.keys.volume_names, team_field(team_id, name), "")
         return bool(taken)
 
     async def unreserve(self, team_id: str, name: str) -> None:
         """Gives up a reservation whose create failed (a recorded name is left alone)."""
-        field = _named(team_id, name)
+        field = team_field(team_id, name)
         async with guarded(self.client, f"releasing volume name {name}"):
             current = await cast(
                 "Awaitable[str | None]", self.client.hget(self.keys.volume_names, field)
@@ -61,14 +56,16 @@ class VolumePlaces:
         where = {"node": place.node_id, "name": place.name, "team": place.team_id}
         async with guarded(self.client, doing), self.client.pipeline(transaction=True) as pipe:
             pipe.set(self.keys.volume(place.volume_id), json.dumps(where))
-            pipe.hset(self.keys.volume_names, _named(place.team_id, place.name), place.volume_id)
+            pipe.hset(
+                self.keys.volume_names, team_field(place.team_id, place.name), place.volume_id
+            )
             await pipe.execute()
 
     async def forget(self, place: VolumePlace) -> None:
         doing = f"forgetting volume {place.volume_id}"
         async with guarded(self.client, doing), self.client.pipeline(transaction=True) as pipe:
             pipe.delete(self.keys.volume(place.volume_id))
-            pipe.hdel(self.keys.volume_names, _named(place.team_id, place.name))
+            pipe.hdel(self.keys.volume_names, team_field(place.team_id, place.name))
             await pipe.execute()
 
     async def find(self, ref: str, team_id: str | None) -> VolumePlace | None:
@@ -77,7 +74,7 @@ class VolumePlaces:
         async with guarded(self.client, f"finding volume {ref}"):
             volume_id = await cast(
                 "Awaitable[str | None]",
-                self.client.hget(self.keys.volume_names, _named(team_id or TEAM_ID, ref)),
+                self.client.hget(self.keys.volume_names, team_field(team_id or TEAM_ID, ref)),
             )
             volume_id = volume_id or ref
             found = await cast(

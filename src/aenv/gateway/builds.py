@@ -34,6 +34,7 @@ from starlette.routing import Route
 
 from aenv.api.errors import APIError
 from aenv.api.internal import caller_of
+from aenv.api.scope import team_of
 from aenv.cluster.holders import FileKind, FileRef
 from aenv.cluster.registry import NodeReport
 from aenv.gateway.nodes import Answer, NodeCalls, NodeFailed, NodeUnreachable
@@ -62,7 +63,7 @@ class BuildRoutes:
     async def request(self, request: Request) -> Response:
         body = await request.body()
         name = _name_of(body)
-        saved = await self.directory.saved.find(name) if name else None
+        saved = await self.directory.saved.find(name, team_of(request)) if name else None
         holders = await self.directory.file_holders(saved.template_id) if saved else set()
         node, answer = await self.control.first_taker(
             request, target_of(request), body, "the build", saved, holders

@@ -199,7 +199,7 @@ class ControlPlane:
         frees there) and the others, after it, get an immediate try. The gateway has no
         signal of room freeing across nodes short of polling their heartbeats."""
         ref = _template_of(body)
-        saved = await self.directory.saved.find(ref) if ref else None
+        saved = await self.directory.saved.find(ref, team_of(request)) if ref else None
         holders = await self.directory.file_holders(saved.template_id if saved else ref)
         # A node without the files of a template others hold does not know it yet (a
         # snapshot not in the repository yet): its 404 is a refusal, not the answer.

@@ -137,7 +137,7 @@ class SavedRoutes:
         answer = await self.first_answer(request)
         if answer is not None and answer.refusal is not Refusal.NOT_HERE:
             return passed(answer)
-        record = await self.directory.saved.find(ref)
+        record = await self.directory.saved.find(ref, team_of(request))
         published = None if record is None else template_from_json(record.record)
         if published is None or not published.visible_to(team_of(request)):
             return passed(known(answer))
@@ -160,11 +160,11 @@ class SavedRoutes:
         for answer in answers:
             if answer.refusal not in (None, Refusal.NOT_HERE):
                 return passed(answer)
-        record = await self.directory.saved.find(ref)
+        record = await self.directory.saved.find(ref, team_of(request))
         if record is not None and _owner(record) != team_of(request):
             record = None  # another team's: not this caller's to withdraw
         if record is not None:
-            await self.directory.saved.withdraw(record.template_id, record.names)
+            await self.directory.saved.withdraw(record.template_id, record.names, record.team_id)
         if record is None and all(a.refusal is Refusal.NOT_HERE for a in answers):
             raise not_found(f"template '{ref}'")
         return Response(status_code=204)
@@ -186,7 +186,9 @@ class SavedRoutes:
                 continue
             if record.template_id in ids or matching([published], wanted):
                 ids.add(record.template_id)
-                await self.directory.saved.withdraw(record.template_id, record.names)
+                await self.directory.saved.withdraw(
+                    record.template_id, record.names, record.team_id
+                )
         return JSONResponse({"snapshots": [{"snapshotID": i} for i in sorted(ids)]})
 
     async def _node_snapshots(
