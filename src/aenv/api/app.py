@@ -37,7 +37,7 @@ from aenv.api.requests import check_query
 from aenv.api.reset import ResetRoutes
 from aenv.api.sandboxes import SandboxRoutes
 from aenv.api.scope import TeamScope
-from aenv.api.secrets import SecretRoutes
+from aenv.api.secrets import NodeSecrets, SecretRoutes
 from aenv.api.snapshots import SnapshotRoutes
 from aenv.api.teams import TeamRoutes
 from aenv.api.templates import TemplateRoutes
@@ -180,7 +180,7 @@ def create_api(
         *VolumeRoutes(orchestrator).routes(),
         *EventRoutes(orchestrator.events).routes(),
         *WebhookRoutes(orchestrator.webhooks).routes(),
-        *SecretRoutes(orchestrator.secrets).routes(),
+        *SecretRoutes(NodeSecrets(orchestrator.secrets)).routes(),
         *TeamRoutes(
             teams.name_of, TeamMetrics(orchestrator.catalog), config.events_retention_days * 86400
         ).routes(),

@@ -2,11 +2,15 @@
 delete), scoped to the caller's team. A secret is named by its id or its name in any case.
 
 No response carries a value: a secret's value leaves the node only in the requests the
-egress proxy sends for a header rule naming it (`network.header_rules`)."""
+egress proxy sends for a header rule naming it (`network.header_rules`).
+
+The same routes serve a node, over its store (`orchestrator.secrets`, behind `NodeSecrets`),
+and a gateway, over the cluster's set in Redis (`cluster.secrets`): both are `Secrets`."""
 
 from __future__ import annotations
 
-from typing import Any
+import builtins
+from typing import Any, Protocol
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
@@ -55,8 +59,54 @@ async def new_secret(request: Request) -> NewSecret:
     return body
 
 
-class SecretRoutes:
+class Secrets(Protocol):
+    """A team's secrets as the routes use them; `ref` is a secret's id or its name in any
+    case. `create` raises SecretNameTaken, and nothing is stored then; a store's own failures
+    (a cluster's `ConflictingWrites`) are the app's exception handlers' to answer."""
+
+    async def list(self, team_id: str) -> builtins.list[SecretRecord]: ...
+
+    async def create(
+        self, team_id: str, name: str, value: str, metadata: dict[str, str]
+    ) -> SecretRecord: ...
+
+    async def get(self, team_id: str, ref: str) -> SecretRecord | None: ...
+
+    async def update(
+        self, team_id: str, ref: str, value: str, metadata: dict[str, str] | None
+    ) -> SecretRecord | None: ...
+
+    async def delete(self, team_id: str, ref: str) -> bool: ...
+
+
+class NodeSecrets:
+    """A node's store as `Secrets`: its calls are short SQLite transactions, made in place."""
+
     def __init__(self, store: SecretStore) -> None:
+        self.store = store
+
+    async def list(self, team_id: str) -> builtins.list[SecretRecord]:
+        return self.store.list(team_id)
+
+    async def create(
+        self, team_id: str, name: str, value: str, metadata: dict[str, str]
+    ) -> SecretRecord:
+        return self.store.create(team_id, name, value, metadata)
+
+    async def get(self, team_id: str, ref: str) -> SecretRecord | None:
+        return self.store.get(team_id, ref)
+
+    async def update(
+        self, team_id: str, ref: str, value: str, metadata: dict[str, str] | None
+    ) -> SecretRecord | None:
+        return self.store.update(team_id, ref, value, metadata)
+
+    async def delete(self, team_id: str, ref: str) -> bool:
+        return self.store.delete(team_id, ref)
+
+
+class SecretRoutes:
+    def __init__(self, store: Secrets) -> None:
         self.store = store
 
     def routes(self) -> list[Route]:
@@ -71,13 +121,15 @@ class SecretRoutes:
 
     async def list(self, request: Request) -> Response:
         check_query(request, {"limit", "nextToken"})
-        return page(request, self.store.list(team_of(request)))
+        return page(request, await self.store.list(team_of(request)))
 
     async def create(self, request: Request) -> Response:
         check_query(request)
         body = await new_secret(request)
         try:
-            secret = self.store.create(team_of(request), body.name, body.value, body.metadata or {})
+            secret = await self.store.create(
+                team_of(request), body.name, body.value, body.metadata or {}
+            )
         except SecretNameTaken as e:
             raise APIError(409, str(e)) from e
         return JSONResponse(secret_json(secret), status_code=201)
@@ -85,7 +137,7 @@ class SecretRoutes:
     async def get(self, request: Request) -> Response:
         check_query(request)
         ref = request.path_params["secret_id"]
-        secret = self.store.get(team_of(request), ref)
+        secret = await self.store.get(team_of(request), ref)
         if secret is None:
             raise not_found(f"secret '{ref}'")
         return JSONResponse(secret_json(secret))
@@ -94,7 +146,7 @@ class SecretRoutes:
         check_query(request)
         ref = request.path_params["secret_id"]
         body = await parse_body(request, SecretUpdate)
-        secret = self.store.update(team_of(request), ref, body.value, body.metadata)
+        secret = await self.store.update(team_of(request), ref, body.value, body.metadata)
         if secret is None:
             raise not_found(f"secret '{ref}'")
         return JSONResponse(secret_json(secret))
@@ -102,6 +154,6 @@ class SecretRoutes:
     async def delete(self, request: Request) -> Response:
         check_query(request)
         ref = request.path_params["secret_id"]
-        if not self.store.delete(team_of(request), ref):
+        if not await self.store.delete(team_of(request), ref):
             raise not_found(f"secret '{ref}'")
         return Response(status_code=204)

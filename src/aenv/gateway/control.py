@@ -57,12 +57,14 @@ from aenv.api.queue import client_gone, until_gone, wait_of
 from aenv.api.requests import check_query
 from aenv.api.sandboxes import batch_metrics_ids
 from aenv.api.scope import team_of
+from aenv.api.secrets import SecretRoutes
 from aenv.cluster.directory import Directory
 from aenv.cluster.internal import CLUSTER_CALLER
 from aenv.cluster.placement import candidates
 from aenv.cluster.quota import KeyLimitReached, team_owner
 from aenv.cluster.registry import NodeReport
 from aenv.cluster.saved import SavedRecord
+from aenv.cluster.secrets import ClusterSecrets, ConflictingWrites
 from aenv.cluster.store import ClusterUnavailable
 from aenv.config import Config
 from aenv.gateway.builds import BuildRoutes
@@ -73,7 +75,6 @@ from aenv.gateway.key_slots import KeySlots
 from aenv.gateway.listing import merge, page_limit
 from aenv.gateway.nodes import Answer, NodeClient, NodeFailed, NodeUnreachable, message
 from aenv.gateway.saved import SavedRoutes
-from aenv.gateway.secrets import SecretRoutes
 from aenv.gateway.tags import TagRoutes
 from aenv.gateway.team_metrics import TeamMetricRoutes
 from aenv.gateway.volumes import VolumeRoutes
@@ -132,7 +133,11 @@ class ControlPlane:
             *EventRoutes(self.directory, self.call_on).routes(),
             *TeamMetricRoutes(self.directory, self.call_on).routes(),
             *WebhookRoutes(self.directory, self.call_on).routes(),
-            *SecretRoutes(self.directory).routes(),
+            *SecretRoutes(
+                ClusterSecrets(
+                    self.directory.client, self.directory.secret, self.directory.registry.keys
+                )
+            ).routes(),
             Route("/{rest:path}", self.not_served, methods=_SANDBOX_METHODS),
         ]
 
@@ -499,7 +504,15 @@ async def unavailable(_: Request, exc: Exception) -> Response:
     return APIError(503, f"the cluster is unavailable: {exc}").response()
 
 
-EXCEPTION_HANDLERS = {_Passed: passed, ClusterUnavailable: unavailable}
+async def conflicting(_: Request, exc: Exception) -> Response:
+    return APIError(409, str(exc)).response()
+
+
+EXCEPTION_HANDLERS = {
+    _Passed: passed,
+    ClusterUnavailable: unavailable,
+    ConflictingWrites: conflicting,
+}
 
 
 def _respond(answer: Answer) -> Response:
