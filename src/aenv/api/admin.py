@@ -33,19 +33,19 @@ import os
 import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import cast
+from typing import Protocol, cast
 
 from pydantic import BaseModel, ConfigDict
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from aenv.api.api_keys import KeyName, Name, team_api_key
+from aenv.api.api_keys import Name, create_key, revoke_key
 from aenv.api.errors import APIError, not_found
 from aenv.api.extensions import ADMIN_HEADER
 from aenv.api.extensions import ADMIN_TEAMS as TEAMS
 from aenv.api.internal import by_operator
-from aenv.api.keys import KeyStore, LastKey
+from aenv.api.keys import KeyStore, LocalKeys
 from aenv.api.requests import check_query, parse_body
 from aenv.api.sandboxes import rfc3339
 from aenv.orchestrator.builds import Builder
@@ -93,6 +93,47 @@ def team_json(team: Team) -> dict[str, str]:
     return {"teamID": team.id, "name": team.name, "createdAt": rfc3339(team.created_at)}
 
 
+class AdminEndpoints(Protocol):
+    """The operator's routes, as a node (here) or a gateway (`gateway.admin`) answers them."""
+
+    async def list_teams(self, request: Request) -> Response: ...
+    async def create_team(self, request: Request) -> Response: ...
+    async def delete_team(self, request: Request) -> Response: ...
+    async def create_key(self, request: Request) -> Response: ...
+    async def revoke_key(self, request: Request) -> Response: ...
+    async def kill_sandboxes(self, request: Request) -> Response: ...
+    async def cancel_builds(self, request: Request) -> Response: ...
+    async def running_counts(self, request: Request) -> Response: ...
+
+
+def admin_routes(endpoints: AdminEndpoints, check: Callable[[Request], None]) -> list[Route]:
+    """The operator's routes, each behind `check` (which raises unless the caller is the
+    operator)."""
+    team = "/admin/teams/{team_id}"
+    plain = [
+        Route(TEAMS, endpoints.list_teams, methods=["GET"]),
+        Route(TEAMS, endpoints.create_team, methods=["POST"]),
+        Route(TEAMS + "/{team_id}", endpoints.delete_team, methods=["DELETE"]),
+        Route(team + "/api-keys", endpoints.create_key, methods=["POST"]),
+        Route(team + "/api-keys/{api_key_id}", endpoints.revoke_key, methods=["DELETE"]),
+        Route(team + "/sandboxes/kill", endpoints.kill_sandboxes, methods=["POST"]),
+        Route(team + "/builds/cancel", endpoints.cancel_builds, methods=["POST"]),
+        Route("/admin/sandboxes/running-counts", endpoints.running_counts, methods=["GET"]),
+    ]
+    return [
+        Route(r.path, _checked(cast("Endpoint", r.endpoint), check), methods=r.methods)
+        for r in plain
+    ]
+
+
+def _checked(endpoint: Endpoint, check: Callable[[Request], None]) -> Endpoint:
+    async def checked(request: Request) -> Response:
+        check(request)
+        return await endpoint(request)
+
+    return functools.wraps(endpoint)(checked)
+
+
 class AdminRoutes:
     def __init__(
         self,
@@ -105,33 +146,16 @@ class AdminRoutes:
         self.orc = orchestrator
         self.builder = builder
         self.keys = keys
+        self.book = LocalKeys(keys)
         self.teams = teams
         self.digest = token_digest
 
     def routes(self) -> list[Route]:
-        team = "/admin/teams/{team_id}"
-        plain = [
-            Route(TEAMS, self.list_teams, methods=["GET"]),
-            Route(TEAMS, self.create_team, methods=["POST"]),
-            Route(TEAMS + "/{team_id}", self.delete_team, methods=["DELETE"]),
-            Route(team + "/api-keys", self.create_key, methods=["POST"]),
-            Route(team + "/api-keys/{api_key_id}", self.revoke_key, methods=["DELETE"]),
-            Route(team + "/sandboxes/kill", self.kill_sandboxes, methods=["POST"]),
-            Route(team + "/builds/cancel", self.cancel_builds, methods=["POST"]),
-            Route("/admin/sandboxes/running-counts", self.running_counts, methods=["GET"]),
-        ]
-        return [
-            Route(r.path, self._checked(cast("Endpoint", r.endpoint)), methods=r.methods)
-            for r in plain
-        ]
+        return admin_routes(self, self._check)
 
-    def _checked(self, endpoint: Endpoint) -> Endpoint:
-        async def checked(request: Request) -> Response:
-            if not by_operator(request.scope.get("state", {})):
-                check_admin_token(request, self.digest)
-            return await endpoint(request)
-
-        return functools.wraps(endpoint)(checked)
+    def _check(self, request: Request) -> None:
+        if not by_operator(request.scope.get("state", {})):
+            check_admin_token(request, self.digest)
 
     def _team(self, request: Request) -> Team:
         team_id = request.path_params["team_id"]
@@ -172,22 +196,12 @@ class AdminRoutes:
 
     async def create_key(self, request: Request) -> Response:
         check_query(request)
-        team = self._team(request)
-        body = await parse_body(request, KeyName)
-        key, value = self.keys.create(body.name, team.id)
-        return JSONResponse({**team_api_key(key), "key": value}, status_code=201)
+        return await create_key(request, self.book, self._team(request).id)
 
     async def revoke_key(self, request: Request) -> Response:
         check_query(request)
         team = self._team(request)
-        key_id = request.path_params["api_key_id"]
-        if not any(k.id == key_id and k.team_id == team.id for k in self.keys.list()):
-            raise not_found(f"API key '{key_id}'")
-        try:
-            self.keys.revoke(key_id)
-        except LastKey as e:
-            raise APIError(400, str(e)) from e
-        return Response(status_code=204)
+        return await revoke_key(self.book, request.path_params["api_key_id"], team.id)
 
     async def kill_sandboxes(self, request: Request) -> Response:
         """Every sandbox of the team, running or paused."""

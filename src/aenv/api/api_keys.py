@@ -60,6 +60,33 @@ def team_api_key(key: ApiKey) -> dict[str, Any]:
     }
 
 
+async def create_key(request: Request, keys: KeyBook, team_id: str) -> Response:
+    """A key of the team, named by the body (`NewTeamAPIKey`): 201 with its value, shown this
+    once. The `/api-keys` route and the operator's (`api.admin`, `gateway.admin`)."""
+    body = await parse_body(request, KeyName)
+    key, value = await keys.new(body.name, team_id)
+    return JSONResponse({**team_api_key(key), "key": value}, status_code=201)
+
+
+async def _check_team(keys: KeyBook, key_id: str, team_id: str) -> None:
+    """404 unless `key_id` is a key of the team: another team's keys are unknown ids."""
+    if not any(k.id == key_id and k.team_id == team_id for k in await keys.keys()):
+        raise not_found(f"API key '{key_id}'")
+
+
+async def revoke_key(keys: KeyBook, key_id: str, team_id: str) -> Response:
+    """Revokes the team's key `key_id`: 204; 404 for no such key of the team (or one revoked
+    meanwhile), 400 for the last key. The `/api-keys` route and the operator's."""
+    await _check_team(keys, key_id, team_id)
+    try:
+        await keys.revoke(key_id)
+    except KeyError as e:
+        raise not_found(f"API key '{key_id}'") from e
+    except LastKey as e:
+        raise APIError(400, str(e)) from e
+    return Response(status_code=204)
+
+
 class ApiKeyRoutes:
     def __init__(self, keys: KeyBook) -> None:
         self.keys = keys
@@ -80,22 +107,13 @@ class ApiKeyRoutes:
 
     async def create(self, request: Request) -> Response:
         check_query(request)
-        body = await parse_body(request, KeyName)
-        key, value = await self.keys.new(body.name, team_of(request))
-        return JSONResponse({**team_api_key(key), "key": value}, status_code=201)
-
-    async def _check_team(self, request: Request) -> str:
-        """The key the path names, when it is of the caller's team; 404 otherwise."""
-        key_id: str = request.path_params["api_key_id"]
-        team = team_of(request)
-        if not any(k.id == key_id and k.team_id == team for k in await self.keys.keys()):
-            raise not_found(f"API key '{key_id}'")
-        return key_id
+        return await create_key(request, self.keys, team_of(request))
 
     async def rename(self, request: Request) -> Response:
         check_query(request)
         body = await parse_body(request, KeyName)
-        key_id = await self._check_team(request)
+        key_id = request.path_params["api_key_id"]
+        await _check_team(self.keys, key_id, team_of(request))
         try:
             await self.keys.rename(key_id, body.name)
         except KeyError as e:
@@ -104,11 +122,4 @@ class ApiKeyRoutes:
 
     async def revoke(self, request: Request) -> Response:
         check_query(request)
-        key_id = await self._check_team(request)
-        try:
-            await self.keys.revoke(key_id)
-        except KeyError as e:
-            raise not_found(f"API key '{key_id}'") from e
-        except LastKey as e:
-            raise APIError(400, str(e)) from e
-        return Response(status_code=204)
+        return await revoke_key(self.keys, request.path_params["api_key_id"], team_of(request))

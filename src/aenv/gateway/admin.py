@@ -15,22 +15,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import hashlib
 import json
-from collections.abc import Awaitable, Callable
-from typing import Any, cast
+from typing import Any
 from urllib.parse import quote
 
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from aenv.api.admin import NewTeam, NoBody, check_admin_token, team_json
-from aenv.api.api_keys import KeyName, team_api_key
+from aenv.api.admin import NewTeam, NoBody, admin_routes, check_admin_token, team_json
+from aenv.api.api_keys import create_key, revoke_key
 from aenv.api.errors import APIError, not_found
-from aenv.api.extensions import ADMIN_TEAMS
-from aenv.api.keys import LastKey
 from aenv.api.requests import check_query, parse_body
 from aenv.cluster.internal import CLUSTER_CALLER
 from aenv.cluster.keys import ClusterKeys
@@ -40,8 +36,6 @@ from aenv.gateway.control import ControlPlane
 from aenv.gateway.nodes import NodeFailed, NodeUnreachable
 from aenv.ids import TEAM_ID
 from aenv.orchestrator.teams import Team, TeamNameTaken
-
-Endpoint = Callable[[Request], Awaitable[Response]]
 
 
 class AdminRoutes:
@@ -58,28 +52,7 @@ class AdminRoutes:
         self.digest = hashlib.sha256(secret.admin_token.encode()).hexdigest()
 
     def routes(self) -> list[Route]:
-        team = "/admin/teams/{team_id}"
-        plain = [
-            Route(ADMIN_TEAMS, self.list_teams, methods=["GET"]),
-            Route(ADMIN_TEAMS, self.create_team, methods=["POST"]),
-            Route(ADMIN_TEAMS + "/{team_id}", self.delete_team, methods=["DELETE"]),
-            Route(team + "/api-keys", self.create_key, methods=["POST"]),
-            Route(team + "/api-keys/{api_key_id}", self.revoke_key, methods=["DELETE"]),
-            Route(team + "/sandboxes/kill", self.kill_sandboxes, methods=["POST"]),
-            Route(team + "/builds/cancel", self.cancel_builds, methods=["POST"]),
-            Route("/admin/sandboxes/running-counts", self.running_counts, methods=["GET"]),
-        ]
-        return [
-            Route(r.path, self._checked(cast("Endpoint", r.endpoint)), methods=r.methods)
-            for r in plain
-        ]
-
-    def _checked(self, endpoint: Endpoint) -> Endpoint:
-        async def checked(request: Request) -> Response:
-            check_admin_token(request, self.digest)
-            return await endpoint(request)
-
-        return functools.wraps(endpoint)(checked)
+        return admin_routes(self, lambda request: check_admin_token(request, self.digest))
 
     async def _team(self, request: Request) -> Team:
         team_id = request.path_params["team_id"]
@@ -120,24 +93,12 @@ class AdminRoutes:
 
     async def create_key(self, request: Request) -> Response:
         check_query(request)
-        team = await self._team(request)
-        body = await parse_body(request, KeyName)
-        key, value = await self.keys.new(body.name, team.id)
-        return JSONResponse({**team_api_key(key), "key": value}, status_code=201)
+        return await create_key(request, self.keys, (await self._team(request)).id)
 
     async def revoke_key(self, request: Request) -> Response:
         check_query(request)
         team = await self._team(request)
-        key_id = request.path_params["api_key_id"]
-        if not any(k.id == key_id and k.team_id == team.id for k in await self.keys.keys()):
-            raise not_found(f"API key '{key_id}'")
-        try:
-            await self.keys.revoke(key_id)
-        except KeyError as e:
-            raise not_found(f"API key '{key_id}'") from e
-        except LastKey as e:
-            raise APIError(400, str(e)) from e
-        return Response(status_code=204)
+        return await revoke_key(self.keys, request.path_params["api_key_id"], team.id)
 
     async def kill_sandboxes(self, request: Request) -> Response:
         check_query(request)
