@@ -28,7 +28,6 @@ from e2b import AsyncSandbox, SandboxNotFoundException
 from aenv.api.extensions import WAIT_HEADER
 from aenv.api.internal_models import INTERNAL_VERSIONS, REPLAY, Refusal
 from aenv.api.keys import KeyStore
-from aenv.api.limits import RateLimiter
 from aenv.cluster.agent import NodeAgent
 from aenv.cluster.builds import BuildPlaces
 from aenv.cluster.directory import Directory
@@ -45,7 +44,6 @@ from aenv.cluster.store import Keys, connect
 from aenv.cluster.volumes import VolumePlaces
 from aenv.cluster.webhooks import ClusterWebhooks
 from aenv.config import Config, Paths
-from aenv.gateway.app import Gateway
 from aenv.gateway.evacuate import Released, evacuate
 from aenv.gateway.nodes import NodeClient
 from aenv.ids import TEAM_ID
@@ -56,7 +54,7 @@ from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.templates import Template, template_to_json
 from tests.cluster.node_double import NodeDouble, snapshot
-from tests.cluster.shared import SECRET
+from tests.cluster.shared import SECRET, gateway_over
 from tests.proxy.support import serve
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer
@@ -132,13 +130,7 @@ async def setup(
         await Holders(registry).add("a", FileRef(FileKind.TEMPLATE, "base"))
         # The gateway's own client: it serves on a loop of its own.
         gateway_client = connect(redis.url, timeout=0.5)
-        gateway = Gateway(
-            Directory(gateway_client, SECRET),
-            SECRET,
-            ClusterKeys(gateway_client),
-            RateLimiter(1000, 1000),
-            key_max_sandboxes=key_limit,
-        )
+        gateway = gateway_over(gateway_client, key_max_sandboxes=key_limit)
         url = stack.enter_context(serve(gateway, free_port()))
         yield Setup(url, value, record.id, doubles, gateway_keys, Paths(tmp_path / "gateway"))
 
@@ -1175,13 +1167,7 @@ async def test_a_create_past_the_keys_cluster_wide_limit_is_e2bs_429(
     await quota.publish("a", {setup.key_id: {"sba1"}}, ttl=60)
     await quota.publish("b", {setup.key_id: {"sbb1"}, "other": {"sbb2"}}, ttl=60)
     gateway_client = connect(redis.url, timeout=0.5)
-    gateway = Gateway(
-        Directory(gateway_client, SECRET),
-        SECRET,
-        ClusterKeys(gateway_client),
-        RateLimiter(1000, 1000),
-        key_max_sandboxes=2,
-    )
+    gateway = gateway_over(gateway_client, key_max_sandboxes=2)
     with serve(gateway, port := free_port()):
         headers = {"X-API-Key": setup.key}
         async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}", headers=headers) as http:

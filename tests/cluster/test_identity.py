@@ -8,14 +8,10 @@ from pathlib import Path
 
 import httpx
 
-from aenv.api.limits import RateLimiter
-from aenv.cluster.directory import Directory
-from aenv.cluster.keys import ClusterKeys
 from aenv.cluster.store import connect
 from aenv.config import Config
-from aenv.gateway.app import Gateway
 from aenv.orchestrator.identity_keys import node_signer
-from tests.cluster.shared import SECRET
+from tests.cluster.shared import SECRET, gateway_over
 from tests.proxy.support import serve
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer
@@ -38,13 +34,7 @@ def test_a_clusters_members_sign_with_one_key(tmp_path: Path) -> None:
 async def test_a_gateway_publishes_the_clusters_keys(tmp_path: Path, redis: RedisServer) -> None:
     signer = node_signer(Config(home=tmp_path, cluster_secret=SECRET.value, domain="aenv.test"))
     client = connect(redis.url, timeout=0.5)
-    gateway = Gateway(
-        Directory(client, SECRET),
-        SECRET,
-        ClusterKeys(client),
-        RateLimiter(1000, 1000),
-        identity=signer,
-    )
+    gateway = gateway_over(client, identity=signer)
     with serve(gateway, free_port()) as url, httpx.Client(base_url=url) as anonymous:
         assert anonymous.get("/.well-known/jwks.json").json() == signer.jwks()
         discovery = anonymous.get("/.well-known/openid-configuration").json()

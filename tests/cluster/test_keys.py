@@ -24,16 +24,13 @@ import pytest
 import redis.asyncio as aioredis
 
 from aenv.api.keys import KeyStore, LastKey
-from aenv.api.limits import RateLimiter
-from aenv.cluster.directory import Directory
 from aenv.cluster.keys import ClusterKeys, sync_keys
 from aenv.cluster.registry import Capacity, NodeRegistry, NodeReport
 from aenv.cluster.store import connect
 from aenv.config import Paths
-from aenv.gateway.app import Gateway
 from aenv.orchestrator.catalog import Catalog
 from tests.cluster.node_double import NodeDouble
-from tests.cluster.shared import SECRET
+from tests.cluster.shared import SECRET, gateway_over
 from tests.proxy.support import serve
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer
@@ -124,7 +121,7 @@ async def pair(tmp_path: Path, redis: RedisServer, client: aioredis.Redis) -> As
         for _ in range(2):
             # Each gateway its own client: each serves on a loop of its own.
             own = connect(redis.url, timeout=0.5)
-            gateway = Gateway(Directory(own, SECRET), SECRET, ClusterKeys(own), RateLimiter(50, 50))
+            gateway = gateway_over(own, rate=50)
             urls.append(stack.enter_context(serve(gateway, free_port())))
         yield Pair(urls, value)
     node.catalog.close()

@@ -15,19 +15,16 @@ import httpx
 import pytest
 import redis.asyncio as aioredis
 
-from aenv.api.limits import RateLimiter
 from aenv.cluster.agent import NodeAgent
-from aenv.cluster.directory import Directory
 from aenv.cluster.keys import ClusterKeys
 from aenv.cluster.sealed import Sealer, Unsealable
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.secrets import ClusterSecrets
 from aenv.cluster.source import CatalogSource
 from aenv.cluster.store import connect
-from aenv.gateway.app import Gateway
 from aenv.ids import TEAM_ID
 from aenv.orchestrator.secrets import SecretStore
-from tests.cluster.shared import SECRET
+from tests.cluster.shared import SECRET, gateway_over
 from tests.doubles.node import DoubleNode, double_node
 from tests.proxy.support import serve
 from tests.support.ports import free_port
@@ -70,12 +67,7 @@ class Cluster:
 @pytest.fixture
 def gateway(redis: RedisServer) -> Iterator[str]:
     gateway_client = connect(redis.url, timeout=0.5)
-    gateway = Gateway(
-        Directory(gateway_client, SECRET),
-        SECRET,
-        ClusterKeys(gateway_client),
-        RateLimiter(1000, 1000),
-    )
+    gateway = gateway_over(gateway_client)
     with ExitStack() as stack:
         yield stack.enter_context(serve(gateway, free_port()))
 
