@@ -46,6 +46,7 @@ import contextlib
 import json
 import random
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -198,9 +199,24 @@ class OnCluster:
             raise RuntimeError(out)
         return out
 
+    def client(self, source: str, *args: str) -> Any:
+        """The Python `source` (an SDK client) run with `args` in the gateway's namespace: the
+        last line of its output, as JSON."""
+        return json.loads(self.run(sys.executable, "-c", source, *args).strip().splitlines()[-1])
 
-def last_json(out: str) -> Any:
-    return json.loads(out.strip().splitlines()[-1])
+    def aenv(self, *args: str) -> None:
+        """The `aenv` command in the gateway's namespace (`node drain`, say)."""
+        self.run(sys.executable, "-m", "aenv.cli", *args)
+
+
+def sandbox_bytes(home: Path, sandbox_id: str) -> int:
+    """The apparent size of the sandbox's directory on the node whose home is `home` (`du`:
+    its sparse files as big as they claim)."""
+    from aenv.config import Paths
+
+    directory = Paths(home).sandboxes / sandbox_id
+    du = subprocess.run(["du", "-sb", str(directory)], capture_output=True, text=True, check=True)
+    return int(du.stdout.split()[0])
 
 
 @contextlib.asynccontextmanager
@@ -243,7 +259,7 @@ async def on_cluster(
 async def proxy(scratch: Path, samples: int = 200) -> dict[str, Any]:
     async with on_cluster(scratch, ["node-a"]) as on:
         node_url = f"http://{on.nodes.addresses['node-a']}"
-        spent = last_json(on.run(sys.executable, "-c", PROXY_CLIENT, node_url, str(samples)))
+        spent = on.client(PROXY_CLIENT, node_url, str(samples))
     through, direct = summary_ms(spent["gateway"]), summary_ms(spent["direct"])
     return {
         "commands_run_true_through_gateway_ms": through,
@@ -274,18 +290,11 @@ else:
 
 
 async def resume(scratch: Path, samples: int = 3) -> dict[str, Any]:
-    import subprocess
-
-    from aenv.config import Paths
-
     beat = {"AENV_HEARTBEAT_INTERVAL": "2"}
     async with on_cluster(scratch, ["node-a", "node-b"], beat, shared_repository=True) as on:
 
         def client_run(*args: str) -> Any:
-            return last_json(on.run(sys.executable, "-c", RESUME_CLIENT, *args))
-
-        def aenv(*args: str) -> None:
-            on.run(sys.executable, "-m", "aenv.cli", *args)
+            return on.client(RESUME_CLIENT, *args)
 
         sandbox_id = client_run("make")
         same: list[float] = []
@@ -297,16 +306,12 @@ async def resume(scratch: Path, samples: int = 3) -> dict[str, Any]:
         for _ in range(samples):
             node = await on.routes.lookup(sandbox_id)
             assert node is not None
-            aenv("node", "drain", node)
+            on.aenv("node", "drain", node)
             other.append(client_run("resume", sandbox_id))
             target = await on.routes.lookup(sandbox_id)
             assert target is not None and target != node
-            du = subprocess.run(
-                ["du", "-sb", str(Paths(scratch / target).sandboxes / sandbox_id)],
-                capture_output=True, text=True, check=True,
-            )  # fmt: skip
-            moved.append(int(du.stdout.split()[0]))
-            aenv("node", "undrain", node)
+            moved.append(sandbox_bytes(scratch / target, sandbox_id))
+            on.aenv("node", "undrain", node)
             client_run("pause", sandbox_id)
     same_ms, other_ms = summary_ms(same), summary_ms(other)
     return {
@@ -338,20 +343,15 @@ async def creates(scratch: Path, batch: int = 4, rounds: int = 3) -> dict[str, A
     async with on_cluster(scratch, ["node-a", "node-b"]) as on:
 
         def rate() -> float:
-            return batch / float(
-                last_json(on.run(sys.executable, "-c", CREATES_CLIENT, str(batch)))
-            )
-
-        def aenv(*args: str) -> None:
-            on.run(sys.executable, "-m", "aenv.cli", *args)
+            return batch / float(on.client(CREATES_CLIENT, str(batch)))
 
         rate()  # warm-up: both nodes' pools and caches
         one: list[float] = []
         two: list[float] = []
         for _ in range(rounds):
-            aenv("node", "drain", "node-b")
+            on.aenv("node", "drain", "node-b")
             one.append(rate())
-            aenv("node", "undrain", "node-b")
+            on.aenv("node", "undrain", "node-b")
             two.append(rate())
     one_rate, two_rate = sorted(one)[len(one) // 2], sorted(two)[len(two) // 2]
     return {
@@ -392,21 +392,16 @@ async def burst(scratch: Path, count: int = 200) -> dict[str, Any]:
     async with on_cluster(scratch, nodes) as on:
 
         def once() -> dict[str, Any]:
-            result: dict[str, Any] = last_json(
-                on.run(sys.executable, "-c", BURST_CLIENT, str(count))
-            )
+            result: dict[str, Any] = on.client(BURST_CLIENT, str(count))
             result["creates_per_s"] = round(result["started"] / result["seconds"], 3)
             result["seconds"] = round(result["seconds"], 1)
             return result
 
-        def aenv(*args: str) -> None:
-            on.run(sys.executable, "-m", "aenv.cli", *args)
-
         for node in nodes[1:]:
-            aenv("node", "drain", node)
+            on.aenv("node", "drain", node)
         one = once()
         for node in nodes[1:]:
-            aenv("node", "undrain", node)
+            on.aenv("node", "undrain", node)
         three = once()
         leaked = {node: sorted(await on.routes.of_node(node)) for node in nodes}
     return {
@@ -424,7 +419,6 @@ CREATES = 500
 def gateway_cpu(scratch: Path, samples: int = CREATES) -> dict[str, Any]:
     import os
     import secrets
-    import subprocess
     from contextlib import ExitStack
 
     import httpx

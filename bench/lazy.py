@@ -290,18 +290,13 @@ async def resume(work: Path, samples: int) -> dict[str, object]:
 async def resume_on(work: Path, samples: int, settings: dict[str, str]) -> dict[str, object]:
     """A paused sandbox resumed on the node it paused on, against the same resumed on the
     other node (its own drained: the release uploads, the connect moves it), alternating."""
-    from cluster import last_json, on_cluster
-
-    from aenv.config import Paths
+    from cluster import on_cluster, sandbox_bytes
 
     beat = {"AENV_HEARTBEAT_INTERVAL": "2", **settings}
     async with on_cluster(work, ["node-a", "node-b"], beat, shared_repository=True) as on:
 
         def client(*args: str) -> Any:
-            return last_json(on.run(sys.executable, "-c", RESUME_CLIENT, *args))
-
-        def aenv(*args: str) -> None:
-            on.run(sys.executable, "-m", "aenv.cli", *args)
+            return on.client(RESUME_CLIENT, *args)
 
         sandbox_id = client("make")
         node = await on.routes.lookup(sandbox_id)
@@ -316,19 +311,15 @@ async def resume_on(work: Path, samples: int, settings: dict[str, str]) -> dict[
             took, _ = client("resume", sandbox_id, url)
             same.append(took)
             client("pause", sandbox_id)
-            aenv("node", "drain", node)
+            on.aenv("node", "drain", node)
             target = next(i for i in on.nodes.addresses if i != node)
             took, moved = client("resume", sandbox_id, f"http://{on.nodes.addresses[target]}")
             other.append(took)
             before_answer.append(moved)
             assert await on.routes.lookup(sandbox_id) == target
-            aenv("node", "undrain", node)
+            on.aenv("node", "undrain", node)
             client("pause", sandbox_id)  # waits until its files are local
-            du = subprocess.run(
-                ["du", "-sb", str(Paths(work / target).sandboxes / sandbox_id)],
-                capture_output=True, text=True, check=True,
-            )  # fmt: skip
-            checkpoint.append(int(du.stdout.split()[0]))
+            checkpoint.append(sandbox_bytes(work / target, sandbox_id))
             log_text = (work / target / "server.log").read_text()
             needed = re.findall(r"(\d+) chunks of its checkpoint were fetched for reads", log_text)
             if needed:
