@@ -43,8 +43,9 @@ LAYERS = (
     ("guest", "serving"),  # what makes a guest bootable; serving HTTP
     # The ground: envd and the code interpreter (they run in the guest), slots, settings,
     # and small helpers.
-    ("envd", "code_interpreter", "network", "config", "template_definition", "ids", "atomic",
+    ("envd", "code_interpreter", "network", "config", "template_definition", "atomic",
      "timing", "subprocesses"),
+    ("ids",),  # the shapes of ids and the default team's, which the egress policy names too
 )  # fmt: skip
 # Below the control plane, yet out of its reach: the orchestrator stands between.
 CONTROL_PLANE = ("api", "cluster", "gateway", "dashboard")
