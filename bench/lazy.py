@@ -22,8 +22,10 @@ data written) resumed on the node it paused on against the same resumed on the o
 after its own is drained (its files served lazily there), alternating, `--runs` samples of
 each: the time to `Sandbox.connect` + `commands.run("true")`, the target node's pull reads by
 source (compressed bytes) between just before and just after that answer (an upper bound of
-what the answer needed: the background fetch runs meanwhile), and the sandbox's directory there
-once paused again (its checkpoint, whole). Then the same on a second cluster whose nodes pull
+what the answer needed: the background fetch runs meanwhile), the same over the whole move (until
+paused again there: everything the node read to hold the checkpoint, by source: `cache` its own
+chunk cache, `peer` the other node, `store` S3), and the sandbox's directory there once paused
+again (its checkpoint, whole). Then the same on a second cluster whose nodes pull
 whole (`lazy_pulls = false`, as before issue 34), in the same run.
 
 Prints one JSON document on stdout; progress goes to stderr.
@@ -240,7 +242,8 @@ async def one_run(
 
 # Runs in the gateway's namespace: `make` (a sandbox with fresh data, paused: its id), `resume
 # ID NODE_URL` (connect and run a command: the seconds, and NODE_URL's pull reads by source,
-# compressed bytes, just before and just after), `pause ID`.
+# compressed bytes, just before and just after, and the reads before), `reads NODE_URL` (its pull
+# reads by source so far), `pause ID`.
 RESUME_CLIENT = """
 import json, re, sys, time
 import httpx
@@ -263,7 +266,9 @@ elif command == "resume":
     Sandbox.connect(args[0], timeout=3600).commands.run("true")
     took = time.perf_counter() - start
     after = reads(args[1])
-    print(json.dumps([took, {k: after.get(k, 0) - before.get(k, 0) for k in after}]))
+    print(json.dumps([took, {k: after.get(k, 0) - before.get(k, 0) for k in after}, before]))
+elif command == "reads":
+    print(json.dumps(reads(args[0])))
 else:
     print(json.dumps(Sandbox.pause(args[0])))
 """
@@ -305,21 +310,25 @@ async def resume_on(work: Path, samples: int, settings: dict[str, str]) -> dict[
         same: list[float] = []
         other: list[float] = []
         before_answer: list[dict[str, float]] = []
+        whole_move: list[dict[str, float]] = []  # the move's reads by source, once paused again
         checkpoint: list[int] = []
         for_reads: list[int] = []  # chunks reads waited for (lazy pulls), from the node's log
         for n in range(samples):
-            took, _ = client("resume", sandbox_id, url)
+            took, _, _ = client("resume", sandbox_id, url)
             same.append(took)
             client("pause", sandbox_id)
             on.aenv("node", "drain", node)
             target = next(i for i in on.nodes.addresses if i != node)
-            took, moved = client("resume", sandbox_id, f"http://{on.nodes.addresses[target]}")
+            target_url = f"http://{on.nodes.addresses[target]}"
+            took, moved, reads_before = client("resume", sandbox_id, target_url)
             other.append(took)
             before_answer.append(moved)
             assert await on.routes.lookup(sandbox_id) == target
             on.aenv("node", "undrain", node)
             client("pause", sandbox_id)  # waits until its files are local
             checkpoint.append(sandbox_bytes(work / target, sandbox_id))
+            reads_after = client("reads", target_url)
+            whole_move.append({k: v - reads_before.get(k, 0) for k, v in reads_after.items()})
             log_text = (work / target / "server.log").read_text()
             needed = re.findall(r"(\d+) chunks of its checkpoint were fetched for reads", log_text)
             if needed:
@@ -335,6 +344,9 @@ async def resume_on(work: Path, samples: int, settings: dict[str, str]) -> dict[
         "other_over_same_median": round(other_med / same_med, 2),
         "moved_before_first_answer_mib": [
             {k: round(v / MiB, 1) for k, v in m.items()} for m in before_answer
+        ],
+        "moved_by_source_whole_move_mib": [
+            {k: round(v / MiB, 1) for k, v in m.items()} for m in whole_move
         ],
         "sandbox_dir_after_pause_mib": [round(c / MiB, 1) for c in checkpoint],
         "chunks_fetched_for_reads": for_reads,

@@ -146,6 +146,10 @@ def _link(gateway_ns: str, node_ns: str, index: int) -> str:
     _sh("ip", "-n", gateway_ns, "link", "set", f"n{index}", "up")
     _sh("ip", "-n", node_ns, "addr", "add", f"10.250.{index}.2/30", "dev", "gw0")
     _sh("ip", "-n", node_ns, "link", "set", "gw0", "up")
+    # Nodes reach each other through the gateway's namespace, which forwards between its links,
+    # as nodes on one network would: without it a node's peers (its chunk route, issue 34) were
+    # unreachable from the others and every pull fell back to S3.
+    _sh("ip", "-n", node_ns, "route", "add", "10.250.0.0/16", "via", f"10.250.{index}.1")
     return f"10.250.{index}.2:{NODE_PORT}"
 
 
@@ -203,6 +207,7 @@ def cluster(
     slot_prefixes = [_slot_prefix() for _ in node_ids]
     try:
         _sh("ip", "-n", gateway_ns, "link", "set", "lo", "up")
+        _sh("ip", "netns", "exec", gateway_ns, "sysctl", "-qw", "net.ipv4.ip_forward=1")
         with ExitStack() as stack:
             if shared_repository:
                 stack.enter_context(_s3_server(gateway, scratch / "s3.log"))
