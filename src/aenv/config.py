@@ -441,6 +441,15 @@ class Config(BaseModel):
         "memory and read-only drives are served as the guest reads them and fetched in the "
         "background (`docs/cluster.md`). Off: the whole copy is pulled first.",
     )
+    lazy_prefetch: int = Field(
+        default=6,
+        ge=0,
+        le=64,
+        description="Chunks a lazily served checkpoint fetches at once ahead of its guest's "
+        "reads: those its last lazy resume read, in that order, else its memory file's in file "
+        "order (the restore's load faults most of them in, in that order). 0: none ahead; the "
+        "rest comes 2 at a time, making way for reads, either way.",
+    )
     build_ready_timeout: int = Field(
         default=300, description="Seconds a template build's readyCmd may keep failing."
     )

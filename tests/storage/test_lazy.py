@@ -133,6 +133,100 @@ async def test_a_read_fetches_its_chunk_only_and_complete_the_rest(
     assert (tmp_path / "lazy.img").read_bytes() == content
 
 
+class Gated:
+    """The node's `fetch_chunk`, each fetch held until its chunk is let through: which fetches
+    are under way at once, and in what order they began."""
+
+    def __init__(self, node: Repository, monkeypatch: pytest.MonkeyPatch) -> None:
+        self.began: list[int] = []
+        self.running: set[int] = set()
+        self.most = 0
+        self.gates: dict[int, asyncio.Event] = {}
+        real = node.fetch_chunk
+
+        async def fetch_chunk(
+            manifest: Manifest, entry: object, index: int, peers: object
+        ) -> bytes:
+            self.began.append(index)
+            self.running.add(index)
+            self.most = max(self.most, len(self.running))
+            try:
+                await self.gate(index).wait()
+                return await real(manifest, entry, index, peers)  # type: ignore[arg-type]
+            finally:
+                self.running.discard(index)
+
+        monkeypatch.setattr(node, "fetch_chunk", fetch_chunk)
+
+    def gate(self, index: int) -> asyncio.Event:
+        return self.gates.setdefault(index, asyncio.Event())
+
+    def open_all(self) -> None:
+        for index in range(16):
+            self.gate(index).set()
+
+
+async def settle() -> None:
+    """Until whatever can start has started (the fetches let through run in threads)."""
+    for _ in range(20):
+        await asyncio.sleep(0.01)
+
+
+async def until(began: list[int], count: int) -> None:
+    async with asyncio.timeout(30):
+        while len(began) < count:
+            await asyncio.sleep(0.01)
+    await settle()
+
+
+async def test_the_order_comes_first_prefetch_at_a_time(
+    stored: tuple[Manifest, bytes],
+    node: Repository,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    manifest, content = stored
+    lazy = LazyFile(node, manifest, manifest.files[0], tmp_path / "lazy.img")
+    gated = Gated(node, monkeypatch)
+    completing = asyncio.create_task(lazy.complete(order=[15, 9, 4, 3], prefetch=3))
+    await settle()
+    assert gated.began == [15, 9, 4]  # three of the order at once, none of the rest
+    gated.gate(15).set()
+    await until(gated.began, 4)
+    assert gated.began == [15, 9, 4, 3]
+    gated.open_all()
+    await completing
+    assert gated.began[4:] == [0] and gated.most == 3
+    assert lazy.whole and (tmp_path / "lazy.img").read_bytes() == content
+    lazy.close()
+
+
+async def test_the_background_makes_way_for_a_read(
+    stored: tuple[Manifest, bytes],
+    node: Repository,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    manifest, content = stored
+    lazy = LazyFile(node, manifest, manifest.files[0], tmp_path / "lazy.img")
+    gated = Gated(node, monkeypatch)
+    reading = asyncio.create_task(lazy.read(9 * MiB, 4096))
+    await settle()
+    completing = asyncio.create_task(lazy.complete())
+    await settle()
+    # A read waits for chunk 9: the background starts nothing meanwhile.
+    assert gated.began == [9]
+    gated.gate(9).set()
+    assert await reading == content[9 * MiB : 9 * MiB + 4096]
+    await until(gated.began, 3)
+    assert gated.began == [9, 0, 3]  # then it goes on, two at a time, in file order
+    gated.open_all()
+    await completing
+    assert gated.began == [9, 0, 3, 4, 15] and gated.most == 2
+    assert lazy.whole and lazy.touched == [9]
+    lazy.close()
+
+
 async def test_a_read_waits_for_a_store_that_comes_back(
     s3: tuple[ThreadedMotoServer, int],
     stored: tuple[Manifest, bytes],

@@ -129,13 +129,17 @@ class Archive:
         return await driver.load_saved(dest)
 
     async def pull_lazily(
-        self, manifest_id: str, dest: Path, driver: Driver
+        self, manifest_id: str, dest: Path, driver: Driver, prefetch: int = 0
     ) -> tuple[Snapshot, LazyTree]:
         """As `pull`, but the files a guest reads sparsely (its memory file, its read-only
         drives) are served at their paths as they are read and fetched in the background
         (`storage.lazytree`; the caller closes the tree once no VM uses them). Their content
         is not read to check it: each chunk is checked against its digest as it comes. The
-        chunks of the order recorded with the copy (`PREFETCH`) come first."""
+        chunks of the order recorded with the copy (`PREFETCH`) come first, `prefetch` at a
+        time; with `prefetch` and no order recorded for the memory file, its chunks in file
+        order: the restore's load of the saved state faults in most of them in that order
+        (a layered state's changed pages are written into it, each page read first), so
+        fetching ahead of it keeps the load from waiting on each in turn."""
         await asyncio.to_thread(shutil.rmtree, dest, True)
         await asyncio.to_thread(dest.parent.mkdir, parents=True, exist_ok=True)
         manifest = await self.repository.manifest(manifest_id)
@@ -147,7 +151,11 @@ class Archive:
         moves = {maker: str(dest), str(manifest.metadata.get("home", self.home)): str(self.home)}
         await asyncio.to_thread(_relocate, dest / SNAPSHOT_MANIFEST, moves)
         order = json.loads(str(manifest.metadata.get(PREFETCH, "{}")))
-        tree = await LazyTree.serve(self.repository, manifest, dest, served, order)
+        memory = _memory_file(recorded, maker)
+        if prefetch and memory in served and memory not in order:
+            entry = next(f for f in manifest.files if f.path == memory)
+            order[memory] = list(range(len(entry.chunks)))
+        tree = await LazyTree.serve(self.repository, manifest, dest, served, order, prefetch)
         try:
             snapshot = await driver.load_saved(dest, unread=[dest / p for p in served])
         except BaseException:
@@ -207,6 +215,15 @@ def _sparsely_read(recorded: Mapping[str, Any], directory: str) -> list[str]:
         if isinstance(path, str) and path.startswith(directory + "/"):
             found.append(path[len(directory) + 1 :])
     return found
+
+
+def _memory_file(recorded: Mapping[str, Any], directory: str) -> str | None:
+    """The path, relative to `directory`, of the memory file a snapshot's manifest names,
+    when it lies under it."""
+    path = recorded.get("memory_file")
+    if isinstance(path, str) and path.startswith(directory + "/"):
+        return path[len(directory) + 1 :]
+    return None
 
 
 def _relocate(manifest: Path, moves: Mapping[str, str]) -> None:

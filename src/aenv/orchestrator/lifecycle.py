@@ -143,6 +143,7 @@ class Orchestrator:
                 driver,
                 max_uploads=config.max_concurrent_uploads,
                 lazy_pulls=pulls_lazily(config, archive),
+                lazy_prefetch=config.lazy_prefetch,
             ),
             detacher=Detacher(driver, slots, paths.detach, paths.detach_memory),
             volumes=VolumeStore(

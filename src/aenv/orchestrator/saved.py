@@ -57,6 +57,7 @@ class SavedStates:
         *,
         max_uploads: int,
         lazy_pulls: bool = False,
+        lazy_prefetch: int = 0,
     ) -> None:
         self.catalog = catalog
         self.driver = driver
@@ -71,6 +72,7 @@ class SavedStates:
         self._pull_locks: dict[str, asyncio.Lock] = {}
         # Resumes of checkpoints this node lacks serve their files as the guest reads them.
         self.lazy_pulls = lazy_pulls
+        self.lazy_prefetch = lazy_prefetch
         self.lazy = LazyCheckpoints()
 
     async def cancel_push(self, sandbox_id: str) -> None:
@@ -214,7 +216,9 @@ class SavedStates:
         dest = checkpoints.archive_dir(sandbox_dir, seq)
         if self.lazy_pulls:
             log.info("sandbox %s: serving its checkpoint from the repository", record.id)
-            snapshot, tree = await self.archive.pull_lazily(archived.manifest, dest, self.driver)
+            snapshot, tree = await self.archive.pull_lazily(
+                archived.manifest, dest, self.driver, self.lazy_prefetch
+            )
             self.lazy.hold(record.id, tree)
             return snapshot
         log.warning("sandbox %s: pulling its checkpoint from the repository", record.id)

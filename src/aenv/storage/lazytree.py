@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from aenv.storage.fusefile import MNT_DETACH, SOURCE, FuseFile
-from aenv.storage.repository.lazy import LazyFile
+from aenv.storage.repository.lazy import BACKGROUND, LazyFile
 from aenv.storage.repository.manifest import Manifest
 from aenv.storage.repository.repository import Repository
 
@@ -78,10 +78,12 @@ class LazyTree:
         dest: Path,
         paths: Collection[str],
         order: Mapping[str, Sequence[int]] | None = None,
+        prefetch: int = BACKGROUND,
     ) -> LazyTree:
         """Serve `paths` of `manifest` at their places in `dest` (a `get_tree` of it that
-        deferred them), then fetch the rest of them, the chunks of `order` (by path) first.
-        Raises `OSError` when a mount fails (nothing of it left)."""
+        deferred them), then fetch the rest of them, the chunks of `order` (by path) first,
+        `prefetch` at a time (`LazyFile.complete`). Raises `OSError` when a mount fails
+        (nothing of it left)."""
         loop = asyncio.get_running_loop()
         entries = {f.path: f for f in manifest.files}
         tree = cls(dest, [])
@@ -102,7 +104,7 @@ class LazyTree:
         except BaseException:
             await tree.close()
             raise
-        tree._done = asyncio.create_task(tree._complete(order or {}))
+        tree._done = asyncio.create_task(tree._complete(order or {}, prefetch))
         return tree
 
     @property
@@ -119,11 +121,11 @@ class LazyTree:
         assert self._done is not None
         await asyncio.shield(self._done)
 
-    async def _complete(self, order: Mapping[str, Sequence[int]]) -> None:
+    async def _complete(self, order: Mapping[str, Sequence[int]], prefetch: int) -> None:
         try:
             await asyncio.gather(
                 *(
-                    s.lazy.complete(order.get(str(s.target.relative_to(self.dest)), ()))
+                    s.lazy.complete(order.get(str(s.target.relative_to(self.dest)), ()), prefetch)
                     for s in self._served
                 )
             )

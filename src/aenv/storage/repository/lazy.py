@@ -8,6 +8,13 @@ need no fetch. `complete` fills the rest in the background, first in a given ord
 the order chunks were first read, recorded for the file's next restore to prefetch), so the file
 becomes whole without waiting for reads; `whole` says when it is.
 
+Reads come first. A read fetches what it needs at once, not behind any queue; the chunks of the
+given order (those the reads are expected to need next) come `prefetch` at a time, so a reader
+that goes through them in turn (a VMM loading its saved state faults its memory in ascending
+order, one fault at a time) finds most of them fetched or under way; the rest comes
+`BACKGROUND` at a time, and a background worker starts no new chunk while a read waits: the
+sources' time goes to the chunk a guest is stopped on.
+
 A chunk that no source gives is asked for again, the sources looked up afresh each time (a
 peer that failed may be back; a new holder may have appeared), until `patience` seconds have
 passed; then the read raises `UnreachableChunk`. A reader never gets zeros or stale bytes in
@@ -20,7 +27,7 @@ import asyncio
 import logging
 import os
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from aenv.storage.repository.chunks import write_sparse
@@ -33,7 +40,8 @@ log = logging.getLogger("aenv.repository")
 # How long a read waits for a chunk no source gives before it fails, and the pause between asks.
 PATIENCE = 60.0
 RETRY_PAUSE = 0.5
-# Chunks `complete` fetches at once: reads still find room in the repository's pool.
+# Chunks `complete` fetches at once beyond its order: reads still find room in the repository's
+# pool.
 BACKGROUND = 2
 
 
@@ -57,6 +65,9 @@ class LazyFile:
         self._seen: set[int] = set()
         self._present = [digest is None for digest in entry.chunks]
         self._fetching: dict[int, asyncio.Task[None]] = {}
+        self._reading = 0  # reads waiting for chunks
+        self._no_reads = asyncio.Event()
+        self._no_reads.set()
         with path.open("xb") as fh:
             fh.truncate(entry.size)
 
@@ -83,21 +94,37 @@ class LazyFile:
         if end <= offset:
             return b""
         size = self.manifest.chunk_size
-        await asyncio.gather(*(self._ensure(i) for i in range(offset // size, -(-end // size))))
+        needed = range(offset // size, -(-end // size))
+        if not all(self._present[i] for i in needed):
+            self._reading += 1
+            self._no_reads.clear()
+            try:
+                await asyncio.gather(*(self._ensure(i) for i in needed))
+            finally:
+                self._reading -= 1
+                if self._reading == 0:
+                    self._no_reads.set()
         return await asyncio.to_thread(_pread, self.path, end - offset, offset)
 
-    async def complete(self, order: Iterable[int] = ()) -> None:
-        """Fetch every chunk not present yet: those of `order` first, then the rest in file
-        order, `BACKGROUND` at a time. Raises `ChunkError` like `read`."""
+    async def complete(self, order: Iterable[int] = (), prefetch: int = BACKGROUND) -> None:
+        """Fetch every chunk not present yet: those of `order` first, `prefetch` at a time
+        (at least `BACKGROUND`), then the rest in file order, `BACKGROUND` at a time, each
+        worker waiting while a read waits. Raises `ChunkError` like `read`."""
         count = len(self._present)
-        queue = [i for i in dict.fromkeys([*order, *range(count)]) if 0 <= i < count]
-        pending = iter(queue)
+        ahead = [i for i in dict.fromkeys(order) if 0 <= i < count]
+        taken = set(ahead)
+        rest = [i for i in range(count) if i not in taken]
 
-        async def worker() -> None:
+        async def worker(pending: Iterator[int], yields: bool) -> None:
             for index in pending:
+                if yields:
+                    await self._no_reads.wait()
                 await self._ensure(index, touch=False)
 
-        await asyncio.gather(*(worker() for _ in range(BACKGROUND)))
+        first = iter(ahead)
+        await asyncio.gather(*(worker(first, False) for _ in range(max(prefetch, BACKGROUND))))
+        then = iter(rest)
+        await asyncio.gather(*(worker(then, True) for _ in range(BACKGROUND)))
 
     async def _ensure(self, index: int, *, touch: bool = True) -> None:
         if self._present[index]:
