@@ -3,12 +3,15 @@ repository: its memory and read-only drives are served as the guest reads them
 (`orchestrator/lazy.py`), kept beside its VM and ended with it (pause, kill), never left
 mounted; a pause waits until they are local and records what the guest needed for the next
 lazy resume; a chunk no source gives fails the resume with the reason, the sandbox paused as it
-was; `lazy_pulls` off pulls whole."""
+was; `lazy_pulls` off pulls whole. A snapshot whose files the node lost starts its sandboxes
+while its files are served the same way, its serving shared by them and kept until the node
+closes."""
 
 from __future__ import annotations
 
 import asyncio
 import json
+import shutil
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -24,6 +27,7 @@ from aenv.storage import lazytree
 from aenv.storage.fusefile import SOURCE
 from aenv.storage.repository.chunks import chunk_key
 from tests.doubles.node import DoubleNode, double_node
+from tests.support.wait import eventually
 
 pytestmark = pytest.mark.skipif(not lazytree.available(), reason="FUSE mounts need root")
 
@@ -121,3 +125,58 @@ async def test_lazy_pulls_off_pulls_whole(tmp_path: Path) -> None:
         assert b.guest(sandbox_id).read("/data") == "kept"
         assert b.orchestrator.node.saved.lazy.serving(sandbox_id) is None
         assert mounts_under(b.config.home) == []
+
+
+@asynccontextmanager
+async def lost_snapshot(tmp_path: Path, **settings: Any) -> AsyncIterator[tuple[DoubleNode, str]]:
+    """A node, and the name of a snapshot it holds only in the repository (its local files
+    removed, as on a node that never had them)."""
+    try:
+        async with double_node(
+            tmp_path, redis_url=REDIS, repository=str(tmp_path / "repository"), **settings
+        ) as node:
+            record, _ = await node.orchestrator.create(node.request())
+            node.guest(record.id).write("/state", "snapped")
+            snap = await node.orchestrator.snapshot(record.id, name="kept")
+            await eventually(
+                lambda: (node.templates.by_id(snap.template_id) or snap).manifest_id is not None
+            )
+            await node.orchestrator.kill(record.id)
+            shutil.rmtree(snap.snapshot_dir)
+            shutil.rmtree(node.templates.build_memory_dir(snap.template_id, snap.build_id))
+            yield node, "kept"
+        assert mounts_under(tmp_path) == []
+    finally:
+        lazytree.sweep(tmp_path)
+
+
+async def test_a_snapshot_the_node_lacks_is_served_to_its_sandboxes(tmp_path: Path) -> None:
+    async with lost_snapshot(tmp_path) as (node, name):
+        child, _ = await node.orchestrator.create(node.request(template=name))
+        assert node.guest(child.id).read("/state") == "snapped"
+        saved = node.orchestrator.node.saved
+        snap = node.templates.get(name)
+        tree = saved.served_template(snap)
+        assert tree is not None and "memory" in tree.touched
+        # Another start takes the served state (never a second pull), also once it is whole.
+        other, _ = await node.orchestrator.create(node.request(template=name))
+        assert node.guest(other.id).read("/state") == "snapped"
+        await tree.wait_whole()
+        assert mounts_under(node.config.home) == []  # local now: nothing mounted
+        assert saved.served_template(snap) is tree
+        # A pause waits until the files are whole, then resumes as any.
+        await node.orchestrator.pause(child.id)
+        await node.orchestrator.resume(child.id, 60)
+        assert node.guest(child.id).read("/state") == "snapped"
+        await node.orchestrator.kill(child.id)
+        await node.orchestrator.kill(other.id)
+        third, _ = await node.orchestrator.create(node.request(template=name))
+        assert node.guest(third.id).read("/state") == "snapped"
+
+
+async def test_lazy_pulls_off_pulls_a_lost_snapshot_whole(tmp_path: Path) -> None:
+    async with lost_snapshot(tmp_path, lazy_pulls=False) as (node, name):
+        child, _ = await node.orchestrator.create(node.request(template=name))
+        assert node.guest(child.id).read("/state") == "snapped"
+        snap = node.templates.get(name)
+        assert node.orchestrator.node.saved.served_template(snap) is None

@@ -246,6 +246,8 @@ async def _launch_base(
 ) -> Live:
     """Step 4 without a pooled VM: restore (or boot) a new VM from `base`."""
     snapshot = await node.saved.base_snapshot(base)
+    if (served := node.saved.served_template(base)) is not None:
+        node.saved.lazy.share(record.id, served)  # its saves wait for the files
     if request.size is not None:
         vcpus, memory_mib = request.size
         spec = dataclasses.replace(snapshot.spec, vcpus=vcpus, memory_mib=memory_mib)

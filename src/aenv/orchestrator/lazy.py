@@ -2,11 +2,16 @@
 (memory, read-only drives) served as it reads them (`storage.lazytree`), kept beside the
 sandbox's VM while it runs and ended with it.
 
-One decision says when a pull is lazy (`Archive.pull_lazily`): a cluster node's resume of a
-paused sandbox whose checkpoint it has no local copy of, when `lazy_pulls` is on and this
-process can mount FUSE. Everything else pulls whole first: a template's or snapshot's files
-(shared by every sandbox started from them, whose VMs outlive any one of them), and a node
-without FUSE.
+One decision says when a pull is lazy (`Archive.pull_lazily`): on a cluster node with
+`lazy_pulls` on that can mount FUSE, a resume of a paused sandbox whose checkpoint it has no
+local copy of, and a start from a template or snapshot whose files it lacks. A node without
+FUSE pulls whole first.
+
+A sandbox's own checkpoint is served for that sandbox alone (`hold`): its serving ends with its
+VM. A template's files are shared by every sandbox started from them, whose VMs outlive any one
+of them: `SavedStates` owns that serving until the node closes (once whole, its FUSE servers
+only answer VMs that mapped the files while they were served), and each sandbox started from it
+meanwhile is tied to it (`share`) only so that its saves wait until the files are local.
 
 While served, a save of the VM waits until its files are whole: a pause or snapshot names the
 memory file as its base, which must then be an ordinary local file. The chunks the guest
@@ -39,12 +44,18 @@ def pulls_lazily(config: Config, archive: Archive | None) -> bool:
 class LazyCheckpoints:
     def __init__(self) -> None:
         self._trees: dict[str, LazyTree] = {}
+        self._shared: dict[str, LazyTree] = {}  # a template's serving, by sandbox started from it
         self._orders: dict[str, dict[str, list[int]]] = {}
         self._closing: dict[str, asyncio.Future[None]] = {}
 
     def hold(self, sandbox_id: str, tree: LazyTree) -> None:
         """`tree` serves the checkpoint `sandbox_id` is being restored from."""
         self._trees[sandbox_id] = tree
+
+    def share(self, sandbox_id: str, tree: LazyTree) -> None:
+        """`sandbox_id` starts from a template's files `tree` serves (owned elsewhere): its
+        saves wait until they are whole (`whole`)."""
+        self._shared[sandbox_id] = tree
 
     def serving(self, sandbox_id: str) -> LazyTree | None:
         return self._trees.get(sandbox_id)
@@ -86,11 +97,10 @@ class LazyCheckpoints:
     async def whole(self, sandbox_id: str) -> None:
         """Until the sandbox's served files are local (at once when none are served); raises
         `OperationFailed` when they cannot be had."""
-        tree = self._trees.get(sandbox_id)
-        if tree is None:
-            return
+        trees = [t for t in (self._trees.get(sandbox_id), self._shared.get(sandbox_id)) if t]
         try:
-            await tree.wait_whole()
+            for tree in trees:
+                await tree.wait_whole()
         except Exception as error:
             raise OperationFailed(
                 f"sandbox {sandbox_id}: its checkpoint's files could not be fetched: {error}"
@@ -119,6 +129,7 @@ class LazyCheckpoints:
         """The sandbox is gone: its serving ends, its order is not needed."""
         await self.end(sandbox_id)
         self._orders.pop(sandbox_id, None)
+        self._shared.pop(sandbox_id, None)
 
     def prefetch_order(self, sandbox_id: str) -> dict[str, list[int]] | None:
         """The chunks the sandbox's last lazily restored VM needed, by file, first taken."""

@@ -167,6 +167,8 @@ async def _restore_pooled(node: Node, template: Template) -> Pooled | None:
                 await asyncio.to_thread((workdir / warm.MARKER).touch)
                 async with node.admission:
                     snapshot = await node.saved.base_snapshot(template)
+                    if (served := node.saved.served_template(template)) is not None:
+                        node.saved.lazy.share(sandbox_id, served)  # saves wait for the files
                     token = template.envd_access_token
                     vm, slot, envd = await start_vm(
                         node, sandbox_id, snapshot, NO_EGRESS, token, cold=False

@@ -84,6 +84,8 @@ async def _reset_locked(node: Node, sandbox_id: str, base: Template) -> SandboxR
         )
         try:
             snapshot = await node.saved.base_snapshot(base)
+            if (served := node.saved.served_template(base)) is not None:
+                node.saved.lazy.share(sandbox_id, served)  # its saves wait for the files
             new = await launch(
                 node,
                 target,

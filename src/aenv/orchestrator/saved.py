@@ -35,6 +35,7 @@ from aenv.runtime.driver import (
     Snapshot,
     UnknownSavedStateFormat,
 )
+from aenv.storage.lazytree import LazyTree
 from aenv.storage.repository import RepositoryError
 
 log = logging.getLogger("aenv.orchestrator")
@@ -74,6 +75,9 @@ class SavedStates:
         self.lazy_pulls = lazy_pulls
         self.lazy_prefetch = lazy_prefetch
         self.lazy = LazyCheckpoints()
+        # Templates' files served while they arrive, by directory, and the state read from
+        # them: every start from the template takes that state until the node closes.
+        self._served: dict[str, tuple[LazyTree, Snapshot]] = {}
 
     async def cancel_push(self, sandbox_id: str) -> None:
         await self._pushes.cancel(sandbox_id)
@@ -118,6 +122,8 @@ class SavedStates:
     async def close(self) -> None:
         """Uploads of checkpoints already taken finish first: they are the durable copies."""
         await self._pushes.wait_all()
+        for directory in list(self._served):
+            await self._end_served(directory)
         if self.archive is not None:
             self.archive.close()
 
@@ -130,6 +136,8 @@ class SavedStates:
             dropped = template.deleted or template.kind is TemplateKind.FORK
             in_use = {u for u in used if u.startswith(f"{template_dir}/")}
             if dropped and not in_use:
+                for directory in [d for d in self._served if d.startswith(f"{template_dir}/")]:
+                    await self._end_served(directory)
                 await asyncio.to_thread(self.templates.delete, template.template_id)
                 await self.drop(template.manifest_id)
                 continue
@@ -277,19 +285,49 @@ class SavedStates:
         return current is None or current.build_id != template.build_id
 
     async def base_snapshot(self, template: Template) -> Snapshot:
-        """The snapshot a template restores from, pulled from the repository when its local
-        files are gone."""
+        """The snapshot a template restores from, from the repository when its local files
+        are gone: served as they are read on a node that pulls lazily (the caller ties the
+        sandbox to `served_template`), pulled whole first otherwise."""
         directory = Path(template.snapshot_dir)
+        if (served := self._usable_served(directory)) is not None:
+            return served
         try:
             return await self._local(directory)
         except RestoreError as e:
             if self.archive is None or template.manifest_id is None:
                 raise RestoreError(f"template {template.template_id} is unusable: {e}") from e
         async with self._pull_locks.setdefault(template.template_id, asyncio.Lock()):
+            if (served := self._usable_served(directory)) is not None:
+                return served
             with contextlib.suppress(RestoreError):
                 return await self._local(directory)
+            if self.lazy_pulls:
+                # One whose background fetch failed: its VMs fault on what it lacks (SIGBUS,
+                # never zeros) and end; the new copy replaces it.
+                await self._end_served(str(directory))
+                log.info("template %s: serving its files from the repository", template.template_id)
+                snapshot, tree = await self.archive.pull_lazily(
+                    template.manifest_id, directory, self.driver, self.lazy_prefetch
+                )
+                self._served[str(directory)] = (tree, snapshot)
+                return snapshot
             log.warning("template %s: pulling its files from the repository", template.template_id)
             return await self.archive.pull(template.manifest_id, directory, self.driver)
+
+    def served_template(self, template: Template) -> LazyTree | None:
+        """The serving of `template`'s files, if this node served them lazily (whole by now
+        or not)."""
+        served = self._served.get(template.snapshot_dir)
+        return None if served is None else served[0]
+
+    def _usable_served(self, directory: Path) -> Snapshot | None:
+        served = self._served.get(str(directory))
+        return None if served is None or served[0].error is not None else served[1]
+
+    async def _end_served(self, directory: str) -> None:
+        served = self._served.pop(directory, None)
+        if served is not None:
+            await served[0].close()
 
     async def _local(self, directory: Path) -> Snapshot:
         """The saved state in `directory`; `RestoreError` when it is incomplete or another
