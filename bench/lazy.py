@@ -11,8 +11,9 @@ holder. Node B, with an empty cache each run, pulls the tree:
 - `pull_s3`: from S3 only (no peers: today's pull);
 - `pull_peer`: peers before S3 (all from A);
 - `pull_cache`: again, through B's now full cache;
-- `lazy_first_read`: the disk image as a `LazyFile` served over NBD, and `qemu-io` reading
-  4 KiB of it: the time and the bytes moved before that read answers, against the whole pull.
+- `lazy_first_read`: the disk image as a `LazyFile` served as a FUSE file (as restores serve
+  read-only drives), and `qemu-io` reading 4 KiB of it: the time and the bytes moved before
+  that read answers, against the whole pull.
 
 Ratios are against `pull_s3` in the same run; bytes by source (cache, peer, store) for each.
 
@@ -26,11 +27,20 @@ what the answer needed: the background fetch runs meanwhile), the same over the 
 paused again there: everything the node read to hold the checkpoint, by source: `cache` its own
 chunk cache, `peer` the other node, `store` S3), and the sandbox's directory there once paused
 again (its checkpoint, whole). Then the same on a second cluster whose nodes pull
-whole (`lazy_pulls = false`, as before issue 34), in the same run.
+whole (`lazy_pulls = false`, as before issue 34), in the same run; with `--against no-prefetch`,
+on a cluster whose nodes serve lazily but fetch nothing ahead of reads (`lazy_prefetch = 0`).
+
+`create`: the same two-node cluster; each sample makes a new snapshot on node A (a sandbox
+from `base` with 16 MiB of fresh data, `create_snapshot`, killed), then times a create from it
+(`Sandbox.create` + `commands.run("true")`) on A, where its files are (B drained), against the
+first create from it on B, which has never seen it (A drained: B serves the snapshot's files
+lazily), and a second create on B (its files held by then); B's pull reads by source between
+just before and just after its first create answered. Then the same on a cluster whose nodes
+pull whole (`lazy_pulls = false`).
 
 Prints one JSON document on stdout; progress goes to stderr.
 
-    python bench/lazy.py [pulls|resume] [--runs 3]
+    python bench/lazy.py [pulls|resume|create] [--runs 3] [--against whole|no-prefetch]
 """
 
 from __future__ import annotations
@@ -59,7 +69,7 @@ from aenv.cluster.peers import ClusterPeers  # noqa: E402
 from aenv.cluster.registry import Capacity, NodeRegistry, NodeReport  # noqa: E402
 from aenv.cluster.secret import ClusterSecret  # noqa: E402
 from aenv.cluster.store import connect  # noqa: E402
-from aenv.storage.nbd import NbdExport  # noqa: E402
+from aenv.storage.fusefile import FuseFile  # noqa: E402
 from aenv.storage.repository import ChunkCache, Repository, S3Store  # noqa: E402
 from aenv.storage.repository.lazy import LazyFile  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402
@@ -131,18 +141,18 @@ async def first_read(
         manifest = await repo.manifest(manifest_id)
         entry = next(f for f in manifest.files if f.path == "root.img")
         lazy = LazyFile(repo, manifest, entry, work / "lazy.img")
-        server = await NbdExport(lazy).serve(work / "nbd.sock")
+        fuse = FuseFile(lazy, "root.img")
+        (work / "mnt").mkdir()
+        await asyncio.to_thread(fuse.mount, work / "mnt", asyncio.get_running_loop())
         try:
             process = await asyncio.create_subprocess_exec(
-                "qemu-io", "-r", "-f", "raw", "-c", "read 8M 4k",
-                f"nbd+unix:///?socket={work / 'nbd.sock'}",
+                "qemu-io", "-r", "-f", "raw", "-c", "read 8M 4k", str(fuse.path),
                 stdout=asyncio.subprocess.DEVNULL,
             )  # fmt: skip
             await process.wait()
             took = time.perf_counter() - start
         finally:
-            server.close()
-            await server.wait_closed()
+            await asyncio.to_thread(fuse.unmount)
             lazy.close()
         return took, by_source(repo)
     finally:
@@ -274,21 +284,30 @@ else:
 """
 
 
-async def resume(work: Path, samples: int) -> dict[str, object]:
-    """`resume_on` with lazy pulls, then on a cluster whose nodes pull whole (before)."""
+# What `resume` sets the lazy cluster against: nodes that pull whole (as before issue 34), or
+# nodes that serve lazily with nothing fetched ahead of reads (`lazy_prefetch = 0`).
+AGAINST = {
+    "whole": ("whole_pulls", {"AENV_LAZY_PULLS": "false"}),
+    "no-prefetch": ("lazy_no_prefetch", {"AENV_LAZY_PREFETCH": "0"}),
+}
+
+
+async def resume(work: Path, samples: int, against: str = "whole") -> dict[str, object]:
+    """`resume_on` with lazy pulls, then on a cluster set as `AGAINST[against]`."""
+    name, settings = AGAINST[against]
     (work / "lazy").mkdir()
-    (work / "whole").mkdir()
+    (work / "other").mkdir()
     lazy = await resume_on(work / "lazy", samples, {})
-    whole = await resume_on(work / "whole", samples, {"AENV_LAZY_PULLS": "false"})
+    other = await resume_on(work / "other", samples, settings)
     lazy_other = statistics.median(lazy.pop("other_node_s_all"))  # type: ignore[arg-type]
-    whole_other = statistics.median(whole.pop("other_node_s_all"))  # type: ignore[arg-type]
+    other_other = statistics.median(other.pop("other_node_s_all"))  # type: ignore[arg-type]
     return {
         "benchmark": "lazy resume",
         "date": time.strftime("%Y-%m-%d"),
         "samples": samples,
         "lazy_pulls": lazy,
-        "whole_pulls": whole,
-        "lazy_over_whole_other_node_median": round(lazy_other / whole_other, 2),
+        name: other,
+        f"lazy_over_{name}_other_node_median": round(lazy_other / other_other, 2),
     }
 
 
@@ -356,14 +375,116 @@ async def resume_on(work: Path, samples: int, settings: dict[str, str]) -> dict[
     }
 
 
+# Runs in the gateway's namespace: `snap NAME` (a sandbox with fresh data snapshotted as NAME,
+# then killed), `create REF NODE_URL` (a sandbox from REF answering a command: the seconds, and
+# NODE_URL's pull reads by source just before and after; then killed).
+CREATE_CLIENT = """
+import json, re, sys, time
+import httpx
+from e2b import Sandbox
+command, *args = sys.argv[1:]
+
+def reads(url):
+    text = httpx.get(url + "/metrics", timeout=30).text
+    found = re.findall(r'aenv_repository_read_bytes_total[{]source="(\\w+)"[}] ([0-9.e+]+)', text)
+    return {source: float(value) for source, value in found}
+
+if command == "snap":
+    sandbox = Sandbox.create("base", timeout=600)
+    sandbox.commands.run("head -c 16777216 /dev/urandom > /home/user/data")
+    sandbox.create_snapshot(name=args[0])
+    sandbox.kill()
+    print(json.dumps(args[0]))
+else:
+    before = reads(args[1])
+    start = time.perf_counter()
+    sandbox = Sandbox.create(args[0], timeout=600)
+    sandbox.commands.run("true")
+    took = time.perf_counter() - start
+    after = reads(args[1])
+    sandbox.kill()
+    print(json.dumps([took, {k: after.get(k, 0) - before.get(k, 0) for k in after}]))
+"""
+
+
+async def create(work: Path, samples: int) -> dict[str, object]:
+    """`create_on` with lazy pulls, then on a cluster whose nodes pull whole (before)."""
+    (work / "lazy").mkdir()
+    (work / "whole").mkdir()
+    lazy = await create_on(work / "lazy", samples, {})
+    whole = await create_on(work / "whole", samples, {"AENV_LAZY_PULLS": "false"})
+    lazy_unseen = statistics.median(lazy.pop("unseen_s_all"))  # type: ignore[arg-type]
+    whole_unseen = statistics.median(whole.pop("unseen_s_all"))  # type: ignore[arg-type]
+    return {
+        "benchmark": "lazy create",
+        "date": time.strftime("%Y-%m-%d"),
+        "samples": samples,
+        "lazy_pulls": lazy,
+        "whole_pulls": whole,
+        "lazy_over_whole_unseen_median": round(lazy_unseen / whole_unseen, 2),
+    }
+
+
+async def create_on(work: Path, samples: int, settings: dict[str, str]) -> dict[str, object]:
+    """Creates from a new snapshot on its own node against on a node that never saw it."""
+    from cluster import on_cluster
+
+    from aenv.cluster.saved import SavedRecords
+
+    beat = {"AENV_HEARTBEAT_INTERVAL": "2", **settings}
+    async with on_cluster(work, ["node-a", "node-b"], beat, shared_repository=True) as on:
+
+        def client(*args: str) -> Any:
+            return on.client(CREATE_CLIENT, *args)
+
+        saved = SavedRecords(on.routes.client)
+        url = {n: f"http://{a}" for n, a in on.nodes.addresses.items()}
+        local: list[float] = []
+        unseen: list[float] = []
+        again: list[float] = []
+        moved: list[dict[str, float]] = []
+        for n in range(samples):
+            name = f"bench-{n}-{secrets.token_hex(3)}"
+            on.aenv("node", "drain", "node-b")
+            client("snap", name)
+            while await saved.find(name) is None:  # published once in the repository
+                await asyncio.sleep(0.5)
+            took, _ = client("create", name, url["node-a"])
+            local.append(took)
+            on.aenv("node", "undrain", "node-b")
+            on.aenv("node", "drain", "node-a")
+            took, reads = client("create", name, url["node-b"])
+            unseen.append(took)
+            moved.append(reads)
+            took, _ = client("create", name, url["node-b"])
+            again.append(took)
+            on.aenv("node", "undrain", "node-a")
+            log(f"sample {n}: local {local[-1]:.2f}s, unseen {unseen[-1]:.2f}s, "
+                f"again {again[-1]:.2f}s, moved {reads}")  # fmt: skip
+    return {
+        "unseen_s_all": unseen,
+        "create_on_its_node_s": [round(t, 2) for t in local],
+        "create_on_a_node_that_never_saw_it_s": [round(t, 2) for t in unseen],
+        "second_create_there_s": [round(t, 2) for t in again],
+        "unseen_over_local_median": round(statistics.median(unseen) / statistics.median(local), 2),
+        "moved_before_first_answer_mib": [
+            {k: round(v / MiB, 1) for k, v in m.items()} for m in moved
+        ],
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", nargs="?", choices=["pulls", "resume"], default="pulls")
+    parser.add_argument("mode", nargs="?", choices=["pulls", "resume", "create"], default="pulls")
     parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--against", choices=sorted(AGAINST), default="whole",
+                        help="resume: the second cluster's nodes")  # fmt: skip
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="aenv-bench-lazy-") as work:
         if args.mode == "resume":
-            result = asyncio.run(resume(Path(work), args.runs))
+            result = asyncio.run(resume(Path(work), args.runs, args.against))
+        elif args.mode == "create":
+            result = asyncio.run(create(Path(work), args.runs))
         else:
             result = asyncio.run(bench(Path(work), args.runs))
     print(json.dumps(result, indent=2))

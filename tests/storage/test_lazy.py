@@ -1,8 +1,9 @@
-"""Disks on demand, below the VM: a stored disk image read lazily (`LazyFile`) and served over
-NBD (`storage/nbd.py`) to QEMU's own NBD client (`qemu-img`, `qemu-io`), from a repository on a
-real S3 server (moto) on loopback. QEMU reads it bit for bit, fetching only the chunks it
-reads; a store that fails makes a read wait and go on when it is back, or fail with an I/O
-error, never zeros."""
+"""Disks on demand, below the VM: a stored disk image read lazily (`LazyFile`) and served as the
+file of a FUSE mount (`storage/fusefile.py`, as restores serve read-only drives) to QEMU's own
+tools (`qemu-img`, `qemu-io`), from a repository on a real S3 server (moto) on loopback. QEMU
+reads it bit for bit, fetching only the chunks it reads; a store that fails makes a read wait
+and go on when it is back, or fail with an I/O error, never zeros. The chunks of a given order
+come first, so many at a time, and the background fetch makes way for reads."""
 
 from __future__ import annotations
 
@@ -16,11 +17,14 @@ from pathlib import Path
 import pytest
 from moto.server import ThreadedMotoServer
 
-from aenv.storage.nbd import NbdExport
+from aenv.storage import lazytree
+from aenv.storage.fusefile import FuseFile
 from aenv.storage.repository import ChunkCache, Manifest, Repository, S3Store, UnreachableChunk
 from aenv.storage.repository.lazy import LazyFile
 from tests.storage.test_repository import s3_store
 from tests.support.ports import free_port
+
+pytestmark = pytest.mark.skipif(not lazytree.available(), reason="FUSE mounts need root")
 
 MiB = 1 << 20
 DATA_CHUNKS = (0, 3, 4, 9, 15)  # of 16: the rest are holes
@@ -75,14 +79,36 @@ def node(store: S3Store, tmp_path: Path) -> Iterator[Repository]:
     repo.close()
 
 
+class Reported:
+    """`lazy` as a FUSE file's source, the failures of its reads kept in `errors` (as a
+    `LazyTree` tells its owner)."""
+
+    def __init__(self, lazy: LazyFile, errors: list[Exception]) -> None:
+        self.lazy = lazy
+        self.errors = errors
+
+    @property
+    def size(self) -> int:
+        return self.lazy.size
+
+    async def read(self, offset: int, length: int) -> bytes:
+        try:
+            return await self.lazy.read(offset, length)
+        except Exception as error:
+            self.errors.append(error)
+            raise
+
+
 @asynccontextmanager
-async def served(lazy: LazyFile, socket: Path, errors: list[Exception]) -> AsyncIterator[str]:
-    server = await NbdExport(lazy, on_error=errors.append).serve(socket)
+async def served(lazy: LazyFile, mountpoint: Path, errors: list[Exception]) -> AsyncIterator[str]:
+    """`lazy` as the file `root.img` of a FUSE mount at `mountpoint`: its path."""
+    mountpoint.mkdir()
+    fuse = FuseFile(Reported(lazy, errors), "root.img")
+    await asyncio.to_thread(fuse.mount, mountpoint, asyncio.get_running_loop())
     try:
-        yield f"nbd+unix:///?socket={socket}"
+        yield str(fuse.path)
     finally:
-        server.close()
-        await server.wait_closed()
+        await asyncio.to_thread(fuse.unmount)
         lazy.close()
 
 
@@ -101,7 +127,7 @@ async def test_qemu_reads_a_lazy_image_bit_for_bit(
     manifest, content = stored
     lazy = LazyFile(node, manifest, manifest.files[0], tmp_path / "lazy.img")
     errors: list[Exception] = []
-    async with served(lazy, tmp_path / "nbd.sock", errors) as url:
+    async with served(lazy, tmp_path / "mnt", errors) as url:
         code, out = await qemu("qemu-img", "convert", "-f", "raw", "-O", "raw", url,
                                str(tmp_path / "copy.img"))  # fmt: skip
         assert code == 0, out
@@ -117,7 +143,7 @@ async def test_a_read_fetches_its_chunk_only_and_complete_the_rest(
 ) -> None:
     manifest, content = stored
     lazy = LazyFile(node, manifest, manifest.files[0], tmp_path / "lazy.img")
-    async with served(lazy, tmp_path / "nbd.sock", []) as url:
+    async with served(lazy, tmp_path / "mnt", []) as url:
         code, out = await qemu("qemu-io", "-r", "-f", "raw", "-c", "read 3M 8k", url)
         assert code == 0 and "read 8192/8192 bytes" in out, out
         assert (lazy.touched, node.stats.chunks_fetched) == ([3], 1)
@@ -239,7 +265,7 @@ async def test_a_read_waits_for_a_store_that_comes_back(
     server.stop()
     lazy = LazyFile(node, manifest, manifest.files[0], tmp_path / "lazy.img", patience=120)
     errors: list[Exception] = []
-    async with served(lazy, tmp_path / "nbd.sock", errors) as url:
+    async with served(lazy, tmp_path / "mnt", errors) as url:
         reading = asyncio.create_task(
             qemu("qemu-io", "-r", "-f", "raw", "-c", "read -v 4M 16", url)
         )
@@ -267,37 +293,13 @@ async def test_a_source_that_stays_down_is_an_io_error_never_zeros(
     s3[0].stop()
     lazy = LazyFile(node, manifest, manifest.files[0], tmp_path / "lazy.img", patience=1)
     errors: list[Exception] = []
-    async with served(lazy, tmp_path / "nbd.sock", errors) as url:
+    async with served(lazy, tmp_path / "mnt", errors) as url:
         _, out = await qemu("qemu-io", "-r", "-f", "raw", "-c", "read -v 4M 16", url)
         assert "Input/output error" in out, out
-        assert [type(e) for e in errors] == [UnreachableChunk]
+        assert errors and all(isinstance(e, UnreachableChunk) for e in errors)
         assert "could not be had from any source within 1 s" in str(errors[0])
         assert not lazy.whole
     # Nothing was written in place of the chunk: the local file is all holes still.
     with (tmp_path / "lazy.img").open("rb") as fh, pytest.raises(OSError) as hole:
         os.lseek(fh.fileno(), 0, os.SEEK_DATA)
     assert hole.value.errno == errno.ENXIO
-
-
-async def test_the_export_is_listed_read_only_and_named(
-    stored: tuple[Manifest, bytes], node: Repository, tmp_path: Path
-) -> None:
-    manifest, _ = stored
-    lazy = LazyFile(node, manifest, manifest.files[0], tmp_path / "lazy.img")
-    socket = tmp_path / "nbd.sock"
-    server = await NbdExport(lazy, name="root").serve(socket)
-    try:
-        code, out = await qemu("qemu-nbd", "--list", "-k", str(socket))
-        assert code == 0 and "export: 'root'" in out and f"size:  {16 * MiB}" in out, out
-        assert "readonly" in out
-        code, out = await qemu("qemu-io", "-f", "raw", "-c", "write 0 512",
-                               f"nbd+unix:///root?socket={socket}")  # fmt: skip
-        assert code != 0 and "Permission denied" in out, out
-        code, out = await qemu("qemu-io", "-r", "-f", "raw", "-c", "read 0 512",
-                               f"nbd+unix:///other?socket={socket}")  # fmt: skip
-        assert code != 0 and "no export 'other'" in out, out
-    finally:
-        server.close()
-        await server.wait_closed()
-        lazy.close()
-    assert node.stats.chunks_fetched == 0  # none of it read a byte
