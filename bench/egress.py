@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 
 import trustme
+import uvloop
 from summary import summary_ms
 
 from aenv.network import EgressPolicy, Slot, SlotPool, netns
@@ -250,7 +251,7 @@ def run() -> dict[str, object]:
             _wait_listening(world.inet)
             _wait_tls(world.inet)
             with socks_server.socks_server(world.inet, SOCKS_IP, SOCKS_IP, {}):
-                return asyncio.run(_bench(world, keys / "origin.pem", keys / "node-ca"))
+                return uvloop.run(_bench(world, keys / "origin.pem", keys / "node-ca"))
         finally:
             for server in (web, tls_web):
                 server.terminate()

@@ -230,16 +230,18 @@ class Bridge:
                 raise ConnectionError("response cut short")
 
     async def _send(self, stream_id: int, data: bytes) -> None:
-        """`data` on the stream, as the guest's windows allow."""
+        """`data` on the stream, as the guest's windows allow: as many frames as the window
+        takes, then one write (one TLS write and one send for them all, not one a frame)."""
         view = memoryview(data)
         while view:
-            window = min(
-                self._h2.local_flow_control_window(stream_id), self._h2.max_outbound_frame_size
-            )
+            window = self._h2.local_flow_control_window(stream_id)
             if window <= 0:
                 self._window.clear()
                 await self._window.wait()
                 continue
-            self._h2.send_data(stream_id, view[:window].tobytes())
-            view = view[window:]
+            frame = self._h2.max_outbound_frame_size
+            take = min(window, len(view))
+            for start in range(0, take, frame):
+                self._h2.send_data(stream_id, view[start : min(start + frame, take)])
+            view = view[take:]
             await self._flush()
