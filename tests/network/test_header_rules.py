@@ -24,6 +24,7 @@ from pathlib import Path
 
 import h2.config
 import h2.connection
+import h2.errors
 import h2.events
 import h11
 import jwt
@@ -44,6 +45,7 @@ from aenv.network.identity import IdentityTokens, Subject, WorkloadIdentity
 from aenv.network.identity_signer import IdentitySigner, key_from_seed
 from aenv.network.interception import PlainStream, exchange
 from aenv.network.interception_h2 import Bridge
+from aenv.network.sniff import tls_alpn
 from aenv.orchestrator.catalog import Catalog
 from aenv.orchestrator.secrets import SecretStore, load_key
 from tests.network import probes
@@ -185,7 +187,7 @@ async def _named(guest: FakeGuest) -> AsyncIterator[FakeGuest]:
     etc = Path("/etc/netns", guest.netns)
     etc.mkdir(parents=True)
     try:
-        names = " ".join(("ruled.test", "other.test", "a.wild.test", "unruled.test"))
+        names = " ".join(("ruled.test", "other.test", "a.wild.test", "unruled.test", "grpc.test"))
         (etc / "hosts").write_text(f"{INET_IP} {names}\n")
         yield guest
     finally:
@@ -656,6 +658,220 @@ async def test_http2_trailers_cross_both_ways() -> None:
         assert (seen["x-api-key"], seen["x-sum"], seen["host"]) == ("s3cret", "7", "a.test")
         assert seen["transfer-encoding"] == "chunked"
         assert trailers == [("x-checksum", "42")]
+    finally:
+        writer.close()
+        proxy.close()
+        upstream.close()
+
+
+# A gRPC server (grpcio: HTTP/2 only) answering `Echo` with the metadata it got and a trailer,
+# and `Chat` (streaming both ways) with each message reversed, then a trailer.
+_GRPC_SERVER = """
+import json, sys
+from concurrent import futures
+import grpc
+key, chain, address, port = sys.argv[1:]
+
+def echo(request, context):
+    context.set_trailing_metadata((("x-trailer", "echoed-%d" % len(request)),))
+    return json.dumps([list(m) for m in context.invocation_metadata()]).encode()
+
+def chat(requests, context):
+    context.send_initial_metadata((("x-initial", "hi"),))
+    for message in requests:
+        yield message[::-1]
+    context.set_trailing_metadata((("x-trailer", "chatted"),))
+
+handler = grpc.method_handlers_generic_handler("echo.Echo", {
+    "Echo": grpc.unary_unary_rpc_method_handler(echo),
+    "Chat": grpc.stream_stream_rpc_method_handler(chat),
+})
+server = grpc.server(futures.ThreadPoolExecutor(4), handlers=[handler])
+credentials = grpc.ssl_server_credentials([(open(key, "rb").read(), open(chain, "rb").read())])
+server.add_secure_port(f"{address}:{port}", credentials)
+server.start()
+print("ready", flush=True)
+server.wait_for_termination()
+"""
+_GRPC_CLIENT = """
+import json, sys
+import grpc
+bundle, target = sys.argv[1:]
+credentials = grpc.ssl_channel_credentials(open(bundle, "rb").read())
+with grpc.secure_channel(target, credentials) as channel:
+    echo = channel.unary_unary("/echo.Echo/Echo")
+    answer, call = echo.with_call(b"hello", metadata=(("x-api-key", "guest"),), timeout=20)
+    print(json.dumps({"metadata": json.loads(answer), "trailers": list(call.trailing_metadata())}))
+    big = b"".join(b"%07d" % i for i in range(100_000))  # 700 kB: more than a window
+    chat = channel.stream_stream("/echo.Echo/Chat")(iter([b"abc", big]), timeout=20)
+    messages = [m.decode() if len(m) < 100 else m == big[::-1] for m in chat]
+    print(json.dumps({
+        "messages": messages,
+        "initial": list(chat.initial_metadata()),
+        "trailers": list(chat.trailing_metadata()),
+    }))
+"""
+
+
+async def test_grpc_through_a_ruled_name(
+    make_pool: MakePool, boot: Boot, world: World, origin_ca: trustme.CA, tmp_path: Path
+) -> None:
+    """A gRPC server in the internet (HTTP/2 only, trailers, streaming both ways), called from
+    the guest with grpcio through a name with a rule: the server chose HTTP/2, so each of the
+    guest's streams goes on as a stream; the rule's header reaches the server's metadata (in
+    place of the guest's own), trailers and initial metadata come back, and messages larger
+    than HTTP/2's windows cross both ways."""
+    leaf = origin_ca.issue_cert("grpc.test")
+    key, chain, pem = tmp_path / "key.pem", tmp_path / "chain.pem", tmp_path / "origin.pem"
+    leaf.private_key_pem.write_to_path(str(key))
+    chain.write_bytes(b"".join(blob.bytes() for blob in leaf.cert_chain_pems))
+    origin_ca.cert_pem.write_to_path(str(pem))
+    server = await asyncio.create_subprocess_exec(
+        "ip", "netns", "exec", world.inet, sys.executable, "-c", _GRPC_SERVER,
+        str(key), str(chain), INET_IP, "50051", stdout=subprocess.PIPE,
+    )  # fmt: skip
+    try:
+        assert server.stdout is not None
+        assert await asyncio.wait_for(server.stdout.readline(), 30) == b"ready\n"
+        rules = HeaderRules((HeaderRule("grpc.test", (SECRET,)),))
+        policy = EgressPolicy.parse(allow=["grpc.test"], deny=["0.0.0.0/0"], headers=rules)
+        pool = await make_pool(egress_ca=tmp_path / "ca", upstream_ca=pem)
+        async with _named(await boot(await pool.acquire(policy=policy))) as guest:
+            env = {"PATH": "/usr/bin:/bin", "GRPC_DNS_RESOLVER": "native"}
+            code, out = await _run(
+                guest, sys.executable, "-c", _GRPC_CLIENT, str(_bundle(tmp_path, pem)),
+                "grpc.test:50051", env=env,
+            )  # fmt: skip
+        assert code == 0, out
+        unary, streamed = (json.loads(line) for line in out.splitlines() if line.startswith("{"))
+        metadata = dict(unary["metadata"])
+        assert metadata["x-api-key"] == "s3cret"  # the rule's value, not the guest's
+        assert [value for name, value in unary["metadata"] if name == "x-api-key"] == ["s3cret"]
+        assert unary["trailers"] == [["x-trailer", "echoed-5"]]
+        assert streamed["messages"] == ["cba", True]  # the big one, reversed
+        assert streamed["initial"] == [["x-initial", "hi"]]
+        assert streamed["trailers"] == [["x-trailer", "chatted"]]
+    finally:
+        server.terminate()
+        await server.wait()
+
+
+def _client_hello(alpn: list[str] | None) -> bytes:
+    context = ssl.create_default_context()
+    if alpn is not None:
+        context.set_alpn_protocols(alpn)
+    out = ssl.MemoryBIO()
+    client = context.wrap_bio(ssl.MemoryBIO(), out, server_hostname="a.test")
+    with contextlib.suppress(ssl.SSLWantReadError):
+        client.do_handshake()
+    return out.read()
+
+
+def test_the_protocols_a_client_hello_offers() -> None:
+    """What the proxy offers a server follows what the guest offered (`sniff.tls_alpn`)."""
+    assert tls_alpn(_client_hello(["h2", "http/1.1"])) == ("h2", "http/1.1")
+    assert tls_alpn(_client_hello(["http/1.1"])) == ("http/1.1",)
+    assert tls_alpn(_client_hello(None)) == ()
+    hello = _client_hello(["h2"])
+    assert [tls_alpn(hello[:cut]) for cut in (0, 5, 40)] == [()] * 3
+    assert tls_alpn(b"GET / HTTP/1.1\r\nHost: a.test\r\n\r\n") == ()
+
+
+async def _h2_server(
+    seen: list[object], reader: asyncio.StreamReader, writer: asyncio.StreamWriter
+) -> None:
+    """HTTP/2 without TLS: `/reset` is reset with ENHANCE_YOUR_CALM, `/hang` is answered with
+    headers only (its reset by the client is recorded in `seen`), anything else with its
+    request headers as JSON."""
+    config = h2.config.H2Configuration(client_side=False, header_encoding="utf-8")
+    conn = h2.connection.H2Connection(config)
+    conn.initiate_connection()
+    writer.write(conn.data_to_send())
+    try:
+        while data := await reader.read(65536):
+            for event in conn.receive_data(data):
+                if isinstance(event, h2.events.RequestReceived):
+                    assert event.stream_id is not None and event.headers is not None
+                    headers = {str(n): str(v) for n, v in event.headers}
+                    seen.append(headers)
+                    if headers[":path"] == "/reset":
+                        conn.reset_stream(event.stream_id, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+                    elif headers[":path"] == "/hang":
+                        conn.send_headers(event.stream_id, [(":status", "200")])
+                    else:
+                        body = json.dumps(headers).encode()
+                        conn.send_headers(event.stream_id, [(":status", "200")])
+                        conn.send_data(event.stream_id, body, end_stream=True)
+                elif isinstance(event, h2.events.StreamReset):
+                    seen.append(("reset", event.error_code))
+            writer.write(conn.data_to_send())
+    finally:
+        writer.close()
+
+
+async def test_http2_servers_get_streams_and_resets_both_ways() -> None:
+    """The HTTP/2 bridge alone, on loopback without TLS, to a server that speaks HTTP/2 (as if
+    it chose `h2` by ALPN): the request goes on as a stream with the rule's header (lower-cased,
+    in place of the guest's); a reset by the server reaches the guest with its error code, a
+    reset by the guest reaches the server."""
+    seen: list[object] = []
+    upstream = await asyncio.start_server(partial(_h2_server, seen), "127.0.0.1", 0)
+    port = upstream.sockets[0].getsockname()[1]
+
+    async def connect() -> PlainStream:
+        return PlainStream(*await asyncio.open_connection("127.0.0.1", port), alpn="h2")
+
+    async def bridge(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await Bridge(PlainStream(reader, writer), await connect(), connect, lambda: (SECRET,)).run()
+        writer.close()
+
+    proxy = await asyncio.start_server(bridge, "127.0.0.1", 0)
+    client = h2.connection.H2Connection(h2.config.H2Configuration(header_encoding="utf-8"))
+    reader, writer = await asyncio.open_connection("127.0.0.1", proxy.sockets[0].getsockname()[1])
+
+    def request(stream_id: int, path: str) -> None:
+        client.send_headers(
+            stream_id,
+            [(":method", "GET"), (":path", path), (":authority", "a.test"), (":scheme", "https"),
+             ("x-api-key", "guest")],
+            end_stream=True,
+        )  # fmt: skip
+
+    async def until(done: Callable[[list[h2.events.Event]], bool]) -> list[h2.events.Event]:
+        events: list[h2.events.Event] = []
+        while not done(events):
+            data = await asyncio.wait_for(reader.read(65536), 10)
+            assert data
+            events += client.receive_data(data)
+            writer.write(client.data_to_send())
+        return events
+
+    try:
+        client.initiate_connection()
+        request(1, "/")
+        request(3, "/reset")
+        writer.write(client.data_to_send())
+        events = await until(
+            lambda events: {getattr(e, "stream_id", 0) for e in events if isinstance(
+                e, h2.events.StreamEnded | h2.events.StreamReset)} >= {1, 3}
+        )  # fmt: skip
+        body = b"".join(e.data or b"" for e in events if isinstance(e, h2.events.DataReceived))
+        got = json.loads(body)
+        assert (got["x-api-key"], got[":authority"]) == ("s3cret", "a.test")
+        resets = [e for e in events if isinstance(e, h2.events.StreamReset)]
+        assert [(e.stream_id, e.error_code) for e in resets] == [
+            (3, h2.errors.ErrorCodes.ENHANCE_YOUR_CALM)
+        ]
+        request(5, "/hang")
+        writer.write(client.data_to_send())
+        await until(lambda events: any(isinstance(e, h2.events.ResponseReceived) for e in events))
+        client.reset_stream(5, h2.errors.ErrorCodes.CANCEL)
+        writer.write(client.data_to_send())
+        for _ in range(100):
+            if ("reset", h2.errors.ErrorCodes.CANCEL) in seen:
+                break
+            await asyncio.sleep(0.05)
+        assert ("reset", h2.errors.ErrorCodes.CANCEL) in seen
     finally:
         writer.close()
         proxy.close()

@@ -148,12 +148,12 @@ class EgressCA:
         return cert.public_bytes(serialization.Encoding.PEM) + key
 
 
-def upstream_context(extra_ca: Path | None) -> ssl.SSLContext:
+def upstream_context(extra_ca: Path | None, http2: bool = False) -> ssl.SSLContext:
     """How the proxy checks the real server: the host's trust store, plus the operator's CA
-    bundle if one is given; HTTP/1.1, which the proxy speaks to servers whatever the guest
-    speaks (`interception_h2`)."""
+    bundle if one is given. It offers HTTP/1.1, and HTTP/2 first with `http2` (for a guest that
+    offered HTTP/2 itself: `interception_h2`)."""
     context = ssl.create_default_context()
     if extra_ca is not None:
         context.load_verify_locations(cafile=str(extra_ca))
-    context.set_alpn_protocols(["http/1.1"])
+    context.set_alpn_protocols(["h2", "http/1.1"] if http2 else ["http/1.1"])
     return context

@@ -64,7 +64,7 @@ from aenv.network.interception import GuestTls, PlainStream, Stream, exchange
 from aenv.network.interception_h2 import Bridge
 from aenv.network.policy import EgressPolicy
 from aenv.network.slot import Slot
-from aenv.network.sniff import Need, requested_name
+from aenv.network.sniff import Need, requested_name, tls_alpn
 from aenv.network.socks import open_tunnel
 
 log = logging.getLogger(__name__)
@@ -150,14 +150,16 @@ class EgressCounts:
 
 @dataclass(frozen=True)
 class Interception:
-    """What a proxy needs to apply header rules: the node's CA, how servers are checked,
-    where the secrets rules name are read and who signs the tokens they name (None: a rule
-    naming one sends nothing)."""
+    """What a proxy needs to apply header rules: the node's CA, how servers are checked
+    (`upstream`, offering HTTP/1.1; `upstream_h2`, offering HTTP/2 too, for guests that offer
+    it; None: `upstream` for all), where the secrets rules name are read and who signs the
+    tokens they name (None: a rule naming one sends nothing)."""
 
     ca: EgressCA
     upstream: ssl.SSLContext
     secrets: SecretValues | None = None
     signer: Signer | None = None
+    upstream_h2: ssl.SSLContext | None = None
 
     def tokens(self, identity: WorkloadIdentity | None) -> TokenSource:
         """The tokens of `identity` (none without one, or without a signer)."""
@@ -297,18 +299,20 @@ class EgressProxy:
         return streams
 
     async def _verified(
-        self, policy: EgressPolicy, name: str, address: IPv4Address, port: int
+        self, policy: EgressPolicy, name: str, address: IPv4Address, port: int, http2: bool
     ) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
-        """A connection to the destination whose TLS verified for `name`. Raises OSError,
-        TimeoutError or ssl.SSLError (counted as failed)."""
+        """A connection to the destination whose TLS verified for `name`, offering HTTP/2 if
+        `http2`. Raises OSError, TimeoutError or ssl.SSLError (counted as failed)."""
         interception = self._interception
         assert interception is not None
+        context = interception.upstream
+        if http2 and interception.upstream_h2 is not None:
+            context = interception.upstream_h2
         up_reader, up_writer = await self._upstream(policy, name, address, port)
         _no_delay(up_writer)
         try:
             await asyncio.wait_for(
-                up_writer.start_tls(interception.upstream, server_hostname=name),
-                _CONNECT_TIMEOUT_S,
+                up_writer.start_tls(context, server_hostname=name), _CONNECT_TIMEOUT_S
             )
         except (OSError, TimeoutError, ssl.SSLError):
             self._counts.failed += 1
@@ -337,12 +341,17 @@ class EgressProxy:
         guest = GuestTls(reader, writer, interception.ca.server_context(name), head)
         handshake = asyncio.ensure_future(asyncio.wait_for(guest.handshake(), _HEAD_TIMEOUT_S))
         opened: list[asyncio.StreamWriter] = []
+        # The server is offered HTTP/2 only if the guest offered it: the proxy then speaks it
+        # with the guest too (its own ALPN prefers it), and can pass streams on as streams.
+        http2 = "h2" in tls_alpn(head)
 
         async def connect() -> Stream:
             policy, address, port = destination
-            up_reader, up_writer = await self._verified(policy, name, address, port)
+            up_reader, up_writer = await self._verified(policy, name, address, port, http2)
             opened.append(up_writer)
-            return PlainStream(up_reader, up_writer)
+            tls = up_writer.get_extra_info("ssl_object")
+            alpn = tls.selected_alpn_protocol() if tls is not None else None
+            return PlainStream(up_reader, up_writer, alpn)
 
         try:
             try:
@@ -360,6 +369,8 @@ class EgressProxy:
 
             if guest.alpn == "h2":
                 await Bridge(guest, first, connect, now).run()
+            elif first.alpn == "h2":  # the guest offered HTTP/2 but did not agree to it
+                log.debug("slot %s: %s: the guest and the server disagree", self.slot.netns, name)
             else:
                 await exchange(guest, first, now)
         except (

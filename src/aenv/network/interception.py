@@ -31,16 +31,23 @@ _MAX_HEAD = 64 * 1024
 
 
 class Stream(Protocol):
+    @property
+    def alpn(self) -> str | None:
+        """The protocol agreed by ALPN (None: none, or not TLS)."""
+
     async def read(self) -> bytes: ...
 
     async def write(self, data: bytes) -> None: ...
 
 
 class PlainStream:
-    """An asyncio stream pair as a `Stream`."""
+    """An asyncio stream pair as a `Stream`; `alpn` is what its TLS agreed on, if any."""
 
-    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def __init__(
+        self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter, alpn: str | None = None
+    ) -> None:
         self._reader, self._writer = reader, writer
+        self.alpn = alpn
 
     async def read(self) -> bytes:
         return await self._reader.read(_CHUNK)

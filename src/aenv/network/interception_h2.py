@@ -1,6 +1,9 @@
-"""Header rules for a guest that speaks HTTP/2: each of its streams becomes an HTTP/1.1 request
-to the server, with the rules' headers set, over verified connections the proxy keeps for the
-guest's connection (one per stream in flight, reused by later streams).
+"""Header rules for a guest that speaks HTTP/2: each of its streams becomes a request to the
+server with the rules' headers set. A server that chose HTTP/2 too (ALPN; the proxy offers it
+only to a guest that offered it) gets each stream as a stream of one shared connection
+(`h2_upstream`: gRPC, trailers, streaming both ways). Any other gets an HTTP/1.1 request, over
+verified connections the proxy keeps for the guest's connection (one per stream in flight,
+reused by later streams), as follows.
 
 The guest's side is h2's server state machine: requests (`:method`, `:path`, `:authority`
 become the request line and `Host`), request bodies forwarded as the server takes them (the
@@ -25,6 +28,7 @@ import h2.exceptions
 import h2.settings
 import h11
 
+from aenv.network.h2_upstream import H2Upstream
 from aenv.network.header_rules import FRAMING, HeadersNow, apply
 from aenv.network.interception import Stream
 
@@ -68,7 +72,11 @@ class Bridge:
         self._down = down
         self._connect = connect
         self._rules = rule_headers
-        self._idle = [_Upstream(up)]
+        self._first: Stream | None = up
+        self._idle: list[_Upstream] = []
+        # The server's HTTP/2 connections (the newest serves new streams; one ends, another is
+        # made).
+        self._h2_servers: list[H2Upstream] = []
         config = h2.config.H2Configuration(client_side=False, header_encoding=None)
         self._h2 = h2.connection.H2Connection(config)
         # Per stream: its body chunks and their flow-controlled lengths; None ends it.
@@ -97,6 +105,8 @@ class Bridge:
             for task in self._tasks.values():
                 task.cancel()
             await asyncio.gather(*self._tasks.values(), return_exceptions=True)
+            for server in self._h2_servers:
+                await server.close()
 
     def _handle(self, event: h2.events.Event) -> None:
         if isinstance(event, h2.events.RequestReceived):
@@ -126,13 +136,32 @@ class Bridge:
         elif isinstance(event, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
             self._window.set()
 
+    async def _server(self) -> _Upstream | H2Upstream:
+        """Where a new stream goes: the server's HTTP/2 connection if it has a live one, an idle
+        HTTP/1.1 connection, or a new connection (HTTP/2 if the server chose it)."""
+        if self._h2_servers and not self._h2_servers[-1].closed:
+            return self._h2_servers[-1]
+        if self._idle:
+            return self._idle.pop()
+        stream, self._first = self._first or await self._connect(), None
+        if stream.alpn != "h2":
+            return _Upstream(stream)
+        server = H2Upstream(stream)
+        self._h2_servers.append(server)
+        await server.start()
+        return server
+
     async def _stream(
         self, stream_id: int, headers: list[tuple[bytes, bytes]], ended: bool
     ) -> None:
-        upstream: _Upstream | None = None
+        upstream: _Upstream | H2Upstream | None = None
+        reusable = False
         try:
-            upstream = self._idle.pop() if self._idle else _Upstream(await self._connect())
-            reusable = await self._exchange(stream_id, headers, ended, upstream)
+            upstream = await self._server()
+            if isinstance(upstream, H2Upstream):
+                await self._exchange_h2(stream_id, headers, ended, upstream)
+            else:
+                reusable = await self._exchange(stream_id, headers, ended, upstream)
         except (h11.ProtocolError, h2.exceptions.ProtocolError, ConnectionError, OSError):
             reusable = False
             with contextlib.suppress(h2.exceptions.ProtocolError):
@@ -147,9 +176,83 @@ class Bridge:
                         self._acknowledge(stream_id, item[1])
             self._trailers.pop(stream_id, None)
             self._tasks.pop(stream_id, None)
-        if reusable and upstream is not None:
+        if reusable and isinstance(upstream, _Upstream):
             upstream.h11.start_next_cycle()
             self._idle.append(upstream)
+
+    async def _exchange_h2(
+        self,
+        stream_id: int,
+        headers: list[tuple[bytes, bytes]],
+        ended: bool,
+        server: H2Upstream,
+    ) -> None:
+        """The stream as a stream of the server's HTTP/2 connection: the guest's headers (h2
+        checked them: no connection-specific ones, `te` only as `trailers`) with the rules'
+        set, bodies and trailers both ways, a reset either way passed on."""
+        pseudo = [(n, v) for n, v in headers if n.startswith(b":")]
+        fields = [(n, v) for n, v in headers if not n.startswith(b":")]
+        request = pseudo + [(n.lower(), v) for n, v in apply(fields, self._rules())]
+        server_id = await server.request(request, end_stream=ended)
+        finished = False
+        upload = None
+        if not ended:
+            upload = asyncio.ensure_future(self._upload_h2(stream_id, server, server_id))
+        try:
+            reset = await self._download_h2(stream_id, server, server_id)
+            if upload is not None and not reset:
+                try:
+                    await upload
+                except h2.exceptions.StreamClosedError:
+                    # The server answered in full and closed the stream before the guest's
+                    # request ended: the guest is told to stop sending, as RFC 9113 8.1 says.
+                    self._h2.reset_stream(stream_id, h2.errors.ErrorCodes.NO_ERROR)
+                    await self._flush()
+            finished = True
+        finally:
+            if upload is not None:
+                upload.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await upload
+            await server.forget(server_id, reset=not finished)
+
+    async def _upload_h2(self, stream_id: int, server: H2Upstream, server_id: int) -> None:
+        queue = self._bodies[stream_id]
+        while (item := await queue.get()) is not None:
+            chunk, length = item
+            await server.send_data(server_id, chunk)
+            # The server's windows took it: the guest may send as much again.
+            self._acknowledge(stream_id, length)
+            await self._flush()
+        await server.end(server_id, self._trailers.pop(stream_id, []))
+
+    async def _download_h2(self, stream_id: int, server: H2Upstream, server_id: int) -> bool:
+        """The server's response to the guest; True if the server reset the stream."""
+        while True:
+            event = await server.next_event(server_id)
+            if isinstance(event, h2.events.ResponseReceived):
+                assert event.headers is not None
+                self._h2.send_headers(stream_id, list(event.headers))
+                await self._flush()
+            elif isinstance(event, h2.events.DataReceived):
+                assert event.data is not None and event.flow_controlled_length is not None
+                await self._send(stream_id, event.data)
+                await server.acknowledge(server_id, event.flow_controlled_length)
+            elif isinstance(event, h2.events.TrailersReceived):
+                assert event.headers is not None
+                self._h2.send_headers(stream_id, list(event.headers), end_stream=True)
+                await self._flush()
+                return False
+            elif isinstance(event, h2.events.StreamEnded):
+                self._h2.end_stream(stream_id)
+                await self._flush()
+                return False
+            elif isinstance(event, h2.events.StreamReset):
+                # Passed on as the server said it (gRPC cancels with CANCEL, for one).
+                self._h2.reset_stream(stream_id, event.error_code or 0)
+                await self._flush()
+                return True
+            # 1xx responses: nothing the guest needs from them here.
 
     async def _exchange(
         self,

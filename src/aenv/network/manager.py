@@ -106,8 +106,13 @@ class SlotManager:
         swept = await netns.run_in(self.config.host_netns, self._sweep_and_prepare)
         if self.config.egress_ca is not None:
             ca = await asyncio.to_thread(EgressCA, self.config.egress_ca)
-            upstream = upstream_context(self.config.upstream_ca)
-            self._interception = Interception(ca, upstream, self.config.secrets, self.config.signer)
+            self._interception = Interception(
+                ca,
+                upstream_context(self.config.upstream_ca),
+                self.config.secrets,
+                self.config.signer,
+                upstream_h2=upstream_context(self.config.upstream_ca, http2=True),
+            )
         if swept:
             log.warning("reclaimed %d leftover network slots: %s", len(swept), ", ".join(swept))
 

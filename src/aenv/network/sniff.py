@@ -2,7 +2,10 @@
 
 Both are parsed by the libraries that parse them for real servers, not by hand: OpenSSL reads
 the ClientHello (a server-side `SSLObject` over memory buffers whose SNI callback records the
-name and then aborts the handshake), httptools reads the HTTP request head.
+name and then aborts the handshake), httptools reads the HTTP request head. The protocols a
+ClientHello offers by ALPN (`tls_alpn`) are read here by hand, since OpenSSL shows a server only
+the one it picks; they only choose what the proxy offers the server in turn, never who is let
+through.
 """
 
 from __future__ import annotations
@@ -86,6 +89,48 @@ def http_host(data: bytes) -> str | Need | None:
     host = head.host
     # `name:port`, or `[v6]:port`.
     return host.rsplit(":", 1)[0] if not host.endswith("]") else host
+
+
+def _handshake_bytes(data: bytes) -> bytes:
+    """The handshake messages in `data`'s TLS records (a ClientHello may span several)."""
+    out, at = bytearray(), 0
+    while at + 5 <= len(data) and data[at] == _TLS_HANDSHAKE:
+        length = int.from_bytes(data[at + 3 : at + 5], "big")
+        out += data[at + 5 : at + 5 + length]
+        at += 5 + length
+    return bytes(out)
+
+
+def tls_alpn(data: bytes) -> tuple[str, ...]:
+    """The protocols the ClientHello in `data` offers by ALPN, in its order; () for none, or
+    for what is not a whole ClientHello."""
+    hello = _handshake_bytes(data)
+    if len(hello) < 4 or hello[0] != 1:  # client_hello
+        return ()
+    end = min(len(hello), 4 + int.from_bytes(hello[1:4], "big"))
+    at = 4 + 2 + 32  # version, random
+    try:
+        at += 1 + hello[at]  # session id
+        at += 2 + int.from_bytes(hello[at : at + 2], "big")  # cipher suites
+        at += 1 + hello[at]  # compression methods
+        extensions_end = min(end, at + 2 + int.from_bytes(hello[at : at + 2], "big"))
+        at += 2
+        while at + 4 <= extensions_end:
+            kind = int.from_bytes(hello[at : at + 2], "big")
+            length = int.from_bytes(hello[at + 2 : at + 4], "big")
+            body = hello[at + 4 : at + 4 + length]
+            at += 4 + length
+            if kind != 16:  # application_layer_protocol_negotiation
+                continue
+            names, pos = [], 2
+            while pos < len(body):
+                size = body[pos]
+                names.append(body[pos + 1 : pos + 1 + size].decode("ascii", "replace"))
+                pos += 1 + size
+            return tuple(names)
+    except IndexError:
+        return ()
+    return ()
 
 
 def requested_name(data: bytes) -> str | Need | None:
