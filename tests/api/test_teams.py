@@ -27,6 +27,7 @@ from aenv.orchestrator.teams import TeamStore
 from tests.api.test_routes import error
 from tests.doubles.node import DoubleNode, double_node
 from tests.support import loopback_api
+from tests.support.webhooks import QUIET_WEBHOOK
 
 KEY_A = "e2b_" + "a1" * 20
 KEY_B = "e2b_" + "b2" * 20
@@ -81,13 +82,7 @@ async def test_every_route_answers_another_team_404(tmp_path: Path) -> None:
         hook = await _json(
             await a.post(
                 "/events/webhooks",
-                json={
-                    "name": "h",
-                    "url": "https://hooks.example.com/e2b",
-                    "enabled": False,  # never delivers: nothing leaves the machine
-                    "events": ["sandbox.lifecycle.created"],
-                    "signatureSecret": "s" * 32,
-                },
+                json=QUIET_WEBHOOK,
             ),
             201,
         )

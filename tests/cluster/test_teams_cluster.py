@@ -35,6 +35,7 @@ from tests.cluster.shared import SECRET
 from tests.support.ports import free_port
 from tests.support.process_group import stop_group
 from tests.support.redis_server import RedisServer
+from tests.support.webhooks import QUIET_WEBHOOK
 
 REPO = Path(__file__).resolve().parents[2]
 MEMBER = Path(__file__).with_name("member_on_doubles.py")
@@ -136,13 +137,7 @@ async def test_each_team_sees_its_own_through_either_gateway(cluster: Cluster) -
         sandbox = made.json()["sandboxID"]
         hook = await a.post(
             "/events/webhooks",
-            json={
-                "name": "h",
-                "url": "https://hooks.example.com/e2b",
-                "enabled": False,  # never delivers: nothing leaves the machine
-                "events": ["sandbox.lifecycle.created"],
-                "signatureSecret": "s" * 32,
-            },
+            json=QUIET_WEBHOOK,
         )
         assert hook.status_code == 201, hook.text
         for method, path, body in [

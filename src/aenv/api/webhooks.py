@@ -26,9 +26,11 @@ MAX_LOG = 1000
 
 
 def webhook_json(hook: Webhook) -> dict[str, Any]:
+    """E2B's webhook as its docs show it answered: `teamId`, not the `teamID` of its other
+    routes (e2b-dev/docs#197 corrected the docs' examples to the API's spelling)."""
     return {
         "id": hook.id,
-        "teamID": hook.team_id,
+        "teamId": hook.team_id,
         "name": hook.name,
         "createdAt": timestamp(hook.created_at),
         "enabled": hook.enabled,

@@ -11,7 +11,9 @@ so a receiver sees each sandbox's events in order. A delivery:
    cannot point it elsewhere.
 2. POSTs the event's JSON with `e2b-webhook-id`, `e2b-delivery-id`, `e2b-signature-version`
    (`v1`) and `e2b-signature`: the unpadded URL-safe base64 SHA-256 of the webhook's secret
-   followed by the body.
+   followed by the body. The delivery id is new at every attempt, as E2B's docs define it
+   ("unique ID for the delivery attempt"); what stays the same across a delivery's attempts
+   is the event's `id`, which receivers dedupe on.
 3. A 2xx answer delivers it. Any other outcome is tried again after `retry_delay`, doubled
    each time, until `attempts` ran out (`failed`); a refused target fails at once.
 Each outcome is written to the delivery's row (the log). An event is queued in its
@@ -28,6 +30,7 @@ import hashlib
 import ipaddress
 import logging
 import socket
+import uuid
 from dataclasses import dataclass
 from ipaddress import IPv4Address, IPv4Network, IPv6Address
 
@@ -188,7 +191,7 @@ class WebhookDispatcher:
             "Host": url.netloc.decode("ascii"),
             "Content-Type": "application/json",
             "e2b-webhook-id": hook.id,
-            "e2b-delivery-id": delivery.id,
+            "e2b-delivery-id": str(uuid.uuid4()),  # one per attempt, as E2B's
             "e2b-signature-version": SIGNATURE_VERSION,
             "e2b-signature": signature(hook.secret, delivery.body),
         }
