@@ -293,12 +293,14 @@ class Config(BaseModel):
     team_creates_per_s: PositiveFloat = Field(
         default=50.0,
         description="Sandbox creates and forks one team may start a second, on average (a "
-        "burst of as many at once); past it 429 with `Retry-After`.",
+        "burst of as many at once); past it 429 with `Retry-After`, or, for a create that may "
+        "wait (`X-Aenv-Wait`), its turn. On a cluster's gateways: across all of them.",
     )
     team_max_disk_mb: int = Field(
         default=1 << 30,
         description="Disk (MiB) one team's sandboxes (paused ones too) and volumes may take "
-        "at their full sizes; a create, fork or volume past it answers 429.",
+        "at their full sizes; a create, fork or volume past it answers 429. On a cluster's "
+        "gateways: across all nodes.",
     )
     create_max_wait: NonNegativeFloat = Field(
         default=300.0,

@@ -62,11 +62,26 @@ async def test_teams_and_their_keys_are_the_operator_s(node: Node) -> None:
     mine = await node.client.post("/sandboxes", json={"templateID": "base"})
     counts = await node.client.get("/admin/sandboxes/running-counts", headers=admin)
     assert counts.json() == {TEAM_ID: 1, team: 1}
+    volume = await node.client.post("/volumes", json={"name": "data"}, headers=theirs)
+    assert volume.status_code == 201, volume.text
     refused = await node.client.delete(f"/aenv/admin/teams/{team}", headers=admin)
-    assert "sandboxes" in error(refused, 409)
+    assert "still owns 1 sandboxes, 1 volumes: remove them first" in error(refused, 409)
+    held = (await node.client.get(f"/aenv/admin/teams/{team}/holdings", headers=admin)).json()
+    assert held == {
+        "sandboxes": [sandbox.json()["sandboxID"]],
+        "volumes": [volume.json()["volumeID"]],
+        "templates": [],
+        "snapshots": [],
+    }
+    assert error(await node.client.get(f"/aenv/admin/teams/{team}/holdings"), 401)
     killed = await node.client.post(f"/admin/teams/{team}/sandboxes/kill", headers=admin)
     assert killed.json() == {"killedCount": 1, "failedCount": 0}
     assert [r.id for r in node.orchestrator.list()] == [mine.json()["sandboxID"]]
+    # Its volume still keeps it.
+    refused = await node.client.delete(f"/aenv/admin/teams/{team}", headers=admin)
+    assert "still owns 1 volumes" in error(refused, 409)
+    gone = await node.client.delete(f"/volumes/{volume.json()['volumeID']}", headers=theirs)
+    assert gone.status_code == 204, gone.text
     # A key of another team is not this team's to delete.
     other = next(k for k in node.keys.list() if k.team_id == TEAM_ID)
     assert error(

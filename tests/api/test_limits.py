@@ -118,6 +118,28 @@ class TestTeamCreates:
         assert theirs.status_code == 201
 
 
+class TestTeamCreatesWithWait:
+    @pytest.fixture
+    def settings(self) -> dict[str, Any]:
+        return {"team_creates_per_s": 5}
+
+    async def test_creates_past_the_team_s_rate_that_may_wait_take_their_turn(
+        self, node: Node
+    ) -> None:
+        """A burst of the team's rate and as many more: those that may wait are held for their
+        turn (spread at 5 a second), not refused; one that may not wait is refused."""
+        waiting = {WAIT_HEADER: "60"}
+        burst = [
+            node.client.post("/sandboxes", json={"templateID": "base"}, headers=waiting)
+            for _ in range(10)
+        ]
+        answers = await asyncio.gather(*burst)
+        assert [a.status_code for a in answers] == [201] * 10, [a.text for a in answers]
+        refused = await node.client.post("/sandboxes", json={"templateID": "base"})
+        assert refused.status_code == 429, refused.text
+        assert int(refused.headers["Retry-After"]) >= 1
+
+
 class TestTeamDisk:
     @pytest.fixture
     def settings(self) -> dict[str, Any]:

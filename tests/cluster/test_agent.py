@@ -62,6 +62,9 @@ class Node:
     async def running_by_key(self) -> dict[str, set[str]]:
         return {key: set(ids) for key, ids in self.owners.items()}
 
+    async def disk_by_team(self) -> dict[str, int]:
+        return {}
+
     async def mirror_webhooks(self, hooks: Sequence[Webhook]) -> None:
         self.webhooks = list(hooks)
 

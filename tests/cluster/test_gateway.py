@@ -46,6 +46,7 @@ from aenv.cluster.webhooks import ClusterWebhooks
 from aenv.config import Config, Paths
 from aenv.gateway.evacuate import Released, evacuate
 from aenv.gateway.nodes import NodeClient
+from aenv.gateway.team_quota import DEFAULT_TEAM_LIMITS, TeamLimitSettings
 from aenv.ids import TEAM_ID
 from aenv.orchestrator.builds import BuildStatus
 from aenv.orchestrator.catalog import Archived, Catalog, VolumeMount, record_to_json
@@ -101,6 +102,18 @@ def key_limit() -> int:
 
 
 @pytest.fixture
+def team_limit() -> int:
+    """The gateway's `team_max_sandboxes` (the default, unless a test sets its own)."""
+    return Config().team_max_sandboxes
+
+
+@pytest.fixture
+def team_limits() -> TeamLimitSettings:
+    """The gateway's team rate and disk settings (the defaults, unless a test sets its own)."""
+    return DEFAULT_TEAM_LIMITS
+
+
+@pytest.fixture
 async def setup(
     tmp_path: Path,
     redis: RedisServer,
@@ -108,6 +121,8 @@ async def setup(
     doubles: dict[str, NodeDouble],
     versions: tuple[int, ...],
     key_limit: int,
+    team_limit: int,
+    team_limits: TeamLimitSettings,
 ) -> AsyncIterator[Setup]:
     gateway_keys = ClusterKeys(client)
     record, value = await gateway_keys.new("user")
@@ -130,7 +145,12 @@ async def setup(
         await Holders(registry).add("a", FileRef(FileKind.TEMPLATE, "base"))
         # The gateway's own client: it serves on a loop of its own.
         gateway_client = connect(redis.url, timeout=0.5)
-        gateway = gateway_over(gateway_client, key_max_sandboxes=key_limit)
+        gateway = gateway_over(
+            gateway_client,
+            key_max_sandboxes=key_limit,
+            team_max_sandboxes=team_limit,
+            team_limits=team_limits,
+        )
         url = stack.enter_context(serve(gateway, free_port()))
         yield Setup(url, value, record.id, doubles, gateway_keys, Paths(tmp_path / "gateway"))
 
@@ -277,6 +297,91 @@ async def test_a_wait_for_a_slot_that_runs_out_is_a_429(setup: Setup) -> None:
     assert refused.status_code == 429
     assert "(waited 0.5 s for room)" in refused.json()["message"]
     assert sum(len(n.creates_seen) for n in setup.nodes.values()) == 1
+
+
+@pytest.mark.parametrize("team_limit", [1])
+async def test_a_create_waiting_for_its_team_s_slot_is_counted_in_the_queue(
+    setup: Setup,
+) -> None:
+    """The team's one slot held by a create of one key: another key's create of the same team
+    that may wait waits at the gateway, and `/aenv/queue` says so (`teamLimitWaiting`), not as
+    a wait for its key's slot."""
+    gate = threading.Event()
+    setup.nodes["a"].create_gate = gate
+    _, other = await setup.keys.new("same team", TEAM_ID)
+    async with (
+        httpx.AsyncClient(base_url=setup.url, headers={"X-API-Key": setup.key}) as one,
+        httpx.AsyncClient(base_url=setup.url, headers={"X-API-Key": other}) as two,
+    ):
+        first = asyncio.create_task(one.post("/sandboxes", json=NEW, timeout=30))
+        await eventually(lambda: len(setup.nodes["a"].creates_seen) == 1, "the first create")
+        waiting = {WAIT_HEADER: "60"}
+        second = asyncio.create_task(two.post("/sandboxes", json=NEW, headers=waiting, timeout=30))
+
+        async def queued() -> bool:
+            queue = (await two.get("/aenv/queue")).json()
+            return bool(queue["teamLimitWaiting"] == 1 and queue["keyLimitWaiting"] == 0)
+
+        await eventually(queued, "the second create waiting for its team's slot")
+        assert (await one.get("/aenv/queue")).json()["teamLimitWaiting"] == 1  # the team's
+        gate.set()
+        answers = [await first, await second]
+    assert [a.status_code for a in answers] == [201, 201], [a.text for a in answers]
+
+
+@pytest.mark.parametrize("team_limits", [TeamLimitSettings(creates_per_s=0.5)])
+async def test_a_team_s_creates_a_second_are_counted_across_gateways(
+    setup: Setup, redis: RedisServer, team_limits: TeamLimitSettings
+) -> None:
+    """Two gateways draw from one bucket of the team's creates: past it, E2B's 429 with
+    `Retry-After` through either (a fork too), or, for a create that may wait, its turn."""
+    other = gateway_over(connect(redis.url, timeout=0.5), team_limits=team_limits)
+    with serve(other, free_port()) as second_url:
+        headers = {"X-API-Key": setup.key}
+        async with (
+            httpx.AsyncClient(base_url=setup.url, headers=headers, timeout=30) as one,
+            httpx.AsyncClient(base_url=second_url, headers=headers, timeout=30) as two,
+        ):
+            made = await one.post("/sandboxes", json=NEW)
+            assert made.status_code == 201, made.text
+            refused = await two.post("/sandboxes", json=NEW)
+            assert refused.status_code == 429, refused.text
+            assert "at most 0.5 sandbox creates a second per team" in refused.json()["message"]
+            assert int(refused.headers["Retry-After"]) >= 1
+            forked = await two.post(f"/sandboxes/{made.json()['sandboxID']}/fork", json={})
+            assert forked.status_code == 429, forked.text
+            assert sum(len(n.creates_seen) for n in setup.nodes.values()) == 1
+            waited = await two.post("/sandboxes", json=NEW, headers={WAIT_HEADER: "30"})
+            assert waited.status_code == 201, waited.text
+        assert sum(len(n.creates_seen) for n in setup.nodes.values()) == 2
+
+
+@pytest.mark.parametrize("team_limits", [TeamLimitSettings(max_disk_mb=1000)])
+async def test_a_team_s_disk_is_counted_across_nodes(setup: Setup, client: aioredis.Redis) -> None:
+    """Each node writes its teams' disk beside its keys' counts (as its agent does); a gateway
+    refuses a volume or a create that would take the team past its disk on all nodes, holding
+    a volume's until its node counts it; another team has its own."""
+    quota = KeyQuota(client)
+    await quota.publish("a", {}, 60, {TEAM_ID: 400})
+    await quota.publish("b", {}, 60, {TEAM_ID: 300, "beta": 900})
+    with setup.client() as http:
+        fits = http.post("/volumes", json={"name": "v1", "sizeMB": 250})
+        assert fits.status_code == 201, fits.text
+        # 400 + 300 + the 250 held until a node counts it: 100 more does not fit.
+        refused = http.post("/volumes", json={"name": "v2", "sizeMB": 100})
+        assert refused.status_code == 429, refused.text
+        message = refused.json()["message"]
+        assert "hold 950 MiB of disk across the cluster" in message, message
+        assert "limit of 1000 MiB" in message
+        # The nodes' counts moved on: a create past the limit is refused before any node.
+        await quota.publish("a", {}, 60, {TEAM_ID: 900})
+        over = http.post("/sandboxes", json=NEW)
+        assert over.status_code == 429, over.text
+        assert not any(n.creates_seen for n in setup.nodes.values())
+    # Another team's disk is its own: beta's 900 MiB leave room for a sandbox of its own.
+    _, beta = await setup.keys.new("beta's", "beta")
+    theirs = httpx.post(f"{setup.url}/sandboxes", json=NEW, headers={"X-API-Key": beta})
+    assert theirs.status_code == 201, theirs.text
 
 
 @pytest.mark.parametrize("versions", [(7,)])

@@ -41,6 +41,7 @@ REPO = Path(__file__).resolve().parents[2]
 MEMBER = Path(__file__).with_name("member_on_doubles.py")
 NODES = ("n1", "n2")
 BETA = "beta"
+BETA_NAME = "the beta team"  # its name, which `GET /teams` answers, is not its id
 # The gateways' limit of a team's sandboxes at once (the nodes keep their default).
 TEAM_LIMIT = 4
 
@@ -84,12 +85,21 @@ def _answers(url: str) -> bool:
 
 
 @pytest.fixture
+def gateway_settings() -> dict[str, str]:
+    """Settings of the gateways beyond the team limit (none, unless a test gives its own)."""
+    return {}
+
+
+@pytest.fixture
 async def cluster(
-    tmp_path: Path, redis: RedisServer, client: aioredis.Redis
+    tmp_path: Path,
+    redis: RedisServer,
+    client: aioredis.Redis,
+    gateway_settings: dict[str, str],
 ) -> AsyncIterator[Cluster]:
     env = {"AENV_REDIS_URL": redis.url, "AENV_CLUSTER_SECRET": SECRET.value}
     keys = ClusterKeys(client)
-    await ClusterTeams(client).create(BETA, BETA)
+    await ClusterTeams(client).create(BETA_NAME, BETA)
     _, key_a = await keys.new("a", TEAM_ID)
     _, key_b = await keys.new("b", BETA)
     with ExitStack() as stack:
@@ -110,6 +120,7 @@ async def cluster(
                 **env,
                 "AENV_HOME": str(tmp_path / name),
                 "AENV_TEAM_MAX_SANDBOXES": str(TEAM_LIMIT),
+                **gateway_settings,
             }
             started.append(_start(stack, command, gateway_env, tmp_path / f"{name}.log"))
             urls.append(f"http://127.0.0.1:{port}")
@@ -160,7 +171,12 @@ async def test_each_team_sees_its_own_through_either_gateway(cluster: Cluster) -
         assert sandbox not in {e["sandboxId"] for e in events}
         assert [k["name"] for k in (await b.get("/api-keys")).json()] == ["b"]
         (team,) = (await b.get("/teams")).json()
-        assert team == {"teamID": BETA, "name": BETA, "apiKey": cluster.key_b, "isDefault": True}
+        assert team == {
+            "teamID": BETA,
+            "name": BETA_NAME,
+            "apiKey": cluster.key_b,
+            "isDefault": True,
+        }
 
         # B's own, and its snapshot, through the other gateway: A sees none of it.
         mine = await b.post("/v2/sandboxes", json={"templateID": "base"})
@@ -239,7 +255,7 @@ async def test_the_operator_manages_teams_through_either_gateway(cluster: Cluste
         listed = (await op_two.get("/aenv/admin/teams")).json()
         assert [(t["teamID"], t["name"]) for t in listed] == [
             (TEAM_ID, TEAM_ID),
-            (BETA, BETA),
+            (BETA, BETA_NAME),
             (gamma, "gamma"),
         ]
         assert (await op_two.post("/aenv/admin/teams", json={"name": "gamma"})).status_code == 409
@@ -259,7 +275,7 @@ async def test_the_operator_manages_teams_through_either_gateway(cluster: Cluste
                 assert answer.status_code == 201, answer.text
                 sandboxes.append(answer.json()["sandboxID"])
                 (team,) = (await g.get("/teams")).json()
-                assert team["teamID"] == gamma
+                assert (team["teamID"], team["name"]) == (gamma, "gamma")
         async with httpx.AsyncClient(base_url=one, headers={"X-API-Key": cluster.key_b}) as b:
             mine = await b.post("/v2/sandboxes", json={"templateID": "base"})
             assert mine.status_code == 201, mine.text
@@ -269,8 +285,17 @@ async def test_the_operator_manages_teams_through_either_gateway(cluster: Cluste
             on_nodes = {s["sandboxID"] for s in (await g.get("/v2/sandboxes")).json()}
         assert on_nodes == set(sandboxes)
 
-        # A team with sandboxes stays; killed on every node, it goes with its keys.
-        assert (await op_one.delete(f"/aenv/admin/teams/{gamma}")).status_code == 409
+        # A team with sandboxes or a volume stays, saying what it owns; killed on every node and
+        # its volume deleted, it goes with its keys.
+        async with httpx.AsyncClient(base_url=two, headers={"X-API-Key": cli_key}) as g:
+            volume = await g.post("/volumes", json={"name": "data"})
+            assert volume.status_code == 201, volume.text
+        refused = await op_one.delete(f"/aenv/admin/teams/{gamma}")
+        assert refused.status_code == 409, refused.text
+        assert "still owns 3 sandboxes, 1 volumes" in refused.json()["message"]
+        held = (await op_two.get(f"/aenv/admin/teams/{gamma}/holdings")).json()
+        assert sorted(held["sandboxes"]) == sorted(sandboxes)
+        assert held["volumes"] == [volume.json()["volumeID"]]
         assert (await op_one.delete(f"/aenv/admin/teams/{TEAM_ID}")).status_code == 409
         killed = await op_two.post(f"/admin/teams/{gamma}/sandboxes/kill")
         assert killed.json() == {"killedCount": 3, "failedCount": 0}, killed.text
@@ -278,6 +303,10 @@ async def test_the_operator_manages_teams_through_either_gateway(cluster: Cluste
         assert cancelled.json() == {"cancelledCount": 0, "failedCount": 0}, cancelled.text
         counts = (await op_two.get("/admin/sandboxes/running-counts")).json()
         assert counts == {BETA: 1}
+        refused = await op_two.delete(f"/aenv/admin/teams/{gamma}")
+        assert "still owns 1 volumes: remove them first" in refused.json()["message"]
+        async with httpx.AsyncClient(base_url=one, headers={"X-API-Key": cli_key}) as g:
+            assert (await g.delete("/volumes/data")).status_code == 204
         gone = await op_one.delete(f"/admin/teams/{gamma}/api-keys/{key_g_id}")
         assert gone.status_code == 204, gone.text
         assert (
@@ -457,3 +486,37 @@ async def test_published_names_are_found_by_their_own_team(client: aioredis.Redi
     assert await saved.find("snap", TEAM_ID) is None
     await saved.withdraw("t-b", ("snap",), BETA)
     assert await client.hlen(Keys().saved_names) == 0
+
+
+@pytest.mark.parametrize("gateway_settings", [{"AENV_TEAM_MAX_DISK_MB": "5000"}])
+async def test_a_teams_disk_holds_across_nodes(cluster: Cluster) -> None:
+    """Each node writes its teams' disk as a sandbox starts there; the gateways refuse the
+    create that would take the team past its disk on all nodes (each node's own limit is far
+    above it), whichever gateway asks."""
+    one, two = cluster.gateways
+    made = []
+    async with (
+        httpx.AsyncClient(base_url=one, headers={"X-API-Key": cluster.key_b}, timeout=60) as b1,
+        httpx.AsyncClient(base_url=two, headers={"X-API-Key": cluster.key_b}, timeout=60) as b2,
+        httpx.AsyncClient(base_url=two, headers={"X-API-Key": cluster.key_a}, timeout=60) as a,
+    ):
+        for b in (b1, b2):  # the doubles' base template: 2048 MiB of disk each
+            answer = await b.post("/v2/sandboxes", json={"templateID": "base"})
+            assert answer.status_code == 201, answer.text
+            made.append(answer.json()["sandboxID"])
+        for b in (b1, b2):
+            refused = await b.post("/v2/sandboxes", json={"templateID": "base"})
+            assert refused.status_code == 429, refused.text
+            message = refused.json()["message"]
+            assert "hold 4096 MiB of disk across the cluster" in message, message
+        # Another team's disk is its own.
+        theirs = await a.post("/v2/sandboxes", json={"templateID": "base"})
+        assert theirs.status_code == 201, theirs.text
+        assert (await a.delete(f"/sandboxes/{theirs.json()['sandboxID']}")).status_code == 204
+        # A kill frees its disk for the next create, through the other gateway.
+        assert (await b1.delete(f"/sandboxes/{made.pop()}")).status_code == 204
+        again = await b2.post("/v2/sandboxes", json={"templateID": "base"})
+        assert again.status_code == 201, again.text
+        made.append(again.json()["sandboxID"])
+        for sandbox in made:
+            assert (await b1.delete(f"/sandboxes/{sandbox}")).status_code == 204

@@ -19,8 +19,9 @@ Routes, every one answering 401 without the token and 404 for a team the node do
   (`AdminBuildCancelResult`), `GET /admin/sandboxes/running-counts` (running sandboxes by team,
   teams without any left out).
 - This node's, as E2B has no route for them: `GET /aenv/admin/teams` (id, name, created),
-  `POST /aenv/admin/teams` `{"name"}` (201), `DELETE /aenv/admin/teams/{teamID}` (204; 409 while
-  the team owns sandboxes, volumes or templates, or for the default team; its keys go with it).
+  `POST /aenv/admin/teams` `{"name"}` (201), `DELETE /aenv/admin/teams/{teamID}` (204; 409 naming
+  what the team still owns, sandboxes, volumes, templates or snapshots, or for the default team;
+  its keys go with it), `GET /aenv/admin/teams/{teamID}/holdings` (the ids of each kind it owns).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import hashlib
 import hmac
 import os
 import secrets
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Collection, Mapping
 from pathlib import Path
 from typing import Protocol, cast
 
@@ -48,6 +49,7 @@ from aenv.api.internal import by_operator
 from aenv.api.keys import KeyStore, LocalKeys
 from aenv.api.requests import check_query, parse_body
 from aenv.api.sandboxes import rfc3339
+from aenv.ids import TEAM_ID
 from aenv.orchestrator.builds import Builder
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.teams import Team, TeamInUse, TeamNameTaken, TeamStore
@@ -93,12 +95,26 @@ def team_json(team: Team) -> dict[str, str]:
     return {"teamID": team.id, "name": team.name, "createdAt": rfc3339(team.created_at)}
 
 
+# What a team may own that keeps it from being deleted, in the order a refusal names them.
+HOLDINGS = ("sandboxes", "volumes", "templates", "snapshots")
+
+
+def still_held(team_id: str, holdings: Mapping[str, Collection[str]]) -> APIError | None:
+    """The 409 refusing to delete a team that still owns something, naming how many of each
+    kind; None when it owns nothing."""
+    held = [f"{len(holdings[kind])} {kind}" for kind in HOLDINGS if holdings.get(kind)]
+    if not held:
+        return None
+    return APIError(409, f"team '{team_id}' still owns {', '.join(held)}: remove them first")
+
+
 class AdminEndpoints(Protocol):
     """The operator's routes, as a node (here) or a gateway (`gateway.admin`) answers them."""
 
     async def list_teams(self, request: Request) -> Response: ...
     async def create_team(self, request: Request) -> Response: ...
     async def delete_team(self, request: Request) -> Response: ...
+    async def team_holdings(self, request: Request) -> Response: ...
     async def create_key(self, request: Request) -> Response: ...
     async def revoke_key(self, request: Request) -> Response: ...
     async def kill_sandboxes(self, request: Request) -> Response: ...
@@ -114,6 +130,7 @@ def admin_routes(endpoints: AdminEndpoints, check: Callable[[Request], None]) ->
         Route(TEAMS, endpoints.list_teams, methods=["GET"]),
         Route(TEAMS, endpoints.create_team, methods=["POST"]),
         Route(TEAMS + "/{team_id}", endpoints.delete_team, methods=["DELETE"]),
+        Route(TEAMS + "/{team_id}/holdings", endpoints.team_holdings, methods=["GET"]),
         Route(team + "/api-keys", endpoints.create_key, methods=["POST"]),
         Route(team + "/api-keys/{api_key_id}", endpoints.revoke_key, methods=["DELETE"]),
         Route(team + "/sandboxes/kill", endpoints.kill_sandboxes, methods=["POST"]),
@@ -179,14 +196,30 @@ class AdminRoutes:
             raise APIError(409, str(e)) from e
         return JSONResponse(team_json(team), status_code=201)
 
+    def _holdings(self, team_id: str) -> dict[str, list[str]]:
+        """The ids of each kind of thing (`HOLDINGS`) the team owns on this node."""
+        catalog, templates = self.orc.catalog, self.orc.templates
+        return {
+            "sandboxes": [r.id for r in catalog.list() if r.team_id == team_id and not r.internal],
+            "volumes": [v.id for v in catalog.volumes(team_id)],
+            "templates": [t.template_id for t in templates.list() if t.team_id == team_id],
+            "snapshots": [s.template_id for s in self.orc.snapshots() if s.team_id == team_id],
+        }
+
+    async def team_holdings(self, request: Request) -> Response:
+        """What the team owns here, the ids by kind: what keeps it from being deleted (a
+        cluster's gateway joins every node's before it deletes a team)."""
+        check_query(request)
+        return JSONResponse(self._holdings(self._team(request).id))
+
     async def delete_team(self, request: Request) -> Response:
-        """204; 409 while it owns sandboxes, volumes or templates (or is the default)."""
+        """204; 409 naming what it still owns (sandboxes, volumes, templates, snapshots), or
+        for the default team."""
         check_query(request)
         team = self._team(request)
-        if any(t.team_id == team.id for t in self.orc.templates.list()) or any(
-            s.team_id == team.id for s in self.orc.snapshots()
-        ):
-            raise APIError(409, f"team '{team.id}' still owns templates: delete them first")
+        refused = still_held(team.id, self._holdings(team.id))
+        if refused is not None and team.id != TEAM_ID:
+            raise refused
         try:
             self.teams.delete(team.id)
         except TeamInUse as e:

@@ -26,13 +26,13 @@ from aenv.api.identity import IdentityRoutes
 from aenv.api.internal import caller, caller_key, record_refusal
 from aenv.api.internal_models import Refusal
 from aenv.api.keys import KeyBook, KeyStore, LocalKeys
-from aenv.api.limits import RateLimiter, retry_after
+from aenv.api.limits import RateLimiter, retry_after, seconds_of
 from aenv.api.logs import LogRoutes
 from aenv.api.metrics import NodeMetrics
 from aenv.api.nodes import NodeRoutes
 from aenv.api.openapi import PATH as OPENAPI_PATH
 from aenv.api.openapi import OpenAPIDocument
-from aenv.api.queue import QueueRoutes, seconds_of
+from aenv.api.queue import QueueRoutes
 from aenv.api.requests import check_query
 from aenv.api.reset import ResetRoutes
 from aenv.api.sandboxes import SandboxRoutes
@@ -182,10 +182,12 @@ def create_api(
         *WebhookRoutes(orchestrator.webhooks).routes(),
         *SecretRoutes(NodeSecrets(orchestrator.secrets)).routes(),
         *TeamRoutes(
-            teams.name_of, TeamMetrics(orchestrator.catalog), config.events_retention_days * 86400
+            teams.named, TeamMetrics(orchestrator.catalog), config.events_retention_days * 86400
         ).routes(),
     ]
-    routes = TeamScope(orchestrator, config.team_creates_per_s).guard(routes)
+    routes = TeamScope(orchestrator, config.team_creates_per_s, config.create_max_wait).guard(
+        routes
+    )
     digest = open_admin_token(config.paths.admin_token)
     routes += AdminRoutes(orchestrator, builder, keys, teams, digest).routes()
     # Last: it describes every route above.

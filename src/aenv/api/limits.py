@@ -5,7 +5,7 @@ is answered 429 (as E2B does; its SDKs raise `RateLimitException`) with `Retry-A
 when the next one will be accepted. Buckets exist per key the store holds, so their number is
 bounded by the keys, not by clients.
 
-A request that may wait (a create sent with `X-Aenv-Wait`, see `api/queue.py`) takes the
+A request that may wait (a create sent with `X-Aenv-Wait`: `wait_of`) takes the
 next token instead, up to `max_wait` seconds ahead, and is held until then: a burst of such
 creates is spread at the key's rate rather than partly refused, which is the client-side
 jitter the wait exists to spare. The bucket goes below zero by the tokens so promised, so the
@@ -17,6 +17,11 @@ from __future__ import annotations
 import math
 import time
 from dataclasses import dataclass
+
+from starlette.requests import Request
+
+from aenv.api.errors import APIError
+from aenv.api.extensions import WAIT_HEADER
 
 
 @dataclass
@@ -61,3 +66,24 @@ class RateLimiter:
 def retry_after(seconds: float) -> str:
     """A `Retry-After` value: whole seconds, at least 1."""
     return str(max(1, math.ceil(seconds)))
+
+
+def wait_of(request: Request) -> float:
+    """The seconds the request may wait for capacity: 0 without the header; 400 when it is not
+    a number of seconds (it is cut to the node's `create_max_wait` later)."""
+    raw = request.headers.get(WAIT_HEADER)
+    if raw is None:
+        return 0.0
+    wait = seconds_of(raw)
+    if wait is None:
+        raise APIError(400, f"header {WAIT_HEADER}: seconds to wait for capacity, a number >= 0")
+    return wait
+
+
+def seconds_of(raw: str) -> float | None:
+    """The `X-Aenv-Wait` header's seconds; None when it is not a number of seconds >= 0."""
+    try:
+        wait = float(raw)
+    except ValueError:
+        return None
+    return wait if math.isfinite(wait) and wait >= 0 else None

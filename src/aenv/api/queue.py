@@ -1,15 +1,15 @@
-"""Waiting for capacity at the HTTP edge: the `X-Aenv-Wait` header a create or fork asks to
-wait by (an unmodified E2B SDK sends it through its `headers` option), the watch that takes a
+"""Waiting for capacity at the HTTP edge: the watch that takes a
 waiter out of the queue when its client disconnects (on a node, and on a gateway, which drops
 its call to the node), and `GET /aenv/queue`, where the caller's waiters stand
-(`orchestrator/waiting.py` owns the queue).
+(`orchestrator/waiting.py` owns the queue). The `X-Aenv-Wait` header a create or fork asks to
+wait by (an unmodified E2B SDK sends it through its `headers` option) is read by
+`limits.wait_of`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
-import math
 from collections.abc import AsyncIterator, Coroutine
 from dataclasses import dataclass
 from typing import Any, TypeVar
@@ -19,7 +19,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
 from aenv.api.errors import APIError
-from aenv.api.extensions import QUEUE, WAIT_HEADER
+from aenv.api.extensions import QUEUE
 from aenv.api.requests import check_query
 from aenv.api.scope import team_of
 from aenv.config import Config
@@ -34,27 +34,6 @@ class Waiting:
 
     wait: float
     gone: asyncio.Event | None
-
-
-def wait_of(request: Request) -> float:
-    """The seconds the request may wait for capacity: 0 without the header; 400 when it is not
-    a number of seconds (it is cut to the node's `create_max_wait` later)."""
-    raw = request.headers.get(WAIT_HEADER)
-    if raw is None:
-        return 0.0
-    wait = seconds_of(raw)
-    if wait is None:
-        raise APIError(400, f"header {WAIT_HEADER}: seconds to wait for capacity, a number >= 0")
-    return wait
-
-
-def seconds_of(raw: str) -> float | None:
-    """The `X-Aenv-Wait` header's seconds; None when it is not a number of seconds >= 0."""
-    try:
-        wait = float(raw)
-    except ValueError:
-        return None
-    return wait if math.isfinite(wait) and wait >= 0 else None
 
 
 @contextlib.asynccontextmanager

@@ -19,6 +19,7 @@ from aenv.api.idempotency import HEADER as IDEMPOTENCY_HEADER
 from aenv.api.idempotency import IdempotentCreates, check_key
 from aenv.api.internal import CURSORS_HEADER, caller
 from aenv.api.internal_models import Refusal
+from aenv.api.limits import wait_of
 from aenv.api.metrics import NodeMetrics
 from aenv.api.models import (
     DEFAULT_TIMEOUT_V1,
@@ -32,7 +33,7 @@ from aenv.api.models import (
     check_metadata,
 )
 from aenv.api.network import create_network, identity_tokens, network_info, updated_network
-from aenv.api.queue import Waiting, client_gone, wait_of
+from aenv.api.queue import Waiting, client_gone
 from aenv.api.requests import check_query, not_supported, parse_body
 from aenv.api.scope import Caller, team_of
 from aenv.api.volumes import mounts_body, resolve_mounts

@@ -9,7 +9,8 @@ leak across teams.
 route can forget it: a `{sandbox_id}` must be one of the team's sandboxes, a `{volume_id}` one
 of its volumes. A sandbox or volume that does not exist is left to the route, which answers its
 own 404. The same wrapper holds the routes that start sandboxes (`CREATES`) to the team's
-`team_creates_per_s` (429 with `Retry-After` past it, before anything starts). Lists filter by
+`team_creates_per_s` (429 with `Retry-After` past it, before anything starts; a create that
+may wait, `X-Aenv-Wait`, is held for its turn instead). Lists filter by
 team in the routes that make them; template routes check the template (public ones are
 readable by all, changed by their owner only).
 
@@ -19,6 +20,7 @@ API key, and only the owning team can read that token.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 from collections.abc import Awaitable, Callable, Iterable
@@ -32,7 +34,7 @@ from starlette.routing import BaseRoute, Route
 from aenv.api.errors import APIError, not_found
 from aenv.api.extensions import BATCH_FORK
 from aenv.api.keys import ApiKey
-from aenv.api.limits import RateLimiter, retry_after
+from aenv.api.limits import RateLimiter, retry_after, wait_of
 from aenv.api.volume_content import PREFIX as CONTENT_PREFIX
 from aenv.orchestrator.capacity import disk_of
 from aenv.orchestrator.lifecycle import Orchestrator
@@ -78,10 +80,11 @@ CREATES = frozenset(
 
 
 class TeamScope:
-    def __init__(self, orchestrator: Orchestrator, rate: float) -> None:
-        """`rate`: `team_creates_per_s`."""
+    def __init__(self, orchestrator: Orchestrator, rate: float, max_wait: float = 0.0) -> None:
+        """`rate`: `team_creates_per_s`; `max_wait`: the longest a create may wait its turn
+        (`create_max_wait`)."""
         self.orc = orchestrator
-        self.creates = RateLimiter(rate, max(1, math.ceil(rate)))
+        self.creates = RateLimiter(rate, max(1, math.ceil(rate)), max_wait)
 
     def check(self, request: Request) -> None:
         """404 when the path names another team's sandbox or volume."""
@@ -99,16 +102,21 @@ class TeamScope:
             if volume.team_id != team:
                 raise not_found(f"volume '{params['volume_id']}'")
 
-    def take_create(self, request: Request) -> None:
-        """429 when the team has started its `team_creates_per_s` already."""
+    async def take_create(self, request: Request) -> None:
+        """One of the team's `team_creates_per_s`: a create that may wait (`X-Aenv-Wait`) is
+        held for its turn, up to its wait; 429 with `Retry-After` past it, or at once for one
+        that may not wait."""
         team = team_of(request)
-        if self.creates.take(team) is None:
+        held = self.creates.take(team, wait_of(request))
+        if held is None:
             raise APIError(
                 429,
                 f"Rate limit exceeded: at most {self.creates.rate:g} sandbox creates a second"
                 " per team",
                 retry_after=int(retry_after(self.creates.retry_in(team))),
             )
+        if held > 0:
+            await asyncio.sleep(held)  # its turn in the team's rate
 
     def guard(self, routes: Iterable[BaseRoute]) -> list[BaseRoute]:
         """`routes`, each whose path names a sandbox or a volume checked first, and each that
@@ -133,7 +141,7 @@ class TeamScope:
         async def scoped(request: Request) -> Response:
             self.check(request)
             if creates:
-                self.take_create(request)
+                await self.take_create(request)
             return await endpoint(request)
 
         return scoped

@@ -17,6 +17,7 @@ from starlette.routing import Route
 from aenv.api.errors import APIError, call_lifecycle
 from aenv.api.extensions import BATCH_FORK
 from aenv.api.internal_models import Refusal
+from aenv.api.limits import wait_of
 from aenv.api.models import (
     DEFAULT_TIMEOUT_V2,
     BatchForkBody,
@@ -25,7 +26,7 @@ from aenv.api.models import (
     ResumeBody,
     SnapshotBody,
 )
-from aenv.api.queue import client_gone, wait_of
+from aenv.api.queue import client_gone
 from aenv.api.requests import check_query, parse_body
 from aenv.api.sandboxes import MAX_PAGE, sandbox_body
 from aenv.api.scope import team_of

@@ -14,7 +14,7 @@ up to now); `end` before `start`, or a range longer than the events are kept, is
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from starlette.requests import Request
@@ -35,12 +35,13 @@ METRICS = ("concurrent_sandboxes", "sandbox_start_rate")
 class TeamRoutes:
     def __init__(
         self,
-        name_of: Callable[[str], str],
+        name_of: Callable[[str], Awaitable[str]],
         metrics: TeamMetrics | None = None,
         retention_s: float = 0.0,
     ) -> None:
-        """`name_of`: a team's name by its id; `metrics`: where a team's are read (none: not
-        served, as on a gateway); `retention_s`: how long events are kept."""
+        """`name_of`: a team's name by its id (a node's catalog, or a cluster's Redis);
+        `metrics`: where a team's are read (none: not served, as on a gateway); `retention_s`:
+        how long events are kept."""
         self.name_of = name_of
         self.metrics = metrics
         self.retention_s = retention_s
@@ -65,7 +66,7 @@ class TeamRoutes:
         check_query(request)
         team = team_of(request)
         sent = request.headers.get("x-api-key") or request.headers["authorization"][7:]
-        body = {"teamID": team, "name": self.name_of(team), "apiKey": sent, "isDefault": True}
+        body = {"teamID": team, "name": await self.name_of(team), "apiKey": sent, "isDefault": True}
         return JSONResponse([body])
 
     def _range(self, request: Request, allowed: set[str]) -> tuple[str, int, int]:

@@ -14,8 +14,9 @@ off, and it must not run twice (`StateSource.forget`). Snapshots and built templ
 copies are in the repository are published too (`saved`), for any node to start sandboxes from.
 The templates with a build in progress here are recorded as built here (`builds`) where no node
 is, so a build's calls still find this node after a Redis wipe. The node's running sandboxes per
-API key are written with every beat and at once on a create or kill (`quota`), so a key's limit
-is counted across the cluster; its report is written then too, so a new sandbox counts in
+API key are written with every beat and at once on a create or kill (`quota`), with each
+team's disk there (`team_limits`), so a key's and a team's limits are counted across the
+cluster; its report is written then too, so a new sandbox counts in
 placement at once. A drained node remembers it and marks itself draining again in a
 wiped Redis (`drain`). The cluster's webhooks and secrets are mirrored into the node at every
 beat (`webhooks`, `secrets`).
@@ -89,6 +90,11 @@ class StateSource(Protocol):
     async def running_by_key(self) -> Mapping[str, Set[str]]:
         """The running sandboxes here per API key (owner) id, and per team (`team_owner`), as
         their limits count them."""
+        ...
+
+    async def disk_by_team(self) -> Mapping[str, int]:
+        """The disk (MiB) each team's sandboxes (paused ones too) and volumes take here, as
+        `team_max_disk_mb` counts it."""
         ...
 
     async def forget(self, sandbox_id: str) -> None:
@@ -293,10 +299,12 @@ class NodeAgent:
         self.drain.remember(DrainState(draining, epoch))
 
     async def _count_by_key(self) -> None:
-        """Writes the node's running sandboxes per API key (`aenv.cluster.quota`), read now."""
+        """Writes the node's running sandboxes per API key (`aenv.cluster.quota`) and each
+        team's disk (`aenv.cluster.team_limits`), read now."""
         async with self._counting:
             running = await self.source.running_by_key()
-            await self.quota.publish(self.node_id, running, self.ttl)
+            disk = await self.source.disk_by_team()
+            await self.quota.publish(self.node_id, running, self.ttl, disk)
 
     async def _write_parked(self, parked: Mapping[str, str]) -> None:
         for sandbox_id in self._parked.keys() - parked.keys():

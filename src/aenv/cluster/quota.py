@@ -30,6 +30,7 @@ import redis.asyncio as aioredis
 from redis.typing import EncodableT
 
 from aenv.cluster.store import Keys, guarded
+from aenv.cluster.team_limits import disk_field
 
 # A create through a gateway holds its slot at most this long if the gateway dies meanwhile.
 RESERVATION_TTL_S = 300.0
@@ -105,13 +106,21 @@ class KeyQuota:
         async with guarded(self.client, f"releasing a reservation of API key {key_id}"):
             await self.client.hdel(self.keys.key_creates(key_id), token)
 
-    async def publish(self, node_id: str, running: Mapping[str, Set[str]], ttl: float) -> None:
-        """Makes the node's count exactly `running` (key id -> its running sandbox ids here),
+    async def publish(
+        self,
+        node_id: str,
+        running: Mapping[str, Set[str]],
+        ttl: float,
+        disk: Mapping[str, int] | None = None,
+    ) -> None:
+        """Makes the node's count exactly `running` (key id -> its running sandbox ids here)
+        and `disk` (team id -> MiB its sandboxes and volumes take here, `team_limits`),
         expiring with the node's lease (`ttl` seconds)."""
         name = self.keys.node_keys(node_id)
         counted: dict[EncodableT, EncodableT] = {
             key: " ".join(sorted(ids)) for key, ids in running.items() if ids
         }
+        counted.update({disk_field(team): mb for team, mb in (disk or {}).items() if mb})
         doing = f"counting the sandboxes of node {node_id} per API key"
         async with guarded(self.client, doing), self.client.pipeline(transaction=True) as pipe:
             pipe.delete(name)

@@ -2,8 +2,8 @@
 host: the sandboxes it holds, those of them any node could resume (paused, their newest
 checkpoint in the shared repository), the templates and snapshots whose files it has (and the
 snapshots and built templates stored in that repository, with their tags), the templates it is
-building, its running sandboxes per API key, and its capacity; and where the cluster's webhooks
-and secrets are mirrored."""
+building, its running sandboxes per API key, each team's disk, and its capacity; and where the
+cluster's webhooks and secrets are mirrored."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ from aenv.cluster.agent import NodeState
 from aenv.cluster.quota import team_owner
 from aenv.cluster.registry import Capacity
 from aenv.orchestrator.builds import Builder
+from aenv.orchestrator.capacity import disk_of
 from aenv.orchestrator.catalog import Catalog, SandboxRecord, record_to_json
 from aenv.orchestrator.kinds import TemplateKind
 from aenv.orchestrator.secrets import SecretRecord, SecretStore
@@ -96,6 +97,11 @@ class CatalogSource:
                     running.setdefault(r.owner, set()).add(r.id)
                 running.setdefault(team_owner(r.team_id), set()).add(r.id)
         return running
+
+    async def disk_by_team(self) -> dict[str, int]:
+        teams = {r.team_id for r in self.catalog.list() if not r.internal}
+        teams |= {v.team_id for v in self.catalog.volumes()}
+        return {team: disk_of(self.catalog, team) for team in teams}
 
     def _tags(self, template_id: str) -> dict[str, str]:
         return {} if self.builder is None else self.builder.tags.builds(template_id)

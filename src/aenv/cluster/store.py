@@ -171,7 +171,8 @@ class Keys:
         return f"{self.prefix}:api-key-used"
 
     def node_keys(self, node_id: str) -> str:
-        """A node's running sandboxes per API key (a hash: key id -> ids; `aenv.cluster.quota`);
+        """A node's running sandboxes per API key (a hash: key id -> ids; `aenv.cluster.quota`),
+        and the disk each team's sandboxes and volumes take there (`disk/<team>` -> MiB);
         expires with the node's lease."""
         return f"{self.prefix}:node-keys:{node_id}"
 
@@ -182,6 +183,16 @@ class Keys:
     def key_creates(self, key_id: str) -> str:
         """An API key's creates under way through gateways (a hash: token -> when it lapses)."""
         return f"{self.prefix}:key-creates:{key_id}"
+
+    def team_rate(self, team_id: str) -> str:
+        """A team's bucket of creates a second across the gateways (a hash: tokens, at;
+        `aenv.cluster.team_limits`); expires once full again."""
+        return f"{self.prefix}:team-rate:{team_id}"
+
+    def team_disk(self, team_id: str) -> str:
+        """A team's disk held by creates under way through gateways (a hash: token -> when it
+        lapses and its MiB; `aenv.cluster.team_limits`)."""
+        return f"{self.prefix}:team-disk:{team_id}"
 
     @property
     def draining(self) -> str:

@@ -65,6 +65,11 @@ class ClusterTeams:
             )
         return None if record is None else _team(record)
 
+    async def named(self, team_id: str) -> str:
+        """The team's name; its id for a team the cluster does not hold (deleted meanwhile)."""
+        team = await self.get(team_id)
+        return team.name if team is not None else team_id
+
     async def create(self, name: str, team_id: str | None = None) -> Team:
         """A new team (a random id unless given). Raises `TeamNameTaken`."""
         team = Team(team_id or str(uuid.uuid4()), name, time.time())

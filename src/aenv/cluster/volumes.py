@@ -87,3 +87,15 @@ class VolumePlaces:
         if team_id is not None and team != team_id:
             return None
         return VolumePlace(volume_id, place["name"], place["node"], team)
+
+    async def of_team(self, team_id: str) -> list[str]:
+        """The ids of the volumes recorded as the team's (names reserved for a create under
+        way left out), for a team other than the default one."""
+        found: list[str] = []
+        async with guarded(self.client, f"listing the volumes of team {team_id}"):
+            async for _, volume_id in self.client.hscan_iter(
+                self.keys.volume_names, match=f"{team_field(team_id, '')}*"
+            ):
+                if volume_id:
+                    found.append(volume_id)
+        return found

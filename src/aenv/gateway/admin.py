@@ -8,7 +8,9 @@ cluster's admin token (`ClusterSecret.admin_token`, in `X-Admin-Token`), which i
   lost node's paused sandboxes moved to a live one first, as for a bulk kill) and their counts
   are summed; `GET /admin/sandboxes/running-counts` sums every live node's. A gateway calls a
   node's admin routes with the cluster token for no user, which a node takes as its operator.
-- Deleting a team is refused (409) while any live node holds sandboxes of it; its keys go with it.
+- Deleting a team is refused (409) while it owns anything, as on a node: sandboxes, volumes,
+  templates or snapshots on any live node, or volumes and published templates and snapshots
+  Redis records (`GET /aenv/admin/teams/{teamID}/holdings` lists them); its keys go with it.
 """
 
 from __future__ import annotations
@@ -24,9 +26,18 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from aenv.api.admin import NewTeam, NoBody, admin_routes, check_admin_token, team_json
+from aenv.api.admin import (
+    HOLDINGS,
+    NewTeam,
+    NoBody,
+    admin_routes,
+    check_admin_token,
+    still_held,
+    team_json,
+)
 from aenv.api.api_keys import create_key, revoke_key
 from aenv.api.errors import APIError, not_found
+from aenv.api.extensions import ADMIN_TEAMS as TEAMS
 from aenv.api.requests import check_query, parse_body
 from aenv.cluster.internal import CLUSTER_CALLER
 from aenv.cluster.keys import ClusterKeys
@@ -74,16 +85,40 @@ class AdminRoutes:
             raise APIError(409, str(e)) from e
         return JSONResponse(team_json(team), status_code=201)
 
+    async def _holdings(self, team_id: str) -> dict[str, list[str]]:
+        """The ids of what the team owns across the cluster, by kind (`api.admin.HOLDINGS`):
+        every live node's (a lost node's paused sandboxes moved to a live one first), with the
+        volumes and the published templates and snapshots Redis records (those of lost nodes
+        too)."""
+        await self.control.move_lost()
+        path = f"{TEAMS}/{quote(team_id, safe='')}/holdings"
+        held: dict[str, set[str]] = {kind: set() for kind in HOLDINGS}
+        for answer in await self._on_every_node("GET", path):
+            for kind, ids in json.loads(answer).items():
+                held.setdefault(kind, set()).update(ids)
+        directory = self.control.directory
+        held["volumes"].update(await directory.volumes.of_team(team_id))
+        for record in await directory.saved.all():
+            if record.team_id == team_id:
+                kind = "snapshots" if record.kind == "snapshot" else "templates"
+                held[kind].add(record.template_id)
+        return {kind: sorted(ids) for kind, ids in held.items()}
+
+    async def team_holdings(self, request: Request) -> Response:
+        check_query(request)
+        team = await self._team(request)
+        return JSONResponse(await self._holdings(team.id))
+
     async def delete_team(self, request: Request) -> Response:
-        """204; 409 for the default team or while a live node holds sandboxes of it."""
+        """204; 409 for the default team, or naming what it still owns on any node or in
+        Redis (sandboxes, volumes, templates, snapshots), as a node refuses it."""
         check_query(request)
         team = await self._team(request)
         if team.id == TEAM_ID:
             raise APIError(409, "the default team cannot be deleted")
-        target = "/v2/sandboxes?state=running,paused&limit=1"
-        answers = await self._on_every_node("GET", target, caller=f"{CLUSTER_CALLER} {team.id}")
-        if any(json.loads(body) for body in answers):
-            raise APIError(409, f"team '{team.id}' still owns sandboxes: remove them first")
+        refused = still_held(team.id, await self._holdings(team.id))
+        if refused is not None:
+            raise refused
         await self.teams.delete(team.id)
         for key in await self.keys.keys():
             if key.team_id == team.id:

@@ -32,6 +32,7 @@ from aenv.gateway.control import EXCEPTION_HANDLERS, ControlPlane
 from aenv.gateway.dataplane import DataPlane
 from aenv.gateway.handoff import Handoff
 from aenv.gateway.nodes import NodeClient
+from aenv.gateway.team_quota import DEFAULT_TEAM_LIMITS, TeamLimitSettings
 from aenv.network.identity import Signer
 from aenv.proxy.errors import ProxyError, bad_route, deny_websocket, send_http
 from aenv.proxy.routing import RoutingError, route
@@ -48,6 +49,7 @@ class Gateway:
         key_max_sandboxes: int = Config().key_max_sandboxes,
         identity: Signer | None = None,
         team_max_sandboxes: int = Config().team_max_sandboxes,
+        team_limits: TeamLimitSettings = DEFAULT_TEAM_LIMITS,
     ) -> None:
         """`identity`: the cluster's signer of workload identity tokens, whose keys the
         gateway publishes (`aenv.api.identity`); none: no route publishes any."""
@@ -56,16 +58,15 @@ class Gateway:
         handoff = Handoff(directory, self.nodes)
         self.data = DataPlane(directory, secret, handoff)
         control = ControlPlane(
-            directory, self.nodes, handoff, key_max_sandboxes, team_max_sandboxes
+            directory, self.nodes, handoff, key_max_sandboxes, team_max_sandboxes, team_limits
         )
         published = IdentityRoutes(identity).routes() if identity is not None else []
         teams = ClusterTeams(directory.client, directory.registry.keys)
         app = Starlette(
-            # A cluster keeps no team names: a team is named by its id.
             routes=[
                 *published,
                 *ApiKeyRoutes(keys).routes(),
-                *TeamRoutes(lambda team: team).routes(),
+                *TeamRoutes(teams.named).routes(),
                 *AdminRoutes(control, keys, teams, secret).routes(),
                 *control.routes(),
             ],

@@ -16,7 +16,9 @@
   (`volumes`). A create first reserves a slot of its API key's limit of sandboxes at once,
   and one of its team's,
   counted across the cluster (`aenv.cluster.quota`): past it, E2B's 429, or for a create
-  that may wait (`X-Aenv-Wait`) a wait for a slot first (`key_slots`).
+  that may wait (`X-Aenv-Wait`) a wait for a slot first (`key_slots`). Before that it takes
+  one of its team's creates a second, and it holds its team's disk while placed, counted
+  across the cluster too (`team_quota`).
 - Lists ask every live node and merge (`listing`). Paused sandboxes of lost nodes (and those a
   drain released) are moved to a live node first, so they are listed, paused, as on one node.
 - Redis unreachable is a 503 with a JSON error, for as long as it lasts.
@@ -53,7 +55,8 @@ from aenv.api.extensions import BATCH_FORK, BULK_SANDBOXES, QUEUE, WAIT_HEADER
 from aenv.api.handoff import ADOPT_TEMPLATE
 from aenv.api.internal import CURSORS_HEADER, caller_of
 from aenv.api.internal_models import Refusal
-from aenv.api.queue import client_gone, until_gone, wait_of
+from aenv.api.limits import wait_of
+from aenv.api.queue import client_gone, until_gone
 from aenv.api.requests import check_query
 from aenv.api.sandboxes import batch_metrics_ids
 from aenv.api.scope import team_of
@@ -77,6 +80,7 @@ from aenv.gateway.nodes import Answer, NodeClient, NodeFailed, NodeUnreachable, 
 from aenv.gateway.saved import SavedRoutes
 from aenv.gateway.tags import TagRoutes
 from aenv.gateway.team_metrics import TeamMetricRoutes
+from aenv.gateway.team_quota import DEFAULT_TEAM_LIMITS, TeamLimitSettings, TeamQuota
 from aenv.gateway.volumes import VolumeRoutes
 from aenv.gateway.webhooks import WebhookRoutes
 
@@ -100,6 +104,7 @@ class ControlPlane:
         handoff: Handoff,
         key_max_sandboxes: int = Config().key_max_sandboxes,
         team_max_sandboxes: int = Config().team_max_sandboxes,
+        team_limits: TeamLimitSettings = DEFAULT_TEAM_LIMITS,
     ) -> None:
         self.directory = directory
         self.nodes = nodes
@@ -107,7 +112,8 @@ class ControlPlane:
         self.key_max_sandboxes = key_max_sandboxes
         self.key_slots = KeySlots(directory.quota, key_max_sandboxes)
         self.team_slots = KeySlots(directory.quota, team_max_sandboxes, "this team")
-        self.volumes = VolumeRoutes(self)
+        self.team_quota = TeamQuota(directory, team_limits)
+        self.volumes = VolumeRoutes(self, self.team_quota)
 
     def routes(self) -> list[Route]:
         saved = SavedRoutes(self.directory, self.call_on)
@@ -162,16 +168,25 @@ class ControlPlane:
             return _respond(await until_gone(creating, gone))
 
     async def _create(self, request: Request, path: str, body: bytes, wait: float) -> Answer:
-        """The create, in a slot of its key's limit and one of its team's (each waited for
-        within `wait`), which it frees when it ends; what is left of `wait` is for a node's
-        room."""
+        """The create, in its team's creates a second, a slot of its key's limit and one of
+        its team's (each waited for within `wait`), and its team's disk, which it frees when
+        it ends; what is left of `wait` is for a node's room."""
         deadline = time.monotonic() + wait
-        async with self._slot(self.key_slots, request.state.api_key.id, wait):
-            left = max(0.0, deadline - time.monotonic()) if wait > 0 else 0.0
-            async with self._slot(self.team_slots, team_owner(team_of(request)), left):
+        team = team_of(request)
+
+        def left() -> float:
+            return max(0.0, deadline - time.monotonic()) if wait > 0 else 0.0
+
+        waited = await self.team_quota.take_create(team, wait)
+        async with (
+            self._slot(self.key_slots, request.state.api_key.id, max(0.0, wait - waited)),
+            self._slot(self.team_slots, team_owner(team), left()),
+        ):
+            ref = _template_of(body)
+            need = await self.team_quota.create_disk(request, team, ref, self.call_on) if ref else 0
+            async with self.team_quota.disk(team, need):
                 answer = await self.volumes.create_sandbox(request, path, body)
-                left = max(0.0, deadline - time.monotonic()) if wait > 0 else 0.0
-                return answer or await self.place(request, path, body, left)
+                return answer or await self.place(request, path, body, left())
 
     @contextlib.asynccontextmanager
     async def _slot(self, slots: KeySlots, owner: str, wait: float) -> AsyncIterator[None]:
@@ -407,7 +422,8 @@ class ControlPlane:
     async def queue(self, request: Request) -> Response:
         """`GET /aenv/queue` across the cluster: every live node's waiters summed, the
         caller's key's places in each node's queue (1 is next there), per node under
-        `nodes`, and the key's creates waiting at this gateway for a slot of its limit."""
+        `nodes`, the key's creates waiting at this gateway for a slot of its limit, and its
+        team's (any key's) waiting for a slot of the team's."""
         check_query(request)
         nodes = await self.directory.live()
         calls = [self._call(request, node, b"") for node in nodes]
@@ -421,14 +437,15 @@ class ControlPlane:
                 raise _Passed(answer)
             else:
                 per_node[node.node_id] = json.loads(answer.body)
-        slots = self.key_slots.waiting
-        at_gateway = len(slots.positions(request.state.api_key.id))
+        keys, teams = self.key_slots.waiting, self.team_slots.waiting
+        team = team_owner(team_of(request))
         return JSONResponse(
             {
-                "waiting": sum(q["waiting"] for q in per_node.values()) + len(slots),
+                "waiting": sum(q["waiting"] for q in per_node.values()) + len(keys) + len(teams),
                 "positions": sorted(p for q in per_node.values() for p in q["positions"]),
                 "maxWait": min((q["maxWait"] for q in per_node.values()), default=0),
-                "keyLimitWaiting": at_gateway,
+                "keyLimitWaiting": len(keys.positions(request.state.api_key.id)),
+                "teamLimitWaiting": len(teams.positions(team)),
                 "nodes": per_node,
             }
         )

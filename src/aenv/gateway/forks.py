@@ -26,10 +26,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from aenv.api.errors import APIError
+from aenv.api.limits import wait_of
 from aenv.api.models import DEFAULT_TIMEOUT_V2
+from aenv.api.scope import team_of
 from aenv.cluster.directory import Directory
 from aenv.cluster.registry import NodeReport
 from aenv.gateway.nodes import Answer, NodeUnreachable
+from aenv.gateway.team_quota import TeamQuota
 
 # Longer than a snapshot's upload under load (its memory, disks and images, hashed).
 STORED_WAIT = 600.0
@@ -40,6 +43,7 @@ class Control(Protocol):
     """What a fork needs of the control plane."""
 
     directory: Directory
+    team_quota: TeamQuota
 
     async def node_of(self, sandbox_id: str) -> NodeReport: ...
 
@@ -56,7 +60,10 @@ class Forks:
         self.stored_wait = stored_wait
 
     async def fork(self, request: Request) -> Response:
+        """The fork, one of its team's creates a second (`team_quota`, waited for when its
+        client asked to wait)."""
         sandbox_id = request.path_params["sandbox_id"]
+        await self.control.team_quota.take_create(team_of(request), wait_of(request))
         node = await self.control.node_of(sandbox_id)
         body = await request.body()
         target = request.url.path + (f"?{request.url.query}" if request.url.query else "")

@@ -20,6 +20,7 @@ from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import ClusterUnavailable, connect
 from aenv.config import Config, Paths
 from aenv.gateway.app import Gateway
+from aenv.gateway.team_quota import TeamLimitSettings
 from aenv.orchestrator.identity_keys import node_signer
 from aenv.serving import uvicorn_config
 
@@ -66,6 +67,7 @@ async def run_gateway(
             config.key_max_sandboxes,
             node_signer(config),
             config.team_max_sandboxes,
+            TeamLimitSettings.of(config),
         )
         try:
             await uvicorn.Server(uvicorn_config(gateway, config)).serve()

@@ -1,7 +1,8 @@
 """Volumes through a gateway: each volume lives on the node whose disk holds its files, and
 everything about it goes there (`aenv.cluster.volumes` records where).
 
-- `POST /volumes` reserves the name in the caller's team across the cluster, then is placed
+- `POST /volumes` reserves the name in the caller's team across the cluster, and its size of
+  the team's disk (`team_quota`), then is placed
   like a create (a live node that is not draining, by load; one that refuses or cannot be
   reached is skipped); the node that made it is recorded. `GET /volumes` merges every live
   node's volumes.
@@ -33,14 +34,16 @@ from aenv.cluster.registry import NodeReport
 from aenv.cluster.volumes import VolumePlace
 from aenv.gateway.nodes import Answer, NodeCalls, NodeUnreachable, answer_headers, message
 from aenv.gateway.saved import passed, target_of
+from aenv.gateway.team_quota import VOLUME_HOLD_S, TeamQuota
 
 _CONTENT_METHODS = ["GET", "PUT", "PATCH", "POST", "DELETE"]
 
 
 class VolumeRoutes:
-    def __init__(self, control: NodeCalls) -> None:
+    def __init__(self, control: NodeCalls, team_quota: TeamQuota) -> None:
         self.control = control
         self.directory = control.directory
+        self.team_quota = team_quota
 
     def routes(self) -> list[Route]:
         return [
@@ -67,8 +70,12 @@ class VolumeRoutes:
         if name and not await self.directory.volumes.reserve(team, name):
             raise APIError(400, f"a volume named '{name}' already exists")
         made = False
+        disk = self.team_quota.disk(team, self.team_quota.volume_disk(body), VOLUME_HOLD_S)
         try:
-            node, answer = await self.control.first_taker(request, "/volumes", body, "the volume")
+            async with disk:
+                node, answer = await self.control.first_taker(
+                    request, "/volumes", body, "the volume"
+                )
             if answer.status == 201:
                 volume = json.loads(answer.body)
                 await self.directory.volumes.record(

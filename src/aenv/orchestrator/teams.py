@@ -47,8 +47,9 @@ class TeamStore:
         row = self.catalog.db.execute("SELECT * FROM teams WHERE id = ?", (team_id,)).fetchone()
         return Team(**dict(row)) if row else None
 
-    def name_of(self, team_id: str) -> str:
-        """The team's name; its id for a team this node does not hold (a cluster's)."""
+    async def named(self, team_id: str) -> str:
+        """The team's name; its id for a team this node does not hold (a cluster's). Async as
+        a cluster's teams are asked (`cluster.teams`)."""
         team = self.get(team_id)
         return team.name if team is not None else team_id
 
