@@ -21,6 +21,7 @@ from aenv.storage import lazytree
 from aenv.storage.fusefile import FuseFile
 from aenv.storage.repository import ChunkCache, Manifest, Repository, S3Store, UnreachableChunk
 from aenv.storage.repository.lazy import LazyFile
+from aenv.storage.repository.sources import PeerSession
 from tests.storage.test_repository import s3_store
 from tests.support.ports import free_port
 
@@ -303,3 +304,25 @@ async def test_a_source_that_stays_down_is_an_io_error_never_zeros(
     with (tmp_path / "lazy.img").open("rb") as fh, pytest.raises(OSError) as hole:
         os.lseek(fh.fileno(), 0, os.SEEK_DATA)
     assert hole.value.errno == errno.ENXIO
+
+
+async def test_the_peers_are_looked_up_once_for_the_reads(
+    stored: tuple[Manifest, bytes],
+    node: Repository,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    manifest, content = stored
+    lookups: list[str] = []
+    real = node.peer_session
+
+    async def peer_session(manifest_id: str) -> PeerSession:
+        lookups.append(manifest_id)
+        return await real(manifest_id)
+
+    monkeypatch.setattr(node, "peer_session", peer_session)
+    lazy = LazyFile(node, manifest, manifest.files[0], tmp_path / "lazy.img")
+    reads = await asyncio.gather(*(lazy.read(i * MiB, 16) for i in DATA_CHUNKS))
+    assert reads == [content[i * MiB : i * MiB + 16] for i in DATA_CHUNKS]
+    assert lookups == [manifest.id]  # one session for every chunk, not a lookup each
+    lazy.close()

@@ -15,10 +15,13 @@ order, one fault at a time) finds most of them fetched or under way; the rest co
 `BACKGROUND` at a time, and a background worker starts no new chunk while a read waits: the
 sources' time goes to the chunk a guest is stopped on.
 
-A chunk that no source gives is asked for again, the sources looked up afresh each time (a
-peer that failed may be back; a new holder may have appeared), until `patience` seconds have
-passed; then the read raises `UnreachableChunk`. A reader never gets zeros or stale bytes in
-place of a chunk's: what the local file holds is exactly the chunks marked present.
+The peers are looked up once for the file's reads (one session, as a pull has: a peer that
+fails is left out for the rest), not once a chunk: that lookup is two round trips to Redis,
+which a chunk from the node's own cache would wait for. A chunk that no source gives is asked
+for again, the sources looked up afresh each time (a peer that failed may be back; a new holder
+may have appeared), until `patience` seconds have passed; then the read raises
+`UnreachableChunk`. A reader never gets zeros or stale bytes in place of a chunk's: what the
+local file holds is exactly the chunks marked present.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ from aenv.storage.repository.chunks import write_sparse
 from aenv.storage.repository.errors import UnreachableChunk
 from aenv.storage.repository.manifest import FileEntry, Manifest
 from aenv.storage.repository.repository import Repository
+from aenv.storage.repository.sources import PeerSession
 
 log = logging.getLogger("aenv.repository")
 
@@ -65,6 +69,8 @@ class LazyFile:
         self._seen: set[int] = set()
         self._present = [digest is None for digest in entry.chunks]
         self._fetching: dict[int, asyncio.Task[None]] = {}
+        self._session: PeerSession | None = None
+        self._session_lock = asyncio.Lock()
         self._reading = 0  # reads waiting for chunks
         self._no_reads = asyncio.Event()
         self._no_reads.set()
@@ -142,8 +148,8 @@ class LazyFile:
 
     async def _fetch(self, index: int) -> None:
         deadline = time.monotonic() + self.patience
+        peers = await self._peers()
         while True:
-            peers = await self.repository.peer_session(self.manifest.id)
             try:
                 data = await self.repository.fetch_chunk(self.manifest, self.entry, index, peers)
                 break
@@ -158,8 +164,18 @@ class LazyFile:
                     ) from error
                 log.warning("chunk %d of %s: %s; asking again", index, self.entry.path, error)
                 await asyncio.sleep(RETRY_PAUSE)
+                peers = await self._peers(stale=peers)
         await asyncio.to_thread(_write, self.path, index * self.manifest.chunk_size, data)
         self._present[index] = True
+
+
+    async def _peers(self, stale: PeerSession | None = None) -> PeerSession:
+        """The file's peer session; a new one when `stale` is the current one (its peers
+        failed to give a chunk)."""
+        async with self._session_lock:
+            if self._session is None or self._session is stale:
+                self._session = await self.repository.peer_session(self.manifest.id)
+            return self._session
 
 
 # Each read and write opens the file for itself: no descriptor is shared with a thread that
