@@ -10,6 +10,7 @@ import asyncio
 import os
 import signal
 import sys
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -126,3 +127,24 @@ async def test_a_page_no_source_gives_is_a_sigbus_never_zeros(tmp_path: Path) ->
         code, pages = await mapper(fuse.path, 2 * MiB, 9 * MiB)
     assert code == -signal.SIGBUS
     assert pages == [content[2 * MiB : 2 * MiB + 4096]]  # the page before it came
+
+
+async def test_local_chunks_are_answered_without_the_event_loop(tmp_path: Path) -> None:
+    """A read whose chunks the background brought is answered on the server's own thread: a
+    reader gets it while the event loop is stopped (here: blocked on purpose until it has)."""
+    store, manifest, content = await stored(tmp_path)
+    async with mounted(store, manifest, tmp_path) as (fuse, lazy, _):
+        await lazy.complete()
+        got: list[bytes] = []
+
+        def read() -> None:
+            with open(fuse.path, "rb") as fh:
+                fh.seek(9 * MiB)
+                got.append(fh.read(4096))
+
+        reader = threading.Thread(target=read)
+        reader.start()
+        reader.join(timeout=30)  # blocks the event loop: a read needing it could not answer
+        assert not reader.is_alive() and got == [content[9 * MiB : 9 * MiB + 4096]]
+        assert lazy.touched == [9]  # recorded all the same: the next restore wants it first
+        reader.join()

@@ -101,6 +101,7 @@ class LazyFile:
             return b""
         size = self.manifest.chunk_size
         needed = range(offset // size, -(-end // size))
+        self._touch(needed)
         if not all(self._present[i] for i in needed):
             self._reading += 1
             self._no_reads.clear()
@@ -111,6 +112,31 @@ class LazyFile:
                 if self._reading == 0:
                     self._no_reads.set()
         return await asyncio.to_thread(_pread, self.path, end - offset, offset)
+
+    def read_present(self, offset: int, length: int) -> bytes | None:
+        """As `read`, from any thread and at once, when every chunk the range needs is local
+        already; None otherwise (then `read` it). A FUSE server answers such a read from its
+        own thread: no hop to the event loop for a chunk the prefetch brought."""
+        end = min(offset + length, self.size)
+        if offset < 0 or end <= offset:
+            return None
+        size = self.manifest.chunk_size
+        needed = range(offset // size, -(-end // size))
+        if not all(self._present[i] for i in needed):
+            return None
+        self._touch(needed)
+        try:
+            return _pread(self.path, end - offset, offset)
+        except OSError:  # renamed onto its place meanwhile: `read` goes by the new name
+            return None
+
+    def _touch(self, needed: range) -> None:
+        """Record the chunks a read needs, first time each: fetched already by the prefetch
+        or not, they are what the next restore wants first."""
+        for index in needed:
+            if index not in self._seen and self.entry.chunks[index] is not None:
+                self._seen.add(index)
+                self.touched.append(index)
 
     async def complete(self, order: Iterable[int] = (), prefetch: int = BACKGROUND) -> None:
         """Fetch every chunk not present yet: those of `order` first, `prefetch` at a time
@@ -125,19 +151,16 @@ class LazyFile:
             for index in pending:
                 if yields:
                     await self._no_reads.wait()
-                await self._ensure(index, touch=False)
+                await self._ensure(index)
 
         first = iter(ahead)
         await asyncio.gather(*(worker(first, False) for _ in range(max(prefetch, BACKGROUND))))
         then = iter(rest)
         await asyncio.gather(*(worker(then, True) for _ in range(BACKGROUND)))
 
-    async def _ensure(self, index: int, *, touch: bool = True) -> None:
+    async def _ensure(self, index: int) -> None:
         if self._present[index]:
             return
-        if touch and index not in self._seen:
-            self._seen.add(index)
-            self.touched.append(index)
         task = self._fetching.get(index)
         if task is None:
             task = asyncio.create_task(self._fetch(index))
@@ -167,7 +190,6 @@ class LazyFile:
                 peers = await self._peers(stale=peers)
         await asyncio.to_thread(_write, self.path, index * self.manifest.chunk_size, data)
         self._present[index] = True
-
 
     async def _peers(self, stale: PeerSession | None = None) -> PeerSession:
         """The file's peer session; a new one when `stale` is the current one (its peers
