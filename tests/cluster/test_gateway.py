@@ -60,6 +60,7 @@ from tests.proxy.support import serve
 from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer
 from tests.support.wait import eventually
+from tests.support.webhooks import QUIET_WEBHOOK
 
 NEW = {"templateID": "base"}
 
@@ -382,6 +383,46 @@ async def test_a_team_s_disk_is_counted_across_nodes(setup: Setup, client: aiore
     _, beta = await setup.keys.new("beta's", "beta")
     theirs = httpx.post(f"{setup.url}/sandboxes", json=NEW, headers={"X-API-Key": beta})
     assert theirs.status_code == 201, theirs.text
+
+
+async def test_a_webhook_changed_through_two_gateways_at_once_keeps_every_change(
+    setup: Setup, redis: RedisServer, client: aioredis.Redis
+) -> None:
+    """Concurrent `PATCH`es of different fields through two gateways all stay; a `DELETE`
+    racing `PATCH`es leaves the webhook deleted (each a 200 or a 404, never a webhook back)."""
+    other = gateway_over(connect(redis.url, timeout=0.5))
+    with serve(other, free_port()) as second_url:
+        headers = {"X-API-Key": setup.key}
+        async with (
+            httpx.AsyncClient(base_url=setup.url, headers=headers, timeout=30) as one,
+            httpx.AsyncClient(base_url=second_url, headers=headers, timeout=30) as two,
+        ):
+            hook = await one.post("/events/webhooks", json=QUIET_WEBHOOK)
+            assert hook.status_code == 201, hook.text
+            path = f"/events/webhooks/{hook.json()['id']}"
+            changes = [
+                (one, {"name": "renamed"}),
+                (two, {"url": "https://other.example.com/e2b"}),
+                (one, {"events": ["sandbox.lifecycle.killed"]}),
+                (two, {"signatureSecret": "t" * 32}),
+            ]
+            answers = await asyncio.gather(*(c.patch(path, json=b) for c, b in changes * 5))
+            assert [a.status_code for a in answers] == [200] * 20, [a.text for a in answers]
+            stored = (await two.get(path)).json()
+            assert (stored["name"], stored["url"], stored["events"]) == (
+                "renamed",
+                "https://other.example.com/e2b",
+                ["sandbox.lifecycle.killed"],
+            )
+            hooks = await ClusterWebhooks(client).all()
+            assert [h.secret for h in hooks] == ["t" * 32]
+            racing = [one.delete(path)] + [
+                two.patch(path, json={"name": f"n{i}"}) for i in range(5)
+            ]
+            statuses = [a.status_code for a in await asyncio.gather(*racing)]
+            assert statuses[0] == 200 and set(statuses[1:]) <= {200, 404}, statuses
+            assert (await one.get(path)).status_code == 404
+            assert (await two.get("/events/webhooks")).json() == []
 
 
 @pytest.mark.parametrize("versions", [(7,)])

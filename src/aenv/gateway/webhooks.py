@@ -4,13 +4,14 @@ cluster's set in Redis (`aenv.cluster.webhooks`), which every node mirrors and d
 A URL is checked for its scheme and host here; whether its address is one a sandbox could reach
 is each node's judgement at delivery (its settings, `webhook_internal_allowed`), so a refused
 target shows as failed deliveries in the log, not as a 400. The delivery log
-(`/events/webhooks/{id}/deliveries`) is each live node's, merged newest first.
+(`/events/webhooks/{id}/deliveries`) is each live node's, merged newest first. An update or a
+delete through two gateways at once is applied whole or not at all (`ClusterWebhooks`: compare
+and set), never one undoing the other.
 """
 
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 from typing import Any
 from urllib.parse import urlencode
@@ -89,8 +90,9 @@ class WebhookRoutes:
         body = await parse_body(request, WebhookChanges)
         if body.url is not None:
             _check_url(body.url)
-        updated = dataclasses.replace(hook, **changes_of(body))
-        await self.hooks.put(updated)
+        updated = await self.hooks.update(team_of(request), hook.id, changes_of(body))
+        if updated is None:  # deleted meanwhile, through another gateway
+            raise not_found(f"webhook '{hook.id}'")
         return JSONResponse(webhook_json(updated))
 
     async def delete(self, request: Request) -> Response:
