@@ -44,6 +44,7 @@ from aenv.runtime.driver import (
 from aenv.storage import layers
 from tests.doubles.guest import Guest, envd_app
 from tests.doubles.slots import DoubleSlots
+from tests.support import loopback_api
 
 NAME = "double"
 DISK_MAGIC = b"AENV-DOUBLE-DISK\n"
@@ -335,7 +336,7 @@ class DoubleVM:
             return
         await self.driver.step("stop")
         self._state = VMState.STOPPED
-        await self._server.shutdown()
+        await loopback_api.stop(self._server)
         self.driver.running.pop(self._id, None)
         self._exited.set()
 
