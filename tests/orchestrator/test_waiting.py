@@ -5,6 +5,7 @@ from the queue when their client leaves."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -12,6 +13,7 @@ import pytest
 
 from aenv.orchestrator.catalog import SandboxRecord
 from aenv.orchestrator.lifecycle import CapacityReached
+from aenv.orchestrator.waiting import WaitQueue
 from tests.doubles.node import DoubleNode, assert_clean, double_node
 from tests.support.wait import eventually
 
@@ -172,3 +174,38 @@ async def test_a_burst_past_capacity_completes_with_none_failing(tmp_path: Path)
         assert len({r.id for r in results}) == 40
         assert orc.waiting.stats.expired == 0
         await _kill_all(node)
+
+
+async def test_a_place_freed_while_a_waiter_is_refused_stays_its_turn() -> None:
+    """Refused for the node's room, a waiter ends the round: the next owner is not tried until
+    capacity changes, so a place freed between the two tries still goes to the first."""
+    queue = WaitQueue()
+    room = asyncio.Event()
+    tried: list[str] = []
+
+    def attempt(owner: str) -> Callable[[], Awaitable[str]]:
+        async def run() -> str:
+            tried.append(owner)
+            if not room.is_set():
+                raise CapacityReached("no room")
+            room.clear()
+            return owner
+
+        return run
+
+    a = asyncio.create_task(queue.admit("a", LONG, 10, attempt("a")))
+    await eventually(lambda: tried == ["a"], "a tried")
+    b = asyncio.create_task(queue.admit("b", LONG, 10, attempt("b")))
+    await eventually(lambda: len(queue) == 2, "both waiting")
+    # The newcomer started a round at "a" again: "b" is never tried while "a" is refused.
+    await eventually(lambda: len(tried) >= 2, "a tried again")
+    for _ in range(20):  # any turn given on would run within these loop turns
+        await asyncio.sleep(0)
+    assert tried == ["a", "a"]
+    room.set()
+    queue.changed()
+    assert await a == "a" and not b.done()
+    assert tried == ["a", "a", "a", "b"]  # b's turn came with the round after a's admission
+    room.set()
+    queue.changed()
+    assert await b == "b"

@@ -12,7 +12,7 @@ import asyncio
 
 from aenv.orchestrator.admission import HostMemory, MemoryBudget, Refusal
 from aenv.orchestrator.catalog import Catalog
-from aenv.orchestrator.errors import CapacityReached, OperationFailed
+from aenv.orchestrator.errors import CapacityReached, OperationFailed, OwnerLimitReached
 from aenv.orchestrator.node import Node
 from aenv.orchestrator.states import LIVE, SandboxState
 
@@ -29,14 +29,14 @@ def check_counts(node: Node, team_id: str, disk_mb: int = 0) -> None:
         raise CapacityReached(f"this node holds its maximum of {held} sandboxes")
     if running_of(node, team_id) >= config.team_max_sandboxes:
         node.stats.refused[Refusal.TEAM] += 1
-        raise CapacityReached(
+        raise OwnerLimitReached(
             "You have reached the maximum number of concurrent sandboxes for this team "
             f"({config.team_max_sandboxes})"
         )
     used = disk_of(node.catalog, team_id)
     if used + disk_mb > config.team_max_disk_mb:
         node.stats.refused[Refusal.TEAM] += 1
-        raise CapacityReached(
+        raise OwnerLimitReached(
             f"this team's sandboxes and volumes hold {used} MiB of disk; one more of {disk_mb}"
             f" MiB would pass its limit of {config.team_max_disk_mb} MiB"
         )

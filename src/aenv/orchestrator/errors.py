@@ -24,6 +24,10 @@ class CapacityReached(RuntimeError):
     already runs `key_max_sandboxes`, or the host has not the memory or disk for more."""
 
 
+class OwnerLimitReached(CapacityReached):
+    """The request's team is at one of its own limits: another team's request may still fit."""
+
+
 class InvalidState(RuntimeError):
     """The operation does not apply in the sandbox's current state (pause of a paused one)."""
 

@@ -7,9 +7,12 @@ waiter whose turn it is, not to whichever wakes first. A round offers the turn t
 waiter of each owner in rotation order:
 1. A waiter admitted leaves the queue, its owner moves to the end of the rotation, and a new
    round starts at once (more may fit).
-2. A waiter refused keeps its place and the turn passes to the next owner's first waiter
-   (another team may be under its own cap).
-3. A round where all were refused ends; the next starts when capacity changes (`changed`).
+2. A waiter refused for its own team's limit keeps its place and the turn passes to the next
+   owner's first waiter (another team may be under its cap).
+3. A waiter refused for the node's room keeps its place and the round ends: the next owner
+   would be refused too, or would take a place freed between the two tries that was this
+   owner's turn. So does a round where all were refused. The next round starts when
+   capacity changes (`changed`), at the same waiter.
 A waiter whose wait runs out, or whose client leaves (its task cancelled), leaves the queue
 and passes the turn on if it held it.
 """
@@ -22,7 +25,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import TypeVar
 
-from aenv.orchestrator.errors import CapacityReached
+from aenv.orchestrator.errors import CapacityReached, OwnerLimitReached
 
 T = TypeVar("T")
 
@@ -105,8 +108,13 @@ class WaitQueue:
                     waiter.turn.clear()
                     try:
                         result = await attempt()
+                    except OwnerLimitReached as e:
+                        refusal = str(e)
+                        self._pass()
+                        continue
                     except CapacityReached as e:
                         refusal = str(e)
+                        self._round.clear()
                         self._pass()
                         continue
                     self._served(waiter)
