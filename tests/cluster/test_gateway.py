@@ -636,9 +636,9 @@ async def test_a_bulk_kill_runs_on_every_node_and_merges_their_entries(setup: Se
 
 async def test_routes_the_gateway_does_not_serve_yet_are_501_naming_them(setup: Setup) -> None:
     with setup.client() as http:
-        answer = http.get("/nodes")
+        answer = http.get("/nodes/a")  # one node's detail (the list is served)
     assert answer.status_code == 501
-    assert answer.json()["message"].startswith("GET /nodes is not served by the cluster")
+    assert answer.json()["message"].startswith("GET /nodes/a is not served by the cluster")
 
 
 @pytest.mark.parametrize("versions", [(REPLAY,), INTERNAL_VERSIONS], ids=["v0", "v1"])
@@ -1327,3 +1327,15 @@ async def test_a_create_past_the_keys_cluster_wide_limit_is_e2bs_429(
             assert made.status_code == 201, made.text
     # The create's reservation is gone with its answer (the node counts its sandbox itself).
     assert await client.hlen(Keys().key_creates(setup.key_id)) == 0
+
+
+async def test_nodes_without_their_own_list_are_described_from_their_heartbeat(
+    setup: Setup, client: aioredis.Redis
+) -> None:
+    # The doubles serve no `GET /nodes` (as a node of a release without it).
+    await Drains(client).drain("b")
+    with setup.client() as http:
+        nodes = http.get("/nodes").json()
+    assert [(n["id"], n["status"]) for n in nodes] == [("a", "ready"), ("b", "draining")]
+    assert nodes[0]["metrics"]["memoryTotalBytes"] == 1024 << 20
+    assert nodes[0]["metrics"]["memoryUsedBytes"] == 512 << 20

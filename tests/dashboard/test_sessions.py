@@ -84,7 +84,7 @@ async def test_a_revoked_key_ends_its_sessions(site: Site, browser: httpx.AsyncC
     assert (await site.api.delete(f"/api-keys/{second.id}")).status_code == 204
     assert signed_out(await browser.get("/dashboard/sandboxes"))
     # Ended, not only refused once: the session is gone from the server.
-    assert site.dashboard.sessions.find(browser.cookies.get(COOKIE)) is None
+    assert await site.dashboard.sessions.find(browser.cookies.get(COOKIE)) is None
 
 
 async def test_changes_need_the_csrf_token_and_the_same_origin(

@@ -67,6 +67,11 @@ class Keys:
     def route(self, sandbox_id: str) -> str:
         return f"{self.prefix}:route:{sandbox_id}"
 
+    def dashboard_session(self, digest: str) -> str:
+        """A gateway dashboard's session, by the SHA-256 of its cookie's token (sealed JSON,
+        expiring with the session: `aenv.cluster.sessions`)."""
+        return f"{self.prefix}:dashboard-session:{digest}"
+
     def node_sandboxes(self, node_id: str) -> str:
         return f"{self.prefix}:node-sandboxes:{node_id}"
 

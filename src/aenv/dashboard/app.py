@@ -33,7 +33,7 @@ from aenv.dashboard.nodes import NodePages
 from aenv.dashboard.pages import LIVE_INTERVAL_S, NONCE, PREFIX, STREAM_S, Pages
 from aenv.dashboard.sandboxes import SandboxPages
 from aenv.dashboard.saved import SavedPages
-from aenv.dashboard.sessions import COOKIE, Session, Sessions
+from aenv.dashboard.sessions import COOKIE, MemorySessions, Session, SessionStore
 from aenv.dashboard.terminal import SandboxShells
 
 STATIC = Path(__file__).parent / "static"
@@ -56,18 +56,20 @@ class Dashboard:
         api: ASGIApp,
         shells: SandboxShells | None = None,
         *,
+        sessions: SessionStore | None = None,
+        cluster: bool = False,
         live_interval: float = LIVE_INTERVAL_S,
         stream_s: float = STREAM_S,
     ) -> None:
         self.api = api
         self.calls = ApiCalls(api)
-        self.sessions = Sessions()
+        self.sessions: SessionStore = sessions or MemorySessions()
         self.pages = Pages(self.calls, self.sessions, live_interval, stream_s)
         sandboxes = SandboxPages(self.pages, shells)
         templates = TemplatePages(self.pages)
         saved = SavedPages(self.pages)
         keys = KeyPages(self.pages)
-        nodes = NodePages(self.pages)
+        nodes = NodePages(self.pages, cluster)
         files = FilePages(self.pages, shells)
         sandbox = PREFIX + "/sandboxes/{sandbox_id}"
         build = PREFIX + "/templates/{template_id}/builds/{build_id}"
@@ -108,6 +110,7 @@ class Dashboard:
             Route(PREFIX + "/keys/{key_id}/revoke", self._change(keys.revoke), methods=["POST"]),
             Route(PREFIX + "/nodes", self._page(nodes.list), methods=["GET"]),
             Route(PREFIX + "/nodes/live", self._page(nodes.live), methods=["GET"]),
+            Route(PREFIX + "/nodes/{node_id}/{action}", self._change(nodes.act), methods=["POST"]),
             Mount(PREFIX + "/static", StaticFiles(directory=STATIC), name="static"),
         ]
         self._app = _Headers(Starlette(routes=routes, exception_handlers=JSON_ERRORS))
@@ -123,14 +126,14 @@ class Dashboard:
 
     # -- sessions -------------------------------------------------------------------------
 
-    def _session(self, request: Request) -> Session | None:
-        return self.sessions.find(request.cookies.get(COOKIE))
+    async def _session(self, request: Request) -> Session | None:
+        return await self.sessions.find(request.cookies.get(COOKIE))
 
     def _page(self, handler: Handler) -> Callable[[Request], Awaitable[Response]]:
         """A GET of a signed-in session; without one, the sign-in page."""
 
         async def page(request: Request) -> Response:
-            session = self._session(request)
+            session = await self._session(request)
             if session is None:
                 return _to_sign_in()
             return await self._run(handler, request, session)
@@ -142,7 +145,7 @@ class Dashboard:
 
         async def change(request: Request) -> Response:
             _same_origin(request)
-            session = self._session(request)
+            session = await self._session(request)
             if session is None:
                 raise APIError(401, "not signed in")
             form = await request.form()
@@ -157,7 +160,7 @@ class Dashboard:
         try:
             return await handler(request, session)
         except KeyRefused:
-            self.sessions.close(session.token)
+            await self.sessions.close(session.token)
             return _to_sign_in()
         except ApiRefused as e:
             return self.pages.render(
@@ -193,7 +196,7 @@ class Dashboard:
             return self.pages.render(
                 request, "sign_in.html", None, status=401, error="Invalid API key."
             )
-        session = self.sessions.open(key)
+        session = await self.sessions.open(key)
         response = RedirectResponse(PREFIX + "/sandboxes", status_code=303)
         response.set_cookie(
             COOKIE,
@@ -207,7 +210,7 @@ class Dashboard:
         return response
 
     async def sign_out(self, request: Request, session: Session) -> Response:
-        self.sessions.close(session.token)
+        await self.sessions.close(session.token)
         response = _to_sign_in()
         response.delete_cookie(COOKIE, path=PREFIX, httponly=True, samesite="strict")
         return response

@@ -1,25 +1,33 @@
 """The nodes page: what `GET /nodes` says of each node (one on `aenv server`, every node behind
-a gateway), live: status, sandboxes, CPU and memory."""
+a gateway), live: status, sandboxes, CPU and memory; behind a gateway, drain and undrain
+(`POST /nodes/{nodeID}`, which the gateway allows the default team's keys only)."""
 
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 from starlette.requests import Request
-from starlette.responses import Response
+from starlette.responses import RedirectResponse, Response
 
-from aenv.dashboard.pages import Pages
+from aenv.api.errors import APIError
+from aenv.dashboard.pages import PREFIX, Pages
 from aenv.dashboard.sessions import Session
+
+# What each of the page's actions asks the API to set.
+_STATUSES = {"drain": "draining", "undrain": "ready"}
 
 
 class NodePages:
-    def __init__(self, pages: Pages) -> None:
+    def __init__(self, pages: Pages, cluster: bool) -> None:
         self.pages = pages
         self.calls = pages.calls
+        # Behind a gateway: nodes may be drained (a lone node has no one to take its work).
+        self.cluster = cluster
 
     async def _rows(self, session: Session) -> str:
         nodes = [NodeRow(n) for n in await self.calls.json(session.key, "/nodes")]
-        return self.pages.fragment("node_rows.html", session, nodes=nodes)
+        return self.pages.fragment("node_rows.html", session, nodes=nodes, cluster=self.cluster)
 
     async def list(self, request: Request, session: Session) -> Response:
         rows = await self._rows(session)
@@ -27,6 +35,15 @@ class NodePages:
 
     async def live(self, request: Request, session: Session) -> Response:
         return self.pages.live_rows(request, session, lambda: self._rows(session))
+
+    async def act(self, request: Request, session: Session) -> Response:
+        action = request.path_params["action"]
+        status = _STATUSES.get(action)
+        if status is None:
+            raise APIError(404, f"no action '{action}'")
+        node_id = quote(request.path_params["node_id"], safe="")
+        await self.calls.call(session.key, "POST", f"/nodes/{node_id}", json={"status": status})
+        return RedirectResponse(PREFIX + "/nodes", status_code=303)
 
 
 class NodeRow:

@@ -15,7 +15,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, StreamingResponse
 
 from aenv.dashboard.calls import ApiCalls, ApiRefused, KeyRefused
-from aenv.dashboard.sessions import Session, Sessions
+from aenv.dashboard.sessions import Session, SessionStore
 
 PREFIX = "/dashboard"
 NONCE = "style_nonce"  # the answer's CSP nonce, in its request's state
@@ -49,7 +49,7 @@ class Pages:
     def __init__(
         self,
         calls: ApiCalls,
-        sessions: Sessions,
+        sessions: SessionStore,
         live_interval: float = LIVE_INTERVAL_S,
         stream_s: float = STREAM_S,
     ) -> None:
@@ -110,7 +110,7 @@ class Pages:
                 try:
                     sent, complete = await tick()
                 except KeyRefused:
-                    self.sessions.close(session.token)
+                    await self.sessions.close(session.token)
                     yield str(Event("signed-out", ""))
                     return
                 except ApiRefused as e:

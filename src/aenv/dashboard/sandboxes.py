@@ -137,7 +137,7 @@ class SandboxPages:
         # page that opens one must be ours.
         origin = socket.headers.get("origin")
         own = f"{'https' if socket.url.scheme == 'wss' else 'http'}://{socket.headers['host']}"
-        session = self.pages.sessions.find(socket.cookies.get(COOKIE))
+        session = await self.pages.sessions.find(socket.cookies.get(COOKIE))
         if origin != own or session is None or self.shells is None:
             await socket.close(code=1008)
             return
@@ -148,7 +148,7 @@ class SandboxPages:
             await self.calls.call(session.key, "GET", f"/sandboxes/{sandbox_id}")
             envd = await self.shells.envd(sandbox_id)
         except KeyRefused:
-            self.pages.sessions.close(session.token)
+            await self.pages.sessions.close(session.token)
             await socket.close(code=4401, reason="signed out")
             return
         except ApiRefused as e:

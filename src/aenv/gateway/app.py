@@ -23,15 +23,18 @@ from aenv.api.teams import TeamRoutes
 from aenv.cluster.directory import Directory
 from aenv.cluster.keys import ClusterKeys
 from aenv.cluster.secret import ClusterSecret
+from aenv.cluster.sessions import RedisSessions
 from aenv.cluster.store import ClusterUnavailable
 from aenv.cluster.teams import ClusterTeams
 from aenv.config import Config
 from aenv.dashboard.app import Dashboard
 from aenv.gateway.admin import AdminRoutes
+from aenv.gateway.cluster_nodes import ClusterNodeRoutes
 from aenv.gateway.control import EXCEPTION_HANDLERS, ControlPlane
 from aenv.gateway.dataplane import DataPlane
 from aenv.gateway.handoff import Handoff
 from aenv.gateway.nodes import NodeClient
+from aenv.gateway.shells import NodeShells
 from aenv.gateway.team_quota import DEFAULT_TEAM_LIMITS, TeamLimitSettings
 from aenv.network.identity import Signer
 from aenv.proxy.errors import ProxyError, bad_route, deny_websocket, send_http
@@ -68,17 +71,26 @@ class Gateway:
                 *ApiKeyRoutes(keys).routes(),
                 *TeamRoutes(teams.named).routes(),
                 *AdminRoutes(control, keys, teams, secret).routes(),
+                *ClusterNodeRoutes(directory, self.nodes).routes(),
                 *control.routes(),
             ],
             exception_handlers={**EXCEPTION_HANDLERS, **JSON_ERRORS},
         )
-        # The dashboard over the gateway's API: the cluster's sandboxes and templates. Its
-        # terminals need a node's envd client, which a gateway has not.
-        self.control = Dashboard(APIKeyGate(app, keys, limiter))
+        # The dashboard over the gateway's API: the cluster's sandboxes and templates, and
+        # terminals and files through the node that runs the sandbox (`shells`).
+        self.shells = NodeShells(directory, self.nodes, secret)
+        # Its sessions are the cluster's (in Redis, sealed), so any gateway serves them.
+        self.control = Dashboard(
+            APIKeyGate(app, keys, limiter),
+            self.shells,
+            sessions=RedisSessions(directory.client, secret, directory.registry.keys),
+            cluster=True,
+        )
 
     async def aclose(self) -> None:
         await self.nodes.aclose()
         await self.data.aclose()
+        await self.shells.aclose()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] not in ("http", "websocket"):

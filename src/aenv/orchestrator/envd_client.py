@@ -73,14 +73,20 @@ class EnvdClient:
     host: str
     # None until `/init` gave the guest one (a cold-booted envd has none).
     token: str | None = None
+    # Where envd is reached when not on the guest's own address: a cluster node's internal
+    # data plane (`aenv.gateway.shells`), which `via_headers` name the sandbox and port to.
+    via: str | None = None
+    via_headers: tuple[tuple[str, str], ...] = ()
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{ENVD_PORT}"
+        return self.via or f"http://{self.host}:{ENVD_PORT}"
 
     def headers(self, user: str | None = None) -> dict[str, str]:
         """The access token, and the user to act as for the process and filesystem services."""
-        headers = {TOKEN_HEADER: self.token} if self.token else {}
+        headers = dict(self.via_headers)
+        if self.token:
+            headers[TOKEN_HEADER] = self.token
         if user is not None:
             headers["Authorization"] = "Basic " + base64.b64encode(f"{user}:".encode()).decode()
         return headers
