@@ -876,3 +876,55 @@ async def test_http2_servers_get_streams_and_resets_both_ways() -> None:
         writer.close()
         proxy.close()
         upstream.close()
+
+
+async def test_bodies_relayed_raw_keep_requests_apart() -> None:
+    """The exchange alone, on loopback: responses framed by Content-Length go on as raw bytes
+    (h11 sees their heads only), and the connections still serve pipelined requests in order
+    and end after `Connection: close`."""
+    seen: list[str] = []
+    server = await asyncio.start_server(partial(_echo, seen), "127.0.0.1", 0)
+    port = server.sockets[0].getsockname()[1]
+
+    async def relay(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        up = await asyncio.open_connection("127.0.0.1", port)
+        try:
+            await exchange(PlainStream(reader, writer), PlainStream(*up), lambda: (SECRET,))
+        finally:
+            up[1].close()
+            writer.close()
+
+    proxy = await asyncio.start_server(relay, "127.0.0.1", 0)
+    try:
+        reader, writer = await asyncio.open_connection(
+            "127.0.0.1", proxy.sockets[0].getsockname()[1]
+        )
+        writer.write(
+            b"GET /big HTTP/1.1\r\nHost: a.test\r\n\r\n"
+            b"POST /0 HTTP/1.1\r\nHost: a.test\r\nContent-Length: 3\r\n\r\nabc"
+            b"GET /1 HTTP/1.1\r\nHost: a.test\r\n\r\n"
+            b"GET /2 HTTP/1.1\r\nHost: a.test\r\nConnection: close\r\n\r\n"
+        )
+        response = await asyncio.wait_for(reader.read(), 10)  # to the end: closed after /2
+        writer.close()
+        client = h11.Connection(h11.CLIENT)
+        client.receive_data(response)
+        bodies: list[bytes] = []
+        for method in (b"GET", b"POST", b"GET", b"GET"):
+            client.send(h11.Request(method=method, target="/", headers=[("Host", "a.test")]))
+            client.send(h11.EndOfMessage())
+            body = b""
+            while not isinstance(event := client.next_event(), h11.EndOfMessage):
+                assert event is not h11.NEED_DATA, bodies
+                if isinstance(event, h11.Data):
+                    body += event.data
+            bodies.append(body)
+            if client.our_state is h11.DONE and client.their_state is h11.DONE:
+                client.start_next_cycle()
+        assert seen == ["/big", "/0", "/1", "/2"]
+        assert bodies[0] == bytes(BIG)
+        assert json.loads(bodies[1])["size"] == 3
+        assert [_got(b.decode())["x-api-key"] for b in bodies[1:]] == [["s3cret"]] * 3
+    finally:
+        proxy.close()
+        server.close()

@@ -19,6 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import ssl
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
 import h11
@@ -143,10 +145,67 @@ async def _upload(guest: h11.Connection, down: Stream, server: h11.Connection, u
             raise ConnectionError("request cut short")
 
 
+def closes(headers: Iterable[tuple[bytes, bytes]]) -> bool:
+    """Whether a message's `Connection` header ends the connection after it."""
+    return any(
+        name == b"connection" and b"close" in (token.strip().lower() for token in value.split(b","))
+        for name, value in headers
+    )
+
+
+def raw_length(request: h11.Request, response: h11.Response) -> int | None:
+    """The length of `response`'s body if Content-Length alone frames it, to the guest as from
+    the server (both HTTP/1.1), so that its bytes can go on as they come rather than through
+    h11 (which copies them twice); None for any other framing."""
+    if request.method in (b"HEAD", b"CONNECT") or request.http_version != b"1.1":
+        return None
+    if response.http_version != b"1.1" or response.status_code in (204, 304):
+        return None
+    lengths = [value for name, value in response.headers if name == b"content-length"]
+    if len(lengths) != 1 or any(name == b"transfer-encoding" for name, _ in response.headers):
+        return None
+    return int(lengths[0])  # h11 checked it is digits
+
+
+@dataclass(frozen=True)
+class _Spliced:
+    """A response whose body went to the guest as raw bytes: h11 saw its head only. `leftover`
+    is what the server sent past the body, `keep_alive` whether the connections go on."""
+
+    leftover: bytes
+    keep_alive: bool
+
+
+async def splice(
+    server: h11.Connection, up: Stream, send: Callable[[bytes], Awaitable[None]], length: int
+) -> bytes:
+    """`length` bytes of body, from what h11 read ahead and then the server, to `send`; what
+    was read past them."""
+    ahead = server.trailing_data[0]
+    chunk, leftover = ahead[:length], ahead[length:]
+    while True:
+        if chunk:
+            await send(chunk)
+            length -= len(chunk)
+        if length == 0:
+            return leftover
+        chunk = await up.read()
+        if not chunk:
+            raise ConnectionError("response cut short")
+        if len(chunk) > length:
+            chunk, leftover = chunk[:length], chunk[length:]
+
+
 async def _download(
-    server: h11.Connection, up: Stream, guest: h11.Connection, down: Stream
-) -> None:
-    """The server's response (with any 1xx before it), to the guest."""
+    server: h11.Connection,
+    up: Stream,
+    guest: h11.Connection,
+    down: Stream,
+    request: h11.Request,
+    upload: asyncio.Future[None],
+) -> _Spliced | None:
+    """The server's response (with any 1xx before it), to the guest. A body framed by length
+    alone, once the request's has gone, goes on as raw bytes (`_Spliced`)."""
     while True:
         event = await _next_event(server, up)
         if isinstance(event, h11.InformationalResponse | h11.Response):
@@ -158,14 +217,20 @@ async def _download(
             )
             await _send(guest, down, head)
             if event.status_code == 101:
-                return
+                return None
+            if isinstance(event, h11.Response) and upload.done():
+                length = raw_length(request, event)
+                if length is not None:
+                    leftover = await splice(server, up, down.write, length)
+                    keep_alive = not (closes(request.headers) or closes(event.headers))
+                    return _Spliced(leftover, keep_alive)
         elif isinstance(event, h11.Data):
             await _send(guest, down, h11.Data(data=event.data))
         elif isinstance(event, h11.EndOfMessage):
             await _send(guest, down, h11.EndOfMessage(headers=event.headers))
-            return
+            return None
         elif event is h11.PAUSED:  # a 2xx answer to CONNECT
-            return
+            return None
         else:
             raise ConnectionError("response cut short")
 
@@ -190,13 +255,25 @@ def _done(*conns: h11.Connection) -> bool:
     return all(c.our_state is h11.DONE and c.their_state is h11.DONE for c in conns)
 
 
+def connection(
+    role: type[h11.SERVER] | type[h11.CLIENT], data: bytes, ended: bool
+) -> h11.Connection:
+    """A new h11 state for one side, having received `data` (and its end if `ended`)."""
+    conn = h11.Connection(role, max_incomplete_event_size=_MAX_HEAD)
+    if data:  # h11 takes b"" for the end
+        conn.receive_data(data)
+    if ended:
+        conn.receive_data(b"")
+    return conn
+
+
 async def exchange(down: Stream, up: Stream, rule_headers: HeadersNow) -> None:
     """Relay HTTP/1.1 between the guest (`down`) and the server (`up`) until either ends,
     every request sent with the headers `rule_headers()` gives then. Raises h11.ProtocolError
     for what is not HTTP/1.1, and OSError or ConnectionError when a side goes away
     mid-message or `rule_headers` has none to give (`SecretUnavailable`: nothing is sent)."""
-    guest = h11.Connection(h11.SERVER, max_incomplete_event_size=_MAX_HEAD)
-    server = h11.Connection(h11.CLIENT, max_incomplete_event_size=_MAX_HEAD)
+    guest = connection(h11.SERVER, b"", False)
+    server = connection(h11.CLIENT, b"", False)
     while True:
         request = await _next_event(guest, down)
         if not isinstance(request, h11.Request):
@@ -214,12 +291,19 @@ async def exchange(down: Stream, up: Stream, rule_headers: HeadersNow) -> None:
         )
         upload = asyncio.ensure_future(_upload(guest, down, server, up))
         try:
-            await _download(server, up, guest, down)
+            spliced = await _download(server, up, guest, down, request, upload)
             await upload
         finally:
             upload.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await upload
+        if spliced is not None:
+            # h11 saw neither body: each side starts anew, with what it read ahead.
+            if not spliced.keep_alive:
+                return
+            guest = connection(h11.SERVER, *guest.trailing_data)
+            server = connection(h11.CLIENT, spliced.leftover, server.trailing_data[1])
+            continue
         switched = h11.SWITCHED_PROTOCOL
         if guest.our_state is switched and server.their_state is switched:
             await _switched(guest, down, server, up)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
+from functools import partial
 
 import h2.config
 import h2.connection
@@ -30,7 +31,7 @@ import h11
 
 from aenv.network.h2_upstream import H2Upstream
 from aenv.network.header_rules import FRAMING, HeadersNow, apply
-from aenv.network.interception import Stream
+from aenv.network.interception import Stream, closes, connection, raw_length, splice
 
 Connect = Callable[[], Awaitable[Stream]]
 # Headers of an HTTP/1.1 response that mean nothing (or are forbidden) in HTTP/2.
@@ -177,7 +178,6 @@ class Bridge:
             self._trailers.pop(stream_id, None)
             self._tasks.pop(stream_id, None)
         if reusable and isinstance(upstream, _Upstream):
-            upstream.h11.start_next_cycle()
             self._idle.append(upstream)
 
     async def _exchange_h2(
@@ -280,14 +280,21 @@ class Bridge:
         await upstream.send(request)
         upload = asyncio.ensure_future(self._upload(stream_id, queue, upstream))
         try:
-            await self._download(stream_id, upstream)
+            spliced = await self._download(stream_id, upstream, request, upload)
             await upload
         finally:
             upload.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await upload
         conn = upstream.h11
-        return conn.our_state is h11.DONE and conn.their_state is h11.DONE
+        if spliced is not None:  # h11 saw the response's head only: it starts anew
+            leftover, keep_alive = spliced
+            upstream.h11 = connection(h11.CLIENT, leftover, conn.trailing_data[1])
+            return keep_alive
+        if conn.our_state is h11.DONE and conn.their_state is h11.DONE:
+            conn.start_next_cycle()
+            return True
+        return False
 
     def _acknowledge(self, stream_id: int, length: int) -> None:
         # h2 gives a closed stream's share back to the connection's window alone.
@@ -307,7 +314,16 @@ class Bridge:
             await self._flush()
         await upstream.send(h11.EndOfMessage(headers=self._trailers.pop(stream_id, [])))
 
-    async def _download(self, stream_id: int, upstream: _Upstream) -> None:
+    async def _download(
+        self,
+        stream_id: int,
+        upstream: _Upstream,
+        request: h11.Request,
+        upload: asyncio.Future[None],
+    ) -> tuple[bytes, bool] | None:
+        """The server's response to the guest. A body framed by length alone, once the
+        request's has gone, goes on as raw bytes: then what the server sent past it, and
+        whether its connection may serve another request."""
         while True:
             event = await upstream.next_event()
             if isinstance(event, h11.InformationalResponse):
@@ -320,6 +336,13 @@ class Bridge:
                 ]
                 self._h2.send_headers(stream_id, [(b":status", b"%d" % event.status_code), *fields])
                 await self._flush()
+                length = raw_length(request, event) if upload.done() else None
+                if length is not None:
+                    send = partial(self._send, stream_id)
+                    leftover = await splice(upstream.h11, upstream.stream, send, length)
+                    self._h2.end_stream(stream_id)
+                    await self._flush()
+                    return leftover, not (closes(request.headers) or closes(event.headers))
             elif isinstance(event, h11.Data):
                 await self._send(stream_id, bytes(event.data))
             elif isinstance(event, h11.EndOfMessage):
@@ -328,7 +351,7 @@ class Bridge:
                 else:
                     self._h2.end_stream(stream_id)
                 await self._flush()
-                return
+                return None
             else:
                 raise ConnectionError("response cut short")
 
