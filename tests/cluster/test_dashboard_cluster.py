@@ -289,3 +289,28 @@ async def test_sessions_are_the_clusters(cluster: Cluster) -> None:
         page = await browser.get("/dashboard/sandboxes")
         assert page.status_code == 303 and page.headers["location"] == "/dashboard/sign-in"
     assert [k async for k in cluster.client.scan_iter("*dashboard-session*")] == []
+
+
+async def test_a_volumes_files_through_the_gateway(cluster: Cluster) -> None:
+    async with cluster.api() as api:
+        made = await api.post("/volumes", json={"name": "shared"})
+        assert made.status_code == 201, made.text
+        volume_id, token = made.json()["volumeID"], made.json()["token"]
+        put = await api.put(
+            f"/volumecontent/{volume_id}/file",
+            params={"path": "/out/result.txt", "force": "true"},
+            headers={"Authorization": f"Bearer {token}"},
+            content=b"42\n",
+        )
+        assert put.status_code == 201, put.text
+    base = f"/dashboard/volumes/{volume_id}/files"
+    async with pages(cluster.url) as browser:
+        await sign_in(browser, cluster.key)
+        listed = await browser.get(base, params={"path": "/out"})
+        assert listed.status_code == 200, listed.text
+        assert 'data-file="result.txt"' in listed.text
+        downloaded = await browser.get(base + "/download", params={"path": "/out/result.txt"})
+        assert downloaded.content == b"42\n"
+    async with pages(cluster.url) as other_team:
+        await sign_in(other_team, cluster.team_key)
+        assert (await other_team.get(base)).status_code == 404

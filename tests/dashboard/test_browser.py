@@ -124,6 +124,20 @@ async def test_snapshots_volumes_and_keys(site: Site, url: str, page: Page, tmp_
     await page.click("form.inline button")
     await expect(page.locator("tr[data-volume]")).to_have_count(1)
     await screenshot(page, "volumes", tmp_path)
+    # Its files, put there through the volume content API, browsed from the page.
+    (volume,) = (await site.api.get("/volumes")).json()
+    token = (await site.api.get(f"/volumes/{volume['volumeID']}")).json()["token"]
+    put = await site.api.put(
+        f"/volumecontent/{volume['volumeID']}/file",
+        params={"path": "/results/run-1.csv", "force": "true"},
+        headers={"Authorization": f"Bearer {token}"},
+        content=b"step,loss\n1,0.9\n",
+    )
+    assert put.status_code == 201, put.text
+    await page.click("tr[data-volume] a")
+    await page.click("tr[data-file=results] a")
+    await expect(page.locator("tr[data-file='run-1.csv']")).to_be_visible()
+    await screenshot(page, "volume-files", tmp_path)
     await page.click("nav >> text=API keys")
     await page.fill("input[name=name]", "ci")
     await page.click("form.inline button")

@@ -71,3 +71,32 @@ async def test_a_new_key_is_shown_once_and_revoked(site: Site, browser: httpx.As
     revoked = await browser.post(f"/dashboard/keys/{ci.id}/revoke", data={"csrf": csrf})
     assert revoked.status_code == 303
     assert not (await site.api.get("/sandboxes", headers={"X-API-KEY": value.group(1)})).is_success
+
+
+async def test_a_volumes_files_are_browsed_and_downloaded(
+    site: Site, browser: httpx.AsyncClient
+) -> None:
+    await sign_in(browser)
+    volume = (await site.api.post("/volumes", json={"name": "files"})).json()
+    volume_id, token = volume["volumeID"], volume["token"]
+    content = bytes(range(256)) * 400
+    put = await site.api.put(
+        f"/volumecontent/{volume_id}/file",
+        params={"path": "/dir/data.bin", "force": "true"},
+        headers={"Authorization": f"Bearer {token}"},
+        content=content,
+    )
+    assert put.status_code == 201, put.text
+    base = f"/dashboard/volumes/{volume_id}/files"
+    root = await browser.get(base)
+    assert root.status_code == 200
+    assert 'data-file="dir"' in root.text
+    inside = await browser.get(base, params={"path": "/dir"})
+    assert 'data-file="data.bin"' in inside.text and str(len(content)) in inside.text
+    downloaded = await browser.get(base + "/download", params={"path": "/dir/data.bin"})
+    assert downloaded.status_code == 200 and downloaded.content == content
+    assert "attachment" in downloaded.headers["content-disposition"]
+    assert (await browser.get(base, params={"path": "dir"})).status_code == 400
+    assert (await browser.get(base, params={"path": "/nope"})).status_code == 404
+    missing = await browser.get("/dashboard/volumes/nosuchvolume/files")
+    assert missing.status_code == 404

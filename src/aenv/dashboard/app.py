@@ -35,6 +35,7 @@ from aenv.dashboard.sandboxes import SandboxPages
 from aenv.dashboard.saved import SavedPages
 from aenv.dashboard.sessions import COOKIE, MemorySessions, Session, SessionStore
 from aenv.dashboard.terminal import SandboxShells
+from aenv.dashboard.volume_files import VolumeFilePages
 
 STATIC = Path(__file__).parent / "static"
 # Styles also by the answer's nonce: xterm.js makes <style> elements as it draws, and
@@ -71,6 +72,7 @@ class Dashboard:
         keys = KeyPages(self.pages)
         nodes = NodePages(self.pages, cluster)
         files = FilePages(self.pages, shells)
+        volumes = VolumeFilePages(self.pages)
         sandbox = PREFIX + "/sandboxes/{sandbox_id}"
         build = PREFIX + "/templates/{template_id}/builds/{build_id}"
         routes = [
@@ -100,6 +102,14 @@ class Dashboard:
             ),
             Route(PREFIX + "/volumes", self._page(saved.volumes), methods=["GET"]),
             Route(PREFIX + "/volumes", self._change(saved.create_volume), methods=["POST"]),
+            Route(
+                PREFIX + "/volumes/{volume_id}/files", self._page(volumes.browse), methods=["GET"]
+            ),
+            Route(
+                PREFIX + "/volumes/{volume_id}/files/download",
+                self._page(volumes.download),
+                methods=["GET"],
+            ),
             Route(
                 PREFIX + "/volumes/{volume_id}/delete",
                 self._change(saved.delete_volume),

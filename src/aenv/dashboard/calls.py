@@ -35,7 +35,8 @@ class ApiCalls:
     async def call(self, key: str, method: str, path: str, **kwargs: Any) -> httpx.Response:
         """`method path` as the holder of `key`: the answer when it is a success, else
         `KeyRefused` (401) or `ApiRefused` (any other error)."""
-        response = await self._client.request(method, path, headers={"X-API-KEY": key}, **kwargs)
+        headers = {**kwargs.pop("headers", {}), "X-API-KEY": key}
+        response = await self._client.request(method, path, headers=headers, **kwargs)
         if response.status_code == 401:
             raise KeyRefused()
         if not response.is_success:
