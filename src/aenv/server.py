@@ -19,7 +19,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from starlette.types import Scope
+
 from aenv.api.app import create_api, node_builder
+from aenv.api.internal import OPERATOR_CALLER, caller, caller_key
 from aenv.api.keys import KeyStore, open_keys
 from aenv.claims import Claim, HeldClaim, claim
 from aenv.config import Config, ConfigError
@@ -46,6 +49,7 @@ from aenv.orchestrator.templates import (
     build_template,
     is_stale,
 )
+from aenv.proxy.access import API_KEY_HEADER
 from aenv.proxy.app import SandboxProxy
 from aenv.proxy.resolver import SandboxNotFound as ProxyNotFound
 from aenv.proxy.resolver import SandboxPaused as ProxyPaused
@@ -339,6 +343,7 @@ async def _start_node(
         signer=lambda signed: signer(
             signed, ((r.id, r.envd_access_token) for r in orchestrator.catalog.list())
         ),
+        tenancy=_Tenancy(orchestrator, keys),
     )
     orchestrator.vm_stopped.append(proxy.end_run)  # a stopped VM's streams end at once
     orchestrator.hibernation.traffic = proxy  # idle hibernation waits for quiet traffic
@@ -388,6 +393,28 @@ class _Shells:
             return self._orchestrator.envd(sandbox_id)
         except (SandboxNotFound, OperationFailed) as e:
             raise LookupError(sandbox_id) from e
+
+
+class _Tenancy:
+    """The data plane's view of teams (`proxy.access.check_team`): the team of the API key a
+    request carries, the node's own or the one a cluster gateway checked and names
+    (`api.internal`), and each sandbox's team in the catalog."""
+
+    def __init__(self, orchestrator: Orchestrator, keys: KeyStore) -> None:
+        self._orchestrator = orchestrator
+        self._keys = keys
+
+    async def caller_team(self, scope: Scope) -> str | None:
+        named = caller(scope.get("state", {}))
+        if named is not None and named != OPERATOR_CALLER:
+            return caller_key(named).team_id
+        given = next((v for n, v in scope["headers"] if n == API_KEY_HEADER), None)
+        key = self._keys.verify(given.decode("latin-1")) if given else None
+        return None if key is None else key.team_id
+
+    def sandbox_team(self, sandbox_id: str) -> str | None:
+        record = self._orchestrator.catalog.get(sandbox_id)
+        return None if record is None else record.team_id
 
 
 class _Resolver:

@@ -19,11 +19,13 @@ from e2b import AsyncSandbox, AsyncVolume
 from e2b.exceptions import NotFoundException
 
 from aenv.api.app import create_api
+from aenv.api.internal import CALLER_STATE, OPERATOR_CALLER
 from aenv.api.keys import KeyStore
 from aenv.ids import TEAM_ID
 from aenv.orchestrator.states import SandboxState
 from aenv.orchestrator.team_metrics import step_for
 from aenv.orchestrator.teams import TeamStore
+from aenv.server import _Tenancy
 from tests.api.test_routes import error
 from tests.doubles.node import DoubleNode, double_node
 from tests.support import loopback_api
@@ -321,3 +323,27 @@ async def test_team_metrics_count_the_team_s_sandboxes(tmp_path: Path) -> None:
         # What a gateway merges across nodes is for its calls only.
         assert error(await b.get(f"{path}/changes", params=window), 404)
         assert node.row(made[2]).state is SandboxState.RUNNING
+
+
+async def test_the_data_plane_knows_the_team_of_a_key_and_of_a_sandbox(tmp_path: Path) -> None:
+    """The node's `Tenancy` (`proxy.access.check_team`): the team of the key a request carries,
+    or of the key a cluster gateway checked and names; each sandbox's team."""
+    async with double_node(tmp_path) as node, two_teams(node) as teams:
+        sandbox = (
+            await _json(await teams.a.post("/v2/sandboxes", json={"templateID": "base"}), 201)
+        )["sandboxID"]
+        tenancy = _Tenancy(node.orchestrator, teams.keys)
+
+        def scope(key: str | None = None, named: str | None = None) -> dict[str, Any]:
+            headers = [] if key is None else [(b"x-api-key", key.encode())]
+            return {"headers": headers, "state": {} if named is None else {CALLER_STATE: named}}
+
+        assert await tenancy.caller_team(scope(KEY_A)) == TEAM_ID
+        assert await tenancy.caller_team(scope(KEY_B)) == teams.team_b
+        assert await tenancy.caller_team(scope("e2b_" + "0" * 40)) is None
+        assert await tenancy.caller_team(scope()) is None
+        assert await tenancy.caller_team(scope(named=f"k1 {teams.team_b}")) == teams.team_b
+        # A gateway's call for no user (its own) names no team: the key sent decides.
+        assert await tenancy.caller_team(scope(KEY_B, OPERATOR_CALLER)) == teams.team_b
+        assert tenancy.sandbox_team(sandbox) == TEAM_ID
+        assert tenancy.sandbox_team("x" * 20) is None

@@ -59,7 +59,7 @@ class Gateway:
         self.domain = domain
         self.nodes = NodeClient(secret)
         handoff = Handoff(directory, self.nodes)
-        self.data = DataPlane(directory, secret, handoff)
+        self.data = DataPlane(directory, secret, handoff, keys=keys)
         control = ControlPlane(
             directory, self.nodes, handoff, key_max_sandboxes, team_max_sandboxes, team_limits
         )

@@ -5,7 +5,9 @@ The request is routed as a node routes it (`aenv.proxy.routing`: E2B's headers, 
 internal API with the sandbox named in E2B's headers, so the node's own proxy takes it from there
 whichever way the client addressed it. Bodies stream both ways and WebSockets are joined, with the
 node proxy's own forwarders: a Connect server stream or an upload is never held whole here.
-A sandbox without a live node that is parked moves to another node first (`handoff`), whose
+A request carrying one of the cluster's API keys names it and its team to the node, whose proxy
+answers one of another team's as a sandbox that does not exist, as on one node. A sandbox
+without a live node that is parked moves to another node first (`handoff`), whose
 proxy then resumes it if it asked for auto-resume, as on one node. A node that holds its lease
 but does not answer is a 502 naming it (`node_silent`).
 """
@@ -15,12 +17,13 @@ from __future__ import annotations
 from starlette.types import Receive, Scope, Send
 
 from aenv.api.errors import APIError
+from aenv.api.keys import KeyBook
 from aenv.cluster.directory import Directory, NodeAddress
 from aenv.cluster.internal import CALLER_HEADER, PREFIX, TEAM_HEADER, TOKEN_HEADER
 from aenv.cluster.secret import ClusterSecret
 from aenv.cluster.store import ClusterUnavailable
 from aenv.gateway.handoff import Handoff
-from aenv.proxy.access import check_route
+from aenv.proxy.access import API_KEY_HEADER, check_route
 from aenv.proxy.errors import ProxyError, sandbox_not_found
 from aenv.proxy.http import HttpForwarder
 from aenv.proxy.resolver import Upstream
@@ -40,8 +43,12 @@ class DataPlane:
         secret: ClusterSecret,
         handoff: Handoff,
         connect_timeout: float = 10.0,
+        keys: KeyBook | None = None,
     ) -> None:
+        """`keys`: the cluster's, by which a request carrying an API key is named to the node
+        with the key's team (none: every request goes on as the cluster's own)."""
         self.directory = directory
+        self.keys = keys
         self.handoff = handoff
         self._token = secret.bearer.encode()
         self._connect_timeout = connect_timeout
@@ -54,6 +61,7 @@ class DataPlane:
         """Forwards a request routed to `target`; raises `ProxyError` for the client."""
         check_route(target)
         try:
+            caller = await self._caller(scope)
             node = await self.directory.node_of(target.sandbox_id)
             if node is None:
                 node = await self.handoff.move(target.sandbox_id)
@@ -66,11 +74,14 @@ class DataPlane:
         if node is None:
             raise sandbox_not_found(target.sandbox_id)
         address = NodeAddress.of(node.address)
-        headers = [(n, v) for n, v in scope["headers"] if n not in _REPLACED]
+        # A key the cluster knows goes on as its name and team, not as itself.
+        replaced = _REPLACED | ({API_KEY_HEADER} if caller else set())
+        headers = [(n, v) for n, v in scope["headers"] if n not in replaced]
         headers += [
             (SANDBOX_ID_HEADER.lower().encode(), target.sandbox_id.encode()),
             (SANDBOX_PORT_HEADER.lower().encode(), str(target.port).encode()),
             (TOKEN_HEADER.lower().encode(), self._token),
+            *caller,
         ]
         raw_path = PREFIX.encode() + target.raw_path
         hop = Target(target.sandbox_id, target.port, PREFIX + target.path, raw_path)
@@ -90,6 +101,21 @@ class DataPlane:
             if error.status != 502:
                 raise
             raise node_silent(target.sandbox_id, node.node_id) from error
+
+    async def _caller(self, scope: Scope) -> list[tuple[bytes, bytes]]:
+        """The headers naming the API key the request carries, and its team, to the node, whose
+        proxy keeps another team's key from the sandbox (`proxy.access.check_team`); none for
+        a request without a key the cluster knows."""
+        given = next((v for n, v in scope["headers"] if n == API_KEY_HEADER), None)
+        if self.keys is None or not given:
+            return []
+        key = await self.keys.find(given.decode("latin-1"))
+        if key is None:
+            return []
+        return [
+            (CALLER_HEADER.lower().encode(), key.id.encode()),
+            (TEAM_HEADER.lower().encode(), key.team_id.encode()),
+        ]
 
 
 def node_silent(sandbox_id: str, node_id: str) -> ProxyError:

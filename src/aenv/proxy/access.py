@@ -7,6 +7,14 @@
 - A sandbox created with a traffic access token (`allowPublicTraffic: false`) accepts traffic on
   its user ports only with that token in `e2b-traffic-access-token`. envd's port is exempt: envd
   checks its own access token (infra `packages/orchestrator/pkg/proxy/proxy.go`).
+- Teams: the data plane takes no API key (a sandbox's envd access token and traffic token are
+  what open it, and only its team is given them). A request that carries one anyway, in
+  `X-API-Key` (an SDK or a client sending it to every URL), and whose key is another team's
+  than the sandbox's, is answered exactly as a sandbox that does not exist, before the sandbox
+  is looked up or resumed: no key opens another team's sandbox, whatever token comes with it.
+  A value the node does not know as a key is no key (a service in a sandbox may take an
+  `X-API-Key` of its own), and a sandbox's tokens need no key beside them, as in E2B. A key
+  the node knows is taken out of the request: a guest is never handed one.
 - A sandbox with `maskRequestHost` sees that host, `${PORT}` replaced by the port, instead of
   the one the client used, on its user ports (envd's too is exempt); the client's goes in
   `X-Forwarded-Host`, as infra's proxy does.
@@ -16,11 +24,15 @@ from __future__ import annotations
 
 import hmac
 import posixpath
+from typing import Protocol
+
+from starlette.types import Scope
 
 from aenv.envd import ENVD_PORT
 from aenv.proxy.errors import (
     TRAFFIC_TOKEN_HEADER,
     internal_route,
+    sandbox_not_found,
     traffic_token_invalid,
     traffic_token_missing,
 )
@@ -44,6 +56,35 @@ def check_route(target: Target) -> None:
     clean = "/" + posixpath.normpath(target.path).lstrip("/")
     if clean in ENVD_CONTROL_PATHS:
         raise internal_route(target.path)
+
+
+class Tenancy(Protocol):
+    """Which team a request and a sandbox belong to (the node's keys and catalog)."""
+
+    async def caller_team(self, scope: Scope) -> str | None:
+        """The team of the API key the request carries (or that the cluster gateway which
+        forwarded it checked); None when it carries none the node knows."""
+        ...
+
+    def sandbox_team(self, sandbox_id: str) -> str | None:
+        """The sandbox's team; None when the node holds no such sandbox."""
+        ...
+
+
+async def check_team(target: Target, scope: Scope, tenancy: Tenancy) -> Scope:
+    """Raise the not-found `ProxyError` if the request carries another team's API key; else
+    the request to forward, without a key the node knows (the guest never sees one)."""
+    team = await tenancy.caller_team(scope)
+    if team is None:
+        return scope
+    owner = tenancy.sandbox_team(target.sandbox_id)
+    if owner is not None and owner != team:
+        raise sandbox_not_found(target.sandbox_id)
+    return {**scope, "headers": [(n, v) for n, v in scope["headers"] if n != API_KEY_HEADER]}
+
+
+# The header E2B's control plane takes an API key in, lower case as ASGI gives it.
+API_KEY_HEADER = b"x-api-key"
 
 
 def check_traffic_token(

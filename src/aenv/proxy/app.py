@@ -20,7 +20,7 @@ from collections.abc import Callable
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from aenv.proxy import cuts
-from aenv.proxy.access import check_route, check_traffic_token, request_host
+from aenv.proxy.access import Tenancy, check_route, check_team, check_traffic_token, request_host
 from aenv.proxy.errors import (
     ProxyError,
     bad_route,
@@ -49,6 +49,7 @@ class SandboxProxy:
     """ASGI app: data-plane traffic to sandboxes, the rest to `control_plane` (a JSON 404 when
     there is none). `domain` turns on host routing for `{port}-{id}.{domain}`. `signer` names
     the sandbox whose envd token signed a `/files` URL that names no sandbox (`proxy.signed`).
+    `tenancy` keeps a request carrying another team's API key from the sandbox (`access`).
 
     It closes its upstream connections on lifespan shutdown; call `aclose()` instead when the
     server runs without lifespan events."""
@@ -63,8 +64,10 @@ class SandboxProxy:
         keepalive_expiry: float = 4.0,
         idle_timeout: float = IDLE_TIMEOUT,
         signer: Callable[[SignedFile], str | None] | None = None,
+        tenancy: Tenancy | None = None,
     ) -> None:
         self._resolver = resolver
+        self._tenancy = tenancy
         self._domain = domain
         self._signer = signer
         self._control_plane = control_plane
@@ -105,6 +108,8 @@ class SandboxProxy:
         """Forward a request already routed to `target` (for servers that route themselves)."""
         try:
             check_route(target)
+            if self._tenancy is not None:
+                scope = await check_team(target, scope, self._tenancy)
             try:
                 upstream = await self._resolver.resolve(target.sandbox_id, target.port)
             except SandboxNotFound as exc:
