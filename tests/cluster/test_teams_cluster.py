@@ -151,19 +151,52 @@ async def test_each_team_sees_its_own_through_either_gateway(cluster: Cluster) -
             json=QUIET_WEBHOOK,
         )
         assert hook.status_code == 201, hook.text
+        paused = (await a.post("/v2/sandboxes", json={"templateID": "base"})).json()["sandboxID"]
+        assert (await a.post(f"/sandboxes/{paused}/pause")).status_code == 204
+        snap_a = await a.post(f"/sandboxes/{sandbox}/snapshots", json={})
+        assert snap_a.status_code == 201, snap_a.text
+        snapshot_a = snap_a.json()["snapshotID"]
+        volume = await a.post("/volumes", json={"name": "a-data"})
+        assert volume.status_code == 201, volume.text
+        vid = volume.json()["volumeID"]
+        (key_a,) = (await a.get("/api-keys")).json()
+        hook_path = f"/events/webhooks/{hook.json()['id']}"
         for method, path, body in [
             ("GET", f"/sandboxes/{sandbox}", None),
-            ("POST", f"/sandboxes/{sandbox}/pause", {}),
-            ("POST", f"/sandboxes/{sandbox}/connect", {"timeout": 60}),
             ("POST", f"/sandboxes/{sandbox}/timeout", {"timeout": 5}),
-            ("POST", f"/sandboxes/{sandbox}/snapshots", {}),
+            ("POST", f"/sandboxes/{sandbox}/refreshes", {}),
+            ("POST", f"/sandboxes/{sandbox}/connect", {"timeout": 60}),
+            ("POST", f"/v2/sandboxes/{sandbox}/connect", {"timeout": 60}),
+            ("GET", f"/sandboxes/{sandbox}/metrics", None),
+            ("PUT", f"/sandboxes/{sandbox}/network", {"allowOut": ["1.1.1.1"]}),
             ("GET", f"/sandboxes/{sandbox}/logs", None),
+            ("GET", f"/v2/sandboxes/{sandbox}/logs", None),
+            ("POST", f"/sandboxes/{sandbox}/pause", {}),
+            ("POST", f"/sandboxes/{paused}/resume", {}),
+            ("POST", f"/sandboxes/{paused}/connect", {"timeout": 60}),
+            ("POST", f"/sandboxes/{sandbox}/snapshots", {}),
+            ("POST", f"/sandboxes/{sandbox}/fork", {}),
+            ("POST", f"/aenv/sandboxes/{sandbox}/fork", {"children": [{}]}),
+            ("POST", f"/aenv/sandboxes/{sandbox}/reset", {"snapshotID": snapshot_a}),
+            ("GET", f"/events/sandboxes/{sandbox}", None),
             ("DELETE", f"/sandboxes/{sandbox}", None),
-            ("GET", f"/events/webhooks/{hook.json()['id']}", None),
-            ("DELETE", f"/events/webhooks/{hook.json()['id']}", None),
+            ("GET", f"/templates/{snapshot_a}", None),
+            ("PATCH", f"/templates/{snapshot_a}", {"public": True}),
+            ("DELETE", f"/templates/{snapshot_a}", None),
+            ("GET", f"/volumes/{vid}", None),
+            ("DELETE", f"/volumes/{vid}", None),
+            ("GET", hook_path, None),
+            ("PATCH", hook_path, {"enabled": False}),
+            ("DELETE", hook_path, None),
+            ("GET", f"{hook_path}/deliveries", None),
+            ("PATCH", f"/api-keys/{key_a['id']}", {"name": "taken"}),
+            ("DELETE", f"/api-keys/{key_a['id']}", None),
         ]:
             answer = await b.request(method, path, json=body)
             assert answer.status_code == 404, (method, path, answer.text)
+        assert (await a.delete(f"/sandboxes/{paused}")).status_code == 204
+        assert (await a.delete(f"/templates/{snapshot_a}")).status_code == 204
+        assert (await a.delete(f"/volumes/{vid}")).status_code == 204
         assert (await b.get("/v2/sandboxes")).json() == []
         assert (await b.get("/sandboxes")).json() == []
         assert (await b.get("/events/webhooks")).json() == []

@@ -42,6 +42,7 @@ from aenv.orchestrator.templates import template_from_json
 
 # How long a template's disk size, once read, is used for a team's creates from it.
 DISK_CACHE_S = 30.0
+DISK_CACHE_SIZE = 4096
 # How long a volume's disk stays reserved after its node made it: past a heartbeat.
 VOLUME_HOLD_S = 15.0
 
@@ -126,7 +127,12 @@ class TeamQuota:
             disk = template_from_json(saved.record).disk_size_mb
         else:
             disk = await self._asked(request, ref, call)
-        self._disks[(team_id, ref)] = (disk, time.monotonic() + DISK_CACHE_S)
+        now = time.monotonic()
+        if len(self._disks) >= DISK_CACHE_SIZE:  # bounded: the lapsed go first, else all
+            lapsed = [k for k, (_, until) in self._disks.items() if until <= now]
+            for k in lapsed or list(self._disks):
+                del self._disks[k]
+        self._disks[(team_id, ref)] = (disk, now + DISK_CACHE_S)
         return disk
 
     async def _asked(self, request: Request, ref: str, call: NodeCall) -> int:
