@@ -10,9 +10,13 @@ proxy of its own (`egressProxy`, a real microsocks in the "internet"), in one ru
 - header rules (`network.rules`): the same 256 MiB download and connection setup over HTTPS
   (TLS handshake included), intercepted by the slot's egress proxy (a rule for the name) over
   passed through (the name allowed, no rule). Targets: setup <= 1.2x, throughput >= 0.8x.
+  Beside each download, the CPU time the slot's proxy took for it (this process's, where the
+  proxy runs: the guest, curl and the servers are processes of their own), which the
+  machine's load changes far less than the speeds.
 
-The guest is a fake guest (tests/network/fakeguest.py) in a process of its own, so its frame
-pump does not share the interpreter with the proxy; the web server is `python -m http.server`
+The proxy runs on uvloop, as in the server (`aenv.serving`). The guest is a fake guest
+(tests/network/fakeguest.py) in a process of its own, so its frame pump does not share the
+interpreter with the proxy; the web server is `python -m http.server`
 in the "internet" namespace (over TLS for header rules, with a certificate of a trustme CA the
 node trusts); curl is the client. All namespaces are made here and removed.
 """
@@ -162,14 +166,17 @@ async def _header_rules(
     result: dict[str, object] = {}
     speeds: dict[str, list[float]] = {name: [] for name in TLS_PATHS}
     setups: dict[str, list[float]] = {name: [] for name in TLS_PATHS}
+    cpu: dict[str, list[float]] = {name: [] for name in TLS_PATHS}
     for _ in range(DOWNLOADS):
         for name, (policy, protocol) in TLS_PATHS.items():
             await pool.set_policy(slot, policy)
+            before = time.process_time()
             speeds[name].append(
                 await asyncio.to_thread(
                     _curl_tls, guest_ns, bundle, protocol, "big", "%{speed_download}"
                 )
             )
+            cpu[name].append(time.process_time() - before)
     for _ in range(SMALL_RUNS):
         for name, (policy, protocol) in TLS_PATHS.items():
             await pool.set_policy(slot, policy)
@@ -180,6 +187,7 @@ async def _header_rules(
             )
     for name in TLS_PATHS:
         result[f"https_download_{name}_mib_s"] = [round(v / 2**20, 1) for v in speeds[name]]
+        result[f"https_download_{name}_proxy_cpu_s"] = [round(v, 3) for v in cpu[name]]
         result[f"https_setup_{name}_ms"] = summary_ms(setups[name])
     speed = {name: statistics.median(values) for name, values in speeds.items()}
     setup = {name: statistics.median(values) for name, values in setups.items()}
