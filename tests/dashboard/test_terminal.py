@@ -146,3 +146,20 @@ async def test_another_origin_cannot_open_a_terminal(
         async with served(Starlette()) as other:
             await page.goto(other)
             assert await page.evaluate(opens, socket) == "closed 1006"
+
+
+async def test_files_in_the_page(site: Site, url: str, browser: Browser, tmp_path: Path) -> None:
+    """The files page in Chromium: a file uploaded with the page's form is listed, in the
+    directory shown."""
+    sandbox_id = await site.create()
+    upload = tmp_path / "notes.txt"
+    upload.write_text("uploaded from the page\n")
+    async with new_page(browser) as page:
+        await page.goto(f"{url}/dashboard/sign-in")
+        await page.fill("#key", KEY)
+        await page.click(".sign-in button")
+        await page.goto(f"{url}/dashboard/sandboxes/{sandbox_id}/files?path=/home/user")
+        await page.set_input_files("input[type=file]", str(upload))
+        await page.click("form.inline button")
+        await expect(page.locator("tr[data-file='notes.txt']")).to_be_visible()
+        await screenshot(page, "files", tmp_path)
