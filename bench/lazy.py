@@ -331,7 +331,8 @@ async def resume_on(work: Path, samples: int, settings: dict[str, str]) -> dict[
         before_answer: list[dict[str, float]] = []
         whole_move: list[dict[str, float]] = []  # the move's reads by source, once paused again
         checkpoint: list[int] = []
-        for_reads: list[int] = []  # chunks reads waited for (lazy pulls), from the node's log
+        for_reads: list[int] = []  # chunks reads needed (lazy pulls), from the node's log
+        waited: list[int] = []  # of which reads found missing and waited for
         for n in range(samples):
             took, _, _ = client("resume", sandbox_id, url)
             same.append(took)
@@ -349,9 +350,11 @@ async def resume_on(work: Path, samples: int, settings: dict[str, str]) -> dict[
             reads_after = client("reads", target_url)
             whole_move.append({k: v - reads_before.get(k, 0) for k, v in reads_after.items()})
             log_text = (work / target / "server.log").read_text()
-            needed = re.findall(r"(\d+) chunks of its checkpoint were fetched for reads", log_text)
+            needed = re.findall(r"reads needed (\d+) chunks of its checkpoint and waited for (\d+)",
+                                log_text)  # fmt: skip
             if needed:
-                for_reads.append(int(needed[-1]))
+                for_reads.append(int(needed[-1][0]))
+                waited.append(int(needed[-1][1]))
             log(f"sample {n}: same {same[-1]:.2f}s, other {other[-1]:.2f}s, moved {moved}")
             node, url = target, f"http://{on.nodes.addresses[target]}"
     same_med, other_med = statistics.median(same), statistics.median(other)
@@ -368,7 +371,8 @@ async def resume_on(work: Path, samples: int, settings: dict[str, str]) -> dict[
             {k: round(v / MiB, 1) for k, v in m.items()} for m in whole_move
         ],
         "sandbox_dir_after_pause_mib": [round(c / MiB, 1) for c in checkpoint],
-        "chunks_fetched_for_reads": for_reads,
+        "chunks_reads_needed": for_reads,
+        "chunks_reads_waited_for": waited,
         "moved_over_checkpoint": [
             round(m / c, 3) for m, c in zip(moved_total, checkpoint, strict=True)
         ],

@@ -250,7 +250,9 @@ async def test_the_background_makes_way_for_a_read(
     gated.open_all()
     await completing
     assert gated.began == [9, 0, 3, 4, 15] and gated.most == 2
-    assert lazy.whole and lazy.touched == [9]
+    assert lazy.whole and lazy.touched == [9] and lazy.waited == 1
+    await lazy.read(3 * MiB, 16)  # here already: needed, not waited for
+    assert lazy.touched == [9, 3] and lazy.waited == 1
     lazy.close()
 
 

@@ -113,9 +113,10 @@ class LazyCheckpoints:
         if tree is not None:
             self._orders[sandbox_id] = tree.touched
             log.info(
-                "sandbox %s: %d chunks of its checkpoint were fetched for reads, %s",
+                "sandbox %s: reads needed %d chunks of its checkpoint and waited for %d, %s",
                 sandbox_id,
                 sum(len(chunks) for chunks in tree.touched.values()),
+                tree.waited,
                 "the rest in the background" if tree.whole else "its copy not whole",
             )
             started = asyncio.ensure_future(tree.close())

@@ -113,6 +113,11 @@ class LazyTree:
         return {str(s.target.relative_to(self.dest)): list(s.lazy.touched) for s in self._served}
 
     @property
+    def waited(self) -> int:
+        """How many chunks reads found missing and waited for (two readers of one: two)."""
+        return sum(s.lazy.waited for s in self._served)
+
+    @property
     def whole(self) -> bool:
         return all(s.placed for s in self._served)
 

@@ -66,6 +66,7 @@ class LazyFile:
         self.path = path
         self.patience = patience
         self.touched: list[int] = []  # chunk indices in the order reads first needed them
+        self.waited = 0  # chunks a read found missing and waited for
         self._seen: set[int] = set()
         self._present = [digest is None for digest in entry.chunks]
         self._fetching: dict[int, asyncio.Task[None]] = {}
@@ -103,6 +104,7 @@ class LazyFile:
         needed = range(offset // size, -(-end // size))
         self._touch(needed)
         if not all(self._present[i] for i in needed):
+            self.waited += sum(1 for i in needed if not self._present[i])
             self._reading += 1
             self._no_reads.clear()
             try:
