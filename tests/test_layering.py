@@ -44,7 +44,7 @@ LAYERS = (
     # The ground: envd and the code interpreter (they run in the guest), slots, settings,
     # and small helpers.
     ("envd", "code_interpreter", "network", "config", "template_definition", "atomic",
-     "timing", "subprocesses"),
+     "timing", "subprocesses", "mounts"),
     ("ids",),  # the shapes of ids and the default team's, which the egress policy names too
 )  # fmt: skip
 # Below the control plane, yet out of its reach: the orchestrator stands between.

@@ -6,7 +6,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from aenv.runtime.firecracker.mounts import unmount_under
+from aenv.mounts import unmount_under
 
 
 def release_volume_images(directory: Path) -> None:

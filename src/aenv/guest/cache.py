@@ -17,6 +17,7 @@ import shutil
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 
+from aenv import mounts
 from aenv.config import ConfigError
 
 
@@ -58,19 +59,29 @@ async def cached_dir(
     try:
         if final.is_dir():
             return final
+        # Builds of this entry that died (the lock is ours, so none runs): their trees go.
+        for stale in base.glob(f".{final.name}.tmp-*"):
+            await asyncio.to_thread(_remove, stale)
         tmp = base / f".{final.name}.tmp-{os.getpid()}"
-        await asyncio.to_thread(shutil.rmtree, tmp, True)
         tmp.mkdir()
         try:
             await build(tmp)
             (tmp / "inputs.json").write_text(json.dumps(inputs, sort_keys=True, default=str))
             tmp.rename(final)
         except BaseException:
-            await asyncio.to_thread(shutil.rmtree, tmp, True)
+            await asyncio.to_thread(_remove, tmp)
             raise
         return final
     finally:
         os.close(fd)
+
+
+def _remove(tree: Path) -> None:
+    """Delete a build's tree, unmounting first what a build cut short left mounted in it
+    (debootstrap mounts /proc and /sys in its target and, killed, leaves them): deleting
+    through a mount would reach the host's files."""
+    mounts.unmount_under(tree.resolve())
+    shutil.rmtree(tree, ignore_errors=True)
 
 
 def _lock(path: Path) -> int:

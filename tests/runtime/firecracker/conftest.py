@@ -15,11 +15,11 @@ from pathlib import Path
 
 import pytest
 
+from aenv.mounts import unmount_under
 from aenv.runtime import driver as d
 from aenv.runtime.cgroups import CgroupError, CgroupManager, detect
 from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
 from aenv.runtime.firecracker import models as m
-from aenv.runtime.firecracker.mounts import unmount_under
 from tests.runtime.firecracker import fc_peer, fc_swagger
 from tests.runtime.firecracker.fc_support import GUEST_MAC, MEM_MIB
 from tests.support.wait import eventually

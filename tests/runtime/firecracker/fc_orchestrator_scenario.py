@@ -38,6 +38,7 @@ from aenv.api.app import create_api
 from aenv.api.keys import KeyStore
 from aenv.config import Config
 from aenv.guest.cmdline import GuestNet
+from aenv.mounts import mounts_under
 from aenv.network import NetworkConfig, SlotPool
 from aenv.orchestrator.build_steps import StepType
 from aenv.orchestrator.builds import Builder, BuildSpec, BuildStatus, Step
@@ -52,7 +53,6 @@ from aenv.runtime.cgroups import CgroupManager
 from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
 from aenv.runtime.firecracker.driver import NO_SHARES
 from aenv.runtime.firecracker.jailer import JailerConfig
-from aenv.runtime.firecracker.mounts import mounts_under
 from aenv.runtime.qcow2 import is_qcow2
 from aenv.storage import layers
 from tests.runtime.firecracker import fc_peer

@@ -16,8 +16,8 @@ import sys
 import time
 from pathlib import Path
 
+from aenv.mounts import mounts_under
 from aenv.runtime.firecracker.jailer import Jail, JailerConfig
-from aenv.runtime.firecracker.mounts import mounts_under
 
 HERE = Path(__file__).resolve().parent
 WRITTEN = "written in the jail"

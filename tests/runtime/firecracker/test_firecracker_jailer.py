@@ -14,10 +14,10 @@ from pathlib import Path
 
 import pytest
 
+from aenv.mounts import is_shared, mounts_under
 from aenv.runtime import driver as d
 from aenv.runtime.firecracker import FirecrackerDriver
 from aenv.runtime.firecracker.jailer import Jail, JailerConfig, JailError, cgroup_settings
-from aenv.runtime.firecracker.mounts import is_shared, mounts_under
 from aenv.runtime.jail import JailConfig
 from tests.runtime.firecracker import shared_output_child
 from tests.runtime.firecracker.conftest import REPO

@@ -18,11 +18,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from aenv.mounts import mounts_under
 from aenv.runtime.cgroups import CGROUP_ROOT, CgroupManager, detect
 from aenv.runtime.firecracker import FirecrackerConfig, FirecrackerDriver
 from aenv.runtime.firecracker.jailer import JailerConfig
 from aenv.runtime.firecracker.leftovers import remove_workdir_leftovers
-from aenv.runtime.firecracker.mounts import mounts_under
 from aenv.runtime.sweep import sweep, vmm_identity
 from tests.runtime.firecracker.conftest import REPO
 from tests.runtime.firecracker.fc_support import alive

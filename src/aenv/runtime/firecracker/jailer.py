@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Literal
 
-from aenv.runtime.firecracker import mounts
+from aenv import mounts
 from aenv.runtime.firecracker.process import netns_path
 from aenv.runtime.jail import Access, JailFile, grant
 from aenv.runtime.jail import JailError as RuntimeJailError

@@ -1,10 +1,12 @@
-"""The bind mounts that put files from other filesystems into a Firecracker jail: making one,
-finding those under a directory (from /proc/self/mountinfo) and undoing them.
+"""Mounts under a directory the node made and will delete: the bind mounts that put files
+from other filesystems into a Firecracker jail, and those a guest image build (debootstrap's
+/proc and /sys) leaves when it is cut short. Making one, finding those under a directory (from
+/proc/self/mountinfo) and undoing them.
 
-Mounts are made and undone with util-linux's `mount` and `umount`, which every host the jailer
-runs on has. A jail's mounts are only ever undone with the jail's process gone, so a plain unmount
-fails only when something else holds the file open; a lazy one then detaches it anyway, because
-the jail's tree must never be deleted through a mount.
+Mounts are made and undone with util-linux's `mount` and `umount`, which every host the node
+runs on has. They are only ever undone with their user gone (the jail's process, the build), so
+a plain unmount fails only when something else holds a file open; a lazy one then detaches it
+anyway, because a tree must never be deleted through a mount.
 """
 
 from __future__ import annotations
