@@ -33,6 +33,7 @@ from aenv.cluster.routing import Routes
 from aenv.cluster.store import connect
 from aenv.dashboard.sessions import COOKIE
 from aenv.envd import ENVD_PORT
+from aenv.orchestrator.catalog import Catalog
 from aenv.proxy import SandboxNotFound, SandboxProxy, Upstream
 from tests.cluster.shared import SECRET, gateway_over
 from tests.dashboard.browser import chromium, new_page, screenshot
@@ -44,6 +45,9 @@ from tests.support.ports import free_port
 from tests.support.redis_server import RedisServer
 
 NODE = "node-a"
+# The one envd's access token, which it requires as a guest's envd does: each sandbox of the
+# node is given it (`Cluster.create`), so the gateway must pass the sandbox's token on.
+ENVD_TOKEN = "envd-token-of-the-test"
 
 
 class EnvdResolver:
@@ -66,6 +70,7 @@ class Cluster:
     team_key: str  # of another team
     redis: RedisServer
     client: aioredis.Redis
+    catalog: Catalog  # the node's
 
     def api(self, key: str | None = None) -> httpx.AsyncClient:
         return httpx.AsyncClient(
@@ -79,13 +84,14 @@ class Cluster:
         sandbox_id: str = created.json()["sandboxID"]
         # What the node's agent does for each sandbox it starts (no agent runs here).
         await Routes(self.client).assign(sandbox_id, NODE)
+        self.catalog.update(sandbox_id, envd_access_token=ENVD_TOKEN)
         return sandbox_id
 
 
 @pytest.fixture(scope="module")
 def envd_port() -> Iterator[int]:
     port = free_port()
-    with envd_in_throwaway_root(port):
+    with envd_in_throwaway_root(port, "--access-token", ENVD_TOKEN):
         yield port
 
 
@@ -122,7 +128,7 @@ async def cluster(
             gateway = gateway_over(gateway_client)
             stack.push_async_callback(gateway.aclose)
             urls.append(await stack.enter_async_context(served(gateway)))
-        yield Cluster(urls[0], urls[1], key, team_key, redis, client)
+        yield Cluster(urls[0], urls[1], key, team_key, redis, client, node.catalog)
 
 
 def pages(url: str) -> httpx.AsyncClient:
@@ -200,6 +206,10 @@ async def test_files_through_the_gateway(cluster: Cluster) -> None:
         assert downloaded.content == content
         missing = await browser.get(base + "/download", params={"path": "/home/user/nope"})
         assert missing.status_code == 404
+        # The sandbox's token is what opens its envd: with another one, nothing is listed.
+        cluster.catalog.update(sandbox_id, envd_access_token="another-token")
+        wrong = await browser.get(base, params={"path": "/home/user"})
+        assert wrong.status_code != 200 and "via-gateway.bin" not in wrong.text
     async with pages(cluster.url) as other_team:
         await sign_in(other_team, cluster.team_key)
         refused = await other_team.get(base, params={"path": "/home/user"})
