@@ -324,3 +324,15 @@ async def test_a_volumes_files_through_the_gateway(cluster: Cluster) -> None:
     async with pages(cluster.url) as other_team:
         await sign_in(other_team, cluster.team_key)
         assert (await other_team.get(base)).status_code == 404
+
+
+async def test_redis_down_is_a_503_for_a_signed_in_page(cluster: Cluster) -> None:
+    async with pages(cluster.url) as browser:
+        await sign_in(browser, cluster.key)
+        cluster.redis.stop()
+        try:
+            down = await browser.get("/dashboard/sandboxes")
+        finally:
+            cluster.redis.start()
+    assert down.status_code == 503
+    assert down.json()["code"] == 503 and "unavailable" in down.json()["message"]

@@ -137,7 +137,11 @@ class SandboxPages:
         # page that opens one must be ours.
         origin = socket.headers.get("origin")
         own = f"{'https' if socket.url.scheme == 'wss' else 'http'}://{socket.headers['host']}"
-        session = await self.pages.sessions.find(socket.cookies.get(COOKIE))
+        try:
+            session = await self.pages.sessions.find(socket.cookies.get(COOKIE))
+        except APIError as e:  # where sessions are kept does not answer (a gateway's Redis)
+            await socket.close(code=4000 + e.status, reason=e.message[:120])
+            return
         if origin != own or session is None or self.shells is None:
             await socket.close(code=1008)
             return
