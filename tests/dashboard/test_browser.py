@@ -154,10 +154,18 @@ async def test_snapshots_volumes_and_keys(site: Site, url: str, page: Page, tmp_
 
 
 async def test_a_sandboxs_page_follows_it(site: Site, url: str, page: Page, tmp_path: Path) -> None:
-    sandbox_id = await site.create(owner="page-test")
+    network = {"denyOut": ["0.0.0.0/0"], "allowOut": ["10.1.2.0/24"]}
+    body = {"templateID": "base", "metadata": {"owner": "page-test"}, "network": network}
+    created = await site.api.post("/sandboxes", json=body)
+    assert created.status_code == 201, created.text
+    sandbox_id = created.json()["sandboxID"]
     await sign_in(page, url)
     await page.click(f"a[href='/dashboard/sandboxes/{sandbox_id}']")
     await expect(page.locator(".event-type").first).to_have_text("sandbox.lifecycle.created")
+    # Its network rules, as the API has them.
+    rules = page.locator(".facts.network")
+    await expect(rules).to_contain_text('["10.1.2.0/24"]')
+    await expect(rules).to_contain_text('["0.0.0.0/0"]')
     await screenshot(page, "sandbox", tmp_path)
     assert (await site.api.post(f"/sandboxes/{sandbox_id}/pause")).status_code == 204
     # Without a reload: the panels follow the sandbox.
