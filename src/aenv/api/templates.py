@@ -191,7 +191,20 @@ class TemplateRoutes:
         return JSONResponse({"names": template_body(template)["names"]})
 
     async def delete(self, request: Request) -> Response:
+        """Delete a template, its builds under way cancelled first (as E2B does); one whose
+        first build is still under way or failed (listed, but no template yet) goes too."""
         check_query(request)
-        template = self._template(request, owned=True)
+        team = team_of(request)
+        try:
+            template = self._template(request, owned=True)
+        except APIError:
+            ref = unquote(request.path_params["template_id"])
+            unbuilt = await self.builder.cancel_template(ref, team)
+            if not unbuilt:
+                raise
+            for template_id in unbuilt:
+                await self.builder.forget(template_id)
+            return Response(status_code=204)
+        await self.builder.cancel_template(template.template_id, team)
         await self.orc.delete_template(template.template_id)
         return Response(status_code=204)

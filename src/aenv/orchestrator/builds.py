@@ -74,6 +74,9 @@ class BuildStatus(enum.StrEnum):
     ERROR = "error"
 
 
+RUNNING = frozenset({BuildStatus.WAITING, BuildStatus.BUILDING})
+
+
 class BuildError(Exception):
     """What ends a build in `error`; `step` is the step it happened in, if any."""
 
@@ -322,15 +325,13 @@ class Builder:
         """The build still waiting or running of the template called `name` (id or alias), if
         any: its sandboxes cannot start yet."""
         alias = split_name(name)[0]
-        running = (BuildStatus.WAITING, BuildStatus.BUILDING)
-        found = [b for b in self.builds_of(alias) if b.status in running]
+        found = [b for b in self.builds_of(alias) if b.status in RUNNING]
         return found[-1] if found else None
 
     def unfinished_templates(self) -> set[str]:
         """The ids of the templates with a build waiting or running here: a cluster node
         publishes them, so the gateways find these builds again after a Redis wipe."""
-        running = (BuildStatus.WAITING, BuildStatus.BUILDING)
-        return {b.template_id for b in self._builds.values() if b.status in running}
+        return {b.template_id for b in self._builds.values() if b.status in RUNNING}
 
     def builds_of(self, template_id: str) -> list[Build]:
         return [b for b in self._builds.values() if template_id in (b.template_id, b.name)]
@@ -370,8 +371,18 @@ class Builder:
     async def cancel_team(self, team_id: str) -> tuple[int, int]:
         """End every waiting or running build of `team_id` in `error` (a running one's VM is
         killed as a failed build's is). Returns how many ended, and how many did not."""
-        running = (BuildStatus.WAITING, BuildStatus.BUILDING)
-        found = [b for b in self._builds.values() if b.team_id == team_id and b.status in running]
+        found = [b for b in self._builds.values() if b.team_id == team_id and b.status in RUNNING]
+        return await self._cancel(found)
+
+    async def cancel_template(self, template: str, team_id: str) -> set[str]:
+        """End the waiting or running builds of `template` (an id or name) that `team_id`
+        requested, as deleting the template does (a build left running would make it again).
+        Returns the ids of the templates with builds of that id or name, finished or not."""
+        found = [b for b in self.builds_of(template) if b.team_id == team_id]
+        await self._cancel([b for b in found if b.status in RUNNING])
+        return {b.template_id for b in found}
+
+    async def _cancel(self, found: list[Build]) -> tuple[int, int]:
         for build in found:
             if (task := self._tasks.get(build.build_id)) is not None:
                 self._cancelled.add(build.build_id)
