@@ -116,6 +116,19 @@ async def test_follow_a_builds_log(site: Site, url: str, page: Page, tmp_path: P
     await screenshot(page, "build", tmp_path)
 
 
+async def test_a_failed_builds_reason(site: Site, url: str, page: Page, tmp_path: Path) -> None:
+    ids = await site.build("broken", [{"type": "RUN", "args": ["exit 3"]}])
+    await sign_in(page, url)
+    await page.click("nav >> text=Templates")
+    row = page.locator(f'tr[data-template="{ids[0]}"]')
+    # Live: listed while it builds, then failed, without a reload.
+    await expect(row.locator(".status")).to_have_text("error")
+    await row.locator(".status").click()
+    await expect(page.locator("#build-status")).to_have_text("error")
+    await expect(page.locator("#build-reason")).to_contain_text("exit 3")  # the step
+    await screenshot(page, "build-failed", tmp_path)
+
+
 async def test_snapshots_volumes_and_keys(site: Site, url: str, page: Page, tmp_path: Path) -> None:
     sandbox_id = await site.create()
     taken = await site.api.post(f"/sandboxes/{sandbox_id}/snapshots", json={"name": "saved"})
