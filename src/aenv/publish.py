@@ -25,7 +25,8 @@ from e2b.exceptions import BuildException, FileUploadException, TemplateExceptio
 
 import aenv.code_interpreter
 from aenv.config import Config, ConfigError
-from aenv.orchestrator.builds import Build, Builder
+from aenv.orchestrator.build_records import Build
+from aenv.orchestrator.builds import Builder
 from aenv.orchestrator.templates import TemplateNotFound, TemplateStore
 from aenv.template_definition import DefinitionError, read_definition, sdk_template
 

@@ -12,7 +12,7 @@ import sys
 
 from aenv.api.app import create_api
 from aenv.ids import TEAM_ID
-from aenv.orchestrator.builds import BuildStatus
+from aenv.orchestrator.build_records import BuildStatus
 from aenv.orchestrator.teams import TeamStore
 from tests.api.conftest import API_KEY, BuildNode, Node
 from tests.api.test_routes import error

@@ -13,7 +13,8 @@ from typer.testing import CliRunner
 from aenv.api.app import create_api, node_builder
 from aenv.api.keys import KeyStore
 from aenv.cli import app as cli
-from aenv.orchestrator.builds import Build, Builder, BuildStatus
+from aenv.orchestrator.build_records import Build, BuildStatus
+from aenv.orchestrator.builds import Builder
 from aenv.publish import Publication, Published
 from tests.doubles.node import DoubleNode, double_node
 from tests.support.loopback_api import served

@@ -4,7 +4,7 @@ a rebuild of a ready one (which would otherwise make it again when it ends)."""
 
 from __future__ import annotations
 
-from aenv.orchestrator.builds import BuildStatus
+from aenv.orchestrator.build_records import BuildStatus
 from tests.api.conftest import BuildNode, build, request
 
 

@@ -48,7 +48,7 @@ from aenv.gateway.evacuate import Released, evacuate
 from aenv.gateway.nodes import NodeClient
 from aenv.gateway.team_quota import DEFAULT_TEAM_LIMITS, TeamLimitSettings
 from aenv.ids import TEAM_ID
-from aenv.orchestrator.builds import BuildStatus
+from aenv.orchestrator.build_records import BuildStatus
 from aenv.orchestrator.catalog import Archived, Catalog, VolumeMount, record_to_json
 from aenv.orchestrator.events import EventType
 from aenv.orchestrator.kinds import TemplateKind

@@ -13,8 +13,8 @@ from protobuf import Oneof
 
 from aenv.envd.proto.process import process_pb as pb
 from aenv.orchestrator.build_logs import ENTRY_OVERHEAD, LEVELS, BuildLog, LogEntry
+from aenv.orchestrator.build_records import BuildStatus
 from aenv.orchestrator.build_steps import MAX_LINE, StepType, _follow
-from aenv.orchestrator.builds import BuildStatus
 from tests.doubles.node import double_node
 from tests.orchestrator.test_builds import builder, run, spec
 

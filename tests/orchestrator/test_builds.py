@@ -14,8 +14,9 @@ from e2b.template.utils import calculate_files_hash, tar_file_stream
 
 from aenv.cluster.saved import SavedRecord
 from aenv.cluster.source import CatalogSource
+from aenv.orchestrator.build_records import Build, BuildSpec, BuildStatus, Step
 from aenv.orchestrator.build_steps import StepType, tar_files_hash
-from aenv.orchestrator.builds import Build, Builder, BuildSpec, BuildStatus, Step
+from aenv.orchestrator.builds import Builder
 from aenv.orchestrator.kinds import SaveMode, TemplateKind
 from aenv.orchestrator.tags import TagStore
 from aenv.orchestrator.templates import template_from_json

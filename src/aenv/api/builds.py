@@ -26,16 +26,9 @@ from aenv.api.scope import team_of
 from aenv.oci import Credentials
 from aenv.orchestrator.build_files import UploadRefused, declared_sha256
 from aenv.orchestrator.build_logs import LEVELS, LogEntry
+from aenv.orchestrator.build_records import Build, BuildSpec, BuildStatus, Step
 from aenv.orchestrator.build_steps import StepType
-from aenv.orchestrator.builds import (
-    FILES_HASH,
-    Build,
-    Builder,
-    BuildSpec,
-    BuildStatus,
-    Step,
-    split_name,
-)
+from aenv.orchestrator.builds import FILES_HASH, Builder, split_name
 from aenv.orchestrator.templates import Template, TemplateNotFound
 
 NAME = re.compile(r"^[a-z0-9][a-z0-9._/-]{0,127}$")

@@ -41,7 +41,7 @@ from aenv.config import Config
 from aenv.envd import ENVD_VERSION
 from aenv.network.identity import NO_TOKENS
 from aenv.network.settings import SandboxNetwork
-from aenv.orchestrator.builds import Build
+from aenv.orchestrator.build_records import Build
 from aenv.orchestrator.catalog import PageQuery, SandboxRecord
 from aenv.orchestrator.envd_client import EnvdUnavailable
 from aenv.orchestrator.kinds import SaveMode

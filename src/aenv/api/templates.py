@@ -18,7 +18,8 @@ from aenv.api.errors import APIError, not_found
 from aenv.api.requests import check_query, parse_body
 from aenv.api.sandboxes import MAX_PAGE, rfc3339
 from aenv.api.scope import team_of
-from aenv.orchestrator.builds import Build, Builder, BuildStatus
+from aenv.orchestrator.build_records import Build, BuildStatus
+from aenv.orchestrator.builds import Builder
 from aenv.orchestrator.lifecycle import Orchestrator
 from aenv.orchestrator.templates import Template, TemplateNotFound
 

@@ -19,7 +19,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import enum
 import hashlib
 import json
 import logging
@@ -29,7 +28,6 @@ import shlex
 import time
 import uuid
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
@@ -39,10 +37,19 @@ from aenv import atomic
 from aenv.config import Paths
 from aenv.ids import TEAM_ID, new_build_id, new_sandbox_id
 from aenv.network.settings import SandboxNetwork
-from aenv.oci import Credentials, ImageError, rootfs_from_image
+from aenv.oci import ImageError, rootfs_from_image
+from aenv.orchestrator import build_records
 from aenv.orchestrator.build_egress import GUEST_CA, GUEST_CA_DIR, BuildEgress
 from aenv.orchestrator.build_files import BuildFiles
-from aenv.orchestrator.build_logs import BuildLog, LogEntry
+from aenv.orchestrator.build_logs import BuildLog
+from aenv.orchestrator.build_records import (
+    RUNNING,
+    Build,
+    BuildError,
+    BuildSpec,
+    BuildStatus,
+    Step,
+)
 from aenv.orchestrator.build_steps import (
     BadArchive,
     BuildState,
@@ -65,98 +72,6 @@ BUILD_VM_TIMEOUT = 3600
 READY_POLL_SECONDS = 0.5
 MAX_BUILDS = 1000  # builds (with their logs) remembered
 FILES_HASH = re.compile(r"^[0-9a-f]{64}$")
-
-
-class BuildStatus(enum.StrEnum):
-    WAITING = "waiting"  # requested, its steps not yet given
-    BUILDING = "building"
-    READY = "ready"
-    ERROR = "error"
-
-
-RUNNING = frozenset({BuildStatus.WAITING, BuildStatus.BUILDING})
-
-
-class BuildError(Exception):
-    """What ends a build in `error`; `step` is the step it happened in, if any."""
-
-    def __init__(self, message: str, step: str | None = None) -> None:
-        super().__init__(message)
-        self.step = step
-
-
-@dataclass(frozen=True)
-class Step:
-    type: StepType
-    args: tuple[str, ...]
-    force: bool = False
-    files_hash: str | None = None
-
-
-@dataclass(frozen=True)
-class BuildSpec:
-    from_template: str | None
-    from_image: str | None
-    steps: tuple[Step, ...]
-    start_cmd: str | None = None
-    ready_cmd: str | None = None
-    force: bool = False
-    # `fromImageRegistry` of type `registry`: user and password for the image's registry.
-    credentials: Credentials | None = None
-
-
-@dataclass
-class Build:
-    template_id: str
-    build_id: str
-    name: str
-    tags: tuple[str, ...]
-    created_at: float
-    status: BuildStatus = BuildStatus.WAITING
-    # The sandbox size asked for (`cpuCount`, `memoryMB`); None keeps the base's.
-    cpu_count: int | None = None
-    memory_mb: int | None = None
-    reason: BuildError | None = None
-    # The team that asked for it (a record written before teams: the default team's).
-    team_id: str = TEAM_ID
-    # Not part of the record: the log has a file of its own.
-    journal: BuildLog | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def logs(self) -> BuildLog:
-        assert self.journal is not None, "a builder gives each build its log"
-        return self.journal
-
-    def log(self, message: str, level: str = "info", step: str | None = None) -> None:
-        self.logs.append(LogEntry(time.time(), level, message, step))
-
-
-def _build_to_json(build: Build) -> str:
-    reason = build.reason
-    return json.dumps(
-        {
-            **{
-                f.name: getattr(build, f.name)
-                for f in dataclasses.fields(build)
-                if f.name not in ("journal", "reason")
-            },
-            "reason": None if reason is None else {"message": str(reason), "step": reason.step},
-        }
-    )
-
-
-def _build_from_json(text: str) -> tuple[Build, list[LogEntry] | None]:
-    """A build from its record, and the log an earlier version kept in it (None without)."""
-    raw = json.loads(text)
-    reason = raw.pop("reason")
-    inline = raw.pop("logs", None)
-    build = Build(**{**raw, "tags": tuple(raw["tags"]), "status": BuildStatus(raw["status"])})
-    if reason is not None:
-        build.reason = BuildError(reason["message"], reason["step"])
-    if build.status in (BuildStatus.WAITING, BuildStatus.BUILDING):  # the server stopped
-        build.reason = BuildError("interrupted: the server restarted during the build")
-        build.status = BuildStatus.ERROR
-    return build, None if inline is None else [LogEntry(**e) for e in inline]
 
 
 def split_name(name: str) -> tuple[str, str | None]:
@@ -215,7 +130,7 @@ class Builder:
         builds = []
         for path in self.records_dir.glob("*.json"):
             try:
-                build, inline = _build_from_json(path.read_text())
+                build, inline = build_records.from_json(path.read_text())
             except (OSError, ValueError, TypeError, KeyError):
                 log.warning("unreadable build record %s", path)
                 continue
@@ -236,7 +151,7 @@ class Builder:
         return BuildLog(self.records_dir / f"{build_id}.log.db", self.log_max_bytes)
 
     def _record(self, build: Build) -> None:
-        atomic.write_text(self.records_dir / f"{build.build_id}.json", _build_to_json(build))
+        atomic.write_text(self.records_dir / f"{build.build_id}.json", build_records.to_json(build))
 
     def _remove_record(self, build: Build) -> None:
         (self.records_dir / f"{build.build_id}.json").unlink(missing_ok=True)

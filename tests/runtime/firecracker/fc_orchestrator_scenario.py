@@ -40,8 +40,9 @@ from aenv.config import Config
 from aenv.guest.cmdline import GuestNet
 from aenv.mounts import mounts_under
 from aenv.network import NetworkConfig, SlotPool
+from aenv.orchestrator.build_records import BuildSpec, BuildStatus, Step
 from aenv.orchestrator.build_steps import StepType
-from aenv.orchestrator.builds import Builder, BuildSpec, BuildStatus, Step
+from aenv.orchestrator.builds import Builder
 from aenv.orchestrator.catalog import Catalog
 from aenv.orchestrator.images import GuestImages
 from aenv.orchestrator.kinds import SaveMode
