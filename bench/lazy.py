@@ -38,9 +38,15 @@ lazily), and a second create on B (its files held by then); B's pull reads by so
 just before and just after its first create answered. Then the same on a cluster whose nodes
 pull whole (`lazy_pulls = false`).
 
+`disk`: the same cluster; a running sandbox reads the larger files of its root disk (the
+first 600 files over 32 KiB under /usr, its page cache dropped first) on the node it was made
+on, `--runs` times, then is paused, resumed on the other node (its own drained: served
+lazily) and, once that node's pull reads stop growing (the background fetch ended), reads them
+`--runs` times there: the throughput, served warm over local.
+
 Prints one JSON document on stdout; progress goes to stderr.
 
-    python bench/lazy.py [pulls|resume|create] [--runs 3] [--against whole|no-prefetch]
+    python bench/lazy.py [pulls|resume|create|disk] [--runs 3] [--against whole|no-prefetch]
 """
 
 from __future__ import annotations
@@ -477,9 +483,83 @@ async def create_on(work: Path, samples: int, settings: dict[str, str]) -> dict[
     }
 
 
+# Runs in the gateway's namespace: `make` (a running sandbox: its id), `read ID` (the guest's
+# page cache dropped, then the files of its root disk read: the seconds and the bytes), `pause
+# ID`, `resume ID`, `reads NODE_URL` (its pull reads so far, compressed bytes).
+DISK_CLIENT = """
+import json, re, sys, time
+import httpx
+from e2b import Sandbox
+command, *args = sys.argv[1:]
+READ = ("sudo sh -c 'sync; echo 3 > /proc/sys/vm/drop_caches' && "
+        "find /usr -xdev -type f -size +32k -print0 | sort -z | head -z -n 600 "
+        "| xargs -0 cat | wc -c")
+if command == "make":
+    print(json.dumps(Sandbox.create("base", timeout=3600).sandbox_id))
+elif command == "read":
+    sandbox = Sandbox.connect(args[0], timeout=3600)
+    start = time.perf_counter()
+    out = sandbox.commands.run(READ, timeout=1800).stdout
+    print(json.dumps([time.perf_counter() - start, int(out.split()[-1])]))
+elif command == "pause":
+    print(json.dumps(Sandbox.pause(args[0])))
+elif command == "resume":
+    Sandbox.connect(args[0], timeout=3600).commands.run("true")
+    print(json.dumps(True))
+else:
+    text = httpx.get(args[0] + "/metrics", timeout=30).text
+    found = re.findall(r'aenv_repository_read_bytes_total[{]source="(\\w+)"[}] ([0-9.e+]+)', text)
+    print(json.dumps(sum(float(value) for _, value in found)))
+"""
+
+
+async def disk(work: Path, samples: int) -> dict[str, object]:
+    """A guest reading its root disk's files (page cache dropped) on the node it was made on,
+    against the same once resumed on the other node, served lazily, after the background fetch
+    has ended (the node's pull reads stopped growing): `samples` reads each."""
+    from cluster import on_cluster
+
+    beat = {"AENV_HEARTBEAT_INTERVAL": "2"}
+    async with on_cluster(work, ["node-a", "node-b"], beat, shared_repository=True) as on:
+
+        def client(*args: str) -> Any:
+            return on.client(DISK_CLIENT, *args)
+
+        sandbox_id = client("make")
+        node = await on.routes.lookup(sandbox_id)
+        assert node is not None
+        target = next(i for i in on.nodes.addresses if i != node)
+        local = [client("read", sandbox_id) for _ in range(samples)]
+        client("pause", sandbox_id)
+        on.aenv("node", "drain", node)
+        client("resume", sandbox_id)
+        assert await on.routes.lookup(sandbox_id) == target
+        url = f"http://{on.nodes.addresses[target]}"
+        last = -1.0
+        while (now := client("reads", url)) != last:  # until the background fetch ended
+            last = now
+            await asyncio.sleep(5)
+        served = [client("read", sandbox_id) for _ in range(samples)]
+    rate = [b / t / MiB for t, b in local]
+    lazy_rate = [b / t / MiB for t, b in served]
+    log(f"local {rate} MiB/s, lazily served, warm {lazy_rate} MiB/s")
+    return {
+        "benchmark": "lazy disk",
+        "date": time.strftime("%Y-%m-%d"),
+        "bytes_read_mib": round(local[0][1] / MiB, 1),
+        "local_mib_s": [round(r, 1) for r in rate],
+        "served_warm_mib_s": [round(r, 1) for r in lazy_rate],
+        "served_over_local_median": round(
+            statistics.median(lazy_rate) / statistics.median(rate), 2
+        ),
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("mode", nargs="?", choices=["pulls", "resume", "create"], default="pulls")
+    parser.add_argument(
+        "mode", nargs="?", choices=["pulls", "resume", "create", "disk"], default="pulls"
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--against", choices=sorted(AGAINST), default="whole",
                         help="resume: the second cluster's nodes")  # fmt: skip
@@ -489,6 +569,8 @@ def main() -> None:
             result = asyncio.run(resume(Path(work), args.runs, args.against))
         elif args.mode == "create":
             result = asyncio.run(create(Path(work), args.runs))
+        elif args.mode == "disk":
+            result = asyncio.run(disk(Path(work), args.runs))
         else:
             result = asyncio.run(bench(Path(work), args.runs))
     print(json.dumps(result, indent=2))
