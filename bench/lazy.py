@@ -44,9 +44,14 @@ on, `--runs` times, then is paused, resumed on the other node (its own drained: 
 lazily) and, once that node's pull reads stop growing (the background fetch ended), reads them
 `--runs` times there: the throughput, served warm over local.
 
+`fork`: the same cluster; a running sandbox (16 MiB of fresh data) forked into 16 children, `--runs`
+times, its children killed each time: on two nodes holding 9 sandboxes each at most (8 children
+spill to the node that never saw the parent's fork checkpoint, whose files it serves lazily),
+against one node (the other drained), each on a cluster of its own.
+
 Prints one JSON document on stdout; progress goes to stderr.
 
-    python bench/lazy.py [pulls|resume|create|disk] [--runs 3] [--against whole|no-prefetch]
+    python bench/lazy.py [pulls|resume|create|disk|fork] [--runs 3] [--against whole|no-prefetch]
 """
 
 from __future__ import annotations
@@ -555,10 +560,90 @@ async def disk(work: Path, samples: int) -> dict[str, object]:
     }
 
 
+# Runs in the gateway's namespace: `make` (a running sandbox: its id), `fork ID COUNT` (the
+# seconds until every child started, their ids, the errors), `kill ID...`.
+FORK_CLIENT = """
+import json, sys, time
+from e2b import Sandbox
+command, *args = sys.argv[1:]
+if command == "make":
+    sandbox = Sandbox.create("base", timeout=3600)
+    sandbox.commands.run("head -c 16777216 /dev/urandom > /home/user/data")
+    print(json.dumps(sandbox.sandbox_id))
+elif command == "fork":
+    start = time.perf_counter()
+    children = Sandbox.fork(args[0], count=int(args[1]), timeout=600)
+    took = time.perf_counter() - start
+    ids = [c.sandbox_id for c in children if isinstance(c, Sandbox)]
+    print(json.dumps([took, ids, [repr(c) for c in children if not isinstance(c, Sandbox)]]))
+else:
+    for sandbox_id in args:
+        Sandbox.kill(sandbox_id)
+    print(json.dumps(True))
+"""
+FORKS = 16
+
+
+async def fork(work: Path, samples: int) -> dict[str, object]:
+    """`fork_on` two nodes (each holding 9 sandboxes at most, so 8 children spill to the other,
+    which never saw the parent's fork checkpoint) against one (the other drained)."""
+    (work / "two").mkdir()
+    (work / "one").mkdir()
+    two = await fork_on(work / "two", samples, {"AENV_MAX_SANDBOXES": "9"}, spread=True)
+    one = await fork_on(work / "one", samples, {}, spread=False)
+    two_med = statistics.median(two["fork_s"])  # type: ignore[arg-type]
+    one_med = statistics.median(one["fork_s"])  # type: ignore[arg-type]
+    return {
+        "benchmark": "lazy fork",
+        "date": time.strftime("%Y-%m-%d"),
+        "children": FORKS,
+        "two_nodes": two,
+        "one_node": one,
+        "two_over_one_median": round(two_med / one_med, 2),
+    }
+
+
+async def fork_on(
+    work: Path, samples: int, settings: dict[str, str], spread: bool
+) -> dict[str, object]:
+    from cluster import on_cluster
+
+    beat = {"AENV_HEARTBEAT_INTERVAL": "2", **settings}
+    async with on_cluster(work, ["node-a", "node-b"], beat, shared_repository=True) as on:
+
+        def client(*args: str) -> Any:
+            return on.client(FORK_CLIENT, *args)
+
+        parent = client("make")
+        node = await on.routes.lookup(parent)
+        assert node is not None
+        if not spread:
+            on.aenv("node", "drain", next(i for i in on.nodes.addresses if i != node))
+        took: list[float] = []
+        placed: list[dict[str, int]] = []
+        failed: list[list[str]] = []
+        for n in range(samples):
+            seconds, children, errors = client("fork", parent, str(FORKS))
+            took.append(seconds)
+            failed.append(errors)
+            where: dict[str, int] = {}
+            for child in children:
+                at = await on.routes.lookup(child)
+                where[str(at)] = where.get(str(at), 0) + 1
+            placed.append(where)
+            client("kill", *children)
+            log(f"sample {n}: fork x{FORKS} {seconds:.2f}s, {where}, {len(errors)} failed")
+    return {
+        "fork_s": took,
+        "children_by_node": placed,
+        "failed": failed,
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
-        "mode", nargs="?", choices=["pulls", "resume", "create", "disk"], default="pulls"
+        "mode", nargs="?", choices=["pulls", "resume", "create", "disk", "fork"], default="pulls"
     )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--against", choices=sorted(AGAINST), default="whole",
@@ -571,6 +656,8 @@ def main() -> None:
             result = asyncio.run(create(Path(work), args.runs))
         elif args.mode == "disk":
             result = asyncio.run(disk(Path(work), args.runs))
+        elif args.mode == "fork":
+            result = asyncio.run(fork(Path(work), args.runs))
         else:
             result = asyncio.run(bench(Path(work), args.runs))
     print(json.dumps(result, indent=2))
