@@ -22,6 +22,7 @@ from aenv.orchestrator.states import SandboxState
 from tests.dashboard.browser import chromium, new_page, screenshot
 from tests.dashboard.conftest import KEY, Site
 from tests.support.loopback_api import served
+from tests.support.wait import eventually
 
 
 @pytest.fixture(scope="module")
@@ -179,11 +180,71 @@ async def test_a_sandboxs_page_follows_it(site: Site, url: str, page: Page, tmp_
     rules = page.locator(".facts.network")
     await expect(rules).to_contain_text('["10.1.2.0/24"]')
     await expect(rules).to_contain_text('["0.0.0.0/0"]')
+    # CPU and memory over time: uPlot's canvases, drawn from every sample the API has.
+    await expect(page.locator("figure.chart canvas")).to_have_count(2)
+    await expect(page.locator("figure.chart .u-legend .u-label")).to_have_text(
+        ["time", "CPU used", "time", "used", "total"]
+    )
+    await charts_hold_the_apis_samples(site, page, sandbox_id)
+    # Later samples, as the node's sampler takes them (its history is what the API reads):
+    # the charts follow without a reload, and draw them.
+    history = site.orchestrator.metrics
+    latest = history.latest(sandbox_id)
+    assert latest is not None
+    for n, (cpu, mib) in enumerate([(35, 180), (80, 260), (55, 240), (20, 200)], 1):
+        values = latest.values | {"cpu_used_pct": cpu, "mem_used": mib << 20}
+        history.add(sandbox_id, values, latest.ts + 5 * n)
+    drawn = await charts_hold_the_apis_samples(site, page, sandbox_id)
+    assert drawn >= 5
+    assert await blue_pixels(page, "cpu") > 100  # the line and the area under it
+    # The pointer on a chart: its legend says the sample's time and values, with their units.
+    for metric, unit in (("cpu", "%"), ("memory", "MiB")):
+        chart = page.locator(f'figure.chart[data-metric="{metric}"]')
+        await chart.locator(".u-over").hover()
+        values = chart.locator(".u-legend .u-value")
+        await expect(values.first).to_have_text(re.compile(r"^\d{4}-\d\d-\d\d \d"))
+        await expect(values.nth(1)).to_have_text(re.compile(rf"^\d+(\.\d+)? {unit}$"))
     await screenshot(page, "sandbox", tmp_path)
     assert (await site.api.post(f"/sandboxes/{sandbox_id}/pause")).status_code == 204
     # Without a reload: the panels follow the sandbox.
     await expect(page.locator("#sandbox-panels .state")).to_have_text("paused")
     await expect(page.locator(".event-type").first).to_have_text("sandbox.lifecycle.paused")
+
+
+async def charts_hold_the_apis_samples(site: Site, page: Page, sandbox_id: str) -> int:
+    """Wait until both charts hold as many samples as the API has of the sandbox (its sampler
+    may add one meanwhile: then the page follows), and say how many."""
+    counts: list[int] = []
+
+    async def same() -> bool:
+        samples = (await site.api.get(f"/sandboxes/{sandbox_id}/metrics")).json()
+        drawn = await page.locator("figure.chart").evaluate_all(
+            "(figures) => figures.map((f) => Number(f.dataset.drawn))"
+        )
+        counts[:] = [len(samples)]
+        return drawn == [len(samples), len(samples)]
+
+    await eventually(same, "the charts hold the API's samples", interval=0.1)
+    return counts[0]
+
+
+async def blue_pixels(page: Page, metric: str) -> int:
+    """How many pixels of a chart's canvas are its series' blue (or its fill over white)."""
+    count: int = await page.locator(f'figure.chart[data-metric="{metric}"] canvas').evaluate(
+        """(canvas) => {
+            const { width, height } = canvas;
+            const { data } = canvas.getContext("2d").getImageData(0, 0, width, height);
+            let blue = 0;
+            for (let i = 0; i < data.length; i += 4) {
+                const [r, b, a] = [data[i], data[i + 2], data[i + 3]];
+                if (a > 0 && b > 200 && r < 240 && b - r > 15) {
+                    blue++;
+                }
+            }
+            return blue;
+        }"""
+    )
+    return count
 
 
 async def test_a_thousand_sandboxes_are_paged(site: Site, url: str, page: Page) -> None:

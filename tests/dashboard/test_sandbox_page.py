@@ -3,7 +3,10 @@ the API, and the same kept live (server-sent events) as the sandbox changes."""
 
 from __future__ import annotations
 
+import json
+import re
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
@@ -25,7 +28,21 @@ async def test_a_sandboxs_page_and_its_live_panels(site: Site, browser: httpx.As
     assert page.status_code == 200
     assert "owner=page-test" in page.text
     assert "sandbox.lifecycle.created" in page.text
-    assert '<polyline fill="none"' in page.text and 'points=""' not in page.text  # sampled
+    # The charts' columns (uPlot's data, drawn in the browser) are the API's samples.
+    times = chart_series(page.text, "cpu")[0]
+    assert times  # sampled when the page asked
+    # Up to the page's newest (whole seconds): a later call may have sampled the sandbox again.
+    end = times[-1] + 1
+    answer = await site.api.get(f"/sandboxes/{sandbox_id}/metrics", params={"end": end})
+    samples = answer.json()
+    assert [s["timestampUnix"] for s in samples] == times
+    assert chart_series(page.text, "cpu") == [times, [s["cpuUsedPct"] for s in samples]]
+    mib = 1 << 20
+    assert chart_series(page.text, "memory") == [
+        times,
+        [round(s["memUsed"] / mib, 1) for s in samples],
+        [round(s["memTotal"] / mib, 1) for s in samples],
+    ]
     assert "Internet access" in page.text
     # No terminal without a way to reach the guest's envd (the doubles' node gives none).
     assert 'id="terminal"' not in page.text
@@ -34,6 +51,13 @@ async def test_a_sandboxs_page_and_its_live_panels(site: Site, browser: httpx.As
     assert "state-paused" in live.text
     assert "sandbox.lifecycle.paused" in live.text
     assert (await browser.get("/dashboard/sandboxes/nosuchsandbox")).status_code == 404
+
+
+def chart_series(html: str, metric: str) -> Any:
+    """The columns a chart of the sandbox page is given (its figure's `data-series`)."""
+    found = re.search(f"data-metric=\"{metric}\" data-series='([^']*)'", html)
+    assert found is not None, f"no {metric} chart"
+    return json.loads(found.group(1))
 
 
 async def test_the_list_shows_running_sandboxes_usage(

@@ -4,7 +4,6 @@ terminal's socket. Everything goes through the API with the session's key."""
 from __future__ import annotations
 
 import time
-from collections import OrderedDict, deque
 from typing import Any
 from urllib.parse import urlencode
 
@@ -14,6 +13,7 @@ from starlette.websockets import WebSocket
 
 from aenv.api.errors import APIError
 from aenv.dashboard.calls import ApiRefused, KeyRefused
+from aenv.dashboard.metrics import Charts, Metrics, RecentSamples
 from aenv.dashboard.pages import PREFIX, Pages, seconds
 from aenv.dashboard.sessions import COOKIE, Session
 from aenv.dashboard.terminal import SandboxShells, Terminal
@@ -21,11 +21,6 @@ from aenv.dashboard.terminal import SandboxShells, Terminal
 PAGE_SIZE = 50
 EVENTS_SHOWN = 20
 CONSOLE_LINES = 200
-# A sparkline's size, in the SVG's own units.
-_SPARK_W, _SPARK_H = 240, 40
-# The list's sparklines: so many samples per sandbox, of so many sandboxes at most.
-SPARK_SAMPLES = 30
-TRACKED = 5000
 _STATES = {"": "running,paused", "running": "running", "paused": "paused"}
 
 
@@ -65,7 +60,7 @@ class SandboxPages:
             for sandbox_id, sample in answer["sandboxes"].items():
                 self.recent.add(sandbox_id, sample)
         for row in rows:
-            row.metrics = Metrics(self.recent.of(row.id), width=80, height=20)
+            row.metrics = Metrics(self.recent.of(row.id))
 
     async def list(self, request: Request, session: Session) -> Response:
         view = ListView.of(request)
@@ -98,9 +93,9 @@ class SandboxPages:
         )
         try:
             samples = await self.calls.json(session.key, f"/sandboxes/{sandbox_id}/metrics")
-            metrics = Metrics(samples)
+            metrics = Charts(samples)
         except ApiRefused as e:
-            metrics = Metrics([], unavailable=e.message)
+            metrics = Charts([], unavailable=e.message)
         row = SandboxRow(detail)
         html = self.pages.fragment(
             "sandbox_panels.html",
@@ -256,61 +251,3 @@ def _terminal_query(socket: WebSocket) -> tuple[int, int, int | None]:
     if not (1 <= cols <= 1000 and 1 <= rows <= 1000):
         raise ApiRefused(400, "cols and rows: between 1 and 1000")
     return cols, rows, pid
-
-
-class Metrics:
-    """CPU and memory over time, as sparklines (SVG polyline points) and their latest values."""
-
-    def __init__(
-        self,
-        samples: list[dict[str, Any]],
-        unavailable: str | None = None,
-        width: int = _SPARK_W,
-        height: int = _SPARK_H,
-    ) -> None:
-        self.unavailable = unavailable
-        size = (width, height)
-        self.cpu = _points([s["cpuUsedPct"] for s in samples], 100.0, size)
-        total = max((s["memTotal"] for s in samples), default=0)
-        self.memory = _points([s["memUsed"] for s in samples], float(total), size)
-        latest = samples[-1] if samples else None
-        self.cpu_now = f"{latest['cpuUsedPct']:.0f}%" if latest else "-"
-        mib = 1 << 20
-        self.memory_now = (
-            f"{latest['memUsed'] // mib} / {latest['memTotal'] // mib} MiB" if latest else "-"
-        )
-        self.width, self.height = width, height
-
-
-def _points(values: list[float], top: float, size: tuple[int, int]) -> str:
-    """A polyline's points for `values` on a scale from 0 to `top`, oldest at the left, in a
-    box of `size` (width, height)."""
-    if not values or top <= 0:
-        return ""
-    if len(values) == 1:  # one sample: a level line, not a point nobody sees
-        values = values * 2
-    width, height = size
-    step = width / max(len(values) - 1, 1)
-    return " ".join(
-        f"{i * step:.1f},{height - min(v / top, 1.0) * height:.1f}" for i, v in enumerate(values)
-    )
-
-
-class RecentSamples:
-    """The last samples the list pages were given per sandbox, for their rows' sparklines: at
-    most `SPARK_SAMPLES` each, of the `TRACKED` sandboxes seen last (the list shows a page of
-    each session's own; another key's rows never render from it)."""
-
-    def __init__(self) -> None:
-        self._samples: OrderedDict[str, deque[dict[str, Any]]] = OrderedDict()
-
-    def add(self, sandbox_id: str, sample: dict[str, Any]) -> None:
-        kept = self._samples.pop(sandbox_id, None) or deque(maxlen=SPARK_SAMPLES)
-        if not kept or kept[-1].get("timestampUnix") != sample.get("timestampUnix"):
-            kept.append(sample)
-        self._samples[sandbox_id] = kept
-        while len(self._samples) > TRACKED:
-            self._samples.popitem(last=False)
-
-    def of(self, sandbox_id: str) -> list[dict[str, Any]]:
-        return list(self._samples.get(sandbox_id, ()))

@@ -14,6 +14,8 @@ for (const list of document.querySelectorAll("[data-live]")) {
   const events = new EventSource(list.dataset.live);
   events.addEventListener("rows", (event) => {
     list.innerHTML = event.data;
+    // For what draws into the part (charts.js): it was made anew.
+    list.dispatchEvent(new Event("replaced"));
   });
   events.addEventListener("signed-out", () => {
     events.close();
