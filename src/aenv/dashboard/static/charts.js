@@ -30,6 +30,17 @@ const utc = (ts) => uPlot.tzDate(new Date(ts * 1000), "Etc/UTC");
 const clock = uPlot.fmtDate("{HH}:{mm}:{ss}");
 const stamp = uPlot.fmtDate("{YYYY}-{MM}-{DD} {HH}:{mm}:{ss}");
 
+// At least a minute across, centred on the samples: a sandbox just created has one, which
+// uPlot alone would show a day wide, and a few seconds would have the axis repeat its labels.
+function minute(u, min, max) {
+  const times = u.data[0];
+  if (times.length === 1) {
+    [min, max] = [times[0], times[0]];
+  }
+  const pad = Math.max(0, 60 - (max - min)) / 2;
+  return [min - pad, max + pad];
+}
+
 function width(figure) {
   return Math.max(240, figure.clientWidth - 16);
 }
@@ -41,7 +52,7 @@ function options(metric, figure) {
     width: width(figure),
     height: HEIGHT,
     tzDate: utc,
-    scales: { x: { time: true }, y: { range } },
+    scales: { x: { time: true, range: minute }, y: { range } },
     axes: [
       { label: "time (UTC)", values: (u, ticks) => ticks.map((ts) => clock(utc(ts))) },
       { label, size: 60 },
