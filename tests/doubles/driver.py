@@ -201,6 +201,8 @@ class DoubleDriver:
             raise IncompatibleSnapshotError(f"a {snapshot.driver} snapshot")
         if len(target.shares) > snapshot.spec.share_slots:
             raise RestoreError("a restored VM has its snapshot's devices: shares need a boot")
+        if target.lazy_memory is not None:
+            raise RestoreError("the double reads its memory file; it takes no memory source")
         if not snapshot.machine_state or snapshot.memory_file is None:
             raise RestoreError("a filesystem-only snapshot cannot be restored, only booted")
         try:

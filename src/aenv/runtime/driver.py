@@ -23,6 +23,11 @@ Contract, for implementers:
 - Saved states: `export` makes a directory that depends on nothing else of the host but the
   read-only drives and the kernel (a snapshot's layers may refer to earlier ones by path); such a
   directory may be copied away and back to the same path, and `load_saved` reads it again.
+- Memory on demand: a restore may be given the snapshot's guest memory as a source read page by
+  page (`RestoreSpec.lazy_memory`) when the node lacks `Snapshot.memory_file`. A driver whose
+  VMM can take its memory that way serves each page the guest touches from it, for the VM's
+  life; a page the source cannot give stops the VM (never a wrong page), after telling the
+  caller. A driver that cannot refuses such a restore (`RestoreError`).
 - Nothing above `runtime/` may assume the sandbox is a VM: callers use only this module.
 """
 
@@ -30,7 +35,7 @@ from __future__ import annotations
 
 import enum
 import json
-from collections.abc import Collection, Mapping, Sequence
+from collections.abc import Callable, Collection, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
@@ -276,6 +281,31 @@ class Snapshot:
                 )
 
 
+class MemorySource(Protocol):
+    """A snapshot's memory file read on demand (a `LazyFile` of it): `read` returns the
+    `length` bytes at `offset` once it has them, or raises when it cannot have them."""
+
+    @property
+    def size(self) -> int: ...
+
+    async def read(self, offset: int, length: int) -> bytes: ...
+
+
+def _ignore(error: BaseException) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class LazyMemory:
+    """Guest memory a restore serves page by page from `source` as the guest touches it, in place
+    of `Snapshot.memory_file` (which need not exist here). Reads of `source` run on the event loop
+    that called `restore`. `on_failure` is told (on that loop) why the VM's memory could not be
+    served; the VM is stopped then (its `wait_exit` returns)."""
+
+    source: MemorySource
+    on_failure: Callable[[BaseException], None] = _ignore
+
+
 @dataclass(frozen=True)
 class RestoreSpec:
     """Placement of one restored VM: its own private `workdir` (and tmpfs `memory_dir`), its own
@@ -287,6 +317,8 @@ class RestoreSpec:
     limits: Limits = field(default_factory=Limits)
     # At most the snapshot's `spec.share_slots` on a restore (`boot_saved` adds devices).
     shares: tuple[Share, ...] = ()
+    # The snapshot's memory read on demand, for drivers that can (see the contract above).
+    lazy_memory: LazyMemory | None = None
 
 
 @dataclass(frozen=True)

@@ -61,6 +61,7 @@ QCOW2_MAGIC = b"QFI\xfb"
 GUEST_ENV = "AENV_TEST_FC_GUEST"
 PAGE = 4096
 RECORD_PATH = "/_test/requests"
+TOUCHED_PATH = "/_test/touched"  # what the "vCPU" of a `Uffd` load read: {offset: hex}
 FAIL_PATH = "/_test/fail"
 
 
@@ -116,6 +117,8 @@ class Peer:
         # Not Firecracker's: let a test read what a process received, or make a route fail.
         if path == RECORD_PATH:
             return JSONResponse([vars(r) for r in self.state.requests])
+        if path == TOUCHED_PATH:
+            return JSONResponse({str(k): v.hex() for k, v in list(self.state.touched.items())})
         if path == FAIL_PATH:
             rule = json.loads(await request.body())
             key = (rule["method"], rule["path"])

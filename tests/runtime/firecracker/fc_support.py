@@ -1,14 +1,22 @@
 """Helpers shared by the Firecracker driver tests: targets for snapshots and restores, and checks
-on the processes, cgroups and memory files the driver leaves behind."""
+on the processes, cgroups and memory files the driver leaves behind, and a snapshot whose memory
+is served from a repository (a `Uffd` restore's)."""
 
 from __future__ import annotations
 
+import asyncio
 import os
+import shutil
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
 from aenv.runtime import driver as d
+from aenv.runtime.firecracker import FirecrackerDriver
 from aenv.runtime.firecracker.vm import FirecrackerVM
-from tests.runtime.firecracker.fc_peer import PAGE
+from aenv.storage.repository import ChunkCache, PosixStore, Repository
+from aenv.storage.repository.lazy import LazyFile
+from tests.runtime.firecracker.fc_peer import PAGE, TOUCHED_PATH
 
 GUEST_MAC = "02:fc:00:00:00:01"
 MEM_MIB = 4  # guest memory of the test VMs; the peer writes memory files of this size
@@ -64,3 +72,45 @@ def page(path: Path, n: int) -> bytes:
     with path.open("rb") as f:
         f.seek(n * PAGE)
         return f.read(PAGE)
+
+
+@asynccontextmanager
+async def memory_elsewhere(
+    driver: FirecrackerDriver, spec: d.VMSpec, tmp_path: Path
+) -> AsyncIterator[tuple[d.Snapshot, LazyFile, Repository, Path]]:
+    """A snapshot taken through the driver whose memory file is in a repository and gone from
+    here, and a `LazyFile` of it; yields the snapshot, the file, its repository and a copy of
+    the memory file to compare with."""
+    vm = await driver.boot(spec)
+    snap = await vm.snapshot(snapshot_target(tmp_path, "s1"), keep_running=False)
+    assert snap.memory_file is not None
+    saved = tmp_path / "saved"
+    saved.mkdir()
+    shutil.copy(snap.memory_file, saved / "memory")
+    snap.memory_file.unlink()  # this node lacks it
+    store = PosixStore(tmp_path / "store")
+    writer = Repository(store)
+    try:
+        manifest = await writer.put_tree(saved, name="memory")
+    finally:
+        writer.close()
+    repo = Repository(store, ChunkCache(tmp_path / "cache", 1 << 30))
+    lazy = LazyFile(repo, manifest, manifest.files[0], tmp_path / "lazy.mem", patience=1)
+    try:
+        yield snap, lazy, repo, saved / "memory"
+    finally:
+        lazy.close()
+        repo.close()
+
+
+async def touched(vm: FirecrackerVM, count: int = 2) -> dict[int, bytes]:
+    """What the double's "vCPU" read of its guest memory, by offset, once it read `count` pages
+    (or after 30 s, with what it read by then)."""
+    seen: dict[int, bytes] = {}
+    for _ in range(300):
+        answer = (await vm.api._call("GET", TOUCHED_PATH)).json()
+        seen = {int(offset): bytes.fromhex(data) for offset, data in answer.items()}
+        if len(seen) >= count:
+            break
+        await asyncio.sleep(0.1)
+    return seen

@@ -41,9 +41,15 @@ class GuestMemory:
         register = bytearray(struct.pack("=QQQQ", base, size, REGISTER_MODE_MISSING, 0))
         fcntl.ioctl(self.uffd, UFFDIO_REGISTER, register, True)
         regions = [{"base_host_virt_addr": base, "size": size, "offset": 0, "page_size": PAGE}]
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
-            connection.connect(str(handler))
-            socket.send_fds(connection, [json.dumps(regions).encode()], [self.uffd])
+        # Through a handle on its directory: a path as deep as a jail's in a test's temporary
+        # directory is longer than a unix socket address (Firecracker, chrooted, has it short).
+        directory = os.open(handler.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+        try:
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as connection:
+                connection.connect(f"/proc/self/fd/{directory}/{handler.name}")
+                socket.send_fds(connection, [json.dumps(regions).encode()], [self.uffd])
+        finally:
+            os.close(directory)
 
     def read(self, offset: int, length: int) -> bytes:
         """What the guest reads there: waits for the handler on each page not there yet.

@@ -18,10 +18,18 @@ from aenv.mounts import is_shared, mounts_under
 from aenv.runtime import driver as d
 from aenv.runtime.firecracker import FirecrackerDriver
 from aenv.runtime.firecracker.jailer import Jail, JailerConfig, JailError, cgroup_settings
+from aenv.runtime.firecracker.vm import UFFD_SOCKET, FirecrackerVM
 from aenv.runtime.jail import JailConfig
 from tests.runtime.firecracker import shared_output_child
 from tests.runtime.firecracker.conftest import REPO
-from tests.runtime.firecracker.fc_support import page, restore_target, snapshot_target
+from tests.runtime.firecracker.fc_peer import PAGE
+from tests.runtime.firecracker.fc_support import (
+    memory_elsewhere,
+    page,
+    restore_target,
+    snapshot_target,
+    touched,
+)
 
 HERE = Path(__file__).resolve().parent
 UID, GID = 12345, 23456
@@ -269,6 +277,24 @@ async def test_driver_lifecycle_inside_the_jail(
     assert mounts_under(tmp_path.resolve()) == []
     assert snap2.memory_file is not None and page(snap2.memory_file, 2) == b"2" * 4096
     assert list((tmp_path / "clone").iterdir()) == []
+
+
+async def test_a_jailed_restore_serves_memory_the_node_lacks(
+    jailed_driver: FirecrackerDriver, spec: d.VMSpec, tmp_path: Path, netns: str
+) -> None:
+    """The `Uffd` handler listens inside the jail, on a socket the jailed uid may connect to."""
+    async with memory_elsewhere(jailed_driver, spec, tmp_path) as (snap, lazy, _, memory):
+        target = replace(restore_target(tmp_path, "vm1", netns), lazy_memory=d.LazyMemory(lazy))
+        vm = await jailed_driver.restore(snap, target)
+        assert isinstance(vm, FirecrackerVM)
+        jail = tmp_path / "jails" / "firecracker" / vm.id
+        try:
+            socket = jail / "root" / UFFD_SOCKET
+            assert (socket.stat().st_uid, socket.stat().st_gid) == (UID, GID)
+            assert await touched(vm) == {0: page(memory, 0), PAGE: page(memory, 1)}
+        finally:
+            await vm.stop()
+        assert not jail.exists()
 
 
 async def test_each_jailed_vm_has_a_uid_of_its_own(

@@ -8,16 +8,29 @@ from __future__ import annotations
 
 import asyncio
 import os
+import threading
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from dataclasses import replace
 from pathlib import Path
 
+from aenv.runtime import driver as d
+from aenv.runtime.firecracker import FirecrackerDriver
 from aenv.runtime.firecracker import models as m
 from aenv.runtime.firecracker.api import FirecrackerApi
 from aenv.runtime.firecracker.uffd import UffdHandler
+from aenv.runtime.firecracker.vm import UFFD_SOCKET, FirecrackerVM
 from aenv.storage.repository import ChunkCache, MissingChunk, PosixStore, Repository
 from aenv.storage.repository.lazy import LazyFile
 from tests.runtime.firecracker.fc_peer import PAGE, PeerState
+from tests.runtime.firecracker.fc_support import (
+    alive,
+    memory_elsewhere,
+    page,
+    pid_of,
+    restore_target,
+    touched,
+)
 from tests.support.wait import eventually
 
 
@@ -99,3 +112,132 @@ async def test_a_page_no_source_gives_leaves_the_guest_waiting(
         assert peer.touched == {}  # the vCPU still waits: it read nothing, zeros least of all
         assert peer.memory is not None
         peer.memory.close()  # the VMM goes, as its owner stops it
+
+
+# --- through the driver ---------------------------------------------------------------------------
+
+
+def handler_threads() -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == "aenv-uffd"]
+
+
+async def test_a_restore_serves_memory_the_node_lacks(
+    driver: FirecrackerDriver, spec: d.VMSpec, netns: str, tmp_path: Path
+) -> None:
+    async with memory_elsewhere(driver, spec, tmp_path) as (snap, lazy, repo, memory):
+        errors: list[BaseException] = []
+        target = replace(
+            restore_target(tmp_path, "vm1", netns), lazy_memory=d.LazyMemory(lazy, errors.append)
+        )
+        vm = await driver.restore(snap, target)
+        assert isinstance(vm, FirecrackerVM) and vm.uffd is not None
+        try:
+            seen = await touched(vm)
+            assert seen == {0: page(memory, 0), PAGE: page(memory, 1)}
+            assert seen[PAGE] == b"1" * PAGE  # the page its snapshot held; page 0 a hole
+            assert (vm.uffd.pages_copied, vm.uffd.pages_zeroed) == (1, 1)
+            assert repo.stats.chunks_fetched == 1
+            socket = tmp_path / "vm1" / UFFD_SOCKET
+            assert socket.exists()
+            load = [
+                r["body"]
+                for r in (await vm.api._call("GET", "/_test/requests")).json()
+                if r["path"] == "/snapshot/load"
+            ]
+            assert load[0]["mem_backend"] == {"backend_type": "Uffd", "backend_path": UFFD_SOCKET}
+        finally:
+            await vm.stop()
+        assert vm.uffd is None and not socket.exists() and handler_threads() == []
+        assert errors == []
+
+
+async def test_a_page_no_source_gives_stops_the_vm(
+    driver: FirecrackerDriver, spec: d.VMSpec, netns: str, tmp_path: Path
+) -> None:
+    async with memory_elsewhere(driver, spec, tmp_path) as (snap, lazy, _, _):
+        for blob in (tmp_path / "store").glob("chunks/*/*"):
+            blob.unlink()  # the memory's one stored chunk, lost
+        errors: list[BaseException] = []
+        target = replace(
+            restore_target(tmp_path, "vm1", netns), lazy_memory=d.LazyMemory(lazy, errors.append)
+        )
+        try:
+            vm = await driver.restore(snap, target)
+        except d.RestoreError as error:  # the failure came before the restore returned
+            assert "its memory could not be served" in str(error)
+        else:
+            assert isinstance(vm, FirecrackerVM)
+            pid = pid_of(vm)
+            await asyncio.wait_for(vm.wait_exit(), 60)
+            await eventually(lambda: vm.state is d.VMState.STOPPED, "the VM stopped")
+            assert isinstance(vm.memory_error, MissingChunk)
+            assert not alive(pid) and vm.uffd is None
+        await eventually(lambda: bool(errors), "the owner was told")
+        assert isinstance(errors[0], MissingChunk)
+        assert not (tmp_path / "vm1" / UFFD_SOCKET).exists() and handler_threads() == []
+
+
+async def test_lazy_memory_is_refused_where_it_cannot_be_used(
+    driver: FirecrackerDriver, spec: d.VMSpec, netns: str, tmp_path: Path
+) -> None:
+    async with memory_elsewhere(driver, spec, tmp_path) as (snap, lazy, _, _):
+        target = replace(restore_target(tmp_path, "vm1", netns), lazy_memory=d.LazyMemory(lazy))
+        try:
+            await driver.boot_saved(snap, target)
+        except d.BootError as error:
+            assert "lazy_memory is for restores" in str(error)
+        else:
+            raise AssertionError("a boot took a memory source")
+        small = replace(target, lazy_memory=d.LazyMemory(_Short(lazy)))
+        try:
+            await driver.restore(snap, small)
+        except d.RestoreError as error:
+            assert "the memory source has" in str(error)
+        else:
+            raise AssertionError("a short memory source was taken")
+
+
+class _Short:
+    """A memory source a page shorter than the guest's memory."""
+
+    def __init__(self, source: LazyFile) -> None:
+        self.source = source
+
+    @property
+    def size(self) -> int:
+        return self.source.size - PAGE
+
+    async def read(self, offset: int, length: int) -> bytes:
+        return await self.source.read(offset, length)
+
+
+class _Stalled:
+    """A memory source whose reads never end (a source that hangs)."""
+
+    def __init__(self, size: int) -> None:
+        self.size = size
+        self.reading = asyncio.Event()
+
+    async def read(self, offset: int, length: int) -> bytes:
+        self.reading.set()
+        await asyncio.Event().wait()
+        raise AssertionError("unreachable")
+
+
+async def test_a_stop_while_a_page_is_awaited_ends_the_handler_quietly(
+    driver: FirecrackerDriver, spec: d.VMSpec, netns: str, tmp_path: Path
+) -> None:
+    async with memory_elsewhere(driver, spec, tmp_path) as (snap, lazy, _, _):
+        errors: list[BaseException] = []
+        source = _Stalled(lazy.size)
+        target = replace(
+            restore_target(tmp_path, "vm1", netns), lazy_memory=d.LazyMemory(source, errors.append)
+        )
+        vm = await driver.restore(snap, target)
+        assert isinstance(vm, FirecrackerVM)
+        try:
+            await asyncio.wait_for(source.reading.wait(), 30)  # the vCPU waits on its page
+        finally:
+            await asyncio.wait_for(vm.stop(), 60)  # the read under way is cut short
+        assert vm.uffd is None and handler_threads() == []
+        assert errors == [] and vm.memory_error is None

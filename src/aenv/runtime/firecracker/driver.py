@@ -3,7 +3,9 @@ many clones), over Firecracker's REST API; what a started VM can do is `vm.py`.
 
 Memory: a booted VM's memory is anonymous; a restore maps the snapshot's memory file MAP_PRIVATE
 (Firecracker's `File` memory backend), so clones of one snapshot share its clean pages through the
-host page cache and their writes stay private.
+host page cache and their writes stay private. A restore given the memory as a source read on
+demand (`RestoreSpec.lazy_memory`: the node lacks the file) loads with the `Uffd` backend instead:
+a handler beside the VM (`uffd.py`, owned by `vm.py`) fills each page the guest touches.
 
 Disks: Firecracker has no copy-on-write block format, so the guest's init stacks the layers
 (overlay of the read-only base and a writable upper, found by label). A restore gives each clone
@@ -64,6 +66,7 @@ from aenv.runtime.firecracker.vm import (
     DRIVER_NAME,
     FAILURES,
     STATE_FILE,
+    UFFD_SOCKET,
     VSOCK_SOCKET,
     DiffBase,
     FirecrackerVM,
@@ -181,6 +184,8 @@ class FirecrackerDriver:
     async def boot_saved(self, snapshot: d.Snapshot, target: d.RestoreSpec) -> FirecrackerVM:
         """Each writable drive booted from a private copy of its sealed image (`layers/`)."""
         _check_ours(snapshot)
+        if target.lazy_memory is not None:
+            raise d.BootError("a boot loads no saved memory: lazy_memory is for restores")
         _check_files(snapshot, d.BootError)
         spec = replace(_restored_spec(snapshot, target), shares=target.shares)
         owned: set[Path] = set()
@@ -283,7 +288,13 @@ class FirecrackerDriver:
             raise d.IncompatibleSnapshotError(
                 "a restore needs a network attachment exactly when the snapshot's VM had one"
             )
-        _check_files(snapshot, d.RestoreError)
+        lazy = target.lazy_memory
+        _check_files(snapshot, d.RestoreError, memory=lazy is None)
+        if lazy is not None and lazy.source.size < snapshot.spec.memory_mib << 20:
+            raise d.RestoreError(
+                f"the memory source has {lazy.source.size} bytes, "
+                f"the guest {snapshot.spec.memory_mib} MiB"
+            )
         spec = _restored_spec(snapshot, target)
         vm_id = self._new_id()
         try:
@@ -305,7 +316,7 @@ class FirecrackerDriver:
                 # Staged under restore/, never where a later snapshot of this VM could write:
                 # writing through these links would overwrite the source snapshot.
                 state = placement.stage(snapshot.state_file, f"restore/{STATE_FILE}", may_copy=True)
-                memory = placement.stage(snapshot.memory_file, "restore/memory.bin")
+                backend = self._memory_backend(vm, snapshot.memory_file, lazy)
                 netns = target.net.netns if target.net else None
                 await self._launch(vm, netns, self._limits(target.limits, spec))
                 reason = host.check_compat(snapshot.compat, vm.version)
@@ -314,7 +325,7 @@ class FirecrackerDriver:
                 await vm.api.load_snapshot(
                     m.SnapshotLoadParams(
                         snapshot_path=state,
-                        mem_backend=m.MemoryBackend(backend_type="File", backend_path=memory),
+                        mem_backend=backend,
                         track_dirty_pages=self.config.track_dirty_pages,
                         resume_vm=False,
                         network_overrides=(
@@ -329,12 +340,30 @@ class FirecrackerDriver:
             except d.DriverError:
                 raise
             except FAILURES as exc:
+                if vm.memory_error is not None:  # the VMM stopped for it meanwhile
+                    raise d.RestoreError(
+                        f"firecracker restore failed: its memory could not be served: "
+                        f"{vm.memory_error}"
+                    ) from vm.memory_error
                 raise d.RestoreError(
                     f"firecracker restore failed: {exc}{vm.console_tail()}"
                 ) from exc
             undo.pop_all()
         vm.state = d.VMState.RUNNING
         return vm
+
+    def _memory_backend(
+        self, vm: FirecrackerVM, memory_file: Path, lazy: d.LazyMemory | None
+    ) -> m.MemoryBackend:
+        """The snapshot's memory file mapped (`File`), or, given a source read on demand, a
+        `Uffd` handler listening for the load, beside the VM from now on."""
+        if lazy is None:
+            memory = vm.placement.stage(memory_file, "restore/memory.bin")
+            return m.MemoryBackend(backend_type="File", backend_path=memory)
+        socket, told = vm.placement.host_socket(UFFD_SOCKET)
+        vm.serve_memory(lazy, socket)
+        vm.placement.open_to_vmm(socket)
+        return m.MemoryBackend(backend_type="Uffd", backend_path=told)
 
     async def _stage_restore_disks(self, vm: FirecrackerVM, snapshot: d.Snapshot) -> None:
         """Read-only drives: the shared image itself. Writable: a private copy of the sealed one."""
@@ -430,12 +459,13 @@ def _check_ours(snapshot: d.Snapshot) -> None:
         )
 
 
-def _check_files(snapshot: d.Snapshot, error: type[d.DriverError]) -> None:
-    """Every file the saved state names exists, and every disk is a raw image (Firecracker
-    reads nothing else: a qcow2 would reach the guest as garbage)."""
+def _check_files(snapshot: d.Snapshot, error: type[d.DriverError], *, memory: bool = True) -> None:
+    """Every file the saved state names exists (the memory file only with `memory`), and every
+    disk is a raw image (Firecracker reads nothing else: a qcow2 would reach the guest as
+    garbage)."""
     shared = [disk.path for disk in snapshot.spec.disks if disk.read_only]
     files = [snapshot.state_file, *snapshot.disks.values(), *shared]
-    if snapshot.memory_file is not None:
+    if memory and snapshot.memory_file is not None:
         files.append(snapshot.memory_file)
     for path in files:
         if not path.is_file():

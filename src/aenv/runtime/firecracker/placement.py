@@ -11,6 +11,7 @@ names: a clone opens its own writable layer through the path its source recorded
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Protocol
@@ -48,6 +49,15 @@ class Placement(Protocol):
 
     def log_path(self, path: Path) -> str:
         """The path to tell Firecracker for a log file the host reads at `path` (in the workdir)."""
+        ...
+
+    def host_socket(self, name: str) -> tuple[Path, str]:
+        """A unix socket the host listens on and Firecracker connects to (a `Uffd` handler's):
+        where the host binds it, and the path to tell Firecracker."""
+        ...
+
+    def open_to_vmm(self, path: Path) -> None:
+        """Let Firecracker connect to the socket the host bound at `host_socket(...)[0]`."""
         ...
 
     def collect(self, name: str, destination: Path) -> None:
@@ -108,6 +118,12 @@ class DirectPlacement:
 
     def log_path(self, path: Path) -> str:
         return str(path)
+
+    def host_socket(self, name: str) -> tuple[Path, str]:
+        return self.workdir / name, name
+
+    def open_to_vmm(self, path: Path) -> None:
+        return None  # Firecracker runs as this user
 
     def collect(self, name: str, destination: Path) -> None:
         return None
@@ -172,6 +188,13 @@ class JailedPlacement:
 
     def log_path(self, path: Path) -> str:
         return self.jail.link_in(path, path.name, writable=True)
+
+    def host_socket(self, name: str) -> tuple[Path, str]:
+        return self.jail.host_path(name), name
+
+    def open_to_vmm(self, path: Path) -> None:
+        # Connecting needs write permission on the socket: the jailed uid's own socket.
+        os.chown(path, self.jail.config.uid, self.jail.config.gid)
 
     def collect(self, name: str, destination: Path) -> None:
         self.jail.take_out(f"out/{name}", destination)

@@ -14,12 +14,16 @@ a fresh anonymous page would. A page the source cannot give leaves its vCPU stop
 reported to `on_error`, whose owner stops the VM: the guest never reads a wrong page.
 
 The handler listens before the load and serves one VMM; its thread polls the socket, then the
-userfaultfd; reads of the source run on the event loop given to `start`.
+userfaultfd; reads of the source run on the event loop given to `start`. Its owner ends it in
+two steps around the VMM's end: `stop_serving` before killing the VMM (a read under way is
+cancelled, nothing more is reported, the vCPUs keep waiting), `close` once the VMM is gone (a
+userfaultfd closed under a live VMM would let its vCPUs read zeros).
 """
 
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import ctypes
 import errno
 import fcntl
@@ -33,7 +37,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+
+from aenv.runtime.driver import MemorySource
 
 log = logging.getLogger("aenv.runtime")
 
@@ -41,6 +46,7 @@ EVENT_PAGEFAULT = 0x12
 EVENT_REMOVE = 0x15
 _MSG = 32  # sizeof(struct uffd_msg)
 POLL_MS = 200  # how soon `close` stops the thread
+_SUN_PATH_MAX = 108  # sizeof(sockaddr_un.sun_path), including the terminating NUL
 
 
 def iowr(number: int, size: int) -> int:
@@ -50,13 +56,6 @@ def iowr(number: int, size: int) -> int:
 
 UFFDIO_COPY = iowr(0x03, 40)  # struct uffdio_copy: dst, src, len, mode, copy
 UFFDIO_ZEROPAGE = iowr(0x04, 32)  # struct uffdio_zeropage: start, len, mode, zeropage
-
-
-class ByteSource(Protocol):
-    @property
-    def size(self) -> int: ...
-
-    async def read(self, offset: int, length: int) -> bytes: ...
 
 
 @dataclass(frozen=True)
@@ -80,7 +79,7 @@ class Region:
 class UffdHandler:
     def __init__(
         self,
-        source: ByteSource,
+        source: MemorySource,
         socket_path: Path,
         on_error: Callable[[Exception], None] = lambda _: None,
     ) -> None:
@@ -96,19 +95,32 @@ class UffdHandler:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._thread: threading.Thread | None = None
         self._stopping = threading.Event()
+        self._pending: concurrent.futures.Future[bytes] | None = None  # the source's read
 
     def start(self, loop: asyncio.AbstractEventLoop) -> None:
         """Listen on `socket_path` (which must not exist), before the snapshot load."""
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM | socket.SOCK_CLOEXEC)
-        listener.bind(str(self.socket_path))
-        listener.listen(1)
+        try:
+            _bind(listener, self.socket_path)
+            listener.listen(1)
+        except OSError:
+            listener.close()
+            raise
         self._listener, self._loop = listener, loop
         self._thread = threading.Thread(target=self._run, name="aenv-uffd", daemon=True)
         self._thread.start()
 
-    def close(self) -> None:
-        """Stop serving; call it once the VMM is gone (its vCPUs would wait on no one)."""
+    def stop_serving(self) -> None:
+        """Serve and report nothing more (the owner is stopping the VMM); does not block."""
         self._stopping.set()
+        pending = self._pending
+        if pending is not None:
+            pending.cancel()
+
+    def close(self) -> None:
+        """Stop serving and let go of the userfaultfd; call it once the VMM is gone (see the
+        module docstring). Blocks for up to `POLL_MS`: call it off the event loop."""
+        self.stop_serving()
         if self._thread is not None:
             self._thread.join()
         if self._listener is not None:
@@ -123,6 +135,8 @@ class UffdHandler:
             if self._handshake():
                 self._serve()
         except Exception as error:  # the VMM's vCPUs wait on pages no one will serve now
+            if self._stopping.is_set():
+                return  # the owner is ending the VMM: a read cut short is no failure
             log.error("uffd handler on %s stops: %s", self.socket_path, error)
             self.on_error(error)
 
@@ -173,7 +187,13 @@ class UffdHandler:
         assert self._loop is not None
         offset = region.offset + page - region.base
         read = self.source.read(offset, region.page_size)
-        data = asyncio.run_coroutine_threadsafe(read, self._loop).result()
+        self._pending = asyncio.run_coroutine_threadsafe(read, self._loop)
+        if self._stopping.is_set():  # `stop_serving` may have looked before it was set
+            self._pending.cancel()
+        try:
+            data = self._pending.result()
+        finally:
+            self._pending = None
         if data == bytes(len(data)):
             self._zero(page, region.page_size)
         else:
@@ -198,3 +218,16 @@ class UffdHandler:
                 return False
             raise
         return True
+
+
+def _bind(listener: socket.socket, path: Path) -> None:
+    """Bind to `path`, through an open handle on its directory when it is longer than a unix
+    socket address holds (107 bytes; a jail's root can be deeper), as `api.py` connects."""
+    if len(os.fsencode(str(path))) < _SUN_PATH_MAX:
+        listener.bind(str(path))
+        return
+    directory = os.open(path.parent, os.O_PATH | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        listener.bind(f"/proc/self/fd/{directory}/{path.name}")
+    finally:
+        os.close(directory)

@@ -12,7 +12,14 @@ VM failing to continue afterwards) is deleted and the VM is left running as it w
 
 Host files of one VM, all inside its workdir (or its jail): `api.sock`, `console.log` (the serial
 console: Firecracker's stdout), `firecracker.err`, `firecracker.log`, `metrics.ndjson`, `drives/`,
-`layers/` (a restored VM's private writable disks) and `vsock.sock`; `stop()` removes them.
+`layers/` (a restored VM's private writable disks), `vsock.sock` and `uffd.sock`; `stop()` removes
+them.
+
+Memory on demand (`d.LazyMemory`): a VM restored with the `Uffd` backend has a page-fault handler
+(`uffd.py`) beside it from before the load until its end. The VM owns it: `stop` (also after a
+crash or a kill from outside, when the owner calls it) ends the VMM first, then the handler. A
+handler that fails (a page no source gives, a VMM that breaks the protocol) is reported to the
+restore's owner and the VM is stopped: its vCPUs would otherwise wait on that page for ever.
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
+import logging
 import secrets
 from collections.abc import Awaitable, Iterable, Mapping, Sequence
 from pathlib import Path
@@ -35,13 +43,17 @@ from aenv.runtime.firecracker.api import FirecrackerApi, FirecrackerError
 from aenv.runtime.firecracker.config import FirecrackerConfig
 from aenv.runtime.firecracker.placement import Placement
 from aenv.runtime.firecracker.process import FirecrackerProcess
+from aenv.runtime.firecracker.uffd import UffdHandler
 from aenv.runtime.jail import JailError
 from aenv.storage import layers
 from aenv.storage.layers import LayerError
 
+log = logging.getLogger("aenv.runtime")
+
 DRIVER_NAME = "firecracker"
 STATE_FILE = "vmstate.bin"
 VSOCK_SOCKET = "vsock.sock"  # relative: every VM, and every clone, has its own in its own cwd
+UFFD_SOCKET = "uffd.sock"  # a lazily restored VM's page-fault handler, in its cwd too
 # What a failed VMM operation can raise below the driver; each becomes the operation's DriverError.
 FAILURES = (
     FirecrackerError,
@@ -90,6 +102,9 @@ class FirecrackerVM:
         self._diff_base = diff_base if config.track_dirty_pages else DiffBase.NONE
         self._memory_base = memory_base
         self._lock = asyncio.Lock()
+        self.uffd: UffdHandler | None = None  # serves its memory when restored lazily
+        self.memory_error: BaseException | None = None  # why its memory could not be served
+        self._failure_stop: asyncio.Future[None] | None = None
 
     # --- VM protocol -----------------------------------------------------------------------------
 
@@ -197,6 +212,27 @@ class FirecrackerVM:
         except OSError:
             return ""
         return f"\n--- console tail ---\n{text}" if text.strip() else ""
+
+    # --- memory on demand ------------------------------------------------------------------------
+
+    def serve_memory(self, lazy: d.LazyMemory, socket: Path) -> None:
+        """Serve the guest's memory from `lazy.source` by a `Uffd` handler listening at `socket`
+        (which must not exist), from now (before the snapshot load) until the VM stops."""
+        loop = asyncio.get_running_loop()
+
+        def failed(error: Exception) -> None:  # on the handler's thread
+            loop.call_soon_threadsafe(self._memory_failed, error, lazy)
+
+        self.uffd = UffdHandler(lazy.source, socket, failed)
+        self.uffd.start(loop)
+
+    def _memory_failed(self, error: BaseException, lazy: d.LazyMemory) -> None:
+        if self._released or self.memory_error is not None:
+            return
+        log.error("VM %s: its memory could not be served (%s); stopping it", self.id, error)
+        self.memory_error = error
+        lazy.on_failure(error)
+        self._failure_stop = asyncio.ensure_future(self.stop())
 
     # --- internals -------------------------------------------------------------------------------
 
@@ -306,9 +342,14 @@ class FirecrackerVM:
         return sealed
 
     async def _stop_locked(self) -> None:
+        if self.uffd is not None:
+            self.uffd.stop_serving()  # its vCPUs wait, and nothing is reported, while it ends
         if self.process is not None:
             await self.process.stop()
             self.process = None
+        if self.uffd is not None:  # the VMM gone: its memory's userfaultfd can go
+            await asyncio.to_thread(self.uffd.close)
+            self.uffd = None
         self.state = d.VMState.STOPPED
         if not self._released:
             await asyncio.to_thread(self.placement.release)

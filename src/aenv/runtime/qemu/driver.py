@@ -129,6 +129,8 @@ class QemuDriver:
 
     async def boot_saved(self, snapshot: Snapshot, target: RestoreSpec) -> VM:
         """A qcow2 top over each sealed layer, in `target.workdir`, owned by the booted VM."""
+        if target.lazy_memory is not None:
+            raise BootError("a boot loads no saved memory: lazy_memory is for restores")
         with contextlib.ExitStack() as undo:
             try:
                 drives, created = await disks.writable_tops(

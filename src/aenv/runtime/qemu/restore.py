@@ -153,6 +153,9 @@ class Restorer:
                 f"a restored VM has its snapshot's devices ({slots} share slots): "
                 f"{len(target.shares)} shares need a boot"
             )
+        if target.lazy_memory is not None:
+            # QEMU maps its memory file: a lazily served one is a FUSE file at its path.
+            raise RestoreError("the qemu driver maps its memory file; it takes no memory source")
         if not await asyncio.to_thread(target.workdir.is_dir):
             raise RestoreError(f"workdir {target.workdir} does not exist")
         if (snapshot.spec.net is None) != (target.net is None):
