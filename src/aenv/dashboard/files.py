@@ -7,7 +7,6 @@ from __future__ import annotations
 import contextlib
 import posixpath
 from collections.abc import AsyncIterator
-from typing import Any
 from urllib.parse import quote, urlencode
 
 import pyqwest
@@ -17,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import RedirectResponse, Response, StreamingResponse
 
 from aenv.api.errors import APIError
+from aenv.dashboard.listing import Entry, absolute, listing
 from aenv.dashboard.pages import PREFIX, Pages
 from aenv.dashboard.sessions import Session
 from aenv.dashboard.terminal import USER, SandboxShells
@@ -45,7 +45,7 @@ class FilePages:
             raise APIError(409, "the sandbox is not running") from e
 
     async def browse(self, request: Request, session: Session) -> Response:
-        path = _path(request.query_params.get("path", HOME))
+        path = absolute(request.query_params.get("path", HOME), "the sandbox")
         envd = await self._envd(request, session)
         transport = rpc_transport()
         client = FilesystemClient(envd.url, http_client=pyqwest.Client(transport))
@@ -58,21 +58,17 @@ class FilePages:
         finally:
             await client.close()
             await transport.aclose()
-        entries = sorted((_Entry(e) for e in listed.entries), key=lambda e: (not e.dir, e.name))
+        entries = (
+            Entry(e.name, e.path, e.type == fs.FileType.DIRECTORY, e.size) for e in listed.entries
+        )
         sandbox_id = request.path_params["sandbox_id"]
+        base = f"{PREFIX}/sandboxes/{sandbox_id}/files"
         return self.pages.render(
-            request,
-            "files.html",
-            session,
-            sandbox_id=sandbox_id,
-            path=path,
-            parent=posixpath.dirname(path) if path != "/" else None,
-            entries=entries,
-            base=f"{PREFIX}/sandboxes/{sandbox_id}/files",
+            request, "files.html", session, sandbox_id=sandbox_id, **listing(path, entries, base)
         )
 
     async def download(self, request: Request, session: Session) -> Response:
-        path = _path(request.query_params.get("path", ""))
+        path = absolute(request.query_params.get("path", ""), "the sandbox")
         envd = await self._envd(request, session)
         opened = contextlib.AsyncExitStack()
         try:
@@ -104,7 +100,7 @@ class FilePages:
         name = posixpath.basename(upload.filename or "")
         if not name:
             raise APIError(400, "file: a file name is required")
-        directory = _path(directory)
+        directory = absolute(directory, "the sandbox")
         envd = await self._envd(request, session)
         try:
             await envd.write_file(posixpath.join(directory, name), upload.file, USER)
@@ -115,18 +111,3 @@ class FilePages:
         query = urlencode({"path": directory})
         sandbox_id = request.path_params["sandbox_id"]
         return RedirectResponse(f"{PREFIX}/sandboxes/{sandbox_id}/files?{query}", status_code=303)
-
-
-class _Entry:
-    def __init__(self, entry: Any) -> None:
-        self.name: str = entry.name
-        self.path: str = entry.path
-        self.dir = entry.type == fs.FileType.DIRECTORY
-        self.size: int = entry.size
-
-
-def _path(given: str) -> str:
-    """An absolute guest path, normalized; a relative one is refused."""
-    if not given.startswith("/"):
-        raise APIError(400, "path: an absolute path in the sandbox")
-    return posixpath.normpath(given)

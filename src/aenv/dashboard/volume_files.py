@@ -18,6 +18,7 @@ from starlette.requests import Request
 from starlette.responses import Response
 
 from aenv.api.errors import APIError
+from aenv.dashboard.listing import Entry, absolute, listing
 from aenv.dashboard.pages import PREFIX, Pages
 from aenv.dashboard.sessions import Session
 
@@ -46,23 +47,20 @@ class VolumeFilePages:
 
     async def browse(self, request: Request, session: Session) -> Response:
         volume_id = request.path_params["volume_id"]
-        path = _path(request.query_params.get("path", "/"))
+        path = absolute(request.query_params.get("path", "/"), "the volume")
         volume, answer = await self._content(session, volume_id, "dir", path)
-        entries = sorted((_Entry(e) for e in answer.json()), key=lambda e: (not e.dir, e.name))
+        entries = (
+            Entry(e["name"], e["path"], e["type"] == "directory", e.get("size", 0))
+            for e in answer.json()
+        )
+        base = f"{PREFIX}/volumes/{quote(volume_id, safe='')}/files"
         return self.pages.render(
-            request,
-            "volume_files.html",
-            session,
-            volume=volume,
-            path=path,
-            parent=posixpath.dirname(path) if path != "/" else None,
-            entries=entries,
-            base=f"{PREFIX}/volumes/{quote(volume_id, safe='')}/files",
+            request, "volume_files.html", session, volume=volume, **listing(path, entries, base)
         )
 
     async def download(self, request: Request, session: Session) -> Response:
         volume_id = request.path_params["volume_id"]
-        path = _path(request.query_params.get("path", ""))
+        path = absolute(request.query_params.get("path", ""), "the volume")
         _, stat = await self._content(session, volume_id, "path", path)
         size = stat.json().get("size", 0)
         if size > DOWNLOAD_MAX:
@@ -78,18 +76,3 @@ class VolumeFilePages:
             media_type="application/octet-stream",
             headers={"Content-Disposition": f"attachment; filename*=UTF-8''{name}"},
         )
-
-
-class _Entry:
-    def __init__(self, entry: dict[str, Any]) -> None:
-        self.name: str = entry["name"]
-        self.path: str = entry["path"]
-        self.dir = entry["type"] == "directory"
-        self.size: int = entry.get("size", 0)
-
-
-def _path(given: str) -> str:
-    """An absolute path in the volume, normalized; a relative one is refused."""
-    if not given.startswith("/"):
-        raise APIError(400, "path: an absolute path in the volume")
-    return posixpath.normpath(given)
