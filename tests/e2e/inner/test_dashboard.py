@@ -1,6 +1,7 @@
 """The dashboard on a real node, in headless Chromium started in the server's namespace: a
-sandbox the SDK creates appears in the live list, its terminal runs `echo hi` in the guest
-through the node's envd client, and killing it from the page ends it for the SDK too."""
+sandbox the SDK creates appears in the live list, its page charts its metrics, its terminal
+runs `echo hi` in the guest through the node's envd client, and killing it from the page ends
+it for the SDK too."""
 
 from __future__ import annotations
 
@@ -27,6 +28,11 @@ async def test_a_sandbox_from_the_sdk_in_the_dashboard() -> None:
             await row.locator("a").click()
             status = page.locator("#terminal-status")
             await expect(status).to_have_text("connected", timeout=60_000)
+            # Its CPU and memory charts, drawn from the guest's real samples.
+            charts = page.locator("figure.chart")
+            await expect(charts.locator("canvas")).to_have_count(2)
+            for n in range(2):
+                await expect(charts.nth(n)).to_have_attribute("data-drawn", re.compile(r"^[1-9]"))
             await page.click("#terminal")
             await page.keyboard.type("echo hi")
             await page.keyboard.press("Enter")
