@@ -6,6 +6,8 @@ before. (Through two real gateways over HTTP: tests/cluster/test_gateway.py.)"""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
+from typing import Any
 
 import redis.asyncio as aioredis
 
@@ -17,7 +19,7 @@ async def test_concurrent_updates_of_a_webhook_all_stay(client: aioredis.Redis) 
     hooks = ClusterWebhooks(client)
     hook = new_webhook("local", "h", "https://hooks.example.com/", True, ["x"], "secret")
     await hooks.put(hook)
-    changes = [
+    changes: list[dict[str, Any]] = [
         {"name": "renamed"},
         {"url": "https://other.example.com/"},
         {"enabled": False},
@@ -48,7 +50,7 @@ async def test_an_update_racing_a_delete_does_not_bring_the_webhook_back(
     for _ in range(5):
         hook = new_webhook("local", "h", "https://hooks.example.com/", True, ["x"], "secret")
         await hooks.put(hook)
-        racing = [hooks.delete("local", hook.id)]
+        racing: list[Awaitable[object]] = [hooks.delete("local", hook.id)]
         racing += [hooks.update("local", hook.id, {"name": f"n{i}"}) for i in range(5)]
         deleted, *_ = await asyncio.gather(*racing)
         assert deleted is True

@@ -270,6 +270,7 @@ async def test_sessions_are_the_clusters(cluster: Cluster) -> None:
     stored = [k async for k in cluster.client.scan_iter("*dashboard-session*")]
     assert len(stored) == 1
     raw = await cluster.client.get(stored[0])
+    assert isinstance(raw, str)
     for secret in (token, cluster.key, csrf):
         assert secret not in stored[0] and secret not in raw
     # Another gateway of the cluster knows the session, and so does a restarted one.

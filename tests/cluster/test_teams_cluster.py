@@ -161,7 +161,7 @@ async def test_each_team_sees_its_own_through_either_gateway(cluster: Cluster) -
         vid = volume.json()["volumeID"]
         (key_a,) = (await a.get("/api-keys")).json()
         hook_path = f"/events/webhooks/{hook.json()['id']}"
-        for method, path, body in [
+        routes: list[tuple[str, str, dict[str, Any] | None]] = [
             ("GET", f"/sandboxes/{sandbox}", None),
             ("POST", f"/sandboxes/{sandbox}/timeout", {"timeout": 5}),
             ("POST", f"/sandboxes/{sandbox}/refreshes", {}),
@@ -191,7 +191,8 @@ async def test_each_team_sees_its_own_through_either_gateway(cluster: Cluster) -
             ("GET", f"{hook_path}/deliveries", None),
             ("PATCH", f"/api-keys/{key_a['id']}", {"name": "taken"}),
             ("DELETE", f"/api-keys/{key_a['id']}", None),
-        ]:
+        ]
+        for method, path, body in routes:
             answer = await b.request(method, path, json=body)
             assert answer.status_code == 404, (method, path, answer.text)
         assert (await a.delete(f"/sandboxes/{paused}")).status_code == 204
