@@ -201,9 +201,9 @@ async def test_a_sandboxs_page_follows_it(site: Site, url: str, page: Page, tmp_
     for metric, unit in (("cpu", "%"), ("memory", "MiB")):
         chart = page.locator(f'figure.chart[data-metric="{metric}"]')
         await chart.locator(".u-over").hover()
-        values = chart.locator(".u-legend .u-value")
-        await expect(values.first).to_have_text(re.compile(r"^\d{4}-\d\d-\d\d \d"))
-        await expect(values.nth(1)).to_have_text(re.compile(rf"^\d+(\.\d+)? {unit}$"))
+        legend = chart.locator(".u-legend .u-value")
+        await expect(legend.first).to_have_text(re.compile(r"^\d{4}-\d\d-\d\d \d"))
+        await expect(legend.nth(1)).to_have_text(re.compile(rf"^\d+(\.\d+)? {unit}$"))
     await screenshot(page, "sandbox", tmp_path)
     assert (await site.api.post(f"/sandboxes/{sandbox_id}/pause")).status_code == 204
     # Without a reload: the panels follow the sandbox.
@@ -222,7 +222,7 @@ async def charts_hold_the_apis_samples(site: Site, page: Page, sandbox_id: str) 
             "(figures) => figures.map((f) => Number(f.dataset.drawn))"
         )
         counts[:] = [len(samples)]
-        return drawn == [len(samples), len(samples)]
+        return bool(drawn == [len(samples), len(samples)])
 
     await eventually(same, "the charts hold the API's samples", interval=0.1)
     return counts[0]
