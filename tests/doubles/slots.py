@@ -78,7 +78,8 @@ def _bind_free_address() -> tuple[IPv4Address, socket.socket]:
         address = IPv4Address(
             f"127.{random.randint(100, 254)}.{random.randint(0, 255)}.{random.randint(1, 254)}"
         )
-        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        # TCP named, so that asyncio sets TCP_NODELAY (see tests/support/loopback_api.py).
+        sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
         try:
             sock.bind((str(address), ENVD_PORT))
         except OSError as e:

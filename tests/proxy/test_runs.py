@@ -41,7 +41,8 @@ def upstream(run_probe: Probe) -> Iterator[int]:
 async def proxy(upstream: int) -> AsyncIterator[tuple[SandboxProxy, str]]:
     resolver = DictResolver({SANDBOX: FakeSandbox({USER_PORT: upstream}, incarnation=RUN)})
     app = SandboxProxy(resolver)
-    sock = socket.socket()
+    # TCP named, so that asyncio sets TCP_NODELAY (see tests/support/loopback_api.py).
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     config = uvicorn.Config(app, lifespan="off", log_level="warning", http="httptools")
     config.load()

@@ -15,7 +15,10 @@ from starlette.types import ASGIApp
 @asynccontextmanager
 async def served(app: ASGIApp) -> AsyncIterator[str]:
     """Yields the base URL (`http://127.0.0.1:<port>`); the server stops after."""
-    sock = socket.socket()
+    # Named TCP, not left to the default protocol 0: asyncio sets TCP_NODELAY only on sockets
+    # whose protocol says TCP, and without it each answer uvicorn writes in two parts (head,
+    # then body) waits for the client's delayed ACK, 40 ms an answer.
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.bind(("127.0.0.1", 0))
     config = uvicorn.Config(app, lifespan="off", log_level="error")
     config.load()
