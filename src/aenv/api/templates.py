@@ -186,9 +186,16 @@ class TemplateRoutes:
         check_query(request)
         body = await parse_body(request, TemplateUpdate)
         template = self._template(request, owned=True)
-        if body.public is not None and body.public != template.public:
-            template = dataclasses.replace(template, public=body.public)
-            await asyncio.to_thread(self.store.save, template)
+        public = body.public
+        if public is not None and public != template.public:
+            changed = await asyncio.to_thread(
+                self.store.update,
+                template.template_id,
+                lambda t: dataclasses.replace(t, public=public),
+            )
+            if changed is None:
+                raise not_found(f"template '{template.template_id}'")
+            template = changed
         return JSONResponse({"names": template_body(template)["names"]})
 
     async def delete(self, request: Request) -> Response:

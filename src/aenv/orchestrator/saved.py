@@ -271,13 +271,16 @@ class SavedStates:
             else:
                 log.warning("upload of %s failed: %s", template.template_id, e)
             return
-        current = self.templates.by_id(template.template_id)
-        if current is None or self._superseded(template):
+
+        def with_manifest(current: Template) -> Template:
+            if current.build_id != template.build_id:
+                return current
+            return dataclasses.replace(current, manifest_id=manifest_id)
+
+        # Read and written at once: a change made meanwhile (an owner's PATCH) stays.
+        stored = await asyncio.to_thread(self.templates.update, template.template_id, with_manifest)
+        if stored is None or stored.manifest_id != manifest_id:
             await archive.drop(manifest_id)  # replaced or deleted meanwhile
-            return
-        await asyncio.to_thread(
-            self.templates.save, dataclasses.replace(current, manifest_id=manifest_id)
-        )
 
     def _superseded(self, template: Template) -> bool:
         """Whether `template`'s build was removed or replaced by another."""

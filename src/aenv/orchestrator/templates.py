@@ -14,7 +14,9 @@ import dataclasses
 import json
 import secrets
 import shutil
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -117,6 +119,10 @@ class TemplateStore:
         self.directory = directory
         self.memory_dir = memory_dir
         self._templates: dict[str, Template] = {}
+        # Saves run in worker threads (`asyncio.to_thread`): a change made of the record as
+        # read (`update`) is read and written under this lock, so that two changes of one
+        # template at once (an owner's PATCH, an upload's manifest id) both stay.
+        self._lock = threading.Lock()
 
     def load(self) -> None:
         """Read every template whose snapshot (including its memory file) is complete."""
@@ -159,6 +165,20 @@ class TemplateStore:
         return sorted(found, key=lambda t: t.created_at)
 
     def save(self, template: Template) -> None:
+        with self._lock:
+            self._write(template)
+
+    def update(self, template_id: str, change: Callable[[Template], Template]) -> Template | None:
+        """Save `change` of the template as stored now; None (nothing saved) if it is gone."""
+        with self._lock:
+            current = self._templates.get(template_id)
+            if current is None:
+                return None
+            changed = change(current)
+            self._write(changed)
+            return changed
+
+    def _write(self, template: Template) -> None:
         path = self.directory / template.template_id / TEMPLATE_FILE
         atomic.write_text(path, json.dumps(asdict(template), indent=2))
         self._templates[template.template_id] = template
@@ -169,9 +189,7 @@ class TemplateStore:
 
     def hide(self, template_id: str) -> None:
         """Deleted for users, kept on disk while sandboxes still depend on it."""
-        template = self._templates.get(template_id)
-        if template is not None:
-            self.save(dataclasses.replace(template, deleted=True))
+        self.update(template_id, lambda t: dataclasses.replace(t, deleted=True))
 
     def remove_unfinished(self) -> builtins.list[str]:
         """Remove what a crash left of templates, snapshots and fork checkpoints being saved:
