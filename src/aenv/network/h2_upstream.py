@@ -34,6 +34,18 @@ _DEFAULT_WINDOW = 65535
 Event = h2.events.Event
 
 
+def send_within_window(
+    h2c: h2.connection.H2Connection, stream_id: int, view: memoryview
+) -> memoryview:
+    """Queue as much of `view` on stream `stream_id` as its flow-control window takes, a frame
+    at a time (the caller then writes them all at once); returns the rest."""
+    frame = h2c.max_outbound_frame_size
+    take = min(h2c.local_flow_control_window(stream_id), len(view))
+    for start in range(0, take, frame):
+        h2c.send_data(stream_id, view[start : min(start + frame, take)])
+    return view[take:]
+
+
 class Gone(ConnectionError):
     """The server's connection ended (closed, GOAWAY, or a protocol error) before the stream."""
 
@@ -154,11 +166,7 @@ class H2Upstream:
             if window <= 0:
                 await self._wait()
                 continue
-            frame = self._h2.max_outbound_frame_size
-            take = min(window, len(view))
-            for start in range(0, take, frame):
-                self._h2.send_data(stream_id, view[start : min(start + frame, take)])
-            view = view[take:]
+            view = send_within_window(self._h2, stream_id, view)
             await self._flush()
 
     async def end(self, stream_id: int, trailers: list[tuple[bytes, bytes]]) -> None:

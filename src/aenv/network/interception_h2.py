@@ -29,7 +29,7 @@ import h2.exceptions
 import h2.settings
 import h11
 
-from aenv.network.h2_upstream import H2Upstream
+from aenv.network.h2_upstream import H2Upstream, send_within_window
 from aenv.network.header_rules import FRAMING, HeadersNow, apply
 from aenv.network.interception import Stream, closes, connection, raw_length, splice
 
@@ -365,9 +365,5 @@ class Bridge:
                 self._window.clear()
                 await self._window.wait()
                 continue
-            frame = self._h2.max_outbound_frame_size
-            take = min(window, len(view))
-            for start in range(0, take, frame):
-                self._h2.send_data(stream_id, view[start : min(start + frame, take)])
-            view = view[take:]
+            view = send_within_window(self._h2, stream_id, view)
             await self._flush()
